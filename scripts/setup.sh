@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the Debian packages titan.cpp needs (idempotent: installs only what is missing).
+set -euo pipefail
+packages=(
+  build-essential cmake ccache pkg-config
+  libdnnl-dev libopenmpi-dev openmpi-bin
+  libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
+  libxxhash-dev libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev
+  bible-kjv
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi

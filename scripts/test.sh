@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds (Release and ASan+UBSan), and runs every test.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/scripts/setup.sh"
+"$root/scripts/build.sh" "$root/build"
+export OMP_PROC_BIND=close OMP_PLACES=cores
+(cd "$root/build" && ctest --output-on-failure -j 2)
+# The sanitizer build runs the unit and gradient-check tests (the slow end-to-end ones stay in Release).
+BUILD_TYPE=RelWithDebInfo "$root/scripts/build.sh" "$root/build-asan" -DTITAN_SANITIZE=ON -DTITAN_BUILD_BENCH=OFF
+(cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 -L "unit|gradcheck")

@@ -1,0 +1,69 @@
+#include "titan/core/cpu_features.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "titan/core/error.h"
+
+namespace titan {
+namespace {
+
+CpuCapability detect() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512bf16"))
+    return CpuCapability::avx512_bf16;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+      __builtin_cpu_supports("bmi2"))
+    return CpuCapability::avx2;
+  return CpuCapability::baseline;
+}
+
+std::atomic<int>& current() {
+  static std::atomic<int> level = [] {
+    const CpuCapability best = detect();
+    CpuCapability chosen = best;
+    if (const char* env = std::getenv("TITAN_CPU_CAPABILITY"); env && *env) {
+      chosen = cpu_capability_from_name(env);
+      TITAN_CHECK(int(chosen) <= int(best),
+                  "TITAN_CPU_CAPABILITY=" + std::string(env) + " but this CPU supports at most " +
+                      std::string(cpu_capability_name(best)),
+                  "unset TITAN_CPU_CAPABILITY or pick a lower level");
+    }
+    return int(chosen);
+  }();
+  return level;
+}
+
+}  // namespace
+
+CpuCapability cpu_capability() { return CpuCapability(current().load(std::memory_order_relaxed)); }
+CpuCapability cpu_capability_detected() {
+  static const CpuCapability best = detect();
+  return best;
+}
+
+void set_cpu_capability(CpuCapability c) {
+  TITAN_CHECK(int(c) <= int(cpu_capability_detected()),
+              "this CPU does not support " + std::string(cpu_capability_name(c)));
+  current().store(int(c));
+}
+
+std::string_view cpu_capability_name(CpuCapability c) {
+  switch (c) {
+    case CpuCapability::baseline: return "baseline";
+    case CpuCapability::avx2: return "avx2";
+    case CpuCapability::avx512_bf16: return "avx512_bf16";
+  }
+  return "?";
+}
+
+CpuCapability cpu_capability_from_name(std::string_view name) {
+  for (int i = 0; i <= 2; ++i)
+    if (cpu_capability_name(CpuCapability(i)) == name) return CpuCapability(i);
+  TITAN_FAIL("unknown CPU capability '" + std::string(name) + "'", "use baseline, avx2 or avx512_bf16");
+}
+
+}  // namespace titan

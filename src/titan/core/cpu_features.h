@@ -1,0 +1,18 @@
+// Which instruction-set level the CPU kernels run at. Detected once; the environment variable
+// TITAN_CPU_CAPABILITY (baseline | avx2 | avx512_bf16) or set_cpu_capability() can lower it,
+// which is how tests run every level on one machine.
+#pragma once
+
+#include <string_view>
+
+namespace titan {
+
+enum class CpuCapability : int { baseline = 0, avx2 = 1, avx512_bf16 = 2 };
+
+CpuCapability cpu_capability();           // the level in use
+CpuCapability cpu_capability_detected();  // the best level this CPU supports
+void set_cpu_capability(CpuCapability c); // throws if the CPU does not support c
+std::string_view cpu_capability_name(CpuCapability c);
+CpuCapability cpu_capability_from_name(std::string_view name);  // throws on unknown names
+
+}  // namespace titan

@@ -1,0 +1,50 @@
+#include "titan/core/shape.h"
+
+#include "titan/core/error.h"
+
+namespace titan {
+
+Shape::Shape(std::initializer_list<int64_t> dims) : Shape(std::span<const int64_t>(dims.begin(), dims.size())) {}
+
+Shape::Shape(std::span<const int64_t> dims) {
+  TITAN_CHECK(dims.size() <= size_t(kMaxDims), "a tensor has at most " + std::to_string(kMaxDims) + " dims");
+  for (int64_t v : dims) d_[n_++] = v;
+}
+
+void Shape::push_back(int64_t v) {
+  TITAN_CHECK(n_ < kMaxDims, "a tensor has at most " + std::to_string(kMaxDims) + " dims");
+  d_[n_++] = v;
+}
+
+void Shape::erase(int i) {
+  for (int j = i; j + 1 < n_; ++j) d_[j] = d_[j + 1];
+  --n_;
+}
+
+void Shape::insert(int i, int64_t v) {
+  TITAN_CHECK(n_ < kMaxDims, "a tensor has at most " + std::to_string(kMaxDims) + " dims");
+  for (int j = n_; j > i; --j) d_[j] = d_[j - 1];
+  d_[i] = v;
+  ++n_;
+}
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < n_; ++i) n *= d_[i];
+  return n;
+}
+
+std::string Shape::str() const {
+  std::string s = "[";
+  for (int i = 0; i < n_; ++i) s += (i ? ", " : "") + std::to_string(d_[i]);
+  return s + "]";
+}
+
+bool operator==(const Shape& a, const Shape& b) {
+  if (a.n_ != b.n_) return false;
+  for (int i = 0; i < a.n_; ++i)
+    if (a.d_[i] != b.d_[i]) return false;
+  return true;
+}
+
+}  // namespace titan

@@ -1,0 +1,39 @@
+// A tensor shape (or strides): up to kMaxDims int64 values stored inline, so shapes never allocate.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <string>
+
+namespace titan {
+
+inline constexpr int kMaxDims = 8;
+
+class Shape {
+ public:
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> dims);
+  explicit Shape(std::span<const int64_t> dims);
+
+  int size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  int64_t operator[](int i) const { return d_[i]; }
+  int64_t& operator[](int i) { return d_[i]; }
+  const int64_t* begin() const { return d_.data(); }
+  const int64_t* end() const { return d_.data() + n_; }
+  int64_t back() const { return d_[n_ - 1]; }
+  void push_back(int64_t v);
+  void erase(int i);
+  void insert(int i, int64_t v);
+  int64_t numel() const;  // product of the dims (1 for a scalar shape)
+  std::string str() const;  // "[2, 3, 4]"
+  friend bool operator==(const Shape& a, const Shape& b);
+
+ private:
+  std::array<int64_t, kMaxDims> d_{};
+  int n_ = 0;
+};
+
+}  // namespace titan

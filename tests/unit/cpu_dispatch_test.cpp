@@ -1,0 +1,31 @@
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "titan/core/cpu_features.h"
+#include "titan/core/error.h"
+#include "titan/kernels/cpu/isa_info.h"
+
+using namespace titan;
+
+// Shows which ISA variant the kernels use on this machine, and that each lower level can be
+// selected and actually runs its own compiled variant.
+TEST(CpuDispatch, PicksTheBestSupportedVariant) {
+  const CpuCapability best = cpu_capability_detected();
+  std::printf("detected CPU capability: %s; kernels run the %s variant\n",
+              std::string(cpu_capability_name(best)).c_str(), TITAN_CPU_KERNEL(isa_variant_name)());
+  if (std::getenv("TITAN_CPU_CAPABILITY") == nullptr) {
+    EXPECT_EQ(cpu_capability(), best);
+  }
+  __builtin_cpu_init();
+  const bool has_bf16 = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+  EXPECT_EQ(best == CpuCapability::avx512_bf16, has_bf16);
+  for (int level = 0; level <= int(best); ++level) {
+    set_cpu_capability(CpuCapability(level));
+    EXPECT_STREQ(TITAN_CPU_KERNEL(isa_variant_name)(), cpu_capability_name(CpuCapability(level)).data());
+  }
+  if (best != CpuCapability::avx512_bf16) {
+    EXPECT_THROW(set_cpu_capability(CpuCapability::avx512_bf16), Error);
+  }
+  set_cpu_capability(best);
+}
