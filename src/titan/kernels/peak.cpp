@@ -1,0 +1,77 @@
+#include "titan/kernels/peak.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "titan/core/allocator.h"
+#include "titan/kernels/cpu/peak.h"
+
+namespace titan::kernels {
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Best rate of `kernel` over rounds of ~seconds/5, all threads running it at once.
+template <class Kernel>
+double best_rate(Kernel kernel, double seconds) {
+  int64_t iters = 1 << 16;
+  double best = 0;
+  const double deadline = now() + seconds;
+  while (now() < deadline) {
+    double work = 0;
+    const double t0 = now();
+#pragma omp parallel reduction(+ : work)
+    work += kernel(iters);
+    const double dt = now() - t0;
+    best = std::max(best, work / dt);
+    if (dt < seconds / 20) iters *= 2;
+  }
+  return best;
+}
+
+double memcpy_rate(double seconds) {
+  // 64 MiB per copy: far past the last-level cache, so this is DRAM bandwidth.
+  const size_t bytes = size_t(64) << 20;
+  char* a = static_cast<char*>(memory_alloc(bytes, MemCategory::temporaries));
+  char* b = static_cast<char*>(memory_alloc(bytes, MemCategory::temporaries));
+  std::memset(a, 1, bytes);
+  std::memset(b, 2, bytes);
+  double best = 0;
+  const double deadline = now() + seconds;
+  do {
+    const double t0 = now();
+#pragma omp parallel
+    {
+      const size_t nt = size_t(omp_get_num_threads()), t = size_t(omp_get_thread_num());
+      const size_t lo = bytes * t / nt, hi = bytes * (t + 1) / nt;
+      std::memcpy(b + lo, a + lo, hi - lo);
+    }
+    best = std::max(best, 2.0 * double(bytes) / (now() - t0));
+  } while (now() < deadline);
+  memory_free(a, bytes, MemCategory::temporaries);
+  memory_free(b, bytes, MemCategory::temporaries);
+  return best;
+}
+
+}  // namespace
+
+MachinePeak measure_machine_peak(double seconds) {
+  static std::mutex mu;
+  static std::map<int, MachinePeak> cache;
+  std::lock_guard lock(mu);
+  const int threads = omp_get_max_threads();
+  if (auto it = cache.find(threads); it != cache.end()) return it->second;
+  MachinePeak p;
+  p.f32_flops = best_rate(TITAN_CPU_KERNEL(peak_fma_f32), seconds);
+  p.bf16_flops = best_rate(TITAN_CPU_KERNEL(peak_dot_bf16), seconds);
+  p.memcpy_bytes = memcpy_rate(seconds);
+  cache[threads] = p;
+  return p;
+}
+
+}  // namespace titan::kernels

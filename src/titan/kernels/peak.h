@@ -1,0 +1,17 @@
+// This machine's measured peaks: FLOP/s (f32 FMA, bf16 dot) on all threads, and memcpy bandwidth.
+// Measured, not assumed, so MFU and benchmark ratios stay honest on any CPU.
+#pragma once
+
+namespace titan::kernels {
+
+struct MachinePeak {
+  double f32_flops = 0;     // FLOP/s, all threads
+  double bf16_flops = 0;    // FLOP/s, all threads (equals f32 without AVX512_BF16)
+  double memcpy_bytes = 0;  // bytes/s moved (read + write counted once each, i.e. 2x the copy size)
+};
+
+// Runs the micro-kernels for about `seconds` each (best of several rounds). Cached after the
+// first call with the same thread count.
+MachinePeak measure_machine_peak(double seconds = 0.2);
+
+}  // namespace titan::kernels
