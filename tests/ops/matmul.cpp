@@ -70,7 +70,38 @@ TITAN_OP_CASES(matmul) {
            Tensor fast = c0.clone(), ref = c0.clone();
            with_backend(kernels::KernelBackend::fast, [&] { kernels::matmul(fast, a, b, ta, tb, alpha, beta); });
            with_backend(kernels::KernelBackend::reference, [&] { kernels::matmul(ref, a, b, ta, tb, alpha, beta); });
-           out.push_back(compared("c_" + std::string(dtype_name(ct)), fast, ref, k));
+           std::string name = "c_";
+           name += dtype_name(ct);
+           out.push_back(compared(name, fast, ref, k));
+         }
+         return out;
+       }},
+      // dims = {batch (0: plain 2-D), M, N, K, trans_a, trans_b, shared_b}: both gradients,
+      // accumulated onto random values, in the inputs' dtype and (bf16) in f32.
+      {"matmul_backward",
+       {{0, 7, 13, 5, 0, 0, 0}, {0, 7, 13, 5, 1, 0, 0}, {0, 7, 13, 5, 0, 1, 0}, {0, 33, 65, 17, 1, 1, 0},
+        {3, 33, 65, 17, 0, 1, 0}, {3, 33, 65, 17, 1, 0, 0}, {3, 33, 65, 17, 0, 1, 1}, {2, 129, 63, 257, 0, 0, 1}},
+       [](const OpInput& in) {
+         const auto& d = in.dims;
+         const int64_t batch = d[0], m = d[1], n = d[2], k = d[3];
+         const bool ta = d[4], tb = d[5], shared_b = d[6];
+         const Tensor a = random_tensor(matrix_shape(batch, ta ? k : m, ta ? m : k), in.dtype, in.seed, "a");
+         const Tensor b = random_tensor(matrix_shape(shared_b ? 0 : batch, tb ? n : k, tb ? k : n), in.dtype, in.seed, "b");
+         const Tensor dc = random_tensor(matrix_shape(batch, m, n), in.dtype, in.seed, "dc");
+         OpOutputs out;
+         for (DType gt : in.dtype == DType::f32 ? std::vector{DType::f32} : std::vector{DType::bf16, DType::f32}) {
+           const Tensor da0 = random_tensor(a.shape(), gt, in.seed, "da"), db0 = random_tensor(b.shape(), gt, in.seed, "db");
+           Tensor da_fast = da0.clone(), db_fast = db0.clone(), da_ref = da0.clone(), db_ref = db0.clone();
+           with_backend(kernels::KernelBackend::fast,
+                        [&] { kernels::matmul_backward(da_fast, db_fast, dc, a, b, ta, tb, 0.5f); });
+           with_backend(kernels::KernelBackend::reference,
+                        [&] { kernels::matmul_backward(da_ref, db_ref, dc, a, b, ta, tb, 0.5f); });
+           // (appending instead of "x" + std::string(...): GCC 12 -Wrestrict misfires on the latter)
+           std::string da_name = "da_", db_name = "db_";
+           da_name += dtype_name(gt);
+           db_name += dtype_name(gt);
+           out.push_back(compared(da_name, da_fast, da_ref, n));
+           out.push_back(compared(db_name, db_fast, db_ref, shared_b ? batch * m : m));
          }
          return out;
        }},

@@ -160,6 +160,41 @@ void matmul(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool tran
   matmul_tensors(c, a, b, Tensor(), trans_a, trans_b, alpha, beta);
 }
 
+void matmul_backward(Tensor& da, Tensor& db, const Tensor& dc, const Tensor& a, const Tensor& b, bool trans_a,
+                     bool trans_b, float alpha) {
+  for (const Tensor* t : {&dc, &a, &b}) {
+    TITAN_CHECK(t->defined() && t->dim() >= 2 && t->is_contiguous(), "matmul_backward: operand " + t->str(),
+                "a, b and dc must be contiguous matrices or batches of them");
+  }
+  TITAN_CHECK(a.dtype() == b.dtype() && dc.dtype() == a.dtype(),
+              "matmul_backward: dtypes of dc, a, b differ (" + std::string(dtype_name(dc.dtype())) + ", " +
+                  std::string(dtype_name(a.dtype())) + ", " + std::string(dtype_name(b.dtype())) + ")",
+              "run the backward in the forward's compute dtype");
+  const bool share_b = b.dim() == 2 && a.dim() > 2;
+  TITAN_CHECK(!(share_b && trans_a) && (b.dim() == 2 || batch_shape(b) == batch_shape(a)),
+              "matmul_backward: unsupported batching: a " + a.shape().str() + (trans_a ? " (transposed)" : "") +
+                  ", b " + b.shape().str(),
+              "a shared 2-D b needs an untransposed a; otherwise a and b need the same batch dims");
+  const int64_t batch = batch_shape(a).numel();
+  const int64_t m = trans_a ? a.size(-1) : a.size(-2), k = trans_a ? a.size(-2) : a.size(-1);
+  const int64_t n = trans_b ? b.size(-2) : b.size(-1);
+  TITAN_CHECK((trans_b ? b.size(-1) : b.size(-2)) == k && dc.size(-2) == m && dc.size(-1) == n &&
+                  batch_shape(dc) == batch_shape(a),
+              "matmul_backward: shapes do not chain: a " + a.shape().str() + ", b " + b.shape().str() + ", dc " +
+                  dc.shape().str(),
+              "pass the forward's a, b, trans_a, trans_b and the gradient of its output");
+  auto operand = [&](MatmulOperand o) { return (o == MatmulOperand::a ? a : o == MatmulOperand::b ? b : dc).data_ptr(); };
+  auto step = [&](Tensor& grad, const Tensor& like, const MatmulGradStep& s) {
+    if (!grad.defined()) return;
+    TITAN_CHECK(grad.shape() == like.shape() && grad.is_contiguous(),
+                "matmul_backward: gradient " + grad.str() + " for input " + like.str(),
+                "a gradient is contiguous with its input's shape");
+    matmul(grad.data_ptr(), grad.dtype(), operand(s.lhs), operand(s.rhs), a.dtype(), nullptr, s.p);
+  };
+  step(da, a, matmul_grad_a_step(batch, m, n, k, trans_a, trans_b, share_b, alpha));
+  step(db, b, matmul_grad_b_step(batch, m, n, k, trans_a, trans_b, share_b, alpha));
+}
+
 void linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& bias) {
   Tensor y2 = rows_of(y, "y");
   matmul_tensors(y2, rows_of(x, "x"), w, bias, false, true, 1, 0);

@@ -21,6 +21,13 @@ void matmul(void* c, DType c_type, const void* a, const void* b, DType ab_type, 
 void matmul(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, float alpha = 1,
             float beta = 0);
 
+// The backward of c = alpha * op(a) @ op(b):  da += alpha * dc @ op(b)^T,  db += alpha * op(a)^T @ dc,
+// each laid out like a / b. Pass an undefined Tensor for a gradient that is not wanted. All
+// operands contiguous; b may be 2-D, shared by a batched a (then trans_a must be false and db
+// sums over the batch). Gradients have the inputs' dtype, or f32 (f32 accumulation for bf16).
+void matmul_backward(Tensor& da, Tensor& db, const Tensor& dc, const Tensor& a, const Tensor& b, bool trans_a,
+                     bool trans_b, float alpha = 1);
+
 // y[N, out] = x[N, in] @ w[out, in]^T + bias[out]. x and y may have more leading dims (flattened
 // into N; they must be contiguous); bias may be undefined (no bias) and has y's dtype.
 void linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());

@@ -55,4 +55,44 @@ inline MatmulParams linear_dw_params(int64_t rows, int64_t in, int64_t out) {
   return p;
 }
 
+// ---- the backward of C = alpha * op(A) @ op(B) (dense operands) -------------------------------
+// Each gradient is itself a matmul that accumulates (beta = 1) into a buffer laid out like its
+// input:  dA += alpha * dC @ op(B)^T   and   dB += alpha * op(A)^T @ dC,
+// each written in the stored (possibly transposed) orientation of A or B.
+enum class MatmulOperand : uint8_t { a, b, dc };
+struct MatmulGradStep {
+  MatmulParams p;
+  MatmulOperand lhs, rhs;  // the buffers that play A and B in p
+};
+
+// With share_b (one B for the whole batch), dB sums over the batch: that is one product over
+// batch * M rows, which needs A stored untransposed (trans_a == false).
+inline MatmulGradStep matmul_grad_a_step(int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
+                                         bool share_b, float alpha) {
+  MatmulGradStep s;
+  if (!trans_a) {  // dA[M, K] = dC[M, N] @ op(B)^T
+    s = {dense_matmul_params(batch, m, k, n, false, !trans_b), MatmulOperand::dc, MatmulOperand::b};
+    if (share_b) s.p.batch_stride_b = 0;
+  } else {  // dA^T[K, M] = op(B)[K, N] @ dC^T
+    s = {dense_matmul_params(batch, k, m, n, trans_b, true), MatmulOperand::b, MatmulOperand::dc};
+    if (share_b) s.p.batch_stride_a = 0;
+  }
+  s.p.alpha = alpha, s.p.beta = 1;
+  return s;
+}
+
+inline MatmulGradStep matmul_grad_b_step(int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
+                                         bool share_b, float alpha) {
+  // A shared B collects every batch's rows: [batch * M] rows of A and dC in one product.
+  const int64_t rows = share_b ? batch * m : m, b_batch = share_b ? 1 : batch;
+  MatmulGradStep s;
+  if (!trans_b) {  // dB[K, N] = op(A)^T[K, M] @ dC[M, N]
+    s = {dense_matmul_params(b_batch, k, n, rows, !trans_a, false), MatmulOperand::a, MatmulOperand::dc};
+  } else {  // dB^T[N, K] = dC^T[N, M] @ op(A)[M, K]
+    s = {dense_matmul_params(b_batch, n, k, rows, true, trans_a), MatmulOperand::dc, MatmulOperand::a};
+  }
+  s.p.alpha = alpha, s.p.beta = 1;
+  return s;
+}
+
 }  // namespace titan::kernels

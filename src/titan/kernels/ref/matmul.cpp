@@ -29,6 +29,20 @@ void matmul(TC* c, const T* a, const T* b, const TC* bias, const MatmulParams& p
 }
 
 template <class T>
+void matmul_backward(T* da, T* db, const T* dc, const T* a, const T* b, int64_t batch, int64_t m, int64_t n,
+                     int64_t k, bool trans_a, bool trans_b, bool share_b, float alpha) {
+  auto operand = [&](MatmulOperand o) { return o == MatmulOperand::a ? a : o == MatmulOperand::b ? b : dc; };
+  if (da) {
+    const MatmulGradStep s = matmul_grad_a_step(batch, m, n, k, trans_a, trans_b, share_b, alpha);
+    matmul<T, T>(da, operand(s.lhs), operand(s.rhs), nullptr, s.p);
+  }
+  if (db) {
+    const MatmulGradStep s = matmul_grad_b_step(batch, m, n, k, trans_a, trans_b, share_b, alpha);
+    matmul<T, T>(db, operand(s.lhs), operand(s.rhs), nullptr, s.p);
+  }
+}
+
+template <class T>
 void linear_forward(T* y, const T* x, const T* w, const T* bias, int64_t rows, int64_t in, int64_t out) {
   matmul<T, T>(y, x, w, bias, linear_forward_params(rows, in, out));
 }
@@ -50,6 +64,8 @@ void linear_bias_backward(acc_t<T>* db, const T* dy, int64_t rows, int64_t cols)
 template void matmul<float, bf16>(float*, const bf16*, const bf16*, const float*, const MatmulParams&);
 #define TITAN_INSTANTIATE(T)                                                                               \
   template void matmul<T, T>(T*, const T*, const T*, const T*, const MatmulParams&);                     \
+  template void matmul_backward(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, bool, \
+                                bool, bool, float);                                                       \
   template void linear_forward(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);              \
   template void linear_backward(T*, acc_t<T>*, acc_t<T>*, const T*, const T*, const T*, int64_t, int64_t, \
                                 int64_t);                                                                 \

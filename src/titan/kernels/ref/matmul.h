@@ -14,6 +14,13 @@ namespace titan::kernels::ref {
 template <class TC, class T>
 void matmul(TC* c, const T* a, const T* b, const TC* bias, const MatmulParams& p);
 
+// The backward of c = alpha * op(a) @ op(b) on dense operands (kernels/matmul_params.h):
+// da += dC @ op(B)^T and db += op(A)^T @ dC, each in its input's stored layout; either may be
+// null. share_b: one B for the whole batch (then trans_a must be false).
+template <class T>
+void matmul_backward(T* da, T* db, const T* dc, const T* a, const T* b, int64_t batch, int64_t m, int64_t n,
+                     int64_t k, bool trans_a, bool trans_b, bool share_b, float alpha);
+
 // y[rows, out] = x[rows, in] @ w[out, in]^T + bias[out]; bias may be null.
 template <class T>
 void linear_forward(T* y, const T* x, const T* w, const T* bias, int64_t rows, int64_t in, int64_t out);
