@@ -3,6 +3,7 @@
 // thread count (resumed runs and different machines' thread pools agree).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
