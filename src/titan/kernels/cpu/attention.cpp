@@ -23,7 +23,11 @@ constexpr int64_t kLanes = 16;  // floats per vec16; packed widths are padded to
 // 16 floats as one GCC vector: one zmm with AVX-512, two ymm with AVX2, four xmm on the baseline.
 // The compiler contracts `acc += a * b` into FMA where the ISA has one. aligned(4) and may_alias:
 // loads from any float address inside our float buffers.
+// Functions taking or returning vec16 below are internal and force-inlined, so the warning that
+// their ABI differs between ISA levels (they never cross a call boundary) does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
 typedef float vec16 __attribute__((vector_size(64), aligned(4), may_alias));
+typedef int32_t vec16i __attribute__((vector_size(64)));
 
 // Register tile: kRows x kVecs vec16 accumulators plus kVecs loaded B vectors and one broadcast
 // must fit the register file (32 zmm with AVX-512; 16 ymm / 16 xmm otherwise).
@@ -36,6 +40,44 @@ constexpr int kRows = 2, kVecs = 1;
 #endif
 
 TITAN_INLINE int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+TITAN_INLINE vec16 splat(float x) { return vec16{} + x; }
+TITAN_INLINE vec16 load16(const float* p) { return *reinterpret_cast<const vec16*>(p); }
+TITAN_INLINE void store16(float* p, vec16 x) { *reinterpret_cast<vec16*>(p) = x; }
+TITAN_INLINE vec16 max16(vec16 a, vec16 b) { return a > b ? a : b; }
+TITAN_INLINE float reduce_max(vec16 x) {
+  float m = x[0];
+  for (int i = 1; i < 16; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+TITAN_INLINE float reduce_add(vec16 x) {
+  float s = 0;
+  for (int i = 0; i < 16; ++i) s += x[i];
+  return s;
+}
+
+// fast_exp (cpu/isa.h) on 16 lanes with the same range reduction and polynomial, written on
+// vec16 so it vectorizes at every ISA level without relying on the auto-vectorizer. Rounds with
+// the 1.5 * 2^23 trick (round to nearest even, exact for |x log2 e| < 2^22). -inf gives 0.
+TITAN_INLINE vec16 exp16(vec16 x) {
+  x = x < splat(-87.33654f) ? splat(-87.33654f - 1.0f) : x;
+  x = x > splat(88.72283f) ? splat(88.72283f) : x;
+  const vec16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  vec16 r = x - n * 0.693145751953125f;
+  r = r - n * 1.428606765330187e-06f;
+  vec16 p = splat(1.0f / 720);
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  vec16i e = __builtin_convertvector(n, vec16i) + 127;
+  e = e < 0 ? 0 : e;
+  e = e > 255 ? 255 : e;
+  const vec16 scale = (vec16)(e << 23);
+  return p * scale;
+}
 TITAN_INLINE int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 // Zero-filled f32 scratch from the titan allocator (64-byte aligned; counted as temporaries).
@@ -204,6 +246,13 @@ void pack_kv(float* kt, float* kp, float* vp, float* vt, const T* k, const T* v,
   }
 }
 
+// Causal mask of a diagonal tile: scores above the diagonal become -inf (exp gives 0).
+void mask_upper(float* s, int64_t rows) {  // s [kBlock, kBlock]
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = r + 1; j < kBlock; ++j) s[r * kBlock + j] = -INFINITY;
+  }
+}
+
 }  // namespace
 
 // ---- forward ----------------------------------------------------------------------------------
@@ -239,28 +288,25 @@ void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, con
                     kBlock, d.Dqk);
         // Online softmax: rescale what was accumulated under the old row max. On the diagonal
         // block row r sees columns <= r, which also hides the zero padding past S.
+        if (diagonal) mask_upper(s.get(), rows);
         for (int64_t r = 0; r < rows; ++r) {
           float* sr = s.get() + r * kBlock;
-          const int64_t visible = diagonal ? r + 1 : kBlock;
-          float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-          for (int64_t j = 0; j < visible; ++j) mx = sr[j] > mx ? sr[j] : mx;
-          const float m_old = m.get()[r], m_new = mx > m_old ? mx : m_old;
+          vec16 mx = load16(sr);
+          for (int64_t j = kLanes; j < kBlock; j += kLanes) mx = max16(mx, load16(sr + j));
+          const float m_old = m.get()[r], row_max = reduce_max(mx), m_new = row_max > m_old ? row_max : m_old;
           const float alpha = fast_exp(m_old - m_new);
-          float sum = 0;
-          // Scalar math: p_j = exp(s_j - m_new) for visible j, else 0
-#pragma omp simd reduction(+ : sum)
-          for (int64_t j = 0; j < kBlock; ++j) {
-            const float pj = j < visible ? fast_exp(sr[j] - m_new) : 0.0f;
-            sr[j] = pj;
+          // Scalar math: p_j = exp(s_j - m_new); l = l * alpha + sum_j p_j
+          vec16 sum = vec16{};
+          for (int64_t j = 0; j < kBlock; j += kLanes) {
+            const vec16 pj = exp16(load16(sr + j) - m_new);
+            store16(sr + j, pj);
             sum += pj;
           }
-          l.get()[r] = l.get()[r] * alpha + sum;
+          l.get()[r] = l.get()[r] * alpha + reduce_add(sum);
           m.get()[r] = m_new;
           if (alpha != 1.0f) {
             float* orow = oacc.get() + r * p.dv_pad;
-#pragma omp simd
-            for (int64_t c = 0; c < p.dv_pad; ++c) orow[c] *= alpha;
+            for (int64_t c = 0; c < p.dv_pad; c += kLanes) store16(orow + c, load16(orow + c) * alpha);
           }
         }
         // o += P v; on the diagonal block probabilities past column rows - 1 are zero.
@@ -340,12 +386,11 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
           gemm<false>(s.get(), kBlock, qs_blk, p.dqk_pad, 1, kt_blk, kBlock, rows, kBlock, d.Dqk);
           // Scalar math: P = exp(scale q.k - lse) where causal (j <= i), else 0. On the diagonal
           // block the mask also hides the key padding past S.
+          if (diagonal) mask_upper(s.get(), rows);
           for (int64_t r = 0; r < rows; ++r) {
             float* sr = s.get() + r * kBlock;
             const float lse_i = lse_h[row0 + r];
-            const int64_t visible = diagonal ? r + 1 : kBlock;
-#pragma omp simd
-            for (int64_t j = 0; j < kBlock; ++j) sr[j] = j < visible ? fast_exp(sr[j] - lse_i) : 0.0f;
+            for (int64_t j = 0; j < kBlock; j += kLanes) store16(sr + j, exp16(load16(sr + j) - lse_i));
           }
           // dv += P^T dO
           gemm<true>(dv_acc.get(), p.dv_pad, s.get(), 1, kBlock, dos_blk, p.dv_pad, cols, p.dv_pad, rows);
@@ -355,8 +400,9 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
             float* dsr = ds.get() + r * kBlock;
             const float* pr = s.get() + r * kBlock;
             const float delta_i = delta.get()[row0 + r];
-#pragma omp simd
-            for (int64_t j = 0; j < kBlock; ++j) dsr[j] = pr[j] * (dsr[j] - delta_i);
+            for (int64_t j = 0; j < kBlock; j += kLanes) {
+              store16(dsr + j, load16(pr + j) * (load16(dsr + j) - delta_i));
+            }
           }
           // dk += scale dS^T q (qs carries the scale); dq += dS k (scaled once at the end)
           gemm<true>(dk_acc.get(), p.dqk_pad, ds.get(), 1, kBlock, qs_blk, p.dqk_pad, cols, p.dqk_pad, rows);
