@@ -161,6 +161,10 @@ TEST(Config, OverrideErrors) {
 
   e = load_error("", {"--checkpoint.enable=yes"});
   EXPECT_HAS(e.message(), "true or false");
+
+  e = load_error("", {"--metrics.enable_wandb"});
+  EXPECT_HAS(e.message(), "is a TorchTitan key");
+  EXPECT_HAS(e.hint(), "drop the override");
 }
 
 // ---- errors in the file -------------------------------------------------------------------------
@@ -293,6 +297,9 @@ TEST(ConfigErrors, RelationsBetweenKeys) {
   e = load_error("[parallelism]\nexpert_parallel_degree = 2\n");
   EXPECT_HAS(e.message(), "needs a mixture-of-experts model");
   EXPECT_HAS(e.message(), "model.name = \"llama3\" (default)");
+  EXPECT_EQ(load_config(write_toml("[model]\nname = \"deepseek_v3\"\n[parallelism]\nexpert_parallel_degree = 2\n"))
+                .parallelism.expert_parallel_degree,
+            2);
 
   e = load_error("[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_microbatch_size = 3\n");
   EXPECT_HAS(e.message(), "does not divide training.local_batch_size = 8");

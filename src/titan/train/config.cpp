@@ -103,8 +103,8 @@ overloaded(F...) -> overloaded<F...>;
 
 std::string full_name(const KeySpec& spec) { return fmt::format("{}.{}", spec.section, spec.key); }
 
-// Shortest text that reads back to the same double, always with a '.' or exponent so that TOML
-// reads it as a float.
+// Shortest text that reads back to the same double, with a '.' or an exponent so that TOML reads
+// it as a float (nan and inf are TOML floats as they are).
 std::string format_number(double v) {
   std::string s = fmt::format("{}", v);
   if (s.find_first_of(".eEni") == std::string::npos) s += ".0";
@@ -451,7 +451,7 @@ std::string_view closest_choice(const Rule& rule, std::string_view value) {
 void check_string(const Context& ctx, const KeySpec& spec, FieldRef ref, const std::string& value) {
   const Rule& rule = spec.rule;
   if (rule.non_empty && value.empty())
-    fail_value(ctx, spec, ref, "is empty; it must be " + accepted_values(spec),
+    fail_value(ctx, spec, ref, "is not accepted; it must be " + accepted_values(spec),
                ctx.how_to_set(spec, example_text(spec)));
   if (rule.choices.empty() || std::find(rule.choices.begin(), rule.choices.end(), value) != rule.choices.end())
     return;
@@ -501,9 +501,7 @@ void check_relations(const Context& ctx, JobConfig& c) {
   const KeySpec& steps = spec("training", "steps");
   if (c.lr_scheduler.warmup_steps > c.training.steps)
     fail(warmup, fmt::format("{} is longer than the run: {}", show(warmup), show(steps)),
-         fmt::format("lower lr_scheduler.warmup_steps to at most {}, or raise "
-                     "training.steps",
-                     c.training.steps));
+         fmt::format("lower lr_scheduler.warmup_steps to at most {}, or raise training.steps", c.training.steps));
 
   const KeySpec& global = spec("training", "global_batch_size");
   const KeySpec& local = spec("training", "local_batch_size");
@@ -522,7 +520,8 @@ void check_relations(const Context& ctx, JobConfig& c) {
 
   const KeySpec& ep = spec("parallelism", "expert_parallel_degree");
   const KeySpec& name = spec("model", "name");
-  if (c.parallelism.expert_parallel_degree > 1 && c.model.name == "llama3")
+  const bool mixture_of_experts = c.model.name == "deepseek_v3" || c.model.name == "deepseek_v32";
+  if (c.parallelism.expert_parallel_degree > 1 && !mixture_of_experts)
     fail(ep, fmt::format("{} needs a mixture-of-experts model, but {} is dense", show(ep), show(name)),
          "set parallelism.expert_parallel_degree = 1, or train deepseek_v3 / deepseek_v32");
 
@@ -551,7 +550,8 @@ void validate_in(const Context& ctx, JobConfig& config) {
   const std::string name = fmt::format("{}.{}", section, key);
   if (const NotCarried* n = find_torchtitan_only(name))
     TITAN_FAIL(fmt::format("{}: {} is a TorchTitan key that titan.cpp does not take: {}", where, name, n->reason),
-               fmt::format("remove {} from the [{}] section", key, section));
+               from_override ? std::string("drop the override")
+                             : fmt::format("remove {} from the [{}] section", key, section));
   if (const KeySpec* guess = closest_key(section, key)) {
     if (from_override)
       TITAN_FAIL(fmt::format("{}: unknown key {}", where, name),
@@ -660,8 +660,7 @@ void apply_overrides(Context& ctx, JobConfig& config, const std::vector<std::str
 
 std::string range_text(const Rule& rule) {
   if (rule.min && rule.max)
-    return fmt::format("in {}{}, {}{}", rule.min_open ? "(" : "[", fmt::format("{}", *rule.min),
-                       fmt::format("{}", *rule.max), rule.max_open ? ")" : "]");
+    return fmt::format("in {}{}, {}{}", rule.min_open ? "(" : "[", *rule.min, *rule.max, rule.max_open ? ")" : "]");
   if (rule.min) return fmt::format("{} {}", rule.min_open ? ">" : ">=", *rule.min);
   if (rule.max) return fmt::format("{} {}", rule.max_open ? "<" : "<=", *rule.max);
   return "";
