@@ -3,6 +3,7 @@
 // TorchTitan ("layers.3.attention.wq.weight"); hf_adapter.h maps them to Hugging Face's.
 #pragma once
 
+#include "titan/models/causal_lm.h"
 #include "titan/models/llama3/args.h"
 #include "titan/nn/layers.h"
 
@@ -37,19 +38,22 @@ class TransformerBlock : public nn::Module {
   nn::RMSNorm &attention_norm, &ffn_norm;
 };
 
-enum class Recompute { none, full };  // activation checkpointing per block
+using models::Recompute;
 
-class Transformer : public nn::Module {
+class Transformer : public CausalLM {
  public:
   explicit Transformer(const Llama3Args& a);
   // tokens [B, S] i32 -> logits [B*S, V] in the compute dtype. Positions are 0..S-1 per row.
-  Variable forward(const Tensor& tokens);
+  Variable forward(const Tensor& tokens) override;
   // The same with explicit positions (i32 [B, S]), e.g. for decoding with a cache offset.
   Variable forward(const Tensor& tokens, const Tensor& positions);
 
-  void set_compute_dtype(DType dtype);
-  DType compute_dtype() const { return compute_dtype_; }
-  void set_recompute(Recompute r) { recompute_ = r; }
+  void set_compute_dtype(DType dtype) override;
+  DType compute_dtype() const override { return compute_dtype_; }
+  void set_recompute(Recompute r) override { recompute_ = r; }
+  double training_flops_per_token(int64_t seq_len) const override { return args_.training_flops_per_token(seq_len); }
+  int64_t vocab_size() const override { return args_.vocab_size; }
+  int64_t max_seq_len() const override { return args_.max_seq_len; }
   const Llama3Args& args() const { return args_; }
   const kernels::RopeTables& rope_tables() const { return rope_; }
 
