@@ -141,8 +141,8 @@ class SplitWriter {
   void close_shard() {
     if (!shard_) return;
     shard_->finish();
-    spdlog::info("data prepare: wrote {} ({} documents, {} tokens)", shard_->path(), shard_->num_documents(),
-                 shard_->num_tokens());
+    spdlog::info("data prepare: {}/{}: {} documents, {} tokens", dir_.filename().string(), summary_.shards.back(),
+                 shard_->num_documents(), shard_->num_tokens());
     shard_.reset();
   }
 
@@ -171,29 +171,9 @@ void publish(const fs::path& staging, const fs::path& output) {
   fs::remove_all(retired);
 }
 
-}  // namespace
-
-PrepareSummary prepare_dataset(const PrepareOptions& options, const Encoder& encoder) {
-  TITAN_CHECK(bool(encoder.encode), "data prepare: no encode function", "pass the tokenizer's encode function");
-  TITAN_CHECK(options.val_fraction >= 0 && options.val_fraction < 1,
-              fmt::format("data prepare: validation fraction {} is outside [0, 1)", options.val_fraction),
-              "use e.g. --val-fraction 0.01 (0 for no validation split)");
-  TITAN_CHECK(options.shard_tokens > 0, fmt::format("data prepare: shard size {} tokens", options.shard_tokens),
-              "use a positive --shard-tokens, e.g. 100000000");
-  TITAN_CHECK(!options.output_dir.empty(), "data prepare: no output directory", "pass --output DIR");
-  const std::vector<fs::path> files = expand_inputs(options.inputs);
-  TITAN_CHECK(!files.empty(), "data prepare: no inputs", "pass at least one --input FILE");
-
-  const fs::path output = fs::path(options.output_dir).lexically_normal();
-  const fs::path out_dir = output.has_filename() ? output : output.parent_path();
-  TITAN_CHECK(!fs::exists(out_dir) || fs::exists(out_dir / "index.json") ||
-                  (fs::is_directory(out_dir) && fs::is_empty(out_dir)),
-              fmt::format("data prepare: output {} exists and is not a prepared dataset (no index.json)",
-                          out_dir.string()),
-              "pass a new or empty directory; prepare only replaces directories it made itself");
-  const fs::path staging = out_dir.string() + ".tmp";
-  fs::remove_all(staging);
-
+// Tokenizes every input into <staging>/{train,val}/ and writes <staging>/index.json.
+PrepareSummary write_dataset(const fs::path& staging, const std::vector<fs::path>& files,
+                             const PrepareOptions& options, const Encoder& encoder) {
   PrepareSummary summary;
   {
     SplitWriter train(staging / "train", options, encoder);
@@ -245,7 +225,41 @@ PrepareSummary prepare_dataset(const PrepareOptions& options, const Encoder& enc
     TITAN_CHECK(out.good(), fmt::format("data prepare: cannot write {}", (staging / "index.json").string()),
                 "check free disk space and permissions");
   }
-  publish(staging, out_dir);
+  return summary;
+}
+
+}  // namespace
+
+PrepareSummary prepare_dataset(const PrepareOptions& options, const Encoder& encoder) {
+  TITAN_CHECK(bool(encoder.encode), "data prepare: no encode function", "pass the tokenizer's encode function");
+  TITAN_CHECK(options.val_fraction >= 0 && options.val_fraction < 1,
+              fmt::format("data prepare: validation fraction {} is outside [0, 1)", options.val_fraction),
+              "use e.g. --val-fraction 0.01 (0 for no validation split)");
+  TITAN_CHECK(options.shard_tokens > 0, fmt::format("data prepare: shard size {} tokens", options.shard_tokens),
+              "use a positive --shard-tokens, e.g. 100000000");
+  TITAN_CHECK(!options.output_dir.empty(), "data prepare: no output directory", "pass --output DIR");
+  const std::vector<fs::path> files = expand_inputs(options.inputs);
+  TITAN_CHECK(!files.empty(), "data prepare: no inputs", "pass at least one --input FILE");
+
+  const fs::path output = fs::path(options.output_dir).lexically_normal();
+  const fs::path out_dir = output.has_filename() ? output : output.parent_path();
+  TITAN_CHECK(!fs::exists(out_dir) || fs::exists(out_dir / "index.json") ||
+                  (fs::is_directory(out_dir) && fs::is_empty(out_dir)),
+              fmt::format("data prepare: output {} exists and is not a prepared dataset (no index.json)",
+                          out_dir.string()),
+              "pass a new or empty directory; prepare only replaces directories it made itself");
+  const fs::path staging = out_dir.string() + ".tmp";
+  fs::remove_all(staging);
+
+  PrepareSummary summary;
+  try {
+    summary = write_dataset(staging, files, options, encoder);
+    publish(staging, out_dir);
+  } catch (...) {
+    std::error_code ignored;  // the original error is the one worth reporting
+    fs::remove_all(staging, ignored);
+    throw;
+  }
   spdlog::info("data prepare: {} -> train {} documents / {} tokens, val {} documents / {} tokens",
                out_dir.string(), summary.train.documents, summary.train.tokens, summary.val.documents,
                summary.val.tokens);
