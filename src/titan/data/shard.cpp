@@ -267,7 +267,7 @@ void ShardReader::copy_tokens(int64_t begin, int64_t count, int32_t* out) const 
   if (header_.token_bytes == 2) {
     const auto* src = reinterpret_cast<const uint16_t*>(tokens_) + begin;
     for (int64_t i = 0; i < count; ++i) out[i] = int32_t(src[i]);
-  } else {
+  } else if (count > 0) {  // an empty document may come with a null `out` (memcpy forbids it)
     std::memcpy(out, reinterpret_cast<const uint32_t*>(tokens_) + begin, size_t(count) * 4);
   }
 }
