@@ -53,7 +53,6 @@ class ShardWriter {
   // Writes the offsets and the final header, flushes to disk and renames into place.
   void finish();
 
-  const std::string& path() const { return path_; }
   int64_t num_tokens() const { return int64_t(offsets_.back()); }
   int64_t num_documents() const { return int64_t(offsets_.size()) - 1; }
 
