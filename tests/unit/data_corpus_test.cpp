@@ -15,7 +15,7 @@ using titan::data::testing::ScratchDir;
 
 TEST(DataCorpus, KingJamesBiblePreparesAndLoads) {
   // bible-kjv comes from scripts/setup.sh; a machine set up another way may lack it.
-  if (!std::filesystem::exists("/usr/bin/bible")) GTEST_SKIP() << "bible-kjv is not installed (scripts/setup.sh)";
+  ASSERT_TRUE(std::filesystem::exists("/usr/bin/bible")) << "bible-kjv is not installed: run scripts/setup.sh";
   ScratchDir dir;
   const std::string text = dir / "kjv.txt";
   ASSERT_EQ(std::system(("scripts/prepare_corpus.sh " + text + " >/dev/null").c_str()), 0);

@@ -12,12 +12,14 @@
 #include "titan/core/error.h"
 #include "titan/kernels/cpu/isa_info.h"
 #include "titan/kernels/peak.h"
+#include "titan/train/trainer.h"
 
 namespace {
 
 constexpr const char* kUsage = R"(usage: titan <command> [options]
 
 commands:
+  train       train a model from a TOML config: titan train --config configs/llama3_debug.toml
   info        this machine: CPU capability in use, threads, measured peak FLOP/s and bandwidth
 
 Run `titan <command> --help` for a command's options.
@@ -59,6 +61,7 @@ int main(int argc, char** argv) {
   const std::string_view cmd = argv[1];
   try {
     if (cmd == "info") return info_main();
+    if (cmd == "train") return titan::train::train_main(argc, argv);
     std::fprintf(stderr, "titan: unknown command '%s'\n\n%s", argv[1], kUsage);
     return 2;
   } catch (const titan::Error& e) {

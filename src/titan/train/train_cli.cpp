@@ -2,6 +2,7 @@
 #include <string>
 #include <vector>
 
+#include "titan/core/error.h"
 #include "titan/train/trainer.h"
 
 namespace titan::train {
