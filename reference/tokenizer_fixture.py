@@ -139,7 +139,9 @@ def encode_cases(tok):
     for text in CASES:
         plain = tok.encode(text, add_special_tokens=False)
         with_special = tok.encode(text, add_special_tokens=True)
-        cases.append({"text": text, "ids": plain.ids, "ids_with_special": with_special.ids})
+        # Not always the text: added tokens with lstrip/rstrip swallow the whitespace beside them.
+        decoded = tok.decode(plain.ids, skip_special_tokens=False)
+        cases.append({"text": text, "ids": plain.ids, "ids_with_special": with_special.ids, "decoded": decoded})
     return cases
 
 
