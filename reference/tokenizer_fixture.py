@@ -167,15 +167,20 @@ def generate():
 
 
 def check(path):
-    # A file titan saved must load here and give the same ids as the fixture it was trained to match.
+    # A file titan saved must load here; trained on corpus.txt like a fixture, it must also give
+    # that fixture's ids, except on texts holding added tokens the fixture has and it lacks.
     tok = Tokenizer.from_file(path)
     print(f"{path}: loaded, vocab size {tok.get_vocab_size(with_added_tokens=True)}")
     fixture = json.loads((OUT / "cases.json").read_text(encoding="utf-8"))
     for name, entry in fixture.items():
-        if entry["vocab_size"] != tok.get_vocab_size(with_added_tokens=True):
+        reference = Tokenizer.from_file(str(OUT / name))
+        if reference.get_vocab(with_added_tokens=False) != tok.get_vocab(with_added_tokens=False):
             continue
-        same = all(tok.encode(c["text"], add_special_tokens=False).ids == c["ids"] for c in entry["cases"])
-        print(f"  ids equal to {name} on all {len(entry['cases'])} cases: {same}")
+        missing = [t.content for t in reference.get_added_tokens_decoder().values()
+                   if tok.token_to_id(t.content) is None]
+        cases = [c for c in entry["cases"] if not any(m in c["text"] for m in missing)]
+        same = all(tok.encode(c["text"], add_special_tokens=False).ids == c["ids"] for c in cases)
+        print(f"  same model as {name}; ids equal on {len(cases)} of {len(entry['cases'])} cases: {same}")
 
 
 if __name__ == "__main__":

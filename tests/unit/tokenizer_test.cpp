@@ -31,14 +31,17 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
-// A fresh directory per test process for files the tests write.
+// A fresh directory per test process for files the tests write, removed at exit.
+struct ScratchDir {
+  std::filesystem::path path =
+      std::filesystem::temp_directory_path() / ("titan_tokenizer_test_" + std::to_string(::getpid()));
+  ScratchDir() { std::filesystem::create_directories(path); }
+  ~ScratchDir() { std::filesystem::remove_all(path); }
+};
+
 std::filesystem::path scratch_dir() {
-  static const std::filesystem::path dir = [] {
-    auto d = std::filesystem::temp_directory_path() / ("titan_tokenizer_test_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(d);
-    return d;
-  }();
-  return dir;
+  static const ScratchDir dir;
+  return dir.path;
 }
 
 std::string write_scratch(const std::string& name, const std::string& content) {

@@ -181,8 +181,9 @@ struct Tokenizer::Impl {
 
   void index(const SpecialTokenNames& names);
   std::optional<int32_t> lookup(std::string_view token) const;
-  std::optional<int32_t> resolve_special(const std::string& name, const char* role,
+  std::optional<int32_t> resolve_special(const std::string& name, const char* role, std::optional<int32_t> implied,
                                          std::span<const char* const> known) const;
+  std::optional<int32_t> template_bos(const Json& processor) const;
   void split_added(const std::vector<Segment>& in, const AddedTokenMatcher& matcher, std::vector<Segment>& out) const;
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
   void bpe(std::string_view word, std::vector<int32_t>& out) const;
@@ -197,6 +198,7 @@ std::optional<int32_t> Tokenizer::Impl::lookup(std::string_view token) const {
 }
 
 std::optional<int32_t> Tokenizer::Impl::resolve_special(const std::string& name, const char* role,
+                                                        std::optional<int32_t> implied,
                                                         std::span<const char* const> known) const {
   if (!name.empty()) {
     const auto id = lookup(name);
@@ -205,9 +207,28 @@ std::optional<int32_t> Tokenizer::Impl::resolve_special(const std::string& name,
                 "well-known one");
     return id;
   }
+  if (implied) return implied;
   for (const char* candidate : known)
     if (auto id = lookup(candidate)) return id;
   return std::nullopt;
+}
+
+// The special token a TemplateProcessing post-processor puts before every text (Llama-3 and
+// tokenizers trained here write one), possibly inside a Sequence of processors.
+std::optional<int32_t> Tokenizer::Impl::template_bos(const Json& processor) const {
+  if (!processor.is_object()) return std::nullopt;
+  const std::string type = processor.value("type", "");
+  if (type == "Sequence" && processor.contains("processors") && processor["processors"].is_array()) {
+    for (const Json& inner : processor["processors"])
+      if (auto id = template_bos(inner)) return id;
+  }
+  if (type != "TemplateProcessing" || !processor.contains("single") || !processor["single"].is_array() ||
+      processor["single"].empty())
+    return std::nullopt;
+  const Json& first = processor["single"][0];
+  if (!first.is_object() || !first.contains("SpecialToken") || !first["SpecialToken"].is_object()) return std::nullopt;
+  const Json& name = first["SpecialToken"].value("id", Json());
+  return name.is_string() ? lookup(name.get<std::string>()) : std::nullopt;
 }
 
 void Tokenizer::Impl::index(const SpecialTokenNames& names) {
@@ -241,8 +262,8 @@ void Tokenizer::Impl::index(const SpecialTokenNames& names) {
   normalized_matcher = {};
   for (size_t i = 0; i < added.size(); ++i)
     (added[i].normalized ? normalized_matcher : raw_matcher).add(added[i].content, static_cast<int32_t>(i));
-  bos = resolve_special(names.bos, "BOS", kKnownBos);
-  eos = resolve_special(names.eos, "EOS", kKnownEos);
+  bos = resolve_special(names.bos, "BOS", template_bos(post_processor), kKnownBos);
+  eos = resolve_special(names.eos, "EOS", std::nullopt, kKnownEos);
 }
 
 void Tokenizer::Impl::split_added(const std::vector<Segment>& in, const AddedTokenMatcher& matcher,

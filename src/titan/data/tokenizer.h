@@ -17,7 +17,8 @@
 
 namespace titan::data {
 
-// The tokens that open and close a document. An empty name is looked up among well-known
+// The tokens that open and close a document. An empty BOS name is taken from the BOS-adding
+// post-processor when the file has one; otherwise empty names are looked up among well-known
 // ones: <|begin_of_text|> / <|end_of_text|> (Llama-3), <｜begin▁of▁sentence｜> /
 // <｜end▁of▁sentence｜> (DeepSeek), <|bos|> / <|eos|>, <s> / </s>, <|endoftext|> (GPT-2).
 struct SpecialTokenNames {
