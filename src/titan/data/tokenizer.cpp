@@ -185,7 +185,7 @@ struct Tokenizer::Impl {
                                          std::span<const char* const> known) const;
   std::optional<int32_t> template_bos(const Json& processor) const;
   void split_added(const std::vector<Segment>& in, const AddedTokenMatcher& matcher, std::vector<Segment>& out) const;
-  void encode_word(std::string_view word, std::vector<int32_t>& out) const;
+  void encode_words(std::span<const std::string_view> words, std::vector<int32_t>& out) const;
   void bpe(std::string_view word, std::vector<int32_t>& out) const;
 };
 
@@ -379,22 +379,39 @@ void Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& out) cons
     if (s.length > 0) out.push_back(s.id);
 }
 
-void Tokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t>& out) const {
-  const bool cacheable = word.size() <= kMaxCachedWordBytes;
-  if (cacheable) {
-    std::shared_lock lock(cache_mutex);
-    if (auto it = cache.find(word); it != cache.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
+void Tokenizer::Impl::encode_words(std::span<const std::string_view> words, std::vector<int32_t>& out) const {
+  // One read lock covers a run of cache hits; a miss drops it while merging, and new entries
+  // go in a batch at a time, so threads rarely wait on each other.
+  constexpr size_t kBatch = 64;
+  std::vector<std::pair<std::string_view, std::vector<int32_t>>> learned;
+  auto publish = [&] {
+    std::unique_lock write(cache_mutex);
+    for (auto& [word, ids] : learned) {
+      if (cache.size() >= kWordCacheCapacity) break;
+      cache.try_emplace(std::string(word), std::move(ids));
     }
+    learned.clear();
+  };
+  std::shared_lock read(cache_mutex);
+  for (std::string_view word : words) {
+    const bool cacheable = word.size() <= kMaxCachedWordBytes;
+    if (cacheable) {
+      if (auto it = cache.find(word); it != cache.end()) {
+        out.insert(out.end(), it->second.begin(), it->second.end());
+        continue;
+      }
+    }
+    read.unlock();
+    const size_t first = out.size();
+    bpe(word, out);
+    if (cacheable) {
+      learned.emplace_back(word, std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(first), out.end()));
+      if (learned.size() == kBatch) publish();
+    }
+    read.lock();
   }
-  const size_t first = out.size();
-  bpe(word, out);
-  if (cacheable) {
-    std::unique_lock lock(cache_mutex);
-    if (cache.size() < kWordCacheCapacity)
-      cache.emplace(std::string(word), std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(first), out.end()));
-  }
+  read.unlock();
+  if (!learned.empty()) publish();
 }
 
 Tokenizer::Tokenizer(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -428,7 +445,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos) cons
     }
     words.clear();
     m.pre_tokenizer.split(segment.text, words, arena);
-    for (std::string_view word : words) m.encode_word(word, ids);
+    m.encode_words(words, ids);
   }
   return ids;
 }
