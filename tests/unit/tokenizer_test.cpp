@@ -291,6 +291,43 @@ TEST(TokenizerErrors, TinyTokenizerIsValid) {
   EXPECT_EQ(tok.eos_id(), 257);
 }
 
+// Expected ids below are what HF tokenizers 0.23.3 gives for the same JSON.
+TEST(TokenizerModelOptions, IgnoreMergesTakesWholeWordsFromTheVocab) {
+  for (const bool ignore : {false, true}) {
+    Json t = tiny_tokenizer();
+    t["model"]["vocab"]["abc"] = 257;  // reachable only as a whole word: no merge makes it
+    t["added_tokens"][0]["id"] = 258;
+    t["model"]["ignore_merges"] = ignore;
+    const Tokenizer tok = Tokenizer::load(write_scratch("ignore_merges.json", t.dump()));
+    const std::vector<int32_t> whole = {257}, merged = {256, 66};
+    EXPECT_EQ(tok.encode("abc"), ignore ? whole : merged);
+    EXPECT_EQ(tok.encode("abcd"), (std::vector<int32_t>{256, 66, 67}));
+  }
+}
+
+TEST(TokenizerModelOptions, BytesMissingFromTheVocabBecomeUnknownOrVanish) {
+  struct Case {
+    Json unk_token;
+    bool fuse_unk;
+    std::vector<int32_t> zzaz, zzab;
+  };
+  const Case cases[] = {
+      {nullptr, false, {64}, {256}},
+      {"<unk>", false, {89, 89, 64, 89}, {89, 89, 256}},
+      {"<unk>", true, {89, 64, 89}, {89, 256}},
+  };
+  for (const Case& c : cases) {
+    Json t = tiny_tokenizer();
+    t["model"]["vocab"].erase("z");
+    t["model"]["vocab"]["<unk>"] = 89;  // the id "z" had
+    t["model"]["unk_token"] = c.unk_token;
+    t["model"]["fuse_unk"] = c.fuse_unk;
+    const Tokenizer tok = Tokenizer::load(write_scratch("unk.json", t.dump()));
+    EXPECT_EQ(tok.encode("zzaz"), c.zzaz);
+    EXPECT_EQ(tok.encode("zzab"), c.zzab);
+  }
+}
+
 TEST(TokenizerErrors, MissingFile) {
   try {
     Tokenizer::load("/nonexistent/tokenizer.json");
