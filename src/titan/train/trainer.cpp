@@ -1,5 +1,7 @@
 #include "titan/train/trainer.h"
 
+#include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
@@ -290,6 +292,7 @@ TrainResult Trainer::train() {
       result.last_val_loss = s.validate();
       log.log_validation(s.step, result.last_val_loss, std::exp(result.last_val_loss));
     }
+    if (on_step_end) on_step_end(s.step);
     const bool stop = g_stop.load();
     if (c.checkpoint.enable) {
       const bool periodic = s.step % c.checkpoint.interval == 0 || (s.step == 1 && c.checkpoint.enable_first_step_checkpoint);
@@ -298,7 +301,6 @@ TrainResult Trainer::train() {
         result.last_checkpoint = checkpoint::step_folder(s.checkpoint_root, s.step);
       }
     }
-    if (on_step_end) on_step_end(s.step);
     if (stop) {
       result.interrupted = true;
       log.log_event("interrupted at step " + std::to_string(s.step) +
