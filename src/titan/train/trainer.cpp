@@ -230,6 +230,8 @@ TrainResult Trainer::train() {
               static_cast<long long>(t.local_batch_size), static_cast<long long>(t.seq_len),
               static_cast<long long>(s.accum));
 
+  std::printf("unigram entropy of the training corpus: %.3f nats/token (the loss of a model that ignores context)\n",
+              s.train_loader->unigram_entropy());
   g_stop.store(false);
   auto previous = std::signal(SIGINT, on_sigint);
   TrainResult result;
