@@ -354,9 +354,10 @@ void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, con
 }
 
 // ---- backward ---------------------------------------------------------------------------------
-// One work item per (b, query head): key blocks outer, query blocks (>= the key block) inner, so
-// dk and dv of a key block are finished in L1 before moving on, and dq of the whole head
-// accumulates in a per-item f32 buffer. No two items write the same memory: dk and dv go to
+// One work item per (b, query head): groups of kGroupBlocks key blocks outer, query blocks (from
+// the group's first) inner, so dk and dv of the group are finished in L2 before moving on, each
+// query-side block is fetched once per group, and dq of the whole head accumulates in a per-item
+// f32 buffer. No two items write the same memory: dk and dv go to
 // per-head f32 partials, summed over each GQA group in head order afterwards. Every sum therefore
 // runs in a fixed order and the result does not depend on scheduling. Tiles are transposed as in
 // the forward: S^T = k q^T, dP^T = v dO^T, with the per-query lse and D_i across vector lanes.
@@ -382,8 +383,8 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
     Scratch lse_p(p.s_pad), delta(p.s_pad);  // [s_pad] lse and D_i = rowsum(dO * O), zero past S
     Scratch pt(kBlock * kBlock);           // [kBlock keys, kBlock queries] P^T
     Scratch dst(kBlock * kBlock);          // [kBlock, kBlock] dP^T, then dS^T
-    Scratch dk_acc(kBlock * p.dqk_pad);    // [kBlock, dqk_pad]
-    Scratch dv_acc(kBlock * p.dv_pad);     // [kBlock, dv_pad]
+    Scratch dk_acc(kGroupBlocks * kBlock * p.dqk_pad);  // [kGroupBlocks * kBlock, dqk_pad]
+    Scratch dv_acc(kGroupBlocks * kBlock * p.dv_pad);   // [kGroupBlocks * kBlock, dv_pad]
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < heads; ++bh) {
       const int64_t b = bh / d.H, h = bh % d.H, bg = b * d.Hkv + h / p.group;
@@ -407,49 +408,54 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
       }
       std::memset(dq_acc.get(), 0, size_t(p.s_pad * p.dqk_pad) * sizeof(float));
 
-      for (int64_t kb = 0; kb < p.nblk; ++kb) {
-        const int64_t col0 = kb * kBlock, cols = min_i64(kBlock, d.S - col0);
-        const float* kp_blk = kp.get() + (bg * p.s_pad + col0) * p.dqk_pad;  // [kBlock, dqk_pad]
-        const float* vp_blk = vp.get() + (bg * p.s_pad + col0) * p.dv_pad;   // [kBlock, dv_pad]
-        std::memset(dk_acc.get(), 0, size_t(kBlock * p.dqk_pad) * sizeof(float));
-        std::memset(dv_acc.get(), 0, size_t(kBlock * p.dv_pad) * sizeof(float));
-        for (int64_t qb = kb; qb < p.nblk; ++qb) {
-          const bool diagonal = qb == kb;
+      for (int64_t kb0 = 0; kb0 < p.nblk; kb0 += kGroupBlocks) {
+        const int64_t kb_end = min_i64(p.nblk, kb0 + kGroupBlocks);
+        std::memset(dk_acc.get(), 0, size_t(kGroupBlocks * kBlock * p.dqk_pad) * sizeof(float));
+        std::memset(dv_acc.get(), 0, size_t(kGroupBlocks * kBlock * p.dv_pad) * sizeof(float));
+        for (int64_t qb = kb0; qb < p.nblk; ++qb) {
           const int64_t row0 = qb * kBlock, rows = min_i64(kBlock, d.S - row0);
-          const float* qs_blk = qs.get() + row0 * p.dqk_pad;   // [kBlock, dqk_pad]
-          const float* dos_blk = dos.get() + row0 * p.dv_pad;  // [kBlock, dv_pad]
-          // P^T = exp(S^T - lse) with S^T = k (scale q)^T; -inf above the diagonal gives 0.
-          gemm<false>(pt.get(), kBlock, kp_blk, p.dqk_pad, 1, qt.get() + qb * d.Dqk * kBlock, kBlock, cols, kBlock,
-                      d.Dqk);
-          if (diagonal) mask_diagonal(pt.get(), cols);
-          for (int64_t v0 = 0; v0 < kBlock; v0 += kLanes) {
-            const vec16 lse_v = load16(lse_p.get() + row0 + v0);
-            for (int64_t j = 0; j < cols; ++j) {
-              float* x = pt.get() + j * kBlock + v0;
-              store16(x, exp16(load16(x) - lse_v));
+          const float* qt_blk = qt.get() + qb * d.Dqk * kBlock;  // [Dqk, kBlock]
+          const float* dot_blk = dot.get() + qb * d.Dv * kBlock;  // [Dv, kBlock]
+          const float* qs_blk = qs.get() + row0 * p.dqk_pad;      // [kBlock, dqk_pad]
+          const float* dos_blk = dos.get() + row0 * p.dv_pad;     // [kBlock, dv_pad]
+          float* dq_blk = dq_acc.get() + row0 * p.dqk_pad;        // [kBlock, dqk_pad]
+          for (int64_t kb = kb0; kb < kb_end && kb <= qb; ++kb) {
+            const bool diagonal = qb == kb;
+            const int64_t col0 = kb * kBlock, cols = min_i64(kBlock, d.S - col0);
+            const float* kp_blk = kp.get() + (bg * p.s_pad + col0) * p.dqk_pad;  // [kBlock, dqk_pad]
+            const float* vp_blk = vp.get() + (bg * p.s_pad + col0) * p.dv_pad;   // [kBlock, dv_pad]
+            float* dk_blk = dk_acc.get() + (kb - kb0) * kBlock * p.dqk_pad;     // [kBlock, dqk_pad]
+            float* dv_blk = dv_acc.get() + (kb - kb0) * kBlock * p.dv_pad;      // [kBlock, dv_pad]
+            // P^T = exp(S^T - lse) with S^T = k (scale q)^T; -inf above the diagonal gives 0.
+            gemm<false>(pt.get(), kBlock, kp_blk, p.dqk_pad, 1, qt_blk, kBlock, cols, kBlock, d.Dqk);
+            if (diagonal) mask_diagonal(pt.get(), cols);
+            for (int64_t v0 = 0; v0 < kBlock; v0 += kLanes) {
+              const vec16 lse_v = load16(lse_p.get() + row0 + v0);
+              for (int64_t j = 0; j < cols; ++j) {
+                float* x = pt.get() + j * kBlock + v0;
+                store16(x, exp16(load16(x) - lse_v));
+              }
             }
-          }
-          // dv += P^T dO
-          gemm<true>(dv_acc.get(), p.dv_pad, pt.get(), kBlock, 1, dos_blk, p.dv_pad, cols, p.dv_pad, rows);
-          // dP^T = v dO^T, then dS^T = P^T (dP^T - D)
-          gemm<false>(dst.get(), kBlock, vp_blk, p.dv_pad, 1, dot.get() + qb * d.Dv * kBlock, kBlock, cols, kBlock,
-                      d.Dv);
-          for (int64_t v0 = 0; v0 < kBlock; v0 += kLanes) {
-            const vec16 delta_v = load16(delta.get() + row0 + v0);
-            for (int64_t j = 0; j < cols; ++j) {
-              float* x = dst.get() + j * kBlock + v0;
-              store16(x, load16(pt.get() + j * kBlock + v0) * (load16(x) - delta_v));
+            // dv += P^T dO
+            gemm<true>(dv_blk, p.dv_pad, pt.get(), kBlock, 1, dos_blk, p.dv_pad, cols, p.dv_pad, rows);
+            // dP^T = v dO^T, then dS^T = P^T (dP^T - D)
+            gemm<false>(dst.get(), kBlock, vp_blk, p.dv_pad, 1, dot_blk, kBlock, cols, kBlock, d.Dv);
+            for (int64_t v0 = 0; v0 < kBlock; v0 += kLanes) {
+              const vec16 delta_v = load16(delta.get() + row0 + v0);
+              for (int64_t j = 0; j < cols; ++j) {
+                float* x = dst.get() + j * kBlock + v0;
+                store16(x, load16(pt.get() + j * kBlock + v0) * (load16(x) - delta_v));
+              }
             }
+            // dk += scale dS^T q (qs carries the scale); dq += dS k (scaled once at the end)
+            gemm<true>(dk_blk, p.dqk_pad, dst.get(), kBlock, 1, qs_blk, p.dqk_pad, cols, p.dqk_pad, rows);
+            gemm<true>(dq_blk, p.dqk_pad, dst.get(), 1, kBlock, kp_blk, p.dqk_pad, rows, p.dqk_pad, cols);
           }
-          // dk += scale dS^T q (qs carries the scale); dq += dS k (scaled once at the end)
-          gemm<true>(dk_acc.get(), p.dqk_pad, dst.get(), kBlock, 1, qs_blk, p.dqk_pad, cols, p.dqk_pad, rows);
-          gemm<true>(dq_acc.get() + row0 * p.dqk_pad, p.dqk_pad, dst.get(), 1, kBlock, kp_blk, p.dqk_pad, rows,
-                     p.dqk_pad, cols);
         }
-        for (int64_t j = 0; j < cols; ++j) {
-          std::memcpy(dk_part.get() + (bh * d.S + col0 + j) * d.Dqk, dk_acc.get() + j * p.dqk_pad,
+        for (int64_t j = kb0 * kBlock; j < min_i64(d.S, kb_end * kBlock); ++j) {
+          std::memcpy(dk_part.get() + (bh * d.S + j) * d.Dqk, dk_acc.get() + (j - kb0 * kBlock) * p.dqk_pad,
                       size_t(d.Dqk) * sizeof(float));
-          std::memcpy(dv_part.get() + (bh * d.S + col0 + j) * d.Dv, dv_acc.get() + j * p.dv_pad,
+          std::memcpy(dv_part.get() + (bh * d.S + j) * d.Dv, dv_acc.get() + (j - kb0 * kBlock) * p.dv_pad,
                       size_t(d.Dv) * sizeof(float));
         }
       }
