@@ -195,8 +195,8 @@ Plan make_plan(const AttentionDims& d) {
   return p;
 }
 
-// dst[j][c] = scale * src[j][c] for j < rows, c < width; dst rows are ld_dst floats apart and
-// the padding columns past width are left as they are (zero in fresh scratch).
+// dst[j][c] = scale * src[j][c] for j < rows, c < width, and 0 for width <= c < ld_dst (the
+// padding that micro-kernels read as B-operand columns).
 template <class T>
 void pack_rows(float* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t rows, int64_t width, float scale) {
   for (int64_t j = 0; j < rows; ++j) {
@@ -204,6 +204,7 @@ void pack_rows(float* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t
     float* out = dst + j * ld_dst;
 #pragma omp simd
     for (int64_t c = 0; c < width; ++c) out[c] = scale * to_f32(row[c]);
+    for (int64_t c = width; c < ld_dst; ++c) out[c] = 0.0f;
   }
 }
 
@@ -222,8 +223,10 @@ void pack_transposed(float* dst, const T* src, int64_t ld_src, int64_t rows, int
   }
 }
 
-// Keys and values of every (b, kv head) as f32 rows, packed once and shared by all query heads of
-// the group: kp [B, Hkv, s_pad, dqk_pad], vp [B, Hkv, s_pad, dv_pad], zero past S and past D.
+// Keys and values of every (b, kv head) as f32 rows, packed once (in parallel, padding included,
+// so the buffers need no serial zero-fill) and shared by all query heads of the group:
+// kp [B, Hkv, s_pad, dqk_pad], vp [B, Hkv, s_pad, dv_pad]. Rows past S are never read: every
+// product over keys stops at the last valid key.
 template <class T>
 void pack_kv(float* kp, float* vp, const T* k, const T* v, const AttentionDims& d, const Plan& p) {
   const int64_t items = d.B * d.Hkv * p.nblk;
@@ -268,8 +271,8 @@ void add_group_sum(T* out, float* sum, const float* part, int64_t stride, int64_
 template <class T>
 void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, const AttentionDims& d) {
   const Plan p = make_plan(d);
-  Scratch kp(d.B * d.Hkv * p.s_pad * p.dqk_pad);  // [B, Hkv, s_pad, dqk_pad]
-  Scratch vp(d.B * d.Hkv * p.s_pad * p.dv_pad);   // [B, Hkv, s_pad, dv_pad]
+  Scratch kp(d.B * d.Hkv * p.s_pad * p.dqk_pad, Scratch::kUninitialized);  // [B, Hkv, s_pad, dqk_pad]
+  Scratch vp(d.B * d.Hkv * p.s_pad * p.dv_pad, Scratch::kUninitialized);   // [B, Hkv, s_pad, dv_pad]
   pack_kv<T>(kp.get(), vp.get(), k, v, d, p);
 
   const float scale = float(d.scale);
@@ -365,8 +368,8 @@ template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, const T* q, const T* k, const T* v,
                         const T* o, const AttentionDims& d) {
   const Plan p = make_plan(d);
-  Scratch kp(d.B * d.Hkv * p.s_pad * p.dqk_pad);  // [B, Hkv, s_pad, dqk_pad]
-  Scratch vp(d.B * d.Hkv * p.s_pad * p.dv_pad);   // [B, Hkv, s_pad, dv_pad]
+  Scratch kp(d.B * d.Hkv * p.s_pad * p.dqk_pad, Scratch::kUninitialized);  // [B, Hkv, s_pad, dqk_pad]
+  Scratch vp(d.B * d.Hkv * p.s_pad * p.dv_pad, Scratch::kUninitialized);   // [B, Hkv, s_pad, dv_pad]
   pack_kv<T>(kp.get(), vp.get(), k, v, d, p);
   Scratch dk_part(d.B * d.H * d.S * d.Dqk, Scratch::kUninitialized);  // [B, H, S, Dqk] this head's share of dk
   Scratch dv_part(d.B * d.H * d.S * d.Dv, Scratch::kUninitialized);   // [B, H, S, Dv]
