@@ -61,15 +61,20 @@ double peak_sample(double (*kernel)(int64_t), int64_t iters) {
   return work / (bench::now_seconds() - t0);
 }
 
-// Times fwd, bwd and fwd+bwd, interleaved with samples of the peak for the precision, so the
-// kernel and its denominator see the same load on a shared machine; best of `rounds` each.
+// Times fwd, bwd and fwd+bwd, interleaved with samples of the peak for the precision that last
+// about as long as one fwd+bwd, so kernel and denominator see the same load on a shared machine
+// (a short peak sample would more often catch a quiet moment); best of `rounds` each.
 void run(Problem& p, int rounds) {
   double (*peak_kernel)(int64_t) =
       p.dtype == DType::f32 ? TITAN_CPU_KERNEL(peak_fma_f32) : TITAN_CPU_KERNEL(peak_dot_bf16);
-  int64_t iters = 1 << 16;
-  while (peak_sample(peak_kernel, iters) * 0.02 > peak_kernel(iters)) iters *= 2;  // ~20 ms samples
   p.forward();
-  double t_fwd = 1e300, t_bwd = 1e300, t_both = 1e300, peak = 0;
+  const double t_first = bench::time_best([&] { p.forward(); p.backward(); }, 1, 0);
+  int64_t iters = 1 << 16;
+  for (double t0 = bench::now_seconds(); peak_sample(peak_kernel, iters) > 0 && bench::now_seconds() - t0 < 0.5 * t_first;
+       t0 = bench::now_seconds()) {
+    iters *= 2;
+  }
+  double t_fwd = 1e300, t_bwd = 1e300, t_both = t_first, peak = 0;
   for (int r = 0; r < rounds; ++r) {
     t_fwd = std::min(t_fwd, bench::time_best([&] { p.forward(); }, 1, 0));
     t_bwd = std::min(t_bwd, bench::time_best([&] { p.backward(); }, 1, 0));

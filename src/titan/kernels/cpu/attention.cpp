@@ -22,7 +22,7 @@ constexpr int64_t kBlock = 64;
 constexpr int64_t kLanes = 16;  // floats per vec16; packed widths are padded to a multiple of it
 // Blocks that share each streamed block of the other side: the forward runs kGroupBlocks query
 // blocks against every key/value block it loads, the backward kGroupBlocks key blocks against
-// every query-side block. A key block and a value block are 64 KiB each at D = 128; reusing them
+// every query-side block. A key block and a value block are 32 KiB each at D = 128; reusing them
 // 4 times from L1/L2 instead of refetching them from L3 per query block is what keeps the
 // micro-kernels fed at S = 2048 (whose per-head k and v no longer fit in L2).
 constexpr int64_t kGroupBlocks = 4;
