@@ -19,59 +19,63 @@ namespace {
 // Query rows and key columns per tile: a 64 x 64 f32 score tile is 16 KiB and stays in L1 next to
 // the key block it came from.
 constexpr int64_t kBlock = 64;
-constexpr int64_t kLanes = 16;  // floats per vec16; packed widths are padded to a multiple of it
 // Blocks that share each streamed block of the other side: the forward runs kGroupBlocks query
 // blocks against every key/value block it loads, the backward kGroupBlocks key blocks against
 // every query-side block. A key block and a value block are 32 KiB each at D = 128; reusing them
 // 4 times from L1/L2 instead of refetching them from L3 per query block is what keeps the
 // micro-kernels fed at S = 2048 (whose per-head k and v no longer fit in L2).
 constexpr int64_t kGroupBlocks = 4;
+// Packed widths are padded to a multiple of 16 floats: whole vectors at every ISA level.
+constexpr int64_t kLanes = 16;
 
-// 16 floats as one GCC vector: one zmm with AVX-512, two ymm with AVX2, four xmm on the baseline.
-// The compiler contracts `acc += a * b` into FMA where the ISA has one. aligned(4) and may_alias:
-// loads from any float address inside our float buffers.
-// Functions taking or returning vec16 below are internal and force-inlined, so the warning that
-// their ABI differs between ISA levels (they never cross a call boundary) does not apply.
-#pragma GCC diagnostic ignored "-Wpsabi"
-typedef float vec16 __attribute__((vector_size(64), aligned(4), may_alias));
-typedef int32_t vec16i __attribute__((vector_size(64)));
-
-// Register tile: kRows x kVecs vec16 accumulators plus kVecs loaded B vectors and one broadcast
-// must fit the register file (32 zmm with AVX-512; 16 ymm / 16 xmm otherwise).
+// One native vector of floats as a GCC vector type: 16 lanes (zmm) with AVX-512, 8 (ymm) with
+// AVX2, 4 (xmm) on the baseline. (A generic vector wider than the ISA's is split by GCC and parts
+// of its arithmetic scalarized: that made the AVX2 build slower than the baseline.) The compiler
+// contracts `acc += a * b` into FMA where the ISA has one. aligned(4) and may_alias: loads from
+// any float address in our float buffers. Register tile: kRows x kVecs accumulators plus kVecs
+// loaded B vectors and one broadcast fit the register file (32 zmm; 16 ymm or xmm otherwise).
 #if defined(__AVX512F__)
+constexpr int64_t kVecLanes = 16;
 constexpr int kRows = 6, kVecs = 4;
 #elif defined(__AVX2__)
-constexpr int kRows = 4, kVecs = 1;
+constexpr int64_t kVecLanes = 8;
+constexpr int kRows = 6, kVecs = 2;
 #else
-constexpr int kRows = 2, kVecs = 1;
+constexpr int64_t kVecLanes = 4;
+constexpr int kRows = 4, kVecs = 2;
 #endif
+// Functions taking or returning vecf below are internal and force-inlined, so the warning that
+// their ABI differs between ISA levels (they never cross a call boundary) does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float vecf __attribute__((vector_size(sizeof(float) * kVecLanes), aligned(4), may_alias));
+typedef int32_t veci __attribute__((vector_size(sizeof(int32_t) * kVecLanes)));
 
 TITAN_INLINE int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-TITAN_INLINE vec16 splat(float x) { return vec16{} + x; }
-TITAN_INLINE vec16 load16(const float* p) { return *reinterpret_cast<const vec16*>(p); }
-TITAN_INLINE void store16(float* p, vec16 x) { *reinterpret_cast<vec16*>(p) = x; }
-TITAN_INLINE vec16 max16(vec16 a, vec16 b) { return a > b ? a : b; }
-// fast_exp (cpu/isa.h) on 16 lanes with the same range reduction and polynomial, written on
-// vec16 so it vectorizes at every ISA level without relying on the auto-vectorizer. Rounds with
+TITAN_INLINE vecf splat(float x) { return vecf{} + x; }
+TITAN_INLINE vecf loadv(const float* p) { return *reinterpret_cast<const vecf*>(p); }
+TITAN_INLINE void storev(float* p, vecf x) { *reinterpret_cast<vecf*>(p) = x; }
+TITAN_INLINE vecf maxv(vecf a, vecf b) { return a > b ? a : b; }
+// fast_exp (cpu/isa.h) on a vector with the same range reduction and polynomial, written on
+// vecf so it vectorizes at every ISA level without relying on the auto-vectorizer. Rounds with
 // the 1.5 * 2^23 trick (round to nearest even, exact for |x log2 e| < 2^22). -inf gives 0.
-TITAN_INLINE vec16 exp16(vec16 x) {
+TITAN_INLINE vecf exp_v(vecf x) {
   x = x < splat(-87.33654f) ? splat(-87.33654f - 1.0f) : x;
   x = x > splat(88.72283f) ? splat(88.72283f) : x;
-  const vec16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  vec16 r = x - n * 0.693145751953125f;
+  const vecf n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  vecf r = x - n * 0.693145751953125f;
   r = r - n * 1.428606765330187e-06f;
-  vec16 p = splat(1.0f / 720);
+  vecf p = splat(1.0f / 720);
   p = p * r + 1.0f / 120;
   p = p * r + 1.0f / 24;
   p = p * r + 1.0f / 6;
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  vec16i e = __builtin_convertvector(n, vec16i) + 127;
+  veci e = __builtin_convertvector(n, veci) + 127;
   e = e < 0 ? 0 : e;
   e = e > 255 ? 255 : e;
-  const vec16 scale = (vec16)(e << 23);
+  const vecf scale = (vecf)(e << 23);
   return p * scale;
 }
 TITAN_INLINE int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
@@ -102,22 +106,22 @@ class Scratch {
 template <int Rows, int Vecs, bool kAccumulate>
 TITAN_INLINE void gemm_tile(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b,
                             int64_t ldb, int64_t K) {
-  vec16 acc[Rows][Vecs];
+  vecf acc[Rows][Vecs];
 #pragma GCC unroll 8
   for (int r = 0; r < Rows; ++r) {
 #pragma GCC unroll 4
     for (int v = 0; v < Vecs; ++v) {
       if constexpr (kAccumulate) {
-        acc[r][v] = *reinterpret_cast<const vec16*>(c + r * ldc + v * kLanes);
+        acc[r][v] = *reinterpret_cast<const vecf*>(c + r * ldc + v * kVecLanes);
       } else {
-        acc[r][v] = vec16{};
+        acc[r][v] = vecf{};
       }
     }
   }
   for (int64_t kk = 0; kk < K; ++kk) {
-    vec16 bv[Vecs];
+    vecf bv[Vecs];
 #pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) bv[v] = *reinterpret_cast<const vec16*>(b + kk * ldb + v * kLanes);
+    for (int v = 0; v < Vecs; ++v) bv[v] = *reinterpret_cast<const vecf*>(b + kk * ldb + v * kVecLanes);
 #pragma GCC unroll 8
     for (int r = 0; r < Rows; ++r) {
       const float ar = a[r * a_row + kk * a_k];
@@ -128,7 +132,7 @@ TITAN_INLINE void gemm_tile(float* c, int64_t ldc, const float* a, int64_t a_row
 #pragma GCC unroll 8
   for (int r = 0; r < Rows; ++r) {
 #pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) *reinterpret_cast<vec16*>(c + r * ldc + v * kLanes) = acc[r][v];
+    for (int v = 0; v < Vecs; ++v) *reinterpret_cast<vecf*>(c + r * ldc + v * kVecLanes) = acc[r][v];
   }
 }
 
@@ -169,8 +173,8 @@ void gemm_strip_tail(int64_t vecs, float* c, int64_t ldc, const float* a, int64_
 template <bool kAccumulate>
 void gemm(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b, int64_t ldb, int64_t M,
           int64_t N, int64_t K) {
-  for (int64_t n = 0; n < N; n += kVecs * kLanes) {
-    const int64_t vecs = min_i64((N - n) / kLanes, kVecs);
+  for (int64_t n = 0; n < N; n += kVecs * kVecLanes) {
+    const int64_t vecs = min_i64((N - n) / kVecLanes, kVecs);
     gemm_strip_tail<kVecs, kAccumulate>(vecs, c + n, ldc, a, a_row, a_k, b + n, ldb, M, K);
   }
 }
@@ -315,26 +319,26 @@ void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, con
           if (diagonal) mask_diagonal(st.get(), cols);
           // Online softmax per query column: new max, rescale of the old sum (and of o below),
           // P^T = exp(S^T - max). Padding queries past S compute finite values nobody reads.
-          for (int64_t v0 = 0; v0 < kBlock; v0 += kLanes) {
-            vec16 mx = load16(st.get() + v0);
-            for (int64_t j = 1; j < cols; ++j) mx = max16(mx, load16(st.get() + j * kBlock + v0));
-            const vec16 m_old = load16(m_x + v0), m_new = max16(m_old, mx);
-            const vec16 a = exp16(m_old - m_new);
-            vec16 sum = vec16{};
+          for (int64_t v0 = 0; v0 < kBlock; v0 += kVecLanes) {
+            vecf mx = loadv(st.get() + v0);
+            for (int64_t j = 1; j < cols; ++j) mx = maxv(mx, loadv(st.get() + j * kBlock + v0));
+            const vecf m_old = loadv(m_x + v0), m_new = maxv(m_old, mx);
+            const vecf a = exp_v(m_old - m_new);
+            vecf sum = vecf{};
             for (int64_t j = 0; j < cols; ++j) {
-              const vec16 pj = exp16(load16(st.get() + j * kBlock + v0) - m_new);
-              store16(st.get() + j * kBlock + v0, pj);
+              const vecf pj = exp_v(loadv(st.get() + j * kBlock + v0) - m_new);
+              storev(st.get() + j * kBlock + v0, pj);
               sum += pj;
             }
-            store16(l_x + v0, load16(l_x + v0) * a + sum);
-            store16(m_x + v0, m_new);
-            store16(alpha.get() + v0, a);
+            storev(l_x + v0, loadv(l_x + v0) * a + sum);
+            storev(m_x + v0, m_new);
+            storev(alpha.get() + v0, a);
           }
           for (int64_t i = 0; i < rows; ++i) {
             const float a = alpha.get()[i];
             if (a == 1.0f) continue;
             float* orow = oacc_x + i * p.dv_pad;
-            for (int64_t c = 0; c < p.dv_pad; c += kLanes) store16(orow + c, load16(orow + c) * a);
+            for (int64_t c = 0; c < p.dv_pad; c += kVecLanes) storev(orow + c, loadv(orow + c) * a);
           }
           // o += P v with A(i, j) = P^T[j][i]
           gemm<true>(oacc_x, p.dv_pad, st.get(), 1, kBlock, vp_blk, p.dv_pad, rows, p.dv_pad, cols);
@@ -432,22 +436,22 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
             // P^T = exp(S^T - lse) with S^T = k (scale q)^T; -inf above the diagonal gives 0.
             gemm<false>(pt.get(), kBlock, kp_blk, p.dqk_pad, 1, qt_blk, kBlock, cols, kBlock, d.Dqk);
             if (diagonal) mask_diagonal(pt.get(), cols);
-            for (int64_t v0 = 0; v0 < kBlock; v0 += kLanes) {
-              const vec16 lse_v = load16(lse_p.get() + row0 + v0);
+            for (int64_t v0 = 0; v0 < kBlock; v0 += kVecLanes) {
+              const vecf lse_v = loadv(lse_p.get() + row0 + v0);
               for (int64_t j = 0; j < cols; ++j) {
                 float* x = pt.get() + j * kBlock + v0;
-                store16(x, exp16(load16(x) - lse_v));
+                storev(x, exp_v(loadv(x) - lse_v));
               }
             }
             // dv += P^T dO
             gemm<true>(dv_blk, p.dv_pad, pt.get(), kBlock, 1, dos_blk, p.dv_pad, cols, p.dv_pad, rows);
             // dP^T = v dO^T, then dS^T = P^T (dP^T - D)
             gemm<false>(dst.get(), kBlock, vp_blk, p.dv_pad, 1, dot_blk, kBlock, cols, kBlock, d.Dv);
-            for (int64_t v0 = 0; v0 < kBlock; v0 += kLanes) {
-              const vec16 delta_v = load16(delta.get() + row0 + v0);
+            for (int64_t v0 = 0; v0 < kBlock; v0 += kVecLanes) {
+              const vecf delta_v = loadv(delta.get() + row0 + v0);
               for (int64_t j = 0; j < cols; ++j) {
                 float* x = dst.get() + j * kBlock + v0;
-                store16(x, load16(pt.get() + j * kBlock + v0) * (load16(x) - delta_v));
+                storev(x, loadv(pt.get() + j * kBlock + v0) * (loadv(x) - delta_v));
               }
             }
             // dk += scale dS^T q (qs carries the scale); dq += dS k (scaled once at the end)
