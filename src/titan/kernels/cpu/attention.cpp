@@ -289,11 +289,12 @@ void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, con
     Scratch m(kGroupBlocks * kBlock), l(kGroupBlocks * kBlock);  // [kGroupBlocks, kBlock] running max, sum
     Scratch st(kBlock * kBlock);                     // [kBlock keys, kBlock queries] scores, then P^T
     Scratch alpha(kBlock);                           // [kBlock] rescale factor of the current key block
-    // Causal work grows with the query index: hand out the last groups first so the dynamic
-    // schedule ends with small items and threads finish together.
+    // Items go head by head, so the threads share one head's packed k and v while they are hot
+    // in cache rather than cycling through every head's. Within a head, causal work grows with
+    // the query index: the last groups go first, so the dynamic schedule ends on small items.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < items; ++t) {
-      const int64_t qg = groups - 1 - t / heads, bh = t % heads, b = bh / d.H, h = bh % d.H;
+      const int64_t bh = t / groups, qg = groups - 1 - t % groups, b = bh / d.H, h = bh % d.H;
       const int64_t bg = b * d.Hkv + h / p.group;
       const int64_t qb0 = qg * kGroupBlocks, qb_end = min_i64(p.nblk, qb0 + kGroupBlocks);
       for (int64_t qb = qb0; qb < qb_end; ++qb) {
