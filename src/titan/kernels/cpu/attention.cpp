@@ -100,7 +100,7 @@ class Scratch {
 };
 
 // ---- micro-kernel ---------------------------------------------------------------------------
-// c[r][0, 16 Vecs) (+)= sum_k a(r, k) b[k][0, 16 Vecs) for r < Rows, with a(r, k) =
+// c[r][0, n) (+)= sum_k a(r, k) b[k][0, n) for r < Rows, n = Vecs * kVecLanes, with a(r, k) =
 // a[r * a_row + k * a_k] (so A may be read transposed: P^T, dS^T) and b rows ldb floats apart.
 // Accumulators live in registers for the whole k loop.
 template <int Rows, int Vecs, bool kAccumulate>
@@ -168,8 +168,8 @@ void gemm_strip_tail(int64_t vecs, float* c, int64_t ldc, const float* a, int64_
 }
 
 // C[M, N] (+)= A(M x K) B[K, N] with A(r, k) = a[r * a_row + k * a_k]. N is a multiple of 16:
-// every B operand and C tile is a packed buffer padded to that width. The B strip (K x 64 floats)
-// stays in L1 while the row tiles run over it.
+// every B operand and C tile is a packed buffer padded to that width. The B strip (K rows of
+// kVecs vectors) stays in L1 while the row tiles run over it.
 template <bool kAccumulate>
 void gemm(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b, int64_t ldb, int64_t M,
           int64_t N, int64_t K) {
@@ -365,9 +365,9 @@ void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, con
 // One work item per (b, query head): groups of kGroupBlocks key blocks outer, query blocks (from
 // the group's first) inner, so dk and dv of the group are finished in L2 before moving on, each
 // query-side block is fetched once per group, and dq of the whole head accumulates in a per-item
-// f32 buffer. No two items write the same memory: dk and dv go to
-// per-head f32 partials, summed over each GQA group in head order afterwards. Every sum therefore
-// runs in a fixed order and the result does not depend on scheduling. Tiles are transposed as in
+// f32 buffer. No two items write the same memory: dk and dv go to per-head f32 partials, summed
+// over each GQA group in head order afterwards. Every sum therefore runs in a fixed order and the
+// result does not depend on scheduling. Tiles are transposed as in
 // the forward: S^T = k q^T, dP^T = v dO^T, with the per-query lse and D_i across vector lanes.
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, const T* q, const T* k, const T* v,
@@ -381,7 +381,9 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
 
   const float scale = float(d.scale);
   const int64_t heads = d.B * d.H;
-#pragma omp parallel
+  // Threads beyond one per head would only allocate and zero their per-head buffers.
+  const int threads = heads < omp_get_max_threads() ? int(heads) : omp_get_max_threads();
+#pragma omp parallel num_threads(threads)
   {
     Scratch qt(p.nblk * d.Dqk * kBlock);   // [nblk, Dqk, kBlock] scale * q^T per block
     Scratch qs(p.s_pad * p.dqk_pad);       // [s_pad, dqk_pad] scale * q rows
