@@ -23,6 +23,7 @@ Needs `pip install tokenizers` (tested with 0.23.3) and /usr/bin/bible.
 import argparse
 import json
 import pathlib
+import random
 import subprocess
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -50,6 +51,19 @@ MULTILINGUAL_LINES = [
     "Code: for (int i = 0; i < n; ++i) { sum += x[i] * w[i]; }  // dot product",
     "Emoji: 🙂 🎉 👍🏽 🇯🇵 — and typographic “quotes” ‘too’ … done.",
 ]
+
+# Pieces a random text is drawn from: whitespace kinds (NEL, NBSP, ideographic space, line
+# separator), letters with case and combining marks, digit runs, other number kinds, emoji,
+# contractions and every added token, so regex, trie and merge edge cases meet each other.
+MIX_PARTS = [" ", "  ", "\n", "\r\n", "\t", "a", "Ab", "7", "123456", "!", "?!", "-", "_", "é", "x\u0301", "ß", "İ",
+             "ǅ", "ﬁ", "日本", "👍", "٣", "½", "Ⅻ", "'s", "'LL", "\u00a0", "\u3000", "\u0085", "\u2028", "\x00",
+             "word", "<tool>", "<|eot_id|>", "<|bos|>", "<|begin_of_text|>"]
+
+
+def random_mix(seed, parts):
+    rng = random.Random(seed)
+    return "".join(rng.choice(MIX_PARTS) for _ in range(parts))
+
 
 # Texts chosen to stress the pre-tokenizer regex, the byte map, added tokens and BPE edges.
 CASES = [
@@ -81,6 +95,7 @@ CASES = [
     "word",
     " word ",
     "And God said, Let there be light: and there was light.\n\n  5 And God called the light Day",
+    random_mix(seed=1, parts=1000),
 ]
 
 
@@ -145,6 +160,18 @@ def encode_cases(tok):
     return cases
 
 
+def write_cases(fixture, path):
+    # One case per line: small on disk, and a regenerated fixture diffs case by case.
+    lines = ["{"]
+    for t, (name, entry) in enumerate(fixture.items()):
+        lines.append(f' {json.dumps(name)}: {{"vocab_size": {entry["vocab_size"]}, "cases": [')
+        cases = [json.dumps(c, ensure_ascii=False, separators=(",", ":")) for c in entry["cases"]]
+        lines.append(",\n".join("  " + c for c in cases))
+        lines.append(" ]}" + ("," if t + 1 < len(fixture) else ""))
+    lines.append("}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 def generate():
     OUT.mkdir(parents=True, exist_ok=True)
     text = corpus_text()
@@ -161,7 +188,7 @@ def generate():
     for name in ["gpt2_bpe.json", "llama3_bpe.json"]:
         tok = Tokenizer.from_file(str(OUT / name))
         fixture[name] = {"vocab_size": tok.get_vocab_size(with_added_tokens=True), "cases": encode_cases(tok)}
-    (OUT / "cases.json").write_text(json.dumps(fixture, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    write_cases(fixture, OUT / "cases.json")
     for path in sorted(OUT.iterdir()):
         print(f"{path.relative_to(ROOT)}: {path.stat().st_size} bytes")
 
