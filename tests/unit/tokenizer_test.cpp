@@ -85,7 +85,7 @@ std::map<std::string, int> vocab_map(const Json& vocab) {
 
 TEST(Tokenizer, MatchesHuggingFaceIdsOnFixtures) {
   const Json fixture = Json::parse(read_file(kFixtures + "cases.json"));
-  ASSERT_EQ(fixture.size(), 2u);
+  ASSERT_EQ(fixture.size(), 3u);
   for (const auto& [name, entry] : fixture.items()) {
     SCOPED_TRACE(name);
     const Tokenizer tok = Tokenizer::load(kFixtures + name);
@@ -154,6 +154,7 @@ TEST(Tokenizer, TrainerMatchesHuggingFaceVocabAndMerges) {
   const Setup setups[] = {
       {"gpt2_bpe.json", PreTokenizerStyle::gpt2, 1000, {"<|bos|>", "<|eos|>"}},
       {"llama3_bpe.json", PreTokenizerStyle::llama3, 1500, {"<|begin_of_text|>", "<|end_of_text|>"}},
+      {"deepseek_v3_bpe.json", PreTokenizerStyle::deepseek_v3, 700, {"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"}},
   };
   for (const Setup& s : setups) {
     SCOPED_TRACE(s.fixture);

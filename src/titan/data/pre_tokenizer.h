@@ -37,6 +37,8 @@ enum class SplitBehavior { removed, isolated, merged_with_previous, merged_with_
 extern const char* const kGpt2SplitPattern;
 // Llama-3's pattern: digits in groups of up to three, letters with one leading non-letter.
 extern const char* const kLlama3SplitPattern;
+// DeepSeek-V3's three patterns, applied in turn: digit groups, CJK/kana runs, then words.
+extern const char* const kDeepSeekV3SplitPatterns[3];
 
 class PreTokenizer {
  public:
@@ -47,6 +49,8 @@ class PreTokenizer {
   static PreTokenizer gpt2();
   // Split(Llama-3 regex, Isolated) then ByteLevel without its own regex (Llama-3).
   static PreTokenizer llama3();
+  // Three Splits (DeepSeek-V3 patterns, Isolated) then ByteLevel without its own regex.
+  static PreTokenizer deepseek_v3();
 
   // Appends the words of `text`, in order, to `words`. A view points into `text`, or into
   // `arena` for a word that gained a prefix space; both must outlive `words`.

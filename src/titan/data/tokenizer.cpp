@@ -770,8 +770,17 @@ Tokenizer Tokenizer::train(const TextSource& next_text, const TrainOptions& opti
 
   auto impl = std::make_shared<Impl>();
   impl->origin = "trained tokenizer";
-  impl->pre_tokenizer =
-      options.pre_tokenizer == PreTokenizerStyle::gpt2 ? PreTokenizer::gpt2() : PreTokenizer::llama3();
+  switch (options.pre_tokenizer) {
+    case PreTokenizerStyle::gpt2:
+      impl->pre_tokenizer = PreTokenizer::gpt2();
+      break;
+    case PreTokenizerStyle::llama3:
+      impl->pre_tokenizer = PreTokenizer::llama3();
+      break;
+    case PreTokenizerStyle::deepseek_v3:
+      impl->pre_tokenizer = PreTokenizer::deepseek_v3();
+      break;
+  }
   // Llama-3 marks its vocabulary this way: a word that is a token stays one token.
   impl->ignore_merges = options.pre_tokenizer == PreTokenizerStyle::llama3;
 

@@ -17,14 +17,14 @@ namespace {
 
 constexpr const char* kUsage = R"(usage:
   {0} train  --input FILE... --vocab-size N --output tokenizer.json
-             [--special <|bos|>,<|eos|>] [--style llama3|gpt2] [--min-frequency N]
+             [--special <|bos|>,<|eos|>] [--style llama3|gpt2|deepseek_v3] [--min-frequency N]
   {0} encode --tokenizer tokenizer.json --text TEXT [--bos]
   {0} decode --tokenizer tokenizer.json --ids 1,2,3
 
 train   learns a byte-level BPE vocabulary from UTF-8 text files and writes a Hugging Face
         tokenizer.json. --special lists special tokens (ids 0, 1, ...; default <|bos|>,<|eos|>,
         the first being BOS and the second EOS); --style picks the pre-tokenizer regex
-        (llama3, the default, or gpt2).
+        (llama3, the default, gpt2 or deepseek_v3).
 encode  prints the ids of TEXT, space-separated (--bos prepends the BOS token).
 decode  prints the text of comma-separated ids.
 )";
@@ -138,8 +138,12 @@ int train(int argc, char** argv) {
   }
   if (options.contains("style")) {
     const std::string& style = single(options, "style");
-    if (style != "llama3" && style != "gpt2") throw UsageError{"--style is llama3 or gpt2, not '" + style + "'"};
-    train_options.pre_tokenizer = style == "gpt2" ? PreTokenizerStyle::gpt2 : PreTokenizerStyle::llama3;
+    const std::map<std::string, PreTokenizerStyle> styles = {
+        {"llama3", PreTokenizerStyle::llama3}, {"gpt2", PreTokenizerStyle::gpt2},
+        {"deepseek_v3", PreTokenizerStyle::deepseek_v3}};
+    auto it = styles.find(style);
+    if (it == styles.end()) throw UsageError{"--style is llama3, gpt2 or deepseek_v3, not '" + style + "'"};
+    train_options.pre_tokenizer = it->second;
   }
   if (options.contains("min-frequency"))
     train_options.min_frequency = parse_integer(single(options, "min-frequency"), "min-frequency");
