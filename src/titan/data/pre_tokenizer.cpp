@@ -14,17 +14,20 @@ namespace titan::data {
 
 using Json = nlohmann::ordered_json;
 
+namespace {
+
+// The GPT-2 pattern the ByteLevel step splits with when its use_regex is true.
 const char* const kGpt2SplitPattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+// Llama-3: digits in groups of up to three, letters with one leading non-letter.
 const char* const kLlama3SplitPattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
+// DeepSeek-V3, applied in turn: digit groups, CJK/kana runs, then words keeping their marks.
 const char* const kDeepSeekV3SplitPatterns[3] = {
     R"(\p{N}{1,3})",
     "[\u4E00-\u9FA5\u3040-\u309F\u30A0-\u30FF]+",
     R"re([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re",
 };
-
-namespace {
 
 std::string pcre2_message(int code) {
   PCRE2_UCHAR buffer[256];

@@ -22,7 +22,6 @@ class Regex {
   // The leftmost match in `subject` starting at or after byte `offset`, as [begin, end).
   // `subject` must be valid UTF-8 (checked once by the caller, not per call).
   bool find(std::string_view subject, size_t offset, size_t& begin, size_t& end) const;
-  const std::string& pattern() const { return pattern_; }
 
  private:
   struct Code;
@@ -32,13 +31,6 @@ class Regex {
 
 // What a Split step does with the pieces its pattern matches (tokenizer.json "behavior").
 enum class SplitBehavior { removed, isolated, merged_with_previous, merged_with_next, contiguous };
-
-// The GPT-2 pattern the ByteLevel step splits with when its use_regex is true.
-extern const char* const kGpt2SplitPattern;
-// Llama-3's pattern: digits in groups of up to three, letters with one leading non-letter.
-extern const char* const kLlama3SplitPattern;
-// DeepSeek-V3's three patterns, applied in turn: digit groups, CJK/kana runs, then words.
-extern const char* const kDeepSeekV3SplitPatterns[3];
 
 class PreTokenizer {
  public:

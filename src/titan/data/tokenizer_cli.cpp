@@ -33,7 +33,8 @@ struct UsageError {
   std::string message;
 };
 
-// Options as name -> values; a flag that takes no value maps to an empty list.
+// Options as name -> values; a flag that takes no value maps to an empty list. `--name=value`
+// passes a value that itself starts with "--".
 std::map<std::string, std::vector<std::string>> parse_options(int argc, char** argv, int first,
                                                               const std::vector<std::string>& flags) {
   std::map<std::string, std::vector<std::string>> options;
@@ -41,8 +42,15 @@ std::map<std::string, std::vector<std::string>> parse_options(int argc, char** a
   for (int i = first; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--", 0) == 0) {
-      current = &options[arg.substr(2)];
-      if (std::find(flags.begin(), flags.end(), arg.substr(2)) != flags.end()) current = nullptr;
+      const size_t equals = arg.find('=');
+      const std::string name = arg.substr(2, equals == std::string::npos ? std::string::npos : equals - 2);
+      current = &options[name];
+      if (equals != std::string::npos) {
+        current->push_back(arg.substr(equals + 1));
+        current = nullptr;
+      } else if (std::find(flags.begin(), flags.end(), name) != flags.end()) {
+        current = nullptr;
+      }
     } else if (current) {
       current->push_back(arg);
     } else {
@@ -102,9 +110,12 @@ class FileTexts {
         if (!text.empty()) return true;
         continue;
       }
-      bytes_ += line.size() + 1;
       text += line;
-      if (!in_.eof()) text += '\n';
+      bytes_ += line.size();
+      if (!in_.eof()) {
+        text += '\n';
+        ++bytes_;
+      }
       if (line.empty() || text.size() >= kMaxTextBytes) return true;
     }
   }
