@@ -16,7 +16,7 @@
 
 using namespace titan;
 using namespace titan::data;
-using Json = nlohmann::ordered_json;
+using Json = nlohmann::json;
 
 namespace {
 

@@ -12,7 +12,7 @@
 
 namespace titan::data {
 
-using Json = nlohmann::ordered_json;
+using Json = nlohmann::json;
 
 namespace {
 

@@ -36,7 +36,7 @@ class PreTokenizer {
  public:
   // Builds the steps from tokenizer.json's "pre_tokenizer" value. `file` names the
   // tokenizer file in errors. The configuration must end in a ByteLevel step.
-  static PreTokenizer from_json(const nlohmann::ordered_json& config, const std::string& file);
+  static PreTokenizer from_json(const nlohmann::json& config, const std::string& file);
   // ByteLevel alone with its GPT-2 regex (GPT-2, RoBERTa).
   static PreTokenizer gpt2();
   // Split(Llama-3 regex, Isolated) then ByteLevel without its own regex (Llama-3).
@@ -59,7 +59,7 @@ class PreTokenizer {
     SplitBehavior behavior = SplitBehavior::isolated;
     bool invert = false;               // the pattern matches the kept pieces, not the delimiters
   };
-  static void add_steps(const nlohmann::ordered_json& config, const std::string& file, const std::string& field,
+  static void add_steps(const nlohmann::json& config, const std::string& file, const std::string& field,
                         std::vector<Step>& steps);
 
   std::vector<Step> steps_;
