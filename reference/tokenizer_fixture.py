@@ -17,8 +17,8 @@ tests/unit/tokenizer_test.cpp loads these and requires exact equality; it also t
 tokenizer on corpus.txt with the same settings and requires the same vocab and merges.
 
   python reference/tokenizer_fixture.py                # regenerate the fixtures
-  python reference/tokenizer_fixture.py --check FILE   # load a tokenizer.json that titan saved
-                                                       # and print its ids for the cases
+  python reference/tokenizer_fixture.py --check FILE   # load a tokenizer.json that titan saved;
+                                                       # if it holds a fixture's model, compare ids
 
 Needs `pip install tokenizers` (tested with 0.23.3) and /usr/bin/bible.
 """
