@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "titan/core/allocator.h"
+#include "titan/core/cpu_features.h"
 #include "titan/kernels/cpu/peak.h"
 
 namespace titan::kernels {
@@ -69,6 +70,10 @@ MachinePeak measure_machine_peak(double seconds) {
   MachinePeak p;
   p.f32_flops = best_rate(TITAN_CPU_KERNEL(peak_fma_f32), seconds);
   p.bf16_flops = best_rate(TITAN_CPU_KERNEL(peak_dot_bf16), seconds);
+  // AMX tiles, where usable, outrun the vector units on bf16 by far, and oneDNN's bf16 GEMMs use
+  // them: the honest denominator for bf16 MFU is the faster of the two.
+  if (cpu_capability() == CpuCapability::avx512_bf16 && cpu_amx_bf16_usable())
+    p.bf16_flops = std::max(p.bf16_flops, best_rate(TITAN_CPU_KERNEL(peak_amx_bf16), seconds));
   p.memcpy_bytes = memcpy_rate(seconds);
   cache[threads] = p;
   return p;
