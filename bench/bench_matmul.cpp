@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <cstdio>
 #include <string>
 #include <unordered_map>
@@ -62,7 +63,7 @@ struct Result {
   std::string impl;
 };
 
-// Alternates ours and raw round by round, so both see the same machine load; best of each.
+// Alternates ours and raw within each round, so both see the same machine load; best of each.
 Result measure(const dnnl::engine& eng, dnnl::stream& strm, const Shape3& s, DType ab, DType c_type, int rounds) {
   Tensor a = Tensor::empty(s.trans_a ? titan::Shape{s.k, s.m} : titan::Shape{s.m, s.k}, DType::f32);
   Tensor b = Tensor::empty(s.trans_b ? titan::Shape{s.n, s.k} : titan::Shape{s.k, s.n}, DType::f32);
@@ -71,8 +72,8 @@ Result measure(const dnnl::engine& eng, dnnl::stream& strm, const Shape3& s, DTy
   if (ab != DType::f32) a = a.to(ab), b = b.to(ab);
   Tensor c = Tensor::zeros({s.m, s.n}, c_type), c_raw = Tensor::zeros({s.m, s.n}, c_type);
   RawMatmul raw = make_raw(eng, s, ab, c_type, a, b, c_raw);
-  auto run_ours = [&] { kernels::matmul(c, a, b, s.trans_a, s.trans_b, 1.0f, s.beta); };
-  auto run_raw = [&] {
+  const std::function<void()> run_ours = [&] { kernels::matmul(c, a, b, s.trans_a, s.trans_b, 1.0f, s.beta); };
+  const std::function<void()> run_raw = [&] {
     raw.primitive.execute(strm, raw.args);
     strm.wait();
   };
@@ -80,8 +81,11 @@ Result measure(const dnnl::engine& eng, dnnl::stream& strm, const Shape3& s, DTy
   r.impl = raw.impl;
   run_ours(), run_raw();  // warm-up: primitive caches, scratchpads, page faults
   for (int i = 0; i < rounds; ++i) {
-    r.ours_s = std::min(r.ours_s, bench::time_best(run_ours, 1, 0));
-    r.raw_s = std::min(r.raw_s, bench::time_best(run_raw, 1, 0));
+    // Swapping which goes first each round keeps cache and frequency effects out of the ratio.
+    const double first = bench::time_best(i % 2 ? run_raw : run_ours, 1, 0);
+    const double second = bench::time_best(i % 2 ? run_ours : run_raw, 1, 0);
+    r.ours_s = std::min(r.ours_s, i % 2 ? second : first);
+    r.raw_s = std::min(r.raw_s, i % 2 ? first : second);
   }
   return r;
 }
