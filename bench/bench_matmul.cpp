@@ -64,7 +64,8 @@ struct Result {
 };
 
 // Alternates ours and raw within each round, so both see the same machine load; best of each.
-Result measure(const dnnl::engine& eng, dnnl::stream& strm, const Shape3& s, DType ab, DType c_type, int rounds) {
+Result measure(const dnnl::engine& eng, dnnl::stream& strm, const Shape3& s, DType ab, DType c_type, int rounds,
+               double budget_s) {
   Tensor a = Tensor::empty(s.trans_a ? titan::Shape{s.k, s.m} : titan::Shape{s.m, s.k}, DType::f32);
   Tensor b = Tensor::empty(s.trans_b ? titan::Shape{s.n, s.k} : titan::Shape{s.k, s.n}, DType::f32);
   init_uniform(a, 1, "a", -1, 1);
@@ -80,7 +81,10 @@ Result measure(const dnnl::engine& eng, dnnl::stream& strm, const Shape3& s, DTy
   Result r;
   r.impl = raw.impl;
   run_ours(), run_raw();  // warm-up: primitive caches, scratchpads, page faults
-  for (int i = 0; i < rounds; ++i) {
+  // At least `rounds` rounds and at least `budget_s` seconds: on a shared machine the best of
+  // many short runs is what finds the quiet moments for both variants.
+  const double start = bench::now_seconds();
+  for (int i = 0; i < rounds || (bench::now_seconds() - start < budget_s && i < 1000); ++i) {
     // Swapping which goes first each round keeps cache and frequency effects out of the ratio.
     const double first = bench::time_best(i % 2 ? run_raw : run_ours, 1, 0);
     const double second = bench::time_best(i % 2 ? run_ours : run_raw, 1, 0);
@@ -122,7 +126,8 @@ double measure_call_overhead(const dnnl::engine& eng, dnnl::stream& strm, double
 
 }  // namespace
 
-// Usage: bench_matmul [rounds]   (best of `rounds` alternating runs of each variant; default 15)
+// Usage: bench_matmul [rounds] [seconds]: best of at least `rounds` alternating runs of each
+// variant (default 15) and at least `seconds` per shape and precision (default 5).
 int main(int argc, char** argv) {
   const kernels::MachinePeak peak = kernels::measure_machine_peak(0.5);
   bench::print_peak(peak);
@@ -137,6 +142,7 @@ int main(int argc, char** argv) {
   const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream strm(eng);
   const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 15;
+  const double budget_s = argc > 2 ? std::atof(argv[2]) : 5.0;
 
   std::printf("\n%-22s %5s %5s %5s | %-9s %9s %9s %6s %6s | %-9s %9s %9s %6s %6s | %7s\n", "shape", "M", "N", "K",
               "f32 C", "ours GF/s", "raw GF/s", "o/raw", "%peak", "bf16 C", "ours GF/s", "raw GF/s", "o/raw",
@@ -149,8 +155,8 @@ int main(int argc, char** argv) {
     const double flops = 2.0 * double(s.m) * double(s.n) * double(s.k);
     // Weight gradients stay f32 (accumulated over tokens); activations are bf16 in mixed precision.
     const DType bf16_out = s.beta != 0 ? DType::f32 : DType::bf16;
-    const Result f = measure(eng, strm, s, DType::f32, DType::f32, rounds);
-    const Result h = measure(eng, strm, s, DType::bf16, bf16_out, rounds);
+    const Result f = measure(eng, strm, s, DType::f32, DType::f32, rounds, budget_s);
+    const Result h = measure(eng, strm, s, DType::bf16, bf16_out, rounds, budget_s);
     if (!printed_impl) {
       const kernels::MatmulParams p = kernels::dense_matmul_params(1, s.m, s.n, s.k, s.trans_a, s.trans_b);
       std::printf("(oneDNN implementation: f32 %s, bf16 %s; ours runs the same: f32 %s, bf16 %s)\n", f.impl.c_str(),
