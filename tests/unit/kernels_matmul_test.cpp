@@ -75,6 +75,13 @@ TEST(KernelsMatmul, BatchDimsCollapseAndSharedB) {
   matmul(one, a.view({6, 4, 8}).select(0, 1), bb.select(0, 1), false, false);
   expect_same(cb.select(0, 1).contiguous(), one);
 
+  // A shared 2-D A against a batched B.
+  const Tensor a2 = random_tensor({4, 8}, DType::f32, 3, "a2");
+  Tensor ca = Tensor::empty({6, 4, 5}, DType::f32);
+  matmul(ca, a2, bb, false, false);
+  matmul(one, a2, bb.select(0, 4), false, false);
+  expect_same(ca.select(0, 4).contiguous(), one);
+
   const Tensor x = random_tensor({2, 3, 8}, DType::bf16, 3, "x"), w = random_tensor({5, 8}, DType::bf16, 3, "w");
   Tensor y3 = Tensor::empty({2, 3, 5}, DType::bf16), y2 = Tensor::empty({6, 5}, DType::bf16);
   linear_forward(y3, x, w);
