@@ -1,10 +1,12 @@
 #include "titan/kernels/cpu/activation.h"
 
 #include "titan/core/parallel.h"
+#include "titan/kernels/cpu/chunks.h"
 #include "titan/kernels/cpu/isa.h"
 
 // Each kernel hands contiguous spans to a force-inlined span function: with the pointers as plain
-// parameters (not captured by a lambda) GCC vectorizes the loops.
+// parameters (not captured by a lambda) GCC vectorizes the loops. Spans run in chunks
+// (cpu/chunks.h) so bf16 outputs are rounded in bulk.
 namespace titan::kernels::cpu::TITAN_ISA {
 
 namespace {
@@ -17,42 +19,68 @@ TITAN_INLINE float sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
 
 template <class T>
 TITAN_INLINE void silu_forward_span(T* y, const T* x, int64_t n) {
-  // Scalar math: y = x * sigmoid(x)
+  ChunkOut<T> out;
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    const int64_t j1 = chunk_end(j0, n);
+    float* o = out.at(y, j0);
+    // Scalar math: y = x * sigmoid(x)
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = to_f32(x[i]);
-    y[i] = from_f32<T>(v * sigmoid(v));
+    for (int64_t i = j0; i < j1; ++i) {
+      const float v = to_f32(x[i]);
+      o[i - j0] = v * sigmoid(v);
+    }
+    out.flush(y, j0, j1);
   }
 }
 
 template <class T>
 TITAN_INLINE void silu_backward_span(T* dx, const T* dy, const T* x, int64_t n) {
-  // Scalar math: dx += dy * s * (1 + x * (1 - s)), s = sigmoid(x)
+  ChunkOut<T> out;
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    const int64_t j1 = chunk_end(j0, n);
+    float* o = out.at(dx, j0);
+    // Scalar math: dx += dy * s * (1 + x * (1 - s)), s = sigmoid(x)
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = to_f32(x[i]), s = sigmoid(v);
-    dx[i] = from_f32<T>(to_f32(dx[i]) + to_f32(dy[i]) * s * (1.0f + v * (1.0f - s)));
+    for (int64_t i = j0; i < j1; ++i) {
+      const float v = to_f32(x[i]), s = sigmoid(v);
+      o[i - j0] = to_f32(dx[i]) + to_f32(dy[i]) * s * (1.0f + v * (1.0f - s));
+    }
+    out.flush(dx, j0, j1);
   }
 }
 
 template <class T>
 TITAN_INLINE void swiglu_forward_span(T* y, const T* gate, const T* up, int64_t n) {
-  // Scalar math: y = gate * sigmoid(gate) * up
+  ChunkOut<T> out;
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    const int64_t j1 = chunk_end(j0, n);
+    float* o = out.at(y, j0);
+    // Scalar math: y = gate * sigmoid(gate) * up
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = to_f32(gate[i]);
-    y[i] = from_f32<T>(g * sigmoid(g) * to_f32(up[i]));
+    for (int64_t i = j0; i < j1; ++i) {
+      const float g = to_f32(gate[i]);
+      o[i - j0] = g * sigmoid(g) * to_f32(up[i]);
+    }
+    out.flush(y, j0, j1);
   }
 }
 
 template <class T>
 TITAN_INLINE void swiglu_backward_span(T* dgate, T* dup, const T* dy, const T* gate, const T* up, int64_t n) {
-  // Scalar math: dgate += dy * up * s * (1 + g * (1 - s)); dup += dy * g * s; s = sigmoid(g)
+  ChunkOut<T> out_gate, out_up;
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    const int64_t j1 = chunk_end(j0, n);
+    float* og = out_gate.at(dgate, j0);
+    float* ou = out_up.at(dup, j0);
+    // Scalar math: dgate += dy * up * s * (1 + g * (1 - s)); dup += dy * g * s; s = sigmoid(g)
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = to_f32(gate[i]), s = sigmoid(g), d = to_f32(dy[i]);
-    dgate[i] = from_f32<T>(to_f32(dgate[i]) + d * to_f32(up[i]) * s * (1.0f + g * (1.0f - s)));
-    dup[i] = from_f32<T>(to_f32(dup[i]) + d * g * s);
+    for (int64_t i = j0; i < j1; ++i) {
+      const float g = to_f32(gate[i]), s = sigmoid(g), d = to_f32(dy[i]);
+      og[i - j0] = to_f32(dgate[i]) + d * to_f32(up[i]) * s * (1.0f + g * (1.0f - s));
+      ou[i - j0] = to_f32(dup[i]) + d * g * s;
+    }
+    out_gate.flush(dgate, j0, j1);
+    out_up.flush(dup, j0, j1);
   }
 }
 }  // namespace

@@ -1,13 +1,16 @@
 #include "titan/kernels/cpu/softmax.h"
 
 #include "titan/core/parallel.h"
+#include "titan/kernels/cpu/chunks.h"
 #include "titan/kernels/cpu/isa.h"
 #include "titan/kernels/cpu/scratch.h"
 
 // One row is read from memory once (for its max, or its dot product in backward); the later
 // passes find it in L1/L2 (a row of up to ~512 KiB, e.g. a 129K-entry vocabulary in f32, still
-// fits in L2). Rows go to force-inlined row functions so the pointers are plain parameters,
-// which GCC vectorizes (captured by a lambda, they may not be).
+// fits in L2). The cache passes run in chunks (cpu/chunks.h) that prefetch the next row, so
+// memory stays busy meanwhile, and round bf16 outputs in bulk. Rows go to force-inlined row
+// functions so the pointers are plain parameters, which GCC vectorizes (captured by a lambda, they
+// may not be).
 namespace titan::kernels::cpu::TITAN_ISA {
 
 namespace {
@@ -15,9 +18,10 @@ namespace {
 TITAN_INLINE int64_t row_grain(int64_t D) { return D >= (1 << 15) ? 1 : (1 << 15) / D; }
 
 // e: [D] scratch that holds exp(x - max) between the sum and the scaling, so exp runs once per
-// element (it is most of the arithmetic) and bf16 outputs are rounded once.
+// element (it is most of the arithmetic) and bf16 outputs are rounded once. next: the next row's
+// offset from this one (0: none), prefetched during the exp pass, the costly one.
 template <class T>
-TITAN_INLINE void softmax_forward_row(T* y, float* e, const T* x, int64_t D) {
+TITAN_INLINE void softmax_forward_row(T* y, float* e, const T* x, int64_t D, int64_t next) {
   float m = to_f32(x[0]);
   // Scalar math: m = max_j x_j
 #pragma omp simd reduction(max : m)
@@ -26,28 +30,48 @@ TITAN_INLINE void softmax_forward_row(T* y, float* e, const T* x, int64_t D) {
     m = v > m ? v : m;
   }
   float s = 0;
-  // Scalar math: e_j = exp(x_j - m); s = sum_j e_j
+  for (int64_t j0 = 0; j0 < D; j0 += kChunk) {
+    const int64_t j1 = chunk_end(j0, D);
+    prefetch_to_l2(next ? x + next : nullptr, j0, j1);
+    // Scalar math: e_j = exp(x_j - m); s = sum_j e_j
 #pragma omp simd reduction(+ : s)
-  for (int64_t j = 0; j < D; ++j) {
-    const float v = fast_exp(to_f32(x[j]) - m);
-    e[j] = v;
-    s += v;
+    for (int64_t j = j0; j < j1; ++j) {
+      const float v = fast_exp(to_f32(x[j]) - m);
+      e[j] = v;
+      s += v;
+    }
   }
   const float inv = 1.0f / s;
-  // Scalar math: y_j = e_j / s
+  ChunkOut<T> out;
+  for (int64_t j0 = 0; j0 < D; j0 += kChunk) {
+    const int64_t j1 = chunk_end(j0, D);
+    float* o = out.at(y, j0);
+    // Scalar math: y_j = e_j / s
 #pragma omp simd
-  for (int64_t j = 0; j < D; ++j) y[j] = from_f32<T>(e[j] * inv);
+    for (int64_t j = j0; j < j1; ++j) o[j - j0] = e[j] * inv;
+    out.flush(y, j0, j1);
+  }
 }
 
+// next: the next row's offset from this one (0: none), prefetched during the last pass.
 template <class T>
-TITAN_INLINE void softmax_backward_row(T* dx, const T* dy, const T* y, int64_t D) {
+TITAN_INLINE void softmax_backward_row(T* dx, const T* dy, const T* y, int64_t D, int64_t next) {
   float dot = 0;
   // Scalar math: dot = sum_j dy_j * y_j
 #pragma omp simd reduction(+ : dot)
   for (int64_t j = 0; j < D; ++j) dot += to_f32(dy[j]) * to_f32(y[j]);
-  // Scalar math: dx_j += y_j * (dy_j - dot)
+  ChunkOut<T> out;
+  for (int64_t j0 = 0; j0 < D; j0 += kChunk) {
+    const int64_t j1 = chunk_end(j0, D);
+    prefetch_to_l2(next ? dy + next : nullptr, j0, j1);
+    prefetch_to_l2(next ? y + next : nullptr, j0, j1);
+    prefetch_to_l2(next ? dx + next : nullptr, j0, j1);
+    float* o = out.at(dx, j0);
+    // Scalar math: dx_j += y_j * (dy_j - dot)
 #pragma omp simd
-  for (int64_t j = 0; j < D; ++j) dx[j] = from_f32<T>(to_f32(dx[j]) + to_f32(y[j]) * (to_f32(dy[j]) - dot));
+    for (int64_t j = j0; j < j1; ++j) o[j - j0] = to_f32(dx[j]) + to_f32(y[j]) * (to_f32(dy[j]) - dot);
+    out.flush(dx, j0, j1);
+  }
 }
 }  // namespace
 
@@ -55,14 +79,14 @@ template <class T>
 void softmax_forward(T* y, const T* x, int64_t N, int64_t D) {
   parallel_for(0, N, row_grain(D), [&](int64_t lo, int64_t hi) {
     Scratch<float> e(D);  // [D]
-    for (int64_t i = lo; i < hi; ++i) softmax_forward_row(y + i * D, e.data(), x + i * D, D);
+    for (int64_t i = lo; i < hi; ++i) softmax_forward_row(y + i * D, e.data(), x + i * D, D, i + 1 < hi ? D : 0);
   });
 }
 
 template <class T>
 void softmax_backward(T* dx, const T* dy, const T* y, int64_t N, int64_t D) {
   parallel_for(0, N, row_grain(D), [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) softmax_backward_row(dx + i * D, dy + i * D, y + i * D, D);
+    for (int64_t i = lo; i < hi; ++i) softmax_backward_row(dx + i * D, dy + i * D, y + i * D, D, i + 1 < hi ? D : 0);
   });
 }
 
