@@ -6,7 +6,7 @@
 
 // Each kernel hands contiguous spans to a force-inlined span function: with the pointers as plain
 // parameters (not captured by a lambda) GCC vectorizes the loops. Spans run in chunks
-// (cpu/chunks.h) so bf16 outputs are rounded in bulk.
+// (cpu/chunks.h) so bf16 outputs are rounded in bulk and large forward outputs are streamed.
 namespace titan::kernels::cpu::TITAN_ISA {
 
 namespace {
@@ -17,9 +17,10 @@ constexpr int64_t kGrain = 1 << 13;
 // fast_exp(-x) overflows to inf for x < -88.7, and 1 / inf = 0, the limit.
 TITAN_INLINE float sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
 
+// streaming: write y with streaming stores (cpu/chunks.h).
 template <class T>
-TITAN_INLINE void silu_forward_span(T* y, const T* x, int64_t n) {
-  ChunkOut<T> out;
+TITAN_INLINE void silu_forward_span(T* y, const T* x, int64_t n, bool streaming) {
+  ChunkOut<T> out(streaming);
   for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
     const int64_t j1 = chunk_end(j0, n);
     float* o = out.at(y, j0);
@@ -49,9 +50,10 @@ TITAN_INLINE void silu_backward_span(T* dx, const T* dy, const T* x, int64_t n) 
   }
 }
 
+// streaming: write y with streaming stores (cpu/chunks.h).
 template <class T>
-TITAN_INLINE void swiglu_forward_span(T* y, const T* gate, const T* up, int64_t n) {
-  ChunkOut<T> out;
+TITAN_INLINE void swiglu_forward_span(T* y, const T* gate, const T* up, int64_t n, bool streaming) {
+  ChunkOut<T> out(streaming);
   for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
     const int64_t j1 = chunk_end(j0, n);
     float* o = out.at(y, j0);
@@ -87,7 +89,11 @@ TITAN_INLINE void swiglu_backward_span(T* dgate, T* dup, const T* dy, const T* g
 
 template <class T>
 void silu_forward(T* y, const T* x, int64_t n) {
-  parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) { silu_forward_span(y + lo, x + lo, hi - lo); });
+  const bool streaming = n * int64_t(sizeof(T)) >= kStreamingBytes;
+  parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
+    silu_forward_span(y + lo, x + lo, hi - lo, streaming);
+    if (streaming) streaming_done();
+  });
 }
 
 template <class T>
@@ -97,8 +103,11 @@ void silu_backward(T* dx, const T* dy, const T* x, int64_t n) {
 
 template <class T>
 void swiglu_forward(T* y, const T* gate, const T* up, int64_t n) {
-  parallel_for(0, n, kGrain,
-               [&](int64_t lo, int64_t hi) { swiglu_forward_span(y + lo, gate + lo, up + lo, hi - lo); });
+  const bool streaming = n * int64_t(sizeof(T)) >= kStreamingBytes;
+  parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
+    swiglu_forward_span(y + lo, gate + lo, up + lo, hi - lo, streaming);
+    if (streaming) streaming_done();
+  });
 }
 
 template <class T>

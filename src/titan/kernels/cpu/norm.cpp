@@ -9,7 +9,7 @@
 // squares, or its dot product in backward) pulls it into L1/L2 and the later passes over the same
 // row hit the cache (a row of up to ~1 MiB fits in L2, far above any model dim). The last pass
 // runs in chunks (cpu/chunks.h) that prefetch the next row, so memory stays busy while the cache
-// passes compute, and round bf16 outputs in bulk.
+// passes compute, round bf16 outputs in bulk, and stream large forward outputs to memory.
 namespace titan::kernels::cpu::TITAN_ISA {
 
 namespace {
@@ -44,8 +44,10 @@ TITAN_INLINE int64_t block_grain(int64_t D) {
 }
 
 // next: the next row's offset from this one (0: none), prefetched during the last pass.
+// streaming: write y with streaming stores (cpu/chunks.h).
 template <class T>
-TITAN_INLINE float rmsnorm_forward_row(T* y, const T* x, const float* w, int64_t D, float eps, int64_t next) {
+TITAN_INLINE float rmsnorm_forward_row(T* y, const T* x, const float* w, int64_t D, float eps, int64_t next,
+                                       bool streaming) {
   float ss = 0;
   // Scalar math: ss = sum_j x_j^2
 #pragma omp simd reduction(+ : ss)
@@ -54,7 +56,7 @@ TITAN_INLINE float rmsnorm_forward_row(T* y, const T* x, const float* w, int64_t
     ss += v * v;
   }
   const float r = 1.0f / __builtin_sqrtf(ss / float(D) + eps);
-  ChunkOut<T> out;
+  ChunkOut<T> out(streaming);
   for (int64_t j0 = 0; j0 < D; j0 += kChunk) {
     const int64_t j1 = chunk_end(j0, D);
     prefetch_to_l2(next ? x + next : nullptr, j0, j1);
@@ -101,9 +103,10 @@ TITAN_INLINE void rmsnorm_backward_row(T* dx, float* pw, float r, const T* dy, c
   }
 }
 
+// next and streaming as in rmsnorm_forward_row.
 template <class T>
 TITAN_INLINE void layernorm_forward_row(T* y, float* mean, float* rstd, const T* x, const float* w, const float* b,
-                                        int64_t D, float eps, int64_t next) {
+                                        int64_t D, float eps, int64_t next, bool streaming) {
   float s = 0;
   // Scalar math: s = sum_j x_j
 #pragma omp simd reduction(+ : s)
@@ -119,7 +122,7 @@ TITAN_INLINE void layernorm_forward_row(T* y, float* mean, float* rstd, const T*
   const float r = 1.0f / __builtin_sqrtf(ss / float(D) + eps);
   *mean = mu;
   *rstd = r;
-  ChunkOut<T> out;
+  ChunkOut<T> out(streaming);
   for (int64_t j0 = 0; j0 < D; j0 += kChunk) {
     const int64_t j1 = chunk_end(j0, D);
     prefetch_to_l2(next ? x + next : nullptr, j0, j1);
@@ -182,9 +185,11 @@ TITAN_INLINE void zero(float* p, int64_t n) {
 
 template <class T>
 void rmsnorm_forward(T* y, float* rstd, const T* x, const float* w, int64_t N, int64_t D, float eps) {
+  const bool streaming = N * D * int64_t(sizeof(T)) >= kStreamingBytes;
   parallel_for(0, N, row_grain(D), [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i)
-      rstd[i] = rmsnorm_forward_row(y + i * D, x + i * D, w, D, eps, i + 1 < hi ? D : 0);
+      rstd[i] = rmsnorm_forward_row(y + i * D, x + i * D, w, D, eps, i + 1 < hi ? D : 0, streaming);
+    if (streaming) streaming_done();
   });
 }
 
@@ -210,9 +215,11 @@ void rmsnorm_backward(T* dx, float* dw, const float* rstd, const T* dy, const T*
 template <class T>
 void layernorm_forward(T* y, float* mean, float* rstd, const T* x, const float* w, const float* b, int64_t N,
                        int64_t D, float eps) {
+  const bool streaming = N * D * int64_t(sizeof(T)) >= kStreamingBytes;
   parallel_for(0, N, row_grain(D), [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i)
-      layernorm_forward_row(y + i * D, mean + i, rstd + i, x + i * D, w, b, D, eps, i + 1 < hi ? D : 0);
+      layernorm_forward_row(y + i * D, mean + i, rstd + i, x + i * D, w, b, D, eps, i + 1 < hi ? D : 0, streaming);
+    if (streaming) streaming_done();
   });
 }
 

@@ -8,9 +8,9 @@
 // One row is read from memory once (for its max, or its dot product in backward); the later
 // passes find it in L1/L2 (a row of up to ~512 KiB, e.g. a 129K-entry vocabulary in f32, still
 // fits in L2). The cache passes run in chunks (cpu/chunks.h) that prefetch the next row, so
-// memory stays busy meanwhile, and round bf16 outputs in bulk. Rows go to force-inlined row
-// functions so the pointers are plain parameters, which GCC vectorizes (captured by a lambda, they
-// may not be).
+// memory stays busy meanwhile, round bf16 outputs in bulk, and stream large outputs to memory.
+// Rows go to force-inlined row functions so the pointers are plain parameters, which GCC
+// vectorizes (captured by a lambda, they may not be).
 namespace titan::kernels::cpu::TITAN_ISA {
 
 namespace {
@@ -19,9 +19,10 @@ TITAN_INLINE int64_t row_grain(int64_t D) { return D >= (1 << 15) ? 1 : (1 << 15
 
 // e: [D] scratch that holds exp(x - max) between the sum and the scaling, so exp runs once per
 // element (it is most of the arithmetic) and bf16 outputs are rounded once. next: the next row's
-// offset from this one (0: none), prefetched during the exp pass, the costly one.
+// offset from this one (0: none), prefetched during the exp pass, the costly one. streaming:
+// write y with streaming stores (cpu/chunks.h).
 template <class T>
-TITAN_INLINE void softmax_forward_row(T* y, float* e, const T* x, int64_t D, int64_t next) {
+TITAN_INLINE void softmax_forward_row(T* y, float* e, const T* x, int64_t D, int64_t next, bool streaming) {
   float m = to_f32(x[0]);
   // Scalar math: m = max_j x_j
 #pragma omp simd reduction(max : m)
@@ -42,7 +43,7 @@ TITAN_INLINE void softmax_forward_row(T* y, float* e, const T* x, int64_t D, int
     }
   }
   const float inv = 1.0f / s;
-  ChunkOut<T> out;
+  ChunkOut<T> out(streaming);
   for (int64_t j0 = 0; j0 < D; j0 += kChunk) {
     const int64_t j1 = chunk_end(j0, D);
     float* o = out.at(y, j0);
@@ -77,9 +78,12 @@ TITAN_INLINE void softmax_backward_row(T* dx, const T* dy, const T* y, int64_t D
 
 template <class T>
 void softmax_forward(T* y, const T* x, int64_t N, int64_t D) {
+  const bool streaming = N * D * int64_t(sizeof(T)) >= kStreamingBytes;
   parallel_for(0, N, row_grain(D), [&](int64_t lo, int64_t hi) {
     Scratch<float> e(D);  // [D]
-    for (int64_t i = lo; i < hi; ++i) softmax_forward_row(y + i * D, e.data(), x + i * D, D, i + 1 < hi ? D : 0);
+    for (int64_t i = lo; i < hi; ++i)
+      softmax_forward_row(y + i * D, e.data(), x + i * D, D, i + 1 < hi ? D : 0, streaming);
+    if (streaming) streaming_done();
   });
 }
 
