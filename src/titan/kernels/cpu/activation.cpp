@@ -6,7 +6,7 @@
 
 // Each kernel hands contiguous spans to a force-inlined span function: with the pointers as plain
 // parameters (not captured by a lambda) GCC vectorizes the loops. Spans run in chunks
-// (cpu/chunks.h) so bf16 outputs are rounded in bulk and large forward outputs are streamed.
+// (cpu/chunks.h) that prefetch ahead, round bf16 outputs in bulk and stream large forward outputs.
 namespace titan::kernels::cpu::TITAN_ISA {
 
 namespace {
@@ -23,6 +23,7 @@ TITAN_INLINE void silu_forward_span(T* y, const T* x, int64_t n, bool streaming)
   ChunkOut<T> out(streaming);
   for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
     const int64_t j1 = chunk_end(j0, n);
+    prefetch_ahead(x, j0, j1, n);
     float* o = out.at(y, j0);
     // Scalar math: y = x * sigmoid(x)
 #pragma omp simd
@@ -39,6 +40,9 @@ TITAN_INLINE void silu_backward_span(T* dx, const T* dy, const T* x, int64_t n) 
   ChunkOut<T> out;
   for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
     const int64_t j1 = chunk_end(j0, n);
+    prefetch_ahead(dy, j0, j1, n);
+    prefetch_ahead(x, j0, j1, n);
+    prefetch_ahead(dx, j0, j1, n);
     float* o = out.at(dx, j0);
     // Scalar math: dx += dy * s * (1 + x * (1 - s)), s = sigmoid(x)
 #pragma omp simd
@@ -56,6 +60,8 @@ TITAN_INLINE void swiglu_forward_span(T* y, const T* gate, const T* up, int64_t 
   ChunkOut<T> out(streaming);
   for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
     const int64_t j1 = chunk_end(j0, n);
+    prefetch_ahead(gate, j0, j1, n);
+    prefetch_ahead(up, j0, j1, n);
     float* o = out.at(y, j0);
     // Scalar math: y = gate * sigmoid(gate) * up
 #pragma omp simd
@@ -72,6 +78,11 @@ TITAN_INLINE void swiglu_backward_span(T* dgate, T* dup, const T* dy, const T* g
   ChunkOut<T> out_gate, out_up;
   for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
     const int64_t j1 = chunk_end(j0, n);
+    prefetch_ahead(dy, j0, j1, n);
+    prefetch_ahead(gate, j0, j1, n);
+    prefetch_ahead(up, j0, j1, n);
+    prefetch_ahead(dgate, j0, j1, n);
+    prefetch_ahead(dup, j0, j1, n);
     float* og = out_gate.at(dgate, j0);
     float* ou = out_up.at(dup, j0);
     // Scalar math: dgate += dy * up * s * (1 + g * (1 - s)); dup += dy * g * s; s = sigmoid(g)

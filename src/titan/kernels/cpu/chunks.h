@@ -38,6 +38,15 @@ TITAN_INLINE void prefetch_to_l2(const T* row, int64_t j0, int64_t j1) {
   for (const char* p = reinterpret_cast<const char*>(row + j0); p < end; p += 64) __builtin_prefetch(p, 0, 2);
 }
 
+// In a streaming pass over [0, n), requests the chunk kPrefetchAhead elements past [j0, j1)
+// (clipped to n): hardware prefetchers alone leave the exp-heavy span kernels waiting on memory.
+inline constexpr int64_t kPrefetchAhead = 4 * kChunk;
+template <class T>
+TITAN_INLINE void prefetch_ahead(const T* span, int64_t j0, int64_t j1, int64_t n) {
+  const int64_t lo = j0 + kPrefetchAhead, hi = j1 + kPrefetchAhead < n ? j1 + kPrefetchAhead : n;
+  if (lo < hi) prefetch_to_l2(span, lo, hi);
+}
+
 // dst[0, n) = bf16(src[0, n)), round to nearest even (NaN stays NaN), as f32_to_bf16.
 TITAN_INLINE void round_to_bf16(bf16* dst, const float* src, int64_t n) {
   int64_t j = 0;
