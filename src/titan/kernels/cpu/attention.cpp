@@ -11,6 +11,7 @@
 
 #include "titan/core/allocator.h"
 #include "titan/kernels/cpu/isa.h"
+#include "titan/kernels/cpu/scratch.h"
 
 namespace titan::kernels::cpu::TITAN_ISA {
 
@@ -79,25 +80,6 @@ TITAN_INLINE vecf exp_v(vecf x) {
   return p * scale;
 }
 TITAN_INLINE int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
-
-// f32 scratch from the titan allocator (64-byte aligned; counted as temporaries), zero-filled
-// unless every element is written before it is read.
-class Scratch {
- public:
-  enum Init { kZeroed, kUninitialized };
-  explicit Scratch(int64_t n, Init init = kZeroed)
-      : bytes_(size_t(n) * sizeof(float)), p_(static_cast<float*>(memory_alloc(bytes_, MemCategory::temporaries))) {
-    if (init == kZeroed) std::memset(p_, 0, bytes_);
-  }
-  ~Scratch() { memory_free(p_, bytes_, MemCategory::temporaries); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  float* get() const { return p_; }
-
- private:
-  size_t bytes_;
-  float* p_;
-};
 
 // ---- micro-kernel ---------------------------------------------------------------------------
 // c[r][0, n) (+)= sum_k a(r, k) b[k][0, n) for r < Rows, n = Vecs * kVecLanes, with a(r, k) =
@@ -278,20 +260,20 @@ void add_group_sum(T* out, float* sum, const float* part, int64_t stride, int64_
 template <class T>
 void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, const AttentionDims& d) {
   const Plan p = make_plan(d);
-  Scratch kp(d.B * d.Hkv * p.s_pad * p.dqk_pad, Scratch::kUninitialized);  // [B, Hkv, s_pad, dqk_pad]
-  Scratch vp(d.B * d.Hkv * p.s_pad * p.dv_pad, Scratch::kUninitialized);   // [B, Hkv, s_pad, dv_pad]
-  pack_kv<T>(kp.get(), vp.get(), k, v, d, p);
+  Scratch<float> kp(d.B * d.Hkv * p.s_pad * p.dqk_pad);  // [B, Hkv, s_pad, dqk_pad]
+  Scratch<float> vp(d.B * d.Hkv * p.s_pad * p.dv_pad);   // [B, Hkv, s_pad, dv_pad]
+  pack_kv<T>(kp.data(), vp.data(), k, v, d, p);
 
   const float scale = float(d.scale);
   const int64_t heads = d.B * d.H, groups = (p.nblk + kGroupBlocks - 1) / kGroupBlocks, items = heads * groups;
 #pragma omp parallel
   {
     // Per query block of the group: its state while the key blocks stream past.
-    Scratch qt(kGroupBlocks * d.Dqk * kBlock);       // [kGroupBlocks, Dqk, kBlock] scale * q^T
-    Scratch oacc(kGroupBlocks * kBlock * p.dv_pad);  // [kGroupBlocks, kBlock, dv_pad] unnormalized o
-    Scratch m(kGroupBlocks * kBlock), l(kGroupBlocks * kBlock);  // [kGroupBlocks, kBlock] running max, sum
-    Scratch st(kBlock * kBlock);                     // [kBlock keys, kBlock queries] scores, then P^T
-    Scratch alpha(kBlock);                           // [kBlock] rescale factor of the current key block
+    Scratch<float> qt(kGroupBlocks * d.Dqk * kBlock, ScratchInit::zeroed);       // [kGroupBlocks, Dqk, kBlock] scale * q^T
+    Scratch<float> oacc(kGroupBlocks * kBlock * p.dv_pad, ScratchInit::zeroed);  // [kGroupBlocks, kBlock, dv_pad] unnormalized o
+    Scratch<float> m(kGroupBlocks * kBlock, ScratchInit::zeroed), l(kGroupBlocks * kBlock, ScratchInit::zeroed);  // [kGroupBlocks, kBlock] running max, sum
+    Scratch<float> st(kBlock * kBlock, ScratchInit::zeroed);                     // [kBlock keys, kBlock queries] scores, then P^T
+    Scratch<float> alpha(kBlock, ScratchInit::zeroed);                           // [kBlock] rescale factor of the current key block
     // Items go head by head, so the threads share one head's packed k and v while they are hot
     // in cache rather than cycling through every head's. Within a head, causal work grows with
     // the query index: the last groups go first, so the dynamic schedule ends on small items.
@@ -302,62 +284,62 @@ void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, con
       const int64_t qb0 = qg * kGroupBlocks, qb_end = min_i64(p.nblk, qb0 + kGroupBlocks);
       for (int64_t qb = qb0; qb < qb_end; ++qb) {
         const int64_t x = qb - qb0, row0 = qb * kBlock, rows = min_i64(kBlock, d.S - row0);
-        pack_transposed(qt.get() + x * d.Dqk * kBlock, q + ((b * d.S + row0) * d.H + h) * d.Dqk, d.H * d.Dqk, rows,
+        pack_transposed(qt.data() + x * d.Dqk * kBlock, q + ((b * d.S + row0) * d.H + h) * d.Dqk, d.H * d.Dqk, rows,
                         d.Dqk, scale);
-        for (int64_t i = 0; i < kBlock; ++i) m.get()[x * kBlock + i] = -INFINITY, l.get()[x * kBlock + i] = 0;
-        std::memset(oacc.get() + x * kBlock * p.dv_pad, 0, size_t(kBlock * p.dv_pad) * sizeof(float));
+        for (int64_t i = 0; i < kBlock; ++i) m.data()[x * kBlock + i] = -INFINITY, l.data()[x * kBlock + i] = 0;
+        std::memset(oacc.data() + x * kBlock * p.dv_pad, 0, size_t(kBlock * p.dv_pad) * sizeof(float));
       }
 
       for (int64_t kb = 0; kb < qb_end; ++kb) {
-        const float* kp_blk = kp.get() + (bg * p.s_pad + kb * kBlock) * p.dqk_pad;  // [kBlock, dqk_pad]
-        const float* vp_blk = vp.get() + (bg * p.s_pad + kb * kBlock) * p.dv_pad;   // [kBlock, dv_pad]
+        const float* kp_blk = kp.data() + (bg * p.s_pad + kb * kBlock) * p.dqk_pad;  // [kBlock, dqk_pad]
+        const float* vp_blk = vp.data() + (bg * p.s_pad + kb * kBlock) * p.dv_pad;   // [kBlock, dv_pad]
         for (int64_t qb = kb > qb0 ? kb : qb0; qb < qb_end; ++qb) {
           const int64_t x = qb - qb0, rows = min_i64(kBlock, d.S - qb * kBlock);
-          float* m_x = m.get() + x * kBlock;                // [kBlock]
-          float* l_x = l.get() + x * kBlock;                // [kBlock]
-          float* oacc_x = oacc.get() + x * kBlock * p.dv_pad;  // [kBlock, dv_pad]
+          float* m_x = m.data() + x * kBlock;                // [kBlock]
+          float* l_x = l.data() + x * kBlock;                // [kBlock]
+          float* oacc_x = oacc.data() + x * kBlock * p.dv_pad;  // [kBlock, dv_pad]
           const bool diagonal = kb == qb;
           const int64_t cols = diagonal ? rows : kBlock;  // keys past the diagonal or past S are skipped
-          gemm<false>(st.get(), kBlock, kp_blk, p.dqk_pad, 1, qt.get() + x * d.Dqk * kBlock, kBlock, cols, kBlock,
+          gemm<false>(st.data(), kBlock, kp_blk, p.dqk_pad, 1, qt.data() + x * d.Dqk * kBlock, kBlock, cols, kBlock,
                       d.Dqk);
-          if (diagonal) mask_diagonal(st.get(), cols);
+          if (diagonal) mask_diagonal(st.data(), cols);
           // Online softmax per query column: new max, rescale of the old sum (and of o below),
           // P^T = exp(S^T - max). Padding queries past S compute finite values nobody reads.
           for (int64_t v0 = 0; v0 < kBlock; v0 += kVecLanes) {
-            vecf mx = loadv(st.get() + v0);
-            for (int64_t j = 1; j < cols; ++j) mx = maxv(mx, loadv(st.get() + j * kBlock + v0));
+            vecf mx = loadv(st.data() + v0);
+            for (int64_t j = 1; j < cols; ++j) mx = maxv(mx, loadv(st.data() + j * kBlock + v0));
             const vecf m_old = loadv(m_x + v0), m_new = maxv(m_old, mx);
             const vecf a = exp_v(m_old - m_new);
             vecf sum = vecf{};
             for (int64_t j = 0; j < cols; ++j) {
-              const vecf pj = exp_v(loadv(st.get() + j * kBlock + v0) - m_new);
-              storev(st.get() + j * kBlock + v0, pj);
+              const vecf pj = exp_v(loadv(st.data() + j * kBlock + v0) - m_new);
+              storev(st.data() + j * kBlock + v0, pj);
               sum += pj;
             }
             storev(l_x + v0, loadv(l_x + v0) * a + sum);
             storev(m_x + v0, m_new);
-            storev(alpha.get() + v0, a);
+            storev(alpha.data() + v0, a);
           }
           for (int64_t i = 0; i < rows; ++i) {
-            const float a = alpha.get()[i];
+            const float a = alpha.data()[i];
             if (a == 1.0f) continue;
             float* orow = oacc_x + i * p.dv_pad;
             for (int64_t c = 0; c < p.dv_pad; c += kVecLanes) storev(orow + c, loadv(orow + c) * a);
           }
           // o += P v with A(i, j) = P^T[j][i]
-          gemm<true>(oacc_x, p.dv_pad, st.get(), 1, kBlock, vp_blk, p.dv_pad, rows, p.dv_pad, cols);
+          gemm<true>(oacc_x, p.dv_pad, st.data(), 1, kBlock, vp_blk, p.dv_pad, rows, p.dv_pad, cols);
         }
       }
 
       for (int64_t qb = qb0; qb < qb_end; ++qb) {
         const int64_t x = qb - qb0, row0 = qb * kBlock, rows = min_i64(kBlock, d.S - row0);
         for (int64_t i = 0; i < rows; ++i) {
-          const float sum = l.get()[x * kBlock + i], inv = 1.0f / sum;
-          const float* orow = oacc.get() + (x * kBlock + i) * p.dv_pad;
+          const float sum = l.data()[x * kBlock + i], inv = 1.0f / sum;
+          const float* orow = oacc.data() + (x * kBlock + i) * p.dv_pad;
           T* out = o + ((b * d.S + row0 + i) * d.H + h) * d.Dv;
 #pragma omp simd
           for (int64_t c = 0; c < d.Dv; ++c) out[c] = from_f32<T>(orow[c] * inv);
-          lse[bh * d.S + row0 + i] = m.get()[x * kBlock + i] + std::log(sum);
+          lse[bh * d.S + row0 + i] = m.data()[x * kBlock + i] + std::log(sum);
         }
       }
     }
@@ -376,11 +358,11 @@ template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, const T* q, const T* k, const T* v,
                         const T* o, const AttentionDims& d) {
   const Plan p = make_plan(d);
-  Scratch kp(d.B * d.Hkv * p.s_pad * p.dqk_pad, Scratch::kUninitialized);  // [B, Hkv, s_pad, dqk_pad]
-  Scratch vp(d.B * d.Hkv * p.s_pad * p.dv_pad, Scratch::kUninitialized);   // [B, Hkv, s_pad, dv_pad]
-  pack_kv<T>(kp.get(), vp.get(), k, v, d, p);
-  Scratch dk_part(d.B * d.H * d.S * d.Dqk, Scratch::kUninitialized);  // [B, H, S, Dqk] this head's share of dk
-  Scratch dv_part(d.B * d.H * d.S * d.Dv, Scratch::kUninitialized);   // [B, H, S, Dv]
+  Scratch<float> kp(d.B * d.Hkv * p.s_pad * p.dqk_pad);  // [B, Hkv, s_pad, dqk_pad]
+  Scratch<float> vp(d.B * d.Hkv * p.s_pad * p.dv_pad);   // [B, Hkv, s_pad, dv_pad]
+  pack_kv<T>(kp.data(), vp.data(), k, v, d, p);
+  Scratch<float> dk_part(d.B * d.H * d.S * d.Dqk);  // [B, H, S, Dqk] this head's share of dk
+  Scratch<float> dv_part(d.B * d.H * d.S * d.Dv);   // [B, H, S, Dv]
 
   const float scale = float(d.scale);
   const int64_t heads = d.B * d.H;
@@ -388,108 +370,108 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
   const int threads = heads < omp_get_max_threads() ? int(heads) : omp_get_max_threads();
 #pragma omp parallel num_threads(threads)
   {
-    Scratch qt(p.nblk * d.Dqk * kBlock);   // [nblk, Dqk, kBlock] scale * q^T per block
-    Scratch qs(p.s_pad * p.dqk_pad);       // [s_pad, dqk_pad] scale * q rows
-    Scratch dot(p.nblk * d.Dv * kBlock);   // [nblk, Dv, kBlock] dO^T per block
-    Scratch dos(p.s_pad * p.dv_pad);       // [s_pad, dv_pad] dO rows
-    Scratch dq_acc(p.s_pad * p.dqk_pad);   // [s_pad, dqk_pad] dq / scale
-    Scratch lse_p(p.s_pad), delta(p.s_pad);  // [s_pad] lse and D_i = rowsum(dO * O), zero past S
-    Scratch pt(kBlock * kBlock);           // [kBlock keys, kBlock queries] P^T
-    Scratch dst(kBlock * kBlock);          // [kBlock, kBlock] dP^T, then dS^T
-    Scratch dk_acc(kGroupBlocks * kBlock * p.dqk_pad);  // [kGroupBlocks * kBlock, dqk_pad]
-    Scratch dv_acc(kGroupBlocks * kBlock * p.dv_pad);   // [kGroupBlocks * kBlock, dv_pad]
+    Scratch<float> qt(p.nblk * d.Dqk * kBlock, ScratchInit::zeroed);   // [nblk, Dqk, kBlock] scale * q^T per block
+    Scratch<float> qs(p.s_pad * p.dqk_pad, ScratchInit::zeroed);       // [s_pad, dqk_pad] scale * q rows
+    Scratch<float> dot(p.nblk * d.Dv * kBlock, ScratchInit::zeroed);   // [nblk, Dv, kBlock] dO^T per block
+    Scratch<float> dos(p.s_pad * p.dv_pad, ScratchInit::zeroed);       // [s_pad, dv_pad] dO rows
+    Scratch<float> dq_acc(p.s_pad * p.dqk_pad, ScratchInit::zeroed);   // [s_pad, dqk_pad] dq / scale
+    Scratch<float> lse_p(p.s_pad, ScratchInit::zeroed), delta(p.s_pad, ScratchInit::zeroed);  // [s_pad] lse and D_i = rowsum(dO * O), zero past S
+    Scratch<float> pt(kBlock * kBlock, ScratchInit::zeroed);           // [kBlock keys, kBlock queries] P^T
+    Scratch<float> dst(kBlock * kBlock, ScratchInit::zeroed);          // [kBlock, kBlock] dP^T, then dS^T
+    Scratch<float> dk_acc(kGroupBlocks * kBlock * p.dqk_pad, ScratchInit::zeroed);  // [kGroupBlocks * kBlock, dqk_pad]
+    Scratch<float> dv_acc(kGroupBlocks * kBlock * p.dv_pad, ScratchInit::zeroed);   // [kGroupBlocks * kBlock, dv_pad]
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < heads; ++bh) {
       const int64_t b = bh / d.H, h = bh % d.H, bg = b * d.Hkv + h / p.group;
       const T* q_h = q + (b * d.S * d.H + h) * d.Dqk;      // row i at q_h + i * H * Dqk
       const T* do_h = dout + (b * d.S * d.H + h) * d.Dv;   // row i at do_h + i * H * Dv
-      pack_rows(qs.get(), p.dqk_pad, q_h, d.H * d.Dqk, d.S, d.Dqk, scale);
-      pack_rows(dos.get(), p.dv_pad, do_h, d.H * d.Dv, d.S, d.Dv, 1.0f);
+      pack_rows(qs.data(), p.dqk_pad, q_h, d.H * d.Dqk, d.S, d.Dqk, scale);
+      pack_rows(dos.data(), p.dv_pad, do_h, d.H * d.Dv, d.S, d.Dv, 1.0f);
       for (int64_t qb = 0; qb < p.nblk; ++qb) {
         const int64_t row0 = qb * kBlock, rows = min_i64(kBlock, d.S - row0);
-        pack_transposed(qt.get() + qb * d.Dqk * kBlock, q_h + row0 * d.H * d.Dqk, d.H * d.Dqk, rows, d.Dqk, scale);
-        pack_transposed(dot.get() + qb * d.Dv * kBlock, do_h + row0 * d.H * d.Dv, d.H * d.Dv, rows, d.Dv, 1.0f);
+        pack_transposed(qt.data() + qb * d.Dqk * kBlock, q_h + row0 * d.H * d.Dqk, d.H * d.Dqk, rows, d.Dqk, scale);
+        pack_transposed(dot.data() + qb * d.Dv * kBlock, do_h + row0 * d.H * d.Dv, d.H * d.Dv, rows, d.Dv, 1.0f);
       }
       for (int64_t i = 0; i < d.S; ++i) {
         const T* orow = o + ((b * d.S + i) * d.H + h) * d.Dv;
-        const float* dorow = dos.get() + i * p.dv_pad;
+        const float* dorow = dos.data() + i * p.dv_pad;
         float sum = 0;
 #pragma omp simd reduction(+ : sum)
         for (int64_t c = 0; c < d.Dv; ++c) sum += dorow[c] * to_f32(orow[c]);
-        delta.get()[i] = sum;
-        lse_p.get()[i] = lse[bh * d.S + i];
+        delta.data()[i] = sum;
+        lse_p.data()[i] = lse[bh * d.S + i];
       }
-      std::memset(dq_acc.get(), 0, size_t(p.s_pad * p.dqk_pad) * sizeof(float));
+      std::memset(dq_acc.data(), 0, size_t(p.s_pad * p.dqk_pad) * sizeof(float));
 
       for (int64_t kb0 = 0; kb0 < p.nblk; kb0 += kGroupBlocks) {
         const int64_t kb_end = min_i64(p.nblk, kb0 + kGroupBlocks);
-        std::memset(dk_acc.get(), 0, size_t(kGroupBlocks * kBlock * p.dqk_pad) * sizeof(float));
-        std::memset(dv_acc.get(), 0, size_t(kGroupBlocks * kBlock * p.dv_pad) * sizeof(float));
+        std::memset(dk_acc.data(), 0, size_t(kGroupBlocks * kBlock * p.dqk_pad) * sizeof(float));
+        std::memset(dv_acc.data(), 0, size_t(kGroupBlocks * kBlock * p.dv_pad) * sizeof(float));
         for (int64_t qb = kb0; qb < p.nblk; ++qb) {
           const int64_t row0 = qb * kBlock, rows = min_i64(kBlock, d.S - row0);
-          const float* qt_blk = qt.get() + qb * d.Dqk * kBlock;  // [Dqk, kBlock]
-          const float* dot_blk = dot.get() + qb * d.Dv * kBlock;  // [Dv, kBlock]
-          const float* qs_blk = qs.get() + row0 * p.dqk_pad;      // [kBlock, dqk_pad]
-          const float* dos_blk = dos.get() + row0 * p.dv_pad;     // [kBlock, dv_pad]
-          float* dq_blk = dq_acc.get() + row0 * p.dqk_pad;        // [kBlock, dqk_pad]
+          const float* qt_blk = qt.data() + qb * d.Dqk * kBlock;  // [Dqk, kBlock]
+          const float* dot_blk = dot.data() + qb * d.Dv * kBlock;  // [Dv, kBlock]
+          const float* qs_blk = qs.data() + row0 * p.dqk_pad;      // [kBlock, dqk_pad]
+          const float* dos_blk = dos.data() + row0 * p.dv_pad;     // [kBlock, dv_pad]
+          float* dq_blk = dq_acc.data() + row0 * p.dqk_pad;        // [kBlock, dqk_pad]
           for (int64_t kb = kb0; kb < kb_end && kb <= qb; ++kb) {
             const bool diagonal = qb == kb;
             const int64_t col0 = kb * kBlock, cols = min_i64(kBlock, d.S - col0);
-            const float* kp_blk = kp.get() + (bg * p.s_pad + col0) * p.dqk_pad;  // [kBlock, dqk_pad]
-            const float* vp_blk = vp.get() + (bg * p.s_pad + col0) * p.dv_pad;   // [kBlock, dv_pad]
-            float* dk_blk = dk_acc.get() + (kb - kb0) * kBlock * p.dqk_pad;     // [kBlock, dqk_pad]
-            float* dv_blk = dv_acc.get() + (kb - kb0) * kBlock * p.dv_pad;      // [kBlock, dv_pad]
+            const float* kp_blk = kp.data() + (bg * p.s_pad + col0) * p.dqk_pad;  // [kBlock, dqk_pad]
+            const float* vp_blk = vp.data() + (bg * p.s_pad + col0) * p.dv_pad;   // [kBlock, dv_pad]
+            float* dk_blk = dk_acc.data() + (kb - kb0) * kBlock * p.dqk_pad;     // [kBlock, dqk_pad]
+            float* dv_blk = dv_acc.data() + (kb - kb0) * kBlock * p.dv_pad;      // [kBlock, dv_pad]
             // P^T = exp(S^T - lse) with S^T = k (scale q)^T; -inf above the diagonal gives 0.
-            gemm<false>(pt.get(), kBlock, kp_blk, p.dqk_pad, 1, qt_blk, kBlock, cols, kBlock, d.Dqk);
-            if (diagonal) mask_diagonal(pt.get(), cols);
+            gemm<false>(pt.data(), kBlock, kp_blk, p.dqk_pad, 1, qt_blk, kBlock, cols, kBlock, d.Dqk);
+            if (diagonal) mask_diagonal(pt.data(), cols);
             for (int64_t v0 = 0; v0 < kBlock; v0 += kVecLanes) {
-              const vecf lse_v = loadv(lse_p.get() + row0 + v0);
+              const vecf lse_v = loadv(lse_p.data() + row0 + v0);
               for (int64_t j = 0; j < cols; ++j) {
-                float* x = pt.get() + j * kBlock + v0;
+                float* x = pt.data() + j * kBlock + v0;
                 storev(x, exp_v(loadv(x) - lse_v));
               }
             }
             // dv += P^T dO
-            gemm<true>(dv_blk, p.dv_pad, pt.get(), kBlock, 1, dos_blk, p.dv_pad, cols, p.dv_pad, rows);
+            gemm<true>(dv_blk, p.dv_pad, pt.data(), kBlock, 1, dos_blk, p.dv_pad, cols, p.dv_pad, rows);
             // dP^T = v dO^T, then dS^T = P^T (dP^T - D)
-            gemm<false>(dst.get(), kBlock, vp_blk, p.dv_pad, 1, dot_blk, kBlock, cols, kBlock, d.Dv);
+            gemm<false>(dst.data(), kBlock, vp_blk, p.dv_pad, 1, dot_blk, kBlock, cols, kBlock, d.Dv);
             for (int64_t v0 = 0; v0 < kBlock; v0 += kVecLanes) {
-              const vecf delta_v = loadv(delta.get() + row0 + v0);
+              const vecf delta_v = loadv(delta.data() + row0 + v0);
               for (int64_t j = 0; j < cols; ++j) {
-                float* x = dst.get() + j * kBlock + v0;
-                storev(x, loadv(pt.get() + j * kBlock + v0) * (loadv(x) - delta_v));
+                float* x = dst.data() + j * kBlock + v0;
+                storev(x, loadv(pt.data() + j * kBlock + v0) * (loadv(x) - delta_v));
               }
             }
             // dk += scale dS^T q (qs carries the scale); dq += dS k (scaled once at the end)
-            gemm<true>(dk_blk, p.dqk_pad, dst.get(), kBlock, 1, qs_blk, p.dqk_pad, cols, p.dqk_pad, rows);
-            gemm<true>(dq_blk, p.dqk_pad, dst.get(), 1, kBlock, kp_blk, p.dqk_pad, rows, p.dqk_pad, cols);
+            gemm<true>(dk_blk, p.dqk_pad, dst.data(), kBlock, 1, qs_blk, p.dqk_pad, cols, p.dqk_pad, rows);
+            gemm<true>(dq_blk, p.dqk_pad, dst.data(), 1, kBlock, kp_blk, p.dqk_pad, rows, p.dqk_pad, cols);
           }
         }
         for (int64_t j = kb0 * kBlock; j < min_i64(d.S, kb_end * kBlock); ++j) {
-          std::memcpy(dk_part.get() + (bh * d.S + j) * d.Dqk, dk_acc.get() + (j - kb0 * kBlock) * p.dqk_pad,
+          std::memcpy(dk_part.data() + (bh * d.S + j) * d.Dqk, dk_acc.data() + (j - kb0 * kBlock) * p.dqk_pad,
                       size_t(d.Dqk) * sizeof(float));
-          std::memcpy(dv_part.get() + (bh * d.S + j) * d.Dv, dv_acc.get() + (j - kb0 * kBlock) * p.dv_pad,
+          std::memcpy(dv_part.data() + (bh * d.S + j) * d.Dv, dv_acc.data() + (j - kb0 * kBlock) * p.dv_pad,
                       size_t(d.Dv) * sizeof(float));
         }
       }
       for (int64_t i = 0; i < d.S; ++i) {
         T* out = dq + ((b * d.S + i) * d.H + h) * d.Dqk;
-        const float* acc = dq_acc.get() + i * p.dqk_pad;
+        const float* acc = dq_acc.data() + i * p.dqk_pad;
 #pragma omp simd
         for (int64_t c = 0; c < d.Dqk; ++c) out[c] = from_f32<T>(to_f32(out[c]) + scale * acc[c]);
       }
     }
 
     // dk, dv += sum over the group's heads of their partials, in head order.
-    Scratch row_sum(p.dqk_pad > p.dv_pad ? p.dqk_pad : p.dv_pad);
+    Scratch<float> row_sum(p.dqk_pad > p.dv_pad ? p.dqk_pad : p.dv_pad, ScratchInit::zeroed);
 #pragma omp for schedule(static)
     for (int64_t bs = 0; bs < d.B * d.S; ++bs) {
       const int64_t b = bs / d.S, i = bs % d.S;
       for (int64_t g = 0; g < d.Hkv; ++g) {
-        add_group_sum(dk + (bs * d.Hkv + g) * d.Dqk, row_sum.get(),
-                      dk_part.get() + ((b * d.H + g * p.group) * d.S + i) * d.Dqk, d.S * d.Dqk, p.group, d.Dqk);
-        add_group_sum(dv + (bs * d.Hkv + g) * d.Dv, row_sum.get(),
-                      dv_part.get() + ((b * d.H + g * p.group) * d.S + i) * d.Dv, d.S * d.Dv, p.group, d.Dv);
+        add_group_sum(dk + (bs * d.Hkv + g) * d.Dqk, row_sum.data(),
+                      dk_part.data() + ((b * d.H + g * p.group) * d.S + i) * d.Dqk, d.S * d.Dqk, p.group, d.Dqk);
+        add_group_sum(dv + (bs * d.Hkv + g) * d.Dv, row_sum.data(),
+                      dv_part.data() + ((b * d.H + g * p.group) * d.S + i) * d.Dv, d.S * d.Dv, p.group, d.Dv);
       }
     }
   }
