@@ -215,3 +215,13 @@ TEST(MoeModule, LoadBalanceBiasSpreadsSkewedLoad) {
   EXPECT_LT(tail_mean, 1.5) << "the bias update should have spread the load (first imbalance " << first << ")";
   for (int64_t i = 0; i < a.n_routed_experts; ++i) EXPECT_EQ(moe.tokens_per_expert.data<float>()[i], 0.0f);
 }
+
+TEST(MoeModule, LoadStatsLogEntries) {
+  std::vector<std::pair<std::string, double>> stats;
+  models::moe::ExpertLoad l;
+  l.tokens = 40, l.min = 2, l.max = 9, l.imbalance = 1.8;
+  models::moe::append_load_stats(stats, 3, l);
+  const std::vector<std::pair<std::string, double>> want = {
+      {"moe_imbalance/layer3", 1.8}, {"moe_load_min/layer3", 2.0}, {"moe_load_max/layer3", 9.0}};
+  EXPECT_EQ(stats, want);
+}

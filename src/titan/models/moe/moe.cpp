@@ -229,4 +229,11 @@ ExpertLoad MoE::load_stats() {
   return s;
 }
 
+void append_load_stats(std::vector<std::pair<std::string, double>>& stats, int layer, const ExpertLoad& load) {
+  const std::string suffix = "/layer" + std::to_string(layer);
+  stats.emplace_back("moe_imbalance" + suffix, load.imbalance);
+  stats.emplace_back("moe_load_min" + suffix, load.min);
+  stats.emplace_back("moe_load_max" + suffix, load.max);
+}
+
 }  // namespace titan::models::moe

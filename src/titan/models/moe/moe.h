@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "titan/kernels/moe_router_params.h"
@@ -70,6 +71,10 @@ struct ExpertLoad {
   double min = 0, max = 0;  // fewest / most assignments of one expert
   double imbalance = 0;  // max / mean (1 is perfect balance; 0 when nothing was routed)
 };
+
+// Appends one MoE layer's load to a model's step_stats() (CausalLM), named as the metrics log
+// groups them: "moe_imbalance/layer<L>", "moe_load_min/layer<L>", "moe_load_max/layer<L>".
+void append_load_stats(std::vector<std::pair<std::string, double>>& stats, int layer, const ExpertLoad& load);
 
 class MoE : public nn::Module {
  public:
