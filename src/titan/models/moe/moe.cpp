@@ -132,11 +132,14 @@ MoE::Output MoE::forward(const Variable& x) {
   Tensor xs = activations({m, d}, cd);  // [M, D] tokens sorted by expert
   kernels::moe_permute_forward(xs, xv, disp.pos);
   Tensor h1 = activations({m, f}, cd), h3 = activations({m, f}, cd), act = activations({m, f}, cd);  // [M, F]
-  kernels::grouped_matmul_forward(h1, xs, w1, disp.offsets);
-  kernels::grouped_matmul_forward(h3, xs, w3, disp.offsets);
-  kernels::swiglu_forward(act, h1, h3);
   Tensor out = activations({m, d}, cd);  // [M, D] expert outputs
-  kernels::grouped_matmul_forward(out, act, w2, disp.offsets);
+  {
+    ProfileScope prof_experts("moe.experts.fwd");  // the grouped GEMMs' share of the layer
+    kernels::grouped_matmul_forward(h1, xs, w1, disp.offsets);
+    kernels::grouped_matmul_forward(h3, xs, w3, disp.offsets);
+    kernels::swiglu_forward(act, h1, h3);
+    kernels::grouped_matmul_forward(out, act, w2, disp.offsets);
+  }
   Tensor y = activations({batch, x.shape()[1], d}, cd);  // [B, S, D]
   Tensor y2 = y.view({t, d});
   kernels::moe_unpermute_forward(y2, out, disp.pos, weights);
@@ -155,13 +158,16 @@ MoE::Output MoE::forward(const Variable& x) {
           // Combine: d(expert outputs) [M, D] and the gate weights' gradient.
           Tensor d_out = Tensor::empty({m, d}, cd);
           kernels::moe_unpermute_backward(d_out, dweights, dout[0].view({t, d}), out, pos, weights);
-          Tensor d_act = zeros({m, f}, cd);
-          kernels::grouped_matmul_backward(d_act, g.grad(3), d_out, act, w2, offsets);
-          Tensor dh1 = zeros({m, f}, cd), dh3 = zeros({m, f}, cd);
-          kernels::swiglu_backward(dh1, dh3, d_act, h1, h3);
           Tensor dxs = g.needs(0) ? zeros({m, d}, cd) : Tensor();  // [M, D]
-          kernels::grouped_matmul_backward(dxs, g.grad(2), dh1, xs, w1, offsets);
-          kernels::grouped_matmul_backward(dxs, g.grad(4), dh3, xs, w3, offsets);
+          {
+            ProfileScope prof_experts("moe.experts.bwd");
+            Tensor d_act = zeros({m, f}, cd);
+            kernels::grouped_matmul_backward(d_act, g.grad(3), d_out, act, w2, offsets);
+            Tensor dh1 = zeros({m, f}, cd), dh3 = zeros({m, f}, cd);
+            kernels::swiglu_backward(dh1, dh3, d_act, h1, h3);
+            kernels::grouped_matmul_backward(dxs, g.grad(2), dh1, xs, w1, offsets);
+            kernels::grouped_matmul_backward(dxs, g.grad(4), dh3, xs, w3, offsets);
+          }
           if (g.needs(0)) {
             Tensor dx = g.grad(0).view({t, d});
             if (dx.dtype() == cd) {
