@@ -116,6 +116,7 @@ MoE::Output MoE::forward(const Variable& x) {
   const Tensor& gate_w = router.gate.weight.var.value();  // [E, D] f32
   Tensor logits = Tensor::empty({t, e}, DType::f32);
   kernels::linear_forward(logits, xf, gate_w);
+  // scores [T, E]; idx, weights [T, k]: the chosen experts and their gate weights
   Tensor scores = activations({t, e}, DType::f32), idx = activations({t, k}, DType::i32),
          weights = activations({t, k}, DType::f32);
   kernels::moe_router_forward(scores, idx, weights, logits, expert_bias, rp);
@@ -156,24 +157,24 @@ MoE::Output MoE::forward(const Variable& x) {
         Tensor dweights = zeros({t, k}, DType::f32);  // [T, k]
         if (dout[0].defined()) {
           // Combine: d(expert outputs) [M, D] and the gate weights' gradient.
-          Tensor d_out = Tensor::empty({m, d}, cd);
+          Tensor d_out = Tensor::empty({m, d}, cd);  // [M, D]
           kernels::moe_unpermute_backward(d_out, dweights, dout[0].view({t, d}), out, pos, weights);
           Tensor dxs = g.needs(0) ? zeros({m, d}, cd) : Tensor();  // [M, D]
           {
             ProfileScope prof_experts("moe.experts.bwd");
-            Tensor d_act = zeros({m, f}, cd);
+            Tensor d_act = zeros({m, f}, cd);  // [M, F]
             kernels::grouped_matmul_backward(d_act, g.grad(3), d_out, act, w2, offsets);
-            Tensor dh1 = zeros({m, f}, cd), dh3 = zeros({m, f}, cd);
+            Tensor dh1 = zeros({m, f}, cd), dh3 = zeros({m, f}, cd);  // [M, F]
             kernels::swiglu_backward(dh1, dh3, d_act, h1, h3);
             kernels::grouped_matmul_backward(dxs, g.grad(2), dh1, xs, w1, offsets);
             kernels::grouped_matmul_backward(dxs, g.grad(4), dh3, xs, w3, offsets);
           }
           if (g.needs(0)) {
-            Tensor dx = g.grad(0).view({t, d});
+            Tensor dx = g.grad(0).view({t, d});  // [T, D]
             if (dx.dtype() == cd) {
               kernels::moe_permute_backward(dx, dxs, pos);
             } else {
-              Tensor dx_routed = zeros({t, d}, cd);
+              Tensor dx_routed = zeros({t, d}, cd);  // [T, D]
               kernels::moe_permute_backward(dx_routed, dxs, pos);
               accumulate(dx, dx_routed);
             }
@@ -189,10 +190,10 @@ MoE::Output MoE::forward(const Variable& x) {
         Tensor dlogits = zeros({t, e}, DType::f32);  // [T, E]
         kernels::moe_router_backward(dlogits, dweights, dscores, scores, idx, rp);
         Tensor dxf = g.needs(0) ? zeros({t, d}, DType::f32) : Tensor(), no_bias;  // [T, D] f32
-        Tensor dgate = g.grad(1);
+        Tensor dgate = g.grad(1);  // [E, D] f32
         kernels::linear_backward(dxf, dgate, no_bias, dlogits, xf, gate_w);
         if (g.needs(0)) {
-          Tensor dx = g.grad(0).view({t, d});
+          Tensor dx = g.grad(0).view({t, d});  // [T, D]
           accumulate(dx, dxf);
         }
       });
