@@ -123,8 +123,9 @@ MoE::Output MoE::forward(const Variable& x) {
 
   kernels::ExpertDispatch disp = kernels::moe_sort_by_expert(idx, e);
   if (autograd::grad_enabled()) {
-    // Activation recompute counts a forward twice; the bias update only uses the signs of
-    // deviations from the mean and the stats ratios, so a uniform factor changes neither.
+    // Training forwards only: evaluation runs without grad, and under activation checkpointing
+    // the first pass does too, so its recompute (the same choice: the bias has not moved yet)
+    // counts each step once.
     float* tpe = tokens_per_expert.data<float>();
     for (int64_t i = 0; i < e; ++i) tpe[i] += float(disp.tokens_of(i)), stats_counts_[size_t(i)] += disp.tokens_of(i);
   }
