@@ -225,3 +225,38 @@ TEST(MoeModule, LoadStatsLogEntries) {
       {"moe_imbalance/layer3", 1.8}, {"moe_load_min/layer3", 2.0}, {"moe_load_max/layer3", 9.0}};
   EXPECT_EQ(stats, want);
 }
+
+// Activation checkpointing recomputes the layer in backward: same choice, same gradients, and
+// the step's tokens counted once.
+TEST(MoeModule, CheckpointRecomputeMatches) {
+  MoEArgs a = tiny_args(true);
+  a.n_shared_experts = 1;
+  MoE moe(a, 0.05);
+  moe.init_parameters(13);
+  const Tensor x0 = random_tensor({2, 5, a.dim}, DType::f32, 4, "x");
+  const Tensor dy = random_tensor({2, 5, a.dim}, DType::f32, 4, "dy");
+  auto grads = [&](bool checkpointed) {
+    moe.zero_grad();
+    autograd::TapeScope scope;
+    autograd::Variable x(x0, true);
+    autograd::Variable y;
+    if (checkpointed) {
+      y = autograd::checkpoint([&](const std::vector<autograd::Variable>& in) {
+            return std::vector<autograd::Variable>{moe.forward(in[0]).y};
+          }, {x})[0];
+    } else {
+      y = moe.forward(x).y;
+    }
+    autograd::backward(y, dy);
+    std::vector<Doubles> g = {to_doubles(x.grad())};
+    for (auto& [n, p] : moe.named_parameters()) g.push_back(to_doubles(p->var.grad()));
+    return g;
+  };
+  const std::vector<Doubles> plain = grads(false);
+  const models::moe::ExpertLoad plain_load = moe.load_stats();
+  const std::vector<Doubles> recomputed = grads(true);
+  const models::moe::ExpertLoad recomputed_load = moe.load_stats();
+  ASSERT_EQ(plain.size(), recomputed.size());
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(plain[i], recomputed[i]) << "gradient " << i;
+  EXPECT_EQ(plain_load.tokens, recomputed_load.tokens);
+}
