@@ -28,6 +28,9 @@ class CausalLM : public nn::Module {
   // first call is the prompt) and returns the logits [B, V] after each row's last token.
   virtual void start_generation(int64_t batch, int64_t max_len) = 0;
   virtual Tensor decode(const Tensor& tokens) = 0;
+  // Called by the trainer after every optimizer step, for state updated outside autograd (MoE
+  // aux-loss-free balancing: expert bias from the step's token counts).
+  virtual void after_optimizer_step() {}
   // Extra scalars the model wants logged (e.g. MoE load balance, indexer loss); may be empty.
   virtual std::vector<std::pair<std::string, double>> step_stats() { return {}; }
 };

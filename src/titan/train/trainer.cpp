@@ -259,6 +259,7 @@ TrainResult Trainer::train() {
     ++s.step;
     const double lr = c.optimizer.lr * s.schedule.lr_factor(s.step);
     s.opt->step(float(lr), norm.scale);
+    s.model->after_optimizer_step();
     const double step_seconds = now_seconds() - t0;
     const double loss = loss_sum / double(s.accum);
     TITAN_CHECK(std::isfinite(loss), "training diverged: the loss at step " + std::to_string(s.step) + " is not finite",
