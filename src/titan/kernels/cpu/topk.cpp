@@ -12,12 +12,13 @@ namespace {
 // current k-th best; inserts are rare once the buffer holds good values).
 constexpr int64_t kSmallK = 32;
 
-// A uint32 that orders like the ranking in ref/topk.h: NaN highest, -0 == +0, then IEEE order.
+// A uint32 that orders like the ranking in ref/topk.h: NaN highest, -0 == +0, then IEEE order
+// (sign set: flip all bits; sign clear: set the sign bit). Branch-free, so key loops vectorize.
 TITAN_INLINE uint32_t rank_key(float v) {
-  if (v != v) return 0xffffffffu;
   uint32_t u = __builtin_bit_cast(uint32_t, v);
-  if (u == 0x80000000u) u = 0;
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  u = u == 0x80000000u ? 0u : u;
+  const uint32_t key = u ^ (uint32_t(int32_t(u) >> 31) | 0x80000000u);
+  return v != v ? 0xffffffffu : key;
 }
 
 template <class T>
@@ -53,25 +54,28 @@ void topk_radix(uint32_t* keys, int32_t* idx, uint32_t* tmp_keys, int32_t* tmp_i
                 int64_t n, int64_t k) {
   uint32_t hist[2048];
   int64_t need = k;
+  // Scalar math: cand = rank_key(row)
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) cand[j] = rank_key(to_f32(row[j]));
   // Digit 1: bits 31..21 over the whole row.
   for (uint32_t& h : hist) h = 0;
-  for (int64_t j = 0; j < n; ++j) ++hist[rank_key(to_f32(row[j])) >> 21];
+  for (int64_t j = 0; j < n; ++j) ++hist[cand[j] >> 21];
   const uint32_t b1 = select_bin(hist, 2048, need);
-  // Digit 2: bits 20..10 over the entries sharing digit 1 (kept for digit 3).
+  // Digit 2: bits 20..10 over the entries sharing digit 1, compacted in place (m <= j) for digit 3.
+  // Branch-free: which entries match is data-dependent, and mispredictions would dominate.
   for (uint32_t& h : hist) h = 0;
   int64_t m = 0;
   for (int64_t j = 0; j < n; ++j) {
-    const uint32_t key = rank_key(to_f32(row[j]));
-    if ((key >> 21) != b1) continue;
-    cand[m++] = key;
-    ++hist[(key >> 10) & 0x7ff];
+    const uint32_t key = cand[j];
+    const uint32_t match = (key >> 21) == b1;
+    cand[m] = key;
+    m += match;
+    hist[(key >> 10) & 0x7ff] += match;
   }
   const uint32_t b2 = select_bin(hist, 2048, need);
   // Digit 3: bits 9..0 over the entries sharing digits 1 and 2.
   for (int i = 0; i < 1024; ++i) hist[i] = 0;
-  for (int64_t j = 0; j < m; ++j) {
-    if (((cand[j] >> 10) & 0x7ff) == b2) ++hist[cand[j] & 0x3ff];
-  }
+  for (int64_t j = 0; j < m; ++j) hist[cand[j] & 0x3ff] += ((cand[j] >> 10) & 0x7ff) == b2;
   const uint32_t b3 = select_bin(hist, 1024, need);
   const uint32_t kth = (b1 << 21) | (b2 << 10) | b3;  // the k-th best key; `need` of its copies are taken
   int64_t out = 0;
