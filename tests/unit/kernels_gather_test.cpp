@@ -25,7 +25,7 @@ TEST(Embedding, BadIdNamesIdPositionAndVocab) {
     embedding_forward(y, table, ids_tensor({1, 10, 2}));
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(e.message().find("token id 10 at position 1 is outside [0, 10)"), std::string::npos) << e.what();
+    EXPECT_NE(e.message().find("token id 10 at position 1 is outside the vocabulary [0, 10)"), std::string::npos) << e.what();
     EXPECT_NE(e.hint().find("vocab_size"), std::string::npos);
   }
   EXPECT_THROW(embedding_forward(y, table, ids_tensor({1, -1, 2})), Error);

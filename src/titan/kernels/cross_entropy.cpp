@@ -17,6 +17,8 @@ int64_t check(const char* op, const Tensor& logits, const Tensor& targets, int32
               std::string(op) + ": logits must be contiguous f32/bf16 [N, V], got " + logits.str(),
               "flatten batch and sequence with .view({-1, V})");
   const int64_t n = logits.size(0), v = logits.size(1);
+  TITAN_CHECK(v > 0, std::string(op) + ": logits have an empty vocabulary dim: " + logits.str(),
+              "V is the model's vocab_size");
   TITAN_CHECK(targets.dtype() == DType::i32 && targets.is_contiguous() && targets.numel() == n,
               std::string(op) + ": targets must be contiguous i32 [" + std::to_string(n) + "], got " + targets.str(),
               "one target token id per logits row");

@@ -9,14 +9,15 @@
 
 namespace titan::kernels {
 
-void check_row_indices(const Tensor& idx, int64_t rows, const char* op, const char* what, const char* hint) {
+void check_row_indices(const Tensor& idx, int64_t rows, const char* op, const char* what, const char* range,
+                       const char* hint) {
   TITAN_CHECK(idx.dtype() == DType::i32 && idx.is_contiguous(),
               std::string(op) + ": indices must be contiguous i32, got " + idx.str(), "convert with .to(DType::i32)");
   const int32_t* p = idx.data<int32_t>();
   for (int64_t i = 0; i < idx.numel(); ++i) {
     TITAN_CHECK(p[i] >= 0 && p[i] < rows,
                 std::string(op) + ": " + what + " " + std::to_string(p[i]) + " at position " + std::to_string(i) +
-                    " is outside [0, " + std::to_string(rows) + ")",
+                    " is outside " + range + " [0, " + std::to_string(rows) + ")",
                 hint);
   }
 }
@@ -41,7 +42,7 @@ RowsShape check_rows(const char* op, const Tensor& big, const Tensor& small, con
   TITAN_CHECK(idx.numel() == small.size(0),
               std::string(op) + ": " + std::to_string(idx.numel()) + " indices for " + std::to_string(small.size(0)) + " rows",
               "pass one index per row of the [M, D] tensor");
-  check_row_indices(idx, big.size(0), op, "index", "indices must address rows of the [R, D] tensor");
+  check_row_indices(idx, big.size(0), op, "index", "the rows", "indices must address rows of the [R, D] tensor");
   if (w.defined()) {
     TITAN_CHECK(w.dtype() == DType::f32 && w.is_contiguous() && w.numel() == idx.numel(),
                 std::string(op) + ": weights must be contiguous f32 with one entry per index, got " + w.str(),

@@ -22,7 +22,9 @@ void scatter_add_rows_backward(const Tensor& dx, const Tensor& dw, const Tensor&
                                const Tensor& idx, const Tensor& w = {});
 
 // Throws unless idx is contiguous i32 with every entry in [0, rows); the error names the first
-// bad entry. `op` and `what` label the message (e.g. "embedding", "token id").
-void check_row_indices(const Tensor& idx, int64_t rows, const char* op, const char* what, const char* hint);
+// bad entry, e.g. "embedding_forward: token id 130000 at position 17 is outside the vocabulary
+// [0, 129280)" for op "embedding_forward", what "token id", range "the vocabulary".
+void check_row_indices(const Tensor& idx, int64_t rows, const char* op, const char* what, const char* range,
+                       const char* hint);
 
 }  // namespace titan::kernels

@@ -153,6 +153,7 @@ void rope_apply(bool forward, Tensor& out, const Tensor& in, const RopeTables& t
                     " is outside the tables [0, " + std::to_string(max_positions) + ")",
                 "build the tables for the longest sequence (rope_tables max_positions)");
   }
+  if (s.tokens == 0 || s.heads == 0) return;
   if (in.dtype() == DType::f32) {
     dispatch<float>(forward, out, in, t, pos, s);
   } else {
