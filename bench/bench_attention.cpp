@@ -1,0 +1,101 @@
+// Causal flash attention: forward, backward and forward+backward GFLOP/s and fraction of this
+// machine's measured peak for the precision, plus the speedup over the reference kernel.
+//
+// FLOPs counted (causal halves the square): forward = two matmuls, q k^T and P v, over the
+// S (S + 1) / 2 visible (i, j) pairs: 2 (Dqk + Dv) flops per pair and head. For Dqk = Dv = D that is
+// the customary 4 S^2 D / 2 per head. Backward = 2.5x forward (five matmuls: q k^T recomputed,
+// dO v^T, P^T dO, dS^T q, dS k). exp and the softmax bookkeeping are not counted.
+#include <cstdio>
+#include <string>
+
+#include "bench_common.h"
+#include "titan/core/parallel.h"
+#include "titan/core/rng.h"
+#include "titan/kernels/attention.h"
+#include "titan/kernels/dispatch.h"
+
+using namespace titan;
+
+namespace {
+
+struct Problem {
+  int64_t B, S, H, Hkv, Dqk, Dv;
+  DType dtype;
+  Tensor q, k, v, o, lse, dout, dq, dk, dv;
+
+  Problem(int64_t b, int64_t s, int64_t h, int64_t hkv, int64_t dqk, int64_t dv_, DType dt)
+      : B(b), S(s), H(h), Hkv(hkv), Dqk(dqk), Dv(dv_), dtype(dt) {
+    q = random_input({B, S, H, Dqk}, "q");
+    k = random_input({B, S, Hkv, Dqk}, "k");
+    v = random_input({B, S, Hkv, Dv}, "v");
+    dout = random_input({B, S, H, Dv}, "dout");
+    o = Tensor::empty({B, S, H, Dv}, dtype);
+    lse = Tensor::empty({B, H, S}, DType::f32);
+    dq = Tensor::zeros(q.shape(), dtype);
+    dk = Tensor::zeros(k.shape(), dtype);
+    dv = Tensor::zeros(v.shape(), dtype);
+  }
+  Tensor random_input(const Shape& shape, std::string_view name) const {
+    Tensor t = Tensor::empty(shape, DType::f32);
+    init_uniform(t, 42, name, -1, 1);
+    return t.to(dtype);
+  }
+  double forward_flops() const { return double(B * H) * double(S) * double(S + 1) / 2 * 2 * double(Dqk + Dv); }
+  void forward() { kernels::attention_forward(o, lse, q, k, v); }
+  void backward() { kernels::attention_backward(dq, dk, dv, lse, dout, q, k, v, o); }
+  std::string name() const {
+    return "B=" + std::to_string(B) + " S=" + std::to_string(S) + " H=" + std::to_string(H) + " Hkv=" +
+           std::to_string(Hkv) + " Dqk=" + std::to_string(Dqk) + " Dv=" + std::to_string(Dv) + " " +
+           std::string(dtype_name(dtype));
+  }
+};
+
+// Returns the fwd+bwd fraction of peak.
+double run(Problem& p, double peak, int reps) {
+  p.forward();
+  const double t_fwd = bench::time_best([&] { p.forward(); }, reps, 1);
+  const double t_bwd = bench::time_best([&] { p.backward(); }, reps, 1);
+  const double t_both = bench::time_best([&] { p.forward(); p.backward(); }, reps, 1);
+  const double f = p.forward_flops(), b = 2.5 * f;
+  std::printf("%s\n", p.name().c_str());
+  std::printf("  fwd     %8.2f ms  %7.1f GFLOP/s  %5.1f%% of peak\n", t_fwd * 1e3, f / t_fwd / 1e9, 100 * f / t_fwd / peak);
+  std::printf("  bwd     %8.2f ms  %7.1f GFLOP/s  %5.1f%% of peak\n", t_bwd * 1e3, b / t_bwd / 1e9, 100 * b / t_bwd / peak);
+  const double frac = (f + b) / t_both / peak;
+  std::printf("  fwd+bwd %8.2f ms  %7.1f GFLOP/s  %5.1f%% of peak  [%s vs 50%%]\n", t_both * 1e3,
+              (f + b) / t_both / 1e9, 100 * frac, bench::verdict(frac, 0.5));
+  return frac;
+}
+
+}  // namespace
+
+int main() {
+  const kernels::MachinePeak peak = kernels::measure_machine_peak(0.5);
+  bench::print_peak(peak);
+  std::printf("threads: %d; CPU kernels: %s variant\n", num_threads(),
+              std::string(cpu_capability_name(cpu_capability())).c_str());
+  std::printf("FLOPs: fwd = S(S+1)/2 * 2(Dqk+Dv) per head (causal), bwd = 2.5x fwd; peak is f32 FMA for f32, "
+              "bf16 dot for bf16\n\n");
+
+  struct Shape6 { int64_t B, S, H, Hkv, Dqk, Dv; };
+  const Shape6 targets[] = {{1, 2048, 8, 8, 128, 128}, {1, 2048, 8, 2, 128, 128}};
+  for (const Shape6& s : targets) {
+    for (DType dt : {DType::f32, DType::bf16}) {
+      Problem p(s.B, s.S, s.H, s.Hkv, s.Dqk, s.Dv, dt);
+      run(p, dt == DType::f32 ? peak.f32_flops : peak.bf16_flops, 5);
+    }
+  }
+  {
+    Problem mla(1, 2048, 8, 8, 192, 128, DType::bf16);  // MLA head dims, for information
+    run(mla, peak.bf16_flops, 3);
+  }
+
+  // Reference twin on a smaller shape (it is a scalar per-row loop), same shape fast, as a ratio.
+  Problem small(1, 256, 2, 1, 64, 64, DType::f32);
+  const double t_fast = bench::time_best([&] { small.forward(); small.backward(); }, 5, 1);
+  kernels::set_kernel_backend(kernels::KernelBackend::reference);
+  const double t_ref = bench::time_best([&] { small.forward(); small.backward(); }, 3, 1);
+  kernels::set_kernel_backend(kernels::KernelBackend::fast);
+  std::printf("\nreference vs fast, %s fwd+bwd: ref %.2f ms, fast %.3f ms, fast is %.0fx faster\n",
+              small.name().c_str(), t_ref * 1e3, t_fast * 1e3, t_ref / t_fast);
+  return 0;
+}

@@ -1,0 +1,133 @@
+// Define-by-run autograd. A Variable is a tensor that may require a gradient; differentiable ops
+// (autograd/ops.h) record one Node per call on the current Tape, holding the op's backward
+// next to its forward (a lambda that captures, by name, the tensors it saves). backward() walks
+// the tape in reverse. Gradients ACCUMULATE into .grad(): zero them once per optimizer step, and
+// several micro-batches' backward passes add up (gradient accumulation).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "titan/core/tensor.h"
+
+namespace titan::autograd {
+
+class Variable {
+ public:
+  Variable() = default;
+  explicit Variable(Tensor value, bool requires_grad = false, std::string name = {});
+
+  bool defined() const { return impl_ != nullptr; }
+  const Tensor& value() const { return impl_->value; }
+  Tensor& mutable_value() { return impl_->value; }
+  bool requires_grad() const { return impl_ && impl_->requires_grad; }
+  void set_requires_grad(bool r) { impl_->requires_grad = r; }
+  const std::string& name() const { return impl_->name; }
+  bool is_leaf() const { return impl_->is_leaf; }
+
+  // The gradient (undefined until something accumulates into it or ensure_grad() is called).
+  const Tensor& grad() const { return impl_->grad; }
+  // Allocates a zero gradient (f32 for float values; category `gradients` for leaves) if absent.
+  Tensor& ensure_grad();
+  void zero_grad();   // keeps the buffer, sets it to zero
+  void clear_grad();  // releases the buffer
+
+  const Shape& shape() const { return impl_->value.shape(); }
+  DType dtype() const { return impl_->value.dtype(); }
+  bool same(const Variable& o) const { return impl_ == o.impl_; }
+
+ private:
+  friend class Tape;
+  friend Variable make_output(Tensor value, bool requires_grad);
+  struct Impl {
+    Tensor value;
+    Tensor grad;
+    bool requires_grad = false;
+    bool is_leaf = true;
+    std::string name;
+  };
+  std::shared_ptr<Impl> impl_;
+};
+
+// Gradients of a node's inputs, handed to its backward: grad(i) is input i's gradient buffer
+// (allocated as zeros on first use), or an undefined tensor when input i needs no gradient.
+class GradSink {
+ public:
+  explicit GradSink(std::span<Variable> inputs) : inputs_(inputs) {}
+  bool needs(size_t i) const { return inputs_[i].requires_grad(); }
+  Tensor grad(size_t i) { return needs(i) ? inputs_[i].ensure_grad() : Tensor(); }
+
+ private:
+  std::span<Variable> inputs_;
+};
+
+// backward(grad_outputs, sink): grad_outputs[k] is output k's gradient (undefined if nothing
+// flowed into it); accumulate (+=) into sink.grad(i).
+using BackwardFn = std::function<void(std::span<const Tensor> grad_outputs, GradSink& sink)>;
+
+struct Node {
+  std::string name;
+  std::vector<Variable> inputs;
+  std::vector<Variable> outputs;
+  BackwardFn backward;
+};
+
+class Tape {
+ public:
+  void record(std::shared_ptr<Node> node) { nodes_.push_back(std::move(node)); }
+  size_t size() const { return nodes_.size(); }
+  // Runs every recorded node's backward in reverse order, releasing each node (and what it saved)
+  // and intermediate gradients as soon as they are consumed. The tape is empty afterwards.
+  void run_backward();
+  void clear() { nodes_.clear(); }
+
+ private:
+  std::vector<std::shared_ptr<Node>> nodes_;
+};
+
+// The tape ops record on (per thread). A TapeScope installs a fresh tape for its lifetime.
+Tape& current_tape();
+class TapeScope {
+ public:
+  TapeScope();
+  ~TapeScope();
+  Tape& tape() { return tape_; }
+
+ private:
+  Tape tape_;
+  Tape* previous_;
+};
+
+// Recording is off inside a NoGradGuard (evaluation, optimizer updates, recompute forwards).
+bool grad_enabled();
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+
+ private:
+  bool previous_;
+};
+
+// Records an op with inputs and already-computed outputs. Returns the outputs as Variables;
+// they require a gradient (and a node is recorded) only when grad mode is on and some input
+// requires one.
+std::vector<Variable> record(std::string name, std::vector<Variable> inputs, std::vector<Tensor> outputs,
+                             BackwardFn backward);
+Variable record(std::string name, std::vector<Variable> inputs, Tensor output,
+                std::function<void(const Tensor& grad_output, GradSink& sink)> backward);
+
+// Seeds `output` with `grad_output` (default: ones, for a scalar loss) and runs the current
+// tape's backward.
+void backward(Variable& output, const Tensor& grad_output = Tensor());
+
+// Activation checkpointing: runs fn without keeping its intermediate activations; the backward
+// pass runs fn again (with recording on) and backpropagates through that recomputation. fn must
+// be deterministic; Variables it captures (e.g. weights) receive their gradients as usual.
+std::vector<Variable> checkpoint(const std::function<std::vector<Variable>(const std::vector<Variable>&)>& fn,
+                                 const std::vector<Variable>& inputs);
+
+}  // namespace titan::autograd

@@ -1,0 +1,162 @@
+#include "titan/checkpoint/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+namespace titan::checkpoint {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string safetensors_dtype(DType t) {
+  switch (t) {
+    case DType::f32: return "F32";
+    case DType::bf16: return "BF16";
+    case DType::f16: return "F16";
+    case DType::f8e4m3: return "F8_E4M3";
+    case DType::f8e5m2: return "F8_E5M2";
+    case DType::f4e2m1: return "F4_E2M1";
+    case DType::e8m0: return "F8_E8M0";
+    case DType::i32: return "I32";
+    case DType::i64: return "I64";
+    case DType::u8: return "U8";
+  }
+  return "?";
+}
+
+namespace {
+
+void write_all(std::FILE* f, const void* data, size_t n, const fs::path& path) {
+  TITAN_CHECK(std::fwrite(data, 1, n, f) == n, "write failed for " + path.string() + ": " + std::strerror(errno),
+              "check free disk space and permissions");
+}
+
+}  // namespace
+
+void save_safetensors(const fs::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  size_t offset = 0;
+  std::vector<Tensor> contiguous;
+  contiguous.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    TITAN_CHECK(!header.contains(name), "duplicate tensor name '" + name + "' while writing " + path.string());
+    TITAN_CHECK(name != "__metadata__", "'__metadata__' is reserved in safetensors");
+    contiguous.push_back(t.contiguous());
+    const size_t n = t.nbytes();
+    json shape = json::array();
+    for (int64_t d : t.shape()) shape.push_back(d);
+    header[name] = {{"dtype", safetensors_dtype(t.dtype())}, {"shape", shape}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::string text = header.dump();
+  text.resize((text.size() + 7) / 8 * 8, ' ');  // pad so the data section is 8-byte aligned
+  const fs::path tmp = path.string() + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  TITAN_CHECK(f, "cannot create " + tmp.string() + ": " + std::strerror(errno), "check the folder exists and is writable");
+  const uint64_t len = text.size();
+  write_all(f, &len, 8, tmp);
+  write_all(f, text.data(), text.size(), tmp);
+  for (const Tensor& t : contiguous)
+    if (t.nbytes()) write_all(f, t.data_ptr(), t.nbytes(), tmp);
+  TITAN_CHECK(std::fflush(f) == 0 && fsync(fileno(f)) == 0, "cannot flush " + tmp.string() + ": " + std::strerror(errno));
+  std::fclose(f);
+  fs::rename(tmp, path);
+}
+
+SafetensorsFile SafetensorsFile::open(const fs::path& path) {
+  const std::string where = path.string();
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  TITAN_CHECK(fd >= 0, "cannot open safetensors file " + where + ": " + std::strerror(errno),
+              "check the path (a checkpoint folder holds model.safetensors or *.safetensors shards)");
+  struct stat st {};
+  ::fstat(fd, &st);
+  const size_t size = size_t(st.st_size);
+  if (size < 8) {
+    ::close(fd);
+    TITAN_FAIL(where + " is " + std::to_string(size) + " bytes: too short to be a safetensors file",
+               "the file is truncated or not safetensors; re-export or re-download it");
+  }
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  TITAN_CHECK(map != MAP_FAILED, "cannot mmap " + where + ": " + std::strerror(errno));
+  SafetensorsFile file;
+  file.path_ = path;
+  file.mapping_ = std::shared_ptr<void>(map, [size](void* p) { ::munmap(p, size); });
+  const auto* bytes = static_cast<const uint8_t*>(map);
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, bytes, 8);
+  TITAN_CHECK(header_len <= size - 8, where + ": header length " + std::to_string(header_len) +
+                                          " runs past the end of the " + std::to_string(size) + "-byte file",
+              "the file is truncated or not safetensors");
+  json header;
+  try {
+    header = json::parse(bytes + 8, bytes + 8 + header_len);
+  } catch (const json::exception& e) {
+    TITAN_FAIL(where + ": the JSON header does not parse: " + e.what(), "the file is corrupt; re-export it");
+  }
+  TITAN_CHECK(header.is_object(), where + ": the JSON header is not an object");
+  file.data_ = bytes + 8 + header_len;
+  const size_t data_size = size - 8 - header_len;
+  std::vector<std::pair<size_t, size_t>> ranges;
+  for (const auto& [name, spec] : header.items()) {
+    if (name == "__metadata__") {
+      for (const auto& [k, v] : spec.items()) file.metadata_[k] = v.is_string() ? v.get<std::string>() : v.dump();
+      continue;
+    }
+    const std::string what = where + ": tensor '" + name + "'";
+    TITAN_CHECK(spec.is_object() && spec.contains("dtype") && spec.contains("shape") && spec.contains("data_offsets"),
+                what + " lacks dtype, shape or data_offsets");
+    Entry e;
+    try {
+      e.dtype = dtype_from_name(spec["dtype"].get<std::string>());
+    } catch (const Error&) {
+      TITAN_FAIL(what + " has unsupported dtype " + spec["dtype"].dump(),
+                 "supported: F32, BF16, F16, F8_E4M3, F8_E5M2, F4_E2M1, F8_E8M0, I32, I64, U8; convert the file");
+    }
+    for (const auto& d : spec["shape"]) {
+      TITAN_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0, what + " has a bad shape " + spec["shape"].dump());
+      e.shape.push_back(d.get<int64_t>());
+    }
+    const auto& off = spec["data_offsets"];
+    TITAN_CHECK(off.is_array() && off.size() == 2, what + " has bad data_offsets " + off.dump());
+    e.begin = off[0].get<size_t>();
+    e.end = off[1].get<size_t>();
+    const size_t expected = size_t((e.shape.numel() * dtype_bits(e.dtype) + 7) / 8);
+    TITAN_CHECK(e.begin <= e.end && e.end - e.begin == expected,
+                what + " shape " + e.shape.str() + " needs " + std::to_string(expected) + " bytes but data_offsets span " +
+                    std::to_string(e.end - e.begin));
+    TITAN_CHECK(e.end <= data_size, what + " ends at byte " + std::to_string(e.end) + " of a " +
+                                        std::to_string(data_size) + "-byte data section",
+                "the file is truncated; re-export or re-download it");
+    ranges.emplace_back(e.begin, e.end);
+    file.entries_[name] = e;
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    TITAN_CHECK(ranges[i].first >= ranges[i - 1].second, where + ": tensors' byte ranges overlap", "the file is corrupt");
+  return file;
+}
+
+Tensor SafetensorsFile::get(const std::string& name) const {
+  auto it = entries_.find(name);
+  TITAN_CHECK(it != entries_.end(), "tensor '" + name + "' is not in " + path_.string(),
+              "check the checkpoint matches the model (names and flavor)");
+  const Entry& e = it->second;
+  const uint8_t* ptr = data_ + e.begin;
+  auto keep = mapping_;
+  Tensor view = Tensor::from_blob(const_cast<uint8_t*>(ptr), e.shape, e.dtype, [keep](void*) {});
+  // Files written by other tools need not align tensors to their element size; copy those.
+  const size_t align = size_t(std::max(1, dtype_bits(e.dtype) / 8));
+  return reinterpret_cast<uintptr_t>(ptr) % align == 0 ? view : view.clone();
+}
+
+}  // namespace titan::checkpoint

@@ -1,0 +1,68 @@
+// The `titan` command: one binary, one subcommand per job.
+#include <omp.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "titan/core/cpu_features.h"
+#include "titan/core/error.h"
+#include "titan/kernels/cpu/isa_info.h"
+#include "titan/kernels/peak.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: titan <command> [options]
+
+commands:
+  info        this machine: CPU capability in use, threads, measured peak FLOP/s and bandwidth
+
+Run `titan <command> --help` for a command's options.
+)";
+
+// OpenMP reads its binding settings once at start-up, before main can set them; unbound threads
+// can land on one core (measured here: half the FLOP/s). So the binary re-executes itself once
+// with OMP_PROC_BIND/OMP_PLACES set unless the user chose their own.
+void bind_threads(char** argv) {
+  if (std::getenv("OMP_PROC_BIND") || std::getenv("TITAN_NO_REEXEC")) return;
+  setenv("OMP_PROC_BIND", "close", 0);
+  setenv("OMP_PLACES", "cores", 0);
+  setenv("TITAN_NO_REEXEC", "1", 1);
+  execv("/proc/self/exe", argv);  // returns only on failure: then run unbound
+}
+
+int info_main() {
+  const auto isa = titan::cpu_capability();
+  std::printf("cpu capability: %s (detected %s); kernels run the %s variant\n",
+              std::string(titan::cpu_capability_name(isa)).c_str(),
+              std::string(titan::cpu_capability_name(titan::cpu_capability_detected())).c_str(),
+              TITAN_CPU_KERNEL(isa_variant_name)());
+  std::printf("threads: %d (OMP_PROC_BIND=%s)\n", omp_get_max_threads(),
+              std::getenv("OMP_PROC_BIND") ? std::getenv("OMP_PROC_BIND") : "unset");
+  const auto peak = titan::kernels::measure_machine_peak(0.3);
+  std::printf("measured peak: f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s, memcpy %.1f GB/s\n", peak.f32_flops / 1e9,
+              peak.bf16_flops / 1e9, peak.memcpy_bytes / 1e9);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bind_threads(argv);
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string_view cmd = argv[1];
+  try {
+    if (cmd == "info") return info_main();
+    std::fprintf(stderr, "titan: unknown command '%s'\n\n%s", argv[1], kUsage);
+    return 2;
+  } catch (const titan::Error& e) {
+    std::fprintf(stderr, "titan %s: error: %s\n", argv[1], e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,14 @@
+// Tensor-level fused AdamW step.
+#pragma once
+
+#include "titan/core/tensor.h"
+#include "titan/kernels/ref/adamw.h"
+
+namespace titan::kernels {
+
+// param, exp_avg, exp_avg_sq: f32, updated in place; grad: f32; param_bf16: optional bf16 copy
+// of the updated parameter (the mixed-precision compute weights), written in the same pass.
+void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, Tensor* param_bf16, const Tensor& grad,
+                const AdamWParams& a);
+
+}  // namespace titan::kernels

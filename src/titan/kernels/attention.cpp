@@ -1,0 +1,94 @@
+#include "titan/kernels/attention.h"
+
+#include <cmath>
+#include <string>
+
+#include "titan/kernels/cpu/attention.h"
+#include "titan/kernels/dispatch.h"
+#include "titan/kernels/ref/attention.h"
+
+namespace titan::kernels {
+
+namespace {
+
+void check_tensor(const Tensor& t, const char* name, DType dtype, const Shape& shape) {
+  TITAN_CHECK(t.defined(), std::string("attention: ") + name + " is undefined",
+              "allocate it, e.g. Tensor::empty(" + shape.str() + ", ...)");
+  TITAN_CHECK(t.shape() == shape, std::string("attention: ") + name + " has shape " + t.shape().str() + ", expected " +
+                                      shape.str(),
+              "q is [B, S, H, Dqk], k [B, S, Hkv, Dqk], v [B, S, Hkv, Dv], o [B, S, H, Dv], lse [B, H, S]");
+  TITAN_CHECK(t.dtype() == dtype, std::string("attention: ") + name + " is " + std::string(dtype_name(t.dtype())) +
+                                      ", expected " + std::string(dtype_name(dtype)),
+              "q, k, v, o and the gradients share one dtype (f32 or bf16); lse is f32");
+  TITAN_CHECK(t.is_contiguous(), std::string("attention: ") + name + " must be contiguous", "call .contiguous() first");
+}
+
+// Sizes from q, k, v, with the checks every entry point shares.
+AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, std::optional<double> scale) {
+  TITAN_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "attention: q, k, v must be 4-d, got " + q.shape().str() + ", " + k.shape().str() + ", " + v.shape().str(),
+              "layouts are q [B, S, H, Dqk], k [B, S, Hkv, Dqk], v [B, S, Hkv, Dv]");
+  TITAN_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::bf16,
+              "attention: dtype " + std::string(dtype_name(q.dtype())) + " is not supported",
+              "cast activations to f32 or bf16");
+  AttentionDims d;
+  d.B = q.size(0), d.S = q.size(1), d.H = q.size(2), d.Dqk = q.size(3);
+  d.Hkv = k.size(2), d.Dv = v.size(3);
+  TITAN_CHECK(d.B > 0 && d.S > 0 && d.H > 0 && d.Hkv > 0 && d.Dqk > 0 && d.Dv > 0,
+              "attention: empty dimension in q " + q.shape().str() + ", k " + k.shape().str() + " or v " +
+                  v.shape().str(),
+              "every size must be at least 1");
+  TITAN_CHECK(d.H % d.Hkv == 0,
+              "attention: " + std::to_string(d.H) + " query heads do not split into " + std::to_string(d.Hkv) +
+                  " kv heads",
+              "GQA needs H to be a multiple of Hkv");
+  check_tensor(q, "q", q.dtype(), {d.B, d.S, d.H, d.Dqk});
+  check_tensor(k, "k", q.dtype(), {d.B, d.S, d.Hkv, d.Dqk});
+  check_tensor(v, "v", q.dtype(), {d.B, d.S, d.Hkv, d.Dv});
+  d.scale = scale ? *scale : default_attention_scale(d.Dqk);
+  TITAN_CHECK(std::isfinite(d.scale), "attention: scale " + std::to_string(d.scale) + " is not finite",
+              "pass a finite softmax scale (Dqk^-0.5 by default)");
+  return d;
+}
+
+}  // namespace
+
+double default_attention_scale(int64_t head_dim) { return 1.0 / std::sqrt(double(head_dim)); }
+
+void attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       std::optional<double> scale) {
+  const AttentionDims d = attention_dims(q, k, v, scale);
+  check_tensor(o, "o", q.dtype(), {d.B, d.S, d.H, d.Dv});
+  check_tensor(lse, "lse", DType::f32, {d.B, d.H, d.S});
+  const bool fast = kernel_backend() == KernelBackend::fast;
+  if (q.dtype() == DType::f32) {
+    (fast ? TITAN_CPU_KERNEL(attention_forward<float>) : &ref::attention_forward<float>)(
+        o.data<float>(), lse.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(), d);
+  } else {
+    (fast ? TITAN_CPU_KERNEL(attention_forward<bf16>) : &ref::attention_forward<bf16>)(
+        o.data<bf16>(), lse.data<float>(), q.data<bf16>(), k.data<bf16>(), v.data<bf16>(), d);
+  }
+}
+
+void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& lse, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& o, std::optional<double> scale) {
+  const AttentionDims d = attention_dims(q, k, v, scale);
+  check_tensor(o, "o", q.dtype(), {d.B, d.S, d.H, d.Dv});
+  check_tensor(dout, "dout", q.dtype(), {d.B, d.S, d.H, d.Dv});
+  check_tensor(lse, "lse", DType::f32, {d.B, d.H, d.S});
+  check_tensor(dq, "dq", q.dtype(), q.shape());
+  check_tensor(dk, "dk", q.dtype(), k.shape());
+  check_tensor(dv, "dv", q.dtype(), v.shape());
+  const bool fast = kernel_backend() == KernelBackend::fast;
+  if (q.dtype() == DType::f32) {
+    (fast ? TITAN_CPU_KERNEL(attention_backward<float>) : &ref::attention_backward<float>)(
+        dq.data<float>(), dk.data<float>(), dv.data<float>(), lse.data<float>(), dout.data<float>(), q.data<float>(),
+        k.data<float>(), v.data<float>(), o.data<float>(), d);
+  } else {
+    (fast ? TITAN_CPU_KERNEL(attention_backward<bf16>) : &ref::attention_backward<bf16>)(
+        dq.data<bf16>(), dk.data<bf16>(), dv.data<bf16>(), lse.data<float>(), dout.data<bf16>(), q.data<bf16>(),
+        k.data<bf16>(), v.data<bf16>(), o.data<bf16>(), d);
+  }
+}
+
+}  // namespace titan::kernels

@@ -1,0 +1,28 @@
+// Tensor-level causal attention in flash form (streaming softmax with log-sum-exp, GQA, never an
+// S x S score matrix), forward and backward. Dispatches to the fast CPU kernels or, under
+// TITAN_KERNELS=reference, to the reference twin.
+#pragma once
+
+#include <optional>
+
+#include "titan/core/tensor.h"
+#include "titan/kernels/attention_dims.h"
+
+namespace titan::kernels {
+
+// Dqk^-0.5, the usual softmax scale. MLA passes its own: YaRN's mscale enlarges it.
+double default_attention_scale(int64_t head_dim);
+
+// o = softmax(scale q k^T + causal mask) v; lse = log-sum-exp of each masked, scaled score row
+// (saved for the backward). q [B, S, H, Dqk], k [B, S, Hkv, Dqk], v [B, S, Hkv, Dv] (H % Hkv == 0),
+// o [B, S, H, Dv] of q's dtype, lse [B, H, S] f32. f32 or bf16, contiguous. scale defaults to
+// Dqk^-0.5.
+void attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       std::optional<double> scale = std::nullopt);
+
+// dq, dk, dv += gradients of sum(dout * o) (accumulates, so callers zero them first or sum
+// several contributions). o and lse are the forward's outputs for the same q, k, v and scale.
+void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& lse, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& o, std::optional<double> scale = std::nullopt);
+
+}  // namespace titan::kernels

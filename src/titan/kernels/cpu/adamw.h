@@ -1,0 +1,11 @@
+// Fast fused AdamW step (per-ISA variants; see cpu/isa.h). Semantics: ref/adamw.h.
+#pragma once
+
+#include <cstdint>
+
+#include "titan/kernels/dispatch.h"
+#include "titan/kernels/ref/adamw.h"
+
+#define TITAN_ADAMW_KERNELS \
+  void adamw_step(float* p, float* m, float* v, bf16* p_bf16, const float* g, int64_t n, const AdamWParams& a);
+TITAN_FOR_EACH_ISA(TITAN_ADAMW_KERNELS)

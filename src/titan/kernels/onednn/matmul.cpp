@@ -1,0 +1,248 @@
+#include "titan/kernels/onednn/matmul.h"
+
+#include <omp.h>
+
+#include <bit>
+#include <memory>
+#include <mutex>
+#include <string_view>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <unordered_map>
+
+#include "titan/core/allocator.h"
+#include "titan/core/error.h"
+
+namespace titan::kernels::onednn {
+namespace {
+
+using dt = dnnl::memory::data_type;
+
+// Everything a primitive depends on. Pointers are not part of it: they are set per call.
+struct Key {
+  int64_t batch, m, n, k, lda, ldb, ldc, batch_stride_a, batch_stride_b, batch_stride_c;
+  uint32_t alpha_bits, beta_bits;
+  DType c_type, ab_type;
+  bool trans_a, trans_b, has_bias;
+  bool operator==(const Key&) const = default;
+};
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001b3ull + (h >> 29); };
+    for (int64_t v : {k.batch, k.m, k.n, k.k, k.lda, k.ldb, k.ldc, k.batch_stride_a, k.batch_stride_b,
+                      k.batch_stride_c})
+      mix(uint64_t(v));
+    mix(k.alpha_bits), mix(k.beta_bits);
+    mix(uint64_t(k.c_type) | uint64_t(k.ab_type) << 8 | uint64_t(k.trans_a) << 16 | uint64_t(k.trans_b) << 17 |
+        uint64_t(k.has_bias) << 18);
+    return size_t(h);
+  }
+};
+
+// A created primitive with memory objects whose data handles are swapped in per call, and the
+// argument map built once (execute() takes it by reference).
+struct Cached {
+  dnnl::matmul primitive;
+  dnnl::memory a, b, c, bias, scratchpad;
+  std::unordered_map<int, dnnl::memory> args;
+  int64_t scratchpad_bytes = 0;
+  std::string impl;
+  bool single_thread = false;  // see create()
+};
+
+// Runs the enclosing scope with one OpenMP thread when `on` (oneDNN sizes its work split by
+// omp_get_max_threads() both when a primitive is created and when it runs).
+class ThreadLimit {
+ public:
+  explicit ThreadLimit(bool on) : saved_(on ? omp_get_max_threads() : 0) {
+    if (on) omp_set_num_threads(1);
+  }
+  ~ThreadLimit() {
+    if (saved_) omp_set_num_threads(saved_);
+  }
+  ThreadLimit(const ThreadLimit&) = delete;
+  ThreadLimit& operator=(const ThreadLimit&) = delete;
+
+ private:
+  int saved_;
+};
+
+struct State {
+  std::mutex mu;
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::unordered_map<Key, std::unique_ptr<Cached>, KeyHash> cache;
+  int64_t created = 0;
+  void* scratchpad = nullptr;  // shared by all primitives: calls are serialized by mu
+  int64_t scratchpad_bytes = 0;
+};
+
+// Never destroyed: a static destructor could run after the allocator's, and the OS reclaims
+// everything at exit anyway.
+State& state() {
+  static State* s = new State;
+  return *s;
+}
+
+dt to_dnnl(DType t) {
+  switch (t) {
+    case DType::f32: return dt::f32;
+    case DType::bf16: return dt::bf16;
+    default: break;
+  }
+  TITAN_FAIL("oneDNN matmul: unsupported dtype " + std::string(dtype_name(t)), "use f32 or bf16 operands");
+}
+
+// One operand as oneDNN sees it: logical [rows, cols] (op already applied), stored with row
+// stride ld, or transposed (column stride ld). A batch stride of 0 means one matrix shared by
+// every batch, which oneDNN expresses as a batch dimension of 1.
+dnnl::memory::desc operand_desc(DType type, int64_t batch, int64_t batch_stride, int64_t rows, int64_t cols, int64_t ld,
+                                bool transposed) {
+  const int64_t row_stride = transposed ? 1 : ld, col_stride = transposed ? ld : 1;
+  if (batch == 1) return dnnl::memory::desc({rows, cols}, to_dnnl(type), {row_stride, col_stride});
+  const int64_t extent = transposed ? cols * ld : rows * ld;
+  return dnnl::memory::desc({batch_stride == 0 ? 1 : batch, rows, cols}, to_dnnl(type),
+                            {batch_stride == 0 ? extent : batch_stride, row_stride, col_stride});
+}
+
+// A shared B with row-major A and C stacked evenly is one tall product: [batch*M, K] @ [K, N].
+// oneDNN blocks one big M better than many small batches (and a linear layer on [B, S, D]
+// activations is exactly this case).
+MatmulParams fold_batch(MatmulParams p) {
+  if (p.batch > 1 && p.batch_stride_b == 0 && !p.trans_a && p.batch_stride_a == p.m * p.lda &&
+      p.batch_stride_c == p.m * p.ldc) {
+    p.m *= p.batch;
+    p.batch = 1;
+  }
+  if (p.batch == 1) p.batch_stride_a = p.batch_stride_b = p.batch_stride_c = 0;
+  return p;
+}
+
+// Whether oneDNN runs bf16 matmuls on AMX here (the same for every shape: it is an ISA choice).
+bool amx_in_use(State& s) {
+  static const bool amx = [&] {
+    const dnnl::memory::desc md({32, 32}, dt::bf16, {32, 1});
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md, md, md), s.engine);
+    return std::string_view(pd.impl_info_str()).find("amx") != std::string_view::npos;
+  }();
+  return amx;
+}
+
+std::unique_ptr<Cached> create(State& s, DType c_type, DType ab_type, bool has_bias, const MatmulParams& p) {
+  const auto a_md = operand_desc(ab_type, p.batch, p.batch_stride_a, p.m, p.k, p.lda, p.trans_a);
+  const auto b_md = operand_desc(ab_type, p.batch, p.batch_stride_b, p.k, p.n, p.ldb, p.trans_b);
+  const auto c_md = operand_desc(c_type, p.batch, p.batch_stride_c, p.m, p.n, p.ldc, false);
+  dnnl::primitive_attr attr;
+  // Our scratchpad (from the titan allocator) instead of oneDNN allocating one per execution.
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (p.alpha != 1) attr.set_output_scales(0, {p.alpha});
+  if (p.beta != 0) {
+    dnnl::post_ops ops;
+    ops.append_sum(p.beta);
+    attr.set_post_ops(ops);
+  }
+  auto c = std::make_unique<Cached>();
+  // oneDNN 2.6.3's AMX kernel (brg:avx512_core_amx_bf16) can run tile loads with no tile
+  // configuration (SIGILL) when K is not a multiple of its 32-element K block and the work is
+  // split across threads (seen at K = 63 with M and N tails; one thread never failed, and
+  // neither did any K that is a multiple of 32). It is the only bf16 implementation oneDNN offers
+  // for such shapes, so they run it on one thread; LLM shapes have K a multiple of 32 and keep
+  // every thread.
+  c->single_thread = ab_type == DType::bf16 && p.k % 32 != 0 && amx_in_use(s);
+  const ThreadLimit limit(c->single_thread);
+  try {
+    dnnl::matmul::primitive_desc pd;
+    if (has_bias) {
+      const auto bias_md = p.batch == 1 ? dnnl::memory::desc({1, p.n}, to_dnnl(c_type), {p.n, 1})
+                                        : dnnl::memory::desc({1, 1, p.n}, to_dnnl(c_type), {p.n, p.n, 1});
+      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, bias_md, c_md), attr, s.engine);
+      c->bias = dnnl::memory(bias_md, s.engine, DNNL_MEMORY_NONE);
+      c->args[DNNL_ARG_BIAS] = c->bias;
+    } else {
+      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, s.engine);
+    }
+    c->primitive = dnnl::matmul(pd);
+    c->impl = pd.impl_info_str();
+    c->a = dnnl::memory(a_md, s.engine, DNNL_MEMORY_NONE);
+    c->b = dnnl::memory(b_md, s.engine, DNNL_MEMORY_NONE);
+    c->c = dnnl::memory(c_md, s.engine, DNNL_MEMORY_NONE);
+    c->args[DNNL_ARG_SRC] = c->a;
+    c->args[DNNL_ARG_WEIGHTS] = c->b;
+    c->args[DNNL_ARG_DST] = c->c;
+    const auto scratch_md = pd.scratchpad_desc();
+    c->scratchpad_bytes = int64_t(scratch_md.get_size());
+    if (c->scratchpad_bytes > 0) {
+      c->scratchpad = dnnl::memory(scratch_md, s.engine, DNNL_MEMORY_NONE);
+      c->args[DNNL_ARG_SCRATCHPAD] = c->scratchpad;
+    }
+  } catch (const dnnl::error& e) {
+    TITAN_FAIL("oneDNN could not create a matmul for M=" + std::to_string(p.m) + " N=" + std::to_string(p.n) +
+                   " K=" + std::to_string(p.k) + " batch=" + std::to_string(p.batch) + ": " + e.what(),
+               "check the operands' strides (inner stride 1, leading dims >= row length) and dtypes (f32 or bf16)");
+  }
+  ++s.created;
+  return c;
+}
+
+// The cached primitive for this call, created on first use. Caller holds s.mu.
+Cached& lookup(State& s, DType c_type, DType ab_type, bool has_bias, const MatmulParams& p) {
+  const Key key{p.batch,
+                p.m,
+                p.n,
+                p.k,
+                p.lda,
+                p.ldb,
+                p.ldc,
+                p.batch_stride_a,
+                p.batch_stride_b,
+                p.batch_stride_c,
+                std::bit_cast<uint32_t>(p.alpha),
+                std::bit_cast<uint32_t>(p.beta),
+                c_type,
+                ab_type,
+                p.trans_a,
+                p.trans_b,
+                has_bias};
+  auto it = s.cache.find(key);
+  if (it == s.cache.end()) it = s.cache.emplace(key, create(s, c_type, ab_type, has_bias, p)).first;
+  return *it->second;
+}
+
+}  // namespace
+
+void matmul(void* c, DType c_type, const void* a, const void* b, DType ab_type, const void* bias,
+            const MatmulParams& params) {
+  if (params.batch == 0 || params.m == 0 || params.n == 0) return;
+  const MatmulParams p = fold_batch(params);
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  Cached& prim = lookup(s, c_type, ab_type, bias != nullptr, p);
+  if (prim.scratchpad_bytes > s.scratchpad_bytes) {
+    if (s.scratchpad) memory_free(s.scratchpad, size_t(s.scratchpad_bytes), MemCategory::temporaries);
+    s.scratchpad = memory_alloc(size_t(prim.scratchpad_bytes), MemCategory::temporaries);
+    s.scratchpad_bytes = prim.scratchpad_bytes;
+  }
+  prim.a.set_data_handle(const_cast<void*>(a));
+  prim.b.set_data_handle(const_cast<void*>(b));
+  prim.c.set_data_handle(c);
+  if (bias) prim.bias.set_data_handle(const_cast<void*>(bias));
+  if (prim.scratchpad_bytes > 0) prim.scratchpad.set_data_handle(s.scratchpad);
+  const ThreadLimit limit(prim.single_thread);
+  prim.primitive.execute(s.stream, prim.args);
+  s.stream.wait();  // CPU streams run in order already; this keeps it true for any runtime
+}
+
+std::string matmul_impl_name(DType c_type, DType ab_type, bool has_bias, const MatmulParams& params) {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  return lookup(s, c_type, ab_type, has_bias, fold_batch(params)).impl;
+}
+
+MatmulCacheStats matmul_cache_stats() {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  return {int64_t(s.cache.size()), s.created, s.scratchpad_bytes};
+}
+
+}  // namespace titan::kernels::onednn

@@ -1,0 +1,128 @@
+#include "titan/nn/module.h"
+
+#include "titan/core/rng.h"
+
+namespace titan::nn {
+
+void Module::check_new_name(const std::string& name) const {
+  TITAN_CHECK(!name.empty() && name.find('.') == std::string::npos, "bad module member name '" + name + "'",
+              "names are non-empty and contain no '.'");
+  for (const auto& [n, p] : params_) TITAN_CHECK(n != name, "duplicate member name '" + name + "'");
+  for (const auto& [n, b] : buffers_) TITAN_CHECK(n != name, "duplicate member name '" + name + "'");
+  for (const auto& [n, c] : children_) TITAN_CHECK(n != name, "duplicate member name '" + name + "'");
+}
+
+Variable& Module::register_parameter(const std::string& name, const Shape& shape, Init init, bool weight_decay) {
+  check_new_name(name);
+  auto p = std::make_unique<Parameter>();
+  p->var = Variable(Tensor::zeros(shape, DType::f32, MemCategory::parameters), true, name);
+  p->init = init;
+  p->weight_decay = weight_decay;
+  params_.emplace_back(name, std::move(p));
+  return params_.back().second->var;
+}
+
+void Module::register_buffer(const std::string& name, Tensor t) {
+  check_new_name(name);
+  buffers_.emplace_back(name, std::move(t));
+}
+
+void Module::add_child(const std::string& name, std::unique_ptr<Module> m) {
+  check_new_name(name);
+  children_.emplace_back(name, std::move(m));
+}
+
+Module* Module::child(const std::string& name) const {
+  for (const auto& [n, c] : children_)
+    if (n == name) return c.get();
+  return nullptr;
+}
+
+void Module::collect_parameters(const std::string& prefix, std::vector<std::pair<std::string, Parameter*>>& out) {
+  for (auto& [n, p] : params_) out.emplace_back(prefix + n, p.get());
+  for (auto& [n, c] : children_) c->collect_parameters(prefix + n + ".", out);
+}
+
+void Module::collect_buffers(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) {
+  for (auto& [n, b] : buffers_) out.emplace_back(prefix + n, b);
+  for (auto& [n, c] : children_) c->collect_buffers(prefix + n + ".", out);
+}
+
+std::vector<std::pair<std::string, Parameter*>> Module::named_parameters() {
+  std::vector<std::pair<std::string, Parameter*>> out;
+  collect_parameters("", out);
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_buffers() {
+  std::vector<std::pair<std::string, Tensor>> out;
+  collect_buffers("", out);
+  return out;
+}
+
+int64_t Module::num_parameters() {
+  int64_t n = 0;
+  for (auto& [name, p] : named_parameters()) n += p->var.value().numel();
+  return n;
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::state_dict() {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& [name, p] : named_parameters()) out.emplace_back(name, p->var.value());
+  for (auto& [name, b] : named_buffers()) out.emplace_back(name, b);
+  return out;
+}
+
+void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool strict, const std::string& source) {
+  size_t used = 0;
+  std::string missing;
+  for (auto& [name, t] : state_dict()) {
+    auto it = state.find(name);
+    if (it == state.end()) {
+      missing += (missing.empty() ? "" : ", ") + name;
+      continue;
+    }
+    ++used;
+    TITAN_CHECK(it->second.shape() == t.shape(), "tensor '" + name + "' in " + source + " has shape " +
+                                                     it->second.shape().str() + " but the model expects " + t.shape().str(),
+                "the checkpoint was made for another model flavor; check [model] flavor");
+    Tensor dst = t;
+    dst.copy_(it->second);
+  }
+  if (strict) {
+    TITAN_CHECK(missing.empty(), source + " lacks tensors the model needs: " + missing,
+                "load a checkpoint of the same model and flavor, or load non-strictly");
+    if (used != state.size()) {
+      std::string extra;
+      std::map<std::string, bool> known;
+      for (auto& [name, t] : state_dict()) known[name] = true;
+      for (const auto& [name, t] : state)
+        if (!known.count(name)) extra += (extra.empty() ? "" : ", ") + name;
+      TITAN_FAIL(source + " has tensors the model does not: " + extra,
+                 "load a checkpoint of the same model and flavor, or load non-strictly");
+    }
+  }
+}
+
+void Module::init_parameters(uint64_t seed) {
+  for (auto& [name, p] : named_parameters()) {
+    Tensor& t = p->var.mutable_value();
+    const Init& in = p->init;
+    switch (in.kind) {
+      case Init::Kind::zeros: t.fill_(0); break;
+      case Init::Kind::ones: t.fill_(1); break;
+      case Init::Kind::constant: t.fill_(in.a); break;
+      case Init::Kind::normal: init_normal(t, seed, name, in.a, in.b); break;
+      case Init::Kind::trunc_normal:
+        init_trunc_normal(t, seed, name, in.a, in.b, in.a + in.low * in.b, in.a + in.high * in.b);
+        break;
+      case Init::Kind::uniform: init_uniform(t, seed, name, in.a, in.b); break;
+    }
+  }
+}
+
+void Module::zero_grad() {
+  for (auto& [name, p] : named_parameters()) p->var.zero_grad();
+}
+
+}  // namespace titan::nn

@@ -1,0 +1,100 @@
+// Module: a tree of named parameters, buffers and child modules, like torch.nn.Module. Names are
+// dotted paths ("layers.3.attention.wq.weight"); a model's state_dict uses the same names as its
+// Hugging Face adapter maps, and parameter initialization is keyed by them (counter-based RNG),
+// so a parameter gets the same values however it is later sharded.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "titan/autograd/variable.h"
+
+namespace titan::nn {
+
+using autograd::Variable;
+
+// How a parameter is initialized (applied by Module::init_parameters with the run's seed).
+struct Init {
+  enum class Kind { zeros, ones, constant, normal, trunc_normal, uniform } kind = Kind::zeros;
+  double a = 0, b = 0;        // normal/trunc_normal: mean, std; uniform: low, high; constant: value
+  double low = -2, high = 2;  // trunc_normal bounds, in units of std around the mean
+  static Init zeros() { return {Kind::zeros}; }
+  static Init ones() { return {Kind::ones}; }
+  static Init constant(double v) { return {Kind::constant, v}; }
+  static Init normal(double mean, double std) { return {Kind::normal, mean, std}; }
+  static Init trunc_normal(double std, double bound = 2) { return {Kind::trunc_normal, 0, std, -bound, bound}; }
+  static Init uniform(double lo, double hi) { return {Kind::uniform, lo, hi}; }
+};
+
+struct Parameter {
+  Variable var;
+  Init init;
+  bool weight_decay = true;  // no-decay group: norms' weights, biases (set by the module)
+};
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // All parameters of this module and its children, depth-first in registration order, with
+  // dotted names.
+  std::vector<std::pair<std::string, Parameter*>> named_parameters();
+  std::vector<std::pair<std::string, Tensor>> named_buffers();
+  int64_t num_parameters();
+
+  // Parameters and buffers by name (views of the live tensors, not copies).
+  std::vector<std::pair<std::string, Tensor>> state_dict();
+  // Copies values in by name (converting dtype). strict: every parameter and buffer must be
+  // present and nothing else. Errors name the tensor, the shapes and `source` (e.g. a file).
+  void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true,
+                       const std::string& source = "state dict");
+
+  // Re-initializes every parameter from its Init with (seed, full name, element index).
+  void init_parameters(uint64_t seed);
+  void zero_grad();
+
+  Module* child(const std::string& name) const;
+
+ protected:
+  Variable& register_parameter(const std::string& name, const Shape& shape, Init init, bool weight_decay = true);
+  void register_buffer(const std::string& name, Tensor t);
+  template <class M>
+  M& register_module(const std::string& name, std::unique_ptr<M> m) {
+    M& ref = *m;
+    add_child(name, std::move(m));
+    return ref;
+  }
+
+ private:
+  void add_child(const std::string& name, std::unique_ptr<Module> m);
+  void check_new_name(const std::string& name) const;
+  void collect_parameters(const std::string& prefix, std::vector<std::pair<std::string, Parameter*>>& out);
+  void collect_buffers(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out);
+
+  std::vector<std::pair<std::string, std::unique_ptr<Parameter>>> params_;
+  std::vector<std::pair<std::string, Tensor>> buffers_;
+  std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
+};
+
+// A list of child modules named "0", "1", ... (torch.nn.ModuleList).
+template <class M>
+class ModuleList : public Module {
+ public:
+  M& append(std::unique_ptr<M> m) {
+    items_.push_back(&register_module(std::to_string(items_.size()), std::move(m)));
+    return *items_.back();
+  }
+  size_t size() const { return items_.size(); }
+  M& operator[](size_t i) { return *items_[i]; }
+
+ private:
+  std::vector<M*> items_;
+};
+
+}  // namespace titan::nn

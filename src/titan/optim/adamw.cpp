@@ -1,0 +1,61 @@
+#include "titan/optim/adamw.h"
+
+#include <cmath>
+
+#include "titan/kernels/adamw.h"
+
+namespace titan::optim {
+
+AdamW::AdamW(std::vector<std::pair<std::string, nn::Parameter*>> params, const AdamWConfig& config)
+    : config_(config) {
+  for (auto& [name, p] : params) {
+    const Shape& s = p->var.value().shape();
+    slots_.push_back({name, p, Tensor::zeros(s, DType::f32, MemCategory::optimizer_state),
+                      Tensor::zeros(s, DType::f32, MemCategory::optimizer_state)});
+  }
+}
+
+void AdamW::step(float lr, float grad_scale) {
+  ++step_;
+  kernels::AdamWParams a;
+  a.lr = lr;
+  a.beta1 = config_.beta1;
+  a.beta2 = config_.beta2;
+  a.eps = config_.eps;
+  a.grad_scale = grad_scale;
+  a.bias_correction1 = float(1 - std::pow(double(config_.beta1), double(step_)));
+  a.bias_correction2 = float(1 - std::pow(double(config_.beta2), double(step_)));
+  for (Slot& s : slots_) {
+    if (!s.param->var.grad().defined()) continue;
+    a.weight_decay = s.param->weight_decay ? config_.weight_decay : 0.0f;
+    kernels::adamw_step(s.param->var.mutable_value(), s.exp_avg, s.exp_avg_sq, nullptr, s.param->var.grad(), a);
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> AdamW::state_dict() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const Slot& s : slots_) {
+    out.emplace_back(s.name + ".exp_avg", s.exp_avg);
+    out.emplace_back(s.name + ".exp_avg_sq", s.exp_avg_sq);
+  }
+  out.emplace_back("step", Tensor::full({1}, double(step_), DType::i64));
+  return out;
+}
+
+void AdamW::load_state_dict(const std::map<std::string, Tensor>& state, const std::string& source) {
+  auto get = [&](const std::string& key, const Shape& shape) -> const Tensor& {
+    auto it = state.find(key);
+    TITAN_CHECK(it != state.end(), "optimizer state '" + key + "' is missing from " + source,
+                "resume from a checkpoint saved by the same model and optimizer");
+    TITAN_CHECK(it->second.shape() == shape, "optimizer state '" + key + "' in " + source + " has shape " +
+                                                 it->second.shape().str() + ", expected " + shape.str());
+    return it->second;
+  };
+  for (Slot& s : slots_) {
+    s.exp_avg.copy_(get(s.name + ".exp_avg", s.exp_avg.shape()));
+    s.exp_avg_sq.copy_(get(s.name + ".exp_avg_sq", s.exp_avg_sq.shape()));
+  }
+  step_ = int64_t(get("step", {1}).item());
+}
+
+}  // namespace titan::optim

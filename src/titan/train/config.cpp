@@ -1,0 +1,990 @@
+#include "titan/train/config.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "titan/core/error.h"
+
+namespace titan::train {
+namespace {
+
+// ---- schema construction helpers ----------------------------------------------------------------
+
+template <auto Section, auto Member>
+FieldRef member(JobConfig& c) {
+  return &((c.*Section).*Member);
+}
+
+Rule at_least(double v) {
+  Rule r;
+  r.min = v;
+  return r;
+}
+Rule greater_than(double v) {
+  Rule r = at_least(v);
+  r.min_open = true;
+  return r;
+}
+Rule closed_interval(double lo, double hi) {
+  Rule r = at_least(lo);
+  r.max = hi;
+  return r;
+}
+Rule half_open_interval(double lo, double hi) {
+  Rule r = closed_interval(lo, hi);
+  r.max_open = true;
+  return r;
+}
+Rule or_sentinel(Rule r, int64_t sentinel) {
+  r.sentinel = sentinel;
+  return r;
+}
+Rule one_of(std::initializer_list<std::string_view> choices) {
+  Rule r;
+  r.choices = choices;
+  return r;
+}
+Rule non_empty() {
+  Rule r;
+  r.non_empty = true;
+  return r;
+}
+Rule anything() { return Rule{}; }
+
+// Sections and keys TorchTitan has that titan.cpp deliberately does not: a TorchTitan config
+// that carries them gets the reason instead of a bare "unknown key".
+struct NotCarried {
+  std::string_view name;  // "section" or "section.key"
+  std::string_view reason;
+};
+const std::vector<NotCarried>& torchtitan_only() {
+  static const std::vector<NotCarried> table = {
+      {"compile", "titan.cpp is compiled ahead of time; there is no torch.compile step to configure"},
+      {"experimental", "it imports Python modules, and titan.cpp has none"},
+      {"quantize", "it configures torchao's float8 and MX training, which titan.cpp does not use"},
+      {"job.custom_config_module", "it extends the config with a Python dataclass, and titan.cpp has none"},
+      {"metrics.enable_tensorboard", "titan.cpp writes metrics to {job.dump_folder}/{metrics.jsonl_file}; "
+                                     "use metrics.enable_jsonl"},
+      {"metrics.save_tb_folder", "titan.cpp writes metrics to {job.dump_folder}/{metrics.jsonl_file}; "
+                                 "use metrics.jsonl_file"},
+      {"metrics.enable_wandb", "titan.cpp writes metrics to {job.dump_folder}/{metrics.jsonl_file}; "
+                               "use metrics.enable_jsonl"},
+      {"training.gc_freq", "it schedules Python's garbage collector, and titan.cpp has none"},
+      {"training.gc_debug", "it debugs Python's garbage collector, and titan.cpp has none"},
+      {"training.mixed_precision_reduce", "titan.cpp always reduces gradients in float32"},
+      {"optimizer.implementation", "titan.cpp has one optimizer implementation per device"},
+  };
+  return table;
+}
+
+const NotCarried* find_torchtitan_only(std::string_view name) {
+  for (const auto& n : torchtitan_only())
+    if (n.name == name) return &n;
+  return nullptr;
+}
+
+// ---- value helpers ------------------------------------------------------------------------------
+
+template <class... F>
+struct overloaded : F... {
+  using F::operator()...;
+};
+template <class... F>
+overloaded(F...) -> overloaded<F...>;
+
+std::string full_name(const KeySpec& spec) { return fmt::format("{}.{}", spec.section, spec.key); }
+
+// Shortest text that reads back to the same double, with a '.' or an exponent so that TOML reads
+// it as a float (nan and inf are TOML floats as they are).
+std::string format_number(double v) {
+  std::string s = fmt::format("{}", v);
+  if (s.find_first_of(".eEni") == std::string::npos) s += ".0";
+  return s;
+}
+
+// A TOML basic string: quotes, backslashes and control characters escaped.
+std::string quote(std::string_view s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
+          out += fmt::format("\\u{:04X}", static_cast<unsigned>(static_cast<unsigned char>(ch)));
+        else
+          out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+// The value as TOML writes it; an unset optional has no TOML form and reads "unset".
+std::string format_value(FieldRef ref) {
+  return std::visit(overloaded{
+                        [](int64_t* p) { return std::to_string(*p); },
+                        [](double* p) { return format_number(*p); },
+                        [](bool* p) { return std::string(*p ? "true" : "false"); },
+                        [](std::string* p) { return quote(*p); },
+                        [](std::vector<std::string>* p) {
+                          std::string s = "[";
+                          for (size_t i = 0; i < p->size(); ++i) s += (i ? ", " : "") + quote((*p)[i]);
+                          return s + "]";
+                        },
+                        [](std::optional<double>* p) { return *p ? format_number(**p) : std::string("unset"); },
+                    },
+                    ref);
+}
+
+std::string type_name(FieldRef ref) {
+  return std::visit(overloaded{
+                        [](int64_t*) { return "integer"; },
+                        [](double*) { return "number"; },
+                        [](bool*) { return "boolean"; },
+                        [](std::string*) { return "string"; },
+                        [](std::vector<std::string>*) { return "list of strings"; },
+                        [](std::optional<double>*) { return "number (optional)"; },
+                    },
+                    ref);
+}
+
+// The default value of a key, as TOML text.
+std::string default_text(const KeySpec& spec) {
+  JobConfig defaults;
+  return format_value(spec.field(defaults));
+}
+
+// A value to show in "write it like this" hints: the default, or for an unset optional the
+// middle of its range.
+std::string example_text(const KeySpec& spec) {
+  JobConfig defaults;
+  const FieldRef ref = spec.field(defaults);
+  if (auto* opt = std::get_if<std::optional<double>*>(&ref); opt && !**opt)
+    return format_number(spec.rule.min && spec.rule.max ? (*spec.rule.min + *spec.rule.max) / 2 : 1.0);
+  return format_value(ref);
+}
+
+std::string join(const std::vector<std::string_view>& items, std::string_view sep) {
+  std::string s;
+  for (size_t i = 0; i < items.size(); ++i) s += (i ? std::string(sep) : "") + std::string(items[i]);
+  return s;
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// Whether a typo of `typed` could plausibly be `distance` edits away from what was meant.
+bool close_enough(std::string_view typed, size_t distance) {
+  return distance <= std::max<size_t>(2, typed.size() / 3);
+}
+
+const SectionSpec* find_section(std::string_view name) {
+  for (const auto& s : config_sections())
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+const KeySpec* find_key(std::string_view section, std::string_view key) {
+  for (const auto& spec : config_schema())
+    if (spec.section == section && spec.key == key) return &spec;
+  return nullptr;
+}
+
+// The known key closest to section.key: the same name in another section costs one edit, so a
+// key put in the wrong section (training.lr) finds its home (optimizer.lr).
+const KeySpec* closest_key(std::string_view section, std::string_view key) {
+  const KeySpec* best = nullptr;
+  size_t best_distance = SIZE_MAX;
+  for (const auto& spec : config_schema()) {
+    const size_t d = edit_distance(key, spec.key) + (spec.section == section ? 0 : 1);
+    if (d < best_distance) best = &spec, best_distance = d;
+  }
+  return close_enough(key, best_distance) ? best : nullptr;
+}
+
+const SectionSpec* closest_section(std::string_view name) {
+  const SectionSpec* best = nullptr;
+  size_t best_distance = SIZE_MAX;
+  for (const auto& s : config_sections()) {
+    const size_t d = edit_distance(name, s.name);
+    if (d < best_distance) best = &s, best_distance = d;
+  }
+  return close_enough(name, best_distance) ? best : nullptr;
+}
+
+std::string keys_of_section(std::string_view section) {
+  std::vector<std::string_view> keys;
+  for (const auto& spec : config_schema())
+    if (spec.section == section) keys.push_back(spec.key);
+  return join(keys, ", ");
+}
+
+// ---- where a value came from --------------------------------------------------------------------
+
+// Every message names the config file; values set in it add line:column, values from an
+// override name the override, so the user knows which of the two to edit.
+struct Origin {
+  std::string where;  // "configs/x.toml:12:5" or "--training.steps=5"
+  bool is_override = false;
+};
+
+struct Context {
+  std::string source;                     // the config file (empty: a JobConfig built in code)
+  std::map<std::string, Origin> origins;  // "section.key" -> where it was last set
+
+  std::string file() const { return source.empty() ? std::string("config") : "config " + source; }
+
+  // The place to blame for the key's current value.
+  std::string locate(const KeySpec& spec) const {
+    const auto it = origins.find(full_name(spec));
+    if (it == origins.end()) return file();
+    if (it->second.is_override) return fmt::format("{}, override {}", file(), it->second.where);
+    return it->second.where;
+  }
+
+  // "training.steps = 5 (from --training.steps=5)", for messages that involve several keys.
+  std::string describe(const KeySpec& spec, FieldRef ref) const {
+    std::string s = fmt::format("{} = {}", full_name(spec), format_value(ref));
+    if (source.empty()) return s;
+    const auto it = origins.find(full_name(spec));
+    if (it == origins.end()) return s + " (default)";
+    return s + fmt::format(" ({} {})", it->second.is_override ? "from" : "at", it->second.where);
+  }
+
+  // How to give the key another value, in the form the user used for it.
+  std::string how_to_set(const KeySpec& spec, std::string_view value) const {
+    const auto it = origins.find(full_name(spec));
+    if (it != origins.end() && it->second.is_override)
+      return fmt::format("pass --{}={}", full_name(spec), value);
+    if (source.empty()) return fmt::format("set {} to {}", full_name(spec), value);
+    return fmt::format("set `{} = {}` under [{}] in {}", spec.key, value, spec.section, source);
+  }
+};
+
+[[noreturn]] void fail_value(const Context& ctx, const KeySpec& spec, FieldRef ref, std::string_view problem,
+                             std::string hint) {
+  TITAN_FAIL(fmt::format("{}: {} = {} {}", ctx.locate(spec), full_name(spec), format_value(ref), problem),
+             std::move(hint));
+}
+
+// ---- reading values -----------------------------------------------------------------------------
+
+std::string node_description(const toml::node& node) {
+  switch (node.type()) {
+    case toml::node_type::string: return "the string " + quote(node.as_string()->get());
+    case toml::node_type::integer: return "the integer " + std::to_string(node.as_integer()->get());
+    case toml::node_type::floating_point: return "the number " + format_number(node.as_floating_point()->get());
+    case toml::node_type::boolean: return node.as_boolean()->get() ? "true" : "false";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::table: return "a table";
+    default: return "a date/time";
+  }
+}
+
+std::string location(const std::string& source, const toml::source_region& region) {
+  return fmt::format("{}:{}:{}", source, region.begin.line, region.begin.column);
+}
+
+[[noreturn]] void fail_type(const Context& ctx, const KeySpec& spec, const std::string& where,
+                            const std::string& got) {
+  TITAN_FAIL(fmt::format("{}: {} must be {}, got {}", where, full_name(spec), accepted_values(spec), got),
+             fmt::format("write it like `{} = {}` under [{}] in {}", spec.key, example_text(spec), spec.section,
+                         ctx.source));
+}
+
+void set_from_toml(const Context& ctx, const KeySpec& spec, FieldRef ref, const toml::node& node,
+                   const std::string& where) {
+  auto wrong_type = [&](const std::string& got) { fail_type(ctx, spec, where, got); };
+  std::visit(overloaded{
+                 [&](int64_t* p) {
+                   if (auto v = node.as_integer()) *p = v->get();
+                   else wrong_type(node_description(node));
+                 },
+                 [&](double* p) {
+                   // An integer is a fine number: `lr = 1` means 1.0.
+                   if (auto v = node.as_floating_point()) *p = v->get();
+                   else if (auto i = node.as_integer()) *p = double(i->get());
+                   else wrong_type(node_description(node));
+                 },
+                 [&](bool* p) {
+                   if (auto v = node.as_boolean()) *p = v->get();
+                   else wrong_type(node_description(node));
+                 },
+                 [&](std::string* p) {
+                   if (auto v = node.as_string()) *p = v->get();
+                   else wrong_type(node_description(node));
+                 },
+                 [&](std::vector<std::string>* p) {
+                   const toml::array* array = node.as_array();
+                   if (!array) return wrong_type(node_description(node));
+                   std::vector<std::string> items;
+                   for (const toml::node& item : *array) {
+                     if (!item.is_string()) return wrong_type("an array holding " + node_description(item));
+                     items.push_back(item.as_string()->get());
+                   }
+                   *p = std::move(items);
+                 },
+                 [&](std::optional<double>* p) {
+                   if (auto v = node.as_floating_point()) *p = v->get();
+                   else if (auto i = node.as_integer()) *p = double(i->get());
+                   else wrong_type(node_description(node));
+                 },
+             },
+             ref);
+}
+
+std::optional<int64_t> parse_int(std::string_view text) {
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty()) return std::nullopt;
+  return v;
+}
+
+std::optional<double> parse_double(std::string_view text) {
+  double v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty()) return std::nullopt;
+  return v;
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  return out;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+// Sets the key from command-line text: the same types as TOML, lists comma-separated.
+void set_from_text(const Context& ctx, const KeySpec& spec, FieldRef ref, std::string_view text,
+                   const std::string& override_text) {
+  auto wrong_type = [&] {
+    TITAN_FAIL(fmt::format("{}, override {}: {} must be {}, got '{}'", ctx.file(), override_text,
+                           full_name(spec), accepted_values(spec), text),
+               fmt::format("pass it like --{}={}", full_name(spec), example_text(spec)));
+  };
+  std::visit(overloaded{
+                 [&](int64_t* p) {
+                   if (auto v = parse_int(text)) *p = *v;
+                   else wrong_type();
+                 },
+                 [&](double* p) {
+                   if (auto v = parse_double(text)) *p = *v;
+                   else wrong_type();
+                 },
+                 [&](bool* p) {
+                   const std::string t = lower(text);
+                   if (t == "true") *p = true;
+                   else if (t == "false") *p = false;
+                   else wrong_type();
+                 },
+                 [&](std::string* p) { *p = std::string(text); },
+                 [&](std::vector<std::string>* p) {
+                   std::vector<std::string> items;
+                   std::string_view rest = text;
+                   while (!rest.empty()) {
+                     const size_t comma = rest.find(',');
+                     const std::string_view item = trim(rest.substr(0, comma));
+                     if (!item.empty()) items.emplace_back(item);
+                     rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+                   }
+                   *p = std::move(items);
+                 },
+                 [&](std::optional<double>* p) {
+                   if (lower(text) == "none") p->reset();
+                   else if (auto v = parse_double(text)) *p = *v;
+                   else wrong_type();
+                 },
+             },
+             ref);
+}
+
+// ---- validation ---------------------------------------------------------------------------------
+
+bool in_range(const Rule& rule, double v) {
+  if (rule.min && (rule.min_open ? v <= *rule.min : v < *rule.min)) return false;
+  if (rule.max && (rule.max_open ? v >= *rule.max : v > *rule.max)) return false;
+  return true;
+}
+
+// The accepted choice `value` was probably meant as (case or a small typo), for the hint.
+std::string_view closest_choice(const Rule& rule, std::string_view value) {
+  std::string_view best;
+  size_t best_distance = SIZE_MAX;
+  for (const auto c : rule.choices) {
+    const size_t d = lower(c) == lower(value) ? 0 : edit_distance(value, c);
+    if (d < best_distance) best = c, best_distance = d;
+  }
+  return close_enough(value, best_distance) ? best : std::string_view();
+}
+
+void check_string(const Context& ctx, const KeySpec& spec, FieldRef ref, const std::string& value) {
+  const Rule& rule = spec.rule;
+  if (rule.non_empty && value.empty())
+    fail_value(ctx, spec, ref, "is not accepted; it must be " + accepted_values(spec),
+               ctx.how_to_set(spec, example_text(spec)));
+  if (rule.choices.empty() || std::find(rule.choices.begin(), rule.choices.end(), value) != rule.choices.end())
+    return;
+  const std::string_view guess = closest_choice(rule, value);
+  const std::string fix = ctx.how_to_set(spec, quote(guess.empty() ? rule.choices.front() : guess));
+  fail_value(ctx, spec, ref, fmt::format("is not accepted; it must be {}", accepted_values(spec)),
+             guess.empty() ? fix : fmt::format("did you mean \"{}\"? {}", guess, fix));
+}
+
+void check_key(const Context& ctx, const KeySpec& spec, JobConfig& config) {
+  const FieldRef ref = spec.field(config);
+  const Rule& rule = spec.rule;
+  auto out_of_range = [&] {
+    fail_value(ctx, spec, ref, "is not accepted; it must be " + accepted_values(spec),
+               ctx.how_to_set(spec, example_text(spec)));
+  };
+  auto check_number = [&](double v) {
+    if (!std::isfinite(v) || !in_range(rule, v)) out_of_range();
+  };
+  std::visit(overloaded{
+                 [&](int64_t* p) {
+                   if (!(rule.sentinel && *p == *rule.sentinel) && !in_range(rule, double(*p))) out_of_range();
+                 },
+                 [&](double* p) { check_number(*p); },
+                 [&](bool*) {},
+                 [&](std::string* p) { check_string(ctx, spec, ref, *p); },
+                 [&](std::vector<std::string>* p) {
+                   for (const auto& item : *p) check_string(ctx, spec, ref, item);
+                 },
+                 [&](std::optional<double>* p) {
+                   if (*p) check_number(**p);
+                 },
+             },
+             ref);
+}
+
+// Constraints that involve more than one key. Each message shows every key involved with the
+// place its value came from.
+void check_relations(const Context& ctx, JobConfig& c) {
+  auto spec = [](std::string_view section, std::string_view key) -> const KeySpec& { return *find_key(section, key); };
+  auto show = [&](const KeySpec& s) { return ctx.describe(s, s.field(c)); };
+  auto fail = [&](const KeySpec& primary, const std::string& problem, const std::string& hint) {
+    TITAN_FAIL(fmt::format("{}: {}", ctx.locate(primary), problem), hint);
+  };
+
+  const KeySpec& warmup = spec("lr_scheduler", "warmup_steps");
+  const KeySpec& steps = spec("training", "steps");
+  if (c.lr_scheduler.warmup_steps > c.training.steps)
+    fail(warmup, fmt::format("{} is longer than the run: {}", show(warmup), show(steps)),
+         fmt::format("lower lr_scheduler.warmup_steps to at most {}, or raise training.steps", c.training.steps));
+
+  const KeySpec& global = spec("training", "global_batch_size");
+  const KeySpec& local = spec("training", "local_batch_size");
+  if (c.training.global_batch_size != -1 && c.training.global_batch_size % c.training.local_batch_size != 0)
+    fail(global, fmt::format("{} is not a multiple of {}", show(global), show(local)),
+         fmt::format("set training.global_batch_size to a multiple of {} (the quotient, divided by the "
+                     "data-parallel degree, is the number of gradient-accumulation steps), or -1",
+                     c.training.local_batch_size));
+
+  const KeySpec& micro = spec("parallelism", "pipeline_parallel_microbatch_size");
+  if (c.parallelism.pipeline_parallel_degree > 1 &&
+      c.training.local_batch_size % c.parallelism.pipeline_parallel_microbatch_size != 0)
+    fail(micro, fmt::format("{} does not divide {}", show(micro), show(local)),
+         "pipeline micro-batches split the local batch; pick a pipeline_parallel_microbatch_size that divides "
+         "training.local_batch_size");
+
+  const KeySpec& ep = spec("parallelism", "expert_parallel_degree");
+  const KeySpec& name = spec("model", "name");
+  const bool mixture_of_experts = c.model.name == "deepseek_v3" || c.model.name == "deepseek_v32";
+  if (c.parallelism.expert_parallel_degree > 1 && !mixture_of_experts)
+    fail(ep, fmt::format("{} needs a mixture-of-experts model, but {} is dense", show(ep), show(name)),
+         "set parallelism.expert_parallel_degree = 1, or train deepseek_v3 / deepseek_v32");
+
+  const KeySpec& hf_load = spec("checkpoint", "initial_load_in_hf");
+  const KeySpec& model_only_load = spec("checkpoint", "initial_load_model_only");
+  if (c.checkpoint.initial_load_in_hf && !c.checkpoint.initial_load_model_only)
+    fail(hf_load, fmt::format("{} needs model-only loading, but {}", show(hf_load), show(model_only_load)),
+         "a Hugging Face checkpoint holds weights only; set checkpoint.initial_load_model_only = true");
+
+  const KeySpec& hf_save = spec("checkpoint", "last_save_in_hf");
+  const KeySpec& model_only_save = spec("checkpoint", "last_save_model_only");
+  if (c.checkpoint.last_save_in_hf && !c.checkpoint.last_save_model_only)
+    fail(hf_save, fmt::format("{} needs a model-only last save, but {}", show(hf_save), show(model_only_save)),
+         "a Hugging Face checkpoint holds weights only; set checkpoint.last_save_model_only = true");
+}
+
+void validate_in(const Context& ctx, JobConfig& config) {
+  for (const auto& spec : config_schema()) check_key(ctx, spec, config);
+  check_relations(ctx, config);
+}
+
+// ---- applying a TOML document and overrides ------------------------------------------------------
+
+[[noreturn]] void fail_unknown_key(const Context& ctx, const std::string& where, std::string_view section,
+                                   std::string_view key, bool from_override) {
+  const std::string name = fmt::format("{}.{}", section, key);
+  if (const NotCarried* n = find_torchtitan_only(name))
+    TITAN_FAIL(fmt::format("{}: {} is a TorchTitan key that titan.cpp does not take: {}", where, name, n->reason),
+               from_override ? std::string("drop the override")
+                             : fmt::format("remove {} from the [{}] section", key, section));
+  if (const KeySpec* guess = closest_key(section, key)) {
+    if (from_override)
+      TITAN_FAIL(fmt::format("{}: unknown key {}", where, name),
+                 fmt::format("did you mean --{}=...?", full_name(*guess)));
+    TITAN_FAIL(fmt::format("{}: unknown key {}", where, name),
+               fmt::format("did you mean {}? (write `{} = ...` under [{}] in {})", full_name(*guess), guess->key,
+                           guess->section, ctx.source));
+  }
+  TITAN_FAIL(fmt::format("{}: unknown key {}", where, name),
+             fmt::format("[{}] takes: {}", section, keys_of_section(section)));
+}
+
+[[noreturn]] void fail_unknown_section(const std::string& where, std::string_view section) {
+  if (const NotCarried* n = find_torchtitan_only(section))
+    TITAN_FAIL(fmt::format("{}: [{}] is a TorchTitan section that titan.cpp does not take: {}", where, section,
+                           n->reason),
+               fmt::format("remove the [{}] table", section));
+  std::vector<std::string_view> names;
+  for (const auto& s : config_sections()) names.push_back(s.name);
+  const SectionSpec* guess = closest_section(section);
+  TITAN_FAIL(fmt::format("{}: unknown section [{}]", where, section),
+             guess ? fmt::format("did you mean [{}]?", guess->name)
+                   : fmt::format("the sections are: {}", join(names, ", ")));
+}
+
+// The section that holds a key of this name, for a key written before any [section] header.
+const KeySpec* section_holding(std::string_view key) {
+  for (const auto& spec : config_schema())
+    if (spec.key == key) return &spec;
+  return nullptr;
+}
+
+void apply_toml(Context& ctx, JobConfig& config, std::string_view text) {
+  toml::table root;
+  try {
+    root = toml::parse(text, ctx.source);
+  } catch (const toml::parse_error& e) {
+    TITAN_FAIL(fmt::format("{}: TOML syntax error: {}", location(ctx.source, e.source()), e.description()),
+               "fix the TOML at that line and column (https://toml.io/en/v1.0.0 has the syntax)");
+  }
+  for (auto&& [section_key, section_node] : root) {
+    const std::string section(section_key.str());
+    const std::string where = location(ctx.source, section_key.source());
+    const toml::table* table = section_node.as_table();
+    if (!table) {
+      if (find_section(section))
+        TITAN_FAIL(fmt::format("{}: {} must be a table of keys, got {}", where, section,
+                               node_description(section_node)),
+                   fmt::format("write the [{}] header and its keys below it", section));
+      const KeySpec* home = section_holding(section);
+      TITAN_FAIL(fmt::format("{}: key {} is outside any section", where, section),
+                 home ? fmt::format("move it under a [{}] header", home->section)
+                      : "every key belongs under a [section] header; docs/config.md lists them");
+    }
+    if (!find_section(section)) fail_unknown_section(where, section);
+    for (auto&& [key, node] : *table) {
+      const std::string key_where = location(ctx.source, key.source());
+      const KeySpec* spec = find_key(section, key.str());
+      if (!spec) fail_unknown_key(ctx, key_where, section, key.str(), false);
+      set_from_toml(ctx, *spec, spec->field(config), node, location(ctx.source, node.source()));
+      ctx.origins[full_name(*spec)] = Origin{location(ctx.source, node.source()), false};
+    }
+  }
+}
+
+bool is_flag(std::string_view arg) { return arg.size() > 2 && arg.substr(0, 2) == "--"; }
+
+void apply_overrides(Context& ctx, JobConfig& config, const std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    TITAN_CHECK(is_flag(arg), fmt::format("{}: override '{}' is not of the form --section.key=value", ctx.file(), arg),
+                "write overrides like --training.steps=100 or --training.steps 100");
+    const std::string_view body = std::string_view(arg).substr(2);
+    const size_t eq = body.find('=');
+    const std::string_view name = body.substr(0, eq);
+    const size_t dot = name.find('.');
+    if (dot == std::string_view::npos) {
+      const KeySpec* home = section_holding(name);
+      TITAN_FAIL(fmt::format("{}: override {} does not name a section.key", ctx.file(), arg),
+                 home ? fmt::format("did you mean --{}?", full_name(*home))
+                      : "write overrides like --training.steps=100; docs/config.md lists every key");
+    }
+    const std::string_view section = name.substr(0, dot), key = name.substr(dot + 1);
+    const std::string where = fmt::format("{}, override {}", ctx.file(), arg);
+    if (!find_section(section)) fail_unknown_section(where, section);
+    const KeySpec* spec = find_key(section, key);
+    if (!spec) fail_unknown_key(ctx, where, section, key, true);
+    const FieldRef ref = spec->field(config);
+
+    std::string value, shown = arg;
+    if (eq != std::string_view::npos) {
+      value = std::string(body.substr(eq + 1));
+    } else if (i + 1 < args.size() && !is_flag(args[i + 1])) {
+      value = args[++i];
+      shown = fmt::format("{} {}", arg, value);
+    } else {
+      // A bare boolean flag turns the key on, as TorchTitan's command line does.
+      TITAN_CHECK(std::holds_alternative<bool*>(ref), fmt::format("{}: override {} has no value", ctx.file(), arg),
+                  fmt::format("pass it like --{}={}", full_name(*spec), example_text(*spec)));
+      value = "true";
+    }
+    set_from_text(ctx, *spec, ref, value, shown);
+    ctx.origins[full_name(*spec)] = Origin{shown, true};
+  }
+}
+
+std::string range_text(const Rule& rule) {
+  if (rule.min && rule.max)
+    return fmt::format("in {}{}, {}{}", rule.min_open ? "(" : "[", *rule.min, *rule.max, rule.max_open ? ")" : "]");
+  if (rule.min) return fmt::format("{} {}", rule.min_open ? ">" : ">=", *rule.min);
+  if (rule.max) return fmt::format("{} {}", rule.max_open ? "<" : "<=", *rule.max);
+  return "";
+}
+
+}  // namespace
+
+// ---- the schema ---------------------------------------------------------------------------------
+
+const std::vector<SectionSpec>& config_sections() {
+  static const std::vector<SectionSpec> sections = {
+      {"job", "What the run is and where everything it writes goes."},
+      {"model", "Which model to build and the assets (tokenizer, weights) that come with it."},
+      {"training", "The training loop: data, batch, sequence length, steps, precision, clipping."},
+      {"optimizer", "The optimizer and its hyperparameters."},
+      {"lr_scheduler",
+       "The learning-rate schedule: linear warmup, a stable plateau, then a decay to "
+       "lr x min_lr_factor (warmup-stable-decay, laid out as in TorchTitan)."},
+      {"parallelism",
+       "How ranks split the work. The product of the degrees is the number of ranks; "
+       "data_parallel_shard_degree = -1 takes whatever the others leave."},
+      {"checkpoint", "Saving, resuming and importing/exporting checkpoints."},
+      {"activation_checkpoint", "Trading compute for memory by recomputing activations in backward."},
+      {"metrics", "What is logged, how often, and where."},
+      {"validation", "Periodic evaluation of the loss on a held-out dataset."},
+      {"debug", "Reproducibility."},
+  };
+  return sections;
+}
+
+const std::vector<KeySpec>& config_schema() {
+  using C = JobConfig;
+  static const std::vector<KeySpec> schema = {
+      // [job]
+      {"job", "dump_folder", member<&C::job, &Job::dump_folder>, non_empty(),
+       "Folder for everything the run writes: checkpoints, metrics, the resolved config."},
+      {"job", "description", member<&C::job, &Job::description>, anything(),
+       "Free text describing the job; kept in the resolved config next to the run."},
+      {"job", "print_config", member<&C::job, &Job::print_config>, anything(),
+       "Print the resolved config (as TOML) when the run starts."},
+      // [model]
+      {"model", "name", member<&C::model, &Model::name>, one_of({"llama3", "deepseek_v3", "deepseek_v32"}),
+       "Model family to train."},
+      {"model", "flavor", member<&C::model, &Model::flavor>, non_empty(),
+       "Size or variant within the family (e.g. debugmodel, 8B, 16B); the family's registry checks the name."},
+      {"model", "hf_assets_path", member<&C::model, &Model::hf_assets_path>, anything(),
+       "Folder of Hugging Face assets (tokenizer.json, config.json, safetensors weights). Empty: none."},
+      {"model", "tokenizer_path", member<&C::model, &Model::tokenizer_path>, anything(),
+       "A Hugging Face tokenizer.json. Empty: {model.hf_assets_path}/tokenizer.json."},
+      {"model", "converters", member<&C::model, &Model::converters>, non_empty(),
+       "Module swaps applied, in order, after the model is built (e.g. a fused kernel path in place of its "
+       "small-op reference); the model checks the names."},
+      // [training]
+      {"training", "dataset", member<&C::training, &Training::dataset>, non_empty(), "Training dataset name."},
+      {"training", "dataset_path", member<&C::training, &Training::dataset_path>, anything(),
+       "Where the dataset's files are. Empty: the dataset's default location."},
+      {"training", "local_batch_size", member<&C::training, &Training::local_batch_size>, at_least(1),
+       "Sequences per micro-batch on each data-parallel rank."},
+      {"training", "global_batch_size", member<&C::training, &Training::global_batch_size>,
+       or_sentinel(at_least(1), -1),
+       "Sequences per optimizer step over all ranks: a multiple of local_batch_size x data-parallel degree, "
+       "the quotient being the gradient-accumulation steps. -1: local_batch_size x data-parallel degree "
+       "(no accumulation)."},
+      {"training", "seq_len", member<&C::training, &Training::seq_len>, at_least(1), "Tokens per sequence."},
+      {"training", "max_norm", member<&C::training, &Training::max_norm>, greater_than(0),
+       "Gradients are clipped to this global L2 norm."},
+      {"training", "steps", member<&C::training, &Training::steps>, at_least(1), "Optimizer steps to train."},
+      {"training", "dtype", member<&C::training, &Training::dtype>, one_of({"float32", "bfloat16"}),
+       "Storage type of parameters, gradients and optimizer state. bfloat16 trains fully in bf16 with no "
+       "float32 master weights."},
+      {"training", "mixed_precision_param", member<&C::training, &Training::mixed_precision_param>,
+       one_of({"bfloat16", "float32"}),
+       "Type parameters are cast to for forward and backward when training.dtype is float32; gradient "
+       "reductions stay in float32."},
+      // [optimizer]
+      {"optimizer", "name", member<&C::optimizer, &Optimizer::name>, one_of({"AdamW"}), "The optimizer."},
+      {"optimizer", "lr", member<&C::optimizer, &Optimizer::lr>, greater_than(0),
+       "Peak learning rate; [lr_scheduler] scales it at every step."},
+      {"optimizer", "beta1", member<&C::optimizer, &Optimizer::beta1>, half_open_interval(0, 1),
+       "Decay of the first-moment (mean) estimate."},
+      {"optimizer", "beta2", member<&C::optimizer, &Optimizer::beta2>, half_open_interval(0, 1),
+       "Decay of the second-moment (uncentered variance) estimate."},
+      {"optimizer", "eps", member<&C::optimizer, &Optimizer::eps>, greater_than(0),
+       "Added to the square root of the second moment, keeping the update finite."},
+      {"optimizer", "weight_decay", member<&C::optimizer, &Optimizer::weight_decay>, at_least(0),
+       "Decoupled weight decay (AdamW), scaled by the scheduled learning rate."},
+      // [lr_scheduler]
+      {"lr_scheduler", "warmup_steps", member<&C::lr_scheduler, &LrScheduler::warmup_steps>, at_least(0),
+       "Steps of linear warmup: step s of the warmup trains at lr x s / warmup_steps. At most training.steps."},
+      {"lr_scheduler", "decay_ratio", member<&C::lr_scheduler, &LrScheduler::decay_ratio>,
+       closed_interval(0, 1),
+       "Share of training.steps, at the end of the run, spent decaying; between warmup and decay the rate "
+       "stays at lr. Unset: the decay starts right after warmup. A decay that would overlap the warmup starts "
+       "after it instead."},
+      {"lr_scheduler", "decay_type", member<&C::lr_scheduler, &LrScheduler::decay_type>,
+       one_of({"linear", "sqrt", "cosine"}),
+       "Shape of the decay at progress p: linear 1 - p, sqrt 1 - sqrt(p), cosine (1 + cos(pi p)) / 2."},
+      {"lr_scheduler", "min_lr_factor", member<&C::lr_scheduler, &LrScheduler::min_lr_factor>,
+       closed_interval(0, 1), "The decay ends at lr x min_lr_factor."},
+      // [parallelism]
+      {"parallelism", "data_parallel_replicate_degree",
+       member<&C::parallelism, &Parallelism::data_parallel_replicate_degree>, at_least(1),
+       "Replicas of the model: DDP when data_parallel_shard_degree is 1, HSDP when both are above 1."},
+      {"parallelism", "data_parallel_shard_degree", member<&C::parallelism, &Parallelism::data_parallel_shard_degree>,
+       or_sentinel(at_least(1), -1),
+       "Ranks that shard parameters, gradients and optimizer state (FSDP). -1: the ranks the other degrees "
+       "leave."},
+      {"parallelism", "fsdp_reshard_after_forward", member<&C::parallelism, &Parallelism::fsdp_reshard_after_forward>,
+       one_of({"default", "always", "never"}),
+       "Whether FSDP frees gathered parameters after forward and gathers them again in backward: always saves "
+       "memory, never saves communication, default does it for every block but the last."},
+      {"parallelism", "tensor_parallel_degree", member<&C::parallelism, &Parallelism::tensor_parallel_degree>,
+       at_least(1), "Tensor- and sequence-parallel ranks."},
+      {"parallelism", "pipeline_parallel_degree", member<&C::parallelism, &Parallelism::pipeline_parallel_degree>,
+       at_least(1), "Pipeline ranks."},
+      {"parallelism", "pipeline_parallel_schedule", member<&C::parallelism, &Parallelism::pipeline_parallel_schedule>,
+       one_of({"GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}),
+       "Pipeline schedule. Interleaved and V-shaped schedules put several stages on each rank."},
+      {"parallelism", "pipeline_parallel_microbatch_size",
+       member<&C::parallelism, &Parallelism::pipeline_parallel_microbatch_size>, at_least(1),
+       "Sequences per pipeline micro-batch; must divide training.local_batch_size."},
+      {"parallelism", "context_parallel_degree", member<&C::parallelism, &Parallelism::context_parallel_degree>,
+       at_least(1), "Ranks that split each sequence."},
+      {"parallelism", "expert_parallel_degree", member<&C::parallelism, &Parallelism::expert_parallel_degree>,
+       at_least(1),
+       "Ranks that split the routed experts of a mixture-of-experts model; borrowed from the "
+       "data_parallel_shard x context_parallel ranks."},
+      // [checkpoint]
+      {"checkpoint", "enable", member<&C::checkpoint, &Checkpoint::enable>, anything(),
+       "Save checkpoints, and resume from the latest one in {job.dump_folder}/{checkpoint.folder}."},
+      {"checkpoint", "folder", member<&C::checkpoint, &Checkpoint::folder>, non_empty(),
+       "Checkpoint folder, relative to job.dump_folder."},
+      {"checkpoint", "interval", member<&C::checkpoint, &Checkpoint::interval>, at_least(1),
+       "Steps between checkpoints."},
+      {"checkpoint", "async_mode", member<&C::checkpoint, &Checkpoint::async_mode>, one_of({"disabled", "async"}),
+       "async writes a checkpoint in the background while training goes on."},
+      {"checkpoint", "keep_latest_k", member<&C::checkpoint, &Checkpoint::keep_latest_k>,
+       or_sentinel(at_least(2), 0),
+       "Checkpoints kept; older ones are deleted. 0 keeps all. 1 is refused: the newest may still be being "
+       "written when the one before it would be deleted."},
+      {"checkpoint", "load_step", member<&C::checkpoint, &Checkpoint::load_step>, or_sentinel(at_least(0), -1),
+       "Step to resume from. -1: the latest."},
+      {"checkpoint", "last_save_model_only", member<&C::checkpoint, &Checkpoint::last_save_model_only>, anything(),
+       "The checkpoint written at the end holds the model weights only (no optimizer or train state)."},
+      {"checkpoint", "export_dtype", member<&C::checkpoint, &Checkpoint::export_dtype>,
+       one_of({"float16", "bfloat16", "float32"}), "Type of the weights in a model-only final checkpoint."},
+      {"checkpoint", "initial_load_path", member<&C::checkpoint, &Checkpoint::initial_load_path>, anything(),
+       "Checkpoint to start from when the checkpoint folder holds none (e.g. pretrained weights). Empty: none."},
+      {"checkpoint", "initial_load_model_only", member<&C::checkpoint, &Checkpoint::initial_load_model_only>,
+       anything(), "Load only the model weights from initial_load_path: a fresh optimizer, starting at step 0."},
+      {"checkpoint", "initial_load_in_hf", member<&C::checkpoint, &Checkpoint::initial_load_in_hf>, anything(),
+       "initial_load_path is a Hugging Face safetensors folder; needs initial_load_model_only."},
+      {"checkpoint", "last_save_in_hf", member<&C::checkpoint, &Checkpoint::last_save_in_hf>, anything(),
+       "Write the final checkpoint as Hugging Face safetensors; needs last_save_model_only."},
+      {"checkpoint", "enable_first_step_checkpoint",
+       member<&C::checkpoint, &Checkpoint::enable_first_step_checkpoint>, anything(),
+       "Also save right after step 1, proving that checkpoints work before a long run depends on them."},
+      // [activation_checkpoint]
+      {"activation_checkpoint", "mode", member<&C::activation_checkpoint, &ActivationCheckpoint::mode>,
+       one_of({"none", "full", "selective"}),
+       "none keeps every activation; full recomputes each transformer block in backward; selective keeps the "
+       "outputs the model's plan marks as expensive (matmuls, attention) and recomputes the rest."},
+      // [metrics]
+      {"metrics", "log_freq", member<&C::metrics, &Metrics::log_freq>, at_least(1), "Steps between metric logs."},
+      {"metrics", "enable_jsonl", member<&C::metrics, &Metrics::enable_jsonl>, anything(),
+       "Write one JSON object per logged step to {job.dump_folder}/{metrics.jsonl_file} (in place of "
+       "TorchTitan's TensorBoard and W&B)."},
+      {"metrics", "jsonl_file", member<&C::metrics, &Metrics::jsonl_file>, non_empty(),
+       "Metrics file, relative to job.dump_folder."},
+      {"metrics", "save_for_all_ranks", member<&C::metrics, &Metrics::save_for_all_ranks>, anything(),
+       "Every rank writes its own metrics file; otherwise only the rank that computes the loss does."},
+      {"metrics", "disable_color_printing", member<&C::metrics, &Metrics::disable_color_printing>, anything(),
+       "Plain console output, without color codes."},
+      // [validation]
+      {"validation", "enable", member<&C::validation, &Validation::enable>, anything(),
+       "Evaluate the loss on the validation dataset every validation.freq steps."},
+      {"validation", "dataset", member<&C::validation, &Validation::dataset>, non_empty(),
+       "Validation dataset name."},
+      {"validation", "dataset_path", member<&C::validation, &Validation::dataset_path>, anything(),
+       "Where the validation dataset's files are. Empty: the dataset's default location."},
+      {"validation", "local_batch_size", member<&C::validation, &Validation::local_batch_size>, at_least(1),
+       "Sequences per validation batch on each data-parallel rank."},
+      {"validation", "seq_len", member<&C::validation, &Validation::seq_len>, at_least(1),
+       "Tokens per validation sequence."},
+      {"validation", "freq", member<&C::validation, &Validation::freq>, at_least(1), "Steps between validations."},
+      {"validation", "steps", member<&C::validation, &Validation::steps>, or_sentinel(at_least(1), -1),
+       "Batches per validation. -1: the whole validation dataset."},
+      // [debug]
+      {"debug", "seed", member<&C::debug, &Debug::seed>, at_least(0),
+       "Seed of every random stream (initialization, data order); the same seed and config reproduce a run."},
+  };
+  return schema;
+}
+
+std::string accepted_values(const KeySpec& spec) {
+  JobConfig scratch;
+  const Rule& rule = spec.rule;
+  const std::string range = range_text(rule);
+  return std::visit(
+      overloaded{
+          [&](int64_t*) {
+            std::string s = range.empty() ? "an integer" : "an integer " + range;
+            return rule.sentinel ? s + ", or " + std::to_string(*rule.sentinel) : s;
+          },
+          [&](double*) { return range.empty() ? std::string("a number") : "a number " + range; },
+          [&](bool*) { return std::string("true or false"); },
+          [&](std::string*) {
+            if (!rule.choices.empty()) return "one of: " + join(rule.choices, ", ");
+            return std::string(rule.non_empty ? "a non-empty string" : "any string");
+          },
+          [&](std::vector<std::string>*) {
+            if (!rule.choices.empty()) return "a list of: " + join(rule.choices, ", ");
+            return std::string(rule.non_empty ? "a list of non-empty strings" : "a list of strings");
+          },
+          [&](std::optional<double>*) {
+            return (range.empty() ? std::string("a number") : "a number " + range) + ", or unset";
+          },
+      },
+      spec.field(scratch));
+}
+
+// ---- public entry points ------------------------------------------------------------------------
+
+JobConfig parse_config(std::string_view toml_text, const std::string& source_name,
+                       const std::vector<std::string>& overrides) {
+  Context ctx;
+  ctx.source = source_name;
+  JobConfig config;
+  apply_toml(ctx, config, toml_text);
+  apply_overrides(ctx, config, overrides);
+  validate_in(ctx, config);
+  return config;
+}
+
+JobConfig load_config(const std::filesystem::path& toml_file, const std::vector<std::string>& overrides) {
+  const std::string name = toml_file.string();
+  std::error_code ec;
+  TITAN_CHECK(std::filesystem::exists(toml_file, ec), fmt::format("config file {} does not exist", name),
+              "check the path (relative paths start at the current directory); configs/ holds one TOML per "
+              "model flavor");
+  TITAN_CHECK(std::filesystem::is_regular_file(toml_file, ec), fmt::format("config file {} is not a file", name),
+              "pass the path of a .toml file, e.g. configs/llama3_debug.toml");
+  std::ifstream in(toml_file, std::ios::binary);
+  TITAN_CHECK(in.is_open(), fmt::format("config file {} could not be opened", name),
+              "check that the file is readable by this user");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_config(text.str(), name, overrides);
+}
+
+void validate(const JobConfig& config) {
+  // The schema's accessors take a mutable config; checking a copy keeps the caller's untouched.
+  JobConfig copy = config;
+  validate_in(Context{}, copy);
+}
+
+std::string to_toml(const JobConfig& config) {
+  JobConfig copy = config;
+  std::string out =
+      "# titan.cpp job config, resolved: the defaults, then the config file, then command-line overrides.\n";
+  for (const auto& section : config_sections()) {
+    out += fmt::format("\n[{}]\n", section.name);
+    for (const auto& spec : config_schema()) {
+      if (spec.section != section.name) continue;
+      const FieldRef ref = spec.field(copy);
+      // TOML has no null: an unset optional key is left out, which reads back as unset.
+      if (auto* opt = std::get_if<std::optional<double>*>(&ref); opt && !**opt)
+        out += fmt::format("# {} is unset\n", spec.key);
+      else
+        out += fmt::format("{} = {}\n", spec.key, format_value(ref));
+    }
+  }
+  return out;
+}
+
+std::string config_help() {
+  std::string out = "Config keys: set them in the TOML file under [section], or override with --section.key=value\n";
+  for (const auto& section : config_sections()) {
+    out += fmt::format("\n[{}]  {}\n", section.name, section.doc);
+    for (const auto& spec : config_schema()) {
+      if (spec.section != section.name) continue;
+      JobConfig scratch;
+      out += fmt::format("  --{}=<{}>  default {}; {}\n      {}\n", full_name(spec), type_name(spec.field(scratch)),
+                         default_text(spec), accepted_values(spec), spec.doc);
+    }
+  }
+  return out;
+}
+
+std::string config_reference_markdown() {
+  std::string out;
+  for (const auto& section : config_sections()) {
+    out += fmt::format("### [{}]\n\n{}\n\n", section.name, section.doc);
+    out += "| key | type | default | accepted | description |\n|---|---|---|---|---|\n";
+    for (const auto& spec : config_schema()) {
+      if (spec.section != section.name) continue;
+      JobConfig scratch;
+      out += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", full_name(spec), type_name(spec.field(scratch)),
+                         default_text(spec), accepted_values(spec), spec.doc);
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+int64_t gradient_accumulation_steps(const JobConfig& config, int64_t dp_degree) {
+  TITAN_CHECK(dp_degree >= 1, fmt::format("data-parallel degree must be >= 1, got {}", dp_degree),
+              "pass data_parallel_replicate_degree x data_parallel_shard_degree as resolved on the mesh");
+  const int64_t per_step = config.training.local_batch_size * dp_degree;
+  const int64_t global = config.training.global_batch_size;
+  if (global == -1) return 1;
+  TITAN_CHECK(global % per_step == 0,
+              fmt::format("training.global_batch_size = {} is not a multiple of training.local_batch_size ({}) x "
+                          "data-parallel degree ({}) = {}",
+                          global, config.training.local_batch_size, dp_degree, per_step),
+              fmt::format("set training.global_batch_size to a multiple of {} (e.g. {}), or -1 for {}", per_step,
+                          std::max<int64_t>(1, global / per_step) * per_step, per_step));
+  return global / per_step;
+}
+
+optim::LrSchedule make_lr_schedule(const JobConfig& config) {
+  const LrScheduler& s = config.lr_scheduler;
+  return optim::LrSchedule(config.training.steps, s.warmup_steps, s.decay_ratio,
+                           optim::lr_decay_from_name(s.decay_type), s.min_lr_factor);
+}
+
+}  // namespace titan::train

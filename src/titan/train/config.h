@@ -1,0 +1,220 @@
+// The job configuration: TOML in TorchTitan's TOML-era layout ([job] [model] [training] ...),
+// with command-line overrides `--section.key=value`.
+//
+// One table (config_schema()) describes every key: its section, name, type, the field it
+// fills, the values it accepts and its documentation. Parsing, validation, the --help listing,
+// docs/config.md and the resolved TOML written next to a run all come from that table, so a
+// key added there is parsed, checked, listed and documented at once.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "titan/optim/lr_scheduler.h"
+
+namespace titan::train {
+
+// Defaults follow TorchTitan's where it has the key, so its users find what they expect.
+struct Job {
+  std::string dump_folder = "./outputs";
+  std::string description = "default job";
+  bool print_config = false;
+  bool operator==(const Job&) const = default;
+};
+
+struct Model {
+  std::string name = "llama3";
+  std::string flavor = "debugmodel";
+  std::string hf_assets_path;
+  std::string tokenizer_path;
+  std::vector<std::string> converters;
+  bool operator==(const Model&) const = default;
+};
+
+struct Optimizer {
+  std::string name = "AdamW";
+  double lr = 8e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  bool operator==(const Optimizer&) const = default;
+};
+
+struct LrScheduler {
+  int64_t warmup_steps = 200;
+  std::optional<double> decay_ratio;  // unset: decay starts right after warmup
+  std::string decay_type = "linear";
+  double min_lr_factor = 0.0;
+  bool operator==(const LrScheduler&) const = default;
+};
+
+struct Training {
+  std::string dataset = "c4_test";
+  std::string dataset_path;
+  int64_t local_batch_size = 8;
+  int64_t global_batch_size = -1;  // -1: local_batch_size x data-parallel degree
+  int64_t seq_len = 2048;
+  double max_norm = 1.0;
+  int64_t steps = 10000;
+  std::string dtype = "float32";
+  std::string mixed_precision_param = "bfloat16";
+  bool operator==(const Training&) const = default;
+};
+
+struct Parallelism {
+  int64_t data_parallel_replicate_degree = 1;
+  int64_t data_parallel_shard_degree = -1;  // -1: the ranks the other dimensions leave
+  std::string fsdp_reshard_after_forward = "default";
+  int64_t tensor_parallel_degree = 1;
+  int64_t pipeline_parallel_degree = 1;
+  std::string pipeline_parallel_schedule = "1F1B";
+  int64_t pipeline_parallel_microbatch_size = 1;
+  int64_t context_parallel_degree = 1;
+  int64_t expert_parallel_degree = 1;
+  bool operator==(const Parallelism&) const = default;
+};
+
+struct Checkpoint {
+  bool enable = false;
+  std::string folder = "checkpoint";
+  int64_t interval = 500;
+  std::string async_mode = "disabled";
+  int64_t keep_latest_k = 10;
+  int64_t load_step = -1;  // -1: the latest
+  bool last_save_model_only = true;
+  std::string export_dtype = "float32";
+  std::string initial_load_path;
+  bool initial_load_model_only = true;
+  bool initial_load_in_hf = false;
+  bool last_save_in_hf = false;
+  bool enable_first_step_checkpoint = false;
+  bool operator==(const Checkpoint&) const = default;
+};
+
+struct ActivationCheckpoint {
+  std::string mode = "selective";
+  bool operator==(const ActivationCheckpoint&) const = default;
+};
+
+struct Metrics {
+  int64_t log_freq = 10;
+  bool enable_jsonl = true;
+  std::string jsonl_file = "metrics.jsonl";
+  bool save_for_all_ranks = false;
+  bool disable_color_printing = false;
+  bool operator==(const Metrics&) const = default;
+};
+
+struct Validation {
+  bool enable = false;
+  std::string dataset = "c4_validation";
+  std::string dataset_path;
+  int64_t local_batch_size = 8;
+  int64_t seq_len = 2048;
+  int64_t freq = 10;
+  int64_t steps = -1;  // -1: the whole validation set
+  bool operator==(const Validation&) const = default;
+};
+
+struct Debug {
+  int64_t seed = 0;
+  bool operator==(const Debug&) const = default;
+};
+
+struct JobConfig {
+  Job job;
+  Model model;
+  Training training;
+  Optimizer optimizer;
+  LrScheduler lr_scheduler;
+  Parallelism parallelism;
+  Checkpoint checkpoint;
+  ActivationCheckpoint activation_checkpoint;
+  Metrics metrics;
+  Validation validation;
+  Debug debug;
+  bool operator==(const JobConfig&) const = default;
+};
+
+// ---- the schema -------------------------------------------------------------------------------
+
+// Where one key's value lives inside a JobConfig; the alternative held is the key's type.
+using FieldRef = std::variant<int64_t*, double*, bool*, std::string*, std::vector<std::string>*,
+                              std::optional<double>*>;
+
+// The values a key accepts beyond its type. Numbers: the range [min, max] (each end open when
+// its flag says so) plus one sentinel integer with a special meaning (e.g. -1 = "derive it").
+// Strings and list elements: `choices` when non-empty; `non_empty` forbids "".
+struct Rule {
+  std::optional<double> min, max;
+  bool min_open = false, max_open = false;
+  std::optional<int64_t> sentinel;
+  std::vector<std::string_view> choices;
+  bool non_empty = false;
+};
+
+struct KeySpec {
+  std::string_view section;
+  std::string_view key;
+  FieldRef (*field)(JobConfig&);
+  Rule rule;
+  std::string_view doc;
+};
+
+struct SectionSpec {
+  std::string_view name;
+  std::string_view doc;
+};
+
+const std::vector<SectionSpec>& config_sections();
+const std::vector<KeySpec>& config_schema();  // grouped by section, in config_sections() order
+
+// "an integer >= 1, or -1", "one of: linear, sqrt, cosine", ...: what `spec` accepts.
+std::string accepted_values(const KeySpec& spec);
+
+// ---- loading and writing ------------------------------------------------------------------------
+
+// Reads `toml_file`, applies `overrides` in order (each "--section.key=value" or the two
+// arguments "--section.key" "value"; a bare "--section.key" sets a boolean key to true), and
+// validates the result. Lists are comma-separated on the command line ("--model.converters=a,b");
+// "none" unsets an optional key. Throws titan::Error naming the file, the key (or the override)
+// and what would be accepted.
+JobConfig load_config(const std::filesystem::path& toml_file, const std::vector<std::string>& overrides = {});
+
+// The same from TOML text; `source_name` stands for the file in messages (e.g. a checkpoint's
+// metadata.json, which carries the config of the run that wrote it).
+JobConfig parse_config(std::string_view toml_text, const std::string& source_name,
+                       const std::vector<std::string>& overrides = {});
+
+// Checks every key's accepted values and the constraints between keys (warmup within the run,
+// global batch a multiple of the local one, ...). load_config runs it; call it again after
+// changing a JobConfig in code.
+void validate(const JobConfig& config);
+
+// Every key with its resolved value, in schema order; load_config reads it back to an equal
+// JobConfig. Written to the run folder so that a run records exactly what it ran with.
+std::string to_toml(const JobConfig& config);
+
+// The `--help` listing of every key: override syntax, type, default, accepted values, doc.
+std::string config_help();
+
+// The reference tables of docs/config.md (one per section).
+std::string config_reference_markdown();
+
+// ---- derived values -----------------------------------------------------------------------------
+
+// Micro-batches accumulated per optimizer step: global_batch_size / (local_batch_size x
+// dp_degree), where dp_degree = data_parallel_replicate x data_parallel_shard ranks. Throws
+// when the global batch is not a multiple of one micro-batch step over all data-parallel ranks.
+int64_t gradient_accumulation_steps(const JobConfig& config, int64_t dp_degree);
+
+// The learning-rate schedule [lr_scheduler] and training.steps describe.
+optim::LrSchedule make_lr_schedule(const JobConfig& config);
+
+}  // namespace titan::train

@@ -1,0 +1,57 @@
+// Rows of the op table for kernels/activation. dims = {n}. Inputs span [-12, 12] so both
+// saturated tails of the sigmoid are covered; gradients start non-zero (backward accumulates).
+#include "common/backend_compare.h"
+#include "titan/kernels/activation.h"
+
+using namespace titan;
+using namespace titan::test;
+
+namespace {
+const std::vector<std::vector<int64_t>> kShapes = {{1}, {7}, {33}, {129}, {1000}, {4097}, {70001}};
+
+Tensor input(const OpInput& in, std::string_view name, double range = 1) {
+  return random_tensor({in.dims[0]}, in.dtype, in.seed, name, -range, range);
+}
+}  // namespace
+
+TITAN_OP_CASES(activation) {
+  return {
+      {"silu_forward", kShapes,
+       [](const OpInput& in) {
+         const Tensor x = input(in, "x", 12);
+         return fast_vs_reference({"y"}, [&] {
+           Tensor y = Tensor::empty(x.shape(), in.dtype);
+           kernels::silu_forward(y, x);
+           return std::vector<Tensor>{y};
+         });
+       }},
+      {"silu_backward", kShapes,
+       [](const OpInput& in) {
+         const Tensor x = input(in, "x", 12), dy = input(in, "dy"), dx0 = input(in, "dx");
+         return fast_vs_reference({"dx"}, [&] {
+           Tensor dx = dx0.clone();
+           kernels::silu_backward(dx, dy, x);
+           return std::vector<Tensor>{dx};
+         });
+       }},
+      {"swiglu_forward", kShapes,
+       [](const OpInput& in) {
+         const Tensor gate = input(in, "gate", 12), up = input(in, "up", 2);
+         return fast_vs_reference({"y"}, [&] {
+           Tensor y = Tensor::empty(gate.shape(), in.dtype);
+           kernels::swiglu_forward(y, gate, up);
+           return std::vector<Tensor>{y};
+         });
+       }},
+      {"swiglu_backward", kShapes,
+       [](const OpInput& in) {
+         const Tensor gate = input(in, "gate", 12), up = input(in, "up", 2), dy = input(in, "dy");
+         const Tensor dgate0 = input(in, "dgate"), dup0 = input(in, "dup");
+         return fast_vs_reference({"dgate", "dup"}, [&] {
+           Tensor dgate = dgate0.clone(), dup = dup0.clone();
+           kernels::swiglu_backward(dgate, dup, dy, gate, up);
+           return std::vector<Tensor>{dgate, dup};
+         });
+       }},
+  };
+}

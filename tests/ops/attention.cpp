@@ -1,0 +1,79 @@
+// Rows of the op table for kernels/attention. dims = {B, S, H, Hkv, Dqk, Dv}: odd sequence
+// lengths around the 64-row block (1, 2, 17, 63, 65, 130), head dims that are not multiples of
+// the 16-float vector (72) and MLA's 192/128 split, GQA groups of 1, 2 and 4.
+#include "common/op_table.h"
+#include "titan/kernels/attention.h"
+#include "titan/kernels/cpu/attention.h"
+#include "titan/kernels/ref/attention.h"
+
+using namespace titan;
+using namespace titan::test;
+
+namespace {
+
+struct AttentionCase {
+  kernels::AttentionDims d;
+  Tensor q, k, v;
+
+  explicit AttentionCase(const OpInput& in) {
+    d.B = in.dims[0], d.S = in.dims[1], d.H = in.dims[2], d.Hkv = in.dims[3], d.Dqk = in.dims[4], d.Dv = in.dims[5];
+    d.scale = kernels::default_attention_scale(d.Dqk);
+    // Inputs in [-2, 2) give score rows with a spread of several units, so the softmax is far
+    // from uniform and the running max changes between key blocks.
+    q = random_tensor({d.B, d.S, d.H, d.Dqk}, in.dtype, in.seed, "q", -2, 2);
+    k = random_tensor({d.B, d.S, d.Hkv, d.Dqk}, in.dtype, in.seed, "k", -2, 2);
+    v = random_tensor({d.B, d.S, d.Hkv, d.Dv}, in.dtype, in.seed, "v");
+  }
+  Tensor o_like() const { return Tensor::empty({d.B, d.S, d.H, d.Dv}, q.dtype()); }
+  Tensor lse_like() const { return Tensor::empty({d.B, d.H, d.S}, DType::f32); }
+};
+
+template <class T>
+OpOutputs run_forward(const AttentionCase& c) {
+  Tensor o_fast = c.o_like(), o_ref = c.o_like(), lse_fast = c.lse_like(), lse_ref = c.lse_like();
+  TITAN_CPU_KERNEL(attention_forward<T>)(o_fast.data<T>(), lse_fast.data<float>(), c.q.data<T>(), c.k.data<T>(),
+                                         c.v.data<T>(), c.d);
+  kernels::ref::attention_forward<T>(o_ref.data<T>(), lse_ref.data<float>(), c.q.data<T>(), c.k.data<T>(),
+                                     c.v.data<T>(), c.d);
+  return {{"o", o_fast, o_ref}, {"lse", lse_fast, lse_ref}};
+}
+
+template <class T>
+OpOutputs run_backward(const AttentionCase& c, uint64_t seed) {
+  const DType dt = c.q.dtype();
+  Tensor o = c.o_like(), lse = c.lse_like();
+  kernels::ref::attention_forward<T>(o.data<T>(), lse.data<float>(), c.q.data<T>(), c.k.data<T>(), c.v.data<T>(),
+                                     c.d);
+  Tensor dout = random_tensor(o.shape(), dt, seed, "dout");
+  // Nonzero starting gradients: the kernels must add to them, not overwrite.
+  Tensor dq_fast = random_tensor(c.q.shape(), dt, seed, "dq0"), dk_fast = random_tensor(c.k.shape(), dt, seed, "dk0"),
+         dv_fast = random_tensor(c.v.shape(), dt, seed, "dv0");
+  Tensor dq_ref = dq_fast.clone(), dk_ref = dk_fast.clone(), dv_ref = dv_fast.clone();
+  TITAN_CPU_KERNEL(attention_backward<T>)(dq_fast.data<T>(), dk_fast.data<T>(), dv_fast.data<T>(), lse.data<float>(),
+                                          dout.data<T>(), c.q.data<T>(), c.k.data<T>(), c.v.data<T>(), o.data<T>(),
+                                          c.d);
+  kernels::ref::attention_backward<T>(dq_ref.data<T>(), dk_ref.data<T>(), dv_ref.data<T>(), lse.data<float>(),
+                                      dout.data<T>(), c.q.data<T>(), c.k.data<T>(), c.v.data<T>(), o.data<T>(), c.d);
+  return {{"dq", dq_fast, dq_ref}, {"dk", dk_fast, dk_ref}, {"dv", dv_fast, dv_ref}};
+}
+
+}  // namespace
+
+TITAN_OP_CASES(attention) {
+  const std::vector<std::vector<int64_t>> shapes = {
+      {1, 1, 1, 1, 16, 16},   {1, 2, 2, 1, 16, 16},   {2, 17, 4, 2, 72, 72},   {1, 63, 2, 2, 64, 64},
+      {3, 65, 4, 1, 128, 128}, {1, 130, 2, 1, 192, 128}, {2, 130, 4, 4, 16, 16}, {1, 65, 4, 2, 192, 128},
+  };
+  return {
+      {"attention_forward", shapes,
+       [](const OpInput& in) {
+         const AttentionCase c(in);
+         return in.dtype == DType::f32 ? run_forward<float>(c) : run_forward<bf16>(c);
+       }},
+      {"attention_backward", shapes,
+       [](const OpInput& in) {
+         const AttentionCase c(in);
+         return in.dtype == DType::f32 ? run_backward<float>(c, in.seed) : run_backward<bf16>(c, in.seed);
+       }},
+  };
+}

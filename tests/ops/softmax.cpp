@@ -1,0 +1,38 @@
+// Rows of the op table for kernels/softmax. dims = {N, D}. Logits span [-20, 20] and row 0 is
+// shifted by +1000, which overflows exp unless the row max is subtracted.
+#include "common/backend_compare.h"
+#include "titan/kernels/softmax.h"
+
+using namespace titan;
+using namespace titan::test;
+
+TITAN_OP_CASES(softmax) {
+  const std::vector<std::vector<int64_t>> shapes = {{1, 1}, {1, 7}, {3, 33}, {5, 129}, {2, 1000}, {3, 4097}, {300, 64}};
+  return {
+      {"softmax_forward", shapes,
+       [](const OpInput& in) {
+         Tensor x32 = random_tensor({in.dims[0], in.dims[1]}, DType::f32, in.seed, "x", -20, 20);
+         for (int64_t j = 0; j < in.dims[1]; ++j) x32.data<float>()[j] += 1000.0f;
+         const Tensor x = x32.to(in.dtype);
+         return fast_vs_reference({"y"}, [&] {
+           Tensor y = Tensor::empty(x.shape(), in.dtype);
+           kernels::softmax_forward(y, x);
+           return std::vector<Tensor>{y};
+         });
+       }},
+      {"softmax_backward", shapes,
+       [](const OpInput& in) {
+         // y is a real softmax output (rows sum to 1), as backward assumes.
+         const Tensor x = random_tensor({in.dims[0], in.dims[1]}, in.dtype, in.seed, "x", -4, 4);
+         Tensor y = Tensor::empty(x.shape(), in.dtype);
+         kernels::softmax_forward(y, x);
+         const Tensor dy = random_tensor(x.shape(), in.dtype, in.seed, "dy");
+         const Tensor dx0 = random_tensor(x.shape(), in.dtype, in.seed, "dx");
+         return fast_vs_reference({"dx"}, [&] {
+           Tensor dx = dx0.clone();
+           kernels::softmax_backward(dx, dy, y);
+           return std::vector<Tensor>{dx};
+         });
+       }},
+  };
+}
