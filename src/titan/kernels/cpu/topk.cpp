@@ -1,8 +1,8 @@
 #include "titan/kernels/cpu/topk.h"
 
-#include "titan/core/allocator.h"
 #include "titan/core/parallel.h"
 #include "titan/kernels/cpu/isa.h"
+#include "titan/kernels/cpu/scratch.h"
 
 namespace titan::kernels::cpu::TITAN_ISA {
 
@@ -111,9 +111,10 @@ template <class T>
 void topk(T* values, int32_t* indices, const T* x, int64_t rows, int64_t n, int64_t k) {
   const bool small = k <= kSmallK;
   // Scratch per thread: k keys (+ k keys and indices to sort through, + n candidates for radix).
-  const size_t scratch_words = size_t(small ? k : 3 * k + n);
+  const int64_t scratch_words = small ? k : 3 * k + n;
   parallel_for(0, rows, (1 << 15) / n + 1, [&](int64_t lo, int64_t hi) {
-    uint32_t* scratch = static_cast<uint32_t*>(memory_alloc(scratch_words * 4, MemCategory::temporaries));
+    const Scratch<uint32_t> buffer(scratch_words);
+    uint32_t* scratch = buffer.data();
     uint32_t* keys = scratch;
     for (int64_t r = lo; r < hi; ++r) {
       const T* row = x + r * n;
@@ -125,7 +126,6 @@ void topk(T* values, int32_t* indices, const T* x, int64_t rows, int64_t n, int6
       }
       for (int64_t j = 0; j < k; ++j) values[r * k + j] = row[idx[j]];
     }
-    memory_free(scratch, scratch_words * 4, MemCategory::temporaries);
   });
 }
 
