@@ -93,5 +93,6 @@ TEST(GatherRows, BadIndexAndMissingWeightsAreRejected) {
   const Tensor x = Tensor::zeros({4, 2}, DType::f32);
   Tensor y = Tensor::empty({2, 2}, DType::f32);
   EXPECT_THROW(gather_rows_forward(y, x, ids_tensor({0, 4})), Error);
-  EXPECT_THROW(gather_rows_backward(Tensor{}, Tensor::zeros({2}, DType::f32), y, x, ids_tensor({0, 1})), Error);
+  Tensor no_dx, dw = Tensor::zeros({2}, DType::f32);
+  EXPECT_THROW(gather_rows_backward(no_dx, dw, y, x, ids_tensor({0, 1})), Error);  // dw without w
 }
