@@ -1,6 +1,7 @@
 // RoPE forward + backward as bytes moved per second over measured memcpy bandwidth (both count
 // reads and writes). Target: >= 70% of memcpy, since RoPE is a streaming kernel with a few FLOPs
-// per element and tables that stay in cache.
+// per element and tables that stay in cache. An out-of-place forward also pays a read for
+// ownership of y that glibc's memcpy (non-temporal stores) avoids, so it alone sits near 2/3.
 #include <cstdio>
 
 #include "bench_common.h"
@@ -37,10 +38,12 @@ double run(const Row& r, const RopeTables& tables, double memcpy_bytes) {
   // backward: read dy, read and write dx (it accumulates).
   const double fwd_bytes = r.in_place ? 2 * rotated : 2 * all;
   const double bwd_bytes = 3 * all;
-  const double t_fwd = bench::time_best([&] {
-    rope_forward(r.in_place ? x : y, x, tables, positions, r.layout, r.rope_offset);
-  });
-  const double t_bwd = bench::time_best([&] { rope_backward(dx, dy, tables, positions, r.layout, r.rope_offset); });
+  // Best of many: the machine is shared, and the best run is the one that had the memory bus.
+  const int reps = 25;
+  const double t_fwd = bench::time_best(
+      [&] { rope_forward(r.in_place ? x : y, x, tables, positions, r.layout, r.rope_offset); }, reps);
+  const double t_bwd =
+      bench::time_best([&] { rope_backward(dx, dy, tables, positions, r.layout, r.rope_offset); }, reps);
   const double fwd_rate = fwd_bytes / t_fwd, bwd_rate = bwd_bytes / t_bwd;
   const double both = (fwd_bytes + bwd_bytes) / (t_fwd + t_bwd);
   std::printf("%-34s fwd %6.1f GB/s (%5.1f%%)  bwd %6.1f GB/s (%5.1f%%)  fwd+bwd %5.1f%%  %s\n", r.name, fwd_rate / 1e9,
@@ -52,7 +55,8 @@ double run(const Row& r, const RopeTables& tables, double memcpy_bytes) {
 }  // namespace
 
 int main() {
-  const MachinePeak peak = measure_machine_peak(0.5);
+  // 2 s per peak: the machine is shared, and its best moments are the honest denominator.
+  const MachinePeak peak = measure_machine_peak(2.0);
   bench::print_peak(peak);
   std::printf("threads: %d; target fwd+bwd >= %.0f%% of memcpy\n", num_threads(), 100 * kTarget);
   RopeConfig llama;
