@@ -24,11 +24,11 @@ int main() {
     for (int64_t r = 0; r < n; ++r) targets.data<int32_t>()[r] = int32_t((r * 7919) % v);
     Tensor loss = Tensor::empty({n}, DType::f32), lse = Tensor::empty({n}, DType::f32);
     const double bytes = double(n * v) * (dtype_bits(dtype) / 8);
-    const double t_fwd = bench::time_best([&] { cross_entropy_forward(loss, lse, logits, targets); }, 5, 1);
+    const double t_fwd = bench::time_best([&] { cross_entropy_forward(loss, lse, logits, targets); }, 15, 1);
     // In place, as training runs it: dlogits overwrite logits (values change between reps,
     // the work does not).
     const double t_bwd =
-        bench::time_best([&] { cross_entropy_mean_backward(logits, logits, targets, lse, 1.0); }, 5, 1);
+        bench::time_best([&] { cross_entropy_mean_backward(logits, logits, targets, lse, 1.0); }, 15, 1);
     std::printf("cross_entropy [%ld, %ld] %-4s fwd %6.1f GB/s of logits (%5.1f%% of memcpy)  "
                 "bwd %6.1f GB/s read+write (%5.1f%%)\n",
                 long(n), long(v), dtype_name(dtype).data(), bytes / t_fwd / 1e9, 100 * bytes / t_fwd / peak.memcpy_bytes,
