@@ -10,7 +10,9 @@ namespace {
 struct Leaf : Module {
   Variable& w;
   Variable& b;
-  Leaf() : w(register_parameter("weight", {4, 3}, Init::trunc_normal(0.02))), b(register_parameter("bias", {4}, Init::zeros(), false)) {
+  Leaf()
+      : w(register_parameter("weight", {4, 3}, Init::trunc_normal(0.02)).var),
+        b(register_parameter("bias", {4}, Init::zeros(), false).var) {
     register_buffer("freqs", Tensor::full({2}, 1.5, DType::f32));
   }
 };

@@ -8,8 +8,8 @@ using namespace titan;
 
 namespace {
 struct Two : nn::Module {
-  nn::Variable& w = register_parameter("w", {3}, nn::Init::constant(1.0));
-  nn::Variable& b = register_parameter("b", {3}, nn::Init::constant(1.0), /*weight_decay=*/false);
+  nn::Variable& w = register_parameter("w", {3}, nn::Init::constant(1.0)).var;
+  nn::Variable& b = register_parameter("b", {3}, nn::Init::constant(1.0), /*weight_decay=*/false).var;
 };
 }  // namespace
 

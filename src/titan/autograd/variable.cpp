@@ -28,6 +28,14 @@ Tensor& Variable::ensure_grad() {
   return impl_->grad;
 }
 
+bool GradSink::adopt(size_t i, const Tensor& g) {
+  Variable& in = inputs_[i];
+  if (!in.requires_grad() || in.grad().defined() || in.is_leaf()) return false;
+  TITAN_CHECK(g.shape() == in.shape(), "adopted gradient shape " + g.shape().str() + " differs from " + in.shape().str());
+  in.impl_->grad = g;
+  return true;
+}
+
 void Variable::zero_grad() {
   if (impl_ && impl_->grad.defined()) impl_->grad.zero_();
 }

@@ -41,6 +41,7 @@ class Variable {
 
  private:
   friend class Tape;
+  friend class GradSink;
   friend Variable make_output(Tensor value, bool requires_grad);
   struct Impl {
     Tensor value;
@@ -59,6 +60,10 @@ class GradSink {
   explicit GradSink(std::span<Variable> inputs) : inputs_(inputs) {}
   bool needs(size_t i) const { return inputs_[i].requires_grad(); }
   Tensor grad(size_t i) { return needs(i) ? inputs_[i].ensure_grad() : Tensor(); }
+  // When input i needs a gradient and has none yet, makes `g` its gradient without copying and
+  // returns true (the caller must not reuse g); otherwise returns false (accumulate instead).
+  // Saves a zero-fill and an add for the common single-consumer case.
+  bool adopt(size_t i, const Tensor& g);
 
  private:
   std::span<Variable> inputs_;

@@ -12,12 +12,19 @@
 #include "titan/core/error.h"
 #include "titan/kernels/cpu/isa_info.h"
 #include "titan/kernels/peak.h"
+#include "titan/data/data_cli.h"
+#include "titan/data/tokenizer.h"
+#include "titan/data/tokenizer_cli.h"
+#include "titan/train/trainer.h"
 
 namespace {
 
 constexpr const char* kUsage = R"(usage: titan <command> [options]
 
 commands:
+  train       train a model from a TOML config: titan train --config configs/llama3_debug.toml
+  tokenizer   train / use a byte-level BPE tokenizer (Hugging Face tokenizer.json)
+  data        prepare token shards from text or JSONL; inspect shards
   info        this machine: CPU capability in use, threads, measured peak FLOP/s and bandwidth
 
 Run `titan <command> --help` for a command's options.
@@ -32,6 +39,19 @@ void bind_threads(char** argv) {
   setenv("OMP_PLACES", "cores", 0);
   setenv("TITAN_NO_REEXEC", "1", 1);
   execv("/proc/self/exe", argv);  // returns only on failure: then run unbound
+}
+
+// The data CLI tokenizes through our Tokenizer (data/ itself does not depend on it).
+titan::data::Encoder make_encoder(const std::string& path) {
+  auto tok = std::make_shared<titan::data::Tokenizer>(titan::data::Tokenizer::load(path));
+  titan::data::Encoder e;
+  e.encode = [tok](std::string_view text) { return tok->encode(text); };
+  e.vocab_size = tok->vocab_size();
+  TITAN_CHECK(tok->eos_id().has_value(), "tokenizer " + path + " has no end-of-sequence token",
+              "documents are packed with EOS between them; train the tokenizer with an EOS special token");
+  e.eos_id = *tok->eos_id();
+  e.bos_id = tok->bos_id().value_or(-1);
+  return e;
 }
 
 int info_main() {
@@ -59,6 +79,9 @@ int main(int argc, char** argv) {
   const std::string_view cmd = argv[1];
   try {
     if (cmd == "info") return info_main();
+    if (cmd == "train") return titan::train::train_main(argc, argv);
+    if (cmd == "tokenizer") return titan::data::tokenizer_main(argc - 1, argv + 1);
+    if (cmd == "data") return titan::data::data_main(argc - 1, argv + 1, make_encoder);
     std::fprintf(stderr, "titan: unknown command '%s'\n\n%s", argv[1], kUsage);
     return 2;
   } catch (const titan::Error& e) {

@@ -12,14 +12,14 @@ void Module::check_new_name(const std::string& name) const {
   for (const auto& [n, c] : children_) TITAN_CHECK(n != name, "duplicate member name '" + name + "'");
 }
 
-Variable& Module::register_parameter(const std::string& name, const Shape& shape, Init init, bool weight_decay) {
+Parameter& Module::register_parameter(const std::string& name, const Shape& shape, Init init, bool weight_decay) {
   check_new_name(name);
   auto p = std::make_unique<Parameter>();
   p->var = Variable(Tensor::zeros(shape, DType::f32, MemCategory::parameters), true, name);
   p->init = init;
   p->weight_decay = weight_decay;
   params_.emplace_back(name, std::move(p));
-  return params_.back().second->var;
+  return *params_.back().second;
 }
 
 void Module::register_buffer(const std::string& name, Tensor t) {
@@ -119,6 +119,20 @@ void Module::init_parameters(uint64_t seed) {
       case Init::Kind::uniform: init_uniform(t, seed, name, in.a, in.b); break;
     }
   }
+}
+
+void Module::set_compute_dtype(DType dtype) {
+  TITAN_CHECK(dtype == DType::f32 || dtype == DType::bf16, "compute dtype must be f32 or bf16");
+  for (auto& [name, p] : named_parameters()) {
+    if (!p->gemm_weight) continue;
+    p->compute = dtype == DType::bf16 ? Tensor::empty(p->var.shape(), DType::bf16, MemCategory::parameters) : Tensor();
+  }
+  refresh_compute_copies();
+}
+
+void Module::refresh_compute_copies() {
+  for (auto& [name, p] : named_parameters())
+    if (p->compute.defined()) p->compute.copy_(p->var.value());
 }
 
 void Module::zero_grad() {

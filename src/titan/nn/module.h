@@ -30,9 +30,11 @@ struct Init {
 };
 
 struct Parameter {
-  Variable var;
+  Variable var;               // the f32 master value and its f32 gradient
   Init init;
-  bool weight_decay = true;  // no-decay group: norms' weights, biases (set by the module)
+  bool weight_decay = true;   // no-decay group: norms' weights, biases (set by the module)
+  bool gemm_weight = false;   // read by a GEMM: gets a compute copy under mixed precision
+  Tensor compute;             // bf16 copy of the master the GEMMs read (mixed precision), else undefined
 };
 
 class Module {
@@ -59,10 +61,15 @@ class Module {
   void init_parameters(uint64_t seed);
   void zero_grad();
 
+  // Mixed precision: with bf16, every GEMM weight gets a bf16 compute copy of its f32 master
+  // (refreshed by refresh_compute_copies() or fused into the optimizer step); f32 drops them.
+  void set_compute_dtype(DType dtype);
+  void refresh_compute_copies();
+
   Module* child(const std::string& name) const;
 
  protected:
-  Variable& register_parameter(const std::string& name, const Shape& shape, Init init, bool weight_decay = true);
+  Parameter& register_parameter(const std::string& name, const Shape& shape, Init init, bool weight_decay = true);
   void register_buffer(const std::string& name, Tensor t);
   template <class M>
   M& register_module(const std::string& name, std::unique_ptr<M> m) {

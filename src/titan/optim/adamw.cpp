@@ -28,7 +28,9 @@ void AdamW::step(float lr, float grad_scale) {
   for (Slot& s : slots_) {
     if (!s.param->var.grad().defined()) continue;
     a.weight_decay = s.param->weight_decay ? config_.weight_decay : 0.0f;
-    kernels::adamw_step(s.param->var.mutable_value(), s.exp_avg, s.exp_avg_sq, nullptr, s.param->var.grad(), a);
+    // The bf16 compute copy (mixed precision) is refreshed in the same pass over memory.
+    Tensor* compute = s.param->compute.defined() ? &s.param->compute : nullptr;
+    kernels::adamw_step(s.param->var.mutable_value(), s.exp_avg, s.exp_avg_sq, compute, s.param->var.grad(), a);
   }
 }
 

@@ -1,0 +1,136 @@
+#include "titan/autograd/ops.h"
+
+#include "titan/kernels/activation.h"
+#include "titan/kernels/attention.h"
+#include "titan/kernels/cross_entropy.h"
+#include "titan/kernels/elementwise.h"
+#include "titan/kernels/embedding.h"
+#include "titan/kernels/matmul.h"
+#include "titan/kernels/norm.h"
+
+namespace titan::autograd {
+
+namespace {
+Tensor activation_like(const Shape& shape, DType dtype) { return Tensor::empty(shape, dtype, MemCategory::activations); }
+
+// The gradient of a `dtype` value flowing into an f32 master parameter: the kernels take f32 dw.
+Tensor none() { return Tensor(); }
+}  // namespace
+
+Variable linear(const Variable& x, const Variable& w, const Tensor& w_compute) {
+  const Tensor& wc = w_compute.defined() ? w_compute : w.value();
+  TITAN_CHECK(x.value().size(-1) == wc.size(1), "linear: input width " + std::to_string(x.value().size(-1)) +
+                                                    " does not match weight " + wc.shape().str() +
+                                                    (w.name().empty() ? "" : " (" + w.name() + ")"));
+  Shape ys = x.shape();
+  ys[ys.size() - 1] = wc.size(0);
+  // The GEMM's inputs share one dtype: an f32 master weight with bf16 activations needs a compute copy.
+  TITAN_CHECK(wc.dtype() == x.dtype(), "linear: activations are " + std::string(dtype_name(x.dtype())) +
+                                           " but the weight is " + std::string(dtype_name(wc.dtype())),
+              "pass the weight's compute copy for mixed precision");
+  Tensor y = activation_like(ys, x.dtype());
+  kernels::linear_forward(y, x.value(), wc);
+  return record("linear", {x, w}, y, [xv = x.value(), wc](const Tensor& dy, GradSink& g) {
+    Tensor dx = g.grad(0), dw = g.grad(1), db;
+    kernels::linear_backward(dx, dw, db, dy, xv, wc);
+  });
+}
+
+Variable embedding(const Tensor& ids, const Variable& table, DType dtype) {
+  Shape ys = ids.shape();
+  ys.push_back(table.value().size(1));
+  Tensor y = activation_like(ys, dtype);
+  kernels::embedding_forward(y, table.value(), ids);
+  return record("embedding", {table}, y, [ids](const Tensor& dy, GradSink& g) {
+    Tensor dt = g.grad(0);
+    kernels::embedding_backward(dt, dy, ids);
+  });
+}
+
+Variable rmsnorm(const Variable& x, const Variable& w, double eps) {
+  const int64_t rows = x.value().numel() / x.value().size(-1);
+  Tensor y = activation_like(x.shape(), x.dtype());
+  Tensor rstd = Tensor::empty({rows}, DType::f32, MemCategory::activations);
+  kernels::rmsnorm_forward(y, rstd, x.value(), w.value(), eps);
+  return record("rmsnorm", {x, w}, y, [xv = x.value(), wv = w.value(), rstd](const Tensor& dy, GradSink& g) {
+    Tensor dx = g.grad(0), dw = g.grad(1);
+    kernels::rmsnorm_backward(dx, dw, rstd, dy, xv, wv);
+  });
+}
+
+Variable rope(const Variable& x, const kernels::RopeTables& tables, const Tensor& positions, kernels::RopeLayout layout,
+              int64_t rope_offset) {
+  Tensor y = activation_like(x.shape(), x.dtype());
+  kernels::rope_forward(y, x.value(), tables, positions, layout, rope_offset);
+  return record("rope", {x}, y, [tables, positions, layout, rope_offset](const Tensor& dy, GradSink& g) {
+    Tensor dx = g.grad(0);
+    kernels::rope_backward(dx, dy, tables, positions, layout, rope_offset);
+  });
+}
+
+Variable attention(const Variable& q, const Variable& k, const Variable& v, std::optional<double> scale) {
+  const Tensor& qv = q.value();
+  Shape os = qv.shape();
+  os[3] = v.value().size(3);
+  Tensor o = activation_like(os, qv.dtype());
+  Tensor lse = Tensor::empty({qv.size(0), qv.size(2), qv.size(1)}, DType::f32, MemCategory::activations);
+  kernels::attention_forward(o, lse, qv, k.value(), v.value(), scale);
+  return record("attention", {q, k, v}, o,
+                [qv, kv = k.value(), vv = v.value(), o, lse, scale](const Tensor& dout, GradSink& g) {
+                  Tensor dq = g.grad(0), dk = g.grad(1), dv = g.grad(2);
+                  kernels::attention_backward(dq, dk, dv, lse, dout, qv, kv, vv, o, scale);
+                });
+}
+
+Variable swiglu(const Variable& gate, const Variable& up) {
+  Tensor y = activation_like(gate.shape(), gate.dtype());
+  kernels::swiglu_forward(y, gate.value(), up.value());
+  return record("swiglu", {gate, up}, y, [gv = gate.value(), uv = up.value()](const Tensor& dy, GradSink& g) {
+    Tensor dgate = g.grad(0), dup = g.grad(1);
+    kernels::swiglu_backward(dgate, dup, dy, gv, uv);
+  });
+}
+
+Variable add(const Variable& a, const Variable& b, double alpha) {
+  Tensor y = activation_like(a.shape(), a.dtype());
+  kernels::add(y, a.value(), b.value(), alpha);
+  return record("add", {a, b}, y, [alpha](const Tensor& dy, GradSink& g) {
+    // Only one input may take dy's buffer: two gradients sharing storage would alias when a
+    // later backward reads one while accumulating into the other.
+    Tensor da = g.adopt(0, dy) ? none() : g.grad(0);
+    Tensor db = g.grad(1);
+    kernels::add_backward(da, db, dy, alpha);
+  });
+}
+
+Variable view(const Variable& x, const Shape& shape) {
+  return record("view", {x}, x.value().view(shape), [shape_in = x.shape()](const Tensor& dy, GradSink& g) {
+    const Tensor dyv = dy.view(shape_in);
+    if (g.adopt(0, dyv)) return;
+    Tensor dx = g.grad(0);
+    kernels::axpby(dx, dyv, 1.0, 1.0);
+  });
+}
+
+Variable cross_entropy(const Variable& logits, const Tensor& targets) {
+  const Tensor& lv = logits.value();
+  const int64_t n = lv.size(0);
+  Tensor loss = Tensor::empty({n}, DType::f32, MemCategory::activations);
+  Tensor lse = Tensor::empty({n}, DType::f32, MemCategory::activations);
+  const kernels::CrossEntropyResult r = kernels::cross_entropy_forward(loss, lse, lv, targets);
+  return record("cross_entropy", {logits}, Tensor::full({1}, r.mean_loss, DType::f32),
+                [lv, targets, lse](const Tensor& dmean, GradSink& g) {
+                  const double d = dmean.item();
+                  if (g.adopt(0, lv)) {
+                    Tensor dl = lv;
+                    kernels::cross_entropy_mean_backward(dl, lv, targets, lse, d);
+                    return;
+                  }
+                  Tensor tmp = Tensor::empty(lv.shape(), lv.dtype());
+                  kernels::cross_entropy_mean_backward(tmp, lv, targets, lse, d);
+                  Tensor dl = g.grad(0);
+                  kernels::axpby(dl, tmp, 1.0, 1.0);
+                });
+}
+
+}  // namespace titan::autograd

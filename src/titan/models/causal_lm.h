@@ -1,0 +1,36 @@
+// What the trainer and the generator need from a model: a module tree that maps tokens to
+// next-token logits, plus its FLOP count and a few switches. Each model family implements it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "titan/nn/module.h"
+
+namespace titan::models {
+
+enum class Recompute { none, full };  // activation checkpointing per transformer block
+
+class CausalLM : public nn::Module {
+ public:
+  // tokens [B, S] i32 -> logits [B*S, V] in the compute dtype (positions 0..S-1 per row).
+  virtual autograd::Variable forward(const Tensor& tokens) = 0;
+  // Training FLOPs per token at sequence length seq_len (TorchTitan's count, for MFU).
+  virtual double training_flops_per_token(int64_t seq_len) const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t max_seq_len() const = 0;
+  virtual void set_compute_dtype(DType dtype) = 0;  // f32 or bf16 (mixed precision)
+  virtual DType compute_dtype() const = 0;
+  virtual void set_recompute(Recompute r) = 0;
+  // Extra scalars the model wants logged (e.g. MoE load balance, indexer loss); may be empty.
+  virtual std::vector<std::pair<std::string, double>> step_stats() { return {}; }
+};
+
+// Builds `name` ("llama3", ...) at `flavor` with the tokenizer's vocabulary size. The
+// parameters are uninitialized: call init_parameters(seed) or load a checkpoint.
+std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string& flavor, int64_t vocab_size,
+                                      int64_t max_seq_len);
+std::vector<std::string> model_names();
+
+}  // namespace titan::models

@@ -1,0 +1,72 @@
+// Llama-3: token embedding, n_layers x (RMSNorm -> GQA attention with RoPE -> residual,
+// RMSNorm -> SwiGLU FFN -> residual), final RMSNorm, output projection. Parameter names follow
+// TorchTitan ("layers.3.attention.wq.weight"); hf_adapter.h maps them to Hugging Face's.
+#pragma once
+
+#include "titan/models/causal_lm.h"
+#include "titan/models/llama3/args.h"
+#include "titan/nn/layers.h"
+
+namespace titan::models::llama3 {
+
+using autograd::Variable;
+
+class Attention : public nn::Module {
+ public:
+  Attention(const Llama3Args& a, int layer_id);
+  // x [B, S, D] -> [B, S, D]
+  Variable forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
+  nn::Linear &wq, &wk, &wv, &wo;
+
+ private:
+  int64_t n_heads_, n_kv_heads_, head_dim_;
+};
+
+class FeedForward : public nn::Module {
+ public:
+  FeedForward(int64_t dim, int64_t hidden, double out_std);
+  Variable forward(const Variable& x) const;  // w2(silu(w1 x) * w3 x)
+  nn::Linear &w1, &w2, &w3;
+};
+
+class TransformerBlock : public nn::Module {
+ public:
+  TransformerBlock(const Llama3Args& a, int layer_id);
+  Variable forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
+  Attention& attention;
+  FeedForward& feed_forward;
+  nn::RMSNorm &attention_norm, &ffn_norm;
+};
+
+using models::Recompute;
+
+class Transformer : public CausalLM {
+ public:
+  explicit Transformer(const Llama3Args& a);
+  // tokens [B, S] i32 -> logits [B*S, V] in the compute dtype. Positions are 0..S-1 per row.
+  Variable forward(const Tensor& tokens) override;
+  // The same with explicit positions (i32 [B, S]), e.g. for decoding with a cache offset.
+  Variable forward(const Tensor& tokens, const Tensor& positions);
+
+  void set_compute_dtype(DType dtype) override;
+  DType compute_dtype() const override { return compute_dtype_; }
+  void set_recompute(Recompute r) override { recompute_ = r; }
+  double training_flops_per_token(int64_t seq_len) const override { return args_.training_flops_per_token(seq_len); }
+  int64_t vocab_size() const override { return args_.vocab_size; }
+  int64_t max_seq_len() const override { return args_.max_seq_len; }
+  const Llama3Args& args() const { return args_; }
+  const kernels::RopeTables& rope_tables() const { return rope_; }
+
+  nn::Embedding& tok_embeddings;
+  nn::ModuleList<TransformerBlock>& layers;
+  nn::RMSNorm& norm;
+  nn::Linear* output = nullptr;  // null when the embedding is tied
+
+ private:
+  Llama3Args args_;
+  kernels::RopeTables rope_;
+  DType compute_dtype_ = DType::f32;
+  Recompute recompute_ = Recompute::none;
+};
+
+}  // namespace titan::models::llama3

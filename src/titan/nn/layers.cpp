@@ -1,0 +1,20 @@
+#include "titan/nn/layers.h"
+
+namespace titan::nn {
+
+Linear::Linear(int64_t in, int64_t out, Init init) : weight(register_parameter("weight", {out, in}, init)) {
+  weight.gemm_weight = true;
+}
+
+Variable Linear::forward(const Variable& x) const { return autograd::linear(x, weight.var, weight.compute); }
+
+Embedding::Embedding(int64_t vocab, int64_t dim, Init init) : weight(register_parameter("weight", {vocab, dim}, init)) {}
+
+Variable Embedding::forward(const Tensor& ids, DType dtype) const { return autograd::embedding(ids, weight.var, dtype); }
+
+RMSNorm::RMSNorm(int64_t dim, double eps_)
+    : weight(register_parameter("weight", {dim}, Init::ones(), /*weight_decay=*/false)), eps(eps_) {}
+
+Variable RMSNorm::forward(const Variable& x) const { return autograd::rmsnorm(x, weight.var, eps); }
+
+}  // namespace titan::nn

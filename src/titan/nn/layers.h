@@ -1,0 +1,34 @@
+// Common layers.
+#pragma once
+
+#include "titan/autograd/ops.h"
+#include "titan/nn/module.h"
+
+namespace titan::nn {
+
+// y = x @ W^T with W [out, in] (no bias, as in Llama/DeepSeek projections).
+class Linear : public Module {
+ public:
+  Linear(int64_t in, int64_t out, Init init);
+  Variable forward(const Variable& x) const;
+  Parameter& weight;
+};
+
+// Token embedding table [V, D] (f32 master; rows are gathered in the compute dtype).
+class Embedding : public Module {
+ public:
+  Embedding(int64_t vocab, int64_t dim, Init init);
+  Variable forward(const Tensor& ids, DType dtype) const;
+  Parameter& weight;
+};
+
+// y = x * rstd(x) * weight.
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(int64_t dim, double eps = 1e-5);
+  Variable forward(const Variable& x) const;
+  Parameter& weight;
+  double eps;
+};
+
+}  // namespace titan::nn

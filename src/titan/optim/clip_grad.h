@@ -1,0 +1,23 @@
+// Gradient clipping by global L2 norm (torch.nn.utils.clip_grad_norm_ semantics).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "titan/nn/module.h"
+
+namespace titan::optim {
+
+struct GradNorm {
+  double norm = 0;   // global L2 norm of all gradients before clipping
+  float scale = 1;   // min(1, max_norm / (norm + 1e-6)): pass to the optimizer as grad_scale
+};
+
+// Computes the norm in a fixed order (bit-identical across runs and thread counts). The scale is
+// not applied here: the fused optimizer step multiplies by it, saving a pass over the gradients.
+// max_norm <= 0 disables clipping (scale 1). A non-finite norm throws, naming the first
+// parameter whose gradient is not finite.
+GradNorm clip_grad_norm(const std::vector<std::pair<std::string, nn::Parameter*>>& params, double max_norm);
+
+}  // namespace titan::optim

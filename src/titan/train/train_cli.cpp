@@ -1,0 +1,41 @@
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "titan/core/error.h"
+#include "titan/train/trainer.h"
+
+namespace titan::train {
+
+int train_main(int argc, char** argv) {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("usage: titan train --config FILE.toml [--section.key=value ...]\n\n%s", config_help().c_str());
+      return 0;
+    }
+    if (a == "--config" || a == "--job.config_file") {
+      TITAN_CHECK(i + 1 < argc, a + " needs a file name", "e.g. titan train --config configs/llama3_debug.toml");
+      config_path = argv[++i];
+    } else if (a.rfind("--config=", 0) == 0) {
+      config_path = a.substr(9);
+    } else {
+      overrides.push_back(a);
+      // "--section.key value": the value travels with its key.
+      if (a.find('=') == std::string::npos && i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0)
+        overrides.push_back(argv[++i]);
+    }
+  }
+  TITAN_CHECK(!config_path.empty(), "titan train needs --config FILE.toml", "e.g. titan train --config configs/llama3_debug.toml");
+  const JobConfig config = load_config(config_path, overrides);
+  Trainer trainer(config, config_path);
+  const TrainResult r = trainer.train();
+  std::printf("%s at step %lld: loss %.4f%s\n", r.interrupted ? "stopped" : "done",
+              static_cast<long long>(r.last_step), r.last_loss,
+              r.last_val_loss >= 0 ? (", validation loss " + std::to_string(r.last_val_loss)).c_str() : "");
+  return 0;
+}
+
+}  // namespace titan::train

@@ -1,0 +1,40 @@
+// The training loop: data -> forward -> loss -> backward -> clip -> AdamW (with the LR
+// schedule), with gradient accumulation, validation, metrics, checkpoints and exact resume.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+
+#include "titan/train/config.h"
+
+namespace titan::train {
+
+struct TrainResult {
+  int64_t last_step = 0;      // the last optimizer step completed
+  double last_loss = 0;       // its training loss
+  double last_val_loss = -1;  // the last validation loss (-1 if validation never ran)
+  bool interrupted = false;   // stopped by Ctrl-C (after saving a checkpoint)
+  std::filesystem::path run_folder;
+  std::filesystem::path last_checkpoint;  // empty if none was written
+};
+
+class Trainer {
+ public:
+  // source: the config file's path, for messages. Builds the tokenizer (for the vocabulary),
+  // model, optimizer and data loaders; resumes from the newest checkpoint when checkpointing is on.
+  Trainer(const JobConfig& config, const std::string& source);
+  ~Trainer();
+  TrainResult train();
+  // Called after every optimizer step (and its logging/checkpointing) with the step number.
+  std::function<void(int64_t step)> on_step_end;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+// `titan train --config FILE [--section.key=value ...]`.
+int train_main(int argc, char** argv);
+
+}  // namespace titan::train

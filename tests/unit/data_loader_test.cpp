@@ -1,0 +1,263 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <numeric>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "data_test_util.h"
+#include "titan/core/error.h"
+#include "titan/data/loader.h"
+#include "titan/data/shard.h"
+
+using namespace titan;
+using namespace titan::data;
+using titan::data::testing::ScratchDir;
+
+namespace {
+
+constexpr int kSeq = 5;          // S
+constexpr int32_t kEos = 0;      // every other id is unique, so a token says where it came from
+constexpr int32_t kBos = 1;
+constexpr int64_t kVocab = 70000;  // above 65536: exercises u32 shards
+
+// Seven documents of distinct ids in two shards (the stream crosses the shard boundary), sized
+// so the packed stream (tokens + one EOS each) is 61 = 12 * S + 1 tokens: 12 samples, which
+// B = 2 on 1, 2 or 3 ranks divides into whole global batches.
+struct Corpus {
+  std::vector<std::vector<int32_t>> documents;
+  std::vector<int32_t> stream;  // the packed stream the loader should present
+};
+
+Corpus write_corpus(const std::string& dir, bool with_bos = false) {
+  Corpus corpus;
+  int32_t next_id = 2;
+  for (const int length : {9, 4, 14, 6, 11, 7, 3}) {
+    std::vector<int32_t> doc(static_cast<size_t>(length));
+    for (int32_t& id : doc) id = next_id++;
+    if (with_bos) corpus.stream.push_back(kBos);
+    corpus.stream.insert(corpus.stream.end(), doc.begin(), doc.end());
+    corpus.stream.push_back(kEos);
+    corpus.documents.push_back(std::move(doc));
+  }
+  std::filesystem::create_directories(dir);
+  for (int s = 0; s < 2; ++s) {
+    ShardWriter writer(fmt::format("{}/shard_{:06d}.bin", dir, s), kVocab, with_bos ? kBos : -1, kEos);
+    for (int d = s == 0 ? 0 : 4; d < (s == 0 ? 4 : 7); ++d) writer.add_document(corpus.documents[size_t(d)]);
+    writer.finish();
+  }
+  return corpus;
+}
+
+DataLoaderOptions options_for(const std::string& dir, int rank = 0, int world_size = 1) {
+  DataLoaderOptions o;
+  o.dir = dir;
+  o.seq_len = kSeq;
+  o.rank = rank;
+  o.world_size = world_size;
+  o.seed = 1234;
+  return o;
+}
+
+// One batch of one rank: inputs and targets, each [B, S].
+struct Batch {
+  std::vector<int32_t> inputs, targets;
+  bool operator==(const Batch&) const = default;
+};
+
+Batch next(DataLoader& loader, int batch_size) {
+  Batch b{std::vector<int32_t>(size_t(batch_size * kSeq)), std::vector<int32_t>(size_t(batch_size * kSeq))};
+  EXPECT_TRUE(loader.next_batch(b.inputs.data(), b.targets.data(), batch_size, kSeq));
+  return b;
+}
+
+// The sample index a row came from: its first token is unique unless it is the separator.
+int64_t sample_of(const Corpus& corpus, const int32_t* row) {
+  for (int64_t i = 0; i + kSeq < int64_t(corpus.stream.size()); i += kSeq) {
+    if (std::equal(row, row + kSeq, corpus.stream.begin() + i)) return i / kSeq;
+  }
+  ADD_FAILURE() << "row is not a sample of the stream";
+  return -1;
+}
+
+}  // namespace
+
+TEST(DataLoader, PacksDocumentsWithEosAndShiftsTargets) {
+  ScratchDir dir;
+  for (const bool with_bos : {false, true}) {
+    const std::string shards = dir / (with_bos ? "bos" : "eos");
+    const Corpus corpus = write_corpus(shards, with_bos);
+    DataLoaderOptions o = options_for(shards);
+    o.shuffle = false;
+    o.repeat = false;
+    o.verify = true;
+    DataLoader loader(o);
+    EXPECT_EQ(loader.stream_tokens(), int64_t(corpus.stream.size()));
+    EXPECT_EQ(loader.num_samples(), (int64_t(corpus.stream.size()) - 1) / kSeq);
+    EXPECT_EQ(loader.vocab_size(), kVocab);
+    for (int64_t sample = 0; sample < loader.num_samples(); ++sample) {
+      const Batch b = next(loader, 1);
+      const auto at = corpus.stream.begin() + sample * kSeq;
+      EXPECT_EQ(b.inputs, std::vector<int32_t>(at, at + kSeq)) << "sample " << sample;
+      EXPECT_EQ(b.targets, std::vector<int32_t>(at + 1, at + kSeq + 1)) << "sample " << sample;
+    }
+    Batch end{std::vector<int32_t>(kSeq, -7), std::vector<int32_t>(kSeq, -7)};
+    EXPECT_FALSE(loader.next_batch(end.inputs.data(), end.targets.data(), 1, kSeq));
+    EXPECT_EQ(end.inputs, std::vector<int32_t>(kSeq, -7));  // a finished pass touches nothing
+  }
+}
+
+TEST(DataLoader, SameSeedSameOrderOtherSeedOrEpochOtherOrder) {
+  ScratchDir dir;
+  const Corpus corpus = write_corpus(dir / "train");
+  DataLoader a(options_for(dir / "train")), b(options_for(dir / "train"));
+  DataLoaderOptions other_seed = options_for(dir / "train");
+  other_seed.seed = 99;
+  DataLoader c(other_seed);
+  std::vector<int64_t> order_a, order_c;
+  for (int step = 0; step < 12; ++step) {  // two epochs of 6 batches
+    const Batch ba = next(a, 2), bb = next(b, 2), bc = next(c, 2);
+    ASSERT_EQ(ba, bb) << "step " << step;
+    for (int row = 0; row < 2; ++row) {
+      order_a.push_back(sample_of(corpus, ba.inputs.data() + row * kSeq));
+      order_c.push_back(sample_of(corpus, bc.inputs.data() + row * kSeq));
+    }
+  }
+  EXPECT_EQ(a.epoch(), 1);
+  const std::vector<int64_t> epoch0(order_a.begin(), order_a.begin() + 12), epoch1(order_a.begin() + 12, order_a.end());
+  std::vector<int64_t> identity(12);
+  std::iota(identity.begin(), identity.end(), 0);
+  EXPECT_NE(epoch0, identity);
+  EXPECT_NE(epoch0, epoch1);
+  EXPECT_NE(order_a, order_c);
+  std::vector<int64_t> sorted = epoch1;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, identity);  // a permutation: every sample once per epoch
+}
+
+TEST(DataLoader, EveryTokenOfAnEpochOnceAcrossRanks) {
+  ScratchDir dir;
+  const Corpus corpus = write_corpus(dir / "train");
+  const int64_t covered = 12 * kSeq;  // 12 samples x S input tokens: the stream less its last token
+  std::vector<int32_t> expected(corpus.stream.begin(), corpus.stream.begin() + covered);
+  std::sort(expected.begin(), expected.end());
+  for (const int world : {1, 2, 3}) {
+    std::vector<DataLoader> ranks;
+    for (int r = 0; r < world; ++r) ranks.emplace_back(options_for(dir / "train", r, world));
+    std::vector<int32_t> seen;
+    std::vector<int64_t> samples;
+    const int steps = 12 / (2 * world);
+    for (int step = 0; step < steps; ++step) {
+      for (DataLoader& rank : ranks) {
+        const Batch b = next(rank, 2);
+        seen.insert(seen.end(), b.inputs.begin(), b.inputs.end());
+        for (int row = 0; row < 2; ++row) {
+          const int32_t* in = b.inputs.data() + row * kSeq;
+          const int64_t sample = sample_of(corpus, in);
+          samples.push_back(sample);
+          // Targets are the same window one token on.
+          const auto at = corpus.stream.begin() + sample * kSeq + 1;
+          EXPECT_TRUE(std::equal(at, at + kSeq, b.targets.begin() + row * kSeq));
+        }
+      }
+    }
+    std::sort(seen.begin(), seen.end());
+    EXPECT_EQ(seen, expected) << "world size " << world;
+    for (const DataLoader& rank : ranks) EXPECT_EQ(rank.epoch(), 0) << "world size " << world;
+    // All ranks see the same epoch order, so one more step starts epoch 1 everywhere.
+    for (DataLoader& rank : ranks) next(rank, 2);
+    for (const DataLoader& rank : ranks) EXPECT_EQ(rank.epoch(), 1) << "world size " << world;
+  }
+}
+
+TEST(DataLoader, TailShorterThanAGlobalBatchIsSkipped) {
+  ScratchDir dir;
+  write_corpus(dir / "train");
+  DataLoader loader(options_for(dir / "train"));
+  next(loader, 5);
+  next(loader, 5);  // 10 of 12 samples; the remaining 2 cannot fill a batch of 5
+  EXPECT_EQ(loader.epoch(), 0);
+  next(loader, 5);
+  EXPECT_EQ(loader.epoch(), 1);
+  EXPECT_EQ(loader.state().position, 5);
+}
+
+TEST(DataLoader, RestoreContinuesExactlyAcrossAnEpochBoundary) {
+  ScratchDir dir;
+  write_corpus(dir / "train");
+  DataLoader original(options_for(dir / "train", 1, 2));
+  for (int step = 0; step < 2; ++step) next(original, 2);  // mid-epoch: 8 of 12 samples
+
+  const nlohmann::json saved = original.state();  // what a checkpoint's train_state.json holds
+  EXPECT_EQ(saved["position"], 8);
+  EXPECT_EQ(saved["epoch"], 0);
+  EXPECT_EQ(saved["seed"], 1234);
+  DataLoaderOptions fresh = options_for(dir / "train", 1, 2);
+  fresh.seed = 5;  // the restored state's seed wins, or the continuation would differ
+  DataLoader resumed(fresh);
+  resumed.restore(saved.get<DataLoaderState>());
+  // The last global batch of epoch 0, then all three of epoch 1.
+  for (int step = 0; step < 4; ++step) EXPECT_EQ(next(original, 2), next(resumed, 2)) << "step " << step;
+  EXPECT_EQ(resumed.epoch(), 1);
+  EXPECT_EQ(nlohmann::json(resumed.state()), nlohmann::json(original.state()));
+}
+
+TEST(DataLoader, RestoreOntoOtherDataIsRefused) {
+  ScratchDir dir;
+  write_corpus(dir / "train");
+  DataLoader loader(options_for(dir / "train"));
+  DataLoaderState state = loader.state();
+  state.num_samples = 13;
+  try {
+    loader.restore(state);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.message(), fmt::format("data loader: the saved position is for 13 samples of seq_len 5, but {} "
+                                       "holds 12 samples of seq_len 5",
+                                       dir / "train"));
+  }
+}
+
+TEST(DataLoader, ValidationPassIsSequentialAndResets) {
+  ScratchDir dir;
+  const Corpus corpus = write_corpus(dir / "val");
+  DataLoaderOptions o = options_for(dir / "val", 1, 2);
+  o.shuffle = false;
+  o.repeat = false;
+  DataLoader loader(o);
+  std::vector<int64_t> samples;
+  for (int pass = 0; pass < 2; ++pass) {
+    std::vector<int32_t> inputs(2 * kSeq), targets(2 * kSeq);
+    while (loader.next_batch(inputs.data(), targets.data(), 2, kSeq)) {
+      for (int row = 0; row < 2; ++row) samples.push_back(sample_of(corpus, inputs.data() + row * kSeq));
+    }
+    loader.reset();
+  }
+  // Rank 1 of 2 takes entries [2, 4) of every global batch of 4: samples 2 3, 6 7, 10 11.
+  EXPECT_EQ(samples, (std::vector<int64_t>{2, 3, 6, 7, 10, 11, 2, 3, 6, 7, 10, 11}));
+  EXPECT_GT(loader.seconds_spent(), 0);
+}
+
+TEST(DataLoader, ErrorsSayWhatToChange) {
+  ScratchDir dir;
+  std::filesystem::create_directories(dir / "empty");
+  try {
+    DataLoader loader(options_for(dir / "empty"));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.message(), fmt::format("data loader: no token shards (*.bin) in {}", dir / "empty"));
+    EXPECT_FALSE(e.hint().empty());
+  }
+  write_corpus(dir / "train");
+  DataLoader loader(options_for(dir / "train", 0, 3));
+  std::vector<int32_t> inputs(5 * kSeq), targets(5 * kSeq);
+  EXPECT_THROW(loader.next_batch(inputs.data(), targets.data(), 5, kSeq), Error);  // 15 > 12 samples
+  EXPECT_THROW(loader.next_batch(inputs.data(), targets.data(), 1, kSeq + 1), Error);
+  // A shard of another tokenizer in the same directory.
+  ShardWriter stranger(dir / "train/shard_000002.bin", 258, -1, 256);
+  stranger.add_document(std::vector<int32_t>{1, 2});
+  stranger.finish();
+  EXPECT_THROW(DataLoader mixed(options_for(dir / "train")), Error);
+}
