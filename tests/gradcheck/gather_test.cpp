@@ -1,7 +1,6 @@
-// Gradient checks of the gather / scatter-add and embedding reference twins in double, with
-// repeated indices (so scatter-adds really sum) and weights.
+// Gradient checks of the gather / scatter-add reference twins in double, with repeated indices
+// (so scatter-adds really sum) and weights.
 #include "common/gradcheck.h"
-#include "titan/kernels/ref/embedding.h"
 #include "titan/kernels/ref/gather.h"
 
 using namespace titan;
@@ -44,20 +43,5 @@ TEST(GatherGradcheck, ScatterAddRows) {
         ref::scatter_add_rows_backward<double>(dx.data(), dw.data(), dout[0].data(), in[0].data(), kIdx.data(),
                                                in[1].data(), kM, kD);
         return std::vector<Doubles>{dx, dw};
-      });
-}
-
-TEST(GatherGradcheck, Embedding) {
-  gradcheck(
-      "embedding", {random_doubles(size_t(kR * kD), 1, "table")},
-      [](const std::vector<Doubles>& in) {
-        Doubles y(size_t(kM * kD));
-        ref::embedding_forward<double>(y.data(), in[0].data(), kIdx.data(), kM, kD);
-        return std::vector<Doubles>{y};
-      },
-      [](const std::vector<Doubles>&, const std::vector<Doubles>& dout) {
-        Doubles dtable(size_t(kR * kD), 0.0);
-        ref::embedding_backward<double>(dtable.data(), dout[0].data(), kIdx.data(), kM, kD);
-        return std::vector<Doubles>{dtable};
       });
 }

@@ -1,9 +1,7 @@
-// Rows of the op table for kernels/gather and kernels/embedding. dims = {R, M, D}: R rows gathered
-// from / scattered to, M indices (random, with repeats), D row length.
+// Rows of the op table for kernels/gather. dims = {R, M, D}: R rows gathered from / scattered to,
+// M indices (random, with repeats), D row length.
 #include "common/op_table.h"
-#include "titan/kernels/cpu/embedding.h"
 #include "titan/kernels/cpu/gather.h"
-#include "titan/kernels/ref/embedding.h"
 #include "titan/kernels/ref/gather.h"
 #include "titan/kernels/row_buckets.h"
 
@@ -81,31 +79,6 @@ OpOutputs scatter_backward(const OpInput& in) {
   return {{"dx", dx_fast, dx_ref}, {"dw", dw_fast, dw_ref}};
 }
 
-// dims reinterpreted as {V, N, D}
-template <class T>
-OpOutputs embedding_forward(const OpInput& in) {
-  const int64_t v = in.dims[0], n = in.dims[1], d = in.dims[2];
-  const Tensor table = random_tensor({v, d}, DType::f32, in.seed, "table");
-  const Tensor ids = random_indices(n, v, in.seed);
-  Tensor fast = Tensor::empty({n, d}, in.dtype), ref = Tensor::empty({n, d}, in.dtype);
-  TITAN_CPU_KERNEL(embedding_forward<T>)(fast.data<T>(), table.data<float>(), ids.data<int32_t>(), n, d);
-  ref::embedding_forward<T>(ref.data<T>(), table.data<float>(), ids.data<int32_t>(), n, d);
-  return {{"y", fast, ref, 0.0, 0.0}};  // a copy (and one rounding): exact
-}
-
-template <class T>
-OpOutputs embedding_backward(const OpInput& in) {
-  const int64_t v = in.dims[0], n = in.dims[1], d = in.dims[2];
-  const Tensor dy = random_tensor({n, d}, in.dtype, in.seed, "dy");
-  const Tensor ids = random_indices(n, v, in.seed);
-  Tensor fast = random_tensor({v, d}, DType::f32, in.seed, "dtable0"), ref = fast.clone();
-  const kernels::RowBuckets b = kernels::bucket_rows_by_index(ids.data<int32_t>(), n, v);
-  TITAN_CPU_KERNEL(embedding_backward<T>)(fast.data<float>(), dy.data<T>(), b.view(), d);
-  ref::embedding_backward<T>(ref.data<float>(), dy.data<T>(), ids.data<int32_t>(), n, d);
-  // Same additions in the same order per element, but FMA contraction may differ between builds.
-  return {{"dtable", fast, ref, 1e-6, 1e-6}};
-}
-
 const std::vector<std::vector<int64_t>> kShapes = {{1, 1, 1},   {3, 17, 5},   {17, 3, 33},  {64, 512, 7},
                                                    {100, 800, 96}, {7, 1000, 300}, {1000, 64, 129}};
 
@@ -119,7 +92,5 @@ TITAN_OP_CASES(gather) {
       {"gather_rows_backward", kShapes, TITAN_BY_DTYPE(gather_backward)},
       {"scatter_add_rows_forward", kShapes, TITAN_BY_DTYPE(scatter_forward)},
       {"scatter_add_rows_backward", kShapes, TITAN_BY_DTYPE(scatter_backward)},
-      {"embedding_forward", kShapes, TITAN_BY_DTYPE(embedding_forward)},
-      {"embedding_backward", kShapes, TITAN_BY_DTYPE(embedding_backward)},
   };
 }

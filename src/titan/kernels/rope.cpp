@@ -6,8 +6,8 @@
 #include <string>
 
 #include "titan/kernels/cpu/rope.h"
-#include "titan/kernels/dispatch.h"
 #include "titan/kernels/ref/rope.h"
+#include "titan/kernels/tensor_checks.h"
 
 namespace titan::kernels {
 
@@ -106,28 +106,13 @@ RopeTables rope_tables(const RopeConfig& c, int64_t max_positions) {
 
 namespace {
 
-template <class T>
-void dispatch(bool forward, Tensor& out, const Tensor& in, const RopeTables& t, const int32_t* pos, const RopeShape& s) {
-  const float* cs = t.cos.data<float>();
-  const float* sn = t.sin.data<float>();
-  if (kernel_backend() == KernelBackend::reference) {
-    (forward ? &ref::rope_forward<T> : &ref::rope_backward<T>)(out.data<T>(), in.data<T>(), cs, sn, pos, s);
-  } else {
-    (forward ? TITAN_CPU_KERNEL(rope_forward<T>) : TITAN_CPU_KERNEL(rope_backward<T>))(out.data<T>(), in.data<T>(), cs,
-                                                                                         sn, pos, s);
-  }
-}
-
 void rope_apply(bool forward, Tensor& out, const Tensor& in, const RopeTables& t, const Tensor& positions,
                 RopeLayout layout, int64_t rope_offset) {
   const char* op = forward ? "rope_forward" : "rope_backward";
-  TITAN_CHECK(out.shape() == in.shape() && out.dtype() == in.dtype(),
-              std::string(op) + ": output " + out.str() + " and input " + in.str() + " differ",
-              "the output must have the input's shape and dtype");
-  TITAN_CHECK(in.dim() >= 2 && in.is_contiguous() && out.is_contiguous(),
-              std::string(op) + ": needs contiguous [..., H, Dh] tensors, got " + in.str(), "call .contiguous() first");
-  TITAN_CHECK(in.dtype() == DType::f32 || in.dtype() == DType::bf16,
-              std::string(op) + ": dtype " + std::string(dtype_name(in.dtype())) + " is not supported", "use f32 or bf16");
+  detail::check_activation(in, op, forward ? "x" : "dy");
+  detail::check_like(out, in, op, forward ? "y" : "dx");
+  TITAN_CHECK(in.dim() >= 2, std::string(op) + ": needs [..., H, Dh] tensors, got " + in.str(),
+              "give heads their own dim: .view({N, H, Dh})");
   TITAN_CHECK(t.cos.defined() && t.cos.dim() == 2 && t.cos.dtype() == DType::f32 && t.sin.shape() == t.cos.shape(),
               std::string(op) + ": tables must be two f32 [P, R/2] tensors", "build them with rope_tables()");
   RopeShape s;
@@ -153,11 +138,18 @@ void rope_apply(bool forward, Tensor& out, const Tensor& in, const RopeTables& t
                     " is outside the tables [0, " + std::to_string(max_positions) + ")",
                 "build the tables for the longest sequence (rope_tables max_positions)");
   }
-  if (in.dtype() == DType::f32) {
-    dispatch<float>(forward, out, in, t, pos, s);
-  } else {
-    dispatch<bf16>(forward, out, in, t, pos, s);
-  }
+  if (s.tokens == 0 || s.heads == 0) return;
+  const float* cs = t.cos.data<float>();
+  const float* sn = t.sin.data<float>();
+  detail::dispatch_activation(in.dtype(), [&]<class T>() {
+    if (forward) {
+      (detail::use_fast() ? TITAN_CPU_KERNEL(rope_forward<T>) : &ref::rope_forward<T>)(out.data<T>(), in.data<T>(), cs,
+                                                                                      sn, pos, s);
+    } else {
+      (detail::use_fast() ? TITAN_CPU_KERNEL(rope_backward<T>) : &ref::rope_backward<T>)(out.data<T>(), in.data<T>(),
+                                                                                        cs, sn, pos, s);
+    }
+  });
 }
 
 }  // namespace

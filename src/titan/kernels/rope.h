@@ -7,7 +7,8 @@
 // and the tables hold cos[p][i] = m cos(p inv_freq[i]), sin[p][i] = m sin(p inv_freq[i]) with
 // m = 1 except under YaRN (rope_table_magnitude). Positions are given per token, so packed
 // sequences, offsets (decode, context parallel shards) and per-document restarts all work.
-// Backward is rotation by -theta, i.e. the transpose (exactly so, even for the rounded f32 tables).
+// Backward is rotation by -theta (times m), i.e. the transpose of forward, exactly so even for the
+// rounded f32 tables, since both read the same table entries.
 #pragma once
 
 #include <cstdint>

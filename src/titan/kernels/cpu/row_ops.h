@@ -4,9 +4,9 @@
 
 #include <type_traits>
 
-#include "titan/core/allocator.h"
 #include "titan/core/parallel.h"
 #include "titan/kernels/cpu/isa.h"
+#include "titan/kernels/cpu/scratch.h"
 #include "titan/kernels/row_buckets.h"
 
 namespace titan::kernels::cpu::TITAN_ISA {
@@ -46,17 +46,15 @@ void scatter_add_rows_bucketed(TD* dst,                 // [R, D]
                                const RowBucketsView& b, int64_t d) {
   const int64_t grain = (1 << 14) / (d + 1) + 1;
   parallel_for(0, b.count, grain, [&](int64_t lo, int64_t hi) {
-    float* scratch = nullptr;
-    if constexpr (!std::is_same_v<TD, float>) {
-      scratch = static_cast<float*>(memory_alloc(size_t(d) * sizeof(float), MemCategory::temporaries));
-    }
+    // An f32 row to sum into when the destination is bf16 (f32 destinations are summed in place).
+    const Scratch<float> scratch(std::is_same_v<TD, float> ? 0 : d);
     for (int64_t k = lo; k < hi; ++k) {
       TD* out = dst + int64_t(b.dests[k]) * d;
       float* acc;
       if constexpr (std::is_same_v<TD, float>) {
         acc = out;
       } else {
-        acc = scratch;
+        acc = scratch.data();
         // Scalar math: acc = out
 #pragma omp simd
         for (int64_t j = 0; j < d; ++j) acc[j] = to_f32(out[j]);
@@ -67,7 +65,6 @@ void scatter_add_rows_bucketed(TD* dst,                 // [R, D]
       }
       if constexpr (!std::is_same_v<TD, float>) scale_row(out, acc, 1.0f, d);
     }
-    if (scratch) memory_free(scratch, size_t(d) * sizeof(float), MemCategory::temporaries);
   });
 }
 
