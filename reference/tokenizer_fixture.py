@@ -9,20 +9,23 @@ Writes into tests/fixtures/tokenizer/:
   llama3_bpe.json   trained by `tokenizers`: Sequence[Split(Llama-3 regex), ByteLevel],
                     ignore_merges, extra added tokens (lstrip/rstrip/single_word), merges in
                     the [["a", "b"]] array form, a TemplateProcessing post-processor with BOS
+  deepseek_v3_bpe.json  trained by `tokenizers` with DeepSeek-V3's three Splits + ByteLevel
+                    and its full-width special tokens (written compactly)
   cases.json        ids that `tokenizers` gives for awkward texts, per tokenizer
 
 tests/unit/tokenizer_test.cpp loads these and requires exact equality; it also trains our
 tokenizer on corpus.txt with the same settings and requires the same vocab and merges.
 
   python reference/tokenizer_fixture.py                # regenerate the fixtures
-  python reference/tokenizer_fixture.py --check FILE   # load a tokenizer.json that titan saved
-                                                       # and print its ids for the cases
+  python reference/tokenizer_fixture.py --check FILE   # load a tokenizer.json that titan saved;
+                                                       # if it holds a fixture's model, compare ids
 
 Needs `pip install tokenizers` (tested with 0.23.3) and /usr/bin/bible.
 """
 import argparse
 import json
 import pathlib
+import random
 import subprocess
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -32,6 +35,14 @@ OUT = ROOT / "tests" / "fixtures" / "tokenizer"
 
 LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+# DeepSeek-V3's pre-tokenizer: digits in groups of up to three, runs of CJK ideographs and kana,
+# then a Llama-3-like pattern that keeps combining marks with letters.
+DEEPSEEK_V3_SPLITS = [
+    r"\p{N}{1,3}",
+    "[一-龥\u3040-ゟ゠-ヿ]+",
+    r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+]
 
 BIBLE_PASSAGES = ["Gen1:1-Gen6:22", "Ps23:1-Ps23:6", "Jn1:1-Jn2:25"]
 
@@ -50,6 +61,19 @@ MULTILINGUAL_LINES = [
     "Code: for (int i = 0; i < n; ++i) { sum += x[i] * w[i]; }  // dot product",
     "Emoji: 🙂 🎉 👍🏽 🇯🇵 — and typographic “quotes” ‘too’ … done.",
 ]
+
+# Pieces a random text is drawn from: whitespace kinds (NEL, NBSP, ideographic space, line
+# separator), letters with case and combining marks, digit runs, other number kinds, emoji,
+# contractions and every added token, so regex, trie and merge edge cases meet each other.
+MIX_PARTS = [" ", "  ", "\n", "\r\n", "\t", "a", "Ab", "7", "123456", "!", "?!", "-", "_", "é", "x\u0301", "ß", "İ",
+             "ǅ", "ﬁ", "日本", "👍", "٣", "½", "Ⅻ", "'s", "'LL", "\u00a0", "\u3000", "\u0085", "\u2028", "\x00",
+             "word", "<tool>", "<|eot_id|>", "<|bos|>", "<|begin_of_text|>"]
+
+
+def random_mix(seed, parts):
+    rng = random.Random(seed)
+    return "".join(rng.choice(MIX_PARTS) for _ in range(parts))
+
 
 # Texts chosen to stress the pre-tokenizer regex, the byte map, added tokens and BPE edges.
 CASES = [
@@ -77,10 +101,13 @@ CASES = [
     "trailing newline\n\n",
     "special inside: <|bos|>Hello<|eos|> and <|bos|><|eos|> adjacent <|bos",
     "llama specials: <|begin_of_text|>Hi there<|eot_id|>\n<|end_of_text|><|begin_of_text|>",
+    "deepseek specials: <｜begin▁of▁sentence｜>User: 你好<｜end▁of▁sentence｜>",
+    "CJK runs: 漢字かなカナ混じり文ｶﾀｶﾅ、句読点。ＡＢＣ１２３",
     "added: call <tool>   x and <tool>y; a word here, words, sword, word.",
     "word",
     " word ",
     "And God said, Let there be light: and there was light.\n\n  5 And God called the light Day",
+    random_mix(seed=1, parts=1000),
 ]
 
 
@@ -127,6 +154,18 @@ def train_llama3(lines):
     return tok
 
 
+def train_deepseek_v3(lines):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in DEEPSEEK_V3_SPLITS] +
+        [pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(lines, trainer)
+    return tok
+
+
 def save_with_string_merges(tok, path):
     # Older tokenizer.json files (GPT-2, Llama-3 as published) write each merge as "a b".
     data = json.loads(tok.to_str())
@@ -145,6 +184,18 @@ def encode_cases(tok):
     return cases
 
 
+def write_cases(fixture, path):
+    # One case per line: small on disk, and a regenerated fixture diffs case by case.
+    lines = ["{"]
+    for t, (name, entry) in enumerate(fixture.items()):
+        lines.append(f' {json.dumps(name)}: {{"vocab_size": {entry["vocab_size"]}, "cases": [')
+        cases = [json.dumps(c, ensure_ascii=False, separators=(",", ":")) for c in entry["cases"]]
+        lines.append(",\n".join("  " + c for c in cases))
+        lines.append(" ]}" + ("," if t + 1 < len(fixture) else ""))
+    lines.append("}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 def generate():
     OUT.mkdir(parents=True, exist_ok=True)
     text = corpus_text()
@@ -155,13 +206,14 @@ def generate():
     save_with_string_merges(gpt2, OUT / "gpt2_bpe.json")
     llama3 = train_llama3(lines)
     llama3.save(str(OUT / "llama3_bpe.json"), pretty=True)
+    train_deepseek_v3(lines).save(str(OUT / "deepseek_v3_bpe.json"), pretty=False)
 
     # Re-load from disk so the ids come from exactly the files the C++ test reads.
     fixture = {}
-    for name in ["gpt2_bpe.json", "llama3_bpe.json"]:
+    for name in ["gpt2_bpe.json", "llama3_bpe.json", "deepseek_v3_bpe.json"]:
         tok = Tokenizer.from_file(str(OUT / name))
         fixture[name] = {"vocab_size": tok.get_vocab_size(with_added_tokens=True), "cases": encode_cases(tok)}
-    (OUT / "cases.json").write_text(json.dumps(fixture, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    write_cases(fixture, OUT / "cases.json")
     for path in sorted(OUT.iterdir()):
         print(f"{path.relative_to(ROOT)}: {path.stat().st_size} bytes")
 

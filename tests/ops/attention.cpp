@@ -1,6 +1,7 @@
 // Rows of the op table for kernels/attention. dims = {B, S, H, Hkv, Dqk, Dv}: odd sequence
 // lengths around the 64-row block (1, 2, 17, 63, 65, 130), head dims that are not multiples of
-// the 16-float vector (72) and MLA's 192/128 split, GQA groups of 1, 2 and 4.
+// the 16-float vector (72) and MLA's 192/128 split, GQA groups of 1, 2 and 4, and S = 300 for
+// several groups of the fast kernel's 64-row blocks.
 #include "common/op_table.h"
 #include "titan/kernels/attention.h"
 #include "titan/kernels/cpu/attention.h"
@@ -63,6 +64,7 @@ TITAN_OP_CASES(attention) {
   const std::vector<std::vector<int64_t>> shapes = {
       {1, 1, 1, 1, 16, 16},   {1, 2, 2, 1, 16, 16},   {2, 17, 4, 2, 72, 72},   {1, 63, 2, 2, 64, 64},
       {3, 65, 4, 1, 128, 128}, {1, 130, 2, 1, 192, 128}, {2, 130, 4, 4, 16, 16}, {1, 65, 4, 2, 192, 128},
+      {1, 300, 2, 1, 32, 48},  // more than one group of kernel blocks (4 x 64 rows) on each side
   };
   return {
       {"attention_forward", shapes,

@@ -111,3 +111,25 @@ TEST(Llama3Parity, Bf16MixedPrecisionStaysClose) {
     expect_close(p->var.grad(), g.file.get("grad." + name), 2e-3, 0.1, "bf16 grad " + name);
   }
 }
+
+// KV-cached decoding (prompt, then one token at a time) gives the logits of a full forward.
+TEST(Llama3Parity, CachedDecodeMatchesFullForward) {
+  Golden g = load_golden();
+  Transformer model(g.args);
+  load_params(model, g);
+  const Tensor tokens = g.file.get("tokens").clone();  // [B, S]
+  const int64_t b = tokens.size(0), s = tokens.size(1), v = g.args.vocab_size;
+  Tensor full;
+  {
+    autograd::NoGradGuard no_grad;
+    full = model.forward(tokens).value();  // [B*S, V]
+  }
+  const int64_t prompt = 6;
+  model.start_generation(b, s);
+  Tensor logits = model.decode(tokens.slice(1, 0, prompt).contiguous());
+  for (int64_t pos = prompt - 1; pos < s; ++pos) {
+    if (pos >= prompt) logits = model.decode(tokens.slice(1, pos, pos + 1).contiguous());
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t j = 0; j < v; j += 7) ASSERT_NEAR(logits.at({bi, j}), full.at({bi * s + pos, j}), 1e-4) << pos;
+  }
+}

@@ -7,6 +7,7 @@
 #include "common/kernel_check.h"
 #include "titan/core/allocator.h"
 #include "titan/core/error.h"
+#include "titan/kernels/dispatch.h"
 #include "titan/kernels/matmul.h"
 #include "titan/kernels/onednn/matmul.h"
 
@@ -74,11 +75,32 @@ TEST(KernelsMatmul, BatchDimsCollapseAndSharedB) {
   matmul(one, a.view({6, 4, 8}).select(0, 1), bb.select(0, 1), false, false);
   expect_same(cb.select(0, 1).contiguous(), one);
 
+  // A shared 2-D A against a batched B.
+  const Tensor a2 = random_tensor({4, 8}, DType::f32, 3, "a2");
+  Tensor ca = Tensor::empty({6, 4, 5}, DType::f32);
+  matmul(ca, a2, bb, false, false);
+  matmul(one, a2, bb.select(0, 4), false, false);
+  expect_same(ca.select(0, 4).contiguous(), one);
+
   const Tensor x = random_tensor({2, 3, 8}, DType::bf16, 3, "x"), w = random_tensor({5, 8}, DType::bf16, 3, "w");
   Tensor y3 = Tensor::empty({2, 3, 5}, DType::bf16), y2 = Tensor::empty({6, 5}, DType::bf16);
   linear_forward(y3, x, w);
   linear_forward(y2, x.view({6, 8}), w);
   expect_same(y3.view({6, 5}), y2);
+}
+
+// The raw form with a bias on a batch that cannot fold into one product (B per batch).
+TEST(KernelsMatmul, RawBatchedWithBiasMatchesReference) {
+  const MatmulParams p = dense_matmul_params(3, 5, 7, 33, false, true);
+  const Tensor a = random_tensor({3, 5, 33}, DType::bf16, 5, "a"), b = random_tensor({3, 7, 33}, DType::bf16, 5, "b");
+  const Tensor bias = random_tensor({7}, DType::f32, 5, "bias");
+  Tensor fast = Tensor::empty({3, 5, 7}, DType::f32), ref = Tensor::empty({3, 5, 7}, DType::f32);
+  matmul(fast.data_ptr(), DType::f32, a.data_ptr(), b.data_ptr(), DType::bf16, bias.data_ptr(), p);
+  set_kernel_backend(KernelBackend::reference);
+  matmul(ref.data_ptr(), DType::f32, a.data_ptr(), b.data_ptr(), DType::bf16, bias.data_ptr(), p);
+  set_kernel_backend(KernelBackend::fast);
+  const auto e = test::compare(to_doubles(fast), to_doubles(ref), 1e-4, 1e-5);
+  EXPECT_LE(e.max_scaled, 1.0) << "max_abs " << e.max_abs;
 }
 
 TEST(KernelsMatmul, ErrorsSayWhatToDo) {

@@ -48,6 +48,7 @@ TEST(TokenizerCli, TrainThenEncodeAndDecode) {
   // Paragraphs keep their newlines, so a blank line is learned as one token.
   EXPECT_EQ(tok.encode("\n\n").size(), 1u);
   EXPECT_EQ(run({"tokenizer", "encode", "--tokenizer", out, "--text", "In the beginning", "--bos"}), 0);
+  EXPECT_EQ(run({"tokenizer", "encode", "--tokenizer=" + out, "--text=--looks-like-an-option"}), 0);
   EXPECT_EQ(run({"tokenizer", "decode", "--tokenizer", out, "--ids", "0,1,2"}), 0);
 }
 

@@ -16,7 +16,7 @@
 
 using namespace titan;
 using namespace titan::data;
-using Json = nlohmann::ordered_json;
+using Json = nlohmann::json;
 
 namespace {
 
@@ -85,7 +85,7 @@ std::map<std::string, int> vocab_map(const Json& vocab) {
 
 TEST(Tokenizer, MatchesHuggingFaceIdsOnFixtures) {
   const Json fixture = Json::parse(read_file(kFixtures + "cases.json"));
-  ASSERT_EQ(fixture.size(), 2u);
+  ASSERT_EQ(fixture.size(), 3u);
   for (const auto& [name, entry] : fixture.items()) {
     SCOPED_TRACE(name);
     const Tokenizer tok = Tokenizer::load(kFixtures + name);
@@ -154,6 +154,7 @@ TEST(Tokenizer, TrainerMatchesHuggingFaceVocabAndMerges) {
   const Setup setups[] = {
       {"gpt2_bpe.json", PreTokenizerStyle::gpt2, 1000, {"<|bos|>", "<|eos|>"}},
       {"llama3_bpe.json", PreTokenizerStyle::llama3, 1500, {"<|begin_of_text|>", "<|end_of_text|>"}},
+      {"deepseek_v3_bpe.json", PreTokenizerStyle::deepseek_v3, 700, {"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"}},
   };
   for (const Setup& s : setups) {
     SCOPED_TRACE(s.fixture);
@@ -211,27 +212,54 @@ TEST(Tokenizer, TrainingFromAStreamStopsAtVocabSizeAndValidatesOptions) {
   EXPECT_THROW(Tokenizer::train(std::vector<std::string>{"bad \xff utf8"}, {.vocab_size = 300}), Error);
 }
 
-TEST(PreTokenizer, SplitBehaviorsMatchHuggingFaceDocs) {
-  // The example from the `tokenizers` SplitDelimiterBehavior documentation.
-  const std::map<std::string, std::vector<std::string_view>> expected = {
-      {"Removed", {"the", "final", "countdown"}},
-      {"Isolated", {"the", "-", "final", "-", "-", "countdown"}},
-      {"MergedWithPrevious", {"the-", "final-", "-", "countdown"}},
-      {"MergedWithNext", {"the", "-final", "-", "-countdown"}},
-      {"Contiguous", {"the", "-", "final", "--", "countdown"}},
+namespace {
+
+std::vector<std::string_view> pre_tokenize(const Json& config, std::string_view text, std::deque<std::string>& arena) {
+  const PreTokenizer pre = PreTokenizer::from_json(config, "test");
+  std::vector<std::string_view> out;
+  pre.split(text, out, arena);
+  return out;
+}
+
+}  // namespace
+
+TEST(PreTokenizer, SplitBehaviorsMatchHuggingFace) {
+  // Expected pieces from HF tokenizers 0.23.3: Split(Regex("-+|a"), behavior, invert).
+  struct Case {
+    const char* behavior;
+    bool invert;
+    std::vector<std::string_view> pieces;
   };
-  for (const auto& [behavior, words] : expected) {
-    SCOPED_TRACE(behavior);
+  const Case cases[] = {
+      {"Removed", false, {"the", "fin", "l", "countdown"}},
+      {"Isolated", false, {"the", "-", "fin", "a", "l", "--", "countdown", "-"}},
+      {"MergedWithPrevious", false, {"the-", "fina", "l--", "countdown-"}},
+      {"MergedWithNext", false, {"the", "-fin", "al", "--countdown", "-"}},
+      {"Contiguous", false, {"the", "-", "fin", "a", "l", "--", "countdown", "-"}},
+      {"Removed", true, {"-", "a", "--", "-"}},
+      {"Isolated", true, {"the", "-", "fin", "a", "l", "--", "countdown", "-"}},
+      {"MergedWithPrevious", true, {"the", "-fin", "al", "--countdown", "-"}},
+      {"MergedWithNext", true, {"the-", "fina", "l--", "countdown-"}},
+      {"Contiguous", true, {"the", "-", "fin", "a", "l", "--", "countdown", "-"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.behavior) + (c.invert ? " inverted" : ""));
     const Json config = {
         {"type", "Sequence"},
-        {"pretokenizers", Json::array({{{"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", behavior}},
-                                       {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
-    const PreTokenizer pre = PreTokenizer::from_json(config, "test");
-    std::vector<std::string_view> out;
+        {"pretokenizers",
+         Json::array({{{"type", "Split"}, {"pattern", {{"Regex", "-+|a"}}}, {"behavior", c.behavior}, {"invert", c.invert}},
+                      {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
     std::deque<std::string> arena;
-    pre.split("the-final--countdown", out, arena);
-    EXPECT_EQ(out, words);
+    EXPECT_EQ(pre_tokenize(config, "the-final--countdown-", arena), c.pieces);
   }
+}
+
+TEST(PreTokenizer, ByteLevelPrefixSpaceMatchesHuggingFace) {
+  // HF: ByteLevel(add_prefix_space=True) gives ĠHello Ġworld Ġ Ġx, and ĠHi for " Hi".
+  const Json config = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}};
+  std::deque<std::string> arena;
+  EXPECT_EQ(pre_tokenize(config, "Hello world  x", arena), (std::vector<std::string_view>{" Hello", " world", " ", " x"}));
+  EXPECT_EQ(pre_tokenize(config, " Hi", arena), (std::vector<std::string_view>{" Hi"}));
 }
 
 TEST(Tokenizer, RejectsBadTextAndIds) {

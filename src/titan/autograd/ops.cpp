@@ -1,5 +1,7 @@
 #include "titan/autograd/ops.h"
 
+#include "titan/core/profiler.h"
+
 #include "titan/kernels/activation.h"
 #include "titan/kernels/attention.h"
 #include "titan/kernels/cross_entropy.h"
@@ -18,6 +20,7 @@ Tensor none() { return Tensor(); }
 }  // namespace
 
 Variable linear(const Variable& x, const Variable& w, const Tensor& w_compute) {
+  ProfileScope prof("linear.fwd");
   const Tensor& wc = w_compute.defined() ? w_compute : w.value();
   TITAN_CHECK(x.value().size(-1) == wc.size(1), "linear: input width " + std::to_string(x.value().size(-1)) +
                                                     " does not match weight " + wc.shape().str() +
@@ -31,28 +34,33 @@ Variable linear(const Variable& x, const Variable& w, const Tensor& w_compute) {
   Tensor y = activation_like(ys, x.dtype());
   kernels::linear_forward(y, x.value(), wc);
   return record("linear", {x, w}, y, [xv = x.value(), wc](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("linear.bwd");
     Tensor dx = g.grad(0), dw = g.grad(1), db;
     kernels::linear_backward(dx, dw, db, dy, xv, wc);
   });
 }
 
 Variable embedding(const Tensor& ids, const Variable& table, DType dtype) {
+  ProfileScope prof("embedding.fwd");
   Shape ys = ids.shape();
   ys.push_back(table.value().size(1));
   Tensor y = activation_like(ys, dtype);
   kernels::embedding_forward(y, table.value(), ids);
   return record("embedding", {table}, y, [ids](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("embedding.bwd");
     Tensor dt = g.grad(0);
     kernels::embedding_backward(dt, dy, ids);
   });
 }
 
 Variable rmsnorm(const Variable& x, const Variable& w, double eps) {
+  ProfileScope prof("rmsnorm.fwd");
   const int64_t rows = x.value().numel() / x.value().size(-1);
   Tensor y = activation_like(x.shape(), x.dtype());
   Tensor rstd = Tensor::empty({rows}, DType::f32, MemCategory::activations);
   kernels::rmsnorm_forward(y, rstd, x.value(), w.value(), eps);
   return record("rmsnorm", {x, w}, y, [xv = x.value(), wv = w.value(), rstd](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("rmsnorm.bwd");
     Tensor dx = g.grad(0), dw = g.grad(1);
     kernels::rmsnorm_backward(dx, dw, rstd, dy, xv, wv);
   });
@@ -60,15 +68,18 @@ Variable rmsnorm(const Variable& x, const Variable& w, double eps) {
 
 Variable rope(const Variable& x, const kernels::RopeTables& tables, const Tensor& positions, kernels::RopeLayout layout,
               int64_t rope_offset) {
+  ProfileScope prof("rope.fwd");
   Tensor y = activation_like(x.shape(), x.dtype());
   kernels::rope_forward(y, x.value(), tables, positions, layout, rope_offset);
   return record("rope", {x}, y, [tables, positions, layout, rope_offset](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("rope.bwd");
     Tensor dx = g.grad(0);
     kernels::rope_backward(dx, dy, tables, positions, layout, rope_offset);
   });
 }
 
 Variable attention(const Variable& q, const Variable& k, const Variable& v, std::optional<double> scale) {
+  ProfileScope prof("attention.fwd");
   const Tensor& qv = q.value();
   Shape os = qv.shape();
   os[3] = v.value().size(3);
@@ -77,24 +88,29 @@ Variable attention(const Variable& q, const Variable& k, const Variable& v, std:
   kernels::attention_forward(o, lse, qv, k.value(), v.value(), scale);
   return record("attention", {q, k, v}, o,
                 [qv, kv = k.value(), vv = v.value(), o, lse, scale](const Tensor& dout, GradSink& g) {
+    ProfileScope prof_bwd("attention.bwd");
                   Tensor dq = g.grad(0), dk = g.grad(1), dv = g.grad(2);
                   kernels::attention_backward(dq, dk, dv, lse, dout, qv, kv, vv, o, scale);
                 });
 }
 
 Variable swiglu(const Variable& gate, const Variable& up) {
+  ProfileScope prof("swiglu.fwd");
   Tensor y = activation_like(gate.shape(), gate.dtype());
   kernels::swiglu_forward(y, gate.value(), up.value());
   return record("swiglu", {gate, up}, y, [gv = gate.value(), uv = up.value()](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("swiglu.bwd");
     Tensor dgate = g.grad(0), dup = g.grad(1);
     kernels::swiglu_backward(dgate, dup, dy, gv, uv);
   });
 }
 
 Variable add(const Variable& a, const Variable& b, double alpha) {
+  ProfileScope prof("add.fwd");
   Tensor y = activation_like(a.shape(), a.dtype());
   kernels::add(y, a.value(), b.value(), alpha);
   return record("add", {a, b}, y, [alpha](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("add.bwd");
     // Only one input may take dy's buffer: two gradients sharing storage would alias when a
     // later backward reads one while accumulating into the other.
     Tensor da = g.adopt(0, dy) ? none() : g.grad(0);
@@ -104,7 +120,9 @@ Variable add(const Variable& a, const Variable& b, double alpha) {
 }
 
 Variable view(const Variable& x, const Shape& shape) {
+  ProfileScope prof("view.fwd");
   return record("view", {x}, x.value().view(shape), [shape_in = x.shape()](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("view.bwd");
     const Tensor dyv = dy.view(shape_in);
     if (g.adopt(0, dyv)) return;
     Tensor dx = g.grad(0);
@@ -113,6 +131,7 @@ Variable view(const Variable& x, const Shape& shape) {
 }
 
 Variable cross_entropy(const Variable& logits, const Tensor& targets) {
+  ProfileScope prof("cross_entropy.fwd");
   const Tensor& lv = logits.value();
   const int64_t n = lv.size(0);
   Tensor loss = Tensor::empty({n}, DType::f32, MemCategory::activations);
@@ -120,6 +139,7 @@ Variable cross_entropy(const Variable& logits, const Tensor& targets) {
   const kernels::CrossEntropyResult r = kernels::cross_entropy_forward(loss, lse, lv, targets);
   return record("cross_entropy", {logits}, Tensor::full({1}, r.mean_loss, DType::f32),
                 [lv, targets, lse](const Tensor& dmean, GradSink& g) {
+    ProfileScope prof_bwd("cross_entropy.bwd");
                   const double d = dmean.item();
                   if (g.adopt(0, lv)) {
                     Tensor dl = lv;

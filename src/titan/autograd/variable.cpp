@@ -5,43 +5,49 @@
 namespace titan::autograd {
 
 Variable::Variable(Tensor value, bool requires_grad, std::string name) : impl_(std::make_shared<Impl>()) {
+  impl_->slot = std::make_shared<GradSlot>();
+  impl_->slot->shape = value.shape();
+  impl_->slot->dtype = value.dtype();
+  impl_->slot->requires_grad = requires_grad;
+  impl_->slot->name = std::move(name);
   impl_->value = std::move(value);
-  impl_->requires_grad = requires_grad;
-  impl_->name = std::move(name);
 }
 
 Variable make_output(Tensor value, bool requires_grad) {
   Variable v(std::move(value), requires_grad);
-  v.impl_->is_leaf = false;
+  v.impl_->slot->is_leaf = false;
   return v;
+}
+
+Tensor& GradSlot::ensure() {
+  if (!grad.defined()) {
+    // Leaves (parameters) keep f32 gradients whatever their storage; intermediate gradients
+    // follow their activation's dtype.
+    const DType dt = dtype_is_float(dtype) && !is_leaf ? dtype : DType::f32;
+    grad = Tensor::zeros(shape, dt, is_leaf ? MemCategory::gradients : MemCategory::temporaries);
+  }
+  return grad;
 }
 
 Tensor& Variable::ensure_grad() {
   TITAN_CHECK(impl_, "gradient of an undefined Variable");
-  if (!impl_->grad.defined()) {
-    const DType dt = dtype_is_float(impl_->value.dtype()) ? impl_->value.dtype() : DType::f32;
-    // Leaves (parameters) keep f32 gradients whatever their storage; intermediate gradients
-    // follow their activation's dtype.
-    impl_->grad = Tensor::zeros(impl_->value.shape(), impl_->is_leaf ? DType::f32 : dt,
-                                impl_->is_leaf ? MemCategory::gradients : MemCategory::temporaries);
-  }
-  return impl_->grad;
+  return impl_->slot->ensure();
 }
 
 bool GradSink::adopt(size_t i, const Tensor& g) {
-  Variable& in = inputs_[i];
-  if (!in.requires_grad() || in.grad().defined() || in.is_leaf()) return false;
-  TITAN_CHECK(g.shape() == in.shape(), "adopted gradient shape " + g.shape().str() + " differs from " + in.shape().str());
-  in.impl_->grad = g;
+  GradSlot& in = *inputs_[i];
+  if (!in.requires_grad || in.grad.defined() || in.is_leaf) return false;
+  TITAN_CHECK(g.shape() == in.shape, "adopted gradient shape " + g.shape().str() + " differs from " + in.shape.str());
+  in.grad = g;
   return true;
 }
 
 void Variable::zero_grad() {
-  if (impl_ && impl_->grad.defined()) impl_->grad.zero_();
+  if (impl_ && impl_->slot->grad.defined()) impl_->slot->grad.zero_();
 }
 
 void Variable::clear_grad() {
-  if (impl_) impl_->grad = Tensor();
+  if (impl_) impl_->slot->grad = Tensor();
 }
 
 // ---- tape ----------------------------------------------------------------------------------
@@ -70,9 +76,9 @@ void Tape::run_backward() {
     nodes_.pop_back();
     grad_outputs.clear();
     bool any = false;
-    for (Variable& out : node->outputs) {
-      grad_outputs.push_back(out.grad());
-      any = any || out.grad().defined();
+    for (const auto& out : node->outputs) {
+      grad_outputs.push_back(out->grad);
+      any = any || out->grad.defined();
     }
     if (any) {
       GradSink sink(node->inputs);
@@ -80,8 +86,8 @@ void Tape::run_backward() {
     }
     // The outputs' gradients were consumed by this node (every later use was recorded after it
     // and so has already run); release them unless the output is a leaf someone holds.
-    for (Variable& out : node->outputs)
-      if (!out.is_leaf()) out.clear_grad();
+    for (const auto& out : node->outputs)
+      if (!out->is_leaf) out->grad = Tensor();
   }
 }
 
@@ -96,8 +102,8 @@ std::vector<Variable> record(std::string name, std::vector<Variable> inputs, std
   if (needs) {
     auto node = std::make_shared<Node>();
     node->name = std::move(name);
-    node->inputs = std::move(inputs);
-    node->outputs = outs;
+    for (const Variable& in : inputs) node->inputs.push_back(in.slot());
+    for (const Variable& out : outs) node->outputs.push_back(out.slot());
     node->backward = std::move(backward);
     current_tape().record(std::move(node));
   }

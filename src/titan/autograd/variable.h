@@ -15,6 +15,20 @@
 
 namespace titan::autograd {
 
+// Where a Variable's gradient lives. The tape holds only these (never values), so an
+// activation stays alive exactly as long as a user Variable or a backward that saved it needs it.
+struct GradSlot {
+  Tensor grad;
+  Shape shape;
+  DType dtype = DType::f32;
+  bool requires_grad = false;
+  bool is_leaf = true;
+  std::string name;
+  // Allocates a zero gradient if absent: f32 in category `gradients` for leaves (parameters),
+  // the value's dtype in `temporaries` for intermediates.
+  Tensor& ensure();
+};
+
 class Variable {
  public:
   Variable() = default;
@@ -23,14 +37,13 @@ class Variable {
   bool defined() const { return impl_ != nullptr; }
   const Tensor& value() const { return impl_->value; }
   Tensor& mutable_value() { return impl_->value; }
-  bool requires_grad() const { return impl_ && impl_->requires_grad; }
-  void set_requires_grad(bool r) { impl_->requires_grad = r; }
-  const std::string& name() const { return impl_->name; }
-  bool is_leaf() const { return impl_->is_leaf; }
+  bool requires_grad() const { return impl_ && impl_->slot->requires_grad; }
+  void set_requires_grad(bool r) { impl_->slot->requires_grad = r; }
+  const std::string& name() const { return impl_->slot->name; }
+  bool is_leaf() const { return impl_->slot->is_leaf; }
 
   // The gradient (undefined until something accumulates into it or ensure_grad() is called).
-  const Tensor& grad() const { return impl_->grad; }
-  // Allocates a zero gradient (f32 for float values; category `gradients` for leaves) if absent.
+  const Tensor& grad() const { return impl_->slot->grad; }
   Tensor& ensure_grad();
   void zero_grad();   // keeps the buffer, sets it to zero
   void clear_grad();  // releases the buffer
@@ -38,17 +51,13 @@ class Variable {
   const Shape& shape() const { return impl_->value.shape(); }
   DType dtype() const { return impl_->value.dtype(); }
   bool same(const Variable& o) const { return impl_ == o.impl_; }
+  const std::shared_ptr<GradSlot>& slot() const { return impl_->slot; }
 
  private:
-  friend class Tape;
-  friend class GradSink;
   friend Variable make_output(Tensor value, bool requires_grad);
   struct Impl {
     Tensor value;
-    Tensor grad;
-    bool requires_grad = false;
-    bool is_leaf = true;
-    std::string name;
+    std::shared_ptr<GradSlot> slot;
   };
   std::shared_ptr<Impl> impl_;
 };
@@ -57,16 +66,16 @@ class Variable {
 // (allocated as zeros on first use), or an undefined tensor when input i needs no gradient.
 class GradSink {
  public:
-  explicit GradSink(std::span<Variable> inputs) : inputs_(inputs) {}
-  bool needs(size_t i) const { return inputs_[i].requires_grad(); }
-  Tensor grad(size_t i) { return needs(i) ? inputs_[i].ensure_grad() : Tensor(); }
+  explicit GradSink(std::span<const std::shared_ptr<GradSlot>> inputs) : inputs_(inputs) {}
+  bool needs(size_t i) const { return inputs_[i]->requires_grad; }
+  Tensor grad(size_t i) { return needs(i) ? inputs_[i]->ensure() : Tensor(); }
   // When input i needs a gradient and has none yet, makes `g` its gradient without copying and
   // returns true (the caller must not reuse g); otherwise returns false (accumulate instead).
   // Saves a zero-fill and an add for the common single-consumer case.
   bool adopt(size_t i, const Tensor& g);
 
  private:
-  std::span<Variable> inputs_;
+  std::span<const std::shared_ptr<GradSlot>> inputs_;
 };
 
 // backward(grad_outputs, sink): grad_outputs[k] is output k's gradient (undefined if nothing
@@ -75,8 +84,8 @@ using BackwardFn = std::function<void(std::span<const Tensor> grad_outputs, Grad
 
 struct Node {
   std::string name;
-  std::vector<Variable> inputs;
-  std::vector<Variable> outputs;
+  std::vector<std::shared_ptr<GradSlot>> inputs;
+  std::vector<std::shared_ptr<GradSlot>> outputs;
   BackwardFn backward;
 };
 

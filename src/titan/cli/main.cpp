@@ -15,6 +15,7 @@
 #include "titan/data/data_cli.h"
 #include "titan/data/tokenizer.h"
 #include "titan/data/tokenizer_cli.h"
+#include "titan/train/generate.h"
 #include "titan/train/trainer.h"
 
 namespace {
@@ -23,6 +24,7 @@ constexpr const char* kUsage = R"(usage: titan <command> [options]
 
 commands:
   train       train a model from a TOML config: titan train --config configs/llama3_debug.toml
+  generate    sample text from a checkpoint (KV cache; temperature, top-k, top-p, seed)
   tokenizer   train / use a byte-level BPE tokenizer (Hugging Face tokenizer.json)
   data        prepare token shards from text or JSONL; inspect shards
   info        this machine: CPU capability in use, threads, measured peak FLOP/s and bandwidth
@@ -80,6 +82,7 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "info") return info_main();
     if (cmd == "train") return titan::train::train_main(argc, argv);
+    if (cmd == "generate") return titan::train::generate_main(argc, argv);
     if (cmd == "tokenizer") return titan::data::tokenizer_main(argc - 1, argv + 1);
     if (cmd == "data") return titan::data::data_main(argc - 1, argv + 1, make_encoder);
     std::fprintf(stderr, "titan: unknown command '%s'\n\n%s", argv[1], kUsage);

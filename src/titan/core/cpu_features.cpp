@@ -1,5 +1,9 @@
 #include "titan/core/cpu_features.h"
 
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -49,6 +53,23 @@ void set_cpu_capability(CpuCapability c) {
   TITAN_CHECK(int(c) <= int(cpu_capability_detected()),
               "this CPU does not support " + std::string(cpu_capability_name(c)));
   current().store(int(c));
+}
+
+bool cpu_amx_bf16_usable() {
+  static const bool usable = [] {
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & (1u << 27))) return false;  // OSXSAVE
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    const bool amx_bf16 = edx & (1u << 22), amx_tile = edx & (1u << 24);
+    if (!amx_bf16 || !amx_tile) return false;
+    uint32_t xcr0_lo, xcr0_hi;
+    asm volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    const uint32_t tile_state = (1u << 17) | (1u << 18);  // XTILECFG, XTILEDATA
+    if ((xcr0_lo & tile_state) != tile_state) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return usable;
 }
 
 std::string_view cpu_capability_name(CpuCapability c) {

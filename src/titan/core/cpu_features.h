@@ -15,4 +15,10 @@ void set_cpu_capability(CpuCapability c); // throws if the CPU does not support 
 std::string_view cpu_capability_name(CpuCapability c);
 CpuCapability cpu_capability_from_name(std::string_view name);  // throws on unknown names
 
+// Whether AMX bf16 tiles (TDPBF16PS) can run in this process: the CPU reports AMX-TILE and
+// AMX-BF16, the OS enables the tile state, and Linux grants this process tile data
+// (arch_prctl ARCH_REQ_XCOMP_PERM; without it the first tile instruction raises SIGILL).
+// Checked and requested once; false on any failure. Independent of cpu_capability().
+bool cpu_amx_bf16_usable();
+
 }  // namespace titan

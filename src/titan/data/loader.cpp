@@ -1,6 +1,7 @@
 #include "titan/data/loader.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -197,6 +198,28 @@ bool DataLoader::next_batch(int32_t* inputs, int32_t* targets, int batch_size, i
   position_ += global;
   seconds_spent_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return true;
+}
+
+double DataLoader::unigram_entropy() const {
+  std::vector<int64_t> counts(size_t(vocab_size_), 0);
+  std::vector<int32_t> chunk(1 << 16);
+  int64_t total = 0;
+  for (const ShardReader& shard : shards_) {
+    for (int64_t begin = 0; begin < shard.num_tokens(); begin += int64_t(chunk.size())) {
+      const int64_t n = std::min<int64_t>(int64_t(chunk.size()), shard.num_tokens() - begin);
+      shard.copy_tokens(begin, n, chunk.data());
+      for (int64_t i = 0; i < n; ++i) ++counts[size_t(chunk[size_t(i)])];
+      total += n;
+    }
+    // The packer adds one EOS (and one BOS, when the tokenizer has it) per document.
+    if (eos_id_ >= 0) counts[size_t(eos_id_)] += shard.num_documents();
+    if (bos_id_ >= 0) counts[size_t(bos_id_)] += shard.num_documents();
+    total += shard.num_documents() * separators_;
+  }
+  double h = 0;
+  for (int64_t c : counts)
+    if (c > 0) h -= double(c) / double(total) * std::log(double(c) / double(total));
+  return h;
 }
 
 }  // namespace titan::data

@@ -68,6 +68,9 @@ class DataLoader {
   int64_t stream_tokens() const { return stream_tokens_; }  // packed stream length
   int64_t vocab_size() const { return vocab_size_; }
   int64_t epoch() const { return epoch_; }
+  // Entropy (nats per token) of the unigram distribution of the shards' tokens: the loss of a
+  // model that ignores context. A language model has learned something once its loss is below.
+  double unigram_entropy() const;
   // Wall time spent inside next_batch since construction, for the trainer's data-loading share.
   double seconds_spent() const { return seconds_spent_; }
 

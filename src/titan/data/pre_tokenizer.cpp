@@ -12,13 +12,22 @@
 
 namespace titan::data {
 
-using Json = nlohmann::ordered_json;
+using Json = nlohmann::json;
 
+namespace {
+
+// The GPT-2 pattern the ByteLevel step splits with when its use_regex is true.
 const char* const kGpt2SplitPattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+// Llama-3: digits in groups of up to three, letters with one leading non-letter.
 const char* const kLlama3SplitPattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
-namespace {
+// DeepSeek-V3, applied in turn: digit groups, CJK/kana runs, then words keeping their marks.
+const char* const kDeepSeekV3SplitPatterns[3] = {
+    R"(\p{N}{1,3})",
+    "[\u4E00-\u9FA5\u3040-\u309F\u30A0-\u30FF]+",
+    R"re([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re",
+};
 
 std::string pcre2_message(int code) {
   PCRE2_UCHAR buffer[256];
@@ -271,6 +280,14 @@ PreTokenizer PreTokenizer::llama3() {
                      {"invert", false}},
                     {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}})}};
   return from_json(config, "<llama3 pre-tokenizer>");
+}
+
+PreTokenizer PreTokenizer::deepseek_v3() {
+  Json steps = Json::array();
+  for (const char* pattern : kDeepSeekV3SplitPatterns)
+    steps.push_back({{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}});
+  steps.push_back({{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}});
+  return from_json({{"type", "Sequence"}, {"pretokenizers", steps}}, "<deepseek_v3 pre-tokenizer>");
 }
 
 void PreTokenizer::split(std::string_view text, std::vector<std::string_view>& words,

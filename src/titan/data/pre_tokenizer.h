@@ -22,7 +22,6 @@ class Regex {
   // The leftmost match in `subject` starting at or after byte `offset`, as [begin, end).
   // `subject` must be valid UTF-8 (checked once by the caller, not per call).
   bool find(std::string_view subject, size_t offset, size_t& begin, size_t& end) const;
-  const std::string& pattern() const { return pattern_; }
 
  private:
   struct Code;
@@ -33,20 +32,17 @@ class Regex {
 // What a Split step does with the pieces its pattern matches (tokenizer.json "behavior").
 enum class SplitBehavior { removed, isolated, merged_with_previous, merged_with_next, contiguous };
 
-// The GPT-2 pattern the ByteLevel step splits with when its use_regex is true.
-extern const char* const kGpt2SplitPattern;
-// Llama-3's pattern: digits in groups of up to three, letters with one leading non-letter.
-extern const char* const kLlama3SplitPattern;
-
 class PreTokenizer {
  public:
   // Builds the steps from tokenizer.json's "pre_tokenizer" value. `file` names the
   // tokenizer file in errors. The configuration must end in a ByteLevel step.
-  static PreTokenizer from_json(const nlohmann::ordered_json& config, const std::string& file);
+  static PreTokenizer from_json(const nlohmann::json& config, const std::string& file);
   // ByteLevel alone with its GPT-2 regex (GPT-2, RoBERTa).
   static PreTokenizer gpt2();
   // Split(Llama-3 regex, Isolated) then ByteLevel without its own regex (Llama-3).
   static PreTokenizer llama3();
+  // Three Splits (DeepSeek-V3 patterns, Isolated) then ByteLevel without its own regex.
+  static PreTokenizer deepseek_v3();
 
   // Appends the words of `text`, in order, to `words`. A view points into `text`, or into
   // `arena` for a word that gained a prefix space; both must outlive `words`.
@@ -63,7 +59,7 @@ class PreTokenizer {
     SplitBehavior behavior = SplitBehavior::isolated;
     bool invert = false;               // the pattern matches the kept pieces, not the delimiters
   };
-  static void add_steps(const nlohmann::ordered_json& config, const std::string& file, const std::string& field,
+  static void add_steps(const nlohmann::json& config, const std::string& file, const std::string& field,
                         std::vector<Step>& steps);
 
   std::vector<Step> steps_;

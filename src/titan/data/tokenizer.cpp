@@ -20,7 +20,9 @@
 
 namespace titan::data {
 
-using Json = nlohmann::ordered_json;
+// Parsed with sorted-key objects: nlohmann's insertion-ordered objects look keys up linearly,
+// which is quadratic on a 128k-token vocab.
+using Json = nlohmann::json;
 
 namespace {
 
@@ -506,10 +508,16 @@ bool optional_bool(const Json& object, const char* key, bool fallback, const std
 }
 
 // A token id from JSON: an integer in [0, 2^31).
+bool is_id(const Json& value) {
+  return value.is_number_integer() && value.get<int64_t>() >= 0 && value.get<int64_t>() <= INT32_MAX;
+}
+
+[[noreturn]] void fail_id(const Json& value, const std::string& file, const std::string& field) {
+  fail_field(file, field, "is " + value.dump() + ", not a token id", "token ids are integers from 0 to vocab size - 1");
+}
+
 int32_t parse_id(const Json& value, const std::string& file, const std::string& field) {
-  if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > INT32_MAX)
-    fail_field(file, field, "is " + value.dump() + ", not a token id",
-               "token ids are integers from 0 to vocab size - 1");
+  if (!is_id(value)) fail_id(value, file, field);
   return static_cast<int32_t>(value.get<int64_t>());
 }
 
@@ -581,16 +589,22 @@ Tokenizer Tokenizer::load(const std::string& path, const SpecialTokenNames& name
   StringMap<int32_t> model_ids;
   int32_t max_id = -1;
   std::string max_field;
+  token_of_id.reserve(vocab.size());
+  model_ids.reserve(vocab.size());
+  auto vocab_field = [](const std::string& token) { return "model.vocab[" + Json(token).dump() + "]"; };
+  std::string max_token;
   for (const auto& [token, value] : vocab.items()) {
-    const std::string field = "model.vocab[" + Json(token).dump() + "]";
-    const int32_t id = parse_id(value, path, field);
+    // Field names are built only on failure: this loop runs once per token.
+    if (!is_id(value)) fail_id(value, path, vocab_field(token));
+    const auto id = static_cast<int32_t>(value.get<int64_t>());
     auto [it, inserted] = token_of_id.emplace(id, token);
     if (!inserted)
-      fail_field(path, field, "reuses id " + std::to_string(id) + " of token " + Json(it->second).dump(),
+      fail_field(path, vocab_field(token), "reuses id " + std::to_string(id) + " of token " + Json(it->second).dump(),
                  "each token needs its own id; regenerate the vocabulary");
     model_ids.emplace(token, id);
-    if (id > max_id) max_id = id, max_field = field;
+    if (id > max_id) max_id = id, max_token = token;
   }
+  if (max_id >= 0) max_field = vocab_field(max_token);
 
   const Json added_tokens = root.contains("added_tokens") && !root["added_tokens"].is_null() ? root["added_tokens"]
                                                                                             : Json::array();
@@ -648,14 +662,14 @@ Tokenizer Tokenizer::load(const std::string& path, const SpecialTokenNames& name
     fail_field(path, "model.merges", "is not a list", "write merges as [\"a b\", ...] or [[\"a\", \"b\"], ...]");
   impl->merges.reserve(merges.size());
   for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const std::string field = "model.merges[" + std::to_string(rank) + "]";
     const Json& merge = merges[rank];
+    auto field = [rank] { return "model.merges[" + std::to_string(rank) + "]"; };
     std::string left, right;
     if (merge.is_string()) {
       const std::string s = merge.get<std::string>();
       const size_t space = s.find(' ');
       if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
-        fail_field(path, field, "is " + merge.dump() + ", not two tokens separated by one space",
+        fail_field(path, field(), "is " + merge.dump() + ", not two tokens separated by one space",
                    "write the merge as \"left right\", or as [\"left\", \"right\"] when a token contains a space");
       left = s.substr(0, space);
       right = s.substr(space + 1);
@@ -663,16 +677,16 @@ Tokenizer Tokenizer::load(const std::string& path, const SpecialTokenNames& name
       left = merge[0].get<std::string>();
       right = merge[1].get<std::string>();
     } else {
-      fail_field(path, field, "is " + merge.dump() + ", not a merge", "write the merge as \"left right\" or [\"left\", \"right\"]");
+      fail_field(path, field(), "is " + merge.dump() + ", not a merge", "write the merge as \"left right\" or [\"left\", \"right\"]");
     }
     for (const std::string* part : {&left, &right}) {
       if (!model_ids.contains(*part))
-        fail_field(path, field, "merges " + Json(*part).dump() + ", which is not in model.vocab",
+        fail_field(path, field(), "merges " + Json(*part).dump() + ", which is not in model.vocab",
                    "every merge joins two vocab tokens; the merges and vocab come from different tokenizers "
                    "or the vocab was truncated");
     }
     if (!model_ids.contains(left + right))
-      fail_field(path, field, "makes " + Json(left + right).dump() + ", which is not in model.vocab",
+      fail_field(path, field(), "makes " + Json(left + right).dump() + ", which is not in model.vocab",
                  "every merge result must be a vocab token; the merges and vocab come from different tokenizers");
     impl->merges.emplace_back(model_ids.at(left), model_ids.at(right));
   }
@@ -696,45 +710,59 @@ Tokenizer Tokenizer::load(const std::string& path, const SpecialTokenNames& name
 
 void Tokenizer::save(const std::string& path) const {
   const Impl& m = *impl_;
-  Json added = Json::array();
-  for (const AddedToken& t : m.added)
-    added.push_back({{"id", t.id}, {"content", t.content}, {"single_word", t.single_word}, {"lstrip", t.lstrip},
-                     {"rstrip", t.rstrip}, {"normalized", t.normalized}, {"special", t.special}});
-  Json vocab = Json::object();
-  for (size_t id = 0; id < m.tokens.size(); ++id)
-    if (m.in_model[id]) vocab[m.tokens[id]] = id;
-  Json merges = Json::array();
-  for (const auto& [left, right] : m.merges) merges.push_back({m.tokens[left], m.tokens[right]});
-  Json root = {
-      {"version", m.version},
-      {"truncation", m.truncation},
-      {"padding", m.padding},
-      {"added_tokens", std::move(added)},
-      {"normalizer", m.normalizer},
-      {"pre_tokenizer", Json::parse(m.pre_tokenizer.config_json())},
-      {"post_processor", m.post_processor},
-      {"decoder", m.decoder},
-      {"model",
-       {{"type", "BPE"},
-        {"dropout", nullptr},
-        {"unk_token", m.unk_token ? Json(*m.unk_token) : Json()},
-        {"continuing_subword_prefix", nullptr},
-        {"end_of_word_suffix", nullptr},
-        {"fuse_unk", m.fuse_unk},
-        {"byte_fallback", false},
-        {"ignore_merges", m.ignore_merges},
-        {"vocab", std::move(vocab)},
-        {"merges", std::move(merges)}}}};
+  // Written by hand in Hugging Face's field order, one vocab entry and one merge per line;
+  // small values are compact JSON.
+  auto quote = [](const std::string& s) { return Json(s).dump(); };
+  std::string out = "{\n";
+  out += "  \"version\": " + m.version.dump() + ",\n";
+  out += "  \"truncation\": " + m.truncation.dump() + ",\n";
+  out += "  \"padding\": " + m.padding.dump() + ",\n";
+  out += "  \"added_tokens\": [";
+  for (size_t i = 0; i < m.added.size(); ++i) {
+    const AddedToken& t = m.added[i];
+    const nlohmann::ordered_json entry = {{"id", t.id},         {"content", t.content},       {"single_word", t.single_word},
+                                          {"lstrip", t.lstrip}, {"rstrip", t.rstrip},         {"normalized", t.normalized},
+                                          {"special", t.special}};
+    out += (i ? ",\n    " : "\n    ") + entry.dump();
+  }
+  out += m.added.empty() ? "],\n" : "\n  ],\n";
+  out += "  \"normalizer\": " + m.normalizer.dump() + ",\n";
+  out += "  \"pre_tokenizer\": " + m.pre_tokenizer.config_json() + ",\n";
+  out += "  \"post_processor\": " + m.post_processor.dump() + ",\n";
+  out += "  \"decoder\": " + m.decoder.dump() + ",\n";
+  out += "  \"model\": {\n";
+  out += "    \"type\": \"BPE\",\n    \"dropout\": null,\n";
+  out += "    \"unk_token\": " + (m.unk_token ? quote(*m.unk_token) : std::string("null")) + ",\n";
+  out += "    \"continuing_subword_prefix\": null,\n    \"end_of_word_suffix\": null,\n";
+  out += std::string("    \"fuse_unk\": ") + (m.fuse_unk ? "true" : "false") + ",\n";
+  out += "    \"byte_fallback\": false,\n";
+  out += std::string("    \"ignore_merges\": ") + (m.ignore_merges ? "true" : "false") + ",\n";
+  out += "    \"vocab\": {";
+  bool first = true;
+  for (size_t id = 0; id < m.tokens.size(); ++id) {
+    if (!m.in_model[id]) continue;
+    out += (first ? "\n      " : ",\n      ") + quote(m.tokens[id]) + ": " + std::to_string(id);
+    first = false;
+  }
+  out += first ? "},\n" : "\n    },\n";
+  // Pairs rather than "left right" strings: a token may contain a space.
+  out += "    \"merges\": [";
+  for (size_t rank = 0; rank < m.merges.size(); ++rank) {
+    const auto [left, right] = m.merges[rank];
+    out += (rank ? ",\n      [" : "\n      [") + quote(m.tokens[left]) + ", " + quote(m.tokens[right]) + "]";
+  }
+  out += m.merges.empty() ? "]\n" : "\n    ]\n";
+  out += "  }\n}\n";
 
   // Written beside the target and renamed, so a crash never leaves a half-written tokenizer.json.
   const std::string temporary = path + ".tmp";
   {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    TITAN_CHECK(out.good(), "cannot write tokenizer file '" + temporary + "'",
+    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
+    TITAN_CHECK(file.good(), "cannot write tokenizer file '" + temporary + "'",
                 "check that the directory exists and is writable");
-    out << root.dump(2) << '\n';
-    out.close();
-    TITAN_CHECK(out.good(), "writing tokenizer file '" + temporary + "' failed", "check free disk space");
+    file << out;
+    file.close();
+    TITAN_CHECK(file.good(), "writing tokenizer file '" + temporary + "' failed", "check free disk space");
   }
   TITAN_CHECK(std::rename(temporary.c_str(), path.c_str()) == 0,
               "cannot rename '" + temporary + "' to '" + path + "'", "check that the target directory is writable");
@@ -770,8 +798,17 @@ Tokenizer Tokenizer::train(const TextSource& next_text, const TrainOptions& opti
 
   auto impl = std::make_shared<Impl>();
   impl->origin = "trained tokenizer";
-  impl->pre_tokenizer =
-      options.pre_tokenizer == PreTokenizerStyle::gpt2 ? PreTokenizer::gpt2() : PreTokenizer::llama3();
+  switch (options.pre_tokenizer) {
+    case PreTokenizerStyle::gpt2:
+      impl->pre_tokenizer = PreTokenizer::gpt2();
+      break;
+    case PreTokenizerStyle::llama3:
+      impl->pre_tokenizer = PreTokenizer::llama3();
+      break;
+    case PreTokenizerStyle::deepseek_v3:
+      impl->pre_tokenizer = PreTokenizer::deepseek_v3();
+      break;
+  }
   // Llama-3 marks its vocabulary this way: a word that is a token stays one token.
   impl->ignore_merges = options.pre_tokenizer == PreTokenizerStyle::llama3;
 

@@ -30,6 +30,7 @@ struct SpecialTokenNames {
 enum class PreTokenizerStyle {
   gpt2,    // ByteLevel's own regex: letters, digit runs, punctuation, each with one leading space
   llama3,  // Llama-3's Split regex: digits in groups of up to three, no space before digits
+  deepseek_v3,  // DeepSeek-V3's three Splits: digit groups, CJK/kana runs, words with marks
 };
 
 struct TrainOptions {

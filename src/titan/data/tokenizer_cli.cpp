@@ -17,14 +17,14 @@ namespace {
 
 constexpr const char* kUsage = R"(usage:
   {0} train  --input FILE... --vocab-size N --output tokenizer.json
-             [--special <|bos|>,<|eos|>] [--style llama3|gpt2] [--min-frequency N]
+             [--special <|bos|>,<|eos|>] [--style llama3|gpt2|deepseek_v3] [--min-frequency N]
   {0} encode --tokenizer tokenizer.json --text TEXT [--bos]
   {0} decode --tokenizer tokenizer.json --ids 1,2,3
 
 train   learns a byte-level BPE vocabulary from UTF-8 text files and writes a Hugging Face
         tokenizer.json. --special lists special tokens (ids 0, 1, ...; default <|bos|>,<|eos|>,
         the first being BOS and the second EOS); --style picks the pre-tokenizer regex
-        (llama3, the default, or gpt2).
+        (llama3, the default, gpt2 or deepseek_v3).
 encode  prints the ids of TEXT, space-separated (--bos prepends the BOS token).
 decode  prints the text of comma-separated ids.
 )";
@@ -33,7 +33,8 @@ struct UsageError {
   std::string message;
 };
 
-// Options as name -> values; a flag that takes no value maps to an empty list.
+// Options as name -> values; a flag that takes no value maps to an empty list. `--name=value`
+// passes a value that itself starts with "--".
 std::map<std::string, std::vector<std::string>> parse_options(int argc, char** argv, int first,
                                                               const std::vector<std::string>& flags) {
   std::map<std::string, std::vector<std::string>> options;
@@ -41,8 +42,15 @@ std::map<std::string, std::vector<std::string>> parse_options(int argc, char** a
   for (int i = first; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--", 0) == 0) {
-      current = &options[arg.substr(2)];
-      if (std::find(flags.begin(), flags.end(), arg.substr(2)) != flags.end()) current = nullptr;
+      const size_t equals = arg.find('=');
+      const std::string name = arg.substr(2, equals == std::string::npos ? std::string::npos : equals - 2);
+      current = &options[name];
+      if (equals != std::string::npos) {
+        current->push_back(arg.substr(equals + 1));
+        current = nullptr;
+      } else if (std::find(flags.begin(), flags.end(), name) != flags.end()) {
+        current = nullptr;
+      }
     } else if (current) {
       current->push_back(arg);
     } else {
@@ -102,9 +110,12 @@ class FileTexts {
         if (!text.empty()) return true;
         continue;
       }
-      bytes_ += line.size() + 1;
       text += line;
-      if (!in_.eof()) text += '\n';
+      bytes_ += line.size();
+      if (!in_.eof()) {
+        text += '\n';
+        ++bytes_;
+      }
       if (line.empty() || text.size() >= kMaxTextBytes) return true;
     }
   }
@@ -138,8 +149,12 @@ int train(int argc, char** argv) {
   }
   if (options.contains("style")) {
     const std::string& style = single(options, "style");
-    if (style != "llama3" && style != "gpt2") throw UsageError{"--style is llama3 or gpt2, not '" + style + "'"};
-    train_options.pre_tokenizer = style == "gpt2" ? PreTokenizerStyle::gpt2 : PreTokenizerStyle::llama3;
+    const std::map<std::string, PreTokenizerStyle> styles = {
+        {"llama3", PreTokenizerStyle::llama3}, {"gpt2", PreTokenizerStyle::gpt2},
+        {"deepseek_v3", PreTokenizerStyle::deepseek_v3}};
+    auto it = styles.find(style);
+    if (it == styles.end()) throw UsageError{"--style is llama3, gpt2 or deepseek_v3, not '" + style + "'"};
+    train_options.pre_tokenizer = it->second;
   }
   if (options.contains("min-frequency"))
     train_options.min_frequency = parse_integer(single(options, "min-frequency"), "min-frequency");

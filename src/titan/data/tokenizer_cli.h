@@ -5,7 +5,7 @@ namespace titan::data {
 
 // argv[0] names the subcommand (it is only used in messages); argv[1] is the action:
 //   train  --input FILE... --vocab-size N --output tokenizer.json
-//          [--special <|bos|>,<|eos|>] [--style llama3|gpt2] [--min-frequency N]
+//          [--special <|bos|>,<|eos|>] [--style llama3|gpt2|deepseek_v3] [--min-frequency N]
 //   encode --tokenizer tokenizer.json --text "..." [--bos]
 //   decode --tokenizer tokenizer.json --ids 1,2,3
 // Returns the process exit code: 0 on success, 1 on a failure, 2 on a usage error.

@@ -6,7 +6,9 @@ namespace titan::kernels {
 
 struct MachinePeak {
   double f32_flops = 0;     // FLOP/s, all threads
-  double bf16_flops = 0;    // FLOP/s, all threads (equals f32 without AVX512_BF16)
+  // FLOP/s, all threads: the faster of AVX512_BF16 dot products and AMX bf16 tiles (AMX only
+  // where the CPU has it and the OS grants tile use); equals f32 without AVX512_BF16.
+  double bf16_flops = 0;
   double memcpy_bytes = 0;  // bytes/s moved (read + write counted once each, i.e. 2x the copy size)
 };
 

@@ -23,6 +23,14 @@ class CausalLM : public nn::Module {
   virtual void set_compute_dtype(DType dtype) = 0;  // f32 or bf16 (mixed precision)
   virtual DType compute_dtype() const = 0;
   virtual void set_recompute(Recompute r) = 0;
+  // Generation with a key/value cache (no autograd, f32): start_generation sizes the cache for
+  // `batch` sequences of up to max_len tokens; decode consumes the next tokens [B, T] (the
+  // first call is the prompt) and returns the logits [B, V] after each row's last token.
+  virtual void start_generation(int64_t batch, int64_t max_len) = 0;
+  virtual Tensor decode(const Tensor& tokens) = 0;
+  // Called by the trainer after every optimizer step, for state updated outside autograd (MoE
+  // aux-loss-free balancing: expert bias from the step's token counts).
+  virtual void after_optimizer_step() {}
   // Extra scalars the model wants logged (e.g. MoE load balance, indexer loss); may be empty.
   virtual std::vector<std::pair<std::string, double>> step_stats() { return {}; }
 };

@@ -230,6 +230,8 @@ TrainResult Trainer::train() {
               static_cast<long long>(t.local_batch_size), static_cast<long long>(t.seq_len),
               static_cast<long long>(s.accum));
 
+  std::printf("unigram entropy of the training corpus: %.3f nats/token (the loss of a model that ignores context)\n",
+              s.train_loader->unigram_entropy());
   g_stop.store(false);
   auto previous = std::signal(SIGINT, on_sigint);
   TrainResult result;
@@ -257,6 +259,7 @@ TrainResult Trainer::train() {
     ++s.step;
     const double lr = c.optimizer.lr * s.schedule.lr_factor(s.step);
     s.opt->step(float(lr), norm.scale);
+    s.model->after_optimizer_step();
     const double step_seconds = now_seconds() - t0;
     const double loss = loss_sum / double(s.accum);
     TITAN_CHECK(std::isfinite(loss), "training diverged: the loss at step " + std::to_string(s.step) + " is not finite",

@@ -24,6 +24,30 @@ TITAN_INLINE float row_sum(const T* x, int64_t D) {
   return s;
 }
 
+// x_j += g
+template <class T>
+TITAN_INLINE void add_to_row(T* x, float g, int64_t D) {
+  // Scalar math: x_j += g
+#pragma omp simd
+  for (int64_t j = 0; j < D; ++j) x[j] = from_f32<T>(to_f32(x[j]) + g);
+}
+
+// The first index of the row's max (a row holding NaN gives an unspecified one).
+template <class T>
+TITAN_INLINE int64_t row_argmax(const T* x, int64_t D) {
+  float m = to_f32(x[0]);
+  // Scalar math: m = max_j x_j
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < D; ++j) {
+    const float v = to_f32(x[j]);
+    m = v > m ? v : m;
+  }
+  // Then the first index holding it: a scan from L1 that stops early, as the reference picks.
+  int64_t first = 0;
+  while (first < D - 1 && to_f32(x[first]) != m) ++first;
+  return first;
+}
+
 // Sums f(x_i) over x[0, n) in fixed blocks: f32 within a block, double across blocks in order.
 template <class T, class F>
 double blocked_sum(const T* x, int64_t n, F block_sum) {
@@ -60,13 +84,7 @@ void mean_rows(T* y, const T* x, int64_t N, int64_t D) {
 template <class T>
 void sum_rows_backward(T* dx, const T* dy, float scale, int64_t N, int64_t D) {
   parallel_for(0, N, row_grain(D), [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      T* dxi = dx + i * D;  // [D]
-      const float g = scale * to_f32(dy[i]);
-      // Scalar math: dx_j += g
-#pragma omp simd
-      for (int64_t j = 0; j < D; ++j) dxi[j] = from_f32<T>(to_f32(dxi[j]) + g);
-    }
+    for (int64_t i = lo; i < hi; ++i) add_to_row(dx + i * D, scale * to_f32(dy[i]), D);
   });
 }
 
@@ -74,18 +92,8 @@ template <class T>
 void max_rows(T* y, int32_t* argmax, const T* x, int64_t N, int64_t D) {
   parallel_for(0, N, row_grain(D), [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
-      const T* xi = x + i * D;  // [D]
-      float m = to_f32(xi[0]);
-      // Scalar math: m = max_j x_j
-#pragma omp simd reduction(max : m)
-      for (int64_t j = 0; j < D; ++j) {
-        const float v = to_f32(xi[j]);
-        m = v > m ? v : m;
-      }
-      // The first index holding the max (a scan from L1 that stops early), as the reference picks.
-      int64_t first = 0;
-      while (first < D - 1 && to_f32(xi[first]) != m) ++first;
-      y[i] = xi[first];
+      const int64_t first = row_argmax(x + i * D, D);
+      y[i] = x[i * D + first];
       argmax[i] = int32_t(first);
     }
   });

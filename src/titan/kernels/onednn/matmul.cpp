@@ -119,16 +119,6 @@ MatmulParams fold_batch(MatmulParams p) {
   return p;
 }
 
-// Whether oneDNN runs bf16 matmuls on AMX here (the same for every shape: it is an ISA choice).
-bool amx_in_use(State& s) {
-  static const bool amx = [&] {
-    const dnnl::memory::desc md({32, 32}, dt::bf16, {32, 1});
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md, md, md), s.engine);
-    return std::string_view(pd.impl_info_str()).find("amx") != std::string_view::npos;
-  }();
-  return amx;
-}
-
 std::unique_ptr<Cached> create(State& s, DType c_type, DType ab_type, bool has_bias, const MatmulParams& p) {
   const auto a_md = operand_desc(ab_type, p.batch, p.batch_stride_a, p.m, p.k, p.lda, p.trans_a);
   const auto b_md = operand_desc(ab_type, p.batch, p.batch_stride_b, p.k, p.n, p.ldb, p.trans_b);
@@ -143,24 +133,28 @@ std::unique_ptr<Cached> create(State& s, DType c_type, DType ab_type, bool has_b
     attr.set_post_ops(ops);
   }
   auto c = std::make_unique<Cached>();
-  // oneDNN 2.6.3's AMX kernel (brg:avx512_core_amx_bf16) can run tile loads with no tile
-  // configuration (SIGILL) when K is not a multiple of its 32-element K block and the work is
-  // split across threads (seen at K = 63 with M and N tails; one thread never failed, and
-  // neither did any K that is a multiple of 32). It is the only bf16 implementation oneDNN offers
-  // for such shapes, so they run it on one thread; LLM shapes have K a multiple of 32 and keep
-  // every thread.
-  c->single_thread = ab_type == DType::bf16 && p.k % 32 != 0 && amx_in_use(s);
-  const ThreadLimit limit(c->single_thread);
   try {
-    dnnl::matmul::primitive_desc pd;
+    const auto bias_md = p.batch == 1 ? dnnl::memory::desc({1, p.n}, to_dnnl(c_type), {p.n, 1})
+                                      : dnnl::memory::desc({1, 1, p.n}, to_dnnl(c_type), {p.n, p.n, 1});
+    auto make_pd = [&] {
+      return has_bias ? dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, bias_md, c_md), attr, s.engine)
+                      : dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, s.engine);
+    };
+    dnnl::matmul::primitive_desc pd = make_pd();
+    // oneDNN 2.6.3's AMX kernel (brg:avx512_core_amx_bf16) can run tile loads with no tile
+    // configuration (SIGILL) when K is not a multiple of its 32-element K block and the work is
+    // split across threads (seen at K = 63 with M and N tails; one thread never failed, and
+    // neither did any K that is a multiple of 32). oneDNN offers no other bf16 implementation
+    // for such layouts, so they are planned and run on one thread (the split is fixed when the
+    // primitive is created). LLM shapes have K a multiple of 32 and keep every thread.
+    c->single_thread = p.k % 32 != 0 && std::string_view(pd.impl_info_str()).find("amx") != std::string_view::npos;
+    if (c->single_thread) {
+      const ThreadLimit limit(true);
+      pd = make_pd();
+    }
     if (has_bias) {
-      const auto bias_md = p.batch == 1 ? dnnl::memory::desc({1, p.n}, to_dnnl(c_type), {p.n, 1})
-                                        : dnnl::memory::desc({1, 1, p.n}, to_dnnl(c_type), {p.n, p.n, 1});
-      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, bias_md, c_md), attr, s.engine);
       c->bias = dnnl::memory(bias_md, s.engine, DNNL_MEMORY_NONE);
       c->args[DNNL_ARG_BIAS] = c->bias;
-    } else {
-      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, s.engine);
     }
     c->primitive = dnnl::matmul(pd);
     c->impl = pd.impl_info_str();

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "titan/kernels/attention_decode.h"
+
 namespace titan::models::llama3 {
 
 using nn::Init;
@@ -46,6 +48,21 @@ Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, 
   return wo.forward(autograd::view(o, {b, s, n_heads_ * head_dim_}));
 }
 
+Variable Attention::decode(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions,
+                          Tensor& k_cache, Tensor& v_cache, int64_t past) const {
+  const int64_t b = x.shape()[0], t = x.shape()[1];
+  Variable q = autograd::view(wq.forward(x), {b, t, n_heads_, head_dim_});
+  Variable k = autograd::view(wk.forward(x), {b, t, n_kv_heads_, head_dim_});
+  Variable v = autograd::view(wv.forward(x), {b, t, n_kv_heads_, head_dim_});
+  q = autograd::rope(q, rope, positions, kernels::RopeLayout::rotate_half);
+  k = autograd::rope(k, rope, positions, kernels::RopeLayout::rotate_half);
+  k_cache.slice(1, past, past + t).copy_(k.value());
+  v_cache.slice(1, past, past + t).copy_(v.value());
+  Tensor o = Tensor::empty({b, t, n_heads_, head_dim_}, DType::f32, MemCategory::activations);
+  kernels::attention_decode(o, q.value(), k_cache, v_cache, past);
+  return wo.forward(Variable(o.view({b, t, n_heads_ * head_dim_})));
+}
+
 FeedForward::FeedForward(int64_t dim, int64_t hidden, double out_std)
     : w1(register_module("w1", std::make_unique<nn::Linear>(dim, hidden, Init::trunc_normal(kInitStd)))),
       w2(register_module("w2", std::make_unique<nn::Linear>(hidden, dim, Init::trunc_normal(out_std)))),
@@ -64,6 +81,12 @@ TransformerBlock::TransformerBlock(const Llama3Args& a, int layer_id)
 
 Variable TransformerBlock::forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
   Variable h = autograd::add(x, attention.forward(attention_norm.forward(x), rope, positions));
+  return autograd::add(h, feed_forward.forward(ffn_norm.forward(h)));
+}
+
+Variable TransformerBlock::decode(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions,
+                                  Tensor& k_cache, Tensor& v_cache, int64_t past) const {
+  Variable h = autograd::add(x, attention.decode(attention_norm.forward(x), rope, positions, k_cache, v_cache, past));
   return autograd::add(h, feed_forward.forward(ffn_norm.forward(h)));
 }
 
@@ -116,6 +139,43 @@ Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) {
   h = autograd::view(norm.forward(h), {b * s, args_.dim});
   if (output) return output->forward(h);
   return autograd::linear(h, tok_embeddings.weight.var, tok_embeddings.weight.compute);
+}
+
+}  // namespace titan::models::llama3
+
+namespace titan::models::llama3 {
+
+void Transformer::start_generation(int64_t batch, int64_t max_len) {
+  TITAN_CHECK(max_len <= rope_.cos.size(0), "generation of " + std::to_string(max_len) +
+                                                " tokens exceeds the model's RoPE table (" +
+                                                std::to_string(rope_.cos.size(0)) + ")",
+              "ask for fewer new tokens or a shorter prompt");
+  k_cache_.clear();
+  v_cache_.clear();
+  for (size_t l = 0; l < layers.size(); ++l) {
+    k_cache_.push_back(Tensor::zeros({batch, max_len, args_.kv_heads(), args_.head_dim()}, DType::f32, MemCategory::activations));
+    v_cache_.push_back(Tensor::zeros({batch, max_len, args_.kv_heads(), args_.head_dim()}, DType::f32, MemCategory::activations));
+  }
+  cache_len_ = 0;
+}
+
+Tensor Transformer::decode(const Tensor& tokens) {
+  TITAN_CHECK(!k_cache_.empty(), "decode() before start_generation()");
+  TITAN_CHECK(compute_dtype_ == DType::f32, "generation runs in f32", "call set_compute_dtype(DType::f32) first");
+  autograd::NoGradGuard no_grad;
+  const int64_t b = tokens.size(0), t = tokens.size(1);
+  TITAN_CHECK(cache_len_ + t <= k_cache_[0].size(1), "generation ran past the cache of " +
+                                                         std::to_string(k_cache_[0].size(1)) + " tokens");
+  Tensor positions = Tensor::empty({b, t}, DType::i32);
+  for (int64_t i = 0; i < b * t; ++i) positions.data<int32_t>()[i] = int32_t(cache_len_ + i % t);
+  Variable h = tok_embeddings.forward(tokens, DType::f32);
+  for (size_t l = 0; l < layers.size(); ++l) h = layers[l].decode(h, rope_, positions, k_cache_[l], v_cache_[l], cache_len_);
+  cache_len_ += t;
+  // Only each row's last position is needed for the next token.
+  Tensor last = h.value().select(1, t - 1).contiguous();  // [B, D]
+  Variable hn = norm.forward(Variable(last));
+  Variable logits = output ? output->forward(hn) : autograd::linear(hn, tok_embeddings.weight.var);
+  return logits.value();
 }
 
 }  // namespace titan::models::llama3

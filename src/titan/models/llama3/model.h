@@ -16,6 +16,9 @@ class Attention : public nn::Module {
   Attention(const Llama3Args& a, int layer_id);
   // x [B, S, D] -> [B, S, D]
   Variable forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
+  // Inference: appends this step's keys/values to the cache [B, max_len, Hkv, Dh] at `past`.
+  Variable decode(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions, Tensor& k_cache,
+                  Tensor& v_cache, int64_t past) const;
   nn::Linear &wq, &wk, &wv, &wo;
 
  private:
@@ -33,6 +36,8 @@ class TransformerBlock : public nn::Module {
  public:
   TransformerBlock(const Llama3Args& a, int layer_id);
   Variable forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
+  Variable decode(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions, Tensor& k_cache,
+                  Tensor& v_cache, int64_t past) const;
   Attention& attention;
   FeedForward& feed_forward;
   nn::RMSNorm &attention_norm, &ffn_norm;
@@ -56,6 +61,8 @@ class Transformer : public CausalLM {
   int64_t max_seq_len() const override { return args_.max_seq_len; }
   const Llama3Args& args() const { return args_; }
   const kernels::RopeTables& rope_tables() const { return rope_; }
+  void start_generation(int64_t batch, int64_t max_len) override;
+  Tensor decode(const Tensor& tokens) override;
 
   nn::Embedding& tok_embeddings;
   nn::ModuleList<TransformerBlock>& layers;
@@ -67,6 +74,8 @@ class Transformer : public CausalLM {
   kernels::RopeTables rope_;
   DType compute_dtype_ = DType::f32;
   Recompute recompute_ = Recompute::none;
+  std::vector<Tensor> k_cache_, v_cache_;  // per layer [B, max_len, Hkv, Dh] f32
+  int64_t cache_len_ = 0;
 };
 
 }  // namespace titan::models::llama3

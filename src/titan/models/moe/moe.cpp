@@ -1,0 +1,247 @@
+#include "titan/models/moe/moe.h"
+
+#include <algorithm>
+
+#include "titan/core/profiler.h"
+#include "titan/kernels/activation.h"
+#include "titan/kernels/cast.h"
+#include "titan/kernels/elementwise.h"
+#include "titan/kernels/grouped_matmul.h"
+#include "titan/kernels/matmul.h"
+#include "titan/kernels/moe_permute.h"
+#include "titan/kernels/moe_router.h"
+
+namespace titan::models::moe {
+
+using nn::Init;
+
+namespace {
+constexpr double kInitStd = 0.02;  // TorchTitan's std for input-side projections
+
+Tensor activations(const Shape& shape, DType dtype) { return Tensor::empty(shape, dtype, MemCategory::activations); }
+Tensor zeros(const Shape& shape, DType dtype) { return Tensor::zeros(shape, dtype, MemCategory::temporaries); }
+
+// dst += src, converting src to dst's dtype (a bf16 activation's gradient, or the f32 one of a
+// leaf input).
+void accumulate(Tensor& dst, const Tensor& src) {
+  if (src.dtype() == dst.dtype()) {
+    kernels::axpby(dst, src, 1.0, 1.0);
+    return;
+  }
+  Tensor converted = Tensor::empty(src.shape(), dst.dtype());
+  kernels::cast(converted, src);
+  kernels::axpby(dst, converted, 1.0, 1.0);
+}
+
+// The GEMM operand of a parameter: its bf16 compute copy under mixed precision, else the master.
+const Tensor& gemm_operand(const nn::Parameter& p) { return p.compute.defined() ? p.compute : p.var.value(); }
+}  // namespace
+
+kernels::RouterParams MoEArgs::router_params() const {
+  kernels::RouterParams p;
+  p.experts = n_routed_experts;
+  p.top_k = n_activated_experts;
+  p.score = score_func;
+  p.n_groups = n_expert_groups;
+  p.topk_groups = n_limited_groups;
+  p.route_norm = route_norm;
+  p.route_scale = route_scale;
+  return p;
+}
+
+void MoEArgs::validate() const {
+  TITAN_CHECK(dim >= 1 && moe_inter_dim >= 1 && n_shared_experts >= 0,
+              "moe: dim " + std::to_string(dim) + ", moe_inter_dim " + std::to_string(moe_inter_dim) +
+                  ", n_shared_experts " + std::to_string(n_shared_experts),
+              "dim and moe_inter_dim must be positive, n_shared_experts >= 0");
+  TITAN_CHECK(load_balance_coeff >= 0 && aux_loss_alpha >= 0,
+              "moe: negative load_balance_coeff or aux_loss_alpha", "use 0 to disable either");
+  kernels::check_router_params(router_params());
+}
+
+FeedForward::FeedForward(int64_t dim, int64_t hidden, double init_std)
+    : w1(register_module("w1", std::make_unique<nn::Linear>(dim, hidden, Init::trunc_normal(kInitStd)))),
+      w2(register_module("w2", std::make_unique<nn::Linear>(hidden, dim, Init::trunc_normal(init_std)))),
+      w3(register_module("w3", std::make_unique<nn::Linear>(dim, hidden, Init::trunc_normal(init_std)))) {}
+
+Variable FeedForward::forward(const Variable& x) const {
+  return w2.forward(autograd::swiglu(w1.forward(x), w3.forward(x)));
+}
+
+TokenChoiceTopKRouter::TokenChoiceTopKRouter(int64_t dim, int64_t experts, double init_std)
+    : gate(register_module("gate", std::make_unique<nn::Linear>(dim, experts, Init::trunc_normal(init_std)))) {
+  gate.weight.gemm_weight = false;  // no bf16 copy: the router's GEMM runs in f32
+}
+
+GroupedExperts::GroupedExperts(int64_t dim, int64_t hidden, int64_t experts, double init_std)
+    : w1(register_parameter("w1", {experts, hidden, dim}, Init::trunc_normal(kInitStd))),
+      w2(register_parameter("w2", {experts, dim, hidden}, Init::trunc_normal(init_std))),
+      w3(register_parameter("w3", {experts, hidden, dim}, Init::trunc_normal(init_std))) {
+  for (nn::Parameter* p : {&w1, &w2, &w3}) p->gemm_weight = true;
+}
+
+MoE::MoE(const MoEArgs& a, double init_std)
+    : router(register_module("router", std::make_unique<TokenChoiceTopKRouter>(a.dim, a.n_routed_experts, init_std))),
+      experts(register_module("experts", std::make_unique<GroupedExperts>(a.dim, a.moe_inter_dim, a.n_routed_experts,
+                                                                          init_std))),
+      args_(a),
+      stats_counts_(size_t(a.n_routed_experts), 0) {
+  a.validate();
+  if (a.n_shared_experts > 0) {
+    shared_experts = &register_module(
+        "shared_experts", std::make_unique<FeedForward>(a.dim, a.moe_inter_dim * a.n_shared_experts, init_std));
+  }
+  expert_bias = Tensor::zeros({a.n_routed_experts}, DType::f32, MemCategory::parameters);
+  tokens_per_expert = Tensor::zeros({a.n_routed_experts}, DType::f32, MemCategory::parameters);
+  register_buffer("expert_bias", expert_bias);
+  register_buffer("tokens_per_expert", tokens_per_expert);
+}
+
+MoE::Output MoE::forward(const Variable& x) {
+  ProfileScope prof("moe.fwd");
+  TITAN_CHECK(x.shape().size() == 3 && x.shape()[2] == args_.dim,
+              "moe: input " + x.shape().str() + " for dim " + std::to_string(args_.dim), "pass x as [B, S, D]");
+  const int64_t batch = x.shape()[0], t = x.shape()[0] * x.shape()[1], d = args_.dim, f = args_.moe_inter_dim;
+  const DType cd = x.dtype();
+  const kernels::RouterParams rp = args_.router_params();
+  const int64_t e = rp.experts, k = rp.top_k, m = t * k;
+  const Tensor xv = x.value().view({t, d});  // [T, D]
+
+  // Router in f32 whatever the compute dtype: xf [T, D], logits [T, E].
+  Tensor xf = xv;
+  if (cd != DType::f32) {
+    xf = activations({t, d}, DType::f32);
+    kernels::cast(xf, xv);
+  }
+  const Tensor& gate_w = router.gate.weight.var.value();  // [E, D] f32
+  Tensor logits = Tensor::empty({t, e}, DType::f32);
+  kernels::linear_forward(logits, xf, gate_w);
+  // scores [T, E]; idx, weights [T, k]: the chosen experts and their gate weights
+  Tensor scores = activations({t, e}, DType::f32), idx = activations({t, k}, DType::i32),
+         weights = activations({t, k}, DType::f32);
+  kernels::moe_router_forward(scores, idx, weights, logits, expert_bias, rp);
+
+  kernels::ExpertDispatch disp = kernels::moe_sort_by_expert(idx, e);
+  if (autograd::grad_enabled()) {
+    // Training forwards only: evaluation runs without grad, and under activation checkpointing
+    // the first pass does too, so its recompute (the same choice: the bias has not moved yet)
+    // counts each step once.
+    float* tpe = tokens_per_expert.data<float>();
+    for (int64_t i = 0; i < e; ++i) tpe[i] += float(disp.tokens_of(i)), stats_counts_[size_t(i)] += disp.tokens_of(i);
+  }
+
+  const Tensor &w1 = gemm_operand(experts.w1), &w2 = gemm_operand(experts.w2), &w3 = gemm_operand(experts.w3);
+  Tensor xs = activations({m, d}, cd);  // [M, D] tokens sorted by expert
+  kernels::moe_permute_forward(xs, xv, disp.pos);
+  Tensor h1 = activations({m, f}, cd), h3 = activations({m, f}, cd), act = activations({m, f}, cd);  // [M, F]
+  Tensor out = activations({m, d}, cd);  // [M, D] expert outputs
+  {
+    ProfileScope prof_experts("moe.experts.fwd");  // the grouped GEMMs' share of the layer
+    kernels::grouped_matmul_forward(h1, xs, w1, disp.offsets);
+    kernels::grouped_matmul_forward(h3, xs, w3, disp.offsets);
+    kernels::swiglu_forward(act, h1, h3);
+    kernels::grouped_matmul_forward(out, act, w2, disp.offsets);
+  }
+  Tensor y = activations({batch, x.shape()[1], d}, cd);  // [B, S, D]
+  Tensor y2 = y.view({t, d});
+  kernels::moe_unpermute_forward(y2, out, disp.pos, weights);
+
+  const double alpha = args_.aux_loss_alpha;
+  std::vector<Tensor> outputs = {y};
+  if (alpha > 0) {
+    outputs.push_back(Tensor::full({1}, alpha * kernels::moe_aux_loss_forward(scores, idx, batch, rp), DType::f32));
+  }
+  const std::vector<Variable> vars = autograd::record(
+      "moe", {x, router.gate.weight.var, experts.w1.var, experts.w2.var, experts.w3.var}, outputs,
+      [=, pos = disp.pos, offsets = disp.offsets](std::span<const Tensor> dout, autograd::GradSink& g) {
+        ProfileScope prof_bwd("moe.bwd");
+        Tensor dweights = zeros({t, k}, DType::f32);  // [T, k]
+        if (dout[0].defined()) {
+          // Combine: d(expert outputs) [M, D] and the gate weights' gradient.
+          Tensor d_out = Tensor::empty({m, d}, cd);  // [M, D]
+          kernels::moe_unpermute_backward(d_out, dweights, dout[0].view({t, d}), out, pos, weights);
+          Tensor dxs = g.needs(0) ? zeros({m, d}, cd) : Tensor();  // [M, D]
+          {
+            ProfileScope prof_experts("moe.experts.bwd");
+            Tensor d_act = zeros({m, f}, cd);  // [M, F]
+            kernels::grouped_matmul_backward(d_act, g.grad(3), d_out, act, w2, offsets);
+            Tensor dh1 = zeros({m, f}, cd), dh3 = zeros({m, f}, cd);  // [M, F]
+            kernels::swiglu_backward(dh1, dh3, d_act, h1, h3);
+            kernels::grouped_matmul_backward(dxs, g.grad(2), dh1, xs, w1, offsets);
+            kernels::grouped_matmul_backward(dxs, g.grad(4), dh3, xs, w3, offsets);
+          }
+          if (g.needs(0)) {
+            Tensor dx = g.grad(0).view({t, d});  // [T, D]
+            if (dx.dtype() == cd) {
+              kernels::moe_permute_backward(dx, dxs, pos);
+            } else {
+              Tensor dx_routed = zeros({t, d}, cd);  // [T, D]
+              kernels::moe_permute_backward(dx_routed, dxs, pos);
+              accumulate(dx, dx_routed);
+            }
+          }
+        }
+        Tensor dscores;  // [T, E], the balance loss's gradient on the scores
+        if (alpha > 0 && dout.size() > 1 && dout[1].defined()) {
+          dscores = zeros({t, e}, DType::f32);
+          kernels::moe_aux_loss_backward(dscores, alpha * dout[1].item(), scores, idx, batch, rp);
+        }
+        // Router: the choice is discrete, so gradients reach the logits only through the gate
+        // weights (and the balance loss), then the f32 gate GEMM.
+        Tensor dlogits = zeros({t, e}, DType::f32);  // [T, E]
+        kernels::moe_router_backward(dlogits, dweights, dscores, scores, idx, rp);
+        Tensor dxf = g.needs(0) ? zeros({t, d}, DType::f32) : Tensor(), no_bias;  // [T, D] f32
+        Tensor dgate = g.grad(1);  // [E, D] f32
+        kernels::linear_backward(dxf, dgate, no_bias, dlogits, xf, gate_w);
+        if (g.needs(0)) {
+          Tensor dx = g.grad(0).view({t, d});  // [T, D]
+          accumulate(dx, dxf);
+        }
+      });
+  Output o{vars[0], alpha > 0 ? vars[1] : Variable()};
+  if (shared_experts) o.y = autograd::add(o.y, shared_experts->forward(x));
+  return o;
+}
+
+void MoE::update_load_balance() {
+  const int64_t e = args_.n_routed_experts;
+  float* counts = tokens_per_expert.data<float>();
+  if (args_.load_balance_coeff > 0) {
+    double mean = 0;
+    for (int64_t i = 0; i < e; ++i) mean += counts[i];
+    mean /= double(e);
+    // Underloaded experts (below the mean) get a higher bias, overloaded ones a lower; the
+    // shift to zero mean keeps the bias from drifting (only differences steer the choice).
+    std::vector<double> delta(static_cast<size_t>(e));
+    double delta_mean = 0;
+    for (int64_t i = 0; i < e; ++i) {
+      const double dev = mean - counts[i];
+      delta[size_t(i)] = args_.load_balance_coeff * double((dev > 0) - (dev < 0));
+      delta_mean += delta[size_t(i)];
+    }
+    delta_mean /= double(e);
+    float* bias = expert_bias.data<float>();
+    for (int64_t i = 0; i < e; ++i) bias[i] = float(double(bias[i]) + delta[size_t(i)] - delta_mean);
+  }
+  tokens_per_expert.zero_();
+}
+
+ExpertLoad MoE::load_stats() {
+  ExpertLoad s;
+  const auto [lo, hi] = std::minmax_element(stats_counts_.begin(), stats_counts_.end());
+  for (int64_t c : stats_counts_) s.tokens += c;
+  s.min = double(*lo), s.max = double(*hi);
+  const double mean = double(s.tokens) / double(stats_counts_.size());
+  s.imbalance = mean > 0 ? s.max / mean : 0;
+  std::fill(stats_counts_.begin(), stats_counts_.end(), 0);
+  return s;
+}
+
+void append_load_stats(std::vector<std::pair<std::string, double>>& stats, int layer, const ExpertLoad& load) {
+  const std::string suffix = "/layer" + std::to_string(layer);
+  stats.emplace_back("moe_imbalance" + suffix, load.imbalance);
+  stats.emplace_back("moe_load_min" + suffix, load.min);
+  stats.emplace_back("moe_load_max" + suffix, load.max);
+}
+
+}  // namespace titan::models::moe

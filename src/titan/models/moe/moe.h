@@ -1,0 +1,111 @@
+// DeepSeek-V3 mixture of experts (TorchTitan's models/common/moe.py): a router in f32 picks
+// top_k of E routed SwiGLU experts per token (softmax or sigmoid scores, optional group-limited
+// routing, route_norm, route_scale), the chosen experts run as grouped GEMMs over tokens sorted
+// by expert, and their outputs, weighted by the router, are summed back per token and added to
+// the shared experts' (a dense SwiGLU FFN every token passes through).
+//
+// Load balancing: aux-loss-free (a per-expert bias that only steers the choice, updated by
+// update_load_balance() after each optimizer step) and, optionally, DeepSeek-V3's
+// sequence-wise auxiliary loss.
+//
+// Parameter and buffer names match TorchTitan's deepseek_v3: router.gate.weight [E, D],
+// experts.w1 [E, F, D], experts.w2 [E, D, F], experts.w3 [E, F, D], shared_experts.w{1,2,3}.weight,
+// expert_bias [E], tokens_per_expert [E].
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "titan/kernels/moe_router_params.h"
+#include "titan/nn/layers.h"
+
+namespace titan::models::moe {
+
+using autograd::Variable;
+
+struct MoEArgs {
+  int64_t dim = 0;            // D
+  int64_t moe_inter_dim = 0;  // F, the hidden width of one expert
+  int64_t n_routed_experts = 0;
+  int64_t n_shared_experts = 0;     // shared FFN hidden = F * n_shared_experts; 0: none
+  int64_t n_activated_experts = 1;  // top_k
+  kernels::RouterScore score_func = kernels::RouterScore::softmax;
+  bool route_norm = false;
+  double route_scale = 1.0;
+  int64_t n_expert_groups = 1;   // group-limited routing: groups of experts ...
+  int64_t n_limited_groups = 1;  // ... of which each token may use this many (1 / 1: off)
+  double load_balance_coeff = 1e-3;  // bias update rate of aux-loss-free balancing; 0 disables
+  double aux_loss_alpha = 0;         // sequence-wise auxiliary loss coefficient; 0 disables
+
+  kernels::RouterParams router_params() const;
+  void validate() const;  // throws with a hint on inconsistent sizes
+};
+
+// Dense SwiGLU FFN, w2(silu(w1 x) * w3 x): the shared experts (and DeepSeek's dense layers).
+class FeedForward : public nn::Module {
+ public:
+  FeedForward(int64_t dim, int64_t hidden, double init_std);
+  Variable forward(const Variable& x) const;  // x [..., D] -> [..., D]
+  nn::Linear &w1, &w2, &w3;
+};
+
+// Holds the router's gate; the routing itself runs inside MoE::forward.
+class TokenChoiceTopKRouter : public nn::Module {
+ public:
+  TokenChoiceTopKRouter(int64_t dim, int64_t experts, double init_std);
+  nn::Linear& gate;  // [E, D], f32 always: routing runs in f32 under mixed precision too
+};
+
+// The routed experts' stacked SwiGLU weights.
+class GroupedExperts : public nn::Module {
+ public:
+  GroupedExperts(int64_t dim, int64_t hidden, int64_t experts, double init_std);
+  nn::Parameter &w1, &w2, &w3;  // [E, F, D], [E, D, F], [E, F, D]
+};
+
+// Tokens per expert since the last load_stats() call, over the routed experts.
+struct ExpertLoad {
+  int64_t tokens = 0;    // token-expert assignments counted
+  double min = 0, max = 0;  // fewest / most assignments of one expert
+  double imbalance = 0;  // max / mean (1 is perfect balance; 0 when nothing was routed)
+};
+
+// Appends one MoE layer's load to a model's step_stats() (CausalLM), named as the metrics log
+// groups them: "moe_imbalance/layer<L>", "moe_load_min/layer<L>", "moe_load_max/layer<L>".
+void append_load_stats(std::vector<std::pair<std::string, double>>& stats, int layer, const ExpertLoad& load);
+
+class MoE : public nn::Module {
+ public:
+  // init_std: the std of the output-side weights (TorchTitan's depth-scaled init).
+  MoE(const MoEArgs& args, double init_std);
+
+  struct Output {
+    Variable y;         // [B, S, D], x's dtype
+    Variable aux_loss;  // [1] f32, already times aux_loss_alpha; undefined when the loss is off
+  };
+  // x [B, S, D] -> routed + shared experts. Counts the tokens each expert receives (for the bias
+  // update and load_stats) when grad mode is on.
+  Output forward(const Variable& x);
+
+  // After each optimizer step: expert_bias += coeff * sign(mean load - load), shifted to zero
+  // mean, then the counts restart. A no-op for the bias when load_balance_coeff is 0.
+  void update_load_balance();
+  // Load since the previous call (independent of update_load_balance's window), then resets.
+  ExpertLoad load_stats();
+
+  const MoEArgs& args() const { return args_; }
+
+  TokenChoiceTopKRouter& router;
+  GroupedExperts& experts;
+  FeedForward* shared_experts = nullptr;  // null when n_shared_experts is 0
+  Tensor expert_bias;        // [E] f32 buffer, only steers the choice
+  Tensor tokens_per_expert;  // [E] f32 buffer, assignments since the last bias update
+
+ private:
+  MoEArgs args_;
+  std::vector<int64_t> stats_counts_;  // [E], assignments since the last load_stats()
+};
+
+}  // namespace titan::models::moe

@@ -1,0 +1,25 @@
+// Text generation from a trained checkpoint: KV-cached decoding with temperature, top-k and
+// top-p (nucleus) sampling, reproducible from a seed.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "titan/core/rng.h"
+
+namespace titan::train {
+
+struct SamplingOptions {
+  double temperature = 0.8;  // <= 0: greedy (argmax)
+  int64_t top_k = 50;        // <= 0: no top-k cut
+  double top_p = 0.95;       // >= 1: no nucleus cut
+};
+
+// Draws the next token from logits [V] (one uniform from `rng` per call).
+int32_t sample_token(std::span<const float> logits, const SamplingOptions& options, Generator& rng);
+
+// `titan generate --checkpoint DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
+//  [--top-k K] [--top-p P] [--seed S] [--tokenizer tokenizer.json]`.
+int generate_main(int argc, char** argv);
+
+}  // namespace titan::train
