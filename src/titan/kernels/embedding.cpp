@@ -30,7 +30,7 @@ std::pair<int64_t, int64_t> check(const char* op, const Tensor& table, const Ten
   TITAN_CHECK(ids.numel() == n,
               std::string(op) + ": " + std::to_string(ids.numel()) + " ids for " + std::to_string(n) + " rows",
               "ids must have the activation's shape without its last dim");
-  check_row_indices(ids, table.size(0), op, "token id", "the vocabulary", kBadIdHint);
+  check_row_indices(ids, table.size(0), op, "token id", kBadIdHint, "the vocabulary");
   return {n, d};
 }
 

@@ -14,15 +14,16 @@ using detail::check_f32;
 using detail::dispatch_activation;
 using detail::use_fast;
 
-void check_row_indices(const Tensor& idx, int64_t rows, const char* op, const char* what, const char* range,
-                       const char* hint) {
+void check_row_indices(const Tensor& idx, int64_t rows, const char* op, const char* what, const char* hint,
+                       const char* range) {
   TITAN_CHECK(idx.dtype() == DType::i32 && idx.is_contiguous(),
               std::string(op) + ": indices must be contiguous i32, got " + idx.str(), "convert with .to(DType::i32)");
   const int32_t* p = idx.data<int32_t>();
   for (int64_t i = 0; i < idx.numel(); ++i) {
     TITAN_CHECK(p[i] >= 0 && p[i] < rows,
                 std::string(op) + ": " + what + " " + std::to_string(p[i]) + " at position " + std::to_string(i) +
-                    " is outside " + range + " [0, " + std::to_string(rows) + ")",
+                    " is outside " + (*range ? std::string(range) + " " : std::string()) + "[0, " +
+                    std::to_string(rows) + ")",
                 hint);
   }
 }
@@ -45,7 +46,7 @@ RowsShape check_rows(const char* op, const Tensor& big, const Tensor& small, con
               std::string(op) + ": " + std::to_string(idx.numel()) + " indices for " + std::to_string(small.size(0)) +
                   " rows",
               "pass one index per row of the [M, D] tensor");
-  check_row_indices(idx, big.size(0), op, "index", "the rows", "indices must address rows of the [R, D] tensor");
+  check_row_indices(idx, big.size(0), op, "index", "indices must address rows of the [R, D] tensor", "the rows");
   if (w.defined()) check_f32(w, idx.numel(), op, "w");
   return {big.size(0), small.size(0), big.size(1)};
 }

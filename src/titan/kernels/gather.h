@@ -24,7 +24,7 @@ void scatter_add_rows_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const T
 // Throws unless idx is contiguous i32 with every entry in [0, rows); the error names the first
 // bad entry, e.g. "embedding_forward: token id 130000 at position 17 is outside the vocabulary
 // [0, 129280)" for op "embedding_forward", what "token id", range "the vocabulary".
-void check_row_indices(const Tensor& idx, int64_t rows, const char* op, const char* what, const char* range,
-                       const char* hint);
+void check_row_indices(const Tensor& idx, int64_t rows, const char* op, const char* what, const char* hint,
+                       const char* range = "");
 
 }  // namespace titan::kernels
