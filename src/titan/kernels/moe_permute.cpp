@@ -29,7 +29,7 @@ PermuteShape check_permute(const char* op, const Tensor& tokens, const Tensor& s
               std::string(op) + ": sorted buffer " + sorted.str() + " for " + std::to_string(s.n) + " tokens x " +
                   std::to_string(s.k) + " choices of rows " + tokens.str(),
               "the sorted buffer has N k rows of the tokens' width and dtype");
-  check_row_indices(pos, s.n * s.k, op, "sorted position", "the sorted buffer", "pos must come from moe_sort_by_expert");
+  check_row_indices(pos, s.n * s.k, op, "sorted position", "pos must come from moe_sort_by_expert", "the sorted buffer");
   return s;
 }
 
@@ -42,7 +42,7 @@ void check_weights(const char* op, const Tensor& w, const PermuteShape& s, const
 ExpertDispatch moe_sort_by_expert(const Tensor& indices, int64_t experts) {
   TITAN_CHECK(indices.dim() == 2 && experts >= 1, "moe_sort_by_expert: indices " + indices.str(),
               "pass the router's [N, k] expert choices and the number of experts");
-  check_row_indices(indices, experts, "moe_sort_by_expert", "expert", "the experts", "expert choices must be in [0, E)");
+  check_row_indices(indices, experts, "moe_sort_by_expert", "expert", "expert choices must be in [0, E)", "the experts");
   const int64_t n = indices.size(0), k = indices.size(1), m = n * k;
   const int32_t* idx = indices.data<int32_t>();
   ExpertDispatch r;
