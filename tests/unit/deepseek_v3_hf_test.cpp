@@ -20,12 +20,24 @@ using json = nlohmann::json;
 
 namespace {
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("titan_dsv3_hf_" + std::to_string(getpid()) + "_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+// A fresh folder under /tmp, removed (with everything in it) when the test ends.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name)
+      : path_(fs::temp_directory_path() / ("titan_dsv3_hf_" + std::to_string(getpid()) + "_" + name)) {
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  operator const fs::path&() const { return path_; }
+  fs::path operator/(const std::string& rel) const { return path_ / rel; }
+  std::string string() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
 
 void write_json(const fs::path& p, const json& j) { std::ofstream(p) << j.dump(2); }
 
@@ -77,7 +89,7 @@ TEST(HfFp8, BlockDequantizationMatchesTheOriginalWithinFp8Error) {
   for (int64_t c = 0; c < 200; ++c) wv.data<float>()[5 * 200 + c] *= 1e-3f;  // tiny values in a big block
   auto [q, scale] = checkpoint::quantize_fp8_blocks(wv);
   EXPECT_EQ(scale.shape(), Shape({3, 2}));
-  const fs::path dir = fresh_dir("fp8");
+  const TempDir dir("fp8");
   write_json(dir / "config.json", {{"quantization_config", {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}}}});
   checkpoint::save_safetensors(dir / "model.safetensors", {{"w", q}, {"w_scale_inv", scale}, {"norm", w.slice(0, 0, 1).contiguous()}});
   const checkpoint::HfFolder folder = checkpoint::HfFolder::open(dir);
@@ -109,7 +121,7 @@ TEST(HfFp8, BlockDequantizationMatchesTheOriginalWithinFp8Error) {
 TEST(HfAdapter, ShardedExportRoundTripsThroughLoad) {
   const DeepSeekV3Args a = tiny_args();
   const auto state = random_state(a, 3);
-  const fs::path dir = fresh_dir("sharded");
+  const TempDir dir("sharded");
   checkpoint::HfWriteOptions opt;
   opt.dtype = DType::f32;
   opt.max_shard_bytes = 4000;  // forces several shards
@@ -127,7 +139,7 @@ TEST(HfAdapter, ShardedExportRoundTripsThroughLoad) {
     EXPECT_EQ(test::to_doubles(loaded[i].second), test::to_doubles(state[i].second)) << state[i].first;
   }
   // bf16 export (the default) rounds each value once.
-  const fs::path bf = fresh_dir("bf16");
+  const TempDir bf("bf16");
   save_hf(bf, a, state);
   const checkpoint::HfFolder f = checkpoint::HfFolder::open(bf);
   EXPECT_EQ(f.config()["torch_dtype"], "bfloat16");
@@ -151,7 +163,7 @@ TEST(HfAdapter, MoeNamesMapToStackedExperts) {
                         "model.layers.1.mlp.shared_experts.up_proj.weight", "model.layers.0.mlp.up_proj.weight"})
     EXPECT_TRUE(by_name.count(n)) << n;
   EXPECT_EQ(by_name.at("model.layers.1.mlp.experts.2.down_proj.weight").shape(), Shape({16, 8}));
-  const fs::path dir = fresh_dir("moe");
+  const TempDir dir("moe");
   checkpoint::HfWriteOptions opt;
   opt.dtype = DType::f32;
   save_hf(dir, a, state, opt);
@@ -218,7 +230,7 @@ TEST(HfAdapter, ErrorsNameTheKeyTensorAndFile) {
   auto state = random_state(a, 5);
   for (auto& [name, t] : state)
     if (name == "layers.1.attention.wkv_b.weight") t = test::random_tensor({t.size(0), t.size(1) + 1}, DType::f32, 1, "x");
-  const fs::path dir = fresh_dir("errors");
+  const TempDir dir("errors");
   save_hf(dir, a, state);
   std::string e = error_of([&] { load_hf_model(dir); });
   expect_contains(e, "model.layers.1.self_attn.kv_b_proj.weight");
@@ -239,7 +251,7 @@ TEST(HfAdapter, ErrorsNameTheKeyTensorAndFile) {
   expect_contains(error_of([&] { load_hf_model(dir); }), "is not in the Hugging Face folder");
 
   // A dtype we do not read: the safetensors reader names the file and the tensor.
-  const fs::path odd = fresh_dir("dtype");
+  const TempDir odd("dtype");
   write_json(odd / "config.json", hf_config_from_args(a));
   write_raw_safetensors(odd / "model.safetensors", "model.norm.weight", "F64", 128);
   e = error_of([&] { checkpoint::HfFolder::open(odd); });
@@ -254,7 +266,7 @@ TEST(HfAdapter, ErrorsNameTheKeyTensorAndFile) {
 }
 
 TEST(CkptCli, ConvertsTheFixtureToOurCheckpointAndBack) {
-  const fs::path ours = fresh_dir("cli_ours"), back = fresh_dir("cli_back");
+  const TempDir ours("cli_ours"), back("cli_back");
   std::string a0 = "ckpt", a1 = "convert", a2 = "--from-hf", a3 = "tests/fixtures/deepseek_v3_tiny", a4 = "--to",
               a5 = ours.string();
   char* argv1[] = {a0.data(), a1.data(), a2.data(), a3.data(), a4.data(), a5.data()};
