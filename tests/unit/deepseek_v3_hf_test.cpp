@@ -237,9 +237,15 @@ TEST(HfAdapter, ErrorsNameTheKeyTensorAndFile) {
   expect_contains(e, "model.safetensors");
   expect_contains(e, "[16, 8]");
 
-  // An unexpected tensor (weights that config.json does not describe).
+  // The MTP layer (model.layers.<num_hidden_layers>.*) is not part of the model and is skipped.
   state = random_state(a, 5);
   auto hf = to_hf_tensors(state, a);
+  hf.emplace_back("model.layers.2.eh_proj.weight", test::random_tensor({16, 32}, DType::f32, 1, "mtp"));
+  checkpoint::save_hf_folder(dir, hf_config_from_args(a), hf);
+  EXPECT_NO_THROW(load_hf_model(dir));
+  hf.pop_back();
+
+  // An unexpected tensor (weights that config.json does not describe).
   hf.emplace_back("model.layers.0.self_attn.q_proj.weight", test::random_tensor({16, 16}, DType::f32, 1, "q"));
   checkpoint::save_hf_folder(dir, hf_config_from_args(a), hf);
   expect_contains(error_of([&] { load_hf_model(dir); }), "unexpected tensor 'model.layers.0.self_attn.q_proj.weight'");

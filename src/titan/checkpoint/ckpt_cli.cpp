@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -71,10 +72,10 @@ int convert_to_hf(const fs::path& ckpt, const fs::path& hf_dir, const std::strin
     folder = *latest;
   }
   const LoadedCheckpoint ck = load_checkpoint(folder);
-  std::vector<std::pair<std::string, Tensor>> state;
+  std::map<std::string, Tensor> model_tensors;
   for (const auto& [name, t] : ck.tensors)
-    if (name.rfind("model.", 0) == 0) state.emplace_back(name.substr(6), t);
-  TITAN_CHECK(!state.empty(), folder.string() + " holds no model tensors (\"model.*\")",
+    if (name.rfind("model.", 0) == 0) model_tensors[name.substr(6)] = t;
+  TITAN_CHECK(!model_tensors.empty(), folder.string() + " holds no model tensors (\"model.*\")",
               "pass a training checkpoint written by titan train or titan ckpt convert");
   ds::DeepSeekV3Args a;
   if (ck.train_state.contains("hf_config")) {
@@ -93,14 +94,24 @@ int convert_to_hf(const fs::path& ckpt, const fs::path& hf_dir, const std::strin
                 "export other models with their own adapter");
     TITAN_CHECK(!from_config.empty(), "cannot tell the architecture of " + folder.string(),
                 "pass --flavor (debugmodel, 16B, 236B, 671B)");
-    int64_t vocab = 0;
-    for (const auto& [n, t] : state)
-      if (n == "tok_embeddings.weight") vocab = t.size(0);
-    a = ds::deepseek_v3_flavor(from_config, vocab);
+    const auto embedding = model_tensors.find("tok_embeddings.weight");
+    a = ds::deepseek_v3_flavor(from_config, embedding == model_tensors.end() ? 0 : embedding->second.size(0));
     // A model trained without the MoE layer is all-dense (see deepseek_v3/model.h).
     bool has_moe = false;
-    for (const auto& [n, t] : state) has_moe |= n.find(".moe.") != std::string::npos;
+    for (const auto& [n, t] : model_tensors) has_moe |= n.find(".moe.") != std::string::npos;
     if (!has_moe) a.n_dense_layers = a.n_layers;
+  }
+  // Exactly the architecture's weights, in its order; run-time buffers (e.g. MoE token counts)
+  // have no place in an HF folder.
+  std::vector<std::pair<std::string, Tensor>> state;
+  for (const auto& [name, shape] : ds::state_shapes(a)) {
+    const auto it = model_tensors.find(name);
+    TITAN_CHECK(it != model_tensors.end() && it->second.shape() == shape,
+                "checkpoint " + folder.string() + ": model tensor '" + name + "' is " +
+                    (it == model_tensors.end() ? std::string("missing") : it->second.shape().str()) + ", the architecture needs " +
+                    shape.str(),
+                "pass the --flavor the checkpoint was trained with");
+    state.emplace_back(name, it->second);
   }
   ds::save_hf(hf_dir, a, state, options);
   std::printf("wrote %s (%zu tensors from %s)\n", hf_dir.c_str(), state.size(), folder.c_str());

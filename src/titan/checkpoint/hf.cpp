@@ -73,8 +73,9 @@ HfFolder HfFolder::open(const fs::path& dir) {
   } else {
     TITAN_CHECK(fs::exists(dir / kSingleName), "no " + std::string(kSingleName) + " or " + kIndexName + " in " + dir.string(),
                 "download the weights too, not only config.json");
-    const SafetensorsFile f = SafetensorsFile::open(dir / kSingleName);
-    for (const auto& [name, entry] : f.entries()) h.file_of_[name] = kSingleName;
+    auto f = std::make_shared<SafetensorsFile>(SafetensorsFile::open(dir / kSingleName));
+    for (const auto& [name, entry] : f->entries()) h.file_of_[name] = kSingleName;
+    h.files_.emplace(kSingleName, std::move(f));
   }
   for (const auto& [name, file] : h.file_of_) {
     auto it = h.files_.find(file);

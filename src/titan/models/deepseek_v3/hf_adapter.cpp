@@ -346,9 +346,14 @@ std::unique_ptr<Transformer> load_hf_model(const fs::path& dir, const MoeFactory
                   ") but no MoE layer was given",
               "pass a MoeFactory (models/moe) to load_hf_model");
   auto model = std::make_unique<Transformer>(a, moe);
+  // Every parameter comes from the folder (hf_names throws for one without a counterpart); of
+  // the buffers only the expert bias does: run-time statistics (e.g. tokens per expert) keep
+  // their fresh values, hence the non-strict load of a state that covers all parameters.
   std::vector<std::pair<std::string, Shape>> wanted;
-  for (const auto& [name, t] : model->state_dict()) wanted.emplace_back(name, t.shape());
-  model->load_state_dict(load_hf_state(folder, model->args(), wanted), true, dir.string());
+  for (const auto& [name, p] : model->named_parameters()) wanted.emplace_back(name, p->var.shape());
+  for (const auto& [name, t] : model->named_buffers())
+    if (name.ends_with("moe.expert_bias")) wanted.emplace_back(name, t.shape());
+  model->load_state_dict(load_hf_state(folder, model->args(), wanted), /*strict=*/false, dir.string());
   return model;
 }
 
