@@ -152,6 +152,44 @@ TEST(HfAdapter, ShardedExportRoundTripsThroughLoad) {
   expect_contains(e, "missing");
 }
 
+// An FP8 checkpoint as DeepSeek publishes it: projections in e4m3 with block scales (here with
+// 16x16 blocks, from quantization_config, so the tiny matrices have several blocks and ragged
+// edges), embeddings and norms in bf16, spread over shards so that scales may sit in another
+// shard than their weight.
+TEST(HfAdapter, Fp8ShardedCheckpointLoadsIntoTheModel) {
+  const DeepSeekV3Args a = tiny_args();
+  const auto state = random_state(a, 8);
+  std::vector<std::pair<std::string, Tensor>> hf;
+  for (const auto& [name, t] : to_hf_tensors(state, a)) {
+    if (t.dim() == 2 && name.find("proj") != std::string::npos) {
+      auto [q, scale] = checkpoint::quantize_fp8_blocks(t, 16);
+      hf.emplace_back(name, q);
+      hf.emplace_back(name + "_scale_inv", scale);
+    } else {
+      hf.emplace_back(name, t.to(DType::bf16));
+    }
+  }
+  json config = hf_config_from_args(a);
+  config["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {16, 16}}};
+  const TempDir dir("fp8_model");
+  checkpoint::HfWriteOptions opt;
+  opt.max_shard_bytes = 700;
+  checkpoint::save_hf_folder(dir, config, hf, opt);
+  ASSERT_TRUE(fs::exists(dir / "model.safetensors.index.json"));
+  std::unique_ptr<Transformer> model = load_hf_model(dir);
+  const auto loaded = model->state_dict();
+  int fp8_tensors = 0;
+  for (size_t i = 0; i < state.size(); ++i) {
+    const std::string hf_name = hf_names(state[i].first, a)[0];
+    const bool fp8 = hf_name.find("proj") != std::string::npos;
+    fp8_tensors += fp8;
+    const std::vector<double> got = test::to_doubles(loaded[i].second), want = test::to_doubles(state[i].second);
+    for (size_t j = 0; j < got.size(); ++j)  // e4m3 keeps 3 mantissa bits, bf16 keeps 8
+      ASSERT_NEAR(got[j], want[j], std::fabs(want[j]) / (fp8 ? 16 : 256) + (fp8 ? 1e-3 : 0)) << state[i].first;
+  }
+  EXPECT_GT(fp8_tensors, 10);
+}
+
 TEST(HfAdapter, MoeNamesMapToStackedExperts) {
   DeepSeekV3Args a = tiny_args();
   a.n_dense_layers = 1;  // layer 1 is MoE
