@@ -6,6 +6,10 @@
 
 namespace titan::models::deepseek_v3 {
 
+double DeepSeekV3Args::out_proj_std(int layer_id) const {
+  return depth_init ? kInitStd / std::sqrt(2.0 * (layer_id + 1)) : kInitStd / std::sqrt(2.0 * double(n_layers));
+}
+
 kernels::RopeConfig DeepSeekV3Args::rope() const {
   kernels::RopeConfig c;
   c.rope_dims = qk_rope_head_dim;

@@ -50,6 +50,11 @@ struct DeepSeekV3Args {
 
   bool depth_init = true;  // output projections' init std shrinks with depth (TorchTitan)
 
+  // TorchTitan's init: projections trunc_normal(0.02); the output projections of layer l (wo,
+  // w2, w3) 0.02 / sqrt(2 (l + 1)) under depth_init, else 0.02 / sqrt(2 n_layers).
+  static constexpr double kInitStd = 0.02;
+  double out_proj_std(int layer_id) const;
+
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   bool yarn() const { return max_seq_len > original_seq_len; }
   kernels::RopeConfig rope() const;  // over the qk_rope_head_dim tail of each head

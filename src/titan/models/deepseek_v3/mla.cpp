@@ -1,6 +1,5 @@
 #include "titan/models/deepseek_v3/mla.h"
 
-#include <cmath>
 
 #include "titan/kernels/attention_decode.h"
 #include "titan/kernels/columns.h"
@@ -11,14 +10,7 @@ namespace titan::models::deepseek_v3 {
 using nn::Init;
 
 namespace {
-constexpr double kInitStd = 0.02;
-
-// TorchTitan's depth init for output projections: std 0.02 / sqrt(2 (layer + 1)).
-double out_proj_std(const DeepSeekV3Args& a, int layer_id) {
-  return a.depth_init ? kInitStd / std::sqrt(2.0 * (layer_id + 1)) : kInitStd / std::sqrt(2.0 * a.n_layers);
-}
-
-std::unique_ptr<nn::Linear> linear(int64_t in, int64_t out, double std = kInitStd) {
+std::unique_ptr<nn::Linear> linear(int64_t in, int64_t out, double std = DeepSeekV3Args::kInitStd) {
   return std::make_unique<nn::Linear>(in, out, Init::trunc_normal(std));
 }
 }  // namespace
@@ -37,7 +29,7 @@ Attention::Attention(const DeepSeekV3Args& a, int layer_id)
       wkv_a(register_module("wkv_a", linear(a.dim, a.kv_lora_rank + a.qk_rope_head_dim))),
       kv_norm(register_module("kv_norm", std::make_unique<nn::RMSNorm>(a.kv_lora_rank, a.norm_eps))),
       wkv_b(register_module("wkv_b", linear(a.kv_lora_rank, a.n_heads * (a.qk_nope_head_dim + a.v_head_dim)))),
-      wo(register_module("wo", linear(a.n_heads * a.v_head_dim, a.dim, out_proj_std(a, layer_id)))),
+      wo(register_module("wo", linear(a.n_heads * a.v_head_dim, a.dim, a.out_proj_std(layer_id)))),
       n_heads_(a.n_heads),
       kv_lora_rank_(a.kv_lora_rank),
       qk_nope_(a.qk_nope_head_dim),

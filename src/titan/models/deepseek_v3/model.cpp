@@ -8,12 +8,6 @@ namespace titan::models::deepseek_v3 {
 using nn::Init;
 
 namespace {
-constexpr double kInitStd = 0.02;
-
-double out_proj_std(const DeepSeekV3Args& a, int layer_id) {
-  return a.depth_init ? kInitStd / std::sqrt(2.0 * (layer_id + 1)) : kInitStd / std::sqrt(2.0 * a.n_layers);
-}
-
 Tensor default_positions(int64_t batch, int64_t seq, int64_t start = 0) {
   Tensor p = Tensor::empty({batch, seq}, DType::i32, MemCategory::activations);
   int32_t* d = p.data<int32_t>();
@@ -31,7 +25,7 @@ DeepSeekV3Args as_built(DeepSeekV3Args a, const MoeFactory& moe) {
 }  // namespace
 
 FeedForward::FeedForward(int64_t dim, int64_t hidden, double out_std)
-    : w1(register_module("w1", std::make_unique<nn::Linear>(dim, hidden, Init::trunc_normal(kInitStd)))),
+    : w1(register_module("w1", std::make_unique<nn::Linear>(dim, hidden, Init::trunc_normal(DeepSeekV3Args::kInitStd)))),
       w2(register_module("w2", std::make_unique<nn::Linear>(hidden, dim, Init::trunc_normal(out_std)))),
       w3(register_module("w3", std::make_unique<nn::Linear>(dim, hidden, Init::trunc_normal(out_std)))) {}
 
@@ -45,7 +39,7 @@ TransformerBlock::TransformerBlock(const DeepSeekV3Args& a, int layer_id, const 
 
 BlockFeedForward& TransformerBlock::build_ffn(const DeepSeekV3Args& a, int layer_id, const MoeFactory& moe) {
   if (!a.is_moe_layer(layer_id))
-    return register_module("feed_forward", std::make_unique<FeedForward>(a.dim, a.inter_dim, out_proj_std(a, layer_id)));
+    return register_module("feed_forward", std::make_unique<FeedForward>(a.dim, a.inter_dim, a.out_proj_std(layer_id)));
   std::unique_ptr<BlockFeedForward> m = moe(a, layer_id);
   TITAN_CHECK(m != nullptr, "deepseek_v3: the MoE factory returned nothing for layer " + std::to_string(layer_id),
               "the factory must build a module for every layer >= n_dense_layers");
