@@ -119,6 +119,8 @@ DeepSeekV3Args args_from_hf_config(const json& config, const std::string& source
   a.v_head_dim = r.integer("v_head_dim");
   a.q_lora_rank = r.integer("q_lora_rank", 0);  // null: a plain q_proj
   a.n_dense_layers = std::min(r.integer("first_k_dense_replace", 3), a.n_layers);
+  if (r.integer("moe_layer_freq", 1) != 1)
+    r.unsupported("moe_layer_freq", "is not 1", "DeepSeek-V3 makes every layer after the dense ones MoE");
   a.moe_inter_dim = r.integer("moe_intermediate_size", 2048);
   a.n_routed_experts = r.integer("n_routed_experts", 256);
   a.n_shared_experts = r.integer("n_shared_experts", 1);
@@ -194,6 +196,8 @@ json hf_config_from_args(const DeepSeekV3Args& a) {
       {"moe_intermediate_size", a.moe_inter_dim},
       {"num_hidden_layers", a.n_layers},
       {"first_k_dense_replace", a.n_dense_layers},
+      {"moe_layer_freq", 1},
+      {"num_nextn_predict_layers", 0},  // no MTP weights in the export
       {"num_attention_heads", a.n_heads},
       {"num_key_value_heads", a.n_heads},
       {"n_routed_experts", a.n_routed_experts},

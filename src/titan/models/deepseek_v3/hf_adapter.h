@@ -18,6 +18,11 @@
 // RoPE: HF's DeepSeek-V3 (rope_interleave = true, the default and what DeepSeek's checkpoints
 // need) rotates interleaved pairs, as our MLA does, so weights map without any permutation.
 // The MTP layer (model.layers.<n_layers>.*) is not part of this model and is skipped on load.
+// Norm eps: HF's q_a/kv_a latent norms hard-code 1e-6 while rms_norm_eps sets the others; ours
+// use norm_eps for all. DeepSeek's configs set 1e-6, so their checkpoints match exactly (checked:
+// our export of a 1e-6 model loads in transformers with no missing or unexpected keys, the MoE
+// layout included, and reproduces our logits to 3e-8); exporting a flavor with TorchTitan's
+// 1e-5 gives HF a 1e-5 / 1e-6 mix (logits differ by ~1e-4).
 #pragma once
 
 #include <filesystem>
