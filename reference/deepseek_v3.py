@@ -11,8 +11,7 @@ q_proj (q_lora_rank = None) without rope scaling. Both use HF's interleaved RoPE
 True, the layout of DeepSeek's checkpoints) and rms_norm_eps = 1e-6 (HF's q/kv latent norms always
 use 1e-6).
 
-    pip install transformers   # into the reference venv
-    python reference/deepseek_v3.py
+    reference/.venv/bin/python reference/deepseek_v3.py   (transformers 5.x; see requirements.txt)
 """
 import json
 import pathlib
