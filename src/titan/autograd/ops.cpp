@@ -4,6 +4,7 @@
 
 #include "titan/kernels/activation.h"
 #include "titan/kernels/attention.h"
+#include "titan/kernels/columns.h"
 #include "titan/kernels/cross_entropy.h"
 #include "titan/kernels/elementwise.h"
 #include "titan/kernels/embedding.h"
@@ -127,6 +128,48 @@ Variable view(const Variable& x, const Shape& shape) {
     if (g.adopt(0, dyv)) return;
     Tensor dx = g.grad(0);
     kernels::axpby(dx, dyv, 1.0, 1.0);
+  });
+}
+
+Variable narrow_last(const Variable& x, int64_t start, int64_t length) {
+  ProfileScope prof("narrow_last.fwd");
+  Shape ys = x.shape();
+  TITAN_CHECK(!ys.empty(), "narrow_last: input is a scalar", "pass a tensor with a last dim to split");
+  ys[ys.size() - 1] = length;
+  Tensor y = activation_like(ys, x.dtype());
+  kernels::copy_columns(y, 0, x.value(), start, length);
+  return record("narrow_last", {x}, y, [start, length](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("narrow_last.bwd");
+    Tensor dx = g.grad(0);
+    kernels::add_columns(dx, start, dy, 0, length);
+  });
+}
+
+Variable concat_last(const Variable& a, const Variable& b) {
+  ProfileScope prof("concat_last.fwd");
+  const Shape &as = a.shape(), &bs = b.shape();
+  const int n = int(as.size());
+  bool leading_match = n >= 2 && int(bs.size()) == n && (bs[n - 2] == as[n - 2] || bs[n - 2] == 1);
+  for (int d = 0; leading_match && d < n - 2; ++d) leading_match = as[d] == bs[d];
+  TITAN_CHECK(leading_match && a.dtype() == b.dtype(),
+              "concat_last: cannot join " + a.value().str() + " and " + b.value().str(),
+              "b must be [..., H, Db] or [..., 1, Db] with a's leading dims and dtype");
+  const int64_t da = as[n - 1], db = bs[n - 1], repeat = as[n - 2] / bs[n - 2];
+  Shape ys = as;
+  ys[n - 1] = da + db;
+  Tensor y = activation_like(ys, a.dtype());
+  kernels::copy_columns(y, 0, a.value(), 0, da);
+  kernels::copy_columns(y, da, b.value(), 0, db, repeat);
+  return record("concat_last", {a, b}, y, [da, db, repeat](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("concat_last.bwd");
+    if (g.needs(0)) {
+      Tensor dga = g.grad(0);
+      kernels::add_columns(dga, 0, dy, 0, da);
+    }
+    if (g.needs(1)) {
+      Tensor dgb = g.grad(1);
+      kernels::add_columns(dgb, 0, dy, da, db, repeat);  // the broadcast's backward sums over heads
+    }
   });
 }
 

@@ -36,6 +36,13 @@ Variable add(const Variable& a, const Variable& b, double alpha = 1.0);
 // A view with another shape (same number of elements); x must be contiguous.
 Variable view(const Variable& x, const Shape& shape);
 
+// y [..., length] = x[..., start : start + length], a contiguous copy (splits a fused projection).
+Variable narrow_last(const Variable& x, int64_t start, int64_t length);
+
+// y [..., H, Da + Db] = [a | b] along the last dim, with a [..., H, Da] and b [..., H, Db], or
+// b [..., 1, Db] broadcast to all H heads (MLA's rope key, shared by every head). Same dtype.
+Variable concat_last(const Variable& a, const Variable& b);
+
 // The mean cross-entropy over tokens whose target is not -100: logits [N, V] (f32 or bf16),
 // targets [N] i32. Returns a one-element f32 Variable. The logits buffer is reused for its own
 // gradient in backward (it is not needed after), so no [N, V] gradient is allocated.

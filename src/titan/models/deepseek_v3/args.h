@@ -1,0 +1,83 @@
+// DeepSeek-V3 model arguments and the named flavors (TorchTitan v0.2's deepseekv3_args).
+// Field names follow DeepSeek's inference/model.py ModelArgs, which TorchTitan copied.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "titan/kernels/rope.h"
+
+namespace titan::models::deepseek_v3 {
+
+enum class ScoreFunc { softmax, sigmoid };  // MoE router gate activation
+
+struct DeepSeekV3Args {
+  int64_t dim = 256;
+  int64_t n_layers = 6;
+  int64_t n_dense_layers = 1;  // layers [0, n_dense_layers) use the dense FFN, the rest MoE
+  int64_t n_heads = 16;
+  int64_t vocab_size = 2048;
+  int64_t inter_dim = 1024;     // dense SwiGLU hidden size
+  int64_t moe_inter_dim = 256;  // hidden size of each routed and shared expert
+  double norm_eps = 1e-5;
+
+  // MoE: read by the MoE layer (models/moe); here they size the analytic parameter count and
+  // the Hugging Face config.
+  int64_t n_routed_experts = 8;
+  int64_t n_shared_experts = 2;
+  int64_t n_activated_experts = 3;  // top-k
+  ScoreFunc score_func = ScoreFunc::softmax;
+  int64_t n_expert_groups = 1;  // node-limited routing: groups, and groups a token may use
+  int64_t n_limited_groups = 1;
+  double route_scale = 1.0;
+  bool route_norm = false;  // renormalize the top-k gate weights to sum 1
+
+  // Multi-head latent attention.
+  int64_t q_lora_rank = 0;  // 0: a plain wq projection; > 0: wq_a -> q_norm -> wq_b
+  int64_t kv_lora_rank = 512;
+  int64_t qk_nope_head_dim = 128;
+  int64_t qk_rope_head_dim = 64;
+  int64_t v_head_dim = 128;
+
+  // YaRN (DeepSeek's reference applies it, and the mscale^2 softmax factor, only when
+  // max_seq_len > original_seq_len).
+  int64_t max_seq_len = 4096 * 4;  // RoPE table length
+  int64_t original_seq_len = 4096;
+  double rope_theta = 10000;
+  double rope_factor = 40;
+  double beta_fast = 32, beta_slow = 1;
+  double mscale = 1.0;
+
+  bool depth_init = true;  // output projections' init std shrinks with depth (TorchTitan)
+
+  // TorchTitan's init: projections trunc_normal(0.02); the output projections of layer l (wo,
+  // w2, w3) 0.02 / sqrt(2 (l + 1)) under depth_init, else 0.02 / sqrt(2 n_layers).
+  static constexpr double kInitStd = 0.02;
+  double out_proj_std(int layer_id) const;
+
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  bool yarn() const { return max_seq_len > original_seq_len; }
+  kernels::RopeConfig rope() const;  // over the qk_rope_head_dim tail of each head
+  double softmax_scale() const;      // qk_head_dim^-0.5, times mscale^2 under YaRN
+  bool is_moe_layer(int64_t layer) const { return layer >= n_dense_layers; }
+
+  // Analytic parameter counts of the full architecture (MoE layers with all their experts;
+  // the MTP module is not part of this model, so DeepSeek's 671B excludes it as here).
+  struct ParamCount {
+    int64_t total = 0;
+    int64_t active = 0;     // per token: routed experts count top_k / n_routed_experts
+    int64_t embedding = 0;  // the input table (the output projection is counted as dense)
+  };
+  ParamCount parameters() const;
+  // Training FLOPs per token, as TorchTitan counts them: 6 * (active - embedding) + 6 * L * H *
+  // (qk_nope + qk_rope + v) * S.
+  double training_flops_per_token(int64_t seq_len) const;
+  void validate() const;  // throws naming the field when the shapes do not fit together
+};
+
+// Flavors: "debugmodel", "16B", "236B", "671B". vocab_size comes from the tokenizer (the
+// flavor's own is used when vocab_size <= 0). Throws, listing the flavors, for an unknown name.
+DeepSeekV3Args deepseek_v3_flavor(const std::string& flavor, int64_t vocab_size = 0);
+std::vector<std::string> deepseek_v3_flavor_names();
+
+}  // namespace titan::models::deepseek_v3

@@ -1,0 +1,73 @@
+// Hugging Face interop for DeepSeek-V3: config.json <-> DeepSeekV3Args, and weight names and
+// shapes between HF's layout ("model.layers.3.self_attn.kv_b_proj.weight", one matrix per expert)
+// and ours (TorchTitan v0.2's: "layers.3.attention.wkv_b.weight", experts stacked [E, ...]).
+//
+//   model.embed_tokens.weight                      tok_embeddings.weight
+//   model.layers.L.self_attn.q_proj                layers.L.attention.wq          (q_lora_rank 0)
+//   model.layers.L.self_attn.q_a_proj / q_a_layernorm / q_b_proj   attention.wq_a / q_norm / wq_b
+//   model.layers.L.self_attn.kv_a_proj_with_mqa / kv_a_layernorm / kv_b_proj / o_proj
+//                                                  attention.wkv_a / kv_norm / wkv_b / wo
+//   model.layers.L.input_layernorm / post_attention_layernorm      attention_norm / ffn_norm
+//   model.layers.L.mlp.{gate,up,down}_proj         feed_forward.w1 / w3 / w2      (dense layers)
+//   model.layers.L.mlp.gate.weight                 moe.router.gate.weight
+//   model.layers.L.mlp.gate.e_score_correction_bias   moe.expert_bias
+//   model.layers.L.mlp.shared_experts.{gate,up,down}_proj   moe.shared_experts.w1 / w3 / w2
+//   model.layers.L.mlp.experts.E.{gate,up,down}_proj        moe.experts.w1 / w3 / w2 [E] (stacked)
+//   model.norm.weight / lm_head.weight             norm.weight / output.weight
+//
+// RoPE: HF's DeepSeek-V3 (rope_interleave = true, the default and what DeepSeek's checkpoints
+// need) rotates interleaved pairs, as our MLA does, so weights map without any permutation.
+// The MTP layer (model.layers.<n_layers>.*) is not part of this model and is skipped on load.
+// Norm eps: HF's q_a/kv_a latent norms hard-code 1e-6 while rms_norm_eps sets the others; ours
+// use norm_eps for all. DeepSeek's configs set 1e-6, so their checkpoints match exactly (checked:
+// our export of a 1e-6 model loads in transformers with no missing or unexpected keys, the MoE
+// layout included, and reproduces our logits to 3e-8); exporting a flavor with TorchTitan's
+// 1e-5 gives HF a 1e-5 / 1e-6 mix (logits differ by ~1e-4).
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "titan/checkpoint/hf.h"
+#include "titan/models/deepseek_v3/model.h"
+
+namespace titan::models::deepseek_v3 {
+
+// config.json -> args. Checks model_type and the features we do not implement (biases, tied
+// embeddings, GQA, non-interleaved RoPE, unequal YaRN mscales); errors name the key and `source`.
+DeepSeekV3Args args_from_hf_config(const nlohmann::json& config, const std::string& source);
+// args -> config.json in the layout of DeepSeek's published configs.
+nlohmann::json hf_config_from_args(const DeepSeekV3Args& a);
+
+// Our state (parameters and buffers) for the full architecture of `a` in registration order:
+// MoE layers with router, stacked experts, shared experts and the expert bias.
+std::vector<std::pair<std::string, Shape>> state_shapes(const DeepSeekV3Args& a);
+
+// The HF tensors our `name` comes from: one, or one per expert for stacked expert weights.
+// Throws for a name that has no HF counterpart.
+std::vector<std::string> hf_names(const std::string& name, const DeepSeekV3Args& a);
+
+// Reads `wanted` (our names and shapes) from an HF folder as f32 (dequantizing fp8), stacking
+// experts. Errors name the HF tensor, its file and both shapes. With `strict`, every HF tensor
+// must be consumed (other than fp8 scales and the MTP layers).
+std::map<std::string, Tensor> load_hf_state(const checkpoint::HfFolder& folder, const DeepSeekV3Args& a,
+                                            const std::vector<std::pair<std::string, Shape>>& wanted,
+                                            bool strict = true);
+
+// Builds the model an HF folder describes and loads its weights. Without a MoE factory the
+// checkpoint must be all-dense (first_k_dense_replace = num_hidden_layers).
+std::unique_ptr<Transformer> load_hf_model(const std::filesystem::path& dir, const MoeFactory& moe = {});
+
+// Our state -> HF names and layout (experts unstacked), in our order.
+std::vector<std::pair<std::string, Tensor>> to_hf_tensors(const std::vector<std::pair<std::string, Tensor>>& state,
+                                                          const DeepSeekV3Args& a);
+// Writes an HF folder (config.json + shards + index) for our state.
+void save_hf(const std::filesystem::path& dir, const DeepSeekV3Args& a,
+             const std::vector<std::pair<std::string, Tensor>>& state, const checkpoint::HfWriteOptions& options = {});
+
+}  // namespace titan::models::deepseek_v3

@@ -1,0 +1,115 @@
+#include "titan/models/deepseek_v3/mla.h"
+
+
+#include "titan/kernels/attention_decode.h"
+#include "titan/kernels/columns.h"
+#include "titan/kernels/matmul.h"
+
+namespace titan::models::deepseek_v3 {
+
+using nn::Init;
+
+namespace {
+std::unique_ptr<nn::Linear> linear(int64_t in, int64_t out, double std = DeepSeekV3Args::kInitStd) {
+  return std::make_unique<nn::Linear>(in, out, Init::trunc_normal(std));
+}
+}  // namespace
+
+LatentCache LatentCache::allocate(const DeepSeekV3Args& a, int64_t batch, int64_t capacity) {
+  return {Tensor::zeros({batch, capacity, 1, a.kv_lora_rank + a.qk_rope_head_dim}, DType::f32, MemCategory::activations),
+          Tensor::zeros({batch, capacity, 1, a.kv_lora_rank}, DType::f32, MemCategory::activations)};
+}
+
+Attention::Attention(const DeepSeekV3Args& a, int layer_id)
+    : wq(a.q_lora_rank == 0 ? &register_module("wq", linear(a.dim, a.n_heads * a.qk_head_dim())) : nullptr),
+      wq_a(a.q_lora_rank > 0 ? &register_module("wq_a", linear(a.dim, a.q_lora_rank)) : nullptr),
+      q_norm(a.q_lora_rank > 0 ? &register_module("q_norm", std::make_unique<nn::RMSNorm>(a.q_lora_rank, a.norm_eps))
+                               : nullptr),
+      wq_b(a.q_lora_rank > 0 ? &register_module("wq_b", linear(a.q_lora_rank, a.n_heads * a.qk_head_dim())) : nullptr),
+      wkv_a(register_module("wkv_a", linear(a.dim, a.kv_lora_rank + a.qk_rope_head_dim))),
+      kv_norm(register_module("kv_norm", std::make_unique<nn::RMSNorm>(a.kv_lora_rank, a.norm_eps))),
+      wkv_b(register_module("wkv_b", linear(a.kv_lora_rank, a.n_heads * (a.qk_nope_head_dim + a.v_head_dim)))),
+      wo(register_module("wo", linear(a.n_heads * a.v_head_dim, a.dim, a.out_proj_std(layer_id)))),
+      n_heads_(a.n_heads),
+      kv_lora_rank_(a.kv_lora_rank),
+      qk_nope_(a.qk_nope_head_dim),
+      qk_rope_(a.qk_rope_head_dim),
+      v_dim_(a.v_head_dim),
+      scale_(a.softmax_scale()) {}
+
+Variable Attention::query(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
+  const int64_t b = x.shape()[0], s = x.shape()[1];
+  Variable q = wq ? wq->forward(x) : wq_b->forward(q_norm->forward(wq_a->forward(x)));  // [B, S, H * d_qk]
+  q = autograd::view(q, {b, s, n_heads_, qk_nope_ + qk_rope_});
+  return autograd::rope(q, rope, positions, kernels::RopeLayout::interleaved, qk_nope_);
+}
+
+Variable Attention::latent_kv(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
+  const int64_t b = x.shape()[0], s = x.shape()[1];
+  // One "head" of width d_c + d_r whose rotated dims are its d_r tail.
+  Variable kv = autograd::view(wkv_a.forward(x), {b, s, 1, kv_lora_rank_ + qk_rope_});
+  return autograd::rope(kv, rope, positions, kernels::RopeLayout::interleaved, kv_lora_rank_);
+}
+
+Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
+  const int64_t b = x.shape()[0], s = x.shape()[1];
+  Variable q = query(x, rope, positions);                                    // [B, S, H, d_qk]
+  Variable kv = latent_kv(x, rope, positions);                               // [B, S, 1, d_c + d_r]
+  Variable c = kv_norm.forward(autograd::narrow_last(kv, 0, kv_lora_rank_));  // [B, S, 1, d_c]
+  Variable k_rope = autograd::narrow_last(kv, kv_lora_rank_, qk_rope_);      // [B, S, 1, d_r]
+  Variable kv_up = autograd::view(wkv_b.forward(c), {b, s, n_heads_, qk_nope_ + v_dim_});
+  Variable k = autograd::concat_last(autograd::narrow_last(kv_up, 0, qk_nope_), k_rope);  // [B, S, H, d_qk]
+  Variable v = autograd::narrow_last(kv_up, qk_nope_, v_dim_);                            // [B, S, H, d_v]
+  Variable o = autograd::attention(q, k, v, scale_);                                      // [B, S, H, d_v]
+  return wo.forward(autograd::view(o, {b, s, n_heads_ * v_dim_}));
+}
+
+Tensor Attention::forward_absorbed(const Tensor& x, const kernels::RopeTables& rope, const Tensor& positions,
+                                   LatentCache& cache, int64_t past) const {
+  TITAN_CHECK(x.dtype() == DType::f32 && x.dim() == 3, "mla absorbed form: x must be f32 [B, T, D], got " + x.str(),
+              "the absorbed form is for inference in f32; call set_compute_dtype(DType::f32)");
+  autograd::NoGradGuard no_grad;
+  const int64_t b = x.size(0), t = x.size(1), n = b * t, h = n_heads_, dc = kv_lora_rank_, dr = qk_rope_;
+  const int64_t dn = qk_nope_, dqk = qk_nope_ + qk_rope_;
+  TITAN_CHECK(cache.kv.dim() == 4 && cache.kv.size(0) == b && past >= 0 && past + t <= cache.kv.size(1),
+              "mla absorbed form: tokens [" + std::to_string(past) + ", " + std::to_string(past + t) +
+                  ") do not fit the latent cache " + cache.kv.str(),
+              "allocate the cache (LatentCache::allocate) for this batch and the longest sequence");
+  const Variable xv(x);
+  const Tensor q = query(xv, rope, positions).value();        // [B, T, H, d_qk]
+  const Variable kv = latent_kv(xv, rope, positions);         // [B, T, 1, d_c + d_r]
+  const Tensor c = kv_norm.forward(autograd::narrow_last(kv, 0, dc)).value();  // [B, T, 1, d_c]
+  for (int64_t bi = 0; bi < b; ++bi) {
+    Tensor kv_rows = cache.kv.select(0, bi).slice(0, past, past + t);        // [T, 1, d_c + d_r]
+    Tensor latent_rows = cache.latent.select(0, bi).slice(0, past, past + t);  // [T, 1, d_c]
+    const Tensor c_b = c.select(0, bi), kv_b = kv.value().select(0, bi);
+    kernels::copy_columns(kv_rows, 0, c_b, 0, dc);
+    kernels::copy_columns(kv_rows, dc, kv_b, dc, dr);
+    kernels::copy_columns(latent_rows, 0, c_b, 0, dc);
+  }
+  // wkv_b [H * (d_n + d_v), d_c] viewed per head: rows [0, d_n) map the latent to the nope key
+  // (W_UK), rows [d_n, d_n + d_v) to the value (W_UV).
+  const Tensor w = wkv_b.weight.var.value().view({h, dn + v_dim_, dc});
+  // Absorbed query [B, T, H, d_c + d_r]: q_abs,h = q_n,h W_UK_h, then the rope part as is, so that
+  // q_abs,h . c_s + q_r,h . k_r,s equals the standard form's score.
+  Tensor qa = Tensor::empty({b, t, h, dc + dr}, DType::f32, MemCategory::activations);
+  {
+    Tensor qa_lat = qa.view({n, h, dc + dr}).narrow(2, 0, dc).transpose(0, 1);  // [H, N, d_c] strided
+    const Tensor q_nope = q.view({n, h, dqk}).narrow(2, 0, dn).transpose(0, 1);  // [H, N, d_n] strided
+    kernels::matmul(qa_lat, q_nope, w.narrow(1, 0, dn), false, false);           // @ [H, d_n, d_c]
+  }
+  kernels::copy_columns(qa, dc, q, dn, dr);
+  // MQA over the shared latent rows: key = all d_c + d_r dims, value = the first d_c.
+  Tensor o_lat = Tensor::empty({b, t, h, dc}, DType::f32, MemCategory::activations);
+  kernels::attention_decode(o_lat, qa, cache.kv, cache.latent, past, scale_);
+  // Back to per-head values: o_h = o_lat,h W_UV_h^T.
+  Tensor o = Tensor::empty({b, t, h, v_dim_}, DType::f32, MemCategory::activations);
+  {
+    Tensor o_heads = o.view({n, h, v_dim_}).transpose(0, 1);        // [H, N, d_v]
+    const Tensor lat = o_lat.view({n, h, dc}).transpose(0, 1);      // [H, N, d_c]
+    kernels::matmul(o_heads, lat, w.narrow(1, dn, v_dim_), false, true);  // @ [H, d_v, d_c]^T
+  }
+  return wo.forward(Variable(o.view({b, t, h * v_dim_}))).value();
+}
+
+}  // namespace titan::models::deepseek_v3

@@ -1,0 +1,69 @@
+// Multi-head latent attention (MLA), DeepSeek-V2/V3. Notation and shapes:
+// /work/shared/reference/dsa.md section 1 (d_c = kv_lora_rank, d_n / d_r / d_v = qk_nope / qk_rope
+// / v head dims, d_qk = d_n + d_r).
+//
+//   q      = wq x, or wq_b q_norm(wq_a x)                 per head [d_n | d_r], RoPE on the d_r tail
+//   [c | k_r] = wkv_a x                                   c: the latent [d_c], k_r: one rope key [d_r]
+//   c      = kv_norm(c);  k_r = RoPE(k_r)                 k_r is shared by all heads
+//   [k_n | v] = wkv_b c                                   per head [d_n | d_v]
+//   o_h    = softmax(tau q_h . [k_n,h | k_r]) v_h;  out = wo o
+//
+// RoPE pairs are interleaved (x[2i], x[2i+1]) as in DeepSeek's checkpoints. tau is
+// DeepSeekV3Args::softmax_scale() (d_qk^-0.5 times YaRN's mscale^2).
+//
+// Two forms compute the same function:
+// - standard (forward): materializes k [B, S, H, d_qk] and v [B, S, H, d_v] per head; used for
+//   training and prefill, and differentiable.
+// - absorbed (forward_absorbed): folds wkv_b's key rows into the query and its value rows into the
+//   output, so attention runs over one shared (d_c + d_r)-wide latent row per token (MQA with one
+//   KV head). This is what the KV cache, decoding and DeepSeek Sparse Attention use.
+#pragma once
+
+#include "titan/models/deepseek_v3/args.h"
+#include "titan/nn/layers.h"
+
+namespace titan::models::deepseek_v3 {
+
+using autograd::Variable;
+
+// The absorbed form's cache: one latent row per token, shared by all heads.
+struct LatentCache {
+  Tensor kv;      // [B, capacity, 1, d_c + d_r] f32: kv_norm(c) | RoPE(k_r); the attention key
+  Tensor latent;  // [B, capacity, 1, d_c] f32: kv_norm(c) again, contiguous, as the value
+  static LatentCache allocate(const DeepSeekV3Args& a, int64_t batch, int64_t capacity);
+};
+
+class Attention : public nn::Module {
+ public:
+  Attention(const DeepSeekV3Args& a, int layer_id);
+
+  // Standard form: x [B, S, D] -> [B, S, D]; positions i32 [B, S].
+  Variable forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
+
+  // Absorbed form (inference: f32, no autograd). x [B, T, D] holds the tokens at positions
+  // past .. past + T - 1 (positions i32 [B, T]); their latent rows are written into the cache at
+  // [past, past + T) and each attends to the cache rows up to its own. Returns [B, T, D].
+  Tensor forward_absorbed(const Tensor& x, const kernels::RopeTables& rope, const Tensor& positions,
+                          LatentCache& cache, int64_t past) const;
+
+  // q_lora_rank == 0: wq; else wq_a, q_norm, wq_b. The others are always present.
+  nn::Linear* wq = nullptr;
+  nn::Linear* wq_a = nullptr;
+  nn::RMSNorm* q_norm = nullptr;
+  nn::Linear* wq_b = nullptr;
+  nn::Linear& wkv_a;
+  nn::RMSNorm& kv_norm;
+  nn::Linear& wkv_b;
+  nn::Linear& wo;
+
+ private:
+  // q [B, S, H, d_qk] with RoPE applied to each head's d_r tail.
+  Variable query(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
+  // wkv_a x with RoPE on the k_r tail: [B, S, 1, d_c + d_r] (the latent is not normed yet).
+  Variable latent_kv(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
+
+  int64_t n_heads_, kv_lora_rank_, qk_nope_, qk_rope_, v_dim_;
+  double scale_;
+};
+
+}  // namespace titan::models::deepseek_v3

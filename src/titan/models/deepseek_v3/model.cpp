@@ -1,0 +1,132 @@
+#include "titan/models/deepseek_v3/model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace titan::models::deepseek_v3 {
+
+using nn::Init;
+
+namespace {
+Tensor default_positions(int64_t batch, int64_t seq, int64_t start = 0) {
+  Tensor p = Tensor::empty({batch, seq}, DType::i32, MemCategory::activations);
+  int32_t* d = p.data<int32_t>();
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t s = 0; s < seq; ++s) d[b * seq + s] = int32_t(start + s);
+  return p;
+}
+
+// Without a MoE factory every layer is dense: record that in the args the model reports.
+DeepSeekV3Args as_built(DeepSeekV3Args a, const MoeFactory& moe) {
+  a.validate();
+  if (!moe) a.n_dense_layers = a.n_layers;
+  return a;
+}
+}  // namespace
+
+FeedForward::FeedForward(int64_t dim, int64_t hidden, double out_std)
+    : w1(register_module("w1", std::make_unique<nn::Linear>(dim, hidden, Init::trunc_normal(DeepSeekV3Args::kInitStd)))),
+      w2(register_module("w2", std::make_unique<nn::Linear>(hidden, dim, Init::trunc_normal(out_std)))),
+      w3(register_module("w3", std::make_unique<nn::Linear>(dim, hidden, Init::trunc_normal(out_std)))) {}
+
+Variable FeedForward::forward(const Variable& x) { return w2.forward(autograd::swiglu(w1.forward(x), w3.forward(x))); }
+
+TransformerBlock::TransformerBlock(const DeepSeekV3Args& a, int layer_id, const MoeFactory& moe)
+    : attention(register_module("attention", std::make_unique<Attention>(a, layer_id))),
+      ffn(build_ffn(a, layer_id, moe)),
+      attention_norm(register_module("attention_norm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps))),
+      ffn_norm(register_module("ffn_norm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps))) {}
+
+BlockFeedForward& TransformerBlock::build_ffn(const DeepSeekV3Args& a, int layer_id, const MoeFactory& moe) {
+  if (!a.is_moe_layer(layer_id))
+    return register_module("feed_forward", std::make_unique<FeedForward>(a.dim, a.inter_dim, a.out_proj_std(layer_id)));
+  std::unique_ptr<BlockFeedForward> m = moe(a, layer_id);
+  TITAN_CHECK(m != nullptr, "deepseek_v3: the MoE factory returned nothing for layer " + std::to_string(layer_id),
+              "the factory must build a module for every layer >= n_dense_layers");
+  return register_module("moe", std::move(m));
+}
+
+Variable TransformerBlock::forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) {
+  Variable h = autograd::add(x, attention.forward(attention_norm.forward(x), rope, positions));
+  return autograd::add(h, ffn.forward(ffn_norm.forward(h)));
+}
+
+Tensor TransformerBlock::decode(const Tensor& x, const kernels::RopeTables& rope, const Tensor& positions,
+                                LatentCache& cache, int64_t past) {
+  const Variable xv(x);
+  const Tensor a = attention.forward_absorbed(attention_norm.forward(xv).value(), rope, positions, cache, past);
+  Variable h = autograd::add(xv, Variable(a));
+  return autograd::add(h, ffn.forward(ffn_norm.forward(h))).value();
+}
+
+Transformer::Transformer(const DeepSeekV3Args& a, const MoeFactory& moe)
+    : tok_embeddings(register_module("tok_embeddings", std::make_unique<nn::Embedding>(a.vocab_size, a.dim, Init::normal(0, 1)))),
+      layers(register_module("layers", std::make_unique<nn::ModuleList<TransformerBlock>>())),
+      norm(register_module("norm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps))),
+      output(register_module("output", std::make_unique<nn::Linear>(a.dim, a.vocab_size,
+                                                                     Init::trunc_normal(1.0 / std::sqrt(double(a.dim)), 3)))),
+      args_(as_built(a, moe)),
+      rope_(kernels::rope_tables(a.rope(), a.max_seq_len)) {
+  for (int l = 0; l < args_.n_layers; ++l) layers.append(std::make_unique<TransformerBlock>(args_, l, moe));
+}
+
+void Transformer::set_compute_dtype(DType dtype) {
+  compute_dtype_ = dtype;
+  Module::set_compute_dtype(dtype);
+}
+
+Variable Transformer::forward(const Tensor& tokens) { return forward(tokens, default_positions(tokens.size(0), tokens.size(1))); }
+
+Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) {
+  TITAN_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::i32, "deepseek_v3: tokens must be i32 [B, S], got " + tokens.str());
+  TITAN_CHECK(positions.shape() == tokens.shape() && positions.dtype() == DType::i32,
+              "deepseek_v3: positions must be i32 " + tokens.shape().str() + ", got " + positions.str());
+  const int64_t b = tokens.size(0), s = tokens.size(1);
+  const int32_t* pos = positions.data<int32_t>();
+  const int32_t max_pos = positions.numel() ? *std::max_element(pos, pos + positions.numel()) : 0;
+  TITAN_CHECK(max_pos < rope_.cos.size(0), "deepseek_v3: position " + std::to_string(max_pos) +
+                                                " is past the RoPE table (" + std::to_string(rope_.cos.size(0)) + ")",
+              "raise the model's max_seq_len or lower training.seq_len");
+  Variable h = tok_embeddings.forward(tokens, compute_dtype_);  // [B, S, D]
+  for (size_t l = 0; l < layers.size(); ++l) {
+    TransformerBlock& block = layers[l];
+    if (recompute_ == Recompute::full) {
+      h = autograd::checkpoint(
+          [&block, this, positions](const std::vector<Variable>& in) {
+            return std::vector<Variable>{block.forward(in[0], rope_, positions)};
+          },
+          {h})[0];
+    } else {
+      h = block.forward(h, rope_, positions);
+    }
+  }
+  return output.forward(autograd::view(norm.forward(h), {b * s, args_.dim}));
+}
+
+void Transformer::start_generation(int64_t batch, int64_t max_len) {
+  TITAN_CHECK(max_len <= rope_.cos.size(0), "generation of " + std::to_string(max_len) +
+                                                " tokens exceeds the model's RoPE table (" +
+                                                std::to_string(rope_.cos.size(0)) + ")",
+              "ask for fewer new tokens or a shorter prompt");
+  cache_.clear();
+  for (size_t l = 0; l < layers.size(); ++l) cache_.push_back(LatentCache::allocate(args_, batch, max_len));
+  cache_len_ = 0;
+}
+
+Tensor Transformer::decode(const Tensor& tokens) {
+  TITAN_CHECK(!cache_.empty(), "decode() before start_generation()");
+  TITAN_CHECK(compute_dtype_ == DType::f32, "generation runs in f32", "call set_compute_dtype(DType::f32) first");
+  autograd::NoGradGuard no_grad;
+  const int64_t b = tokens.size(0), t = tokens.size(1);
+  TITAN_CHECK(cache_len_ + t <= cache_[0].kv.size(1), "generation ran past the cache of " +
+                                                          std::to_string(cache_[0].kv.size(1)) + " tokens");
+  const Tensor positions = default_positions(b, t, cache_len_);
+  Tensor h = tok_embeddings.forward(tokens, DType::f32).value();  // [B, T, D]
+  for (size_t l = 0; l < layers.size(); ++l) h = layers[l].decode(h, rope_, positions, cache_[l], cache_len_);
+  cache_len_ += t;
+  // Only each row's last position is needed for the next token.
+  const Tensor last = h.select(1, t - 1).contiguous();  // [B, D]
+  return output.forward(norm.forward(Variable(last))).value();
+}
+
+}  // namespace titan::models::deepseek_v3

@@ -1,0 +1,89 @@
+// DeepSeek-V3: token embedding, n_layers x (RMSNorm -> MLA -> residual, RMSNorm -> FFN ->
+// residual), final RMSNorm, output projection. The first n_dense_layers blocks use a dense
+// SwiGLU FFN ("feed_forward"); the others use a mixture of experts ("moe"). Parameter names
+// follow TorchTitan v0.2 ("layers.3.attention.wkv_a.weight"); hf_adapter.h maps them to Hugging
+// Face's.
+//
+// The MoE seam: this file does not define the MoE layer. The model takes a MoeFactory that builds
+// each MoE block's FFN (the integrator passes one backed by models/moe); without one, MoE layers
+// get a dense SwiGLU of inter_dim instead, registered as "feed_forward", and the model is the
+// all-dense DeepSeek-V3 that args() then describes (n_dense_layers = n_layers).
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "titan/models/causal_lm.h"
+#include "titan/models/deepseek_v3/args.h"
+#include "titan/models/deepseek_v3/mla.h"
+
+namespace titan::models::deepseek_v3 {
+
+// What a block needs from its FFN: x [B, S, D] -> [B, S, D].
+class BlockFeedForward : public nn::Module {
+ public:
+  virtual Variable forward(const Variable& x) = 0;
+};
+
+// Dense SwiGLU: w2(silu(w1 x) * w3 x).
+class FeedForward : public BlockFeedForward {
+ public:
+  FeedForward(int64_t dim, int64_t hidden, double out_std);
+  Variable forward(const Variable& x) override;
+  nn::Linear &w1, &w2, &w3;
+};
+
+// Builds the FFN of MoE layer `layer_id` (registered under the name "moe").
+using MoeFactory = std::function<std::unique_ptr<BlockFeedForward>(const DeepSeekV3Args&, int layer_id)>;
+
+class TransformerBlock : public nn::Module {
+ public:
+  TransformerBlock(const DeepSeekV3Args& a, int layer_id, const MoeFactory& moe);
+  Variable forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions);
+  // Inference through MLA's absorbed form and its latent cache (see Attention::forward_absorbed).
+  Tensor decode(const Tensor& x, const kernels::RopeTables& rope, const Tensor& positions, LatentCache& cache,
+                int64_t past);
+  Attention& attention;
+  BlockFeedForward& ffn;  // "feed_forward" (dense) or "moe"
+  nn::RMSNorm &attention_norm, &ffn_norm;
+
+ private:
+  BlockFeedForward& build_ffn(const DeepSeekV3Args& a, int layer_id, const MoeFactory& moe);
+};
+
+class Transformer : public CausalLM {
+ public:
+  explicit Transformer(const DeepSeekV3Args& a, const MoeFactory& moe = {});
+  // tokens [B, S] i32 -> logits [B*S, V] in the compute dtype (positions 0..S-1 per row).
+  Variable forward(const Tensor& tokens) override;
+  Variable forward(const Tensor& tokens, const Tensor& positions);  // positions i32 [B, S]
+
+  void set_compute_dtype(DType dtype) override;
+  DType compute_dtype() const override { return compute_dtype_; }
+  void set_recompute(Recompute r) override { recompute_ = r; }
+  double training_flops_per_token(int64_t seq_len) const override { return args_.training_flops_per_token(seq_len); }
+  int64_t vocab_size() const override { return args_.vocab_size; }
+  int64_t max_seq_len() const override { return args_.max_seq_len; }
+  // The architecture as built: n_dense_layers = n_layers when no MoeFactory was given.
+  const DeepSeekV3Args& args() const { return args_; }
+  const kernels::RopeTables& rope_tables() const { return rope_; }
+  // Generation keeps one latent row (d_c + d_r values, plus the latent again as the value) per
+  // token and layer: MLA's absorbed form, not per-head keys and values.
+  void start_generation(int64_t batch, int64_t max_len) override;
+  Tensor decode(const Tensor& tokens) override;
+
+  nn::Embedding& tok_embeddings;
+  nn::ModuleList<TransformerBlock>& layers;
+  nn::RMSNorm& norm;
+  nn::Linear& output;
+
+ private:
+  DeepSeekV3Args args_;
+  kernels::RopeTables rope_;
+  DType compute_dtype_ = DType::f32;
+  Recompute recompute_ = Recompute::none;
+  std::vector<LatentCache> cache_;  // per layer
+  int64_t cache_len_ = 0;
+};
+
+}  // namespace titan::models::deepseek_v3

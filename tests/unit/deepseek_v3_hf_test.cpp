@@ -1,0 +1,340 @@
+// Hugging Face interop for DeepSeek-V3 with tiny folders written by the test: FP8 128x128 block
+// dequantization (ragged edges), sharded export + index and import, MoE name mapping with
+// stacked experts, the published 671B config.json, every error case (naming tensor and file),
+// and `titan ckpt convert` both ways.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "common/kernel_check.h"
+#include "titan/checkpoint/ckpt_cli.h"
+#include "titan/checkpoint/hf.h"
+#include "titan/models/deepseek_v3/hf_adapter.h"
+
+using namespace titan;
+using namespace titan::models::deepseek_v3;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// A fresh folder under /tmp, removed (with everything in it) when the test ends.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name)
+      : path_(fs::temp_directory_path() / ("titan_dsv3_hf_" + std::to_string(getpid()) + "_" + name)) {
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  operator const fs::path&() const { return path_; }
+  fs::path operator/(const std::string& rel) const { return path_ / rel; }
+  std::string string() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+void write_json(const fs::path& p, const json& j) { std::ofstream(p) << j.dump(2); }
+
+DeepSeekV3Args tiny_args() {
+  DeepSeekV3Args a;
+  a.vocab_size = 40, a.dim = 16, a.n_layers = 2, a.n_dense_layers = 2, a.n_heads = 2, a.inter_dim = 24;
+  a.q_lora_rank = 8, a.kv_lora_rank = 8, a.qk_nope_head_dim = 4, a.qk_rope_head_dim = 4, a.v_head_dim = 4;
+  a.moe_inter_dim = 8, a.n_routed_experts = 3, a.n_shared_experts = 1, a.n_activated_experts = 2;
+  a.n_expert_groups = 1, a.n_limited_groups = 1;
+  return a;
+}
+
+std::vector<std::pair<std::string, Tensor>> random_state(const DeepSeekV3Args& a, uint64_t seed) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& [name, shape] : state_shapes(a)) out.emplace_back(name, test::random_tensor(shape, DType::f32, seed, name));
+  return out;
+}
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+void expect_contains(const std::string& text, const std::string& part) {
+  EXPECT_NE(text.find(part), std::string::npos) << "'" << part << "' not in: " << text;
+}
+
+// A safetensors file with one tensor of a dtype our writer cannot produce.
+void write_raw_safetensors(const fs::path& p, const std::string& name, const std::string& dtype, int64_t bytes) {
+  std::string header = json{{name, {{"dtype", dtype}, {"shape", {bytes / 8}}, {"data_offsets", {0, bytes}}}}}.dump();
+  header.resize((header.size() + 7) / 8 * 8, ' ');
+  std::ofstream f(p, std::ios::binary);
+  const uint64_t len = header.size();
+  f.write(reinterpret_cast<const char*>(&len), 8);
+  f << header << std::string(size_t(bytes), '\0');
+}
+
+}  // namespace
+
+TEST(HfFp8, BlockDequantizationMatchesTheOriginalWithinFp8Error) {
+  // 300 x 200: the last block row holds 44 rows and the last block column 72 columns.
+  const Tensor w = test::random_tensor({300, 200}, DType::f32, 11, "w", -3, 3);
+  Tensor wv = w.clone();
+  for (int64_t c = 0; c < 200; ++c) wv.data<float>()[5 * 200 + c] *= 1e-3f;  // tiny values in a big block
+  auto [q, scale] = checkpoint::quantize_fp8_blocks(wv);
+  EXPECT_EQ(scale.shape(), Shape({3, 2}));
+  const TempDir dir("fp8");
+  write_json(dir / "config.json", {{"quantization_config", {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}}}});
+  checkpoint::save_safetensors(dir / "model.safetensors", {{"w", q}, {"w_scale_inv", scale}, {"norm", w.slice(0, 0, 1).contiguous()}});
+  const checkpoint::HfFolder folder = checkpoint::HfFolder::open(dir);
+  const Tensor got = folder.load_f32("w");
+  ASSERT_EQ(got.dtype(), DType::f32);
+  const float* g = got.data<float>();
+  const float* x = wv.data<float>();
+  const float* s = scale.data<float>();
+  for (int64_t r = 0; r < 300; ++r)
+    for (int64_t c = 0; c < 200; ++c) {
+      const float sc = s[(r / 128) * 2 + c / 128];
+      // e4m3: 3 mantissa bits (half an ulp is 2^-4 relative) and subnormal steps of 2^-9 (times the scale).
+      const double tol = std::fabs(x[r * 200 + c]) / 16 + sc * std::ldexp(1.0, -10) + 1e-12;
+      ASSERT_LE(std::fabs(g[r * 200 + c] - x[r * 200 + c]), tol) << r << ", " << c;
+      ASSERT_EQ(g[r * 200 + c], f8e4m3_to_f32(q.data<f8e4m3>()[r * 200 + c]) * sc);  // exactly fp8 * scale
+    }
+  // A block's largest value is represented to within its rounding (the scale maps it to 448).
+  EXPECT_NEAR(g[299 * 200 + 199], x[299 * 200 + 199], std::fabs(x[299 * 200 + 199]) / 16 + 1e-6);
+  // Scales of the wrong shape, and a missing scale, name the tensor and the file.
+  expect_contains(error_of([&] { checkpoint::dequantize_fp8_blocks(q, scale.slice(1, 0, 1).contiguous(), "w in x"); }),
+                  "does not fit 128x128 blocks");
+  checkpoint::save_safetensors(dir / "model.safetensors", {{"w", q}});
+  const std::string e = error_of([&] { checkpoint::HfFolder::open(dir).load_f32("w"); });
+  expect_contains(e, "'w'");
+  expect_contains(e, "model.safetensors");
+  expect_contains(e, "w_scale_inv");
+}
+
+TEST(HfAdapter, ShardedExportRoundTripsThroughLoad) {
+  const DeepSeekV3Args a = tiny_args();
+  const auto state = random_state(a, 3);
+  const TempDir dir("sharded");
+  checkpoint::HfWriteOptions opt;
+  opt.dtype = DType::f32;
+  opt.max_shard_bytes = 4000;  // forces several shards
+  save_hf(dir, a, state, opt);
+  ASSERT_TRUE(fs::exists(dir / "model.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(dir / "model.safetensors"));
+  const json index = json::parse(std::ifstream(dir / "model.safetensors.index.json"));
+  EXPECT_EQ(index["weight_map"]["model.layers.1.self_attn.kv_b_proj.weight"].get<std::string>().substr(0, 6), "model-");
+  std::unique_ptr<Transformer> model = load_hf_model(dir);
+  EXPECT_EQ(model->args().q_lora_rank, 8);
+  const auto loaded = model->state_dict();
+  ASSERT_EQ(loaded.size(), state.size());
+  for (size_t i = 0; i < state.size(); ++i) {
+    ASSERT_EQ(loaded[i].first, state[i].first);
+    EXPECT_EQ(test::to_doubles(loaded[i].second), test::to_doubles(state[i].second)) << state[i].first;
+  }
+  // bf16 export (the default) rounds each value once.
+  const TempDir bf("bf16");
+  save_hf(bf, a, state);
+  const checkpoint::HfFolder f = checkpoint::HfFolder::open(bf);
+  EXPECT_EQ(f.config()["torch_dtype"], "bfloat16");
+  EXPECT_EQ(test::to_doubles(f.load_f32("lm_head.weight")), test::to_doubles(state.back().second.to(DType::bf16)));
+  // A shard that went missing is named with a tensor it holds.
+  const std::string shard = index["weight_map"]["lm_head.weight"];
+  fs::remove(dir / shard);
+  const std::string e = error_of([&] { checkpoint::HfFolder::open(dir); });
+  expect_contains(e, shard);
+  expect_contains(e, "missing");
+}
+
+// An FP8 checkpoint as DeepSeek publishes it: projections in e4m3 with block scales (here with
+// 16x16 blocks, from quantization_config, so the tiny matrices have several blocks and ragged
+// edges), embeddings and norms in bf16, spread over shards so that scales may sit in another
+// shard than their weight.
+TEST(HfAdapter, Fp8ShardedCheckpointLoadsIntoTheModel) {
+  const DeepSeekV3Args a = tiny_args();
+  const auto state = random_state(a, 8);
+  std::vector<std::pair<std::string, Tensor>> hf;
+  for (const auto& [name, t] : to_hf_tensors(state, a)) {
+    if (t.dim() == 2 && name.find("proj") != std::string::npos) {
+      auto [q, scale] = checkpoint::quantize_fp8_blocks(t, 16);
+      hf.emplace_back(name, q);
+      hf.emplace_back(name + "_scale_inv", scale);
+    } else {
+      hf.emplace_back(name, t.to(DType::bf16));
+    }
+  }
+  json config = hf_config_from_args(a);
+  config["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {16, 16}}};
+  const TempDir dir("fp8_model");
+  checkpoint::HfWriteOptions opt;
+  opt.max_shard_bytes = 700;
+  checkpoint::save_hf_folder(dir, config, hf, opt);
+  ASSERT_TRUE(fs::exists(dir / "model.safetensors.index.json"));
+  std::unique_ptr<Transformer> model = load_hf_model(dir);
+  const auto loaded = model->state_dict();
+  int fp8_tensors = 0;
+  for (size_t i = 0; i < state.size(); ++i) {
+    const std::string hf_name = hf_names(state[i].first, a)[0];
+    const bool fp8 = hf_name.find("proj") != std::string::npos;
+    fp8_tensors += fp8;
+    const std::vector<double> got = test::to_doubles(loaded[i].second), want = test::to_doubles(state[i].second);
+    for (size_t j = 0; j < got.size(); ++j)  // e4m3 keeps 3 mantissa bits, bf16 keeps 8
+      ASSERT_NEAR(got[j], want[j], std::fabs(want[j]) / (fp8 ? 16 : 256) + (fp8 ? 1e-3 : 0)) << state[i].first;
+  }
+  EXPECT_GT(fp8_tensors, 10);
+}
+
+TEST(HfAdapter, MoeNamesMapToStackedExperts) {
+  DeepSeekV3Args a = tiny_args();
+  a.n_dense_layers = 1;  // layer 1 is MoE
+  const auto state = random_state(a, 4);
+  const auto hf = to_hf_tensors(state, a);
+  std::map<std::string, Tensor> by_name(hf.begin(), hf.end());
+  for (const char* n : {"model.layers.1.mlp.experts.2.down_proj.weight", "model.layers.1.mlp.experts.0.gate_proj.weight",
+                        "model.layers.1.mlp.gate.weight", "model.layers.1.mlp.gate.e_score_correction_bias",
+                        "model.layers.1.mlp.shared_experts.up_proj.weight", "model.layers.0.mlp.up_proj.weight"})
+    EXPECT_TRUE(by_name.count(n)) << n;
+  EXPECT_EQ(by_name.at("model.layers.1.mlp.experts.2.down_proj.weight").shape(), Shape({16, 8}));
+  const TempDir dir("moe");
+  checkpoint::HfWriteOptions opt;
+  opt.dtype = DType::f32;
+  save_hf(dir, a, state, opt);
+  const checkpoint::HfFolder folder = checkpoint::HfFolder::open(dir);
+  EXPECT_EQ(args_from_hf_config(folder.config(), "t").n_dense_layers, 1);
+  const std::map<std::string, Tensor> back = load_hf_state(folder, a, state_shapes(a));
+  for (const auto& [name, t] : state) EXPECT_EQ(test::to_doubles(back.at(name)), test::to_doubles(t)) << name;
+  // Without a MoE layer the model cannot hold this checkpoint, and says so.
+  expect_contains(error_of([&] { load_hf_model(dir); }), "MoE");
+}
+
+TEST(HfAdapter, PublishedDeepSeekV3ConfigGivesThe671BArchitecture) {
+  // The keys of deepseek-ai/DeepSeek-V3's config.json.
+  const json c = json::parse(R"({
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": 129280,
+    "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+    "num_nextn_predict_layers": 1, "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 1,
+    "n_routed_experts": 256, "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128, "topk_method": "noaux_tc", "n_group": 8,
+    "topk_group": 4, "num_experts_per_tok": 8, "moe_layer_freq": 1, "first_k_dense_replace": 3, "norm_topk_prob": true,
+    "scoring_func": "sigmoid", "hidden_act": "silu", "max_position_embeddings": 163840, "rms_norm_eps": 1e-06,
+    "rope_theta": 10000, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+    "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"}, "tie_word_embeddings": false,
+    "attention_bias": false, "torch_dtype": "bfloat16",
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "weight_block_size": [128, 128]}})");
+  const DeepSeekV3Args a = args_from_hf_config(c, "config.json");
+  const DeepSeekV3Args want = deepseek_v3_flavor("671B");
+  EXPECT_EQ(a.parameters().total, want.parameters().total);
+  EXPECT_EQ(a.parameters().active, want.parameters().active);
+  EXPECT_EQ(a.score_func, ScoreFunc::sigmoid);
+  EXPECT_EQ(a.max_seq_len, 163840);
+  EXPECT_NEAR(a.softmax_scale(), want.softmax_scale(), 1e-12);
+  // And back: our config reads to the same args.
+  const DeepSeekV3Args again = args_from_hf_config(hf_config_from_args(a), "ours");
+  EXPECT_EQ(again.parameters().total, a.parameters().total);
+  EXPECT_EQ(again.n_dense_layers, 3);
+  EXPECT_NEAR(again.softmax_scale(), a.softmax_scale(), 1e-15);
+  // transformers >= 5 writes "rope_parameters" (rope_theta inside); same architecture.
+  json v5 = c;
+  v5.erase("rope_scaling");
+  v5.erase("rope_theta");
+  v5["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 40.0},
+                           {"original_max_position_embeddings", 4096}, {"mscale", 1.0}, {"mscale_all_dim", 1.0}};
+  EXPECT_NEAR(args_from_hf_config(v5, "v5").softmax_scale(), a.softmax_scale(), 1e-15);
+}
+
+TEST(HfAdapter, ErrorsNameTheKeyTensorAndFile) {
+  const DeepSeekV3Args a = tiny_args();
+  json config = hf_config_from_args(a);
+  config.erase("kv_lora_rank");
+  expect_contains(error_of([&] { args_from_hf_config(config, "cfg.json"); }), "cfg.json: config key 'kv_lora_rank' is missing");
+  config = hf_config_from_args(a);
+  config["rope_scaling"]["mscale_all_dim"] = 0.5;
+  expect_contains(error_of([&] { args_from_hf_config(config, "cfg.json"); }), "mscale_all_dim");
+  config = hf_config_from_args(a);
+  config["rope_interleave"] = false;
+  expect_contains(error_of([&] { args_from_hf_config(config, "cfg.json"); }), "rope_interleave");
+  config = hf_config_from_args(a);
+  config["num_hidden_layers"] = "two";
+  expect_contains(error_of([&] { args_from_hf_config(config, "cfg.json"); }), "'num_hidden_layers' must be an integer");
+
+  // Wrong shape: names the HF tensor, its file and both shapes.
+  auto state = random_state(a, 5);
+  for (auto& [name, t] : state)
+    if (name == "layers.1.attention.wkv_b.weight") t = test::random_tensor({t.size(0), t.size(1) + 1}, DType::f32, 1, "x");
+  const TempDir dir("errors");
+  save_hf(dir, a, state);
+  std::string e = error_of([&] { load_hf_model(dir); });
+  expect_contains(e, "model.layers.1.self_attn.kv_b_proj.weight");
+  expect_contains(e, "model.safetensors");
+  expect_contains(e, "[16, 8]");
+
+  // The MTP layer (model.layers.<num_hidden_layers>.*) is not part of the model and is skipped.
+  state = random_state(a, 5);
+  auto hf = to_hf_tensors(state, a);
+  hf.emplace_back("model.layers.2.eh_proj.weight", test::random_tensor({16, 32}, DType::f32, 1, "mtp"));
+  checkpoint::save_hf_folder(dir, hf_config_from_args(a), hf);
+  EXPECT_NO_THROW(load_hf_model(dir));
+  hf.pop_back();
+
+  // An unexpected tensor (weights that config.json does not describe).
+  hf.emplace_back("model.layers.0.self_attn.q_proj.weight", test::random_tensor({16, 16}, DType::f32, 1, "q"));
+  checkpoint::save_hf_folder(dir, hf_config_from_args(a), hf);
+  expect_contains(error_of([&] { load_hf_model(dir); }), "unexpected tensor 'model.layers.0.self_attn.q_proj.weight'");
+
+  // A missing tensor.
+  hf.pop_back();
+  hf.erase(hf.begin() + 3);
+  checkpoint::save_hf_folder(dir, hf_config_from_args(a), hf);
+  expect_contains(error_of([&] { load_hf_model(dir); }), "is not in the Hugging Face folder");
+
+  // A dtype we do not read: the safetensors reader names the file and the tensor.
+  const TempDir odd("dtype");
+  write_json(odd / "config.json", hf_config_from_args(a));
+  write_raw_safetensors(odd / "model.safetensors", "model.norm.weight", "F64", 128);
+  e = error_of([&] { checkpoint::HfFolder::open(odd); });
+  expect_contains(e, "model.norm.weight");
+  expect_contains(e, "model.safetensors");
+  // An integer tensor where a weight belongs.
+  checkpoint::save_safetensors(odd / "model.safetensors", {{"model.norm.weight", Tensor::zeros({16}, DType::i32)}});
+  expect_contains(error_of([&] { checkpoint::HfFolder::open(odd).load_f32("model.norm.weight"); }), "not a weight type");
+  // No weights at all.
+  fs::remove(odd / "model.safetensors");
+  expect_contains(error_of([&] { checkpoint::HfFolder::open(odd); }), "no model.safetensors");
+}
+
+TEST(CkptCli, ConvertsTheFixtureToOurCheckpointAndBack) {
+  const TempDir ours("cli_ours"), back("cli_back");
+  std::string a0 = "ckpt", a1 = "convert", a2 = "--from-hf", a3 = "tests/fixtures/deepseek_v3_tiny", a4 = "--to",
+              a5 = ours.string();
+  char* argv1[] = {a0.data(), a1.data(), a2.data(), a3.data(), a4.data(), a5.data()};
+  ASSERT_EQ(checkpoint::ckpt_main(6, argv1), 0);
+  ASSERT_TRUE(fs::exists(ours / "step-0" / "metadata.json"));
+  std::string b2 = "--from", b3 = (ours / "step-0").string(), b4 = "--to-hf", b5 = back.string(), b6 = "--dtype",
+              b7 = "f32", b8 = "--max-shard-bytes", b9 = "100000";
+  char* argv2[] = {a0.data(), a1.data(), b2.data(), b3.data(), b4.data(), b5.data(), b6.data(), b7.data(), b8.data(), b9.data()};
+  ASSERT_EQ(checkpoint::ckpt_main(10, argv2), 0);
+  const checkpoint::HfFolder original = checkpoint::HfFolder::open("tests/fixtures/deepseek_v3_tiny");
+  const checkpoint::HfFolder exported = checkpoint::HfFolder::open(back);
+  EXPECT_TRUE(fs::exists(back / "model.safetensors.index.json"));
+  ASSERT_EQ(original.names().size(), exported.names().size());
+  for (const std::string& n : original.names())
+    EXPECT_EQ(test::to_doubles(exported.load_f32(n)), test::to_doubles(original.load_f32(n))) << n;
+  const DeepSeekV3Args x = args_from_hf_config(original.config(), "o"), y = args_from_hf_config(exported.config(), "e");
+  EXPECT_EQ(x.parameters().total, y.parameters().total);
+  EXPECT_DOUBLE_EQ(x.softmax_scale(), y.softmax_scale());
+  EXPECT_EQ(x.norm_eps, y.norm_eps);
+
+  std::string bad = "--frobnicate";
+  char* argv3[] = {a0.data(), a1.data(), bad.data()};
+  EXPECT_EQ(checkpoint::ckpt_main(3, argv3), 2);
+  std::string missing = (ours / "nothing").string();
+  char* argv4[] = {a0.data(), a1.data(), a2.data(), missing.data(), a4.data(), a5.data()};
+  EXPECT_EQ(checkpoint::ckpt_main(6, argv4), 1);
+}

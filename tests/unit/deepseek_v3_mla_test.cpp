@@ -1,0 +1,106 @@
+// MLA: the absorbed (latent MQA) form equals the standard per-head form, with and without the
+// query latent, in one call and in chunks through the latent cache; and the column ops the
+// standard form is built from have exact gradients.
+#include <gtest/gtest.h>
+
+#include "common/kernel_check.h"
+#include "titan/autograd/ops.h"
+#include "titan/models/deepseek_v3/mla.h"
+
+using namespace titan;
+using namespace titan::models::deepseek_v3;
+
+namespace {
+
+DeepSeekV3Args tiny_args(int64_t q_lora_rank) {
+  DeepSeekV3Args a;
+  a.dim = 32, a.n_heads = 4, a.n_layers = 1, a.n_dense_layers = 1, a.q_lora_rank = q_lora_rank;
+  a.kv_lora_rank = 16, a.qk_nope_head_dim = 8, a.qk_rope_head_dim = 4, a.v_head_dim = 6;
+  a.max_seq_len = 64, a.original_seq_len = 16, a.rope_factor = 4, a.mscale = 0.8;  // YaRN on
+  return a;
+}
+
+// Weights large enough that attention is far from uniform.
+void randomize(nn::Module& m, uint64_t seed) {
+  for (auto& [name, p] : m.named_parameters()) {
+    const bool norm = name.find("norm") != std::string::npos;
+    p->var.mutable_value().copy_(test::random_tensor(p->var.shape(), DType::f32, seed, name, norm ? 0.5 : -0.5, norm ? 1.5 : 0.5));
+  }
+}
+
+Tensor positions(int64_t b, int64_t s, int64_t start) {
+  Tensor p = Tensor::empty({b, s}, DType::i32);
+  for (int64_t i = 0; i < b * s; ++i) p.data<int32_t>()[i] = int32_t(start + i % s);
+  return p;
+}
+
+void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
+  const auto e = test::compare(test::to_doubles(got), test::to_doubles(want), tol, tol);
+  EXPECT_TRUE(e.nonfinite == 0 && e.max_scaled <= 1) << what << ": max_abs " << e.max_abs << " at " << e.worst;
+}
+
+void check_forms_agree(int64_t q_lora_rank) {
+  const DeepSeekV3Args a = tiny_args(q_lora_rank);
+  Attention attn(a, 0);
+  randomize(attn, 7 + uint64_t(q_lora_rank));
+  EXPECT_EQ(attn.wq != nullptr, q_lora_rank == 0);
+  const kernels::RopeTables rope = kernels::rope_tables(a.rope(), a.max_seq_len);
+  const int64_t b = 2, s = 11;
+  const Tensor x = test::random_tensor({b, s, a.dim}, DType::f32, 3, "x");
+  Tensor standard;
+  {
+    autograd::NoGradGuard no_grad;
+    standard = attn.forward(autograd::Variable(x), rope, positions(b, s, 0)).value();  // [B, S, D]
+  }
+  LatentCache cache = LatentCache::allocate(a, b, s);
+  expect_close(attn.forward_absorbed(x, rope, positions(b, s, 0), cache, 0), standard, 2e-5, "absorbed, one call");
+
+  // In two chunks: the second attends to the first through the cache.
+  LatentCache chunked = LatentCache::allocate(a, b, s);
+  const int64_t split = 4;
+  const Tensor first = attn.forward_absorbed(x.slice(1, 0, split).contiguous(), rope, positions(b, split, 0), chunked, 0);
+  const Tensor second =
+      attn.forward_absorbed(x.slice(1, split, s).contiguous(), rope, positions(b, s - split, split), chunked, split);
+  expect_close(first, standard.slice(1, 0, split).contiguous(), 2e-5, "absorbed, first chunk");
+  expect_close(second, standard.slice(1, split, s).contiguous(), 2e-5, "absorbed, second chunk");
+}
+
+}  // namespace
+
+TEST(Mla, AbsorbedFormMatchesStandardWithQueryLatent) { check_forms_agree(12); }
+
+TEST(Mla, AbsorbedFormMatchesStandardWithPlainQuery) { check_forms_agree(0); }
+
+TEST(Mla, SoftmaxScaleFollowsDeepSeek) {
+  // dsa.md 1.2: 671B's tau = 192^-0.5 * (1 + 0.1 ln 40)^2.
+  const DeepSeekV3Args a = deepseek_v3_flavor("671B");
+  EXPECT_NEAR(a.softmax_scale(), 0.1352338, 1e-6);
+  DeepSeekV3Args short_context = a;
+  short_context.max_seq_len = a.original_seq_len;  // no YaRN: plain d_qk^-0.5
+  EXPECT_NEAR(short_context.softmax_scale(), 1.0 / std::sqrt(192.0), 1e-12);
+  EXPECT_EQ(short_context.rope().scaling, kernels::RopeScaling::none);
+  EXPECT_EQ(a.rope().scaling, kernels::RopeScaling::yarn);
+  EXPECT_DOUBLE_EQ(kernels::rope_table_magnitude(a.rope()), 1.0);  // tables unscaled, as DeepSeek
+}
+
+TEST(Mla, ConcatAndNarrowGradientsAreExact) {
+  const Tensor av = test::random_tensor({2, 3, 4, 5}, DType::f32, 1, "a");
+  const Tensor bv = test::random_tensor({2, 3, 1, 2}, DType::f32, 1, "b");
+  autograd::Variable a(av, true), b(bv, true);
+  autograd::Variable y = autograd::concat_last(a, b);  // [2, 3, 4, 7]
+  ASSERT_EQ(y.shape(), Shape({2, 3, 4, 7}));
+  autograd::Variable z = autograd::narrow_last(y, 3, 3);  // columns 3, 4 of a and 0 of b
+  const Tensor dz = test::random_tensor(z.shape(), DType::f32, 2, "dz");
+  autograd::backward(z, dz);
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < 3; ++j) {
+      double db0 = 0;
+      for (int64_t h = 0; h < 4; ++h) {
+        EXPECT_EQ(y.value().at({i, j, h, 5}), bv.at({i, j, 0, 0}));
+        for (int64_t d = 0; d < 5; ++d) EXPECT_EQ(a.grad().at({i, j, h, d}), d >= 3 ? dz.at({i, j, h, d - 3}) : 0.0);
+        db0 += dz.at({i, j, h, 2});
+      }
+      EXPECT_NEAR(b.grad().at({i, j, 0, 0}), db0, 1e-6);  // the broadcast's gradient sums over heads
+      EXPECT_EQ(b.grad().at({i, j, 0, 1}), 0.0);
+    }
+}
