@@ -110,7 +110,7 @@ void run(const Config& c, DType dtype, const kernels::MachinePeak& peak) {
   autograd::Variable xv(xl, true);
   auto layer = [&] {
     autograd::TapeScope scope;
-    autograd::Variable yv = moe.forward(xv).y;
+    autograd::Variable yv = moe.forward_with_aux(xv).y;
     autograd::backward(yv, dyl);
   };
   layer();

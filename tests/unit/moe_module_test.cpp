@@ -104,7 +104,7 @@ void check_module_against_reference(bool sigmoid) {
   const Tensor dy = random_tensor({b, s, a.dim}, DType::f32, 1, "dy");
 
   autograd::TapeScope scope;
-  MoE::Output o = moe.forward(x);
+  MoE::Output o = moe.forward_with_aux(x);
   // Backward through both outputs: y with dy, the balance loss (when on) with 1.
   if (o.aux_loss.defined()) o.aux_loss.ensure_grad().fill_(1.0);
   autograd::backward(o.y, dy);
@@ -166,12 +166,12 @@ TEST(MoeModule, MixedPrecisionTracksF32) {
   Tensor y32;
   {
     autograd::NoGradGuard ng;
-    y32 = moe.forward(autograd::Variable(x32)).y.value().clone();
+    y32 = moe.forward_with_aux(autograd::Variable(x32)).y.value().clone();
   }
   moe.set_compute_dtype(DType::bf16);
   autograd::TapeScope scope;
   autograd::Variable x16(x32.to(DType::bf16), true);
-  MoE::Output o = moe.forward(x16);
+  MoE::Output o = moe.forward_with_aux(x16);
   EXPECT_EQ(o.y.dtype(), DType::bf16);
   const ErrorStats e = compare(to_doubles(o.y.value()), to_doubles(y32), 2e-2, 5e-2);
   EXPECT_LE(e.max_scaled, 1.0) << "bf16 output differs from f32 by " << e.max_abs;
@@ -200,7 +200,7 @@ TEST(MoeModule, LoadBalanceBiasSpreadsSkewedLoad) {
   for (int it = 0; it < iterations; ++it) {
     {
       autograd::TapeScope scope;  // the recorded backward is discarded
-      moe.forward(autograd::Variable(x));
+      moe.forward_with_aux(autograd::Variable(x));
     }
     moe.update_load_balance();
     const models::moe::ExpertLoad l = moe.load_stats();
@@ -242,10 +242,10 @@ TEST(MoeModule, CheckpointRecomputeMatches) {
     autograd::Variable y;
     if (checkpointed) {
       y = autograd::checkpoint([&](const std::vector<autograd::Variable>& in) {
-            return std::vector<autograd::Variable>{moe.forward(in[0]).y};
+            return std::vector<autograd::Variable>{moe.forward_with_aux(in[0]).y};
           }, {x})[0];
     } else {
-      y = moe.forward(x).y;
+      y = moe.forward_with_aux(x).y;
     }
     autograd::backward(y, dy);
     std::vector<Doubles> g = {to_doubles(x.grad())};

@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "titan/checkpoint/ckpt_cli.h"
 #include "titan/core/cpu_features.h"
 #include "titan/core/error.h"
 #include "titan/kernels/cpu/isa_info.h"
@@ -27,6 +28,7 @@ commands:
   generate    sample text from a checkpoint (KV cache; temperature, top-k, top-p, seed)
   tokenizer   train / use a byte-level BPE tokenizer (Hugging Face tokenizer.json)
   data        prepare token shards from text or JSONL; inspect shards
+  ckpt        convert checkpoints to and from Hugging Face folders (DeepSeek-V3)
   info        this machine: CPU capability in use, threads, measured peak FLOP/s and bandwidth
 
 Run `titan <command> --help` for a command's options.
@@ -84,6 +86,7 @@ int main(int argc, char** argv) {
     if (cmd == "train") return titan::train::train_main(argc, argv);
     if (cmd == "generate") return titan::train::generate_main(argc, argv);
     if (cmd == "tokenizer") return titan::data::tokenizer_main(argc - 1, argv + 1);
+    if (cmd == "ckpt") return titan::checkpoint::ckpt_main(argc - 1, argv + 1);
     if (cmd == "data") return titan::data::data_main(argc - 1, argv + 1, make_encoder);
     std::fprintf(stderr, "titan: unknown command '%s'\n\n%s", argv[1], kUsage);
     return 2;

@@ -31,6 +31,9 @@ class CausalLM : public nn::Module {
   // Called by the trainer after every optimizer step, for state updated outside autograd (MoE
   // aux-loss-free balancing: expert bias from the step's token counts).
   virtual void after_optimizer_step() {}
+  // Losses besides next-token cross-entropy from the last forward (e.g. MoE balance losses,
+  // already weighted): the trainer adds them to the loss it differentiates.
+  virtual std::vector<autograd::Variable> auxiliary_losses() { return {}; }
   // Extra scalars the model wants logged (e.g. MoE load balance, indexer loss); may be empty.
   virtual std::vector<std::pair<std::string, double>> step_stats() { return {}; }
 };

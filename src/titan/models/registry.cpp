@@ -4,8 +4,28 @@
 #include "titan/models/causal_lm.h"
 #include "titan/models/deepseek_v3/model.h"
 #include "titan/models/llama3/model.h"
+#include "titan/models/moe/moe.h"
 
 namespace titan::models {
+
+namespace {
+// DeepSeek-V3's MoE layers: routed + shared SwiGLU experts from models/moe, sized by the flavor.
+std::unique_ptr<BlockFeedForward> deepseek_v3_moe(const deepseek_v3::DeepSeekV3Args& a, int layer_id) {
+  moe::MoEArgs m;
+  m.dim = a.dim;
+  m.moe_inter_dim = a.moe_inter_dim;
+  m.n_routed_experts = a.n_routed_experts;
+  m.n_shared_experts = a.n_shared_experts;
+  m.n_activated_experts = a.n_activated_experts;
+  m.score_func = a.score_func == deepseek_v3::ScoreFunc::sigmoid ? kernels::RouterScore::sigmoid
+                                                                 : kernels::RouterScore::softmax;
+  m.route_norm = a.route_norm;
+  m.route_scale = a.route_scale;
+  m.n_expert_groups = a.n_expert_groups;
+  m.n_limited_groups = a.n_limited_groups;
+  return std::make_unique<moe::MoE>(m, a.out_proj_std(layer_id));
+}
+}  // namespace
 
 std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string& flavor, int64_t vocab_size,
                                       int64_t max_seq_len) {
@@ -17,8 +37,7 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
   if (name == "deepseek_v3") {
     deepseek_v3::DeepSeekV3Args a = deepseek_v3::deepseek_v3_flavor(flavor, vocab_size);
     a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
-    // No MoE factory yet: the MoE layers are dense SwiGLU stand-ins (see deepseek_v3/model.h).
-    return std::make_unique<deepseek_v3::Transformer>(a);
+    return std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3_moe);
   }
   std::string names;
   for (const auto& n : model_names()) names += (names.empty() ? "" : ", ") + n;

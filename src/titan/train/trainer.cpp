@@ -244,7 +244,7 @@ TrainResult Trainer::train() {
     const double t0 = now_seconds();
     memory_reset_peak();
     s.model->zero_grad();
-    double loss_sum = 0, data_seconds = 0;
+    double loss_sum = 0, aux_sum = 0, data_seconds = 0;
     const Tensor dloss = Tensor::full({1}, 1.0 / double(s.accum), DType::f32);
     for (int64_t micro = 0; micro < s.accum; ++micro) {
       const double d0 = s.train_loader->seconds_spent();
@@ -253,6 +253,10 @@ TrainResult Trainer::train() {
       data_seconds += s.train_loader->seconds_spent() - d0;
       Variable loss = autograd::cross_entropy(s.model->forward(s.inputs), s.targets);
       loss_sum += loss.value().item();
+      for (const Variable& aux : s.model->auxiliary_losses()) {
+        aux_sum += aux.value().item();
+        loss = autograd::add(loss, aux);
+      }
       autograd::backward(loss, dloss);  // the mean over micro-batches
     }
     const auto norm = optim::clip_grad_norm(s.params, t.max_norm);
@@ -286,6 +290,7 @@ TrainResult Trainer::train() {
       m.eta_seconds = (now_seconds() - start_time) / double(s.step - first_step) * double(t.steps - s.step);
       m.memory = memory_stats();
       for (auto& [k, v] : s.model->step_stats()) m.extra[k] = v;
+      if (aux_sum != 0) m.extra["aux_loss"] = aux_sum / double(s.accum);
       log.log_step(m);
       window_start = now_seconds();
       window_data = 0;

@@ -129,4 +129,21 @@ Tensor Transformer::decode(const Tensor& tokens) {
   return output.forward(norm.forward(Variable(last))).value();
 }
 
+std::vector<Variable> Transformer::auxiliary_losses() {
+  std::vector<Variable> out;
+  for (size_t l = 0; l < layers.size(); ++l)
+    if (Variable a = layers[l].ffn.aux_loss(); a.defined()) out.push_back(a);
+  return out;
+}
+
+void Transformer::after_optimizer_step() {
+  for (size_t l = 0; l < layers.size(); ++l) layers[l].ffn.after_optimizer_step();
+}
+
+std::vector<std::pair<std::string, double>> Transformer::step_stats() {
+  std::vector<std::pair<std::string, double>> stats;
+  for (size_t l = 0; l < layers.size(); ++l) layers[l].ffn.append_stats(stats, int(l));
+  return stats;
+}
+
 }  // namespace titan::models::deepseek_v3

@@ -13,17 +13,14 @@
 #include <functional>
 #include <memory>
 
+#include "titan/models/block_ffn.h"
 #include "titan/models/causal_lm.h"
 #include "titan/models/deepseek_v3/args.h"
 #include "titan/models/deepseek_v3/mla.h"
 
 namespace titan::models::deepseek_v3 {
 
-// What a block needs from its FFN: x [B, S, D] -> [B, S, D].
-class BlockFeedForward : public nn::Module {
- public:
-  virtual Variable forward(const Variable& x) = 0;
-};
+using models::BlockFeedForward;
 
 // Dense SwiGLU: w2(silu(w1 x) * w3 x).
 class FeedForward : public BlockFeedForward {
@@ -71,6 +68,10 @@ class Transformer : public CausalLM {
   // token and layer: MLA's absorbed form, not per-head keys and values.
   void start_generation(int64_t batch, int64_t max_len) override;
   Tensor decode(const Tensor& tokens) override;
+  // MoE: the layers' balance losses, bias updates and expert-load statistics.
+  std::vector<Variable> auxiliary_losses() override;
+  void after_optimizer_step() override;
+  std::vector<std::pair<std::string, double>> step_stats() override;
 
   nn::Embedding& tok_embeddings;
   nn::ModuleList<TransformerBlock>& layers;

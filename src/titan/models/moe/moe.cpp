@@ -97,7 +97,7 @@ MoE::MoE(const MoEArgs& a, double init_std)
   register_buffer("tokens_per_expert", tokens_per_expert);
 }
 
-MoE::Output MoE::forward(const Variable& x) {
+MoE::Output MoE::forward_with_aux(const Variable& x) {
   ProfileScope prof("moe.fwd");
   TITAN_CHECK(x.shape().size() == 3 && x.shape()[2] == args_.dim,
               "moe: input " + x.shape().str() + " for dim " + std::to_string(args_.dim), "pass x as [B, S, D]");
@@ -242,6 +242,12 @@ void append_load_stats(std::vector<std::pair<std::string, double>>& stats, int l
   stats.emplace_back("moe_imbalance" + suffix, load.imbalance);
   stats.emplace_back("moe_load_min" + suffix, load.min);
   stats.emplace_back("moe_load_max" + suffix, load.max);
+}
+
+Variable MoE::forward(const Variable& x) {
+  Output o = forward_with_aux(x);
+  last_aux_loss_ = o.aux_loss;
+  return o.y;
 }
 
 }  // namespace titan::models::moe

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "titan/kernels/moe_router_params.h"
+#include "titan/models/block_ffn.h"
 #include "titan/nn/layers.h"
 
 namespace titan::models::moe {
@@ -76,7 +77,7 @@ struct ExpertLoad {
 // groups them: "moe_imbalance/layer<L>", "moe_load_min/layer<L>", "moe_load_max/layer<L>".
 void append_load_stats(std::vector<std::pair<std::string, double>>& stats, int layer, const ExpertLoad& load);
 
-class MoE : public nn::Module {
+class MoE : public models::BlockFeedForward {
  public:
   // init_std: the std of the output-side weights (TorchTitan's depth-scaled init).
   MoE(const MoEArgs& args, double init_std);
@@ -87,7 +88,14 @@ class MoE : public nn::Module {
   };
   // x [B, S, D] -> routed + shared experts. Counts the tokens each expert receives (for the bias
   // update and load_stats) when grad mode is on.
-  Output forward(const Variable& x);
+  Output forward_with_aux(const Variable& x);
+  // As a block's FFN: the output, with the auxiliary loss kept for aux_loss().
+  Variable forward(const Variable& x) override;
+  Variable aux_loss() const override { return last_aux_loss_; }
+  void after_optimizer_step() override { update_load_balance(); }
+  void append_stats(std::vector<std::pair<std::string, double>>& stats, int layer) override {
+    append_load_stats(stats, layer, load_stats());
+  }
 
   // After each optimizer step: expert_bias += coeff * sign(mean load - load), shifted to zero
   // mean, then the counts restart. A no-op for the bias when load_balance_coeff is 0.
@@ -106,6 +114,7 @@ class MoE : public nn::Module {
  private:
   MoEArgs args_;
   std::vector<int64_t> stats_counts_;  // [E], assignments since the last load_stats()
+  Variable last_aux_loss_;
 };
 
 }  // namespace titan::models::moe

@@ -1,0 +1,29 @@
+// The feed-forward half of a transformer block, as a model assembles it: a dense SwiGLU or a
+// mixture of experts behind one interface, so MoE layers plug into any model family.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "titan/nn/module.h"
+
+namespace titan::models {
+
+class BlockFeedForward : public nn::Module {
+ public:
+  // x [B, S, D] -> [B, S, D]
+  virtual autograd::Variable forward(const autograd::Variable& x) = 0;
+  // The auxiliary loss of the last forward (e.g. MoE's sequence-wise balance loss, already
+  // weighted), to add to the training loss; undefined when there is none.
+  virtual autograd::Variable aux_loss() const { return {}; }
+  // Run after every optimizer step (e.g. MoE's load-balancing bias update).
+  virtual void after_optimizer_step() {}
+  // Appends scalars to log for this block (layer index given), e.g. MoE expert load.
+  virtual void append_stats(std::vector<std::pair<std::string, double>>& stats, int layer) {
+    (void)stats;
+    (void)layer;
+  }
+};
+
+}  // namespace titan::models
