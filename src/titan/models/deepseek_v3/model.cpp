@@ -1,5 +1,7 @@
 #include "titan/models/deepseek_v3/model.h"
 
+#include "titan/models/common.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -82,24 +84,11 @@ Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) {
   TITAN_CHECK(positions.shape() == tokens.shape() && positions.dtype() == DType::i32,
               "deepseek_v3: positions must be i32 " + tokens.shape().str() + ", got " + positions.str());
   const int64_t b = tokens.size(0), s = tokens.size(1);
-  const int32_t* pos = positions.data<int32_t>();
-  const int32_t max_pos = positions.numel() ? *std::max_element(pos, pos + positions.numel()) : 0;
-  TITAN_CHECK(max_pos < rope_.cos.size(0), "deepseek_v3: position " + std::to_string(max_pos) +
-                                                " is past the RoPE table (" + std::to_string(rope_.cos.size(0)) + ")",
-              "raise the model's max_seq_len or lower training.seq_len");
+  check_rope_positions("deepseek_v3", positions, rope_.cos.size(0));
   Variable h = tok_embeddings.forward(tokens, compute_dtype_);  // [B, S, D]
-  for (size_t l = 0; l < layers.size(); ++l) {
-    TransformerBlock& block = layers[l];
-    if (recompute_ == Recompute::full) {
-      h = autograd::checkpoint(
-          [&block, this, positions](const std::vector<Variable>& in) {
-            return std::vector<Variable>{block.forward(in[0], rope_, positions)};
-          },
-          {h})[0];
-    } else {
-      h = block.forward(h, rope_, positions);
-    }
-  }
+  h = run_blocks<TransformerBlock>(layers, h, recompute_, [this, positions](TransformerBlock& block, const Variable& x) {
+    return block.forward(x, rope_, positions);
+  });
   return output.forward(autograd::view(norm.forward(h), {b * s, args_.dim}));
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "titan/kernels/attention_decode.h"
+#include "titan/models/common.h"
 
 namespace titan::models::llama3 {
 
@@ -118,24 +119,11 @@ Variable Transformer::forward(const Tensor& tokens) {
 Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) {
   TITAN_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::i32, "llama3: tokens must be i32 [B, S], got " + tokens.str());
   const int64_t b = tokens.size(0), s = tokens.size(1);
-  int32_t max_pos = 0;
-  for (int64_t i = 0; i < positions.numel(); ++i) max_pos = std::max(max_pos, positions.data<int32_t>()[i]);
-  TITAN_CHECK(max_pos < rope_.cos.size(0), "llama3: position " + std::to_string(max_pos) +
-                                                " is past the RoPE table (" + std::to_string(rope_.cos.size(0)) + ")",
-              "raise the model's max_seq_len or lower training.seq_len");
+  check_rope_positions("llama3", positions, rope_.cos.size(0));
   Variable h = tok_embeddings.forward(tokens, compute_dtype_);  // [B, S, D]
-  for (size_t l = 0; l < layers.size(); ++l) {
-    const TransformerBlock& block = layers[l];
-    if (recompute_ == Recompute::full) {
-      h = autograd::checkpoint(
-          [&block, this, positions](const std::vector<Variable>& in) {
-            return std::vector<Variable>{block.forward(in[0], rope_, positions)};
-          },
-          {h})[0];
-    } else {
-      h = block.forward(h, rope_, positions);
-    }
-  }
+  h = run_blocks<TransformerBlock>(layers, h, recompute_, [this, positions](TransformerBlock& block, const Variable& x) {
+    return block.forward(x, rope_, positions);
+  });
   h = autograd::view(norm.forward(h), {b * s, args_.dim});
   if (output) return output->forward(h);
   return autograd::linear(h, tok_embeddings.weight.var, tok_embeddings.weight.compute);
