@@ -1,0 +1,38 @@
+// Sizes of the DeepSeek Sparse Attention kernels (lightning indexer, sparse MLA attention and the
+// indexer's KL loss), shared by the Tensor API, the reference twins and the fast CPU kernels.
+// Math: /work/shared/reference/dsa.md sections 2-6. Vocabulary of dimension names:
+//   B batch, S query positions, Skv key positions (the queries are the LAST S of the Skv
+//   positions, so query t sits at key position t + Skv - S; training has Skv == S),
+//   H main attention heads, Hk main key heads (1 = the absorbed MQA form, H = standard MLA),
+//   Dqk / Dv main query-key and value widths, HI / DI indexer heads and head dim, K = top-k.
+#pragma once
+
+#include <cstdint>
+
+namespace titan::kernels {
+
+// Key s is a valid candidate for query t when 0 <= s <= t + (Skv - S) (causal). A selected index
+// idx[b, t, i] is valid when it is a valid candidate; anything else (-1 padding, >= Skv, a
+// future key) contributes nothing.
+struct IndexerDims {
+  int64_t B = 0, S = 0, Skv = 0;
+  int64_t HI = 0, DI = 0;
+  int64_t K = 0;  // slots per query row in idx
+};
+
+struct SparseMlaDims {
+  int64_t B = 0, S = 0, Skv = 0;
+  int64_t H = 0;
+  int64_t Dqk = 0;  // key width: all Dqk dims of a latent row (576 at full scale)
+  int64_t Dv = 0;   // value = the first Dv dims of the same row (512); Dv <= Dqk
+  int64_t K = 0;
+  double scale = 0;  // softmax scale tau (MLA keeps d_qk(MHA)^-0.5 * mscale^2; not Dqk^-0.5)
+};
+
+// The main attention whose head-averaged probabilities are the indexer's KL target.
+struct IndexerTargetDims {
+  int64_t H = 0, Hk = 0, D = 0;  // query heads, key heads (1 or H), query-key width
+  double scale = 0;
+};
+
+}  // namespace titan::kernels
