@@ -48,6 +48,14 @@ struct DeepSeekV3Args {
   double beta_fast = 32, beta_slow = 1;
   double mscale = 1.0;
 
+  // DeepSeek Sparse Attention (V3.2): the lightning indexer of every layer (index_n_heads = 0: none,
+  // plain DeepSeek-V3). Names as in DeepSeek's ModelArgs and Hugging Face's config.json.
+  int64_t index_n_heads = 0;     // H_I
+  int64_t index_head_dim = 128;  // d_I; its first qk_rope_head_dim dims get (rotate-half) RoPE
+  int64_t index_topk = 2048;     // keys each query attends to in the sparse stage
+  bool index_hadamard = true;    // rotate_activation on indexer q and k (score-preserving)
+  bool has_indexer() const { return index_n_heads > 0; }
+
   bool depth_init = true;  // output projections' init std shrinks with depth (TorchTitan)
 
   // TorchTitan's init: projections trunc_normal(0.02); the output projections of layer l (wo,
