@@ -175,6 +175,8 @@ Trainer::Trainer(const JobConfig& config, const std::string& source) : s_(std::m
 
 Trainer::~Trainer() = default;
 
+models::CausalLM& Trainer::model() { return *s_->model; }
+
 void Trainer::State::restore(const checkpoint::LoadedCheckpoint& ck, bool model_only) {
   std::map<std::string, Tensor> model_state, optim_state;
   for (const auto& [name, t] : ck.tensors) {
