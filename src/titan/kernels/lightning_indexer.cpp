@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 
+#include "titan/kernels/cpu/lightning_indexer.h"
 #include "titan/kernels/dsa_dims.h"
 #include "titan/kernels/ref/lightning_indexer.h"
 #include "titan/kernels/tensor_checks.h"
@@ -52,7 +53,6 @@ IndexerDims indexer_dims(const Tensor& q, const Tensor& k, const Tensor& w, cons
 
 }  // namespace
 
-// MILESTONE1: both backends run the reference twins; the fast CPU kernels follow.
 void indexer_topk(Tensor& idx, const Tensor& q, const Tensor& k, const Tensor& w) {
   IndexerDims d = indexer_dims(q, k, w, "indexer_topk");
   TITAN_CHECK(idx.defined() && idx.dim() == 3, "indexer_topk: idx must be a 3-d i32 tensor [B, S, K]",
@@ -61,7 +61,8 @@ void indexer_topk(Tensor& idx, const Tensor& q, const Tensor& k, const Tensor& w
   TITAN_CHECK(d.K >= 1, "indexer_topk: idx has K = 0 slots per row", "top-k needs K >= 1");
   check_tensor(idx, "indexer_topk", "idx", DType::i32, {d.B, d.S, d.K});
   detail::dispatch_activation(q.dtype(), [&]<class T>() {
-    ref::indexer_topk<T>(idx.data<int32_t>(), q.data<T>(), k.data<T>(), w.data<float>(), d);
+    (detail::use_fast() ? TITAN_CPU_KERNEL(indexer_topk<T>) : &ref::indexer_topk<T>)(
+        idx.data<int32_t>(), q.data<T>(), k.data<T>(), w.data<float>(), d);
   });
 }
 
@@ -98,9 +99,9 @@ double indexer_kl_loss(Tensor& dq, Tensor& dk, Tensor& dw, const Tensor& q, cons
   }
   double loss = 0;
   detail::dispatch_activation(q.dtype(), [&]<class T>() {
-    loss = ref::indexer_kl_loss<T>(dq.data<T>(), dk.data<T>(), dw.data<float>(), q.data<T>(), k.data<T>(),
-                                   w.data<float>(), mq.data<T>(), mk.data<T>(), mlse.data<float>(), selected, d, td,
-                                   grad_scale);
+    loss = (detail::use_fast() ? TITAN_CPU_KERNEL(indexer_kl_loss<T>) : &ref::indexer_kl_loss<T>)(
+        dq.data<T>(), dk.data<T>(), dw.data<float>(), q.data<T>(), k.data<T>(), w.data<float>(), mq.data<T>(),
+        mk.data<T>(), mlse.data<float>(), selected, d, td, grad_scale);
   });
   return loss;
 }
@@ -111,7 +112,10 @@ void hadamard_transform(Tensor& x) {
   TITAN_CHECK((n & (n - 1)) == 0,
               "hadamard_transform: the last dim " + std::to_string(n) + " of " + x.str() + " is not a power of two",
               "the Sylvester Hadamard matrix exists for n = 2^m (the indexer uses DI = 128)");
-  detail::dispatch_activation(x.dtype(), [&]<class T>() { ref::hadamard_transform<T>(x.data<T>(), x.numel() / n, n); });
+  detail::dispatch_activation(x.dtype(), [&]<class T>() {
+    (detail::use_fast() ? TITAN_CPU_KERNEL(hadamard_transform<T>) : &ref::hadamard_transform<T>)(x.data<T>(),
+                                                                                               x.numel() / n, n);
+  });
 }
 
 }  // namespace titan::kernels
