@@ -174,32 +174,33 @@ TITAN_INLINE uint32_t rank_bits(float v) {
 // Candidates are rank << 32 | ~index: the lower index ranks higher among equal scores.
 TITAN_INLINE int32_t candidate_index(uint64_t key) { return int32_t(~uint32_t(key)); }
 
-// Moves the k largest of the distinct keys a[0, n) into a[0, k), unordered (quickselect with a
-// median-of-three pivot and Hoare partitioning, expected O(n)).
+// Moves the k largest of the distinct keys a[0, n) into a[0, k), unordered, for 0 < k < n:
+// quickselect with a median-of-three pivot and a branch-free Lomuto partition (the comparisons
+// are unpredictable, so branches would mispredict about half the time).
 void select_largest(uint64_t* a, int64_t n, int64_t k) {
-  int64_t lo = 0, hi = n;  // invariant: lo < k < hi, and a[0, lo) >= a[lo, hi) >= a[hi, n)
-  while (lo < k && k < hi) {
-    const uint64_t x = a[lo], y = a[lo + (hi - lo) / 2], z = a[hi - 1];
+  int64_t lo = 0, hi = n;  // invariant: lo < k < hi, a[0, lo) > a[lo, hi) > a[hi, n)
+  for (;;) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    const uint64_t x = a[lo], y = a[mid], z = a[hi - 1];
     const uint64_t lo_xy = x < y ? x : y, hi_xy = x < y ? y : x;
     const uint64_t pivot = z < lo_xy ? lo_xy : (z > hi_xy ? hi_xy : z);
-    int64_t i = lo, j = hi - 1;
-    while (i <= j) {
-      while (a[i] > pivot) ++i;
-      while (a[j] < pivot) --j;
-      if (i <= j) {
-        const uint64_t tmp = a[i];
-        a[i] = a[j];
-        a[j] = tmp;
-        ++i, --j;
-      }
+    const int64_t at = pivot == x ? lo : (pivot == y ? mid : hi - 1);
+    a[at] = a[hi - 1];
+    a[hi - 1] = pivot;
+    int64_t j = lo;  // a[lo, j) > pivot > a[j, i)
+    for (int64_t i = lo; i < hi - 1; ++i) {
+      const uint64_t v = a[i];
+      a[i] = a[j];
+      a[j] = v;
+      j += v > pivot;
     }
-    // Now a[lo, j] >= pivot, a(j, i) == pivot, a[i, hi) <= pivot.
-    if (k <= j) {
-      hi = j + 1;
-    } else if (k > i) {
-      lo = i;
+    a[hi - 1] = a[j];
+    a[j] = pivot;  // now a[lo, j) > a[j] = pivot > a(j, hi)
+    if (k == j || k == j + 1) return;
+    if (k < j) {
+      hi = j;
     } else {
-      break;
+      lo = j + 1;
     }
   }
 }
