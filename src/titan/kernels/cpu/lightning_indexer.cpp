@@ -33,15 +33,17 @@ constexpr int64_t kLanes = 16;
 
 // One native vector of floats (GCC vector type; see cpu/attention.cpp for why native width).
 // Register tile of the micro-kernel: kRows x kVecs accumulators, kVecs B vectors, one broadcast.
+// A strip one vector wide (the sparse target: 16 query heads) takes kNarrowRows rows instead, so
+// enough independent FMA chains are in flight to cover the FMA latency.
 #if defined(__AVX512F__)
 constexpr int64_t kVecLanes = 16;
-constexpr int kRows = 6, kVecs = 4;
+constexpr int kRows = 6, kVecs = 4, kNarrowRows = 12;
 #elif defined(__AVX2__)
 constexpr int64_t kVecLanes = 8;
-constexpr int kRows = 6, kVecs = 2;
+constexpr int kRows = 6, kVecs = 2, kNarrowRows = 12;
 #else
 constexpr int64_t kVecLanes = 4;
-constexpr int kRows = 4, kVecs = 2;
+constexpr int kRows = 4, kVecs = 2, kNarrowRows = 8;
 #endif
 // vecf never crosses a call boundary (all users are force-inlined), so the ABI note is moot.
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -63,7 +65,7 @@ template <int Rows, int Vecs, bool kAccumulate>
 TITAN_INLINE void gemm_tile(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b,
                             int64_t ldb, int64_t K) {
   vecf acc[Rows][Vecs];
-#pragma GCC unroll 8
+#pragma GCC unroll 12
   for (int r = 0; r < Rows; ++r) {
 #pragma GCC unroll 4
     for (int v = 0; v < Vecs; ++v) acc[r][v] = kAccumulate ? loadv(c + r * ldc + v * kVecLanes) : vecf{};
@@ -73,14 +75,14 @@ TITAN_INLINE void gemm_tile(float* c, int64_t ldc, const float* a, int64_t a_row
     vecf bv[Vecs];
 #pragma GCC unroll 4
     for (int v = 0; v < Vecs; ++v) bv[v] = loadv(b + kk * ldb + v * kVecLanes);
-#pragma GCC unroll 8
+#pragma GCC unroll 12
     for (int r = 0; r < Rows; ++r) {
       const float ar = a[r * a_row + kk * a_k];
 #pragma GCC unroll 4
       for (int v = 0; v < Vecs; ++v) acc[r][v] += ar * bv[v];
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 12
   for (int r = 0; r < Rows; ++r) {
 #pragma GCC unroll 4
     for (int v = 0; v < Vecs; ++v) storev(c + r * ldc + v * kVecLanes, acc[r][v]);
@@ -105,11 +107,12 @@ void gemm_strip(int64_t vecs, float* c, int64_t ldc, const float* a, int64_t a_r
     if constexpr (Vecs > 1) gemm_strip<Vecs - 1, kAccumulate>(vecs, c, ldc, a, a_row, a_k, b, ldb, M, K);
     return;
   }
+  constexpr int rows = Vecs == 1 ? kNarrowRows : kRows;
   int64_t m = 0;
-  for (; m + kRows <= M; m += kRows) {
-    gemm_tile<kRows, Vecs, kAccumulate>(c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K);
+  for (; m + rows <= M; m += rows) {
+    gemm_tile<rows, Vecs, kAccumulate>(c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K);
   }
-  if (m < M) gemm_row_tail<kRows, Vecs, kAccumulate>(M - m, c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K);
+  if (m < M) gemm_row_tail<rows, Vecs, kAccumulate>(M - m, c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K);
 }
 
 // C[M, N] (+)= A(M x K) B[K, N], A(r, k) = a[r * a_row + k * a_k]; N a multiple of kLanes (B and
