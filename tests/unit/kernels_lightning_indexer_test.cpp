@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "common/indexer_oracle.h"
@@ -159,6 +160,28 @@ TEST_P(LightningIndexer, SparseWithAllKeysEqualsDense) {
   for (const auto& [a, b] : std::vector<std::pair<Tensor*, Tensor*>>{{&dq_s, &dq_d}, {&dk_s, &dk_d}, {&dw_s, &dw_d}}) {
     const ErrorStats e = compare(to_doubles(*a), to_doubles(*b), 1e-6, 1e-5);
     EXPECT_LE(e.max_scaled, 1.0) << "worst " << e.worst;
+  }
+}
+
+// All dot products negative: every ReLU is 0, so I = 0 (softmax uniform over V_t) and no
+// gradient reaches q, k or w; the loss is still each row's KL(p || uniform).
+TEST_P(LightningIndexer, AllNegativeDotsGiveZeroGradients) {
+  IndexerProblem p = random_problem(1, 9, 9, 2, 8, 3, 3, 8, 0, "neg");
+  for (double& v : p.q) v = std::fabs(v) + 0.1;
+  for (double& v : p.k) v = -std::fabs(v) - 0.1;
+  const auto& d = p.d;
+  const auto& td = p.td;
+  Tensor q = from_doubles(p.q, {d.B, d.S, d.HI, d.DI}, DType::f32), k = from_doubles(p.k, {d.B, d.Skv, d.DI}, DType::f32);
+  Tensor w = from_doubles(p.w, {d.B, d.S, d.HI}, DType::f32);
+  Tensor mq = from_doubles(p.mq, {d.B, d.S, td.H, td.D}, DType::f32);
+  Tensor mk = from_doubles(p.mk, {d.B, d.Skv, td.Hk, td.D}, DType::f32);
+  Tensor mlse = from_doubles(p.mlse, {d.B, d.S, td.H}, DType::f32);
+  Tensor dq = Tensor::full(q.shape(), 7.0, DType::f32), dk = Tensor::full(k.shape(), 7.0, DType::f32),
+         dw = Tensor::full(w.shape(), 7.0, DType::f32);  // overwritten, not accumulated into
+  const double loss = indexer_kl_loss(dq, dk, dw, q, k, w, mq, mk, mlse, td.scale, Tensor(), 1.0);
+  EXPECT_NEAR(loss, naive_kl_loss(p), 1e-4 * (1 + loss));
+  for (const Tensor* g : {&dq, &dk, &dw}) {
+    for (double v : to_doubles(*g)) ASSERT_EQ(v, 0.0);
   }
 }
 
