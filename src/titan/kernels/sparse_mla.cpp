@@ -1,0 +1,93 @@
+#include "titan/kernels/sparse_mla.h"
+
+#include <cmath>
+#include <string>
+
+#include "titan/kernels/dsa_dims.h"
+#include "titan/kernels/ref/sparse_mla.h"
+#include "titan/kernels/tensor_checks.h"
+
+namespace titan::kernels {
+
+namespace {
+
+constexpr const char* kLayouts =
+    "q is [B, S, H, Dqk], kv [B, Skv, Dqk], idx [B, S, K] i32, o and dout [B, S, H, Dv], lse [B, S, H] f32, dq like "
+    "q, dkv like kv";
+
+void check_tensor(const Tensor& t, const char* name, DType dtype, const Shape& shape) {
+  TITAN_CHECK(t.defined(), std::string("sparse_mla: ") + name + " is undefined",
+              "allocate it, e.g. Tensor::empty(" + shape.str() + ", ...)");
+  TITAN_CHECK(t.shape() == shape,
+              std::string("sparse_mla: ") + name + " has shape " + t.shape().str() + ", expected " + shape.str(),
+              kLayouts);
+  TITAN_CHECK(t.dtype() == dtype,
+              std::string("sparse_mla: ") + name + " is " + std::string(dtype_name(t.dtype())) + ", expected " +
+                  std::string(dtype_name(dtype)),
+              "q, kv, o and the gradients share one dtype (f32 or bf16); lse is f32 and idx i32");
+  TITAN_CHECK(t.is_contiguous(), std::string("sparse_mla: ") + name + " must be contiguous", "call .contiguous() first");
+}
+
+// Sizes from q, kv, idx, with the checks both entry points share.
+SparseMlaDims sparse_mla_dims(const Tensor& q, const Tensor& kv, const Tensor& idx, int64_t dv, double scale) {
+  TITAN_CHECK(q.defined() && kv.defined() && idx.defined(), "sparse_mla: q, kv or idx is undefined",
+              "pass allocated tensors");
+  TITAN_CHECK(q.dim() == 4 && kv.dim() == 3 && idx.dim() == 3,
+              "sparse_mla: q, kv, idx must be 4-d, 3-d, 3-d, got " + q.shape().str() + ", " + kv.shape().str() +
+                  ", " + idx.shape().str(),
+              kLayouts);
+  TITAN_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::bf16,
+              "sparse_mla: dtype " + std::string(dtype_name(q.dtype())) + " is not supported",
+              "cast q and kv to f32 or bf16");
+  SparseMlaDims d;
+  d.B = q.size(0), d.S = q.size(1), d.H = q.size(2), d.Dqk = q.size(3);
+  d.Skv = kv.size(1), d.K = idx.size(2), d.Dv = dv, d.scale = scale;
+  TITAN_CHECK(d.B > 0 && d.S > 0 && d.H > 0 && d.Dqk > 0 && d.Skv > 0 && d.K > 0,
+              "sparse_mla: empty dimension in q " + q.shape().str() + ", kv " + kv.shape().str() + " or idx " +
+                  idx.shape().str(),
+              "every size must be at least 1");
+  TITAN_CHECK(d.Skv >= d.S,
+              "sparse_mla: kv has " + std::to_string(d.Skv) + " positions, fewer than the " + std::to_string(d.S) +
+                  " queries",
+              "the queries are the last S of the Skv key positions (training: Skv == S)");
+  TITAN_CHECK(dv >= 1 && dv <= d.Dqk,
+              "sparse_mla: dv " + std::to_string(dv) + " is outside [1, Dqk = " + std::to_string(d.Dqk) + "]",
+              "the value is the first dv dims of each latent row (512 of 576 in DeepSeek)");
+  TITAN_CHECK(std::isfinite(scale) && scale != 0, "sparse_mla: scale " + std::to_string(scale) + " is not usable",
+              "pass the finite, nonzero softmax scale (MLA: d_qk^-0.5 * mscale^2)");
+  check_tensor(q, "q", q.dtype(), {d.B, d.S, d.H, d.Dqk});
+  check_tensor(kv, "kv", q.dtype(), {d.B, d.Skv, d.Dqk});
+  check_tensor(idx, "idx", DType::i32, {d.B, d.S, d.K});
+  return d;
+}
+
+}  // namespace
+
+void sparse_mla_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& kv, const Tensor& idx, int64_t dv,
+                        double scale) {
+  const SparseMlaDims d = sparse_mla_dims(q, kv, idx, dv, scale);
+  check_tensor(o, "o", q.dtype(), {d.B, d.S, d.H, d.Dv});
+  check_tensor(lse, "lse", DType::f32, {d.B, d.S, d.H});
+  detail::dispatch_activation(q.dtype(), [&]<class T>() {
+    // MILESTONE1: the fast path runs the reference until the fast CPU kernels land.
+    ref::sparse_mla_forward<T>(o.data<T>(), lse.data<float>(), q.data<T>(), kv.data<T>(), idx.data<int32_t>(), d);
+  });
+}
+
+void sparse_mla_backward(Tensor& dq, Tensor& dkv, const Tensor& dout, const Tensor& q, const Tensor& kv,
+                         const Tensor& idx, const Tensor& o, const Tensor& lse, double scale) {
+  TITAN_CHECK(o.defined() && o.dim() == 4, "sparse_mla_backward: o must be the forward's [B, S, H, Dv] output",
+              kLayouts);
+  const SparseMlaDims d = sparse_mla_dims(q, kv, idx, o.size(3), scale);
+  check_tensor(o, "o", q.dtype(), {d.B, d.S, d.H, d.Dv});
+  check_tensor(dout, "dout", q.dtype(), {d.B, d.S, d.H, d.Dv});
+  check_tensor(lse, "lse", DType::f32, {d.B, d.S, d.H});
+  check_tensor(dq, "dq", q.dtype(), q.shape());
+  check_tensor(dkv, "dkv", q.dtype(), kv.shape());
+  detail::dispatch_activation(q.dtype(), [&]<class T>() {
+    ref::sparse_mla_backward<T>(dq.data<T>(), dkv.data<T>(), dout.data<T>(), q.data<T>(), kv.data<T>(),
+                                idx.data<int32_t>(), o.data<T>(), lse.data<float>(), d);
+  });
+}
+
+}  // namespace titan::kernels
