@@ -136,6 +136,9 @@ Trainer::Trainer(const JobConfig& config, const std::string& source) : s_(std::m
     TITAN_CHECK(config.model.converters.empty(), source + ": model.converters " + config.model.converters[0] +
                                                      " is not known to model " + config.model.name,
                 "remove model.converters (only deepseek_v32 has one: dsa_fused)");
+    TITAN_CHECK(config.dsa == Dsa{}, source + ": the [dsa] section is set, but model " + config.model.name +
+                                         " has no DeepSeek Sparse Attention",
+                "remove the [dsa] keys, or train model.name = \"deepseek_v32\"");
   }
   s.model->init_parameters(uint64_t(config.debug.seed));
   s.model->set_compute_dtype(t.mixed_precision_param == "bfloat16" ? DType::bf16 : DType::f32);

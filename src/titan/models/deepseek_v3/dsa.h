@@ -19,7 +19,9 @@
 //   [B, S, S] index scores and [B, H, S, S] probabilities are materialized, top-k runs on the
 //   masked scores, and the sparse attention is dense standard-form MLA with an additive -inf mask
 //   built from the selection (what DeepSeek's V3.2 reference does in prefill). The oracle the
-//   fused path is checked against. f32 only.
+//   fused path is checked against.
+// Both run in f32 in this build (the fused kernels take bf16, but the absorbed-form weight views and
+// the small ops do not yet); generation uses MLA's absorbed dense decode (Attention::forward_absorbed).
 #pragma once
 
 #include <string>
