@@ -127,6 +127,20 @@ TEST(SmallOpsGradcheck, LayerNorm) {
         [](const std::vector<Variable>& v) { return autograd::layernorm(v[0], v[1], v[2], 1e-6); });
 }
 
+TEST(SmallOps, CastPassesTheGradientBack) {
+  // f32 -> bf16 -> f32: the value rounds to bf16, the gradient (identity) comes back exactly.
+  Variable x(random_tensor({3, 5}, 25), true);
+  Variable y = autograd::cast(autograd::cast(x, DType::bf16), DType::f32);
+  EXPECT_EQ(y.dtype(), DType::f32);
+  const Tensor probe = random_tensor({3, 5}, 26);
+  autograd::backward(y, probe.to(DType::bf16).to(DType::f32));
+  for (int64_t i = 0; i < 15; ++i) {
+    EXPECT_NEAR(y.value().data<float>()[i], x.value().data<float>()[i], 4e-3);
+    EXPECT_EQ(x.grad().data<float>()[i], probe.to(DType::bf16).to(DType::f32).data<float>()[i]);
+  }
+  EXPECT_TRUE(autograd::cast(x, DType::f32).same(x));
+}
+
 TEST(SmallOps, AllMaskedRowsGiveZerosAndNoNan) {
   Tensor keep = Tensor::zeros({1, 1, 2, 3}, DType::u8);
   keep.data<uint8_t>()[3] = keep.data<uint8_t>()[4] = 1;  // row 0 fully masked, row 1 keeps keys 0 and 1

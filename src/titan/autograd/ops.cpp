@@ -448,4 +448,16 @@ Variable sum(const Variable& x) {
   });
 }
 
+Variable cast(const Variable& x, DType dtype) {
+  if (x.dtype() == dtype) return x;
+  ProfileScope prof("cast.fwd");
+  return record("cast", {x}, x.value().to(dtype, MemCategory::activations), [from = x.dtype()](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("cast.bwd");
+    const Tensor back = dy.to(from);
+    if (g.adopt(0, back)) return;
+    Tensor dx = g.grad(0);
+    accumulate(dx, back);
+  });
+}
+
 }  // namespace titan::autograd

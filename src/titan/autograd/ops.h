@@ -88,4 +88,8 @@ Variable log_softmax(const Variable& x);
 // The sum of all elements: a one-element f32 Variable.
 Variable sum(const Variable& x);
 
+// x converted to `dtype` (f32 or bf16); the gradient converts back. The bridge between a bf16
+// compute path and f32 small ops.
+Variable cast(const Variable& x, DType dtype);
+
 }  // namespace titan::autograd

@@ -34,7 +34,8 @@ Variable hadamard_small_ops(const Variable& x) {
   const float norm = float(1.0 / std::sqrt(double(n)));
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < n; ++j) hp[i * n + j] = (__builtin_popcountll(uint64_t(i & j)) & 1) ? -norm : norm;
-  return view(matmul(view(x, {x.value().numel() / n, n}), Variable(h)), x.shape());
+  const Variable rows = view(cast(x, DType::f32), {x.value().numel() / n, n});
+  return cast(view(matmul(rows, Variable(h)), x.shape()), x.dtype());
 }
 
 namespace {
@@ -88,7 +89,11 @@ Tensor head_mean(const Tensor& probs) {
 }
 }  // namespace
 
-DsaOutputs dsa_attention_small_ops(const DsaInputs& in) {
+DsaOutputs dsa_attention_small_ops(const DsaInputs& in_compute) {
+  // The generic ops are f32: under bf16 compute the inputs are cast up and the output back.
+  const DType compute = in_compute.q.dtype();
+  DsaInputs in = in_compute;
+  for (Variable* v : {&in.q, &in.c, &in.k_rope, &in.index_q, &in.index_k}) *v = cast(*v, DType::f32);
   const int64_t b = in.q.shape()[0], s = in.q.shape()[1], h = in.n_heads;
   const int64_t hi = in.index_q.shape()[2], di = in.index_q.shape()[3];
   const Tensor causal = causal_keep(b, s);
@@ -108,7 +113,7 @@ DsaOutputs dsa_attention_small_ops(const DsaInputs& in) {
   Variable probs = softmax(masked_fill(logits, keep.view({b, 1, s, s}), kNegInf));
   Variable o = transpose(matmul(probs, transpose(v, 1, 2)), 1, 2);  // [B, S, H, d_v]
 
-  DsaOutputs out{o, {}};
+  DsaOutputs out{cast(o, compute), {}};
   if (!in.want_loss) return out;
   // KL(p || softmax(I)) per row over the kept keys: sum p log p (a constant) - sum p log q. The
   // masked log q entries (-inf) are zeroed so that 0 * -inf never appears.

@@ -20,8 +20,9 @@
 //   masked scores, and the sparse attention is dense standard-form MLA with an additive -inf mask
 //   built from the selection (what DeepSeek's V3.2 reference does in prefill). The oracle the
 //   fused path is checked against.
-// Both run in f32 in this build (the fused kernels take bf16, but the absorbed-form weight views and
-// the small ops do not yet); generation uses MLA's absorbed dense decode (Attention::forward_absorbed).
+// Under bf16 compute the fused kernels run in bf16 (the absorbed-form products with wkv_b's f32
+// master in f32), and the small-op path casts its inputs to f32 and its output back. Generation
+// uses MLA's absorbed dense decode (Attention::forward_absorbed).
 #pragma once
 
 #include <string>
@@ -53,10 +54,12 @@ struct DsaInputs {
   Variable q;       // [B, S, H, d_n + d_r]
   Variable c;       // [B, S, 1, d_c]  kv_norm(latent)
   Variable k_rope;  // [B, S, 1, d_r]  RoPE(k_r), shared by the heads
-  Variable wkv_b;   // wkv_b's weight [H * (d_n + d_v), d_c]
+  Variable wkv_b;   // wkv_b's f32 master weight [H * (d_n + d_v), d_c]
+  Tensor wkv_b_compute;  // its bf16 compute copy under mixed precision, else undefined
   Variable index_q;  // [B, S, HI, DI]  indexer query (RoPE and Hadamard applied)
   Variable index_k;  // [B, S, DI]
   Variable index_w;  // [B, S, HI] f32, H_I^-0.5 d_I^-0.5 included
+  // q, c, k_rope, index_q, index_k share the compute dtype (f32 or bf16).
   int64_t n_heads = 0, nope_dim = 0, rope_dim = 0, v_dim = 0, latent_dim = 0;
   double scale = 0;  // MLA's softmax scale (DeepSeekV3Args::softmax_scale(), in both forms)
   int64_t topk = 0;

@@ -106,7 +106,7 @@ DsaOutputs dsa_attention_fused(const DsaInputs& in) {
   DsaOutputs out;
   if (in.stage == DsaStage::dense_warmup) {
     // Dense MLA (standard form); its lse gives the indexer's target p = head mean of its rows.
-    Variable kv_up = view(linear(in.c, in.wkv_b), {b, s, h, dn + dv});
+    Variable kv_up = view(linear(in.c, in.wkv_b, in.wkv_b_compute), {b, s, h, dn + dv});
     Variable k = concat_last(narrow_last(kv_up, 0, dn), in.k_rope);  // [B, S, H, d_qk]
     Variable v = narrow_last(kv_up, dn, dv);                           // [B, S, H, d_v]
     Tensor lse;                                                        // [B, H, S]
@@ -121,16 +121,20 @@ DsaOutputs dsa_attention_fused(const DsaInputs& in) {
   Tensor idx = Tensor::empty({b, s, std::min(in.topk, s)}, DType::i32, MemCategory::activations);  // [B, S, K]
   kernels::indexer_topk(idx, in.index_q.value(), in.index_k.value(), in.index_w.value());
 
-  // wkv_b [H * (d_n + d_v), d_c] -> per head [H, d_c, d_n + d_v]: W_UK^T | W_UV^T.
+  // wkv_b [H * (d_n + d_v), d_c] -> per head [H, d_c, d_n + d_v]: W_UK^T | W_UV^T. The absorption
+  // products run in f32 on the f32 master (their gradients accumulate into it); the attention in
+  // the compute dtype.
+  const DType compute = in.q.dtype();
   Variable w_t = transpose(view(in.wkv_b, {h, dn + dv, dc}), 1, 2);
   Variable w_uk_t = narrow_last(w_t, 0, dn);   // [H, d_c, d_n]
   Variable w_uv_t = narrow_last(w_t, dn, dv);  // [H, d_c, d_v]
-  Variable q_abs = heads_last(matmul(heads_first(narrow_last(in.q, 0, dn)), w_uk_t, false, true), b, s);  // [B, S, H, d_c]
-  Variable q_full = concat_last(q_abs, narrow_last(in.q, dn, dr));                                     // [B, S, H, d_c + d_r]
+  Variable q_nope = cast(narrow_last(in.q, 0, dn), DType::f32);
+  Variable q_abs = heads_last(matmul(heads_first(q_nope), w_uk_t, false, true), b, s);  // [B, S, H, d_c]
+  Variable q_full = concat_last(cast(q_abs, compute), narrow_last(in.q, dn, dr));     // [B, S, H, d_c + d_r]
   Variable kv = view(concat_last(in.c, in.k_rope), {b, s, dc + dr});                                   // [B, S, d_c + d_r]
   Tensor lse;  // [B, S, H]
   Variable o_lat = sparse_mla(q_full, kv, idx, dc, in.scale, lse);  // [B, S, H, d_c]
-  out.o = heads_last(matmul(heads_first(o_lat), w_uv_t), b, s);    // [B, S, H, d_v]
+  out.o = cast(heads_last(matmul(heads_first(cast(o_lat, DType::f32)), w_uv_t), b, s), compute);  // [B, S, H, d_v]
   if (in.want_loss) {
     // The target is the sparse attention's own probabilities over the selected keys (its lse).
     out.loss = indexer_kl(in.index_q, in.index_k, in.index_w, q_full.value(), kv.value().view({b, s, 1, dc + dr}), lse,

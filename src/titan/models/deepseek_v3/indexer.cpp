@@ -33,7 +33,7 @@ Indexer::Outputs Indexer::forward(const Variable& x, const Variable& qr, const k
   }
   // Head weights in f32 with both scalings folded in; no activation, so they may be negative.
   const double w_scale = 1.0 / std::sqrt(double(n_heads_) * double(head_dim_));
-  Variable w = autograd::scale(weights_proj.forward(x), w_scale);  // [B, S, HI]
+  Variable w = autograd::scale(autograd::cast(weights_proj.forward(x), DType::f32), w_scale);  // [B, S, HI]
   return {q, autograd::view(k, {b, s, head_dim_}), w};
 }
 

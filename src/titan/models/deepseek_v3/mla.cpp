@@ -76,9 +76,6 @@ Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, 
 
 Variable Attention::forward_dsa(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
   const int64_t b = x.shape()[0], s = x.shape()[1];
-  TITAN_CHECK(x.dtype() == DType::f32, "deepseek_v32: DeepSeek Sparse Attention runs in f32 in this build, got " +
-                                           x.value().str(),
-              "set training.mixed_precision_param = \"float32\"");
   const Variable qr = q_norm->forward(wq_a->forward(x));  // [B, S, q_lora_rank]
   DsaInputs in;
   in.q = query_from_latent(qr, rope, positions);
@@ -86,6 +83,7 @@ Variable Attention::forward_dsa(const Variable& x, const kernels::RopeTables& ro
   in.c = kv_norm.forward(autograd::narrow_last(kv, 0, kv_lora_rank_));
   in.k_rope = autograd::narrow_last(kv, kv_lora_rank_, qk_rope_);
   in.wkv_b = wkv_b.weight.var;
+  in.wkv_b_compute = wkv_b.weight.compute;
   // The indexer reads detached copies: none of its loss reaches the main model.
   const Indexer::Outputs idx = indexer->forward(Variable(x.value()), Variable(qr.value()), rope, positions, dsa.impl);
   in.index_q = idx.q, in.index_k = idx.k, in.index_w = idx.w;
