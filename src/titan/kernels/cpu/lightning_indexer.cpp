@@ -28,6 +28,10 @@ namespace {
 constexpr int64_t kKeys = 64;
 // Query-block height in GEMM rows (queries x indexer heads): 64 rows of a 64-key tile are 16 KiB.
 constexpr int64_t kTargetRows = 64;
+// Dense KL loss query blocks: up to kDenseQueries queries and kMaxDenseRows (queries x heads).
+constexpr int64_t kDenseQueries = 64, kMaxDenseRows = 1024;
+// Sparse stage: gathered main key rows are prefetched this many rows ahead.
+constexpr int64_t kPrefetchRows = 2;
 // Packed widths are padded to a multiple of 16 floats: whole vectors at every ISA level.
 constexpr int64_t kLanes = 16;
 
@@ -352,7 +356,10 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
   }
 
   double loss = 0;
-  const int64_t tq = dense ? max_i64(1, kTargetRows / HI) : 1;  // queries per block
+  // Queries per block. The dense target multiplies each main head's [tq, D] queries by every
+  // [D, kKeys] key block, so tq is its GEMM height: 64 rows give each streamed key element 64
+  // FMAs (16 rows left it bound by L2/L3 bandwidth). tq * HI stays <= 1024 (the indexer tiles).
+  const int64_t tq = dense ? max_i64(1, min_i64(kDenseQueries, kMaxDenseRows / HI)) : 1;
   const int64_t nqb = (d.S + tq - 1) / tq;
   const int64_t m_max = tq * HI;
   // Sparse stage: the selection of one row, padded to whole key blocks.
@@ -504,6 +511,13 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
           for (int64_t hk = 0; hk < Hk; ++hk) {
             for (int64_t j = 0; j < m; ++j) {
               const T* src = mk + ((b * d.Skv + sel.data()[c0 + j]) * Hk + hk) * D;
+              // The rows are scattered over mk: request the one kPrefetchRows ahead, so its
+              // cache misses overlap this row's copy.
+              if (j + kPrefetchRows < m) {
+                const char* ahead =
+                    reinterpret_cast<const char*>(mk + ((b * d.Skv + sel.data()[c0 + j + kPrefetchRows]) * Hk + hk) * D);
+                for (int64_t byte = 0; byte < D * int64_t(sizeof(T)); byte += 64) __builtin_prefetch(ahead + byte);
+              }
               float* dst = mkg.data() + j * D;
 #pragma omp simd
               for (int64_t c = 0; c < D; ++c) dst[c] = to_f32(src[c]);
