@@ -6,10 +6,12 @@
 //   (score rank << 32 | ~index, so ties rank the lower index first and a plain integer compare
 //   orders them); when it fills, a quickselect keeps the best K and their minimum becomes the
 //   admission threshold for later keys.
-// * KL loss: dense stage, two passes per query block (the lse of I, then target, loss and
-//   gradients per key block); sparse stage, one query row at a time with its selected keys
-//   gathered into contiguous, transposed per-thread buffers. dk accumulates in per-thread f32
-//   buffers that are summed at the end (no races, deterministic for a fixed thread count).
+// * KL loss, blocked path: two passes per query block (the lse of I, then target, loss and
+//   gradients per key block), over every causal key (dense stage) or masked to the selections
+//   (sparse-stage blocks whose selections cover at least half of their causal keys). Gathered
+//   path (the other sparse blocks): one query row at a time, its selected keys gathered into
+//   contiguous per-thread buffers. dk accumulates in per-thread f32 buffers that are summed at
+//   the end (no races, deterministic for a fixed thread count).
 // bf16 inputs are widened to f32 while packing (O(S D) work against O(S Skv D) products).
 // std:: algorithms are not used: templates from shared headers would be instantiated with this
 // file's ISA flags and might be picked by the linker for other ISA levels (see cpu/isa.h).
@@ -26,11 +28,11 @@ namespace {
 
 // Keys per streamed block: the width of every score tile.
 constexpr int64_t kKeys = 64;
-// Query-block height in GEMM rows (queries x indexer heads): 64 rows of a 64-key tile are 16 KiB.
+// Top-k query-block height in GEMM rows (queries x indexer heads): a 64 x 64 tile is 16 KiB.
 constexpr int64_t kTargetRows = 64;
-// Dense KL loss query blocks: up to kDenseQueries queries and kMaxDenseRows (queries x heads).
+// KL loss query blocks: up to kDenseQueries queries and kMaxDenseRows (queries x heads).
 constexpr int64_t kDenseQueries = 64, kMaxDenseRows = 1024;
-// Sparse stage: gathered main key rows are prefetched this many rows ahead.
+// Gathered path: main key rows are prefetched this many rows ahead.
 constexpr int64_t kPrefetchRows = 2;
 // Packed widths are padded to a multiple of 16 floats: whole vectors at every ISA level.
 constexpr int64_t kLanes = 16;
