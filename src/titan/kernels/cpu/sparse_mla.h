@@ -7,10 +7,12 @@
 //   GEMM       O[q] = P[q] rows[q][:, :Dv]
 // and in the backward, after the scores GEMM and dA[q] = dO[q] rows[q][:, :Dv]^T:
 //   softmax_grad  P and dS = P * (dA - rowsum(dO * O))
-//   GEMMs      dQ[q] = scale * dS[q] rows[q], drows[q] = scale * dS[q]^T Q[q] + P[q]^T dO[q] (first Dv)
-//   scatter_add   acc[idx[q, i], :] += drows[q, i, :] over valid slots
+//   GEMM       dQ[q] = scale * dS[q] rows[q]
+//   dkv_accumulate  acc[part][idx[q, i], :] += scale * dS[q][:, i]^T Q[q] + P[q][:, i]^T dO[q] (first Dv),
+//                   valid slots only, straight into the selected rows of a per-thread accumulator
+//   dkv_reduce      dkv = sum over parts of acc, after the last chunk of a batch element
 // q indexes the chunk's rows, which sit at query positions t0 + q. T is float or bf16; scores,
-// dA, lse and the dkv accumulator are f32.
+// dA, lse and the dkv accumulators are f32.
 #pragma once
 
 #include <cstdint>
@@ -30,8 +32,11 @@
   void sparse_mla_softmax_grad(T* p, T* ds, const float* scores, const float* da, const float* bias,               \
                                const float* lse, const T* dout, const T* o, int64_t nq,                             \
                                const ::titan::kernels::SparseMlaDims& d);                                           \
-  void sparse_mla_scatter_add(float* acc, const float* drows, const float* bias, const int32_t* idx, int64_t nq,   \
-                              const ::titan::kernels::SparseMlaDims& d);                                            \
   template <class T>                                                                                                \
-  void sparse_mla_store(T* dst, const float* src, int64_t n);
+  void sparse_mla_dkv_accumulate(float* acc, int64_t parts, const T* p, const T* ds, const T* q, const T* dout,     \
+                                 const float* bias, const int32_t* idx, int64_t nq,                                 \
+                                 const ::titan::kernels::SparseMlaDims& d);                                         \
+  template <class T>                                                                                                \
+  void sparse_mla_dkv_reduce(T* dkv, float* acc, int64_t parts, const ::titan::kernels::SparseMlaDims& d);          \
+  int64_t sparse_mla_acc_width(int64_t dqk);
 TITAN_FOR_EACH_ISA(TITAN_SPARSE_MLA_KERNELS)
