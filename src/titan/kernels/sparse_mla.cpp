@@ -73,6 +73,10 @@ SparseMlaDims sparse_mla_dims(const Tensor& q, const Tensor& kv, const Tensor& i
 // small enough that a chunk's gathered rows are still in L3 when the GEMMs read them.
 constexpr int64_t kChunkBytes = int64_t(32) << 20;
 
+// Bytes of the backward's per-thread dkv accumulators together: 16 threads at Skv = 4096 and
+// Dqk = 576 need 151 MB; 128K positions would need 4.8 GB.
+constexpr int64_t kAccBytes = int64_t(512) << 20;
+
 // At least one query per thread, so the per-query dkv stage keeps every thread busy.
 int64_t chunk_rows(const SparseMlaDims& d, int64_t elem, bool backward) {
   int64_t per_query = d.K * d.Dqk * elem + d.K * 4 + d.H * d.K * (4 + elem);  // rows, bias, scores, P
@@ -129,8 +133,11 @@ void fast_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const 
   Tensor p = Tensor::empty({chunk, d.H, d.K}, dt), ds = Tensor::empty({chunk, d.H, d.K}, dt);
   // One f32 dkv accumulator per thread (rows padded to whole vectors), for one batch element at
   // a time; zeroed here, and again by the reduce that consumes it. Rows no query selects stay 0.
-  const int64_t parts = num_threads();
-  Tensor acc = Tensor::zeros({parts, d.Skv, TITAN_CPU_KERNEL(sparse_mla_acc_width)(d.Dqk)}, DType::f32);
+  // At long contexts fewer accumulators than threads keep them within kAccBytes, and the dkv
+  // stage then runs on that many threads.
+  const int64_t width = TITAN_CPU_KERNEL(sparse_mla_acc_width)(d.Dqk);
+  const int64_t parts = std::clamp<int64_t>(kAccBytes / (d.Skv * width * 4), 1, num_threads());
+  Tensor acc = Tensor::zeros({parts, d.Skv, width}, DType::f32);
   const auto gather = TITAN_CPU_KERNEL(sparse_mla_gather<T>);
   const auto softmax_grad = TITAN_CPU_KERNEL(sparse_mla_softmax_grad<T>);
   const auto dkv_accumulate = TITAN_CPU_KERNEL(sparse_mla_dkv_accumulate<T>);
