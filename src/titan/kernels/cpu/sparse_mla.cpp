@@ -1,6 +1,6 @@
-// The elementwise, data-movement and dkv stages of the fast sparse MLA kernels (see
-// cpu/sparse_mla.h); the other products run in oneDNN. Every stage is one OpenMP loop over
-// independent rows, or (dkv) over queries into per-thread accumulators, so none needs atomics.
+// The fast sparse MLA kernels (see cpu/sparse_mla.h): the fused per-query forward and backward,
+// and the stages of the oneDNN path. Every loop is over independent rows, or over queries into
+// per-thread dkv accumulators, so nothing needs atomics.
 #include "titan/kernels/cpu/sparse_mla.h"
 
 #include <omp.h>
@@ -38,12 +38,13 @@ constexpr int kRows = 4, kVecs = 2;
 #pragma GCC diagnostic ignored "-Wpsabi"
 typedef float vecf __attribute__((vector_size(sizeof(float) * kVecLanes), aligned(4), may_alias));
 
-// c[r][col, col + Vecs * kVecLanes) += sum_k a[r * inner + k] b[k * ldb + (0, Vecs * kVecLanes)]
-// for r < kRows: the sums stay in registers over the whole inner loop and touch each (scattered)
-// accumulator row once.
-template <int Vecs>
-TITAN_INLINE void scatter_tile(float* const* c, int64_t col, const float* a, const float* b, int64_t ldb,
-                               int64_t inner) {
+// c[r][col, col + Vecs * kVecLanes) (+)= sum_k a(r, k) b[k * ldb + (0, Vecs * kVecLanes)] for r < kRows,
+// with a(r, k) = a[r * a_row + k * a_k] (so A may be read transposed) and C rows given by
+// pointer (a dense buffer, or the scattered dkv rows of the selected keys). The sums stay in
+// registers over the whole inner loop and touch each C row once.
+template <int Vecs, bool kAdd>
+TITAN_INLINE void tile(float* const* c, int64_t col, const float* a, int64_t a_row, int64_t a_k, const float* b,
+                       int64_t ldb, int64_t inner) {
   vecf acc[kRows][Vecs];
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
@@ -56,7 +57,7 @@ TITAN_INLINE void scatter_tile(float* const* c, int64_t col, const float* a, con
     for (int v = 0; v < Vecs; ++v) bv[v] = *reinterpret_cast<const vecf*>(b + k * ldb + v * kVecLanes);
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
-      const float ar = a[r * inner + k];
+      const float ar = a[r * a_row + k * a_k];
 #pragma GCC unroll 4
       for (int v = 0; v < Vecs; ++v) acc[r][v] += ar * bv[v];
     }
@@ -66,20 +67,75 @@ TITAN_INLINE void scatter_tile(float* const* c, int64_t col, const float* a, con
 #pragma GCC unroll 4
     for (int v = 0; v < Vecs; ++v) {
       vecf* dst = reinterpret_cast<vecf*>(c[r] + col + v * kVecLanes);
-      *dst = *dst + acc[r][v];
+      if constexpr (kAdd) {
+        *dst = *dst + acc[r][v];
+      } else {
+        *dst = acc[r][v];
+      }
     }
   }
 }
 
 // The last column strip may hold fewer than kVecs vectors.
-template <int Vecs>
-TITAN_INLINE void scatter_tile_tail(int64_t vecs, float* const* c, int64_t col, const float* a, const float* b,
-                                    int64_t ldb, int64_t inner) {
+template <int Vecs, bool kAdd>
+TITAN_INLINE void tile_tail(int64_t vecs, float* const* c, int64_t col, const float* a, int64_t a_row, int64_t a_k,
+                            const float* b, int64_t ldb, int64_t inner) {
   if (vecs == Vecs) {
-    scatter_tile<Vecs>(c, col, a, b, ldb, inner);
+    tile<Vecs, kAdd>(c, col, a, a_row, a_k, b, ldb, inner);
   } else if constexpr (Vecs > 1) {
-    scatter_tile_tail<Vecs - 1>(vecs, c, col, a, b, ldb, inner);
+    tile_tail<Vecs - 1, kAdd>(vecs, c, col, a, a_row, a_k, b, ldb, inner);
   }
+}
+
+// C[M, N] (+)= A(M x inner) B[inner, N] with C rows c[0, M), M a multiple of kRows and N of
+// kVecLanes. Column strips outermost: one strip of B is reused by every row tile.
+template <bool kAdd>
+void gemm_rows(float* const* c, const float* a, int64_t a_row, int64_t a_k, const float* b, int64_t ldb, int64_t M,
+               int64_t N, int64_t inner) {
+  for (int64_t col = 0; col < N; col += kVecs * kVecLanes) {
+    const int64_t vecs = (N - col) / kVecLanes < kVecs ? (N - col) / kVecLanes : kVecs;
+    for (int64_t r = 0; r < M; r += kRows) {
+      tile_tail<kVecs, kAdd>(vecs, c + r, col, a + r * a_row, a_row, a_k, b + col, ldb, inner);
+    }
+  }
+}
+
+TITAN_INLINE int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// Padded sizes of the per-query buffers, shared by the forward and the backward.
+struct Plan {
+  int64_t Dp;   // Dqk rounded up to 16: gathered rows and dkv accumulator rows
+  int64_t Dvp;  // Dv rounded up to 16
+  int64_t Hs;   // H rounded up to 16: the head columns of the [slot, head] score buffers
+  int64_t Hr;   // H rounded up to kRows: the rows of the per-head output tiles
+  int64_t Kp;   // K rounded up to kRows: the rows of the per-slot tiles
+};
+
+Plan make_plan(const SparseMlaDims& d) {
+  return {round_up(d.Dqk, kLanes), round_up(d.Dv, kLanes), round_up(d.H, kLanes), round_up(d.H, kRows),
+          round_up(d.K, kRows)};
+}
+
+// Copies the valid selected rows of query t (in slot order, as f32) to g[0, n) and their keys to
+// keys[0, n), zeroes rows [n, round_up(n, kRows)) and returns n. Columns past Dqk stay zero
+// from the buffer's initialization.
+template <class T>
+int64_t gather_valid(float* g, int64_t ldg, int32_t* keys, const T* kv, const int32_t* sel, int64_t t,
+                     const SparseMlaDims& d) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < d.K; ++i) {
+    const int32_t s = sel[i];
+    if (s < 0 || int64_t(s) > t + (d.Skv - d.S)) continue;
+    const T* src = kv + int64_t(s) * d.Dqk;
+    float* dst = g + n * ldg;
+#pragma omp simd
+    for (int64_t c = 0; c < d.Dqk; ++c) dst[c] = to_f32(src[c]);
+    keys[n++] = s;
+  }
+  for (int64_t r = n; r < round_up(n, kRows); ++r) {
+    for (int64_t c = 0; c < d.Dqk; ++c) g[r * ldg + c] = 0.0f;
+  }
+  return n;
 }
 
 }  // namespace
@@ -215,7 +271,7 @@ void sparse_mla_dkv_accumulate(float* acc, int64_t parts, const T* p, const T* d
       for (int64_t col = 0; col < width; col += kVecs * kVecLanes) {
         const int64_t vecs = (width - col) / kVecLanes < kVecs ? (width - col) / kVecLanes : kVecs;
         for (int64_t r = 0; r < n_pad; r += kRows) {
-          scatter_tile_tail<kVecs>(vecs, c.data() + r, col, a.data() + r * inner, b.data() + col, width, inner);
+          tile_tail<kVecs, true>(vecs, c.data() + r, col, a.data() + r * inner, inner, 1, b.data() + col, width, inner);
         }
       }
     }
@@ -241,16 +297,177 @@ void sparse_mla_dkv_reduce(T* dkv, float* acc, int64_t parts, const SparseMlaDim
   }
 }
 
-#define TITAN_INSTANTIATE(T)                                                                                       \
-  template void sparse_mla_gather<T>(T*, float*, const T*, const int32_t*, int64_t, int64_t, const SparseMlaDims&); \
-  template void sparse_mla_softmax<T>(T*, float*, const float*, const float*, int64_t, const SparseMlaDims&);        \
-  template void sparse_mla_softmax_grad<T>(T*, T*, const float*, const float*, const float*, const float*, const T*, \
-                                           const T*, int64_t, const SparseMlaDims&);                                 \
-  template void sparse_mla_dkv_accumulate<T>(float*, int64_t, const T*, const T*, const T*, const T*, const float*,   \
-                                             const int32_t*, int64_t, const SparseMlaDims&);                        \
-  template void sparse_mla_dkv_reduce<T>(T*, float*, int64_t, const SparseMlaDims&);
-TITAN_INSTANTIATE(float)
-TITAN_INSTANTIATE(bf16)
-#undef TITAN_INSTANTIATE
+template <class T>
+void sparse_mla_forward(T* o, float* lse, const T* q, const T* kv, const int32_t* idx, const SparseMlaDims& d) {
+  const Plan p = make_plan(d);
+  const float scale = float(d.scale);
+#pragma omp parallel
+  {
+    // Per-thread buffers of one query, zero-initialized so every padding lane is a finite 0.
+    Scratch<float> g(p.Kp * p.Dp, ScratchInit::zeroed);             // [Kp, Dp] its valid rows, f32
+    Scratch<float> qt(d.Dqk * p.Hs, ScratchInit::zeroed);     // [Dqk, Hs] scale * q^T
+    // [Kp + 1, Hs] scores, then P, slot by head; the extra row covers the head-padding rows of
+    // the output tile, which read up to Hr - Hs < 16 floats past the last slot.
+    Scratch<float> st((p.Kp + 1) * p.Hs, ScratchInit::zeroed);
+    Scratch<float> out(p.Hr * p.Dvp, ScratchInit::zeroed);          // [Hr, Dvp] unnormalized-free o rows
+    Scratch<float> m(p.Hs, ScratchInit::zeroed), l(p.Hs, ScratchInit::zeroed);  // [Hs] per-head max, sum
+    Scratch<int32_t> keys(d.K, ScratchInit::zeroed);
+    Scratch<float*> c(p.Kp > p.Hr ? p.Kp : p.Hr, ScratchInit::zeroed);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bt = 0; bt < d.B * d.S; ++bt) {
+      const int64_t b = bt / d.S, t = bt % d.S;
+      const int64_t n = gather_valid(g.data(), p.Dp, keys.data(), kv + b * d.Skv * d.Dqk, idx + bt * d.K, t, d);
+      T* ot = o + bt * d.H * d.Dv;
+      if (n == 0) {  // no valid slot: o = 0, lse = +inf (FlashMLA's convention)
+        for (int64_t e = 0; e < d.H * d.Dv; ++e) ot[e] = from_f32<T>(0.0f);
+        for (int64_t h = 0; h < d.H; ++h) lse[bt * d.H + h] = kInf;
+        continue;
+      }
+      const T* qh = q + bt * d.H * d.Dqk;
+      for (int64_t h = 0; h < d.H; ++h) {
+        for (int64_t col = 0; col < d.Dqk; ++col) qt.data()[col * p.Hs + h] = scale * to_f32(qh[h * d.Dqk + col]);
+      }
+      // S^T[i, h] = scale * rows[i] . q[h]: [n, Dqk] x [Dqk, Hs]; every head reuses each row.
+      const int64_t n_pad = round_up(n, kRows);
+      for (int64_t r = 0; r < n_pad; ++r) c.data()[r] = st.data() + r * p.Hs;
+      gemm_rows<false>(c.data(), g.data(), p.Dp, 1, qt.data(), p.Hs, n_pad, p.Hs, d.Dqk);
+      // Softmax over the n slots of each head, vectorized across heads (padding heads see 0s).
+      for (int64_t h = 0; h < p.Hs; ++h) m.data()[h] = -kInf, l.data()[h] = 0.0f;
+      for (int64_t i = 0; i < n; ++i) {
+        const float* row = st.data() + i * p.Hs;
+#pragma omp simd
+        for (int64_t h = 0; h < p.Hs; ++h) m.data()[h] = row[h] > m.data()[h] ? row[h] : m.data()[h];
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        const float* row = st.data() + i * p.Hs;
+#pragma omp simd
+        for (int64_t h = 0; h < p.Hs; ++h) l.data()[h] += fast_exp(row[h] - m.data()[h]);
+      }
+      for (int64_t h = 0; h < p.Hs; ++h) {
+        m.data()[h] += __builtin_logf(l.data()[h]);  // now lse; the libm call, not a wrapper shared across ISAs
+        if (h < d.H) lse[bt * d.H + h] = m.data()[h];
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        float* row = st.data() + i * p.Hs;
+#pragma omp simd
+        for (int64_t h = 0; h < p.Hs; ++h) row[h] = fast_exp(row[h] - m.data()[h]);
+      }
+      // o[h] = sum_i P[i, h] rows[i][:Dv]: [Hr, n] (P read transposed) x [n, Dvp]
+      for (int64_t r = 0; r < p.Hr; ++r) c.data()[r] = out.data() + r * p.Dvp;
+      gemm_rows<false>(c.data(), st.data(), 1, p.Hs, g.data(), p.Dp, p.Hr, p.Dvp, n);
+      for (int64_t h = 0; h < d.H; ++h) {
+#pragma omp simd
+        for (int64_t col = 0; col < d.Dv; ++col) ot[h * d.Dv + col] = from_f32<T>(out.data()[h * p.Dvp + col]);
+      }
+    }
+  }
+}
+
+template <class T>
+void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const int32_t* idx, const T* o,
+                         const float* lse, float* acc, int64_t parts, const SparseMlaDims& d) {
+  const Plan p = make_plan(d);
+  const int64_t w2 = 2 * p.Hs;  // [scale dS | P] and [scores | dA] columns: heads, then heads again
+  const float scale = float(d.scale);
+#pragma omp parallel num_threads(int(parts))
+  {
+    float* mine = acc + int64_t(omp_get_thread_num()) * d.Skv * p.Dp;  // this thread's dkv, f32
+    Scratch<float> g(p.Kp * p.Dp, ScratchInit::zeroed);            // [Kp, Dp] valid rows
+    Scratch<float> qdt(p.Dp * w2, ScratchInit::zeroed);             // [Dp, 2 Hs] (scale q^T | dO^T, 0 past Dv)
+    Scratch<float> b2(w2 * p.Dp, ScratchInit::zeroed);             // [2 Hs, Dp] (q ; dO, 0 past Dv)
+    Scratch<float> st((p.Kp + 1) * w2, ScratchInit::zeroed);       // [Kp + 1, 2 Hs] see the forward's st
+    Scratch<float> dqb(p.Hr * p.Dp, ScratchInit::zeroed);          // [Hr, Dp] dq rows
+    Scratch<float> lse_h(p.Hs, ScratchInit::zeroed), delta(p.Hs, ScratchInit::zeroed);  // [Hs]
+    Scratch<float> dummy(p.Dp, ScratchInit::zeroed);               // C row of padding rows, never read
+    Scratch<int32_t> keys(d.K, ScratchInit::zeroed);
+    Scratch<float*> c(p.Kp > p.Hr ? p.Kp : p.Hr, ScratchInit::zeroed);
+    for (int64_t h = d.H; h < p.Hs; ++h) lse_h.data()[h] = kInf;  // padding heads: P = 0
+    for (int64_t b = 0; b < d.B; ++b) {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t t = 0; t < d.S; ++t) {
+        const int64_t bt = b * d.S + t;
+        const int64_t n = gather_valid(g.data(), p.Dp, keys.data(), kv + b * d.Skv * d.Dqk, idx + bt * d.K, t, d);
+        T* dqt = dq + bt * d.H * d.Dqk;
+        if (n == 0) {  // an empty row sends no gradient
+          for (int64_t e = 0; e < d.H * d.Dqk; ++e) dqt[e] = from_f32<T>(0.0f);
+          continue;
+        }
+        const T* qh = q + bt * d.H * d.Dqk;
+        const T* doh = dout + bt * d.H * d.Dv;
+        const T* oh = o + bt * d.H * d.Dv;
+        for (int64_t h = 0; h < d.H; ++h) {
+          float dl = 0;  // Delta = rowsum(dO * O)
+          for (int64_t col = 0; col < d.Dv; ++col) {
+            const float dov = to_f32(doh[h * d.Dv + col]);
+            dl += dov * to_f32(oh[h * d.Dv + col]);
+            qdt.data()[col * w2 + p.Hs + h] = dov;
+            b2.data()[(p.Hs + h) * p.Dp + col] = dov;
+          }
+          for (int64_t col = 0; col < d.Dqk; ++col) {
+            const float qv = to_f32(qh[h * d.Dqk + col]);
+            qdt.data()[col * w2 + h] = scale * qv;
+            b2.data()[h * p.Dp + col] = qv;
+          }
+          delta.data()[h] = dl;
+          lse_h.data()[h] = lse[bt * d.H + h];
+        }
+        // [S^T | dA^T][i] = rows[i] . (scale q | dO): one [n, Dqk] x [Dqk, 2 Hs] product.
+        const int64_t n_pad = round_up(n, kRows);
+        for (int64_t r = 0; r < n_pad; ++r) c.data()[r] = st.data() + r * w2;
+        gemm_rows<false>(c.data(), g.data(), p.Dp, 1, qdt.data(), w2, n_pad, w2, d.Dqk);
+        // P recomputed from lse; the row becomes (scale dS | P), the A operand of dq and dkv.
+        for (int64_t i = 0; i < n; ++i) {
+          float* row = st.data() + i * w2;
+#pragma omp simd
+          for (int64_t h = 0; h < p.Hs; ++h) {
+            const float ph = fast_exp(row[h] - lse_h.data()[h]);
+            row[h] = scale * ph * (row[p.Hs + h] - delta.data()[h]);
+            row[p.Hs + h] = ph;
+          }
+        }
+        // dq[h] = sum_i scale dS[i, h] rows[i]: [Hr, n] (read transposed) x [n, Dp]
+        for (int64_t r = 0; r < p.Hr; ++r) c.data()[r] = dqb.data() + r * p.Dp;
+        gemm_rows<false>(c.data(), st.data(), 1, w2, g.data(), p.Dp, p.Hr, p.Dp, n);
+        for (int64_t h = 0; h < d.H; ++h) {
+#pragma omp simd
+          for (int64_t col = 0; col < d.Dqk; ++col) dqt[h * d.Dqk + col] = from_f32<T>(dqb.data()[h * p.Dp + col]);
+        }
+        // dkv[key_i] += (scale dS | P)[i] (q ; dO): key and value roles in one [n, 2 Hs] x [2 Hs, Dp]
+        // product, added straight into this thread's rows of the selected keys.
+        for (int64_t r = 0; r < n_pad; ++r) c.data()[r] = r < n ? mine + int64_t(keys.data()[r]) * p.Dp : dummy.data();
+        gemm_rows<true>(c.data(), st.data(), w2, 1, b2.data(), p.Dp, n_pad, p.Dp, w2);
+      }
+      // (barrier) dkv = the sum of the per-thread accumulators, which are zeroed for the next b.
+#pragma omp for schedule(static)
+      for (int64_t s = 0; s < d.Skv; ++s) {
+        float* first = acc + s * p.Dp;
+        for (int64_t part = 1; part < parts; ++part) {
+          float* row = acc + (part * d.Skv + s) * p.Dp;
+#pragma omp simd
+          for (int64_t col = 0; col < p.Dp; ++col) first[col] += row[col], row[col] = 0.0f;
+        }
+#pragma omp simd
+        for (int64_t col = 0; col < d.Dqk; ++col) dkv[(b * d.Skv + s) * d.Dqk + col] = from_f32<T>(first[col]);
+#pragma omp simd
+        for (int64_t col = 0; col < p.Dp; ++col) first[col] = 0.0f;
+      }
+    }
+  }
+}
+
+// The f32 fast path is the fused pair, the bf16 one the staged kernels around oneDNN's AMX GEMMs
+// (kernels/sparse_mla.cpp says why).
+template void sparse_mla_forward<float>(float*, float*, const float*, const float*, const int32_t*,
+                                        const SparseMlaDims&);
+template void sparse_mla_backward<float>(float*, float*, const float*, const float*, const float*, const int32_t*,
+                                         const float*, const float*, float*, int64_t, const SparseMlaDims&);
+template void sparse_mla_gather<bf16>(bf16*, float*, const bf16*, const int32_t*, int64_t, int64_t,
+                                      const SparseMlaDims&);
+template void sparse_mla_softmax<bf16>(bf16*, float*, const float*, const float*, int64_t, const SparseMlaDims&);
+template void sparse_mla_softmax_grad<bf16>(bf16*, bf16*, const float*, const float*, const float*, const float*,
+                                            const bf16*, const bf16*, int64_t, const SparseMlaDims&);
+template void sparse_mla_dkv_accumulate<bf16>(float*, int64_t, const bf16*, const bf16*, const bf16*, const bf16*,
+                                              const float*, const int32_t*, int64_t, const SparseMlaDims&);
+template void sparse_mla_dkv_reduce<bf16>(bf16*, float*, int64_t, const SparseMlaDims&);
 
 }  // namespace titan::kernels::cpu::TITAN_ISA
