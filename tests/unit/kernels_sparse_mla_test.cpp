@@ -50,7 +50,9 @@ void dense_masked(Doubles& o, Doubles& lse, const Doubles& q, const Doubles& kv,
         double z = 0;
         for (int64_t s = 0; s < d.Skv; ++s) {
           double dot = 0;
-          for (int64_t c = 0; c < d.Dqk; ++c) dot += q[size_t(row * d.Dqk + c)] * kv[size_t((b * d.Skv + s) * d.Dqk + c)];
+          for (int64_t c = 0; c < d.Dqk; ++c) {
+            dot += q[size_t(row * d.Dqk + c)] * kv[size_t((b * d.Skv + s) * d.Dqk + c)];
+          }
           scores[size_t(s)] = mask[size_t(t * d.Skv + s)] ? d.scale * dot : -INFINITY;
           z += std::exp(scores[size_t(s)]);
         }

@@ -31,7 +31,8 @@ void check_tensor(const Tensor& t, const char* name, DType dtype, const Shape& s
               std::string("sparse_mla: ") + name + " is " + std::string(dtype_name(t.dtype())) + ", expected " +
                   std::string(dtype_name(dtype)),
               "q, kv, o and the gradients share one dtype (f32 or bf16); lse is f32 and idx i32");
-  TITAN_CHECK(t.is_contiguous(), std::string("sparse_mla: ") + name + " must be contiguous", "call .contiguous() first");
+  TITAN_CHECK(t.is_contiguous(), std::string("sparse_mla: ") + name + " must be contiguous",
+              "call .contiguous() first");
 }
 
 // Sizes from q, kv, idx, with the checks both entry points share.
@@ -67,7 +68,7 @@ SparseMlaDims sparse_mla_dims(const Tensor& q, const Tensor& kv, const Tensor& i
   return d;
 }
 
-// ---- fast path: the per-ISA stages of cpu/sparse_mla.h around oneDNN batched GEMMs ------------
+// ---- fast paths: the fused per-ISA kernels (f32), or the stages around oneDNN GEMMs (bf16) --
 
 // Bytes of scratch per chunk of query rows: batches big enough for oneDNN to spread over every
 // thread (at S = 1024, H = 16, K = 256 a 2 MiB budget cost 10-75% more CPU time than 32 MiB),
@@ -99,8 +100,12 @@ Tensor dkv_accumulators(const SparseMlaDims& d) {
 struct Gemm {
   MatmulParams p;
   Gemm(int64_t batch, int64_t m, int64_t n, int64_t k) { p.batch = batch, p.m = m, p.n = n, p.k = k; }
-  Gemm& a(int64_t ld, int64_t stride, bool trans = false) { return p.lda = ld, p.batch_stride_a = stride, p.trans_a = trans, *this; }
-  Gemm& b(int64_t ld, int64_t stride, bool trans = false) { return p.ldb = ld, p.batch_stride_b = stride, p.trans_b = trans, *this; }
+  Gemm& a(int64_t ld, int64_t stride, bool trans = false) {
+    return p.lda = ld, p.batch_stride_a = stride, p.trans_a = trans, *this;
+  }
+  Gemm& b(int64_t ld, int64_t stride, bool trans = false) {
+    return p.ldb = ld, p.batch_stride_b = stride, p.trans_b = trans, *this;
+  }
   Gemm& c(int64_t ld, int64_t stride) { return p.ldc = ld, p.batch_stride_c = stride, *this; }
   Gemm& scaled(double alpha) { return p.alpha = float(alpha), *this; }
   void run(void* c, DType c_type, const void* a, const void* b, DType ab_type) const {
@@ -135,7 +140,7 @@ void staged_forward(T* o, float* lse, const T* q, const T* kv, const int32_t* id
 
 template <class T>
 void staged_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const int32_t* idx, const T* o,
-                   const float* lse, const SparseMlaDims& d) {
+                     const float* lse, const SparseMlaDims& d) {
   const DType dt = dtype_of<T>::value;
   const int64_t chunk = chunk_rows(d, int64_t(sizeof(T)), true);
   Tensor rows = Tensor::empty({chunk, d.K, d.Dqk}, dt);

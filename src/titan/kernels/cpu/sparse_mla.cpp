@@ -20,7 +20,7 @@ constexpr float kInf = __builtin_inff();
 constexpr int64_t kLanes = 16;
 
 // One native vector of floats as a GCC vector type (16 lanes with AVX-512, 8 with AVX2, 4 on the
-// baseline); `acc += a * b` contracts into FMA where the ISA has one. Register tile of the dkv
+// baseline); `acc += a * b` contracts into FMA where the ISA has one. Register tile of every
 // product: kRows x kVecs accumulators, kVecs B vectors and a broadcast fit the register file.
 // aligned(4): accumulator rows are only 64-byte aligned when the row width allows.
 #if defined(__AVX512F__)
