@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "common/kernel_check.h"
+#include "titan/checkpoint/checkpoint.h"
 #include "titan/checkpoint/ckpt_cli.h"
 #include "titan/checkpoint/hf.h"
 #include "titan/models/deepseek_v3/hf_adapter.h"
@@ -446,4 +447,25 @@ TEST(HfAdapterV32, PublishedConfigGivesTheIndexerAndErrorsNameTheKey) {
   bad = c;
   bad["model_type"] = "deepseek_v4";
   expect_contains(error_of([&] { args_from_hf_config(bad, "cfg.json"); }), "'deepseek_v32'");
+}
+
+// `titan ckpt convert` carries a DeepSeek-V3.2 folder (the transformers export of the fixture) to
+// our checkpoint, named as the registry's deepseek_v32, and back to HF with every tensor intact.
+TEST(CkptCli, ConvertsTheV32FixtureBothWays) {
+  const TempDir ours("cli_v32_ours"), back("cli_v32_back");
+  std::string a0 = "ckpt", a1 = "convert", a2 = "--from-hf", a3 = "tests/fixtures/deepseek_v32_tiny", a4 = "--to",
+              a5 = ours.string();
+  char* argv1[] = {a0.data(), a1.data(), a2.data(), a3.data(), a4.data(), a5.data()};
+  ASSERT_EQ(checkpoint::ckpt_main(6, argv1), 0);
+  expect_contains(checkpoint::load_checkpoint(ours / "step-0").config_toml, "name = \"deepseek_v32\"");
+  std::string b2 = "--from", b3 = (ours / "step-0").string(), b4 = "--to-hf", b5 = back.string(), b6 = "--dtype", b7 = "f32";
+  char* argv2[] = {a0.data(), a1.data(), b2.data(), b3.data(), b4.data(), b5.data(), b6.data(), b7.data()};
+  ASSERT_EQ(checkpoint::ckpt_main(8, argv2), 0);
+  const checkpoint::HfFolder original = checkpoint::HfFolder::open(a3), exported = checkpoint::HfFolder::open(back);
+  ASSERT_EQ(original.names().size(), exported.names().size());
+  for (const std::string& n : original.names())
+    EXPECT_EQ(test::to_doubles(exported.load_f32(n)), test::to_doubles(original.load_f32(n))) << n;
+  EXPECT_EQ(exported.config()["model_type"], "deepseek_v32");
+  for (const char* key : {"index_n_heads", "index_head_dim", "index_topk"})
+    EXPECT_EQ(exported.config()[key], original.config()[key]) << key;
 }

@@ -29,8 +29,8 @@ constexpr const char* kUsage =
     "       titan ckpt convert --from CKPT --to-hf HF_DIR [--flavor NAME] [--dtype bf16|f16|f32]\n"
     "                          [--max-shard-bytes N]\n"
     "\n"
-    "--from-hf  reads a Hugging Face DeepSeek-V3 folder (config.json, model.safetensors or a sharded\n"
-    "           index; FP8 block-quantized weights are dequantized) and writes CKPT_ROOT/step-N/\n"
+    "--from-hf  reads a Hugging Face DeepSeek-V3 or V3.2 folder (config.json, model.safetensors or\n"
+    "           a sharded index; FP8 block-quantized weights are dequantized) and writes CKPT_ROOT/step-N/\n"
     "--to-hf    writes a training checkpoint (a step folder, or a root holding step folders) as a\n"
     "           Hugging Face folder: config.json, shards of at most --max-shard-bytes (5 GiB) and\n"
     "           model.safetensors.index.json. The architecture comes from the checkpoint when it was\n"
@@ -57,7 +57,8 @@ int convert_from_hf(const fs::path& hf_dir, const fs::path& root, int64_t step) 
   for (const auto& [name, shape] : ds::state_shapes(a)) req.tensors.push_back({"model." + name, state.at(name), {}});
   // The HF config travels with the weights, so --to-hf can restore the exact architecture.
   req.train_state = {{"converted_from", hf_dir.string()}, {"hf_config", folder.config()}};
-  req.config_toml = "[model]\nname = \"deepseek_v3\"\n";
+  // The registry's name: DeepSeek-V3.2 (an indexer in every layer) is its own model.
+  req.config_toml = fmt::format("[model]\nname = \"{}\"\n", a.has_indexer() ? "deepseek_v32" : "deepseek_v3");
   const fs::path out = save_checkpoint(root, req);
   std::printf("wrote %s (%zu tensors)\n", out.c_str(), req.tensors.size());
   return 0;
