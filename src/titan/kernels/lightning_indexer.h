@@ -27,7 +27,7 @@ void indexer_topk(Tensor& idx, const Tensor& q, const Tensor& k, const Tensor& w
 // Writes (overwrites) dq [B, S, HI, DI], dk [B, Skv, DI] (q's dtype) and dw [B, S, HI] f32 with
 // the gradient of grad_scale * (that sum): g(t, s) = grad_scale * (softmax(I[t])_s - p[t, s]),
 // dw[t, j] = sum_s g R_j, dq[t, j] = sum_s g w[t, j] 1[q.k > 0] k[s], dk[s] = sum_t,j likewise.
-// mq [B, S, H, D], mk [B, Skv, Hk, D] (f32 or bf16, same dtype), mlse [B, S, H] f32 (natural log).
+// mq [B, S, H, D], mk [B, Skv, Hk, D] (q's dtype), mlse [B, S, H] f32 (natural log).
 double indexer_kl_loss(Tensor& dq, Tensor& dk, Tensor& dw, const Tensor& q, const Tensor& k, const Tensor& w,
                        const Tensor& mq, const Tensor& mk, const Tensor& mlse, double scale, const Tensor& idx,
                        double grad_scale);

@@ -1,0 +1,606 @@
+// Lightning indexer on the CPU. Queries are processed in blocks that stay resident while key
+// blocks of kKeys keys stream past; the head dot products of a (query block, key block) pair are
+// one small register-tiled f32 GEMM over packed, zero-padded buffers, and the S x Skv score matrix
+// never exists (only kKeys-wide tiles of it).
+// * top-k: each query row keeps a buffer of up to 2K + kKeys candidates as sortable 64-bit keys
+//   (score rank << 32 | ~index, so ties rank the lower index first and a plain integer compare
+//   orders them); when it fills, a quickselect keeps the best K and their minimum becomes the
+//   admission threshold for later keys.
+// * KL loss: dense stage, two passes per query block (the lse of I, then target, loss and
+//   gradients per key block); sparse stage, one query row at a time with its selected keys
+//   gathered into contiguous, transposed per-thread buffers. dk accumulates in per-thread f32
+//   buffers that are summed at the end (no races, deterministic for a fixed thread count).
+// bf16 inputs are widened to f32 while packing (O(S D) work against O(S Skv D) products).
+// std:: algorithms are not used: templates from shared headers would be instantiated with this
+// file's ISA flags and might be picked by the linker for other ISA levels (see cpu/isa.h).
+#include "titan/kernels/cpu/lightning_indexer.h"
+
+#include <omp.h>
+
+#include "titan/kernels/cpu/isa.h"
+#include "titan/kernels/cpu/scratch.h"
+
+namespace titan::kernels::cpu::TITAN_ISA {
+
+namespace {
+
+// Keys per streamed block: the width of every score tile.
+constexpr int64_t kKeys = 64;
+// Query-block height in GEMM rows (queries x indexer heads): 64 rows of a 64-key tile are 16 KiB.
+constexpr int64_t kTargetRows = 64;
+// Packed widths are padded to a multiple of 16 floats: whole vectors at every ISA level.
+constexpr int64_t kLanes = 16;
+
+// One native vector of floats (GCC vector type; see cpu/attention.cpp for why native width).
+// Register tile of the micro-kernel: kRows x kVecs accumulators, kVecs B vectors, one broadcast.
+// A strip one vector wide (the sparse target: 16 query heads) takes kNarrowRows rows instead, so
+// enough independent FMA chains are in flight to cover the FMA latency.
+#if defined(__AVX512F__)
+constexpr int64_t kVecLanes = 16;
+constexpr int kRows = 6, kVecs = 4, kNarrowRows = 12;
+#elif defined(__AVX2__)
+constexpr int64_t kVecLanes = 8;
+constexpr int kRows = 6, kVecs = 2, kNarrowRows = 12;
+#else
+constexpr int64_t kVecLanes = 4;
+constexpr int kRows = 4, kVecs = 2, kNarrowRows = 8;
+#endif
+// vecf never crosses a call boundary (all users are force-inlined), so the ABI note is moot.
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float vecf __attribute__((vector_size(sizeof(float) * kVecLanes), aligned(4), may_alias));
+constexpr int64_t kTileVecs = kKeys / kVecLanes;  // vectors per kKeys-wide tile row
+
+TITAN_INLINE int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+TITAN_INLINE int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
+TITAN_INLINE int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+TITAN_INLINE vecf splat(float x) { return vecf{} + x; }
+TITAN_INLINE vecf loadv(const float* p) { return *reinterpret_cast<const vecf*>(p); }
+TITAN_INLINE void storev(float* p, vecf x) { *reinterpret_cast<vecf*>(p) = x; }
+TITAN_INLINE vecf relu(vecf x) { return x > splat(0.0f) ? x : splat(0.0f); }
+
+// ---- micro-kernel ---------------------------------------------------------------------------
+// c[r][0, Vecs * kVecLanes) (+)= sum_k a(r, k) b[k][...] for r < Rows, with a(r, k) =
+// a[r * a_row + k * a_k] (A may be read transposed) and B rows ldb floats apart.
+template <int Rows, int Vecs, bool kAccumulate>
+TITAN_INLINE void gemm_tile(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b,
+                            int64_t ldb, int64_t K) {
+  vecf acc[Rows][Vecs];
+#pragma GCC unroll 12
+  for (int r = 0; r < Rows; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < Vecs; ++v) acc[r][v] = kAccumulate ? loadv(c + r * ldc + v * kVecLanes) : vecf{};
+  }
+#pragma GCC unroll 2
+  for (int64_t kk = 0; kk < K; ++kk) {
+    vecf bv[Vecs];
+#pragma GCC unroll 4
+    for (int v = 0; v < Vecs; ++v) bv[v] = loadv(b + kk * ldb + v * kVecLanes);
+#pragma GCC unroll 12
+    for (int r = 0; r < Rows; ++r) {
+      const float ar = a[r * a_row + kk * a_k];
+#pragma GCC unroll 4
+      for (int v = 0; v < Vecs; ++v) acc[r][v] += ar * bv[v];
+    }
+  }
+#pragma GCC unroll 12
+  for (int r = 0; r < Rows; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < Vecs; ++v) storev(c + r * ldc + v * kVecLanes, acc[r][v]);
+  }
+}
+
+// The last rows < Rows of a column strip.
+template <int Rows, int Vecs, bool kAccumulate>
+TITAN_INLINE void gemm_row_tail(int64_t rows, float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k,
+                                const float* b, int64_t ldb, int64_t K) {
+  if (rows == Rows) {
+    gemm_tile<Rows, Vecs, kAccumulate>(c, ldc, a, a_row, a_k, b, ldb, K);
+  } else if constexpr (Rows > 1) {
+    gemm_row_tail<Rows - 1, Vecs, kAccumulate>(rows, c, ldc, a, a_row, a_k, b, ldb, K);
+  }
+}
+
+template <int Vecs, bool kAccumulate>
+void gemm_strip(int64_t vecs, float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b,
+                int64_t ldb, int64_t M, int64_t K) {
+  if (vecs != Vecs) {
+    if constexpr (Vecs > 1) gemm_strip<Vecs - 1, kAccumulate>(vecs, c, ldc, a, a_row, a_k, b, ldb, M, K);
+    return;
+  }
+  constexpr int rows = Vecs == 1 ? kNarrowRows : kRows;
+  int64_t m = 0;
+  for (; m + rows <= M; m += rows) {
+    gemm_tile<rows, Vecs, kAccumulate>(c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K);
+  }
+  if (m < M) gemm_row_tail<rows, Vecs, kAccumulate>(M - m, c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K);
+}
+
+// C[M, N] (+)= A(M x K) B[K, N], A(r, k) = a[r * a_row + k * a_k]; N a multiple of kLanes (B and
+// C are packed buffers padded to that width). Each B strip stays in L1 while the rows run over it.
+template <bool kAccumulate>
+void gemm(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b, int64_t ldb, int64_t M,
+          int64_t N, int64_t K) {
+  for (int64_t n = 0; n < N; n += kVecs * kVecLanes) {
+    const int64_t vecs = min_i64((N - n) / kVecLanes, kVecs);
+    gemm_strip<kVecs, kAccumulate>(vecs, c + n, ldc, a, a_row, a_k, b + n, ldb, M, K);
+  }
+}
+
+// ---- packing --------------------------------------------------------------------------------
+// dst[j][c] = src[j][c] as f32 for j < rows, c < width; zero for c in [width, ld_dst).
+template <class T>
+void pack_rows(float* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t rows, int64_t width) {
+  for (int64_t j = 0; j < rows; ++j) {
+    const T* in = src + j * ld_src;
+    float* out = dst + j * ld_dst;
+#pragma omp simd
+    for (int64_t c = 0; c < width; ++c) out[c] = to_f32(in[c]);
+    for (int64_t c = width; c < ld_dst; ++c) out[c] = 0.0f;
+  }
+}
+
+// dst[c][j] = src[j][c] for c < width, j < kKeys (a key block transposed: keys become columns);
+// columns j >= rows are zero.
+template <class T>
+void pack_transposed(float* dst, const T* src, int64_t ld_src, int64_t rows, int64_t width) {
+  for (int64_t c = 0; c < width; ++c) {
+    float* out = dst + c * kKeys;
+    for (int64_t j = 0; j < rows; ++j) out[j] = to_f32(src[j * ld_src + c]);
+    for (int64_t j = rows; j < kKeys; ++j) out[j] = 0.0f;
+  }
+}
+
+// ---- scores ---------------------------------------------------------------------------------
+// score[s] = sum_j w[j] ReLU(dots[j][s]) for one query over a kKeys tile; dots rows ld apart.
+TITAN_INLINE void index_scores(float* score, const float* dots, int64_t ld, const float* w, int64_t HI) {
+  vecf acc[kTileVecs];
+#pragma GCC unroll 4
+  for (int64_t v = 0; v < kTileVecs; ++v) acc[v] = vecf{};
+  for (int64_t j = 0; j < HI; ++j) {
+    const vecf wj = splat(w[j]);
+#pragma GCC unroll 4
+    for (int64_t v = 0; v < kTileVecs; ++v) acc[v] += wj * relu(loadv(dots + j * ld + v * kVecLanes));
+  }
+#pragma GCC unroll 4
+  for (int64_t v = 0; v < kTileVecs; ++v) storev(score + v * kVecLanes, acc[v]);
+}
+
+// ---- top-k selection ------------------------------------------------------------------------
+// A uint32 that orders like ref/topk.h's ranking: NaN highest, -0 == +0, then by value.
+TITAN_INLINE uint32_t rank_bits(float v) {
+  uint32_t u = __builtin_bit_cast(uint32_t, v);
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  u = u == 0x80000000u ? 0u : u;
+  const uint32_t key = u ^ (uint32_t(int32_t(u) >> 31) | 0x80000000u);
+  return nan ? 0xffffffffu : key;
+}
+// Candidates are rank << 32 | ~index: the lower index ranks higher among equal scores.
+TITAN_INLINE int32_t candidate_index(uint64_t key) { return int32_t(~uint32_t(key)); }
+
+// Moves the k largest of the distinct keys a[0, n) into a[0, k), unordered, for 0 < k < n:
+// quickselect with a median-of-three pivot and a branch-free Lomuto partition (the comparisons
+// are unpredictable, so branches would mispredict about half the time).
+void select_largest(uint64_t* a, int64_t n, int64_t k) {
+  int64_t lo = 0, hi = n;  // invariant: lo < k < hi, a[0, lo) > a[lo, hi) > a[hi, n)
+  for (;;) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    const uint64_t x = a[lo], y = a[mid], z = a[hi - 1];
+    const uint64_t lo_xy = x < y ? x : y, hi_xy = x < y ? y : x;
+    const uint64_t pivot = z < lo_xy ? lo_xy : (z > hi_xy ? hi_xy : z);
+    const int64_t at = pivot == x ? lo : (pivot == y ? mid : hi - 1);
+    a[at] = a[hi - 1];
+    a[hi - 1] = pivot;
+    int64_t j = lo;  // a[lo, j) > pivot > a[j, i)
+    for (int64_t i = lo; i < hi - 1; ++i) {
+      const uint64_t v = a[i];
+      a[i] = a[j];
+      a[j] = v;
+      j += v > pivot;
+    }
+    a[hi - 1] = a[j];
+    a[j] = pivot;  // now a[lo, j) > a[j] = pivot > a(j, hi)
+    if (k == j || k == j + 1) return;
+    if (k < j) {
+      hi = j;
+    } else {
+      lo = j + 1;
+    }
+  }
+}
+
+// Writes one output row: the n candidate keys' indices (n <= K) in ascending order, then -1.
+// bitmap: [ceil(Skv / 64)] zeroed words; left zeroed.
+void write_selection(int32_t* out, const uint64_t* cand, int64_t n, int64_t K, uint64_t* bitmap, int64_t words) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t s = candidate_index(cand[i]);
+    bitmap[s >> 6] |= uint64_t(1) << (s & 63);
+  }
+  int64_t pos = 0;
+  for (int64_t wi = 0; wi < words; ++wi) {
+    uint64_t bits = bitmap[wi];
+    bitmap[wi] = 0;
+    while (bits) {
+      out[pos++] = int32_t(wi * 64 + __builtin_ctzll(bits));
+      bits &= bits - 1;
+    }
+  }
+  for (; pos < K; ++pos) out[pos] = -1;
+}
+
+// Keys 0 <= s < valid_keys(t) are the candidates of query t (dsa_dims.h).
+TITAN_INLINE int64_t valid_keys(const IndexerDims& d, int64_t t) { return min_i64(d.Skv, t + d.Skv - d.S + 1); }
+
+// Packs k [B, Skv, DI] into transposed key blocks kt [B, nkb, DI, kKeys] (zero-padded keys).
+template <class T>
+void pack_key_blocks(float* kt, const T* k, int64_t B, int64_t Skv, int64_t width, int64_t ld, int64_t nkb) {
+#pragma omp parallel for schedule(static)
+  for (int64_t bk = 0; bk < B * nkb; ++bk) {
+    const int64_t b = bk / nkb, kb = bk % nkb, s0 = kb * kKeys;
+    pack_transposed(kt + bk * width * kKeys, k + (b * Skv + s0) * ld, ld, min_i64(kKeys, Skv - s0), width);
+  }
+}
+
+}  // namespace
+
+template <class T>
+void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const IndexerDims& d) {
+  const int64_t HI = d.HI, DI = d.DI, K = d.K;
+  const int64_t nkb = (d.Skv + kKeys - 1) / kKeys;
+  const int64_t tq = max_i64(1, kTargetRows / HI);  // queries per block
+  const int64_t nqb = (d.S + tq - 1) / tq;
+  const int64_t cap = 2 * K + kKeys;  // candidates per row before a compaction
+  const int64_t words = (d.Skv + 63) / 64;
+  const Scratch<float> kt(d.B * nkb * DI * kKeys);  // [B, nkb, DI, kKeys]
+  pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
+#pragma omp parallel
+  {
+    const Scratch<float> qa(tq * HI * DI), dots(tq * HI * kKeys), score(kKeys);
+    const Scratch<uint64_t> cand(tq * cap), bitmap(words, ScratchInit::zeroed), thresh(tq);
+    const Scratch<uint32_t> ranks(kKeys);
+    const Scratch<int64_t> count(tq);
+    // Later query blocks see more keys: hand them out first.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = d.B * nqb - 1; item >= 0; --item) {
+      const int64_t b = item / nqb, t0 = (item % nqb) * tq, rows = min_i64(tq, d.S - t0);
+      // Rows with at most K candidates select them all, unscored.
+      int64_t first = 0;
+      for (; first < rows && valid_keys(d, t0 + first) <= K; ++first) {
+        int32_t* out = idx + (b * d.S + t0 + first) * K;
+        const int64_t n = valid_keys(d, t0 + first);
+        for (int64_t i = 0; i < K; ++i) out[i] = i < n ? int32_t(i) : -1;
+      }
+      if (first == rows) continue;
+      pack_rows(qa.data(), DI, q + (b * d.S + t0) * HI * DI, DI, rows * HI, DI);
+      for (int64_t i = 0; i < rows; ++i) count.data()[i] = 0, thresh.data()[i] = 0;
+      const int64_t n_last = valid_keys(d, t0 + rows - 1);
+      for (int64_t kb = 0; kb * kKeys < n_last; ++kb) {
+        gemm<false>(dots.data(), kKeys, qa.data(), DI, 1, kt.data() + (b * nkb + kb) * DI * kKeys, kKeys, rows * HI,
+                    kKeys, DI);
+        const int64_t s0 = kb * kKeys;
+        for (int64_t i = first; i < rows; ++i) {
+          const int64_t lim = min_i64(kKeys, valid_keys(d, t0 + i) - s0);
+          if (lim <= 0) continue;
+          index_scores(score.data(), dots.data() + i * HI * kKeys, kKeys, w + (b * d.S + t0 + i) * HI, HI);
+          uint64_t* c = cand.data() + i * cap;
+          int64_t& n = count.data()[i];
+          uint64_t& floor = thresh.data()[i];
+          if (n + lim > cap) {
+            select_largest(c, n, K);
+            n = K;
+            floor = c[0];
+            for (int64_t j = 1; j < K; ++j) floor = c[j] < floor ? c[j] : floor;
+          }
+          // Most tiles hold no key above the admission threshold once the buffer has been
+          // compacted: test the tile's best rank first (integer ops, vectorized).
+          uint32_t* rank = ranks.data();
+#pragma omp simd
+          for (int64_t s = 0; s < kKeys; ++s) rank[s] = s < lim ? rank_bits(score.data()[s]) : 0u;
+          uint32_t best = 0;
+#pragma omp simd reduction(max : best)
+          for (int64_t s = 0; s < kKeys; ++s) best = rank[s] > best ? rank[s] : best;
+          if (best < uint32_t(floor >> 32)) continue;
+          for (int64_t s = 0; s < lim; ++s) {
+            const uint64_t key = (uint64_t(rank[s]) << 32) | uint32_t(~uint32_t(s0 + s));
+            c[n] = key;
+            n += key > floor;  // branch-free append (the slot after the last is always free)
+          }
+        }
+      }
+      for (int64_t i = first; i < rows; ++i) {
+        uint64_t* c = cand.data() + i * cap;
+        const int64_t n = count.data()[i];
+        if (n > K) select_largest(c, n, K);
+        write_selection(idx + (b * d.S + t0 + i) * K, c, min_i64(n, K), K, bitmap.data(), words);
+      }
+    }
+  }
+}
+
+template <class T>
+double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, const T* mq, const T* mk,
+                       const float* mlse, const int32_t* idx, const IndexerDims& d, const IndexerTargetDims& td,
+                       double grad_scale) {
+  const int64_t HI = d.HI, DI = d.DI, H = td.H, Hk = td.Hk, D = td.D, group = td.H / td.Hk;
+  const int64_t di_pad = round_up(DI, kLanes), g_pad = round_up(group, kLanes);
+  const int64_t nkb = (d.Skv + kKeys - 1) / kKeys, skv_pad = nkb * kKeys;
+  const float scale = float(td.scale), gs = float(grad_scale), inv_h = 1.0f / float(H);
+  const bool dense = idx == nullptr;
+  const int threads = omp_get_max_threads();
+  // Shared packed operands. kr: key rows [B, skv_pad, di_pad] (B operand of dq = G k; rows past
+  // Skv are zero); kt: transposed key blocks [B, nkb, DI, kKeys] (B operand of the scores, dense
+  // stage); mkt: transposed main key blocks [B, Hk, nkb, D, kKeys] (the target, dense stage).
+  const Scratch<float> kr(d.B * skv_pad * di_pad, ScratchInit::zeroed);
+  const Scratch<float> kt(dense ? d.B * nkb * DI * kKeys : 1);
+  const Scratch<float> mkt(dense ? d.B * Hk * nkb * D * kKeys : 1);
+  // Per-thread dk partial sums [threads, B, skv_pad, di_pad], summed into dk at the end.
+  const int64_t dk_len = d.B * skv_pad * di_pad;
+  const Scratch<float> dk_part(threads * dk_len, ScratchInit::zeroed);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < d.B * d.Skv; ++r) {
+    const int64_t b = r / d.Skv, s = r % d.Skv;
+    pack_rows(kr.data() + (b * skv_pad + s) * di_pad, di_pad, k + r * DI, DI, 1, DI);
+  }
+  if (dense) {
+    pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
+    // mk [B, Skv, Hk, D] seen as B * Hk sequences of Skv rows D wide, Hk * D apart.
+#pragma omp parallel for schedule(static)
+    for (int64_t item = 0; item < d.B * Hk * nkb; ++item) {
+      const int64_t bh = item / nkb, kb = item % nkb, b = bh / Hk, h = bh % Hk, s0 = kb * kKeys;
+      pack_transposed(mkt.data() + item * D * kKeys, mk + ((b * d.Skv + s0) * Hk + h) * D, Hk * D,
+                      min_i64(kKeys, d.Skv - s0), D);
+    }
+  }
+
+  double loss = 0;
+  const int64_t tq = dense ? max_i64(1, kTargetRows / HI) : 1;  // queries per block
+  const int64_t nqb = (d.S + tq - 1) / tq;
+  const int64_t m_max = tq * HI;
+  // Sparse stage: the selection of one row, padded to whole key blocks.
+  const int64_t n_cap = dense ? kKeys : round_up(max_i64(d.K, 1), kKeys);
+  const int64_t width = dense ? kKeys : n_cap;  // columns of the score / gradient tiles
+#pragma omp parallel reduction(+ : loss)
+  {
+    float* dk_acc = dk_part.data() + omp_get_thread_num() * dk_len;
+    const Scratch<float> qa(m_max * di_pad), mqa(H * tq * D);  // packed queries; mqa [H, tq, D]
+    const Scratch<float> dots(m_max * width), g2(m_max * width), dq_acc(m_max * di_pad);
+    const Scratch<float> score(tq * width), target(tq * width), tile(max_i64(tq, g_pad) * kKeys);
+    const Scratch<float> row_max(tq), row_sum(tq), dw_acc(m_max);
+    // Sparse stage gathers: key block transposed [DI, kKeys], main key rows [kKeys, D], this
+    // row's main queries transposed per key head [Hk, D, g_pad], the selected key rows
+    // [n_cap, di_pad] and their dk rows, the selected indices.
+    const Scratch<float> kgt(dense ? 1 : DI * kKeys), mkg(dense ? 1 : kKeys * D), mqt(dense ? 1 : Hk * D * g_pad);
+    const Scratch<float> kg(dense ? 1 : n_cap * di_pad), dkg(dense ? 1 : n_cap * di_pad);
+    const Scratch<int32_t> sel(dense ? 1 : n_cap);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = d.B * nqb - 1; item >= 0; --item) {
+      const int64_t b = item / nqb, t0 = (item % nqb) * tq, rows = min_i64(tq, d.S - t0), M = rows * HI;
+      const int64_t row0 = b * d.S + t0;  // first global query row
+      pack_rows(qa.data(), di_pad, q + row0 * HI * DI, DI, M, DI);
+      for (int64_t h = 0; h < H; ++h) pack_rows(mqa.data() + h * tq * D, D, mq + (row0 * H + h) * D, H * D, rows, D);
+      for (int64_t j = 0; j < M * di_pad; ++j) dq_acc.data()[j] = 0;
+      for (int64_t j = 0; j < M; ++j) dw_acc.data()[j] = 0;
+
+      // The loss and g of one tile: score, target and dots of `rows` rows over `cols` columns
+      // (a multiple of kKeys), lse per row; n_of(i) valid leading columns. Writes g2 = g w 1[dot > 0]
+      // and adds g ReLU(dot) to dw_acc.
+      auto loss_and_grad = [&](int64_t cols, const float* lse, auto n_of) {
+        for (int64_t i = 0; i < rows; ++i) {
+          const int64_t n = n_of(i);
+          float* sc = score.data() + i * width;
+          const float* p = target.data() + i * width;
+          // g in place of the score; zero past the valid columns.
+          for (int64_t s = 0; s < cols; ++s) {
+            if (s < n) {
+              const float log_q = sc[s] - lse[i];
+              if (p[s] > 0) loss += double(p[s]) * (double(__builtin_logf(p[s])) - double(log_q));
+              sc[s] = gs * (fast_exp(log_q) - p[s]);
+            } else {
+              sc[s] = 0;
+            }
+          }
+          const float* wi = w + (row0 + i) * HI;
+          for (int64_t j = 0; j < HI; ++j) {
+            const float* dj = dots.data() + (i * HI + j) * width;
+            float* gj = g2.data() + (i * HI + j) * width;
+            vecf dw_v = vecf{};
+            const vecf wj = splat(wi[j]);
+            for (int64_t s = 0; s < cols; s += kVecLanes) {
+              const vecf dot = loadv(dj + s), g = loadv(sc + s);
+              dw_v += g * relu(dot);
+              storev(gj + s, dot > splat(0.0f) ? g * wj : splat(0.0f));
+            }
+            float sum = 0;
+            for (int64_t v = 0; v < kVecLanes; ++v) sum += dw_v[v];
+            dw_acc.data()[i * HI + j] += sum;
+          }
+        }
+      };
+
+      if (dense) {
+        const int64_t n_last = valid_keys(d, t0 + rows - 1);
+        auto n_in_block = [&](int64_t i, int64_t s0) { return min_i64(kKeys, valid_keys(d, t0 + i) - s0); };
+        // Pass 1: running max and sum of exp of I per row.
+        for (int64_t i = 0; i < rows; ++i) row_max.data()[i] = -__builtin_inff(), row_sum.data()[i] = 0;
+        for (int64_t kb = 0; kb * kKeys < n_last; ++kb) {
+          const int64_t s0 = kb * kKeys;
+          gemm<false>(dots.data(), kKeys, qa.data(), di_pad, 1, kt.data() + (b * nkb + kb) * DI * kKeys, kKeys, M,
+                      kKeys, DI);
+          for (int64_t i = 0; i < rows; ++i) {
+            const int64_t n = n_in_block(i, s0);
+            if (n <= 0) continue;
+            float* sc = score.data() + i * width;
+            index_scores(sc, dots.data() + i * HI * kKeys, kKeys, w + (row0 + i) * HI, HI);
+            float m = row_max.data()[i];
+            for (int64_t s = 0; s < n; ++s) m = sc[s] > m ? sc[s] : m;
+            float sum = 0;
+            for (int64_t s = 0; s < n; ++s) sum += fast_exp(sc[s] - m);
+            row_sum.data()[i] = row_sum.data()[i] * fast_exp(row_max.data()[i] - m) + sum;
+            row_max.data()[i] = m;
+          }
+        }
+        for (int64_t i = 0; i < rows; ++i) row_max.data()[i] += __builtin_logf(row_sum.data()[i]);  // now the lse
+        // Pass 2: scores again, target, loss, gradients per key block.
+        for (int64_t kb = 0; kb * kKeys < n_last; ++kb) {
+          const int64_t s0 = kb * kKeys;
+          gemm<false>(dots.data(), kKeys, qa.data(), di_pad, 1, kt.data() + (b * nkb + kb) * DI * kKeys, kKeys, M,
+                      kKeys, DI);
+          for (int64_t i = 0; i < rows * kKeys; ++i) target.data()[i] = 0;
+          for (int64_t h = 0; h < H; ++h) {
+            gemm<false>(tile.data(), kKeys, mqa.data() + h * tq * D, D, 1,
+                        mkt.data() + ((b * Hk + h / group) * nkb + kb) * D * kKeys, kKeys, rows, kKeys, D);
+            for (int64_t i = 0; i < rows; ++i) {
+              const float lse_h = mlse[(row0 + i) * H + h];
+              float* p = target.data() + i * kKeys;
+              const float* c = tile.data() + i * kKeys;
+#pragma omp simd
+              for (int64_t s = 0; s < kKeys; ++s) p[s] += fast_exp(scale * c[s] - lse_h);
+            }
+          }
+          for (int64_t i = 0; i < rows * kKeys; ++i) target.data()[i] *= inv_h;
+          for (int64_t i = 0; i < rows; ++i) {
+            index_scores(score.data() + i * kKeys, dots.data() + i * HI * kKeys, kKeys, w + (row0 + i) * HI, HI);
+          }
+          loss_and_grad(kKeys, row_max.data(), [&](int64_t i) { return n_in_block(i, s0); });
+          // dq += G2 k_block; dk_block += G2^T q.
+          gemm<true>(dq_acc.data(), di_pad, g2.data(), kKeys, 1, kr.data() + (b * skv_pad + s0) * di_pad, di_pad, M,
+                     di_pad, kKeys);
+          gemm<true>(dk_acc + (b * skv_pad + s0) * di_pad, di_pad, g2.data(), 1, kKeys, qa.data(), di_pad, kKeys,
+                     di_pad, M);
+        }
+      } else {
+        // One query row (tq = 1): gather its valid selection.
+        const int64_t n_valid = valid_keys(d, t0);
+        int64_t n = 0;
+        for (int64_t i = 0; i < d.K; ++i) {
+          const int32_t s = idx[row0 * d.K + i];
+          if (s >= 0 && s < n_valid) sel.data()[n++] = s;
+        }
+        const int64_t cols = round_up(max_i64(n, 1), kKeys);
+        for (int64_t hk = 0; hk < Hk; ++hk) {
+          for (int64_t c = 0; c < D; ++c) {
+            float* out = mqt.data() + (hk * D + c) * g_pad;
+            for (int64_t h = 0; h < group; ++h) out[h] = mqa.data()[(hk * group + h) * D + c];
+            for (int64_t h = group; h < g_pad; ++h) out[h] = 0;
+          }
+        }
+        float* p = target.data();
+        for (int64_t s = 0; s < cols; ++s) p[s] = 0;
+        for (int64_t c0 = 0; c0 < n; c0 += kKeys) {
+          const int64_t m = min_i64(kKeys, n - c0);
+          // Selected key rows (contiguous for dq) and the block transposed (for the scores).
+          for (int64_t j = 0; j < m; ++j) {
+            const float* src = kr.data() + (b * skv_pad + sel.data()[c0 + j]) * di_pad;
+            float* dst = kg.data() + (c0 + j) * di_pad;
+            for (int64_t c = 0; c < di_pad; ++c) dst[c] = src[c];
+            for (int64_t c = 0; c < DI; ++c) kgt.data()[c * kKeys + j] = src[c];
+          }
+          for (int64_t j = m; j < kKeys; ++j) {
+            for (int64_t c = 0; c < di_pad; ++c) kg.data()[(c0 + j) * di_pad + c] = 0;
+            for (int64_t c = 0; c < DI; ++c) kgt.data()[c * kKeys + j] = 0;
+          }
+          gemm<false>(dots.data() + c0, width, qa.data(), di_pad, 1, kgt.data(), kKeys, HI, kKeys, DI);
+          // Target: tau mk_sel mq^T per main key head, [m keys, its query heads], from the
+          // gathered key rows (read once each) against this row's transposed queries.
+          for (int64_t hk = 0; hk < Hk; ++hk) {
+            for (int64_t j = 0; j < m; ++j) {
+              const T* src = mk + ((b * d.Skv + sel.data()[c0 + j]) * Hk + hk) * D;
+              float* dst = mkg.data() + j * D;
+#pragma omp simd
+              for (int64_t c = 0; c < D; ++c) dst[c] = to_f32(src[c]);
+            }
+            gemm<false>(tile.data(), g_pad, mkg.data(), D, 1, mqt.data() + hk * D * g_pad, g_pad, m, g_pad, D);
+            const float* lse_h = mlse + row0 * H + hk * group;
+            for (int64_t j = 0; j < m; ++j) {
+              const float* c = tile.data() + j * g_pad;
+              float sum = 0;
+#pragma omp simd reduction(+ : sum)
+              for (int64_t h = 0; h < group; ++h) sum += fast_exp(scale * c[h] - lse_h[h]);
+              p[c0 + j] += sum;
+            }
+          }
+        }
+        for (int64_t s = 0; s < cols; ++s) p[s] *= inv_h;
+        // Scores over the selection and their lse.
+        float lse = -__builtin_inff();
+        if (n > 0) {
+          for (int64_t c0 = 0; c0 < cols; c0 += kKeys) index_scores(score.data() + c0, dots.data() + c0, width, w + row0 * HI, HI);
+          float m = -__builtin_inff();
+          for (int64_t s = 0; s < n; ++s) m = score.data()[s] > m ? score.data()[s] : m;
+          float sum = 0;
+          for (int64_t s = 0; s < n; ++s) sum += fast_exp(score.data()[s] - m);
+          lse = m + __builtin_logf(sum);
+          loss_and_grad(cols, &lse, [&](int64_t) { return n; });
+          // dq = G2 kg; dkg = G2^T q, scattered into the selected dk rows.
+          gemm<true>(dq_acc.data(), di_pad, g2.data(), width, 1, kg.data(), di_pad, HI, di_pad, cols);
+          gemm<false>(dkg.data(), di_pad, g2.data(), 1, width, qa.data(), di_pad, cols, di_pad, HI);
+          for (int64_t j = 0; j < n; ++j) {
+            float* dst = dk_acc + (b * skv_pad + sel.data()[j]) * di_pad;
+            const float* src = dkg.data() + j * di_pad;
+#pragma omp simd
+            for (int64_t c = 0; c < di_pad; ++c) dst[c] += src[c];
+          }
+        }
+      }
+      // This block's dq and dw rows are complete.
+      for (int64_t r = 0; r < M; ++r) {
+        T* out = dq + (row0 * HI + r) * DI;
+        const float* in = dq_acc.data() + r * di_pad;
+        for (int64_t c = 0; c < DI; ++c) out[c] = from_f32<T>(in[c]);
+        dw[row0 * HI + r] = dw_acc.data()[r];
+      }
+    }
+  }
+  // dk = the sum of the per-thread partials.
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < d.B * d.Skv; ++r) {
+    const int64_t b = r / d.Skv, s = r % d.Skv;
+    const int64_t off = (b * skv_pad + s) * di_pad;
+    float* acc = dk_part.data() + off;
+    for (int th = 1; th < threads; ++th) {
+      const float* part = dk_part.data() + th * dk_len + off;
+#pragma omp simd
+      for (int64_t c = 0; c < DI; ++c) acc[c] += part[c];
+    }
+    for (int64_t c = 0; c < DI; ++c) dk[r * DI + c] = from_f32<T>(acc[c]);
+  }
+  return loss;
+}
+
+template <class T>
+void hadamard_transform(T* x, int64_t rows, int64_t n) {
+  const float norm = 1.0f / __builtin_sqrtf(float(n));
+#pragma omp parallel
+  {
+    const Scratch<float> buf(n);
+    float* v = buf.data();
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      T* xr = x + r * n;
+      for (int64_t i = 0; i < n; ++i) v[i] = to_f32(xr[i]);
+      // Butterflies: after the pass of width h, v holds the transform of each aligned 2h block.
+      for (int64_t h = 1; h < n; h *= 2) {
+        for (int64_t i0 = 0; i0 < n; i0 += 2 * h) {
+#pragma omp simd
+          for (int64_t i = i0; i < i0 + h; ++i) {
+            const float a = v[i], c = v[i + h];
+            v[i] = a + c;
+            v[i + h] = a - c;
+          }
+        }
+      }
+      for (int64_t i = 0; i < n; ++i) xr[i] = from_f32<T>(v[i] * norm);
+    }
+  }
+}
+
+#define TITAN_LI_INSTANTIATE(T)                                                                                  \
+  template void indexer_topk<T>(int32_t*, const T*, const T*, const float*, const IndexerDims&);                \
+  template double indexer_kl_loss<T>(T*, T*, float*, const T*, const T*, const float*, const T*, const T*,       \
+                                     const float*, const int32_t*, const IndexerDims&, const IndexerTargetDims&, \
+                                     double);                                                                    \
+  template void hadamard_transform<T>(T*, int64_t, int64_t);
+TITAN_LI_INSTANTIATE(float)
+TITAN_LI_INSTANTIATE(bf16)
+#undef TITAN_LI_INSTANTIATE
+
+}  // namespace titan::kernels::cpu::TITAN_ISA

@@ -1,0 +1,172 @@
+#include "titan/kernels/ref/lightning_indexer.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace titan::kernels::ref {
+
+namespace {
+
+// Number of valid keys of query t: 0 <= s < valid_keys(t) (dsa_dims.h), at most Skv.
+int64_t valid_keys(const IndexerDims& d, int64_t t) { return std::min(d.Skv, std::max<int64_t>(t + d.Skv - d.S + 1, 0)); }
+
+// I(t, s) of one query row; dots [HI] receives q[t, j] . k[s] for the gradient.
+template <class T>
+acc_t<T> index_score(acc_t<T>* dots, const T* qt, const T* ks, const acc_t<T>* wt, const IndexerDims& d) {
+  acc_t<T> score = 0;
+  for (int64_t j = 0; j < d.HI; ++j) {
+    acc_t<T> dot = 0;
+    for (int64_t c = 0; c < d.DI; ++c) dot += load(qt[j * d.DI + c]) * load(ks[c]);
+    dots[j] = dot;
+    score += wt[j] * std::max<acc_t<T>>(dot, 0);
+  }
+  return score;
+}
+
+// Ranking of ref/topk.h: true when a ranks above b. NaN above everything, then by value (so
+// -0 == +0), then the lower key index.
+template <class A>
+bool ranks_above(A va, int32_t ia, A vb, int32_t ib) {
+  const bool na = std::isnan(va), nb = std::isnan(vb);
+  if (na != nb) return na;
+  if (!na && va != vb) return va > vb;
+  return ia < ib;
+}
+
+}  // namespace
+
+template <class T>
+void indexer_topk(int32_t* idx, const T* q, const T* k, const acc_t<T>* w, const IndexerDims& d) {
+  using A = acc_t<T>;
+  std::vector<A> scores(size_t(d.Skv)), dots(size_t(d.HI));
+  std::vector<int32_t> order(size_t(d.Skv));
+  for (int64_t b = 0; b < d.B; ++b) {
+    for (int64_t t = 0; t < d.S; ++t) {
+      const int64_t row = b * d.S + t, n = valid_keys(d, t);
+      for (int64_t s = 0; s < n; ++s) {
+        scores[size_t(s)] = index_score(dots.data(), q + row * d.HI * d.DI, k + (b * d.Skv + s) * d.DI,
+                                        w + row * d.HI, d);
+        order[size_t(s)] = int32_t(s);
+      }
+      const int64_t take = std::min(n, d.K);
+      std::sort(order.begin(), order.begin() + n, [&](int32_t a, int32_t c) {
+        return ranks_above(scores[size_t(a)], a, scores[size_t(c)], c);
+      });
+      std::sort(order.begin(), order.begin() + take);
+      int32_t* out = idx + row * d.K;
+      for (int64_t i = 0; i < d.K; ++i) out[i] = i < take ? order[size_t(i)] : -1;
+    }
+  }
+}
+
+template <class T>
+double indexer_kl_loss(T* dq, T* dk, acc_t<T>* dw, const T* q, const T* k, const acc_t<T>* w, const T* mq,
+                       const T* mk, const acc_t<T>* mlse, const int32_t* idx, const IndexerDims& d,
+                       const IndexerTargetDims& td, double grad_scale) {
+  using A = acc_t<T>;
+  const int64_t group = td.H / td.Hk;
+  std::vector<A> dk_acc(size_t(d.B * d.Skv * d.DI), A(0));  // [B, Skv, DI], rounded to T at the end
+  std::vector<int32_t> keys(size_t(d.Skv + d.K));           // the row's valid set V_t
+  std::vector<A> dots, score, target, dq_acc(size_t(d.HI * d.DI));
+  double loss = 0;
+  for (int64_t b = 0; b < d.B; ++b) {
+    for (int64_t t = 0; t < d.S; ++t) {
+      const int64_t row = b * d.S + t, n_valid = valid_keys(d, t);
+      // V_t: every valid key (dense stage) or the valid entries of idx[t] (sparse stage).
+      int64_t n = 0;
+      if (idx == nullptr) {
+        for (int64_t s = 0; s < n_valid; ++s) keys[size_t(n++)] = int32_t(s);
+      } else {
+        for (int64_t i = 0; i < d.K; ++i) {
+          const int32_t s = idx[row * d.K + i];
+          if (s >= 0 && s < n_valid) keys[size_t(n++)] = s;
+        }
+      }
+      const T* qt = q + row * d.HI * d.DI;
+      const A* wt = w + row * d.HI;
+      A* dwt = dw + row * d.HI;
+      for (int64_t j = 0; j < d.HI; ++j) dwt[j] = 0;
+      std::fill(dq_acc.begin(), dq_acc.end(), A(0));
+      dots.assign(size_t(n * d.HI), A(0));  // [n, HI]
+      score.assign(size_t(n), A(0));
+      target.assign(size_t(n), A(0));
+      // Index scores and their log-sum-exp over V_t.
+      A max_score = -std::numeric_limits<A>::infinity();
+      for (int64_t i = 0; i < n; ++i) {
+        score[size_t(i)] = index_score(&dots[size_t(i * d.HI)], qt, k + (b * d.Skv + keys[size_t(i)]) * d.DI, wt, d);
+        max_score = std::max(max_score, score[size_t(i)]);
+      }
+      A sum = 0;
+      for (int64_t i = 0; i < n; ++i) sum += std::exp(score[size_t(i)] - max_score);
+      const A lse = max_score + std::log(sum);
+      // Target: the head mean of the main attention's probabilities, from its saved lse.
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t s = keys[size_t(i)];
+        A p = 0;
+        for (int64_t h = 0; h < td.H; ++h) {
+          const T* mqh = mq + (row * td.H + h) * td.D;
+          const T* mks = mk + ((b * d.Skv + s) * td.Hk + h / group) * td.D;
+          A dot = 0;
+          for (int64_t c = 0; c < td.D; ++c) dot += load(mqh[c]) * load(mks[c]);
+          p += std::exp(A(td.scale) * dot - mlse[row * td.H + h]);
+        }
+        target[size_t(i)] = p / A(td.H);
+      }
+      // Loss and gradients: g = grad_scale * (softmax(I) - p) (dsa.md 6.4), ReLU'(0) = 0.
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t s = keys[size_t(i)];
+        const A log_q = score[size_t(i)] - lse, p = target[size_t(i)];
+        if (p > 0) loss += double(p) * (std::log(double(p)) - double(log_q));
+        const A g = A(grad_scale) * (std::exp(log_q) - p);
+        const T* ks = k + (b * d.Skv + s) * d.DI;
+        A* dks = &dk_acc[size_t((b * d.Skv + s) * d.DI)];
+        for (int64_t j = 0; j < d.HI; ++j) {
+          const A dot = dots[size_t(i * d.HI + j)];
+          if (dot <= 0) continue;
+          dwt[j] += g * dot;
+          const A gw = g * wt[j];
+          for (int64_t c = 0; c < d.DI; ++c) {
+            dq_acc[size_t(j * d.DI + c)] += gw * load(ks[c]);
+            dks[c] += gw * load(qt[j * d.DI + c]);
+          }
+        }
+      }
+      for (int64_t c = 0; c < d.HI * d.DI; ++c) dq[row * d.HI * d.DI + c] = store<T>(dq_acc[size_t(c)]);
+    }
+  }
+  for (size_t c = 0; c < dk_acc.size(); ++c) dk[c] = store<T>(dk_acc[c]);
+  return loss;
+}
+
+template <class T>
+void hadamard_transform(T* x, int64_t rows, int64_t n) {
+  using A = acc_t<T>;
+  std::vector<A> y(static_cast<size_t>(n));
+  const A norm = A(1) / std::sqrt(A(n));
+  for (int64_t r = 0; r < rows; ++r) {
+    T* xr = x + r * n;
+    for (int64_t j = 0; j < n; ++j) {
+      A acc = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const A v = load(xr[i]);
+        acc += (std::popcount(uint64_t(i & j)) & 1) ? -v : v;
+      }
+      y[size_t(j)] = acc * norm;
+    }
+    for (int64_t j = 0; j < n; ++j) xr[j] = store<T>(y[size_t(j)]);
+  }
+}
+
+#define TITAN_LI_INSTANTIATE(T)                                                                                    \
+  template void indexer_topk<T>(int32_t*, const T*, const T*, const acc_t<T>*, const IndexerDims&);               \
+  template double indexer_kl_loss<T>(T*, T*, acc_t<T>*, const T*, const T*, const acc_t<T>*, const T*, const T*,   \
+                                     const acc_t<T>*, const int32_t*, const IndexerDims&, const IndexerTargetDims&, \
+                                     double);                                                                      \
+  template void hadamard_transform<T>(T*, int64_t, int64_t);
+TITAN_REF_FOR_EACH_TYPE(TITAN_LI_INSTANTIATE)
+#undef TITAN_LI_INSTANTIATE
+
+}  // namespace titan::kernels::ref

@@ -1,0 +1,100 @@
+// Rows of the op table for kernels/lightning_indexer (fast vs reference twin, f32 and bf16, every
+// ISA level). Awkward shapes: S = 1 (t = 0 only), S < K (every row selects all its keys), odd head
+// dims (DI = 17, D = 19 are not multiples of a vector), Skv > S (queries are the last S of the
+// keys), S and Skv around and across the 64-key block, HI = 1 and HI = 64 (one query per block).
+#include "common/op_table.h"
+#include "titan/kernels/cpu/lightning_indexer.h"
+#include "titan/kernels/ref/lightning_indexer.h"
+
+using namespace titan;
+using namespace titan::test;
+
+namespace {
+
+struct IndexerCase {
+  kernels::IndexerDims d;
+  kernels::IndexerTargetDims td;
+  Tensor q, k, w, mq, mk, mlse, idx;
+
+  // dims = {B, S, Skv, HI, DI, K} (+ {H, Hk, D} for the loss; K = 0 there is the dense stage).
+  explicit IndexerCase(const OpInput& in) {
+    d.B = in.dims[0], d.S = in.dims[1], d.Skv = in.dims[2], d.HI = in.dims[3], d.DI = in.dims[4], d.K = in.dims[5];
+    q = random_tensor({d.B, d.S, d.HI, d.DI}, in.dtype, in.seed, "q");
+    k = random_tensor({d.B, d.Skv, d.DI}, in.dtype, in.seed, "k");
+    w = random_tensor({d.B, d.S, d.HI}, DType::f32, in.seed, "w");
+    if (in.dims.size() > 6) {
+      td.H = in.dims[6], td.Hk = in.dims[7], td.D = in.dims[8], td.scale = 0.3;
+      mq = random_tensor({d.B, d.S, td.H, td.D}, in.dtype, in.seed, "mq", -2, 2);
+      mk = random_tensor({d.B, d.Skv, td.Hk, td.D}, in.dtype, in.seed, "mk");
+      // Any finite lse works for comparing the kernels; this one keeps the target near 1 / H.
+      mlse = random_tensor({d.B, d.S, td.H}, DType::f32, in.seed, "mlse", 1, 3);
+    }
+  }
+  template <class T>
+  void select() {  // idx from the reference top-k (the sparse stage's selection)
+    idx = Tensor::empty({d.B, d.S, d.K}, DType::i32);
+    kernels::ref::indexer_topk<T>(idx.data<int32_t>(), q.data<T>(), k.data<T>(), w.data<float>(), d);
+  }
+};
+
+template <class T>
+OpOutputs run_topk(const IndexerCase& c) {
+  Tensor fast = Tensor::empty({c.d.B, c.d.S, c.d.K}, DType::i32), ref = fast.clone();
+  TITAN_CPU_KERNEL(indexer_topk<T>)(fast.data<int32_t>(), c.q.data<T>(), c.k.data<T>(), c.w.data<float>(), c.d);
+  kernels::ref::indexer_topk<T>(ref.data<int32_t>(), c.q.data<T>(), c.k.data<T>(), c.w.data<float>(), c.d);
+  return {{"idx", fast, ref, 0, 0}};
+}
+
+template <class T>
+OpOutputs run_loss(IndexerCase& c) {
+  if (c.d.K > 0) c.select<T>();
+  const int32_t* idx = c.d.K > 0 ? c.idx.data<int32_t>() : nullptr;
+  const DType dt = c.q.dtype();
+  Tensor dq_f = Tensor::empty(c.q.shape(), dt), dk_f = Tensor::empty(c.k.shape(), dt),
+         dw_f = Tensor::empty(c.w.shape(), DType::f32);
+  Tensor dq_r = dq_f.clone(), dk_r = dk_f.clone(), dw_r = dw_f.clone();
+  Tensor loss_f = Tensor::empty({1}, DType::f32), loss_r = loss_f.clone();
+  loss_f.data<float>()[0] = float(TITAN_CPU_KERNEL(indexer_kl_loss<T>)(
+      dq_f.data<T>(), dk_f.data<T>(), dw_f.data<float>(), c.q.data<T>(), c.k.data<T>(), c.w.data<float>(),
+      c.mq.data<T>(), c.mk.data<T>(), c.mlse.data<float>(), idx, c.d, c.td, 0.7));
+  loss_r.data<float>()[0] = float(kernels::ref::indexer_kl_loss<T>(
+      dq_r.data<T>(), dk_r.data<T>(), dw_r.data<float>(), c.q.data<T>(), c.k.data<T>(), c.w.data<float>(),
+      c.mq.data<T>(), c.mk.data<T>(), c.mlse.data<float>(), idx, c.d, c.td, 0.7));
+  return {{"loss", loss_f, loss_r}, {"dq", dq_f, dq_r}, {"dk", dk_f, dk_r}, {"dw", dw_f, dw_r}};
+}
+
+template <class T>
+OpOutputs run_hadamard(const OpInput& in) {
+  Tensor fast = random_tensor({in.dims[0], in.dims[1]}, in.dtype, in.seed, "x"), ref = fast.clone();
+  TITAN_CPU_KERNEL(hadamard_transform<T>)(fast.data<T>(), in.dims[0], in.dims[1]);
+  kernels::ref::hadamard_transform<T>(ref.data<T>(), in.dims[0], in.dims[1]);
+  return {{"x", fast, ref}};
+}
+
+}  // namespace
+
+TITAN_OP_CASES(lightning_indexer) {
+  return {
+      {"indexer_topk",
+       // B, S, Skv, HI, DI, K
+       {{1, 1, 1, 1, 1, 1}, {1, 1, 70, 3, 17, 8}, {2, 9, 9, 4, 64, 16}, {1, 100, 100, 4, 64, 7},
+        {2, 130, 150, 2, 33, 40}, {1, 70, 200, 1, 16, 64}, {1, 3, 100, 64, 32, 5}},
+       [](const OpInput& in) {
+         const IndexerCase c(in);
+         return in.dtype == DType::f32 ? run_topk<float>(c) : run_topk<bf16>(c);
+       }},
+      {"indexer_kl_loss",
+       // B, S, Skv, HI, DI, K (0 = dense), H, Hk, D
+       {{1, 1, 1, 1, 16, 0, 2, 2, 16}, {2, 17, 17, 3, 17, 0, 4, 4, 19}, {1, 70, 90, 4, 64, 0, 4, 1, 32},
+        {1, 130, 130, 2, 16, 0, 2, 2, 24}, {1, 5, 5, 2, 16, 8, 3, 1, 20}, {2, 40, 50, 3, 17, 16, 4, 1, 19},
+        {1, 150, 150, 4, 32, 70, 4, 2, 16}, {1, 3, 80, 64, 16, 33, 2, 1, 16}},
+       [](const OpInput& in) {
+         IndexerCase c(in);
+         return in.dtype == DType::f32 ? run_loss<float>(c) : run_loss<bf16>(c);
+       }},
+      {"hadamard_transform",
+       // rows, n
+       {{1, 1}, {3, 2}, {5, 64}, {7, 128}, {2, 1024}},
+       [](const OpInput& in) { return in.dtype == DType::f32 ? run_hadamard<float>(in) : run_hadamard<bf16>(in); }},
+  };
+}
