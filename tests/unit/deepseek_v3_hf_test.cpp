@@ -392,6 +392,26 @@ TEST(HfAdapterV32, IndexerConfigAndTensorsRoundTrip) {
                   "unexpected tensor 'model.layers.0.self_attn.indexer.");
 }
 
+// The V3.2 model registers exactly state_shapes() in its order (what the checkpoint converter and
+// the export rely on), and loads an exported folder bit-exactly.
+TEST(HfAdapterV32, ModelLoadsTheExportInStateShapesOrder) {
+  DeepSeekV3Args a = tiny_args();  // all dense: no MoE layer needed
+  a.index_n_heads = 2, a.index_head_dim = 8, a.index_topk = 4;
+  const auto state = random_state(a, 9);
+  const TempDir dir("v32_model");
+  checkpoint::HfWriteOptions opt;
+  opt.dtype = DType::f32;
+  save_hf(dir, a, state, opt);
+  std::unique_ptr<Transformer> model = load_hf_model(dir);
+  ASSERT_TRUE(model->args().has_indexer());
+  const auto loaded = model->state_dict();
+  ASSERT_EQ(loaded.size(), state.size());
+  for (size_t i = 0; i < state.size(); ++i) {
+    ASSERT_EQ(loaded[i].first, state[i].first);
+    EXPECT_EQ(test::to_doubles(loaded[i].second), test::to_doubles(state[i].second)) << state[i].first;
+  }
+}
+
 // The fixture's config.json and weights as transformers 5 writes them (save_pretrained of a
 // DeepseekV32ForCausalLM: mlp_layer_types, layer_types, rope_parameters, no scoring_func) read
 // into the V3.2 architecture, and every tensor of the folder has a place in our state.
@@ -429,10 +449,13 @@ TEST(HfAdapterV32, PublishedConfigGivesTheIndexerAndErrorsNameTheKey) {
 
   json bad = c;
   bad["q_lora_rank"] = nullptr;
-  expect_contains(error_of([&] { args_from_hf_config(bad, "cfg.json"); }), "cfg.json: config key 'q_lora_rank'");
+  expect_contains(error_of([&] { args_from_hf_config(bad, "cfg.json"); }), "needs q_lora_rank > 0");
   bad = c;
   bad["index_head_dim"] = 32;
-  expect_contains(error_of([&] { args_from_hf_config(bad, "cfg.json"); }), "'index_head_dim' is smaller");
+  expect_contains(error_of([&] { args_from_hf_config(bad, "cfg.json"); }), "index_head_dim 32 must be >= qk_rope_head_dim");
+  bad = c;
+  bad["index_n_heads"] = 0;
+  expect_contains(error_of([&] { args_from_hf_config(bad, "cfg.json"); }), "'index_n_heads' is not positive");
   bad = c;
   bad["mlp_layer_types"] = json::array();
   for (int l = 0; l < 61; ++l) bad["mlp_layer_types"].push_back(l == 5 ? "dense" : l < 3 ? "dense" : "sparse");
@@ -468,4 +491,25 @@ TEST(CkptCli, ConvertsTheV32FixtureBothWays) {
   EXPECT_EQ(exported.config()["model_type"], "deepseek_v32");
   for (const char* key : {"index_n_heads", "index_head_dim", "index_topk"})
     EXPECT_EQ(exported.config()[key], original.config()[key]) << key;
+}
+
+// A deepseek_v32 training checkpoint (no HF config inside) exports with the V3.2 flavors: without
+// a flavor the error lists them, and with one the V3.2 architecture (query latent, indexer) is
+// what the tensors are checked against.
+TEST(CkptCli, ExportsDeepSeekV32CheckpointsByFlavor) {
+  const TempDir root("cli_v32_flavor"), out("cli_v32_flavor_hf");
+  checkpoint::SaveRequest req;
+  req.tensors.push_back({"model.tok_embeddings.weight", test::random_tensor({32, 256}, DType::f32, 1, "emb"), {}});
+  req.config_toml = "[model]\nname = \"deepseek_v32\"\n";
+  const fs::path step = checkpoint::save_checkpoint(root, req);
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"ckpt", "convert", "--from", step.string(), "--to-hf", out.string()});
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(checkpoint::ckpt_main(int(argv.size()), argv.data()), 1);
+    return testing::internal::GetCapturedStderr();
+  };
+  expect_contains(run({}), "deepseek_v32: debugmodel, 671B");
+  expect_contains(run({"--flavor", "debugmodel"}), "model tensor 'layers.0.attention.wq_a.weight' is missing");
 }

@@ -91,12 +91,18 @@ int convert_to_hf(const fs::path& ckpt, const fs::path& hf_dir, const std::strin
       TITAN_FAIL((folder / "config.toml").string() + " does not parse: " + std::string(e.description()),
                  "pass --flavor to name the architecture");
     }
-    TITAN_CHECK(name == "deepseek_v3", "HF export supports model deepseek_v3, the checkpoint holds '" + name + "'",
+    const bool v32 = name == "deepseek_v32";
+    TITAN_CHECK(name == "deepseek_v3" || v32,
+                "HF export supports models deepseek_v3 and deepseek_v32, the checkpoint holds '" + name + "'",
                 "export other models with their own adapter");
+    std::string flavors;
+    for (const std::string& f : v32 ? ds::deepseek_v32_flavor_names() : ds::deepseek_v3_flavor_names())
+      flavors += (flavors.empty() ? "" : ", ") + f;
     TITAN_CHECK(!from_config.empty(), "cannot tell the architecture of " + folder.string(),
-                "pass --flavor (debugmodel, 16B, 236B, 671B)");
+                "pass --flavor (" + name + ": " + flavors + ")");
     const auto embedding = model_tensors.find("tok_embeddings.weight");
-    a = ds::deepseek_v3_flavor(from_config, embedding == model_tensors.end() ? 0 : embedding->second.size(0));
+    const int64_t vocab = embedding == model_tensors.end() ? 0 : embedding->second.size(0);
+    a = v32 ? ds::deepseek_v32_flavor(from_config, vocab) : ds::deepseek_v3_flavor(from_config, vocab);
     // A model trained without the MoE layer is all-dense (see deepseek_v3/model.h).
     bool has_moe = false;
     for (const auto& [n, t] : model_tensors) has_moe |= n.find(".moe.") != std::string::npos;

@@ -182,13 +182,8 @@ DeepSeekV3Args args_from_hf_config(const json& config, const std::string& source
     a.index_head_dim = r.integer("index_head_dim", 128);
     a.index_topk = r.integer("index_topk", 2048);
     a.index_hadamard = r.boolean("index_hadamard", true);  // ours; score-preserving, so HF has no such key
+    // (validate() below checks the indexer's shapes against the rest.)
     if (a.index_n_heads <= 0) r.unsupported("index_n_heads", "is not positive", "DeepSeek-V3.2 uses 64");
-    if (a.q_lora_rank == 0)
-      r.unsupported("q_lora_rank", "is null, but the V3.2 indexer projects its queries from the query latent",
-                    "DeepSeek-V3.2 sets q_lora_rank (1536)");
-    if (a.index_head_dim < a.qk_rope_head_dim)
-      r.unsupported("index_head_dim", "is smaller than qk_rope_head_dim, whose RoPE its first dims carry",
-                    "DeepSeek-V3.2 uses 128 (and 64 RoPE dims)");
   }
 
   // RoPE: "rope_scaling" (DeepSeek's published configs) or "rope_parameters" (transformers >= 5,
