@@ -93,7 +93,12 @@ TEST(SmallOpsGradcheck, ElementWise) {
   check("mul", {random_tensor({2, 9}, 7), random_tensor({2, 9}, 8)},
         [](const std::vector<Variable>& v) { return autograd::mul(v[0], v[1]); });
   check("sum", {random_tensor({4, 5}, 9)}, [](const std::vector<Variable>& v) { return autograd::sum(v[0]); });
+  // Adjacent dims above the last (row copies), the leading pair, and a swap with the last dim.
   check("transpose", {random_tensor({2, 3, 4, 5}, 10)},
+        [](const std::vector<Variable>& v) { return autograd::transpose(v[0], 1, 2); });
+  check("transpose leading", {random_tensor({3, 4, 5}, 23)},
+        [](const std::vector<Variable>& v) { return autograd::transpose(v[0], 1, 0); });
+  check("transpose last", {random_tensor({3, 4, 5}, 24)},
         [](const std::vector<Variable>& v) { return autograd::transpose(v[0], 1, 2); });
 }
 

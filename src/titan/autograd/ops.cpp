@@ -1,6 +1,7 @@
 #include "titan/autograd/ops.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "titan/core/profiler.h"
@@ -304,13 +305,38 @@ Variable mul(const Variable& a, const Variable& b) {
   });
 }
 
+namespace {
+// x (contiguous) with dims d0 and d1 swapped, as a new contiguous tensor. Adjacent dims above the
+// last move whole rows of the trailing dims (a memcpy each: the common [B, S, H, D] <-> [B, H, S, D]
+// case); anything else takes Tensor's strided copy.
+Tensor swapped_copy(const Tensor& x, int d0, int d1) {
+  if (d0 > d1) std::swap(d0, d1);
+  if (d1 != d0 + 1 || d1 == x.dim() - 1 || !x.is_contiguous()) return x.transpose(d0, d1).contiguous();
+  const int64_t p = x.size(d0), q = x.size(d1);
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < d0; ++d) outer *= x.size(d);
+  for (int d = d1 + 1; d < x.dim(); ++d) inner *= x.size(d);
+  Shape ys = x.shape();
+  std::swap(ys[d0], ys[d1]);
+  Tensor y = Tensor::empty(ys, x.dtype(), MemCategory::activations);
+  const size_t row = size_t(inner) * dtype_bits(x.dtype()) / 8;
+  const char* src = static_cast<const char*>(x.data_ptr());
+  char* dst = static_cast<char*>(y.data_ptr());
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < p; ++i)
+      for (int64_t j = 0; j < q; ++j) std::memcpy(dst + ((o * q + j) * p + i) * row, src + ((o * p + i) * q + j) * row, row);
+  return y;
+}
+}  // namespace
+
 Variable transpose(const Variable& x, int d0, int d1) {
   ProfileScope prof("transpose.fwd");
   check_f32("transpose", {&x});
-  Tensor y = x.value().transpose(d0, d1).contiguous();
+  Tensor y = swapped_copy(x.value(), d0, d1);
   return record("transpose", {x}, y, [d0, d1](const Tensor& dy, GradSink& g) {
     ProfileScope prof_bwd("transpose.bwd");
-    const Tensor back = dy.transpose(d0, d1).contiguous();
+    const Tensor back = swapped_copy(dy.contiguous(), d0, d1);
     if (g.adopt(0, back)) return;
     Tensor dx = g.grad(0);
     accumulate(dx, back);
