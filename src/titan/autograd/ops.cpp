@@ -1,5 +1,9 @@
 #include "titan/autograd/ops.h"
 
+#include <cmath>
+#include <cstring>
+#include <limits>
+
 #include "titan/core/profiler.h"
 
 #include "titan/kernels/activation.h"
@@ -10,6 +14,7 @@
 #include "titan/kernels/embedding.h"
 #include "titan/kernels/matmul.h"
 #include "titan/kernels/norm.h"
+#include "titan/kernels/softmax.h"
 
 namespace titan::autograd {
 
@@ -67,6 +72,21 @@ Variable rmsnorm(const Variable& x, const Variable& w, double eps) {
   });
 }
 
+Variable layernorm(const Variable& x, const Variable& w, const Variable& b, double eps) {
+  ProfileScope prof("layernorm.fwd");
+  const int64_t rows = x.value().numel() / x.value().size(-1);
+  Tensor y = activation_like(x.shape(), x.dtype());
+  Tensor mean = Tensor::empty({rows}, DType::f32, MemCategory::activations);
+  Tensor rstd = Tensor::empty({rows}, DType::f32, MemCategory::activations);
+  kernels::layernorm_forward(y, mean, rstd, x.value(), w.value(), b.value(), eps);
+  return record("layernorm", {x, w, b}, y,
+                [xv = x.value(), wv = w.value(), mean, rstd](const Tensor& dy, GradSink& g) {
+                  ProfileScope prof_bwd("layernorm.bwd");
+                  Tensor dx = g.grad(0), dw = g.grad(1), db = g.grad(2);
+                  kernels::layernorm_backward(dx, dw, db, mean, rstd, dy, xv, wv);
+                });
+}
+
 Variable rope(const Variable& x, const kernels::RopeTables& tables, const Tensor& positions, kernels::RopeLayout layout,
               int64_t rope_offset) {
   ProfileScope prof("rope.fwd");
@@ -79,7 +99,8 @@ Variable rope(const Variable& x, const kernels::RopeTables& tables, const Tensor
   });
 }
 
-Variable attention(const Variable& q, const Variable& k, const Variable& v, std::optional<double> scale) {
+Variable attention(const Variable& q, const Variable& k, const Variable& v, std::optional<double> scale,
+                   Tensor* lse_out) {
   ProfileScope prof("attention.fwd");
   const Tensor& qv = q.value();
   Shape os = qv.shape();
@@ -87,6 +108,7 @@ Variable attention(const Variable& q, const Variable& k, const Variable& v, std:
   Tensor o = activation_like(os, qv.dtype());
   Tensor lse = Tensor::empty({qv.size(0), qv.size(2), qv.size(1)}, DType::f32, MemCategory::activations);
   kernels::attention_forward(o, lse, qv, k.value(), v.value(), scale);
+  if (lse_out) *lse_out = lse;
   return record("attention", {q, k, v}, o,
                 [qv, kv = k.value(), vv = v.value(), o, lse, scale](const Tensor& dout, GradSink& g) {
     ProfileScope prof_bwd("attention.bwd");
@@ -194,6 +216,236 @@ Variable cross_entropy(const Variable& logits, const Tensor& targets) {
                   Tensor dl = g.grad(0);
                   kernels::axpby(dl, tmp, 1.0, 1.0);
                 });
+}
+
+// ---- generic small ops ----------------------------------------------------------------------
+// Their element-wise loops are plain f32 loops written here: these ops make up reference paths
+// (what fused kernels are checked against), so they favour obviousness over speed.
+
+namespace {
+void check_f32(const char* op, std::initializer_list<const Variable*> xs) {
+  for (const Variable* x : xs)
+    TITAN_CHECK(x->dtype() == DType::f32 && x->value().is_contiguous(),
+                std::string(op) + ": the small ops take contiguous f32, got " + x->value().str(),
+                "run the small-op path in f32 (the fused kernels take bf16)");
+}
+
+// dst += src, f32 of one shape.
+void accumulate(Tensor& dst, const Tensor& src) { kernels::axpby(dst, src, 1.0, 1.0); }
+}  // namespace
+
+Variable matmul(const Variable& a, const Variable& b, bool trans_a, bool trans_b) {
+  ProfileScope prof("matmul.fwd");
+  check_f32("matmul", {&a, &b});
+  const Shape& as = a.shape();
+  const Shape& bs = b.shape();
+  TITAN_CHECK(as.size() >= 2 && (bs.size() == 2 || bs.size() == as.size()),
+              "matmul: cannot multiply " + a.value().str() + " by " + b.value().str(),
+              "b is 2-D or has a's leading dims");
+  const int n = int(as.size());
+  const int64_t m = trans_a ? as[n - 1] : as[n - 2];
+  const int64_t cols = trans_b ? bs[bs.size() - 2] : bs[bs.size() - 1];
+  Shape cs = as;
+  cs[n - 2] = m;
+  cs[n - 1] = cols;
+  Tensor c = activation_like(cs, DType::f32);
+  kernels::matmul(c, a.value(), b.value(), trans_a, trans_b);
+  return record("matmul", {a, b}, c,
+                [av = a.value(), bv = b.value(), trans_a, trans_b](const Tensor& dc, GradSink& g) {
+                  ProfileScope prof_bwd("matmul.bwd");
+                  Tensor da = g.grad(0), db = g.grad(1);
+                  kernels::matmul_backward(da, db, dc.contiguous(), av, bv, trans_a, trans_b);
+                });
+}
+
+Variable relu(const Variable& x) {
+  ProfileScope prof("relu.fwd");
+  check_f32("relu", {&x});
+  Tensor y = activation_like(x.shape(), DType::f32);
+  const float* xp = x.value().data<float>();
+  float* yp = y.data<float>();
+  const int64_t n = y.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) yp[i] = xp[i] > 0 ? xp[i] : 0.0f;
+  return record("relu", {x}, y, [xv = x.value()](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("relu.bwd");
+    Tensor dx = g.grad(0);
+    const float* in = xv.data<float>();
+    const float* d = dy.data<float>();
+    float* dxp = dx.data<float>();
+    const int64_t count = dx.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < count; ++i)
+      if (in[i] > 0) dxp[i] += d[i];
+  });
+}
+
+Variable scale(const Variable& x, double alpha) {
+  ProfileScope prof("scale.fwd");
+  check_f32("scale", {&x});
+  Tensor y = activation_like(x.shape(), DType::f32);
+  kernels::scale(y, x.value(), alpha);
+  return record("scale", {x}, y, [alpha](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("scale.bwd");
+    Tensor dx = g.grad(0);
+    kernels::axpby(dx, dy, alpha, 1.0);
+  });
+}
+
+Variable mul(const Variable& a, const Variable& b) {
+  ProfileScope prof("mul.fwd");
+  check_f32("mul", {&a, &b});
+  TITAN_CHECK(a.shape() == b.shape(), "mul: shapes " + a.shape().str() + " and " + b.shape().str() + " differ");
+  Tensor y = activation_like(a.shape(), DType::f32);
+  kernels::mul(y, a.value(), b.value());
+  return record("mul", {a, b}, y, [av = a.value(), bv = b.value()](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("mul.bwd");
+    Tensor da = g.grad(0), db = g.grad(1);
+    kernels::mul_backward(da, db, dy, av, bv);
+  });
+}
+
+namespace {
+// x (contiguous) with dims d0 and d1 swapped, as a new contiguous tensor. Adjacent dims above the
+// last move whole rows of the trailing dims (a memcpy each: the common [B, S, H, D] <-> [B, H, S, D]
+// case); anything else takes Tensor's strided copy.
+Tensor swapped_copy(const Tensor& x, int d0, int d1) {
+  if (d0 > d1) std::swap(d0, d1);
+  if (d1 != d0 + 1 || d1 == x.dim() - 1 || !x.is_contiguous()) return x.transpose(d0, d1).contiguous();
+  const int64_t p = x.size(d0), q = x.size(d1);
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < d0; ++d) outer *= x.size(d);
+  for (int d = d1 + 1; d < x.dim(); ++d) inner *= x.size(d);
+  Shape ys = x.shape();
+  std::swap(ys[d0], ys[d1]);
+  Tensor y = Tensor::empty(ys, x.dtype(), MemCategory::activations);
+  const size_t row = size_t(inner) * dtype_bits(x.dtype()) / 8;
+  const char* src = static_cast<const char*>(x.data_ptr());
+  char* dst = static_cast<char*>(y.data_ptr());
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < p; ++i)
+      for (int64_t j = 0; j < q; ++j) std::memcpy(dst + ((o * q + j) * p + i) * row, src + ((o * p + i) * q + j) * row, row);
+  return y;
+}
+}  // namespace
+
+Variable transpose(const Variable& x, int d0, int d1) {
+  ProfileScope prof("transpose.fwd");
+  check_f32("transpose", {&x});
+  Tensor y = swapped_copy(x.value(), d0, d1);
+  return record("transpose", {x}, y, [d0, d1](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("transpose.bwd");
+    const Tensor back = swapped_copy(dy.contiguous(), d0, d1);
+    if (g.adopt(0, back)) return;
+    Tensor dx = g.grad(0);
+    accumulate(dx, back);
+  });
+}
+
+namespace {
+// Calls f(element, keep) for every element of x under masked_fill's broadcast of keep.
+template <class F>
+void for_each_masked(const Shape& xs, const Tensor& keep, F f) {
+  const bool broadcast = keep.shape() != xs;
+  TITAN_CHECK(keep.dtype() == DType::u8 && keep.is_contiguous() && keep.dim() == int(xs.size()) &&
+                  (!broadcast || (xs.size() >= 2 && keep.size(0) == xs[0] && keep.size(1) == 1 &&
+                                  keep.numel() * xs[1] == xs.numel())),
+              "masked_fill: mask " + keep.str() + " does not fit x " + xs.str(),
+              "the mask is u8 with x's shape, or with 1 in dim 1 (broadcast over heads)");
+  const uint8_t* k = keep.data<uint8_t>();
+  const int64_t outer = xs[0], groups = broadcast ? xs[1] : 1, inner = xs.numel() / (outer * groups);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t h = 0; h < groups; ++h)
+      for (int64_t i = 0; i < inner; ++i) f((o * groups + h) * inner + i, k[o * inner + i] != 0);
+}
+}  // namespace
+
+Variable masked_fill(const Variable& x, const Tensor& keep, double value) {
+  ProfileScope prof("masked_fill.fwd");
+  check_f32("masked_fill", {&x});
+  Tensor y = activation_like(x.shape(), DType::f32);
+  const float* xp = x.value().data<float>();
+  float* yp = y.data<float>();
+  const float v = float(value);
+  for_each_masked(x.shape(), keep, [&](int64_t e, bool kept) { yp[e] = kept ? xp[e] : v; });
+  return record("masked_fill", {x}, y, [keep](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("masked_fill.bwd");
+    Tensor dx = g.grad(0);
+    const float* d = dy.data<float>();
+    float* dxp = dx.data<float>();
+    for_each_masked(dx.shape(), keep, [&](int64_t e, bool kept) {
+      if (kept) dxp[e] += d[e];
+    });
+  });
+}
+
+Variable softmax(const Variable& x) {
+  ProfileScope prof("softmax.fwd");
+  check_f32("softmax", {&x});
+  Tensor y = activation_like(x.shape(), DType::f32);
+  kernels::softmax_forward(y, x.value());
+  return record("softmax", {x}, y, [y](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("softmax.bwd");
+    Tensor dx = g.grad(0);
+    kernels::softmax_backward(dx, dy.contiguous(), y);
+  });
+}
+
+Variable log_softmax(const Variable& x) {
+  ProfileScope prof("log_softmax.fwd");
+  check_f32("log_softmax", {&x});
+  Tensor y = activation_like(x.shape(), DType::f32);
+  const int64_t d = x.value().size(-1), rows = x.value().numel() / d;
+  const float* xp = x.value().data<float>();
+  float* yp = y.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = xp + r * d;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < d; ++i) m = std::max(m, xr[i]);
+    double sum = 0;
+    if (m != -std::numeric_limits<float>::infinity())
+      for (int64_t i = 0; i < d; ++i) sum += std::exp(double(xr[i]) - m);
+    // An all -inf row stays -inf (log of an empty sum), so its gradient is 0 below.
+    const float lse = sum > 0 ? float(m + std::log(sum)) : std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < d; ++i) yp[r * d + i] = xr[i] - lse;
+  }
+  return record("log_softmax", {x}, y, [y, d, rows](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("log_softmax.bwd");
+    // dx = dy - softmax(x) * sum(dy), with softmax = exp(y) (0 at -inf entries).
+    Tensor dx = g.grad(0);
+    const Tensor dyc = dy.contiguous();
+    const float* out = y.data<float>();
+    const float* d_ = dyc.data<float>();
+    float* dxp = dx.data<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      double total = 0;
+      for (int64_t i = 0; i < d; ++i) total += d_[r * d + i];
+      for (int64_t i = 0; i < d; ++i) {
+        const float yi = out[r * d + i];
+        const float p = yi == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(yi);
+        dxp[r * d + i] += d_[r * d + i] - float(p * total);
+      }
+    }
+  });
+}
+
+Variable sum(const Variable& x) {
+  ProfileScope prof("sum.fwd");
+  check_f32("sum", {&x});
+  double total = 0;
+  const float* xp = x.value().data<float>();
+  for (int64_t i = 0; i < x.value().numel(); ++i) total += xp[i];
+  return record("sum", {x}, Tensor::full({1}, total, DType::f32), [](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("sum.bwd");
+    Tensor dx = g.grad(0);
+    const float d = float(dy.item());
+    float* dxp = dx.data<float>();
+    for (int64_t i = 0; i < dx.numel(); ++i) dxp[i] += d;
+  });
 }
 
 }  // namespace titan::autograd

@@ -20,12 +20,18 @@ Variable embedding(const Tensor& ids, const Variable& table, DType dtype);
 // y = x * rstd(x) * w over the last dim.
 Variable rmsnorm(const Variable& x, const Variable& w, double eps);
 
+// y = (x - mean(x)) * rstd(x) * w + b over the last dim (w, b f32 [D]).
+Variable layernorm(const Variable& x, const Variable& w, const Variable& b, double eps);
+
 // RoPE on x [..., H, Dh] with per-token positions (i32, x.numel() / (H * Dh) entries).
 Variable rope(const Variable& x, const kernels::RopeTables& tables, const Tensor& positions,
               kernels::RopeLayout layout, int64_t rope_offset = 0);
 
 // Causal flash attention: q [B, S, H, Dqk], k [B, S, Hkv, Dqk], v [B, S, Hkv, Dv] -> [B, S, H, Dv].
-Variable attention(const Variable& q, const Variable& k, const Variable& v, std::optional<double> scale = std::nullopt);
+// lse_out, when given, receives the rows' log-sum-exp [B, H, S] f32 (not differentiable), e.g. for
+// a loss whose target is this attention's probabilities.
+Variable attention(const Variable& q, const Variable& k, const Variable& v, std::optional<double> scale = std::nullopt,
+                   Tensor* lse_out = nullptr);
 
 // silu(gate) * up, element-wise.
 Variable swiglu(const Variable& gate, const Variable& up);
@@ -47,5 +53,39 @@ Variable concat_last(const Variable& a, const Variable& b);
 // targets [N] i32. Returns a one-element f32 Variable. The logits buffer is reused for its own
 // gradient in backward (it is not needed after), so no [N, V] gradient is allocated.
 Variable cross_entropy(const Variable& logits, const Tensor& targets);
+
+// ---- generic small ops ----------------------------------------------------------------------
+// The building blocks of reference paths written from small differentiable ops (e.g. DeepSeek
+// Sparse Attention's "small_ops" implementation, the oracle its fused kernels are checked
+// against). f32, contiguous inputs; outputs are contiguous.
+
+// c = op(a) @ op(b), batched over a's leading dims: a [..., M, K] ([..., K, M] with trans_a),
+// b [..., K, N] ([..., N, K] with trans_b) with a's leading dims, or 2-D (shared by the batch).
+Variable matmul(const Variable& a, const Variable& b, bool trans_a = false, bool trans_b = false);
+
+// max(x, 0) element-wise (gradient 0 at 0).
+Variable relu(const Variable& x);
+
+// alpha * x.
+Variable scale(const Variable& x, double alpha);
+
+// a * b element-wise (same shape).
+Variable mul(const Variable& a, const Variable& b);
+
+// x with dims d0 and d1 swapped, as a contiguous copy.
+Variable transpose(const Variable& x, int d0, int d1);
+
+// y = x where keep != 0, else value (e.g. -inf: an additive attention mask). keep is u8 with x's
+// shape, or with a 1 in dim 1 to broadcast over it (x [B, H, S, S'], keep [B, 1, S, S']).
+// Gradient: dy where kept, 0 elsewhere.
+Variable masked_fill(const Variable& x, const Tensor& keep, double value);
+
+// Softmax and log-softmax over the last dim. A row of -inf gives softmax 0 and log_softmax -inf
+// with zero gradient; -inf entries of other rows get probability 0.
+Variable softmax(const Variable& x);
+Variable log_softmax(const Variable& x);
+
+// The sum of all elements: a one-element f32 Variable.
+Variable sum(const Variable& x);
 
 }  // namespace titan::autograd

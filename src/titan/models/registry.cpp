@@ -39,11 +39,16 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
     a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
     return std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3_moe);
   }
+  if (name == "deepseek_v32") {
+    deepseek_v3::DeepSeekV3Args a = deepseek_v3::deepseek_v32_flavor(flavor, vocab_size);
+    a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
+    return std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3_moe);
+  }
   std::string names;
   for (const auto& n : model_names()) names += (names.empty() ? "" : ", ") + n;
   TITAN_FAIL("model '" + name + "' is not implemented in this build", "set [model] name to one of: " + names);
 }
 
-std::vector<std::string> model_names() { return {"llama3", "deepseek_v3"}; }
+std::vector<std::string> model_names() { return {"llama3", "deepseek_v3", "deepseek_v32"}; }
 
 }  // namespace titan::models

@@ -17,4 +17,11 @@ RMSNorm::RMSNorm(int64_t dim, double eps_)
 
 Variable RMSNorm::forward(const Variable& x) const { return autograd::rmsnorm(x, weight.var, eps); }
 
+LayerNorm::LayerNorm(int64_t dim, double eps_)
+    : weight(register_parameter("weight", {dim}, Init::ones(), /*weight_decay=*/false)),
+      bias(register_parameter("bias", {dim}, Init::zeros(), /*weight_decay=*/false)),
+      eps(eps_) {}
+
+Variable LayerNorm::forward(const Variable& x) const { return autograd::layernorm(x, weight.var, bias.var, eps); }
+
 }  // namespace titan::nn

@@ -31,4 +31,13 @@ class RMSNorm : public Module {
   double eps;
 };
 
+// y = (x - mean) * rstd * weight + bias (torch.nn.LayerNorm with its affine parameters).
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, double eps = 1e-5);
+  Variable forward(const Variable& x) const;
+  Parameter &weight, &bias;
+  double eps;
+};
+
 }  // namespace titan::nn

@@ -686,6 +686,10 @@ const std::vector<SectionSpec>& config_sections() {
       {"activation_checkpoint", "Trading compute for memory by recomputing activations in backward."},
       {"metrics", "What is logged, how often, and where."},
       {"validation", "Periodic evaluation of the loss on a held-out dataset."},
+      {"dsa",
+       "DeepSeek Sparse Attention training (model deepseek_v32): a dense warm-up that trains only the "
+       "lightning indexers, then sparse training of everything. `[model] converters = [\"dsa_fused\"]` picks "
+       "the fused kernels; without it the small-op reference path runs."},
       {"debug", "Reproducibility."},
   };
   return sections;
@@ -848,6 +852,16 @@ const std::vector<KeySpec>& config_schema() {
       {"validation", "freq", member<&C::validation, &Validation::freq>, at_least(1), "Steps between validations."},
       {"validation", "steps", member<&C::validation, &Validation::steps>, or_sentinel(at_least(1), -1),
        "Batches per validation. -1: the whole validation dataset."},
+      // [dsa]
+      {"dsa", "warmup_steps", member<&C::dsa, &Dsa::warmup_steps>, at_least(0),
+       "Optimizer steps of the dense warm-up stage (dense attention, every parameter but the indexers frozen, "
+       "the indexer learns the attention's head-mean distribution); then the sparse stage. 0: sparse from "
+       "the start."},
+      {"dsa", "indexer_loss_coeff", member<&C::dsa, &Dsa::indexer_loss_coeff>, at_least(0),
+       "Weight of the indexer's KL loss (mean over query rows, summed over layers) in the training loss. "
+       "It reaches only the indexers, whose inputs are detached."},
+      {"dsa", "topk", member<&C::dsa, &Dsa::topk>, at_least(0),
+       "Keys each query attends to in the sparse stage. 0: the model flavor's index_topk."},
       // [debug]
       {"debug", "seed", member<&C::debug, &Debug::seed>, at_least(0),
        "Seed of every random stream (initialization, data order); the same seed and config reproduce a run."},

@@ -122,6 +122,14 @@ struct Validation {
   bool operator==(const Validation&) const = default;
 };
 
+// DeepSeek Sparse Attention training (model deepseek_v32; models/deepseek_v3/dsa.h).
+struct Dsa {
+  int64_t warmup_steps = 0;          // dense warm-up steps (indexer only), then sparse; 0: sparse from the start
+  double indexer_loss_coeff = 0.01;  // weight of the indexer's KL loss (Megatron-LM's DSA test value)
+  int64_t topk = 0;                  // keys per query in the sparse stage; 0: the flavor's index_topk
+  bool operator==(const Dsa&) const = default;
+};
+
 struct Debug {
   int64_t seed = 0;
   bool operator==(const Debug&) const = default;
@@ -138,6 +146,7 @@ struct JobConfig {
   ActivationCheckpoint activation_checkpoint;
   Metrics metrics;
   Validation validation;
+  Dsa dsa;
   Debug debug;
   bool operator==(const JobConfig&) const = default;
 };

@@ -17,6 +17,7 @@
 #include "titan/data/tokenizer.h"
 #include "titan/kernels/peak.h"
 #include "titan/models/causal_lm.h"
+#include "titan/models/deepseek_v3/model.h"
 #include "titan/optim/adamw.h"
 #include "titan/optim/clip_grad.h"
 #include "titan/train/metrics.h"
@@ -77,9 +78,16 @@ struct Trainer::State {
   int64_t step = 0;  // optimizer steps completed
   Tensor inputs, targets;  // [B, S] i32, reused every micro-batch
   std::vector<std::pair<std::string, nn::Parameter*>> params;
+  // DeepSeek-V3.2: the model (null for others), its implementation and the stage in force.
+  models::deepseek_v3::Transformer* dsa_model = nullptr;
+  models::deepseek_v3::DsaImpl dsa_impl = models::deepseek_v3::DsaImpl::small_ops;
+  std::optional<models::deepseek_v3::DsaStage> dsa_stage;
 
   explicit State(const JobConfig& c) : cfg(c), schedule(make_lr_schedule(c)) {}
 
+  // Puts the DSA model in the stage of optimizer step `step` + 1 (dense warm-up for the first
+  // dsa.warmup_steps steps); returns true when that changed the stage.
+  bool update_dsa_stage();
   void save(bool final_save);
   void restore(const checkpoint::LoadedCheckpoint& ck, bool model_only);
   double validate();
@@ -121,9 +129,14 @@ Trainer::Trainer(const JobConfig& config, const std::string& source) : s_(std::m
                 "re-run `titan data prepare` with this tokenizer, or point model.tokenizer_path at the one it used");
   }
   s.model = models::build_model(config.model.name, config.model.flavor, vocab, t.seq_len);
-  TITAN_CHECK(config.model.converters.empty(), source + ": model.converters " + config.model.converters[0] +
-                                                   " is not known to model " + config.model.name,
-              "remove model.converters (llama3 has none)");
+  if (auto* v3 = dynamic_cast<models::deepseek_v3::Transformer*>(s.model.get()); v3 && v3->args().has_indexer()) {
+    s.dsa_model = v3;
+    s.dsa_impl = models::deepseek_v3::dsa_impl_from_converters(config.model.converters);
+  } else {
+    TITAN_CHECK(config.model.converters.empty(), source + ": model.converters " + config.model.converters[0] +
+                                                     " is not known to model " + config.model.name,
+                "remove model.converters (only deepseek_v32 has one: dsa_fused)");
+  }
   s.model->init_parameters(uint64_t(config.debug.seed));
   s.model->set_compute_dtype(t.mixed_precision_param == "bfloat16" ? DType::bf16 : DType::f32);
   s.model->set_recompute(config.activation_checkpoint.mode == "full" ? models::Recompute::full : models::Recompute::none);
@@ -162,6 +175,8 @@ Trainer::Trainer(const JobConfig& config, const std::string& source) : s_(std::m
 
 Trainer::~Trainer() = default;
 
+models::CausalLM& Trainer::model() { return *s_->model; }
+
 void Trainer::State::restore(const checkpoint::LoadedCheckpoint& ck, bool model_only) {
   std::map<std::string, Tensor> model_state, optim_state;
   for (const auto& [name, t] : ck.tensors) {
@@ -174,6 +189,16 @@ void Trainer::State::restore(const checkpoint::LoadedCheckpoint& ck, bool model_
   opt->load_state_dict(optim_state, "checkpoint step " + std::to_string(ck.step));
   step = ck.train_state.at("step").get<int64_t>();
   train_loader->restore(ck.train_state.at("data").get<data::DataLoaderState>());
+}
+
+bool Trainer::State::update_dsa_stage() {
+  using models::deepseek_v3::DsaStage;
+  if (!dsa_model) return false;
+  const DsaStage want = step < cfg.dsa.warmup_steps ? DsaStage::dense_warmup : DsaStage::sparse;
+  if (dsa_stage == want) return false;
+  dsa_model->set_dsa(want, dsa_impl, cfg.dsa.indexer_loss_coeff, cfg.dsa.topk);
+  dsa_stage = want;
+  return true;
 }
 
 void Trainer::State::save(bool final_save) {
@@ -241,6 +266,10 @@ TrainResult Trainer::train() {
   double window_start = now_seconds(), window_data = 0;
   int64_t window_steps = 0;
   while (s.step < t.steps) {
+    if (s.update_dsa_stage())
+      log.log_event(std::string("DSA stage: ") + models::deepseek_v3::dsa_stage_name(*s.dsa_stage) + " from step " +
+                    std::to_string(s.step + 1) +
+                    (s.dsa_impl == models::deepseek_v3::DsaImpl::fused ? " (fused kernels)" : " (small ops)"));
     const double t0 = now_seconds();
     memory_reset_peak();
     s.model->zero_grad();

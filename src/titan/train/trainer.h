@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 
+#include "titan/models/causal_lm.h"
 #include "titan/train/config.h"
 
 namespace titan::train {
@@ -28,6 +29,8 @@ class Trainer {
   TrainResult train();
   // Called after every optimizer step (and its logging/checkpointing) with the step number.
   std::function<void(int64_t step)> on_step_end;
+  // The model being trained (e.g. for a test's on_step_end to inspect its parameters).
+  models::CausalLM& model();
 
  private:
   struct State;

@@ -37,7 +37,11 @@ DeepSeekV3Args::ParamCount DeepSeekV3Args::parameters() const {
   const int64_t q = q_lora_rank == 0 ? dim * h * dqk : dim * q_lora_rank + q_lora_rank + q_lora_rank * h * dqk;
   const int64_t kv = dim * (kv_lora_rank + qk_rope_head_dim) + kv_lora_rank +
                      kv_lora_rank * h * (qk_nope_head_dim + v_head_dim);
-  const int64_t attention = q + kv + h * v_head_dim * dim;
+  // Lightning indexer: wq_b, wk, k_norm (weight and bias), weights_proj.
+  const int64_t indexer = has_indexer() ? index_n_heads * index_head_dim * q_lora_rank + index_head_dim * dim +
+                                              2 * index_head_dim + index_n_heads * dim
+                                        : 0;
+  const int64_t attention = q + kv + h * v_head_dim * dim + indexer;
   const int64_t norms = 2 * dim;
   const int64_t dense_ffn = 3 * dim * inter_dim;
   const int64_t router = n_routed_experts * dim;
@@ -57,7 +61,8 @@ DeepSeekV3Args::ParamCount DeepSeekV3Args::parameters() const {
 double DeepSeekV3Args::training_flops_per_token(int64_t seq_len) const {
   const ParamCount c = parameters();
   return 6.0 * double(c.active - c.embedding) +
-         6.0 * double(n_layers * n_heads * (qk_nope_head_dim + qk_rope_head_dim + v_head_dim) * seq_len);
+         6.0 * double(n_layers * n_heads * (qk_nope_head_dim + qk_rope_head_dim + v_head_dim) * seq_len) +
+         (has_indexer() ? 6.0 * double(n_layers * index_n_heads * index_head_dim * seq_len) : 0.0);
 }
 
 void DeepSeekV3Args::validate() const {
@@ -85,6 +90,19 @@ void DeepSeekV3Args::validate() const {
       fail("n_expert_groups " + std::to_string(n_expert_groups) + " must divide n_routed_experts " +
                std::to_string(n_routed_experts) + " and n_limited_groups must be in [1, n_expert_groups]",
            "use 1 and 1 for routing without groups");
+  }
+  if (has_indexer()) {
+    if (q_lora_rank <= 0)
+      fail("the lightning indexer (index_n_heads " + std::to_string(index_n_heads) +
+               ") needs q_lora_rank > 0: its query projection wq_b reads the normed query latent",
+           "set q_lora_rank (DeepSeek-V3.2 uses 1536) or index_n_heads = 0 for plain DeepSeek-V3");
+    if (index_head_dim < qk_rope_head_dim || index_topk <= 0)
+      fail("index_head_dim " + std::to_string(index_head_dim) + " must be >= qk_rope_head_dim " +
+               std::to_string(qk_rope_head_dim) + " (its first dims get RoPE) and index_topk > 0",
+           "DeepSeek-V3.2 uses index_head_dim 128, qk_rope_head_dim 64, index_topk 2048");
+    if (index_hadamard && (index_head_dim & (index_head_dim - 1)) != 0)
+      fail("index_hadamard needs a power-of-two index_head_dim, got " + std::to_string(index_head_dim),
+           "use 64 or 128, or set index_hadamard = false");
   }
   if (max_seq_len <= 0 || original_seq_len <= 0 || rope_factor < 1)
     fail("max_seq_len and original_seq_len must be positive and rope_factor >= 1", "DeepSeek-V3 uses 4096 and 40");
@@ -131,6 +149,37 @@ DeepSeekV3Args deepseek_v3_flavor(const std::string& flavor, int64_t vocab_size)
 std::vector<std::string> deepseek_v3_flavor_names() {
   std::vector<std::string> out;
   for (const Flavor& f : flavors()) out.push_back(f.name);
+  return out;
+}
+
+namespace {
+std::vector<Flavor> v32_flavors() {
+  DeepSeekV3Args debug = deepseek_v3_flavor("debugmodel");
+  // The indexer reads the query latent, so the debug model gets one (V3's debugmodel has none).
+  debug.q_lora_rank = 128;
+  debug.index_n_heads = 4, debug.index_head_dim = 64, debug.index_topk = 256;
+  DeepSeekV3Args b671 = deepseek_v3_flavor("671B");
+  b671.index_n_heads = 64, b671.index_head_dim = 128, b671.index_topk = 2048;
+  return {{"debugmodel", debug}, {"671B", b671}};
+}
+}  // namespace
+
+DeepSeekV3Args deepseek_v32_flavor(const std::string& flavor, int64_t vocab_size) {
+  for (const Flavor& f : v32_flavors()) {
+    if (f.name != flavor) continue;
+    DeepSeekV3Args a = f.args;
+    if (vocab_size > 0) a.vocab_size = vocab_size;
+    a.validate();
+    return a;
+  }
+  std::string names;
+  for (const Flavor& f : v32_flavors()) names += (names.empty() ? "" : ", ") + std::string(f.name);
+  TITAN_FAIL("unknown deepseek_v32 flavor '" + flavor + "'", "set [model] flavor to one of: " + names);
+}
+
+std::vector<std::string> deepseek_v32_flavor_names() {
+  std::vector<std::string> out;
+  for (const Flavor& f : v32_flavors()) out.push_back(f.name);
   return out;
 }
 

@@ -61,6 +61,8 @@ struct DeepSeekV3Args {
   // TorchTitan's init: projections trunc_normal(0.02); the output projections of layer l (wo,
   // w2, w3) 0.02 / sqrt(2 (l + 1)) under depth_init, else 0.02 / sqrt(2 n_layers).
   static constexpr double kInitStd = 0.02;
+  // The lightning indexer's LayerNorm on its key (DeepSeek's reference: nn.LayerNorm default).
+  static constexpr double kIndexerNormEps = 1e-6;
   double out_proj_std(int layer_id) const;
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
@@ -78,7 +80,8 @@ struct DeepSeekV3Args {
   };
   ParamCount parameters() const;
   // Training FLOPs per token, as TorchTitan counts them: 6 * (active - embedding) + 6 * L * H *
-  // (qk_nope + qk_rope + v) * S.
+  // (qk_nope + qk_rope + v) * S, plus the indexer's scores 6 * L * H_I * d_I * S when it has one
+  // (the attention term stays the dense one: an upper bound in the sparse stage).
   double training_flops_per_token(int64_t seq_len) const;
   void validate() const;  // throws naming the field when the shapes do not fit together
 };
@@ -87,5 +90,10 @@ struct DeepSeekV3Args {
 // flavor's own is used when vocab_size <= 0). Throws, listing the flavors, for an unknown name.
 DeepSeekV3Args deepseek_v3_flavor(const std::string& flavor, int64_t vocab_size = 0);
 std::vector<std::string> deepseek_v3_flavor_names();
+
+// DeepSeek-V3.2 flavors ("debugmodel", "671B"): the V3 flavor of the same name plus the lightning
+// indexer of every layer (q_lora_rank > 0, which the indexer's query reads).
+DeepSeekV3Args deepseek_v32_flavor(const std::string& flavor, int64_t vocab_size = 0);
+std::vector<std::string> deepseek_v32_flavor_names();
 
 }  // namespace titan::models::deepseek_v3

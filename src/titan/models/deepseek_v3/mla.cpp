@@ -30,17 +30,26 @@ Attention::Attention(const DeepSeekV3Args& a, int layer_id)
       kv_norm(register_module("kv_norm", std::make_unique<nn::RMSNorm>(a.kv_lora_rank, a.norm_eps))),
       wkv_b(register_module("wkv_b", linear(a.kv_lora_rank, a.n_heads * (a.qk_nope_head_dim + a.v_head_dim)))),
       wo(register_module("wo", linear(a.n_heads * a.v_head_dim, a.dim, a.out_proj_std(layer_id)))),
+      indexer(a.has_indexer() ? &register_module("indexer", std::make_unique<Indexer>(a)) : nullptr),
       n_heads_(a.n_heads),
       kv_lora_rank_(a.kv_lora_rank),
       qk_nope_(a.qk_nope_head_dim),
       qk_rope_(a.qk_rope_head_dim),
       v_dim_(a.v_head_dim),
+      index_topk_(a.index_topk),
       scale_(a.softmax_scale()) {}
 
 Variable Attention::query(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
+  if (!wq) return query_from_latent(q_norm->forward(wq_a->forward(x)), rope, positions);
   const int64_t b = x.shape()[0], s = x.shape()[1];
-  Variable q = wq ? wq->forward(x) : wq_b->forward(q_norm->forward(wq_a->forward(x)));  // [B, S, H * d_qk]
-  q = autograd::view(q, {b, s, n_heads_, qk_nope_ + qk_rope_});
+  Variable q = autograd::view(wq->forward(x), {b, s, n_heads_, qk_nope_ + qk_rope_});
+  return autograd::rope(q, rope, positions, kernels::RopeLayout::interleaved, qk_nope_);
+}
+
+Variable Attention::query_from_latent(const Variable& qr, const kernels::RopeTables& rope,
+                                      const Tensor& positions) const {
+  const int64_t b = qr.shape()[0], s = qr.shape()[1];
+  Variable q = autograd::view(wq_b->forward(qr), {b, s, n_heads_, qk_nope_ + qk_rope_});  // [B, S, H, d_qk]
   return autograd::rope(q, rope, positions, kernels::RopeLayout::interleaved, qk_nope_);
 }
 
@@ -52,6 +61,7 @@ Variable Attention::latent_kv(const Variable& x, const kernels::RopeTables& rope
 }
 
 Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
+  if (indexer) return forward_dsa(x, rope, positions);
   const int64_t b = x.shape()[0], s = x.shape()[1];
   Variable q = query(x, rope, positions);                                    // [B, S, H, d_qk]
   Variable kv = latent_kv(x, rope, positions);                               // [B, S, 1, d_c + d_r]
@@ -62,6 +72,32 @@ Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, 
   Variable v = autograd::narrow_last(kv_up, qk_nope_, v_dim_);                            // [B, S, H, d_v]
   Variable o = autograd::attention(q, k, v, scale_);                                      // [B, S, H, d_v]
   return wo.forward(autograd::view(o, {b, s, n_heads_ * v_dim_}));
+}
+
+Variable Attention::forward_dsa(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
+  const int64_t b = x.shape()[0], s = x.shape()[1];
+  TITAN_CHECK(x.dtype() == DType::f32, "deepseek_v32: DeepSeek Sparse Attention runs in f32 in this build, got " +
+                                           x.value().str(),
+              "set training.mixed_precision_param = \"float32\"");
+  const Variable qr = q_norm->forward(wq_a->forward(x));  // [B, S, q_lora_rank]
+  DsaInputs in;
+  in.q = query_from_latent(qr, rope, positions);
+  const Variable kv = latent_kv(x, rope, positions);  // [B, S, 1, d_c + d_r]
+  in.c = kv_norm.forward(autograd::narrow_last(kv, 0, kv_lora_rank_));
+  in.k_rope = autograd::narrow_last(kv, kv_lora_rank_, qk_rope_);
+  in.wkv_b = wkv_b.weight.var;
+  // The indexer reads detached copies: none of its loss reaches the main model.
+  const Indexer::Outputs idx = indexer->forward(Variable(x.value()), Variable(qr.value()), rope, positions, dsa.impl);
+  in.index_q = idx.q, in.index_k = idx.k, in.index_w = idx.w;
+  in.n_heads = n_heads_, in.nope_dim = qk_nope_, in.rope_dim = qk_rope_, in.v_dim = v_dim_;
+  in.latent_dim = kv_lora_rank_;
+  in.scale = scale_;
+  in.topk = dsa.topk > 0 ? dsa.topk : index_topk_;
+  in.stage = dsa.stage;
+  in.want_loss = autograd::grad_enabled();
+  const DsaOutputs out = dsa.impl == DsaImpl::fused ? dsa_attention_fused(in) : dsa_attention_small_ops(in);
+  last_indexer_loss = out.loss;
+  return wo.forward(autograd::view(out.o, {b, s, n_heads_ * v_dim_}));
 }
 
 Tensor Attention::forward_absorbed(const Tensor& x, const kernels::RopeTables& rope, const Tensor& positions,

@@ -20,6 +20,8 @@
 #pragma once
 
 #include "titan/models/deepseek_v3/args.h"
+#include "titan/models/deepseek_v3/dsa.h"
+#include "titan/models/deepseek_v3/indexer.h"
 #include "titan/nn/layers.h"
 
 namespace titan::models::deepseek_v3 {
@@ -37,7 +39,9 @@ class Attention : public nn::Module {
  public:
   Attention(const DeepSeekV3Args& a, int layer_id);
 
-  // Standard form: x [B, S, D] -> [B, S, D]; positions i32 [B, S].
+  // Standard form: x [B, S, D] -> [B, S, D]; positions i32 [B, S]. With an indexer (V3.2) this is
+  // DeepSeek Sparse Attention in the stage and implementation of `dsa` (dsa.h), and the indexer
+  // loss of the call is left in last_indexer_loss (when grad mode is on).
   Variable forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
 
   // Absorbed form (inference: f32, no autograd). x [B, T, D] holds the tokens at positions
@@ -55,14 +59,23 @@ class Attention : public nn::Module {
   nn::RMSNorm& kv_norm;
   nn::Linear& wkv_b;
   nn::Linear& wo;
+  Indexer* indexer = nullptr;  // V3.2 (args.has_indexer()): "indexer"
+
+  DsaConfig dsa;  // set by Transformer::set_dsa
+  // One element: the mean over query rows of the indexer's KL, from the last forward in grad
+  // mode (unweighted); undefined otherwise.
+  mutable Variable last_indexer_loss;
 
  private:
+  Variable forward_dsa(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
   // q [B, S, H, d_qk] with RoPE applied to each head's d_r tail.
   Variable query(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
+  // The same from the query latent qr = q_norm(wq_a x) (q_lora_rank > 0).
+  Variable query_from_latent(const Variable& qr, const kernels::RopeTables& rope, const Tensor& positions) const;
   // wkv_a x with RoPE on the k_r tail: [B, S, 1, d_c + d_r] (the latent is not normed yet).
   Variable latent_kv(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
 
-  int64_t n_heads_, kv_lora_rank_, qk_nope_, qk_rope_, v_dim_;
+  int64_t n_heads_, kv_lora_rank_, qk_nope_, qk_rope_, v_dim_, index_topk_;
   double scale_;
 };
 

@@ -72,6 +72,26 @@ Transformer::Transformer(const DeepSeekV3Args& a, const MoeFactory& moe)
   for (int l = 0; l < args_.n_layers; ++l) layers.append(std::make_unique<TransformerBlock>(args_, l, moe));
 }
 
+void Transformer::set_recompute(Recompute r) {
+  // A checkpointed block's forward runs without grad, so its indexer loss would never be formed.
+  TITAN_CHECK(r == Recompute::none || !args_.has_indexer(),
+              "deepseek_v32: activation checkpointing is not supported with the DSA indexer loss yet",
+              "set activation_checkpoint.mode = \"none\"");
+  recompute_ = r;
+}
+
+void Transformer::set_dsa(DsaStage stage, DsaImpl impl, double indexer_loss_coeff, int64_t topk) {
+  TITAN_CHECK(args_.has_indexer(), "set_dsa() on a model without a lightning indexer",
+              "DeepSeek Sparse Attention needs the deepseek_v32 model (index_n_heads > 0)");
+  TITAN_CHECK(topk >= 0 && indexer_loss_coeff >= 0, "set_dsa(): topk and indexer_loss_coeff must be >= 0");
+  for (size_t l = 0; l < layers.size(); ++l) layers[l].attention.dsa = DsaConfig{stage, impl, indexer_loss_coeff, topk};
+  for (auto& [name, p] : named_parameters()) {
+    const bool train = stage == DsaStage::sparse || name.find(".attention.indexer.") != std::string::npos;
+    p->var.set_requires_grad(train);
+    if (!train) p->var.clear_grad();
+  }
+}
+
 void Transformer::set_compute_dtype(DType dtype) {
   compute_dtype_ = dtype;
   Module::set_compute_dtype(dtype);
@@ -122,16 +142,28 @@ std::vector<Variable> Transformer::auxiliary_losses() {
   std::vector<Variable> out;
   for (size_t l = 0; l < layers.size(); ++l)
     if (Variable a = layers[l].ffn.aux_loss(); a.defined()) out.push_back(a);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const Attention& at = layers[l].attention;
+    if (at.last_indexer_loss.defined()) out.push_back(autograd::scale(at.last_indexer_loss, at.dsa.indexer_loss_coeff));
+  }
   return out;
 }
 
 void Transformer::after_optimizer_step() {
+  // The dense warm-up trains only the indexers: MoE's balancing bias stays frozen with the rest
+  // (the warm-up's token counts then join the first sparse step's update, which uses their signs).
+  if (args_.has_indexer() && layers.size() > 0 && layers[0].attention.dsa.stage == DsaStage::dense_warmup) return;
   for (size_t l = 0; l < layers.size(); ++l) layers[l].ffn.after_optimizer_step();
 }
 
 std::vector<std::pair<std::string, double>> Transformer::step_stats() {
   std::vector<std::pair<std::string, double>> stats;
   for (size_t l = 0; l < layers.size(); ++l) layers[l].ffn.append_stats(stats, int(l));
+  double kl = 0;
+  int counted = 0;
+  for (size_t l = 0; l < layers.size(); ++l)
+    if (const Variable& v = layers[l].attention.last_indexer_loss; v.defined()) kl += v.value().item(), ++counted;
+  if (counted > 0) stats.emplace_back("indexer_loss", kl / counted);
   return stats;
 }
 

@@ -57,7 +57,7 @@ class Transformer : public CausalLM {
 
   void set_compute_dtype(DType dtype) override;
   DType compute_dtype() const override { return compute_dtype_; }
-  void set_recompute(Recompute r) override { recompute_ = r; }
+  void set_recompute(Recompute r) override;
   double training_flops_per_token(int64_t seq_len) const override { return args_.training_flops_per_token(seq_len); }
   int64_t vocab_size() const override { return args_.vocab_size; }
   int64_t max_seq_len() const override { return args_.max_seq_len; }
@@ -68,7 +68,14 @@ class Transformer : public CausalLM {
   // token and layer: MLA's absorbed form, not per-head keys and values.
   void start_generation(int64_t batch, int64_t max_len) override;
   Tensor decode(const Tensor& tokens) override;
-  // MoE: the layers' balance losses, bias updates and expert-load statistics.
+  // DeepSeek-V3.2 (args().has_indexer()): the DSA stage, implementation and indexer-loss weight
+  // of every layer (dsa.h); topk > 0 overrides the flavor's index_topk. dense_warmup freezes every
+  // parameter outside the indexers (requires_grad off, gradients released, so the tape records
+  // nothing for them and the optimizer skips them); sparse makes all trainable again. Until it is
+  // called the model is in the sparse stage with the small-op path and coefficient 0.01.
+  void set_dsa(DsaStage stage, DsaImpl impl, double indexer_loss_coeff, int64_t topk = 0);
+  // MoE: the layers' balance losses, bias updates and expert-load statistics; V3.2: each layer's
+  // indexer loss times indexer_loss_coeff, and "indexer_loss" (the unweighted mean over layers).
   std::vector<Variable> auxiliary_losses() override;
   void after_optimizer_step() override;
   std::vector<std::pair<std::string, double>> step_stats() override;

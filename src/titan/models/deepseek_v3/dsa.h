@@ -1,0 +1,78 @@
+// DeepSeek Sparse Attention (DeepSeek-V3.2): the two training stages and the two implementations
+// of one MLA layer with its lightning indexer. Math: /work/shared/reference/dsa.md sections 1-6.
+//
+// Stages (DeepSeek-V3.2-Exp paper, section 2.1):
+// - dense_warmup: attention is dense MLA (standard form); the indexer learns to match the head
+//   mean of that attention's causal probabilities. The model freezes everything else
+//   (Transformer::set_dsa), and the LM loss is still computed and logged.
+// - sparse: each query attends only to the top-k keys of the indexer's scores (absorbed MQA form
+//   in the fused path); the target is the sparse attention's own probabilities over the selected
+//   set, head-averaged. Everything trains; the indexer only from its own loss (its inputs are
+//   detached), the rest only from the LM loss (top-k has no gradient, the target is detached).
+// Indexer loss of one layer: the mean over the B * S query rows of KL(p || softmax(I)) over the
+// row's valid keys; the model's auxiliary loss is indexer_loss_coeff times its sum over layers.
+//
+// Implementations, chosen by `[model] converters` (TorchTitan's module converters):
+// - fused ("dsa_fused"): kernels::indexer_topk, sparse_mla_forward/backward and indexer_kl_loss
+//   (dense stage: the flash attention's lse feeds the target).
+// - small_ops (default): the same math from generic differentiable ops (autograd/ops.h): the
+//   [B, S, S] index scores and [B, H, S, S] probabilities are materialized, top-k runs on the
+//   masked scores, and the sparse attention is dense standard-form MLA with an additive -inf mask
+//   built from the selection (what DeepSeek's V3.2 reference does in prefill). The oracle the
+//   fused path is checked against. f32 only.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "titan/autograd/variable.h"
+
+namespace titan::models::deepseek_v3 {
+
+using autograd::Variable;
+
+enum class DsaStage { dense_warmup, sparse };
+enum class DsaImpl { fused, small_ops };
+
+// The implementation `[model] converters` asks for: "dsa_fused" -> fused, none -> small_ops.
+// Throws for an unknown name, listing the accepted ones.
+DsaImpl dsa_impl_from_converters(const std::vector<std::string>& converters);
+const char* dsa_stage_name(DsaStage s);
+
+struct DsaConfig {
+  DsaStage stage = DsaStage::sparse;
+  DsaImpl impl = DsaImpl::small_ops;
+  double indexer_loss_coeff = 0.01;  // Megatron-LM's dsa_indexer_loss_coeff in its DSA test
+  int64_t topk = 0;                  // keys per query; 0: the flavor's index_topk
+};
+
+// One layer's DSA inputs: MLA's pieces (standard form, RoPE applied) and the indexer's outputs.
+struct DsaInputs {
+  Variable q;       // [B, S, H, d_n + d_r]
+  Variable c;       // [B, S, 1, d_c]  kv_norm(latent)
+  Variable k_rope;  // [B, S, 1, d_r]  RoPE(k_r), shared by the heads
+  Variable wkv_b;   // wkv_b's weight [H * (d_n + d_v), d_c]
+  Variable index_q;  // [B, S, HI, DI]  indexer query (RoPE and Hadamard applied)
+  Variable index_k;  // [B, S, DI]
+  Variable index_w;  // [B, S, HI] f32, H_I^-0.5 d_I^-0.5 included
+  int64_t n_heads = 0, nope_dim = 0, rope_dim = 0, v_dim = 0, latent_dim = 0;
+  double scale = 0;  // MLA's softmax scale (DeepSeekV3Args::softmax_scale(), in both forms)
+  int64_t topk = 0;
+  DsaStage stage = DsaStage::sparse;
+  bool want_loss = false;  // grad mode: compute the indexer loss
+};
+
+struct DsaOutputs {
+  Variable o;     // [B, S, H, d_v]  per-head attention output (before wo)
+  Variable loss;  // one element: the mean KL over query rows; undefined when not wanted
+};
+
+DsaOutputs dsa_attention_small_ops(const DsaInputs& in);
+DsaOutputs dsa_attention_fused(const DsaInputs& in);
+
+// The indexer's Hadamard rotation (rotate_activation) on the last dim, differentiable: through
+// kernels::hadamard_transform (fused) or a GEMM with the explicit matrix (small ops).
+Variable hadamard_fused(const Variable& x);
+Variable hadamard_small_ops(const Variable& x);
+
+}  // namespace titan::models::deepseek_v3

@@ -1,0 +1,253 @@
+// DeepSeek-V3.2 (DeepSeek-V3 + DeepSeek Sparse Attention): flavors and parameter counts, the fused
+// DSA path against the small-op path (both stages: loss, indexer loss, every gradient), the
+// consistency checks of dsa.md section 7.8 (top-k >= S: sparse equals dense MLA, and the sparse
+// target equals the dense one), the warm-up freeze, the detachment of the indexer, and bad configs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "titan/autograd/ops.h"
+#include "titan/models/causal_lm.h"
+#include "titan/models/deepseek_v3/model.h"
+#include "titan/optim/adamw.h"
+#include "titan/optim/clip_grad.h"
+
+using namespace titan;
+using namespace titan::models::deepseek_v3;
+using autograd::Variable;
+
+namespace {
+
+// Small enough for a quick test, with a query latent, YaRN (max_seq_len > original_seq_len), an
+// indexer with 2 heads and the Hadamard rotation, and top-5 of up to 12 keys (a real selection).
+DeepSeekV3Args tiny() {
+  DeepSeekV3Args a = deepseek_v32_flavor("debugmodel", 61);
+  a.dim = 32, a.n_layers = 2, a.n_heads = 3, a.inter_dim = 40;
+  a.q_lora_rank = 24, a.kv_lora_rank = 16, a.qk_nope_head_dim = 8, a.qk_rope_head_dim = 8, a.v_head_dim = 12;
+  a.max_seq_len = 64, a.original_seq_len = 32;
+  a.index_n_heads = 2, a.index_head_dim = 16, a.index_topk = 5;
+  return a;
+}
+
+constexpr int64_t kB = 2, kS = 12;
+
+Tensor tokens(int64_t b = kB, int64_t s = kS) {
+  Tensor t = Tensor::empty({b, s}, DType::i32);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = int32_t((i * 37 + 11) % 61);
+  return t;
+}
+
+Tensor targets(int64_t n = kB * kS) {
+  Tensor t = Tensor::empty({n}, DType::i32);
+  for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = int32_t((i * 13 + 5) % 61);
+  return t;
+}
+
+struct StepResult {
+  double lm_loss = 0, indexer_loss = 0;
+  std::map<std::string, Tensor> grads;  // undefined entries: no gradient
+  Tensor logits;
+};
+
+// One forward + backward of LM loss + the auxiliary (indexer) losses.
+StepResult run(Transformer& m, bool with_lm = true, bool with_aux = true) {
+  autograd::TapeScope tape;
+  for (auto& [name, p] : m.named_parameters()) p->var.clear_grad();  // "no gradient" stays observable
+  StepResult r;
+  Variable logits = m.forward(tokens());
+  r.logits = logits.value().clone();
+  Variable loss = autograd::cross_entropy(logits, targets());
+  r.lm_loss = loss.value().item();
+  Variable total;
+  if (with_lm && loss.requires_grad()) total = loss;
+  for (const Variable& aux : m.auxiliary_losses())
+    if (with_aux) total = total.defined() ? autograd::add(total, aux) : aux;
+  for (auto& [k, v] : m.step_stats())
+    if (k == "indexer_loss") r.indexer_loss = v;
+  if (total.defined()) autograd::backward(total);
+  for (auto& [name, p] : m.named_parameters()) r.grads[name] = p->var.grad().defined() ? p->var.grad().clone() : Tensor();
+  return r;
+}
+
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(double(t.data<float>()[i])));
+  return m;
+}
+
+double max_diff(const Tensor& a, const Tensor& b) {
+  double m = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::fabs(double(a.data<float>()[i]) - b.data<float>()[i]));
+  return m;
+}
+
+void expect_same_grads(const StepResult& a, const StepResult& b, const std::string& what, double rtol = 2e-4) {
+  for (const auto& [name, ga] : a.grads) {
+    const Tensor& gb = b.grads.at(name);
+    ASSERT_EQ(ga.defined(), gb.defined()) << what << ": " << name;
+    if (!ga.defined()) continue;
+    EXPECT_LE(max_diff(ga, gb), rtol * (max_abs(ga) + 1e-6)) << what << ": " << name << " (max " << max_abs(ga) << ")";
+  }
+}
+
+std::unique_ptr<Transformer> model(const DeepSeekV3Args& a, uint64_t seed = 7) {
+  auto m = std::make_unique<Transformer>(a);
+  m->init_parameters(seed);
+  return m;
+}
+
+}  // namespace
+
+TEST(DeepSeekV32Args, FlavorsAndParameterCounts) {
+  for (const std::string& f : deepseek_v32_flavor_names()) EXPECT_NO_THROW(deepseek_v32_flavor(f, 1000)) << f;
+  const DeepSeekV3Args d = deepseek_v32_flavor("debugmodel");
+  EXPECT_TRUE(d.has_indexer());
+  EXPECT_GT(d.q_lora_rank, 0);
+  EXPECT_EQ(d.index_n_heads, 4);
+  EXPECT_EQ(d.index_head_dim, 64);
+  EXPECT_EQ(d.index_topk, 256);
+  // 671B: DeepSeek-V3's 671B plus 61 indexers of 64 x 128 (wq_b 8192 x 1536, wk, k_norm, weights_proj).
+  const DeepSeekV3Args b = deepseek_v32_flavor("671B");
+  const int64_t indexer = 64 * 128 * 1536 + 128 * 7168 + 2 * 128 + 64 * 7168;
+  EXPECT_EQ(b.parameters().total, deepseek_v3_flavor("671B").parameters().total + 61 * indexer);
+  EXPECT_EQ(b.index_topk, 2048);
+  // The built model's parameters are what the analytic count says, indexer included.
+  const DeepSeekV3Args a = tiny();
+  Transformer m(a);
+  EXPECT_EQ(m.num_parameters(), m.args().parameters().total);
+  EXPECT_NE(m.child("layers")->child("0")->child("attention")->child("indexer"), nullptr);
+  const auto names = m.named_parameters();
+  bool found = false;
+  for (auto& [n, p] : names) found = found || n == "layers.1.attention.indexer.k_norm.bias";
+  EXPECT_TRUE(found);
+  // FLOPs count the indexer's projections (parameters) and its scores.
+  DeepSeekV3Args plain = a;
+  plain.index_n_heads = 0;
+  Transformer p(plain);
+  EXPECT_DOUBLE_EQ(m.training_flops_per_token(64) - p.training_flops_per_token(64),
+                   6.0 * double(m.num_parameters() - p.num_parameters()) + 6.0 * 2 * 2 * 16 * 64);
+}
+
+TEST(DeepSeekV32Args, BadConfigsFail) {
+  DeepSeekV3Args a = tiny();
+  a.q_lora_rank = 0;
+  try {
+    a.validate();
+    FAIL() << "an indexer without a query latent was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("q_lora_rank"), std::string::npos) << e.what();
+  }
+  try {
+    dsa_impl_from_converters({"npu_dsa"});
+    FAIL() << "an unknown converter was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("npu_dsa"), std::string::npos) << e.what();
+    EXPECT_NE(e.hint().find("dsa_fused"), std::string::npos) << e.hint();
+  }
+  EXPECT_EQ(dsa_impl_from_converters({}), DsaImpl::small_ops);
+  EXPECT_EQ(dsa_impl_from_converters({"dsa_fused"}), DsaImpl::fused);
+  EXPECT_THROW(models::build_model("deepseek_v32", "16B", 100, 64), Error);
+  EXPECT_NO_THROW(models::build_model("deepseek_v32", "debugmodel", 100, 64));
+}
+
+TEST(DeepSeekV32Model, FusedMatchesSmallOpsInBothStages) {
+  for (DsaStage stage : {DsaStage::dense_warmup, DsaStage::sparse}) {
+    const std::string what = dsa_stage_name(stage);
+    auto fused = model(tiny()), small = model(tiny());
+    fused->set_dsa(stage, DsaImpl::fused, 0.5);
+    small->set_dsa(stage, DsaImpl::small_ops, 0.5);
+    const StepResult f = run(*fused), s = run(*small);
+    EXPECT_NEAR(f.lm_loss, s.lm_loss, 1e-5) << what;
+    EXPECT_GT(s.indexer_loss, 0) << what;
+    EXPECT_NEAR(f.indexer_loss, s.indexer_loss, 1e-5 * (1 + s.indexer_loss)) << what;
+    EXPECT_LE(max_diff(f.logits, s.logits), 1e-4) << what;
+    expect_same_grads(f, s, what);
+  }
+}
+
+TEST(DeepSeekV32Model, FullSelectionEqualsDenseMlaAndTheDenseTarget) {
+  // top-k >= S: every causal key is selected, so the sparse model is DeepSeek-V3 (same weights)
+  // and the sparse stage's KL target is the dense warm-up's.
+  DeepSeekV3Args a = tiny();
+  a.index_topk = kS;
+  DeepSeekV3Args v3 = a;
+  v3.index_n_heads = 0;
+  auto dense = model(v3);
+  const StepResult ref = run(*dense, true, false);
+  for (DsaImpl impl : {DsaImpl::small_ops, DsaImpl::fused}) {
+    auto m = model(a);  // same seed: the shared parameters get the same values (keyed by name)
+    m->set_dsa(DsaStage::sparse, impl, 0.01);
+    const StepResult sparse = run(*m);
+    EXPECT_LE(max_diff(sparse.logits, ref.logits), 2e-5);
+    for (const auto& [name, g] : ref.grads) {
+      ASSERT_TRUE(g.defined()) << name;
+      EXPECT_LE(max_diff(sparse.grads.at(name), g), 2e-4 * (max_abs(g) + 1e-6)) << name;
+    }
+    m->set_dsa(DsaStage::dense_warmup, impl, 0.01);
+    const StepResult warm = run(*m);
+    EXPECT_NEAR(warm.indexer_loss, sparse.indexer_loss, 1e-5 * (1 + warm.indexer_loss));
+    expect_same_grads(warm, StepResult{0, 0, [&] {
+                                         std::map<std::string, Tensor> only;  // the indexer part of sparse's
+                                         for (auto& [n, g] : sparse.grads)
+                                           only[n] = n.find(".indexer.") != std::string::npos ? g : Tensor();
+                                         return only;
+                                       }(), {}},
+                      "indexer gradients, warm-up vs full selection");
+  }
+}
+
+TEST(DeepSeekV32Model, WarmupFreezesEverythingButTheIndexers) {
+  for (DsaImpl impl : {DsaImpl::small_ops, DsaImpl::fused}) {
+    auto m = model(tiny());
+    m->set_dsa(DsaStage::dense_warmup, impl, 0.01);
+    std::map<std::string, Tensor> before;
+    for (auto& [n, p] : m->named_parameters()) before[n] = p->var.value().clone();
+    auto params = m->named_parameters();
+    optim::AdamW opt(params, optim::AdamWConfig{});
+    const StepResult r = run(*m);
+    EXPECT_TRUE(std::isfinite(r.lm_loss));
+    const auto norm = optim::clip_grad_norm(params, 1.0);
+    opt.step(1e-2f, norm.scale);
+    for (auto& [n, p] : params) {
+      const bool indexer = n.find(".attention.indexer.") != std::string::npos;
+      EXPECT_EQ(p->var.requires_grad(), indexer) << n;
+      EXPECT_EQ(p->var.grad().defined(), indexer) << n;
+      if (indexer)
+        EXPECT_GT(max_diff(p->var.value(), before[n]), 0) << n << " did not train";
+      else
+        EXPECT_EQ(max_diff(p->var.value(), before[n]), 0) << n << " changed while frozen";
+    }
+    m->set_dsa(DsaStage::sparse, impl, 0.01);
+    for (auto& [n, p] : params) EXPECT_TRUE(p->var.requires_grad()) << n;
+  }
+}
+
+TEST(DeepSeekV32Model, IndexerAndMainModelLearnFromTheirOwnLossOnly) {
+  for (DsaImpl impl : {DsaImpl::small_ops, DsaImpl::fused}) {
+    auto m = model(tiny());
+    m->set_dsa(DsaStage::sparse, impl, 0.01);
+    const StepResult lm = run(*m, true, false);
+    const StepResult aux = run(*m, false, true);
+    for (auto& [n, g] : lm.grads) {
+      const bool indexer = n.find(".indexer.") != std::string::npos;
+      EXPECT_EQ(g.defined(), !indexer) << n << ": the LM loss " << (indexer ? "reached" : "missed") << " it";
+      EXPECT_EQ(aux.grads.at(n).defined(), indexer) << n << ": the indexer loss " << (indexer ? "missed" : "reached")
+                                                    << " it";
+    }
+  }
+}
+
+TEST(DeepSeekV32Model, NoGradForwardSkipsTheIndexerLossAndRecomputeIsRefused) {
+  auto m = model(tiny());
+  {
+    autograd::NoGradGuard no_grad;
+    m->forward(tokens());
+  }
+  EXPECT_TRUE(m->auxiliary_losses().empty());
+  EXPECT_THROW(m->set_recompute(models::Recompute::full), Error);
+  DeepSeekV3Args v3 = tiny();
+  v3.index_n_heads = 0;
+  Transformer plain(v3);
+  EXPECT_THROW(plain.set_dsa(DsaStage::sparse, DsaImpl::fused, 0.01), Error);
+}
