@@ -1,7 +1,8 @@
 // Rows of the op table for kernels/lightning_indexer (fast vs reference twin, f32 and bf16, every
 // ISA level). Awkward shapes: S = 1 (t = 0 only), S < K (every row selects all its keys), odd head
 // dims (DI = 17, D = 19 are not multiples of a vector), Skv > S (queries are the last S of the
-// keys), S and Skv around and across the 64-key block, HI = 1 and HI = 64 (one query per block).
+// keys), S and Skv around and across the 64-key block, HI = 1 and HI = 64 (one query per top-k block);
+// sparse-stage blocks that select most of their keys (blocked path) and few (gathered path).
 #include "common/op_table.h"
 #include "titan/kernels/cpu/lightning_indexer.h"
 #include "titan/kernels/ref/lightning_indexer.h"
@@ -87,7 +88,10 @@ TITAN_OP_CASES(lightning_indexer) {
        // B, S, Skv, HI, DI, K (0 = dense), H, Hk, D
        {{1, 1, 1, 1, 16, 0, 2, 2, 16}, {2, 17, 17, 3, 17, 0, 4, 4, 19}, {1, 70, 90, 4, 64, 0, 4, 1, 32},
         {1, 130, 130, 2, 16, 0, 2, 2, 24}, {1, 5, 5, 2, 16, 8, 3, 1, 20}, {2, 40, 50, 3, 17, 16, 4, 1, 19},
-        {1, 150, 150, 4, 32, 70, 4, 2, 16}, {1, 3, 80, 64, 16, 33, 2, 1, 16}},
+        {1, 150, 150, 4, 32, 70, 4, 2, 16}, {1, 3, 80, 64, 16, 33, 2, 1, 16},
+        // selections far below the causal count: the gathered per-row path (the rows above with
+        // K close to the causal count take the blocked path)
+        {1, 130, 300, 2, 16, 20, 4, 2, 16}, {2, 70, 200, 3, 17, 24, 3, 1, 19}},
        [](const OpInput& in) {
          IndexerCase c(in);
          return in.dtype == DType::f32 ? run_loss<float>(c) : run_loss<bf16>(c);

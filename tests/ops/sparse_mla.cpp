@@ -25,7 +25,8 @@ struct SparseMlaCase {
     scale = 3.0 / std::sqrt(double(Dqk));
     q = random_tensor({B, S, H, Dqk}, in.dtype, in.seed, "q", -1, 1);
     kv = random_tensor({B, Skv, Dqk}, in.dtype, in.seed, "kv", -1, 1);
-    idx = random_sparse_idx(B, S, Skv, K, in.seed, "idx", in.dims[7] ? SparseIdxOptions{false, 0.1} : SparseIdxOptions{});
+    const SparseIdxOptions opt = in.dims[7] ? SparseIdxOptions{false, 0.1} : SparseIdxOptions{};
+    idx = random_sparse_idx(B, S, Skv, K, in.seed, "idx", opt);
   }
 };
 

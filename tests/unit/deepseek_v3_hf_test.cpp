@@ -7,8 +7,10 @@
 
 #include <cmath>
 #include <fstream>
+#include <tuple>
 
 #include "common/kernel_check.h"
+#include "titan/checkpoint/checkpoint.h"
 #include "titan/checkpoint/ckpt_cli.h"
 #include "titan/checkpoint/hf.h"
 #include "titan/models/deepseek_v3/hf_adapter.h"
@@ -337,4 +339,177 @@ TEST(CkptCli, ConvertsTheFixtureToOurCheckpointAndBack) {
   std::string missing = (ours / "nothing").string();
   char* argv4[] = {a0.data(), a1.data(), a2.data(), missing.data(), a4.data(), a5.data()};
   EXPECT_EQ(checkpoint::ckpt_main(6, argv4), 1);
+}
+
+// DeepSeek-V3.2: the indexer fields round-trip through config.json (model_type deepseek_v32) and
+// its five tensors per layer through the HF names, in an HF folder written and read by the adapter.
+TEST(HfAdapterV32, IndexerConfigAndTensorsRoundTrip) {
+  DeepSeekV3Args a = tiny_args();
+  a.n_dense_layers = 1;
+  a.index_n_heads = 2, a.index_head_dim = 8, a.index_topk = 4, a.index_hadamard = false;
+  const json c = hf_config_from_args(a);
+  EXPECT_EQ(c["model_type"], "deepseek_v32");
+  EXPECT_EQ(c["architectures"][0], "DeepseekV32ForCausalLM");
+  const DeepSeekV3Args back = args_from_hf_config(c, "ours");
+  EXPECT_EQ(back.index_n_heads, 2);
+  EXPECT_EQ(back.index_head_dim, 8);
+  EXPECT_EQ(back.index_topk, 4);
+  EXPECT_FALSE(back.index_hadamard);
+  EXPECT_EQ(back.n_dense_layers, 1);
+  // Plain V3 args still write a V3 config without indexer keys.
+  const json v3 = hf_config_from_args(tiny_args());
+  EXPECT_EQ(v3["model_type"], "deepseek_v3");
+  EXPECT_FALSE(v3.contains("index_n_heads"));
+  EXPECT_EQ(args_from_hf_config(v3, "v3").index_n_heads, 0);
+
+  const auto shapes = state_shapes(a);
+  const std::map<std::string, Shape> by_name(shapes.begin(), shapes.end());
+  const std::vector<std::tuple<std::string, std::string, Shape>> indexer = {
+      {"layers.1.attention.indexer.wq_b.weight", "model.layers.1.self_attn.indexer.wq_b.weight", {16, 8}},
+      {"layers.1.attention.indexer.wk.weight", "model.layers.1.self_attn.indexer.wk.weight", {8, 16}},
+      {"layers.1.attention.indexer.k_norm.weight", "model.layers.1.self_attn.indexer.k_norm.weight", {8}},
+      {"layers.1.attention.indexer.k_norm.bias", "model.layers.1.self_attn.indexer.k_norm.bias", {8}},
+      {"layers.1.attention.indexer.weights_proj.weight", "model.layers.1.self_attn.indexer.weights_proj.weight", {2, 16}}};
+  for (const auto& [ours, hf, shape] : indexer) {
+    ASSERT_TRUE(by_name.count(ours)) << ours;
+    EXPECT_EQ(by_name.at(ours), shape) << ours;
+    EXPECT_EQ(hf_names(ours, a), std::vector<std::string>{hf}) << ours;
+  }
+  EXPECT_EQ(shapes.size(), state_shapes(tiny_args()).size() + 2 * 5 + (8 - 3));  // + indexers; layer 1 MoE
+  const auto state = random_state(a, 6);
+  const TempDir dir("v32");
+  checkpoint::HfWriteOptions opt;
+  opt.dtype = DType::f32;
+  save_hf(dir, a, state, opt);
+  const checkpoint::HfFolder folder = checkpoint::HfFolder::open(dir);
+  EXPECT_EQ(args_from_hf_config(folder.config(), "saved").index_n_heads, 2);
+  const std::map<std::string, Tensor> loaded = load_hf_state(folder, a, shapes);  // strict: every tensor used
+  for (const auto& [name, t] : state) EXPECT_EQ(test::to_doubles(loaded.at(name)), test::to_doubles(t)) << name;
+  // A V3 reading of the same folder leaves the indexer tensors over, and says which.
+  DeepSeekV3Args no_indexer = a;
+  no_indexer.index_n_heads = 0;
+  expect_contains(error_of([&] { load_hf_state(folder, no_indexer, state_shapes(no_indexer)); }),
+                  "unexpected tensor 'model.layers.0.self_attn.indexer.");
+}
+
+// The V3.2 model registers exactly state_shapes() in its order (what the checkpoint converter and
+// the export rely on), and loads an exported folder bit-exactly.
+TEST(HfAdapterV32, ModelLoadsTheExportInStateShapesOrder) {
+  DeepSeekV3Args a = tiny_args();  // all dense: no MoE layer needed
+  a.index_n_heads = 2, a.index_head_dim = 8, a.index_topk = 4;
+  const auto state = random_state(a, 9);
+  const TempDir dir("v32_model");
+  checkpoint::HfWriteOptions opt;
+  opt.dtype = DType::f32;
+  save_hf(dir, a, state, opt);
+  std::unique_ptr<Transformer> model = load_hf_model(dir);
+  ASSERT_TRUE(model->args().has_indexer());
+  const auto loaded = model->state_dict();
+  ASSERT_EQ(loaded.size(), state.size());
+  for (size_t i = 0; i < state.size(); ++i) {
+    ASSERT_EQ(loaded[i].first, state[i].first);
+    EXPECT_EQ(test::to_doubles(loaded[i].second), test::to_doubles(state[i].second)) << state[i].first;
+  }
+}
+
+// The fixture's config.json and weights as transformers 5 writes them (save_pretrained of a
+// DeepseekV32ForCausalLM: mlp_layer_types, layer_types, rope_parameters, no scoring_func) read
+// into the V3.2 architecture, and every tensor of the folder has a place in our state.
+TEST(HfAdapterV32, TransformersExportReadsCompletely) {
+  const checkpoint::HfFolder folder = checkpoint::HfFolder::open("tests/fixtures/deepseek_v32_tiny");
+  const DeepSeekV3Args a = args_from_hf_config(folder.config(), "fixture");
+  EXPECT_EQ(a.index_n_heads, 8);
+  EXPECT_EQ(a.index_head_dim, 16);
+  EXPECT_EQ(a.index_topk, 8);
+  EXPECT_TRUE(a.index_hadamard);
+  EXPECT_EQ(a.n_dense_layers, 1);
+  EXPECT_EQ(a.score_func, ScoreFunc::sigmoid);  // HF's V3.2 router is always sigmoid
+  EXPECT_TRUE(a.route_norm);
+  EXPECT_EQ(a.route_scale, 1.5);
+  EXPECT_FALSE(a.yarn());
+  const std::map<std::string, Tensor> state = load_hf_state(folder, a, state_shapes(a));
+  EXPECT_EQ(state.at("layers.0.attention.indexer.k_norm.bias").shape(), Shape({16}));
+  EXPECT_EQ(state.at("layers.1.moe.experts.w2").shape(), Shape({4, 64, 16}));
+}
+
+TEST(HfAdapterV32, PublishedConfigGivesTheIndexerAndErrorsNameTheKey) {
+  // deepseek-ai/DeepSeek-V3.2-Exp's config.json: DeepSeek-V3's keys plus the indexer's.
+  json c = hf_config_from_args(deepseek_v3_flavor("671B"));
+  c["model_type"] = "deepseek_v32";
+  c["architectures"] = {"DeepseekV32ForCausalLM"};
+  c["index_n_heads"] = 64, c["index_head_dim"] = 128, c["index_topk"] = 2048;
+  c.erase("rope_interleave");
+  const DeepSeekV3Args a = args_from_hf_config(c, "config.json");
+  EXPECT_TRUE(a.has_indexer());
+  EXPECT_EQ(a.index_n_heads, 64);
+  EXPECT_EQ(a.index_topk, 2048);
+  EXPECT_TRUE(a.index_hadamard);
+  EXPECT_EQ(a.q_lora_rank, 1536);
+  EXPECT_EQ(a.n_dense_layers, 3);
+
+  json bad = c;
+  bad["q_lora_rank"] = nullptr;
+  expect_contains(error_of([&] { args_from_hf_config(bad, "cfg.json"); }), "needs q_lora_rank > 0");
+  bad = c;
+  bad["index_head_dim"] = 32;
+  expect_contains(error_of([&] { args_from_hf_config(bad, "cfg.json"); }), "index_head_dim 32 must be >= qk_rope_head_dim");
+  bad = c;
+  bad["index_n_heads"] = 0;
+  expect_contains(error_of([&] { args_from_hf_config(bad, "cfg.json"); }), "'index_n_heads' is not positive");
+  bad = c;
+  bad["mlp_layer_types"] = json::array();
+  for (int l = 0; l < 61; ++l) bad["mlp_layer_types"].push_back(l == 5 ? "dense" : l < 3 ? "dense" : "sparse");
+  expect_contains(error_of([&] { args_from_hf_config(bad, "cfg.json"); }), "'mlp_layer_types' entry 5");
+  bad["mlp_layer_types"][5] = "sparse";
+  EXPECT_EQ(args_from_hf_config(bad, "cfg.json").n_dense_layers, 3);
+  bad["mlp_layer_types"][2] = "sparse";  // the list wins over first_k_dense_replace, as in transformers
+  EXPECT_EQ(args_from_hf_config(bad, "cfg.json").n_dense_layers, 2);
+  bad = c;
+  bad["layer_types"] = {"full_attention"};
+  expect_contains(error_of([&] { args_from_hf_config(bad, "cfg.json"); }), "'layer_types'");
+  bad = c;
+  bad["model_type"] = "deepseek_v4";
+  expect_contains(error_of([&] { args_from_hf_config(bad, "cfg.json"); }), "'deepseek_v32'");
+}
+
+// `titan ckpt convert` carries a DeepSeek-V3.2 folder (the transformers export of the fixture) to
+// our checkpoint, named as the registry's deepseek_v32, and back to HF with every tensor intact.
+TEST(CkptCli, ConvertsTheV32FixtureBothWays) {
+  const TempDir ours("cli_v32_ours"), back("cli_v32_back");
+  std::string a0 = "ckpt", a1 = "convert", a2 = "--from-hf", a3 = "tests/fixtures/deepseek_v32_tiny", a4 = "--to",
+              a5 = ours.string();
+  char* argv1[] = {a0.data(), a1.data(), a2.data(), a3.data(), a4.data(), a5.data()};
+  ASSERT_EQ(checkpoint::ckpt_main(6, argv1), 0);
+  expect_contains(checkpoint::load_checkpoint(ours / "step-0").config_toml, "name = \"deepseek_v32\"");
+  std::string b2 = "--from", b3 = (ours / "step-0").string(), b4 = "--to-hf", b5 = back.string(), b6 = "--dtype", b7 = "f32";
+  char* argv2[] = {a0.data(), a1.data(), b2.data(), b3.data(), b4.data(), b5.data(), b6.data(), b7.data()};
+  ASSERT_EQ(checkpoint::ckpt_main(8, argv2), 0);
+  const checkpoint::HfFolder original = checkpoint::HfFolder::open(a3), exported = checkpoint::HfFolder::open(back);
+  ASSERT_EQ(original.names().size(), exported.names().size());
+  for (const std::string& n : original.names())
+    EXPECT_EQ(test::to_doubles(exported.load_f32(n)), test::to_doubles(original.load_f32(n))) << n;
+  EXPECT_EQ(exported.config()["model_type"], "deepseek_v32");
+  for (const char* key : {"index_n_heads", "index_head_dim", "index_topk"})
+    EXPECT_EQ(exported.config()[key], original.config()[key]) << key;
+}
+
+// A deepseek_v32 training checkpoint (no HF config inside) exports with the V3.2 flavors: without
+// a flavor the error lists them, and with one the V3.2 architecture (query latent, indexer) is
+// what the tensors are checked against.
+TEST(CkptCli, ExportsDeepSeekV32CheckpointsByFlavor) {
+  const TempDir root("cli_v32_flavor"), out("cli_v32_flavor_hf");
+  checkpoint::SaveRequest req;
+  req.tensors.push_back({"model.tok_embeddings.weight", test::random_tensor({32, 256}, DType::f32, 1, "emb"), {}});
+  req.config_toml = "[model]\nname = \"deepseek_v32\"\n";
+  const fs::path step = checkpoint::save_checkpoint(root, req);
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"ckpt", "convert", "--from", step.string(), "--to-hf", out.string()});
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(checkpoint::ckpt_main(int(argv.size()), argv.data()), 1);
+    return testing::internal::GetCapturedStderr();
+  };
+  expect_contains(run({}), "deepseek_v32: debugmodel, 671B");
+  expect_contains(run({"--flavor", "debugmodel"}), "model tensor 'layers.0.attention.wq_a.weight' is missing");
 }

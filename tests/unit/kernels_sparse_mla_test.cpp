@@ -50,7 +50,9 @@ void dense_masked(Doubles& o, Doubles& lse, const Doubles& q, const Doubles& kv,
         double z = 0;
         for (int64_t s = 0; s < d.Skv; ++s) {
           double dot = 0;
-          for (int64_t c = 0; c < d.Dqk; ++c) dot += q[size_t(row * d.Dqk + c)] * kv[size_t((b * d.Skv + s) * d.Dqk + c)];
+          for (int64_t c = 0; c < d.Dqk; ++c) {
+            dot += q[size_t(row * d.Dqk + c)] * kv[size_t((b * d.Skv + s) * d.Dqk + c)];
+          }
           scores[size_t(s)] = mask[size_t(t * d.Skv + s)] ? d.scale * dot : -INFINITY;
           z += std::exp(scores[size_t(s)]);
         }
@@ -136,11 +138,12 @@ void expect_close(const Tensor& got, const Tensor& want, double tol, const std::
 struct Problem {
   SparseMlaDims d;
   Tensor q, kv, dout;
-  Problem(int64_t B, int64_t S, int64_t Skv, int64_t H, int64_t Dqk, int64_t Dv, int64_t K, double scale)
+  Problem(int64_t B, int64_t S, int64_t Skv, int64_t H, int64_t Dqk, int64_t Dv, int64_t K, double scale,
+          DType dt = DType::f32)
       : d(dims(B, S, Skv, H, Dqk, Dv, K, scale)),
-        q(random_tensor({B, S, H, Dqk}, DType::f32, 9, "q", -2, 2)),
-        kv(random_tensor({B, Skv, Dqk}, DType::f32, 9, "kv", -2, 2)),
-        dout(random_tensor({B, S, H, Dv}, DType::f32, 9, "dout")) {}
+        q(random_tensor({B, S, H, Dqk}, dt, 9, "q", -2, 2)),
+        kv(random_tensor({B, Skv, Dqk}, dt, 9, "kv", -2, 2)),
+        dout(random_tensor({B, S, H, Dv}, dt, 9, "dout")) {}
   Result run(const Tensor& idx) const { return run_api(q, kv, idx, dout, d.scale); }
 };
 
@@ -209,9 +212,9 @@ TEST(SparseMlaApi, InvalidSlotsIgnoredAndSlotOrderIrrelevant) {
 }
 
 // Rows with no valid slot give o = 0, lse = +inf and no gradient; a key nobody selects gets a
-// gradient of exactly 0, and a key every query selects collects all their contributions.
+// gradient of exactly 0, and a key every query selects collects all their contributions. In f32
+// and bf16 (the fast backend runs different kernels for each).
 TEST(SparseMlaApi, EmptyRowsAndUnselectedKeys) {
-  const Problem p(1, 8, 8, 3, 20, 12, 4, 0.5);
   Tensor idx = random_sparse_idx(1, 8, 8, 4, 4, "idx");
   int32_t* x = idx.data<int32_t>();
   for (int64_t t = 0; t < 8; ++t) {
@@ -224,25 +227,26 @@ TEST(SparseMlaApi, EmptyRowsAndUnselectedKeys) {
   for (int64_t t : empty_rows) {
     for (int64_t i = 0; i < 4; ++i) x[t * 4 + i] = i % 2 ? -1 : int32_t(t + 1 + i);  // padding, future keys
   }
-  for_each_backend([&](const char* backend) {
-    const Result r = p.run(idx);
-    const std::string tag = backend;
-    const float* o = r.o.data<float>();
-    const float* lse = r.lse.data<float>();
-    const float* dq = r.dq.data<float>();
-    for (int64_t t : empty_rows) {
-      for (int64_t h = 0; h < 3; ++h) {
-        EXPECT_EQ(lse[t * 3 + h], INFINITY) << tag << " t=" << t;
-        for (int64_t c = 0; c < 12; ++c) EXPECT_EQ(o[(t * 3 + h) * 12 + c], 0.0f) << tag;
-        for (int64_t c = 0; c < 20; ++c) EXPECT_EQ(dq[(t * 3 + h) * 20 + c], 0.0f) << tag;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const Problem p(1, 8, 8, 3, 20, 12, 4, 0.5, dt);
+    for_each_backend([&](const char* backend) {
+      const Result r = p.run(idx);
+      const std::string tag = std::string(backend) + " " + std::string(dtype_name(dt));
+      const std::vector<double> o = to_doubles(r.o), lse = to_doubles(r.lse), dq = to_doubles(r.dq),
+                                dkv = to_doubles(r.dkv);
+      for (int64_t t : empty_rows) {
+        for (int64_t h = 0; h < 3; ++h) {
+          EXPECT_EQ(lse[size_t(t * 3 + h)], INFINITY) << tag << " t=" << t;
+          for (int64_t c = 0; c < 12; ++c) EXPECT_EQ(o[size_t((t * 3 + h) * 12 + c)], 0.0) << tag;
+          for (int64_t c = 0; c < 20; ++c) EXPECT_EQ(dq[size_t((t * 3 + h) * 20 + c)], 0.0) << tag;
+        }
       }
-    }
-    const float* dkv = r.dkv.data<float>();
-    for (int64_t c = 0; c < 20; ++c) EXPECT_EQ(dkv[5 * 20 + c], 0.0f) << tag << " unselected key 5, dim " << c;
-    double key0 = 0;
-    for (int64_t c = 0; c < 20; ++c) key0 += std::fabs(dkv[c]);
-    EXPECT_GT(key0, 0.0) << tag;
-  });
+      for (int64_t c = 0; c < 20; ++c) EXPECT_EQ(dkv[size_t(5 * 20 + c)], 0.0) << tag << " unselected key 5, dim " << c;
+      double key0 = 0;
+      for (int64_t c = 0; c < 20; ++c) key0 += std::fabs(dkv[size_t(c)]);
+      EXPECT_GT(key0, 0.0) << tag;
+    });
+  }
 }
 
 // With every causal key selected, sparse MLA is causal dense MQA attention with k = kv and

@@ -29,8 +29,8 @@ constexpr const char* kUsage =
     "       titan ckpt convert --from CKPT --to-hf HF_DIR [--flavor NAME] [--dtype bf16|f16|f32]\n"
     "                          [--max-shard-bytes N]\n"
     "\n"
-    "--from-hf  reads a Hugging Face DeepSeek-V3 folder (config.json, model.safetensors or a sharded\n"
-    "           index; FP8 block-quantized weights are dequantized) and writes CKPT_ROOT/step-N/\n"
+    "--from-hf  reads a Hugging Face DeepSeek-V3 or V3.2 folder (config.json, model.safetensors or\n"
+    "           a sharded index; FP8 block-quantized weights are dequantized) and writes CKPT_ROOT/step-N/\n"
     "--to-hf    writes a training checkpoint (a step folder, or a root holding step folders) as a\n"
     "           Hugging Face folder: config.json, shards of at most --max-shard-bytes (5 GiB) and\n"
     "           model.safetensors.index.json. The architecture comes from the checkpoint when it was\n"
@@ -57,7 +57,8 @@ int convert_from_hf(const fs::path& hf_dir, const fs::path& root, int64_t step) 
   for (const auto& [name, shape] : ds::state_shapes(a)) req.tensors.push_back({"model." + name, state.at(name), {}});
   // The HF config travels with the weights, so --to-hf can restore the exact architecture.
   req.train_state = {{"converted_from", hf_dir.string()}, {"hf_config", folder.config()}};
-  req.config_toml = "[model]\nname = \"deepseek_v3\"\n";
+  // The registry's name: DeepSeek-V3.2 (an indexer in every layer) is its own model.
+  req.config_toml = fmt::format("[model]\nname = \"{}\"\n", a.has_indexer() ? "deepseek_v32" : "deepseek_v3");
   const fs::path out = save_checkpoint(root, req);
   std::printf("wrote %s (%zu tensors)\n", out.c_str(), req.tensors.size());
   return 0;
@@ -90,12 +91,18 @@ int convert_to_hf(const fs::path& ckpt, const fs::path& hf_dir, const std::strin
       TITAN_FAIL((folder / "config.toml").string() + " does not parse: " + std::string(e.description()),
                  "pass --flavor to name the architecture");
     }
-    TITAN_CHECK(name == "deepseek_v3", "HF export supports model deepseek_v3, the checkpoint holds '" + name + "'",
+    const bool v32 = name == "deepseek_v32";
+    TITAN_CHECK(name == "deepseek_v3" || v32,
+                "HF export supports models deepseek_v3 and deepseek_v32, the checkpoint holds '" + name + "'",
                 "export other models with their own adapter");
+    std::string flavors;
+    for (const std::string& f : v32 ? ds::deepseek_v32_flavor_names() : ds::deepseek_v3_flavor_names())
+      flavors += (flavors.empty() ? "" : ", ") + f;
     TITAN_CHECK(!from_config.empty(), "cannot tell the architecture of " + folder.string(),
-                "pass --flavor (debugmodel, 16B, 236B, 671B)");
+                "pass --flavor (" + name + ": " + flavors + ")");
     const auto embedding = model_tensors.find("tok_embeddings.weight");
-    a = ds::deepseek_v3_flavor(from_config, embedding == model_tensors.end() ? 0 : embedding->second.size(0));
+    const int64_t vocab = embedding == model_tensors.end() ? 0 : embedding->second.size(0);
+    a = v32 ? ds::deepseek_v32_flavor(from_config, vocab) : ds::deepseek_v3_flavor(from_config, vocab);
     // A model trained without the MoE layer is all-dense (see deepseek_v3/model.h).
     bool has_moe = false;
     for (const auto& [n, t] : model_tensors) has_moe |= n.find(".moe.") != std::string::npos;

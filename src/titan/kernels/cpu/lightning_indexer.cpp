@@ -6,10 +6,12 @@
 //   (score rank << 32 | ~index, so ties rank the lower index first and a plain integer compare
 //   orders them); when it fills, a quickselect keeps the best K and their minimum becomes the
 //   admission threshold for later keys.
-// * KL loss: dense stage, two passes per query block (the lse of I, then target, loss and
-//   gradients per key block); sparse stage, one query row at a time with its selected keys
-//   gathered into contiguous, transposed per-thread buffers. dk accumulates in per-thread f32
-//   buffers that are summed at the end (no races, deterministic for a fixed thread count).
+// * KL loss, blocked path: two passes per query block (the lse of I, then target, loss and
+//   gradients per key block), over every causal key (dense stage) or masked to the selections
+//   (sparse-stage blocks whose selections cover at least half of their causal keys). Gathered
+//   path (the other sparse blocks): one query row at a time, its selected keys gathered into
+//   contiguous per-thread buffers. dk accumulates in per-thread f32 buffers that are summed at
+//   the end (no races, deterministic for a fixed thread count).
 // bf16 inputs are widened to f32 while packing (O(S D) work against O(S Skv D) products).
 // std:: algorithms are not used: templates from shared headers would be instantiated with this
 // file's ISA flags and might be picked by the linker for other ISA levels (see cpu/isa.h).
@@ -26,8 +28,12 @@ namespace {
 
 // Keys per streamed block: the width of every score tile.
 constexpr int64_t kKeys = 64;
-// Query-block height in GEMM rows (queries x indexer heads): 64 rows of a 64-key tile are 16 KiB.
+// Top-k query-block height in GEMM rows (queries x indexer heads): a 64 x 64 tile is 16 KiB.
 constexpr int64_t kTargetRows = 64;
+// KL loss query blocks: up to kDenseQueries queries and kMaxDenseRows (queries x heads).
+constexpr int64_t kDenseQueries = 64, kMaxDenseRows = 1024;
+// Gathered path: main key rows are prefetched this many rows ahead.
+constexpr int64_t kPrefetchRows = 2;
 // Packed widths are padded to a multiple of 16 floats: whole vectors at every ISA level.
 constexpr int64_t kLanes = 16;
 
@@ -322,16 +328,16 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
                        double grad_scale) {
   const int64_t HI = d.HI, DI = d.DI, H = td.H, Hk = td.Hk, D = td.D, group = td.H / td.Hk;
   const int64_t di_pad = round_up(DI, kLanes), g_pad = round_up(group, kLanes);
-  const int64_t nkb = (d.Skv + kKeys - 1) / kKeys, skv_pad = nkb * kKeys;
+  const int64_t nkb = (d.Skv + kKeys - 1) / kKeys, skv_pad = nkb * kKeys, words = (d.Skv + 63) / 64;
   const float scale = float(td.scale), gs = float(grad_scale), inv_h = 1.0f / float(H);
   const bool dense = idx == nullptr;
   const int threads = omp_get_max_threads();
   // Shared packed operands. kr: key rows [B, skv_pad, di_pad] (B operand of dq = G k; rows past
-  // Skv are zero); kt: transposed key blocks [B, nkb, DI, kKeys] (B operand of the scores, dense
-  // stage); mkt: transposed main key blocks [B, Hk, nkb, D, kKeys] (the target, dense stage).
+  // Skv are zero); kt: transposed key blocks [B, nkb, DI, kKeys] (B operand of the scores);
+  // mkt: transposed main key blocks [B, Hk, nkb, D, kKeys] (the target). kt and mkt serve the
+  // blocked path (below), which the sparse stage also takes for blocks that select most keys.
   const Scratch<float> kr(d.B * skv_pad * di_pad, ScratchInit::zeroed);
-  const Scratch<float> kt(dense ? d.B * nkb * DI * kKeys : 1);
-  const Scratch<float> mkt(dense ? d.B * Hk * nkb * D * kKeys : 1);
+  const Scratch<float> kt(d.B * nkb * DI * kKeys), mkt(d.B * Hk * nkb * D * kKeys);
   // Per-thread dk partial sums [threads, B, skv_pad, di_pad], summed into dk at the end.
   const int64_t dk_len = d.B * skv_pad * di_pad;
   const Scratch<float> dk_part(threads * dk_len, ScratchInit::zeroed);
@@ -340,37 +346,77 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
     const int64_t b = r / d.Skv, s = r % d.Skv;
     pack_rows(kr.data() + (b * skv_pad + s) * di_pad, di_pad, k + r * DI, DI, 1, DI);
   }
-  if (dense) {
-    pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
-    // mk [B, Skv, Hk, D] seen as B * Hk sequences of Skv rows D wide, Hk * D apart.
+  pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
+  // mk [B, Skv, Hk, D] seen as B * Hk sequences of Skv rows D wide, Hk * D apart.
 #pragma omp parallel for schedule(static)
-    for (int64_t item = 0; item < d.B * Hk * nkb; ++item) {
-      const int64_t bh = item / nkb, kb = item % nkb, b = bh / Hk, h = bh % Hk, s0 = kb * kKeys;
-      pack_transposed(mkt.data() + item * D * kKeys, mk + ((b * d.Skv + s0) * Hk + h) * D, Hk * D,
-                      min_i64(kKeys, d.Skv - s0), D);
-    }
+  for (int64_t item = 0; item < d.B * Hk * nkb; ++item) {
+    const int64_t bh = item / nkb, kb = item % nkb, b = bh / Hk, h = bh % Hk, s0 = kb * kKeys;
+    pack_transposed(mkt.data() + item * D * kKeys, mk + ((b * d.Skv + s0) * Hk + h) * D, Hk * D,
+                    min_i64(kKeys, d.Skv - s0), D);
   }
 
   double loss = 0;
-  const int64_t tq = dense ? max_i64(1, kTargetRows / HI) : 1;  // queries per block
+  // Queries per block. The blocked target multiplies each main head's [tq, D] queries by every
+  // [D, kKeys] key block, so tq is its GEMM height: 64 rows give each streamed key element 64
+  // FMAs (16 rows left it bound by L2/L3 bandwidth). tq * HI stays <= 1024 (the indexer tiles).
+  const int64_t tq = max_i64(1, min_i64(kDenseQueries, kMaxDenseRows / HI));
   const int64_t nqb = (d.S + tq - 1) / tq;
   const int64_t m_max = tq * HI;
-  // Sparse stage: the selection of one row, padded to whole key blocks.
-  const int64_t n_cap = dense ? kKeys : round_up(max_i64(d.K, 1), kKeys);
-  const int64_t width = dense ? kKeys : n_cap;  // columns of the score / gradient tiles
+  const int64_t n_cap = dense ? kKeys : round_up(max_i64(d.K, 1), kKeys);  // one gathered selection
 #pragma omp parallel reduction(+ : loss)
   {
     float* dk_acc = dk_part.data() + omp_get_thread_num() * dk_len;
     const Scratch<float> qa(m_max * di_pad), mqa(H * tq * D);  // packed queries; mqa [H, tq, D]
-    const Scratch<float> dots(m_max * width), g2(m_max * width), dq_acc(m_max * di_pad);
-    const Scratch<float> score(tq * width), target(tq * width), tile(max_i64(tq, g_pad) * kKeys);
-    const Scratch<float> row_max(tq), row_sum(tq), dw_acc(m_max);
-    // Sparse stage gathers: key block transposed [DI, kKeys], main key rows [kKeys, D], this
-    // row's main queries transposed per key head [Hk, D, g_pad], the selected key rows
-    // [n_cap, di_pad] and their dk rows, the selected indices.
+    const Scratch<float> dq_acc(m_max * di_pad), dw_acc(m_max), row_max(tq), row_sum(tq);
+    // Blocked path tiles: dots and g2 [tq * HI, kKeys], scores, target and validity [tq, kKeys].
+    const Scratch<float> dots(m_max * kKeys), g2(m_max * kKeys), score(tq * kKeys), target(tq * kKeys);
+    const Scratch<float> ok(tq * kKeys), tile(max_i64(tq, g_pad) * kKeys);
+    // Sparse stage only (one element each in the dense stage): the block's selections as bitmaps
+    // [tq, words] (blocked path), and for the gathered path one row's selection (deduplicated through `seen`), its key block transposed
+    // [DI, kKeys], main key rows [kKeys, D], main queries transposed per key head [Hk, D, g_pad],
+    // key rows [n_cap, di_pad] and their dk rows, and its tiles over n_cap columns.
+    const Scratch<uint64_t> selmap(dense ? 1 : tq * words, ScratchInit::zeroed), seen(dense ? 1 : words, ScratchInit::zeroed);
+    const Scratch<int32_t> sel(dense ? 1 : n_cap);
     const Scratch<float> kgt(dense ? 1 : DI * kKeys), mkg(dense ? 1 : kKeys * D), mqt(dense ? 1 : Hk * D * g_pad);
     const Scratch<float> kg(dense ? 1 : n_cap * di_pad), dkg(dense ? 1 : n_cap * di_pad);
-    const Scratch<int32_t> sel(dense ? 1 : n_cap);
+    const Scratch<float> r_dots(dense ? 1 : HI * n_cap), r_g2(dense ? 1 : HI * n_cap), r_score(dense ? 1 : n_cap),
+        r_target(dense ? 1 : n_cap);
+
+    // Loss and gradient of `rows` query rows over `cols` columns (a multiple of kKeys): sc, p
+    // [rows, ld] scores and target, dots [rows * HI, ld]; valid(i, s) says which entries count.
+    // Overwrites sc with g, writes g2 = g w 1[dot > 0] and adds g ReLU(dot) to dw (rows * HI).
+    auto loss_and_grad = [&](int64_t rows, int64_t cols, int64_t ld, float* sc_all, const float* p_all,
+                             const float* dots_all, float* g2_all, const float* lse, const float* w_rows,
+                             float* dw_rows, auto valid) {
+      for (int64_t i = 0; i < rows; ++i) {
+        float* sc = sc_all + i * ld;
+        const float* p = p_all + i * ld;
+        for (int64_t s = 0; s < cols; ++s) {
+          if (valid(i, s)) {
+            const float log_q = sc[s] - lse[i];
+            if (p[s] > 0) loss += double(p[s]) * (double(__builtin_logf(p[s])) - double(log_q));
+            sc[s] = gs * (fast_exp(log_q) - p[s]);
+          } else {
+            sc[s] = 0;
+          }
+        }
+        for (int64_t j = 0; j < HI; ++j) {
+          const float* dj = dots_all + (i * HI + j) * ld;
+          float* gj = g2_all + (i * HI + j) * ld;
+          vecf dw_v = vecf{};
+          const vecf wj = splat(w_rows[i * HI + j]);
+          for (int64_t s = 0; s < cols; s += kVecLanes) {
+            const vecf dot = loadv(dj + s), g = loadv(sc + s);
+            dw_v += g * relu(dot);
+            storev(gj + s, dot > splat(0.0f) ? g * wj : splat(0.0f));
+          }
+          float sum = 0;
+          for (int64_t v = 0; v < kVecLanes; ++v) sum += dw_v[v];
+          dw_rows[i * HI + j] += sum;
+        }
+      }
+    };
+
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = d.B * nqb - 1; item >= 0; --item) {
       const int64_t b = item / nqb, t0 = (item % nqb) * tq, rows = min_i64(tq, d.S - t0), M = rows * HI;
@@ -379,61 +425,61 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
       for (int64_t h = 0; h < H; ++h) pack_rows(mqa.data() + h * tq * D, D, mq + (row0 * H + h) * D, H * D, rows, D);
       for (int64_t j = 0; j < M * di_pad; ++j) dq_acc.data()[j] = 0;
       for (int64_t j = 0; j < M; ++j) dw_acc.data()[j] = 0;
+      const float* w_blk = w + row0 * HI;
 
-      // The loss and g of one tile: score, target and dots of `rows` rows over `cols` columns
-      // (a multiple of kKeys), lse per row; n_of(i) valid leading columns. Writes g2 = g w 1[dot > 0]
-      // and adds g ReLU(dot) to dw_acc.
-      auto loss_and_grad = [&](int64_t cols, const float* lse, auto n_of) {
+      // Sparse stage: a block whose selections cover at least half of its causal keys runs the
+      // blocked (dense-style) path with the selections as a mask: every streamed key block then
+      // serves all tq queries. Otherwise each row gathers its own selection.
+      bool blocked = dense;
+      if (!dense) {
+        int64_t picked = 0, causal = 0;
         for (int64_t i = 0; i < rows; ++i) {
-          const int64_t n = n_of(i);
-          float* sc = score.data() + i * width;
-          const float* p = target.data() + i * width;
-          // g in place of the score; zero past the valid columns.
-          for (int64_t s = 0; s < cols; ++s) {
-            if (s < n) {
-              const float log_q = sc[s] - lse[i];
-              if (p[s] > 0) loss += double(p[s]) * (double(__builtin_logf(p[s])) - double(log_q));
-              sc[s] = gs * (fast_exp(log_q) - p[s]);
-            } else {
-              sc[s] = 0;
-            }
-          }
-          const float* wi = w + (row0 + i) * HI;
-          for (int64_t j = 0; j < HI; ++j) {
-            const float* dj = dots.data() + (i * HI + j) * width;
-            float* gj = g2.data() + (i * HI + j) * width;
-            vecf dw_v = vecf{};
-            const vecf wj = splat(wi[j]);
-            for (int64_t s = 0; s < cols; s += kVecLanes) {
-              const vecf dot = loadv(dj + s), g = loadv(sc + s);
-              dw_v += g * relu(dot);
-              storev(gj + s, dot > splat(0.0f) ? g * wj : splat(0.0f));
-            }
-            float sum = 0;
-            for (int64_t v = 0; v < kVecLanes; ++v) sum += dw_v[v];
-            dw_acc.data()[i * HI + j] += sum;
+          const int64_t n = valid_keys(d, t0 + i);
+          causal += n;
+          uint64_t* bits = selmap.data() + i * words;
+          for (int64_t e = 0; e < d.K; ++e) {
+            const int32_t s = idx[(row0 + i) * d.K + e];
+            if (s < 0 || s >= n) continue;
+            picked += ((bits[s >> 6] >> (s & 63)) & 1) == 0;
+            bits[s >> 6] |= uint64_t(1) << (s & 63);
           }
         }
-      };
+        blocked = 2 * picked >= causal;
+      }
 
-      if (dense) {
+      if (blocked) {
         const int64_t n_last = valid_keys(d, t0 + rows - 1);
-        auto n_in_block = [&](int64_t i, int64_t s0) { return min_i64(kKeys, valid_keys(d, t0 + i) - s0); };
+        // ok[i][s] = 1 where key s0 + s counts for query row i; returns whether any does.
+        auto tile_mask = [&](int64_t s0) {
+          bool any = false;
+          for (int64_t i = 0; i < rows; ++i) {
+            const int64_t n = valid_keys(d, t0 + i);
+            const uint64_t* bits = selmap.data() + i * words;
+            float* m = ok.data() + i * kKeys;
+            for (int64_t s = 0; s < kKeys; ++s) {
+              const int64_t key = s0 + s;
+              const bool v = key < n && (dense || ((bits[key >> 6] >> (key & 63)) & 1));
+              m[s] = v ? 1.0f : 0.0f;
+              any |= v;
+            }
+          }
+          return any;
+        };
+        auto valid = [&](int64_t i, int64_t s) { return ok.data()[i * kKeys + s] != 0.0f; };
         // Pass 1: running max and sum of exp of I per row.
         for (int64_t i = 0; i < rows; ++i) row_max.data()[i] = -__builtin_inff(), row_sum.data()[i] = 0;
         for (int64_t kb = 0; kb * kKeys < n_last; ++kb) {
-          const int64_t s0 = kb * kKeys;
+          if (!tile_mask(kb * kKeys)) continue;
           gemm<false>(dots.data(), kKeys, qa.data(), di_pad, 1, kt.data() + (b * nkb + kb) * DI * kKeys, kKeys, M,
                       kKeys, DI);
           for (int64_t i = 0; i < rows; ++i) {
-            const int64_t n = n_in_block(i, s0);
-            if (n <= 0) continue;
-            float* sc = score.data() + i * width;
-            index_scores(sc, dots.data() + i * HI * kKeys, kKeys, w + (row0 + i) * HI, HI);
+            float* sc = score.data() + i * kKeys;
+            index_scores(sc, dots.data() + i * HI * kKeys, kKeys, w_blk + i * HI, HI);
             float m = row_max.data()[i];
-            for (int64_t s = 0; s < n; ++s) m = sc[s] > m ? sc[s] : m;
+            for (int64_t s = 0; s < kKeys; ++s) m = valid(i, s) && sc[s] > m ? sc[s] : m;
+            if (m == -__builtin_inff()) continue;  // no valid key in this tile or before
             float sum = 0;
-            for (int64_t s = 0; s < n; ++s) sum += fast_exp(sc[s] - m);
+            for (int64_t s = 0; s < kKeys; ++s) sum += valid(i, s) ? fast_exp(sc[s] - m) : 0.0f;
             row_sum.data()[i] = row_sum.data()[i] * fast_exp(row_max.data()[i] - m) + sum;
             row_max.data()[i] = m;
           }
@@ -442,6 +488,7 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
         // Pass 2: scores again, target, loss, gradients per key block.
         for (int64_t kb = 0; kb * kKeys < n_last; ++kb) {
           const int64_t s0 = kb * kKeys;
+          if (!tile_mask(s0)) continue;
           gemm<false>(dots.data(), kKeys, qa.data(), di_pad, 1, kt.data() + (b * nkb + kb) * DI * kKeys, kKeys, M,
                       kKeys, DI);
           for (int64_t i = 0; i < rows * kKeys; ++i) target.data()[i] = 0;
@@ -458,9 +505,10 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
           }
           for (int64_t i = 0; i < rows * kKeys; ++i) target.data()[i] *= inv_h;
           for (int64_t i = 0; i < rows; ++i) {
-            index_scores(score.data() + i * kKeys, dots.data() + i * HI * kKeys, kKeys, w + (row0 + i) * HI, HI);
+            index_scores(score.data() + i * kKeys, dots.data() + i * HI * kKeys, kKeys, w_blk + i * HI, HI);
           }
-          loss_and_grad(kKeys, row_max.data(), [&](int64_t i) { return n_in_block(i, s0); });
+          loss_and_grad(rows, kKeys, kKeys, score.data(), target.data(), dots.data(), g2.data(), row_max.data(), w_blk,
+                        dw_acc.data(), valid);
           // dq += G2 k_block; dk_block += G2^T q.
           gemm<true>(dq_acc.data(), di_pad, g2.data(), kKeys, 1, kr.data() + (b * skv_pad + s0) * di_pad, di_pad, M,
                      di_pad, kKeys);
@@ -468,76 +516,101 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
                      di_pad, M);
         }
       } else {
-        // One query row (tq = 1): gather its valid selection.
-        const int64_t n_valid = valid_keys(d, t0);
-        int64_t n = 0;
-        for (int64_t i = 0; i < d.K; ++i) {
-          const int32_t s = idx[row0 * d.K + i];
-          if (s >= 0 && s < n_valid) sel.data()[n++] = s;
-        }
-        const int64_t cols = round_up(max_i64(n, 1), kKeys);
-        for (int64_t hk = 0; hk < Hk; ++hk) {
-          for (int64_t c = 0; c < D; ++c) {
-            float* out = mqt.data() + (hk * D + c) * g_pad;
-            for (int64_t h = 0; h < group; ++h) out[h] = mqa.data()[(hk * group + h) * D + c];
-            for (int64_t h = group; h < g_pad; ++h) out[h] = 0;
+        for (int64_t i = 0; i < rows; ++i) {
+          // This row's valid selection, each key once, in idx order.
+          const int64_t row = row0 + i, n_valid = valid_keys(d, t0 + i);
+          int64_t n = 0;
+          for (int64_t e = 0; e < d.K; ++e) {
+            const int32_t s = idx[row * d.K + e];
+            if (s < 0 || s >= n_valid || ((seen.data()[s >> 6] >> (s & 63)) & 1)) continue;
+            seen.data()[s >> 6] |= uint64_t(1) << (s & 63);
+            sel.data()[n++] = s;
           }
-        }
-        float* p = target.data();
-        for (int64_t s = 0; s < cols; ++s) p[s] = 0;
-        for (int64_t c0 = 0; c0 < n; c0 += kKeys) {
-          const int64_t m = min_i64(kKeys, n - c0);
-          // Selected key rows (contiguous for dq) and the block transposed (for the scores).
-          for (int64_t j = 0; j < m; ++j) {
-            const float* src = kr.data() + (b * skv_pad + sel.data()[c0 + j]) * di_pad;
-            float* dst = kg.data() + (c0 + j) * di_pad;
-            for (int64_t c = 0; c < di_pad; ++c) dst[c] = src[c];
-            for (int64_t c = 0; c < DI; ++c) kgt.data()[c * kKeys + j] = src[c];
-          }
-          for (int64_t j = m; j < kKeys; ++j) {
-            for (int64_t c = 0; c < di_pad; ++c) kg.data()[(c0 + j) * di_pad + c] = 0;
-            for (int64_t c = 0; c < DI; ++c) kgt.data()[c * kKeys + j] = 0;
-          }
-          gemm<false>(dots.data() + c0, width, qa.data(), di_pad, 1, kgt.data(), kKeys, HI, kKeys, DI);
-          // Target: tau mk_sel mq^T per main key head, [m keys, its query heads], from the
-          // gathered key rows (read once each) against this row's transposed queries.
+          for (int64_t j = 0; j < n; ++j) seen.data()[sel.data()[j] >> 6] = 0;
+          if (n == 0) continue;  // no valid key: no loss, zero gradients
+          const int64_t cols = round_up(n, kKeys);
+          const float* q_row = qa.data() + i * HI * di_pad;
           for (int64_t hk = 0; hk < Hk; ++hk) {
-            for (int64_t j = 0; j < m; ++j) {
-              const T* src = mk + ((b * d.Skv + sel.data()[c0 + j]) * Hk + hk) * D;
-              float* dst = mkg.data() + j * D;
-#pragma omp simd
-              for (int64_t c = 0; c < D; ++c) dst[c] = to_f32(src[c]);
-            }
-            gemm<false>(tile.data(), g_pad, mkg.data(), D, 1, mqt.data() + hk * D * g_pad, g_pad, m, g_pad, D);
-            const float* lse_h = mlse + row0 * H + hk * group;
-            for (int64_t j = 0; j < m; ++j) {
-              const float* c = tile.data() + j * g_pad;
-              float sum = 0;
-#pragma omp simd reduction(+ : sum)
-              for (int64_t h = 0; h < group; ++h) sum += fast_exp(scale * c[h] - lse_h[h]);
-              p[c0 + j] += sum;
+            for (int64_t c = 0; c < D; ++c) {
+              float* out = mqt.data() + (hk * D + c) * g_pad;
+              for (int64_t h = 0; h < group; ++h) out[h] = mqa.data()[((hk * group + h) * tq + i) * D + c];
+              for (int64_t h = group; h < g_pad; ++h) out[h] = 0;
             }
           }
-        }
-        for (int64_t s = 0; s < cols; ++s) p[s] *= inv_h;
-        // Scores over the selection and their lse.
-        float lse = -__builtin_inff();
-        if (n > 0) {
-          for (int64_t c0 = 0; c0 < cols; c0 += kKeys) index_scores(score.data() + c0, dots.data() + c0, width, w + row0 * HI, HI);
-          float m = -__builtin_inff();
-          for (int64_t s = 0; s < n; ++s) m = score.data()[s] > m ? score.data()[s] : m;
+          float* p = r_target.data();
+          for (int64_t s = 0; s < cols; ++s) p[s] = 0;
+          for (int64_t c0 = 0; c0 < n; c0 += kKeys) {
+            const int64_t m = min_i64(kKeys, n - c0);
+            // Selected key rows (contiguous for dq) and the block transposed (for the scores).
+            for (int64_t j = 0; j < m; ++j) {
+              const float* src = kr.data() + (b * skv_pad + sel.data()[c0 + j]) * di_pad;
+              float* dst = kg.data() + (c0 + j) * di_pad;
+              for (int64_t c = 0; c < di_pad; ++c) dst[c] = src[c];
+              for (int64_t c = 0; c < DI; ++c) kgt.data()[c * kKeys + j] = src[c];
+            }
+            for (int64_t j = m; j < kKeys; ++j) {
+              for (int64_t c = 0; c < di_pad; ++c) kg.data()[(c0 + j) * di_pad + c] = 0;
+              for (int64_t c = 0; c < DI; ++c) kgt.data()[c * kKeys + j] = 0;
+            }
+            gemm<false>(r_dots.data() + c0, n_cap, q_row, di_pad, 1, kgt.data(), kKeys, HI, kKeys, DI);
+            // Target: tau mk_sel mq^T per main key head, [m keys, its query heads], from the
+            // gathered key rows (read once each) against this row's transposed queries.
+            for (int64_t hk = 0; hk < Hk; ++hk) {
+              for (int64_t j = 0; j < m; ++j) {
+                const T* src = mk + ((b * d.Skv + sel.data()[c0 + j]) * Hk + hk) * D;
+                // The rows are scattered over mk: request the one kPrefetchRows ahead, so its
+                // cache misses overlap this row's copy.
+                if (j + kPrefetchRows < m) {
+                  const char* ahead = reinterpret_cast<const char*>(
+                      mk + ((b * d.Skv + sel.data()[c0 + j + kPrefetchRows]) * Hk + hk) * D);
+                  for (int64_t byte = 0; byte < D * int64_t(sizeof(T)); byte += 64) __builtin_prefetch(ahead + byte);
+                }
+                float* dst = mkg.data() + j * D;
+#pragma omp simd
+                for (int64_t c = 0; c < D; ++c) dst[c] = to_f32(src[c]);
+              }
+              gemm<false>(tile.data(), g_pad, mkg.data(), D, 1, mqt.data() + hk * D * g_pad, g_pad, m, g_pad, D);
+              const float* lse_h = mlse + row * H + hk * group;
+              for (int64_t j = 0; j < m; ++j) {
+                const float* c = tile.data() + j * g_pad;
+                float sum = 0;
+#pragma omp simd reduction(+ : sum)
+                for (int64_t h = 0; h < group; ++h) sum += fast_exp(scale * c[h] - lse_h[h]);
+                p[c0 + j] += sum;
+              }
+            }
+          }
+          for (int64_t s = 0; s < cols; ++s) p[s] *= inv_h;
+          // Scores over the selection and their lse.
+          float* sc = r_score.data();
+          for (int64_t c0 = 0; c0 < cols; c0 += kKeys) {
+            index_scores(sc + c0, r_dots.data() + c0, n_cap, w_blk + i * HI, HI);
+          }
+          float mx = -__builtin_inff();
+          for (int64_t s = 0; s < n; ++s) mx = sc[s] > mx ? sc[s] : mx;
           float sum = 0;
-          for (int64_t s = 0; s < n; ++s) sum += fast_exp(score.data()[s] - m);
-          lse = m + __builtin_logf(sum);
-          loss_and_grad(cols, &lse, [&](int64_t) { return n; });
+          for (int64_t s = 0; s < n; ++s) sum += fast_exp(sc[s] - mx);
+          const float lse = mx + __builtin_logf(sum);
+          loss_and_grad(1, cols, n_cap, sc, p, r_dots.data(), r_g2.data(), &lse, w_blk + i * HI,
+                        dw_acc.data() + i * HI, [&](int64_t, int64_t s) { return s < n; });
           // dq = G2 kg; dkg = G2^T q, scattered into the selected dk rows.
-          gemm<true>(dq_acc.data(), di_pad, g2.data(), width, 1, kg.data(), di_pad, HI, di_pad, cols);
-          gemm<false>(dkg.data(), di_pad, g2.data(), 1, width, qa.data(), di_pad, cols, di_pad, HI);
+          gemm<true>(dq_acc.data() + i * HI * di_pad, di_pad, r_g2.data(), n_cap, 1, kg.data(), di_pad, HI, di_pad,
+                     cols);
+          gemm<false>(dkg.data(), di_pad, r_g2.data(), 1, n_cap, q_row, di_pad, cols, di_pad, HI);
           for (int64_t j = 0; j < n; ++j) {
             float* dst = dk_acc + (b * skv_pad + sel.data()[j]) * di_pad;
             const float* src = dkg.data() + j * di_pad;
 #pragma omp simd
             for (int64_t c = 0; c < di_pad; ++c) dst[c] += src[c];
+          }
+        }
+      }
+      if (!dense) {  // leave the selection bitmaps zeroed for the next block
+        for (int64_t i = 0; i < rows; ++i) {
+          uint64_t* bits = selmap.data() + i * words;
+          for (int64_t e = 0; e < d.K; ++e) {
+            const int32_t s = idx[(row0 + i) * d.K + e];
+            if (s >= 0 && s < d.Skv) bits[s >> 6] = 0;
           }
         }
       }

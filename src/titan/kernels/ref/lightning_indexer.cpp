@@ -69,7 +69,8 @@ double indexer_kl_loss(T* dq, T* dk, acc_t<T>* dw, const T* q, const T* k, const
   using A = acc_t<T>;
   const int64_t group = td.H / td.Hk;
   std::vector<A> dk_acc(size_t(d.B * d.Skv * d.DI), A(0));  // [B, Skv, DI], rounded to T at the end
-  std::vector<int32_t> keys(size_t(d.Skv + d.K));           // the row's valid set V_t
+  std::vector<int32_t> keys(size_t(d.Skv));                 // the row's valid set V_t
+  std::vector<char> listed(size_t(d.Skv), 0);               // membership in V_t (a set)
   std::vector<A> dots, score, target, dq_acc(size_t(d.HI * d.DI));
   double loss = 0;
   for (int64_t b = 0; b < d.B; ++b) {
@@ -82,8 +83,9 @@ double indexer_kl_loss(T* dq, T* dk, acc_t<T>* dw, const T* q, const T* k, const
       } else {
         for (int64_t i = 0; i < d.K; ++i) {
           const int32_t s = idx[row * d.K + i];
-          if (s >= 0 && s < n_valid) keys[size_t(n++)] = s;
+          if (s >= 0 && s < n_valid && !listed[size_t(s)]) keys[size_t(n++)] = s, listed[size_t(s)] = 1;
         }
+        for (int64_t i = 0; i < n; ++i) listed[size_t(keys[size_t(i)])] = 0;
       }
       const T* qt = q + row * d.HI * d.DI;
       const A* wt = w + row * d.HI;

@@ -24,8 +24,8 @@ void indexer_topk(int32_t* idx,         // [B, S, K]
 
 // KL(p || softmax(I)) summed over all rows, with its gradient written (overwritten) into dq, dk
 // and dw, scaled by grad_scale (semantics: lightning_indexer.h). idx == nullptr is the dense
-// stage (every valid key); otherwise idx [B, S, d.K] lists each row's keys (invalid entries are
-// skipped; a key listed twice counts twice).
+// stage (every valid key); otherwise V_t is the set of valid entries of idx[t] (idx [B, S, d.K];
+// invalid entries are skipped, a key listed twice counts once).
 template <class T>
 double indexer_kl_loss(T* dq,                 // [B, S, HI, DI]
                        T* dk,                 // [B, Skv, DI]

@@ -66,6 +66,11 @@ const std::vector<std::pair<std::string, std::string>>& layer_names() {
       {"attention.kv_norm.weight", "self_attn.kv_a_layernorm.weight"},
       {"attention.wkv_b.weight", "self_attn.kv_b_proj.weight"},
       {"attention.wo.weight", "self_attn.o_proj.weight"},
+      {"attention.indexer.wq_b.weight", "self_attn.indexer.wq_b.weight"},
+      {"attention.indexer.wk.weight", "self_attn.indexer.wk.weight"},
+      {"attention.indexer.k_norm.weight", "self_attn.indexer.k_norm.weight"},
+      {"attention.indexer.k_norm.bias", "self_attn.indexer.k_norm.bias"},
+      {"attention.indexer.weights_proj.weight", "self_attn.indexer.weights_proj.weight"},
       {"attention_norm.weight", "input_layernorm.weight"},
       {"ffn_norm.weight", "post_attention_layernorm.weight"},
       {"feed_forward.w1.weight", "mlp.gate_proj.weight"},
@@ -100,13 +105,39 @@ int64_t hf_layer(const std::string& name) {
   }
 }
 
+// transformers' DeepSeek-V3.2 lists each layer's FFN ("dense" or "sparse" = MoE) and attention
+// kind; ours is "first n_dense_layers dense, then MoE" and DSA in every layer.
+void check_layer_types(const ConfigReader& r, DeepSeekV3Args& a) {
+  if (r.has("mlp_layer_types")) {
+    const json& types = r.at("mlp_layer_types");
+    if (!types.is_array() || int64_t(types.size()) != a.n_layers)
+      r.unsupported("mlp_layer_types", "is not a list of num_hidden_layers entries", "fix config.json");
+    int64_t dense = 0;
+    while (dense < a.n_layers && types[size_t(dense)] == "dense") ++dense;
+    for (int64_t l = dense; l < a.n_layers; ++l)
+      if (types[size_t(l)] != "sparse")
+        r.unsupported("mlp_layer_types", "entry " + std::to_string(l) + " is " + types[size_t(l)].dump() +
+                                             " after the dense prefix",
+                      "DeepSeek models put the dense FFN layers first and MoE ('sparse') after them");
+    a.n_dense_layers = dense;  // transformers builds the layers from this list, not first_k_dense_replace
+  }
+  if (r.has("layer_types")) {
+    const json& types = r.at("layer_types");
+    if (!types.is_array()) r.unsupported("layer_types", "is not a list", "fix config.json");
+    for (const json& t : types)
+      if (t != "indexed_attention")
+        r.unsupported("layer_types", "has the entry " + t.dump(), "every DeepSeek-V3.2 layer is 'indexed_attention'");
+  }
+}
+
 }  // namespace
 
 DeepSeekV3Args args_from_hf_config(const json& config, const std::string& source) {
   const ConfigReader r(config, source);
   const std::string model_type = r.string("model_type", "deepseek_v3");
-  if (model_type != "deepseek_v3")
-    r.unsupported("model_type", "is '" + model_type + "', not 'deepseek_v3'", "this adapter reads DeepSeek-V3 checkpoints");
+  if (model_type != "deepseek_v3" && model_type != "deepseek_v32")
+    r.unsupported("model_type", "is '" + model_type + "', not 'deepseek_v3' or 'deepseek_v32'",
+                  "this adapter reads DeepSeek-V3 and V3.2 checkpoints");
   DeepSeekV3Args a;
   a.vocab_size = r.integer("vocab_size");
   a.dim = r.integer("hidden_size");
@@ -144,6 +175,16 @@ DeepSeekV3Args args_from_hf_config(const json& config, const std::string& source
   if (!r.boolean("rope_interleave", true))
     r.unsupported("rope_interleave", "is false (rotate-half RoPE weights)",
                   "DeepSeek's checkpoints use interleaved RoPE; export with rope_interleave = true");
+  if (model_type == "deepseek_v32") {
+    // DeepSeek Sparse Attention: the lightning indexer (defaults: transformers' DeepseekV32Config).
+    check_layer_types(r, a);
+    a.index_n_heads = r.integer("index_n_heads", 64);
+    a.index_head_dim = r.integer("index_head_dim", 128);
+    a.index_topk = r.integer("index_topk", 2048);
+    a.index_hadamard = r.boolean("index_hadamard", true);  // ours; score-preserving, so HF has no such key
+    // (validate() below checks the indexer's shapes against the rest.)
+    if (a.index_n_heads <= 0) r.unsupported("index_n_heads", "is not positive", "DeepSeek-V3.2 uses 64");
+  }
 
   // RoPE: "rope_scaling" (DeepSeek's published configs) or "rope_parameters" (transformers >= 5,
   // which also moves rope_theta inside).
@@ -188,8 +229,8 @@ DeepSeekV3Args args_from_hf_config(const json& config, const std::string& source
 
 json hf_config_from_args(const DeepSeekV3Args& a) {
   json c = {
-      {"architectures", {"DeepseekV3ForCausalLM"}},
-      {"model_type", "deepseek_v3"},
+      {"architectures", {a.has_indexer() ? "DeepseekV32ForCausalLM" : "DeepseekV3ForCausalLM"}},
+      {"model_type", a.has_indexer() ? "deepseek_v32" : "deepseek_v3"},
       {"vocab_size", a.vocab_size},
       {"hidden_size", a.dim},
       {"intermediate_size", a.inter_dim},
@@ -223,6 +264,12 @@ json hf_config_from_args(const DeepSeekV3Args& a) {
       {"tie_word_embeddings", false},
       {"torch_dtype", "bfloat16"},
   };
+  if (a.has_indexer()) {
+    c["index_n_heads"] = a.index_n_heads;
+    c["index_head_dim"] = a.index_head_dim;
+    c["index_topk"] = a.index_topk;
+    c["index_hadamard"] = a.index_hadamard;
+  }
   if (a.yarn()) {
     c["rope_scaling"] = {{"type", "yarn"},
                          {"factor", a.rope_factor},
@@ -253,6 +300,14 @@ std::vector<std::pair<std::string, Shape>> state_shapes(const DeepSeekV3Args& a)
     out.push_back({p + "attention.kv_norm.weight", {a.kv_lora_rank}});
     out.push_back({p + "attention.wkv_b.weight", {h * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank}});
     out.push_back({p + "attention.wo.weight", {d, h * a.v_head_dim}});
+    if (a.has_indexer()) {
+      const int64_t di = a.index_head_dim;
+      out.push_back({p + "attention.indexer.wq_b.weight", {a.index_n_heads * di, a.q_lora_rank}});
+      out.push_back({p + "attention.indexer.wk.weight", {di, d}});
+      out.push_back({p + "attention.indexer.k_norm.weight", {di}});
+      out.push_back({p + "attention.indexer.k_norm.bias", {di}});
+      out.push_back({p + "attention.indexer.weights_proj.weight", {a.index_n_heads, d}});
+    }
     if (a.is_moe_layer(l)) {
       const int64_t si = mi * a.n_shared_experts;
       out.push_back({p + "moe.router.gate.weight", {e, d}});

@@ -14,7 +14,20 @@
 //   model.layers.L.mlp.shared_experts.{gate,up,down}_proj   moe.shared_experts.w1 / w3 / w2
 //   model.layers.L.mlp.experts.E.{gate,up,down}_proj        moe.experts.w1 / w3 / w2 [E] (stacked)
 //   model.norm.weight / lm_head.weight             norm.weight / output.weight
+//   model.layers.L.self_attn.indexer.{wq_b, wk, k_norm, weights_proj}   attention.indexer.<same>
+//                                                  (DeepSeek-V3.2 only; k_norm has weight and bias)
 //
+// DeepSeek-V3.2 (model_type "deepseek_v32", DeepseekV32ForCausalLM) is DeepSeek-V3 plus the
+// lightning indexer in every layer: config keys index_n_heads / index_head_dim / index_topk map to
+// the args fields of the same names (index_n_heads = 0 means V3), and index_hadamard, our own key
+// (the Hadamard rotation leaves index scores unchanged, so HF has none), defaults to true.
+// transformers' mlp_layer_types (dense prefix, then "sparse" = MoE) sets n_dense_layers when
+// present. The indexer's RoPE (rotate-half on its first qk_rope_head_dim dims) is fixed by the
+// architecture, so its weights also map unpermuted. Checked against transformers 5.24's
+// deepseek_v32: same names and shapes, LayerNorm k_norm (eps 1e-6), weights scaled by
+// index_n_heads^-0.5 and the scores by index_head_dim^-0.5 (one product, as in ours), q from
+// q_a_layernorm's output; HF's indexer runs without gradient (inference only) and skips the
+// Hadamard; its router is always sigmoid.
 // RoPE: HF's DeepSeek-V3 (rope_interleave = true, the default and what DeepSeek's checkpoints
 // need) rotates interleaved pairs, as our MLA does, so weights map without any permutation.
 // The MTP layer (model.layers.<n_layers>.*) is not part of this model and is skipped on load.
@@ -38,14 +51,16 @@
 
 namespace titan::models::deepseek_v3 {
 
-// config.json -> args. Checks model_type and the features we do not implement (biases, tied
-// embeddings, GQA, non-interleaved RoPE, unequal YaRN mscales); errors name the key and `source`.
+// config.json -> args (V3 or V3.2). Checks model_type and the features we do not implement (biases,
+// tied embeddings, GQA, non-interleaved RoPE, unequal YaRN mscales, a V3.2 indexer without query
+// latent); errors name the key and `source`.
 DeepSeekV3Args args_from_hf_config(const nlohmann::json& config, const std::string& source);
-// args -> config.json in the layout of DeepSeek's published configs.
+// args -> config.json in the layout of DeepSeek's published configs (V3.2's when args has an indexer).
 nlohmann::json hf_config_from_args(const DeepSeekV3Args& a);
 
 // Our state (parameters and buffers) for the full architecture of `a` in registration order:
-// MoE layers with router, stacked experts, shared experts and the expert bias.
+// MoE layers with router, stacked experts, shared experts and the expert bias; the indexer's
+// weights after attention.wo when a.has_indexer().
 std::vector<std::pair<std::string, Shape>> state_shapes(const DeepSeekV3Args& a);
 
 // The HF tensors our `name` comes from: one, or one per expert for stacked expert weights.
