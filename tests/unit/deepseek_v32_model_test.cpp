@@ -269,6 +269,33 @@ TEST(DeepSeekV32Model, IndexerAndMainModelLearnFromTheirOwnLossOnly) {
   }
 }
 
+TEST(DeepSeekV32Model, SparseDecodeMatchesTheSparseForward) {
+  // Generation attends to the top-k cached rows once the context exceeds k: a prompt decoded at
+  // once and then token by token gives the sparse forward's logits at every position.
+  auto m = model(tiny());
+  m->set_dsa(DsaStage::sparse, DsaImpl::fused, 0.01);
+  const Tensor tok = tokens();
+  Tensor full;
+  {
+    autograd::NoGradGuard no_grad;
+    full = m->forward(tok).value().clone();  // [B * S, V]
+    m->set_dsa(DsaStage::sparse, DsaImpl::fused, 0.01, kS);
+    const Tensor dense = m->forward(tok).value();
+    EXPECT_GT(max_diff(full, dense), 1e-3) << "top-5 of 12 should change the logits";
+    m->set_dsa(DsaStage::sparse, DsaImpl::fused, 0.01);
+  }
+  const int64_t vocab = full.size(1), prompt = 3;
+  m->start_generation(kB, kS);
+  auto expect_row = [&](const Tensor& got, int64_t pos) {
+    for (int64_t bi = 0; bi < kB; ++bi)
+      for (int64_t v = 0; v < vocab; ++v)
+        ASSERT_NEAR(got.data<float>()[bi * vocab + v], full.data<float>()[(bi * kS + pos) * vocab + v], 2e-4)
+            << "position " << pos;
+  };
+  expect_row(m->decode(tok.slice(1, 0, prompt).contiguous()), prompt - 1);
+  for (int64_t pos = prompt; pos < kS; ++pos) expect_row(m->decode(tok.slice(1, pos, pos + 1).contiguous()), pos);
+}
+
 TEST(DeepSeekV32Model, NoGradForwardSkipsTheIndexerLossAndRecomputeIsRefused) {
   auto m = model(tiny());
   {

@@ -22,7 +22,7 @@
 //   fused path is checked against.
 // Under bf16 compute the fused kernels run in bf16 (the absorbed-form products with wkv_b's f32
 // master in f32), and the small-op path casts its inputs to f32 and its output back. Generation
-// uses MLA's absorbed dense decode (Attention::forward_absorbed).
+// decodes sparse in the absorbed form with the fused kernels (Attention::forward_absorbed).
 #pragma once
 
 #include <string>

@@ -3,7 +3,9 @@
 
 #include "titan/kernels/attention_decode.h"
 #include "titan/kernels/columns.h"
+#include "titan/kernels/lightning_indexer.h"
 #include "titan/kernels/matmul.h"
+#include "titan/kernels/sparse_mla.h"
 
 namespace titan::models::deepseek_v3 {
 
@@ -17,7 +19,9 @@ std::unique_ptr<nn::Linear> linear(int64_t in, int64_t out, double std = DeepSee
 
 LatentCache LatentCache::allocate(const DeepSeekV3Args& a, int64_t batch, int64_t capacity) {
   return {Tensor::zeros({batch, capacity, 1, a.kv_lora_rank + a.qk_rope_head_dim}, DType::f32, MemCategory::activations),
-          Tensor::zeros({batch, capacity, 1, a.kv_lora_rank}, DType::f32, MemCategory::activations)};
+          Tensor::zeros({batch, capacity, 1, a.kv_lora_rank}, DType::f32, MemCategory::activations),
+          a.has_indexer() ? Tensor::zeros({batch, capacity, a.index_head_dim}, DType::f32, MemCategory::activations)
+                          : Tensor()};
 }
 
 Attention::Attention(const DeepSeekV3Args& a, int layer_id)
@@ -110,7 +114,8 @@ Tensor Attention::forward_absorbed(const Tensor& x, const kernels::RopeTables& r
                   ") do not fit the latent cache " + cache.kv.str(),
               "allocate the cache (LatentCache::allocate) for this batch and the longest sequence");
   const Variable xv(x);
-  const Tensor q = query(xv, rope, positions).value();        // [B, T, H, d_qk]
+  const Variable qr = wq ? Variable() : q_norm->forward(wq_a->forward(xv));  // [B, T, q_lora_rank]
+  const Tensor q = (wq ? query(xv, rope, positions) : query_from_latent(qr, rope, positions)).value();  // [B, T, H, d_qk]
   const Variable kv = latent_kv(xv, rope, positions);         // [B, T, 1, d_c + d_r]
   const Tensor c = kv_norm.forward(autograd::narrow_last(kv, 0, dc)).value();  // [B, T, 1, d_c]
   for (int64_t bi = 0; bi < b; ++bi) {
@@ -135,7 +140,23 @@ Tensor Attention::forward_absorbed(const Tensor& x, const kernels::RopeTables& r
   kernels::copy_columns(qa, dc, q, dn, dr);
   // MQA over the shared latent rows: key = all d_c + d_r dims, value = the first d_c.
   Tensor o_lat = Tensor::empty({b, t, h, dc}, DType::f32, MemCategory::activations);
-  kernels::attention_decode(o_lat, qa, cache.kv, cache.latent, past, scale_);
+  const int64_t context = past + t, topk = dsa.topk > 0 ? dsa.topk : index_topk_;
+  Indexer::Outputs ix;
+  if (indexer) {
+    ix = indexer->forward(xv, qr, rope, positions, dsa.impl);
+    for (int64_t bi = 0; bi < b; ++bi) cache.index_k.select(0, bi).slice(0, past, past + t).copy_(ix.k.value().select(0, bi));
+  }
+  if (indexer && context > topk) {
+    // The cached rows [0, context) as the kernels take them: queries are the last T of them.
+    const Tensor keys = cache.index_k.slice(1, 0, context).contiguous();                          // [B, L, DI]
+    const Tensor rows = cache.kv.slice(1, 0, context).contiguous().view({b, context, dc + dr});  // [B, L, d_c + d_r]
+    Tensor idx = Tensor::empty({b, t, topk}, DType::i32, MemCategory::activations);
+    kernels::indexer_topk(idx, ix.q.value(), keys, ix.w.value());
+    Tensor lse = Tensor::empty({b, t, h}, DType::f32, MemCategory::activations);
+    kernels::sparse_mla_forward(o_lat, lse, qa, rows, idx, dc, scale_);
+  } else {
+    kernels::attention_decode(o_lat, qa, cache.kv, cache.latent, past, scale_);
+  }
   // Back to per-head values: o_h = o_lat,h W_UV_h^T.
   Tensor o = Tensor::empty({b, t, h, v_dim_}, DType::f32, MemCategory::activations);
   {

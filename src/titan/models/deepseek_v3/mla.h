@@ -32,6 +32,7 @@ using autograd::Variable;
 struct LatentCache {
   Tensor kv;      // [B, capacity, 1, d_c + d_r] f32: kv_norm(c) | RoPE(k_r); the attention key
   Tensor latent;  // [B, capacity, 1, d_c] f32: kv_norm(c) again, contiguous, as the value
+  Tensor index_k;  // [B, capacity, DI] f32: the lightning indexer's keys (V3.2 only)
   static LatentCache allocate(const DeepSeekV3Args& a, int64_t batch, int64_t capacity);
 };
 
@@ -47,6 +48,9 @@ class Attention : public nn::Module {
   // Absorbed form (inference: f32, no autograd). x [B, T, D] holds the tokens at positions
   // past .. past + T - 1 (positions i32 [B, T]); their latent rows are written into the cache at
   // [past, past + T) and each attends to the cache rows up to its own. Returns [B, T, D].
+  // With an indexer (V3.2) each token attends only to the top-k cached rows by index score
+  // (kernels::indexer_topk + sparse_mla_forward) once the context exceeds k, as in sparse
+  // training; shorter contexts select every row, so the dense decode is used there.
   Tensor forward_absorbed(const Tensor& x, const kernels::RopeTables& rope, const Tensor& positions,
                           LatentCache& cache, int64_t past) const;
 
