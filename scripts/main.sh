@@ -12,11 +12,10 @@ shift || true
 default_run=()
 if [[ -z "$config" ]]; then
   config=configs/deepseek_v32_debug.toml
-  # Well under ten minutes on two busy cores: bf16 mixed precision, 20 dense warm-up steps
-  # (indexers only), then 60 sparse steps of one 512-token sequence (the sparse steps dominate:
-  # absorbed-form attention over 256 keys of width 576 per head).
-  default_run=(--training.mixed_precision_param=bfloat16 --training.local_batch_size=1
-               --training.steps=80 --dsa.warmup_steps=20
+  # About five minutes on two cores (ten when they are busy): f32, 20 dense warm-up steps (indexers
+  # only), then 80 sparse steps of one 512-token sequence (the sparse steps dominate: absorbed-form
+  # attention over 256 keys of width 576 per head).
+  default_run=(--training.local_batch_size=1 --training.steps=100 --dsa.warmup_steps=20
                --lr_scheduler.warmup_steps=10 --checkpoint.interval=1000 --metrics.log_freq=5
                --validation.local_batch_size=1 --validation.freq=1000 --validation.steps=4)
 fi
