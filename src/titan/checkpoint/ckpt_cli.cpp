@@ -82,9 +82,11 @@ int convert_to_hf(const fs::path& ckpt, const fs::path& hf_dir, const std::strin
     a = ds::args_from_hf_config(ck.train_state["hf_config"], (folder / "train_state.json").string());
   } else {
     std::string name = "deepseek_v3", from_config = flavor;
+    int64_t mtp_layers = 0;
     try {
       const toml::table t = toml::parse(ck.config_toml);
       name = t["model"]["name"].value_or(name);
+      mtp_layers = t["model"]["mtp_layers"].value_or(int64_t(0));
       if (from_config.empty()) from_config = t["model"]["flavor"].value_or(std::string());
     } catch (const toml::parse_error& e) {
       TITAN_FAIL((folder / "config.toml").string() + " does not parse: " + std::string(e.description()),
@@ -96,10 +98,11 @@ int convert_to_hf(const fs::path& ckpt, const fs::path& hf_dir, const std::strin
                 "pass --flavor (debugmodel, 16B, 236B, 671B)");
     const auto embedding = model_tensors.find("tok_embeddings.weight");
     a = ds::deepseek_v3_flavor(from_config, embedding == model_tensors.end() ? 0 : embedding->second.size(0));
+    a.num_mtp_layers = mtp_layers;  // trained with [model] mtp_layers: its MTP modules export too
     // A model trained without the MoE layer is all-dense (see deepseek_v3/model.h).
     bool has_moe = false;
     for (const auto& [n, t] : model_tensors) has_moe |= n.find(".moe.") != std::string::npos;
-    if (!has_moe) a.n_dense_layers = a.n_layers;
+    if (!has_moe) a.n_dense_layers = a.n_layers + a.num_mtp_layers;
   }
   // Exactly the architecture's weights, in its order; run-time buffers (e.g. MoE token counts)
   // have no place in an HF folder.

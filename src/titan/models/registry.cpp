@@ -3,14 +3,14 @@
 #include "titan/core/error.h"
 #include "titan/models/causal_lm.h"
 #include "titan/models/deepseek_v3/model.h"
+#include "titan/models/deepseek_v3/moe_layer.h"
 #include "titan/models/llama3/model.h"
 #include "titan/models/moe/moe.h"
 
 namespace titan::models {
 
-namespace {
 // DeepSeek-V3's MoE layers: routed + shared SwiGLU experts from models/moe, sized by the flavor.
-std::unique_ptr<BlockFeedForward> deepseek_v3_moe(const deepseek_v3::DeepSeekV3Args& a, int layer_id) {
+std::unique_ptr<BlockFeedForward> deepseek_v3::moe_layer(const deepseek_v3::DeepSeekV3Args& a, int layer_id) {
   moe::MoEArgs m;
   m.dim = a.dim;
   m.moe_inter_dim = a.moe_inter_dim;
@@ -25,10 +25,13 @@ std::unique_ptr<BlockFeedForward> deepseek_v3_moe(const deepseek_v3::DeepSeekV3A
   m.n_limited_groups = a.n_limited_groups;
   return std::make_unique<moe::MoE>(m, a.out_proj_std(layer_id));
 }
-}  // namespace
 
 std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string& flavor, int64_t vocab_size,
-                                      int64_t max_seq_len) {
+                                      int64_t max_seq_len, const ModelOptions& options) {
+  TITAN_CHECK(options.mtp_layers == 0 || name == "deepseek_v3",
+              "model.mtp_layers = " + std::to_string(options.mtp_layers) + ": model '" + name +
+                  "' has no multi-token prediction",
+              "set model.mtp_layers = 0 (only deepseek_v3 has MTP modules)");
   if (name == "llama3") {
     llama3::Llama3Args a = llama3::llama3_flavor(flavor, vocab_size);
     a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
@@ -37,7 +40,10 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
   if (name == "deepseek_v3") {
     deepseek_v3::DeepSeekV3Args a = deepseek_v3::deepseek_v3_flavor(flavor, vocab_size);
     a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
-    return std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3_moe);
+    a.num_mtp_layers = options.mtp_layers;
+    a.mtp_loss_weight = options.mtp_loss_weight;
+    a.validate();
+    return std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer);
   }
   std::string names;
   for (const auto& n : model_names()) names += (names.empty() ? "" : ", ") + n;

@@ -713,6 +713,13 @@ const std::vector<KeySpec>& config_schema() {
       {"model", "converters", member<&C::model, &Model::converters>, non_empty(),
        "Module swaps applied, in order, after the model is built (e.g. a fused kernel path in place of its "
        "small-op reference); the model checks the names."},
+      {"model", "mtp_layers", member<&C::model, &Model::mtp_layers>, at_least(0),
+       "Multi-token prediction modules (DeepSeek-V3 report, section 2.2; deepseek_v3 only): module k adds a block "
+       "that predicts the token k + 1 ahead, through the shared embedding and output head. 0: none; DeepSeek-V3 "
+       "trained with 1."},
+      {"model", "mtp_loss_weight", member<&C::model, &Model::mtp_loss_weight>, at_least(0),
+       "Weight lambda of the MTP loss: the training loss adds lambda / mtp_layers times the sum of the modules' "
+       "cross-entropies (logged unweighted as mtp_loss). DeepSeek-V3: 0.3, then 0.1 for the last 4.8T tokens."},
       // [training]
       {"training", "dataset", member<&C::training, &Training::dataset>, non_empty(), "Training dataset name."},
       {"training", "dataset_path", member<&C::training, &Training::dataset_path>, anything(),

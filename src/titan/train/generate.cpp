@@ -97,7 +97,9 @@ int generate_main(int argc, char** argv) {
   TITAN_CHECK(!tokenizer_path.empty(), "the checkpoint's config names no tokenizer (model.tokenizer_path)",
               "pass --tokenizer tokenizer.json");
   const data::Tokenizer tok = data::Tokenizer::load(tokenizer_path);
-  auto model = models::build_model(cfg.model.name, cfg.model.flavor, tok.vocab_size(), cfg.training.seq_len);
+  // The config's MTP modules too: the checkpoint holds their weights (generation does not use them).
+  auto model = models::build_model(cfg.model.name, cfg.model.flavor, tok.vocab_size(), cfg.training.seq_len,
+                                   {cfg.model.mtp_layers, cfg.model.mtp_loss_weight});
   std::map<std::string, Tensor> state;
   for (const auto& [name, t] : ck.tensors)
     if (name.rfind("model.", 0) == 0) state[name.substr(6)] = t;

@@ -120,7 +120,8 @@ Trainer::Trainer(const JobConfig& config, const std::string& source) : s_(std::m
                                                std::to_string(vocab),
                 "re-run `titan data prepare` with this tokenizer, or point model.tokenizer_path at the one it used");
   }
-  s.model = models::build_model(config.model.name, config.model.flavor, vocab, t.seq_len);
+  s.model = models::build_model(config.model.name, config.model.flavor, vocab, t.seq_len,
+                                {config.model.mtp_layers, config.model.mtp_loss_weight});
   TITAN_CHECK(config.model.converters.empty(), source + ": model.converters " + config.model.converters[0] +
                                                    " is not known to model " + config.model.name,
               "remove model.converters (llama3 has none)");
@@ -251,6 +252,7 @@ TrainResult Trainer::train() {
       s.train_loader->next_batch(s.inputs.data<int32_t>(), s.targets.data<int32_t>(), int(t.local_batch_size),
                                  int(t.seq_len));
       data_seconds += s.train_loader->seconds_spent() - d0;
+      s.model->set_targets(s.targets);  // multi-token prediction scores tokens further ahead
       Variable loss = autograd::cross_entropy(s.model->forward(s.inputs), s.targets);
       loss_sum += loss.value().item();
       for (const Variable& aux : s.model->auxiliary_losses()) {
