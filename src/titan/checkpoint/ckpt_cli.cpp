@@ -1,5 +1,6 @@
 #include "titan/checkpoint/ckpt_cli.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
@@ -80,6 +81,11 @@ int convert_to_hf(const fs::path& ckpt, const fs::path& hf_dir, const std::strin
   ds::DeepSeekV3Args a;
   if (ck.train_state.contains("hf_config")) {
     a = ds::args_from_hf_config(ck.train_state["hf_config"], (folder / "train_state.json").string());
+    // A run continued from it may have trained fewer MTP modules than the original had (mtp_layers).
+    int64_t mtp = 0;
+    while (model_tensors.count("mtp." + std::to_string(mtp) + ".eh_proj.weight")) ++mtp;
+    a.num_mtp_layers = mtp;
+    a.n_dense_layers = std::min(a.n_dense_layers, a.n_layers + mtp);
   } else {
     std::string name = "deepseek_v3", from_config = flavor;
     int64_t mtp_layers = 0;

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "titan/nn/module.h"
 
 namespace titan::models {
@@ -45,6 +47,10 @@ class CausalLM : public nn::Module {
 struct ModelOptions {
   int64_t mtp_layers = 0;        // multi-token prediction modules (DeepSeek-V3 only)
   double mtp_loss_weight = 0.3;  // their loss weight lambda
+  // deepseek_v3: the architecture of this Hugging Face config.json (a checkpoint converted by
+  // `titan ckpt convert --from-hf` records it) instead of the flavor's; its vocabulary may
+  // exceed the tokenizer's (DeepSeek pads it), never fall short.
+  const nlohmann::json* hf_config = nullptr;
 };
 
 // Builds `name` ("llama3", ...) at `flavor` with the tokenizer's vocabulary size. The

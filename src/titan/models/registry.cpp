@@ -2,6 +2,7 @@
 
 #include "titan/core/error.h"
 #include "titan/models/causal_lm.h"
+#include "titan/models/deepseek_v3/hf_adapter.h"
 #include "titan/models/deepseek_v3/model.h"
 #include "titan/models/deepseek_v3/moe_layer.h"
 #include "titan/models/llama3/model.h"
@@ -36,6 +37,20 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
     llama3::Llama3Args a = llama3::llama3_flavor(flavor, vocab_size);
     a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
     return std::make_unique<llama3::Transformer>(a);
+  }
+  TITAN_CHECK(!options.hf_config || name == "deepseek_v3",
+              "a Hugging Face architecture was given for model '" + name + "'",
+              "only deepseek_v3 checkpoints convert from Hugging Face; set [model] name = \"deepseek_v3\"");
+  if (name == "deepseek_v3" && options.hf_config) {
+    deepseek_v3::DeepSeekV3Args a = deepseek_v3::args_from_hf_config(*options.hf_config, "the checkpoint's hf_config");
+    TITAN_CHECK(a.vocab_size >= vocab_size, "the Hugging Face model has " + std::to_string(a.vocab_size) +
+                                                " token embeddings but the tokenizer has " + std::to_string(vocab_size) + " tokens",
+                "prepare the dataset with the tokenizer that came with the model");
+    a.num_mtp_layers = options.mtp_layers;  // the config's MTP modules train only when asked for
+    a.mtp_loss_weight = options.mtp_loss_weight;
+    a.n_dense_layers = std::min(a.n_dense_layers, a.n_layers + a.num_mtp_layers);
+    a.validate();
+    return std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer);
   }
   if (name == "deepseek_v3") {
     deepseek_v3::DeepSeekV3Args a = deepseek_v3::deepseek_v3_flavor(flavor, vocab_size);

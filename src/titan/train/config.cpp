@@ -815,7 +815,9 @@ const std::vector<KeySpec>& config_schema() {
       {"checkpoint", "export_dtype", member<&C::checkpoint, &Checkpoint::export_dtype>,
        one_of({"float16", "bfloat16", "float32"}), "Type of the weights in a model-only final checkpoint."},
       {"checkpoint", "initial_load_path", member<&C::checkpoint, &Checkpoint::initial_load_path>, anything(),
-       "Checkpoint to start from when the checkpoint folder holds none (e.g. pretrained weights). Empty: none."},
+       "Checkpoint to start from when the checkpoint folder holds none (e.g. pretrained weights). Empty: none. "
+       "One converted by `titan ckpt convert --from-hf` also sets the architecture (its config.json; "
+       "model.flavor is then not used)."},
       {"checkpoint", "initial_load_model_only", member<&C::checkpoint, &Checkpoint::initial_load_model_only>,
        anything(), "Load only the model weights from initial_load_path: a fresh optimizer, starting at step 0."},
       {"checkpoint", "initial_load_in_hf", member<&C::checkpoint, &Checkpoint::initial_load_in_hf>, anything(),
