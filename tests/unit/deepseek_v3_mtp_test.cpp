@@ -1,5 +1,6 @@
 // DeepSeek-V3 multi-token prediction (mtp.h): the loss against a composition written out here
-// from the model's own pieces, its gradient against finite differences, the argument checks,
+// from the model's own pieces, its gradient against finite differences (and under recompute),
+// the argument checks,
 // the Hugging Face names both ways (with the MTP layer's shared copies), and a few training steps
 // through `titan train` with the key that turns it on.
 #include <gtest/gtest.h>
@@ -100,6 +101,24 @@ TEST(DeepSeekV3Mtp, LossMatchesTheComposition) {
     EXPECT_EQ(m.mtp->last_losses().size(), size_t(d));
     EXPECT_NEAR(m.mtp->last_losses()[0], std::log(24.0), 0.5);  // an untrained head: about chance
   }
+}
+
+// Full activation recompute covers the MTP blocks too, with the same loss and gradients.
+TEST(DeepSeekV3Mtp, RecomputeGivesTheSameGradients) {
+  const Batch b;
+  std::vector<std::map<std::string, std::vector<double>>> grads;
+  for (models::Recompute rc : {models::Recompute::none, models::Recompute::full}) {
+    Transformer m(tiny_args(2), moe_layer);
+    m.init_parameters(9);
+    m.set_recompute(rc);
+    Variable loss = mtp_loss(m, b);
+    autograd::backward(loss);
+    grads.emplace_back();
+    for (auto& [name, p] : m.named_parameters())
+      if (p->var.grad().defined()) grads.back()[name] = test::to_doubles(p->var.grad());
+  }
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (const auto& [name, g] : grads[0]) EXPECT_EQ(g, grads[1].at(name)) << name;
 }
 
 TEST(DeepSeekV3Mtp, OnlyTheForwardAfterSetTargetsComputesIt) {
@@ -296,7 +315,7 @@ TEST(DeepSeekV3Mtp, TrainsThroughTheTrainer) {
   data::prepare_dataset(o, bytes);
   const std::string toml = "[job]\ndump_folder = \"" + (root.path / "run").string() +
                            "\"\n[model]\nname = \"deepseek_v3\"\nflavor = \"debugmodel\"\nmtp_layers = 1\n"
-                           "mtp_loss_weight = 0.3\n[training]\nlocal_batch_size = 2\nseq_len = 32\nsteps = 8\n"
+                           "mtp_loss_weight = 0.3\n[training]\nlocal_batch_size = 2\nseq_len = 16\nsteps = 8\n"
                            "dataset_path = \"" + (root.path / "data/prepared").string() +
                            "\"\nmixed_precision_param = \"float32\"\n[optimizer]\nlr = 1e-3\n[lr_scheduler]\n"
                            "warmup_steps = 2\n[activation_checkpoint]\nmode = \"none\"\n[checkpoint]\nenable = false\n[metrics]\nlog_freq = 1\n"
