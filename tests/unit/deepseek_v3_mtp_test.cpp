@@ -270,6 +270,7 @@ TEST(DeepSeekV3Mtp, HuggingFaceNamesRoundTrip) {
             std::vector<std::string>{"model.layers.2.self_attn.kv_b_proj.weight"});
   EXPECT_EQ(hf_names("mtp.0.block.moe.experts.w2", a).back(), "model.layers.2.mlp.experts.3.down_proj.weight");
   EXPECT_THROW(hf_names("mtp.0.block.norm.weight", a), Error);
+  EXPECT_THROW(hf_names("mtp.x.enorm.weight", a), Error);
 
   const TempDir dir("hf");
   checkpoint::HfWriteOptions opt;

@@ -312,8 +312,9 @@ std::vector<std::string> hf_names(const std::string& name, const DeepSeekV3Args&
   const bool is_mtp = name.rfind("mtp.", 0) == 0;
   const std::string layers = is_mtp ? "mtp." : "layers.";
   const size_t dot = name.find('.', layers.size());
-  if (name.rfind(layers, 0) == 0 && dot != std::string::npos) {
-    const std::string layer = name.substr(layers.size(), dot - layers.size());
+  const std::string layer =
+      name.rfind(layers, 0) == 0 && dot != std::string::npos ? name.substr(layers.size(), dot - layers.size()) : "";
+  if (!layer.empty() && layer.find_first_not_of("0123456789") == std::string::npos) {
     std::string rest = name.substr(dot + 1), hf_prefix = "model.layers." + layer + ".";
     if (is_mtp) {
       hf_prefix = "model.layers." + std::to_string(a.n_layers + std::stoll(layer)) + ".";
