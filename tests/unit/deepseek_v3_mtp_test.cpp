@@ -218,6 +218,13 @@ TEST(DeepSeekV3Mtp, ArgsAndErrors) {
   EXPECT_EQ(m.num_parameters(), c.total + c.mtp);
   EXPECT_EQ(c.total, tiny_args(0).parameters().total);
   EXPECT_GT(a.training_flops_per_token(8), tiny_args(0).training_flops_per_token(8));
+  // DeepSeek-V3's published 685B = 671B + a 14B MTP module counted with its own copies of the
+  // embedding and head, which ours shares.
+  DeepSeekV3Args big = deepseek_v3_flavor("671B");
+  big.num_mtp_layers = 1;
+  const DeepSeekV3Args::ParamCount bc = big.parameters();
+  EXPECT_NEAR(double(bc.mtp + 2 * bc.embedding) / 1e9, 14.0, 0.6);
+  EXPECT_NEAR(double(bc.total + bc.mtp + 2 * bc.embedding) / 1e9, 685.0, 1.5);
   // Too short a sequence for the deepest module.
   Transformer deep(tiny_args(2), moe_layer);
   deep.init_parameters(1);
