@@ -81,8 +81,8 @@ constexpr int64_t kAccBytes = int64_t(512) << 20;
 
 // At least one query per thread, so the per-query dkv stage keeps every thread busy.
 int64_t chunk_rows(const SparseMlaDims& d, int64_t elem, bool backward) {
-  int64_t per_query = d.K * d.Dqk * elem + d.K * 4 + d.H * d.K * (4 + elem);  // rows, bias, scores, P
-  if (backward) per_query += d.H * d.K * (4 + elem);                          // dA, dS
+  int64_t per_query = d.K * d.Dqk * elem + d.K * 4 + d.H * d.K * (4 + elem);  // rows, bias, scores, P (or dS)
+  if (backward) per_query += d.H * d.K * 4;                                   // dA
   return std::clamp<int64_t>(std::max<int64_t>(kChunkBytes / per_query, num_threads()), 1, d.S);
 }
 
@@ -146,7 +146,7 @@ void staged_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, cons
   Tensor rows = Tensor::empty({chunk, d.K, d.Dqk}, dt);
   Tensor bias = Tensor::empty({chunk, d.K}, DType::f32);
   Tensor scores = Tensor::empty({chunk, d.H, d.K}, DType::f32), da = Tensor::empty({chunk, d.H, d.K}, DType::f32);
-  Tensor p = Tensor::empty({chunk, d.H, d.K}, dt), ds = Tensor::empty({chunk, d.H, d.K}, dt);
+  Tensor ds = Tensor::empty({chunk, d.H, d.K}, dt);  // dS as the dq GEMM's operand
   Tensor acc = dkv_accumulators(d);
   const int64_t parts = acc.size(0);
   const auto gather = TITAN_CPU_KERNEL(sparse_mla_gather<T>);
@@ -165,15 +165,16 @@ void staged_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, cons
       // dA[q] = dO[q] rows[q][:, :Dv]^T: [H, Dv] x [Dv, K]
       Gemm(nq, d.H, d.K, d.Dv).a(d.Dv, d.H * d.Dv).b(d.Dqk, d.K * d.Dqk, true).c(d.K, d.H * d.K)
           .run(da.data<float>(), DType::f32, doc, rows.data<T>(), dt);
-      softmax_grad(p.data<T>(), ds.data<T>(), scores.data<float>(), da.data<float>(), bias.data<float>(),
-                   lse + row0 * d.H, doc, o + row0 * d.H * d.Dv, nq, d);
+      // scores become P and dA becomes dS, both f32 for the dkv stage; dS also in T for the GEMM.
+      softmax_grad(ds.data<T>(), scores.data<float>(), da.data<float>(), bias.data<float>(), lse + row0 * d.H, doc,
+                   o + row0 * d.H * d.Dv, nq, d);
       // dq[q] = scale * dS[q] rows[q]: [H, K] x [K, Dqk], written straight into dq
       Gemm(nq, d.H, d.Dqk, d.K).a(d.K, d.H * d.K).b(d.Dqk, d.K * d.Dqk).c(d.Dqk, d.H * d.Dqk).scaled(d.scale)
           .run(dq + row0 * d.H * d.Dqk, dt, ds.data<T>(), rows.data<T>(), dt);
       // dkv[idx[q, i]] += scale * dS[q][:, i]^T Q[q] + P[q][:, i]^T dO[q]: the selected rows'
       // key and value roles, added in place (a [K, Dqk] product per query would be all memory
       // traffic at inner dimension H).
-      dkv_accumulate(acc.data<float>(), parts, p.data<T>(), ds.data<T>(), qc, doc, bias.data<float>(),
+      dkv_accumulate(acc.data<float>(), parts, scores.data<float>(), da.data<float>(), qc, doc, bias.data<float>(),
                      idx + row0 * d.K, nq, d);
     }
     dkv_reduce(dkv + b * d.Skv * d.Dqk, acc.data<float>(), parts, d);

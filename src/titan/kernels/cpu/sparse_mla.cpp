@@ -190,8 +190,8 @@ void sparse_mla_softmax(T* p, float* lse, const float* scores, const float* bias
 }
 
 template <class T>
-void sparse_mla_softmax_grad(T* p, T* ds, const float* scores, const float* da, const float* bias, const float* lse,
-                             const T* dout, const T* o, int64_t nq, const SparseMlaDims& d) {
+void sparse_mla_softmax_grad(T* ds, float* scores_p, float* da_ds, const float* bias, const float* lse, const T* dout,
+                             const T* o, int64_t nq, const SparseMlaDims& d) {
   const int64_t K = d.K;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < nq * d.H; ++r) {
@@ -200,18 +200,19 @@ void sparse_mla_softmax_grad(T* p, T* ds, const float* scores, const float* da, 
     float delta = 0;  // rowsum(dO * O) = sum_i P_i dA_i
 #pragma omp simd reduction(+ : delta)
     for (int64_t c = 0; c < d.Dv; ++c) delta += to_f32(dor[c]) * to_f32(orow[c]);
-    const float* s = scores + r * K;
-    const float* dar = da + r * K;
+    float* s = scores_p + r * K;
+    float* dar = da_ds + r * K;
     const float* b = bias + (r / d.H) * K;
     // An empty row has lse = +inf: every P is exp(-inf) = 0, so it sends no gradient anywhere.
     const float row_lse = lse[r];
-    T* pr = p + r * K;
     T* dsr = ds + r * K;
 #pragma omp simd
     for (int64_t i = 0; i < K; ++i) {
       const float pi = fast_exp(s[i] + b[i] - row_lse);
-      pr[i] = from_f32<T>(pi);
-      dsr[i] = from_f32<T>(pi * (dar[i] - delta));
+      const float dsi = pi * (dar[i] - delta);
+      s[i] = pi;
+      dar[i] = dsi;
+      dsr[i] = from_f32<T>(dsi);
     }
   }
 }
@@ -219,7 +220,7 @@ void sparse_mla_softmax_grad(T* p, T* ds, const float* scores, const float* da, 
 int64_t sparse_mla_acc_width(int64_t dqk) { return (dqk + kLanes - 1) / kLanes * kLanes; }
 
 template <class T>
-void sparse_mla_dkv_accumulate(float* acc, int64_t parts, const T* p, const T* ds, const T* q, const T* dout,
+void sparse_mla_dkv_accumulate(float* acc, int64_t parts, const float* p, const float* ds, const T* q, const T* dout,
                                const float* bias, const int32_t* idx, int64_t nq, const SparseMlaDims& d) {
   // Per query, the dkv rows of its valid slots are one product with inner dimension 2H:
   //   [n, 2H] x [2H, Dqk]  with  A[r] = (scale * dS[:, i_r], P[:, i_r])  and  B = (Q ; dO padded to Dqk),
@@ -241,15 +242,15 @@ void sparse_mla_dkv_accumulate(float* acc, int64_t parts, const T* p, const T* d
     for (int64_t qi = 0; qi < nq; ++qi) {
       const float* bq = bias + qi * d.K;
       const int32_t* sel = idx + qi * d.K;
-      const T* pq = p + qi * d.H * d.K;
-      const T* dsq = ds + qi * d.H * d.K;
+      const float* pq = p + qi * d.H * d.K;
+      const float* dsq = ds + qi * d.H * d.K;
       int64_t n = 0;
       for (int64_t i = 0; i < d.K; ++i) {
         if (bq[i] != 0.0f) continue;  // invalid slot
         float* ar = a.data() + n * inner;
         for (int64_t h = 0; h < d.H; ++h) {
-          ar[h] = scale * to_f32(dsq[h * d.K + i]);
-          ar[d.H + h] = to_f32(pq[h * d.K + i]);
+          ar[h] = scale * dsq[h * d.K + i];
+          ar[d.H + h] = pq[h * d.K + i];
         }
         c.data()[n++] = mine + int64_t(sel[i]) * width;
       }
@@ -466,9 +467,9 @@ template void sparse_mla_backward<float>(float*, float*, const float*, const flo
 template void sparse_mla_gather<bf16>(bf16*, float*, const bf16*, const int32_t*, int64_t, int64_t,
                                       const SparseMlaDims&);
 template void sparse_mla_softmax<bf16>(bf16*, float*, const float*, const float*, int64_t, const SparseMlaDims&);
-template void sparse_mla_softmax_grad<bf16>(bf16*, bf16*, const float*, const float*, const float*, const float*,
-                                            const bf16*, const bf16*, int64_t, const SparseMlaDims&);
-template void sparse_mla_dkv_accumulate<bf16>(float*, int64_t, const bf16*, const bf16*, const bf16*, const bf16*,
+template void sparse_mla_softmax_grad<bf16>(bf16*, float*, float*, const float*, const float*, const bf16*, const bf16*,
+                                            int64_t, const SparseMlaDims&);
+template void sparse_mla_dkv_accumulate<bf16>(float*, int64_t, const float*, const float*, const bf16*, const bf16*,
                                               const float*, const int32_t*, int64_t, const SparseMlaDims&);
 template void sparse_mla_dkv_reduce<bf16>(bf16*, float*, int64_t, const SparseMlaDims&);
 

@@ -16,7 +16,8 @@
 //   softmax    lse, P = exp(scores + bias - lse)
 //   GEMM       O[q] = P[q] rows[q][:, :Dv]
 // and in the backward, after the scores GEMM and dA[q] = dO[q] rows[q][:, :Dv]^T:
-//   softmax_grad  P and dS = P * (dA - rowsum(dO * O))
+//   softmax_grad  P and dS = P * (dA - rowsum(dO * O)), in place of the scores and dA (f32, for
+//                 dkv) and dS once more in T (the GEMM operand)
 //   GEMM       dQ[q] = scale * dS[q] rows[q]
 //   dkv_accumulate  acc[part][idx[q, i], :] += scale * dS[q][:, i]^T Q[q] + P[q][:, i]^T dO[q] (first Dv),
 //                   valid slots only, straight into the selected rows of a per-thread accumulator
@@ -39,11 +40,11 @@
   void sparse_mla_softmax(T* p, float* lse, const float* scores, const float* bias, int64_t nq,                     \
                           const ::titan::kernels::SparseMlaDims& d);                                                \
   template <class T>                                                                                                \
-  void sparse_mla_softmax_grad(T* p, T* ds, const float* scores, const float* da, const float* bias,               \
-                               const float* lse, const T* dout, const T* o, int64_t nq,                             \
-                               const ::titan::kernels::SparseMlaDims& d);                                           \
+  void sparse_mla_softmax_grad(T* ds, float* scores_p, float* da_ds, const float* bias, const float* lse,         \
+                               const T* dout, const T* o, int64_t nq, const ::titan::kernels::SparseMlaDims& d);    \
   template <class T>                                                                                                \
-  void sparse_mla_dkv_accumulate(float* acc, int64_t parts, const T* p, const T* ds, const T* q, const T* dout,     \
+  void sparse_mla_dkv_accumulate(float* acc, int64_t parts, const float* p, const float* ds, const T* q,            \
+                                 const T* dout,                                                                     \
                                  const float* bias, const int32_t* idx, int64_t nq,                                 \
                                  const ::titan::kernels::SparseMlaDims& d);                                         \
   template <class T>                                                                                                \
