@@ -1,7 +1,8 @@
 // Rows of the op table for kernels/sparse_mla, through the Tensor API under the fast and the
 // reference backend. dims = {B, S, Skv, H, Dqk, Dv, K, invalid}: S = 1, K larger than the valid
 // keys, odd heads and widths (7 and 37 heads, 33/17), the small 40/32 split, DeepSeek's 576/512,
-// 128 heads (several head vectors per tile), Skv > S, and invalid = 1 for rows that also draw future keys, >= Skv and -1 slots (0: causal top-k rows).
+// 128 heads (several head vectors per tile), Skv > S, and invalid = 1 for rows that also draw
+// future keys, >= Skv and -1 slots (0: causal top-k rows).
 #include <cmath>
 
 #include "common/backend_compare.h"
