@@ -148,12 +148,12 @@ void sparse_mla_forward(T* o, float* lse, const T* q, const T* kv, const int32_t
 #pragma omp parallel
   {
     // Per-thread buffers of one query, zero-initialized so every padding lane is a finite 0.
-    Scratch<float> g(p.Kp * p.Dp, ScratchInit::zeroed);             // [Kp, Dp] its valid rows, f32
-    Scratch<float> qt(d.Dqk * p.Hs, ScratchInit::zeroed);     // [Dqk, Hs] scale * q^T
+    Scratch<float> g(p.Kp * p.Dp, ScratchInit::zeroed);    // [Kp, Dp] its valid rows, f32
+    Scratch<float> qt(d.Dqk * p.Hs, ScratchInit::zeroed);  // [Dqk, Hs] scale * q^T
     // [Kp + 1, Hs] scores, then P, slot by head; the extra row covers the head-padding rows of
     // the output tile, which read up to Hr - Hs < 16 floats past the last slot.
     Scratch<float> st((p.Kp + 1) * p.Hs, ScratchInit::zeroed);
-    Scratch<float> out(p.Hr * p.Dvp, ScratchInit::zeroed);          // [Hr, Dvp] o rows (P is already normalized)
+    Scratch<float> out(p.Hr * p.Dvp, ScratchInit::zeroed);  // [Hr, Dvp] o rows (P is already normalized)
     Scratch<float> m(p.Hs, ScratchInit::zeroed), l(p.Hs, ScratchInit::zeroed);  // [Hs] per-head max, sum
     Scratch<int32_t> keys(d.K, ScratchInit::zeroed);
     Scratch<float*> c(p.Kp > p.Hr ? p.Kp : p.Hr, ScratchInit::zeroed);
@@ -216,13 +216,13 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
 #pragma omp parallel num_threads(int(parts))
   {
     float* mine = acc + int64_t(omp_get_thread_num()) * d.Skv * p.Dp;  // this thread's dkv, f32
-    Scratch<float> g(p.Kp * p.Dp, ScratchInit::zeroed);            // [Kp, Dp] valid rows
-    Scratch<float> qdt(p.Dp * w2, ScratchInit::zeroed);             // [Dp, 2 Hs] (scale q^T | dO^T, 0 past Dv)
-    Scratch<float> b2(w2 * p.Dp, ScratchInit::zeroed);             // [2 Hs, Dp] (q ; dO, 0 past Dv)
-    Scratch<float> st((p.Kp + 1) * w2, ScratchInit::zeroed);       // [Kp + 1, 2 Hs] see the forward's st
-    Scratch<float> dqb(p.Hr * p.Dp, ScratchInit::zeroed);          // [Hr, Dp] dq rows
+    Scratch<float> g(p.Kp * p.Dp, ScratchInit::zeroed);       // [Kp, Dp] valid rows
+    Scratch<float> qdt(p.Dp * w2, ScratchInit::zeroed);       // [Dp, 2 Hs] (scale q^T | dO^T, 0 past Dv)
+    Scratch<float> b2(w2 * p.Dp, ScratchInit::zeroed);        // [2 Hs, Dp] (q ; dO, 0 past Dv)
+    Scratch<float> st((p.Kp + 1) * w2, ScratchInit::zeroed);  // [Kp + 1, 2 Hs] see the forward's st
+    Scratch<float> dqb(p.Hr * p.Dp, ScratchInit::zeroed);     // [Hr, Dp] dq rows
     Scratch<float> lse_h(p.Hs, ScratchInit::zeroed), delta(p.Hs, ScratchInit::zeroed);  // [Hs]
-    Scratch<float> dummy(p.Dp, ScratchInit::zeroed);               // C row of padding rows, never read
+    Scratch<float> dummy(p.Dp, ScratchInit::zeroed);          // C row of padding rows, never read
     Scratch<int32_t> keys(d.K, ScratchInit::zeroed);
     Scratch<float*> c(p.Kp > p.Hr ? p.Kp : p.Hr, ScratchInit::zeroed);
     for (int64_t h = d.H; h < p.Hs; ++h) lse_h.data()[h] = kInf;  // padding heads: P = 0
