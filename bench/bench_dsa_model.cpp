@@ -7,8 +7,6 @@
 // Each configuration runs in a fresh process (this binary with --child), so the resident-memory
 // high-water mark is its own.
 //   build/bench/bench_dsa_model [--seq 4096] [--long 4096,8192,16384,32768] [--dense 4096,8192]
-#include <sys/resource.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -50,14 +48,8 @@ struct Result {
   int64_t rss_growth = 0;  // resident-memory high-water growth over the run
 };
 
-int64_t max_rss_bytes() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return int64_t(u.ru_maxrss) * 1024;
-}
-
 Result run_here(const Run& r) {
-  const int64_t rss0 = max_rss_bytes();
+  const int64_t rss0 = bench::max_rss_bytes();
   auto model = models::build_model(r.model, "debugmodel", kVocab, r.seq);
   model->init_parameters(0);
   auto* v3 = dynamic_cast<models::deepseek_v3::Transformer*>(model.get());
@@ -82,20 +74,11 @@ Result run_here(const Run& r) {
   out.seq = r.seq;
   out.seconds_per_step = bench::time_best(step, r.seq >= 16384 ? 1 : 2, 1);
   out.peak_bytes = memory_stats().peak_total;
-  out.rss_growth = max_rss_bytes() - rss0;
+  out.rss_growth = bench::max_rss_bytes() - rss0;
   return out;
 }
 
 std::string g_self;
-
-std::string read_command(const std::string& cmd) {
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {};
-  std::string out;
-  char buf[4096];
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  return pclose(p) == 0 ? out : std::string();
-}
 
 const char* impl_name(DsaImpl i) { return i == DsaImpl::fused ? "fused" : "small_ops"; }
 const char* stage_name(DsaStage s) { return s == DsaStage::sparse ? "sparse" : "dense_warmup"; }
@@ -103,7 +86,7 @@ const char* stage_name(DsaStage s) { return s == DsaStage::sparse ? "sparse" : "
 Result run(const Run& r) {
   const std::string cmd = g_self + " --child " + r.model + " " + impl_name(r.impl) + " " + stage_name(r.stage) + " " +
                           std::to_string(r.seq);
-  const std::string out = read_command(cmd);
+  const std::string out = bench::read_command(cmd);
   Result res;
   if (out.empty() || out.rfind('{') == std::string::npos) return res;
   const auto j = nlohmann::json::parse(out.substr(out.rfind('{')));

@@ -83,15 +83,6 @@ struct Problem {
   }
 };
 
-std::string read_command(const std::string& cmd) {
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {};
-  std::string out;
-  char buf[4096];
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  return pclose(p) == 0 ? out : std::string();
-}
-
 // The same op in PyTorch eager (reference/bench_sparse_mla_torch.py): {fwd_s, fwd_bwd_s}.
 std::optional<nlohmann::json> run_torch(const Problem& p, int reps) {
   const char* py = "reference/.venv/bin/python";
@@ -103,7 +94,7 @@ std::optional<nlohmann::json> run_torch(const Problem& p, int reps) {
                           std::to_string(p.Dv) + " --topk " + std::to_string(p.K) + " --dtype " +
                           (p.dtype == DType::f32 ? "float32" : "bfloat16") + " --reps " + std::to_string(reps) +
                           " --chunk " + std::to_string(chunk) + " 2>/dev/null";
-  const std::string out = read_command(cmd);
+  const std::string out = bench::read_command(cmd);
   if (out.empty()) return std::nullopt;
   return nlohmann::json::parse(out.substr(out.rfind('{')));
 }
