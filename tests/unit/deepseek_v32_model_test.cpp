@@ -296,6 +296,19 @@ TEST(DeepSeekV32Model, SparseDecodeMatchesTheSparseForward) {
   for (int64_t pos = prompt; pos < kS; ++pos) expect_row(m->decode(tok.slice(1, pos, pos + 1).contiguous()), pos);
 }
 
+TEST(DeepSeekV32Model, MtpBlocksFollowTheDsaStageAndTrainTheirIndexer) {
+  DeepSeekV3Args a = tiny();
+  a.num_mtp_layers = 1;
+  auto m = model(a);
+  m->set_dsa(DsaStage::dense_warmup, DsaImpl::fused, 0.01);
+  m->set_targets(targets());
+  const StepResult r = run(*m, false, true);
+  EXPECT_TRUE(r.grads.at("mtp.0.block.attention.indexer.wq_b.weight").defined());
+  EXPECT_FALSE(r.grads.at("mtp.0.block.attention.wkv_b.weight").defined());  // frozen in the warm-up
+  EXPECT_TRUE(r.grads.at("layers.0.attention.indexer.wk.weight").defined());
+  EXPECT_EQ(m->auxiliary_losses().size(), 4u);  // 2 layers' + the MTP block's indexer losses, the MTP loss
+}
+
 TEST(DeepSeekV32Model, NoGradForwardSkipsTheIndexerLossAndRecomputeIsRefused) {
   auto m = model(tiny());
   {

@@ -91,12 +91,21 @@ void Transformer::set_dsa(DsaStage stage, DsaImpl impl, double indexer_loss_coef
   TITAN_CHECK(args_.has_indexer(), "set_dsa() on a model without a lightning indexer",
               "DeepSeek Sparse Attention needs the deepseek_v32 model (index_n_heads > 0)");
   TITAN_CHECK(topk >= 0 && indexer_loss_coeff >= 0, "set_dsa(): topk and indexer_loss_coeff must be >= 0");
-  for (size_t l = 0; l < layers.size(); ++l) layers[l].attention.dsa = DsaConfig{stage, impl, indexer_loss_coeff, topk};
+  for (Attention* at : dsa_attentions()) at->dsa = DsaConfig{stage, impl, indexer_loss_coeff, topk};
   for (auto& [name, p] : named_parameters()) {
     const bool train = stage == DsaStage::sparse || name.find(".attention.indexer.") != std::string::npos;
     p->var.set_requires_grad(train);
     if (!train) p->var.clear_grad();
   }
+}
+
+std::vector<Attention*> Transformer::dsa_attentions() {
+  std::vector<Attention*> out;
+  if (!args_.has_indexer()) return out;
+  for (size_t l = 0; l < layers.size(); ++l) out.push_back(&layers[l].attention);
+  if (mtp)
+    for (size_t k = 0; k < mtp->size(); ++k) out.push_back(&(*mtp)[k].block.attention);
+  return out;
 }
 
 void Transformer::set_compute_dtype(DType dtype) {
@@ -150,10 +159,8 @@ std::vector<Variable> Transformer::auxiliary_losses() {
   std::vector<Variable> out;
   for (size_t l = 0; l < layers.size(); ++l)
     if (Variable a = layers[l].ffn.aux_loss(); a.defined()) out.push_back(a);
-  for (size_t l = 0; l < layers.size(); ++l) {
-    const Attention& at = layers[l].attention;
-    if (at.last_indexer_loss.defined()) out.push_back(autograd::scale(at.last_indexer_loss, at.dsa.indexer_loss_coeff));
-  }
+  for (const Attention* at : dsa_attentions())
+    if (at->last_indexer_loss.defined()) out.push_back(autograd::scale(at->last_indexer_loss, at->dsa.indexer_loss_coeff));
   if (mtp) mtp->append_losses(out);
   return out;
 }
@@ -171,8 +178,8 @@ std::vector<std::pair<std::string, double>> Transformer::step_stats() {
   for (size_t l = 0; l < layers.size(); ++l) layers[l].ffn.append_stats(stats, int(l));
   double kl = 0;
   int counted = 0;
-  for (size_t l = 0; l < layers.size(); ++l)
-    if (const Variable& v = layers[l].attention.last_indexer_loss; v.defined()) kl += v.value().item(), ++counted;
+  for (const Attention* at : dsa_attentions())
+    if (const Variable& v = at->last_indexer_loss; v.defined()) kl += v.value().item(), ++counted;
   if (counted > 0) stats.emplace_back("indexer_loss", kl / counted);
   if (mtp) mtp->append_stats(stats);
   return stats;

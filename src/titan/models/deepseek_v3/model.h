@@ -95,6 +95,8 @@ class Transformer : public CausalLM {
   MultiTokenPrediction* mtp = nullptr;  // "mtp", when num_mtp_layers > 0
 
  private:
+  // Every MLA layer with DeepSeek Sparse Attention: the main layers', then the MTP blocks'.
+  std::vector<Attention*> dsa_attentions();
   DeepSeekV3Args args_;
   kernels::RopeTables rope_;
   DType compute_dtype_ = DType::f32;
