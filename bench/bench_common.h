@@ -1,10 +1,14 @@
 // Shared helpers for benchmarks: timing and printing ratios measured in one run.
 #pragma once
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <string>
 
 #include "titan/kernels/peak.h"
 
@@ -29,6 +33,24 @@ inline double time_best(const std::function<void()>& f, int reps = 10, int warmu
 inline void print_peak(const kernels::MachinePeak& p) {
   std::printf("measured peak: f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s, memcpy %.1f GB/s (read+write)\n",
               p.f32_flops / 1e9, p.bf16_flops / 1e9, p.memcpy_bytes / 1e9);
+}
+
+// The output of a shell command (a benchmark's child process or its PyTorch twin), or "" when it
+// could not run or exited with an error.
+inline std::string read_command(const std::string& cmd) {
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {};
+  std::string out;
+  char buf[4096];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  return pclose(p) == 0 ? out : std::string();
+}
+
+// This process's resident-memory high-water mark, comparable with what PyTorch scripts report.
+inline int64_t max_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return int64_t(u.ru_maxrss) * 1024;
 }
 
 // "PASS"/"MISS" against a target, for the summary lines benchmarks print.

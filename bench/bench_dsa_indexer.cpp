@@ -96,15 +96,6 @@ struct Problem {
   }
 };
 
-std::string read_command(const std::string& cmd) {
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {};
-  std::string out;
-  char buf[4096];
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  return pclose(p) == 0 ? out : std::string();
-}
-
 // Best seconds of the same op in eager PyTorch, or nothing without reference/.venv.
 std::optional<double> torch_seconds(const Problem& p) {
   const char* py = "reference/.venv/bin/python";
@@ -115,7 +106,7 @@ std::optional<double> torch_seconds(const Problem& p) {
                           std::to_string(s.DI) + " --topk " + std::to_string(s.K) + " --heads " + std::to_string(s.H) +
                           " --hk " + std::to_string(s.Hk) + " --dim " + std::to_string(s.D) + " --dtype " +
                           (p.dtype == DType::f32 ? "float32" : "bfloat16") + " 2>/dev/null";
-  const std::string out = read_command(cmd);
+  const std::string out = bench::read_command(cmd);
   if (out.empty()) return std::nullopt;
   return nlohmann::json::parse(out.substr(out.rfind('{')))["seconds"].get<double>();
 }

@@ -10,7 +10,8 @@
 //
 //   build/bench/bench_sparse_mla [--seq 4096] [--reps 3] [--big] [--no-torch]
 // Shape (a) is the debug model's (B=1, S=4096, H=16, Dqk=576, Dv=512, K=256). --big adds (b),
-// S=4096, H=64, K=2048: about 8 TFLOP per fwd+bwd, seconds only on a many-core machine.
+// S=4096, H=64, K=2048: about 3 TFLOP per fwd+bwd (6.3M valid slots), seconds only on a
+// many-core machine.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -82,15 +83,6 @@ struct Problem {
   }
 };
 
-std::string read_command(const std::string& cmd) {
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {};
-  std::string out;
-  char buf[4096];
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  return pclose(p) == 0 ? out : std::string();
-}
-
 // The same op in PyTorch eager (reference/bench_sparse_mla_torch.py): {fwd_s, fwd_bwd_s}.
 std::optional<nlohmann::json> run_torch(const Problem& p, int reps) {
   const char* py = "reference/.venv/bin/python";
@@ -102,7 +94,7 @@ std::optional<nlohmann::json> run_torch(const Problem& p, int reps) {
                           std::to_string(p.Dv) + " --topk " + std::to_string(p.K) + " --dtype " +
                           (p.dtype == DType::f32 ? "float32" : "bfloat16") + " --reps " + std::to_string(reps) +
                           " --chunk " + std::to_string(chunk) + " 2>/dev/null";
-  const std::string out = read_command(cmd);
+  const std::string out = bench::read_command(cmd);
   if (out.empty()) return std::nullopt;
   return nlohmann::json::parse(out.substr(out.rfind('{')));
 }

@@ -2,8 +2,6 @@
 // tokens/s, MFU against the measured peak, peak memory), and, when reference/.venv has PyTorch,
 // the same model in PyTorch eager and torch.compile on this machine, with the ratios.
 //   build/bench/bench_train_step [--flavor 125M] [--batch 4] [--seq 1024] [--steps 3] [--no-torch]
-#include <sys/resource.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -29,14 +27,8 @@ struct Result {
   int64_t rss_growth = 0;     // peak resident memory growth over the run, comparable with PyTorch's
 };
 
-int64_t max_rss_bytes() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return int64_t(u.ru_maxrss) * 1024;
-}
-
 Result run_ours_here(const models::llama3::Llama3Args& a, int64_t batch, int64_t seq, int steps, DType compute) {
-  const int64_t rss0 = max_rss_bytes();
+  const int64_t rss0 = bench::max_rss_bytes();
   auto model = std::make_unique<models::llama3::Transformer>(a);
   model->init_parameters(0);
   model->set_compute_dtype(compute);
@@ -59,7 +51,7 @@ Result run_ours_here(const models::llama3::Llama3Args& a, int64_t batch, int64_t
   r.tokens_per_second = double(batch * seq) / best;
   r.mfu = a.training_flops_per_token(seq) * r.tokens_per_second / (compute == DType::bf16 ? peak.bf16_flops : peak.f32_flops);
   r.peak_bytes = memory_stats().peak_total;
-  r.rss_growth = max_rss_bytes() - rss0;
+  r.rss_growth = bench::max_rss_bytes() - rss0;
   return r;
 }
 
@@ -69,17 +61,8 @@ Result run_ours_here(const models::llama3::Llama3Args& a, int64_t batch, int64_t
 std::string g_self;
 std::string g_child_args;
 
-std::string read_command(const std::string& cmd) {
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {};
-  std::string out;
-  char buf[4096];
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  return pclose(p) == 0 ? out : std::string();
-}
-
 Result run_ours(DType compute) {
-  const std::string out = read_command(g_self + " --child " + (compute == DType::bf16 ? "bf16" : "f32") + g_child_args);
+  const std::string out = bench::read_command(g_self + " --child " + (compute == DType::bf16 ? "bf16" : "f32") + g_child_args);
   Result r;
   if (out.empty()) {
     std::fprintf(stderr, "benchmark child failed\n");
@@ -102,7 +85,7 @@ std::optional<nlohmann::json> run_torch(const models::llama3::Llama3Args& a, int
                           " --vocab " + std::to_string(a.vocab_size) + " --batch " + std::to_string(batch) +
                           " --seq " + std::to_string(seq) + " --steps " + std::to_string(steps) + " --dtype " + dtype +
                           " --mode " + mode + " 2>/dev/null";
-  const std::string out = read_command(cmd);
+  const std::string out = bench::read_command(cmd);
   if (out.empty()) return std::nullopt;
   return nlohmann::json::parse(out.substr(out.rfind('{')));
 }

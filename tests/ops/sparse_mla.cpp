@@ -1,7 +1,8 @@
 // Rows of the op table for kernels/sparse_mla, through the Tensor API under the fast and the
 // reference backend. dims = {B, S, Skv, H, Dqk, Dv, K, invalid}: S = 1, K larger than the valid
-// keys, odd heads and widths (7 heads, 33/17), the small 40/32 split, DeepSeek's 576/512, Skv > S,
-// and invalid = 1 for rows that also draw future keys, >= Skv and -1 slots (0: causal top-k rows).
+// keys, odd heads and widths (7 and 37 heads, 33/17), the small 40/32 split, DeepSeek's 576/512,
+// 128 heads (several head vectors per tile), Skv > S, and invalid = 1 for rows that also draw
+// future keys, >= Skv and -1 slots (0: causal top-k rows).
 #include <cmath>
 
 #include "common/backend_compare.h"
@@ -36,7 +37,7 @@ TITAN_OP_CASES(sparse_mla) {
   const std::vector<std::vector<int64_t>> shapes = {
       {1, 1, 1, 1, 16, 16, 1, 0},    {1, 1, 1, 3, 40, 32, 4, 1},    {2, 17, 17, 3, 40, 32, 8, 0},
       {1, 9, 9, 7, 33, 17, 5, 1},    {1, 33, 50, 5, 72, 40, 16, 1}, {1, 20, 20, 4, 576, 512, 8, 0},
-      {1, 70, 90, 16, 576, 512, 32, 1},
+      {1, 70, 90, 16, 576, 512, 32, 1}, {1, 40, 40, 37, 72, 64, 24, 1}, {1, 12, 12, 128, 32, 16, 8, 0},
   };
   return {
       {"sparse_mla_forward", shapes,

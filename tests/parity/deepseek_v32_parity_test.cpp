@@ -16,6 +16,7 @@
 #include "titan/checkpoint/safetensors.h"
 #include "titan/kernels/lightning_indexer.h"
 #include "titan/models/deepseek_v3/hf_adapter.h"
+#include "titan/models/deepseek_v3/moe_layer.h"
 #include "titan/models/moe/moe.h"
 
 using namespace titan;
@@ -25,22 +26,6 @@ using autograd::Variable;
 namespace {
 
 const std::string kDir = "tests/fixtures/deepseek_v32_tiny";
-
-// The MoE layers as the model registry builds them (models/moe), sized by the checkpoint's args.
-std::unique_ptr<models::BlockFeedForward> moe_layer(const DeepSeekV3Args& a, int layer_id) {
-  models::moe::MoEArgs m;
-  m.dim = a.dim;
-  m.moe_inter_dim = a.moe_inter_dim;
-  m.n_routed_experts = a.n_routed_experts;
-  m.n_shared_experts = a.n_shared_experts;
-  m.n_activated_experts = a.n_activated_experts;
-  m.score_func = a.score_func == ScoreFunc::sigmoid ? kernels::RouterScore::sigmoid : kernels::RouterScore::softmax;
-  m.route_norm = a.route_norm;
-  m.route_scale = a.route_scale;
-  m.n_expert_groups = a.n_expert_groups;
-  m.n_limited_groups = a.n_limited_groups;
-  return std::make_unique<models::moe::MoE>(m, a.out_proj_std(layer_id));
-}
 
 const checkpoint::SafetensorsFile& golden() {
   static const checkpoint::SafetensorsFile file = checkpoint::SafetensorsFile::open(kDir + "/golden.safetensors");

@@ -1,14 +1,17 @@
 // Golden parity with Hugging Face transformers' DeepseekV3ForCausalLM (reference/deepseek_v3.py):
-// tiny all-dense checkpoints in tests/fixtures/deepseek_v3_tiny*/ are loaded through the HF
-// adapter, and logits, loss and every gradient must match the float64 reference within f32
-// tolerances. This pins MLA (q latent or plain q path, YaRN softmax scale or none, interleaved
-// RoPE on the decoupled dims), the block layout and the HF name mapping at once.
+// tiny checkpoints in tests/fixtures/deepseek_v3_tiny*/ are loaded through the HF adapter, and
+// logits, loss and every gradient must match the float64 reference within f32 tolerances. This
+// pins MLA (q latent or plain q path, YaRN softmax scale or none, interleaved RoPE on the
+// decoupled dims), the block layout and the HF name mapping at once; the MoE fixture adds
+// DeepSeek-V3's routing (sigmoid scores, the correction bias steering the choice, group-limited
+// top-k, norm_topk_prob, routed_scaling_factor), the shared expert and the stacked expert layout.
 #include <gtest/gtest.h>
 
 #include "common/kernel_check.h"
 #include "titan/autograd/ops.h"
 #include "titan/checkpoint/safetensors.h"
 #include "titan/models/deepseek_v3/hf_adapter.h"
+#include "titan/models/deepseek_v3/moe_layer.h"
 
 using namespace titan;
 using namespace titan::models::deepseek_v3;
@@ -17,6 +20,7 @@ namespace {
 
 const char* kFixtureDir = "tests/fixtures/deepseek_v3_tiny";  // q_lora_rank > 0, YaRN
 const char* kPlainQDir = "tests/fixtures/deepseek_v3_tiny_plain_q";  // plain q_proj, no rope scaling
+const char* kMoeDir = "tests/fixtures/deepseek_v3_tiny_moe";  // a dense then a MoE layer, sigmoid group routing
 
 void expect_close(const Tensor& got, const Tensor& want, double atol, double rtol, const std::string& what) {
   ASSERT_EQ(got.shape(), want.shape()) << what;
@@ -35,9 +39,13 @@ void check_against_golden(const std::string& dir, Transformer& model) {
   autograd::backward(loss);
   for (auto& [name, p] : model.named_parameters()) {
     ASSERT_TRUE(p->var.grad().defined()) << name;
+    // Stacked experts [E, ...] compare slice by slice with HF's per-expert gradients.
     const std::vector<std::string> hf = hf_names(name, model.args());
-    ASSERT_EQ(hf.size(), 1u) << name;
-    expect_close(p->var.grad(), golden.get("grad." + hf[0]), 1e-6, 2e-4, "grad " + name + " (" + hf[0] + ")");
+    const bool stacked = name.find("moe.experts.") != std::string::npos;
+    ASSERT_TRUE(stacked || hf.size() == 1u) << name;
+    for (size_t e = 0; e < hf.size(); ++e)
+      expect_close(stacked ? p->var.grad().select(0, int64_t(e)).contiguous() : p->var.grad(),
+                   golden.get("grad." + hf[e]), 1e-6, 2e-4, "grad " + name + " (" + hf[e] + ")");
   }
 }
 
@@ -56,6 +64,27 @@ TEST(DeepSeekV3Parity, PlainQueryWithoutRopeScalingMatchesHuggingFace) {
   ASSERT_EQ(model->args().q_lora_rank, 0);
   ASSERT_FALSE(model->args().yarn());
   check_against_golden(kPlainQDir, *model);
+}
+
+// The router gate's gradient flows, as in HF, only through the gate values of the chosen experts
+// (the choice itself, and the bias, get none), so it matches like every other weight.
+TEST(DeepSeekV3Parity, MoeLayerMatchesHuggingFace) {
+  std::unique_ptr<Transformer> model = load_hf_model(kMoeDir, moe_layer);
+  const DeepSeekV3Args& a = model->args();
+  ASSERT_EQ(a.n_dense_layers, 1);
+  ASSERT_EQ(a.n_layers, 2);
+  ASSERT_EQ(a.score_func, ScoreFunc::sigmoid);
+  ASSERT_TRUE(a.route_norm);
+  ASSERT_EQ(a.n_expert_groups, 4);
+  ASSERT_EQ(a.n_limited_groups, 2);
+  ASSERT_DOUBLE_EQ(a.route_scale, 2.5);
+  // The correction bias came from the checkpoint (nonzero: the fixture checks it changes choices).
+  double bias_abs = 0;
+  for (const auto& [name, t] : model->named_buffers())
+    if (name.ends_with("moe.expert_bias"))
+      for (int64_t e = 0; e < t.numel(); ++e) bias_abs += std::abs(t.data<float>()[e]);
+  EXPECT_GT(bias_abs, 0.1);
+  check_against_golden(kMoeDir, *model);
 }
 
 TEST(DeepSeekV3Parity, Bf16MixedPrecisionStaysClose) {

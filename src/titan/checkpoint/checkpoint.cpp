@@ -145,6 +145,8 @@ LoadedCheckpoint load_checkpoint(const fs::path& folder) {
   return out;
 }
 
+nlohmann::json load_train_state(const fs::path& folder) { return parse_json(folder / "train_state.json"); }
+
 std::optional<fs::path> latest_checkpoint(const fs::path& root) {
   if (!fs::is_directory(root)) return std::nullopt;
   std::optional<std::pair<int64_t, fs::path>> best;

@@ -50,6 +50,10 @@ struct LoadedCheckpoint {
 // Loads <root>/step-<step>/ (or the folder itself when `folder` already is a step folder).
 LoadedCheckpoint load_checkpoint(const std::filesystem::path& folder);
 
+// Only the train_state.json of a step folder (e.g. the architecture a converted checkpoint
+// records), without reading its tensors.
+nlohmann::json load_train_state(const std::filesystem::path& folder);
+
 // The newest complete step folder under root, if any (ignores *.tmp folders).
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& root);
 

@@ -1,5 +1,6 @@
 #include "titan/checkpoint/ckpt_cli.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
@@ -81,11 +82,18 @@ int convert_to_hf(const fs::path& ckpt, const fs::path& hf_dir, const std::strin
   ds::DeepSeekV3Args a;
   if (ck.train_state.contains("hf_config")) {
     a = ds::args_from_hf_config(ck.train_state["hf_config"], (folder / "train_state.json").string());
+    // A run continued from it may have trained fewer MTP modules than the original had (mtp_layers).
+    int64_t mtp = 0;
+    while (model_tensors.count("mtp." + std::to_string(mtp) + ".eh_proj.weight")) ++mtp;
+    a.num_mtp_layers = mtp;
+    a.n_dense_layers = std::min(a.n_dense_layers, a.n_layers + mtp);
   } else {
     std::string name = "deepseek_v3", from_config = flavor;
+    int64_t mtp_layers = 0;
     try {
       const toml::table t = toml::parse(ck.config_toml);
       name = t["model"]["name"].value_or(name);
+      mtp_layers = t["model"]["mtp_layers"].value_or(int64_t(0));
       if (from_config.empty()) from_config = t["model"]["flavor"].value_or(std::string());
     } catch (const toml::parse_error& e) {
       TITAN_FAIL((folder / "config.toml").string() + " does not parse: " + std::string(e.description()),
@@ -103,10 +111,11 @@ int convert_to_hf(const fs::path& ckpt, const fs::path& hf_dir, const std::strin
     const auto embedding = model_tensors.find("tok_embeddings.weight");
     const int64_t vocab = embedding == model_tensors.end() ? 0 : embedding->second.size(0);
     a = v32 ? ds::deepseek_v32_flavor(from_config, vocab) : ds::deepseek_v3_flavor(from_config, vocab);
+    a.num_mtp_layers = mtp_layers;  // trained with [model] mtp_layers: its MTP modules export too
     // A model trained without the MoE layer is all-dense (see deepseek_v3/model.h).
     bool has_moe = false;
     for (const auto& [n, t] : model_tensors) has_moe |= n.find(".moe.") != std::string::npos;
-    if (!has_moe) a.n_dense_layers = a.n_layers;
+    if (!has_moe) a.n_dense_layers = a.n_layers + a.num_mtp_layers;
   }
   // Exactly the architecture's weights, in its order; run-time buffers (e.g. MoE token counts)
   // have no place in an HF folder.

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "titan/nn/module.h"
 
 namespace titan::models {
@@ -31,6 +33,9 @@ class CausalLM : public nn::Module {
   // Called by the trainer after every optimizer step, for state updated outside autograd (MoE
   // aux-loss-free balancing: expert bias from the step's token counts).
   virtual void after_optimizer_step() {}
+  // The targets [B*S] i32 of the next forward() (its tokens shifted by one), for models that also
+  // predict further ahead (DeepSeek-V3's multi-token prediction); they feed only that forward.
+  virtual void set_targets(const Tensor& /*targets*/) {}
   // Losses besides next-token cross-entropy from the last forward (e.g. MoE balance losses,
   // already weighted): the trainer adds them to the loss it differentiates.
   virtual std::vector<autograd::Variable> auxiliary_losses() { return {}; }
@@ -38,10 +43,20 @@ class CausalLM : public nn::Module {
   virtual std::vector<std::pair<std::string, double>> step_stats() { return {}; }
 };
 
+// Options on top of a flavor ([model] keys of the job config).
+struct ModelOptions {
+  int64_t mtp_layers = 0;        // multi-token prediction modules (DeepSeek-V3 only)
+  double mtp_loss_weight = 0.3;  // their loss weight lambda
+  // deepseek_v3: the architecture of this Hugging Face config.json (a checkpoint converted by
+  // `titan ckpt convert --from-hf` records it) instead of the flavor's; its vocabulary may
+  // exceed the tokenizer's (DeepSeek pads it), never fall short.
+  const nlohmann::json* hf_config = nullptr;
+};
+
 // Builds `name` ("llama3", ...) at `flavor` with the tokenizer's vocabulary size. The
 // parameters are uninitialized: call init_parameters(seed) or load a checkpoint.
 std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string& flavor, int64_t vocab_size,
-                                      int64_t max_seq_len);
+                                      int64_t max_seq_len, const ModelOptions& options = {});
 std::vector<std::string> model_names();
 
 }  // namespace titan::models

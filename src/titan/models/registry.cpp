@@ -2,15 +2,16 @@
 
 #include "titan/core/error.h"
 #include "titan/models/causal_lm.h"
+#include "titan/models/deepseek_v3/hf_adapter.h"
 #include "titan/models/deepseek_v3/model.h"
+#include "titan/models/deepseek_v3/moe_layer.h"
 #include "titan/models/llama3/model.h"
 #include "titan/models/moe/moe.h"
 
 namespace titan::models {
 
-namespace {
 // DeepSeek-V3's MoE layers: routed + shared SwiGLU experts from models/moe, sized by the flavor.
-std::unique_ptr<BlockFeedForward> deepseek_v3_moe(const deepseek_v3::DeepSeekV3Args& a, int layer_id) {
+std::unique_ptr<BlockFeedForward> deepseek_v3::moe_layer(const deepseek_v3::DeepSeekV3Args& a, int layer_id) {
   moe::MoEArgs m;
   m.dim = a.dim;
   m.moe_inter_dim = a.moe_inter_dim;
@@ -25,24 +26,45 @@ std::unique_ptr<BlockFeedForward> deepseek_v3_moe(const deepseek_v3::DeepSeekV3A
   m.n_limited_groups = a.n_limited_groups;
   return std::make_unique<moe::MoE>(m, a.out_proj_std(layer_id));
 }
-}  // namespace
 
 std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string& flavor, int64_t vocab_size,
-                                      int64_t max_seq_len) {
+                                      int64_t max_seq_len, const ModelOptions& options) {
+  TITAN_CHECK(options.mtp_layers == 0 || name == "deepseek_v3",
+              "model.mtp_layers = " + std::to_string(options.mtp_layers) + ": model '" + name +
+                  "' has no multi-token prediction",
+              "set model.mtp_layers = 0 (only deepseek_v3 has MTP modules)");
   if (name == "llama3") {
     llama3::Llama3Args a = llama3::llama3_flavor(flavor, vocab_size);
     a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
     return std::make_unique<llama3::Transformer>(a);
   }
+  const bool deepseek = name == "deepseek_v3" || name == "deepseek_v32";
+  TITAN_CHECK(!options.hf_config || deepseek, "a Hugging Face architecture was given for model '" + name + "'",
+              "only DeepSeek checkpoints convert from Hugging Face; set [model] name = \"deepseek_v3\" or "
+              "\"deepseek_v32\"");
+  if (deepseek && options.hf_config) {
+    deepseek_v3::DeepSeekV3Args a = deepseek_v3::args_from_hf_config(*options.hf_config, "the checkpoint's hf_config");
+    TITAN_CHECK(a.vocab_size >= vocab_size, "the Hugging Face model has " + std::to_string(a.vocab_size) +
+                                                " token embeddings but the tokenizer has " + std::to_string(vocab_size) + " tokens",
+                "prepare the dataset with the tokenizer that came with the model");
+    a.num_mtp_layers = options.mtp_layers;  // the config's MTP modules train only when asked for
+    a.mtp_loss_weight = options.mtp_loss_weight;
+    a.n_dense_layers = std::min(a.n_dense_layers, a.n_layers + a.num_mtp_layers);
+    a.validate();
+    return std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer);
+  }
   if (name == "deepseek_v3") {
     deepseek_v3::DeepSeekV3Args a = deepseek_v3::deepseek_v3_flavor(flavor, vocab_size);
     a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
-    return std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3_moe);
+    a.num_mtp_layers = options.mtp_layers;
+    a.mtp_loss_weight = options.mtp_loss_weight;
+    a.validate();
+    return std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer);
   }
   if (name == "deepseek_v32") {
     deepseek_v3::DeepSeekV3Args a = deepseek_v3::deepseek_v32_flavor(flavor, vocab_size);
     a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
-    return std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3_moe);
+    return std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer);
   }
   std::string names;
   for (const auto& n : model_names()) names += (names.empty() ? "" : ", ") + n;

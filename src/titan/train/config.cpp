@@ -717,6 +717,13 @@ const std::vector<KeySpec>& config_schema() {
       {"model", "converters", member<&C::model, &Model::converters>, non_empty(),
        "Module swaps applied, in order, after the model is built (e.g. a fused kernel path in place of its "
        "small-op reference); the model checks the names."},
+      {"model", "mtp_layers", member<&C::model, &Model::mtp_layers>, at_least(0),
+       "Multi-token prediction modules (DeepSeek-V3 report, section 2.2; deepseek_v3 only): module k adds a block "
+       "that predicts the token k + 1 ahead, through the shared embedding and output head. 0: none; DeepSeek-V3 "
+       "trained with 1."},
+      {"model", "mtp_loss_weight", member<&C::model, &Model::mtp_loss_weight>, at_least(0),
+       "Weight lambda of the MTP loss: the training loss adds lambda / mtp_layers times the sum of the modules' "
+       "cross-entropies (logged unweighted as mtp_loss). DeepSeek-V3: 0.3, then 0.1 for the last 4.8T tokens."},
       // [training]
       {"training", "dataset", member<&C::training, &Training::dataset>, non_empty(), "Training dataset name."},
       {"training", "dataset_path", member<&C::training, &Training::dataset_path>, anything(),
@@ -812,7 +819,9 @@ const std::vector<KeySpec>& config_schema() {
       {"checkpoint", "export_dtype", member<&C::checkpoint, &Checkpoint::export_dtype>,
        one_of({"float16", "bfloat16", "float32"}), "Type of the weights in a model-only final checkpoint."},
       {"checkpoint", "initial_load_path", member<&C::checkpoint, &Checkpoint::initial_load_path>, anything(),
-       "Checkpoint to start from when the checkpoint folder holds none (e.g. pretrained weights). Empty: none."},
+       "Checkpoint to start from when the checkpoint folder holds none (e.g. pretrained weights). Empty: none. "
+       "One converted by `titan ckpt convert --from-hf` also sets the architecture (its config.json; "
+       "model.flavor is then not used)."},
       {"checkpoint", "initial_load_model_only", member<&C::checkpoint, &Checkpoint::initial_load_model_only>,
        anything(), "Load only the model weights from initial_load_path: a fresh optimizer, starting at step 0."},
       {"checkpoint", "initial_load_in_hf", member<&C::checkpoint, &Checkpoint::initial_load_in_hf>, anything(),

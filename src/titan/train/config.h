@@ -33,6 +33,8 @@ struct Model {
   std::string hf_assets_path;
   std::string tokenizer_path;
   std::vector<std::string> converters;
+  int64_t mtp_layers = 0;        // DeepSeek-V3 multi-token prediction depth D (0: off)
+  double mtp_loss_weight = 0.3;  // its loss weight lambda
   bool operator==(const Model&) const = default;
 };
 

@@ -97,10 +97,16 @@ int generate_main(int argc, char** argv) {
   TITAN_CHECK(!tokenizer_path.empty(), "the checkpoint's config names no tokenizer (model.tokenizer_path)",
               "pass --tokenizer tokenizer.json");
   const data::Tokenizer tok = data::Tokenizer::load(tokenizer_path);
-  auto model = models::build_model(cfg.model.name, cfg.model.flavor, tok.vocab_size(), cfg.training.seq_len);
+  // A checkpoint converted from Hugging Face (or trained from one) records the architecture. The
+  // MTP modules (training only) are neither built nor loaded.
+  const nlohmann::json* hf_config = ck.train_state.contains("hf_config") ? &ck.train_state["hf_config"] : nullptr;
+  auto model = models::build_model(cfg.model.name, cfg.model.flavor, tok.vocab_size(), cfg.training.seq_len,
+                                   {0, cfg.model.mtp_loss_weight, hf_config});
   std::map<std::string, Tensor> state;
   for (const auto& [name, t] : ck.tensors)
-    if (name.rfind("model.", 0) == 0) state[name.substr(6)] = t;
+    if (name.rfind("model.", 0) == 0 && name.rfind("model.mtp.", 0) != 0) state[name.substr(6)] = t;
+  for (const auto& [name, t] : model->state_dict())  // MoE token counts: run-time, not in a converted checkpoint
+    if (name.ends_with("tokens_per_expert")) state.try_emplace(name, t);
   model->load_state_dict(state, true, folder.string());
   model->set_compute_dtype(DType::f32);
 

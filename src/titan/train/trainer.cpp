@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -82,6 +83,7 @@ struct Trainer::State {
   models::deepseek_v3::Transformer* dsa_model = nullptr;
   models::deepseek_v3::DsaImpl dsa_impl = models::deepseek_v3::DsaImpl::small_ops;
   std::optional<models::deepseek_v3::DsaStage> dsa_stage;
+  json hf_config;  // the architecture, when it comes from a checkpoint converted from Hugging Face
 
   explicit State(const JobConfig& c) : cfg(c), schedule(make_lr_schedule(c)) {}
 
@@ -128,7 +130,16 @@ Trainer::Trainer(const JobConfig& config, const std::string& source) : s_(std::m
                                                std::to_string(vocab),
                 "re-run `titan data prepare` with this tokenizer, or point model.tokenizer_path at the one it used");
   }
-  s.model = models::build_model(config.model.name, config.model.flavor, vocab, t.seq_len);
+  // A checkpoint converted from Hugging Face (`titan ckpt convert --from-hf`) records its
+  // architecture, which then replaces the flavor's; the run's own checkpoints record it again.
+  if (config.checkpoint.enable && !config.checkpoint.initial_load_path.empty())
+    s.hf_config = checkpoint::load_train_state(config.checkpoint.initial_load_path).value("hf_config", json());
+  s.model = models::build_model(config.model.name, config.model.flavor, vocab, t.seq_len,
+                                {config.model.mtp_layers, config.model.mtp_loss_weight,
+                                 s.hf_config.is_null() ? nullptr : &s.hf_config});
+  if (!s.hf_config.is_null())
+    std::printf("architecture from the Hugging Face config recorded in %s (model.flavor is not used)\n",
+                config.checkpoint.initial_load_path.c_str());
   if (auto* v3 = dynamic_cast<models::deepseek_v3::Transformer*>(s.model.get()); v3 && v3->args().has_indexer()) {
     s.dsa_model = v3;
     s.dsa_impl = models::deepseek_v3::dsa_impl_from_converters(config.model.converters);
@@ -186,6 +197,15 @@ void Trainer::State::restore(const checkpoint::LoadedCheckpoint& ck, bool model_
     if (name.rfind("model.", 0) == 0) model_state[name.substr(6)] = t;
     if (name.rfind("optim.", 0) == 0) optim_state[name.substr(6)] = t;
   }
+  // MTP modules only train: those the checkpoint has beyond model.mtp_layers (DeepSeek-V3's, from
+  // Hugging Face) are dropped, and those it lacks (added to a pretrained model) keep their init,
+  // as do MoE token counts (run-time statistics a converted checkpoint does not have).
+  const auto own = model->state_dict();
+  std::set<std::string> own_names;
+  for (const auto& [name, t] : own) own_names.insert(name);
+  std::erase_if(model_state, [&](const auto& kv) { return kv.first.rfind("mtp.", 0) == 0 && !own_names.count(kv.first); });
+  for (const auto& [name, t] : own)
+    if (name.rfind("mtp.", 0) == 0 || name.ends_with("tokens_per_expert")) model_state.try_emplace(name, t);
   model->load_state_dict(model_state, true, "checkpoint step " + std::to_string(ck.step));
   model->refresh_compute_copies();
   if (model_only) return;
@@ -220,6 +240,7 @@ void Trainer::State::save(bool final_save) {
   } else {
     req.train_state = json::object();
   }
+  if (!hf_config.is_null()) req.train_state["hf_config"] = hf_config;  // for generate and convert --to-hf
   const fs::path dir = checkpoint::save_checkpoint(checkpoint_root, req);
   checkpoint::keep_latest(checkpoint_root, int(cfg.checkpoint.keep_latest_k));
   std::printf("checkpoint saved: %s%s\n", dir.string().c_str(), model_only ? " (model only)" : "");
@@ -283,6 +304,7 @@ TrainResult Trainer::train() {
       s.train_loader->next_batch(s.inputs.data<int32_t>(), s.targets.data<int32_t>(), int(t.local_batch_size),
                                  int(t.seq_len));
       data_seconds += s.train_loader->seconds_spent() - d0;
+      s.model->set_targets(s.targets);  // multi-token prediction scores tokens further ahead
       Variable loss = autograd::cross_entropy(s.model->forward(s.inputs), s.targets);
       loss_sum += loss.value().item();
       for (const Variable& aux : s.model->auxiliary_losses()) {

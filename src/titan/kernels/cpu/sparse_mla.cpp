@@ -1,11 +1,8 @@
-// The fast sparse MLA kernels (see cpu/sparse_mla.h): the fused per-query forward and backward,
-// and the stages of the oneDNN path. Every loop is over independent rows, or over queries into
-// per-thread dkv accumulators, so nothing needs atomics.
+// Fused sparse MLA forward and backward (see cpu/sparse_mla.h). Queries are independent and dkv
+// goes to per-thread accumulators, so nothing needs atomics.
 #include "titan/kernels/cpu/sparse_mla.h"
 
 #include <omp.h>
-
-#include <cstring>
 
 #include "titan/kernels/cpu/isa.h"
 #include "titan/kernels/cpu/scratch.h"
@@ -142,162 +139,7 @@ int64_t gather_valid(float* g, int64_t ldg, int32_t* keys, const T* kv, const in
 
 }  // namespace
 
-template <class T>
-void sparse_mla_gather(T* rows, float* bias, const T* kv, const int32_t* idx, int64_t t0, int64_t nq,
-                       const SparseMlaDims& d) {
-  const int64_t slots = nq * d.K, row_bytes = d.Dqk * int64_t(sizeof(T));
-#pragma omp parallel for schedule(static)
-  for (int64_t j = 0; j < slots; ++j) {
-    const int64_t t = t0 + j / d.K;
-    const int32_t s = idx[j];
-    // Invalid slots get a zero row, so the GEMMs read finite values, and a -inf bias.
-    const bool valid = s >= 0 && int64_t(s) <= t + (d.Skv - d.S);
-    if (valid) {
-      std::memcpy(rows + j * d.Dqk, kv + int64_t(s) * d.Dqk, size_t(row_bytes));
-    } else {
-      std::memset(static_cast<void*>(rows + j * d.Dqk), 0, size_t(row_bytes));
-    }
-    bias[j] = valid ? 0.0f : -kInf;
-  }
-}
-
-template <class T>
-void sparse_mla_softmax(T* p, float* lse, const float* scores, const float* bias, int64_t nq,
-                        const SparseMlaDims& d) {
-  const int64_t K = d.K;
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < nq * d.H; ++r) {
-    const float* s = scores + r * K;
-    const float* b = bias + (r / d.H) * K;
-    T* pr = p + r * K;
-    float m = -kInf;
-#pragma omp simd reduction(max : m)
-    for (int64_t i = 0; i < K; ++i) m = s[i] + b[i] > m ? s[i] + b[i] : m;
-    if (m == -kInf) {  // no valid slot: o = 0 through P = 0, lse = +inf (FlashMLA's convention)
-      for (int64_t i = 0; i < K; ++i) pr[i] = from_f32<T>(0.0f);
-      lse[r] = kInf;
-      continue;
-    }
-    float l = 0;
-#pragma omp simd reduction(+ : l)
-    for (int64_t i = 0; i < K; ++i) l += fast_exp(s[i] + b[i] - m);
-    const float row_lse = m + __builtin_logf(l);  // the libm call, not a wrapper shared across ISA variants
-    lse[r] = row_lse;
-    // P normalized here, so the output GEMM writes o directly (no rescaling pass).
-#pragma omp simd
-    for (int64_t i = 0; i < K; ++i) pr[i] = from_f32<T>(fast_exp(s[i] + b[i] - row_lse));
-  }
-}
-
-template <class T>
-void sparse_mla_softmax_grad(T* p, T* ds, const float* scores, const float* da, const float* bias, const float* lse,
-                             const T* dout, const T* o, int64_t nq, const SparseMlaDims& d) {
-  const int64_t K = d.K;
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < nq * d.H; ++r) {
-    const T* dor = dout + r * d.Dv;
-    const T* orow = o + r * d.Dv;
-    float delta = 0;  // rowsum(dO * O) = sum_i P_i dA_i
-#pragma omp simd reduction(+ : delta)
-    for (int64_t c = 0; c < d.Dv; ++c) delta += to_f32(dor[c]) * to_f32(orow[c]);
-    const float* s = scores + r * K;
-    const float* dar = da + r * K;
-    const float* b = bias + (r / d.H) * K;
-    // An empty row has lse = +inf: every P is exp(-inf) = 0, so it sends no gradient anywhere.
-    const float row_lse = lse[r];
-    T* pr = p + r * K;
-    T* dsr = ds + r * K;
-#pragma omp simd
-    for (int64_t i = 0; i < K; ++i) {
-      const float pi = fast_exp(s[i] + b[i] - row_lse);
-      pr[i] = from_f32<T>(pi);
-      dsr[i] = from_f32<T>(pi * (dar[i] - delta));
-    }
-  }
-}
-
 int64_t sparse_mla_acc_width(int64_t dqk) { return (dqk + kLanes - 1) / kLanes * kLanes; }
-
-template <class T>
-void sparse_mla_dkv_accumulate(float* acc, int64_t parts, const T* p, const T* ds, const T* q, const T* dout,
-                               const float* bias, const int32_t* idx, int64_t nq, const SparseMlaDims& d) {
-  // Per query, the dkv rows of its valid slots are one product with inner dimension 2H:
-  //   [n, 2H] x [2H, Dqk]  with  A[r] = (scale * dS[:, i_r], P[:, i_r])  and  B = (Q ; dO padded to Dqk),
-  // so the key role (all Dqk dims) and the value role (first Dv) come out of one register tile,
-  // which is added straight into the selected rows of this thread's accumulator (no [K, Dqk]
-  // intermediate). Threads own whole accumulators, so slots of different queries that select
-  // the same key never race.
-  const int64_t width = sparse_mla_acc_width(d.Dqk), inner = 2 * d.H;
-  const int64_t rows_cap = (d.K + kRows - 1) / kRows * kRows;
-  const float scale = float(d.scale);
-#pragma omp parallel num_threads(int(parts))
-  {
-    float* mine = acc + int64_t(omp_get_thread_num()) * d.Skv * width;
-    Scratch<float> a(rows_cap * inner);            // [rows_cap, 2H] A, zero rows past the valid slots
-    Scratch<float> b(inner * width);               // [2H, width] B
-    Scratch<float> dummy(width, ScratchInit::zeroed);  // C row of the padding rows, never read
-    Scratch<float*> c(rows_cap);                   // [rows_cap] accumulator row of each A row
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t qi = 0; qi < nq; ++qi) {
-      const float* bq = bias + qi * d.K;
-      const int32_t* sel = idx + qi * d.K;
-      const T* pq = p + qi * d.H * d.K;
-      const T* dsq = ds + qi * d.H * d.K;
-      int64_t n = 0;
-      for (int64_t i = 0; i < d.K; ++i) {
-        if (bq[i] != 0.0f) continue;  // invalid slot
-        float* ar = a.data() + n * inner;
-        for (int64_t h = 0; h < d.H; ++h) {
-          ar[h] = scale * to_f32(dsq[h * d.K + i]);
-          ar[d.H + h] = to_f32(pq[h * d.K + i]);
-        }
-        c.data()[n++] = mine + int64_t(sel[i]) * width;
-      }
-      if (n == 0) continue;
-      const int64_t n_pad = (n + kRows - 1) / kRows * kRows;
-      for (int64_t r = n; r < n_pad; ++r) {
-        for (int64_t j = 0; j < inner; ++j) a.data()[r * inner + j] = 0.0f;
-        c.data()[r] = dummy.data();
-      }
-      const T* qq = q + qi * d.H * d.Dqk;
-      const T* doq = dout + qi * d.H * d.Dv;
-      for (int64_t h = 0; h < d.H; ++h) {
-        float* bk = b.data() + h * width;
-        float* bv = b.data() + (d.H + h) * width;
-        for (int64_t col = 0; col < width; ++col) {
-          bk[col] = col < d.Dqk ? to_f32(qq[h * d.Dqk + col]) : 0.0f;
-          bv[col] = col < d.Dv ? to_f32(doq[h * d.Dv + col]) : 0.0f;
-        }
-      }
-      // Column strips outermost: the strip of B (2H x kVecs vectors) stays in L1 over all rows.
-      for (int64_t col = 0; col < width; col += kVecs * kVecLanes) {
-        const int64_t vecs = (width - col) / kVecLanes < kVecs ? (width - col) / kVecLanes : kVecs;
-        for (int64_t r = 0; r < n_pad; r += kRows) {
-          tile_tail<kVecs, true>(vecs, c.data() + r, col, a.data() + r * inner, inner, 1, b.data() + col, width, inner);
-        }
-      }
-    }
-  }
-}
-
-template <class T>
-void sparse_mla_dkv_reduce(T* dkv, float* acc, int64_t parts, const SparseMlaDims& d) {
-  const int64_t width = sparse_mla_acc_width(d.Dqk);
-#pragma omp parallel for schedule(static)
-  for (int64_t s = 0; s < d.Skv; ++s) {
-    float* first = acc + s * width;
-    for (int64_t part = 1; part < parts; ++part) {
-      float* row = acc + (part * d.Skv + s) * width;
-#pragma omp simd
-      for (int64_t c = 0; c < width; ++c) first[c] += row[c], row[c] = 0.0f;
-    }
-    // Parts are left zeroed for the next batch element.
-#pragma omp simd
-    for (int64_t c = 0; c < d.Dqk; ++c) dkv[s * d.Dqk + c] = from_f32<T>(first[c]);
-#pragma omp simd
-    for (int64_t c = 0; c < width; ++c) first[c] = 0.0f;
-  }
-}
 
 template <class T>
 void sparse_mla_forward(T* o, float* lse, const T* q, const T* kv, const int32_t* idx, const SparseMlaDims& d) {
@@ -306,12 +148,12 @@ void sparse_mla_forward(T* o, float* lse, const T* q, const T* kv, const int32_t
 #pragma omp parallel
   {
     // Per-thread buffers of one query, zero-initialized so every padding lane is a finite 0.
-    Scratch<float> g(p.Kp * p.Dp, ScratchInit::zeroed);             // [Kp, Dp] its valid rows, f32
-    Scratch<float> qt(d.Dqk * p.Hs, ScratchInit::zeroed);     // [Dqk, Hs] scale * q^T
+    Scratch<float> g(p.Kp * p.Dp, ScratchInit::zeroed);    // [Kp, Dp] its valid rows, f32
+    Scratch<float> qt(d.Dqk * p.Hs, ScratchInit::zeroed);  // [Dqk, Hs] scale * q^T
     // [Kp + 1, Hs] scores, then P, slot by head; the extra row covers the head-padding rows of
     // the output tile, which read up to Hr - Hs < 16 floats past the last slot.
     Scratch<float> st((p.Kp + 1) * p.Hs, ScratchInit::zeroed);
-    Scratch<float> out(p.Hr * p.Dvp, ScratchInit::zeroed);          // [Hr, Dvp] unnormalized-free o rows
+    Scratch<float> out(p.Hr * p.Dvp, ScratchInit::zeroed);  // [Hr, Dvp] o rows (P is already normalized)
     Scratch<float> m(p.Hs, ScratchInit::zeroed), l(p.Hs, ScratchInit::zeroed);  // [Hs] per-head max, sum
     Scratch<int32_t> keys(d.K, ScratchInit::zeroed);
     Scratch<float*> c(p.Kp > p.Hr ? p.Kp : p.Hr, ScratchInit::zeroed);
@@ -374,13 +216,13 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
 #pragma omp parallel num_threads(int(parts))
   {
     float* mine = acc + int64_t(omp_get_thread_num()) * d.Skv * p.Dp;  // this thread's dkv, f32
-    Scratch<float> g(p.Kp * p.Dp, ScratchInit::zeroed);            // [Kp, Dp] valid rows
-    Scratch<float> qdt(p.Dp * w2, ScratchInit::zeroed);             // [Dp, 2 Hs] (scale q^T | dO^T, 0 past Dv)
-    Scratch<float> b2(w2 * p.Dp, ScratchInit::zeroed);             // [2 Hs, Dp] (q ; dO, 0 past Dv)
-    Scratch<float> st((p.Kp + 1) * w2, ScratchInit::zeroed);       // [Kp + 1, 2 Hs] see the forward's st
-    Scratch<float> dqb(p.Hr * p.Dp, ScratchInit::zeroed);          // [Hr, Dp] dq rows
+    Scratch<float> g(p.Kp * p.Dp, ScratchInit::zeroed);       // [Kp, Dp] valid rows
+    Scratch<float> qdt(p.Dp * w2, ScratchInit::zeroed);       // [Dp, 2 Hs] (scale q^T | dO^T, 0 past Dv)
+    Scratch<float> b2(w2 * p.Dp, ScratchInit::zeroed);        // [2 Hs, Dp] (q ; dO, 0 past Dv)
+    Scratch<float> st((p.Kp + 1) * w2, ScratchInit::zeroed);  // [Kp + 1, 2 Hs] see the forward's st
+    Scratch<float> dqb(p.Hr * p.Dp, ScratchInit::zeroed);     // [Hr, Dp] dq rows
     Scratch<float> lse_h(p.Hs, ScratchInit::zeroed), delta(p.Hs, ScratchInit::zeroed);  // [Hs]
-    Scratch<float> dummy(p.Dp, ScratchInit::zeroed);               // C row of padding rows, never read
+    Scratch<float> dummy(p.Dp, ScratchInit::zeroed);          // C row of padding rows, never read
     Scratch<int32_t> keys(d.K, ScratchInit::zeroed);
     Scratch<float*> c(p.Kp > p.Hr ? p.Kp : p.Hr, ScratchInit::zeroed);
     for (int64_t h = d.H; h < p.Hs; ++h) lse_h.data()[h] = kInf;  // padding heads: P = 0
@@ -457,19 +299,12 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
   }
 }
 
-// The f32 fast path is the fused pair, the bf16 one the staged kernels around oneDNN's AMX GEMMs
-// (kernels/sparse_mla.cpp says why).
-template void sparse_mla_forward<float>(float*, float*, const float*, const float*, const int32_t*,
-                                        const SparseMlaDims&);
-template void sparse_mla_backward<float>(float*, float*, const float*, const float*, const float*, const int32_t*,
-                                         const float*, const float*, float*, int64_t, const SparseMlaDims&);
-template void sparse_mla_gather<bf16>(bf16*, float*, const bf16*, const int32_t*, int64_t, int64_t,
-                                      const SparseMlaDims&);
-template void sparse_mla_softmax<bf16>(bf16*, float*, const float*, const float*, int64_t, const SparseMlaDims&);
-template void sparse_mla_softmax_grad<bf16>(bf16*, bf16*, const float*, const float*, const float*, const float*,
-                                            const bf16*, const bf16*, int64_t, const SparseMlaDims&);
-template void sparse_mla_dkv_accumulate<bf16>(float*, int64_t, const bf16*, const bf16*, const bf16*, const bf16*,
-                                              const float*, const int32_t*, int64_t, const SparseMlaDims&);
-template void sparse_mla_dkv_reduce<bf16>(bf16*, float*, int64_t, const SparseMlaDims&);
+#define TITAN_INSTANTIATE(T)                                                                                        \
+  template void sparse_mla_forward<T>(T*, float*, const T*, const T*, const int32_t*, const SparseMlaDims&);         \
+  template void sparse_mla_backward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, const T*, const float*, \
+                                       float*, int64_t, const SparseMlaDims&);
+TITAN_INSTANTIATE(float)
+TITAN_INSTANTIATE(bf16)
+#undef TITAN_INSTANTIATE
 
 }  // namespace titan::kernels::cpu::TITAN_ISA

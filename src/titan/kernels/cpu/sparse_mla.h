@@ -1,28 +1,18 @@
-// Fast sparse MLA attention kernels (per-ISA variants; see cpu/isa.h); dsa.md sections 4 and 5.
-// Two paths, one per precision (kernels/sparse_mla.cpp picks, and says why):
+// Fast sparse MLA attention, forward and backward (per-ISA variants; see cpu/isa.h). Same
+// contract as ref/sparse_mla.h with T in {float, bf16}, f32 lse and f32 arithmetic; dsa.md
+// sections 4 and 5.
 //
-// Fused (f32): sparse_mla_forward / sparse_mla_backward. OpenMP over queries; each thread copies
-// its query's valid selected rows once into an L2-sized f32 buffer, and every head reuses them
-// in register-tiled products: scores^T [n, H] = rows x (scale q)^T, softmax across slots per head,
-// o = P^T rows[:, :Dv]; backward [scores | dA] = rows x (scale q | dO)^T in one product,
-// dq = scale dS^T rows, and the dkv rows of the selected keys += (scale dS | P) (q ; dO), added in
-// place into a per-thread f32 accumulator [parts, Skv, acc_width] that is summed into dkv per
-// batch element (no atomics). `acc` must be zero and is left zero.
-//
-// Staged (bf16): the stages below run around oneDNN batched GEMMs (AMX), one chunk of
-// consecutive query rows of one batch element at a time:
-//   gather     rows[q, i, :] = kv[idx[q, i], :] (zero rows for invalid slots), bias[q, i] = 0 or -inf
-//   GEMM       scores[q] = scale * Q[q] rows[q]^T                                     [H, K]
-//   softmax    lse, P = exp(scores + bias - lse)
-//   GEMM       O[q] = P[q] rows[q][:, :Dv]
-// and in the backward, after the scores GEMM and dA[q] = dO[q] rows[q][:, :Dv]^T:
-//   softmax_grad  P and dS = P * (dA - rowsum(dO * O))
-//   GEMM       dQ[q] = scale * dS[q] rows[q]
-//   dkv_accumulate  acc[part][idx[q, i], :] += scale * dS[q][:, i]^T Q[q] + P[q][:, i]^T dO[q] (first Dv),
-//                   valid slots only, straight into the selected rows of a per-thread accumulator
-//   dkv_reduce      dkv = sum over parts of acc, after the last chunk of a batch element
-// q indexes the chunk's rows, which sit at query positions t0 + q. Scores, dA, lse and the dkv
-// accumulators are f32.
+// OpenMP over query rows. Each thread copies its query's valid selected rows once (as f32, in
+// slot order) into an L2-sized buffer, and every head reuses them in register-tiled products:
+//   forward   scores^T [n, H] = rows x (scale q)^T, softmax across the n slots of each head,
+//             o = P^T rows[:, :Dv]
+//   backward  [scores | dA]^T = rows x (scale q | dO)^T in one product, P from lse,
+//             dS = P (dA - rowsum(dO * O)), dq = scale dS^T rows, and the dkv rows of the selected
+//             keys += (scale dS | P) (q ; dO): key and value roles in one product, added in place.
+// Invalid slots are never copied, so they cost nothing. dkv accumulates in `acc`, `parts`
+// per-thread f32 buffers [parts, Skv, sparse_mla_acc_width(Dqk)] (the backward runs on at most
+// `parts` threads), summed into dkv per batch element: no atomics. acc must be zero; it is left
+// zero.
 #pragma once
 
 #include <cstdint>
@@ -32,22 +22,6 @@
 #include "titan/kernels/dsa_dims.h"
 
 #define TITAN_SPARSE_MLA_KERNELS                                                                                    \
-  template <class T>                                                                                                \
-  void sparse_mla_gather(T* rows, float* bias, const T* kv, const int32_t* idx, int64_t t0, int64_t nq,             \
-                         const ::titan::kernels::SparseMlaDims& d);                                                 \
-  template <class T>                                                                                                \
-  void sparse_mla_softmax(T* p, float* lse, const float* scores, const float* bias, int64_t nq,                     \
-                          const ::titan::kernels::SparseMlaDims& d);                                                \
-  template <class T>                                                                                                \
-  void sparse_mla_softmax_grad(T* p, T* ds, const float* scores, const float* da, const float* bias,               \
-                               const float* lse, const T* dout, const T* o, int64_t nq,                             \
-                               const ::titan::kernels::SparseMlaDims& d);                                           \
-  template <class T>                                                                                                \
-  void sparse_mla_dkv_accumulate(float* acc, int64_t parts, const T* p, const T* ds, const T* q, const T* dout,     \
-                                 const float* bias, const int32_t* idx, int64_t nq,                                 \
-                                 const ::titan::kernels::SparseMlaDims& d);                                         \
-  template <class T>                                                                                                \
-  void sparse_mla_dkv_reduce(T* dkv, float* acc, int64_t parts, const ::titan::kernels::SparseMlaDims& d);          \
   int64_t sparse_mla_acc_width(int64_t dqk);                                                                        \
   template <class T>                                                                                                \
   void sparse_mla_forward(T* o, float* lse, const T* q, const T* kv, const int32_t* idx,                            \

@@ -1,5 +1,6 @@
 #include "titan/models/deepseek_v3/args.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "titan/core/error.h"
@@ -47,31 +48,46 @@ DeepSeekV3Args::ParamCount DeepSeekV3Args::parameters() const {
   const int64_t router = n_routed_experts * dim;
   const int64_t routed = 3 * n_routed_experts * dim * moe_inter_dim;
   const int64_t shared = 3 * dim * moe_inter_dim * n_shared_experts;
-  const int64_t moe_layers = n_layers - n_dense_layers;
+  // TorchTitan's rounding: the routed experts' total times top_k / n_routed_experts.
+  const int64_t moe_total = router + routed + shared;
+  const int64_t moe_active = router + shared + routed * n_activated_experts / n_routed_experts;
+  const int64_t dense_layers = std::min(n_dense_layers, n_layers), moe_layers = n_layers - dense_layers;
   ParamCount c;
   c.embedding = vocab_size * dim;
-  const int64_t common = n_layers * (attention + norms) + n_dense_layers * dense_ffn + dim /* final norm */ +
+  const int64_t common = n_layers * (attention + norms) + dense_layers * dense_ffn + dim /* final norm */ +
                          vocab_size * dim /* output */ + c.embedding;
-  c.total = common + moe_layers * (router + routed + shared);
-  // TorchTitan's rounding: the routed experts' total times top_k / n_routed_experts.
-  c.active = common + moe_layers * (router + shared) + moe_layers * routed * n_activated_experts / n_routed_experts;
+  c.total = common + moe_layers * moe_total;
+  c.active = common + moe_layers * moe_active;
+  for (int64_t k = 0; k < num_mtp_layers; ++k) {
+    // enorm, hnorm, eh_proj [D, 2D], the block, the head's norm.
+    const int64_t own = 3 * dim + 2 * dim * dim + attention + norms;
+    const bool moe = is_moe_layer(n_layers + k);
+    c.mtp += own + (moe ? moe_total : dense_ffn);
+    c.mtp_active += own + (moe ? moe_active : dense_ffn);
+  }
   return c;
 }
 
 double DeepSeekV3Args::training_flops_per_token(int64_t seq_len) const {
   const ParamCount c = parameters();
-  return 6.0 * double(c.active - c.embedding) +
-         6.0 * double(n_layers * n_heads * (qk_nope_head_dim + qk_rope_head_dim + v_head_dim) * seq_len) +
-         (has_indexer() ? 6.0 * double(n_layers * index_n_heads * index_head_dim * seq_len) : 0.0);
+  const double mtp = double(c.mtp_active + num_mtp_layers * vocab_size * dim);  // + the shared head per module
+  const int64_t blocks = n_layers + num_mtp_layers;
+  return 6.0 * double(c.active - c.embedding) + 6.0 * mtp +
+         6.0 * double(blocks * n_heads * (qk_nope_head_dim + qk_rope_head_dim + v_head_dim) * seq_len) +
+         (has_indexer() ? 6.0 * double(blocks * index_n_heads * index_head_dim * seq_len) : 0.0);
 }
 
 void DeepSeekV3Args::validate() const {
   auto fail = [](const std::string& what, const std::string& hint) { TITAN_FAIL("deepseek_v3: " + what, hint); };
   if (dim <= 0 || n_layers <= 0 || n_heads <= 0 || vocab_size <= 0 || inter_dim <= 0)
     fail("dim, n_layers, n_heads, vocab_size and inter_dim must be positive", "check the flavor or config.json");
-  if (n_dense_layers < 0 || n_dense_layers > n_layers)
-    fail("n_dense_layers " + std::to_string(n_dense_layers) + " is outside [0, n_layers = " +
-             std::to_string(n_layers) + "]",
+  if (num_mtp_layers < 0 || mtp_loss_weight < 0)
+    fail("num_mtp_layers and mtp_loss_weight must be >= 0, got " + std::to_string(num_mtp_layers) + " and " +
+             std::to_string(mtp_loss_weight),
+         "use 0 layers for no multi-token prediction; DeepSeek-V3 uses 1 layer and weight 0.3");
+  if (n_dense_layers < 0 || n_dense_layers > n_layers + num_mtp_layers)
+    fail("n_dense_layers " + std::to_string(n_dense_layers) + " is outside [0, n_layers + num_mtp_layers = " +
+             std::to_string(n_layers + num_mtp_layers) + "]",
          "n_dense_layers (first_k_dense_replace) counts the leading layers with a dense FFN");
   if (q_lora_rank < 0 || kv_lora_rank <= 0 || qk_nope_head_dim <= 0 || v_head_dim <= 0)
     fail("q_lora_rank must be >= 0 and kv_lora_rank, qk_nope_head_dim, v_head_dim > 0",
@@ -79,7 +95,7 @@ void DeepSeekV3Args::validate() const {
   if (qk_rope_head_dim <= 0 || qk_rope_head_dim % 2 != 0)
     fail("qk_rope_head_dim must be positive and even, got " + std::to_string(qk_rope_head_dim),
          "RoPE rotates pairs of dims");
-  if (n_layers > n_dense_layers) {
+  if (n_layers + num_mtp_layers > n_dense_layers) {
     if (moe_inter_dim <= 0 || n_routed_experts <= 0 || n_shared_experts < 0 || n_activated_experts <= 0 ||
         n_activated_experts > n_routed_experts)
       fail("MoE layers need moe_inter_dim > 0 and 0 < n_activated_experts <= n_routed_experts (got " +

@@ -56,6 +56,13 @@ struct DeepSeekV3Args {
   bool index_hadamard = true;    // rotate_activation on indexer q and k (score-preserving)
   bool has_indexer() const { return index_n_heads > 0; }
 
+  // Multi-token prediction (DeepSeek-V3 section 2.2; mtp.h): D sequential modules, each a full
+  // block after the main layers (layer ids n_layers .. n_layers + D - 1, MoE or dense by the same
+  // n_dense_layers rule), adding mtp_loss_weight / D * sum_k L_k to the training loss. The
+  // flavors have none (as TorchTitan's); DeepSeek-V3's checkpoint has 1 (num_nextn_predict_layers).
+  int64_t num_mtp_layers = 0;    // D
+  double mtp_loss_weight = 0.3;  // lambda (the paper's first 10T tokens; 0.1 after)
+
   bool depth_init = true;  // output projections' init std shrinks with depth (TorchTitan)
 
   // TorchTitan's init: projections trunc_normal(0.02); the output projections of layer l (wo,
@@ -69,19 +76,25 @@ struct DeepSeekV3Args {
   bool yarn() const { return max_seq_len > original_seq_len; }
   kernels::RopeConfig rope() const;  // over the qk_rope_head_dim tail of each head
   double softmax_scale() const;      // qk_head_dim^-0.5, times mscale^2 under YaRN
+  // Layer ids n_layers .. n_layers + num_mtp_layers - 1 are the MTP modules' blocks.
   bool is_moe_layer(int64_t layer) const { return layer >= n_dense_layers; }
 
-  // Analytic parameter counts of the full architecture (MoE layers with all their experts;
-  // the MTP module is not part of this model, so DeepSeek's 671B excludes it as here).
+  // Analytic parameter counts of the full architecture (MoE layers with all their experts). The
+  // MTP modules are counted apart, as DeepSeek's 671B excludes its 14B MTP module (embedding
+  // and head included there; here they are shared, so mtp holds only the modules' own weights).
   struct ParamCount {
     int64_t total = 0;
     int64_t active = 0;     // per token: routed experts count top_k / n_routed_experts
     int64_t embedding = 0;  // the input table (the output projection is counted as dense)
+    int64_t mtp = 0;        // the MTP modules' own parameters (not in total)
+    int64_t mtp_active = 0;
   };
   ParamCount parameters() const;
   // Training FLOPs per token, as TorchTitan counts them: 6 * (active - embedding) + 6 * L * H *
   // (qk_nope + qk_rope + v) * S, plus the indexer's scores 6 * L * H_I * d_I * S when it has one
-  // (the attention term stays the dense one: an upper bound in the sparse stage).
+  // (the attention term stays the dense one: an upper bound in the sparse stage); with MTP, each
+  // module adds its active weights, one more pass through the shared output head and its block's
+  // attention (and indexer) terms.
   double training_flops_per_token(int64_t seq_len) const;
   void validate() const;  // throws naming the field when the shapes do not fit together
 };

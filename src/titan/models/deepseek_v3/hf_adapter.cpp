@@ -85,6 +85,21 @@ const std::vector<std::pair<std::string, std::string>>& layer_names() {
   return names;
 }
 
+// An MTP module's own weights (after "mtp.K." / "model.layers.<n_layers + K>."); its block's
+// weights follow layer_names() after "mtp.K.block.".
+const std::vector<std::pair<std::string, std::string>>& mtp_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"enorm.weight", "enorm.weight"},
+      {"hnorm.weight", "hnorm.weight"},
+      {"eh_proj.weight", "eh_proj.weight"},
+      {"norm.weight", "shared_head.norm.weight"},
+  };
+  return names;
+}
+
+// DeepSeek's checkpoint repeats the shared embedding and head inside each MTP layer; ours shares them.
+const char* kMtpSharedCopies[] = {"embed_tokens.weight", "shared_head.head.weight"};
+
 // Stacked expert weights: ours "moe.experts.wN" [E, ...] <- HF "mlp.experts.E.<proj>.weight".
 const std::vector<std::pair<std::string, std::string>>& expert_names() {
   static const std::vector<std::pair<std::string, std::string>> names = {
@@ -149,7 +164,9 @@ DeepSeekV3Args args_from_hf_config(const json& config, const std::string& source
   a.qk_rope_head_dim = r.integer("qk_rope_head_dim");
   a.v_head_dim = r.integer("v_head_dim");
   a.q_lora_rank = r.integer("q_lora_rank", 0);  // null: a plain q_proj
-  a.n_dense_layers = std::min(r.integer("first_k_dense_replace", 3), a.n_layers);
+  a.num_mtp_layers = r.integer("num_nextn_predict_layers", 0);
+  if (a.num_mtp_layers < 0) r.unsupported("num_nextn_predict_layers", "is negative", "use 0 (no MTP) or more");
+  a.n_dense_layers = std::min(r.integer("first_k_dense_replace", 3), a.n_layers + a.num_mtp_layers);
   if (r.integer("moe_layer_freq", 1) != 1)
     r.unsupported("moe_layer_freq", "is not 1", "DeepSeek-V3 makes every layer after the dense ones MoE");
   a.moe_inter_dim = r.integer("moe_intermediate_size", 2048);
@@ -238,7 +255,7 @@ json hf_config_from_args(const DeepSeekV3Args& a) {
       {"num_hidden_layers", a.n_layers},
       {"first_k_dense_replace", a.n_dense_layers},
       {"moe_layer_freq", 1},
-      {"num_nextn_predict_layers", 0},  // no MTP weights in the export
+      {"num_nextn_predict_layers", a.num_mtp_layers},
       {"num_attention_heads", a.n_heads},
       {"num_key_value_heads", a.n_heads},
       {"n_routed_experts", a.n_routed_experts},
@@ -287,8 +304,8 @@ json hf_config_from_args(const DeepSeekV3Args& a) {
 std::vector<std::pair<std::string, Shape>> state_shapes(const DeepSeekV3Args& a) {
   const int64_t d = a.dim, h = a.n_heads, dqk = a.qk_head_dim(), e = a.n_routed_experts, mi = a.moe_inter_dim;
   std::vector<std::pair<std::string, Shape>> out = {{"tok_embeddings.weight", {a.vocab_size, d}}};
-  for (int64_t l = 0; l < a.n_layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
+  // One TransformerBlock's state under prefix p (layer id l).
+  auto block = [&](const std::string& p, int64_t l) {
     if (a.q_lora_rank == 0) {
       out.push_back({p + "attention.wq.weight", {h * dqk, d}});
     } else {
@@ -327,9 +344,18 @@ std::vector<std::pair<std::string, Shape>> state_shapes(const DeepSeekV3Args& a)
     }
     out.push_back({p + "attention_norm.weight", {d}});
     out.push_back({p + "ffn_norm.weight", {d}});
-  }
+  };
+  for (int64_t l = 0; l < a.n_layers; ++l) block("layers." + std::to_string(l) + ".", l);
   out.push_back({"norm.weight", {d}});
   out.push_back({"output.weight", {a.vocab_size, d}});
+  for (int64_t k = 0; k < a.num_mtp_layers; ++k) {
+    const std::string p = "mtp." + std::to_string(k) + ".";
+    out.push_back({p + "enorm.weight", {d}});
+    out.push_back({p + "hnorm.weight", {d}});
+    out.push_back({p + "eh_proj.weight", {d, 2 * d}});
+    block(p + "block.", a.n_layers + k);
+    out.push_back({p + "norm.weight", {d}});
+  }
   return out;
 }
 
@@ -337,11 +363,21 @@ std::vector<std::string> hf_names(const std::string& name, const DeepSeekV3Args&
   if (name == "tok_embeddings.weight") return {"model.embed_tokens.weight"};
   if (name == "norm.weight") return {"model.norm.weight"};
   if (name == "output.weight") return {"lm_head.weight"};
-  const std::string layers = "layers.";
+  // "layers.L.<rest>" -> model.layers.L.<rest'>; "mtp.K.block.<rest>" -> model.layers.<n_layers + K>.<rest'>.
+  const bool is_mtp = name.rfind("mtp.", 0) == 0;
+  const std::string layers = is_mtp ? "mtp." : "layers.";
   const size_t dot = name.find('.', layers.size());
-  if (name.rfind(layers, 0) == 0 && dot != std::string::npos) {
-    const std::string layer = name.substr(layers.size(), dot - layers.size());
-    const std::string rest = name.substr(dot + 1), hf_prefix = "model.layers." + layer + ".";
+  const std::string layer =
+      name.rfind(layers, 0) == 0 && dot != std::string::npos ? name.substr(layers.size(), dot - layers.size()) : "";
+  if (!layer.empty() && layer.find_first_not_of("0123456789") == std::string::npos) {
+    std::string rest = name.substr(dot + 1), hf_prefix = "model.layers." + layer + ".";
+    if (is_mtp) {
+      hf_prefix = "model.layers." + std::to_string(a.n_layers + std::stoll(layer)) + ".";
+      for (const auto& [ours, hf] : mtp_names())
+        if (rest == ours) return {hf_prefix + hf};
+      const std::string block = "block.";
+      rest = rest.rfind(block, 0) == 0 ? rest.substr(block.size()) : std::string();
+    }
     for (const auto& [ours, hf] : layer_names())
       if (rest == ours) return {hf_prefix + hf};
     for (const auto& [ours, proj] : expert_names()) {
@@ -387,8 +423,11 @@ std::map<std::string, Tensor> load_hf_state(const checkpoint::HfFolder& folder, 
   }
   if (strict) {
     for (const std::string& n : folder.names()) {
+      const int64_t layer = hf_layer(n);
+      bool shared_copy = false;  // an MTP layer's copy of the embedding or head
+      for (const char* c : kMtpSharedCopies) shared_copy |= layer >= a.n_layers && n.ends_with(std::string(".") + c);
       const bool skipped = used.count(n) || n.ends_with("_scale_inv") || n.ends_with("rotary_emb.inv_freq") ||
-                           hf_layer(n) >= a.n_layers;  // the MTP layer(s)
+                           shared_copy || layer >= a.n_layers + a.num_mtp_layers;  // MTP layers not loaded
       TITAN_CHECK(skipped, "unexpected tensor '" + n + "' in " + (folder.dir() / folder.file_of(n)).string(),
                   "config.json does not describe these weights (e.g. first_k_dense_replace or q_lora_rank differ)");
     }
@@ -399,7 +438,7 @@ std::map<std::string, Tensor> load_hf_state(const checkpoint::HfFolder& folder, 
 std::unique_ptr<Transformer> load_hf_model(const fs::path& dir, const MoeFactory& moe) {
   const checkpoint::HfFolder folder = checkpoint::HfFolder::open(dir);
   const DeepSeekV3Args a = args_from_hf_config(folder.config(), (dir / "config.json").string());
-  TITAN_CHECK(moe || a.n_dense_layers == a.n_layers,
+  TITAN_CHECK(moe || a.n_dense_layers >= a.n_layers + a.num_mtp_layers,
               (dir / "config.json").string() + " has MoE layers (first_k_dense_replace " +
                   std::to_string(a.n_dense_layers) + " < num_hidden_layers " + std::to_string(a.n_layers) +
                   ") but no MoE layer was given",
@@ -430,6 +469,14 @@ std::vector<std::pair<std::string, Tensor>> to_hf_tensors(const std::vector<std:
                     std::to_string(names.size()) + " routed experts",
                 "export with the args the model was built with");
     for (size_t e = 0; e < names.size(); ++e) out.emplace_back(names[e], t.select(0, int64_t(e)));
+  }
+  // DeepSeek's layout repeats the shared embedding and head in every MTP layer (vLLM and SGLang read them there).
+  for (int64_t k = 0; k < a.num_mtp_layers; ++k) {
+    const std::string p = "model.layers." + std::to_string(a.n_layers + k) + ".";
+    for (const auto& [name, t] : state) {
+      if (name == "tok_embeddings.weight") out.emplace_back(p + kMtpSharedCopies[0], t);
+      if (name == "output.weight") out.emplace_back(p + kMtpSharedCopies[1], t);
+    }
   }
   return out;
 }

@@ -30,7 +30,13 @@
 // Hadamard; its router is always sigmoid.
 // RoPE: HF's DeepSeek-V3 (rope_interleave = true, the default and what DeepSeek's checkpoints
 // need) rotates interleaved pairs, as our MLA does, so weights map without any permutation.
-// The MTP layer (model.layers.<n_layers>.*) is not part of this model and is skipped on load.
+// MTP (num_nextn_predict_layers = D > 0; mtp.h): module K is HF's layer n_layers + K,
+//   model.layers.<n_layers + K>.{enorm, hnorm, eh_proj}       mtp.K.{enorm, hnorm, eh_proj}
+//   model.layers.<n_layers + K>.shared_head.norm              mtp.K.norm
+//   model.layers.<n_layers + K>.<the layer names above>       mtp.K.block.<ours above>
+// and its embed_tokens / shared_head.head (copies of the shared embedding and lm_head in
+// DeepSeek's checkpoint) are skipped on load and written as copies on export. With D = 0 any
+// layer >= n_layers is skipped on load (a checkpoint's MTP weights are then unused).
 // Norm eps: HF's q_a/kv_a latent norms hard-code 1e-6 while rms_norm_eps sets the others; ours
 // use norm_eps for all. DeepSeek's configs set 1e-6, so their checkpoints match exactly (checked:
 // our export of a 1e-6 model loads in transformers with no missing or unexpected keys, the MoE
@@ -69,13 +75,14 @@ std::vector<std::string> hf_names(const std::string& name, const DeepSeekV3Args&
 
 // Reads `wanted` (our names and shapes) from an HF folder as f32 (dequantizing fp8), stacking
 // experts. Errors name the HF tensor, its file and both shapes. With `strict`, every HF tensor
-// must be consumed (other than fp8 scales and the MTP layers).
+// must be consumed (other than fp8 scales, the MTP layers' shared copies and layers past
+// n_layers + num_mtp_layers).
 std::map<std::string, Tensor> load_hf_state(const checkpoint::HfFolder& folder, const DeepSeekV3Args& a,
                                             const std::vector<std::pair<std::string, Shape>>& wanted,
                                             bool strict = true);
 
 // Builds the model an HF folder describes and loads its weights. Without a MoE factory the
-// checkpoint must be all-dense (first_k_dense_replace = num_hidden_layers).
+// checkpoint must be all-dense (first_k_dense_replace >= num_hidden_layers + its MTP layers).
 std::unique_ptr<Transformer> load_hf_model(const std::filesystem::path& dir, const MoeFactory& moe = {});
 
 // Our state -> HF names and layout (experts unstacked), in our order.

@@ -1,6 +1,7 @@
 #include "titan/models/deepseek_v3/model.h"
 
 #include "titan/models/common.h"
+#include "titan/models/deepseek_v3/mtp.h"
 
 #include <algorithm>
 #include <cmath>
@@ -18,10 +19,11 @@ Tensor default_positions(int64_t batch, int64_t seq, int64_t start = 0) {
   return p;
 }
 
-// Without a MoE factory every layer is dense: record that in the args the model reports.
+// Without a MoE factory every layer (the MTP blocks too) is dense: record that in the args the
+// model reports.
 DeepSeekV3Args as_built(DeepSeekV3Args a, const MoeFactory& moe) {
   a.validate();
-  if (!moe) a.n_dense_layers = a.n_layers;
+  if (!moe) a.n_dense_layers = a.n_layers + a.num_mtp_layers;
   return a;
 }
 }  // namespace
@@ -70,6 +72,11 @@ Transformer::Transformer(const DeepSeekV3Args& a, const MoeFactory& moe)
       args_(as_built(a, moe)),
       rope_(kernels::rope_tables(a.rope(), a.max_seq_len)) {
   for (int l = 0; l < args_.n_layers; ++l) layers.append(std::make_unique<TransformerBlock>(args_, l, moe));
+  if (args_.num_mtp_layers > 0) mtp = &register_module("mtp", std::make_unique<MultiTokenPrediction>(args_, moe));
+}
+
+void Transformer::set_targets(const Tensor& targets) {
+  if (mtp) mtp->set_targets(targets);
 }
 
 void Transformer::set_recompute(Recompute r) {
@@ -109,6 +116,7 @@ Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) {
   h = run_blocks<TransformerBlock>(layers, h, recompute_, [this, positions](TransformerBlock& block, const Variable& x) {
     return block.forward(x, rope_, positions);
   });
+  if (mtp) mtp->run(*this, h, tokens, positions);
   return output.forward(autograd::view(norm.forward(h), {b * s, args_.dim}));
 }
 
@@ -146,6 +154,7 @@ std::vector<Variable> Transformer::auxiliary_losses() {
     const Attention& at = layers[l].attention;
     if (at.last_indexer_loss.defined()) out.push_back(autograd::scale(at.last_indexer_loss, at.dsa.indexer_loss_coeff));
   }
+  if (mtp) mtp->append_losses(out);
   return out;
 }
 
@@ -154,6 +163,7 @@ void Transformer::after_optimizer_step() {
   // (the warm-up's token counts then join the first sparse step's update, which uses their signs).
   if (args_.has_indexer() && layers.size() > 0 && layers[0].attention.dsa.stage == DsaStage::dense_warmup) return;
   for (size_t l = 0; l < layers.size(); ++l) layers[l].ffn.after_optimizer_step();
+  if (mtp) mtp->after_optimizer_step();
 }
 
 std::vector<std::pair<std::string, double>> Transformer::step_stats() {
@@ -164,6 +174,7 @@ std::vector<std::pair<std::string, double>> Transformer::step_stats() {
   for (size_t l = 0; l < layers.size(); ++l)
     if (const Variable& v = layers[l].attention.last_indexer_loss; v.defined()) kl += v.value().item(), ++counted;
   if (counted > 0) stats.emplace_back("indexer_loss", kl / counted);
+  if (mtp) mtp->append_stats(stats);
   return stats;
 }
 

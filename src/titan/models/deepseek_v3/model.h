@@ -7,7 +7,10 @@
 // The MoE seam: this file does not define the MoE layer. The model takes a MoeFactory that builds
 // each MoE block's FFN (the integrator passes one backed by models/moe); without one, MoE layers
 // get a dense SwiGLU of inter_dim instead, registered as "feed_forward", and the model is the
-// all-dense DeepSeek-V3 that args() then describes (n_dense_layers = n_layers).
+// all-dense DeepSeek-V3 that args() then describes (n_dense_layers = n_layers + num_mtp_layers).
+//
+// With num_mtp_layers > 0 the model also holds the multi-token prediction modules ("mtp", mtp.h):
+// a forward after set_targets() computes their loss, which auxiliary_losses() returns.
 #pragma once
 
 #include <functional>
@@ -32,6 +35,8 @@ class FeedForward : public BlockFeedForward {
 
 // Builds the FFN of MoE layer `layer_id` (registered under the name "moe").
 using MoeFactory = std::function<std::unique_ptr<BlockFeedForward>(const DeepSeekV3Args&, int layer_id)>;
+
+class MultiTokenPrediction;  // mtp.h
 
 class TransformerBlock : public nn::Module {
  public:
@@ -58,6 +63,9 @@ class Transformer : public CausalLM {
   void set_compute_dtype(DType dtype) override;
   DType compute_dtype() const override { return compute_dtype_; }
   void set_recompute(Recompute r) override;
+  Recompute recompute() const { return recompute_; }
+  // MTP: the targets [B*S] of the next forward (a no-op without MTP modules).
+  void set_targets(const Tensor& targets) override;
   double training_flops_per_token(int64_t seq_len) const override { return args_.training_flops_per_token(seq_len); }
   int64_t vocab_size() const override { return args_.vocab_size; }
   int64_t max_seq_len() const override { return args_.max_seq_len; }
@@ -84,6 +92,7 @@ class Transformer : public CausalLM {
   nn::ModuleList<TransformerBlock>& layers;
   nn::RMSNorm& norm;
   nn::Linear& output;
+  MultiTokenPrediction* mtp = nullptr;  // "mtp", when num_mtp_layers > 0
 
  private:
   DeepSeekV3Args args_;

@@ -1,0 +1,189 @@
+// Whole-model DeepSeek-V3.2 training with DeepSeek Sparse Attention (the deepseek_v32 debugmodel):
+// 1. fused DSA kernels vs the small-op path (`[model] converters`) at seq 4096, both stages:
+//    tokens/s and peak memory, ratios from one run (targets: >= 3x tokens/s, <= 0.5x memory);
+// 2. long context: time per token of the fused sparse stage at 4k .. 32k (and peak memory:
+//    32k must fit in 16 GiB), against dense MLA attention (the deepseek_v3 debugmodel: the same
+//    blocks without an indexer or a query latent) at lengths where dense finishes in reasonable time.
+// Each configuration runs in a fresh process (this binary with --child), so the resident-memory
+// high-water mark is its own.
+//   build/bench/bench_dsa_model [--seq 4096] [--long 4096,8192,16384,32768] [--dense 4096,8192]
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "titan/autograd/ops.h"
+#include "titan/core/allocator.h"
+#include "titan/core/rng.h"
+#include "titan/models/causal_lm.h"
+#include "titan/models/deepseek_v3/model.h"
+#include "titan/optim/adamw.h"
+#include "titan/optim/clip_grad.h"
+#include "titan/train/metrics.h"
+
+using namespace titan;
+using models::deepseek_v3::DsaImpl;
+using models::deepseek_v3::DsaStage;
+
+namespace {
+
+constexpr int64_t kVocab = 2048;  // the main job's tokenizer
+
+struct Run {
+  std::string model = "deepseek_v32";  // or deepseek_v3 (dense MLA)
+  DsaImpl impl = DsaImpl::fused;
+  DsaStage stage = DsaStage::sparse;
+  int64_t seq = 4096;
+};
+
+struct Result {
+  bool ok = false;
+  double seconds_per_step = 0;
+  int64_t seq = 0;
+  int64_t peak_bytes = 0;  // our allocator's peak over all tensors
+  int64_t rss_growth = 0;  // resident-memory high-water growth over the run
+};
+
+Result run_here(const Run& r) {
+  const int64_t rss0 = bench::max_rss_bytes();
+  auto model = models::build_model(r.model, "debugmodel", kVocab, r.seq);
+  model->init_parameters(0);
+  auto* v3 = dynamic_cast<models::deepseek_v3::Transformer*>(model.get());
+  if (v3 && v3->args().has_indexer()) v3->set_dsa(r.stage, r.impl, 0.01);
+  optim::AdamW opt(model->named_parameters(), {});
+  Tensor tokens = Tensor::empty({1, r.seq}, DType::i32), targets = Tensor::empty({r.seq}, DType::i32);
+  Generator g(0);
+  for (int64_t i = 0; i < r.seq; ++i) tokens.data<int32_t>()[i] = int32_t(g.next_below(uint64_t(kVocab)));
+  for (int64_t i = 0; i < r.seq; ++i) targets.data<int32_t>()[i] = int32_t(g.next_below(uint64_t(kVocab)));
+  auto step = [&] {
+    model->zero_grad();
+    autograd::Variable loss = autograd::cross_entropy(model->forward(tokens), targets);
+    for (const autograd::Variable& aux : model->auxiliary_losses()) loss = autograd::add(loss, aux);
+    autograd::backward(loss);
+    const auto norm = optim::clip_grad_norm(model->named_parameters(), 1.0);
+    opt.step(1e-4f, norm.scale);
+    model->after_optimizer_step();
+  };
+  memory_reset_peak();
+  Result out;
+  out.ok = true;
+  out.seq = r.seq;
+  out.seconds_per_step = bench::time_best(step, r.seq >= 16384 ? 1 : 2, 1);
+  out.peak_bytes = memory_stats().peak_total;
+  out.rss_growth = bench::max_rss_bytes() - rss0;
+  return out;
+}
+
+std::string g_self;
+
+const char* impl_name(DsaImpl i) { return i == DsaImpl::fused ? "fused" : "small_ops"; }
+const char* stage_name(DsaStage s) { return s == DsaStage::sparse ? "sparse" : "dense_warmup"; }
+
+Result run(const Run& r) {
+  const std::string cmd = g_self + " --child " + r.model + " " + impl_name(r.impl) + " " + stage_name(r.stage) + " " +
+                          std::to_string(r.seq);
+  const std::string out = bench::read_command(cmd);
+  Result res;
+  if (out.empty() || out.rfind('{') == std::string::npos) return res;
+  const auto j = nlohmann::json::parse(out.substr(out.rfind('{')));
+  res.ok = true;
+  res.seq = r.seq;
+  res.seconds_per_step = j["seconds_per_step"];
+  res.peak_bytes = j["peak_bytes"];
+  res.rss_growth = j["rss_growth"];
+  return res;
+}
+
+std::string describe(const Result& r) {
+  if (!r.ok) return "failed (out of memory or an error; run the --child command by hand to see it)";
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%8.1f tok/s  %7.3f ms/token  tensors peak %9s  RSS growth %9s",
+                double(r.seq) / r.seconds_per_step, 1e3 * r.seconds_per_step / double(r.seq),
+                train::format_bytes(double(r.peak_bytes)).c_str(), train::format_bytes(double(r.rss_growth)).c_str());
+  return buf;
+}
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) v.push_back(std::atoll(item.c_str()));
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t seq = 4096;
+  std::vector<int64_t> long_seqs = {4096, 8192, 16384, 32768}, dense_seqs = {4096, 8192};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--child" && i + 4 < argc) {
+      Run r;
+      r.model = argv[i + 1];
+      r.impl = std::string(argv[i + 2]) == "fused" ? DsaImpl::fused : DsaImpl::small_ops;
+      r.stage = std::string(argv[i + 3]) == "sparse" ? DsaStage::sparse : DsaStage::dense_warmup;
+      r.seq = std::atoll(argv[i + 4]);
+      const Result res = run_here(r);
+      std::printf("%s\n", nlohmann::json{{"seconds_per_step", res.seconds_per_step},
+                                         {"peak_bytes", res.peak_bytes},
+                                         {"rss_growth", res.rss_growth}}
+                              .dump()
+                              .c_str());
+      return 0;
+    }
+    if (a == "--seq" && i + 1 < argc) seq = std::atoll(argv[++i]);
+    else if (a == "--long" && i + 1 < argc) long_seqs = parse_list(argv[++i]);
+    else if (a == "--dense" && i + 1 < argc) dense_seqs = parse_list(argv[++i]);
+  }
+  g_self = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::printf("deepseek_v32 debugmodel, batch 1, f32, one full training step (forward, backward, AdamW)\n");
+
+  std::printf("\n1. fused DSA kernels vs small ops at seq %lld\n", static_cast<long long>(seq));
+  for (DsaStage stage : {DsaStage::sparse, DsaStage::dense_warmup}) {
+    const Result fused = run({"deepseek_v32", DsaImpl::fused, stage, seq});
+    const Result small = run({"deepseek_v32", DsaImpl::small_ops, stage, seq});
+    std::printf("  %-12s fused    : %s\n", stage_name(stage), describe(fused).c_str());
+    std::printf("  %-12s small ops: %s\n", stage_name(stage), describe(small).c_str());
+    if (fused.ok && small.ok) {
+      const double speed = small.seconds_per_step / fused.seconds_per_step;
+      const double mem = double(fused.rss_growth) / double(small.rss_growth);
+      const double tensors = double(fused.peak_bytes) / double(small.peak_bytes);
+      std::printf("  %-12s fused/small ops: tokens/s %.2fx%s, RSS growth %.2fx, tensors peak %.2fx%s\n",
+                  stage_name(stage), speed, stage == DsaStage::sparse ? (speed >= 3 ? " [PASS >= 3x]" : " [MISS >= 3x]") : "",
+                  mem, tensors, stage == DsaStage::sparse ? (tensors <= 0.5 ? " [PASS <= 0.5x]" : " [MISS <= 0.5x]") : "");
+    }
+  }
+
+  std::printf("\n2. long context: fused sparse stage vs dense MLA (deepseek_v3 debugmodel)\n");
+  std::vector<Result> sparse, dense;
+  for (int64_t s : long_seqs) {
+    sparse.push_back(run({"deepseek_v32", DsaImpl::fused, DsaStage::sparse, s}));
+    std::printf("  seq %6lld  DSA sparse : %s%s\n", static_cast<long long>(s), describe(sparse.back()).c_str(),
+                s == 32768 && sparse.back().ok
+                    ? (sparse.back().rss_growth <= (int64_t(16) << 30) ? "  [PASS fits 16 GiB]" : "  [MISS fits 16 GiB]")
+                    : "");
+  }
+  for (int64_t s : dense_seqs) {
+    dense.push_back(run({"deepseek_v3", DsaImpl::fused, DsaStage::sparse, s}));
+    std::printf("  seq %6lld  dense MLA  : %s\n", static_cast<long long>(s), describe(dense.back()).c_str());
+  }
+  auto per_token = [](const Result& r) { return r.seconds_per_step / double(r.seq); };
+  if (sparse.size() >= 2 && sparse.front().ok && sparse.back().ok)
+    std::printf("  time per token grows %.2fx from seq %lld to %lld with DSA\n",
+                per_token(sparse.back()) / per_token(sparse.front()), static_cast<long long>(sparse.front().seq),
+                static_cast<long long>(sparse.back().seq));
+  if (dense.size() >= 2 && dense.front().ok && dense.back().ok)
+    std::printf("  time per token grows %.2fx from seq %lld to %lld with dense MLA\n",
+                per_token(dense.back()) / per_token(dense.front()), static_cast<long long>(dense.front().seq),
+                static_cast<long long>(dense.back().seq));
+  for (size_t i = 0; i < dense.size() && i < sparse.size(); ++i)
+    if (dense[i].ok && sparse[i].ok && dense[i].seq == sparse[i].seq)
+      std::printf("  seq %6lld: DSA / dense time per token %.2f\n", static_cast<long long>(dense[i].seq),
+                  per_token(sparse[i]) / per_token(dense[i]));
+  return 0;
+}

@@ -1,0 +1,105 @@
+#include "titan/models/deepseek_v3/mtp.h"
+
+#include "titan/autograd/ops.h"
+
+namespace titan::models::deepseek_v3 {
+
+using nn::Init;
+
+MtpModule::MtpModule(const DeepSeekV3Args& a, int depth, const MoeFactory& moe)
+    : enorm(register_module("enorm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps))),
+      hnorm(register_module("hnorm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps))),
+      eh_proj(register_module("eh_proj", std::make_unique<nn::Linear>(2 * a.dim, a.dim,
+                                                                      Init::trunc_normal(DeepSeekV3Args::kInitStd)))),
+      block(register_module("block", std::make_unique<TransformerBlock>(a, int(a.n_layers) + depth, moe))),
+      norm(register_module("norm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps))) {}
+
+Variable MtpModule::forward(const Variable& h_prev, const Variable& emb, const kernels::RopeTables& rope,
+                            const Tensor& positions, Recompute recompute) {
+  const Variable x = eh_proj.forward(autograd::concat_last(enorm.forward(emb), hnorm.forward(h_prev)));  // [B, S, D]
+  if (recompute != Recompute::full) return block.forward(x, rope, positions);
+  TransformerBlock* b = &block;
+  return autograd::checkpoint(
+      [b, &rope, positions](const std::vector<Variable>& in) {
+        return std::vector<Variable>{b->forward(in[0], rope, positions)};
+      },
+      {x})[0];
+}
+
+MultiTokenPrediction::MultiTokenPrediction(const DeepSeekV3Args& a, const MoeFactory& moe) : args_(a) {
+  for (int k = 0; k < a.num_mtp_layers; ++k) append(std::make_unique<MtpModule>(a, k, moe));
+}
+
+Tensor MultiTokenPrediction::shifted_tokens(const Tensor& tokens, int64_t k) {
+  const int64_t b = tokens.size(0), s = tokens.size(1);
+  Tensor out = Tensor::empty({b, s}, DType::i32, MemCategory::activations);
+  const int32_t* in = tokens.data<int32_t>();
+  int32_t* o = out.data<int32_t>();
+  // Past the row any valid id does: those positions have no target, and causal attention keeps
+  // them from reaching the earlier ones.
+  for (int64_t r = 0; r < b; ++r)
+    for (int64_t i = 0; i < s; ++i) o[r * s + i] = i + k < s ? in[r * s + i + k] : 0;
+  return out;
+}
+
+Tensor MultiTokenPrediction::shifted_targets(const Tensor& targets, int64_t batch, int64_t seq, int64_t k) {
+  Tensor out = Tensor::empty({batch * seq}, DType::i32, MemCategory::activations);
+  const int32_t* in = targets.data<int32_t>();
+  int32_t* o = out.data<int32_t>();
+  for (int64_t r = 0; r < batch; ++r)
+    for (int64_t i = 0; i < seq; ++i) o[r * seq + i] = i + k < seq ? in[r * seq + i + k] : -100;
+  return out;
+}
+
+void MultiTokenPrediction::run(Transformer& model, const Variable& h0, const Tensor& tokens, const Tensor& positions) {
+  loss_ = Variable();
+  if (!targets_.defined()) return;
+  const Tensor targets = targets_;
+  targets_ = Tensor();  // one forward only: a later forward (validation, generation) has none
+  const int64_t b = tokens.size(0), s = tokens.size(1), d = int64_t(size());
+  TITAN_CHECK(targets.dtype() == DType::i32 && targets.numel() == b * s,
+              "deepseek_v3 MTP: the targets must be i32 with one entry per token (" + std::to_string(b * s) +
+                  "), got " + targets.str(),
+              "pass set_targets() the [B*S] targets of the tokens given to forward()");
+  TITAN_CHECK(s > d, "deepseek_v3 MTP: a sequence of " + std::to_string(s) + " tokens leaves no target for module " +
+                         std::to_string(d) + " (it predicts " + std::to_string(d + 1) + " tokens ahead)",
+              "train with seq_len > num_mtp_layers");
+  const double weight = args_.mtp_loss_weight / double(d);
+  Variable h = h0;
+  Variable total(Tensor::zeros({1}, DType::f32));
+  last_losses_.assign(size_t(d), 0);
+  double mean = 0;
+  for (int64_t k = 1; k <= d; ++k) {
+    MtpModule& m = (*this)[size_t(k - 1)];
+    const Variable emb = model.tok_embeddings.forward(shifted_tokens(tokens, k), model.compute_dtype());  // [B, S, D]
+    h = m.forward(h, emb, model.rope_tables(), positions, model.recompute());
+    const Variable logits = model.output.forward(autograd::view(m.norm.forward(h), {b * s, args_.dim}));  // [B*S, V]
+    const Variable lk = autograd::cross_entropy(logits, shifted_targets(targets, b, s, k));
+    last_losses_[size_t(k - 1)] = lk.value().item();
+    mean += last_losses_[size_t(k - 1)] / double(d);
+    total = autograd::add(total, lk, weight);
+  }
+  loss_ = total;
+  window_sum_ += mean;
+  ++window_count_;
+}
+
+void MultiTokenPrediction::append_losses(std::vector<Variable>& out) {
+  if (loss_.defined()) out.push_back(loss_);
+  for (size_t k = 0; k < size(); ++k)
+    if (Variable a = (*this)[k].block.ffn.aux_loss(); a.defined()) out.push_back(a);
+}
+
+void MultiTokenPrediction::after_optimizer_step() {
+  for (size_t k = 0; k < size(); ++k) (*this)[k].block.ffn.after_optimizer_step();
+  if (window_count_ > 0) step_mean_ = window_sum_ / double(window_count_);
+  window_sum_ = 0;
+  window_count_ = 0;
+}
+
+void MultiTokenPrediction::append_stats(std::vector<std::pair<std::string, double>>& stats) {
+  if (step_mean_ >= 0) stats.emplace_back("mtp_loss", step_mean_);
+  for (size_t k = 0; k < size(); ++k) (*this)[k].block.ffn.append_stats(stats, int(args_.n_layers + int64_t(k)));
+}
+
+}  // namespace titan::models::deepseek_v3

@@ -1,0 +1,76 @@
+// DeepSeek-V3 multi-token prediction (MTP; the DeepSeek-V3 report, section 2.2). D modules in
+// sequence after the main model; module k (1..D) predicts token t_{i+k+1} at position i:
+//
+//   h'_i^k = eh_proj([enorm(Emb(t_{i+k})); hnorm(h_i^{k-1})])      eh_proj: [2D] -> [D]
+//   h_i^k  = block_k(h'_i^k)                                       a full MLA + FFN/MoE block
+//   logits = output(norm_k(h_i^k))                                 the SHARED output head
+//   L_k    = cross-entropy against t_{i+k+1} over the positions where it exists
+//
+// h^0 is the main model's last hidden state before its final norm (the representation the head
+// reads; hnorm normalizes it), h^k the output of block k before norm_k. Emb is the main model's
+// (shared) embedding table. The concat puts the embedding first: the report writes [h; emb], but
+// DeepSeek's released eh_proj weights take [enorm(emb); hnorm(h)] (as vLLM and SGLang run them),
+// and loading those weights is what the order must serve.
+//
+// The tokens: for a row of inputs t_0..t_{S-1} and targets t_1..t_S (the trainer's, passed by
+// set_targets()), module k at position i embeds the input tokens[i + k] (i + k < S) and is scored
+// against targets[i + k] (i + k < S); the last k positions of every row have no target (-100),
+// and an ignored target (-100) stays ignored. The training loss adds
+// mtp_loss_weight / D * sum_k L_k (auxiliary_losses()); step_stats() logs "mtp_loss", the
+// unweighted mean of the L_k over the step's micro-batches.
+//
+// Names: ours "mtp.K.{enorm,hnorm,eh_proj,block.<block names>,norm}" (K = k - 1) <-> Hugging
+// Face's "model.layers.<n_layers + K>.{enorm,hnorm,eh_proj,<layer names>,shared_head.norm}"
+// (hf_adapter.h). MTP only trains: generation does not use it (no speculative decoding here).
+#pragma once
+
+#include "titan/models/deepseek_v3/model.h"
+
+namespace titan::models::deepseek_v3 {
+
+// One MTP module ("mtp.K"): k = depth + 1, its block is layer n_layers + depth.
+class MtpModule : public nn::Module {
+ public:
+  MtpModule(const DeepSeekV3Args& a, int depth, const MoeFactory& moe);
+  // h_prev [B, S, D] and emb [B, S, D] (Emb(t_{i+k})) -> h^k [B, S, D], before norm.
+  Variable forward(const Variable& h_prev, const Variable& emb, const kernels::RopeTables& rope,
+                   const Tensor& positions, Recompute recompute);
+  nn::RMSNorm &enorm, &hnorm;
+  nn::Linear& eh_proj;  // [D, 2D]
+  TransformerBlock& block;
+  nn::RMSNorm& norm;  // HF: shared_head.norm
+};
+
+// The D modules (registered as "mtp") and the loss of the last forward.
+class MultiTokenPrediction : public nn::ModuleList<MtpModule> {
+ public:
+  MultiTokenPrediction(const DeepSeekV3Args& a, const MoeFactory& moe);
+  // The targets [B*S] i32 of the next run() (kept until then; the trainer sets them per batch).
+  void set_targets(const Tensor& targets) { targets_ = targets; }
+  // After the main model's blocks: h0 [B, S, D] (before the final norm), the input tokens [B, S].
+  // Computes the weighted MTP loss when targets were set (and clears them); otherwise none.
+  void run(Transformer& model, const Variable& h0, const Tensor& tokens, const Tensor& positions);
+  // The weighted loss of the last run() and the MoE blocks' balance losses.
+  void append_losses(std::vector<Variable>& out);
+  void after_optimizer_step();
+  void append_stats(std::vector<std::pair<std::string, double>>& stats);
+
+  // Module k's input ids (tokens shifted left by k, 0 past the row) and targets (the trainer's
+  // shifted left by k, -100 past the row): [B, S] i32 and [B*S] i32.
+  static Tensor shifted_tokens(const Tensor& tokens, int64_t k);
+  static Tensor shifted_targets(const Tensor& targets, int64_t batch, int64_t seq, int64_t k);
+
+  // The per-module losses L_k of the last run() (unweighted).
+  const std::vector<double>& last_losses() const { return last_losses_; }
+
+ private:
+  DeepSeekV3Args args_;
+  Tensor targets_;
+  Variable loss_;  // lambda / D * sum_k L_k, [1] f32; undefined when the last forward had no targets
+  std::vector<double> last_losses_;
+  double window_sum_ = 0;  // sum over forwards since the last optimizer step of mean_k L_k
+  int64_t window_count_ = 0;
+  double step_mean_ = -1;  // the last step's mean (-1 before any)
+};
+
+}  // namespace titan::models::deepseek_v3

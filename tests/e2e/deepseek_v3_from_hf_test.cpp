@@ -1,0 +1,157 @@
+// Continue-training a Hugging Face DeepSeek-V3: `titan ckpt convert --from-hf`, then `titan train`
+// with checkpoint.initial_load_path at the converted step folder builds the HF architecture (not
+// the flavor's), starts from its weights, resumes from its own checkpoints, optionally trains the
+// checkpoint's MTP module, and `titan generate` reads both the converted and the trained checkpoints.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "titan/checkpoint/checkpoint.h"
+#include "titan/checkpoint/ckpt_cli.h"
+#include "titan/checkpoint/hf.h"
+#include "titan/data/prepare.h"
+#include "titan/models/deepseek_v3/hf_adapter.h"
+#include "titan/models/deepseek_v3/moe_layer.h"
+#include "titan/train/generate.h"
+#include "titan/train/trainer.h"
+
+using namespace titan;
+namespace fs = std::filesystem;
+namespace ds = titan::models::deepseek_v3;
+
+namespace {
+
+// A tiny DeepSeek-V3 with a MoE layer and one MTP layer, in Hugging Face's layout. Its vocabulary
+// (704) covers both the byte dataset (257) and the fixture BPE tokenizer (702), padded as
+// DeepSeek's is.
+ds::DeepSeekV3Args tiny_args() {
+  ds::DeepSeekV3Args a;
+  a.vocab_size = 704, a.dim = 16, a.n_layers = 2, a.n_dense_layers = 1, a.n_heads = 2, a.inter_dim = 24;
+  a.q_lora_rank = 8, a.kv_lora_rank = 8, a.qk_nope_head_dim = 4, a.qk_rope_head_dim = 4, a.v_head_dim = 4;
+  a.moe_inter_dim = 8, a.n_routed_experts = 4, a.n_shared_experts = 1, a.n_activated_experts = 2;
+  a.n_expert_groups = 1, a.n_limited_groups = 1, a.max_seq_len = a.original_seq_len = 64, a.norm_eps = 1e-6;
+  a.num_mtp_layers = 1;
+  return a;
+}
+
+fs::path make_dataset(const fs::path& dir) {
+  fs::create_directories(dir);
+  {
+    std::ofstream text(dir / "corpus.txt");
+    for (int d = 0; d < 60; ++d) text << "the cat sat on the mat. the dog lay on the rug.\n\n";
+  }
+  data::PrepareOptions o;
+  o.inputs = {(dir / "corpus.txt").string()};
+  o.output_dir = (dir / "prepared").string();
+  o.val_fraction = 0.05;
+  data::Encoder bytes;
+  bytes.encode = [](std::string_view t) { return std::vector<int32_t>(t.begin(), t.end()); };
+  bytes.vocab_size = 257;
+  bytes.eos_id = 256;
+  data::prepare_dataset(o, bytes);
+  return dir / "prepared";
+}
+
+train::JobConfig config(const fs::path& data, const fs::path& run, const fs::path& init, int steps, int mtp_layers) {
+  const std::string toml = "[job]\ndump_folder = \"" + run.string() +
+                           "\"\n[model]\nname = \"deepseek_v3\"\nflavor = \"debugmodel\"\nmtp_layers = " +
+                           std::to_string(mtp_layers) + "\n[training]\nlocal_batch_size = 2\nseq_len = 16\nsteps = " +
+                           std::to_string(steps) + "\ndataset_path = \"" + data.string() +
+                           "\"\nmixed_precision_param = \"float32\"\n[optimizer]\nlr = 1e-4\nweight_decay = 0\n"
+                           "[lr_scheduler]\nwarmup_steps = 0\n[activation_checkpoint]\nmode = \"none\"\n"
+                           "[checkpoint]\nenable = true\ninterval = 100\nkeep_latest_k = 0\nlast_save_model_only = false\n"
+                           "initial_load_path = \"" + init.string() + "\"\n[metrics]\nlog_freq = 1\n[validation]\nenable = false\n";
+  return train::parse_config(toml, "from_hf.toml");
+}
+
+// max |a - b| of a run's model tensor against the HF original.
+double drift(const checkpoint::LoadedCheckpoint& ck, const std::string& ours, const checkpoint::HfFolder& hf,
+             const std::string& theirs) {
+  const Tensor a = ck.tensors.at("model." + ours), b = hf.load_f32(theirs);
+  EXPECT_EQ(a.shape(), b.shape()) << ours;
+  double m = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, double(std::abs(a.data<float>()[i] - b.data<float>()[i])));
+  return m;
+}
+
+int run_cli(std::vector<std::string> args, int (*main_fn)(int, char**)) {
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  return main_fn(int(argv.size()), argv.data());
+}
+
+}  // namespace
+
+TEST(DeepSeekV3FromHf, ConvertedCheckpointContinuesTraining) {
+  const fs::path root = fs::temp_directory_path() / ("titan_from_hf_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const ds::DeepSeekV3Args a = tiny_args();
+  {
+    ds::Transformer m(a, ds::moe_layer);
+    m.init_parameters(17);
+    std::vector<std::pair<std::string, Tensor>> state;
+    for (auto& [name, t] : m.state_dict())
+      if (!name.ends_with("tokens_per_expert")) state.emplace_back(name, t);
+    checkpoint::HfWriteOptions opt;
+    opt.dtype = DType::f32;
+    ds::save_hf(root / "hf", a, state, opt);
+  }
+  ASSERT_EQ(run_cli({"ckpt", "convert", "--from-hf", (root / "hf").string(), "--to", (root / "ckpt").string()},
+                    checkpoint::ckpt_main),
+            0);
+  const fs::path init = root / "ckpt/step-0";
+  const fs::path data = make_dataset(root / "data");
+  const checkpoint::HfFolder hf = checkpoint::HfFolder::open(root / "hf");
+  // AdamW moves each weight by about lr per step: 3 steps of 1e-4 stay far closer to the HF
+  // weights than any fresh initialization (std 0.02) would be.
+  const double near = 3 * 1e-4 * 1.5;
+
+  {  // Without MTP: the checkpoint's MTP layer is left out.
+    train::Trainer t(config(data, root / "run", init, 3, 0), "from_hf");
+    const train::TrainResult r = t.train();
+    EXPECT_EQ(r.last_step, 3);
+    EXPECT_TRUE(std::isfinite(r.last_loss));
+  }
+  {
+    const auto ck = checkpoint::load_checkpoint(root / "run/checkpoint/step-3");
+    ASSERT_TRUE(ck.train_state.contains("hf_config"));
+    EXPECT_EQ(ck.tensors.at("model.tok_embeddings.weight").shape(), Shape({704, 16}));
+    EXPECT_FALSE(ck.tensors.count("model.mtp.0.eh_proj.weight"));
+    EXPECT_LT(drift(ck, "layers.1.attention.wq_a.weight", hf, "model.layers.1.self_attn.q_a_proj.weight"), near);
+    EXPECT_LT(drift(ck, "output.weight", hf, "lm_head.weight"), near);
+  }
+  {  // Resumes from its own step-3 with the same architecture.
+    train::Trainer t(config(data, root / "run", init, 4, 0), "from_hf resumed");
+    EXPECT_EQ(t.train().last_step, 4);
+  }
+  {  // With the MTP module, starting from the checkpoint's.
+    train::Trainer t(config(data, root / "mtp_run", init, 3, 1), "from_hf mtp");
+    EXPECT_EQ(t.train().last_step, 3);
+    const auto ck = checkpoint::load_checkpoint(root / "mtp_run/checkpoint/step-3");
+    EXPECT_LT(drift(ck, "mtp.0.eh_proj.weight", hf, "model.layers.2.eh_proj.weight"), near);
+    EXPECT_LT(drift(ck, "mtp.0.block.attention.wkv_a.weight", hf, "model.layers.2.self_attn.kv_a_proj_with_mqa.weight"),
+              near);
+  }
+  // Back to Hugging Face, with the MTP layer when the run trained it.
+  for (const auto& [run, mtp] : {std::pair{"run/checkpoint/step-4", 0}, std::pair{"mtp_run/checkpoint/step-3", 1}}) {
+    const fs::path out = root / ("hf_" + std::to_string(mtp));
+    ASSERT_EQ(run_cli({"ckpt", "convert", "--from", (root / run).string(), "--to-hf", out.string()}, checkpoint::ckpt_main), 0);
+    const checkpoint::HfFolder back = checkpoint::HfFolder::open(out);
+    EXPECT_EQ(back.config().at("num_nextn_predict_layers").get<int>(), mtp);
+    EXPECT_EQ(back.config().at("vocab_size").get<int>(), 704);
+    EXPECT_EQ(back.contains("model.layers.2.eh_proj.weight"), mtp == 1);
+  }
+  // `titan generate` on the converted checkpoint and on the trained one.
+  const std::string tok = "tests/fixtures/tokenizer/deepseek_v3_bpe.json";
+  for (const fs::path& ck : {init, root / "mtp_run/checkpoint/step-3"})
+    EXPECT_EQ(run_cli({"titan", "generate", "--checkpoint", ck.string(), "--tokenizer", tok, "--prompt", "the cat",
+                       "--max-new-tokens", "4"},
+                      train::generate_main),
+              0)
+        << ck;
+  fs::remove_all(root);
+}
