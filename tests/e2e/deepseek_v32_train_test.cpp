@@ -3,6 +3,8 @@
 // the switch to sparse training, a finite loss and the indexer loss logged.
 #include <gtest/gtest.h>
 
+#include "common/byte_dataset.h"
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -27,16 +29,7 @@ fs::path make_dataset(const fs::path& dir) {
     text << ".\n\n";
   }
   text.close();
-  data::PrepareOptions o;
-  o.inputs = {(dir / "corpus.txt").string()};
-  o.output_dir = (dir / "prepared").string();
-  o.val_fraction = 0;
-  data::Encoder bytes;
-  bytes.encode = [](std::string_view t) { return std::vector<int32_t>(t.begin(), t.end()); };
-  bytes.vocab_size = 257;
-  bytes.eos_id = 256;
-  data::prepare_dataset(o, bytes);
-  return dir / "prepared";
+  return test::prepare_byte_dataset(dir / "corpus.txt", dir, 0);
 }
 
 train::JobConfig config(const fs::path& data, const fs::path& run, const std::string& converters) {

@@ -3,6 +3,8 @@
 // the flavor's), starts from its weights, resumes from its own checkpoints, optionally trains the
 // checkpoint's MTP module, and `titan generate` reads both the converted and the trained checkpoints.
 #include <gtest/gtest.h>
+
+#include "common/byte_dataset.h"
 #include <unistd.h>
 
 #include <cmath>
@@ -44,16 +46,7 @@ fs::path make_dataset(const fs::path& dir) {
     std::ofstream text(dir / "corpus.txt");
     for (int d = 0; d < 60; ++d) text << "the cat sat on the mat. the dog lay on the rug.\n\n";
   }
-  data::PrepareOptions o;
-  o.inputs = {(dir / "corpus.txt").string()};
-  o.output_dir = (dir / "prepared").string();
-  o.val_fraction = 0.05;
-  data::Encoder bytes;
-  bytes.encode = [](std::string_view t) { return std::vector<int32_t>(t.begin(), t.end()); };
-  bytes.vocab_size = 257;
-  bytes.eos_id = 256;
-  data::prepare_dataset(o, bytes);
-  return dir / "prepared";
+  return test::prepare_byte_dataset(dir / "corpus.txt", dir, 0.05);
 }
 
 train::JobConfig config(const fs::path& data, const fs::path& run, const fs::path& init, int steps, int mtp_layers) {

@@ -2,6 +2,8 @@
 // 10 (Ctrl-C: checkpoint and exit) then resumed reproduces the uninterrupted run bit for bit.
 #include <gtest/gtest.h>
 
+#include "common/byte_dataset.h"
+
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -28,16 +30,7 @@ fs::path make_dataset(const fs::path& dir) {
     text << "\n";
   }
   text.close();
-  data::PrepareOptions o;
-  o.inputs = {(dir / "corpus.txt").string()};
-  o.output_dir = (dir / "prepared").string();
-  o.val_fraction = 0.05;
-  data::Encoder bytes;
-  bytes.encode = [](std::string_view t) { return std::vector<int32_t>(t.begin(), t.end()); };
-  bytes.vocab_size = 257;
-  bytes.eos_id = 256;
-  data::prepare_dataset(o, bytes);
-  return dir / "prepared";
+  return test::prepare_byte_dataset(dir / "corpus.txt", dir, 0.05);
 }
 
 train::JobConfig config(const fs::path& data, const fs::path& run) {

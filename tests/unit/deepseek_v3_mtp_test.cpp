@@ -4,6 +4,8 @@
 // the Hugging Face names both ways (with the MTP layer's shared copies), and a few training steps
 // through `titan train` with the key that turns it on.
 #include <gtest/gtest.h>
+
+#include "common/byte_dataset.h"
 #include <unistd.h>
 
 #include <cmath>
@@ -312,15 +314,7 @@ TEST(DeepSeekV3Mtp, TrainsThroughTheTrainer) {
     std::ofstream text(root.path / "data/corpus.txt");
     for (int d = 0; d < 60; ++d) text << "the cat sat on the mat. the dog lay on the rug.\n\n";
   }
-  data::PrepareOptions o;
-  o.inputs = {(root.path / "data/corpus.txt").string()};
-  o.output_dir = (root.path / "data/prepared").string();
-  o.val_fraction = 0.05;
-  data::Encoder bytes;
-  bytes.encode = [](std::string_view t) { return std::vector<int32_t>(t.begin(), t.end()); };
-  bytes.vocab_size = 257;
-  bytes.eos_id = 256;
-  data::prepare_dataset(o, bytes);
+  test::prepare_byte_dataset(root.path / "data/corpus.txt", root.path / "data", 0.05);
   const std::string toml = "[job]\ndump_folder = \"" + (root.path / "run").string() +
                            "\"\n[model]\nname = \"deepseek_v3\"\nflavor = \"debugmodel\"\nmtp_layers = 1\n"
                            "mtp_loss_weight = 0.3\n[training]\nlocal_batch_size = 2\nseq_len = 16\nsteps = 8\n"

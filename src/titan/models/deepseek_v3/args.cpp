@@ -147,10 +147,12 @@ std::vector<Flavor> flavors() {
   b671.route_norm = true, b671.route_scale = 2.5;
   return {{"debugmodel", debug}, {"16B", b16}, {"236B", b236}, {"671B", b671}};
 }
-}  // namespace
 
-DeepSeekV3Args deepseek_v3_flavor(const std::string& flavor, int64_t vocab_size) {
-  for (const Flavor& f : flavors()) {
+// The named flavor of a family with the tokenizer's vocabulary, validated; throws listing the
+// family's flavors for an unknown name.
+DeepSeekV3Args pick_flavor(const std::vector<Flavor>& list, const char* family, const std::string& flavor,
+                           int64_t vocab_size) {
+  for (const Flavor& f : list) {
     if (f.name != flavor) continue;
     DeepSeekV3Args a = f.args;
     if (vocab_size > 0) a.vocab_size = vocab_size;
@@ -158,15 +160,22 @@ DeepSeekV3Args deepseek_v3_flavor(const std::string& flavor, int64_t vocab_size)
     return a;
   }
   std::string names;
-  for (const Flavor& f : flavors()) names += (names.empty() ? "" : ", ") + std::string(f.name);
-  TITAN_FAIL("unknown deepseek_v3 flavor '" + flavor + "'", "set [model] flavor to one of: " + names);
+  for (const Flavor& f : list) names += (names.empty() ? "" : ", ") + std::string(f.name);
+  TITAN_FAIL("unknown " + std::string(family) + " flavor '" + flavor + "'", "set [model] flavor to one of: " + names);
 }
 
-std::vector<std::string> deepseek_v3_flavor_names() {
+std::vector<std::string> flavor_names(const std::vector<Flavor>& list) {
   std::vector<std::string> out;
-  for (const Flavor& f : flavors()) out.push_back(f.name);
+  for (const Flavor& f : list) out.push_back(f.name);
   return out;
 }
+}  // namespace
+
+DeepSeekV3Args deepseek_v3_flavor(const std::string& flavor, int64_t vocab_size) {
+  return pick_flavor(flavors(), "deepseek_v3", flavor, vocab_size);
+}
+
+std::vector<std::string> deepseek_v3_flavor_names() { return flavor_names(flavors()); }
 
 namespace {
 std::vector<Flavor> v32_flavors() {
@@ -181,22 +190,9 @@ std::vector<Flavor> v32_flavors() {
 }  // namespace
 
 DeepSeekV3Args deepseek_v32_flavor(const std::string& flavor, int64_t vocab_size) {
-  for (const Flavor& f : v32_flavors()) {
-    if (f.name != flavor) continue;
-    DeepSeekV3Args a = f.args;
-    if (vocab_size > 0) a.vocab_size = vocab_size;
-    a.validate();
-    return a;
-  }
-  std::string names;
-  for (const Flavor& f : v32_flavors()) names += (names.empty() ? "" : ", ") + std::string(f.name);
-  TITAN_FAIL("unknown deepseek_v32 flavor '" + flavor + "'", "set [model] flavor to one of: " + names);
+  return pick_flavor(v32_flavors(), "deepseek_v32", flavor, vocab_size);
 }
 
-std::vector<std::string> deepseek_v32_flavor_names() {
-  std::vector<std::string> out;
-  for (const Flavor& f : v32_flavors()) out.push_back(f.name);
-  return out;
-}
+std::vector<std::string> deepseek_v32_flavor_names() { return flavor_names(v32_flavors()); }
 
 }  // namespace titan::models::deepseek_v3

@@ -10,7 +10,9 @@
 
 #include "titan/autograd/ops.h"
 #include "titan/core/profiler.h"
+#include "titan/kernels/columns.h"
 #include "titan/kernels/elementwise.h"
+#include "titan/kernels/matmul.h"
 #include "titan/kernels/lightning_indexer.h"
 #include "titan/kernels/sparse_mla.h"
 
@@ -74,14 +76,77 @@ Variable indexer_kl(const Variable& q, const Variable& k, const Variable& w, con
                 });
 }
 
-// [B, S, H, X] -> [H, B * S, X] (heads first, for per-head GEMMs) and back.
-Variable heads_first(const Variable& x) {
-  const Shape& s = x.shape();
-  return transpose(view(x, {s[0] * s[1], s[2], s[3]}), 0, 1);
+// MLA's weight absorption, per head h with W_h = wkv_b's rows of head h, [d_n + d_v, d_c]:
+// W_UK,h = its first d_n rows, W_UV,h = the last d_v. Both products run as one batched GEMM over
+// heads on strided views ([H, N, X] views of [N, H, X] activations and of wkv_b itself), so no
+// transposes, casts or concatenations are materialized. Under mixed precision the GEMMs read
+// wkv_b's bf16 compute copy; weight gradients accumulate in f32 into wkv_b's master gradient.
+struct Absorption {
+  int64_t h, dn, dr, dv, dc;
+  // wkv_b's weight per head [H, d_n + d_v, d_c], in the compute dtype.
+  Tensor weight(const Variable& wkv_b, const Tensor& w_compute) const {
+    return (w_compute.defined() ? w_compute : wkv_b.value()).view({h, dn + dv, dc});
+  }
+};
+
+// [N, H, width] rows -> the [H, N, count] view of columns [col, col + count).
+Tensor heads_view(const Tensor& x, int64_t n, int64_t h, int64_t col, int64_t count) {
+  return x.view({n, h, x.size(-1)}).narrow(2, col, count).transpose(0, 1);
 }
-Variable heads_last(const Variable& x, int64_t b, int64_t s) {
-  const Shape& xs = x.shape();
-  return view(transpose(x, 0, 1), {b, s, xs[0], xs[2]});
+
+// Q [B, S, H, d_c + d_r] = [q_nope,h W_UK,h | q_rope,h] from q [B, S, H, d_n + d_r].
+Variable absorb_query(const Variable& q, const Variable& wkv_b, const Tensor& w_compute, const Absorption& a) {
+  ProfileScope prof("mla_absorb_query.fwd");
+  const Shape& qs = q.shape();
+  const int64_t n = qs[0] * qs[1];
+  const Tensor w = a.weight(wkv_b, w_compute);
+  Tensor out = Tensor::empty({qs[0], qs[1], a.h, a.dc + a.dr}, q.dtype(), MemCategory::activations);
+  {
+    Tensor lat = heads_view(out, n, a.h, 0, a.dc);                                    // [H, N, d_c]
+    kernels::matmul(lat, heads_view(q.value(), n, a.h, 0, a.dn), w.narrow(1, 0, a.dn), false, false);
+  }
+  kernels::copy_columns(out, a.dc, q.value(), a.dn, a.dr);
+  return record("mla_absorb_query", {q, wkv_b}, out, [qv = q.value(), w, a, n](const Tensor& dout, GradSink& g) {
+    ProfileScope prof_bwd("mla_absorb_query.bwd");
+    const Tensor d = dout.contiguous();
+    const Tensor d_lat = heads_view(d, n, a.h, 0, a.dc);  // [H, N, d_c]
+    if (g.needs(0)) {
+      Tensor dq = g.grad(0);
+      Tensor dq_nope = heads_view(dq, n, a.h, 0, a.dn);  // [H, N, d_n] += dQ_lat W_UK^T
+      kernels::matmul(dq_nope, d_lat, w.narrow(1, 0, a.dn), false, true, 1, 1);
+      kernels::add_columns(dq, a.dn, d, a.dc, a.dr);
+    }
+    if (g.needs(1)) {
+      Tensor dw = g.grad(1).view({a.h, a.dn + a.dv, a.dc}).narrow(1, 0, a.dn);  // [H, d_n, d_c] += q_nope^T dQ_lat
+      kernels::matmul(dw, heads_view(qv, n, a.h, 0, a.dn), d_lat, true, false, 1, 1);
+    }
+  });
+}
+
+// o [B, S, H, d_v] = O_lat,h W_UV,h^T from the sparse attention's O_lat [B, S, H, d_c].
+Variable unabsorb_output(const Variable& o_lat, const Variable& wkv_b, const Tensor& w_compute, const Absorption& a) {
+  ProfileScope prof("mla_unabsorb_output.fwd");
+  const Shape& os = o_lat.shape();
+  const int64_t n = os[0] * os[1];
+  const Tensor w_uv = a.weight(wkv_b, w_compute).narrow(1, a.dn, a.dv);  // [H, d_v, d_c]
+  Tensor out = Tensor::empty({os[0], os[1], a.h, a.dv}, o_lat.dtype(), MemCategory::activations);
+  {
+    Tensor o_heads = heads_view(out, n, a.h, 0, a.dv);  // [H, N, d_v]
+    kernels::matmul(o_heads, heads_view(o_lat.value(), n, a.h, 0, a.dc), w_uv, false, true);
+  }
+  return record("mla_unabsorb_output", {o_lat, wkv_b}, out,
+                [lat = o_lat.value(), w_uv, a, n](const Tensor& dout, GradSink& g) {
+                  ProfileScope prof_bwd("mla_unabsorb_output.bwd");
+                  const Tensor d = heads_view(dout.contiguous(), n, a.h, 0, a.dv);  // [H, N, d_v]
+                  if (g.needs(0)) {
+                    Tensor dlat = heads_view(g.grad(0), n, a.h, 0, a.dc);  // [H, N, d_c] += dO W_UV
+                    kernels::matmul(dlat, d, w_uv, false, false, 1, 1);
+                  }
+                  if (g.needs(1)) {
+                    Tensor dw = g.grad(1).view({a.h, a.dn + a.dv, a.dc}).narrow(1, a.dn, a.dv);  // += dO^T O_lat
+                    kernels::matmul(dw, d, heads_view(lat, n, a.h, 0, a.dc), true, false, 1, 1);
+                  }
+                });
 }
 }  // namespace
 
@@ -121,20 +186,12 @@ DsaOutputs dsa_attention_fused(const DsaInputs& in) {
   Tensor idx = Tensor::empty({b, s, std::min(in.topk, s)}, DType::i32, MemCategory::activations);  // [B, S, K]
   kernels::indexer_topk(idx, in.index_q.value(), in.index_k.value(), in.index_w.value());
 
-  // wkv_b [H * (d_n + d_v), d_c] -> per head [H, d_c, d_n + d_v]: W_UK^T | W_UV^T. The absorption
-  // products run in f32 on the f32 master (their gradients accumulate into it); the attention in
-  // the compute dtype.
-  const DType compute = in.q.dtype();
-  Variable w_t = transpose(view(in.wkv_b, {h, dn + dv, dc}), 1, 2);
-  Variable w_uk_t = narrow_last(w_t, 0, dn);   // [H, d_c, d_n]
-  Variable w_uv_t = narrow_last(w_t, dn, dv);  // [H, d_c, d_v]
-  Variable q_nope = cast(narrow_last(in.q, 0, dn), DType::f32);
-  Variable q_abs = heads_last(matmul(heads_first(q_nope), w_uk_t, false, true), b, s);  // [B, S, H, d_c]
-  Variable q_full = concat_last(cast(q_abs, compute), narrow_last(in.q, dn, dr));     // [B, S, H, d_c + d_r]
-  Variable kv = view(concat_last(in.c, in.k_rope), {b, s, dc + dr});                                   // [B, S, d_c + d_r]
-  Tensor lse;  // [B, S, H]
-  Variable o_lat = sparse_mla(q_full, kv, idx, dc, in.scale, lse);  // [B, S, H, d_c]
-  out.o = cast(heads_last(matmul(heads_first(cast(o_lat, DType::f32)), w_uv_t), b, s), compute);  // [B, S, H, d_v]
+  const Absorption absorb{h, dn, dr, dv, dc};
+  Variable q_full = absorb_query(in.q, in.wkv_b, in.wkv_b_compute, absorb);   // [B, S, H, d_c + d_r]
+  Variable kv = view(concat_last(in.c, in.k_rope), {b, s, dc + dr});          // [B, S, d_c + d_r]
+  Tensor lse;                                                                 // [B, S, H]
+  Variable o_lat = sparse_mla(q_full, kv, idx, dc, in.scale, lse);           // [B, S, H, d_c]
+  out.o = unabsorb_output(o_lat, in.wkv_b, in.wkv_b_compute, absorb);       // [B, S, H, d_v]
   if (in.want_loss) {
     // The target is the sparse attention's own probabilities over the selected keys (its lse).
     out.loss = indexer_kl(in.index_q, in.index_k, in.index_w, q_full.value(), kv.value().view({b, s, 1, dc + dr}), lse,
