@@ -94,6 +94,18 @@ void gemm_rows(float* const* c, const float* a, int64_t a_row, int64_t a_k, cons
   for (int64_t col = 0; col < N; col += kVecs * kVecLanes) {
     const int64_t vecs = (N - col) / kVecLanes < kVecs ? (N - col) / kVecLanes : kVecs;
     for (int64_t r = 0; r < M; r += kRows) {
+      if constexpr (kAdd) {
+        // The added-to rows are scattered dkv rows of a buffer far larger than L2, and the tile
+        // only touches them after its inner loop, too late for out-of-order execution to hide
+        // the misses (they were half the time of the dkv product). Fetch the next row tile's
+        // lines of this strip now, so they arrive while this tile computes.
+        const int64_t next = r + kRows < M ? r + kRows : 0;
+        const int64_t next_col = r + kRows < M ? col : col + kVecs * kVecLanes;
+        const int64_t next_n = next_col < N ? (N - next_col < kVecs * kVecLanes ? N - next_col : kVecs * kVecLanes) : 0;
+        for (int64_t rr = next; rr < next + kRows && rr < M; ++rr) {
+          for (int64_t e = 0; e < next_n; e += kLanes) __builtin_prefetch(c[rr] + next_col + e, 1, 3);
+        }
+      }
       tile_tail<kVecs, kAdd>(vecs, c + r, col, a + r * a_row, a_row, a_k, b + col, ldb, inner);
     }
   }
