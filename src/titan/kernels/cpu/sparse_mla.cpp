@@ -4,6 +4,12 @@
 
 #include <omp.h>
 
+#include <type_traits>
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <immintrin.h>
+#endif
+
+#include "titan/core/cpu_features.h"
 #include "titan/kernels/cpu/isa.h"
 #include "titan/kernels/cpu/scratch.h"
 
@@ -149,12 +155,192 @@ int64_t gather_valid(float* g, int64_t ldg, int32_t* keys, const T* kv, const in
   return n;
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// bf16 forward on AMX: both products run as 16 x 16 f32 tile products (TDPBF16PS) on bf16
+// operands, which the vector units (f32 FMA, or VDPBF16PS at about the same rate here) cannot
+// approach. Operand layouts: A tiles are 16 rows of 32 bf16; B tiles are 16 rows of 16 bf16 pairs
+// (pair = two consecutive k, the even one in the low half), the layout TDPBF16PS expects.
+TITAN_INLINE uint32_t pack_pair(bf16 lo, bf16 hi) { return uint32_t(lo.bits) | uint32_t(hi.bits) << 16; }
+
+// Every tile register is used whole: 16 rows of 64 bytes. tmm0-3 accumulate, tmm4-7 hold operands.
+TITAN_INLINE void amx_configure() {
+  struct alignas(64) TileConfig {  // the LDTILECFG memory layout (palette 1)
+    uint8_t palette_id;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t bytes_per_row[16];
+    uint8_t rows[16];
+  };
+  TileConfig cfg{};
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) cfg.bytes_per_row[t] = 64, cfg.rows[t] = 16;
+  _tile_loadconfig(&cfg);
+}
+
+// c[16 rows, 16 j columns) (j < tiles <= 4) = sum over `chunks` k chunks of A tile (a + chunk * a_step,
+// row stride a_ld bytes) times B tile j (b + chunk * b_step + j * b_next, stride b_ld bytes);
+// steps in bytes. Tile indices must be constants, hence the unrolled cases.
+TITAN_INLINE void amx_row_block(float* c, int64_t c_ld, int64_t c_next, const char* a, int64_t a_ld, int64_t a_step,
+                                const char* b, int64_t b_ld, int64_t b_step, int64_t b_next, int64_t chunks,
+                                int tiles) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t k = 0; k < chunks; ++k) {
+    const char* bk = b + k * b_step;
+    _tile_loadd(4, a + k * a_step, a_ld);
+    _tile_loadd(5, bk, b_ld);
+    _tile_dpbf16ps(0, 4, 5);
+    if (tiles > 1) {
+      _tile_loadd(6, bk + b_next, b_ld);
+      _tile_dpbf16ps(1, 4, 6);
+    }
+    if (tiles > 2) {
+      _tile_loadd(7, bk + 2 * b_next, b_ld);
+      _tile_dpbf16ps(2, 4, 7);
+    }
+    if (tiles > 3) {
+      _tile_loadd(5, bk + 3 * b_next, b_ld);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+  }
+  _tile_stored(0, c, c_ld);
+  if (tiles > 1) _tile_stored(1, reinterpret_cast<char*>(c) + c_next, c_ld);
+  if (tiles > 2) _tile_stored(2, reinterpret_cast<char*>(c) + 2 * c_next, c_ld);
+  if (tiles > 3) _tile_stored(3, reinterpret_cast<char*>(c) + 3 * c_next, c_ld);
+}
+
+// The forward of sparse_mla_forward<bf16> when AMX is usable and Dqk is a multiple of 32.
+void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* kv, const int32_t* idx,
+                      const SparseMlaDims& d) {
+  const Plan p = make_plan(d);
+  const float scale = float(d.scale);
+  const int64_t Dq2 = d.Dqk / 2;
+  const int64_t Kt = round_up(d.K, 16);         // slots padded to whole tiles
+  const int64_t K2 = round_up((Kt + 1) / 2, 16);  // slot pairs padded to whole tiles
+#pragma omp parallel
+  {
+    amx_configure();
+    Scratch<bf16> g(Kt * d.Dqk, ScratchInit::zeroed);            // [Kt, Dqk] valid rows, bf16
+    Scratch<uint32_t> qv(Dq2 * p.Hs, ScratchInit::zeroed);       // [Dqk/2, Hs] q pairs by head
+    Scratch<float> st((Kt + 1) * p.Hs, ScratchInit::zeroed);     // [Kt + 1, Hs] scores, slot by head
+    Scratch<uint32_t> pt(p.Hs * K2, ScratchInit::zeroed);        // [Hs, K2] P slot pairs by head
+    Scratch<uint32_t> vb(K2 * p.Dvp, ScratchInit::zeroed);       // [K2, Dvp] value row pairs
+    Scratch<float> out(p.Hs * p.Dvp, ScratchInit::zeroed);       // [Hs, Dvp] o rows
+    Scratch<float> m(p.Hs, ScratchInit::zeroed), l(p.Hs, ScratchInit::zeroed);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bt = 0; bt < d.B * d.S; ++bt) {
+      const int64_t b = bt / d.S, t = bt % d.S;
+      const bf16* kvb = kv + b * d.Skv * d.Dqk;
+      const int32_t* sel = idx + bt * d.K;
+      int64_t n = 0;
+      for (int64_t i = 0; i < d.K; ++i) {
+        const int32_t s = sel[i];
+        if (s < 0 || int64_t(s) > t + (d.Skv - d.S)) continue;
+        const bf16* src = kvb + int64_t(s) * d.Dqk;
+        bf16* dst = g.data() + n * d.Dqk;
+#pragma omp simd
+        for (int64_t col = 0; col < d.Dqk; ++col) dst[col] = src[col];
+        ++n;
+      }
+      bf16* ot = o + bt * d.H * d.Dv;
+      if (n == 0) {  // no valid slot: o = 0, lse = +inf (FlashMLA's convention)
+        for (int64_t e = 0; e < d.H * d.Dv; ++e) ot[e] = from_f32<bf16>(0.0f);
+        for (int64_t h = 0; h < d.H; ++h) lse[bt * d.H + h] = kInf;
+        continue;
+      }
+      const bf16* qh = q + bt * d.H * d.Dqk;
+      for (int64_t h = 0; h < d.H; ++h) {
+        for (int64_t k = 0; k < Dq2; ++k) qv.data()[k * p.Hs + h] = pack_pair(qh[h * d.Dqk + 2 * k], qh[h * d.Dqk + 2 * k + 1]);
+      }
+      // S^T[i, h] = rows[i] . q[h] (unscaled): [n, Dqk] x [Dqk, Hs]; rows past n hold stale or zero
+      // rows, finite and never read.
+      const int64_t n16 = round_up(n, 16);
+      for (int64_t h0 = 0; h0 < p.Hs; h0 += 16) {
+        for (int64_t i0 = 0; i0 < n16; i0 += 16) {
+          amx_row_block(st.data() + i0 * p.Hs + h0, p.Hs * 4, 0, reinterpret_cast<const char*>(g.data() + i0 * d.Dqk),
+                        d.Dqk * 2, 64, reinterpret_cast<const char*>(qv.data() + h0), p.Hs * 4, 16 * p.Hs * 4, 0,
+                        d.Dqk / 32, 1);
+        }
+      }
+      // Softmax over the n slots of each head as in the f32 path, with the scale applied here.
+      for (int64_t h = 0; h < p.Hs; ++h) m.data()[h] = -kInf, l.data()[h] = 0.0f;
+      for (int64_t i = 0; i < n; ++i) {
+        float* row = st.data() + i * p.Hs;
+#pragma omp simd
+        for (int64_t h = 0; h < p.Hs; ++h) {
+          row[h] *= scale;
+          m.data()[h] = row[h] > m.data()[h] ? row[h] : m.data()[h];
+        }
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        const float* row = st.data() + i * p.Hs;
+#pragma omp simd
+        for (int64_t h = 0; h < p.Hs; ++h) l.data()[h] += fast_exp(row[h] - m.data()[h]);
+      }
+      for (int64_t h = 0; h < p.Hs; ++h) {
+        m.data()[h] += __builtin_logf(l.data()[h]);
+        if (h < d.H) lse[bt * d.H + h] = m.data()[h];
+      }
+      // P rounded to bf16 in slot pairs per head (an odd last slot pairs with a 0), and the value
+      // rows of each slot pair interleaved; pairs up to the tile edge are zero on both sides.
+      const int64_t n2 = (n + 1) / 2, n2p = round_up(n2, 16);
+      for (int64_t j = 0; j < n2p; ++j) {
+        uint32_t* dst = vb.data() + j * p.Dvp;
+        if (j >= n2) {
+          for (int64_t h = 0; h < p.Hs; ++h) pt.data()[h * K2 + j] = 0;
+#pragma omp simd
+          for (int64_t col = 0; col < d.Dv; ++col) dst[col] = 0;
+          continue;
+        }
+        const float* r0 = st.data() + 2 * j * p.Hs;
+        const float* r1 = r0 + p.Hs;
+        const bool odd = 2 * j + 1 == n;
+        for (int64_t h = 0; h < p.Hs; ++h) {
+          const float p0 = fast_exp(r0[h] - m.data()[h]), p1 = odd ? 0.0f : fast_exp(r1[h] - m.data()[h]);
+          pt.data()[h * K2 + j] = pack_pair(from_f32<bf16>(p0), from_f32<bf16>(p1));
+        }
+        const bf16* v0 = g.data() + 2 * j * d.Dqk;
+        if (odd) {
+#pragma omp simd
+          for (int64_t col = 0; col < d.Dv; ++col) dst[col] = uint32_t(v0[col].bits);
+        } else {
+          const bf16* v1 = v0 + d.Dqk;
+#pragma omp simd
+          for (int64_t col = 0; col < d.Dv; ++col) dst[col] = uint32_t(v0[col].bits) | uint32_t(v1[col].bits) << 16;
+        }
+      }
+      // o[h] = sum_j P pair[h, j] . value pair[j]: [Hs, n2p] x [n2p, Dvp], 64 columns per block.
+      for (int64_t h0 = 0; h0 < p.Hs; h0 += 16) {
+        for (int64_t c0 = 0; c0 < p.Dvp; c0 += 64) {
+          const int tiles = int((p.Dvp - c0) / 16 < 4 ? (p.Dvp - c0) / 16 : 4);
+          amx_row_block(out.data() + h0 * p.Dvp + c0, p.Dvp * 4, 64, reinterpret_cast<const char*>(pt.data() + h0 * K2),
+                        K2 * 4, 64, reinterpret_cast<const char*>(vb.data() + c0), p.Dvp * 4, 16 * p.Dvp * 4, 64,
+                        n2p / 16, tiles);
+        }
+      }
+      for (int64_t h = 0; h < d.H; ++h) {
+#pragma omp simd
+        for (int64_t col = 0; col < d.Dv; ++col) ot[h * d.Dv + col] = from_f32<bf16>(out.data()[h * p.Dvp + col]);
+      }
+    }
+    _tile_release();
+  }
+}
+#endif
+
 }  // namespace
 
 int64_t sparse_mla_acc_width(int64_t dqk) { return (dqk + kLanes - 1) / kLanes * kLanes; }
 
 template <class T>
 void sparse_mla_forward(T* o, float* lse, const T* q, const T* kv, const int32_t* idx, const SparseMlaDims& d) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (d.Dqk % 32 == 0 && cpu_amx_bf16_usable()) return forward_bf16_amx(o, lse, q, kv, idx, d);
+  }
+#endif
   const Plan p = make_plan(d);
   const float scale = float(d.scale);
 #pragma omp parallel
