@@ -238,10 +238,8 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* kv, const 
       for (int64_t i = 0; i < d.K; ++i) {
         const int32_t s = sel[i];
         if (s < 0 || int64_t(s) > t + (d.Skv - d.S)) continue;
-        const bf16* src = kvb + int64_t(s) * d.Dqk;
-        bf16* dst = g.data() + n * d.Dqk;
-#pragma omp simd
-        for (int64_t col = 0; col < d.Dqk; ++col) dst[col] = src[col];
+        // memcpy: a loop of bf16 structs stays scalar 16-bit moves (perf: most of this function)
+        std::memcpy(g.data() + n * d.Dqk, kvb + int64_t(s) * d.Dqk, size_t(d.Dqk) * sizeof(bf16));
         ++n;
       }
       bf16* ot = o + bt * d.H * d.Dv;
@@ -328,6 +326,154 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* kv, const 
     _tile_release();
   }
 }
+
+// The backward of sparse_mla_backward<bf16> under the same conditions as forward_bf16_amx. The
+// scores with dA (rows x [q | dO]) and dq (dS^T x rows) run on AMX; the dkv product stays the
+// f32 vector kernel, whose cost is the scatter-add into the accumulator rows, not the multiplies.
+void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, const bf16* kv, const int32_t* idx,
+                       const bf16* o, const float* lse, float* acc, int64_t parts, const SparseMlaDims& d) {
+  const Plan p = make_plan(d);
+  const int64_t w2 = 2 * p.Hs;  // [scale dS | P] and [scores | dA] columns: heads, then heads again
+  const float scale = float(d.scale);
+  const int64_t Dq2 = d.Dqk / 2;
+  const int64_t Kt = round_up(d.K, 16);
+  const int64_t K2 = round_up((Kt + 1) / 2, 16);
+#pragma omp parallel num_threads(int(parts))
+  {
+    amx_configure();
+    float* mine = acc + int64_t(omp_get_thread_num()) * d.Skv * p.Dp;  // this thread's dkv, f32
+    Scratch<bf16> g(Kt * d.Dqk, ScratchInit::zeroed);          // [Kt, Dqk] valid rows, bf16
+    Scratch<uint32_t> vq(K2 * p.Dp, ScratchInit::zeroed);      // [K2, Dp] valid row pairs
+    Scratch<uint32_t> qd(Dq2 * w2, ScratchInit::zeroed);       // [Dqk/2, 2 Hs] (q | dO) pairs by head
+    Scratch<float> b2(w2 * p.Dp, ScratchInit::zeroed);         // [2 Hs, Dp] (q ; dO, 0 past Dv), f32
+    Scratch<float> st((Kt + 1) * w2, ScratchInit::zeroed);     // [Kt + 1, 2 Hs] see the forward's st
+    Scratch<uint32_t> dst(p.Hs * K2, ScratchInit::zeroed);     // [Hs, K2] scale dS slot pairs by head
+    Scratch<float> dqb(p.Hs * p.Dp, ScratchInit::zeroed);      // [Hs, Dp] dq rows
+    Scratch<float> lse_h(p.Hs, ScratchInit::zeroed), delta(p.Hs, ScratchInit::zeroed);  // [Hs]
+    Scratch<float> dummy(p.Dp, ScratchInit::zeroed);           // C row of padding rows, never read
+    Scratch<int32_t> keys(d.K, ScratchInit::zeroed);
+    Scratch<float*> c(Kt, ScratchInit::zeroed);
+    for (int64_t h = d.H; h < p.Hs; ++h) lse_h.data()[h] = kInf;  // padding heads: P = 0
+    for (int64_t b = 0; b < d.B; ++b) {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t t = 0; t < d.S; ++t) {
+        const int64_t bt = b * d.S + t;
+        const bf16* kvb = kv + b * d.Skv * d.Dqk;
+        const int32_t* sel = idx + bt * d.K;
+        int64_t n = 0;
+        for (int64_t i = 0; i < d.K; ++i) {
+          const int32_t s = sel[i];
+          if (s < 0 || int64_t(s) > t + (d.Skv - d.S)) continue;
+          std::memcpy(g.data() + n * d.Dqk, kvb + int64_t(s) * d.Dqk, size_t(d.Dqk) * sizeof(bf16));  // see forward
+          keys.data()[n++] = s;
+        }
+        bf16* dqt = dq + bt * d.H * d.Dqk;
+        if (n == 0) {  // an empty row sends no gradient
+          for (int64_t e = 0; e < d.H * d.Dqk; ++e) dqt[e] = from_f32<bf16>(0.0f);
+          continue;
+        }
+        const bf16* qh = q + bt * d.H * d.Dqk;
+        const bf16* doh = dout + bt * d.H * d.Dv;
+        const bf16* oh = o + bt * d.H * d.Dv;
+        const bf16 zero{0};
+        for (int64_t h = 0; h < d.H; ++h) {
+          float dl = 0;  // Delta = rowsum(dO * O)
+          for (int64_t col = 0; col < d.Dv; ++col) {
+            const float dov = to_f32(doh[h * d.Dv + col]);
+            dl += dov * to_f32(oh[h * d.Dv + col]);
+            b2.data()[(p.Hs + h) * p.Dp + col] = dov;
+          }
+          for (int64_t col = 0; col < d.Dqk; ++col) b2.data()[h * p.Dp + col] = to_f32(qh[h * d.Dqk + col]);
+          for (int64_t k = 0; k < Dq2; ++k) {
+            qd.data()[k * w2 + h] = pack_pair(qh[h * d.Dqk + 2 * k], qh[h * d.Dqk + 2 * k + 1]);
+            const bf16 d0 = 2 * k < d.Dv ? doh[h * d.Dv + 2 * k] : zero;
+            const bf16 d1 = 2 * k + 1 < d.Dv ? doh[h * d.Dv + 2 * k + 1] : zero;
+            qd.data()[k * w2 + p.Hs + h] = pack_pair(d0, d1);
+          }
+          delta.data()[h] = dl;
+          lse_h.data()[h] = lse[bt * d.H + h];
+        }
+        // [S^T | dA^T][i] = rows[i] . (q | dO), unscaled: [n, Dqk] x [Dqk, 2 Hs] on tiles.
+        const int64_t n16 = round_up(n, 16);
+        for (int64_t i0 = 0; i0 < n16; i0 += 16) {
+          for (int64_t c0 = 0; c0 < w2; c0 += 64) {
+            const int tiles = int((w2 - c0) / 16 < 4 ? (w2 - c0) / 16 : 4);
+            amx_row_block(st.data() + i0 * w2 + c0, w2 * 4, 64, reinterpret_cast<const char*>(g.data() + i0 * d.Dqk),
+                          d.Dqk * 2, 64, reinterpret_cast<const char*>(qd.data() + c0), w2 * 4, 16 * w2 * 4, 64,
+                          d.Dqk / 32, tiles);
+          }
+        }
+        // P recomputed from lse; the row becomes (scale dS | P), the A operand of dkv.
+        for (int64_t i = 0; i < n; ++i) {
+          float* row = st.data() + i * w2;
+#pragma omp simd
+          for (int64_t h = 0; h < p.Hs; ++h) {
+            const float ph = fast_exp(scale * row[h] - lse_h.data()[h]);
+            row[h] = scale * ph * (row[p.Hs + h] - delta.data()[h]);
+            row[p.Hs + h] = ph;
+          }
+        }
+        // scale dS in bf16 slot pairs per head and the rows in pairs, zero up to the tile edge:
+        // the operands of dq = (scale dS)^T rows.
+        const int64_t n2 = (n + 1) / 2, n2p = round_up(n2, 16);
+        for (int64_t j = 0; j < n2p; ++j) {
+          uint32_t* vrow = vq.data() + j * p.Dp;
+          if (j >= n2) {
+            for (int64_t h = 0; h < p.Hs; ++h) dst.data()[h * K2 + j] = 0;
+#pragma omp simd
+            for (int64_t col = 0; col < d.Dqk; ++col) vrow[col] = 0;
+            continue;
+          }
+          const float* r0 = st.data() + 2 * j * w2;
+          const bool odd = 2 * j + 1 == n;
+          for (int64_t h = 0; h < p.Hs; ++h) {
+            dst.data()[h * K2 + j] = pack_pair(from_f32<bf16>(r0[h]), from_f32<bf16>(odd ? 0.0f : r0[w2 + h]));
+          }
+          const bf16* v0 = g.data() + 2 * j * d.Dqk;
+          if (odd) {
+#pragma omp simd
+            for (int64_t col = 0; col < d.Dqk; ++col) vrow[col] = uint32_t(v0[col].bits);
+          } else {
+            const bf16* v1 = v0 + d.Dqk;
+#pragma omp simd
+            for (int64_t col = 0; col < d.Dqk; ++col) vrow[col] = uint32_t(v0[col].bits) | uint32_t(v1[col].bits) << 16;
+          }
+        }
+        for (int64_t h0 = 0; h0 < p.Hs; h0 += 16) {
+          for (int64_t c0 = 0; c0 < p.Dp; c0 += 64) {
+            const int tiles = int((p.Dp - c0) / 16 < 4 ? (p.Dp - c0) / 16 : 4);
+            amx_row_block(dqb.data() + h0 * p.Dp + c0, p.Dp * 4, 64, reinterpret_cast<const char*>(dst.data() + h0 * K2),
+                          K2 * 4, 64, reinterpret_cast<const char*>(vq.data() + c0), p.Dp * 4, 16 * p.Dp * 4, 64,
+                          n2p / 16, tiles);
+          }
+        }
+        for (int64_t h = 0; h < d.H; ++h) {
+#pragma omp simd
+          for (int64_t col = 0; col < d.Dqk; ++col) dqt[h * d.Dqk + col] = from_f32<bf16>(dqb.data()[h * p.Dp + col]);
+        }
+        // dkv[key_i] += (scale dS | P)[i] (q ; dO), as in the f32 path.
+        const int64_t n_pad = round_up(n, kRows);
+        for (int64_t r = 0; r < n_pad; ++r) c.data()[r] = r < n ? mine + int64_t(keys.data()[r]) * p.Dp : dummy.data();
+        gemm_rows<true>(c.data(), st.data(), w2, 1, b2.data(), p.Dp, n_pad, p.Dp, w2);
+      }
+      // (barrier) dkv = the sum of the per-thread accumulators, which are zeroed for the next b.
+#pragma omp for schedule(static)
+      for (int64_t s = 0; s < d.Skv; ++s) {
+        float* first = acc + s * p.Dp;
+        for (int64_t part = 1; part < parts; ++part) {
+          float* row = acc + (part * d.Skv + s) * p.Dp;
+#pragma omp simd
+          for (int64_t col = 0; col < p.Dp; ++col) first[col] += row[col], row[col] = 0.0f;
+        }
+#pragma omp simd
+        for (int64_t col = 0; col < d.Dqk; ++col) dkv[(b * d.Skv + s) * d.Dqk + col] = from_f32<bf16>(first[col]);
+#pragma omp simd
+        for (int64_t col = 0; col < p.Dp; ++col) first[col] = 0.0f;
+      }
+    }
+    _tile_release();
+  }
+}
 #endif
 
 }  // namespace
@@ -408,6 +554,12 @@ void sparse_mla_forward(T* o, float* lse, const T* q, const T* kv, const int32_t
 template <class T>
 void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const int32_t* idx, const T* o,
                          const float* lse, float* acc, int64_t parts, const SparseMlaDims& d) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (d.Dqk % 32 == 0 && cpu_amx_bf16_usable())
+      return backward_bf16_amx(dq, dkv, dout, q, kv, idx, o, lse, acc, parts, d);
+  }
+#endif
   const Plan p = make_plan(d);
   const int64_t w2 = 2 * p.Hs;  // [scale dS | P] and [scores | dA] columns: heads, then heads again
   const float scale = float(d.scale);
