@@ -133,14 +133,27 @@ Plan make_plan(const SparseMlaDims& d) {
           round_up(d.K, kRows)};
 }
 
+// Starts loading row s of kv into the cache; keys outside [0, Skv) are skipped.
+template <class T>
+TITAN_INLINE void prefetch_row(const T* kv, int32_t s, const SparseMlaDims& d) {
+  if (s < 0 || int64_t(s) >= d.Skv) return;
+  const char* row = reinterpret_cast<const char*>(kv + int64_t(s) * d.Dqk);
+  for (int64_t e = 0; e < d.Dqk * int64_t(sizeof(T)); e += 64) __builtin_prefetch(row + e, 0, 3);
+}
+
 // Copies the valid selected rows of query t (in slot order, as f32) to g[0, n) and their keys to
 // keys[0, n), zeroes rows [n, round_up(n, kRows)) and returns n. Columns past Dqk stay zero
 // from the buffer's initialization.
 template <class T>
 int64_t gather_valid(float* g, int64_t ldg, int32_t* keys, const T* kv, const int32_t* sel, int64_t t,
                      const SparseMlaDims& d) {
+  // The rows are random rows of kv, mostly outside L2: request a few slots ahead so several
+  // rows' misses are in flight while one is copied.
+  constexpr int64_t kAhead = 4;
+  for (int64_t i = 0; i < kAhead && i < d.K; ++i) prefetch_row(kv, sel[i], d);
   int64_t n = 0;
   for (int64_t i = 0; i < d.K; ++i) {
+    if (i + kAhead < d.K) prefetch_row(kv, sel[i + kAhead], d);
     const int32_t s = sel[i];
     if (s < 0 || int64_t(s) > t + (d.Skv - d.S)) continue;
     const T* src = kv + int64_t(s) * d.Dqk;
