@@ -133,6 +133,9 @@ Plan make_plan(const SparseMlaDims& d) {
           round_up(d.K, kRows)};
 }
 
+// How many slots ahead the gathers prefetch the selected kv rows.
+constexpr int64_t kAhead = 4;
+
 // Starts loading row s of kv into the cache; keys outside [0, Skv) are skipped.
 template <class T>
 TITAN_INLINE void prefetch_row(const T* kv, int32_t s, const SparseMlaDims& d) {
@@ -149,7 +152,6 @@ int64_t gather_valid(float* g, int64_t ldg, int32_t* keys, const T* kv, const in
                      const SparseMlaDims& d) {
   // The rows are random rows of kv, mostly outside L2: request a few slots ahead so several
   // rows' misses are in flight while one is copied.
-  constexpr int64_t kAhead = 4;
   for (int64_t i = 0; i < kAhead && i < d.K; ++i) prefetch_row(kv, sel[i], d);
   int64_t n = 0;
   for (int64_t i = 0; i < d.K; ++i) {
@@ -247,8 +249,10 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* kv, const 
       const int64_t b = bt / d.S, t = bt % d.S;
       const bf16* kvb = kv + b * d.Skv * d.Dqk;
       const int32_t* sel = idx + bt * d.K;
+      for (int64_t i = 0; i < kAhead && i < d.K; ++i) prefetch_row(kvb, sel[i], d);  // as in gather_valid
       int64_t n = 0;
       for (int64_t i = 0; i < d.K; ++i) {
+        if (i + kAhead < d.K) prefetch_row(kvb, sel[i + kAhead], d);
         const int32_t s = sel[i];
         if (s < 0 || int64_t(s) > t + (d.Skv - d.S)) continue;
         // memcpy: a loop of bf16 structs stays scalar 16-bit moves (perf: most of this function)
@@ -373,8 +377,10 @@ void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, con
         const int64_t bt = b * d.S + t;
         const bf16* kvb = kv + b * d.Skv * d.Dqk;
         const int32_t* sel = idx + bt * d.K;
+        for (int64_t i = 0; i < kAhead && i < d.K; ++i) prefetch_row(kvb, sel[i], d);  // as in gather_valid
         int64_t n = 0;
         for (int64_t i = 0; i < d.K; ++i) {
+          if (i + kAhead < d.K) prefetch_row(kvb, sel[i + kAhead], d);
           const int32_t s = sel[i];
           if (s < 0 || int64_t(s) > t + (d.Skv - d.S)) continue;
           std::memcpy(g.data() + n * d.Dqk, kvb + int64_t(s) * d.Dqk, size_t(d.Dqk) * sizeof(bf16));  // see forward
