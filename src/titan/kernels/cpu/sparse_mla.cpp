@@ -93,26 +93,32 @@ TITAN_INLINE void tile_tail(int64_t vecs, float* const* c, int64_t col, const fl
 }
 
 // C[M, N] (+)= A(M x inner) B[inner, N] with C rows c[0, M), M a multiple of kRows and N of
-// kVecLanes. Column strips outermost: one strip of B is reused by every row tile.
+// kVecLanes. Overwriting products (C a dense local buffer): column strips outermost, so one
+// strip of B is reused by every row tile. Adding products (C the scattered dkv rows of a buffer
+// far larger than L2): row tiles outermost, each walking its rows left to right, and every strip
+// step prefetches the same strip of the next row tile, a whole row tile (all of B) ahead. The
+// tile touches its C rows only after its inner loop, too late for out-of-order execution to hide
+// the misses, which were half the time of the dkv product.
 template <bool kAdd>
 void gemm_rows(float* const* c, const float* a, int64_t a_row, int64_t a_k, const float* b, int64_t ldb, int64_t M,
                int64_t N, int64_t inner) {
-  for (int64_t col = 0; col < N; col += kVecs * kVecLanes) {
-    const int64_t vecs = (N - col) / kVecLanes < kVecs ? (N - col) / kVecLanes : kVecs;
+  const int64_t strip = kVecs * kVecLanes;
+  if constexpr (kAdd) {
     for (int64_t r = 0; r < M; r += kRows) {
-      if constexpr (kAdd) {
-        // The added-to rows are scattered dkv rows of a buffer far larger than L2, and the tile
-        // only touches them after its inner loop, too late for out-of-order execution to hide
-        // the misses (they were half the time of the dkv product). Fetch the next row tile's
-        // lines of this strip now, so they arrive while this tile computes.
-        const int64_t next = r + kRows < M ? r + kRows : 0;
-        const int64_t next_col = r + kRows < M ? col : col + kVecs * kVecLanes;
-        const int64_t next_n = next_col < N ? (N - next_col < kVecs * kVecLanes ? N - next_col : kVecs * kVecLanes) : 0;
-        for (int64_t rr = next; rr < next + kRows && rr < M; ++rr) {
-          for (int64_t e = 0; e < next_n; e += kLanes) __builtin_prefetch(c[rr] + next_col + e, 1, 3);
+      for (int64_t col = 0; col < N; col += strip) {
+        const int64_t vecs = (N - col) / kVecLanes < kVecs ? (N - col) / kVecLanes : kVecs;
+        for (int64_t rr = r + kRows; rr < r + 2 * kRows && rr < M; ++rr) {
+          for (int64_t e = 0; e < vecs * kVecLanes; e += kLanes) __builtin_prefetch(c[rr] + col + e, 1, 3);
         }
+        tile_tail<kVecs, kAdd>(vecs, c + r, col, a + r * a_row, a_row, a_k, b + col, ldb, inner);
       }
-      tile_tail<kVecs, kAdd>(vecs, c + r, col, a + r * a_row, a_row, a_k, b + col, ldb, inner);
+    }
+  } else {
+    for (int64_t col = 0; col < N; col += strip) {
+      const int64_t vecs = (N - col) / kVecLanes < kVecs ? (N - col) / kVecLanes : kVecs;
+      for (int64_t r = 0; r < M; r += kRows) {
+        tile_tail<kVecs, kAdd>(vecs, c + r, col, a + r * a_row, a_row, a_k, b + col, ldb, inner);
+      }
     }
   }
 }
