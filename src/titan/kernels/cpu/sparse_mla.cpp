@@ -4,6 +4,12 @@
 
 #include <omp.h>
 
+#include <type_traits>
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <immintrin.h>
+#endif
+
+#include "titan/core/cpu_features.h"
 #include "titan/kernels/cpu/isa.h"
 #include "titan/kernels/cpu/scratch.h"
 
@@ -87,14 +93,32 @@ TITAN_INLINE void tile_tail(int64_t vecs, float* const* c, int64_t col, const fl
 }
 
 // C[M, N] (+)= A(M x inner) B[inner, N] with C rows c[0, M), M a multiple of kRows and N of
-// kVecLanes. Column strips outermost: one strip of B is reused by every row tile.
+// kVecLanes. Overwriting products (C a dense local buffer): column strips outermost, so one
+// strip of B is reused by every row tile. Adding products (C the scattered dkv rows of a buffer
+// far larger than L2): row tiles outermost, each walking its rows left to right, and every strip
+// step prefetches the same strip of the next row tile, a whole row tile (all of B) ahead. The
+// tile touches its C rows only after its inner loop, too late for out-of-order execution to hide
+// the misses, which were half the time of the dkv product.
 template <bool kAdd>
 void gemm_rows(float* const* c, const float* a, int64_t a_row, int64_t a_k, const float* b, int64_t ldb, int64_t M,
                int64_t N, int64_t inner) {
-  for (int64_t col = 0; col < N; col += kVecs * kVecLanes) {
-    const int64_t vecs = (N - col) / kVecLanes < kVecs ? (N - col) / kVecLanes : kVecs;
+  const int64_t strip = kVecs * kVecLanes;
+  if constexpr (kAdd) {
     for (int64_t r = 0; r < M; r += kRows) {
-      tile_tail<kVecs, kAdd>(vecs, c + r, col, a + r * a_row, a_row, a_k, b + col, ldb, inner);
+      for (int64_t col = 0; col < N; col += strip) {
+        const int64_t vecs = (N - col) / kVecLanes < kVecs ? (N - col) / kVecLanes : kVecs;
+        for (int64_t rr = r + kRows; rr < r + 2 * kRows && rr < M; ++rr) {
+          for (int64_t e = 0; e < vecs * kVecLanes; e += kLanes) __builtin_prefetch(c[rr] + col + e, 1, 3);
+        }
+        tile_tail<kVecs, kAdd>(vecs, c + r, col, a + r * a_row, a_row, a_k, b + col, ldb, inner);
+      }
+    }
+  } else {
+    for (int64_t col = 0; col < N; col += strip) {
+      const int64_t vecs = (N - col) / kVecLanes < kVecs ? (N - col) / kVecLanes : kVecs;
+      for (int64_t r = 0; r < M; r += kRows) {
+        tile_tail<kVecs, kAdd>(vecs, c + r, col, a + r * a_row, a_row, a_k, b + col, ldb, inner);
+      }
     }
   }
 }
@@ -115,14 +139,29 @@ Plan make_plan(const SparseMlaDims& d) {
           round_up(d.K, kRows)};
 }
 
+// How many slots ahead the gathers prefetch the selected kv rows.
+constexpr int64_t kAhead = 4;
+
+// Starts loading row s of kv into the cache; keys outside [0, Skv) are skipped.
+template <class T>
+TITAN_INLINE void prefetch_row(const T* kv, int32_t s, const SparseMlaDims& d) {
+  if (s < 0 || int64_t(s) >= d.Skv) return;
+  const char* row = reinterpret_cast<const char*>(kv + int64_t(s) * d.Dqk);
+  for (int64_t e = 0; e < d.Dqk * int64_t(sizeof(T)); e += 64) __builtin_prefetch(row + e, 0, 3);
+}
+
 // Copies the valid selected rows of query t (in slot order, as f32) to g[0, n) and their keys to
 // keys[0, n), zeroes rows [n, round_up(n, kRows)) and returns n. Columns past Dqk stay zero
 // from the buffer's initialization.
 template <class T>
 int64_t gather_valid(float* g, int64_t ldg, int32_t* keys, const T* kv, const int32_t* sel, int64_t t,
                      const SparseMlaDims& d) {
+  // The rows are random rows of kv, mostly outside L2: request a few slots ahead so several
+  // rows' misses are in flight while one is copied.
+  for (int64_t i = 0; i < kAhead && i < d.K; ++i) prefetch_row(kv, sel[i], d);
   int64_t n = 0;
   for (int64_t i = 0; i < d.K; ++i) {
+    if (i + kAhead < d.K) prefetch_row(kv, sel[i + kAhead], d);
     const int32_t s = sel[i];
     if (s < 0 || int64_t(s) > t + (d.Skv - d.S)) continue;
     const T* src = kv + int64_t(s) * d.Dqk;
@@ -137,12 +176,342 @@ int64_t gather_valid(float* g, int64_t ldg, int32_t* keys, const T* kv, const in
   return n;
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// bf16 forward on AMX: both products run as 16 x 16 f32 tile products (TDPBF16PS) on bf16
+// operands, which the vector units (f32 FMA, or VDPBF16PS at about the same rate here) cannot
+// approach. Operand layouts: A tiles are 16 rows of 32 bf16; B tiles are 16 rows of 16 bf16 pairs
+// (pair = two consecutive k, the even one in the low half), the layout TDPBF16PS expects.
+TITAN_INLINE uint32_t pack_pair(bf16 lo, bf16 hi) { return uint32_t(lo.bits) | uint32_t(hi.bits) << 16; }
+
+// Every tile register is used whole: 16 rows of 64 bytes. tmm0-3 accumulate, tmm4-7 hold operands.
+TITAN_INLINE void amx_configure() {
+  struct alignas(64) TileConfig {  // the LDTILECFG memory layout (palette 1)
+    uint8_t palette_id;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t bytes_per_row[16];
+    uint8_t rows[16];
+  };
+  TileConfig cfg{};
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) cfg.bytes_per_row[t] = 64, cfg.rows[t] = 16;
+  _tile_loadconfig(&cfg);
+}
+
+// c[16 rows, 16 j columns) (j < tiles <= 4) = sum over `chunks` k chunks of A tile (a + chunk * a_step,
+// row stride a_ld bytes) times B tile j (b + chunk * b_step + j * b_next, stride b_ld bytes);
+// steps in bytes. Tile indices must be constants, hence the unrolled cases.
+TITAN_INLINE void amx_row_block(float* c, int64_t c_ld, int64_t c_next, const char* a, int64_t a_ld, int64_t a_step,
+                                const char* b, int64_t b_ld, int64_t b_step, int64_t b_next, int64_t chunks,
+                                int tiles) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t k = 0; k < chunks; ++k) {
+    const char* bk = b + k * b_step;
+    _tile_loadd(4, a + k * a_step, a_ld);
+    _tile_loadd(5, bk, b_ld);
+    _tile_dpbf16ps(0, 4, 5);
+    if (tiles > 1) {
+      _tile_loadd(6, bk + b_next, b_ld);
+      _tile_dpbf16ps(1, 4, 6);
+    }
+    if (tiles > 2) {
+      _tile_loadd(7, bk + 2 * b_next, b_ld);
+      _tile_dpbf16ps(2, 4, 7);
+    }
+    if (tiles > 3) {
+      _tile_loadd(5, bk + 3 * b_next, b_ld);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+  }
+  _tile_stored(0, c, c_ld);
+  if (tiles > 1) _tile_stored(1, reinterpret_cast<char*>(c) + c_next, c_ld);
+  if (tiles > 2) _tile_stored(2, reinterpret_cast<char*>(c) + 2 * c_next, c_ld);
+  if (tiles > 3) _tile_stored(3, reinterpret_cast<char*>(c) + 3 * c_next, c_ld);
+}
+
+// The forward of sparse_mla_forward<bf16> when AMX is usable and Dqk is a multiple of 32.
+void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* kv, const int32_t* idx,
+                      const SparseMlaDims& d) {
+  const Plan p = make_plan(d);
+  const float scale = float(d.scale);
+  const int64_t Dq2 = d.Dqk / 2;
+  const int64_t Kt = round_up(d.K, 16);         // slots padded to whole tiles
+  const int64_t K2 = round_up((Kt + 1) / 2, 16);  // slot pairs padded to whole tiles
+#pragma omp parallel
+  {
+    amx_configure();
+    Scratch<bf16> g(Kt * d.Dqk, ScratchInit::zeroed);            // [Kt, Dqk] valid rows, bf16
+    Scratch<uint32_t> qv(Dq2 * p.Hs, ScratchInit::zeroed);       // [Dqk/2, Hs] q pairs by head
+    Scratch<float> st((Kt + 1) * p.Hs, ScratchInit::zeroed);     // [Kt + 1, Hs] scores, slot by head
+    Scratch<uint32_t> pt(p.Hs * K2, ScratchInit::zeroed);        // [Hs, K2] P slot pairs by head
+    Scratch<uint32_t> vb(K2 * p.Dvp, ScratchInit::zeroed);       // [K2, Dvp] value row pairs
+    Scratch<float> out(p.Hs * p.Dvp, ScratchInit::zeroed);       // [Hs, Dvp] o rows
+    Scratch<float> m(p.Hs, ScratchInit::zeroed), l(p.Hs, ScratchInit::zeroed);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bt = 0; bt < d.B * d.S; ++bt) {
+      const int64_t b = bt / d.S, t = bt % d.S;
+      const bf16* kvb = kv + b * d.Skv * d.Dqk;
+      const int32_t* sel = idx + bt * d.K;
+      for (int64_t i = 0; i < kAhead && i < d.K; ++i) prefetch_row(kvb, sel[i], d);  // as in gather_valid
+      int64_t n = 0;
+      for (int64_t i = 0; i < d.K; ++i) {
+        if (i + kAhead < d.K) prefetch_row(kvb, sel[i + kAhead], d);
+        const int32_t s = sel[i];
+        if (s < 0 || int64_t(s) > t + (d.Skv - d.S)) continue;
+        // memcpy: a loop of bf16 structs stays scalar 16-bit moves (perf: most of this function)
+        std::memcpy(g.data() + n * d.Dqk, kvb + int64_t(s) * d.Dqk, size_t(d.Dqk) * sizeof(bf16));
+        ++n;
+      }
+      bf16* ot = o + bt * d.H * d.Dv;
+      if (n == 0) {  // no valid slot: o = 0, lse = +inf (FlashMLA's convention)
+        for (int64_t e = 0; e < d.H * d.Dv; ++e) ot[e] = from_f32<bf16>(0.0f);
+        for (int64_t h = 0; h < d.H; ++h) lse[bt * d.H + h] = kInf;
+        continue;
+      }
+      const bf16* qh = q + bt * d.H * d.Dqk;
+      for (int64_t h = 0; h < d.H; ++h) {
+        for (int64_t k = 0; k < Dq2; ++k) qv.data()[k * p.Hs + h] = pack_pair(qh[h * d.Dqk + 2 * k], qh[h * d.Dqk + 2 * k + 1]);
+      }
+      // S^T[i, h] = rows[i] . q[h] (unscaled): [n, Dqk] x [Dqk, Hs]; rows past n hold stale or zero
+      // rows, finite and never read.
+      const int64_t n16 = round_up(n, 16);
+      for (int64_t h0 = 0; h0 < p.Hs; h0 += 16) {
+        for (int64_t i0 = 0; i0 < n16; i0 += 16) {
+          amx_row_block(st.data() + i0 * p.Hs + h0, p.Hs * 4, 0, reinterpret_cast<const char*>(g.data() + i0 * d.Dqk),
+                        d.Dqk * 2, 64, reinterpret_cast<const char*>(qv.data() + h0), p.Hs * 4, 16 * p.Hs * 4, 0,
+                        d.Dqk / 32, 1);
+        }
+      }
+      // Softmax over the n slots of each head as in the f32 path, with the scale applied here.
+      for (int64_t h = 0; h < p.Hs; ++h) m.data()[h] = -kInf, l.data()[h] = 0.0f;
+      for (int64_t i = 0; i < n; ++i) {
+        float* row = st.data() + i * p.Hs;
+#pragma omp simd
+        for (int64_t h = 0; h < p.Hs; ++h) {
+          row[h] *= scale;
+          m.data()[h] = row[h] > m.data()[h] ? row[h] : m.data()[h];
+        }
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        const float* row = st.data() + i * p.Hs;
+#pragma omp simd
+        for (int64_t h = 0; h < p.Hs; ++h) l.data()[h] += fast_exp(row[h] - m.data()[h]);
+      }
+      for (int64_t h = 0; h < p.Hs; ++h) {
+        m.data()[h] += __builtin_logf(l.data()[h]);
+        if (h < d.H) lse[bt * d.H + h] = m.data()[h];
+      }
+      // P rounded to bf16 in slot pairs per head (an odd last slot pairs with a 0), and the value
+      // rows of each slot pair interleaved; pairs up to the tile edge are zero on both sides.
+      const int64_t n2 = (n + 1) / 2, n2p = round_up(n2, 16);
+      for (int64_t j = 0; j < n2p; ++j) {
+        uint32_t* dst = vb.data() + j * p.Dvp;
+        if (j >= n2) {
+          for (int64_t h = 0; h < p.Hs; ++h) pt.data()[h * K2 + j] = 0;
+#pragma omp simd
+          for (int64_t col = 0; col < d.Dv; ++col) dst[col] = 0;
+          continue;
+        }
+        const float* r0 = st.data() + 2 * j * p.Hs;
+        const float* r1 = r0 + p.Hs;
+        const bool odd = 2 * j + 1 == n;
+        for (int64_t h = 0; h < p.Hs; ++h) {
+          const float p0 = fast_exp(r0[h] - m.data()[h]), p1 = odd ? 0.0f : fast_exp(r1[h] - m.data()[h]);
+          pt.data()[h * K2 + j] = pack_pair(from_f32<bf16>(p0), from_f32<bf16>(p1));
+        }
+        const bf16* v0 = g.data() + 2 * j * d.Dqk;
+        if (odd) {
+#pragma omp simd
+          for (int64_t col = 0; col < d.Dv; ++col) dst[col] = uint32_t(v0[col].bits);
+        } else {
+          const bf16* v1 = v0 + d.Dqk;
+#pragma omp simd
+          for (int64_t col = 0; col < d.Dv; ++col) dst[col] = uint32_t(v0[col].bits) | uint32_t(v1[col].bits) << 16;
+        }
+      }
+      // o[h] = sum_j P pair[h, j] . value pair[j]: [Hs, n2p] x [n2p, Dvp], 64 columns per block.
+      for (int64_t h0 = 0; h0 < p.Hs; h0 += 16) {
+        for (int64_t c0 = 0; c0 < p.Dvp; c0 += 64) {
+          const int tiles = int((p.Dvp - c0) / 16 < 4 ? (p.Dvp - c0) / 16 : 4);
+          amx_row_block(out.data() + h0 * p.Dvp + c0, p.Dvp * 4, 64, reinterpret_cast<const char*>(pt.data() + h0 * K2),
+                        K2 * 4, 64, reinterpret_cast<const char*>(vb.data() + c0), p.Dvp * 4, 16 * p.Dvp * 4, 64,
+                        n2p / 16, tiles);
+        }
+      }
+      for (int64_t h = 0; h < d.H; ++h) {
+#pragma omp simd
+        for (int64_t col = 0; col < d.Dv; ++col) ot[h * d.Dv + col] = from_f32<bf16>(out.data()[h * p.Dvp + col]);
+      }
+    }
+    _tile_release();
+  }
+}
+
+// The backward of sparse_mla_backward<bf16> under the same conditions as forward_bf16_amx. The
+// scores with dA (rows x [q | dO]) and dq (dS^T x rows) run on AMX; the dkv product stays the
+// f32 vector kernel, whose cost is the scatter-add into the accumulator rows, not the multiplies.
+void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, const bf16* kv, const int32_t* idx,
+                       const bf16* o, const float* lse, float* acc, int64_t parts, const SparseMlaDims& d) {
+  const Plan p = make_plan(d);
+  const int64_t w2 = 2 * p.Hs;  // [scale dS | P] and [scores | dA] columns: heads, then heads again
+  const float scale = float(d.scale);
+  const int64_t Dq2 = d.Dqk / 2;
+  const int64_t Kt = round_up(d.K, 16);
+  const int64_t K2 = round_up((Kt + 1) / 2, 16);
+#pragma omp parallel num_threads(int(parts))
+  {
+    amx_configure();
+    float* mine = acc + int64_t(omp_get_thread_num()) * d.Skv * p.Dp;  // this thread's dkv, f32
+    Scratch<bf16> g(Kt * d.Dqk, ScratchInit::zeroed);          // [Kt, Dqk] valid rows, bf16
+    Scratch<uint32_t> vq(K2 * p.Dp, ScratchInit::zeroed);      // [K2, Dp] valid row pairs
+    Scratch<uint32_t> qd(Dq2 * w2, ScratchInit::zeroed);       // [Dqk/2, 2 Hs] (q | dO) pairs by head
+    Scratch<float> b2(w2 * p.Dp, ScratchInit::zeroed);         // [2 Hs, Dp] (q ; dO, 0 past Dv), f32
+    Scratch<float> st((Kt + 1) * w2, ScratchInit::zeroed);     // [Kt + 1, 2 Hs] see the forward's st
+    Scratch<uint32_t> dst(p.Hs * K2, ScratchInit::zeroed);     // [Hs, K2] scale dS slot pairs by head
+    Scratch<float> dqb(p.Hs * p.Dp, ScratchInit::zeroed);      // [Hs, Dp] dq rows
+    Scratch<float> lse_h(p.Hs, ScratchInit::zeroed), delta(p.Hs, ScratchInit::zeroed);  // [Hs]
+    Scratch<float> dummy(p.Dp, ScratchInit::zeroed);           // C row of padding rows, never read
+    Scratch<int32_t> keys(d.K, ScratchInit::zeroed);
+    Scratch<float*> c(Kt, ScratchInit::zeroed);
+    for (int64_t h = d.H; h < p.Hs; ++h) lse_h.data()[h] = kInf;  // padding heads: P = 0
+    for (int64_t b = 0; b < d.B; ++b) {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t t = 0; t < d.S; ++t) {
+        const int64_t bt = b * d.S + t;
+        const bf16* kvb = kv + b * d.Skv * d.Dqk;
+        const int32_t* sel = idx + bt * d.K;
+        for (int64_t i = 0; i < kAhead && i < d.K; ++i) prefetch_row(kvb, sel[i], d);  // as in gather_valid
+        int64_t n = 0;
+        for (int64_t i = 0; i < d.K; ++i) {
+          if (i + kAhead < d.K) prefetch_row(kvb, sel[i + kAhead], d);
+          const int32_t s = sel[i];
+          if (s < 0 || int64_t(s) > t + (d.Skv - d.S)) continue;
+          std::memcpy(g.data() + n * d.Dqk, kvb + int64_t(s) * d.Dqk, size_t(d.Dqk) * sizeof(bf16));  // see forward
+          keys.data()[n++] = s;
+        }
+        bf16* dqt = dq + bt * d.H * d.Dqk;
+        if (n == 0) {  // an empty row sends no gradient
+          for (int64_t e = 0; e < d.H * d.Dqk; ++e) dqt[e] = from_f32<bf16>(0.0f);
+          continue;
+        }
+        const bf16* qh = q + bt * d.H * d.Dqk;
+        const bf16* doh = dout + bt * d.H * d.Dv;
+        const bf16* oh = o + bt * d.H * d.Dv;
+        const bf16 zero{0};
+        for (int64_t h = 0; h < d.H; ++h) {
+          float dl = 0;  // Delta = rowsum(dO * O)
+          for (int64_t col = 0; col < d.Dv; ++col) {
+            const float dov = to_f32(doh[h * d.Dv + col]);
+            dl += dov * to_f32(oh[h * d.Dv + col]);
+            b2.data()[(p.Hs + h) * p.Dp + col] = dov;
+          }
+          for (int64_t col = 0; col < d.Dqk; ++col) b2.data()[h * p.Dp + col] = to_f32(qh[h * d.Dqk + col]);
+          for (int64_t k = 0; k < Dq2; ++k) {
+            qd.data()[k * w2 + h] = pack_pair(qh[h * d.Dqk + 2 * k], qh[h * d.Dqk + 2 * k + 1]);
+            const bf16 d0 = 2 * k < d.Dv ? doh[h * d.Dv + 2 * k] : zero;
+            const bf16 d1 = 2 * k + 1 < d.Dv ? doh[h * d.Dv + 2 * k + 1] : zero;
+            qd.data()[k * w2 + p.Hs + h] = pack_pair(d0, d1);
+          }
+          delta.data()[h] = dl;
+          lse_h.data()[h] = lse[bt * d.H + h];
+        }
+        // [S^T | dA^T][i] = rows[i] . (q | dO), unscaled: [n, Dqk] x [Dqk, 2 Hs] on tiles.
+        const int64_t n16 = round_up(n, 16);
+        for (int64_t i0 = 0; i0 < n16; i0 += 16) {
+          for (int64_t c0 = 0; c0 < w2; c0 += 64) {
+            const int tiles = int((w2 - c0) / 16 < 4 ? (w2 - c0) / 16 : 4);
+            amx_row_block(st.data() + i0 * w2 + c0, w2 * 4, 64, reinterpret_cast<const char*>(g.data() + i0 * d.Dqk),
+                          d.Dqk * 2, 64, reinterpret_cast<const char*>(qd.data() + c0), w2 * 4, 16 * w2 * 4, 64,
+                          d.Dqk / 32, tiles);
+          }
+        }
+        // P recomputed from lse; the row becomes (scale dS | P), the A operand of dkv.
+        for (int64_t i = 0; i < n; ++i) {
+          float* row = st.data() + i * w2;
+#pragma omp simd
+          for (int64_t h = 0; h < p.Hs; ++h) {
+            const float ph = fast_exp(scale * row[h] - lse_h.data()[h]);
+            row[h] = scale * ph * (row[p.Hs + h] - delta.data()[h]);
+            row[p.Hs + h] = ph;
+          }
+        }
+        // scale dS in bf16 slot pairs per head and the rows in pairs, zero up to the tile edge:
+        // the operands of dq = (scale dS)^T rows.
+        const int64_t n2 = (n + 1) / 2, n2p = round_up(n2, 16);
+        for (int64_t j = 0; j < n2p; ++j) {
+          uint32_t* vrow = vq.data() + j * p.Dp;
+          if (j >= n2) {
+            for (int64_t h = 0; h < p.Hs; ++h) dst.data()[h * K2 + j] = 0;
+#pragma omp simd
+            for (int64_t col = 0; col < d.Dqk; ++col) vrow[col] = 0;
+            continue;
+          }
+          const float* r0 = st.data() + 2 * j * w2;
+          const bool odd = 2 * j + 1 == n;
+          for (int64_t h = 0; h < p.Hs; ++h) {
+            dst.data()[h * K2 + j] = pack_pair(from_f32<bf16>(r0[h]), from_f32<bf16>(odd ? 0.0f : r0[w2 + h]));
+          }
+          const bf16* v0 = g.data() + 2 * j * d.Dqk;
+          if (odd) {
+#pragma omp simd
+            for (int64_t col = 0; col < d.Dqk; ++col) vrow[col] = uint32_t(v0[col].bits);
+          } else {
+            const bf16* v1 = v0 + d.Dqk;
+#pragma omp simd
+            for (int64_t col = 0; col < d.Dqk; ++col) vrow[col] = uint32_t(v0[col].bits) | uint32_t(v1[col].bits) << 16;
+          }
+        }
+        for (int64_t h0 = 0; h0 < p.Hs; h0 += 16) {
+          for (int64_t c0 = 0; c0 < p.Dp; c0 += 64) {
+            const int tiles = int((p.Dp - c0) / 16 < 4 ? (p.Dp - c0) / 16 : 4);
+            amx_row_block(dqb.data() + h0 * p.Dp + c0, p.Dp * 4, 64, reinterpret_cast<const char*>(dst.data() + h0 * K2),
+                          K2 * 4, 64, reinterpret_cast<const char*>(vq.data() + c0), p.Dp * 4, 16 * p.Dp * 4, 64,
+                          n2p / 16, tiles);
+          }
+        }
+        for (int64_t h = 0; h < d.H; ++h) {
+#pragma omp simd
+          for (int64_t col = 0; col < d.Dqk; ++col) dqt[h * d.Dqk + col] = from_f32<bf16>(dqb.data()[h * p.Dp + col]);
+        }
+        // dkv[key_i] += (scale dS | P)[i] (q ; dO), as in the f32 path.
+        const int64_t n_pad = round_up(n, kRows);
+        for (int64_t r = 0; r < n_pad; ++r) c.data()[r] = r < n ? mine + int64_t(keys.data()[r]) * p.Dp : dummy.data();
+        gemm_rows<true>(c.data(), st.data(), w2, 1, b2.data(), p.Dp, n_pad, p.Dp, w2);
+      }
+      // (barrier) dkv = the sum of the per-thread accumulators, which are zeroed for the next b.
+#pragma omp for schedule(static)
+      for (int64_t s = 0; s < d.Skv; ++s) {
+        float* first = acc + s * p.Dp;
+        for (int64_t part = 1; part < parts; ++part) {
+          float* row = acc + (part * d.Skv + s) * p.Dp;
+#pragma omp simd
+          for (int64_t col = 0; col < p.Dp; ++col) first[col] += row[col], row[col] = 0.0f;
+        }
+#pragma omp simd
+        for (int64_t col = 0; col < d.Dqk; ++col) dkv[(b * d.Skv + s) * d.Dqk + col] = from_f32<bf16>(first[col]);
+#pragma omp simd
+        for (int64_t col = 0; col < p.Dp; ++col) first[col] = 0.0f;
+      }
+    }
+    _tile_release();
+  }
+}
+#endif
+
 }  // namespace
 
 int64_t sparse_mla_acc_width(int64_t dqk) { return (dqk + kLanes - 1) / kLanes * kLanes; }
 
 template <class T>
 void sparse_mla_forward(T* o, float* lse, const T* q, const T* kv, const int32_t* idx, const SparseMlaDims& d) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (d.Dqk % 32 == 0 && cpu_amx_bf16_usable()) return forward_bf16_amx(o, lse, q, kv, idx, d);
+  }
+#endif
   const Plan p = make_plan(d);
   const float scale = float(d.scale);
 #pragma omp parallel
@@ -210,6 +579,12 @@ void sparse_mla_forward(T* o, float* lse, const T* q, const T* kv, const int32_t
 template <class T>
 void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const int32_t* idx, const T* o,
                          const float* lse, float* acc, int64_t parts, const SparseMlaDims& d) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (d.Dqk % 32 == 0 && cpu_amx_bf16_usable())
+      return backward_bf16_amx(dq, dkv, dout, q, kv, idx, o, lse, acc, parts, d);
+  }
+#endif
   const Plan p = make_plan(d);
   const int64_t w2 = 2 * p.Hs;  // [scale dS | P] and [scores | dA] columns: heads, then heads again
   const float scale = float(d.scale);

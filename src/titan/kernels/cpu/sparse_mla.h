@@ -1,6 +1,6 @@
 // Fast sparse MLA attention, forward and backward (per-ISA variants; see cpu/isa.h). Same
-// contract as ref/sparse_mla.h with T in {float, bf16}, f32 lse and f32 arithmetic; dsa.md
-// sections 4 and 5.
+// contract as ref/sparse_mla.h with T in {float, bf16}, f32 lse and f32 arithmetic (except the
+// bf16 operands of the AMX products below); dsa.md sections 4 and 5.
 //
 // OpenMP over query rows. Each thread copies its query's valid selected rows once (as f32, in
 // slot order) into an L2-sized buffer, and every head reuses them in register-tiled products:
@@ -9,10 +9,15 @@
 //   backward  [scores | dA]^T = rows x (scale q | dO)^T in one product, P from lse,
 //             dS = P (dA - rowsum(dO * O)), dq = scale dS^T rows, and the dkv rows of the selected
 //             keys += (scale dS | P) (q ; dO): key and value roles in one product, added in place.
-// Invalid slots are never copied, so they cost nothing. dkv accumulates in `acc`, `parts`
-// per-thread f32 buffers [parts, Skv, sparse_mla_acc_width(Dqk)] (the backward runs on at most
-// `parts` threads), summed into dkv per batch element: no atomics. acc must be zero; it is left
-// zero.
+// Invalid slots are never copied, so they cost nothing.
+// bf16 with AMX (the avx512_bf16 variant when cpu_amx_bf16_usable(), Dqk a multiple of 32) keeps
+// the rows in bf16 and runs the forward's two products and the backward's scores/dA and dq
+// products as AMX tile products, with P (forward) and dS (dq) rounded to bf16 as their operand
+// (as FlashMLA does); accumulation, softmax and the dkv product stay f32. The dkv product
+// prefetches the scattered accumulator rows a row tile ahead, and the gathers a few slots ahead.
+// dkv accumulates in `acc`, `parts` per-thread f32 buffers [parts, Skv, sparse_mla_acc_width(Dqk)]
+// (the backward runs on at most `parts` threads), summed into dkv per batch element: no atomics.
+// acc must be zero; it is left zero.
 #pragma once
 
 #include <cstdint>
