@@ -122,14 +122,26 @@ void gemm_strip(int64_t vecs, float* c, int64_t ldc, const float* a, int64_t a_r
 }
 
 // C[M, N] (+)= A(M x K) B[K, N], A(r, k) = a[r * a_row + k * a_k]; N a multiple of kLanes (B and
-// C are packed buffers padded to that width). Each B strip stays in L1 while the rows run over it.
+// C are packed buffers padded to that width). The depth runs in chunks of kDepth so that each B
+// strip chunk (kDepth x 64 floats, 16 KiB) stays in L1 while all M rows run over it: a whole
+// strip of the dense target (D = 192, 48 KiB) did not, and every tile re-read it from L2.
 template <bool kAccumulate>
 void gemm(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b, int64_t ldb, int64_t M,
           int64_t N, int64_t K) {
-  for (int64_t n = 0; n < N; n += kVecs * kVecLanes) {
-    const int64_t vecs = min_i64((N - n) / kVecLanes, kVecs);
-    gemm_strip<kVecs, kAccumulate>(vecs, c + n, ldc, a, a_row, a_k, b + n, ldb, M, K);
-  }
+  constexpr int64_t kDepth = 64;
+  int64_t k0 = 0;
+  do {  // at least once: K == 0 without kAccumulate still zeroes C
+    const int64_t kc = min_i64(kDepth, K - k0);
+    for (int64_t n = 0; n < N; n += kVecs * kVecLanes) {
+      const int64_t vecs = min_i64((N - n) / kVecLanes, kVecs);
+      if (kAccumulate || k0 > 0) {
+        gemm_strip<kVecs, true>(vecs, c + n, ldc, a + k0 * a_k, a_row, a_k, b + k0 * ldb + n, ldb, M, kc);
+      } else {
+        gemm_strip<kVecs, false>(vecs, c + n, ldc, a, a_row, a_k, b + n, ldb, M, kc);
+      }
+    }
+    k0 += kDepth;
+  } while (k0 < K);
 }
 
 // ---- packing --------------------------------------------------------------------------------
