@@ -58,6 +58,7 @@ constexpr int64_t kTileVecs = kKeys / kVecLanes;  // vectors per kKeys-wide tile
 
 TITAN_INLINE int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 TITAN_INLINE int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
+TITAN_INLINE uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
 TITAN_INLINE int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 TITAN_INLINE vecf splat(float x) { return vecf{} + x; }
 TITAN_INLINE vecf loadv(const float* p) { return *reinterpret_cast<const vecf*>(p); }
@@ -275,6 +276,7 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
     const Scratch<float> qa(tq * HI * DI), dots(tq * HI * kKeys), score(kKeys);
     const Scratch<uint64_t> cand(tq * cap), bitmap(words, ScratchInit::zeroed), thresh(tq);
     const Scratch<uint32_t> ranks(kKeys);
+    const Scratch<uint8_t> passes(kKeys);
     const Scratch<int64_t> count(tq);
     // Later query blocks see more keys: hand them out first.
 #pragma omp for schedule(dynamic, 1)
@@ -308,19 +310,28 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
             floor = c[0];
             for (int64_t j = 1; j < K; ++j) floor = c[j] < floor ? c[j] : floor;
           }
-          // Most tiles hold no key above the admission threshold once the buffer has been
-          // compacted: test the tile's best rank first (integer ops, vectorized).
+          // Once the buffer has been compacted only a few keys per tile reach the admission
+          // threshold: flag those whose rank reaches it (integer ops, vectorized), then visit
+          // only the flagged ones, eight flags per 64-bit word.
           uint32_t* rank = ranks.data();
+          uint8_t* pass = passes.data();
 #pragma omp simd
           for (int64_t s = 0; s < kKeys; ++s) rank[s] = s < lim ? rank_bits(score.data()[s]) : 0u;
-          uint32_t best = 0;
-#pragma omp simd reduction(max : best)
-          for (int64_t s = 0; s < kKeys; ++s) best = rank[s] > best ? rank[s] : best;
-          if (best < uint32_t(floor >> 32)) continue;
-          for (int64_t s = 0; s < lim; ++s) {
-            const uint64_t key = (uint64_t(rank[s]) << 32) | uint32_t(~uint32_t(s0 + s));
-            c[n] = key;
-            n += key > floor;  // branch-free append (the slot after the last is always free)
+          // Real ranks are >= 1 (rank 0 would be a NaN, which ranks highest), so the keys past
+          // lim (rank 0) never pass, even before the first compaction (floor 0).
+          const uint32_t floor_rank = max_u32(uint32_t(floor >> 32), 1u);
+#pragma omp simd
+          for (int64_t s = 0; s < kKeys; ++s) pass[s] = rank[s] >= floor_rank;
+          for (int64_t word = 0; word < kKeys; word += 8) {
+            uint64_t flags;
+            __builtin_memcpy(&flags, pass + word, sizeof(flags));
+            while (flags) {
+              const int64_t s = word + __builtin_ctzll(flags) / 8;
+              flags &= flags - 1;  // each flag is one bit (the byte's lowest)
+              const uint64_t key = (uint64_t(rank[s]) << 32) | uint32_t(~uint32_t(s0 + s));
+              c[n] = key;
+              n += key > floor;  // branch-free append (the slot after the last is always free)
+            }
           }
         }
       }
