@@ -58,6 +58,7 @@ constexpr int64_t kTileVecs = kKeys / kVecLanes;  // vectors per kKeys-wide tile
 
 TITAN_INLINE int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 TITAN_INLINE int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
+TITAN_INLINE uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
 TITAN_INLINE int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 TITAN_INLINE vecf splat(float x) { return vecf{} + x; }
 TITAN_INLINE vecf loadv(const float* p) { return *reinterpret_cast<const vecf*>(p); }
@@ -67,9 +68,11 @@ TITAN_INLINE vecf relu(vecf x) { return x > splat(0.0f) ? x : splat(0.0f); }
 // ---- micro-kernel ---------------------------------------------------------------------------
 // c[r][0, Vecs * kVecLanes) (+)= sum_k a(r, k) b[k][...] for r < Rows, with a(r, k) =
 // a[r * a_row + k * a_k] (A may be read transposed) and B rows ldb floats apart.
+// pf_lines cache lines from pf are requested one per depth step (a burst of requests would
+// stall on the fill buffers).
 template <int Rows, int Vecs, bool kAccumulate>
 TITAN_INLINE void gemm_tile(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b,
-                            int64_t ldb, int64_t K) {
+                            int64_t ldb, int64_t K, const char* pf = nullptr, int64_t pf_lines = 0) {
   vecf acc[Rows][Vecs];
 #pragma GCC unroll 12
   for (int r = 0; r < Rows; ++r) {
@@ -81,6 +84,7 @@ TITAN_INLINE void gemm_tile(float* c, int64_t ldc, const float* a, int64_t a_row
     vecf bv[Vecs];
 #pragma GCC unroll 4
     for (int v = 0; v < Vecs; ++v) bv[v] = loadv(b + kk * ldb + v * kVecLanes);
+    if (kk < pf_lines) __builtin_prefetch(pf + kk * 64);
 #pragma GCC unroll 12
     for (int r = 0; r < Rows; ++r) {
       const float ar = a[r * a_row + kk * a_k];
@@ -106,30 +110,55 @@ TITAN_INLINE void gemm_row_tail(int64_t rows, float* c, int64_t ldc, const float
   }
 }
 
+// pf: pf_lines cache lines the caller will read next, requested spread over the row tiles so
+// that their transfer overlaps this strip's FMAs.
 template <int Vecs, bool kAccumulate>
 void gemm_strip(int64_t vecs, float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b,
-                int64_t ldb, int64_t M, int64_t K) {
+                int64_t ldb, int64_t M, int64_t K, const char* pf, int64_t pf_lines) {
   if (vecs != Vecs) {
-    if constexpr (Vecs > 1) gemm_strip<Vecs - 1, kAccumulate>(vecs, c, ldc, a, a_row, a_k, b, ldb, M, K);
+    if constexpr (Vecs > 1) {
+      gemm_strip<Vecs - 1, kAccumulate>(vecs, c, ldc, a, a_row, a_k, b, ldb, M, K, pf, pf_lines);
+    }
     return;
   }
   constexpr int rows = Vecs == 1 ? kNarrowRows : kRows;
+  const int64_t tiles = M / rows, per_tile = tiles > 0 ? (pf_lines + tiles - 1) / tiles : 0;
   int64_t m = 0;
-  for (; m + rows <= M; m += rows) {
-    gemm_tile<rows, Vecs, kAccumulate>(c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K);
+  for (int64_t line = 0; m + rows <= M; m += rows, line += per_tile) {
+    gemm_tile<rows, Vecs, kAccumulate>(c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K, pf + line * 64,
+                                       min_i64(per_tile, pf_lines - line));
   }
   if (m < M) gemm_row_tail<rows, Vecs, kAccumulate>(M - m, c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K);
 }
 
 // C[M, N] (+)= A(M x K) B[K, N], A(r, k) = a[r * a_row + k * a_k]; N a multiple of kLanes (B and
-// C are packed buffers padded to that width). Each B strip stays in L1 while the rows run over it.
+// C are packed buffers padded to that width). The depth runs in chunks of kDepth so that each B
+// strip chunk (kDepth x 64 floats, 16 KiB) stays in L1 while all M rows run over it: a whole
+// strip of the dense target (D = 192, 48 KiB) did not, and every tile re-read it from L2.
+// The first tile over a chunk fetched it from L3 or memory at a bandwidth far below the FMA rate,
+// so the next chunk (B is contiguous when ldb == N), or for the last chunk the caller's `next`
+// operand (next_floats floats), is prefetched while the current one runs.
 template <bool kAccumulate>
 void gemm(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b, int64_t ldb, int64_t M,
-          int64_t N, int64_t K) {
-  for (int64_t n = 0; n < N; n += kVecs * kVecLanes) {
-    const int64_t vecs = min_i64((N - n) / kVecLanes, kVecs);
-    gemm_strip<kVecs, kAccumulate>(vecs, c + n, ldc, a, a_row, a_k, b + n, ldb, M, K);
-  }
+          int64_t N, int64_t K, const float* next = nullptr, int64_t next_floats = 0) {
+  constexpr int64_t kDepth = 64;
+  int64_t k0 = 0;
+  do {  // at least once: K == 0 without kAccumulate still zeroes C
+    const int64_t kc = min_i64(kDepth, K - k0);
+    const bool more = k0 + kDepth < K && ldb == N;
+    const char* pf = reinterpret_cast<const char*>(more ? b + (k0 + kDepth) * ldb : next);
+    const int64_t pf_lines = (more ? min_i64(kDepth, K - k0 - kDepth) * ldb : next_floats) * 4 / 64;
+    for (int64_t n = 0; n < N; n += kVecs * kVecLanes) {
+      const int64_t vecs = min_i64((N - n) / kVecLanes, kVecs);
+      const int64_t lines = n == 0 ? pf_lines : 0;  // the first strip requests them all
+      if (kAccumulate || k0 > 0) {
+        gemm_strip<kVecs, true>(vecs, c + n, ldc, a + k0 * a_k, a_row, a_k, b + k0 * ldb + n, ldb, M, kc, pf, lines);
+      } else {
+        gemm_strip<kVecs, false>(vecs, c + n, ldc, a, a_row, a_k, b + n, ldb, M, kc, pf, lines);
+      }
+    }
+    k0 += kDepth;
+  } while (k0 < K);
 }
 
 // ---- packing --------------------------------------------------------------------------------
@@ -263,6 +292,7 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
     const Scratch<float> qa(tq * HI * DI), dots(tq * HI * kKeys), score(kKeys);
     const Scratch<uint64_t> cand(tq * cap), bitmap(words, ScratchInit::zeroed), thresh(tq);
     const Scratch<uint32_t> ranks(kKeys);
+    const Scratch<uint8_t> passes(kKeys);
     const Scratch<int64_t> count(tq);
     // Later query blocks see more keys: hand them out first.
 #pragma omp for schedule(dynamic, 1)
@@ -296,19 +326,28 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
             floor = c[0];
             for (int64_t j = 1; j < K; ++j) floor = c[j] < floor ? c[j] : floor;
           }
-          // Most tiles hold no key above the admission threshold once the buffer has been
-          // compacted: test the tile's best rank first (integer ops, vectorized).
+          // Once the buffer has been compacted only a few keys per tile reach the admission
+          // threshold: flag those whose rank reaches it (integer ops, vectorized), then visit
+          // only the flagged ones, eight flags per 64-bit word.
           uint32_t* rank = ranks.data();
+          uint8_t* pass = passes.data();
 #pragma omp simd
           for (int64_t s = 0; s < kKeys; ++s) rank[s] = s < lim ? rank_bits(score.data()[s]) : 0u;
-          uint32_t best = 0;
-#pragma omp simd reduction(max : best)
-          for (int64_t s = 0; s < kKeys; ++s) best = rank[s] > best ? rank[s] : best;
-          if (best < uint32_t(floor >> 32)) continue;
-          for (int64_t s = 0; s < lim; ++s) {
-            const uint64_t key = (uint64_t(rank[s]) << 32) | uint32_t(~uint32_t(s0 + s));
-            c[n] = key;
-            n += key > floor;  // branch-free append (the slot after the last is always free)
+          // Real ranks are >= 1 (rank 0 would be a NaN, which ranks highest), so the keys past
+          // lim (rank 0) never pass, even before the first compaction (floor 0).
+          const uint32_t floor_rank = max_u32(uint32_t(floor >> 32), 1u);
+#pragma omp simd
+          for (int64_t s = 0; s < kKeys; ++s) pass[s] = rank[s] >= floor_rank;
+          for (int64_t word = 0; word < kKeys; word += 8) {
+            uint64_t flags;
+            __builtin_memcpy(&flags, pass + word, sizeof(flags));
+            while (flags) {
+              const int64_t s = word + __builtin_ctzll(flags) / 8;
+              flags &= flags - 1;  // each flag is one bit (the byte's lowest)
+              const uint64_t key = (uint64_t(rank[s]) << 32) | uint32_t(~uint32_t(s0 + s));
+              c[n] = key;
+              n += key > floor;  // branch-free append (the slot after the last is always free)
+            }
           }
         }
       }
@@ -493,8 +532,13 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
                       kKeys, DI);
           for (int64_t i = 0; i < rows * kKeys; ++i) target.data()[i] = 0;
           for (int64_t h = 0; h < H; ++h) {
+            // The next head's key block (or this head's next one) is prefetched meanwhile.
+            const int64_t next_h = h + 1 < H ? h + 1 : 0, next_kb = h + 1 < H ? kb : kb + 1;
+            const bool has_next = next_kb * kKeys < n_last;
             gemm<false>(tile.data(), kKeys, mqa.data() + h * tq * D, D, 1,
-                        mkt.data() + ((b * Hk + h / group) * nkb + kb) * D * kKeys, kKeys, rows, kKeys, D);
+                        mkt.data() + ((b * Hk + h / group) * nkb + kb) * D * kKeys, kKeys, rows, kKeys, D,
+                        has_next ? mkt.data() + ((b * Hk + next_h / group) * nkb + next_kb) * D * kKeys : nullptr,
+                        has_next ? kKeys * kKeys : 0);
             for (int64_t i = 0; i < rows; ++i) {
               const float lse_h = mlse[(row0 + i) * H + h];
               float* p = target.data() + i * kKeys;
