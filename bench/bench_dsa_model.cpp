@@ -1,12 +1,13 @@
 // Whole-model DeepSeek-V3.2 training with DeepSeek Sparse Attention (the deepseek_v32 debugmodel):
 // 1. fused DSA kernels vs the small-op path (`[model] converters`) at seq 4096, both stages:
 //    tokens/s and peak memory, ratios from one run (targets: >= 3x tokens/s, <= 0.5x memory);
-// 2. long context: time per token of the fused sparse stage at 4k .. 32k (and peak memory:
-//    32k must fit in 16 GiB), against dense MLA attention (the deepseek_v3 debugmodel: the same
+// 2. long context, in bf16 mixed precision as long-context training runs: time per token of the
+//    fused sparse stage at 4k .. 32k (and peak memory: 32k must fit in 16 GiB), against dense MLA attention (the deepseek_v3 debugmodel: the same
 //    blocks without an indexer or a query latent) at lengths where dense finishes in reasonable time.
 // Each configuration runs in a fresh process (this binary with --child), so the resident-memory
 // high-water mark is its own.
 //   build/bench/bench_dsa_model [--seq 4096] [--long 4096,8192,16384,32768] [--dense 4096,8192]
+//                               [--skip-compare] [--long-dtype bf16|f32]
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -38,6 +39,7 @@ struct Run {
   DsaImpl impl = DsaImpl::fused;
   DsaStage stage = DsaStage::sparse;
   int64_t seq = 4096;
+  DType compute = DType::f32;  // bf16: mixed precision (bf16 activations and GEMMs, f32 masters)
 };
 
 struct Result {
@@ -52,6 +54,7 @@ Result run_here(const Run& r) {
   const int64_t rss0 = bench::max_rss_bytes();
   auto model = models::build_model(r.model, "debugmodel", kVocab, r.seq);
   model->init_parameters(0);
+  model->set_compute_dtype(r.compute);
   auto* v3 = dynamic_cast<models::deepseek_v3::Transformer*>(model.get());
   if (v3 && v3->args().has_indexer()) v3->set_dsa(r.stage, r.impl, 0.01);
   optim::AdamW opt(model->named_parameters(), {});
@@ -85,7 +88,7 @@ const char* stage_name(DsaStage s) { return s == DsaStage::sparse ? "sparse" : "
 
 Result run(const Run& r) {
   const std::string cmd = g_self + " --child " + r.model + " " + impl_name(r.impl) + " " + stage_name(r.stage) + " " +
-                          std::to_string(r.seq);
+                          std::to_string(r.seq) + " " + std::string(dtype_name(r.compute));
   const std::string out = bench::read_command(cmd);
   Result res;
   if (out.empty() || out.rfind('{') == std::string::npos) return res;
@@ -120,14 +123,17 @@ std::vector<int64_t> parse_list(const std::string& s) {
 int main(int argc, char** argv) {
   int64_t seq = 4096;
   std::vector<int64_t> long_seqs = {4096, 8192, 16384, 32768}, dense_seqs = {4096, 8192};
+  bool compare = true;
+  DType long_dtype = DType::bf16;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--child" && i + 4 < argc) {
+    if (a == "--child" && i + 5 < argc) {
       Run r;
       r.model = argv[i + 1];
       r.impl = std::string(argv[i + 2]) == "fused" ? DsaImpl::fused : DsaImpl::small_ops;
       r.stage = std::string(argv[i + 3]) == "sparse" ? DsaStage::sparse : DsaStage::dense_warmup;
       r.seq = std::atoll(argv[i + 4]);
+      r.compute = std::string(argv[i + 5]) == "bf16" ? DType::bf16 : DType::f32;
       const Result res = run_here(r);
       std::printf("%s\n", nlohmann::json{{"seconds_per_step", res.seconds_per_step},
                                          {"peak_bytes", res.peak_bytes},
@@ -139,12 +145,15 @@ int main(int argc, char** argv) {
     if (a == "--seq" && i + 1 < argc) seq = std::atoll(argv[++i]);
     else if (a == "--long" && i + 1 < argc) long_seqs = parse_list(argv[++i]);
     else if (a == "--dense" && i + 1 < argc) dense_seqs = parse_list(argv[++i]);
+    else if (a == "--skip-compare") compare = false;
+    else if (a == "--long-dtype" && i + 1 < argc) long_dtype = std::string(argv[++i]) == "f32" ? DType::f32 : DType::bf16;
   }
   g_self = std::filesystem::read_symlink("/proc/self/exe").string();
-  std::printf("deepseek_v32 debugmodel, batch 1, f32, one full training step (forward, backward, AdamW)\n");
+  std::printf("deepseek_v32 debugmodel, batch 1, one full training step (forward, backward, AdamW)\n");
 
-  std::printf("\n1. fused DSA kernels vs small ops at seq %lld\n", static_cast<long long>(seq));
+  if (compare) std::printf("\n1. fused DSA kernels vs small ops at seq %lld, f32\n", static_cast<long long>(seq));
   for (DsaStage stage : {DsaStage::sparse, DsaStage::dense_warmup}) {
+    if (!compare) break;
     const Result fused = run({"deepseek_v32", DsaImpl::fused, stage, seq});
     const Result small = run({"deepseek_v32", DsaImpl::small_ops, stage, seq});
     std::printf("  %-12s fused    : %s\n", stage_name(stage), describe(fused).c_str());
@@ -159,17 +168,18 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::printf("\n2. long context: fused sparse stage vs dense MLA (deepseek_v3 debugmodel)\n");
+  std::printf("\n2. long context, %s: fused sparse stage vs dense MLA (deepseek_v3 debugmodel)\n",
+              std::string(dtype_name(long_dtype)).c_str());
   std::vector<Result> sparse, dense;
   for (int64_t s : long_seqs) {
-    sparse.push_back(run({"deepseek_v32", DsaImpl::fused, DsaStage::sparse, s}));
+    sparse.push_back(run({"deepseek_v32", DsaImpl::fused, DsaStage::sparse, s, long_dtype}));
     std::printf("  seq %6lld  DSA sparse : %s%s\n", static_cast<long long>(s), describe(sparse.back()).c_str(),
                 s == 32768 && sparse.back().ok
                     ? (sparse.back().rss_growth <= (int64_t(16) << 30) ? "  [PASS fits 16 GiB]" : "  [MISS fits 16 GiB]")
                     : "");
   }
   for (int64_t s : dense_seqs) {
-    dense.push_back(run({"deepseek_v3", DsaImpl::fused, DsaStage::sparse, s}));
+    dense.push_back(run({"deepseek_v3", DsaImpl::fused, DsaStage::sparse, s, long_dtype}));
     std::printf("  seq %6lld  dense MLA  : %s\n", static_cast<long long>(s), describe(dense.back()).c_str());
   }
   auto per_token = [](const Result& r) { return r.seconds_per_step / double(r.seq); };
