@@ -232,6 +232,33 @@ TITAN_INLINE void amx_row_block(float* c, int64_t c_ld, int64_t c_next, const ch
   if (tiles > 3) _tile_stored(3, reinterpret_cast<char*>(c) + 3 * c_next, c_ld);
 }
 
+// One VNNI row of a bf16 pair of rows (the B layout of AMX's bf16 product): dst[col] holds
+// v0[col] in its low and v1[col] in its high half; v1 null (the last, unpaired key) gives zeros.
+TITAN_INLINE void pack_row_pair(uint32_t* dst, const bf16* v0, const bf16* v1, int64_t width) {
+  if (!v1) {
+#pragma omp simd
+    for (int64_t col = 0; col < width; ++col) dst[col] = uint32_t(v0[col].bits);
+    return;
+  }
+#pragma omp simd
+  for (int64_t col = 0; col < width; ++col) dst[col] = uint32_t(v0[col].bits) | uint32_t(v1[col].bits) << 16;
+}
+
+// c [Hs, wp] f32 = a [Hs, K2] (bf16 pairs along the key dim) x b [K2, wp] (VNNI rows of key
+// pairs), on AMX in 16-row, 64-column blocks: the heads-times-selected-rows product of the
+// forward's output (P x V) and of the backward's dq (dS x K). Hs and wp are multiples of 16;
+// n2p (key pairs, a multiple of 16) bounds the sum.
+TITAN_INLINE void amx_heads_times_rows(float* c, const uint32_t* a, int64_t k2, const uint32_t* b, int64_t hs,
+                                       int64_t wp, int64_t n2p) {
+  for (int64_t h0 = 0; h0 < hs; h0 += 16) {
+    for (int64_t c0 = 0; c0 < wp; c0 += 64) {
+      const int tiles = int((wp - c0) / 16 < 4 ? (wp - c0) / 16 : 4);
+      amx_row_block(c + h0 * wp + c0, wp * 4, 64, reinterpret_cast<const char*>(a + h0 * k2), k2 * 4, 64,
+                    reinterpret_cast<const char*>(b + c0), wp * 4, 16 * wp * 4, 64, n2p / 16, tiles);
+    }
+  }
+}
+
 // The forward of sparse_mla_forward<bf16> when AMX is usable and Dqk is a multiple of 32.
 void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* kv, const int32_t* idx,
                       const SparseMlaDims& d) {
@@ -323,24 +350,10 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* kv, const 
           pt.data()[h * K2 + j] = pack_pair(from_f32<bf16>(p0), from_f32<bf16>(p1));
         }
         const bf16* v0 = g.data() + 2 * j * d.Dqk;
-        if (odd) {
-#pragma omp simd
-          for (int64_t col = 0; col < d.Dv; ++col) dst[col] = uint32_t(v0[col].bits);
-        } else {
-          const bf16* v1 = v0 + d.Dqk;
-#pragma omp simd
-          for (int64_t col = 0; col < d.Dv; ++col) dst[col] = uint32_t(v0[col].bits) | uint32_t(v1[col].bits) << 16;
-        }
+        pack_row_pair(dst, v0, odd ? nullptr : v0 + d.Dqk, d.Dv);
       }
-      // o[h] = sum_j P pair[h, j] . value pair[j]: [Hs, n2p] x [n2p, Dvp], 64 columns per block.
-      for (int64_t h0 = 0; h0 < p.Hs; h0 += 16) {
-        for (int64_t c0 = 0; c0 < p.Dvp; c0 += 64) {
-          const int tiles = int((p.Dvp - c0) / 16 < 4 ? (p.Dvp - c0) / 16 : 4);
-          amx_row_block(out.data() + h0 * p.Dvp + c0, p.Dvp * 4, 64, reinterpret_cast<const char*>(pt.data() + h0 * K2),
-                        K2 * 4, 64, reinterpret_cast<const char*>(vb.data() + c0), p.Dvp * 4, 16 * p.Dvp * 4, 64,
-                        n2p / 16, tiles);
-        }
-      }
+      // o[h] = sum_j P pair[h, j] . value pair[j]: [Hs, n2p] x [n2p, Dvp].
+      amx_heads_times_rows(out.data(), pt.data(), K2, vb.data(), p.Hs, p.Dvp, n2p);
       for (int64_t h = 0; h < d.H; ++h) {
 #pragma omp simd
         for (int64_t col = 0; col < d.Dv; ++col) ot[h * d.Dv + col] = from_f32<bf16>(out.data()[h * p.Dvp + col]);
@@ -455,23 +468,9 @@ void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, con
             dst.data()[h * K2 + j] = pack_pair(from_f32<bf16>(r0[h]), from_f32<bf16>(odd ? 0.0f : r0[w2 + h]));
           }
           const bf16* v0 = g.data() + 2 * j * d.Dqk;
-          if (odd) {
-#pragma omp simd
-            for (int64_t col = 0; col < d.Dqk; ++col) vrow[col] = uint32_t(v0[col].bits);
-          } else {
-            const bf16* v1 = v0 + d.Dqk;
-#pragma omp simd
-            for (int64_t col = 0; col < d.Dqk; ++col) vrow[col] = uint32_t(v0[col].bits) | uint32_t(v1[col].bits) << 16;
-          }
+          pack_row_pair(vrow, v0, odd ? nullptr : v0 + d.Dqk, d.Dqk);
         }
-        for (int64_t h0 = 0; h0 < p.Hs; h0 += 16) {
-          for (int64_t c0 = 0; c0 < p.Dp; c0 += 64) {
-            const int tiles = int((p.Dp - c0) / 16 < 4 ? (p.Dp - c0) / 16 : 4);
-            amx_row_block(dqb.data() + h0 * p.Dp + c0, p.Dp * 4, 64, reinterpret_cast<const char*>(dst.data() + h0 * K2),
-                          K2 * 4, 64, reinterpret_cast<const char*>(vq.data() + c0), p.Dp * 4, 16 * p.Dp * 4, 64,
-                          n2p / 16, tiles);
-          }
-        }
+        amx_heads_times_rows(dqb.data(), dst.data(), K2, vq.data(), p.Hs, p.Dp, n2p);
         for (int64_t h = 0; h < d.H; ++h) {
 #pragma omp simd
           for (int64_t col = 0; col < d.Dqk; ++col) dqt[h * d.Dqk + col] = from_f32<bf16>(dqb.data()[h * p.Dp + col]);
