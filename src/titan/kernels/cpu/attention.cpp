@@ -29,26 +29,15 @@ constexpr int64_t kGroupBlocks = 4;
 // Packed widths are padded to a multiple of 16 floats: whole vectors at every ISA level.
 constexpr int64_t kLanes = 16;
 
-// One native vector of floats as a GCC vector type: 16 lanes (zmm) with AVX-512, 8 (ymm) with
-// AVX2, 4 (xmm) on the baseline. (A generic vector wider than the ISA's is split by GCC and parts
-// of its arithmetic scalarized: that made the AVX2 build slower than the baseline.) The compiler
-// contracts `acc += a * b` into FMA where the ISA has one. aligned(4) and may_alias: loads from
-// any float address in our float buffers. Register tile: kRows x kVecs accumulators plus kVecs
-// loaded B vectors and one broadcast fit the register file (32 zmm; 16 ymm or xmm otherwise).
+// Register tile over vecf (cpu/isa.h): kRows x kVecs accumulators plus kVecs loaded B vectors and
+// one broadcast fit the register file (32 zmm; 16 ymm or xmm otherwise).
 #if defined(__AVX512F__)
-constexpr int64_t kVecLanes = 16;
 constexpr int kRows = 6, kVecs = 4;
 #elif defined(__AVX2__)
-constexpr int64_t kVecLanes = 8;
 constexpr int kRows = 6, kVecs = 2;
 #else
-constexpr int64_t kVecLanes = 4;
 constexpr int kRows = 4, kVecs = 2;
 #endif
-// Functions taking or returning vecf below are internal and force-inlined, so the warning that
-// their ABI differs between ISA levels (they never cross a call boundary) does not apply.
-#pragma GCC diagnostic ignored "-Wpsabi"
-typedef float vecf __attribute__((vector_size(sizeof(float) * kVecLanes), aligned(4), may_alias));
 typedef int32_t veci __attribute__((vector_size(sizeof(int32_t) * kVecLanes)));
 
 TITAN_INLINE int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }

@@ -28,6 +28,23 @@ template <class T> TITAN_INLINE T from_f32(float v);
 template <> TITAN_INLINE float from_f32<float>(float v) { return v; }
 template <> TITAN_INLINE bf16 from_f32<bf16>(float v) { return f32_to_bf16(v); }
 
+// One native vector of floats as a GCC vector type: 16 lanes (zmm) with AVX-512, 8 (ymm) with
+// AVX2, 4 (xmm) on the baseline. (A generic vector wider than the ISA's is split by GCC and parts
+// of its arithmetic scalarized.) `acc += a * b` contracts into FMA where the ISA has one.
+// aligned(4) and may_alias: loads from any float address in our buffers. Register-tiled kernels
+// size their tiles (rows x vectors) from kVecLanes and the register file.
+#if defined(__AVX512F__)
+constexpr int64_t kVecLanes = 16;
+#elif defined(__AVX2__)
+constexpr int64_t kVecLanes = 8;
+#else
+constexpr int64_t kVecLanes = 4;
+#endif
+// Everything taking or returning vecf is force-inlined and never crosses a call boundary, so
+// the warning that its ABI differs between ISA levels does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float vecf __attribute__((vector_size(sizeof(float) * kVecLanes), aligned(4), may_alias));
+
 // exp(x) for float, vectorizable under `#pragma omp simd` (libm's expf is not). Cody-Waite range
 // reduction to [-ln2/2, ln2/2] and a degree-6 polynomial: max relative error ~4 ulp (against a
 // double-precision exp) on the normal range; x < -87.68 gives 0 (never a subnormal), x > 88.37

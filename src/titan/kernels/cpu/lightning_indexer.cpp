@@ -37,23 +37,16 @@ constexpr int64_t kPrefetchRows = 2;
 // Packed widths are padded to a multiple of 16 floats: whole vectors at every ISA level.
 constexpr int64_t kLanes = 16;
 
-// One native vector of floats (GCC vector type; see cpu/attention.cpp for why native width).
 // Register tile of the micro-kernel: kRows x kVecs accumulators, kVecs B vectors, one broadcast.
 // A strip one vector wide (the sparse target: 16 query heads) takes kNarrowRows rows instead, so
 // enough independent FMA chains are in flight to cover the FMA latency.
 #if defined(__AVX512F__)
-constexpr int64_t kVecLanes = 16;
 constexpr int kRows = 6, kVecs = 4, kNarrowRows = 12;
 #elif defined(__AVX2__)
-constexpr int64_t kVecLanes = 8;
 constexpr int kRows = 6, kVecs = 2, kNarrowRows = 12;
 #else
-constexpr int64_t kVecLanes = 4;
 constexpr int kRows = 4, kVecs = 2, kNarrowRows = 8;
 #endif
-// vecf never crosses a call boundary (all users are force-inlined), so the ABI note is moot.
-#pragma GCC diagnostic ignored "-Wpsabi"
-typedef float vecf __attribute__((vector_size(sizeof(float) * kVecLanes), aligned(4), may_alias));
 constexpr int64_t kTileVecs = kKeys / kVecLanes;  // vectors per kKeys-wide tile row
 
 TITAN_INLINE int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }

@@ -22,26 +22,17 @@ constexpr float kInf = __builtin_inff();
 // Accumulator rows are padded to a multiple of 16 floats: whole vectors at every ISA level.
 constexpr int64_t kLanes = 16;
 
-// One native vector of floats as a GCC vector type (16 lanes with AVX-512, 8 with AVX2, 4 on the
-// baseline); `acc += a * b` contracts into FMA where the ISA has one. Register tile of every
-// product: kRows x kVecs accumulators, kVecs B vectors and a broadcast fit the register file.
-// aligned(4): accumulator rows are only 64-byte aligned when the row width allows. AVX-512 uses
+// Register tile (over vecf, cpu/isa.h) of every product: kRows x kVecs accumulators, kVecs B
+// vectors and a broadcast fit the register file. AVX-512 uses
 // 8 x 3: 16 heads fill two row tiles exactly, and a one-vector tile (the scores of 16 heads)
 // still has 8 independent FMA chains (about 8% less CPU time than 6 x 4 at H = 16).
 #if defined(__AVX512F__)
-constexpr int64_t kVecLanes = 16;
 constexpr int kRows = 8, kVecs = 3;
 #elif defined(__AVX2__)
-constexpr int64_t kVecLanes = 8;
 constexpr int kRows = 6, kVecs = 2;
 #else
-constexpr int64_t kVecLanes = 4;
 constexpr int kRows = 4, kVecs = 2;
 #endif
-// vecf never crosses a call boundary (everything taking it is force-inlined), so the warning that
-// its ABI differs between ISA levels does not apply.
-#pragma GCC diagnostic ignored "-Wpsabi"
-typedef float vecf __attribute__((vector_size(sizeof(float) * kVecLanes), aligned(4), may_alias));
 
 // c[r][col, col + Vecs * kVecLanes) (+)= sum_k a(r, k) b[k * ldb + (0, Vecs * kVecLanes)] for r < kRows,
 // with a(r, k) = a[r * a_row + k * a_k] (so A may be read transposed) and C rows given by
