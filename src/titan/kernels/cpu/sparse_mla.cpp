@@ -6,7 +6,7 @@
 
 #include <type_traits>
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#include <immintrin.h>
+#include "titan/kernels/cpu/amx.h"
 #endif
 
 #include "titan/core/cpu_features.h"
@@ -168,88 +168,6 @@ int64_t gather_valid(float* g, int64_t ldg, int32_t* keys, const T* kv, const in
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-// bf16 forward on AMX: both products run as 16 x 16 f32 tile products (TDPBF16PS) on bf16
-// operands, which the vector units (f32 FMA, or VDPBF16PS at about the same rate here) cannot
-// approach. Operand layouts: A tiles are 16 rows of 32 bf16; B tiles are 16 rows of 16 bf16 pairs
-// (pair = two consecutive k, the even one in the low half), the layout TDPBF16PS expects.
-TITAN_INLINE uint32_t pack_pair(bf16 lo, bf16 hi) { return uint32_t(lo.bits) | uint32_t(hi.bits) << 16; }
-
-// Every tile register is used whole: 16 rows of 64 bytes. tmm0-3 accumulate, tmm4-7 hold operands.
-TITAN_INLINE void amx_configure() {
-  struct alignas(64) TileConfig {  // the LDTILECFG memory layout (palette 1)
-    uint8_t palette_id;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t bytes_per_row[16];
-    uint8_t rows[16];
-  };
-  TileConfig cfg{};
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; ++t) cfg.bytes_per_row[t] = 64, cfg.rows[t] = 16;
-  _tile_loadconfig(&cfg);
-}
-
-// c[16 rows, 16 j columns) (j < tiles <= 4) = sum over `chunks` k chunks of A tile (a + chunk * a_step,
-// row stride a_ld bytes) times B tile j (b + chunk * b_step + j * b_next, stride b_ld bytes);
-// steps in bytes. Tile indices must be constants, hence the unrolled cases.
-TITAN_INLINE void amx_row_block(float* c, int64_t c_ld, int64_t c_next, const char* a, int64_t a_ld, int64_t a_step,
-                                const char* b, int64_t b_ld, int64_t b_step, int64_t b_next, int64_t chunks,
-                                int tiles) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int64_t k = 0; k < chunks; ++k) {
-    const char* bk = b + k * b_step;
-    _tile_loadd(4, a + k * a_step, a_ld);
-    _tile_loadd(5, bk, b_ld);
-    _tile_dpbf16ps(0, 4, 5);
-    if (tiles > 1) {
-      _tile_loadd(6, bk + b_next, b_ld);
-      _tile_dpbf16ps(1, 4, 6);
-    }
-    if (tiles > 2) {
-      _tile_loadd(7, bk + 2 * b_next, b_ld);
-      _tile_dpbf16ps(2, 4, 7);
-    }
-    if (tiles > 3) {
-      _tile_loadd(5, bk + 3 * b_next, b_ld);
-      _tile_dpbf16ps(3, 4, 5);
-    }
-  }
-  _tile_stored(0, c, c_ld);
-  if (tiles > 1) _tile_stored(1, reinterpret_cast<char*>(c) + c_next, c_ld);
-  if (tiles > 2) _tile_stored(2, reinterpret_cast<char*>(c) + 2 * c_next, c_ld);
-  if (tiles > 3) _tile_stored(3, reinterpret_cast<char*>(c) + 3 * c_next, c_ld);
-}
-
-// One VNNI row of a bf16 pair of rows (the B layout of AMX's bf16 product): dst[col] holds
-// v0[col] in its low and v1[col] in its high half; v1 null (the last, unpaired key) gives zeros.
-TITAN_INLINE void pack_row_pair(uint32_t* dst, const bf16* v0, const bf16* v1, int64_t width) {
-  if (!v1) {
-#pragma omp simd
-    for (int64_t col = 0; col < width; ++col) dst[col] = uint32_t(v0[col].bits);
-    return;
-  }
-#pragma omp simd
-  for (int64_t col = 0; col < width; ++col) dst[col] = uint32_t(v0[col].bits) | uint32_t(v1[col].bits) << 16;
-}
-
-// c [Hs, wp] f32 = a [Hs, K2] (bf16 pairs along the key dim) x b [K2, wp] (VNNI rows of key
-// pairs), on AMX in 16-row, 64-column blocks: the heads-times-selected-rows product of the
-// forward's output (P x V) and of the backward's dq (dS x K). Hs and wp are multiples of 16;
-// n2p (key pairs, a multiple of 16) bounds the sum.
-TITAN_INLINE void amx_heads_times_rows(float* c, const uint32_t* a, int64_t k2, const uint32_t* b, int64_t hs,
-                                       int64_t wp, int64_t n2p) {
-  for (int64_t h0 = 0; h0 < hs; h0 += 16) {
-    for (int64_t c0 = 0; c0 < wp; c0 += 64) {
-      const int tiles = int((wp - c0) / 16 < 4 ? (wp - c0) / 16 : 4);
-      amx_row_block(c + h0 * wp + c0, wp * 4, 64, reinterpret_cast<const char*>(a + h0 * k2), k2 * 4, 64,
-                    reinterpret_cast<const char*>(b + c0), wp * 4, 16 * wp * 4, 64, n2p / 16, tiles);
-    }
-  }
-}
-
 // The forward of sparse_mla_forward<bf16> when AMX is usable and Dqk is a multiple of 32.
 void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* kv, const int32_t* idx,
                       const SparseMlaDims& d) {
