@@ -5,6 +5,9 @@
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include "titan/kernels/cpu/amx.h"
+#endif
 
 namespace titan::kernels::cpu::TITAN_ISA {
 
@@ -71,19 +74,9 @@ double peak_dot_bf16(int64_t iters) {
 // The operands stay in tiles, so this is the tile unit's rate, not a memory-fed GEMM's.
 double peak_amx_bf16(int64_t iters) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  struct alignas(64) TileConfig {  // the LDTILECFG memory layout (palette 1)
-    uint8_t palette_id;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t bytes_per_row[16];
-    uint8_t rows[16];
-  };
-  TileConfig cfg{};
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; ++t) cfg.bytes_per_row[t] = 64, cfg.rows[t] = 16;
   alignas(64) uint16_t a[16 * 32], b[16 * 32];
   for (int i = 0; i < 16 * 32; ++i) a[i] = 0x3f80, b[i] = 0x3380;  // bf16 1.0 and 2^-24: no overflow, no denormals
-  _tile_loadconfig(&cfg);
+  amx_configure();
   _tile_loadd(4, a, 64);
   _tile_loadd(5, a, 64);
   _tile_loadd(6, b, 64);
