@@ -2,10 +2,14 @@
 // ref/grouped_matmul.h). Expert e owns rows [offsets[e], offsets[e+1]) of A and multiplies them
 // by W[e]^T, so every expert runs as a few large GEMMs instead of one tiny GEMM per token.
 //
-// Fast path: each segment is cut into row pieces of fixed sizes (full blocks of
-// kGroupedRowBlock rows, then the tail as a sum of powers of two), each a oneDNN matmul from
-// the primitive cache. Segment sizes change every step, but the piece sizes come from a fixed
-// set, so after the first steps no primitive is created. The weight gradient sums the pieces of
+// Fast path: each segment runs as a few oneDNN matmuls from the primitive cache, with row counts
+// from a fixed set, so after the first steps no primitive is created although segment sizes change
+// every step: full blocks of kGroupedRowBlock rows, then the rest rounded to kGroupedRowAlign rows
+// in one product (the forward reads and writes the rows past the segment, which later experts
+// overwrite), or as an aligned part plus a tail padded to kGroupedRowAlign rows through a small
+// scratch (backward, and the forward at the end of the buffer). One product per piece keeps the
+// per-call costs (the weight repacked for the tile units, a pass over the f32 dw) to about one
+// per expert instead of one per power of two of its tail. The weight gradient sums the pieces of
 // one expert in order into f32: deterministic for any thread count.
 #pragma once
 
@@ -16,9 +20,12 @@
 
 namespace titan::kernels {
 
-// Rows per full piece: large enough that oneDNN blocks well, small enough that the tail (at
-// most log2 of it in pieces) stays a small share of a typical segment.
-inline constexpr int64_t kGroupedRowBlock = 512;
+// Rows per full piece: a typical expert segment (a few thousand tokens x top-k / experts) in one
+// or two products; larger blocks only add cached shapes (kGroupedRowBlock / kGroupedRowAlign).
+inline constexpr int64_t kGroupedRowBlock = 1024;
+// Row granularity of the other pieces: the AMX kernels' K block (a weight-gradient product sums
+// over rows; other K run on one thread, see onednn/matmul.cpp) and a multiple of the tile rows.
+inline constexpr int64_t kGroupedRowAlign = 32;
 
 // c [M, N] = per segment a [M, K] @ w[e] [N, K]^T. a, c, w share one dtype (f32 or bf16, f32
 // accumulation); offsets has E + 1 non-decreasing entries from 0 to M.
