@@ -4,7 +4,7 @@
 //
 // Fast path: each segment runs as a few oneDNN matmuls from the primitive cache, with row counts
 // from a fixed set, so after the first steps no primitive is created although segment sizes change
-// every step: full blocks of kGroupedRowBlock rows, then the rest rounded to kGroupedRowAlign rows
+// every step: full blocks of kGroupedRowBlock rows, then the rest rounded up to kGroupedRowAlign rows
 // in one product (the forward reads and writes the rows past the segment, which later experts
 // overwrite), or as an aligned part plus a tail padded to kGroupedRowAlign rows through a small
 // scratch (backward, and the forward at the end of the buffer). One product per piece keeps the
@@ -23,9 +23,11 @@ namespace titan::kernels {
 // Rows per full piece: a typical expert segment (a few thousand tokens x top-k / experts) in one
 // or two products; larger blocks only add cached shapes (kGroupedRowBlock / kGroupedRowAlign).
 inline constexpr int64_t kGroupedRowBlock = 1024;
-// Row granularity of the other pieces: the AMX kernels' K block (a weight-gradient product sums
-// over rows; other K run on one thread, see onednn/matmul.cpp) and a multiple of the tile rows.
-inline constexpr int64_t kGroupedRowAlign = 32;
+// Row granularity of the other pieces: a multiple of the AMX kernels' K block (a weight-gradient
+// product sums over rows; other K run on one thread, see onednn/matmul.cpp). 64, not 32: oneDNN
+// 2.6 blocks some odd multiples of 32 rows badly (measured: 864, 928 and 992 rows of a bf16
+// [rows, 1024] x [1024, 512] product ran at 25-45% of the rate of 960 or 1024 rows).
+inline constexpr int64_t kGroupedRowAlign = 64;
 
 // c [M, N] = per segment a [M, K] @ w[e] [N, K]^T. a, c, w share one dtype (f32 or bf16, f32
 // accumulation); offsets has E + 1 non-decreasing entries from 0 to M.
