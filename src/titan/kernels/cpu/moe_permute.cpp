@@ -33,9 +33,15 @@ TITAN_INLINE void prefetch_next_rows(const T* rows, const int32_t* next_pos, int
   if (!next_pos) return;
   for (int64_t j = 0; j < k; ++j) prefetch_to_l2(rows + int64_t(next_pos[j]) * d, j0, j1);
 }
+
 // The span loops below (n elements from 0) are written with AVX-512 intrinsics where available:
 // GCC 12 left the bf16 forms of their `omp simd` twins scalar inside these kernels' loops.
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define TITAN_MOE_SPAN_AVX512 1
+#else
+#define TITAN_MOE_SPAN_AVX512 0
+#endif
+#if TITAN_MOE_SPAN_AVX512
 TITAN_INLINE __mmask16 lanes(int64_t left) { return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1); }
 TITAN_INLINE __m512 load_f32(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 TITAN_INLINE __m512 load_f32(const bf16* p, __mmask16 m) {
@@ -49,7 +55,7 @@ TITAN_INLINE __m512 load_f32(const bf16* p, __mmask16 m) {
 // acc = w * src
 template <class T>
 TITAN_INLINE void scale_span(float* acc, const T* src, float w, int64_t n) {
-#if defined(__AVX512F__)
+#if TITAN_MOE_SPAN_AVX512
   const __m512 wv = _mm512_set1_ps(w);
   for (int64_t c = 0; c < n; c += 16) {
     const __mmask16 m = lanes(n - c);
@@ -63,7 +69,7 @@ TITAN_INLINE void scale_span(float* acc, const T* src, float w, int64_t n) {
 // acc += w * src
 template <class T>
 TITAN_INLINE void axpy_span(float* acc, const T* src, float w, int64_t n) {
-#if defined(__AVX512F__)
+#if TITAN_MOE_SPAN_AVX512
   const __m512 wv = _mm512_set1_ps(w);
   for (int64_t c = 0; c < n; c += 16) {
     const __mmask16 m = lanes(n - c);
@@ -77,7 +83,7 @@ TITAN_INLINE void axpy_span(float* acc, const T* src, float w, int64_t n) {
 // grad = w * g and returns dot(g, o): one pass over g
 template <class T>
 TITAN_INLINE float scale_and_dot(float* grad, const T* g, const T* o, float w, int64_t n) {
-#if defined(__AVX512F__)
+#if TITAN_MOE_SPAN_AVX512
   const __m512 wv = _mm512_set1_ps(w);
   __m512 dot = _mm512_setzero_ps();
   for (int64_t c = 0; c < n; c += 16) {
