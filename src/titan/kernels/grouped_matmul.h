@@ -7,9 +7,9 @@
 // every step: full blocks of kGroupedRowBlock rows, then the rest rounded up to kGroupedRowAlign rows
 // in one product (the forward reads and writes the rows past the segment, which later experts
 // overwrite), or as an aligned part plus a tail padded to kGroupedRowAlign rows through a small
-// scratch (backward, and the forward at the end of the buffer). One product per piece keeps the
-// per-call costs (the weight repacked for the tile units, a pass over the f32 dw) to about one
-// per expert instead of one per power of two of its tail. The weight gradient sums the pieces of
+// scratch (backward, and the forward at the end of the buffer). So the per-call costs (the weight
+// repacked for the tile units, a pass over the f32 dw) come one or two times per expert, not once
+// per power of two of its tail. The weight gradient sums the pieces of
 // one expert in order into f32: deterministic for any thread count.
 #pragma once
 
