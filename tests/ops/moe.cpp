@@ -191,15 +191,23 @@ OpOutputs unpermute_backward(const OpInput& in) {
   return outs;
 }
 
+// The last rows: the sorted buffer passes the streaming-store threshold (kernels/cpu/chunks.h) in
+// f32, with an odd width (unaligned rows: streamed with plain head and tail copies) past one chunk
+// of the row kernels; one token with a width past one chunk.
 const std::vector<std::vector<int64_t>> kPermuteShapes = {
-    {1, 1, 1, 1}, {5, 2, 3, 7}, {17, 3, 8, 33}, {64, 4, 16, 129}, {300, 8, 64, 96}, {1000, 6, 64, 300}};
+    {1, 1, 1, 1},       {5, 2, 3, 7},      {17, 3, 8, 33},     {64, 4, 16, 129},
+    {300, 8, 64, 96},   {1000, 6, 64, 300}, {1030, 4, 16, 1031}, {1, 3, 4, 515}};
 
 }  // namespace
 
 TITAN_OP_CASES(moe) {
   const std::vector<std::vector<int64_t>> grouped_shapes = {
       {1, 1, 1, 1, 0},   {3, 7, 5, 3, 0},     {4, 37, 13, 17, 0},  {8, 100, 33, 65, 0},
-      {5, 300, 64, 32, 1}, {2, 1300, 40, 24, 1}, {16, 64, 16, 16, 0}};
+      {5, 300, 64, 32, 1}, {2, 1300, 40, 24, 1}, {16, 64, 16, 16, 0},
+      // Segments past one full row block with unaligned rests, the last one ending the buffer
+      // (its padded tail cannot run in place); M a multiple of the row alignment (every rest in
+      // place); a single row; many empty experts.
+      {3, 2600, 24, 40, 1}, {4, 256, 32, 64, 0}, {2, 1, 9, 7, 0}, {12, 40, 8, 5, 0}};
   const std::vector<std::vector<int64_t>> router_shapes = {
       {1, 1, 1, 1, 1, 0, 0},  {7, 8, 2, 1, 1, 0, 0},   {33, 8, 3, 1, 1, 1, 1},  {64, 16, 4, 4, 2, 1, 1},
       {100, 16, 4, 4, 2, 0, 0}, {513, 64, 6, 8, 3, 0, 1}, {300, 256, 8, 8, 4, 1, 1}};

@@ -1,6 +1,8 @@
 #include "titan/kernels/grouped_matmul.h"
 
+#include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "titan/kernels/matmul.h"
 #include "titan/kernels/ref/grouped_matmul.h"
@@ -41,19 +43,42 @@ GroupedShape check_grouped(const char* op, const Tensor& a, const Tensor& w, con
   return s;
 }
 
-// Calls f(row, rows) for the pieces of segment [begin, end): full blocks, then the tail as
-// descending powers of two, so every piece size is from a fixed set of log2(block) + 1 values.
-template <class F>
-void for_each_piece(int64_t begin, int64_t end, F&& f) {
-  int64_t row = begin;
-  while (end - row >= kGroupedRowBlock) f(row, kGroupedRowBlock), row += kGroupedRowBlock;
-  for (int64_t piece = kGroupedRowBlock / 2; piece >= 1; piece /= 2) {
-    if (end - row >= piece) f(row, piece), row += piece;
-  }
+// How segment [begin, end) is cut: full blocks up to blocks_end, an aligned piece (a multiple of
+// kGroupedRowAlign rows, maybe empty) up to aligned_end, and a tail of fewer than
+// kGroupedRowAlign rows up to end.
+struct SegmentCut {
+  int64_t blocks_end, aligned_end, end;
+};
+SegmentCut cut_segment(int64_t begin, int64_t end) {
+  const int64_t blocks_end = begin + (end - begin) / kGroupedRowBlock * kGroupedRowBlock;
+  return {blocks_end, blocks_end + (end - blocks_end) / kGroupedRowAlign * kGroupedRowAlign, end};
 }
+
+int64_t round_up_rows(int64_t rows) { return (rows + kGroupedRowAlign - 1) / kGroupedRowAlign * kGroupedRowAlign; }
 
 const char* bytes(const Tensor& t) { return static_cast<const char*>(t.data_ptr()); }
 char* mutable_bytes(const Tensor& t) { return static_cast<char*>(t.data_ptr()); }
+
+// dst [kGroupedRowAlign, cols] = src rows [rows, cols], then zero rows: a padded tail whose extra
+// rows add nothing to a sum over rows (and keep the discarded output rows finite).
+void copy_padded_rows(char* dst, const char* src, int64_t rows, int64_t cols, int64_t elem_bytes) {
+  const size_t used = size_t(rows * cols * elem_bytes);
+  std::memcpy(dst, src, used);
+  std::memset(dst + used, 0, size_t((kGroupedRowAlign - rows) * cols * elem_bytes));
+}
+
+// dst [rows, cols] (T) += src [rows, cols] (f32), rounded to T once
+template <class T>
+void add_rows(T* dst, const float* src, int64_t rows, int64_t cols) {
+  // Scalar math: dst = dst + src
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    if constexpr (std::is_same_v<T, float>) {
+      dst[i] += src[i];
+    } else {
+      dst[i] = f32_to_bf16(bf16_to_f32(dst[i]) + src[i]);
+    }
+  }
+}
 
 }  // namespace
 
@@ -66,13 +91,40 @@ void grouped_matmul_forward(Tensor& c, const Tensor& a, const Tensor& w, std::sp
     return;
   }
   const int64_t es = int64_t(dtype_bits(a.dtype()) / 8);
+  // c[row : row + rows] [rows, N] = a[row : row + rows] [rows, K] @ w[e] [N, K]^T
+  auto product = [&](char* c_rows, DType c_type, const char* a_rows, const char* we, int64_t rows) {
+    matmul(c_rows, c_type, a_rows, we, a.dtype(), nullptr, linear_forward_params(rows, s.k, s.n));
+  };
+  Tensor tail_a, tail_c;  // [kGroupedRowAlign, K], [kGroupedRowAlign, N]: a padded tail at the end of the buffer
   for (int64_t e = 0; e < s.experts; ++e) {
     const char* we = bytes(w) + e * s.n * s.k * es;
-    for_each_piece(offsets[size_t(e)], offsets[size_t(e + 1)], [&](int64_t row, int64_t rows) {
-      // c[row : row + rows] [rows, N] = a[row : row + rows] [rows, K] @ w[e] [N, K]^T
-      matmul(mutable_bytes(c) + row * s.n * es, c.dtype(), bytes(a) + row * s.k * es, we, a.dtype(), nullptr,
-             linear_forward_params(rows, s.k, s.n));
-    });
+    const int64_t begin = offsets[size_t(e)];
+    const SegmentCut cut = cut_segment(begin, offsets[size_t(e + 1)]);
+    for (int64_t row = begin; row < cut.blocks_end; row += kGroupedRowBlock) {
+      product(mutable_bytes(c) + row * s.n * es, c.dtype(), bytes(a) + row * s.k * es, we, kGroupedRowBlock);
+    }
+    const int64_t rest = cut.end - cut.blocks_end, padded = round_up_rows(rest);
+    if (rest == 0) continue;
+    // Rows past the segment belong to later experts, which run after this one and overwrite them:
+    // computing them costs at most kGroupedRowAlign - 1 rows and saves a second product.
+    if (cut.blocks_end + padded <= s.m) {
+      product(mutable_bytes(c) + cut.blocks_end * s.n * es, c.dtype(), bytes(a) + cut.blocks_end * s.k * es, we,
+              padded);
+      continue;
+    }
+    if (cut.aligned_end > cut.blocks_end) {
+      product(mutable_bytes(c) + cut.blocks_end * s.n * es, c.dtype(), bytes(a) + cut.blocks_end * s.k * es, we,
+              cut.aligned_end - cut.blocks_end);
+    }
+    const int64_t tail = cut.end - cut.aligned_end;
+    if (tail == 0) continue;
+    if (!tail_a.defined()) {
+      tail_a = Tensor::empty({kGroupedRowAlign, s.k}, a.dtype());
+      tail_c = Tensor::empty({kGroupedRowAlign, s.n}, c.dtype());
+    }
+    copy_padded_rows(mutable_bytes(tail_a), bytes(a) + cut.aligned_end * s.k * es, tail, s.k, es);
+    product(mutable_bytes(tail_c), c.dtype(), bytes(tail_a), we, kGroupedRowAlign);
+    std::memcpy(mutable_bytes(c) + cut.aligned_end * s.n * es, bytes(tail_c), size_t(tail * s.n * es));
   }
 }
 
@@ -92,22 +144,49 @@ void grouped_matmul_backward(const Tensor& da, const Tensor& dw, const Tensor& d
     return;
   }
   const int64_t es = int64_t(dtype_bits(a.dtype()) / 8);
+  // da[rows, K] += dc[rows, N] @ w[e] [N, K];  dw[e] [N, K] += dc^T [N, rows] @ a [rows, K], in f32
+  // whatever the inputs (the sum over rows is the K of this product)
+  auto products = [&](const char* we, float* dwe, int64_t row, int64_t rows) {
+    const char* dce = bytes(dc) + row * s.n * es;
+    if (da.defined()) {
+      matmul(mutable_bytes(da) + row * s.k * es, da.dtype(), dce, we, a.dtype(), nullptr,
+             linear_dx_params(rows, s.k, s.n));
+    }
+    if (dw.defined()) {
+      matmul(dwe, DType::f32, dce, bytes(a) + row * s.k * es, a.dtype(), nullptr, linear_dw_params(rows, s.k, s.n));
+    }
+  };
+  // A tail of fewer than kGroupedRowAlign rows runs padded with zero rows: they add nothing to dw,
+  // and their rows of da land in an f32 scratch, of which only the tail's rows are added.
+  Tensor tail_dc, tail_a, tail_da;  // [kGroupedRowAlign, N], [kGroupedRowAlign, K] (a's dtype), [kGroupedRowAlign, K] f32
   for (int64_t e = 0; e < s.experts; ++e) {
     const char* we = bytes(w) + e * s.n * s.k * es;
-    for_each_piece(offsets[size_t(e)], offsets[size_t(e + 1)], [&](int64_t row, int64_t rows) {
-      const char* dce = bytes(dc) + row * s.n * es;
-      const char* ae = bytes(a) + row * s.k * es;
-      // da[rows, K] += dc[rows, N] @ w[e] [N, K]
-      if (da.defined()) {
-        matmul(mutable_bytes(da) + row * s.k * es, da.dtype(), dce, we, a.dtype(), nullptr,
-               linear_dx_params(rows, s.k, s.n));
-      }
-      // dw[e] [N, K] += dc^T [N, rows] @ a [rows, K], in f32 whatever the inputs
-      if (dw.defined()) {
-        matmul(dw.data<float>() + e * s.n * s.k, DType::f32, dce, ae, a.dtype(), nullptr,
-               linear_dw_params(rows, s.k, s.n));
-      }
-    });
+    float* dwe = dw.defined() ? dw.data<float>() + e * s.n * s.k : nullptr;
+    const int64_t begin = offsets[size_t(e)];
+    const SegmentCut cut = cut_segment(begin, offsets[size_t(e + 1)]);
+    for (int64_t row = begin; row < cut.blocks_end; row += kGroupedRowBlock) products(we, dwe, row, kGroupedRowBlock);
+    if (cut.aligned_end > cut.blocks_end) products(we, dwe, cut.blocks_end, cut.aligned_end - cut.blocks_end);
+    const int64_t tail = cut.end - cut.aligned_end;
+    if (tail == 0) continue;
+    if (!tail_dc.defined()) {
+      tail_dc = Tensor::empty({kGroupedRowAlign, s.n}, a.dtype());
+      tail_a = Tensor::empty({kGroupedRowAlign, s.k}, a.dtype());
+      tail_da = Tensor::empty({kGroupedRowAlign, s.k}, DType::f32);
+    }
+    copy_padded_rows(mutable_bytes(tail_dc), bytes(dc) + cut.aligned_end * s.n * es, tail, s.n, es);
+    if (da.defined()) {
+      MatmulParams p = linear_dx_params(kGroupedRowAlign, s.k, s.n);
+      p.beta = 0;
+      matmul(tail_da.data<float>(), DType::f32, bytes(tail_dc), we, a.dtype(), nullptr, p);
+      detail::dispatch_activation(a.dtype(), [&]<class T>() {
+        add_rows(da.data<T>() + cut.aligned_end * s.k, tail_da.data<float>(), tail, s.k);
+      });
+    }
+    if (dw.defined()) {
+      copy_padded_rows(mutable_bytes(tail_a), bytes(a) + cut.aligned_end * s.k * es, tail, s.k, es);
+      matmul(dwe, DType::f32, bytes(tail_dc), bytes(tail_a), a.dtype(), nullptr,
+             linear_dw_params(kGroupedRowAlign, s.k, s.n));
+    }
   }
 }
 

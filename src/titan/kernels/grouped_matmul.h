@@ -2,10 +2,14 @@
 // ref/grouped_matmul.h). Expert e owns rows [offsets[e], offsets[e+1]) of A and multiplies them
 // by W[e]^T, so every expert runs as a few large GEMMs instead of one tiny GEMM per token.
 //
-// Fast path: each segment is cut into row pieces of fixed sizes (full blocks of
-// kGroupedRowBlock rows, then the tail as a sum of powers of two), each a oneDNN matmul from
-// the primitive cache. Segment sizes change every step, but the piece sizes come from a fixed
-// set, so after the first steps no primitive is created. The weight gradient sums the pieces of
+// Fast path: each segment runs as a few oneDNN matmuls from the primitive cache, with row counts
+// from a fixed set, so after the first steps no primitive is created although segment sizes change
+// every step: full blocks of kGroupedRowBlock rows, then the rest rounded up to kGroupedRowAlign rows
+// in one product (the forward reads and writes the rows past the segment, which later experts
+// overwrite), or as an aligned part plus a tail padded to kGroupedRowAlign rows through a small
+// scratch (backward, and the forward at the end of the buffer). So the per-call costs (the weight
+// repacked for the tile units, a pass over the f32 dw) come one or two times per expert, not once
+// per power of two of its tail. The weight gradient sums the pieces of
 // one expert in order into f32: deterministic for any thread count.
 #pragma once
 
@@ -16,9 +20,14 @@
 
 namespace titan::kernels {
 
-// Rows per full piece: large enough that oneDNN blocks well, small enough that the tail (at
-// most log2 of it in pieces) stays a small share of a typical segment.
-inline constexpr int64_t kGroupedRowBlock = 512;
+// Rows per full piece: a typical expert segment (a few thousand tokens x top-k / experts) in one
+// or two products; larger blocks only add cached shapes (kGroupedRowBlock / kGroupedRowAlign).
+inline constexpr int64_t kGroupedRowBlock = 1024;
+// Row granularity of the other pieces: a multiple of the AMX kernels' K block (a weight-gradient
+// product sums over rows; other K run on one thread, see onednn/matmul.cpp). 64, not 32: oneDNN
+// 2.6 blocks some odd multiples of 32 rows badly (measured: 864, 928 and 992 rows of a bf16
+// [rows, 1024] x [1024, 512] product ran at 25-45% of the rate of 960 or 1024 rows).
+inline constexpr int64_t kGroupedRowAlign = 64;
 
 // c [M, N] = per segment a [M, K] @ w[e] [N, K]^T. a, c, w share one dtype (f32 or bf16, f32
 // accumulation); offsets has E + 1 non-decreasing entries from 0 to M.
