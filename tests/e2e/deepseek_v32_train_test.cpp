@@ -96,6 +96,19 @@ TEST(DeepSeekV32TrainE2E, WarmupThenSparseWithBothImplementations) {
     };
     const train::TrainResult r = trainer.train();
     EXPECT_GT(indexer_params, 0);
+    // Bias corrections count each parameter's own updates: the indexers had all 4, the rest
+    // only the 2 sparse steps (their first sparse update is their update 1, not 3).
+    int full_steps = 0;
+    for (auto& [name, p] : trainer.model().named_parameters()) {
+      const int64_t n = trainer.optimizer().param_steps(name);
+      if (name.find(".attention.indexer.") != std::string::npos) {
+        EXPECT_EQ(n, 4) << run << ": " << name;
+      } else {
+        EXPECT_LE(n, 2) << run << ": " << name;
+        full_steps += n == 2;
+      }
+    }
+    EXPECT_GT(full_steps, 0);
     EXPECT_EQ(r.last_step, 4);
     EXPECT_TRUE(std::isfinite(r.last_loss));
 

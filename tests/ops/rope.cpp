@@ -64,7 +64,10 @@ const std::vector<std::vector<int64_t>> kShapes = {
     {7, 2, 192, 64, 128, 0},  // MLA q head: rope on the last 64 of 192
     {9, 1, 576, 64, 512, 0},  // MLA kv projection: k_pe tail
     {4, 3, 40, 18, 6, 1},     // partial rope in the middle, odd pair count
-    {3, 5, 128, 128, 0, 1},   {33, 4, 96, 34, 0, 0},  {300, 16, 64, 64, 0, 0}};
+    {3, 5, 128, 128, 0, 1},   {33, 4, 96, 34, 0, 0},  {300, 16, 64, 64, 0, 0},
+    // 16-lane paths (avx512_bf16): interleaved tails of 14 and 2 lanes around pass-through dims,
+    // rotate_half with 23 pairs (16 + a 7-lane tail), and 80 pairs (10 table steps of 8).
+    {4, 3, 40, 30, 6, 0},     {3, 2, 100, 46, 10, 1},     {5, 2, 160, 160, 0, 0}, {6, 3, 200, 160, 20, 1}};
 
 }  // namespace
 

@@ -51,3 +51,55 @@ TEST(AdamW, StateRoundTripsAndChecksNames) {
   state.erase("b.exp_avg_sq");
   EXPECT_THROW(opt2.load_state_dict(state, "ckpt"), Error);
 }
+
+// A parameter frozen (no gradient) for its first steps then trained gets the same updates as a
+// fresh optimizer gives it: its bias corrections count its own updates, not the optimizer's steps.
+TEST(AdamW, FrozenParameterStartsItsOwnStepCount) {
+  Two m, fresh;
+  m.init_parameters(0);
+  fresh.init_parameters(0);
+  optim::AdamWConfig cfg{0.1f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  optim::AdamW opt(m.named_parameters(), cfg), opt_fresh(fresh.named_parameters(), cfg);
+  for (int t = 0; t < 3; ++t) {  // warm-up: only w trains, b is frozen
+    m.w.ensure_grad().fill_(0.5);
+    opt.step(0.1f);
+  }
+  EXPECT_EQ(opt.param_steps("w"), 3);
+  EXPECT_EQ(opt.param_steps("b"), 0);
+  const double g[4] = {0.5, -0.25, 1.0, 0.125};
+  for (double gt : g) {
+    m.b.ensure_grad().fill_(gt);
+    fresh.b.ensure_grad().fill_(gt);
+    opt.step(0.1f);
+    opt_fresh.step(0.1f);
+  }
+  EXPECT_EQ(opt.steps_taken(), 7);
+  EXPECT_EQ(opt.param_steps("b"), 4);
+  for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(m.b.value().at({i}), fresh.b.value().at({i}));
+  EXPECT_THROW(opt.param_steps("nope"), Error);
+}
+
+// Per-parameter counts survive a save and load; a state saved before they existed loads with
+// the global count for every parameter.
+TEST(AdamW, PerParameterStepsRoundTripAndOldStatesLoad) {
+  Two m;
+  optim::AdamW opt(m.named_parameters(), {});
+  for (int t = 0; t < 2; ++t) {
+    m.w.ensure_grad().fill_(1);
+    opt.step(0.01f);
+  }
+  std::map<std::string, Tensor> state;
+  for (auto& [k, v] : opt.state_dict()) state[k] = v.clone();
+  Two m2;
+  optim::AdamW opt2(m2.named_parameters(), {});
+  opt2.load_state_dict(state, "ckpt");
+  EXPECT_EQ(opt2.param_steps("w"), 2);
+  EXPECT_EQ(opt2.param_steps("b"), 0);
+  state.erase("w.step");
+  state.erase("b.step");
+  optim::AdamW opt3(m2.named_parameters(), {});
+  opt3.load_state_dict(state, "old ckpt");
+  EXPECT_EQ(opt3.steps_taken(), 2);
+  EXPECT_EQ(opt3.param_steps("w"), 2);
+  EXPECT_EQ(opt3.param_steps("b"), 2);
+}

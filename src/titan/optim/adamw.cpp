@@ -23,10 +23,11 @@ void AdamW::step(float lr, float grad_scale) {
   a.beta2 = config_.beta2;
   a.eps = config_.eps;
   a.grad_scale = grad_scale;
-  a.bias_correction1 = float(1 - std::pow(double(config_.beta1), double(step_)));
-  a.bias_correction2 = float(1 - std::pow(double(config_.beta2), double(step_)));
   for (Slot& s : slots_) {
     if (!s.param->var.grad().defined()) continue;
+    ++s.steps;
+    a.bias_correction1 = float(1 - std::pow(double(config_.beta1), double(s.steps)));
+    a.bias_correction2 = float(1 - std::pow(double(config_.beta2), double(s.steps)));
     a.weight_decay = s.param->weight_decay ? config_.weight_decay : 0.0f;
     // The bf16 compute copy (mixed precision) is refreshed in the same pass over memory.
     Tensor* compute = s.param->compute.defined() ? &s.param->compute : nullptr;
@@ -34,11 +35,19 @@ void AdamW::step(float lr, float grad_scale) {
   }
 }
 
+int64_t AdamW::param_steps(const std::string& name) const {
+  for (const Slot& s : slots_)
+    if (s.name == name) return s.steps;
+  TITAN_FAIL("AdamW::param_steps: no parameter '" + name + "' in this optimizer",
+             "pass a name from the model's named_parameters()");
+}
+
 std::vector<std::pair<std::string, Tensor>> AdamW::state_dict() const {
   std::vector<std::pair<std::string, Tensor>> out;
   for (const Slot& s : slots_) {
     out.emplace_back(s.name + ".exp_avg", s.exp_avg);
     out.emplace_back(s.name + ".exp_avg_sq", s.exp_avg_sq);
+    out.emplace_back(s.name + ".step", Tensor::full({1}, double(s.steps), DType::i64));
   }
   out.emplace_back("step", Tensor::full({1}, double(step_), DType::i64));
   return out;
@@ -53,11 +62,13 @@ void AdamW::load_state_dict(const std::map<std::string, Tensor>& state, const st
                                                  it->second.shape().str() + ", expected " + shape.str());
     return it->second;
   };
+  step_ = int64_t(get("step", {1}).item());
   for (Slot& s : slots_) {
     s.exp_avg.copy_(get(s.name + ".exp_avg", s.exp_avg.shape()));
     s.exp_avg_sq.copy_(get(s.name + ".exp_avg_sq", s.exp_avg_sq.shape()));
+    // Checkpoints from before per-parameter counts: the global count is the best available.
+    s.steps = state.count(s.name + ".step") ? int64_t(get(s.name + ".step", {1}).item()) : step_;
   }
-  step_ = int64_t(get("step", {1}).item());
 }
 
 }  // namespace titan::optim

@@ -1,5 +1,8 @@
 // AdamW over a model's parameters: f32 moments (category optimizer_state), decoupled weight
 // decay applied only to the decay group (Parameter::weight_decay), one fused kernel per tensor.
+// Each parameter counts its own updates for the bias corrections (as PyTorch's per-parameter
+// state["step"]): one frozen for the first N steps (DSA's dense warm-up trains only the
+// indexers) starts with the corrections of update 1, not of update N + 1.
 #pragma once
 
 #include <map>
@@ -22,12 +25,18 @@ class AdamW {
   AdamW(std::vector<std::pair<std::string, nn::Parameter*>> params, const AdamWConfig& config);
 
   // One update with learning rate `lr` (the schedule's value for this step); the gradients are
-  // multiplied by grad_scale first (clipping). Parameters without a gradient are skipped.
+  // multiplied by grad_scale first (clipping). Parameters without a gradient (frozen, or unused
+  // this step) are skipped, and their update count stays as it was.
   void step(float lr, float grad_scale = 1.0f);
+  // Calls of step(), whether or not they updated anything.
   int64_t steps_taken() const { return step_; }
+  // Updates parameter `name` has received (the t of its bias corrections).
+  int64_t param_steps(const std::string& name) const;
   const AdamWConfig& config() const { return config_; }
 
-  // Moments as "<param name>.exp_avg" / ".exp_avg_sq", plus "step" (an i64 scalar).
+  // Moments as "<param name>.exp_avg" / ".exp_avg_sq", the update count as "<param name>.step",
+  // plus "step" (i64 scalars). A state without the per-parameter counts (saved before they
+  // existed) loads with "step" as every parameter's count.
   std::vector<std::pair<std::string, Tensor>> state_dict() const;
   void load_state_dict(const std::map<std::string, Tensor>& state, const std::string& source);
 
@@ -36,6 +45,7 @@ class AdamW {
     std::string name;
     nn::Parameter* param;
     Tensor exp_avg, exp_avg_sq;
+    int64_t steps = 0;  // updates this parameter has received
   };
   std::vector<Slot> slots_;
   AdamWConfig config_;

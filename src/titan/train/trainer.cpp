@@ -190,6 +190,7 @@ Trainer::Trainer(const JobConfig& config, const std::string& source) : s_(std::m
 Trainer::~Trainer() = default;
 
 models::CausalLM& Trainer::model() { return *s_->model; }
+const optim::AdamW& Trainer::optimizer() const { return *s_->opt; }
 
 void Trainer::State::restore(const checkpoint::LoadedCheckpoint& ck, bool model_only) {
   std::map<std::string, Tensor> model_state, optim_state;

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "titan/models/causal_lm.h"
+#include "titan/optim/adamw.h"
 #include "titan/train/config.h"
 
 namespace titan::train {
@@ -31,6 +32,8 @@ class Trainer {
   std::function<void(int64_t step)> on_step_end;
   // The model being trained (e.g. for a test's on_step_end to inspect its parameters).
   models::CausalLM& model();
+  // Its optimizer (e.g. for a test to inspect per-parameter update counts).
+  const optim::AdamW& optimizer() const;
 
  private:
   struct State;

@@ -40,6 +40,11 @@ constexpr int64_t kVecLanes = 8;
 #else
 constexpr int64_t kVecLanes = 4;
 #endif
+// The avx512_bf16 variant: row kernels use the hand-written AVX-512 paths of cpu/avx512.h.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512BF16__)
+#define TITAN_AVX512_ROWS 1
+#endif
+
 // Everything taking or returning vecf is force-inlined and never crosses a call boundary, so
 // the warning that its ABI differs between ISA levels does not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"

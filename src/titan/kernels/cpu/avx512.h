@@ -1,0 +1,86 @@
+// AVX-512 helpers for the row kernels of the avx512_bf16 variant (softmax, RoPE, cross-entropy):
+// f32 and bf16 rows loaded and stored as 16 f32 lanes (tails through lane masks), and 2^t.
+// Included only inside `#if defined(TITAN_AVX512_ROWS)`, which is set in the avx512_bf16
+// variant; the other variants keep their `#pragma omp simd` loops.
+//
+// Why hand-written: GCC vectorizes fast_exp (cpu/isa.h) into ~27 instructions per vector (its
+// clamps and 2^n are integer work) and f32_to_bf16 into ~6; VSCALEFPS and VRNDSCALEPS do 2^n
+// and the rounding in one instruction each, and VCVTNEPS2BF16 rounds 16 lanes at once. In bf16
+// row kernels that arithmetic, not memory, was the limit.
+#pragma once
+
+#if !defined(TITAN_AVX512_ROWS)
+#error "cpu/avx512.h is for the avx512_bf16 variant only (check TITAN_AVX512_ROWS first)"
+#endif
+
+#include <immintrin.h>
+
+#include "titan/kernels/cpu/isa.h"
+
+// GCC 12's AVX-512 intrinsics fill their unused pass-through operand with a self-initialized
+// "undefined" vector, which -Wmaybe-uninitialized reports once they are inlined here.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace titan::kernels::cpu::TITAN_ISA {
+
+// The lanes of a 16-lane step that hold elements when n (< 16 allowed, >= 16: all) remain.
+TITAN_INLINE __mmask16 lanes(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }
+
+// 16 elements as f32 lanes; the masked forms read only the lanes in k (the rest are 0).
+TITAN_INLINE __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+TITAN_INLINE __m512 load16(const bf16* p) {
+  // bf16 -> f32 is exact: the 16 bits become the high half of the f32.
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+TITAN_INLINE __m512 load16(const float* p, __mmask16 k) { return _mm512_maskz_loadu_ps(k, p); }
+TITAN_INLINE __m512 load16(const bf16* p, __mmask16 k) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, p)), 16));
+}
+
+// Stores 16 f32 lanes as T; bf16 rounds to nearest even and quiets NaNs, as f32_to_bf16.
+TITAN_INLINE void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+TITAN_INLINE void store16(bf16* p, __m512 v) { _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(v)); }
+TITAN_INLINE void store16(float* p, __m512 v, __mmask16 k) { _mm512_mask_storeu_ps(p, k, v); }
+TITAN_INLINE void store16(bf16* p, __m512 v, __mmask16 k) {
+  _mm256_mask_storeu_epi16(p, k, (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+// The max and the sum of the 16 lanes (GCC 12's _mm512_reduce_* warn of uninitialized parts).
+TITAN_INLINE float hmax16(__m512 v) {
+  v = _mm512_max_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));  // swap 256-bit halves
+  v = _mm512_max_ps(v, _mm512_shuffle_f32x4(v, v, 0xb1));  // swap 128-bit quarters
+  v = _mm512_max_ps(v, _mm512_permute_ps(v, 0x4e));        // swap lane pairs
+  v = _mm512_max_ps(v, _mm512_permute_ps(v, 0xb1));        // swap lanes
+  return _mm512_cvtss_f32(v);
+}
+TITAN_INLINE float hsum16(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));
+  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xb1));
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));
+  return _mm512_cvtss_f32(v);
+}
+
+// 2^t per lane, for t <= 127 (softmax-style arguments, shifted by the row max, are <= 0): the
+// same degree-6 polynomial as fast_exp on the fraction f = t - round(t) in [-1/2, 1/2] (its
+// coefficients are ln2^k / k!), ~2 ulp; scaled by 2^round(t) with VSCALEFPS. Results below
+// 2^-125 are 0 (never subnormal, like fast_exp), -inf gives 0, NaN stays NaN.
+// exp(x - m) = 2^(x log2e - m log2e): one FMA forms t, and the rounding of m log2e scales every
+// term of a row alike, which normalization (softmax, log-sum-exp) cancels.
+TITAN_INLINE __m512 exp2_16(__m512 t) {
+  constexpr float kLn2 = 0.693147180559945309f;
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);  // exact
+  __m512 p = _mm512_set1_ps(kLn2 * kLn2 * kLn2 * kLn2 * kLn2 * kLn2 / 720);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kLn2 * kLn2 * kLn2 * kLn2 * kLn2 / 120));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kLn2 * kLn2 * kLn2 * kLn2 / 24));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kLn2 * kLn2 * kLn2 / 6));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kLn2 * kLn2 / 2));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kLn2));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  // Lanes with t >= -125 or NaN (unordered) keep their value; the rest, -inf included, are 0.
+  const __mmask16 keep = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ);
+  return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+}  // namespace titan::kernels::cpu::TITAN_ISA
