@@ -9,9 +9,15 @@
 
 #include <omp.h>
 
+#include <type_traits>
+
 #include "titan/core/allocator.h"
+#include "titan/core/cpu_features.h"
 #include "titan/kernels/cpu/isa.h"
 #include "titan/kernels/cpu/scratch.h"
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include "titan/kernels/cpu/amx.h"
+#endif
 
 namespace titan::kernels::cpu::TITAN_ISA {
 
@@ -240,6 +246,351 @@ void add_group_sum(T* out, float* sum, const float* part, int64_t stride, int64_
   for (int64_t c = 0; c < width; ++c) out[c] = from_f32<T>(to_f32(out[c]) + sum[c]);
 }
 
+
+// dk, dv += the sum over each GQA group's heads of their per-head partials dk_part [B, H, S, Dqk]
+// and dv_part [B, H, S, Dv], in head order. Called inside a parallel region (orphaned omp for).
+template <class T>
+void add_kv_partials(T* dk, T* dv, const float* dk_part, const float* dv_part, const AttentionDims& d,
+                     const Plan& p) {
+  Scratch<float> row_sum(p.dqk_pad > p.dv_pad ? p.dqk_pad : p.dv_pad, ScratchInit::zeroed);
+#pragma omp for schedule(static)
+  for (int64_t bs = 0; bs < d.B * d.S; ++bs) {
+    const int64_t b = bs / d.S, i = bs % d.S;
+    for (int64_t g = 0; g < d.Hkv; ++g) {
+      add_group_sum(dk + (bs * d.Hkv + g) * d.Dqk, row_sum.data(),
+                    dk_part + ((b * d.H + g * p.group) * d.S + i) * d.Dqk, d.S * d.Dqk, p.group, d.Dqk);
+      add_group_sum(dv + (bs * d.Hkv + g) * d.Dv, row_sum.data(),
+                    dv_part + ((b * d.H + g * p.group) * d.S + i) * d.Dv, d.S * d.Dv, p.group, d.Dv);
+    }
+  }
+}
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// ---- bf16 on AMX ------------------------------------------------------------------------------
+// With AMX, bf16 products run on tiles (TDPBF16PS, f32 accumulation) instead of widening to f32:
+// the same kBlock x kBlock blocking, but scores are held queries by keys, so the products read
+// query rows, P and dS straight as A operands. Keys and values are packed once per (b, kv head)
+// into the B layouts (cpu/amx.h) and shared by the group's query heads. Softmax, P and dS are
+// f32 vector work in base 2 (exp2_ps); P and dS are rounded to bf16 as tile operands. Every block
+// is computed whole (4 x 4 tiles of 16): buffers are zero-padded to s_pad, and masked or padding
+// entries of P and dS are exactly 0 where they could reach a valid output.
+
+// Keys kept on row i of a diagonal block in the 16-key vector starting at key j0: keys j <= i.
+TITAN_INLINE __mmask16 causal_keep(int64_t i, int64_t j0) {
+  const int64_t n = i - j0 + 1;
+  return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+
+// One block of rows as a B operand whose columns are those rows, VNNI along the row: dst[c2][j] =
+// (src_j[2 c2], src_j[2 c2 + 1]) for j < rows, 0 for rows <= j < kBlock. dst [width / 2, kBlock].
+void pack_block_col_pairs(uint32_t* dst, const bf16* src, int64_t ld_src, int64_t rows, int64_t width) {
+  for (int64_t j = 0; j < kBlock; ++j) {
+    const bf16* row = src + j * ld_src;
+    for (int64_t c2 = 0; c2 < width / 2; ++c2) {
+      dst[c2 * kBlock + j] = j < rows ? pack_pair(row[2 * c2], row[2 * c2 + 1]) : 0u;
+    }
+  }
+}
+
+// One block of rows as a B operand whose k runs down the rows: dst[j2][c] = (src_{2 j2}[c],
+// src_{2 j2 + 1}[c]), rows past `rows` zero. dst [kBlock / 2, width].
+void pack_block_row_pairs(uint32_t* dst, const bf16* src, int64_t ld_src, int64_t rows, int64_t width) {
+  for (int64_t j2 = 0; j2 < kBlock / 2; ++j2) {
+    uint32_t* out = dst + j2 * width;
+    if (2 * j2 >= rows) {
+      std::memset(out, 0, size_t(width) * sizeof(uint32_t));
+      continue;
+    }
+    const bf16* r0 = src + 2 * j2 * ld_src;
+    pack_row_pair(out, r0, 2 * j2 + 1 < rows ? r0 + ld_src : nullptr, width);
+  }
+}
+
+// One block of rows copied as an A operand, dst [kBlock, width], rows past `rows` zero.
+void pack_block_rows(bf16* dst, const bf16* src, int64_t ld_src, int64_t rows, int64_t width) {
+  for (int64_t j = 0; j < kBlock; ++j) {
+    if (j < rows) {
+      std::memcpy(dst + j * width, src + j * ld_src, size_t(width) * sizeof(bf16));
+    } else {
+      std::memset(dst + j * width, 0, size_t(width) * sizeof(bf16));
+    }
+  }
+}
+
+// One block of rows transposed, dst[c * ld_dst + j] = src_j[c] for j < kBlock (0 past `rows`):
+// the A operand whose k runs along the rows (q^T, dO^T). 16-bit elements, kept scalar: O(S D).
+void pack_block_transposed(bf16* dst, int64_t ld_dst, const bf16* src, int64_t ld_src, int64_t rows,
+                           int64_t width) {
+  const bf16 zero{0};
+  for (int64_t c = 0; c < width; ++c) {
+    for (int64_t j = 0; j < kBlock; ++j) dst[c * ld_dst + j] = j < rows ? src[j * ld_src + c] : zero;
+  }
+}
+
+// The packed keys and values of every (b, kv head), block by block, in parallel:
+// kd [B, Hkv, nblk, Dqk/2, kBlock] (B of q k^T), and when the pointers are given
+// vd [.., Dv/2, kBlock] (B of dO v^T), kp [.., kBlock/2, Dqk] (B of dS k), vp [.., kBlock/2, Dv] (B of P v).
+void pack_kv_amx(uint32_t* kd, uint32_t* vd, uint32_t* kp, uint32_t* vp, const bf16* k, const bf16* v,
+                 const AttentionDims& d, const Plan& p) {
+  const int64_t items = d.B * d.Hkv * p.nblk;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < items; ++t) {
+    const int64_t blk = t % p.nblk, bg = t / p.nblk, b = bg / d.Hkv, g = bg % d.Hkv;
+    const int64_t row0 = blk * kBlock, rows = min_i64(kBlock, d.S - row0);
+    const bf16* kt = k + ((b * d.S + row0) * d.Hkv + g) * d.Dqk;
+    const bf16* vt = v + ((b * d.S + row0) * d.Hkv + g) * d.Dv;
+    pack_block_col_pairs(kd + t * d.Dqk * kBlock / 2, kt, d.Hkv * d.Dqk, rows, d.Dqk);
+    if (vd) pack_block_col_pairs(vd + t * d.Dv * kBlock / 2, vt, d.Hkv * d.Dv, rows, d.Dv);
+    if (kp) pack_block_row_pairs(kp + t * d.Dqk * kBlock / 2, kt, d.Hkv * d.Dqk, rows, d.Dqk);
+    if (vp) pack_block_row_pairs(vp + t * d.Dv * kBlock / 2, vt, d.Hkv * d.Dv, rows, d.Dv);
+  }
+}
+
+// c [rows, width] (+)= a [rows, K] (bf16 rows, a_ld elements apart) x b [K/2, width] (VNNI rows
+// of k pairs), K = 32 * chunks, in 16-row, 64-column tile blocks; rows and width multiples of 16.
+template <bool kAccumulate>
+void amx_block(float* c, int64_t ldc, int64_t rows, const bf16* a, int64_t a_ld, const uint32_t* b, int64_t width,
+               int64_t chunks) {
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    for (int64_t c0 = 0; c0 < width; c0 += 64) {
+      const int tiles = int(min_i64((width - c0) / 16, 4));
+      float* cb = c + r0 * ldc + c0;
+      const char* ab = reinterpret_cast<const char*>(a + r0 * a_ld);
+      const char* bb = reinterpret_cast<const char*>(b + c0);
+      if constexpr (kAccumulate) {
+        amx_row_block_acc(cb, ldc * 4, 64, ab, a_ld * 2, 64, bb, width * 4, 16 * width * 4, 64, chunks, tiles);
+      } else {
+        amx_row_block(cb, ldc * 4, 64, ab, a_ld * 2, 64, bb, width * 4, 16 * width * 4, 64, chunks, tiles);
+      }
+    }
+  }
+}
+
+// The forward: one work item per (b, head, query block), the longest rows first. The block's
+// queries stay resident ([kBlock, Dqk] bf16, the running o in f32) while key blocks stream past:
+// S = q k^T and o += P v on tiles, the online softmax in vectors between them.
+void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const AttentionDims& d) {
+  const Plan p = make_plan(d);
+  const int64_t kd_blk = d.Dqk * kBlock / 2, vp_blk = d.Dv * kBlock / 2;  // uint32 per packed block
+  Scratch<uint32_t> kd(d.B * d.Hkv * p.nblk * kd_blk);  // [B, Hkv, nblk, Dqk/2, kBlock]
+  Scratch<uint32_t> vp(d.B * d.Hkv * p.nblk * vp_blk);  // [B, Hkv, nblk, kBlock/2, Dv]
+  pack_kv_amx(kd.data(), nullptr, nullptr, vp.data(), k, v, d, p);
+
+  const float c = float(d.scale * 1.4426950408889634);  // exp(scale s - m) = 2^(c s - m2)
+  const int64_t heads = d.B * d.H, items = heads * p.nblk;
+#pragma omp parallel
+  {
+    amx_configure();
+    Scratch<bf16> qblk(kBlock * d.Dqk, ScratchInit::zeroed);    // [kBlock, Dqk] the block's queries
+    Scratch<float> st(kBlock * kBlock, ScratchInit::zeroed);    // [kBlock queries, kBlock keys] scores
+    Scratch<bf16> pb(kBlock * kBlock, ScratchInit::zeroed);     // [kBlock, kBlock] P, A of P v
+    Scratch<float> oacc(kBlock * d.Dv, ScratchInit::zeroed);    // [kBlock, Dv] unnormalized o
+    Scratch<float> m(kBlock, ScratchInit::zeroed), l(kBlock, ScratchInit::zeroed);  // running max (base 2), sum
+    Scratch<float> m_new(kBlock, ScratchInit::zeroed), l_blk(kBlock, ScratchInit::zeroed);  // this key block's
+    const __m512 cv = _mm512_set1_ps(c);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < items; ++t) {
+      const int64_t qb = p.nblk - 1 - t / heads, bh = t % heads, b = bh / d.H, h = bh % d.H;
+      const int64_t bg = b * d.Hkv + h / p.group, row0 = qb * kBlock, rows = min_i64(kBlock, d.S - row0);
+      pack_block_rows(qblk.data(), q + ((b * d.S + row0) * d.H + h) * d.Dqk, d.H * d.Dqk, rows, d.Dqk);
+      for (int64_t i = 0; i < kBlock; ++i) m.data()[i] = -INFINITY, l.data()[i] = 0.0f;
+      std::memset(oacc.data(), 0, size_t(kBlock * d.Dv) * sizeof(float));
+      for (int64_t kb = 0; kb <= qb; ++kb) {
+        const bool diagonal = kb == qb;
+        amx_block<false>(st.data(), kBlock, kBlock, qblk.data(), d.Dqk, kd.data() + (bg * p.nblk + kb) * kd_blk, kBlock,
+                         d.Dqk / 32);
+        // Per query row: new max, P = 2^(c s - max) rounded to bf16, its sum. Rows past S see zero
+        // scores and stay finite; masked keys get P = 0 exactly.
+        for (int64_t i = 0; i < kBlock; ++i) {
+          const float* srow = st.data() + i * kBlock;
+          __m512 x[4];
+          __mmask16 keep[4];
+          __m512 mx = _mm512_set1_ps(-INFINITY);
+          for (int vi = 0; vi < 4; ++vi) {
+            keep[vi] = diagonal ? causal_keep(i, 16 * vi) : __mmask16(0xffff);
+            x[vi] = _mm512_mul_ps(_mm512_loadu_ps(srow + 16 * vi), cv);
+            mx = _mm512_mask_max_ps(mx, keep[vi], mx, x[vi]);
+          }
+          const float mb = _mm512_reduce_max_ps(mx), mi = m.data()[i] > mb ? m.data()[i] : mb;
+          const __m512 mv = _mm512_set1_ps(mi);
+          __m512 sum = _mm512_setzero_ps();
+          for (int vi = 0; vi < 4; ++vi) {
+            const __m512 pv = _mm512_maskz_mov_ps(keep[vi], exp2_ps(_mm512_sub_ps(x[vi], mv)));
+            sum = _mm512_add_ps(sum, pv);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb.data() + i * kBlock + 16 * vi),
+                                (__m256i)_mm512_cvtneps_pbh(pv));
+          }
+          m_new.data()[i] = mi;
+          l_blk.data()[i] = _mm512_reduce_add_ps(sum);
+        }
+        // alpha = 2^(m_old - m_new) rescales the old sum and o (a first block: -inf gives ~0 of 0).
+        for (int64_t i0 = 0; i0 < kBlock; i0 += 16) {
+          const __m512 mn = _mm512_loadu_ps(m_new.data() + i0);
+          const __m512 a = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(m.data() + i0), mn));
+          _mm512_storeu_ps(l.data() + i0, _mm512_fmadd_ps(_mm512_loadu_ps(l.data() + i0), a,
+                                                          _mm512_loadu_ps(l_blk.data() + i0)));
+          _mm512_storeu_ps(m.data() + i0, mn);
+          _mm512_storeu_ps(l_blk.data() + i0, a);  // l_blk now holds alpha
+        }
+        for (int64_t i = 0; i < kBlock; ++i) {
+          const float a = l_blk.data()[i];
+          if (a == 1.0f) continue;
+          float* orow = oacc.data() + i * d.Dv;
+          const __m512 av = _mm512_set1_ps(a);
+          for (int64_t col = 0; col < d.Dv; col += 16) _mm512_storeu_ps(orow + col, _mm512_mul_ps(_mm512_loadu_ps(orow + col), av));
+        }
+        amx_block<true>(oacc.data(), d.Dv, kBlock, pb.data(), kBlock, vp.data() + (bg * p.nblk + kb) * vp_blk, d.Dv,
+                        kBlock / 32);
+      }
+      for (int64_t i = 0; i < rows; ++i) {
+        const float sum = l.data()[i];
+        const __m512 inv = _mm512_set1_ps(1.0f / sum);
+        const float* orow = oacc.data() + i * d.Dv;
+        bf16* out = o + ((b * d.S + row0 + i) * d.H + h) * d.Dv;
+        for (int64_t col = 0; col < d.Dv; col += 16) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + col),
+                              (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(orow + col), inv)));
+        }
+        lse[bh * d.S + row0 + i] = (m.data()[i] + std::log2(sum)) * 0.6931471805599453f;
+      }
+    }
+    _tile_release();
+  }
+}
+
+// The backward: one work item per (b, head), as in the f32 path (groups of kGroupBlocks key
+// blocks outer, query blocks inner, per-head dk and dv partials summed over the GQA group after).
+// Per block pair, on tiles: S = q k^T and dP = dO v^T (queries by keys), then
+// dv^T += dO^T P and dk^T += q^T dS (held transposed, [D, keys]: P and dS become B operands by
+// pairing two query rows, no transpose), dq += dS k. P from lse and dS = scale P (dP - D) in
+// vectors between them.
+void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf16* dout, const bf16* q,
+                       const bf16* k, const bf16* v, const bf16* o, const AttentionDims& d) {
+  const Plan p = make_plan(d);
+  const int64_t kblk = d.Dqk * kBlock / 2, vblk = d.Dv * kBlock / 2;  // uint32 per packed block
+  const int64_t kv_blocks = d.B * d.Hkv * p.nblk;
+  Scratch<uint32_t> kd(kv_blocks * kblk);  // [B, Hkv, nblk, Dqk/2, kBlock] B of q k^T
+  Scratch<uint32_t> vd(kv_blocks * vblk);  // [B, Hkv, nblk, Dv/2, kBlock] B of dO v^T
+  Scratch<uint32_t> kp(kv_blocks * kblk);  // [B, Hkv, nblk, kBlock/2, Dqk] B of dS k
+  pack_kv_amx(kd.data(), vd.data(), kp.data(), nullptr, k, v, d, p);
+  Scratch<float> dk_part(d.B * d.H * d.S * d.Dqk);  // [B, H, S, Dqk] this head's share of dk
+  Scratch<float> dv_part(d.B * d.H * d.S * d.Dv);   // [B, H, S, Dv]
+
+  const float c = float(d.scale * 1.4426950408889634), scale = float(d.scale);
+  // Transposed rows one cache line longer than s_pad: at S = 2048 a power-of-two stride would put
+  // all 16 rows of an A tile in one L1 set.
+  const int64_t ldt = p.s_pad + 32;
+  const int64_t heads = d.B * d.H;
+  const int threads = heads < omp_get_max_threads() ? int(heads) : omp_get_max_threads();
+#pragma omp parallel num_threads(threads)
+  {
+    amx_configure();
+    Scratch<bf16> qr(p.s_pad * d.Dqk, ScratchInit::zeroed);    // [s_pad, Dqk] q rows: A of q k^T
+    Scratch<bf16> dor(p.s_pad * d.Dv, ScratchInit::zeroed);    // [s_pad, Dv] dO rows: A of dO v^T
+    Scratch<bf16> qt(d.Dqk * ldt, ScratchInit::zeroed);        // [Dqk, ldt] q^T: A of dk^T
+    Scratch<bf16> dot(d.Dv * ldt, ScratchInit::zeroed);        // [Dv, ldt] dO^T: A of dv^T
+    Scratch<float> dq_acc(p.s_pad * d.Dqk, ScratchInit::zeroed);  // [s_pad, Dqk]
+    Scratch<float> lse2(p.s_pad, ScratchInit::zeroed), delta(p.s_pad, ScratchInit::zeroed);  // [s_pad] base-2 lse, D_i; 0 past S
+    Scratch<float> st(kBlock * kBlock, ScratchInit::zeroed);   // [kBlock queries, kBlock keys] S
+    Scratch<float> dpt(kBlock * kBlock, ScratchInit::zeroed);  // [kBlock, kBlock] dP
+    Scratch<bf16> dsb(kBlock * kBlock, ScratchInit::zeroed);   // [kBlock, kBlock] scale dS: A of dS k
+    Scratch<uint32_t> pp(kBlock * kBlock / 2, ScratchInit::zeroed);   // [kBlock/2 query pairs, kBlock keys] P: B of dO^T P
+    Scratch<uint32_t> dsp(kBlock * kBlock / 2, ScratchInit::zeroed);  // [kBlock/2, kBlock] scale dS: B of q^T dS
+    Scratch<float> dkt(kGroupBlocks * d.Dqk * kBlock, ScratchInit::zeroed);  // [kGroupBlocks, Dqk, kBlock] dk^T
+    Scratch<float> dvt(kGroupBlocks * d.Dv * kBlock, ScratchInit::zeroed);   // [kGroupBlocks, Dv, kBlock] dv^T
+    const __m512 cv = _mm512_set1_ps(c), sv = _mm512_set1_ps(scale);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < heads; ++bh) {
+      const int64_t b = bh / d.H, h = bh % d.H, bg = b * d.Hkv + h / p.group;
+      const bf16* q_h = q + (b * d.S * d.H + h) * d.Dqk;     // row i at q_h + i * H * Dqk
+      const bf16* do_h = dout + (b * d.S * d.H + h) * d.Dv;  // row i at do_h + i * H * Dv
+      for (int64_t qb = 0; qb < p.nblk; ++qb) {
+        const int64_t row0 = qb * kBlock, rows = min_i64(kBlock, d.S - row0);
+        pack_block_rows(qr.data() + row0 * d.Dqk, q_h + row0 * d.H * d.Dqk, d.H * d.Dqk, rows, d.Dqk);
+        pack_block_rows(dor.data() + row0 * d.Dv, do_h + row0 * d.H * d.Dv, d.H * d.Dv, rows, d.Dv);
+        pack_block_transposed(qt.data() + row0, ldt, q_h + row0 * d.H * d.Dqk, d.H * d.Dqk, rows, d.Dqk);
+        pack_block_transposed(dot.data() + row0, ldt, do_h + row0 * d.H * d.Dv, d.H * d.Dv, rows, d.Dv);
+      }
+      for (int64_t i = 0; i < d.S; ++i) {
+        const bf16* orow = o + ((b * d.S + i) * d.H + h) * d.Dv;
+        const bf16* dorow = dor.data() + i * d.Dv;
+        float sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t col = 0; col < d.Dv; ++col) sum += to_f32(dorow[col]) * to_f32(orow[col]);
+        delta.data()[i] = sum;
+        lse2.data()[i] = lse[bh * d.S + i] * 1.4426950408889634f;
+      }
+      std::memset(dq_acc.data(), 0, size_t(p.s_pad * d.Dqk) * sizeof(float));
+
+      for (int64_t kb0 = 0; kb0 < p.nblk; kb0 += kGroupBlocks) {
+        const int64_t kb_end = min_i64(p.nblk, kb0 + kGroupBlocks);
+        std::memset(dkt.data(), 0, size_t(kGroupBlocks * d.Dqk * kBlock) * sizeof(float));
+        std::memset(dvt.data(), 0, size_t(kGroupBlocks * d.Dv * kBlock) * sizeof(float));
+        for (int64_t qb = kb0; qb < p.nblk; ++qb) {
+          const int64_t row0 = qb * kBlock;
+          for (int64_t kb = kb0; kb < kb_end && kb <= qb; ++kb) {
+            const bool diagonal = kb == qb;
+            const int64_t blk = bg * p.nblk + kb;
+            amx_block<false>(st.data(), kBlock, kBlock, qr.data() + row0 * d.Dqk, d.Dqk, kd.data() + blk * kblk, kBlock,
+                             d.Dqk / 32);
+            amx_block<false>(dpt.data(), kBlock, kBlock, dor.data() + row0 * d.Dv, d.Dv, vd.data() + blk * vblk, kBlock,
+                             d.Dv / 32);
+            // P = 2^(c s - lse2) and scale dS = scale P (dP - D), two query rows at a time: rows as
+            // dS's A operand, query pairs as P's and dS's B operands. Masked keys give exact zeros;
+            // queries past S have zero dO, so their (finite) P and dS add nothing.
+            for (int64_t i = 0; i < kBlock; i += 2) {
+              const __m512 l0 = _mm512_set1_ps(lse2.data()[row0 + i]), l1 = _mm512_set1_ps(lse2.data()[row0 + i + 1]);
+              const __m512 d0 = _mm512_set1_ps(delta.data()[row0 + i]), d1 = _mm512_set1_ps(delta.data()[row0 + i + 1]);
+              for (int vi = 0; vi < 4; ++vi) {
+                const int64_t e0 = i * kBlock + 16 * vi, e1 = e0 + kBlock;
+                const __mmask16 keep0 = diagonal ? causal_keep(i, 16 * vi) : __mmask16(0xffff);
+                const __mmask16 keep1 = diagonal ? causal_keep(i + 1, 16 * vi) : __mmask16(0xffff);
+                const __m512 p0 = _mm512_maskz_mov_ps(keep0, exp2_ps(_mm512_fmsub_ps(_mm512_loadu_ps(st.data() + e0), cv, l0)));
+                const __m512 p1 = _mm512_maskz_mov_ps(keep1, exp2_ps(_mm512_fmsub_ps(_mm512_loadu_ps(st.data() + e1), cv, l1)));
+                const __m512 ds0 = _mm512_mul_ps(_mm512_mul_ps(p0, sv), _mm512_sub_ps(_mm512_loadu_ps(dpt.data() + e0), d0));
+                const __m512 ds1 = _mm512_mul_ps(_mm512_mul_ps(p1, sv), _mm512_sub_ps(_mm512_loadu_ps(dpt.data() + e1), d1));
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsb.data() + e0), (__m256i)_mm512_cvtneps_pbh(ds0));
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsb.data() + e1), (__m256i)_mm512_cvtneps_pbh(ds1));
+                const int64_t pair = (i / 2) * kBlock + 16 * vi;
+                _mm512_storeu_si512(pp.data() + pair, pack_pair_ps(p0, p1));
+                _mm512_storeu_si512(dsp.data() + pair, pack_pair_ps(ds0, ds1));
+              }
+            }
+            const int64_t x = kb - kb0;
+            amx_block<true>(dvt.data() + x * d.Dv * kBlock, kBlock, d.Dv, dot.data() + row0, ldt, pp.data(), kBlock,
+                            kBlock / 32);
+            amx_block<true>(dkt.data() + x * d.Dqk * kBlock, kBlock, d.Dqk, qt.data() + row0, ldt, dsp.data(), kBlock,
+                            kBlock / 32);
+            amx_block<true>(dq_acc.data() + row0 * d.Dqk, d.Dqk, kBlock, dsb.data(), kBlock, kp.data() + blk * kblk, d.Dqk,
+                            kBlock / 32);
+          }
+        }
+        for (int64_t kb = kb0; kb < kb_end; ++kb) {
+          const int64_t x = kb - kb0, col0 = kb * kBlock, cols = min_i64(kBlock, d.S - col0);
+          for (int64_t j = 0; j < cols; ++j) {
+            float* dkr = dk_part.data() + (bh * d.S + col0 + j) * d.Dqk;
+            float* dvr = dv_part.data() + (bh * d.S + col0 + j) * d.Dv;
+            for (int64_t col = 0; col < d.Dqk; ++col) dkr[col] = dkt.data()[(x * d.Dqk + col) * kBlock + j];
+            for (int64_t col = 0; col < d.Dv; ++col) dvr[col] = dvt.data()[(x * d.Dv + col) * kBlock + j];
+          }
+        }
+      }
+      for (int64_t i = 0; i < d.S; ++i) {
+        bf16* out = dq + ((b * d.S + i) * d.H + h) * d.Dqk;
+        const float* acc = dq_acc.data() + i * d.Dqk;
+#pragma omp simd
+        for (int64_t col = 0; col < d.Dqk; ++col) out[col] = from_f32<bf16>(to_f32(out[col]) + acc[col]);
+      }
+    }
+    _tile_release();
+    add_kv_partials(dk, dv, dk_part.data(), dv_part.data(), d, p);
+  }
+}
+
+// Both head dims whole 32-element k chunks of a tile (Dqk for q k^T, Dv for dO v^T).
+bool amx_fits(const AttentionDims& d) { return d.Dqk % 32 == 0 && d.Dv % 32 == 0 && cpu_amx_bf16_usable(); }
+#endif
+
 }  // namespace
 
 // ---- forward ----------------------------------------------------------------------------------
@@ -248,6 +599,11 @@ void add_group_sum(T* out, float* sum, const float* part, int64_t stride, int64_
 // with no horizontal reductions, and the P^T tile feeds o += P v as a transposed A operand.
 template <class T>
 void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, const AttentionDims& d) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (amx_fits(d)) return forward_bf16_amx(o, lse, q, k, v, d);
+  }
+#endif
   const Plan p = make_plan(d);
   Scratch<float> kp(d.B * d.Hkv * p.s_pad * p.dqk_pad);  // [B, Hkv, s_pad, dqk_pad]
   Scratch<float> vp(d.B * d.Hkv * p.s_pad * p.dv_pad);   // [B, Hkv, s_pad, dv_pad]
@@ -346,6 +702,11 @@ void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, con
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, const T* q, const T* k, const T* v,
                         const T* o, const AttentionDims& d) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (amx_fits(d)) return backward_bf16_amx(dq, dk, dv, lse, dout, q, k, v, o, d);
+  }
+#endif
   const Plan p = make_plan(d);
   Scratch<float> kp(d.B * d.Hkv * p.s_pad * p.dqk_pad);  // [B, Hkv, s_pad, dqk_pad]
   Scratch<float> vp(d.B * d.Hkv * p.s_pad * p.dv_pad);   // [B, Hkv, s_pad, dv_pad]
@@ -451,18 +812,7 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
       }
     }
 
-    // dk, dv += sum over the group's heads of their partials, in head order.
-    Scratch<float> row_sum(p.dqk_pad > p.dv_pad ? p.dqk_pad : p.dv_pad, ScratchInit::zeroed);
-#pragma omp for schedule(static)
-    for (int64_t bs = 0; bs < d.B * d.S; ++bs) {
-      const int64_t b = bs / d.S, i = bs % d.S;
-      for (int64_t g = 0; g < d.Hkv; ++g) {
-        add_group_sum(dk + (bs * d.Hkv + g) * d.Dqk, row_sum.data(),
-                      dk_part.data() + ((b * d.H + g * p.group) * d.S + i) * d.Dqk, d.S * d.Dqk, p.group, d.Dqk);
-        add_group_sum(dv + (bs * d.Hkv + g) * d.Dv, row_sum.data(),
-                      dv_part.data() + ((b * d.H + g * p.group) * d.S + i) * d.Dv, d.S * d.Dv, p.group, d.Dv);
-      }
-    }
+    add_kv_partials(dk, dv, dk_part.data(), dv_part.data(), d, p);
   }
 }
 
