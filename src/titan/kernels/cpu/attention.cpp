@@ -275,7 +275,11 @@ void add_kv_partials(T* dk, T* dv, const float* dk_part, const float* dv_part, c
 // is computed whole (4 x 4 tiles of 16): buffers are zero-padded to s_pad, and masked or padding
 // entries of P and dS are exactly 0 where they could reach a valid output.
 
-// Keys kept on row i of a diagonal block in the 16-key vector starting at key j0: keys j <= i.
+// Keys per step of the AMX forward's key loop: two packed blocks.
+constexpr int64_t kSpan = 2 * kBlock;
+
+// Causal keep mask of query row i over the 16 keys starting at j0 (both counted from the same
+// origin; j0 + 15 <= i keeps all, j0 > i none): keys j <= i.
 TITAN_INLINE __mmask16 causal_keep(int64_t i, int64_t j0) {
   const int64_t n = i - j0 + 1;
   return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
@@ -382,8 +386,8 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
   {
     amx_configure();
     Scratch<bf16> qblk(kBlock * d.Dqk, ScratchInit::zeroed);    // [kBlock, Dqk] the block's queries
-    Scratch<float> st(kBlock * kBlock, ScratchInit::zeroed);    // [kBlock queries, kBlock keys] scores
-    Scratch<bf16> pb(kBlock * kBlock, ScratchInit::zeroed);     // [kBlock, kBlock] P, A of P v
+    Scratch<float> st(kBlock * kSpan, ScratchInit::zeroed);     // [kBlock queries, kSpan keys] scores
+    Scratch<bf16> pb(kBlock * kSpan, ScratchInit::zeroed);      // [kBlock, kSpan] P, A of P v
     Scratch<float> oacc(kBlock * d.Dv, ScratchInit::zeroed);    // [kBlock, Dv] unnormalized o
     Scratch<float> m(kBlock, ScratchInit::zeroed), l(kBlock, ScratchInit::zeroed);  // running max (base 2), sum
     Scratch<float> m_new(kBlock, ScratchInit::zeroed), l_blk(kBlock, ScratchInit::zeroed);  // this key block's
@@ -395,33 +399,47 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
       pack_block_rows(qblk.data(), q + ((b * d.S + row0) * d.H + h) * d.Dqk, d.H * d.Dqk, rows, d.Dqk);
       for (int64_t i = 0; i < kBlock; ++i) m.data()[i] = -INFINITY, l.data()[i] = 0.0f;
       std::memset(oacc.data(), 0, size_t(kBlock * d.Dv) * sizeof(float));
-      for (int64_t kb = 0; kb <= qb; ++kb) {
-        const bool diagonal = kb == qb;
-        amx_block<false>(st.data(), kBlock, kBlock, qblk.data(), d.Dqk, kd.data() + (bg * p.nblk + kb) * kd_blk, kBlock,
-                         d.Dqk / 32);
+      // Key blocks two at a time (one at the diagonal when qb + 1 - kb is odd): the span's P v
+      // product then runs 4 k chunks per load and store of its o tiles.
+      for (int64_t kb = 0, nk = 0; kb <= qb; kb += nk) {
+        nk = min_i64(kSpan / kBlock, qb + 1 - kb);
+        for (int64_t x = 0; x < nk; ++x) {
+          amx_block<false>(st.data() + x * kBlock, kSpan, kBlock, qblk.data(), d.Dqk,
+                           kd.data() + (bg * p.nblk + kb + x) * kd_blk, kBlock, d.Dqk / 32);
+        }
         // Per query row: new max, P = 2^(c s - max) rounded to bf16, its sum. Rows past S see zero
-        // scores and stay finite; masked keys get P = 0 exactly.
-        for (int64_t i = 0; i < kBlock; ++i) {
-          const float* srow = st.data() + i * kBlock;
-          __m512 x[4];
-          __mmask16 keep[4];
-          __m512 mx = _mm512_set1_ps(-INFINITY);
-          for (int vi = 0; vi < 4; ++vi) {
-            keep[vi] = diagonal ? causal_keep(i, 16 * vi) : __mmask16(0xffff);
-            x[vi] = _mm512_mul_ps(_mm512_loadu_ps(srow + 16 * vi), cv);
-            mx = _mm512_mask_max_ps(mx, keep[vi], mx, x[vi]);
+        // scores and stay finite; masked keys get P = 0 exactly. The span's vector count is a
+        // constant (nv_c) so the row stays in registers.
+        const int64_t key0 = (kb - qb) * kBlock;  // the span's first key relative to the block's first query
+        const auto softmax_rows = [&](auto nv_c) {
+          constexpr int64_t nv = decltype(nv_c)::value;  // 16-key vectors in the span
+          for (int64_t i = 0; i < kBlock; ++i) {
+            const float* srow = st.data() + i * kSpan;
+            __m512 x[nv];
+            __mmask16 keep[nv];
+            __m512 mx = _mm512_set1_ps(-INFINITY);
+            for (int64_t vi = 0; vi < nv; ++vi) {
+              keep[vi] = causal_keep(i, key0 + 16 * vi);
+              x[vi] = _mm512_mul_ps(_mm512_loadu_ps(srow + 16 * vi), cv);
+              mx = _mm512_mask_max_ps(mx, keep[vi], mx, x[vi]);
+            }
+            const float mb = _mm512_reduce_max_ps(mx), mi = m.data()[i] > mb ? m.data()[i] : mb;
+            const __m512 mv = _mm512_set1_ps(mi);
+            __m512 sum = _mm512_setzero_ps();
+            for (int64_t vi = 0; vi < nv; ++vi) {
+              const __m512 pv = _mm512_maskz_mov_ps(keep[vi], exp2_ps(_mm512_sub_ps(x[vi], mv)));
+              sum = _mm512_add_ps(sum, pv);
+              _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb.data() + i * kSpan + 16 * vi),
+                                  (__m256i)_mm512_cvtneps_pbh(pv));
+            }
+            m_new.data()[i] = mi;
+            l_blk.data()[i] = _mm512_reduce_add_ps(sum);
           }
-          const float mb = _mm512_reduce_max_ps(mx), mi = m.data()[i] > mb ? m.data()[i] : mb;
-          const __m512 mv = _mm512_set1_ps(mi);
-          __m512 sum = _mm512_setzero_ps();
-          for (int vi = 0; vi < 4; ++vi) {
-            const __m512 pv = _mm512_maskz_mov_ps(keep[vi], exp2_ps(_mm512_sub_ps(x[vi], mv)));
-            sum = _mm512_add_ps(sum, pv);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb.data() + i * kBlock + 16 * vi),
-                                (__m256i)_mm512_cvtneps_pbh(pv));
-          }
-          m_new.data()[i] = mi;
-          l_blk.data()[i] = _mm512_reduce_add_ps(sum);
+        };
+        if (nk == 2) {
+          softmax_rows(std::integral_constant<int64_t, kSpan / 16>{});
+        } else {
+          softmax_rows(std::integral_constant<int64_t, kBlock / 16>{});
         }
         // alpha = 2^(m_old - m_new) rescales the old sum and o (a first block: -inf gives ~0 of 0).
         for (int64_t i0 = 0; i0 < kBlock; i0 += 16) {
@@ -439,8 +457,9 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
           const __m512 av = _mm512_set1_ps(a);
           for (int64_t col = 0; col < d.Dv; col += 16) _mm512_storeu_ps(orow + col, _mm512_mul_ps(_mm512_loadu_ps(orow + col), av));
         }
-        amx_block<true>(oacc.data(), d.Dv, kBlock, pb.data(), kBlock, vp.data() + (bg * p.nblk + kb) * vp_blk, d.Dv,
-                        kBlock / 32);
+        // The span's value blocks lie back to back in vp: one B operand of nk * kBlock keys.
+        amx_block<true>(oacc.data(), d.Dv, kBlock, pb.data(), kSpan, vp.data() + (bg * p.nblk + kb) * vp_blk, d.Dv,
+                        nk * kBlock / 32);
       }
       for (int64_t i = 0; i < rows; ++i) {
         const float sum = l.data()[i];
