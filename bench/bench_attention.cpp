@@ -68,8 +68,9 @@ double peak_sample(double (*kernel)(int64_t), int64_t iters) {
 void run(Problem& p, int rounds) {
   // bf16's peak is AMX's tile rate where the CPU has it (the bf16 kernels then run on tiles),
   // the vector bf16 dot rate otherwise.
+  const bool amx = cpu_capability() == CpuCapability::avx512_bf16 && cpu_amx_bf16_usable();
   double (*peak_kernel)(int64_t) = p.dtype == DType::f32 ? TITAN_CPU_KERNEL(peak_fma_f32)
-                                   : cpu_amx_bf16_usable()  ? TITAN_CPU_KERNEL(peak_amx_bf16)
+                                   : amx                    ? TITAN_CPU_KERNEL(peak_amx_bf16)
                                                             : TITAN_CPU_KERNEL(peak_dot_bf16);
   p.forward();
   const double t_first = bench::time_best([&] { p.forward(); p.backward(); }, 1, 0);
@@ -87,7 +88,7 @@ void run(Problem& p, int rounds) {
   }
   const double f = p.forward_flops(), b = 2.5 * f;
   std::printf("%s   (peak %s sampled alongside: %.1f GFLOP/s)\n", p.name().c_str(),
-              p.dtype == DType::f32 ? "f32 FMA" : cpu_amx_bf16_usable() ? "bf16 AMX" : "bf16 dot", peak / 1e9);
+              p.dtype == DType::f32 ? "f32 FMA" : amx ? "bf16 AMX" : "bf16 dot", peak / 1e9);
   std::printf("  fwd     %8.2f ms  %7.1f GFLOP/s  %5.1f%% of peak\n", t_fwd * 1e3, f / t_fwd / 1e9, 100 * f / t_fwd / peak);
   std::printf("  bwd     %8.2f ms  %7.1f GFLOP/s  %5.1f%% of peak\n", t_bwd * 1e3, b / t_bwd / 1e9, 100 * b / t_bwd / peak);
   const double frac = (f + b) / t_both / peak;

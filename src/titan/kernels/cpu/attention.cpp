@@ -275,8 +275,10 @@ void add_kv_partials(T* dk, T* dv, const float* dk_part, const float* dv_part, c
 // is computed whole (4 x 4 tiles of 16): buffers are zero-padded to s_pad, and masked or padding
 // entries of P and dS are exactly 0 where they could reach a valid output.
 
-// Keys per step of the AMX forward's key loop: two packed blocks.
+// Two packed blocks: the keys per step of the AMX forward's key loop and the queries per step of
+// the AMX backward's query loop (which starts its spans at each group of kGroupBlocks key blocks).
 constexpr int64_t kSpan = 2 * kBlock;
+static_assert(kGroupBlocks % (kSpan / kBlock) == 0, "query spans must start at a key group's first block");
 
 // Causal keep mask of query row i over the 16 keys starting at j0 (both counted from the same
 // origin; j0 + 15 <= i keeps all, j0 > i none): keys j <= i.
@@ -496,25 +498,25 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
   Scratch<float> dv_part(d.B * d.H * d.S * d.Dv);   // [B, H, S, Dv]
 
   const float c = float(d.scale * 1.4426950408889634), scale = float(d.scale);
-  // Transposed rows one cache line longer than s_pad: at S = 2048 a power-of-two stride would put
-  // all 16 rows of an A tile in one L1 set.
-  const int64_t ldt = p.s_pad + 32;
+  // Query-side rows padded to whole spans (zero past S). Transposed rows one cache line longer:
+  // at S = 2048 a power-of-two stride would put all 16 rows of an A tile in one L1 set.
+  const int64_t s_span = round_up(p.s_pad, kSpan), ldt = s_span + 32;
   const int64_t heads = d.B * d.H;
   const int threads = heads < omp_get_max_threads() ? int(heads) : omp_get_max_threads();
 #pragma omp parallel num_threads(threads)
   {
     amx_configure();
-    Scratch<bf16> qr(p.s_pad * d.Dqk, ScratchInit::zeroed);    // [s_pad, Dqk] q rows: A of q k^T
-    Scratch<bf16> dor(p.s_pad * d.Dv, ScratchInit::zeroed);    // [s_pad, Dv] dO rows: A of dO v^T
+    Scratch<bf16> qr(s_span * d.Dqk, ScratchInit::zeroed);     // [s_span, Dqk] q rows: A of q k^T
+    Scratch<bf16> dor(s_span * d.Dv, ScratchInit::zeroed);     // [s_span, Dv] dO rows: A of dO v^T
     Scratch<bf16> qt(d.Dqk * ldt, ScratchInit::zeroed);        // [Dqk, ldt] q^T: A of dk^T
     Scratch<bf16> dot(d.Dv * ldt, ScratchInit::zeroed);        // [Dv, ldt] dO^T: A of dv^T
-    Scratch<float> dq_acc(p.s_pad * d.Dqk, ScratchInit::zeroed);  // [s_pad, Dqk]
-    Scratch<float> lse2(p.s_pad, ScratchInit::zeroed), delta(p.s_pad, ScratchInit::zeroed);  // [s_pad] base-2 lse, D_i; 0 past S
-    Scratch<float> st(kBlock * kBlock, ScratchInit::zeroed);   // [kBlock queries, kBlock keys] S
-    Scratch<float> dpt(kBlock * kBlock, ScratchInit::zeroed);  // [kBlock, kBlock] dP
-    Scratch<bf16> dsb(kBlock * kBlock, ScratchInit::zeroed);   // [kBlock, kBlock] scale dS: A of dS k
-    Scratch<uint32_t> pp(kBlock * kBlock / 2, ScratchInit::zeroed);   // [kBlock/2 query pairs, kBlock keys] P: B of dO^T P
-    Scratch<uint32_t> dsp(kBlock * kBlock / 2, ScratchInit::zeroed);  // [kBlock/2, kBlock] scale dS: B of q^T dS
+    Scratch<float> dq_acc(s_span * d.Dqk, ScratchInit::zeroed);  // [s_span, Dqk]
+    Scratch<float> lse2(s_span, ScratchInit::zeroed), delta(s_span, ScratchInit::zeroed);  // [s_span] base-2 lse, D_i; 0 past S
+    Scratch<float> st(kSpan * kBlock, ScratchInit::zeroed);    // [kSpan queries, kBlock keys] S
+    Scratch<float> dpt(kSpan * kBlock, ScratchInit::zeroed);   // [kSpan, kBlock] dP
+    Scratch<bf16> dsb(kSpan * kBlock, ScratchInit::zeroed);    // [kSpan, kBlock] scale dS: A of dS k
+    Scratch<uint32_t> pp(kSpan * kBlock / 2, ScratchInit::zeroed);   // [kSpan/2 query pairs, kBlock keys] P: B of dO^T P
+    Scratch<uint32_t> dsp(kSpan * kBlock / 2, ScratchInit::zeroed);  // [kSpan/2, kBlock] scale dS: B of q^T dS
     Scratch<float> dkt(kGroupBlocks * d.Dqk * kBlock, ScratchInit::zeroed);  // [kGroupBlocks, Dqk, kBlock] dk^T
     Scratch<float> dvt(kGroupBlocks * d.Dv * kBlock, ScratchInit::zeroed);   // [kGroupBlocks, Dv, kBlock] dv^T
     const __m512 cv = _mm512_set1_ps(c), sv = _mm512_set1_ps(scale);
@@ -539,31 +541,32 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
         delta.data()[i] = sum;
         lse2.data()[i] = lse[bh * d.S + i] * 1.4426950408889634f;
       }
-      std::memset(dq_acc.data(), 0, size_t(p.s_pad * d.Dqk) * sizeof(float));
+      std::memset(dq_acc.data(), 0, size_t(s_span * d.Dqk) * sizeof(float));
 
       for (int64_t kb0 = 0; kb0 < p.nblk; kb0 += kGroupBlocks) {
         const int64_t kb_end = min_i64(p.nblk, kb0 + kGroupBlocks);
         std::memset(dkt.data(), 0, size_t(kGroupBlocks * d.Dqk * kBlock) * sizeof(float));
         std::memset(dvt.data(), 0, size_t(kGroupBlocks * d.Dv * kBlock) * sizeof(float));
-        for (int64_t qb = kb0; qb < p.nblk; ++qb) {
-          const int64_t row0 = qb * kBlock;
-          for (int64_t kb = kb0; kb < kb_end && kb <= qb; ++kb) {
-            const bool diagonal = kb == qb;
-            const int64_t blk = bg * p.nblk + kb;
-            amx_block<false>(st.data(), kBlock, kBlock, qr.data() + row0 * d.Dqk, d.Dqk, kd.data() + blk * kblk, kBlock,
+        // Query spans of two blocks (kGroupBlocks is even, so spans start at kb0): the dv^T and
+        // dk^T products then run 4 k chunks per load and store of their tiles. A key block right
+        // of the span's first block sees that half fully masked (P = dS = 0), computed anyway.
+        for (int64_t qs = kb0; qs < p.nblk; qs += kSpan / kBlock) {
+          const int64_t row0 = qs * kBlock;
+          for (int64_t kb = kb0; kb < kb_end && kb <= qs + 1; ++kb) {
+            const int64_t blk = bg * p.nblk + kb, key0 = kb * kBlock - row0;  // key0: relative to the span's first query
+            amx_block<false>(st.data(), kBlock, kSpan, qr.data() + row0 * d.Dqk, d.Dqk, kd.data() + blk * kblk, kBlock,
                              d.Dqk / 32);
-            amx_block<false>(dpt.data(), kBlock, kBlock, dor.data() + row0 * d.Dv, d.Dv, vd.data() + blk * vblk, kBlock,
+            amx_block<false>(dpt.data(), kBlock, kSpan, dor.data() + row0 * d.Dv, d.Dv, vd.data() + blk * vblk, kBlock,
                              d.Dv / 32);
             // P = 2^(c s - lse2) and scale dS = scale P (dP - D), two query rows at a time: rows as
             // dS's A operand, query pairs as P's and dS's B operands. Masked keys give exact zeros;
             // queries past S have zero dO, so their (finite) P and dS add nothing.
-            for (int64_t i = 0; i < kBlock; i += 2) {
+            for (int64_t i = 0; i < kSpan; i += 2) {
               const __m512 l0 = _mm512_set1_ps(lse2.data()[row0 + i]), l1 = _mm512_set1_ps(lse2.data()[row0 + i + 1]);
               const __m512 d0 = _mm512_set1_ps(delta.data()[row0 + i]), d1 = _mm512_set1_ps(delta.data()[row0 + i + 1]);
               for (int vi = 0; vi < 4; ++vi) {
                 const int64_t e0 = i * kBlock + 16 * vi, e1 = e0 + kBlock;
-                const __mmask16 keep0 = diagonal ? causal_keep(i, 16 * vi) : __mmask16(0xffff);
-                const __mmask16 keep1 = diagonal ? causal_keep(i + 1, 16 * vi) : __mmask16(0xffff);
+                const __mmask16 keep0 = causal_keep(i, key0 + 16 * vi), keep1 = causal_keep(i + 1, key0 + 16 * vi);
                 const __m512 p0 = _mm512_maskz_mov_ps(keep0, exp2_ps(_mm512_fmsub_ps(_mm512_loadu_ps(st.data() + e0), cv, l0)));
                 const __m512 p1 = _mm512_maskz_mov_ps(keep1, exp2_ps(_mm512_fmsub_ps(_mm512_loadu_ps(st.data() + e1), cv, l1)));
                 const __m512 ds0 = _mm512_mul_ps(_mm512_mul_ps(p0, sv), _mm512_sub_ps(_mm512_loadu_ps(dpt.data() + e0), d0));
@@ -577,10 +580,10 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
             }
             const int64_t x = kb - kb0;
             amx_block<true>(dvt.data() + x * d.Dv * kBlock, kBlock, d.Dv, dot.data() + row0, ldt, pp.data(), kBlock,
-                            kBlock / 32);
+                            kSpan / 32);
             amx_block<true>(dkt.data() + x * d.Dqk * kBlock, kBlock, d.Dqk, qt.data() + row0, ldt, dsp.data(), kBlock,
-                            kBlock / 32);
-            amx_block<true>(dq_acc.data() + row0 * d.Dqk, d.Dqk, kBlock, dsb.data(), kBlock, kp.data() + blk * kblk, d.Dqk,
+                            kSpan / 32);
+            amx_block<true>(dq_acc.data() + row0 * d.Dqk, d.Dqk, kSpan, dsb.data(), kBlock, kp.data() + blk * kblk, d.Dqk,
                             kBlock / 32);
           }
         }
