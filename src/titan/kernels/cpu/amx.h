@@ -130,12 +130,17 @@ TITAN_INLINE __m512 exp2_ps(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// 16 f32 rows r0 and r1 as 16 VNNI pairs (bf16(r0[i]) low, bf16(r1[i]) high, round to nearest
-// even): one 64-byte row of a B operand built from two consecutive rows of f32 results.
+// 32 bf16 [r0[0..16) | r1[0..16)] (as _mm512_cvtne2ps_pbh(r1, r0) gives them) as 16 VNNI pairs
+// (r0[i] low, r1[i] high): one 64-byte row of a B operand built from two consecutive rows.
+TITAN_INLINE __m512i vnni_interleave(__m512i halves) {
+  alignas(64) static constexpr uint16_t kIdx[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                    8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kIdx), halves);
+}
+
+// 16 f32 values of rows r0 and r1 as 16 VNNI pairs (bf16, round to nearest even).
 TITAN_INLINE __m512i pack_pair_ps(__m512 r0, __m512 r1) {
-  const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(r0));
-  const __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(r1));
-  return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+  return vnni_interleave((__m512i)_mm512_cvtne2ps_pbh(r1, r0));
 }
 
 // One VNNI row of a bf16 pair of rows (the B layout of AMX's bf16 product): dst[col] holds

@@ -514,7 +514,7 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
     Scratch<float> lse2(s_span, ScratchInit::zeroed), delta(s_span, ScratchInit::zeroed);  // [s_span] base-2 lse, D_i; 0 past S
     Scratch<float> st(kSpan * kBlock, ScratchInit::zeroed);    // [kSpan queries, kBlock keys] S
     Scratch<float> dpt(kSpan * kBlock, ScratchInit::zeroed);   // [kSpan, kBlock] dP
-    Scratch<bf16> dsb(kSpan * kBlock, ScratchInit::zeroed);    // [kSpan, kBlock] scale dS: A of dS k
+    Scratch<bf16> dsb(kSpan * kGroupBlocks * kBlock, ScratchInit::zeroed);  // [kSpan, kGroupBlocks * kBlock] scale dS: A of dS k
     Scratch<uint32_t> pp(kSpan * kBlock / 2, ScratchInit::zeroed);   // [kSpan/2 query pairs, kBlock keys] P: B of dO^T P
     Scratch<uint32_t> dsp(kSpan * kBlock / 2, ScratchInit::zeroed);  // [kSpan/2, kBlock] scale dS: B of q^T dS
     Scratch<float> dkt(kGroupBlocks * d.Dqk * kBlock, ScratchInit::zeroed);  // [kGroupBlocks, Dqk, kBlock] dk^T
@@ -566,16 +566,18 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
               const __m512 d0 = _mm512_set1_ps(delta.data()[row0 + i]), d1 = _mm512_set1_ps(delta.data()[row0 + i + 1]);
               for (int vi = 0; vi < 4; ++vi) {
                 const int64_t e0 = i * kBlock + 16 * vi, e1 = e0 + kBlock;
+                const int64_t r0 = i * kGroupBlocks * kBlock + (kb - kb0) * kBlock + 16 * vi, r1 = r0 + kGroupBlocks * kBlock;
                 const __mmask16 keep0 = causal_keep(i, key0 + 16 * vi), keep1 = causal_keep(i + 1, key0 + 16 * vi);
                 const __m512 p0 = _mm512_maskz_mov_ps(keep0, exp2_ps(_mm512_fmsub_ps(_mm512_loadu_ps(st.data() + e0), cv, l0)));
                 const __m512 p1 = _mm512_maskz_mov_ps(keep1, exp2_ps(_mm512_fmsub_ps(_mm512_loadu_ps(st.data() + e1), cv, l1)));
                 const __m512 ds0 = _mm512_mul_ps(_mm512_mul_ps(p0, sv), _mm512_sub_ps(_mm512_loadu_ps(dpt.data() + e0), d0));
                 const __m512 ds1 = _mm512_mul_ps(_mm512_mul_ps(p1, sv), _mm512_sub_ps(_mm512_loadu_ps(dpt.data() + e1), d1));
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsb.data() + e0), (__m256i)_mm512_cvtneps_pbh(ds0));
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsb.data() + e1), (__m256i)_mm512_cvtneps_pbh(ds1));
+                const __m512i ds01 = (__m512i)_mm512_cvtne2ps_pbh(ds1, ds0);  // [ds0 | ds1] in bf16
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsb.data() + r0), _mm512_castsi512_si256(ds01));
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsb.data() + r1), _mm512_extracti64x4_epi64(ds01, 1));
                 const int64_t pair = (i / 2) * kBlock + 16 * vi;
                 _mm512_storeu_si512(pp.data() + pair, pack_pair_ps(p0, p1));
-                _mm512_storeu_si512(dsp.data() + pair, pack_pair_ps(ds0, ds1));
+                _mm512_storeu_si512(dsp.data() + pair, vnni_interleave(ds01));
               }
             }
             const int64_t x = kb - kb0;
@@ -583,9 +585,12 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
                             kSpan / 32);
             amx_block<true>(dkt.data() + x * d.Dqk * kBlock, kBlock, d.Dqk, qt.data() + row0, ldt, dsp.data(), kBlock,
                             kSpan / 32);
-            amx_block<true>(dq_acc.data() + row0 * d.Dqk, d.Dqk, kSpan, dsb.data(), kBlock, kp.data() + blk * kblk, d.Dqk,
-                            kBlock / 32);
           }
+          // dq += dS k over all the group's key blocks the span sees at once (their packed blocks
+          // lie back to back in kp): 2 k chunks per visible block per load and store of dq's tiles.
+          const int64_t seen = min_i64(kb_end, qs + 2) - kb0;
+          amx_block<true>(dq_acc.data() + row0 * d.Dqk, d.Dqk, kSpan, dsb.data(), kGroupBlocks * kBlock,
+                          kp.data() + (bg * p.nblk + kb0) * kblk, d.Dqk, seen * kBlock / 32);
         }
         for (int64_t kb = kb0; kb < kb_end; ++kb) {
           const int64_t x = kb - kb0, col0 = kb * kBlock, cols = min_i64(kBlock, d.S - col0);
