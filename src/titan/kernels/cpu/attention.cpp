@@ -2,9 +2,9 @@
 // resident while key/value blocks stream past, and scores only ever exist as kBlock x kBlock
 // tiles (held transposed, keys by queries; see the forward). Every product is a register-tiled
 // f32 micro-kernel over packed, zero-padded buffers.
-// bf16 inputs are widened to f32 once, while packing (O(S D) work against O(S^2 D) products):
-// on the Xeon this was tuned on, VDPBF16PS runs at half the f32 FMA rate, so f32 FMA is the
-// faster way to multiply bf16 there.
+// Without AMX, bf16 inputs are widened to f32 once, while packing (O(S D) work against O(S^2 D)
+// products): on the Xeon this was tuned on, VDPBF16PS runs at half the f32 FMA rate, so f32 FMA
+// is the faster vector way to multiply bf16. With AMX, bf16 runs on tiles (see "bf16 on AMX").
 #include "titan/kernels/cpu/attention.h"
 
 #include <omp.h>
@@ -268,12 +268,14 @@ void add_kv_partials(T* dk, T* dv, const float* dk_part, const float* dv_part, c
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 // ---- bf16 on AMX ------------------------------------------------------------------------------
 // With AMX, bf16 products run on tiles (TDPBF16PS, f32 accumulation) instead of widening to f32:
-// the same kBlock x kBlock blocking, but scores are held queries by keys, so the products read
-// query rows, P and dS straight as A operands. Keys and values are packed once per (b, kv head)
-// into the B layouts (cpu/amx.h) and shared by the group's query heads. Softmax, P and dS are
-// f32 vector work in base 2 (exp2_ps); P and dS are rounded to bf16 as tile operands. Every block
-// is computed whole (4 x 4 tiles of 16): buffers are zero-padded to s_pad, and masked or padding
-// entries of P and dS are exactly 0 where they could reach a valid output.
+// kBlock-row blocks as in the f32 path, but scores are held queries by keys, so the products
+// read query rows, P and dS straight as A operands. Keys and values are packed once per call and
+// (b, kv head) into the B layouts (cpu/amx.h), shared by the group's query heads. Softmax, P and
+// dS are f32 vector work in base 2 (exp2_ps); P and dS are rounded to bf16 as tile operands.
+// Every block is computed whole (tiles of 16 x 16): buffers are zero-padded past S, and masked
+// or padding entries of P and dS are exactly 0 where they could reach a valid output. The
+// products with a running f32 sum (o, dq, dk, dv) take their k over two or more blocks per load
+// and store of that sum's tiles, which otherwise cost as much as the products themselves.
 
 // Two packed blocks: the keys per step of the AMX forward's key loop and the queries per step of
 // the AMX backward's query loop (which starts its spans at each group of kGroupBlocks key blocks).
@@ -481,10 +483,10 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
 
 // The backward: one work item per (b, head), as in the f32 path (groups of kGroupBlocks key
 // blocks outer, query blocks inner, per-head dk and dv partials summed over the GQA group after).
-// Per block pair, on tiles: S = q k^T and dP = dO v^T (queries by keys), then
-// dv^T += dO^T P and dk^T += q^T dS (held transposed, [D, keys]: P and dS become B operands by
-// pairing two query rows, no transpose), dq += dS k. P from lse and dS = scale P (dP - D) in
-// vectors between them.
+// Per query span (kSpan rows) and key block, on tiles: S = q k^T and dP = dO v^T (queries by
+// keys), then dv^T += dO^T P and dk^T += q^T dS (held transposed, [D, keys]: P and dS become B
+// operands by pairing two query rows, no transpose); dq += dS k once per span and key group. P
+// from lse and dS = scale P (dP - D) in vectors between them.
 void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf16* dout, const bf16* q,
                        const bf16* k, const bf16* v, const bf16* o, const AttentionDims& d) {
   const Plan p = make_plan(d);
