@@ -374,7 +374,7 @@ void amx_block(float* c, int64_t ldc, int64_t rows, const bf16* a, int64_t a_ld,
   }
 }
 
-// The forward: one work item per (b, head, query block), the longest rows first. The block's
+// The forward: one work item per (b, head, query block). The block's
 // queries stay resident ([kBlock, Dqk] bf16, the running o in f32) while key blocks stream past:
 // S = q k^T and o += P v on tiles, the online softmax in vectors between them.
 void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const AttentionDims& d) {
@@ -398,7 +398,10 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
     const __m512 cv = _mm512_set1_ps(c);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < items; ++t) {
-      const int64_t qb = p.nblk - 1 - t / heads, bh = t % heads, b = bh / d.H, h = bh % d.H;
+      // Head by head (a GQA group's heads in turn), so the threads share one kv head's packed
+      // blocks while they are hot in cache; within a head the longest rows first, so the dynamic
+      // schedule ends on short items.
+      const int64_t bh = t / p.nblk, qb = p.nblk - 1 - t % p.nblk, b = bh / d.H, h = bh % d.H;
       const int64_t bg = b * d.Hkv + h / p.group, row0 = qb * kBlock, rows = min_i64(kBlock, d.S - row0);
       pack_block_rows(qblk.data(), q + ((b * d.S + row0) * d.H + h) * d.Dqk, d.H * d.Dqk, rows, d.Dqk);
       for (int64_t i = 0; i < kBlock; ++i) m.data()[i] = -INFINITY, l.data()[i] = 0.0f;
