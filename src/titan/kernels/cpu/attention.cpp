@@ -420,27 +420,37 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
         const int64_t key0 = (kb - qb) * kBlock;  // the span's first key relative to the block's first query
         const auto softmax_rows = [&](auto nv_c) {
           constexpr int64_t nv = decltype(nv_c)::value;  // 16-key vectors in the span
-          for (int64_t i = 0; i < kBlock; ++i) {
-            const float* srow = st.data() + i * kSpan;
-            __m512 x[nv];
-            __mmask16 keep[nv];
-            __m512 mx = _mm512_set1_ps(-INFINITY);
-            for (int64_t vi = 0; vi < nv; ++vi) {
-              keep[vi] = causal_keep(i, key0 + 16 * vi);
-              x[vi] = _mm512_mul_ps(_mm512_loadu_ps(srow + 16 * vi), cv);
-              mx = _mm512_mask_max_ps(mx, keep[vi], mx, x[vi]);
+          // Two rows per step: their dependency chains (max, reductions, exp) interleave.
+          for (int64_t i0 = 0; i0 < kBlock; i0 += 2) {
+            __m512 x[2][nv];
+            __mmask16 keep[2][nv];
+            float mi[2];
+            __m512 mx[2] = {_mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY)};
+            for (int rr = 0; rr < 2; ++rr) {
+              for (int64_t vi = 0; vi < nv; ++vi) {
+                keep[rr][vi] = causal_keep(i0 + rr, key0 + 16 * vi);
+                x[rr][vi] = _mm512_mul_ps(_mm512_loadu_ps(st.data() + (i0 + rr) * kSpan + 16 * vi), cv);
+                mx[rr] = _mm512_mask_max_ps(mx[rr], keep[rr][vi], mx[rr], x[rr][vi]);
+              }
             }
-            const float mb = _mm512_reduce_max_ps(mx), mi = m.data()[i] > mb ? m.data()[i] : mb;
-            const __m512 mv = _mm512_set1_ps(mi);
-            __m512 sum = _mm512_setzero_ps();
-            for (int64_t vi = 0; vi < nv; ++vi) {
-              const __m512 pv = _mm512_maskz_mov_ps(keep[vi], exp2_ps(_mm512_sub_ps(x[vi], mv)));
-              sum = _mm512_add_ps(sum, pv);
-              _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb.data() + i * kSpan + 16 * vi),
-                                  (__m256i)_mm512_cvtneps_pbh(pv));
+            __m512 sum[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+            for (int rr = 0; rr < 2; ++rr) {
+              const float mb = _mm512_reduce_max_ps(mx[rr]), mo = m.data()[i0 + rr];
+              mi[rr] = mo > mb ? mo : mb;
             }
-            m_new.data()[i] = mi;
-            l_blk.data()[i] = _mm512_reduce_add_ps(sum);
+            for (int rr = 0; rr < 2; ++rr) {
+              const __m512 mv = _mm512_set1_ps(mi[rr]);
+              for (int64_t vi = 0; vi < nv; ++vi) {
+                const __m512 pv = _mm512_maskz_mov_ps(keep[rr][vi], exp2_ps(_mm512_sub_ps(x[rr][vi], mv)));
+                sum[rr] = _mm512_add_ps(sum[rr], pv);
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb.data() + (i0 + rr) * kSpan + 16 * vi),
+                                    (__m256i)_mm512_cvtneps_pbh(pv));
+              }
+            }
+            for (int rr = 0; rr < 2; ++rr) {
+              m_new.data()[i0 + rr] = mi[rr];
+              l_blk.data()[i0 + rr] = _mm512_reduce_add_ps(sum[rr]);
+            }
           }
         };
         if (nk == 2) {
