@@ -291,11 +291,18 @@ TITAN_INLINE __mmask16 causal_keep(int64_t i, int64_t j0) {
 
 // One block of rows as a B operand whose columns are those rows, VNNI along the row: dst[c2][j] =
 // (src_j[2 c2], src_j[2 c2 + 1]) for j < rows, 0 for rows <= j < kBlock. dst [width / 2, kBlock].
+// A 32-bit transpose: each 16 destination words are one gather down 16 source rows (ld_src and
+// width even, so the pairs are aligned 32-bit words).
 void pack_block_col_pairs(uint32_t* dst, const bf16* src, int64_t ld_src, int64_t rows, int64_t width) {
-  for (int64_t j = 0; j < kBlock; ++j) {
-    const bf16* row = src + j * ld_src;
+  const int* words = reinterpret_cast<const int*>(src);
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (int64_t j0 = 0; j0 < kBlock; j0 += 16) {
+    const __m512i idx = _mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(int(j0))),
+                                           _mm512_set1_epi32(int(ld_src / 2)));
+    const __mmask16 valid = causal_keep(rows - 1, j0);  // rows j0 + lane < rows
     for (int64_t c2 = 0; c2 < width / 2; ++c2) {
-      dst[c2 * kBlock + j] = j < rows ? pack_pair(row[2 * c2], row[2 * c2 + 1]) : 0u;
+      _mm512_storeu_si512(dst + c2 * kBlock + j0,
+                          _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, idx, words + c2, 4));
     }
   }
 }
