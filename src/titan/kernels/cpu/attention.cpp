@@ -333,12 +333,34 @@ void pack_block_rows(bf16* dst, const bf16* src, int64_t ld_src, int64_t rows, i
 }
 
 // One block of rows transposed, dst[c * ld_dst + j] = src_j[c] for j < kBlock (0 past `rows`):
-// the A operand whose k runs along the rows (q^T, dO^T). 16-bit elements, kept scalar: O(S D).
+// the A operand whose k runs along the rows (q^T, dO^T). Per 16 rows and column pair, one gather
+// of the 32-bit pairs, split into the two destination rows by narrowing the low and high halves.
 void pack_block_transposed(bf16* dst, int64_t ld_dst, const bf16* src, int64_t ld_src, int64_t rows,
                            int64_t width) {
-  const bf16 zero{0};
-  for (int64_t c = 0; c < width; ++c) {
-    for (int64_t j = 0; j < kBlock; ++j) dst[c * ld_dst + j] = j < rows ? src[j * ld_src + c] : zero;
+  const int* words = reinterpret_cast<const int*>(src);
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (int64_t j0 = 0; j0 < kBlock; j0 += 16) {
+    const __m512i idx = _mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(int(j0))),
+                                           _mm512_set1_epi32(int(ld_src / 2)));
+    const __mmask16 valid = causal_keep(rows - 1, j0);  // rows j0 + lane < rows
+    for (int64_t c2 = 0; c2 < width / 2; ++c2) {
+      const __m512i w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, idx, words + c2, 4);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * c2 * ld_dst + j0), _mm512_cvtepi32_epi16(w));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (2 * c2 + 1) * ld_dst + j0),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16)));
+    }
+  }
+}
+
+// dst[j][c] = src[c][j] for j < rows, c < width: a [width, kBlock] f32 block (dk^T, dv^T) back to
+// rows, one 16-column gather per store. width a multiple of 16.
+void unpack_block_transposed(float* dst, int64_t ld_dst, const float* src, int64_t rows, int64_t width) {
+  const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                         _mm512_set1_epi32(int(kBlock)));
+  for (int64_t j = 0; j < rows; ++j) {
+    for (int64_t c0 = 0; c0 < width; c0 += 16) {
+      _mm512_storeu_ps(dst + j * ld_dst + c0, _mm512_i32gather_ps(idx, src + c0 * kBlock + j, 4));
+    }
   }
 }
 
@@ -616,12 +638,10 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
         }
         for (int64_t kb = kb0; kb < kb_end; ++kb) {
           const int64_t x = kb - kb0, col0 = kb * kBlock, cols = min_i64(kBlock, d.S - col0);
-          for (int64_t j = 0; j < cols; ++j) {
-            float* dkr = dk_part.data() + (bh * d.S + col0 + j) * d.Dqk;
-            float* dvr = dv_part.data() + (bh * d.S + col0 + j) * d.Dv;
-            for (int64_t col = 0; col < d.Dqk; ++col) dkr[col] = dkt.data()[(x * d.Dqk + col) * kBlock + j];
-            for (int64_t col = 0; col < d.Dv; ++col) dvr[col] = dvt.data()[(x * d.Dv + col) * kBlock + j];
-          }
+          unpack_block_transposed(dk_part.data() + (bh * d.S + col0) * d.Dqk, d.Dqk, dkt.data() + x * d.Dqk * kBlock,
+                                  cols, d.Dqk);
+          unpack_block_transposed(dv_part.data() + (bh * d.S + col0) * d.Dv, d.Dv, dvt.data() + x * d.Dv * kBlock,
+                                  cols, d.Dv);
         }
       }
       for (int64_t i = 0; i < d.S; ++i) {
