@@ -364,6 +364,21 @@ void unpack_block_transposed(float* dst, int64_t ld_dst, const float* src, int64
   }
 }
 
+// dst row j += src[:, j] (bf16 rows ld_dst apart, f32 sum rounded once) for j < rows: MHA's dk and
+// dv, which one query head owns alone, straight from its dk^T, dv^T block. width a multiple of 16.
+void add_block_transposed(bf16* dst, int64_t ld_dst, const float* src, int64_t rows, int64_t width) {
+  const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                         _mm512_set1_epi32(int(kBlock)));
+  for (int64_t j = 0; j < rows; ++j) {
+    for (int64_t c0 = 0; c0 < width; c0 += 16) {
+      __m256i* out = reinterpret_cast<__m256i*>(dst + j * ld_dst + c0);
+      const __m512 sum = _mm512_add_ps(_mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(out)),
+                                       _mm512_i32gather_ps(idx, src + c0 * kBlock + j, 4));
+      _mm256_storeu_si256(out, (__m256i)_mm512_cvtneps_pbh(sum));
+    }
+  }
+}
+
 // The packed keys and values of every (b, kv head), block by block, in parallel:
 // kd [B, Hkv, nblk, Dqk/2, kBlock] (B of q k^T), and when the pointers are given
 // vd [.., Dv/2, kBlock] (B of dO v^T), kp [.., kBlock/2, Dqk] (B of dS k), vp [.., kBlock/2, Dv] (B of P v).
@@ -524,7 +539,8 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
 }
 
 // The backward: one work item per (b, head), as in the f32 path (groups of kGroupBlocks key
-// blocks outer, query blocks inner, per-head dk and dv partials summed over the GQA group after).
+// blocks outer, query blocks inner, per-head dk and dv partials summed over the GQA group after;
+// without GQA each head adds its dk and dv straight into the outputs).
 // Per query span (kSpan rows) and key block, on tiles: S = q k^T and dP = dO v^T (queries by
 // keys), then dv^T += dO^T P and dk^T += q^T dS (held transposed, [D, keys]: P and dS become B
 // operands by pairing two query rows, no transpose); dq += dS k once per span and key group. P
@@ -538,8 +554,10 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
   Scratch<uint32_t> vd(kv_blocks * vblk);  // [B, Hkv, nblk, Dv/2, kBlock] B of dO v^T
   Scratch<uint32_t> kp(kv_blocks * kblk);  // [B, Hkv, nblk, kBlock/2, Dqk] B of dS k
   pack_kv_amx(kd.data(), vd.data(), kp.data(), nullptr, k, v, d, p);
-  Scratch<float> dk_part(d.B * d.H * d.S * d.Dqk);  // [B, H, S, Dqk] this head's share of dk
-  Scratch<float> dv_part(d.B * d.H * d.S * d.Dv);   // [B, H, S, Dv]
+  // GQA: per-head shares of dk and dv, summed over each group afterwards. MHA adds into dk, dv.
+  const bool mha = p.group == 1;
+  Scratch<float> dk_part(mha ? 0 : d.B * d.H * d.S * d.Dqk);  // [B, H, S, Dqk] this head's share of dk
+  Scratch<float> dv_part(mha ? 0 : d.B * d.H * d.S * d.Dv);   // [B, H, S, Dv]
 
   const float c = float(d.scale * 1.4426950408889634), scale = float(d.scale);
   // Query-side rows padded to whole spans (zero past S). Transposed rows one cache line longer:
@@ -638,10 +656,17 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
         }
         for (int64_t kb = kb0; kb < kb_end; ++kb) {
           const int64_t x = kb - kb0, col0 = kb * kBlock, cols = min_i64(kBlock, d.S - col0);
-          unpack_block_transposed(dk_part.data() + (bh * d.S + col0) * d.Dqk, d.Dqk, dkt.data() + x * d.Dqk * kBlock,
-                                  cols, d.Dqk);
-          unpack_block_transposed(dv_part.data() + (bh * d.S + col0) * d.Dv, d.Dv, dvt.data() + x * d.Dv * kBlock,
-                                  cols, d.Dv);
+          if (mha) {
+            add_block_transposed(dk + ((b * d.S + col0) * d.Hkv + h) * d.Dqk, d.Hkv * d.Dqk,
+                                 dkt.data() + x * d.Dqk * kBlock, cols, d.Dqk);
+            add_block_transposed(dv + ((b * d.S + col0) * d.Hkv + h) * d.Dv, d.Hkv * d.Dv,
+                                 dvt.data() + x * d.Dv * kBlock, cols, d.Dv);
+          } else {
+            unpack_block_transposed(dk_part.data() + (bh * d.S + col0) * d.Dqk, d.Dqk,
+                                    dkt.data() + x * d.Dqk * kBlock, cols, d.Dqk);
+            unpack_block_transposed(dv_part.data() + (bh * d.S + col0) * d.Dv, d.Dv,
+                                    dvt.data() + x * d.Dv * kBlock, cols, d.Dv);
+          }
         }
       }
       for (int64_t i = 0; i < d.S; ++i) {
@@ -652,7 +677,7 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
       }
     }
     _tile_release();
-    add_kv_partials(dk, dv, dk_part.data(), dv_part.data(), d, p);
+    if (!mha) add_kv_partials(dk, dv, dk_part.data(), dv_part.data(), d, p);
   }
 }
 
