@@ -462,8 +462,9 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
         // scores and stay finite; masked keys get P = 0 exactly. The span's vector count is a
         // constant (nv_c) so the row stays in registers.
         const int64_t key0 = (kb - qb) * kBlock;  // the span's first key relative to the block's first query
-        const auto softmax_rows = [&](auto nv_c) {
-          constexpr int64_t nv = decltype(nv_c)::value;  // 16-key vectors in the span
+        const auto softmax_rows = [&](auto nv_c, auto masked_c) {
+          constexpr int64_t nv = decltype(nv_c)::value;      // 16-key vectors in the span
+          constexpr bool masked = decltype(masked_c)::value;  // the span holds the diagonal block
           // Two rows per step: their dependency chains (max, reductions, exp) interleave.
           for (int64_t i0 = 0; i0 < kBlock; i0 += 2) {
             __m512 x[2][nv];
@@ -472,7 +473,7 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
             __m512 mx[2] = {_mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY)};
             for (int rr = 0; rr < 2; ++rr) {
               for (int64_t vi = 0; vi < nv; ++vi) {
-                keep[rr][vi] = causal_keep(i0 + rr, key0 + 16 * vi);
+                keep[rr][vi] = masked ? causal_keep(i0 + rr, key0 + 16 * vi) : __mmask16(0xffff);
                 x[rr][vi] = _mm512_mul_ps(_mm512_loadu_ps(st.data() + (i0 + rr) * kSpan + 16 * vi), cv);
                 mx[rr] = _mm512_mask_max_ps(mx[rr], keep[rr][vi], mx[rr], x[rr][vi]);
               }
@@ -497,10 +498,16 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
             }
           }
         };
-        if (nk == 2) {
-          softmax_rows(std::integral_constant<int64_t, kSpan / 16>{});
+        // Masks only where the span reaches the diagonal block: elsewhere all keys are visible and
+        // the per-vector mask arithmetic would be a third of the softmax's instructions.
+        using Full = std::integral_constant<int64_t, kSpan / 16>;
+        using Half = std::integral_constant<int64_t, kBlock / 16>;
+        if (kb + nk - 1 < qb) {
+          softmax_rows(Full{}, std::false_type{});  // a span short of the diagonal is always two blocks
+        } else if (nk == 2) {
+          softmax_rows(Full{}, std::true_type{});
         } else {
-          softmax_rows(std::integral_constant<int64_t, kBlock / 16>{});
+          softmax_rows(Half{}, std::true_type{});
         }
         // alpha = 2^(m_old - m_new) rescales the old sum and o (a first block: -inf gives ~0 of 0).
         for (int64_t i0 = 0; i0 < kBlock; i0 += 16) {
@@ -623,24 +630,33 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
             // P = 2^(c s - lse2) and scale dS = scale P (dP - D), two query rows at a time: rows as
             // dS's A operand, query pairs as P's and dS's B operands. Masked keys give exact zeros;
             // queries past S have zero dO, so their (finite) P and dS add nothing.
-            for (int64_t i = 0; i < kSpan; i += 2) {
-              const __m512 l0 = _mm512_set1_ps(lse2.data()[row0 + i]), l1 = _mm512_set1_ps(lse2.data()[row0 + i + 1]);
-              const __m512 d0 = _mm512_set1_ps(delta.data()[row0 + i]), d1 = _mm512_set1_ps(delta.data()[row0 + i + 1]);
-              for (int vi = 0; vi < 4; ++vi) {
-                const int64_t e0 = i * kBlock + 16 * vi, e1 = e0 + kBlock;
-                const int64_t r0 = i * kGroupBlocks * kBlock + (kb - kb0) * kBlock + 16 * vi, r1 = r0 + kGroupBlocks * kBlock;
-                const __mmask16 keep0 = causal_keep(i, key0 + 16 * vi), keep1 = causal_keep(i + 1, key0 + 16 * vi);
-                const __m512 p0 = _mm512_maskz_mov_ps(keep0, exp2_ps(_mm512_fmsub_ps(_mm512_loadu_ps(st.data() + e0), cv, l0)));
-                const __m512 p1 = _mm512_maskz_mov_ps(keep1, exp2_ps(_mm512_fmsub_ps(_mm512_loadu_ps(st.data() + e1), cv, l1)));
-                const __m512 ds0 = _mm512_mul_ps(_mm512_mul_ps(p0, sv), _mm512_sub_ps(_mm512_loadu_ps(dpt.data() + e0), d0));
-                const __m512 ds1 = _mm512_mul_ps(_mm512_mul_ps(p1, sv), _mm512_sub_ps(_mm512_loadu_ps(dpt.data() + e1), d1));
-                const __m512i ds01 = (__m512i)_mm512_cvtne2ps_pbh(ds1, ds0);  // [ds0 | ds1] in bf16
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsb.data() + r0), _mm512_castsi512_si256(ds01));
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsb.data() + r1), _mm512_extracti64x4_epi64(ds01, 1));
-                const int64_t pair = (i / 2) * kBlock + 16 * vi;
-                _mm512_storeu_si512(pp.data() + pair, pack_pair_ps(p0, p1));
-                _mm512_storeu_si512(dsp.data() + pair, vnni_interleave(ds01));
+            const auto p_and_ds = [&](auto masked_c) {
+              constexpr bool masked = decltype(masked_c)::value;  // the key block reaches the span's diagonal
+              for (int64_t i = 0; i < kSpan; i += 2) {
+                const __m512 l0 = _mm512_set1_ps(lse2.data()[row0 + i]), l1 = _mm512_set1_ps(lse2.data()[row0 + i + 1]);
+                const __m512 d0 = _mm512_set1_ps(delta.data()[row0 + i]), d1 = _mm512_set1_ps(delta.data()[row0 + i + 1]);
+                for (int vi = 0; vi < 4; ++vi) {
+                  const int64_t e0 = i * kBlock + 16 * vi, e1 = e0 + kBlock;
+                  const int64_t r0 = i * kGroupBlocks * kBlock + (kb - kb0) * kBlock + 16 * vi, r1 = r0 + kGroupBlocks * kBlock;
+                  const __mmask16 keep0 = masked ? causal_keep(i, key0 + 16 * vi) : __mmask16(0xffff);
+                  const __mmask16 keep1 = masked ? causal_keep(i + 1, key0 + 16 * vi) : __mmask16(0xffff);
+                  const __m512 p0 = _mm512_maskz_mov_ps(keep0, exp2_ps(_mm512_fmsub_ps(_mm512_loadu_ps(st.data() + e0), cv, l0)));
+                  const __m512 p1 = _mm512_maskz_mov_ps(keep1, exp2_ps(_mm512_fmsub_ps(_mm512_loadu_ps(st.data() + e1), cv, l1)));
+                  const __m512 ds0 = _mm512_mul_ps(_mm512_mul_ps(p0, sv), _mm512_sub_ps(_mm512_loadu_ps(dpt.data() + e0), d0));
+                  const __m512 ds1 = _mm512_mul_ps(_mm512_mul_ps(p1, sv), _mm512_sub_ps(_mm512_loadu_ps(dpt.data() + e1), d1));
+                  const __m512i ds01 = (__m512i)_mm512_cvtne2ps_pbh(ds1, ds0);  // [ds0 | ds1] in bf16
+                  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsb.data() + r0), _mm512_castsi512_si256(ds01));
+                  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsb.data() + r1), _mm512_extracti64x4_epi64(ds01, 1));
+                  const int64_t pair = (i / 2) * kBlock + 16 * vi;
+                  _mm512_storeu_si512(pp.data() + pair, pack_pair_ps(p0, p1));
+                  _mm512_storeu_si512(dsp.data() + pair, vnni_interleave(ds01));
+                }
               }
+            };
+            if (kb >= qs) {
+              p_and_ds(std::true_type{});
+            } else {
+              p_and_ds(std::false_type{});
             }
             const int64_t x = kb - kb0;
             amx_block<true>(dvt.data() + x * d.Dv * kBlock, kBlock, d.Dv, dot.data() + row0, ldt, pp.data(), kBlock,
