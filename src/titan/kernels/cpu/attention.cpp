@@ -289,16 +289,21 @@ TITAN_INLINE __mmask16 causal_keep(int64_t i, int64_t j0) {
   return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
 }
 
+// Gather offsets (first + lane) * stride of 16 lanes, in elements; int32 suffices, the largest
+// is 64 rows of one [.., H, D] tensor row stride.
+TITAN_INLINE __m512i lane_offsets(int64_t first, int64_t stride) {
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  return _mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(int(first))), _mm512_set1_epi32(int(stride)));
+}
+
 // One block of rows as a B operand whose columns are those rows, VNNI along the row: dst[c2][j] =
 // (src_j[2 c2], src_j[2 c2 + 1]) for j < rows, 0 for rows <= j < kBlock. dst [width / 2, kBlock].
 // A 32-bit transpose: each 16 destination words are one gather down 16 source rows (ld_src and
 // width even, so the pairs are aligned 32-bit words).
 void pack_block_col_pairs(uint32_t* dst, const bf16* src, int64_t ld_src, int64_t rows, int64_t width) {
   const int* words = reinterpret_cast<const int*>(src);
-  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   for (int64_t j0 = 0; j0 < kBlock; j0 += 16) {
-    const __m512i idx = _mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(int(j0))),
-                                           _mm512_set1_epi32(int(ld_src / 2)));
+    const __m512i idx = lane_offsets(j0, ld_src / 2);
     const __mmask16 valid = causal_keep(rows - 1, j0);  // rows j0 + lane < rows
     for (int64_t c2 = 0; c2 < width / 2; ++c2) {
       _mm512_storeu_si512(dst + c2 * kBlock + j0,
@@ -338,10 +343,8 @@ void pack_block_rows(bf16* dst, const bf16* src, int64_t ld_src, int64_t rows, i
 void pack_block_transposed(bf16* dst, int64_t ld_dst, const bf16* src, int64_t ld_src, int64_t rows,
                            int64_t width) {
   const int* words = reinterpret_cast<const int*>(src);
-  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   for (int64_t j0 = 0; j0 < kBlock; j0 += 16) {
-    const __m512i idx = _mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(int(j0))),
-                                           _mm512_set1_epi32(int(ld_src / 2)));
+    const __m512i idx = lane_offsets(j0, ld_src / 2);
     const __mmask16 valid = causal_keep(rows - 1, j0);  // rows j0 + lane < rows
     for (int64_t c2 = 0; c2 < width / 2; ++c2) {
       const __m512i w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, idx, words + c2, 4);
@@ -355,8 +358,7 @@ void pack_block_transposed(bf16* dst, int64_t ld_dst, const bf16* src, int64_t l
 // dst[j][c] = src[c][j] for j < rows, c < width: a [width, kBlock] f32 block (dk^T, dv^T) back to
 // rows, one 16-column gather per store. width a multiple of 16.
 void unpack_block_transposed(float* dst, int64_t ld_dst, const float* src, int64_t rows, int64_t width) {
-  const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                         _mm512_set1_epi32(int(kBlock)));
+  const __m512i idx = lane_offsets(0, kBlock);
   for (int64_t j = 0; j < rows; ++j) {
     for (int64_t c0 = 0; c0 < width; c0 += 16) {
       _mm512_storeu_ps(dst + j * ld_dst + c0, _mm512_i32gather_ps(idx, src + c0 * kBlock + j, 4));
@@ -367,8 +369,7 @@ void unpack_block_transposed(float* dst, int64_t ld_dst, const float* src, int64
 // dst row j += src[:, j] (bf16 rows ld_dst apart, f32 sum rounded once) for j < rows: MHA's dk and
 // dv, which one query head owns alone, straight from its dk^T, dv^T block. width a multiple of 16.
 void add_block_transposed(bf16* dst, int64_t ld_dst, const float* src, int64_t rows, int64_t width) {
-  const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                         _mm512_set1_epi32(int(kBlock)));
+  const __m512i idx = lane_offsets(0, kBlock);
   for (int64_t j = 0; j < rows; ++j) {
     for (int64_t c0 = 0; c0 < width; c0 += 16) {
       __m256i* out = reinterpret_cast<__m256i*>(dst + j * ld_dst + c0);
