@@ -104,7 +104,8 @@ int main() {
   std::printf("threads: %d; CPU kernels: %s variant\n", num_threads(),
               std::string(cpu_capability_name(cpu_capability())).c_str());
   std::printf("FLOPs: fwd = S(S+1)/2 * 2(Dqk+Dv) per head (causal), bwd = 2.5x fwd; peak is f32 FMA for f32, "
-              "bf16 AMX (or bf16 dot without AMX) for bf16,\nre-sampled between kernel runs (the machine is shared; best of each)\n\n");
+              "bf16 AMX (or bf16 dot without AMX) for bf16,\n"
+              "re-sampled between kernel runs (the machine is shared; best of each)\n\n");
 
   struct Shape6 { int64_t B, S, H, Hkv, Dqk, Dv; };
   const Shape6 targets[] = {{1, 2048, 8, 8, 128, 128}, {1, 2048, 8, 2, 128, 128}};

@@ -524,7 +524,9 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
           if (a == 1.0f) continue;
           float* orow = oacc.data() + i * d.Dv;
           const __m512 av = _mm512_set1_ps(a);
-          for (int64_t col = 0; col < d.Dv; col += 16) _mm512_storeu_ps(orow + col, _mm512_mul_ps(_mm512_loadu_ps(orow + col), av));
+          for (int64_t col = 0; col < d.Dv; col += 16) {
+            _mm512_storeu_ps(orow + col, _mm512_mul_ps(_mm512_loadu_ps(orow + col), av));
+          }
         }
         // The span's value blocks lie back to back in vp: one B operand of nk * kBlock keys.
         amx_block<true>(oacc.data(), d.Dv, kBlock, pb.data(), kSpan, vp.data() + (bg * p.nblk + kb) * vp_blk, d.Dv,
@@ -581,10 +583,12 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
     Scratch<bf16> qt(d.Dqk * ldt, ScratchInit::zeroed);        // [Dqk, ldt] q^T: A of dk^T
     Scratch<bf16> dot(d.Dv * ldt, ScratchInit::zeroed);        // [Dv, ldt] dO^T: A of dv^T
     Scratch<float> dq_acc(s_span * d.Dqk, ScratchInit::zeroed);  // [s_span, Dqk]
-    Scratch<float> lse2(s_span, ScratchInit::zeroed), delta(s_span, ScratchInit::zeroed);  // [s_span] base-2 lse, D_i; 0 past S
+    // [s_span] base-2 lse and D_i, 0 past S
+    Scratch<float> lse2(s_span, ScratchInit::zeroed), delta(s_span, ScratchInit::zeroed);
     Scratch<float> st(kSpan * kBlock, ScratchInit::zeroed);    // [kSpan queries, kBlock keys] S
     Scratch<float> dpt(kSpan * kBlock, ScratchInit::zeroed);   // [kSpan, kBlock] dP
-    Scratch<bf16> dsb(kSpan * kGroupBlocks * kBlock, ScratchInit::zeroed);  // [kSpan, kGroupBlocks * kBlock] scale dS: A of dS k
+    // [kSpan, kGroupBlocks * kBlock] scale dS: A of dS k
+    Scratch<bf16> dsb(kSpan * kGroupBlocks * kBlock, ScratchInit::zeroed);
     Scratch<uint32_t> pp(kSpan * kBlock / 2, ScratchInit::zeroed);   // [kSpan/2 query pairs, kBlock keys] P: B of dO^T P
     Scratch<uint32_t> dsp(kSpan * kBlock / 2, ScratchInit::zeroed);  // [kSpan/2, kBlock] scale dS: B of q^T dS
     Scratch<float> dkt(kGroupBlocks * d.Dqk * kBlock, ScratchInit::zeroed);  // [kGroupBlocks, Dqk, kBlock] dk^T
@@ -635,16 +639,20 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
               constexpr bool masked = decltype(masked_c)::value;  // the key block reaches the span's diagonal
               for (int64_t i = 0; i < kSpan; i += 2) {
                 const __m512 l0 = _mm512_set1_ps(lse2.data()[row0 + i]), l1 = _mm512_set1_ps(lse2.data()[row0 + i + 1]);
-                const __m512 d0 = _mm512_set1_ps(delta.data()[row0 + i]), d1 = _mm512_set1_ps(delta.data()[row0 + i + 1]);
+                const __m512 d0 = _mm512_set1_ps(delta.data()[row0 + i]);
+                const __m512 d1 = _mm512_set1_ps(delta.data()[row0 + i + 1]);
                 for (int vi = 0; vi < 4; ++vi) {
                   const int64_t e0 = i * kBlock + 16 * vi, e1 = e0 + kBlock;
-                  const int64_t r0 = i * kGroupBlocks * kBlock + (kb - kb0) * kBlock + 16 * vi, r1 = r0 + kGroupBlocks * kBlock;
+                  const int64_t r0 = i * kGroupBlocks * kBlock + (kb - kb0) * kBlock + 16 * vi;  // in dsb
+                  const int64_t r1 = r0 + kGroupBlocks * kBlock;
                   const __mmask16 keep0 = masked ? causal_keep(i, key0 + 16 * vi) : __mmask16(0xffff);
                   const __mmask16 keep1 = masked ? causal_keep(i + 1, key0 + 16 * vi) : __mmask16(0xffff);
-                  const __m512 p0 = _mm512_maskz_mov_ps(keep0, exp2_ps(_mm512_fmsub_ps(_mm512_loadu_ps(st.data() + e0), cv, l0)));
-                  const __m512 p1 = _mm512_maskz_mov_ps(keep1, exp2_ps(_mm512_fmsub_ps(_mm512_loadu_ps(st.data() + e1), cv, l1)));
-                  const __m512 ds0 = _mm512_mul_ps(_mm512_mul_ps(p0, sv), _mm512_sub_ps(_mm512_loadu_ps(dpt.data() + e0), d0));
-                  const __m512 ds1 = _mm512_mul_ps(_mm512_mul_ps(p1, sv), _mm512_sub_ps(_mm512_loadu_ps(dpt.data() + e1), d1));
+                  const __m512 s0 = _mm512_loadu_ps(st.data() + e0), s1 = _mm512_loadu_ps(st.data() + e1);
+                  const __m512 p0 = _mm512_maskz_mov_ps(keep0, exp2_ps(_mm512_fmsub_ps(s0, cv, l0)));
+                  const __m512 p1 = _mm512_maskz_mov_ps(keep1, exp2_ps(_mm512_fmsub_ps(s1, cv, l1)));
+                  const __m512 dp0 = _mm512_loadu_ps(dpt.data() + e0), dp1 = _mm512_loadu_ps(dpt.data() + e1);
+                  const __m512 ds0 = _mm512_mul_ps(_mm512_mul_ps(p0, sv), _mm512_sub_ps(dp0, d0));
+                  const __m512 ds1 = _mm512_mul_ps(_mm512_mul_ps(p1, sv), _mm512_sub_ps(dp1, d1));
                   const __m512i ds01 = (__m512i)_mm512_cvtne2ps_pbh(ds1, ds0);  // [ds0 | ds1] in bf16
                   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsb.data() + r0), _mm512_castsi512_si256(ds01));
                   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsb.data() + r1), _mm512_extracti64x4_epi64(ds01, 1));
