@@ -280,6 +280,8 @@ void add_kv_partials(T* dk, T* dv, const float* dk_part, const float* dv_part, c
 // Two packed blocks: the keys per step of the AMX forward's key loop and the queries per step of
 // the AMX backward's query loop (which starts its spans at each group of kGroupBlocks key blocks).
 constexpr int64_t kSpan = 2 * kBlock;
+// How far (base 2) a score may exceed the AMX forward's stale running max before the max moves.
+constexpr float kLazyMax = 8.0f;
 static_assert(kGroupBlocks % (kSpan / kBlock) == 0, "query spans must start at a key group's first block");
 
 // Causal keep mask of query row i over the 16 keys starting at j0 (both counted from the same
@@ -438,8 +440,8 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
     Scratch<float> st(kBlock * kSpan, ScratchInit::zeroed);     // [kBlock queries, kSpan keys] scores
     Scratch<bf16> pb(kBlock * kSpan, ScratchInit::zeroed);      // [kBlock, kSpan] P, A of P v
     Scratch<float> oacc(kBlock * d.Dv, ScratchInit::zeroed);    // [kBlock, Dv] unnormalized o
-    Scratch<float> m(kBlock, ScratchInit::zeroed), l(kBlock, ScratchInit::zeroed);  // running max (base 2), sum
-    Scratch<float> m_new(kBlock, ScratchInit::zeroed), l_blk(kBlock, ScratchInit::zeroed);  // this key block's
+    Scratch<float> m(kBlock, ScratchInit::zeroed);        // [kBlock] running max (base 2), possibly stale
+    Scratch<float> l(kBlock * 16, ScratchInit::zeroed);   // [kBlock, 16] running sums, 16 lanes per row
     const __m512 cv = _mm512_set1_ps(c);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < items; ++t) {
@@ -449,7 +451,8 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
       const int64_t bh = t / p.nblk, qb = p.nblk - 1 - t % p.nblk, b = bh / d.H, h = bh % d.H;
       const int64_t bg = b * d.Hkv + h / p.group, row0 = qb * kBlock, rows = min_i64(kBlock, d.S - row0);
       pack_block_rows(qblk.data(), q + ((b * d.S + row0) * d.H + h) * d.Dqk, d.H * d.Dqk, rows, d.Dqk);
-      for (int64_t i = 0; i < kBlock; ++i) m.data()[i] = -INFINITY, l.data()[i] = 0.0f;
+      for (int64_t i = 0; i < kBlock; ++i) m.data()[i] = -INFINITY;
+      std::memset(l.data(), 0, size_t(kBlock * 16) * sizeof(float));
       std::memset(oacc.data(), 0, size_t(kBlock * d.Dv) * sizeof(float));
       // Key blocks two at a time (one at the diagonal when qb + 1 - kb is odd): the span's P v
       // product then runs 4 k chunks per load and store of its o tiles.
@@ -459,48 +462,63 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
           amx_block<false>(st.data() + x * kBlock, kSpan, kBlock, qblk.data(), d.Dqk,
                            kd.data() + (bg * p.nblk + kb + x) * kd_blk, kBlock, d.Dqk / 32);
         }
-        // Per query row: new max, P = 2^(c s - max) rounded to bf16, its sum. Rows past S see zero
-        // scores and stay finite; masked keys get P = 0 exactly. The span's vector count is a
-        // constant (nv_c) so the row stays in registers.
+        // Per query row: P = 2^(c s - m) rounded to bf16 and its sum, with m the running max kept
+        // stale while no score exceeds it by more than kLazyMax (P then stays below 2^kLazyMax,
+        // harmless in f32 and bf16): the common case needs no horizontal max and no rescale of o.
+        // Sums stay 16 lanes wide until the end. Rows past S see zero scores and stay finite;
+        // masked keys get P = 0 exactly. The span's vector count is a constant (nv_c) so a row
+        // stays in registers; masks are computed only where the span reaches the diagonal.
         const int64_t key0 = (kb - qb) * kBlock;  // the span's first key relative to the block's first query
         const auto softmax_rows = [&](auto nv_c, auto masked_c) {
           constexpr int64_t nv = decltype(nv_c)::value;      // 16-key vectors in the span
           constexpr bool masked = decltype(masked_c)::value;  // the span holds the diagonal block
-          // Two rows per step: their dependency chains (max, reductions, exp) interleave.
+          // Two rows per step: their dependency chains interleave.
           for (int64_t i0 = 0; i0 < kBlock; i0 += 2) {
             __m512 x[2][nv];
             __mmask16 keep[2][nv];
             float mi[2];
-            __m512 mx[2] = {_mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY)};
             for (int rr = 0; rr < 2; ++rr) {
+              const __m512 limit = _mm512_set1_ps(m.data()[i0 + rr] + kLazyMax);
+              __mmask16 over = 0;
               for (int64_t vi = 0; vi < nv; ++vi) {
                 keep[rr][vi] = masked ? causal_keep(i0 + rr, key0 + 16 * vi) : __mmask16(0xffff);
                 x[rr][vi] = _mm512_mul_ps(_mm512_loadu_ps(st.data() + (i0 + rr) * kSpan + 16 * vi), cv);
-                mx[rr] = _mm512_mask_max_ps(mx[rr], keep[rr][vi], mx[rr], x[rr][vi]);
+                over |= _mm512_mask_cmp_ps_mask(keep[rr][vi], x[rr][vi], limit, _CMP_GT_OQ);
+              }
+              mi[rr] = m.data()[i0 + rr];
+              if (over) {  // a new max (always in the first span, where m is -inf)
+                __m512 mx = _mm512_set1_ps(-INFINITY);
+                for (int64_t vi = 0; vi < nv; ++vi) mx = _mm512_mask_max_ps(mx, keep[rr][vi], mx, x[rr][vi]);
+                const float mb = _mm512_reduce_max_ps(mx);
+                mi[rr] = mi[rr] > mb ? mi[rr] : mb;
               }
             }
-            __m512 sum[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
             for (int rr = 0; rr < 2; ++rr) {
-              const float mb = _mm512_reduce_max_ps(mx[rr]), mo = m.data()[i0 + rr];
-              mi[rr] = mo > mb ? mo : mb;
-            }
-            for (int rr = 0; rr < 2; ++rr) {
+              const int64_t i = i0 + rr;
               const __m512 mv = _mm512_set1_ps(mi[rr]);
+              __m512 sum = _mm512_setzero_ps();
               for (int64_t vi = 0; vi < nv; ++vi) {
                 const __m512 pv = _mm512_maskz_mov_ps(keep[rr][vi], exp2_ps(_mm512_sub_ps(x[rr][vi], mv)));
-                sum[rr] = _mm512_add_ps(sum[rr], pv);
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb.data() + (i0 + rr) * kSpan + 16 * vi),
+                sum = _mm512_add_ps(sum, pv);
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb.data() + i * kSpan + 16 * vi),
                                     (__m256i)_mm512_cvtneps_pbh(pv));
               }
-            }
-            for (int rr = 0; rr < 2; ++rr) {
-              m_new.data()[i0 + rr] = mi[rr];
-              l_blk.data()[i0 + rr] = _mm512_reduce_add_ps(sum[rr]);
+              float* li = l.data() + i * 16;
+              if (mi[rr] == m.data()[i]) {
+                _mm512_storeu_ps(li, _mm512_add_ps(_mm512_loadu_ps(li), sum));
+                continue;
+              }
+              // The max moved: alpha = 2^(m_old - m_new) rescales the old sums and o (0 at first).
+              const __m512 av = _mm512_set1_ps(std::exp2(m.data()[i] - mi[rr]));
+              _mm512_storeu_ps(li, _mm512_fmadd_ps(_mm512_loadu_ps(li), av, sum));
+              m.data()[i] = mi[rr];
+              float* orow = oacc.data() + i * d.Dv;
+              for (int64_t col = 0; col < d.Dv; col += 16) {
+                _mm512_storeu_ps(orow + col, _mm512_mul_ps(_mm512_loadu_ps(orow + col), av));
+              }
             }
           }
         };
-        // Masks only where the span reaches the diagonal block: elsewhere all keys are visible and
-        // the per-vector mask arithmetic would be a third of the softmax's instructions.
         using Full = std::integral_constant<int64_t, kSpan / 16>;
         using Half = std::integral_constant<int64_t, kBlock / 16>;
         if (kb + nk - 1 < qb) {
@@ -510,30 +528,12 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
         } else {
           softmax_rows(Half{}, std::true_type{});
         }
-        // alpha = 2^(m_old - m_new) rescales the old sum and o (a first block: -inf gives ~0 of 0).
-        for (int64_t i0 = 0; i0 < kBlock; i0 += 16) {
-          const __m512 mn = _mm512_loadu_ps(m_new.data() + i0);
-          const __m512 a = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(m.data() + i0), mn));
-          _mm512_storeu_ps(l.data() + i0, _mm512_fmadd_ps(_mm512_loadu_ps(l.data() + i0), a,
-                                                          _mm512_loadu_ps(l_blk.data() + i0)));
-          _mm512_storeu_ps(m.data() + i0, mn);
-          _mm512_storeu_ps(l_blk.data() + i0, a);  // l_blk now holds alpha
-        }
-        for (int64_t i = 0; i < kBlock; ++i) {
-          const float a = l_blk.data()[i];
-          if (a == 1.0f) continue;
-          float* orow = oacc.data() + i * d.Dv;
-          const __m512 av = _mm512_set1_ps(a);
-          for (int64_t col = 0; col < d.Dv; col += 16) {
-            _mm512_storeu_ps(orow + col, _mm512_mul_ps(_mm512_loadu_ps(orow + col), av));
-          }
-        }
         // The span's value blocks lie back to back in vp: one B operand of nk * kBlock keys.
         amx_block<true>(oacc.data(), d.Dv, kBlock, pb.data(), kSpan, vp.data() + (bg * p.nblk + kb) * vp_blk, d.Dv,
                         nk * kBlock / 32);
       }
       for (int64_t i = 0; i < rows; ++i) {
-        const float sum = l.data()[i];
+        const float sum = _mm512_reduce_add_ps(_mm512_loadu_ps(l.data() + i * 16));
         const __m512 inv = _mm512_set1_ps(1.0f / sum);
         const float* orow = oacc.data() + i * d.Dv;
         bf16* out = o + ((b * d.S + row0 + i) * d.H + h) * d.Dv;
