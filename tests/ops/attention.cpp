@@ -67,9 +67,10 @@ TITAN_OP_CASES(attention) {
       {3, 65, 4, 1, 128, 128}, {1, 130, 2, 1, 192, 128}, {2, 130, 4, 4, 16, 16}, {1, 65, 4, 2, 192, 128},
       {1, 300, 2, 1, 32, 48},  // more than one group of kernel blocks (4 x 64 rows) on each side
       // bf16 on AMX (both head dims multiples of 32): S = 1, S not a multiple of 16, GQA groups
-      // of 3 and 4, head dims of one, three and four tiles' worth of k, more than one key group.
+      // of 3 and 4, head dims of one, three and four tiles' worth of k, more than one key group
+      // with an odd number of blocks (GQA and MHA, which write dk and dv differently).
       {1, 1, 1, 1, 32, 32},   {2, 17, 6, 2, 64, 32},  {1, 97, 4, 1, 96, 64}, {1, 300, 3, 1, 32, 32},
-      {1, 129, 2, 2, 128, 96},
+      {1, 129, 2, 2, 128, 96}, {1, 300, 2, 2, 64, 64},
   };
   return {
       {"attention_forward", shapes,

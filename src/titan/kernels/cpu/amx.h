@@ -116,7 +116,8 @@ TITAN_INLINE void amx_row_block_acc(float* c, int64_t c_ld, int64_t c_next, cons
 // instructions of fast_exp's clamp, range reduction and exponent assembly; the softmax vector
 // work, not the tile products, bounds flash attention on AMX. x is clamped below at -125 (result
 // about 2^-125, never a subnormal: callers zero masked entries themselves); -inf and NaN give that
-// too. Used only where x <= 0 (scores minus their running max or their lse).
+// too. Exact powers of two up to x = 127; attention passes scores minus their lse or minus a
+// running max they exceed by at most a few units.
 TITAN_INLINE __m512 exp2_ps(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-125.0f));
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
