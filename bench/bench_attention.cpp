@@ -10,6 +10,7 @@
 #include <string>
 
 #include "bench_common.h"
+#include "titan/core/cpu_features.h"
 #include "titan/core/parallel.h"
 #include "titan/core/rng.h"
 #include "titan/kernels/attention.h"
@@ -65,8 +66,12 @@ double peak_sample(double (*kernel)(int64_t), int64_t iters) {
 // about as long as one fwd+bwd, so kernel and denominator see the same load on a shared machine
 // (a short peak sample would more often catch a quiet moment); best of `rounds` each.
 void run(Problem& p, int rounds) {
-  double (*peak_kernel)(int64_t) =
-      p.dtype == DType::f32 ? TITAN_CPU_KERNEL(peak_fma_f32) : TITAN_CPU_KERNEL(peak_dot_bf16);
+  // bf16's peak is AMX's tile rate where the CPU has it (the bf16 kernels then run on tiles),
+  // the vector bf16 dot rate otherwise.
+  const bool amx = cpu_capability() == CpuCapability::avx512_bf16 && cpu_amx_bf16_usable();
+  double (*peak_kernel)(int64_t) = p.dtype == DType::f32 ? TITAN_CPU_KERNEL(peak_fma_f32)
+                                   : amx                    ? TITAN_CPU_KERNEL(peak_amx_bf16)
+                                                            : TITAN_CPU_KERNEL(peak_dot_bf16);
   p.forward();
   const double t_first = bench::time_best([&] { p.forward(); p.backward(); }, 1, 0);
   int64_t iters = 1 << 16;
@@ -83,7 +88,7 @@ void run(Problem& p, int rounds) {
   }
   const double f = p.forward_flops(), b = 2.5 * f;
   std::printf("%s   (peak %s sampled alongside: %.1f GFLOP/s)\n", p.name().c_str(),
-              p.dtype == DType::f32 ? "f32 FMA" : "bf16 dot", peak / 1e9);
+              p.dtype == DType::f32 ? "f32 FMA" : amx ? "bf16 AMX" : "bf16 dot", peak / 1e9);
   std::printf("  fwd     %8.2f ms  %7.1f GFLOP/s  %5.1f%% of peak\n", t_fwd * 1e3, f / t_fwd / 1e9, 100 * f / t_fwd / peak);
   std::printf("  bwd     %8.2f ms  %7.1f GFLOP/s  %5.1f%% of peak\n", t_bwd * 1e3, b / t_bwd / 1e9, 100 * b / t_bwd / peak);
   const double frac = (f + b) / t_both / peak;
@@ -99,7 +104,8 @@ int main() {
   std::printf("threads: %d; CPU kernels: %s variant\n", num_threads(),
               std::string(cpu_capability_name(cpu_capability())).c_str());
   std::printf("FLOPs: fwd = S(S+1)/2 * 2(Dqk+Dv) per head (causal), bwd = 2.5x fwd; peak is f32 FMA for f32, "
-              "bf16 dot for bf16,\nre-sampled between kernel runs (the machine is shared; best of each)\n\n");
+              "bf16 AMX (or bf16 dot without AMX) for bf16,\n"
+              "re-sampled between kernel runs (the machine is shared; best of each)\n\n");
 
   struct Shape6 { int64_t B, S, H, Hkv, Dqk, Dv; };
   const Shape6 targets[] = {{1, 2048, 8, 8, 128, 128}, {1, 2048, 8, 2, 128, 128}};

@@ -1,7 +1,8 @@
 // Rows of the op table for kernels/attention. dims = {B, S, H, Hkv, Dqk, Dv}: odd sequence
 // lengths around the 64-row block (1, 2, 17, 63, 65, 130), head dims that are not multiples of
-// the 16-float vector (72) and MLA's 192/128 split, GQA groups of 1, 2 and 4, and S = 300 for
-// several groups of the fast kernel's 64-row blocks.
+// the 16-float vector (72) and MLA's 192/128 split, GQA groups of 1, 2, 3 and 4, and S = 300 for
+// several groups of the fast kernel's 64-row blocks. bf16 rows whose head dims are both multiples
+// of 32 take the AMX path at the avx512_bf16 level on CPUs with AMX; the others (16, 72, 48) do not.
 #include "common/op_table.h"
 #include "titan/kernels/attention.h"
 #include "titan/kernels/cpu/attention.h"
@@ -65,6 +66,11 @@ TITAN_OP_CASES(attention) {
       {1, 1, 1, 1, 16, 16},   {1, 2, 2, 1, 16, 16},   {2, 17, 4, 2, 72, 72},   {1, 63, 2, 2, 64, 64},
       {3, 65, 4, 1, 128, 128}, {1, 130, 2, 1, 192, 128}, {2, 130, 4, 4, 16, 16}, {1, 65, 4, 2, 192, 128},
       {1, 300, 2, 1, 32, 48},  // more than one group of kernel blocks (4 x 64 rows) on each side
+      // bf16 on AMX (both head dims multiples of 32): S = 1, S not a multiple of 16, GQA groups
+      // of 3 and 4, head dims of one, three and four tiles' worth of k, more than one key group
+      // with an odd number of blocks (GQA and MHA, which write dk and dv differently).
+      {1, 1, 1, 1, 32, 32},   {2, 17, 6, 2, 64, 32},  {1, 97, 4, 1, 96, 64}, {1, 300, 3, 1, 32, 32},
+      {1, 129, 2, 2, 128, 96}, {1, 300, 2, 2, 64, 64},
   };
   return {
       {"attention_forward", shapes,

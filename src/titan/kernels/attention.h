@@ -17,6 +17,10 @@ double default_attention_scale(int64_t head_dim);
 // (saved for the backward). q [B, S, H, Dqk], k [B, S, Hkv, Dqk], v [B, S, Hkv, Dv] (H % Hkv == 0),
 // o [B, S, H, Dv] of q's dtype, lse [B, H, S] f32. f32 or bf16, contiguous. scale defaults to
 // Dqk^-0.5.
+// bf16 on CPUs with AMX (Dqk and Dv multiples of 32) multiplies on AMX tiles with f32
+// accumulation; the softmax stays f32, but the probabilities P (and in the backward dS) are
+// rounded to bf16 as operands of P v (dO^T P, dS k, q^T dS), as in other bf16 flash attentions.
+// Elsewhere bf16 is widened to f32. Both agree with the reference within bf16 tolerances.
 void attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        std::optional<double> scale = std::nullopt);
 

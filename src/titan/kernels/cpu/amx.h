@@ -15,6 +15,10 @@
 
 #include <immintrin.h>
 
+// GCC 12 reports the _mm512_undefined_*() placeholder inside the AVX-512 intrinsics (masked-off
+// merge operand) as maybe-uninitialized wherever they are inlined: a false positive.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #include "titan/kernels/cpu/isa.h"
 
 namespace titan::kernels::cpu::TITAN_ISA {
@@ -69,6 +73,75 @@ TITAN_INLINE void amx_row_block(float* c, int64_t c_ld, int64_t c_next, const ch
   if (tiles > 1) _tile_stored(1, reinterpret_cast<char*>(c) + c_next, c_ld);
   if (tiles > 2) _tile_stored(2, reinterpret_cast<char*>(c) + 2 * c_next, c_ld);
   if (tiles > 3) _tile_stored(3, reinterpret_cast<char*>(c) + 3 * c_next, c_ld);
+}
+
+// amx_row_block with c accumulated into: the C tiles are loaded from c first instead of zeroed
+// (c += A x B), so a running f32 sum (flash attention's dq, dk, dv, o) never leaves memory
+// between products and needs no vector add pass.
+TITAN_INLINE void amx_row_block_acc(float* c, int64_t c_ld, int64_t c_next, const char* a, int64_t a_ld,
+                                    int64_t a_step, const char* b, int64_t b_ld, int64_t b_step, int64_t b_next,
+                                    int64_t chunks, int tiles) {
+  char* cb = reinterpret_cast<char*>(c);
+  _tile_loadd(0, cb, c_ld);
+  if (tiles > 1) _tile_loadd(1, cb + c_next, c_ld);
+  if (tiles > 2) _tile_loadd(2, cb + 2 * c_next, c_ld);
+  if (tiles > 3) _tile_loadd(3, cb + 3 * c_next, c_ld);
+  for (int64_t k = 0; k < chunks; ++k) {
+    const char* bk = b + k * b_step;
+    _tile_loadd(4, a + k * a_step, a_ld);
+    _tile_loadd(5, bk, b_ld);
+    _tile_dpbf16ps(0, 4, 5);
+    if (tiles > 1) {
+      _tile_loadd(6, bk + b_next, b_ld);
+      _tile_dpbf16ps(1, 4, 6);
+    }
+    if (tiles > 2) {
+      _tile_loadd(7, bk + 2 * b_next, b_ld);
+      _tile_dpbf16ps(2, 4, 7);
+    }
+    if (tiles > 3) {
+      _tile_loadd(5, bk + 3 * b_next, b_ld);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+  }
+  _tile_stored(0, cb, c_ld);
+  if (tiles > 1) _tile_stored(1, cb + c_next, c_ld);
+  if (tiles > 2) _tile_stored(2, cb + 2 * c_next, c_ld);
+  if (tiles > 3) _tile_stored(3, cb + 3 * c_next, c_ld);
+}
+
+// 2^x on 16 floats for the softmax probabilities that AMX consumes as bf16 operands: x rounded
+// to the nearest integer n, 2^(x - n) by its degree-5 Taylor polynomial on [-1/2, 1/2] (relative
+// error below 3e-6, far under bf16's 2^-9 rounding), scaled by 2^n with VSCALEFPS. About half the
+// instructions of fast_exp's clamp, range reduction and exponent assembly; the softmax vector
+// work, not the tile products, bounds flash attention on AMX. x is clamped below at -125 (result
+// about 2^-125, never a subnormal: callers zero masked entries themselves); -inf and NaN give that
+// too. Exact powers of two up to x = 127; attention passes scores minus their lse or minus a
+// running max they exceed by at most a few units.
+TITAN_INLINE __m512 exp2_ps(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-125.0f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.3333558146428443e-3f);  // ln2^k / k!, k = 5 .. 1
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129107628477e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265069591007e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471805599453e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// 32 bf16 [r0[0..16) | r1[0..16)] (as _mm512_cvtne2ps_pbh(r1, r0) gives them) as 16 VNNI pairs
+// (r0[i] low, r1[i] high): one 64-byte row of a B operand built from two consecutive rows.
+TITAN_INLINE __m512i vnni_interleave(__m512i halves) {
+  alignas(64) static constexpr uint16_t kIdx[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                    8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kIdx), halves);
+}
+
+// 16 f32 values of rows r0 and r1 as 16 VNNI pairs (bf16, round to nearest even).
+TITAN_INLINE __m512i pack_pair_ps(__m512 r0, __m512 r1) {
+  return vnni_interleave((__m512i)_mm512_cvtne2ps_pbh(r1, r0));
 }
 
 // One VNNI row of a bf16 pair of rows (the B layout of AMX's bf16 product): dst[col] holds

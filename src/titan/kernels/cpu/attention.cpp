@@ -2,16 +2,22 @@
 // resident while key/value blocks stream past, and scores only ever exist as kBlock x kBlock
 // tiles (held transposed, keys by queries; see the forward). Every product is a register-tiled
 // f32 micro-kernel over packed, zero-padded buffers.
-// bf16 inputs are widened to f32 once, while packing (O(S D) work against O(S^2 D) products):
-// on the Xeon this was tuned on, VDPBF16PS runs at half the f32 FMA rate, so f32 FMA is the
-// faster way to multiply bf16 there.
+// Without AMX, bf16 inputs are widened to f32 once, while packing (O(S D) work against O(S^2 D)
+// products): on the Xeon this was tuned on, VDPBF16PS runs at half the f32 FMA rate, so f32 FMA
+// is the faster vector way to multiply bf16. With AMX, bf16 runs on tiles (see "bf16 on AMX").
 #include "titan/kernels/cpu/attention.h"
 
 #include <omp.h>
 
+#include <type_traits>
+
 #include "titan/core/allocator.h"
+#include "titan/core/cpu_features.h"
 #include "titan/kernels/cpu/isa.h"
 #include "titan/kernels/cpu/scratch.h"
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include "titan/kernels/cpu/amx.h"
+#endif
 
 namespace titan::kernels::cpu::TITAN_ISA {
 
@@ -240,6 +246,470 @@ void add_group_sum(T* out, float* sum, const float* part, int64_t stride, int64_
   for (int64_t c = 0; c < width; ++c) out[c] = from_f32<T>(to_f32(out[c]) + sum[c]);
 }
 
+
+// dk, dv += the sum over each GQA group's heads of their per-head partials dk_part [B, H, S, Dqk]
+// and dv_part [B, H, S, Dv], in head order. Called inside a parallel region (orphaned omp for).
+template <class T>
+void add_kv_partials(T* dk, T* dv, const float* dk_part, const float* dv_part, const AttentionDims& d,
+                     const Plan& p) {
+  Scratch<float> row_sum(p.dqk_pad > p.dv_pad ? p.dqk_pad : p.dv_pad, ScratchInit::zeroed);
+#pragma omp for schedule(static)
+  for (int64_t bs = 0; bs < d.B * d.S; ++bs) {
+    const int64_t b = bs / d.S, i = bs % d.S;
+    for (int64_t g = 0; g < d.Hkv; ++g) {
+      add_group_sum(dk + (bs * d.Hkv + g) * d.Dqk, row_sum.data(),
+                    dk_part + ((b * d.H + g * p.group) * d.S + i) * d.Dqk, d.S * d.Dqk, p.group, d.Dqk);
+      add_group_sum(dv + (bs * d.Hkv + g) * d.Dv, row_sum.data(),
+                    dv_part + ((b * d.H + g * p.group) * d.S + i) * d.Dv, d.S * d.Dv, p.group, d.Dv);
+    }
+  }
+}
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// ---- bf16 on AMX ------------------------------------------------------------------------------
+// With AMX, bf16 products run on tiles (TDPBF16PS, f32 accumulation) instead of widening to f32:
+// kBlock-row blocks as in the f32 path, but scores are held queries by keys, so the products
+// read query rows, P and dS straight as A operands. Keys and values are packed once per call and
+// (b, kv head) into the B layouts (cpu/amx.h), shared by the group's query heads. Softmax, P and
+// dS are f32 vector work in base 2 (exp2_ps); P and dS are rounded to bf16 as tile operands.
+// Every block is computed whole (tiles of 16 x 16): buffers are zero-padded past S, and masked
+// or padding entries of P and dS are exactly 0 where they could reach a valid output. The
+// products with a running f32 sum (o, dq, dk, dv) take their k over two or more blocks per load
+// and store of that sum's tiles, which otherwise cost as much as the products themselves.
+
+// Two packed blocks: the keys per step of the AMX forward's key loop and the queries per step of
+// the AMX backward's query loop (which starts its spans at each group of kGroupBlocks key blocks).
+constexpr int64_t kSpan = 2 * kBlock;
+// How far (base 2) a score may exceed the AMX forward's stale running max before the max moves.
+constexpr float kLazyMax = 8.0f;
+static_assert(kGroupBlocks % (kSpan / kBlock) == 0, "query spans must start at a key group's first block");
+
+// Causal keep mask of query row i over the 16 keys starting at j0 (both counted from the same
+// origin; j0 + 15 <= i keeps all, j0 > i none): keys j <= i.
+TITAN_INLINE __mmask16 causal_keep(int64_t i, int64_t j0) {
+  const int64_t n = i - j0 + 1;
+  return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+
+// Gather offsets (first + lane) * stride of 16 lanes, in elements; int32 suffices, the largest
+// is 64 rows of one [.., H, D] tensor row stride.
+TITAN_INLINE __m512i lane_offsets(int64_t first, int64_t stride) {
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  return _mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(int(first))), _mm512_set1_epi32(int(stride)));
+}
+
+// One block of rows as a B operand whose columns are those rows, VNNI along the row: dst[c2][j] =
+// (src_j[2 c2], src_j[2 c2 + 1]) for j < rows, 0 for rows <= j < kBlock. dst [width / 2, kBlock].
+// A 32-bit transpose: each 16 destination words are one gather down 16 source rows (ld_src and
+// width even, so the pairs are aligned 32-bit words).
+void pack_block_col_pairs(uint32_t* dst, const bf16* src, int64_t ld_src, int64_t rows, int64_t width) {
+  const int* words = reinterpret_cast<const int*>(src);
+  for (int64_t j0 = 0; j0 < kBlock; j0 += 16) {
+    const __m512i idx = lane_offsets(j0, ld_src / 2);
+    const __mmask16 valid = causal_keep(rows - 1, j0);  // rows j0 + lane < rows
+    for (int64_t c2 = 0; c2 < width / 2; ++c2) {
+      _mm512_storeu_si512(dst + c2 * kBlock + j0,
+                          _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, idx, words + c2, 4));
+    }
+  }
+}
+
+// One block of rows as a B operand whose k runs down the rows: dst[j2][c] = (src_{2 j2}[c],
+// src_{2 j2 + 1}[c]), rows past `rows` zero. dst [kBlock / 2, width].
+void pack_block_row_pairs(uint32_t* dst, const bf16* src, int64_t ld_src, int64_t rows, int64_t width) {
+  for (int64_t j2 = 0; j2 < kBlock / 2; ++j2) {
+    uint32_t* out = dst + j2 * width;
+    if (2 * j2 >= rows) {
+      std::memset(out, 0, size_t(width) * sizeof(uint32_t));
+      continue;
+    }
+    const bf16* r0 = src + 2 * j2 * ld_src;
+    pack_row_pair(out, r0, 2 * j2 + 1 < rows ? r0 + ld_src : nullptr, width);
+  }
+}
+
+// One block of rows copied as an A operand, dst [kBlock, width], rows past `rows` zero.
+void pack_block_rows(bf16* dst, const bf16* src, int64_t ld_src, int64_t rows, int64_t width) {
+  for (int64_t j = 0; j < kBlock; ++j) {
+    if (j < rows) {
+      std::memcpy(dst + j * width, src + j * ld_src, size_t(width) * sizeof(bf16));
+    } else {
+      std::memset(dst + j * width, 0, size_t(width) * sizeof(bf16));
+    }
+  }
+}
+
+// One block of rows transposed, dst[c * ld_dst + j] = src_j[c] for j < kBlock (0 past `rows`):
+// the A operand whose k runs along the rows (q^T, dO^T). Per 16 rows and column pair, one gather
+// of the 32-bit pairs, split into the two destination rows by narrowing the low and high halves.
+void pack_block_transposed(bf16* dst, int64_t ld_dst, const bf16* src, int64_t ld_src, int64_t rows,
+                           int64_t width) {
+  const int* words = reinterpret_cast<const int*>(src);
+  for (int64_t j0 = 0; j0 < kBlock; j0 += 16) {
+    const __m512i idx = lane_offsets(j0, ld_src / 2);
+    const __mmask16 valid = causal_keep(rows - 1, j0);  // rows j0 + lane < rows
+    for (int64_t c2 = 0; c2 < width / 2; ++c2) {
+      const __m512i w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, idx, words + c2, 4);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * c2 * ld_dst + j0), _mm512_cvtepi32_epi16(w));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (2 * c2 + 1) * ld_dst + j0),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16)));
+    }
+  }
+}
+
+// dst[j][c] = src[c][j] for j < rows, c < width: a [width, kBlock] f32 block (dk^T, dv^T) back to
+// rows, one 16-column gather per store. width a multiple of 16.
+void unpack_block_transposed(float* dst, int64_t ld_dst, const float* src, int64_t rows, int64_t width) {
+  const __m512i idx = lane_offsets(0, kBlock);
+  for (int64_t j = 0; j < rows; ++j) {
+    for (int64_t c0 = 0; c0 < width; c0 += 16) {
+      _mm512_storeu_ps(dst + j * ld_dst + c0, _mm512_i32gather_ps(idx, src + c0 * kBlock + j, 4));
+    }
+  }
+}
+
+// dst row j += src[:, j] (bf16 rows ld_dst apart, f32 sum rounded once) for j < rows: MHA's dk and
+// dv, which one query head owns alone, straight from its dk^T, dv^T block. width a multiple of 16.
+void add_block_transposed(bf16* dst, int64_t ld_dst, const float* src, int64_t rows, int64_t width) {
+  const __m512i idx = lane_offsets(0, kBlock);
+  for (int64_t j = 0; j < rows; ++j) {
+    for (int64_t c0 = 0; c0 < width; c0 += 16) {
+      __m256i* out = reinterpret_cast<__m256i*>(dst + j * ld_dst + c0);
+      const __m512 sum = _mm512_add_ps(_mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(out)),
+                                       _mm512_i32gather_ps(idx, src + c0 * kBlock + j, 4));
+      _mm256_storeu_si256(out, (__m256i)_mm512_cvtneps_pbh(sum));
+    }
+  }
+}
+
+// The packed keys and values of every (b, kv head), block by block, in parallel:
+// kd [B, Hkv, nblk, Dqk/2, kBlock] (B of q k^T), and when the pointers are given
+// vd [.., Dv/2, kBlock] (B of dO v^T), kp [.., kBlock/2, Dqk] (B of dS k), vp [.., kBlock/2, Dv] (B of P v).
+void pack_kv_amx(uint32_t* kd, uint32_t* vd, uint32_t* kp, uint32_t* vp, const bf16* k, const bf16* v,
+                 const AttentionDims& d, const Plan& p) {
+  const int64_t items = d.B * d.Hkv * p.nblk;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < items; ++t) {
+    const int64_t blk = t % p.nblk, bg = t / p.nblk, b = bg / d.Hkv, g = bg % d.Hkv;
+    const int64_t row0 = blk * kBlock, rows = min_i64(kBlock, d.S - row0);
+    const bf16* kt = k + ((b * d.S + row0) * d.Hkv + g) * d.Dqk;
+    const bf16* vt = v + ((b * d.S + row0) * d.Hkv + g) * d.Dv;
+    pack_block_col_pairs(kd + t * d.Dqk * kBlock / 2, kt, d.Hkv * d.Dqk, rows, d.Dqk);
+    if (vd) pack_block_col_pairs(vd + t * d.Dv * kBlock / 2, vt, d.Hkv * d.Dv, rows, d.Dv);
+    if (kp) pack_block_row_pairs(kp + t * d.Dqk * kBlock / 2, kt, d.Hkv * d.Dqk, rows, d.Dqk);
+    if (vp) pack_block_row_pairs(vp + t * d.Dv * kBlock / 2, vt, d.Hkv * d.Dv, rows, d.Dv);
+  }
+}
+
+// c [rows, width] (+)= a [rows, K] (bf16 rows, a_ld elements apart) x b [K/2, width] (VNNI rows
+// of k pairs), K = 32 * chunks, in 16-row, 64-column tile blocks; rows and width multiples of 16.
+template <bool kAccumulate>
+void amx_block(float* c, int64_t ldc, int64_t rows, const bf16* a, int64_t a_ld, const uint32_t* b, int64_t width,
+               int64_t chunks) {
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    for (int64_t c0 = 0; c0 < width; c0 += 64) {
+      const int tiles = int(min_i64((width - c0) / 16, 4));
+      float* cb = c + r0 * ldc + c0;
+      const char* ab = reinterpret_cast<const char*>(a + r0 * a_ld);
+      const char* bb = reinterpret_cast<const char*>(b + c0);
+      if constexpr (kAccumulate) {
+        amx_row_block_acc(cb, ldc * 4, 64, ab, a_ld * 2, 64, bb, width * 4, 16 * width * 4, 64, chunks, tiles);
+      } else {
+        amx_row_block(cb, ldc * 4, 64, ab, a_ld * 2, 64, bb, width * 4, 16 * width * 4, 64, chunks, tiles);
+      }
+    }
+  }
+}
+
+// The forward: one work item per (b, head, query block). The block's
+// queries stay resident ([kBlock, Dqk] bf16, the running o in f32) while key blocks stream past:
+// S = q k^T and o += P v on tiles, the online softmax in vectors between them.
+void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const AttentionDims& d) {
+  const Plan p = make_plan(d);
+  const int64_t kd_blk = d.Dqk * kBlock / 2, vp_blk = d.Dv * kBlock / 2;  // uint32 per packed block
+  Scratch<uint32_t> kd(d.B * d.Hkv * p.nblk * kd_blk);  // [B, Hkv, nblk, Dqk/2, kBlock]
+  Scratch<uint32_t> vp(d.B * d.Hkv * p.nblk * vp_blk);  // [B, Hkv, nblk, kBlock/2, Dv]
+  pack_kv_amx(kd.data(), nullptr, nullptr, vp.data(), k, v, d, p);
+
+  const float c = float(d.scale * 1.4426950408889634);  // exp(scale s - m) = 2^(c s - m2)
+  const int64_t heads = d.B * d.H, items = heads * p.nblk;
+#pragma omp parallel
+  {
+    amx_configure();
+    Scratch<bf16> qblk(kBlock * d.Dqk, ScratchInit::zeroed);    // [kBlock, Dqk] the block's queries
+    Scratch<float> st(kBlock * kSpan, ScratchInit::zeroed);     // [kBlock queries, kSpan keys] scores
+    Scratch<bf16> pb(kBlock * kSpan, ScratchInit::zeroed);      // [kBlock, kSpan] P, A of P v
+    Scratch<float> oacc(kBlock * d.Dv, ScratchInit::zeroed);    // [kBlock, Dv] unnormalized o
+    Scratch<float> m(kBlock, ScratchInit::zeroed);        // [kBlock] running max (base 2), possibly stale
+    Scratch<float> l(kBlock * 16, ScratchInit::zeroed);   // [kBlock, 16] running sums, 16 lanes per row
+    const __m512 cv = _mm512_set1_ps(c);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < items; ++t) {
+      // Head by head (a GQA group's heads in turn), so the threads share one kv head's packed
+      // blocks while they are hot in cache; within a head the longest rows first, so the dynamic
+      // schedule ends on short items.
+      const int64_t bh = t / p.nblk, qb = p.nblk - 1 - t % p.nblk, b = bh / d.H, h = bh % d.H;
+      const int64_t bg = b * d.Hkv + h / p.group, row0 = qb * kBlock, rows = min_i64(kBlock, d.S - row0);
+      pack_block_rows(qblk.data(), q + ((b * d.S + row0) * d.H + h) * d.Dqk, d.H * d.Dqk, rows, d.Dqk);
+      for (int64_t i = 0; i < kBlock; ++i) m.data()[i] = -INFINITY;
+      std::memset(l.data(), 0, size_t(kBlock * 16) * sizeof(float));
+      std::memset(oacc.data(), 0, size_t(kBlock * d.Dv) * sizeof(float));
+      // Key blocks two at a time (one at the diagonal when qb + 1 - kb is odd): the span's P v
+      // product then runs 4 k chunks per load and store of its o tiles.
+      for (int64_t kb = 0, nk = 0; kb <= qb; kb += nk) {
+        nk = min_i64(kSpan / kBlock, qb + 1 - kb);
+        for (int64_t x = 0; x < nk; ++x) {
+          amx_block<false>(st.data() + x * kBlock, kSpan, kBlock, qblk.data(), d.Dqk,
+                           kd.data() + (bg * p.nblk + kb + x) * kd_blk, kBlock, d.Dqk / 32);
+        }
+        // Per query row: P = 2^(c s - m) rounded to bf16 and its sum, with m the running max kept
+        // stale while no score exceeds it by more than kLazyMax (P then stays below 2^kLazyMax,
+        // harmless in f32 and bf16): the common case needs no horizontal max and no rescale of o.
+        // Sums stay 16 lanes wide until the end. Rows past S see zero scores and stay finite;
+        // masked keys get P = 0 exactly. The span's vector count is a constant (nv_c) so a row
+        // stays in registers; masks are computed only where the span reaches the diagonal.
+        const int64_t key0 = (kb - qb) * kBlock;  // the span's first key relative to the block's first query
+        const auto softmax_rows = [&](auto nv_c, auto masked_c) {
+          constexpr int64_t nv = decltype(nv_c)::value;      // 16-key vectors in the span
+          constexpr bool masked = decltype(masked_c)::value;  // the span holds the diagonal block
+          // Two rows per step: their dependency chains interleave.
+          for (int64_t i0 = 0; i0 < kBlock; i0 += 2) {
+            __m512 x[2][nv];
+            __mmask16 keep[2][nv];
+            float mi[2];
+            for (int rr = 0; rr < 2; ++rr) {
+              const __m512 limit = _mm512_set1_ps(m.data()[i0 + rr] + kLazyMax);
+              __mmask16 over = 0;
+              for (int64_t vi = 0; vi < nv; ++vi) {
+                keep[rr][vi] = masked ? causal_keep(i0 + rr, key0 + 16 * vi) : __mmask16(0xffff);
+                x[rr][vi] = _mm512_mul_ps(_mm512_loadu_ps(st.data() + (i0 + rr) * kSpan + 16 * vi), cv);
+                over |= _mm512_mask_cmp_ps_mask(keep[rr][vi], x[rr][vi], limit, _CMP_GT_OQ);
+              }
+              mi[rr] = m.data()[i0 + rr];
+              if (over) {  // a new max (always in the first span, where m is -inf)
+                __m512 mx = _mm512_set1_ps(-INFINITY);
+                for (int64_t vi = 0; vi < nv; ++vi) mx = _mm512_mask_max_ps(mx, keep[rr][vi], mx, x[rr][vi]);
+                const float mb = _mm512_reduce_max_ps(mx);
+                mi[rr] = mi[rr] > mb ? mi[rr] : mb;
+              }
+            }
+            for (int rr = 0; rr < 2; ++rr) {
+              const int64_t i = i0 + rr;
+              const __m512 mv = _mm512_set1_ps(mi[rr]);
+              __m512 sum = _mm512_setzero_ps();
+              for (int64_t vi = 0; vi < nv; ++vi) {
+                const __m512 pv = _mm512_maskz_mov_ps(keep[rr][vi], exp2_ps(_mm512_sub_ps(x[rr][vi], mv)));
+                sum = _mm512_add_ps(sum, pv);
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb.data() + i * kSpan + 16 * vi),
+                                    (__m256i)_mm512_cvtneps_pbh(pv));
+              }
+              float* li = l.data() + i * 16;
+              if (mi[rr] == m.data()[i]) {
+                _mm512_storeu_ps(li, _mm512_add_ps(_mm512_loadu_ps(li), sum));
+                continue;
+              }
+              // The max moved: alpha = 2^(m_old - m_new) rescales the old sums and o (0 at first).
+              const __m512 av = _mm512_set1_ps(std::exp2(m.data()[i] - mi[rr]));
+              _mm512_storeu_ps(li, _mm512_fmadd_ps(_mm512_loadu_ps(li), av, sum));
+              m.data()[i] = mi[rr];
+              float* orow = oacc.data() + i * d.Dv;
+              for (int64_t col = 0; col < d.Dv; col += 16) {
+                _mm512_storeu_ps(orow + col, _mm512_mul_ps(_mm512_loadu_ps(orow + col), av));
+              }
+            }
+          }
+        };
+        using Full = std::integral_constant<int64_t, kSpan / 16>;
+        using Half = std::integral_constant<int64_t, kBlock / 16>;
+        if (kb + nk - 1 < qb) {
+          softmax_rows(Full{}, std::false_type{});  // a span short of the diagonal is always two blocks
+        } else if (nk == 2) {
+          softmax_rows(Full{}, std::true_type{});
+        } else {
+          softmax_rows(Half{}, std::true_type{});
+        }
+        // The span's value blocks lie back to back in vp: one B operand of nk * kBlock keys.
+        amx_block<true>(oacc.data(), d.Dv, kBlock, pb.data(), kSpan, vp.data() + (bg * p.nblk + kb) * vp_blk, d.Dv,
+                        nk * kBlock / 32);
+      }
+      for (int64_t i = 0; i < rows; ++i) {
+        const float sum = _mm512_reduce_add_ps(_mm512_loadu_ps(l.data() + i * 16));
+        const __m512 inv = _mm512_set1_ps(1.0f / sum);
+        const float* orow = oacc.data() + i * d.Dv;
+        bf16* out = o + ((b * d.S + row0 + i) * d.H + h) * d.Dv;
+        for (int64_t col = 0; col < d.Dv; col += 16) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + col),
+                              (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(orow + col), inv)));
+        }
+        lse[bh * d.S + row0 + i] = (m.data()[i] + std::log2(sum)) * 0.6931471805599453f;
+      }
+    }
+    _tile_release();
+  }
+}
+
+// The backward: one work item per (b, head), as in the f32 path (groups of kGroupBlocks key
+// blocks outer, query blocks inner, per-head dk and dv partials summed over the GQA group after;
+// without GQA each head adds its dk and dv straight into the outputs).
+// Per query span (kSpan rows) and key block, on tiles: S = q k^T and dP = dO v^T (queries by
+// keys), then dv^T += dO^T P and dk^T += q^T dS (held transposed, [D, keys]: P and dS become B
+// operands by pairing two query rows, no transpose); dq += dS k once per span and key group. P
+// from lse and dS = scale P (dP - D) in vectors between them.
+void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf16* dout, const bf16* q,
+                       const bf16* k, const bf16* v, const bf16* o, const AttentionDims& d) {
+  const Plan p = make_plan(d);
+  const int64_t kblk = d.Dqk * kBlock / 2, vblk = d.Dv * kBlock / 2;  // uint32 per packed block
+  const int64_t kv_blocks = d.B * d.Hkv * p.nblk;
+  Scratch<uint32_t> kd(kv_blocks * kblk);  // [B, Hkv, nblk, Dqk/2, kBlock] B of q k^T
+  Scratch<uint32_t> vd(kv_blocks * vblk);  // [B, Hkv, nblk, Dv/2, kBlock] B of dO v^T
+  Scratch<uint32_t> kp(kv_blocks * kblk);  // [B, Hkv, nblk, kBlock/2, Dqk] B of dS k
+  pack_kv_amx(kd.data(), vd.data(), kp.data(), nullptr, k, v, d, p);
+  // GQA: per-head shares of dk and dv, summed over each group afterwards. MHA adds into dk, dv.
+  const bool mha = p.group == 1;
+  Scratch<float> dk_part(mha ? 0 : d.B * d.H * d.S * d.Dqk);  // [B, H, S, Dqk] this head's share of dk
+  Scratch<float> dv_part(mha ? 0 : d.B * d.H * d.S * d.Dv);   // [B, H, S, Dv]
+
+  const float c = float(d.scale * 1.4426950408889634), scale = float(d.scale);
+  // Query-side rows padded to whole spans (zero past S). Transposed rows one cache line longer:
+  // at S = 2048 a power-of-two stride would put all 16 rows of an A tile in one L1 set.
+  const int64_t s_span = round_up(p.s_pad, kSpan), ldt = s_span + 32;
+  const int64_t heads = d.B * d.H;
+  const int threads = heads < omp_get_max_threads() ? int(heads) : omp_get_max_threads();
+#pragma omp parallel num_threads(threads)
+  {
+    amx_configure();
+    Scratch<bf16> qr(s_span * d.Dqk, ScratchInit::zeroed);     // [s_span, Dqk] q rows: A of q k^T
+    Scratch<bf16> dor(s_span * d.Dv, ScratchInit::zeroed);     // [s_span, Dv] dO rows: A of dO v^T
+    Scratch<bf16> qt(d.Dqk * ldt, ScratchInit::zeroed);        // [Dqk, ldt] q^T: A of dk^T
+    Scratch<bf16> dot(d.Dv * ldt, ScratchInit::zeroed);        // [Dv, ldt] dO^T: A of dv^T
+    Scratch<float> dq_acc(s_span * d.Dqk, ScratchInit::zeroed);  // [s_span, Dqk]
+    // [s_span] base-2 lse and D_i, 0 past S
+    Scratch<float> lse2(s_span, ScratchInit::zeroed), delta(s_span, ScratchInit::zeroed);
+    Scratch<float> st(kSpan * kBlock, ScratchInit::zeroed);    // [kSpan queries, kBlock keys] S
+    Scratch<float> dpt(kSpan * kBlock, ScratchInit::zeroed);   // [kSpan, kBlock] dP
+    // [kSpan, kGroupBlocks * kBlock] scale dS: A of dS k
+    Scratch<bf16> dsb(kSpan * kGroupBlocks * kBlock, ScratchInit::zeroed);
+    Scratch<uint32_t> pp(kSpan * kBlock / 2, ScratchInit::zeroed);   // [kSpan/2 query pairs, kBlock keys] P: B of dO^T P
+    Scratch<uint32_t> dsp(kSpan * kBlock / 2, ScratchInit::zeroed);  // [kSpan/2, kBlock] scale dS: B of q^T dS
+    Scratch<float> dkt(kGroupBlocks * d.Dqk * kBlock, ScratchInit::zeroed);  // [kGroupBlocks, Dqk, kBlock] dk^T
+    Scratch<float> dvt(kGroupBlocks * d.Dv * kBlock, ScratchInit::zeroed);   // [kGroupBlocks, Dv, kBlock] dv^T
+    const __m512 cv = _mm512_set1_ps(c), sv = _mm512_set1_ps(scale);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < heads; ++bh) {
+      const int64_t b = bh / d.H, h = bh % d.H, bg = b * d.Hkv + h / p.group;
+      const bf16* q_h = q + (b * d.S * d.H + h) * d.Dqk;     // row i at q_h + i * H * Dqk
+      const bf16* do_h = dout + (b * d.S * d.H + h) * d.Dv;  // row i at do_h + i * H * Dv
+      for (int64_t qb = 0; qb < p.nblk; ++qb) {
+        const int64_t row0 = qb * kBlock, rows = min_i64(kBlock, d.S - row0);
+        pack_block_rows(qr.data() + row0 * d.Dqk, q_h + row0 * d.H * d.Dqk, d.H * d.Dqk, rows, d.Dqk);
+        pack_block_rows(dor.data() + row0 * d.Dv, do_h + row0 * d.H * d.Dv, d.H * d.Dv, rows, d.Dv);
+        pack_block_transposed(qt.data() + row0, ldt, q_h + row0 * d.H * d.Dqk, d.H * d.Dqk, rows, d.Dqk);
+        pack_block_transposed(dot.data() + row0, ldt, do_h + row0 * d.H * d.Dv, d.H * d.Dv, rows, d.Dv);
+      }
+      for (int64_t i = 0; i < d.S; ++i) {
+        const bf16* orow = o + ((b * d.S + i) * d.H + h) * d.Dv;
+        const bf16* dorow = dor.data() + i * d.Dv;
+        float sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t col = 0; col < d.Dv; ++col) sum += to_f32(dorow[col]) * to_f32(orow[col]);
+        delta.data()[i] = sum;
+        lse2.data()[i] = lse[bh * d.S + i] * 1.4426950408889634f;
+      }
+      std::memset(dq_acc.data(), 0, size_t(s_span * d.Dqk) * sizeof(float));
+
+      for (int64_t kb0 = 0; kb0 < p.nblk; kb0 += kGroupBlocks) {
+        const int64_t kb_end = min_i64(p.nblk, kb0 + kGroupBlocks);
+        std::memset(dkt.data(), 0, size_t(kGroupBlocks * d.Dqk * kBlock) * sizeof(float));
+        std::memset(dvt.data(), 0, size_t(kGroupBlocks * d.Dv * kBlock) * sizeof(float));
+        // Query spans of two blocks (kGroupBlocks is even, so spans start at kb0): the dv^T and
+        // dk^T products then run 4 k chunks per load and store of their tiles. A key block right
+        // of the span's first block sees that half fully masked (P = dS = 0), computed anyway.
+        for (int64_t qs = kb0; qs < p.nblk; qs += kSpan / kBlock) {
+          const int64_t row0 = qs * kBlock;
+          for (int64_t kb = kb0; kb < kb_end && kb <= qs + 1; ++kb) {
+            const int64_t blk = bg * p.nblk + kb, key0 = kb * kBlock - row0;  // key0: relative to the span's first query
+            amx_block<false>(st.data(), kBlock, kSpan, qr.data() + row0 * d.Dqk, d.Dqk, kd.data() + blk * kblk, kBlock,
+                             d.Dqk / 32);
+            amx_block<false>(dpt.data(), kBlock, kSpan, dor.data() + row0 * d.Dv, d.Dv, vd.data() + blk * vblk, kBlock,
+                             d.Dv / 32);
+            // P = 2^(c s - lse2) and scale dS = scale P (dP - D), two query rows at a time: rows as
+            // dS's A operand, query pairs as P's and dS's B operands. Masked keys give exact zeros;
+            // queries past S have zero dO, so their (finite) P and dS add nothing.
+            const auto p_and_ds = [&](auto masked_c) {
+              constexpr bool masked = decltype(masked_c)::value;  // the key block reaches the span's diagonal
+              for (int64_t i = 0; i < kSpan; i += 2) {
+                const __m512 l0 = _mm512_set1_ps(lse2.data()[row0 + i]), l1 = _mm512_set1_ps(lse2.data()[row0 + i + 1]);
+                const __m512 d0 = _mm512_set1_ps(delta.data()[row0 + i]);
+                const __m512 d1 = _mm512_set1_ps(delta.data()[row0 + i + 1]);
+                for (int vi = 0; vi < 4; ++vi) {
+                  const int64_t e0 = i * kBlock + 16 * vi, e1 = e0 + kBlock;
+                  const int64_t r0 = i * kGroupBlocks * kBlock + (kb - kb0) * kBlock + 16 * vi;  // in dsb
+                  const int64_t r1 = r0 + kGroupBlocks * kBlock;
+                  const __mmask16 keep0 = masked ? causal_keep(i, key0 + 16 * vi) : __mmask16(0xffff);
+                  const __mmask16 keep1 = masked ? causal_keep(i + 1, key0 + 16 * vi) : __mmask16(0xffff);
+                  const __m512 s0 = _mm512_loadu_ps(st.data() + e0), s1 = _mm512_loadu_ps(st.data() + e1);
+                  const __m512 p0 = _mm512_maskz_mov_ps(keep0, exp2_ps(_mm512_fmsub_ps(s0, cv, l0)));
+                  const __m512 p1 = _mm512_maskz_mov_ps(keep1, exp2_ps(_mm512_fmsub_ps(s1, cv, l1)));
+                  const __m512 dp0 = _mm512_loadu_ps(dpt.data() + e0), dp1 = _mm512_loadu_ps(dpt.data() + e1);
+                  const __m512 ds0 = _mm512_mul_ps(_mm512_mul_ps(p0, sv), _mm512_sub_ps(dp0, d0));
+                  const __m512 ds1 = _mm512_mul_ps(_mm512_mul_ps(p1, sv), _mm512_sub_ps(dp1, d1));
+                  const __m512i ds01 = (__m512i)_mm512_cvtne2ps_pbh(ds1, ds0);  // [ds0 | ds1] in bf16
+                  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsb.data() + r0), _mm512_castsi512_si256(ds01));
+                  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsb.data() + r1), _mm512_extracti64x4_epi64(ds01, 1));
+                  const int64_t pair = (i / 2) * kBlock + 16 * vi;
+                  _mm512_storeu_si512(pp.data() + pair, pack_pair_ps(p0, p1));
+                  _mm512_storeu_si512(dsp.data() + pair, vnni_interleave(ds01));
+                }
+              }
+            };
+            if (kb >= qs) {
+              p_and_ds(std::true_type{});
+            } else {
+              p_and_ds(std::false_type{});
+            }
+            const int64_t x = kb - kb0;
+            amx_block<true>(dvt.data() + x * d.Dv * kBlock, kBlock, d.Dv, dot.data() + row0, ldt, pp.data(), kBlock,
+                            kSpan / 32);
+            amx_block<true>(dkt.data() + x * d.Dqk * kBlock, kBlock, d.Dqk, qt.data() + row0, ldt, dsp.data(), kBlock,
+                            kSpan / 32);
+          }
+          // dq += dS k over all the group's key blocks the span sees at once (their packed blocks
+          // lie back to back in kp): 2 k chunks per visible block per load and store of dq's tiles.
+          const int64_t seen = min_i64(kb_end, qs + 2) - kb0;
+          amx_block<true>(dq_acc.data() + row0 * d.Dqk, d.Dqk, kSpan, dsb.data(), kGroupBlocks * kBlock,
+                          kp.data() + (bg * p.nblk + kb0) * kblk, d.Dqk, seen * kBlock / 32);
+        }
+        for (int64_t kb = kb0; kb < kb_end; ++kb) {
+          const int64_t x = kb - kb0, col0 = kb * kBlock, cols = min_i64(kBlock, d.S - col0);
+          if (mha) {
+            add_block_transposed(dk + ((b * d.S + col0) * d.Hkv + h) * d.Dqk, d.Hkv * d.Dqk,
+                                 dkt.data() + x * d.Dqk * kBlock, cols, d.Dqk);
+            add_block_transposed(dv + ((b * d.S + col0) * d.Hkv + h) * d.Dv, d.Hkv * d.Dv,
+                                 dvt.data() + x * d.Dv * kBlock, cols, d.Dv);
+          } else {
+            unpack_block_transposed(dk_part.data() + (bh * d.S + col0) * d.Dqk, d.Dqk,
+                                    dkt.data() + x * d.Dqk * kBlock, cols, d.Dqk);
+            unpack_block_transposed(dv_part.data() + (bh * d.S + col0) * d.Dv, d.Dv,
+                                    dvt.data() + x * d.Dv * kBlock, cols, d.Dv);
+          }
+        }
+      }
+      for (int64_t i = 0; i < d.S; ++i) {
+        bf16* out = dq + ((b * d.S + i) * d.H + h) * d.Dqk;
+        const float* acc = dq_acc.data() + i * d.Dqk;
+#pragma omp simd
+        for (int64_t col = 0; col < d.Dqk; ++col) out[col] = from_f32<bf16>(to_f32(out[col]) + acc[col]);
+      }
+    }
+    _tile_release();
+    if (!mha) add_kv_partials(dk, dv, dk_part.data(), dv_part.data(), d, p);
+  }
+}
+
+// Both head dims whole 32-element k chunks of a tile (Dqk for q k^T, Dv for dO v^T).
+bool amx_fits(const AttentionDims& d) { return d.Dqk % 32 == 0 && d.Dv % 32 == 0 && cpu_amx_bf16_usable(); }
+#endif
+
 }  // namespace
 
 // ---- forward ----------------------------------------------------------------------------------
@@ -248,6 +718,11 @@ void add_group_sum(T* out, float* sum, const float* part, int64_t stride, int64_
 // with no horizontal reductions, and the P^T tile feeds o += P v as a transposed A operand.
 template <class T>
 void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, const AttentionDims& d) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (amx_fits(d)) return forward_bf16_amx(o, lse, q, k, v, d);
+  }
+#endif
   const Plan p = make_plan(d);
   Scratch<float> kp(d.B * d.Hkv * p.s_pad * p.dqk_pad);  // [B, Hkv, s_pad, dqk_pad]
   Scratch<float> vp(d.B * d.Hkv * p.s_pad * p.dv_pad);   // [B, Hkv, s_pad, dv_pad]
@@ -346,6 +821,11 @@ void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, con
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, const T* q, const T* k, const T* v,
                         const T* o, const AttentionDims& d) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (amx_fits(d)) return backward_bf16_amx(dq, dk, dv, lse, dout, q, k, v, o, d);
+  }
+#endif
   const Plan p = make_plan(d);
   Scratch<float> kp(d.B * d.Hkv * p.s_pad * p.dqk_pad);  // [B, Hkv, s_pad, dqk_pad]
   Scratch<float> vp(d.B * d.Hkv * p.s_pad * p.dv_pad);   // [B, Hkv, s_pad, dv_pad]
@@ -451,18 +931,7 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
       }
     }
 
-    // dk, dv += sum over the group's heads of their partials, in head order.
-    Scratch<float> row_sum(p.dqk_pad > p.dv_pad ? p.dqk_pad : p.dv_pad, ScratchInit::zeroed);
-#pragma omp for schedule(static)
-    for (int64_t bs = 0; bs < d.B * d.S; ++bs) {
-      const int64_t b = bs / d.S, i = bs % d.S;
-      for (int64_t g = 0; g < d.Hkv; ++g) {
-        add_group_sum(dk + (bs * d.Hkv + g) * d.Dqk, row_sum.data(),
-                      dk_part.data() + ((b * d.H + g * p.group) * d.S + i) * d.Dqk, d.S * d.Dqk, p.group, d.Dqk);
-        add_group_sum(dv + (bs * d.Hkv + g) * d.Dv, row_sum.data(),
-                      dv_part.data() + ((b * d.H + g * p.group) * d.S + i) * d.Dv, d.S * d.Dv, p.group, d.Dv);
-      }
-    }
+    add_kv_partials(dk, dv, dk_part.data(), dv_part.data(), d, p);
   }
 }
 

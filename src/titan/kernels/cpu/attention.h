@@ -1,5 +1,7 @@
 // Fast causal flash attention (GQA, separate value width), forward and backward, per-ISA variants
-// (see cpu/isa.h). Same contract as ref/attention.h with T in {float, bf16} and f32 lse.
+// (see cpu/isa.h). Same contract as ref/attention.h with T in {float, bf16} and f32 lse. bf16 with
+// AMX (the avx512_bf16 variant when cpu_amx_bf16_usable(), Dqk and Dv multiples of 32) runs its
+// products on tiles, with P and dS rounded to bf16 as operands (see kernels/attention.h).
 #pragma once
 
 #include "titan/core/dtype.h"
