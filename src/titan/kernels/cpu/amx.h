@@ -98,4 +98,92 @@ TITAN_INLINE void amx_heads_times_rows(float* c, const uint32_t* a, int64_t k2, 
   }
 }
 
+// c[16 b rows, 16 columns) for b < blocks <= 4 (row blocks c_down bytes apart) = sum over `chunks`
+// k chunks of A tile b (a + b * a_down + chunk * a_step, row stride a_ld bytes) times one B tile
+// (b + chunk * b_step, stride b_ld): the same B tile feeds up to four accumulators, so a product
+// with one output column tile (e.g. the scores of 16 heads) still has four independent
+// TDPBF16PS chains instead of one latency-bound chain.
+TITAN_INLINE void amx_col_block(float* c, int64_t c_ld, int64_t c_down, const char* a, int64_t a_ld, int64_t a_step,
+                                int64_t a_down, const char* b, int64_t b_ld, int64_t b_step, int64_t chunks,
+                                int blocks) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t k = 0; k < chunks; ++k) {
+    const char* ak = a + k * a_step;
+    _tile_loadd(4, b + k * b_step, b_ld);
+    _tile_loadd(5, ak, a_ld);
+    _tile_dpbf16ps(0, 5, 4);
+    if (blocks > 1) {
+      _tile_loadd(6, ak + a_down, a_ld);
+      _tile_dpbf16ps(1, 6, 4);
+    }
+    if (blocks > 2) {
+      _tile_loadd(7, ak + 2 * a_down, a_ld);
+      _tile_dpbf16ps(2, 7, 4);
+    }
+    if (blocks > 3) {
+      _tile_loadd(5, ak + 3 * a_down, a_ld);
+      _tile_dpbf16ps(3, 5, 4);
+    }
+  }
+  char* cb = reinterpret_cast<char*>(c);
+  _tile_stored(0, cb, c_ld);
+  if (blocks > 1) _tile_stored(1, cb + c_down, c_ld);
+  if (blocks > 2) _tile_stored(2, cb + 2 * c_down, c_ld);
+  if (blocks > 3) _tile_stored(3, cb + 3 * c_down, c_ld);
+}
+
+// dst row r (r < 16, dst_ld elements apart) = column r of the 16 x 16 block src (rows src_ld
+// apart), 32-bit elements, in AVX-512 shuffles: 32-bit and 64-bit unpacks gather 4 x 4 blocks
+// within each 128-bit lane, two rounds of 128-bit lane shuffles put the lanes in order.
+TITAN_INLINE void transpose16_u32(uint32_t* dst, int64_t dst_ld, const uint32_t* src, int64_t src_ld) {
+  __m512i r[16], u[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * src_ld);
+  for (int g = 0; g < 4; ++g) {
+    const __m512i t0 = _mm512_unpacklo_epi32(r[4 * g], r[4 * g + 1]);
+    const __m512i t1 = _mm512_unpackhi_epi32(r[4 * g], r[4 * g + 1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(r[4 * g + 2], r[4 * g + 3]);
+    const __m512i t3 = _mm512_unpackhi_epi32(r[4 * g + 2], r[4 * g + 3]);
+    // lane L of u[4g + m] = rows 4g..4g+3 of column 4L + m
+    u[4 * g] = _mm512_unpacklo_epi64(t0, t2);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t0, t2);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t1, t3);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t1, t3);
+  }
+  for (int m = 0; m < 4; ++m) {
+    const __m512i va = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x88), vb = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xDD);
+    const __m512i wa = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0x88);
+    const __m512i wb = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0xDD);
+    _mm512_storeu_si512(dst + m * dst_ld, _mm512_shuffle_i32x4(va, wa, 0x88));
+    _mm512_storeu_si512(dst + (4 + m) * dst_ld, _mm512_shuffle_i32x4(vb, wb, 0x88));
+    _mm512_storeu_si512(dst + (8 + m) * dst_ld, _mm512_shuffle_i32x4(va, wa, 0xDD));
+    _mm512_storeu_si512(dst + (12 + m) * dst_ld, _mm512_shuffle_i32x4(vb, wb, 0xDD));
+  }
+}
+
+// dst[col, j) for col < 16 (rows dst_ld apart) and j < round_up((n + 1) / 2, 16) = the bf16 pair
+// (src[2j, col], src[2j + 1, col]) of the f32 matrix src [n, 16+] (rows src_ld apart), rows past
+// n read as 0: an [n, 16] slot-by-head f32 block becomes the A operand (heads by slot pairs) of a
+// heads-times-selected-rows product, with vectorized rounding and 16 x 16 transposes instead of
+// a scalar loop per element.
+TITAN_INLINE void pack_pairs_transposed(uint32_t* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t n) {
+  // interleaves [a0..a15 | b0..b15] (bf16) into the pairs (a0, b0), (a1, b1), ...
+  const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                         6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  alignas(64) uint32_t blk[16 * 16];
+  const int64_t n2 = (n + 1) / 2;
+  for (int64_t j0 = 0; j0 < n2; j0 += 16) {
+    for (int64_t j = 0; j < 16; ++j) {
+      const int64_t i = 2 * (j0 + j);
+      const __m512 r0 = i < n ? _mm512_loadu_ps(src + i * src_ld) : _mm512_setzero_ps();
+      const __m512 r1 = i + 1 < n ? _mm512_loadu_ps(src + (i + 1) * src_ld) : _mm512_setzero_ps();
+      const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(r1, r0));  // [r0 | r1] in bf16
+      _mm512_store_si512(blk + j * 16, _mm512_permutexvar_epi16(inter, both));
+    }
+    transpose16_u32(dst + j0, dst_ld, blk, 16);
+  }
+}
+
 }  // namespace titan::kernels::cpu::TITAN_ISA
