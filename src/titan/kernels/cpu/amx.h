@@ -186,4 +186,27 @@ TITAN_INLINE void pack_pairs_transposed(uint32_t* dst, int64_t dst_ld, const flo
   }
 }
 
+// dst[0, n) = src[0, n) rounded to bf16 (round to nearest even, as f32_to_bf16), 32 at a time.
+TITAN_INLINE void store_bf16(bf16* dst, const float* src, int64_t n) {
+  int64_t c = 0;
+  for (; c + 32 <= n; c += 32) {
+    const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + c + 16), _mm512_loadu_ps(src + c));
+    _mm512_storeu_si512(dst + c, reinterpret_cast<__m512i>(v));
+  }
+  for (; c < n; ++c) dst[c] = f32_to_bf16(src[c]);
+}
+
+// sum_c a[c] b[c] over c < n (a multiple of 16), bf16 inputs widened exactly, f32 sums.
+TITAN_INLINE float dot_bf16(const bf16* a, const bf16* b, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t c = 0; c < n; c += 16) {
+    const __m512 x = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + c))), 16));
+    const __m512 y = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + c))), 16));
+    acc = _mm512_fmadd_ps(x, y, acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
 }  // namespace titan::kernels::cpu::TITAN_ISA

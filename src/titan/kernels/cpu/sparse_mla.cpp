@@ -291,10 +291,7 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* kv, const 
       for (int64_t h0 = 0; h0 < p.Hs; h0 += 16) pack_pairs_transposed(pt.data() + h0 * K2, K2, st.data() + h0, p.Hs, n);
       // o[h] = sum_j P pair[h, j] . value pair[j]: [Hs, n2p] x [n2p, Dvp].
       amx_heads_times_rows(out.data(), pt.data(), K2, vb.data(), p.Hs, p.Dvp, round_up((n + 1) / 2, 16));
-      for (int64_t h = 0; h < d.H; ++h) {
-#pragma omp simd
-        for (int64_t col = 0; col < d.Dv; ++col) ot[h * d.Dv + col] = from_f32<bf16>(out.data()[h * p.Dvp + col]);
-      }
+      for (int64_t h = 0; h < d.H; ++h) store_bf16(ot + h * d.Dv, out.data() + h * p.Dvp, d.Dv);
     }
     _tile_release();
   }
@@ -305,8 +302,9 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* kv, const 
 // dkv rows of the selected keys += (scale dS | P) (q ; dO) (key and value roles in one product,
 // contraction over the 2 Hs head columns), with P and dS rounded to bf16 as operands (as FlashMLA
 // does); accumulation and the softmax stay f32. What remains for the vector units is the
-// scatter-add of each 16-slot block of dkv contributions into this thread's accumulator rows,
-// whose next block is prefetched while the tiles of this one run.
+// scatter-add of each 16-slot block of dkv contributions into this thread's accumulator rows
+// (random rows of a buffer far larger than L2: the backward's limit at H = 16, see
+// cpu/sparse_mla.h). Software prefetch of the next block's rows measured no faster than none.
 void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, const bf16* kv, const int32_t* idx,
                        const bf16* o, const float* lse, float* acc, int64_t parts, const SparseMlaDims& d) {
   const Plan p = make_plan(d);
@@ -346,10 +344,7 @@ void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, con
         const bf16* doh = dout + bt * d.H * d.Dv;
         const bf16* oh = o + bt * d.H * d.Dv;
         for (int64_t h = 0; h < d.H; ++h) {
-          float dl = 0;  // Delta = rowsum(dO * O)
-#pragma omp simd reduction(+ : dl)
-          for (int64_t col = 0; col < d.Dv; ++col) dl += to_f32(doh[h * d.Dv + col]) * to_f32(oh[h * d.Dv + col]);
-          delta.data()[h] = dl;
+          delta.data()[h] = dot_bf16(doh + h * d.Dv, oh + h * d.Dv, d.Dv);  // Delta = rowsum(dO * O)
           lse_h.data()[h] = lse[bt * d.H + h];
         }
         pack_heads_vnni(qd.data(), w2, qh, d.H, d.Dqk);  // rows past Dv/2 of the dO half stay 0
@@ -380,21 +375,10 @@ void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, con
         // dq = (scale dS)^T rows: scale dS in bf16 slot pairs by head times the row pairs.
         for (int64_t h0 = 0; h0 < p.Hs; h0 += 16) pack_pairs_transposed(dst.data() + h0 * K2, K2, st.data() + h0, w2, n);
         amx_heads_times_rows(dqb.data(), dst.data(), K2, vq.data(), p.Hs, p.Dp, round_up((n + 1) / 2, 16));
-        for (int64_t h = 0; h < d.H; ++h) {
-#pragma omp simd
-          for (int64_t col = 0; col < d.Dqk; ++col) dqt[h * d.Dqk + col] = from_f32<bf16>(dqb.data()[h * p.Dp + col]);
-        }
+        for (int64_t h = 0; h < d.H; ++h) store_bf16(dqt + h * d.Dqk, dqb.data() + h * p.Dp, d.Dqk);
         // dkv[key_i] += (scale dS | P)[i] (q ; dO): [16, 2 Hs] x [2 Hs, Dp] per slot block into blk,
         // then added to the block's accumulator rows (slots past n are computed, never added).
-        for (int64_t r = 0; r < 16 && r < n; ++r) {
-          const char* row = reinterpret_cast<const char*>(mine + int64_t(keys.data()[r]) * p.Dp);
-          for (int64_t e = 0; e < p.Dp * 4; e += 64) __builtin_prefetch(row + e, 1, 3);
-        }
         for (int64_t i0 = 0; i0 < n16; i0 += 16) {
-          for (int64_t r = i0 + 16; r < i0 + 32 && r < n; ++r) {  // the next block's rows
-            const char* row = reinterpret_cast<const char*>(mine + int64_t(keys.data()[r]) * p.Dp);
-            for (int64_t e = 0; e < p.Dp * 4; e += 64) __builtin_prefetch(row + e, 1, 3);
-          }
           for (int64_t c0 = 0; c0 < p.Dp; c0 += 64) {
             const int tiles = int((p.Dp - c0) / 16 < 4 ? (p.Dp - c0) / 16 : 4);
             amx_row_block(blk.data() + c0, p.Dp * 4, 64, reinterpret_cast<const char*>(ab.data() + i0 * w2), w2 * 2,
@@ -418,8 +402,7 @@ void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, con
 #pragma omp simd
           for (int64_t col = 0; col < p.Dp; ++col) first[col] += row[col], row[col] = 0.0f;
         }
-#pragma omp simd
-        for (int64_t col = 0; col < d.Dqk; ++col) dkv[(b * d.Skv + s) * d.Dqk + col] = from_f32<bf16>(first[col]);
+        store_bf16(dkv + (b * d.Skv + s) * d.Dqk, first, d.Dqk);
 #pragma omp simd
         for (int64_t col = 0; col < p.Dp; ++col) first[col] = 0.0f;
       }
