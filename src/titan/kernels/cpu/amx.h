@@ -75,8 +75,8 @@ TITAN_INLINE void amx_row_block(float* c, int64_t c_ld, int64_t c_next, const ch
 // v0[col] in its low and v1[col] in its high half; v1 null (the last, unpaired key) gives zeros.
 TITAN_INLINE void pack_row_pair(uint32_t* dst, const bf16* v0, const bf16* v1, int64_t width) {
   if (v1 && width % 32 == 0) {  // 32 columns per two 2-source word permutes
-    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5,
-                                        36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                        37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
     for (int64_t col = 0; col < width; col += 32) {
       const __m512i a = _mm512_loadu_si512(v0 + col), b = _mm512_loadu_si512(v1 + col);
@@ -176,20 +176,23 @@ TITAN_INLINE void transpose16_u32(uint32_t* dst, int64_t dst_ld, const uint32_t*
 
 // dst[col, j) for col < 16 (rows dst_ld apart) and j < round_up((n + 1) / 2, 16) = the bf16 pair
 // (src[2j, col], src[2j + 1, col]) of the f32 matrix src [n, 16+] (rows src_ld apart), rows past
-// n read as 0: an [n, 16] slot-by-head f32 block becomes the A operand (heads by slot pairs) of a
-// heads-times-selected-rows product, with vectorized rounding and 16 x 16 transposes instead of
-// a scalar loop per element.
-TITAN_INLINE void pack_pairs_transposed(uint32_t* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t n) {
+// n read as 0, each column col first multiplied by mul[col] when mul is not null: an [n, 16]
+// slot-by-head f32 block becomes the A operand (heads by slot pairs) of a heads-times-selected-
+// rows product, with vectorized rounding and 16 x 16 transposes instead of a scalar loop per
+// element.
+TITAN_INLINE void pack_pairs_transposed(uint32_t* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t n,
+                                        const float* mul) {
   // interleaves [a0..a15 | b0..b15] (bf16) into the pairs (a0, b0), (a1, b1), ...
   const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
                                          6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   alignas(64) uint32_t blk[16 * 16];
+  const __m512 m = mul ? _mm512_loadu_ps(mul) : _mm512_set1_ps(1.0f);
   const int64_t n2 = (n + 1) / 2;
   for (int64_t j0 = 0; j0 < n2; j0 += 16) {
     for (int64_t j = 0; j < 16; ++j) {
       const int64_t i = 2 * (j0 + j);
-      const __m512 r0 = i < n ? _mm512_loadu_ps(src + i * src_ld) : _mm512_setzero_ps();
-      const __m512 r1 = i + 1 < n ? _mm512_loadu_ps(src + (i + 1) * src_ld) : _mm512_setzero_ps();
+      const __m512 r0 = i < n ? _mm512_mul_ps(_mm512_loadu_ps(src + i * src_ld), m) : _mm512_setzero_ps();
+      const __m512 r1 = i + 1 < n ? _mm512_mul_ps(_mm512_loadu_ps(src + (i + 1) * src_ld), m) : _mm512_setzero_ps();
       const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(r1, r0));  // [r0 | r1] in bf16
       _mm512_store_si512(blk + j * 16, _mm512_permutexvar_epi16(inter, both));
     }

@@ -273,22 +273,23 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* kv, const 
           m.data()[h] = row[h] > m.data()[h] ? row[h] : m.data()[h];
         }
       }
-      for (int64_t i = 0; i < n; ++i) {
-        const float* row = st.data() + i * p.Hs;
-#pragma omp simd
-        for (int64_t h = 0; h < p.Hs; ++h) l.data()[h] += fast_exp(row[h] - m.data()[h]);
-      }
-      for (int64_t h = 0; h < p.Hs; ++h) {
-        m.data()[h] += __builtin_logf(l.data()[h]);
-        if (h < d.H) lse[bt * d.H + h] = m.data()[h];
-      }
+      // One exp per score (it was two: for the sum, then for P = exp(s - lse)): the unnormalized
+      // exp(s - m) stays in st and the pack below multiplies it by 1 / sum.
       for (int64_t i = 0; i < n; ++i) {
         float* row = st.data() + i * p.Hs;
 #pragma omp simd
-        for (int64_t h = 0; h < p.Hs; ++h) row[h] = fast_exp(row[h] - m.data()[h]);
+        for (int64_t h = 0; h < p.Hs; ++h) {
+          row[h] = fast_exp(row[h] - m.data()[h]);
+          l.data()[h] += row[h];
+        }
+      }
+      for (int64_t h = 0; h < p.Hs; ++h) {
+        if (h < d.H) lse[bt * d.H + h] = m.data()[h] + __builtin_logf(l.data()[h]);
+        l.data()[h] = 1.0f / l.data()[h];
       }
       // P rounded to bf16 in slot pairs, heads by pairs (an odd last slot pairs with a 0).
-      for (int64_t h0 = 0; h0 < p.Hs; h0 += 16) pack_pairs_transposed(pt.data() + h0 * K2, K2, st.data() + h0, p.Hs, n);
+      for (int64_t h0 = 0; h0 < p.Hs; h0 += 16)
+        pack_pairs_transposed(pt.data() + h0 * K2, K2, st.data() + h0, p.Hs, n, l.data() + h0);
       // o[h] = sum_j P pair[h, j] . value pair[j]: [Hs, n2p] x [n2p, Dvp].
       amx_heads_times_rows(out.data(), pt.data(), K2, vb.data(), p.Hs, p.Dvp, round_up((n + 1) / 2, 16));
       for (int64_t h = 0; h < d.H; ++h) store_bf16(ot + h * d.Dv, out.data() + h * p.Dvp, d.Dv);
@@ -373,7 +374,8 @@ void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, con
           }
         }
         // dq = (scale dS)^T rows: scale dS in bf16 slot pairs by head times the row pairs.
-        for (int64_t h0 = 0; h0 < p.Hs; h0 += 16) pack_pairs_transposed(dst.data() + h0 * K2, K2, st.data() + h0, w2, n);
+        for (int64_t h0 = 0; h0 < p.Hs; h0 += 16)
+          pack_pairs_transposed(dst.data() + h0 * K2, K2, st.data() + h0, w2, n, nullptr);
         amx_heads_times_rows(dqb.data(), dst.data(), K2, vq.data(), p.Hs, p.Dp, round_up((n + 1) / 2, 16));
         for (int64_t h = 0; h < d.H; ++h) store_bf16(dqt + h * d.Dqk, dqb.data() + h * p.Dp, d.Dqk);
         // dkv[key_i] += (scale dS | P)[i] (q ; dO): [16, 2 Hs] x [2 Hs, Dp] per slot block into blk,
