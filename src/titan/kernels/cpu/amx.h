@@ -71,44 +71,6 @@ TITAN_INLINE void amx_row_block(float* c, int64_t c_ld, int64_t c_next, const ch
   if (tiles > 3) _tile_stored(3, reinterpret_cast<char*>(c) + 3 * c_next, c_ld);
 }
 
-// One VNNI row of a bf16 pair of rows (the B layout of AMX's bf16 product): dst[col] holds
-// v0[col] in its low and v1[col] in its high half; v1 null (the last, unpaired key) gives zeros.
-TITAN_INLINE void pack_row_pair(uint32_t* dst, const bf16* v0, const bf16* v1, int64_t width) {
-  if (v1 && width % 32 == 0) {  // 32 columns per two 2-source word permutes
-    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                        37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
-    for (int64_t col = 0; col < width; col += 32) {
-      const __m512i a = _mm512_loadu_si512(v0 + col), b = _mm512_loadu_si512(v1 + col);
-      _mm512_storeu_si512(dst + col, _mm512_permutex2var_epi16(a, lo, b));
-      _mm512_storeu_si512(dst + col + 16, _mm512_permutex2var_epi16(a, hi, b));
-    }
-    return;
-  }
-  if (!v1) {
-#pragma omp simd
-    for (int64_t col = 0; col < width; ++col) dst[col] = uint32_t(v0[col].bits);
-    return;
-  }
-#pragma omp simd
-  for (int64_t col = 0; col < width; ++col) dst[col] = uint32_t(v0[col].bits) | uint32_t(v1[col].bits) << 16;
-}
-
-// c [Hs, wp] f32 = a [Hs, K2] (bf16 pairs along the key dim) x b [K2, wp] (VNNI rows of key
-// pairs), on AMX in 16-row, 64-column blocks: the heads-times-selected-rows product of the
-// forward's output (P x V) and of the backward's dq (dS x K). Hs and wp are multiples of 16;
-// n2p (key pairs, a multiple of 16) bounds the sum.
-TITAN_INLINE void amx_heads_times_rows(float* c, const uint32_t* a, int64_t k2, const uint32_t* b, int64_t hs,
-                                       int64_t wp, int64_t n2p) {
-  for (int64_t h0 = 0; h0 < hs; h0 += 16) {
-    for (int64_t c0 = 0; c0 < wp; c0 += 64) {
-      const int tiles = int((wp - c0) / 16 < 4 ? (wp - c0) / 16 : 4);
-      amx_row_block(c + h0 * wp + c0, wp * 4, 64, reinterpret_cast<const char*>(a + h0 * k2), k2 * 4, 64,
-                    reinterpret_cast<const char*>(b + c0), wp * 4, 16 * wp * 4, 64, n2p / 16, tiles);
-    }
-  }
-}
-
 // c[16 b rows, 16 columns) for b < blocks <= 4 (row blocks c_down bytes apart) = sum over `chunks`
 // k chunks of A tile b (a + b * a_down + chunk * a_step, row stride a_ld bytes) times one B tile
 // (b + chunk * b_step, stride b_ld): the same B tile feeds up to four accumulators, so a product
@@ -144,6 +106,55 @@ TITAN_INLINE void amx_col_block(float* c, int64_t c_ld, int64_t c_down, const ch
   if (blocks > 1) _tile_stored(1, cb + c_down, c_ld);
   if (blocks > 2) _tile_stored(2, cb + 2 * c_down, c_ld);
   if (blocks > 3) _tile_stored(3, cb + 3 * c_down, c_ld);
+}
+
+// One VNNI row of a bf16 pair of rows (the B layout of AMX's bf16 product): dst[col] holds
+// v0[col] in its low and v1[col] in its high half; v1 null (the last, unpaired key) gives zeros.
+TITAN_INLINE void pack_row_pair(uint32_t* dst, const bf16* v0, const bf16* v1, int64_t width) {
+  if (v1 && width % 32 == 0) {  // 32 columns per two 2-source word permutes
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                        37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int64_t col = 0; col < width; col += 32) {
+      const __m512i a = _mm512_loadu_si512(v0 + col), b = _mm512_loadu_si512(v1 + col);
+      _mm512_storeu_si512(dst + col, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_storeu_si512(dst + col + 16, _mm512_permutex2var_epi16(a, hi, b));
+    }
+    return;
+  }
+  if (!v1) {
+#pragma omp simd
+    for (int64_t col = 0; col < width; ++col) dst[col] = uint32_t(v0[col].bits);
+    return;
+  }
+#pragma omp simd
+  for (int64_t col = 0; col < width; ++col) dst[col] = uint32_t(v0[col].bits) | uint32_t(v1[col].bits) << 16;
+}
+
+// c [Hs, wp] f32 = a [Hs, K2] (bf16 pairs along the key dim) x b [K2, wp] (VNNI rows of key
+// pairs), on AMX: the heads-times-selected-rows product of the forward's output (P x V) and of
+// the backward's dq (dS x K). One head block: 16-row, 64-column blocks (one A tile, four B
+// tiles); more: each B tile, the operand that streams, is loaded once for up to four head blocks.
+// Hs and wp are multiples of 16; n2p (key pairs, a multiple of 16) bounds the sum.
+TITAN_INLINE void amx_heads_times_rows(float* c, const uint32_t* a, int64_t k2, const uint32_t* b, int64_t hs,
+                                       int64_t wp, int64_t n2p) {
+  if (hs >= 32) {  // several head blocks: each B tile (streamed from L2) feeds up to four of them
+    for (int64_t c0 = 0; c0 < wp; c0 += 16) {
+      for (int64_t h0 = 0; h0 < hs; h0 += 64) {
+        const int blocks = int((hs - h0) / 16 < 4 ? (hs - h0) / 16 : 4);
+        amx_col_block(c + h0 * wp + c0, wp * 4, 16 * wp * 4, reinterpret_cast<const char*>(a + h0 * k2), k2 * 4, 64,
+                      16 * k2 * 4, reinterpret_cast<const char*>(b + c0), wp * 4, 16 * wp * 4, n2p / 16, blocks);
+      }
+    }
+    return;
+  }
+  for (int64_t h0 = 0; h0 < hs; h0 += 16) {
+    for (int64_t c0 = 0; c0 < wp; c0 += 64) {
+      const int tiles = int((wp - c0) / 16 < 4 ? (wp - c0) / 16 : 4);
+      amx_row_block(c + h0 * wp + c0, wp * 4, 64, reinterpret_cast<const char*>(a + h0 * k2), k2 * 4, 64,
+                    reinterpret_cast<const char*>(b + c0), wp * 4, 16 * wp * 4, 64, n2p / 16, tiles);
+    }
+  }
 }
 
 // dst row r (r < 16, dst_ld elements apart) = column r of the 16 x 16 block src (rows src_ld

@@ -218,8 +218,20 @@ int64_t gather_pairs(bf16* g, uint32_t* pairs, int64_t pairs_ld, int64_t width, 
 }
 
 // st[i, c) for i < n16, c < cols (a multiple of 16; rows cols floats apart) = g[i] . b[:, c] over
-// Dqk: g [n16, Dqk] bf16 rows times b [Dqk / 2, cols] VNNI pairs, four row blocks per B tile.
+// Dqk: g [n16, Dqk] bf16 rows times b [Dqk / 2, cols] VNNI pairs. Up to 32 columns: four row
+// blocks per B tile (four accumulator chains); from 64 columns: each row tile, the operand that
+// streams from L2, is loaded once for four column tiles.
 void rows_times_heads(float* st, int64_t cols, const bf16* g, const uint32_t* b, int64_t n16, int64_t dqk) {
+  if (cols >= 64) {
+    for (int64_t i0 = 0; i0 < n16; i0 += 16) {
+      for (int64_t c0 = 0; c0 < cols; c0 += 64) {
+        const int tiles = int((cols - c0) / 16 < 4 ? (cols - c0) / 16 : 4);
+        amx_row_block(st + i0 * cols + c0, cols * 4, 64, reinterpret_cast<const char*>(g + i0 * dqk), dqk * 2, 64,
+                      reinterpret_cast<const char*>(b + c0), cols * 4, 16 * cols * 4, 64, dqk / 32, tiles);
+      }
+    }
+    return;
+  }
   for (int64_t c0 = 0; c0 < cols; c0 += 16) {
     for (int64_t i0 = 0; i0 < n16; i0 += 64) {
       const int blocks = int((n16 - i0) / 16 < 4 ? (n16 - i0) / 16 : 4);
