@@ -108,6 +108,34 @@ TITAN_INLINE void amx_col_block(float* c, int64_t c_ld, int64_t c_down, const ch
   if (blocks > 3) _tile_stored(3, cb + 3 * c_down, c_ld);
 }
 
+// c[16 rows of block r, 16 columns of tile j) for r, j < 2 (row blocks c_down bytes apart, column
+// tiles 64 bytes apart) = sum over `chunks` k chunks of A tile r (a + r * a_down + chunk * a_step,
+// row stride a_ld bytes) times B tile j (b + chunk * b_step + j * 64, stride b_ld): for a product
+// two column tiles wide, each A and each B tile is loaded once per chunk for two products, and
+// the four accumulators are four independent chains.
+TITAN_INLINE void amx_block_2x2(float* c, int64_t c_ld, int64_t c_down, const char* a, int64_t a_ld, int64_t a_step,
+                                int64_t a_down, const char* b, int64_t b_ld, int64_t b_step, int64_t chunks) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t k = 0; k < chunks; ++k) {
+    _tile_loadd(4, a + k * a_step, a_ld);
+    _tile_loadd(6, b + k * b_step, b_ld);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_loadd(7, b + k * b_step + 64, b_ld);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(5, a + a_down + k * a_step, a_ld);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  char* cb = reinterpret_cast<char*>(c);
+  _tile_stored(0, cb, c_ld);
+  _tile_stored(1, cb + 64, c_ld);
+  _tile_stored(2, cb + c_down, c_ld);
+  _tile_stored(3, cb + c_down + 64, c_ld);
+}
+
 // One VNNI row of a bf16 pair of rows (the B layout of AMX's bf16 product): dst[col] holds
 // v0[col] in its low and v1[col] in its high half; v1 null (the last, unpaired key) gives zeros.
 TITAN_INLINE void pack_row_pair(uint32_t* dst, const bf16* v0, const bf16* v1, int64_t width) {

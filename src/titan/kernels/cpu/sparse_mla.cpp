@@ -218,11 +218,25 @@ int64_t gather_pairs(bf16* g, uint32_t* pairs, int64_t pairs_ld, int64_t width, 
 }
 
 // st[i, c) for i < n16, c < cols (a multiple of 16; rows cols floats apart) = g[i] . b[:, c] over
-// Dqk: g [n16, Dqk] bf16 rows times b [Dqk / 2, cols] VNNI pairs. Up to 32 columns: four row
-// blocks per B tile (four accumulator chains); from 64 columns: each row tile, the operand that
-// streams from L2, is loaded once for four column tiles.
+// Dqk: g [n16, Dqk] bf16 rows times b [Dqk / 2, cols] VNNI pairs, with four accumulator chains
+// where the shape allows and each row tile (the operand that streams from L2) loaded once: 16
+// columns: four row blocks per B tile; 32: two row blocks by two column tiles; from 64: four
+// column tiles per row tile.
 void rows_times_heads(float* st, int64_t cols, const bf16* g, const uint32_t* b, int64_t n16, int64_t dqk) {
-  if (cols >= 64) {
+  if (cols == 32) {
+    for (int64_t i0 = 0; i0 < n16; i0 += 32) {
+      const char* a = reinterpret_cast<const char*>(g + i0 * dqk);
+      const char* bb = reinterpret_cast<const char*>(b);
+      if (i0 + 32 <= n16) {
+        amx_block_2x2(st + i0 * cols, cols * 4, 16 * cols * 4, a, dqk * 2, 64, 16 * dqk * 2, bb, cols * 4,
+                      16 * cols * 4, dqk / 32);
+      } else {
+        amx_row_block(st + i0 * cols, cols * 4, 64, a, dqk * 2, 64, bb, cols * 4, 16 * cols * 4, 64, dqk / 32, 2);
+      }
+    }
+    return;
+  }
+  if (cols > 32) {
     for (int64_t i0 = 0; i0 < n16; i0 += 16) {
       for (int64_t c0 = 0; c0 < cols; c0 += 64) {
         const int tiles = int((cols - c0) / 16 < 4 ? (cols - c0) / 16 : 4);
