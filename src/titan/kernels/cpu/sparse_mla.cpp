@@ -352,7 +352,7 @@ void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, con
     Scratch<bf16> ab(Kt * w2, ScratchInit::zeroed);           // [Kt, 2 Hs] (scale dS | P) in bf16
     Scratch<uint32_t> dst(p.Hs * K2, ScratchInit::zeroed);    // [Hs, K2] scale dS slot pairs by head
     Scratch<float> dqb(p.Hs * p.Dp, ScratchInit::zeroed);     // [Hs, Dp] dq rows
-    Scratch<float> blk(16 * p.Dp, ScratchInit::zeroed);       // [16, Dp] dkv rows of one slot block
+    Scratch<float> blk(16 * 64, ScratchInit::zeroed);         // [16, 64] dkv of one slot block, 64 columns
     Scratch<float> lse_h(p.Hs, ScratchInit::zeroed), delta(p.Hs, ScratchInit::zeroed);  // [Hs]
     Scratch<int32_t> keys(d.K, ScratchInit::zeroed);
     for (int64_t h = d.H; h < p.Hs; ++h) lse_h.data()[h] = kInf;  // padding heads: P = 0
@@ -404,20 +404,23 @@ void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, con
           pack_pairs_transposed(dst.data() + h0 * K2, K2, st.data() + h0, w2, n, nullptr);
         amx_heads_times_rows(dqb.data(), dst.data(), K2, vq.data(), p.Hs, p.Dp, round_up((n + 1) / 2, 16));
         for (int64_t h = 0; h < d.H; ++h) store_bf16(dqt + h * d.Dqk, dqb.data() + h * p.Dp, d.Dqk);
-        // dkv[key_i] += (scale dS | P)[i] (q ; dO): [16, 2 Hs] x [2 Hs, Dp] per slot block into blk,
-        // then added to the block's accumulator rows (slots past n are computed, never added).
+        // dkv[key_i] += (scale dS | P)[i] (q ; dO): [16, 2 Hs] x [2 Hs, Dp] per slot block, 64 columns
+        // at a time into blk and added to the block's accumulator rows (slots past n are computed,
+        // never added): blk stays in L1 beside the B tiles of (q ; dO), where a whole [16, Dp] block
+        // would not.
         for (int64_t i0 = 0; i0 < n16; i0 += 16) {
+          const int64_t rows = n - i0 < 16 ? n - i0 : 16;
           for (int64_t c0 = 0; c0 < p.Dp; c0 += 64) {
-            const int tiles = int((p.Dp - c0) / 16 < 4 ? (p.Dp - c0) / 16 : 4);
-            amx_row_block(blk.data() + c0, p.Dp * 4, 64, reinterpret_cast<const char*>(ab.data() + i0 * w2), w2 * 2,
-                          64, reinterpret_cast<const char*>(b2.data() + c0), p.Dp * 4, 16 * p.Dp * 4, 64, w2 / 32,
-                          tiles);
-          }
-          for (int64_t r = 0; r < 16 && i0 + r < n; ++r) {
-            float* dst_row = mine + int64_t(keys.data()[i0 + r]) * p.Dp;
-            const float* src = blk.data() + r * p.Dp;
+            const int64_t w = p.Dp - c0 < 64 ? p.Dp - c0 : 64;
+            amx_row_block(blk.data(), 64 * 4, 64, reinterpret_cast<const char*>(ab.data() + i0 * w2), w2 * 2, 64,
+                          reinterpret_cast<const char*>(b2.data() + c0), p.Dp * 4, 16 * p.Dp * 4, 64, w2 / 32,
+                          int(w / 16));
+            for (int64_t r = 0; r < rows; ++r) {
+              float* dst_row = mine + int64_t(keys.data()[i0 + r]) * p.Dp + c0;
+              const float* src = blk.data() + r * 64;
 #pragma omp simd
-            for (int64_t col = 0; col < p.Dp; ++col) dst_row[col] += src[col];
+              for (int64_t col = 0; col < w; ++col) dst_row[col] += src[col];
+            }
           }
         }
       }
