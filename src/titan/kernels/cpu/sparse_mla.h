@@ -16,10 +16,13 @@
 // rounded to bf16 as operands (as FlashMLA does); accumulation and softmax stay f32. The gather
 // interleaves the row pairs (the VNNI operand of P x V and dS x K) while the rows are in L1, and
 // the small operands are packed with 16 x 16 transposes. What AMX leaves is memory traffic per
-// selected row: the gather (1152 B bf16 per slot) and, in the backward, the dkv scatter-add
-// (2304 B f32 read and written per slot into accumulator rows far outside L2), against only
-// 2 H (Dqk + Dv) resp. 2 H (3 Dqk + 2 Dv) FLOPs per slot: at H = 16 the bf16 path is bound by
-// that traffic, not by the tiles. The gathers prefetch the kv rows a few slots ahead.
+// selected row against only 2 H (Dqk + Dv) resp. 2 H (3 Dqk + 2 Dv) FLOPs per slot: the gather
+// (1152 B bf16 per slot); operand tiles streamed from L2, since at H = 16 each gathered row meets
+// one 16-head tile row per product, so nearly every tile product needs a fresh 1 KiB tile; the
+// dkv product, whose contraction (2 H = 32) is one chunk, so one 1 KiB tile store per product;
+// and the dkv scatter-add (2304 B f32 read and written per slot into accumulator rows far
+// outside L2). At H = 16 these, not the tile arithmetic, bound the bf16 path. The gathers
+// prefetch the kv rows a few slots ahead.
 // dkv accumulates in `acc`, `parts` per-thread f32 buffers [parts, Skv, sparse_mla_acc_width(Dqk)]
 // (the backward runs on at most `parts` threads), summed into dkv per batch element: no atomics.
 // acc must be zero; it is left zero.
