@@ -3,8 +3,10 @@
 // keys, odd heads and widths (7 and 37 heads, 33/17), the small 40/32 split, DeepSeek's 576/512,
 // 128 heads (several head vectors per tile), Skv > S, and invalid = 1 for rows that also draw
 // future keys, >= Skv and -1 slots (0: causal top-k rows). The bf16 AMX path (Dqk a multiple of
-// 32) runs on the 576, 32 and 64 widths; the last row gives it two batch elements, 20 heads (two
-// head tiles, the second mostly padding) and an odd K.
+// 32; its backward also needs Dv a multiple of 32) runs on the 576, 32 and 64 widths; the last
+// rows give it two batch elements, 20 heads (two head tiles, the second mostly padding), an odd K,
+// an odd head count (an unpaired head in the backward's (q ; dO) head pairs), and 64 and 40 heads
+// (four and three head blocks sharing each streamed tile).
 #include <cmath>
 
 #include "common/backend_compare.h"
@@ -40,7 +42,8 @@ TITAN_OP_CASES(sparse_mla) {
       {1, 1, 1, 1, 16, 16, 1, 0},    {1, 1, 1, 3, 40, 32, 4, 1},    {2, 17, 17, 3, 40, 32, 8, 0},
       {1, 9, 9, 7, 33, 17, 5, 1},    {1, 33, 50, 5, 72, 40, 16, 1}, {1, 20, 20, 4, 576, 512, 8, 0},
       {1, 70, 90, 16, 576, 512, 32, 1}, {1, 40, 40, 37, 72, 64, 24, 1}, {1, 12, 12, 128, 32, 16, 8, 0},
-      {2, 24, 30, 20, 64, 48, 13, 1},
+      {2, 24, 30, 20, 64, 48, 13, 1}, {2, 24, 30, 20, 64, 32, 13, 1}, {1, 9, 12, 3, 32, 32, 5, 1},
+      {1, 10, 12, 64, 64, 32, 9, 1},  {1, 9, 9, 40, 32, 32, 7, 0},
   };
   return {
       {"sparse_mla_forward", shapes,

@@ -144,9 +144,85 @@ TITAN_INLINE __m512i pack_pair_ps(__m512 r0, __m512 r1) {
   return vnni_interleave((__m512i)_mm512_cvtne2ps_pbh(r1, r0));
 }
 
+// c[16 b rows, 16 columns) for b < blocks <= 4 (row blocks c_down bytes apart) = sum over `chunks`
+// k chunks of A tile b (a + b * a_down + chunk * a_step, row stride a_ld bytes) times one B tile
+// (b + chunk * b_step, stride b_ld): the same B tile feeds up to four accumulators, so a product
+// with one output column tile (e.g. the scores of 16 heads) still has four independent
+// TDPBF16PS chains instead of one latency-bound chain.
+TITAN_INLINE void amx_col_block(float* c, int64_t c_ld, int64_t c_down, const char* a, int64_t a_ld, int64_t a_step,
+                                int64_t a_down, const char* b, int64_t b_ld, int64_t b_step, int64_t chunks,
+                                int blocks) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t k = 0; k < chunks; ++k) {
+    const char* ak = a + k * a_step;
+    _tile_loadd(4, b + k * b_step, b_ld);
+    _tile_loadd(5, ak, a_ld);
+    _tile_dpbf16ps(0, 5, 4);
+    if (blocks > 1) {
+      _tile_loadd(6, ak + a_down, a_ld);
+      _tile_dpbf16ps(1, 6, 4);
+    }
+    if (blocks > 2) {
+      _tile_loadd(7, ak + 2 * a_down, a_ld);
+      _tile_dpbf16ps(2, 7, 4);
+    }
+    if (blocks > 3) {
+      _tile_loadd(5, ak + 3 * a_down, a_ld);
+      _tile_dpbf16ps(3, 5, 4);
+    }
+  }
+  char* cb = reinterpret_cast<char*>(c);
+  _tile_stored(0, cb, c_ld);
+  if (blocks > 1) _tile_stored(1, cb + c_down, c_ld);
+  if (blocks > 2) _tile_stored(2, cb + 2 * c_down, c_ld);
+  if (blocks > 3) _tile_stored(3, cb + 3 * c_down, c_ld);
+}
+
+// c[16 rows of block r, 16 columns of tile j) for r, j < 2 (row blocks c_down bytes apart, column
+// tiles 64 bytes apart) = sum over `chunks` k chunks of A tile r (a + r * a_down + chunk * a_step,
+// row stride a_ld bytes) times B tile j (b + chunk * b_step + j * 64, stride b_ld): for a product
+// two column tiles wide, each A and each B tile is loaded once per chunk for two products, and
+// the four accumulators are four independent chains.
+TITAN_INLINE void amx_block_2x2(float* c, int64_t c_ld, int64_t c_down, const char* a, int64_t a_ld, int64_t a_step,
+                                int64_t a_down, const char* b, int64_t b_ld, int64_t b_step, int64_t chunks) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t k = 0; k < chunks; ++k) {
+    _tile_loadd(4, a + k * a_step, a_ld);
+    _tile_loadd(6, b + k * b_step, b_ld);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_loadd(7, b + k * b_step + 64, b_ld);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(5, a + a_down + k * a_step, a_ld);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  char* cb = reinterpret_cast<char*>(c);
+  _tile_stored(0, cb, c_ld);
+  _tile_stored(1, cb + 64, c_ld);
+  _tile_stored(2, cb + c_down, c_ld);
+  _tile_stored(3, cb + c_down + 64, c_ld);
+}
+
 // One VNNI row of a bf16 pair of rows (the B layout of AMX's bf16 product): dst[col] holds
 // v0[col] in its low and v1[col] in its high half; v1 null (the last, unpaired key) gives zeros.
 TITAN_INLINE void pack_row_pair(uint32_t* dst, const bf16* v0, const bf16* v1, int64_t width) {
+  if (v1 && width % 32 == 0) {  // 32 columns per two 2-source word permutes
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                        37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int64_t col = 0; col < width; col += 32) {
+      const __m512i a = _mm512_loadu_si512(v0 + col), b = _mm512_loadu_si512(v1 + col);
+      _mm512_storeu_si512(dst + col, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_storeu_si512(dst + col + 16, _mm512_permutex2var_epi16(a, hi, b));
+    }
+    return;
+  }
   if (!v1) {
 #pragma omp simd
     for (int64_t col = 0; col < width; ++col) dst[col] = uint32_t(v0[col].bits);
@@ -157,11 +233,22 @@ TITAN_INLINE void pack_row_pair(uint32_t* dst, const bf16* v0, const bf16* v1, i
 }
 
 // c [Hs, wp] f32 = a [Hs, K2] (bf16 pairs along the key dim) x b [K2, wp] (VNNI rows of key
-// pairs), on AMX in 16-row, 64-column blocks: the heads-times-selected-rows product of the
-// forward's output (P x V) and of the backward's dq (dS x K). Hs and wp are multiples of 16;
-// n2p (key pairs, a multiple of 16) bounds the sum.
+// pairs), on AMX: the heads-times-selected-rows product of the forward's output (P x V) and of
+// the backward's dq (dS x K). One head block: 16-row, 64-column blocks (one A tile, four B
+// tiles); more: each B tile, the operand that streams, is loaded once for up to four head blocks.
+// Hs and wp are multiples of 16; n2p (key pairs, a multiple of 16) bounds the sum.
 TITAN_INLINE void amx_heads_times_rows(float* c, const uint32_t* a, int64_t k2, const uint32_t* b, int64_t hs,
                                        int64_t wp, int64_t n2p) {
+  if (hs >= 32) {  // several head blocks: each B tile (streamed from L2) feeds up to four of them
+    for (int64_t c0 = 0; c0 < wp; c0 += 16) {
+      for (int64_t h0 = 0; h0 < hs; h0 += 64) {
+        const int blocks = int((hs - h0) / 16 < 4 ? (hs - h0) / 16 : 4);
+        amx_col_block(c + h0 * wp + c0, wp * 4, 16 * wp * 4, reinterpret_cast<const char*>(a + h0 * k2), k2 * 4, 64,
+                      16 * k2 * 4, reinterpret_cast<const char*>(b + c0), wp * 4, 16 * wp * 4, n2p / 16, blocks);
+      }
+    }
+    return;
+  }
   for (int64_t h0 = 0; h0 < hs; h0 += 16) {
     for (int64_t c0 = 0; c0 < wp; c0 += 64) {
       const int tiles = int((wp - c0) / 16 < 4 ? (wp - c0) / 16 : 4);
@@ -169,6 +256,83 @@ TITAN_INLINE void amx_heads_times_rows(float* c, const uint32_t* a, int64_t k2, 
                     reinterpret_cast<const char*>(b + c0), wp * 4, 16 * wp * 4, 64, n2p / 16, tiles);
     }
   }
+}
+
+// dst row r (r < 16, dst_ld elements apart) = column r of the 16 x 16 block src (rows src_ld
+// apart), 32-bit elements, in AVX-512 shuffles: 32-bit and 64-bit unpacks gather 4 x 4 blocks
+// within each 128-bit lane, two rounds of 128-bit lane shuffles put the lanes in order.
+TITAN_INLINE void transpose16_u32(uint32_t* dst, int64_t dst_ld, const uint32_t* src, int64_t src_ld) {
+  __m512i r[16], u[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * src_ld);
+  for (int g = 0; g < 4; ++g) {
+    const __m512i t0 = _mm512_unpacklo_epi32(r[4 * g], r[4 * g + 1]);
+    const __m512i t1 = _mm512_unpackhi_epi32(r[4 * g], r[4 * g + 1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(r[4 * g + 2], r[4 * g + 3]);
+    const __m512i t3 = _mm512_unpackhi_epi32(r[4 * g + 2], r[4 * g + 3]);
+    // lane L of u[4g + m] = rows 4g..4g+3 of column 4L + m
+    u[4 * g] = _mm512_unpacklo_epi64(t0, t2);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t0, t2);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t1, t3);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t1, t3);
+  }
+  for (int m = 0; m < 4; ++m) {
+    const __m512i va = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x88), vb = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xDD);
+    const __m512i wa = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0x88);
+    const __m512i wb = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0xDD);
+    _mm512_storeu_si512(dst + m * dst_ld, _mm512_shuffle_i32x4(va, wa, 0x88));
+    _mm512_storeu_si512(dst + (4 + m) * dst_ld, _mm512_shuffle_i32x4(vb, wb, 0x88));
+    _mm512_storeu_si512(dst + (8 + m) * dst_ld, _mm512_shuffle_i32x4(va, wa, 0xDD));
+    _mm512_storeu_si512(dst + (12 + m) * dst_ld, _mm512_shuffle_i32x4(vb, wb, 0xDD));
+  }
+}
+
+// dst[col, j) for col < 16 (rows dst_ld apart) and j < round_up((n + 1) / 2, 16) = the bf16 pair
+// (src[2j, col], src[2j + 1, col]) of the f32 matrix src [n, 16+] (rows src_ld apart), rows past
+// n read as 0, each column col first multiplied by mul[col] when mul is not null: an [n, 16]
+// slot-by-head f32 block becomes the A operand (heads by slot pairs) of a heads-times-selected-
+// rows product, with vectorized rounding and 16 x 16 transposes instead of a scalar loop per
+// element.
+TITAN_INLINE void pack_pairs_transposed(uint32_t* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t n,
+                                        const float* mul) {
+  // interleaves [a0..a15 | b0..b15] (bf16) into the pairs (a0, b0), (a1, b1), ...
+  const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                         6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  alignas(64) uint32_t blk[16 * 16];
+  const __m512 m = mul ? _mm512_loadu_ps(mul) : _mm512_set1_ps(1.0f);
+  const int64_t n2 = (n + 1) / 2;
+  for (int64_t j0 = 0; j0 < n2; j0 += 16) {
+    for (int64_t j = 0; j < 16; ++j) {
+      const int64_t i = 2 * (j0 + j);
+      const __m512 r0 = i < n ? _mm512_mul_ps(_mm512_loadu_ps(src + i * src_ld), m) : _mm512_setzero_ps();
+      const __m512 r1 = i + 1 < n ? _mm512_mul_ps(_mm512_loadu_ps(src + (i + 1) * src_ld), m) : _mm512_setzero_ps();
+      const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(r1, r0));  // [r0 | r1] in bf16
+      _mm512_store_si512(blk + j * 16, _mm512_permutexvar_epi16(inter, both));
+    }
+    transpose16_u32(dst + j0, dst_ld, blk, 16);
+  }
+}
+
+// dst[0, n) = src[0, n) rounded to bf16 (round to nearest even, as f32_to_bf16), 32 at a time.
+TITAN_INLINE void store_bf16(bf16* dst, const float* src, int64_t n) {
+  int64_t c = 0;
+  for (; c + 32 <= n; c += 32) {
+    const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + c + 16), _mm512_loadu_ps(src + c));
+    _mm512_storeu_si512(dst + c, reinterpret_cast<__m512i>(v));
+  }
+  for (; c < n; ++c) dst[c] = f32_to_bf16(src[c]);
+}
+
+// sum_c a[c] b[c] over c < n (a multiple of 16), bf16 inputs widened exactly, f32 sums.
+TITAN_INLINE float dot_bf16(const bf16* a, const bf16* b, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t c = 0; c < n; c += 16) {
+    const __m512 x = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + c))), 16));
+    const __m512 y = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + c))), 16));
+    acc = _mm512_fmadd_ps(x, y, acc);
+  }
+  return _mm512_reduce_add_ps(acc);
 }
 
 }  // namespace titan::kernels::cpu::TITAN_ISA

@@ -168,59 +168,127 @@ int64_t gather_valid(float* g, int64_t ldg, int32_t* keys, const T* kv, const in
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// dst[k, h] (rows dst_ld apart) = the bf16 pair (x[h, 2k], x[h, 2k + 1]) for k < width / 2 and h
+// < round_up(rows, 16), heads past `rows` 0: x [rows, width] (width a multiple of 32) becomes the
+// B operand (column pairs by head) of a selected-rows-times-heads product, in 16 x 16 transposes.
+void pack_heads_vnni(uint32_t* dst, int64_t dst_ld, const bf16* x, int64_t rows, int64_t width) {
+  const int64_t w2 = width / 2;
+  alignas(64) uint32_t blk[16 * 16];
+  for (int64_t h0 = 0; h0 < rows; h0 += 16) {
+    const bf16* x0 = x + h0 * width;
+    for (int64_t k0 = 0; k0 < w2; k0 += 16) {
+      if (h0 + 16 <= rows) {
+        transpose16_u32(dst + k0 * dst_ld + h0, dst_ld, reinterpret_cast<const uint32_t*>(x0 + 2 * k0), w2);
+        continue;
+      }
+      for (int64_t h = 0; h < 16; ++h) {  // the last, partial head group
+        if (h0 + h < rows) std::memcpy(blk + h * 16, x0 + h * width + 2 * k0, 64);
+        else std::memset(blk + h * 16, 0, 64);
+      }
+      transpose16_u32(dst + k0 * dst_ld + h0, dst_ld, blk, 16);
+    }
+  }
+}
+
+// Copies the valid selected rows of query t (slot order, bf16) to g[0, n) (rows Dqk apart), their
+// keys to keys[0, n), and each pair of rows, interleaved, to pairs[j] (rows pairs_ld apart; the
+// first `width` columns; an odd last row pairs with 0s), zeroes pair rows up to the next multiple
+// of 16 and returns n. Each pair is interleaved right after its second row is copied, while both
+// are in L1: the VNNI operand costs no second pass over the rows.
+int64_t gather_pairs(bf16* g, uint32_t* pairs, int64_t pairs_ld, int64_t width, int32_t* keys, const bf16* kv,
+                     const int32_t* sel, int64_t t, const SparseMlaDims& d) {
+  for (int64_t i = 0; i < kAhead && i < d.K; ++i) prefetch_row(kv, sel[i], d);  // as in gather_valid
+  int64_t n = 0;
+  for (int64_t i = 0; i < d.K; ++i) {
+    if (i + kAhead < d.K) prefetch_row(kv, sel[i + kAhead], d);
+    const int32_t s = sel[i];
+    if (s < 0 || int64_t(s) > t + (d.Skv - d.S)) continue;
+    // memcpy: a loop of bf16 structs stays scalar 16-bit moves
+    std::memcpy(g + n * d.Dqk, kv + int64_t(s) * d.Dqk, size_t(d.Dqk) * sizeof(bf16));
+    if (keys) keys[n] = s;
+    if (n % 2 == 1) pack_row_pair(pairs + n / 2 * pairs_ld, g + (n - 1) * d.Dqk, g + n * d.Dqk, width);
+    ++n;
+  }
+  if (n % 2 == 1) pack_row_pair(pairs + n / 2 * pairs_ld, g + (n - 1) * d.Dqk, nullptr, width);
+  for (int64_t j = (n + 1) / 2; j < round_up((n + 1) / 2, 16); ++j) {
+#pragma omp simd
+    for (int64_t col = 0; col < width; ++col) pairs[j * pairs_ld + col] = 0;
+  }
+  return n;
+}
+
+// st[i, c) for i < n16, c < cols (a multiple of 16; rows cols floats apart) = g[i] . b[:, c] over
+// Dqk: g [n16, Dqk] bf16 rows times b [Dqk / 2, cols] VNNI pairs, with four accumulator chains
+// where the shape allows and each row tile (the operand that streams from L2) loaded once: 16
+// columns: four row blocks per B tile; 32: two row blocks by two column tiles; from 64: four
+// column tiles per row tile.
+void rows_times_heads(float* st, int64_t cols, const bf16* g, const uint32_t* b, int64_t n16, int64_t dqk) {
+  if (cols == 32) {
+    for (int64_t i0 = 0; i0 < n16; i0 += 32) {
+      const char* a = reinterpret_cast<const char*>(g + i0 * dqk);
+      const char* bb = reinterpret_cast<const char*>(b);
+      if (i0 + 32 <= n16) {
+        amx_block_2x2(st + i0 * cols, cols * 4, 16 * cols * 4, a, dqk * 2, 64, 16 * dqk * 2, bb, cols * 4,
+                      16 * cols * 4, dqk / 32);
+      } else {
+        amx_row_block(st + i0 * cols, cols * 4, 64, a, dqk * 2, 64, bb, cols * 4, 16 * cols * 4, 64, dqk / 32, 2);
+      }
+    }
+    return;
+  }
+  if (cols > 32) {
+    for (int64_t i0 = 0; i0 < n16; i0 += 16) {
+      for (int64_t c0 = 0; c0 < cols; c0 += 64) {
+        const int tiles = int((cols - c0) / 16 < 4 ? (cols - c0) / 16 : 4);
+        amx_row_block(st + i0 * cols + c0, cols * 4, 64, reinterpret_cast<const char*>(g + i0 * dqk), dqk * 2, 64,
+                      reinterpret_cast<const char*>(b + c0), cols * 4, 16 * cols * 4, 64, dqk / 32, tiles);
+      }
+    }
+    return;
+  }
+  for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+    for (int64_t i0 = 0; i0 < n16; i0 += 64) {
+      const int blocks = int((n16 - i0) / 16 < 4 ? (n16 - i0) / 16 : 4);
+      amx_col_block(st + i0 * cols + c0, cols * 4, 16 * cols * 4, reinterpret_cast<const char*>(g + i0 * dqk),
+                    dqk * 2, 64, 16 * dqk * 2, reinterpret_cast<const char*>(b + c0), cols * 4, 16 * cols * 4,
+                    dqk / 32, blocks);
+    }
+  }
+}
+
 // The forward of sparse_mla_forward<bf16> when AMX is usable and Dqk is a multiple of 32.
 void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* kv, const int32_t* idx,
                       const SparseMlaDims& d) {
   const Plan p = make_plan(d);
   const float scale = float(d.scale);
   const int64_t Dq2 = d.Dqk / 2;
-  const int64_t Kt = round_up(d.K, 16);         // slots padded to whole tiles
+  const int64_t Kt = round_up(d.K, 16);           // slots padded to whole tiles
   const int64_t K2 = round_up((Kt + 1) / 2, 16);  // slot pairs padded to whole tiles
 #pragma omp parallel
   {
     amx_configure();
-    Scratch<bf16> g(Kt * d.Dqk, ScratchInit::zeroed);            // [Kt, Dqk] valid rows, bf16
-    Scratch<uint32_t> qv(Dq2 * p.Hs, ScratchInit::zeroed);       // [Dqk/2, Hs] q pairs by head
-    Scratch<float> st((Kt + 1) * p.Hs, ScratchInit::zeroed);     // [Kt + 1, Hs] scores, slot by head
-    Scratch<uint32_t> pt(p.Hs * K2, ScratchInit::zeroed);        // [Hs, K2] P slot pairs by head
-    Scratch<uint32_t> vb(K2 * p.Dvp, ScratchInit::zeroed);       // [K2, Dvp] value row pairs
-    Scratch<float> out(p.Hs * p.Dvp, ScratchInit::zeroed);       // [Hs, Dvp] o rows
+    Scratch<bf16> g(Kt * d.Dqk, ScratchInit::zeroed);       // [Kt, Dqk] valid rows, bf16
+    Scratch<uint32_t> qv(Dq2 * p.Hs, ScratchInit::zeroed);  // [Dqk/2, Hs] q pairs by head
+    Scratch<float> st(Kt * p.Hs, ScratchInit::zeroed);      // [Kt, Hs] scores, then P, slot by head
+    Scratch<uint32_t> pt(p.Hs * K2, ScratchInit::zeroed);   // [Hs, K2] P slot pairs by head
+    Scratch<uint32_t> vb(K2 * p.Dvp, ScratchInit::zeroed);  // [K2, Dvp] value row pairs
+    Scratch<float> out(p.Hs * p.Dvp, ScratchInit::zeroed);  // [Hs, Dvp] o rows
     Scratch<float> m(p.Hs, ScratchInit::zeroed), l(p.Hs, ScratchInit::zeroed);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bt = 0; bt < d.B * d.S; ++bt) {
       const int64_t b = bt / d.S, t = bt % d.S;
-      const bf16* kvb = kv + b * d.Skv * d.Dqk;
-      const int32_t* sel = idx + bt * d.K;
-      for (int64_t i = 0; i < kAhead && i < d.K; ++i) prefetch_row(kvb, sel[i], d);  // as in gather_valid
-      int64_t n = 0;
-      for (int64_t i = 0; i < d.K; ++i) {
-        if (i + kAhead < d.K) prefetch_row(kvb, sel[i + kAhead], d);
-        const int32_t s = sel[i];
-        if (s < 0 || int64_t(s) > t + (d.Skv - d.S)) continue;
-        // memcpy: a loop of bf16 structs stays scalar 16-bit moves (perf: most of this function)
-        std::memcpy(g.data() + n * d.Dqk, kvb + int64_t(s) * d.Dqk, size_t(d.Dqk) * sizeof(bf16));
-        ++n;
-      }
+      const int64_t n =
+          gather_pairs(g.data(), vb.data(), p.Dvp, d.Dv, nullptr, kv + b * d.Skv * d.Dqk, idx + bt * d.K, t, d);
       bf16* ot = o + bt * d.H * d.Dv;
       if (n == 0) {  // no valid slot: o = 0, lse = +inf (FlashMLA's convention)
         for (int64_t e = 0; e < d.H * d.Dv; ++e) ot[e] = from_f32<bf16>(0.0f);
         for (int64_t h = 0; h < d.H; ++h) lse[bt * d.H + h] = kInf;
         continue;
       }
-      const bf16* qh = q + bt * d.H * d.Dqk;
-      for (int64_t h = 0; h < d.H; ++h) {
-        for (int64_t k = 0; k < Dq2; ++k) qv.data()[k * p.Hs + h] = pack_pair(qh[h * d.Dqk + 2 * k], qh[h * d.Dqk + 2 * k + 1]);
-      }
+      pack_heads_vnni(qv.data(), p.Hs, q + bt * d.H * d.Dqk, d.H, d.Dqk);
       // S^T[i, h] = rows[i] . q[h] (unscaled): [n, Dqk] x [Dqk, Hs]; rows past n hold stale or zero
       // rows, finite and never read.
-      const int64_t n16 = round_up(n, 16);
-      for (int64_t h0 = 0; h0 < p.Hs; h0 += 16) {
-        for (int64_t i0 = 0; i0 < n16; i0 += 16) {
-          amx_row_block(st.data() + i0 * p.Hs + h0, p.Hs * 4, 0, reinterpret_cast<const char*>(g.data() + i0 * d.Dqk),
-                        d.Dqk * 2, 64, reinterpret_cast<const char*>(qv.data() + h0), p.Hs * 4, 16 * p.Hs * 4, 0,
-                        d.Dqk / 32, 1);
-        }
-      }
+      rows_times_heads(st.data(), p.Hs, g.data(), qv.data(), round_up(n, 16), d.Dqk);
       // Softmax over the n slots of each head as in the f32 path, with the scale applied here.
       for (int64_t h = 0; h < p.Hs; ++h) m.data()[h] = -kInf, l.data()[h] = 0.0f;
       for (int64_t i = 0; i < n; ++i) {
@@ -231,50 +299,39 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* kv, const 
           m.data()[h] = row[h] > m.data()[h] ? row[h] : m.data()[h];
         }
       }
+      // One exp per score (it was two: for the sum, then for P = exp(s - lse)): the unnormalized
+      // exp(s - m) stays in st and the pack below multiplies it by 1 / sum.
       for (int64_t i = 0; i < n; ++i) {
-        const float* row = st.data() + i * p.Hs;
+        float* row = st.data() + i * p.Hs;
 #pragma omp simd
-        for (int64_t h = 0; h < p.Hs; ++h) l.data()[h] += fast_exp(row[h] - m.data()[h]);
+        for (int64_t h = 0; h < p.Hs; ++h) {
+          row[h] = fast_exp(row[h] - m.data()[h]);
+          l.data()[h] += row[h];
+        }
       }
       for (int64_t h = 0; h < p.Hs; ++h) {
-        m.data()[h] += __builtin_logf(l.data()[h]);
-        if (h < d.H) lse[bt * d.H + h] = m.data()[h];
+        if (h < d.H) lse[bt * d.H + h] = m.data()[h] + __builtin_logf(l.data()[h]);
+        l.data()[h] = 1.0f / l.data()[h];
       }
-      // P rounded to bf16 in slot pairs per head (an odd last slot pairs with a 0), and the value
-      // rows of each slot pair interleaved; pairs up to the tile edge are zero on both sides.
-      const int64_t n2 = (n + 1) / 2, n2p = round_up(n2, 16);
-      for (int64_t j = 0; j < n2p; ++j) {
-        uint32_t* dst = vb.data() + j * p.Dvp;
-        if (j >= n2) {
-          for (int64_t h = 0; h < p.Hs; ++h) pt.data()[h * K2 + j] = 0;
-#pragma omp simd
-          for (int64_t col = 0; col < d.Dv; ++col) dst[col] = 0;
-          continue;
-        }
-        const float* r0 = st.data() + 2 * j * p.Hs;
-        const float* r1 = r0 + p.Hs;
-        const bool odd = 2 * j + 1 == n;
-        for (int64_t h = 0; h < p.Hs; ++h) {
-          const float p0 = fast_exp(r0[h] - m.data()[h]), p1 = odd ? 0.0f : fast_exp(r1[h] - m.data()[h]);
-          pt.data()[h * K2 + j] = pack_pair(from_f32<bf16>(p0), from_f32<bf16>(p1));
-        }
-        const bf16* v0 = g.data() + 2 * j * d.Dqk;
-        pack_row_pair(dst, v0, odd ? nullptr : v0 + d.Dqk, d.Dv);
-      }
+      // P rounded to bf16 in slot pairs, heads by pairs (an odd last slot pairs with a 0).
+      for (int64_t h0 = 0; h0 < p.Hs; h0 += 16)
+        pack_pairs_transposed(pt.data() + h0 * K2, K2, st.data() + h0, p.Hs, n, l.data() + h0);
       // o[h] = sum_j P pair[h, j] . value pair[j]: [Hs, n2p] x [n2p, Dvp].
-      amx_heads_times_rows(out.data(), pt.data(), K2, vb.data(), p.Hs, p.Dvp, n2p);
-      for (int64_t h = 0; h < d.H; ++h) {
-#pragma omp simd
-        for (int64_t col = 0; col < d.Dv; ++col) ot[h * d.Dv + col] = from_f32<bf16>(out.data()[h * p.Dvp + col]);
-      }
+      amx_heads_times_rows(out.data(), pt.data(), K2, vb.data(), p.Hs, p.Dvp, round_up((n + 1) / 2, 16));
+      for (int64_t h = 0; h < d.H; ++h) store_bf16(ot + h * d.Dv, out.data() + h * p.Dvp, d.Dv);
     }
     _tile_release();
   }
 }
 
-// The backward of sparse_mla_backward<bf16> under the same conditions as forward_bf16_amx. The
-// scores with dA (rows x [q | dO]) and dq (dS^T x rows) run on AMX; the dkv product stays the
-// f32 vector kernel, whose cost is the scatter-add into the accumulator rows, not the multiplies.
+// The backward of sparse_mla_backward<bf16> when AMX is usable and Dqk, Dv are multiples of 32. All
+// five products run on AMX: [scores | dA] = rows x (q | dO), dq = (scale dS)^T x rows, and the
+// dkv rows of the selected keys += (scale dS | P) (q ; dO) (key and value roles in one product,
+// contraction over the 2 Hs head columns), with P and dS rounded to bf16 as operands (as FlashMLA
+// does); accumulation and the softmax stay f32. What remains for the vector units is the
+// scatter-add of each 16-slot block of dkv contributions into this thread's accumulator rows
+// (random rows of a buffer far larger than L2: the backward's limit at H = 16, see
+// cpu/sparse_mla.h). Software prefetch of the next block's rows measured no faster than none.
 void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, const bf16* kv, const int32_t* idx,
                        const bf16* o, const float* lse, float* acc, int64_t parts, const SparseMlaDims& d) {
   const Plan p = make_plan(d);
@@ -287,33 +344,24 @@ void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, con
   {
     amx_configure();
     float* mine = acc + int64_t(omp_get_thread_num()) * d.Skv * p.Dp;  // this thread's dkv, f32
-    Scratch<bf16> g(Kt * d.Dqk, ScratchInit::zeroed);          // [Kt, Dqk] valid rows, bf16
-    Scratch<uint32_t> vq(K2 * p.Dp, ScratchInit::zeroed);      // [K2, Dp] valid row pairs
-    Scratch<uint32_t> qd(Dq2 * w2, ScratchInit::zeroed);       // [Dqk/2, 2 Hs] (q | dO) pairs by head
-    Scratch<float> b2(w2 * p.Dp, ScratchInit::zeroed);         // [2 Hs, Dp] (q ; dO, 0 past Dv), f32
-    Scratch<float> st((Kt + 1) * w2, ScratchInit::zeroed);     // [Kt + 1, 2 Hs] see the forward's st
-    Scratch<uint32_t> dst(p.Hs * K2, ScratchInit::zeroed);     // [Hs, K2] scale dS slot pairs by head
-    Scratch<float> dqb(p.Hs * p.Dp, ScratchInit::zeroed);      // [Hs, Dp] dq rows
+    Scratch<bf16> g(Kt * d.Dqk, ScratchInit::zeroed);         // [Kt, Dqk] valid rows, bf16
+    Scratch<uint32_t> vq(K2 * p.Dp, ScratchInit::zeroed);     // [K2, Dp] valid row pairs
+    Scratch<uint32_t> qd(Dq2 * w2, ScratchInit::zeroed);      // [Dqk/2, 2 Hs] (q | dO) pairs by head
+    Scratch<uint32_t> b2(p.Hs * p.Dp, ScratchInit::zeroed);   // [Hs, Dp] (q ; dO) head pairs (0 past Dv)
+    Scratch<float> st(Kt * w2, ScratchInit::zeroed);          // [Kt, 2 Hs] [scores | dA], then (scale dS | P)
+    Scratch<bf16> ab(Kt * w2, ScratchInit::zeroed);           // [Kt, 2 Hs] (scale dS | P) in bf16
+    Scratch<uint32_t> dst(p.Hs * K2, ScratchInit::zeroed);    // [Hs, K2] scale dS slot pairs by head
+    Scratch<float> dqb(p.Hs * p.Dp, ScratchInit::zeroed);     // [Hs, Dp] dq rows
+    Scratch<float> blk(16 * 64, ScratchInit::zeroed);         // [16, 64] dkv of one slot block, 64 columns
     Scratch<float> lse_h(p.Hs, ScratchInit::zeroed), delta(p.Hs, ScratchInit::zeroed);  // [Hs]
-    Scratch<float> dummy(p.Dp, ScratchInit::zeroed);           // C row of padding rows, never read
     Scratch<int32_t> keys(d.K, ScratchInit::zeroed);
-    Scratch<float*> c(Kt, ScratchInit::zeroed);
     for (int64_t h = d.H; h < p.Hs; ++h) lse_h.data()[h] = kInf;  // padding heads: P = 0
     for (int64_t b = 0; b < d.B; ++b) {
 #pragma omp for schedule(dynamic, 1)
       for (int64_t t = 0; t < d.S; ++t) {
         const int64_t bt = b * d.S + t;
-        const bf16* kvb = kv + b * d.Skv * d.Dqk;
-        const int32_t* sel = idx + bt * d.K;
-        for (int64_t i = 0; i < kAhead && i < d.K; ++i) prefetch_row(kvb, sel[i], d);  // as in gather_valid
-        int64_t n = 0;
-        for (int64_t i = 0; i < d.K; ++i) {
-          if (i + kAhead < d.K) prefetch_row(kvb, sel[i + kAhead], d);
-          const int32_t s = sel[i];
-          if (s < 0 || int64_t(s) > t + (d.Skv - d.S)) continue;
-          std::memcpy(g.data() + n * d.Dqk, kvb + int64_t(s) * d.Dqk, size_t(d.Dqk) * sizeof(bf16));  // see forward
-          keys.data()[n++] = s;
-        }
+        const int64_t n = gather_pairs(g.data(), vq.data(), p.Dp, d.Dqk, keys.data(), kv + b * d.Skv * d.Dqk,
+                                       idx + bt * d.K, t, d);
         bf16* dqt = dq + bt * d.H * d.Dqk;
         if (n == 0) {  // an empty row sends no gradient
           for (int64_t e = 0; e < d.H * d.Dqk; ++e) dqt[e] = from_f32<bf16>(0.0f);
@@ -322,34 +370,21 @@ void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, con
         const bf16* qh = q + bt * d.H * d.Dqk;
         const bf16* doh = dout + bt * d.H * d.Dv;
         const bf16* oh = o + bt * d.H * d.Dv;
-        const bf16 zero{0};
         for (int64_t h = 0; h < d.H; ++h) {
-          float dl = 0;  // Delta = rowsum(dO * O)
-          for (int64_t col = 0; col < d.Dv; ++col) {
-            const float dov = to_f32(doh[h * d.Dv + col]);
-            dl += dov * to_f32(oh[h * d.Dv + col]);
-            b2.data()[(p.Hs + h) * p.Dp + col] = dov;
-          }
-          for (int64_t col = 0; col < d.Dqk; ++col) b2.data()[h * p.Dp + col] = to_f32(qh[h * d.Dqk + col]);
-          for (int64_t k = 0; k < Dq2; ++k) {
-            qd.data()[k * w2 + h] = pack_pair(qh[h * d.Dqk + 2 * k], qh[h * d.Dqk + 2 * k + 1]);
-            const bf16 d0 = 2 * k < d.Dv ? doh[h * d.Dv + 2 * k] : zero;
-            const bf16 d1 = 2 * k + 1 < d.Dv ? doh[h * d.Dv + 2 * k + 1] : zero;
-            qd.data()[k * w2 + p.Hs + h] = pack_pair(d0, d1);
-          }
-          delta.data()[h] = dl;
+          delta.data()[h] = dot_bf16(doh + h * d.Dv, oh + h * d.Dv, d.Dv);  // Delta = rowsum(dO * O)
           lse_h.data()[h] = lse[bt * d.H + h];
+        }
+        pack_heads_vnni(qd.data(), w2, qh, d.H, d.Dqk);  // rows past Dv/2 of the dO half stay 0
+        pack_heads_vnni(qd.data() + p.Hs, w2, doh, d.H, d.Dv);
+        for (int64_t h = 0; h < d.H; h += 2) {  // head pairs of q, then of dO; padding pairs stay 0
+          const bool odd = h + 1 == d.H;
+          pack_row_pair(b2.data() + h / 2 * p.Dp, qh + h * d.Dqk, odd ? nullptr : qh + (h + 1) * d.Dqk, d.Dqk);
+          pack_row_pair(b2.data() + (p.Hs + h) / 2 * p.Dp, doh + h * d.Dv, odd ? nullptr : doh + (h + 1) * d.Dv,
+                        d.Dv);
         }
         // [S^T | dA^T][i] = rows[i] . (q | dO), unscaled: [n, Dqk] x [Dqk, 2 Hs] on tiles.
         const int64_t n16 = round_up(n, 16);
-        for (int64_t i0 = 0; i0 < n16; i0 += 16) {
-          for (int64_t c0 = 0; c0 < w2; c0 += 64) {
-            const int tiles = int((w2 - c0) / 16 < 4 ? (w2 - c0) / 16 : 4);
-            amx_row_block(st.data() + i0 * w2 + c0, w2 * 4, 64, reinterpret_cast<const char*>(g.data() + i0 * d.Dqk),
-                          d.Dqk * 2, 64, reinterpret_cast<const char*>(qd.data() + c0), w2 * 4, 16 * w2 * 4, 64,
-                          d.Dqk / 32, tiles);
-          }
-        }
+        rows_times_heads(st.data(), w2, g.data(), qd.data(), n16, d.Dqk);
         // P recomputed from lse; the row becomes (scale dS | P), the A operand of dkv.
         for (int64_t i = 0; i < n; ++i) {
           float* row = st.data() + i * w2;
@@ -359,35 +394,35 @@ void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, con
             row[h] = scale * ph * (row[p.Hs + h] - delta.data()[h]);
             row[p.Hs + h] = ph;
           }
-        }
-        // scale dS in bf16 slot pairs per head and the rows in pairs, zero up to the tile edge:
-        // the operands of dq = (scale dS)^T rows.
-        const int64_t n2 = (n + 1) / 2, n2p = round_up(n2, 16);
-        for (int64_t j = 0; j < n2p; ++j) {
-          uint32_t* vrow = vq.data() + j * p.Dp;
-          if (j >= n2) {
-            for (int64_t h = 0; h < p.Hs; ++h) dst.data()[h * K2 + j] = 0;
-#pragma omp simd
-            for (int64_t col = 0; col < d.Dqk; ++col) vrow[col] = 0;
-            continue;
+          for (int64_t c0 = 0; c0 < w2; c0 += 32) {
+            const __m512bh both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + c0 + 16), _mm512_loadu_ps(row + c0));
+            _mm512_storeu_si512(ab.data() + i * w2 + c0, reinterpret_cast<__m512i>(both));
           }
-          const float* r0 = st.data() + 2 * j * w2;
-          const bool odd = 2 * j + 1 == n;
-          for (int64_t h = 0; h < p.Hs; ++h) {
-            dst.data()[h * K2 + j] = pack_pair(from_f32<bf16>(r0[h]), from_f32<bf16>(odd ? 0.0f : r0[w2 + h]));
-          }
-          const bf16* v0 = g.data() + 2 * j * d.Dqk;
-          pack_row_pair(vrow, v0, odd ? nullptr : v0 + d.Dqk, d.Dqk);
         }
-        amx_heads_times_rows(dqb.data(), dst.data(), K2, vq.data(), p.Hs, p.Dp, n2p);
-        for (int64_t h = 0; h < d.H; ++h) {
+        // dq = (scale dS)^T rows: scale dS in bf16 slot pairs by head times the row pairs.
+        for (int64_t h0 = 0; h0 < p.Hs; h0 += 16)
+          pack_pairs_transposed(dst.data() + h0 * K2, K2, st.data() + h0, w2, n, nullptr);
+        amx_heads_times_rows(dqb.data(), dst.data(), K2, vq.data(), p.Hs, p.Dp, round_up((n + 1) / 2, 16));
+        for (int64_t h = 0; h < d.H; ++h) store_bf16(dqt + h * d.Dqk, dqb.data() + h * p.Dp, d.Dqk);
+        // dkv[key_i] += (scale dS | P)[i] (q ; dO): [16, 2 Hs] x [2 Hs, Dp] per slot block, 64 columns
+        // at a time into blk and added to the block's accumulator rows (slots past n are computed,
+        // never added): blk stays in L1 beside the B tiles of (q ; dO), where a whole [16, Dp] block
+        // would not.
+        for (int64_t i0 = 0; i0 < n16; i0 += 16) {
+          const int64_t rows = n - i0 < 16 ? n - i0 : 16;
+          for (int64_t c0 = 0; c0 < p.Dp; c0 += 64) {
+            const int64_t w = p.Dp - c0 < 64 ? p.Dp - c0 : 64;
+            amx_row_block(blk.data(), 64 * 4, 64, reinterpret_cast<const char*>(ab.data() + i0 * w2), w2 * 2, 64,
+                          reinterpret_cast<const char*>(b2.data() + c0), p.Dp * 4, 16 * p.Dp * 4, 64, w2 / 32,
+                          int(w / 16));
+            for (int64_t r = 0; r < rows; ++r) {
+              float* dst_row = mine + int64_t(keys.data()[i0 + r]) * p.Dp + c0;
+              const float* src = blk.data() + r * 64;
 #pragma omp simd
-          for (int64_t col = 0; col < d.Dqk; ++col) dqt[h * d.Dqk + col] = from_f32<bf16>(dqb.data()[h * p.Dp + col]);
+              for (int64_t col = 0; col < w; ++col) dst_row[col] += src[col];
+            }
+          }
         }
-        // dkv[key_i] += (scale dS | P)[i] (q ; dO), as in the f32 path.
-        const int64_t n_pad = round_up(n, kRows);
-        for (int64_t r = 0; r < n_pad; ++r) c.data()[r] = r < n ? mine + int64_t(keys.data()[r]) * p.Dp : dummy.data();
-        gemm_rows<true>(c.data(), st.data(), w2, 1, b2.data(), p.Dp, n_pad, p.Dp, w2);
       }
       // (barrier) dkv = the sum of the per-thread accumulators, which are zeroed for the next b.
 #pragma omp for schedule(static)
@@ -398,8 +433,7 @@ void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, con
 #pragma omp simd
           for (int64_t col = 0; col < p.Dp; ++col) first[col] += row[col], row[col] = 0.0f;
         }
-#pragma omp simd
-        for (int64_t col = 0; col < d.Dqk; ++col) dkv[(b * d.Skv + s) * d.Dqk + col] = from_f32<bf16>(first[col]);
+        store_bf16(dkv + (b * d.Skv + s) * d.Dqk, first, d.Dqk);
 #pragma omp simd
         for (int64_t col = 0; col < p.Dp; ++col) first[col] = 0.0f;
       }
@@ -489,7 +523,7 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
                          const float* lse, float* acc, int64_t parts, const SparseMlaDims& d) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if constexpr (std::is_same_v<T, bf16>) {
-    if (d.Dqk % 32 == 0 && cpu_amx_bf16_usable())
+    if (d.Dqk % 32 == 0 && d.Dv % 32 == 0 && cpu_amx_bf16_usable())
       return backward_bf16_amx(dq, dkv, dout, q, kv, idx, o, lse, acc, parts, d);
   }
 #endif

@@ -10,11 +10,19 @@
 //             dS = P (dA - rowsum(dO * O)), dq = scale dS^T rows, and the dkv rows of the selected
 //             keys += (scale dS | P) (q ; dO): key and value roles in one product, added in place.
 // Invalid slots are never copied, so they cost nothing.
-// bf16 with AMX (the avx512_bf16 variant when cpu_amx_bf16_usable(), Dqk a multiple of 32) keeps
-// the rows in bf16 and runs the forward's two products and the backward's scores/dA and dq
-// products as AMX tile products, with P (forward) and dS (dq) rounded to bf16 as their operand
-// (as FlashMLA does); accumulation, softmax and the dkv product stay f32. The dkv product
-// prefetches the scattered accumulator rows a row tile ahead, and the gathers a few slots ahead.
+// bf16 with AMX (the avx512_bf16 variant when cpu_amx_bf16_usable(), Dqk a multiple of 32; the
+// backward also needs Dv a multiple of 32) keeps the rows in bf16 and runs every product (the
+// forward's two, the backward's scores/dA, dq and dkv) as AMX tile products, with P and dS
+// rounded to bf16 as operands (as FlashMLA does); accumulation and softmax stay f32. The gather
+// interleaves the row pairs (the VNNI operand of P x V and dS x K) while the rows are in L1, and
+// the small operands are packed with 16 x 16 transposes. What AMX leaves is memory traffic per
+// selected row against only 2 H (Dqk + Dv) resp. 2 H (3 Dqk + 2 Dv) FLOPs per slot: the gather
+// (1152 B bf16 per slot); operand tiles streamed from L2, since at H = 16 each gathered row meets
+// one 16-head tile row per product, so nearly every tile product needs a fresh 1 KiB tile; the
+// dkv product, whose contraction (2 H = 32) is one chunk, so one 1 KiB tile store per product;
+// and the dkv scatter-add (2304 B f32 read and written per slot into accumulator rows far
+// outside L2). At H = 16 these, not the tile arithmetic, bound the bf16 path. The gathers
+// prefetch the kv rows a few slots ahead.
 // dkv accumulates in `acc`, `parts` per-thread f32 buffers [parts, Skv, sparse_mla_acc_width(Dqk)]
 // (the backward runs on at most `parts` threads), summed into dkv per batch element: no atomics.
 // acc must be zero; it is left zero.
