@@ -43,49 +43,25 @@ TITAN_INLINE void amx_configure() {
 
 // c[16 rows, 16 j columns) (j < tiles <= 4) = sum over `chunks` k chunks of A tile (a + chunk * a_step,
 // row stride a_ld bytes) times B tile j (b + chunk * b_step + j * b_next, stride b_ld bytes);
-// steps in bytes. Tile indices must be constants, hence the unrolled cases.
+// steps in bytes. Tile indices must be constants, hence the unrolled cases. With kAccumulate the
+// C tiles are loaded from c first instead of zeroed (c += A x B), so a running f32 sum (flash
+// attention's dq, dk, dv, o) never leaves memory between products and needs no vector add pass.
+template <bool kAccumulate = false>
 TITAN_INLINE void amx_row_block(float* c, int64_t c_ld, int64_t c_next, const char* a, int64_t a_ld, int64_t a_step,
                                 const char* b, int64_t b_ld, int64_t b_step, int64_t b_next, int64_t chunks,
                                 int tiles) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int64_t k = 0; k < chunks; ++k) {
-    const char* bk = b + k * b_step;
-    _tile_loadd(4, a + k * a_step, a_ld);
-    _tile_loadd(5, bk, b_ld);
-    _tile_dpbf16ps(0, 4, 5);
-    if (tiles > 1) {
-      _tile_loadd(6, bk + b_next, b_ld);
-      _tile_dpbf16ps(1, 4, 6);
-    }
-    if (tiles > 2) {
-      _tile_loadd(7, bk + 2 * b_next, b_ld);
-      _tile_dpbf16ps(2, 4, 7);
-    }
-    if (tiles > 3) {
-      _tile_loadd(5, bk + 3 * b_next, b_ld);
-      _tile_dpbf16ps(3, 4, 5);
-    }
-  }
-  _tile_stored(0, c, c_ld);
-  if (tiles > 1) _tile_stored(1, reinterpret_cast<char*>(c) + c_next, c_ld);
-  if (tiles > 2) _tile_stored(2, reinterpret_cast<char*>(c) + 2 * c_next, c_ld);
-  if (tiles > 3) _tile_stored(3, reinterpret_cast<char*>(c) + 3 * c_next, c_ld);
-}
-
-// amx_row_block with c accumulated into: the C tiles are loaded from c first instead of zeroed
-// (c += A x B), so a running f32 sum (flash attention's dq, dk, dv, o) never leaves memory
-// between products and needs no vector add pass.
-TITAN_INLINE void amx_row_block_acc(float* c, int64_t c_ld, int64_t c_next, const char* a, int64_t a_ld,
-                                    int64_t a_step, const char* b, int64_t b_ld, int64_t b_step, int64_t b_next,
-                                    int64_t chunks, int tiles) {
   char* cb = reinterpret_cast<char*>(c);
-  _tile_loadd(0, cb, c_ld);
-  if (tiles > 1) _tile_loadd(1, cb + c_next, c_ld);
-  if (tiles > 2) _tile_loadd(2, cb + 2 * c_next, c_ld);
-  if (tiles > 3) _tile_loadd(3, cb + 3 * c_next, c_ld);
+  if constexpr (kAccumulate) {
+    _tile_loadd(0, cb, c_ld);
+    if (tiles > 1) _tile_loadd(1, cb + c_next, c_ld);
+    if (tiles > 2) _tile_loadd(2, cb + 2 * c_next, c_ld);
+    if (tiles > 3) _tile_loadd(3, cb + 3 * c_next, c_ld);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  }
   for (int64_t k = 0; k < chunks; ++k) {
     const char* bk = b + k * b_step;
     _tile_loadd(4, a + k * a_step, a_ld);

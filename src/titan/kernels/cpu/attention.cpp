@@ -412,11 +412,7 @@ void amx_block(float* c, int64_t ldc, int64_t rows, const bf16* a, int64_t a_ld,
       float* cb = c + r0 * ldc + c0;
       const char* ab = reinterpret_cast<const char*>(a + r0 * a_ld);
       const char* bb = reinterpret_cast<const char*>(b + c0);
-      if constexpr (kAccumulate) {
-        amx_row_block_acc(cb, ldc * 4, 64, ab, a_ld * 2, 64, bb, width * 4, 16 * width * 4, 64, chunks, tiles);
-      } else {
-        amx_row_block(cb, ldc * 4, 64, ab, a_ld * 2, 64, bb, width * 4, 16 * width * 4, 64, chunks, tiles);
-      }
+      amx_row_block<kAccumulate>(cb, ldc * 4, 64, ab, a_ld * 2, 64, bb, width * 4, 16 * width * 4, 64, chunks, tiles);
     }
   }
 }
