@@ -177,8 +177,10 @@ std::optional<nlohmann::json> run_torch(const Setup& s, const char* dtype, const
 
 void bench_flavor(const Setup& s, bool torch) {
   const Shape shape = shape_of(s);
-  std::printf("\n%s %s: %.1fM parameters (%.1fM active), batch %lld x seq %lld, %.2f GFLOP/token (TorchTitan's count)\n",
-              s.model.c_str(), s.flavor.c_str(), double(shape.parameters) / 1e6, double(shape.active) / 1e6,
+  char active[40] = "";
+  if (shape.active != shape.parameters) std::snprintf(active, sizeof active, " (%.1fM active)", double(shape.active) / 1e6);
+  std::printf("\n%s %s: %.1fM parameters%s, batch %lld x seq %lld, %.2f GFLOP/token (TorchTitan's count)\n",
+              s.model.c_str(), s.flavor.c_str(), double(shape.parameters) / 1e6, active,
               static_cast<long long>(s.batch), static_cast<long long>(s.seq), shape.flops_per_token / 1e9);
   const Result f32 = run_ours(s, DType::f32);
   const Result bf = run_ours(s, DType::bf16);
