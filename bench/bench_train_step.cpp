@@ -1,17 +1,40 @@
-// Whole-model training throughput: the Llama-3 125M flavor at seq 1024 in f32 and bf16 (our
-// tokens/s, MFU against the measured peak, peak memory), and, when reference/.venv has PyTorch,
-// the same model in PyTorch eager and torch.compile on this machine, with the ratios.
-//   build/bench/bench_train_step [--flavor 125M] [--batch 4] [--seq 1024] [--steps 3] [--no-torch]
+// Whole-model training throughput in f32 and bf16 mixed precision (our tokens/s, MFU against the
+// measured peak, peak memory) and, when reference/.venv has PyTorch, the same model trained with
+// AdamW in PyTorch on this machine, with the ratios (tokens/s, resident-memory growth) of one run.
+// Only steady-state steps count on both sides (the best of --steps after one warm-up step).
+//
+//   --model llama3 (flavor 125M, batch 4 x seq 1024): against plain PyTorch modules of the same
+//     shape (reference/bench_llama3_torch.py, SDPA attention), eager and torch.compile; target
+//     >= 1.5x eager.
+//   --model deepseek_v3 (flavors debugmodel and 100M, batch 2 x seq 512): against Hugging Face
+//     transformers' DeepseekV3ForCausalLM built from the flavor's own config.json
+//     (hf_config_from_args; reference/bench_deepseek_v3_torch.py), eager: eager attention (the
+//     [S, S] scores materialized) and transformers' "eager" experts, a Python loop over the
+//     experts that received tokens (gather, two linears, SwiGLU, index_add per expert), with the
+//     router in f32 (its sigmoid swapped for softmax on softmax-routed flavors, as ours). Targets:
+//     >= 2x tokens/s with lower peak memory (RSS growth ratio < 1), in f32 and bf16.
+//
+//   build/bench/bench_train_step [--model llama3|deepseek_v3] [--flavor F[,F...]] [--batch B]
+//                                [--seq S] [--steps N] [--no-torch]
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "bench_common.h"
 #include "titan/autograd/ops.h"
+#include "titan/core/allocator.h"
 #include "titan/core/rng.h"
+#include "titan/models/causal_lm.h"
+#include "titan/models/deepseek_v3/hf_adapter.h"
 #include "titan/models/llama3/model.h"
 #include "titan/optim/adamw.h"
 #include "titan/optim/clip_grad.h"
@@ -21,35 +44,85 @@ using namespace titan;
 
 namespace {
 
-struct Result {
-  double tokens_per_second = 0, mfu = 0;
-  int64_t peak_bytes = 0;     // our allocator's peak (all tensors)
-  int64_t rss_growth = 0;     // peak resident memory growth over the run, comparable with PyTorch's
+constexpr int64_t kVocab = 2048;  // the main job's tokenizer
+
+struct Setup {
+  std::string model = "llama3", flavor;
+  int64_t batch = 0, seq = 0;
+  int steps = 3;
+  bool deepseek() const { return model == "deepseek_v3"; }
+  std::string args() const {
+    return " --model " + model + " --flavor " + flavor + " --batch " + std::to_string(batch) + " --seq " +
+           std::to_string(seq) + " --steps " + std::to_string(steps);
+  }
 };
 
-Result run_ours_here(const models::llama3::Llama3Args& a, int64_t batch, int64_t seq, int steps, DType compute) {
+// What the flavor is, from its args (without building it): parameters and FLOPs per token.
+struct Shape {
+  int64_t parameters = 0, active = 0;
+  double flops_per_token = 0;
+};
+
+models::deepseek_v3::DeepSeekV3Args deepseek_args(const Setup& s) {
+  auto a = models::deepseek_v3::deepseek_v3_flavor(s.flavor, kVocab);
+  a.max_seq_len = std::max(a.max_seq_len, s.seq);
+  return a;
+}
+
+models::llama3::Llama3Args llama_args(const Setup& s) {
+  auto a = models::llama3::llama3_flavor(s.flavor, kVocab);
+  a.max_seq_len = std::max(a.max_seq_len, s.seq);
+  return a;
+}
+
+Shape shape_of(const Setup& s) {
+  Shape out;
+  if (s.deepseek()) {
+    const auto a = deepseek_args(s);
+    out.parameters = a.parameters().total, out.active = a.parameters().active;
+    out.flops_per_token = a.training_flops_per_token(s.seq);
+  } else {
+    const auto a = llama_args(s);
+    out.parameters = out.active = a.num_parameters();
+    out.flops_per_token = a.training_flops_per_token(s.seq);
+  }
+  return out;
+}
+
+struct Result {
+  double tokens_per_second = 0, mfu = 0;
+  int64_t peak_bytes = 0;  // our allocator's peak (all tensors)
+  int64_t rss_growth = 0;  // peak resident memory growth over the run, comparable with PyTorch's
+};
+
+// One trainer step as the trainer takes it: forward, loss (+ the model's auxiliary losses),
+// backward, gradient clipping, AdamW, then the model's post-step update (MoE bias balancing).
+Result run_ours_here(const Setup& s, DType compute) {
   const int64_t rss0 = bench::max_rss_bytes();
-  auto model = std::make_unique<models::llama3::Transformer>(a);
+  std::unique_ptr<models::CausalLM> model = models::build_model(s.model, s.flavor, kVocab, s.seq);
   model->init_parameters(0);
   model->set_compute_dtype(compute);
   optim::AdamW opt(model->named_parameters(), {});
-  Tensor tokens = Tensor::empty({batch, seq}, DType::i32), targets = Tensor::empty({batch * seq}, DType::i32);
+  Tensor tokens = Tensor::empty({s.batch, s.seq}, DType::i32), targets = Tensor::empty({s.batch * s.seq}, DType::i32);
   Generator g(0);
-  for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data<int32_t>()[i] = int32_t(g.next_below(uint64_t(a.vocab_size)));
-  for (int64_t i = 0; i < targets.numel(); ++i) targets.data<int32_t>()[i] = int32_t(g.next_below(uint64_t(a.vocab_size)));
+  for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data<int32_t>()[i] = int32_t(g.next_below(uint64_t(kVocab)));
+  for (int64_t i = 0; i < targets.numel(); ++i) targets.data<int32_t>()[i] = int32_t(g.next_below(uint64_t(kVocab)));
   auto step = [&] {
     model->zero_grad();
     autograd::Variable loss = autograd::cross_entropy(model->forward(tokens), targets);
+    for (const autograd::Variable& aux : model->auxiliary_losses()) loss = autograd::add(loss, aux);
     autograd::backward(loss);
     const auto norm = optim::clip_grad_norm(model->named_parameters(), 1.0);
     opt.step(1e-4f, norm.scale);
+    model->after_optimizer_step();
   };
   memory_reset_peak();
-  const double best = bench::time_best(step, steps, 1);
+  const double best = bench::time_best(step, s.steps, 1);
   const auto peak = kernels::measure_machine_peak(0.3);
   Result r;
-  r.tokens_per_second = double(batch * seq) / best;
-  r.mfu = a.training_flops_per_token(seq) * r.tokens_per_second / (compute == DType::bf16 ? peak.bf16_flops : peak.f32_flops);
+  r.tokens_per_second = double(s.batch * s.seq) / best;
+  r.mfu = model->training_flops_per_token(s.seq) * r.tokens_per_second /
+          (compute == DType::bf16 ? peak.bf16_flops : peak.f32_flops);
   r.peak_bytes = memory_stats().peak_total;
   r.rss_growth = bench::max_rss_bytes() - rss0;
   return r;
@@ -59,10 +132,10 @@ Result run_ours_here(const models::llama3::Llama3Args& a, int64_t batch, int64_t
 // high-water mark is its own. (fork() would inherit OpenMP's thread pool, which libgomp does not
 // support in the child.)
 std::string g_self;
-std::string g_child_args;
 
-Result run_ours(DType compute) {
-  const std::string out = bench::read_command(g_self + " --child " + (compute == DType::bf16 ? "bf16" : "f32") + g_child_args);
+Result run_ours(const Setup& s, DType compute) {
+  const std::string out =
+      bench::read_command(g_self + " --child " + (compute == DType::bf16 ? "bf16" : "f32") + s.args());
   Result r;
   if (out.empty()) {
     std::fprintf(stderr, "benchmark child failed\n");
@@ -76,80 +149,115 @@ Result run_ours(DType compute) {
   return r;
 }
 
-std::optional<nlohmann::json> run_torch(const models::llama3::Llama3Args& a, int64_t batch, int64_t seq, int steps,
-                                        const char* dtype, const char* mode) {
+// The PyTorch twin's JSON line, or nothing when reference/.venv is missing or the script failed.
+std::optional<nlohmann::json> run_torch(const Setup& s, const char* dtype, const char* mode) {
   const char* py = "reference/.venv/bin/python";
   if (!std::filesystem::exists(py)) return std::nullopt;
-  const std::string cmd = std::string(py) + " reference/bench_llama3_torch.py --dim " + std::to_string(a.dim) +
-                          " --layers " + std::to_string(a.n_layers) + " --heads " + std::to_string(a.n_heads) +
-                          " --vocab " + std::to_string(a.vocab_size) + " --batch " + std::to_string(batch) +
-                          " --seq " + std::to_string(seq) + " --steps " + std::to_string(steps) + " --dtype " + dtype +
-                          " --mode " + mode + " 2>/dev/null";
-  const std::string out = bench::read_command(cmd);
+  const std::string common = " --batch " + std::to_string(s.batch) + " --seq " + std::to_string(s.seq) +
+                             " --steps " + std::to_string(s.steps) + " --dtype " + dtype;
+  std::string cmd;
+  std::filesystem::path config;
+  if (s.deepseek()) {
+    // transformers builds the model from exactly the config.json our HF export writes for the flavor.
+    config = std::filesystem::temp_directory_path() /
+             ("bench_train_step_" + s.flavor + "_" + std::to_string(getpid()) + ".json");
+    std::ofstream(config) << models::deepseek_v3::hf_config_from_args(deepseek_args(s)).dump(2);
+    cmd = std::string(py) + " reference/bench_deepseek_v3_torch.py --config " + config.string() + common;
+  } else {
+    const auto a = llama_args(s);
+    cmd = std::string(py) + " reference/bench_llama3_torch.py --dim " + std::to_string(a.dim) + " --layers " +
+          std::to_string(a.n_layers) + " --heads " + std::to_string(a.n_heads) + " --vocab " +
+          std::to_string(a.vocab_size) + common + " --mode " + mode;
+  }
+  const std::string out = bench::read_command(cmd + " 2>/dev/null");
+  if (!config.empty()) std::filesystem::remove(config);
   if (out.empty()) return std::nullopt;
   return nlohmann::json::parse(out.substr(out.rfind('{')));
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  std::string flavor = "125M";
-  int64_t batch = 4, seq = 1024;
-  int steps = 3;
-  bool torch = true;
-  std::string child;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--child" && i + 1 < argc) {
-      child = argv[++i];
-      continue;
-    }
-    if (a == "--flavor" && i + 1 < argc) flavor = argv[++i];
-    else if (a == "--batch" && i + 1 < argc) batch = std::atoll(argv[++i]);
-    else if (a == "--seq" && i + 1 < argc) seq = std::atoll(argv[++i]);
-    else if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
-    else if (a == "--no-torch") torch = false;
-  }
-  auto args = models::llama3::llama3_flavor(flavor, 2048);
-  args.max_seq_len = std::max(args.max_seq_len, seq);
-  if (!child.empty()) {
-    const Result r = run_ours_here(args, batch, seq, steps, child == "bf16" ? DType::bf16 : DType::f32);
-    std::printf("%s\n", nlohmann::json{{"tokens_per_second", r.tokens_per_second}, {"mfu", r.mfu},
-                                       {"peak_bytes", r.peak_bytes}, {"rss_growth", r.rss_growth}}.dump().c_str());
-    return 0;
-  }
-  g_self = std::filesystem::read_symlink("/proc/self/exe").string();
-  g_child_args = " --flavor " + flavor + " --batch " + std::to_string(batch) + " --seq " + std::to_string(seq) +
-                 " --steps " + std::to_string(steps);
-  bench::print_peak(kernels::measure_machine_peak(0.3));
-  std::printf("llama3 %s: %.1fM parameters, batch %lld x seq %lld, %.2f GFLOP/token (TorchTitan's count)\n",
-              flavor.c_str(), double(args.num_parameters()) / 1e6, static_cast<long long>(batch),
-              static_cast<long long>(seq), args.training_flops_per_token(seq) / 1e9);
-  const Result f32 = run_ours(DType::f32);
-  const Result bf = run_ours(DType::bf16);
+void bench_flavor(const Setup& s, bool torch) {
+  const Shape shape = shape_of(s);
+  char active[40] = "";
+  if (shape.active != shape.parameters) std::snprintf(active, sizeof active, " (%.1fM active)", double(shape.active) / 1e6);
+  std::printf("\n%s %s: %.1fM parameters%s, batch %lld x seq %lld, %.2f GFLOP/token (TorchTitan's count)\n",
+              s.model.c_str(), s.flavor.c_str(), double(shape.parameters) / 1e6, active,
+              static_cast<long long>(s.batch), static_cast<long long>(s.seq), shape.flops_per_token / 1e9);
+  const Result f32 = run_ours(s, DType::f32);
+  const Result bf = run_ours(s, DType::bf16);
   std::printf("titan f32 : %8.0f tok/s  MFU %5.1f%%  tensors peak %s, RSS growth %s\n", f32.tokens_per_second,
               100 * f32.mfu, train::format_bytes(double(f32.peak_bytes)).c_str(),
               train::format_bytes(double(f32.rss_growth)).c_str());
-  std::printf("titan bf16: %8.0f tok/s  MFU %5.1f%%  tensors peak %s, RSS growth %s   [%s bf16 MFU >= 40%%]\n",
-              bf.tokens_per_second, 100 * bf.mfu, train::format_bytes(double(bf.peak_bytes)).c_str(),
-              train::format_bytes(double(bf.rss_growth)).c_str(), bench::verdict(bf.mfu, 0.40));
-  if (!torch) return 0;
+  std::printf("titan bf16: %8.0f tok/s  MFU %5.1f%%  tensors peak %s, RSS growth %s", bf.tokens_per_second,
+              100 * bf.mfu, train::format_bytes(double(bf.peak_bytes)).c_str(),
+              train::format_bytes(double(bf.rss_growth)).c_str());
+  if (s.deepseek()) std::printf("\n");
+  else std::printf("   [%s bf16 MFU >= 40%%]\n", bench::verdict(bf.mfu, 0.40));
+  if (!torch) return;
+  // Targets against eager: Llama-3 >= 1.5x tokens/s; DeepSeek-V3 >= 2x with less memory.
+  const double target = s.deepseek() ? 2.0 : 1.5;
+  const std::vector<const char*> modes = s.deepseek() ? std::vector<const char*>{"eager"}
+                                                      : std::vector<const char*>{"eager", "compile"};
   for (const char* dtype : {"float32", "bfloat16"}) {
     const Result& ours = std::string(dtype) == "float32" ? f32 : bf;
-    for (const char* mode : {"eager", "compile"}) {
-      const auto t = run_torch(args, batch, seq, steps, dtype, mode);
+    for (const char* mode : modes) {
+      const auto t = run_torch(s, dtype, mode);
       if (!t) {
         std::printf("pytorch %s %s: not run (reference/.venv with torch missing, or it failed)\n", mode, dtype);
         continue;
       }
       const double tps = (*t)["tokens_per_second"];
       const double rss = double((*t)["peak_rss_bytes"].get<int64_t>() - (*t)["rss_before_bytes"].get<int64_t>());
-      std::printf("pytorch %-7s %-8s: %8.0f tok/s, training memory (RSS growth) %s -> titan/pytorch tokens/s %.2fx%s, "
-                  "memory (RSS growth) %.2fx\n",
-                  mode, dtype, tps, train::format_bytes(rss).c_str(), ours.tokens_per_second / tps,
-                  std::string(mode) == "eager" ? (ours.tokens_per_second / tps >= 1.5 ? " [PASS >= 1.5x]" : " [MISS >= 1.5x]") : "",
-                  double(ours.rss_growth) / rss);
+      const double speed = ours.tokens_per_second / tps, memory = double(ours.rss_growth) / rss;
+      std::string verdicts;
+      if (std::string(mode) == "eager") {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, " >= %.1fx]", target);
+        verdicts = std::string(" [") + bench::verdict(speed, target) + buf;
+        if (s.deepseek()) verdicts += std::string(" [") + (memory < 1 ? "PASS" : "MISS") + " memory < 1x]";
+      }
+      std::printf("pytorch %-7s %-8s: %8.0f tok/s, training memory (RSS growth) %s -> titan/pytorch tokens/s %.2fx, "
+                  "memory (RSS growth) %.2fx%s\n",
+                  mode, dtype, tps, train::format_bytes(rss).c_str(), speed, memory, verdicts.c_str());
+      if (t->contains("parameters") && (*t)["parameters"].get<int64_t>() != shape.parameters)
+        std::printf("  note: the PyTorch model has %lld parameters, ours %lld\n",
+                    static_cast<long long>((*t)["parameters"].get<int64_t>()), static_cast<long long>(shape.parameters));
     }
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Setup s;
+  std::string flavors;
+  bool torch = true;
+  std::string child;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--child" && i + 1 < argc) child = argv[++i];
+    else if (a == "--model" && i + 1 < argc) s.model = argv[++i];
+    else if (a == "--flavor" && i + 1 < argc) flavors = argv[++i];
+    else if (a == "--batch" && i + 1 < argc) s.batch = std::atoll(argv[++i]);
+    else if (a == "--seq" && i + 1 < argc) s.seq = std::atoll(argv[++i]);
+    else if (a == "--steps" && i + 1 < argc) s.steps = std::atoi(argv[++i]);
+    else if (a == "--no-torch") torch = false;
+  }
+  TITAN_CHECK(s.model == "llama3" || s.deepseek(), "bench_train_step: unknown --model '" + s.model + "'",
+              "use --model llama3 or --model deepseek_v3");
+  // Defaults sized so that one step takes seconds on a small CPU box.
+  if (flavors.empty()) flavors = s.deepseek() ? "debugmodel,100M" : "125M";
+  if (s.batch == 0) s.batch = s.deepseek() ? 2 : 4;
+  if (s.seq == 0) s.seq = s.deepseek() ? 512 : 1024;
+  if (!child.empty()) {
+    s.flavor = flavors;
+    const Result r = run_ours_here(s, child == "bf16" ? DType::bf16 : DType::f32);
+    std::printf("%s\n", nlohmann::json{{"tokens_per_second", r.tokens_per_second}, {"mfu", r.mfu},
+                                       {"peak_bytes", r.peak_bytes}, {"rss_growth", r.rss_growth}}.dump().c_str());
+    return 0;
+  }
+  g_self = std::filesystem::read_symlink("/proc/self/exe").string();
+  bench::print_peak(kernels::measure_machine_peak(0.3));
+  std::stringstream list(flavors);
+  while (std::getline(list, s.flavor, ',')) bench_flavor(s, torch);
   return 0;
 }

@@ -83,6 +83,48 @@ TEST(Mla, SoftmaxScaleFollowsDeepSeek) {
   EXPECT_DOUBLE_EQ(kernels::rope_table_magnitude(a.rope()), 1.0);  // tables unscaled, as DeepSeek
 }
 
+// The fused key/value split is the narrow_last + concat_last composition it replaces, values and
+// gradients bit for bit, also when only the keys (or only the values) receive a gradient.
+TEST(Mla, KeysValuesSplitMatchesNarrowAndConcat) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (int used : {3, 1, 2}) {  // bit 0: the keys feed the loss, bit 1: the values do
+      SCOPED_TRACE(std::string(dt == DType::f32 ? "f32" : "bf16") + " used " + std::to_string(used));
+      const Tensor kvv = test::random_tensor({2, 3, 4, 7}, DType::f32, 3, "kv");  // Dn 5, Dv 2
+      const Tensor rv = test::random_tensor({2, 3, 1, 3}, DType::f32, 4, "k_rope");
+      const Tensor dk = test::random_tensor({2, 3, 4, 8}, DType::f32, 5, "dk");
+      const Tensor dv = test::random_tensor({2, 3, 4, 2}, DType::f32, 6, "dv");
+      // sum(k * dk) + sum(v * dv) over the outputs the case uses (in f32, which the small ops take):
+      // their gradients are dk and dv, rounded to the dtype.
+      // Each path runs forward and backward on its own (backward consumes the whole tape).
+      auto run_backward = [&](const autograd::Variable& k, const autograd::Variable& v) {
+        autograd::Variable l;
+        if (used & 1) l = autograd::sum(autograd::mul(autograd::cast(k, DType::f32), autograd::Variable(dk, false)));
+        if (used & 2) {
+          autograd::Variable lv =
+              autograd::sum(autograd::mul(autograd::cast(v, DType::f32), autograd::Variable(dv, false)));
+          l = l.defined() ? autograd::add(l, lv) : lv;
+        }
+        autograd::backward(l);
+      };
+      // f32 leaves cast to the dtype: in the model kv and k_rope are activations, whose gradients
+      // have their dtype (a leaf's is f32).
+      autograd::Variable kv1(kvv, true), r1(rv, true), kv2(kvv, true), r2(rv, true);
+      const auto [k1, v1] = autograd::mla_keys_values(autograd::cast(kv1, dt), autograd::cast(r1, dt), 5);
+      run_backward(k1, v1);
+      const autograd::Variable kv2c = autograd::cast(kv2, dt);
+      const autograd::Variable k2 = autograd::concat_last(autograd::narrow_last(kv2c, 0, 5), autograd::cast(r2, dt));
+      const autograd::Variable v2 = autograd::narrow_last(kv2c, 5, 2);
+      run_backward(k2, v2);
+      EXPECT_EQ(test::to_doubles(k1.value()), test::to_doubles(k2.value()));
+      EXPECT_EQ(test::to_doubles(v1.value()), test::to_doubles(v2.value()));
+      EXPECT_EQ(test::to_doubles(kv1.grad()), test::to_doubles(kv2.grad()));
+      if (used & 1) {
+        EXPECT_EQ(test::to_doubles(r1.grad()), test::to_doubles(r2.grad()));
+      }
+    }
+  }
+}
+
 TEST(Mla, ConcatAndNarrowGradientsAreExact) {
   const Tensor av = test::random_tensor({2, 3, 4, 5}, DType::f32, 1, "a");
   const Tensor bv = test::random_tensor({2, 3, 1, 2}, DType::f32, 1, "b");

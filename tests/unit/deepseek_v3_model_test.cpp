@@ -26,6 +26,10 @@ TEST(DeepSeekV3Args, FullSizeParameterCounts) {
   const DeepSeekV3Args::ParamCount v2 = deepseek_v3_flavor("236B").parameters();
   EXPECT_NEAR(double(v2.total) / 1e9, 236, 2);
   EXPECT_NEAR(double(v2.active) / 1e9, 21, 1.5);
+  // The benchmark-sized flavor (bench_train_step): ~100M total, ~36M active with a 2048 vocabulary.
+  const DeepSeekV3Args::ParamCount m100 = deepseek_v3_flavor("100M").parameters();
+  EXPECT_NEAR(double(m100.total) / 1e6, 107.5, 1.0);
+  EXPECT_NEAR(double(m100.active) / 1e6, 36.0, 1.0);
 }
 
 TEST(DeepSeekV3Args, FlavorsAndErrors) {

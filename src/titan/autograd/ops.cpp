@@ -195,6 +195,51 @@ Variable concat_last(const Variable& a, const Variable& b) {
   });
 }
 
+std::pair<Variable, Variable> mla_keys_values(const Variable& kv, const Variable& k_rope, int64_t nope_dim) {
+  ProfileScope prof("mla_keys_values.fwd");
+  const Shape &ks = kv.shape(), &rs = k_rope.shape();
+  const int n = int(ks.size());
+  bool shapes_fit = n >= 2 && int(rs.size()) == n && rs[n - 2] == 1 && nope_dim > 0 && nope_dim < ks[n - 1];
+  for (int d = 0; shapes_fit && d < n - 2; ++d) shapes_fit = ks[d] == rs[d];
+  TITAN_CHECK(shapes_fit && kv.dtype() == k_rope.dtype(),
+              "mla_keys_values: cannot split " + kv.value().str() + " at " + std::to_string(nope_dim) +
+                  " and join the rope key " + k_rope.value().str(),
+              "kv must be [..., H, Dn + Dv] with 0 < Dn < Dn + Dv and k_rope [..., 1, Dr] with kv's leading dims "
+              "and dtype");
+  const int64_t heads = ks[n - 2], dn = nope_dim, dv = ks[n - 1] - nope_dim, dr = rs[n - 1];
+  Shape k_shape = ks, v_shape = ks;
+  k_shape[n - 1] = dn + dr;
+  v_shape[n - 1] = dv;
+  Tensor k = activation_like(k_shape, kv.dtype()), v = activation_like(v_shape, kv.dtype());
+  kernels::copy_columns(k, 0, kv.value(), 0, dn);
+  kernels::copy_columns(k, dn, k_rope.value(), 0, dr, heads);
+  kernels::copy_columns(v, 0, kv.value(), dn, dv);
+  const Shape kv_shape = ks;
+  auto outs = record("mla_keys_values", {kv, k_rope}, {k, v},
+                     [kv_shape, heads, dn, dv, dr](std::span<const Tensor> d, GradSink& g) {
+    ProfileScope prof_bwd("mla_keys_values.bwd");
+    const Tensor &dk = d[0], &dvv = d[1];
+    if (g.needs(0)) {
+      // Every column of dkv comes from dk's nope part or dv, so it is written once, not
+      // zero-filled (unless one of them got no gradient).
+      const bool both = dk.defined() && dvv.defined();
+      const DType dt = dk.defined() ? dk.dtype() : dvv.dtype();
+      Tensor dkv = both ? Tensor::empty(kv_shape, dt) : Tensor::zeros(kv_shape, dt);
+      if (dk.defined()) kernels::copy_columns(dkv, 0, dk, 0, dn);
+      if (dvv.defined()) kernels::copy_columns(dkv, dn, dvv, 0, dv);
+      if (!g.adopt(0, dkv)) {
+        Tensor acc = g.grad(0);
+        kernels::add_columns(acc, 0, dkv, 0, dn + dv);
+      }
+    }
+    if (g.needs(1) && dk.defined()) {
+      Tensor dr_grad = g.grad(1);
+      kernels::add_columns(dr_grad, 0, dk, dn, dr, heads);  // the broadcast's backward sums over heads
+    }
+  });
+  return {outs[0], outs[1]};
+}
+
 Variable cross_entropy(const Variable& logits, const Tensor& targets) {
   ProfileScope prof("cross_entropy.fwd");
   const Tensor& lv = logits.value();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <optional>
+#include <utility>
 
 #include "titan/autograd/variable.h"
 #include "titan/kernels/rope.h"
@@ -48,6 +49,12 @@ Variable narrow_last(const Variable& x, int64_t start, int64_t length);
 // y [..., H, Da + Db] = [a | b] along the last dim, with a [..., H, Da] and b [..., H, Db], or
 // b [..., 1, Db] broadcast to all H heads (MLA's rope key, shared by every head). Same dtype.
 Variable concat_last(const Variable& a, const Variable& b);
+
+// MLA's per-head keys and values from the up-projected latent kv [..., H, Dn + Dv] and the shared
+// rope key k_rope [..., 1, Dr]: k [..., H, Dn + Dr] = [kv[..., :Dn] | k_rope], v [..., H, Dv] =
+// kv[..., Dn:]. One copy each way, where narrow_last x2 + concat_last copied the keys twice and
+// zero-filled a kv-sized gradient in each narrow's backward. Same dtype.
+std::pair<Variable, Variable> mla_keys_values(const Variable& kv, const Variable& k_rope, int64_t nope_dim);
 
 // The mean cross-entropy over tokens whose target is not -100: logits [N, V] (f32 or bf16),
 // targets [N] i32. Returns a one-element f32 Variable. The logits buffer is reused for its own

@@ -133,6 +133,13 @@ struct Flavor {
 std::vector<Flavor> flavors() {
   DeepSeekV3Args debug;  // the struct's defaults are TorchTitan's debugmodel
   debug.mscale = 0.70;
+  // ~100M total / ~36M active parameters with the 2048-token test tokenizer: DeepSeek-V2-Lite's
+  // shape (fine-grained experts, 6 of them active, 2 shared, one dense layer, plain wq) scaled
+  // down, so a whole-model training step takes seconds on a CPU (bench_train_step).
+  DeepSeekV3Args m100 = debug;
+  m100.dim = 512, m100.n_layers = 8, m100.n_heads = 8, m100.inter_dim = 2048, m100.moe_inter_dim = 256;
+  m100.n_routed_experts = 32, m100.n_shared_experts = 2, m100.n_activated_experts = 6;
+  m100.kv_lora_rank = 256, m100.qk_nope_head_dim = 64, m100.qk_rope_head_dim = 32, m100.v_head_dim = 64;
   DeepSeekV3Args b16 = debug;
   b16.vocab_size = 102400, b16.dim = 2048, b16.inter_dim = 10944, b16.moe_inter_dim = 1408, b16.n_layers = 27;
   b16.n_routed_experts = 64, b16.n_shared_experts = 2, b16.n_activated_experts = 6;
@@ -145,7 +152,7 @@ std::vector<Flavor> flavors() {
   b671.n_layers = 61, b671.n_dense_layers = 3, b671.n_routed_experts = 256, b671.n_shared_experts = 1;
   b671.n_activated_experts = 8, b671.n_limited_groups = 4, b671.score_func = ScoreFunc::sigmoid;
   b671.route_norm = true, b671.route_scale = 2.5;
-  return {{"debugmodel", debug}, {"16B", b16}, {"236B", b236}, {"671B", b671}};
+  return {{"debugmodel", debug}, {"100M", m100}, {"16B", b16}, {"236B", b236}, {"671B", b671}};
 }
 
 // The named flavor of a family with the tokenizer's vocabulary, validated; throws listing the

@@ -99,7 +99,7 @@ struct DeepSeekV3Args {
   void validate() const;  // throws naming the field when the shapes do not fit together
 };
 
-// Flavors: "debugmodel", "16B", "236B", "671B". vocab_size comes from the tokenizer (the
+// Flavors: "debugmodel", "100M", "16B", "236B", "671B". vocab_size comes from the tokenizer (the
 // flavor's own is used when vocab_size <= 0). Throws, listing the flavors, for an unknown name.
 DeepSeekV3Args deepseek_v3_flavor(const std::string& flavor, int64_t vocab_size = 0);
 std::vector<std::string> deepseek_v3_flavor_names();

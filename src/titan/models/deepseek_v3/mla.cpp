@@ -72,9 +72,8 @@ Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, 
   Variable c = kv_norm.forward(autograd::narrow_last(kv, 0, kv_lora_rank_));  // [B, S, 1, d_c]
   Variable k_rope = autograd::narrow_last(kv, kv_lora_rank_, qk_rope_);      // [B, S, 1, d_r]
   Variable kv_up = autograd::view(wkv_b.forward(c), {b, s, n_heads_, qk_nope_ + v_dim_});
-  Variable k = autograd::concat_last(autograd::narrow_last(kv_up, 0, qk_nope_), k_rope);  // [B, S, H, d_qk]
-  Variable v = autograd::narrow_last(kv_up, qk_nope_, v_dim_);                            // [B, S, H, d_v]
-  Variable o = autograd::attention(q, k, v, scale_);                                      // [B, S, H, d_v]
+  const auto [k, v] = autograd::mla_keys_values(kv_up, k_rope, qk_nope_);  // [B, S, H, d_qk], [B, S, H, d_v]
+  Variable o = autograd::attention(q, k, v, scale_);                       // [B, S, H, d_v]
   return wo.forward(autograd::view(o, {b, s, n_heads_ * v_dim_}));
 }
 
