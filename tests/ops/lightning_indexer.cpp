@@ -2,7 +2,8 @@
 // ISA level). Awkward shapes: S = 1 (t = 0 only), S < K (every row selects all its keys), odd head
 // dims (DI = 17, D = 19 are not multiples of a vector), Skv > S (queries are the last S of the
 // keys), S and Skv around and across the 64-key block, HI = 1 and HI = 64 (one query per top-k block);
-// sparse-stage blocks that select most of their keys (blocked path) and few (gathered path).
+// sparse-stage blocks that select most of their keys (blocked path) and few (gathered path);
+// top-k rows with far more keys than K (the candidate buffer is compacted many times).
 #include "common/op_table.h"
 #include "titan/kernels/cpu/lightning_indexer.h"
 #include "titan/kernels/ref/lightning_indexer.h"
@@ -79,7 +80,9 @@ TITAN_OP_CASES(lightning_indexer) {
       {"indexer_topk",
        // B, S, Skv, HI, DI, K
        {{1, 1, 1, 1, 1, 1}, {1, 1, 70, 3, 17, 8}, {2, 9, 9, 4, 64, 16}, {1, 100, 100, 4, 64, 7},
-        {2, 130, 150, 2, 33, 40}, {1, 70, 200, 1, 16, 64}, {1, 3, 100, 64, 32, 5}},
+        {2, 130, 150, 2, 33, 40}, {1, 70, 200, 1, 16, 64}, {1, 3, 100, 64, 32, 5},
+        // many candidate-buffer compactions per row (sampled floor estimates, vectorized appends)
+        {1, 300, 1100, 3, 24, 100}},
        [](const OpInput& in) {
          const IndexerCase c(in);
          return in.dtype == DType::f32 ? run_topk<float>(c) : run_topk<bf16>(c);

@@ -18,6 +18,9 @@
 #include "titan/kernels/cpu/lightning_indexer.h"
 
 #include <omp.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "titan/kernels/cpu/isa.h"
 #include "titan/kernels/cpu/scratch.h"
@@ -236,6 +239,50 @@ void select_largest(uint64_t* a, int64_t n, int64_t k) {
   }
 }
 
+// Sample size of compact_candidates' threshold estimate.
+constexpr int64_t kSample = 128;
+// Spare slots past a top-k candidate row's capacity: the vectorized append stores whole vectors
+// of 8 keys at the current count.
+constexpr int64_t kSlack = 8;
+
+// Makes room in a full candidate buffer c[0, n) (n > K distinct keys, all above `floor`): raises
+// floor to a key below which no top-K key can lie and drops the keys at or under it; returns the
+// new count (>= K). An exact select (quickselect, about 7 element operations per key) cost as much
+// as all the scoring of a row: instead a strided sample of kSample keys estimates a key a little
+// below the K-th largest (rank position m K / n plus two standard deviations of the sampled count),
+// one vectorizable pass counts the keys above it, and one branch-free pass keeps those when there
+// are at least K of them (so every key at or under the estimate is outranked K times) and at most
+// K + (n - K) / 2 and max_keep (so the buffer frees enough room). Otherwise, rarely, the exact
+// select runs. sample: [kSample] scratch.
+int64_t compact_candidates(uint64_t* c, int64_t n, int64_t K, int64_t max_keep, uint64_t& floor, uint64_t* sample) {
+  const int64_t m = min_i64(kSample, n);
+  const double expect = double(m) * double(K) / double(n);
+  const int64_t r = min_i64(m - 1, int64_t(expect + 2.0 * __builtin_sqrt(expect)) + 1);
+  if (r >= 1 && m == kSample) {
+    for (int64_t j = 0; j < m; ++j) sample[j] = c[j * n / m];
+    select_largest(sample, m, r);
+    uint64_t est = sample[0];
+    for (int64_t j = 1; j < r; ++j) est = sample[j] < est ? sample[j] : est;
+    int64_t above = 0;
+#pragma omp simd reduction(+ : above)
+    for (int64_t i = 0; i < n; ++i) above += c[i] > est;
+    if (above >= K && above <= K + (n - K) / 2 && above <= max_keep) {
+      int64_t kept = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const uint64_t v = c[i];
+        c[kept] = v;
+        kept += v > est;
+      }
+      floor = est;
+      return kept;
+    }
+  }
+  select_largest(c, n, K);
+  floor = c[0];
+  for (int64_t j = 1; j < K; ++j) floor = c[j] < floor ? c[j] : floor;
+  return K;
+}
+
 // Writes one output row: the n candidate keys' indices (n <= K) in ascending order, then -1.
 // bitmap: [ceil(Skv / 64)] zeroed words; left zeroed.
 void write_selection(int32_t* out, const uint64_t* cand, int64_t n, int64_t K, uint64_t* bitmap, int64_t words) {
@@ -276,14 +323,15 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
   const int64_t nkb = (d.Skv + kKeys - 1) / kKeys;
   const int64_t tq = max_i64(1, kTargetRows / HI);  // queries per block
   const int64_t nqb = (d.S + tq - 1) / tq;
-  const int64_t cap = 2 * K + kKeys;  // candidates per row before a compaction
+  const int64_t cap = 4 * K + kKeys;  // candidates per row before a compaction
+  const int64_t ld_cand = cap + kSlack;  // candidate row stride
   const int64_t words = (d.Skv + 63) / 64;
   const Scratch<float> kt(d.B * nkb * DI * kKeys);  // [B, nkb, DI, kKeys]
   pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
 #pragma omp parallel
   {
     const Scratch<float> qa(tq * HI * DI), dots(tq * HI * kKeys), score(kKeys);
-    const Scratch<uint64_t> cand(tq * cap), bitmap(words, ScratchInit::zeroed), thresh(tq);
+    const Scratch<uint64_t> cand(tq * ld_cand), bitmap(words, ScratchInit::zeroed), thresh(tq), sample(kSample);
     const Scratch<uint32_t> ranks(kKeys);
     const Scratch<uint8_t> passes(kKeys);
     const Scratch<int64_t> count(tq);
@@ -310,15 +358,13 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
           const int64_t lim = min_i64(kKeys, valid_keys(d, t0 + i) - s0);
           if (lim <= 0) continue;
           index_scores(score.data(), dots.data() + i * HI * kKeys, kKeys, w + (b * d.S + t0 + i) * HI, HI);
-          uint64_t* c = cand.data() + i * cap;
-          int64_t& n = count.data()[i];
-          uint64_t& floor = thresh.data()[i];
-          if (n + lim > cap) {
-            select_largest(c, n, K);
-            n = K;
-            floor = c[0];
-            for (int64_t j = 1; j < K; ++j) floor = c[j] < floor ? c[j] : floor;
-          }
+          uint64_t* c = cand.data() + i * ld_cand;
+          // Locals, stored back below: through references the compiler must assume that the
+          // candidate stores (uint64_t, which may alias int64_t) change them, and the append
+          // loop then ran through memory (a store-to-load chain per key).
+          int64_t n = count.data()[i];
+          uint64_t floor = thresh.data()[i];
+          if (n + lim > cap) n = compact_candidates(c, n, K, cap - kKeys, floor, sample.data());
           // Once the buffer has been compacted only a few keys per tile reach the admission
           // threshold: flag those whose rank reaches it (integer ops, vectorized), then visit
           // only the flagged ones, eight flags per 64-bit word.
@@ -329,6 +375,29 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
           // Real ranks are >= 1 (rank 0 would be a NaN, which ranks highest), so the keys past
           // lim (rank 0) never pass, even before the first compaction (floor 0).
           const uint32_t floor_rank = max_u32(uint32_t(floor >> 32), 1u);
+#if defined(__AVX512F__)
+          // Eight keys at a time: build the 64-bit candidates, compare with the floor and
+          // compress the passing ones into the buffer (a whole-vector store; rows have kSlack
+          // spare slots). Scalar appends cost several cycles each, and until the first
+          // compaction every key is appended.
+          (void)pass;
+          const __m512i floor_v = _mm512_set1_epi64(int64_t(floor)), floor_rank_v = _mm512_set1_epi32(int(floor_rank));
+          const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+          for (int64_t s = 0; s < kKeys; s += 16) {
+            const __m512i rk = _mm512_loadu_si512(rank + s);
+            if (!_mm512_cmpge_epu32_mask(rk, floor_rank_v)) continue;
+            for (int half = 0; half < 2; ++half) {
+              const __m256i r8 = half ? _mm512_extracti64x4_epi64(rk, 1) : _mm512_castsi512_si256(rk);
+              const __m512i index = _mm512_add_epi64(_mm512_set1_epi64(s0 + s + 8 * half), lane);
+              const __m512i key = _mm512_or_si512(_mm512_slli_epi64(_mm512_cvtepu32_epi64(r8), 32),
+                                                  _mm512_and_si512(_mm512_xor_si512(index, _mm512_set1_epi64(-1)),
+                                                                   _mm512_set1_epi64(0xffffffffLL)));
+              const __mmask8 keep = _mm512_cmpgt_epu64_mask(key, floor_v);
+              _mm512_storeu_si512(c + n, _mm512_maskz_compress_epi64(keep, key));
+              n += __builtin_popcount(keep);
+            }
+          }
+#else
 #pragma omp simd
           for (int64_t s = 0; s < kKeys; ++s) pass[s] = rank[s] >= floor_rank;
           for (int64_t word = 0; word < kKeys; word += 8) {
@@ -342,10 +411,13 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
               n += key > floor;  // branch-free append (the slot after the last is always free)
             }
           }
+#endif
+          count.data()[i] = n;
+          thresh.data()[i] = floor;
         }
       }
       for (int64_t i = first; i < rows; ++i) {
-        uint64_t* c = cand.data() + i * cap;
+        uint64_t* c = cand.data() + i * ld_cand;
         const int64_t n = count.data()[i];
         if (n > K) select_largest(c, n, K);
         write_selection(idx + (b * d.S + t0 + i) * K, c, min_i64(n, K), K, bitmap.data(), words);
