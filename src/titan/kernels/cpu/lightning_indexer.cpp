@@ -18,10 +18,16 @@
 #include "titan/kernels/cpu/lightning_indexer.h"
 
 #include <omp.h>
+
+#include <type_traits>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include "titan/kernels/cpu/amx.h"
+#endif
 
+#include "titan/core/cpu_features.h"
 #include "titan/kernels/cpu/isa.h"
 #include "titan/kernels/cpu/scratch.h"
 
@@ -36,7 +42,7 @@ constexpr int64_t kTargetRows = 64;
 // KL loss query blocks: up to kDenseQueries queries and kMaxDenseRows (queries x heads).
 constexpr int64_t kDenseQueries = 64, kMaxDenseRows = 1024;
 // Gathered path: main key rows are prefetched this many rows ahead.
-constexpr int64_t kPrefetchRows = 2;
+constexpr int64_t kPrefetchRows = 6;
 // Packed widths are padded to a multiple of 16 floats: whole vectors at every ISA level.
 constexpr int64_t kLanes = 16;
 
@@ -315,6 +321,41 @@ void pack_key_blocks(float* kt, const T* k, int64_t B, int64_t Skv, int64_t widt
   }
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// bf16 top-k on AMX: the head dot products of a (query block, key block) pair are TDPBF16PS tile
+// products with f32 accumulation (the f32 FMA path widened bf16 and ran at the f32 rate).
+// Operands: query rows as A tiles [rows, di32] bf16 (rows padded to 16, the head dim to 32 with
+// zeros) and each key block in the VNNI layout [di32 / 2, kKeys] of bf16 pairs.
+constexpr int64_t kAmxDepth = 32;  // bf16 per A tile row
+
+// kv[B, nkb, di32 / 2, kKeys]: pair p of key s0 + j at [p][j]; keys past Skv and dims past DI zero.
+void pack_key_pairs(uint32_t* kv, const bf16* k, int64_t B, int64_t Skv, int64_t DI, int64_t di32, int64_t nkb) {
+  const int64_t pairs = di32 / 2;
+#pragma omp parallel for schedule(static)
+  for (int64_t bk = 0; bk < B * nkb; ++bk) {
+    const int64_t b = bk / nkb, s0 = (bk % nkb) * kKeys, rows = min_i64(kKeys, Skv - s0);
+    uint32_t* out = kv + bk * pairs * kKeys;
+    for (int64_t pr = 0; pr < pairs; ++pr) {
+      for (int64_t j = 0; j < kKeys; ++j) {
+        const bf16* row = k + (b * Skv + s0 + j) * DI;
+        const int64_t c = 2 * pr;
+        const bool key = j < rows;
+        out[pr * kKeys + j] = pack_pair(key && c < DI ? row[c] : bf16{}, key && c + 1 < DI ? row[c + 1] : bf16{});
+      }
+    }
+  }
+}
+
+// dots[m16, kKeys] = qa[m16, di32] x the key block's VNNI pairs, 16 query rows per call.
+TITAN_INLINE void amx_dots(float* dots, const bf16* qa, int64_t m16, int64_t di32, const uint32_t* kv_block) {
+  for (int64_t r0 = 0; r0 < m16; r0 += 16) {
+    amx_row_block(dots + r0 * kKeys, kKeys * 4, 16 * 4, reinterpret_cast<const char*>(qa + r0 * di32), di32 * 2,
+                  kAmxDepth * 2, reinterpret_cast<const char*>(kv_block), kKeys * 4, 16 * kKeys * 4, 16 * 4,
+                  di32 / kAmxDepth, 4);
+  }
+}
+#endif
+
 }  // namespace
 
 template <class T>
@@ -326,11 +367,27 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
   const int64_t cap = 4 * K + kKeys;  // candidates per row before a compaction
   const int64_t ld_cand = cap + kSlack;  // candidate row stride
   const int64_t words = (d.Skv + 63) / 64;
-  const Scratch<float> kt(d.B * nkb * DI * kKeys);  // [B, nkb, DI, kKeys]
-  pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
+  bool amx = false;  // bf16 on AMX tiles (see amx_dots)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<T, bf16>) amx = cpu_amx_bf16_usable();
+  const int64_t di32 = round_up(DI, kAmxDepth), m16 = round_up(tq * HI, 16);
+  const Scratch<uint32_t> kv(amx ? d.B * nkb * (di32 / 2) * kKeys : 1);  // [B, nkb, di32 / 2, kKeys]
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (amx) pack_key_pairs(kv.data(), k, d.B, d.Skv, DI, di32, nkb);
+  }
+#else
+  const int64_t m16 = tq * HI;
+#endif
+  const Scratch<float> kt(amx ? 1 : d.B * nkb * DI * kKeys);  // [B, nkb, DI, kKeys]
+  if (!amx) pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
 #pragma omp parallel
   {
-    const Scratch<float> qa(tq * HI * DI), dots(tq * HI * kKeys), score(kKeys);
+    // dots [m16, kKeys]: the AMX path computes whole 16-row tiles (rows past tq * HI unread).
+    const Scratch<float> qa(amx ? 1 : tq * HI * DI), dots(m16 * kKeys), score(kKeys);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    const Scratch<bf16> qa16(amx ? m16 * di32 : 1, ScratchInit::zeroed);  // [m16, di32] query rows, zero-padded
+    if (amx) amx_configure();
+#endif
     const Scratch<uint64_t> cand(tq * ld_cand), bitmap(words, ScratchInit::zeroed), thresh(tq), sample(kSample);
     const Scratch<uint32_t> ranks(kKeys);
     const Scratch<uint8_t> passes(kKeys);
@@ -347,12 +404,32 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
         for (int64_t i = 0; i < K; ++i) out[i] = i < n ? int32_t(i) : -1;
       }
       if (first == rows) continue;
-      pack_rows(qa.data(), DI, q + (b * d.S + t0) * HI * DI, DI, rows * HI, DI);
+      const T* q_blk = q + (b * d.S + t0) * HI * DI;
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+      if constexpr (std::is_same_v<T, bf16>) {
+        if (amx) {
+          for (int64_t r = 0; r < rows * HI; ++r) {
+            bf16* out = qa16.data() + r * di32;
+            for (int64_t c = 0; c < DI; ++c) out[c] = q_blk[r * DI + c];
+            for (int64_t c = DI; c < di32; ++c) out[c] = bf16{};
+          }
+        }
+      }
+#endif
+      if (!amx) pack_rows(qa.data(), DI, q_blk, DI, rows * HI, DI);
       for (int64_t i = 0; i < rows; ++i) count.data()[i] = 0, thresh.data()[i] = 0;
       const int64_t n_last = valid_keys(d, t0 + rows - 1);
       for (int64_t kb = 0; kb * kKeys < n_last; ++kb) {
-        gemm<false>(dots.data(), kKeys, qa.data(), DI, 1, kt.data() + (b * nkb + kb) * DI * kKeys, kKeys, rows * HI,
-                    kKeys, DI);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+        if (amx) {
+          amx_dots(dots.data(), qa16.data(), round_up(rows * HI, 16), di32,
+                   kv.data() + (b * nkb + kb) * (di32 / 2) * kKeys);
+        }
+#endif
+        if (!amx) {
+          gemm<false>(dots.data(), kKeys, qa.data(), DI, 1, kt.data() + (b * nkb + kb) * DI * kKeys, kKeys,
+                      rows * HI, kKeys, DI);
+        }
         const int64_t s0 = kb * kKeys;
         for (int64_t i = first; i < rows; ++i) {
           const int64_t lim = min_i64(kKeys, valid_keys(d, t0 + i) - s0);
@@ -386,10 +463,12 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
           for (int64_t s = 0; s < kKeys; s += 16) {
             const __m512i rk = _mm512_loadu_si512(rank + s);
             if (!_mm512_cmpge_epu32_mask(rk, floor_rank_v)) continue;
-            for (int half = 0; half < 2; ++half) {
-              const __m256i r8 = half ? _mm512_extracti64x4_epi64(rk, 1) : _mm512_castsi512_si256(rk);
-              const __m512i index = _mm512_add_epi64(_mm512_set1_epi64(s0 + s + 8 * half), lane);
-              const __m512i key = _mm512_or_si512(_mm512_slli_epi64(_mm512_cvtepu32_epi64(r8), 32),
+            for (int64_t half = 0; half < 16; half += 8) {
+              // (The maskz forms: GCC 12's unmasked ones start from an undefined vector and warn.)
+              const __m512i r8 = _mm512_maskz_cvtepu32_epi64(0xff, _mm256_loadu_si256(
+                                                                       reinterpret_cast<const __m256i*>(rank + s + half)));
+              const __m512i index = _mm512_add_epi64(_mm512_set1_epi64(s0 + s + half), lane);
+              const __m512i key = _mm512_or_si512(_mm512_maskz_slli_epi64(0xff, r8, 32),
                                                   _mm512_and_si512(_mm512_xor_si512(index, _mm512_set1_epi64(-1)),
                                                                    _mm512_set1_epi64(0xffffffffLL)));
               const __mmask8 keep = _mm512_cmpgt_epu64_mask(key, floor_v);
@@ -423,6 +502,9 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
         write_selection(idx + (b * d.S + t0 + i) * K, c, min_i64(n, K), K, bitmap.data(), words);
       }
     }
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    if (amx) _tile_release();
+#endif
   }
 }
 
