@@ -94,7 +94,10 @@ TITAN_OP_CASES(lightning_indexer) {
         {1, 150, 150, 4, 32, 70, 4, 2, 16}, {1, 3, 80, 64, 16, 33, 2, 1, 16},
         // selections far below the causal count: the gathered per-row path (the rows above with
         // K close to the causal count take the blocked path)
-        {1, 130, 300, 2, 16, 20, 4, 2, 16}, {2, 70, 200, 3, 17, 24, 3, 1, 19}},
+        {1, 130, 300, 2, 16, 20, 4, 2, 16}, {2, 70, 200, 3, 17, 24, 3, 1, 19},
+        // gathered path with several AMX tiles (bf16): D = 64 (two tile depths), a key head of
+        // 20 query heads (two tile columns) and of 68 (past one 64-column block)
+        {1, 90, 260, 2, 16, 12, 20, 1, 64}, {1, 60, 200, 1, 32, 10, 68, 1, 64}},
        [](const OpInput& in) {
          IndexerCase c(in);
          return in.dtype == DType::f32 ? run_loss<float>(c) : run_loss<bf16>(c);

@@ -517,6 +517,12 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
   const int64_t nkb = (d.Skv + kKeys - 1) / kKeys, skv_pad = nkb * kKeys, words = (d.Skv + 63) / 64;
   const float scale = float(td.scale), gs = float(grad_scale), inv_h = 1.0f / float(H);
   const bool dense = idx == nullptr;
+  // The sparse stage's gathered-path target (tau mk mq^T, most of its products) runs on AMX for bf16.
+  bool amx = false;
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<T, bf16>) amx = !dense && cpu_amx_bf16_usable();
+  const int64_t d32 = round_up(D, kAmxDepth);
+#endif
   const int threads = omp_get_max_threads();
   // Shared packed operands. kr: key rows [B, skv_pad, di_pad] (B operand of dq = G k; rows past
   // Skv are zero); kt: transposed key blocks [B, nkb, DI, kKeys] (B operand of the scores);
@@ -563,10 +569,18 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
     // key rows [n_cap, di_pad] and their dk rows, and its tiles over n_cap columns.
     const Scratch<uint64_t> selmap(dense ? 1 : tq * words, ScratchInit::zeroed), seen(dense ? 1 : words, ScratchInit::zeroed);
     const Scratch<int32_t> sel(dense ? 1 : n_cap);
-    const Scratch<float> kgt(dense ? 1 : DI * kKeys), mkg(dense ? 1 : kKeys * D), mqt(dense ? 1 : Hk * D * g_pad);
+    const Scratch<float> kgt(dense ? 1 : DI * kKeys), mkg(dense || amx ? 1 : kKeys * D),
+        mqt(dense || amx ? 1 : Hk * D * g_pad);
     const Scratch<float> kg(dense ? 1 : n_cap * di_pad), dkg(dense ? 1 : n_cap * di_pad);
     const Scratch<float> r_dots(dense ? 1 : HI * n_cap), r_g2(dense ? 1 : HI * n_cap), r_score(dense ? 1 : n_cap),
         r_target(dense ? 1 : n_cap);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    // Gathered-path target on AMX (bf16): main key rows as A tiles [kKeys, d32] (columns past D
+    // stay zero) and this row's main queries as VNNI pairs per key head [Hk, d32 / 2, g_pad].
+    const Scratch<bf16> mkg16(amx ? kKeys * d32 : 1, ScratchInit::zeroed);
+    const Scratch<uint32_t> mqv(amx ? Hk * (d32 / 2) * g_pad : 1);
+    if (amx) amx_configure();
+#endif
 
     // Loss and gradient of `rows` query rows over `cols` columns (a multiple of kKeys): sc, p
     // [rows, ld] scores and target, dots [rows * HI, ld]; valid(i, s) says which entries count.
@@ -721,7 +735,24 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
           if (n == 0) continue;  // no valid key: no loss, zero gradients
           const int64_t cols = round_up(n, kKeys);
           const float* q_row = qa.data() + i * HI * di_pad;
-          for (int64_t hk = 0; hk < Hk; ++hk) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+          if constexpr (std::is_same_v<T, bf16>) {
+            if (amx) {
+              for (int64_t hk = 0; hk < Hk; ++hk) {
+                for (int64_t pr = 0; pr < d32 / 2; ++pr) {
+                  uint32_t* out = mqv.data() + (hk * (d32 / 2) + pr) * g_pad;
+                  const int64_t c = 2 * pr;
+                  for (int64_t h = 0; h < g_pad; ++h) {
+                    const bf16* src = mq + (row * H + hk * group + h) * D;
+                    const bool head = h < group;
+                    out[h] = pack_pair(head && c < D ? src[c] : bf16{}, head && c + 1 < D ? src[c + 1] : bf16{});
+                  }
+                }
+              }
+            }
+          }
+#endif
+          for (int64_t hk = 0; hk < Hk && !amx; ++hk) {
             for (int64_t c = 0; c < D; ++c) {
               float* out = mqt.data() + (hk * D + c) * g_pad;
               for (int64_t h = 0; h < group; ++h) out[h] = mqa.data()[((hk * group + h) * tq + i) * D + c];
@@ -756,11 +787,31 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
                       mk + ((b * d.Skv + sel.data()[c0 + j + kPrefetchRows]) * Hk + hk) * D);
                   for (int64_t byte = 0; byte < D * int64_t(sizeof(T)); byte += 64) __builtin_prefetch(ahead + byte);
                 }
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+                if (amx) {
+                  __builtin_memcpy(mkg16.data() + j * d32, src, size_t(D) * sizeof(T));
+                  continue;
+                }
+#endif
                 float* dst = mkg.data() + j * D;
 #pragma omp simd
                 for (int64_t c = 0; c < D; ++c) dst[c] = to_f32(src[c]);
               }
-              gemm<false>(tile.data(), g_pad, mkg.data(), D, 1, mqt.data() + hk * D * g_pad, g_pad, m, g_pad, D);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+              if (amx) {  // tile rows m..m16 come from stale (finite) key rows and are not read
+                for (int64_t j0 = 0; j0 < m; j0 += 16) {
+                  for (int64_t h0 = 0; h0 < g_pad; h0 += 64) {
+                    amx_row_block(tile.data() + j0 * g_pad + h0, g_pad * 4, 16 * 4,
+                                  reinterpret_cast<const char*>(mkg16.data() + j0 * d32), d32 * 2, kAmxDepth * 2,
+                                  reinterpret_cast<const char*>(mqv.data() + hk * (d32 / 2) * g_pad + h0), g_pad * 4,
+                                  16 * g_pad * 4, 16 * 4, d32 / kAmxDepth, int(min_i64(4, (g_pad - h0) / 16)));
+                  }
+                }
+              }
+#endif
+              if (!amx) {
+                gemm<false>(tile.data(), g_pad, mkg.data(), D, 1, mqt.data() + hk * D * g_pad, g_pad, m, g_pad, D);
+              }
               const float* lse_h = mlse + row * H + hk * group;
               for (int64_t j = 0; j < m; ++j) {
                 const float* c = tile.data() + j * g_pad;
@@ -813,6 +864,9 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
         dw[row0 * HI + r] = dw_acc.data()[r];
       }
     }
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    if (amx) _tile_release();
+#endif
   }
   // dk = the sum of the per-thread partials.
 #pragma omp parallel for schedule(static)
