@@ -328,8 +328,10 @@ void pack_key_blocks(float* kt, const T* k, int64_t B, int64_t Skv, int64_t widt
 // zeros) and each key block in the VNNI layout [di32 / 2, kKeys] of bf16 pairs.
 constexpr int64_t kAmxDepth = 32;  // bf16 per A tile row
 
-// kv[B, nkb, di32 / 2, kKeys]: pair p of key s0 + j at [p][j]; keys past Skv and dims past DI zero.
-void pack_key_pairs(uint32_t* kv, const bf16* k, int64_t B, int64_t Skv, int64_t DI, int64_t di32, int64_t nkb) {
+// kv[B, nkb, di32 / 2, kKeys]: pair p of key s0 + j at [p][j] (key rows ld apart, DI wide); keys
+// past Skv and dims past DI zero.
+void pack_key_pairs(uint32_t* kv, const bf16* k, int64_t B, int64_t Skv, int64_t DI, int64_t ld, int64_t di32,
+                    int64_t nkb) {
   const int64_t pairs = di32 / 2;
 #pragma omp parallel for schedule(static)
   for (int64_t bk = 0; bk < B * nkb; ++bk) {
@@ -337,7 +339,7 @@ void pack_key_pairs(uint32_t* kv, const bf16* k, int64_t B, int64_t Skv, int64_t
     uint32_t* out = kv + bk * pairs * kKeys;
     for (int64_t pr = 0; pr < pairs; ++pr) {
       for (int64_t j = 0; j < kKeys; ++j) {
-        const bf16* row = k + (b * Skv + s0 + j) * DI;
+        const bf16* row = k + (b * Skv + s0 + j) * ld;
         const int64_t c = 2 * pr;
         const bool key = j < rows;
         out[pr * kKeys + j] = pack_pair(key && c < DI ? row[c] : bf16{}, key && c + 1 < DI ? row[c + 1] : bf16{});
@@ -373,7 +375,7 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
   const int64_t di32 = round_up(DI, kAmxDepth), m16 = round_up(tq * HI, 16);
   const Scratch<uint32_t> kv(amx ? d.B * nkb * (di32 / 2) * kKeys : 1);  // [B, nkb, di32 / 2, kKeys]
   if constexpr (std::is_same_v<T, bf16>) {
-    if (amx) pack_key_pairs(kv.data(), k, d.B, d.Skv, DI, di32, nkb);
+    if (amx) pack_key_pairs(kv.data(), k, d.B, d.Skv, DI, DI, di32, nkb);
   }
 #else
   const int64_t m16 = tq * HI;
@@ -517,11 +519,12 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
   const int64_t nkb = (d.Skv + kKeys - 1) / kKeys, skv_pad = nkb * kKeys, words = (d.Skv + 63) / 64;
   const float scale = float(td.scale), gs = float(grad_scale), inv_h = 1.0f / float(H);
   const bool dense = idx == nullptr;
-  // The sparse stage's gathered-path target (tau mk mq^T, most of its products) runs on AMX for bf16.
+  // bf16 on AMX: the indexer dot products and the target products (tau mq mk^T) run as tile
+  // products with f32 accumulation; the gradient products (G k, G^T q) stay f32.
   bool amx = false;
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if constexpr (std::is_same_v<T, bf16>) amx = !dense && cpu_amx_bf16_usable();
-  const int64_t d32 = round_up(D, kAmxDepth);
+  if constexpr (std::is_same_v<T, bf16>) amx = cpu_amx_bf16_usable();
+  const int64_t d32 = round_up(D, kAmxDepth), di32 = round_up(DI, kAmxDepth);
 #endif
   const int threads = omp_get_max_threads();
   // Shared packed operands. kr: key rows [B, skv_pad, di_pad] (B operand of dq = G k; rows past
@@ -529,7 +532,21 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
   // mkt: transposed main key blocks [B, Hk, nkb, D, kKeys] (the target). kt and mkt serve the
   // blocked path (below), which the sparse stage also takes for blocks that select most keys.
   const Scratch<float> kr(d.B * skv_pad * di_pad, ScratchInit::zeroed);
-  const Scratch<float> kt(d.B * nkb * DI * kKeys), mkt(d.B * Hk * nkb * D * kKeys);
+  const Scratch<float> kt(amx ? 1 : d.B * nkb * DI * kKeys), mkt(amx ? 1 : d.B * Hk * nkb * D * kKeys);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  // With AMX the blocked path's B operands are VNNI pair blocks instead of kt and mkt: kv
+  // [B, nkb, di32 / 2, kKeys] and mkv [B, Hk, nkb, d32 / 2, kKeys].
+  const Scratch<uint32_t> kv(amx ? d.B * nkb * (di32 / 2) * kKeys : 1), mkv(amx ? d.B * Hk * nkb * (d32 / 2) * kKeys : 1);
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (amx) {
+      pack_key_pairs(kv.data(), k, d.B, d.Skv, DI, DI, di32, nkb);
+      for (int64_t bh = 0; bh < d.B * Hk; ++bh) {
+        pack_key_pairs(mkv.data() + bh * nkb * (d32 / 2) * kKeys, mk + ((bh / Hk) * d.Skv * Hk + bh % Hk) * D, 1,
+                       d.Skv, D, Hk * D, d32, nkb);
+      }
+    }
+  }
+#endif
   // Per-thread dk partial sums [threads, B, skv_pad, di_pad], summed into dk at the end.
   const int64_t dk_len = d.B * skv_pad * di_pad;
   const Scratch<float> dk_part(threads * dk_len, ScratchInit::zeroed);
@@ -538,10 +555,10 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
     const int64_t b = r / d.Skv, s = r % d.Skv;
     pack_rows(kr.data() + (b * skv_pad + s) * di_pad, di_pad, k + r * DI, DI, 1, DI);
   }
-  pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
+  if (!amx) pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
   // mk [B, Skv, Hk, D] seen as B * Hk sequences of Skv rows D wide, Hk * D apart.
 #pragma omp parallel for schedule(static)
-  for (int64_t item = 0; item < d.B * Hk * nkb; ++item) {
+  for (int64_t item = 0; item < (amx ? 0 : d.B * Hk * nkb); ++item) {
     const int64_t bh = item / nkb, kb = item % nkb, b = bh / Hk, h = bh % Hk, s0 = kb * kKeys;
     pack_transposed(mkt.data() + item * D * kKeys, mk + ((b * d.Skv + s0) * Hk + h) * D, Hk * D,
                     min_i64(kKeys, d.Skv - s0), D);
@@ -558,11 +575,18 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
 #pragma omp parallel reduction(+ : loss)
   {
     float* dk_acc = dk_part.data() + omp_get_thread_num() * dk_len;
-    const Scratch<float> qa(m_max * di_pad), mqa(H * tq * D);  // packed queries; mqa [H, tq, D]
+    const Scratch<float> qa(m_max * di_pad), mqa(amx ? 1 : H * tq * D);  // packed queries; mqa [H, tq, D]
     const Scratch<float> dq_acc(m_max * di_pad), dw_acc(m_max), row_max(tq), row_sum(tq);
-    // Blocked path tiles: dots and g2 [tq * HI, kKeys], scores, target and validity [tq, kKeys].
-    const Scratch<float> dots(m_max * kKeys), g2(m_max * kKeys), score(tq * kKeys), target(tq * kKeys);
-    const Scratch<float> ok(tq * kKeys), tile(max_i64(tq, g_pad) * kKeys);
+    // Blocked path tiles: dots and g2 [tq * HI, kKeys], scores, target and validity [tq, kKeys]
+    // (dots and tile rows padded to whole AMX tiles).
+    const int64_t m16 = round_up(m_max, 16), tq16 = round_up(tq, 16);
+    const Scratch<float> dots(m16 * kKeys), g2(m_max * kKeys), score(tq * kKeys), target(tq * kKeys);
+    const Scratch<float> ok(tq * kKeys), tile(max_i64(tq16, g_pad) * kKeys);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    // AMX A operands of the blocked path: query rows [m16, di32] and main queries [H, tq16, d32],
+    // zero-padded (padding rows may hold an earlier block's rows: finite, their outputs unread).
+    const Scratch<bf16> qa16(amx ? m16 * di32 : 1, ScratchInit::zeroed), mqa16(amx ? H * tq16 * d32 : 1, ScratchInit::zeroed);
+#endif
     // Sparse stage only (one element each in the dense stage): the block's selections as bitmaps
     // [tq, words] (blocked path), and for the gathered path one row's selection (deduplicated through `seen`), its key block transposed
     // [DI, kKeys], main key rows [kKeys, D], main queries transposed per key head [Hk, D, g_pad],
@@ -577,8 +601,8 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
     // Gathered-path target on AMX (bf16): main key rows as A tiles [kKeys, d32] (columns past D
     // stay zero) and this row's main queries as VNNI pairs per key head [Hk, d32 / 2, g_pad].
-    const Scratch<bf16> mkg16(amx ? kKeys * d32 : 1, ScratchInit::zeroed);
-    const Scratch<uint32_t> mqv(amx ? Hk * (d32 / 2) * g_pad : 1);
+    const Scratch<bf16> mkg16(amx && !dense ? kKeys * d32 : 1, ScratchInit::zeroed);
+    const Scratch<uint32_t> mqv(amx && !dense ? Hk * (d32 / 2) * g_pad : 1);
     if (amx) amx_configure();
 #endif
 
@@ -622,7 +646,29 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
       const int64_t b = item / nqb, t0 = (item % nqb) * tq, rows = min_i64(tq, d.S - t0), M = rows * HI;
       const int64_t row0 = b * d.S + t0;  // first global query row
       pack_rows(qa.data(), di_pad, q + row0 * HI * DI, DI, M, DI);
-      for (int64_t h = 0; h < H; ++h) pack_rows(mqa.data() + h * tq * D, D, mq + (row0 * H + h) * D, H * D, rows, D);
+      if (!amx) {
+        for (int64_t h = 0; h < H; ++h) pack_rows(mqa.data() + h * tq * D, D, mq + (row0 * H + h) * D, H * D, rows, D);
+      }
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+      if (amx) {
+        for (int64_t r = 0; r < M; ++r) {
+          __builtin_memcpy(qa16.data() + r * di32, q + (row0 * HI + r) * DI, size_t(DI) * sizeof(T));
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          for (int64_t i = 0; i < rows; ++i) {
+            __builtin_memcpy(mqa16.data() + (h * tq16 + i) * d32, mq + ((row0 + i) * H + h) * D, size_t(D) * sizeof(T));
+          }
+        }
+      }
+#endif
+      // dots [M, kKeys] = the indexer head dot products of this block's queries with key block kb.
+      auto block_dots = [&](int64_t kb) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+        if (amx) return amx_dots(dots.data(), qa16.data(), round_up(M, 16), di32, kv.data() + (b * nkb + kb) * (di32 / 2) * kKeys);
+#endif
+        gemm<false>(dots.data(), kKeys, qa.data(), di_pad, 1, kt.data() + (b * nkb + kb) * DI * kKeys, kKeys, M,
+                    kKeys, DI);
+      };
       for (int64_t j = 0; j < M * di_pad; ++j) dq_acc.data()[j] = 0;
       for (int64_t j = 0; j < M; ++j) dw_acc.data()[j] = 0;
       const float* w_blk = w + row0 * HI;
@@ -670,8 +716,7 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
         for (int64_t i = 0; i < rows; ++i) row_max.data()[i] = -__builtin_inff(), row_sum.data()[i] = 0;
         for (int64_t kb = 0; kb * kKeys < n_last; ++kb) {
           if (!tile_mask(kb * kKeys)) continue;
-          gemm<false>(dots.data(), kKeys, qa.data(), di_pad, 1, kt.data() + (b * nkb + kb) * DI * kKeys, kKeys, M,
-                      kKeys, DI);
+          block_dots(kb);
           for (int64_t i = 0; i < rows; ++i) {
             float* sc = score.data() + i * kKeys;
             index_scores(sc, dots.data() + i * HI * kKeys, kKeys, w_blk + i * HI, HI);
@@ -689,17 +734,29 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
         for (int64_t kb = 0; kb * kKeys < n_last; ++kb) {
           const int64_t s0 = kb * kKeys;
           if (!tile_mask(s0)) continue;
-          gemm<false>(dots.data(), kKeys, qa.data(), di_pad, 1, kt.data() + (b * nkb + kb) * DI * kKeys, kKeys, M,
-                      kKeys, DI);
+          block_dots(kb);
           for (int64_t i = 0; i < rows * kKeys; ++i) target.data()[i] = 0;
           for (int64_t h = 0; h < H; ++h) {
             // The next head's key block (or this head's next one) is prefetched meanwhile.
             const int64_t next_h = h + 1 < H ? h + 1 : 0, next_kb = h + 1 < H ? kb : kb + 1;
             const bool has_next = next_kb * kKeys < n_last;
-            gemm<false>(tile.data(), kKeys, mqa.data() + h * tq * D, D, 1,
-                        mkt.data() + ((b * Hk + h / group) * nkb + kb) * D * kKeys, kKeys, rows, kKeys, D,
-                        has_next ? mkt.data() + ((b * Hk + next_h / group) * nkb + next_kb) * D * kKeys : nullptr,
-                        has_next ? kKeys * kKeys : 0);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+            if (amx) {
+              for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+                amx_row_block(tile.data() + r0 * kKeys, kKeys * 4, 16 * 4,
+                              reinterpret_cast<const char*>(mqa16.data() + (h * tq16 + r0) * d32), d32 * 2,
+                              kAmxDepth * 2,
+                              reinterpret_cast<const char*>(mkv.data() + ((b * Hk + h / group) * nkb + kb) * (d32 / 2) * kKeys),
+                              kKeys * 4, 16 * kKeys * 4, 16 * 4, d32 / kAmxDepth, 4);
+              }
+            }
+#endif
+            if (!amx) {
+              gemm<false>(tile.data(), kKeys, mqa.data() + h * tq * D, D, 1,
+                          mkt.data() + ((b * Hk + h / group) * nkb + kb) * D * kKeys, kKeys, rows, kKeys, D,
+                          has_next ? mkt.data() + ((b * Hk + next_h / group) * nkb + next_kb) * D * kKeys : nullptr,
+                          has_next ? kKeys * kKeys : 0);
+            }
             for (int64_t i = 0; i < rows; ++i) {
               const float lse_h = mlse[(row0 + i) * H + h];
               float* p = target.data() + i * kKeys;
