@@ -2,17 +2,21 @@
 // blocks of kKeys keys stream past; the head dot products of a (query block, key block) pair are
 // one small register-tiled f32 GEMM over packed, zero-padded buffers, and the S x Skv score matrix
 // never exists (only kKeys-wide tiles of it).
-// * top-k: each query row keeps a buffer of up to 2K + kKeys candidates as sortable 64-bit keys
+// * top-k: each query row keeps a buffer of up to 4K + kKeys candidates as sortable 64-bit keys
 //   (score rank << 32 | ~index, so ties rank the lower index first and a plain integer compare
-//   orders them); when it fills, a quickselect keeps the best K and their minimum becomes the
-//   admission threshold for later keys.
+//   orders them); keys at or below the row's admission floor are not appended (AVX-512: eight at
+//   a time with a compress). When the buffer fills, a sampled estimate raises the floor and drops
+//   the keys under it (compact_candidates); a quickselect picks the final K.
 // * KL loss, blocked path: two passes per query block (the lse of I, then target, loss and
 //   gradients per key block), over every causal key (dense stage) or masked to the selections
 //   (sparse-stage blocks whose selections cover at least half of their causal keys). Gathered
 //   path (the other sparse blocks): one query row at a time, its selected keys gathered into
 //   contiguous per-thread buffers. dk accumulates in per-thread f32 buffers that are summed at
 //   the end (no races, deterministic for a fixed thread count).
-// bf16 inputs are widened to f32 while packing (O(S D) work against O(S Skv D) products).
+// bf16 with AMX (the avx512_bf16 variant when cpu_amx_bf16_usable()): the indexer dot products
+// and the KL target's products run as bf16 tile products with f32 accumulation; the gradient
+// products (G k, G^T q) stay f32 FMA. Otherwise bf16 inputs are widened to f32 while packing
+// (O(S D) work against O(S Skv D) products).
 // std:: algorithms are not used: templates from shared headers would be instantiated with this
 // file's ISA flags and might be picked by the linker for other ISA levels (see cpu/isa.h).
 #include "titan/kernels/cpu/lightning_indexer.h"
