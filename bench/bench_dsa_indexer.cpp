@@ -13,8 +13,9 @@
 // them twice: lse first, then the gradients) are not counted. Top-k rows with L_t <= K select
 // every key without scoring, so they count 0 (the S < K big-shape runs would otherwise report
 // work never done).
-// Peak: f32 FMA for f32; the bf16 peak for bf16 (the kernels widen bf16 to f32 and use f32 FMA,
-// so the bf16 fraction is against a peak they do not try to reach).
+// Peak: f32 FMA for f32; the bf16 (AMX) peak for bf16. With AMX the bf16 kernels run the score
+// and target products as tiles but the selection, softmax and the gradient products (f32 FMA)
+// remain, so their fraction of that peak stays far below the f32 kernels' fraction of theirs.
 //
 //   bench_dsa_indexer [--seq S] [--big-seq S] [--only topk|sparse_loss|dense_loss] [--no-torch]
 #include <algorithm>

@@ -2,7 +2,8 @@
 // ISA level). Awkward shapes: S = 1 (t = 0 only), S < K (every row selects all its keys), odd head
 // dims (DI = 17, D = 19 are not multiples of a vector), Skv > S (queries are the last S of the
 // keys), S and Skv around and across the 64-key block, HI = 1 and HI = 64 (one query per top-k block);
-// sparse-stage blocks that select most of their keys (blocked path) and few (gathered path).
+// sparse-stage blocks that select most of their keys (blocked path) and few (gathered path);
+// top-k rows with far more keys than K (the candidate buffer is compacted many times).
 #include "common/op_table.h"
 #include "titan/kernels/cpu/lightning_indexer.h"
 #include "titan/kernels/ref/lightning_indexer.h"
@@ -79,7 +80,9 @@ TITAN_OP_CASES(lightning_indexer) {
       {"indexer_topk",
        // B, S, Skv, HI, DI, K
        {{1, 1, 1, 1, 1, 1}, {1, 1, 70, 3, 17, 8}, {2, 9, 9, 4, 64, 16}, {1, 100, 100, 4, 64, 7},
-        {2, 130, 150, 2, 33, 40}, {1, 70, 200, 1, 16, 64}, {1, 3, 100, 64, 32, 5}},
+        {2, 130, 150, 2, 33, 40}, {1, 70, 200, 1, 16, 64}, {1, 3, 100, 64, 32, 5},
+        // many candidate-buffer compactions per row (sampled floor estimates, vectorized appends)
+        {1, 300, 1100, 3, 24, 100}},
        [](const OpInput& in) {
          const IndexerCase c(in);
          return in.dtype == DType::f32 ? run_topk<float>(c) : run_topk<bf16>(c);
@@ -91,7 +94,10 @@ TITAN_OP_CASES(lightning_indexer) {
         {1, 150, 150, 4, 32, 70, 4, 2, 16}, {1, 3, 80, 64, 16, 33, 2, 1, 16},
         // selections far below the causal count: the gathered per-row path (the rows above with
         // K close to the causal count take the blocked path)
-        {1, 130, 300, 2, 16, 20, 4, 2, 16}, {2, 70, 200, 3, 17, 24, 3, 1, 19}},
+        {1, 130, 300, 2, 16, 20, 4, 2, 16}, {2, 70, 200, 3, 17, 24, 3, 1, 19},
+        // gathered path with several AMX tiles (bf16): D = 64 (two tile depths), a key head of
+        // 20 query heads (two tile columns) and of 68 (past one 64-column block)
+        {1, 90, 260, 2, 16, 12, 20, 1, 64}, {1, 60, 200, 1, 32, 10, 68, 1, 64}},
        [](const OpInput& in) {
          IndexerCase c(in);
          return in.dtype == DType::f32 ? run_loss<float>(c) : run_loss<bf16>(c);

@@ -2,23 +2,36 @@
 // blocks of kKeys keys stream past; the head dot products of a (query block, key block) pair are
 // one small register-tiled f32 GEMM over packed, zero-padded buffers, and the S x Skv score matrix
 // never exists (only kKeys-wide tiles of it).
-// * top-k: each query row keeps a buffer of up to 2K + kKeys candidates as sortable 64-bit keys
+// * top-k: each query row keeps a buffer of up to 4K + kKeys candidates as sortable 64-bit keys
 //   (score rank << 32 | ~index, so ties rank the lower index first and a plain integer compare
-//   orders them); when it fills, a quickselect keeps the best K and their minimum becomes the
-//   admission threshold for later keys.
+//   orders them); keys at or below the row's admission floor are not appended (AVX-512: eight at
+//   a time with a compress). When the buffer fills, a sampled estimate raises the floor and drops
+//   the keys under it (compact_candidates); a quickselect picks the final K.
 // * KL loss, blocked path: two passes per query block (the lse of I, then target, loss and
 //   gradients per key block), over every causal key (dense stage) or masked to the selections
 //   (sparse-stage blocks whose selections cover at least half of their causal keys). Gathered
 //   path (the other sparse blocks): one query row at a time, its selected keys gathered into
 //   contiguous per-thread buffers. dk accumulates in per-thread f32 buffers that are summed at
 //   the end (no races, deterministic for a fixed thread count).
-// bf16 inputs are widened to f32 while packing (O(S D) work against O(S Skv D) products).
+// bf16 with AMX (the avx512_bf16 variant when cpu_amx_bf16_usable()): the indexer dot products
+// and the KL target's products run as bf16 tile products with f32 accumulation; the gradient
+// products (G k, G^T q) stay f32 FMA. Otherwise bf16 inputs are widened to f32 while packing
+// (O(S D) work against O(S Skv D) products).
 // std:: algorithms are not used: templates from shared headers would be instantiated with this
 // file's ISA flags and might be picked by the linker for other ISA levels (see cpu/isa.h).
 #include "titan/kernels/cpu/lightning_indexer.h"
 
 #include <omp.h>
 
+#include <type_traits>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include "titan/kernels/cpu/amx.h"
+#endif
+
+#include "titan/core/cpu_features.h"
 #include "titan/kernels/cpu/isa.h"
 #include "titan/kernels/cpu/scratch.h"
 
@@ -33,7 +46,7 @@ constexpr int64_t kTargetRows = 64;
 // KL loss query blocks: up to kDenseQueries queries and kMaxDenseRows (queries x heads).
 constexpr int64_t kDenseQueries = 64, kMaxDenseRows = 1024;
 // Gathered path: main key rows are prefetched this many rows ahead.
-constexpr int64_t kPrefetchRows = 2;
+constexpr int64_t kPrefetchRows = 6;
 // Packed widths are padded to a multiple of 16 floats: whole vectors at every ISA level.
 constexpr int64_t kLanes = 16;
 
@@ -236,6 +249,50 @@ void select_largest(uint64_t* a, int64_t n, int64_t k) {
   }
 }
 
+// Sample size of compact_candidates' threshold estimate.
+constexpr int64_t kSample = 128;
+// Spare slots past a top-k candidate row's capacity: the vectorized append stores whole vectors
+// of 8 keys at the current count.
+constexpr int64_t kSlack = 8;
+
+// Makes room in a full candidate buffer c[0, n) (n > K distinct keys, all above `floor`): raises
+// floor to a key below which no top-K key can lie and drops the keys at or under it; returns the
+// new count (>= K). An exact select (quickselect, about 7 element operations per key) cost as much
+// as all the scoring of a row: instead a strided sample of kSample keys estimates a key a little
+// below the K-th largest (rank position m K / n plus two standard deviations of the sampled count),
+// one vectorizable pass counts the keys above it, and one branch-free pass keeps those when there
+// are at least K of them (so every key at or under the estimate is outranked K times) and at most
+// K + (n - K) / 2 and max_keep (so the buffer frees enough room). Otherwise, rarely, the exact
+// select runs. sample: [kSample] scratch.
+int64_t compact_candidates(uint64_t* c, int64_t n, int64_t K, int64_t max_keep, uint64_t& floor, uint64_t* sample) {
+  const int64_t m = min_i64(kSample, n);
+  const double expect = double(m) * double(K) / double(n);
+  const int64_t r = min_i64(m - 1, int64_t(expect + 2.0 * __builtin_sqrt(expect)) + 1);
+  if (r >= 1 && m == kSample) {
+    for (int64_t j = 0; j < m; ++j) sample[j] = c[j * n / m];
+    select_largest(sample, m, r);
+    uint64_t est = sample[0];
+    for (int64_t j = 1; j < r; ++j) est = sample[j] < est ? sample[j] : est;
+    int64_t above = 0;
+#pragma omp simd reduction(+ : above)
+    for (int64_t i = 0; i < n; ++i) above += c[i] > est;
+    if (above >= K && above <= K + (n - K) / 2 && above <= max_keep) {
+      int64_t kept = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const uint64_t v = c[i];
+        c[kept] = v;
+        kept += v > est;
+      }
+      floor = est;
+      return kept;
+    }
+  }
+  select_largest(c, n, K);
+  floor = c[0];
+  for (int64_t j = 1; j < K; ++j) floor = c[j] < floor ? c[j] : floor;
+  return K;
+}
+
 // Writes one output row: the n candidate keys' indices (n <= K) in ascending order, then -1.
 // bitmap: [ceil(Skv / 64)] zeroed words; left zeroed.
 void write_selection(int32_t* out, const uint64_t* cand, int64_t n, int64_t K, uint64_t* bitmap, int64_t words) {
@@ -268,6 +325,43 @@ void pack_key_blocks(float* kt, const T* k, int64_t B, int64_t Skv, int64_t widt
   }
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// bf16 top-k on AMX: the head dot products of a (query block, key block) pair are TDPBF16PS tile
+// products with f32 accumulation (the f32 FMA path widened bf16 and ran at the f32 rate).
+// Operands: query rows as A tiles [rows, di32] bf16 (rows padded to 16, the head dim to 32 with
+// zeros) and each key block in the VNNI layout [di32 / 2, kKeys] of bf16 pairs.
+constexpr int64_t kAmxDepth = 32;  // bf16 per A tile row
+
+// kv[B, nkb, di32 / 2, kKeys]: pair p of key s0 + j at [p][j] (key rows ld apart, DI wide); keys
+// past Skv and dims past DI zero.
+void pack_key_pairs(uint32_t* kv, const bf16* k, int64_t B, int64_t Skv, int64_t DI, int64_t ld, int64_t di32,
+                    int64_t nkb) {
+  const int64_t pairs = di32 / 2;
+#pragma omp parallel for schedule(static)
+  for (int64_t bk = 0; bk < B * nkb; ++bk) {
+    const int64_t b = bk / nkb, s0 = (bk % nkb) * kKeys, rows = min_i64(kKeys, Skv - s0);
+    uint32_t* out = kv + bk * pairs * kKeys;
+    for (int64_t pr = 0; pr < pairs; ++pr) {
+      for (int64_t j = 0; j < kKeys; ++j) {
+        const bf16* row = k + (b * Skv + s0 + j) * ld;
+        const int64_t c = 2 * pr;
+        const bool key = j < rows;
+        out[pr * kKeys + j] = pack_pair(key && c < DI ? row[c] : bf16{}, key && c + 1 < DI ? row[c + 1] : bf16{});
+      }
+    }
+  }
+}
+
+// dots[m16, kKeys] = qa[m16, di32] x the key block's VNNI pairs, 16 query rows per call.
+TITAN_INLINE void amx_dots(float* dots, const bf16* qa, int64_t m16, int64_t di32, const uint32_t* kv_block) {
+  for (int64_t r0 = 0; r0 < m16; r0 += 16) {
+    amx_row_block(dots + r0 * kKeys, kKeys * 4, 16 * 4, reinterpret_cast<const char*>(qa + r0 * di32), di32 * 2,
+                  kAmxDepth * 2, reinterpret_cast<const char*>(kv_block), kKeys * 4, 16 * kKeys * 4, 16 * 4,
+                  di32 / kAmxDepth, 4);
+  }
+}
+#endif
+
 }  // namespace
 
 template <class T>
@@ -276,14 +370,31 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
   const int64_t nkb = (d.Skv + kKeys - 1) / kKeys;
   const int64_t tq = max_i64(1, kTargetRows / HI);  // queries per block
   const int64_t nqb = (d.S + tq - 1) / tq;
-  const int64_t cap = 2 * K + kKeys;  // candidates per row before a compaction
+  const int64_t cap = 4 * K + kKeys;  // candidates per row before a compaction
+  const int64_t ld_cand = cap + kSlack;  // candidate row stride
   const int64_t words = (d.Skv + 63) / 64;
-  const Scratch<float> kt(d.B * nkb * DI * kKeys);  // [B, nkb, DI, kKeys]
-  pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
+  bool amx = false;  // bf16 on AMX tiles (see amx_dots)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<T, bf16>) amx = cpu_amx_bf16_usable();
+  const int64_t di32 = round_up(DI, kAmxDepth), m16 = round_up(tq * HI, 16);
+  const Scratch<uint32_t> kv(amx ? d.B * nkb * (di32 / 2) * kKeys : 1);  // [B, nkb, di32 / 2, kKeys]
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (amx) pack_key_pairs(kv.data(), k, d.B, d.Skv, DI, DI, di32, nkb);
+  }
+#else
+  const int64_t m16 = tq * HI;
+#endif
+  const Scratch<float> kt(amx ? 1 : d.B * nkb * DI * kKeys);  // [B, nkb, DI, kKeys]
+  if (!amx) pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
 #pragma omp parallel
   {
-    const Scratch<float> qa(tq * HI * DI), dots(tq * HI * kKeys), score(kKeys);
-    const Scratch<uint64_t> cand(tq * cap), bitmap(words, ScratchInit::zeroed), thresh(tq);
+    // dots [m16, kKeys]: the AMX path computes whole 16-row tiles (rows past tq * HI unread).
+    const Scratch<float> qa(amx ? 1 : tq * HI * DI), dots(m16 * kKeys), score(kKeys);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    const Scratch<bf16> qa16(amx ? m16 * di32 : 1, ScratchInit::zeroed);  // [m16, di32] query rows, zero-padded
+    if (amx) amx_configure();
+#endif
+    const Scratch<uint64_t> cand(tq * ld_cand), bitmap(words, ScratchInit::zeroed), thresh(tq), sample(kSample);
     const Scratch<uint32_t> ranks(kKeys);
     const Scratch<uint8_t> passes(kKeys);
     const Scratch<int64_t> count(tq);
@@ -299,26 +410,44 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
         for (int64_t i = 0; i < K; ++i) out[i] = i < n ? int32_t(i) : -1;
       }
       if (first == rows) continue;
-      pack_rows(qa.data(), DI, q + (b * d.S + t0) * HI * DI, DI, rows * HI, DI);
+      const T* q_blk = q + (b * d.S + t0) * HI * DI;
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+      if constexpr (std::is_same_v<T, bf16>) {
+        if (amx) {
+          for (int64_t r = 0; r < rows * HI; ++r) {
+            bf16* out = qa16.data() + r * di32;
+            for (int64_t c = 0; c < DI; ++c) out[c] = q_blk[r * DI + c];
+            for (int64_t c = DI; c < di32; ++c) out[c] = bf16{};
+          }
+        }
+      }
+#endif
+      if (!amx) pack_rows(qa.data(), DI, q_blk, DI, rows * HI, DI);
       for (int64_t i = 0; i < rows; ++i) count.data()[i] = 0, thresh.data()[i] = 0;
       const int64_t n_last = valid_keys(d, t0 + rows - 1);
       for (int64_t kb = 0; kb * kKeys < n_last; ++kb) {
-        gemm<false>(dots.data(), kKeys, qa.data(), DI, 1, kt.data() + (b * nkb + kb) * DI * kKeys, kKeys, rows * HI,
-                    kKeys, DI);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+        if (amx) {
+          amx_dots(dots.data(), qa16.data(), round_up(rows * HI, 16), di32,
+                   kv.data() + (b * nkb + kb) * (di32 / 2) * kKeys);
+        }
+#endif
+        if (!amx) {
+          gemm<false>(dots.data(), kKeys, qa.data(), DI, 1, kt.data() + (b * nkb + kb) * DI * kKeys, kKeys,
+                      rows * HI, kKeys, DI);
+        }
         const int64_t s0 = kb * kKeys;
         for (int64_t i = first; i < rows; ++i) {
           const int64_t lim = min_i64(kKeys, valid_keys(d, t0 + i) - s0);
           if (lim <= 0) continue;
           index_scores(score.data(), dots.data() + i * HI * kKeys, kKeys, w + (b * d.S + t0 + i) * HI, HI);
-          uint64_t* c = cand.data() + i * cap;
-          int64_t& n = count.data()[i];
-          uint64_t& floor = thresh.data()[i];
-          if (n + lim > cap) {
-            select_largest(c, n, K);
-            n = K;
-            floor = c[0];
-            for (int64_t j = 1; j < K; ++j) floor = c[j] < floor ? c[j] : floor;
-          }
+          uint64_t* c = cand.data() + i * ld_cand;
+          // Locals, stored back below: through references the compiler must assume that the
+          // candidate stores (uint64_t, which may alias int64_t) change them, and the append
+          // loop then ran through memory (a store-to-load chain per key).
+          int64_t n = count.data()[i];
+          uint64_t floor = thresh.data()[i];
+          if (n + lim > cap) n = compact_candidates(c, n, K, cap - kKeys, floor, sample.data());
           // Once the buffer has been compacted only a few keys per tile reach the admission
           // threshold: flag those whose rank reaches it (integer ops, vectorized), then visit
           // only the flagged ones, eight flags per 64-bit word.
@@ -329,6 +458,31 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
           // Real ranks are >= 1 (rank 0 would be a NaN, which ranks highest), so the keys past
           // lim (rank 0) never pass, even before the first compaction (floor 0).
           const uint32_t floor_rank = max_u32(uint32_t(floor >> 32), 1u);
+#if defined(__AVX512F__)
+          // Eight keys at a time: build the 64-bit candidates, compare with the floor and
+          // compress the passing ones into the buffer (a whole-vector store; rows have kSlack
+          // spare slots). Scalar appends cost several cycles each, and until the first
+          // compaction every key is appended.
+          (void)pass;
+          const __m512i floor_v = _mm512_set1_epi64(int64_t(floor)), floor_rank_v = _mm512_set1_epi32(int(floor_rank));
+          const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+          for (int64_t s = 0; s < kKeys; s += 16) {
+            const __m512i rk = _mm512_loadu_si512(rank + s);
+            if (!_mm512_cmpge_epu32_mask(rk, floor_rank_v)) continue;
+            for (int64_t half = 0; half < 16; half += 8) {
+              // (The maskz forms: GCC 12's unmasked ones start from an undefined vector and warn.)
+              const __m512i r8 = _mm512_maskz_cvtepu32_epi64(0xff, _mm256_loadu_si256(
+                                                                       reinterpret_cast<const __m256i*>(rank + s + half)));
+              const __m512i index = _mm512_add_epi64(_mm512_set1_epi64(s0 + s + half), lane);
+              const __m512i key = _mm512_or_si512(_mm512_maskz_slli_epi64(0xff, r8, 32),
+                                                  _mm512_and_si512(_mm512_xor_si512(index, _mm512_set1_epi64(-1)),
+                                                                   _mm512_set1_epi64(0xffffffffLL)));
+              const __mmask8 keep = _mm512_cmpgt_epu64_mask(key, floor_v);
+              _mm512_storeu_si512(c + n, _mm512_maskz_compress_epi64(keep, key));
+              n += __builtin_popcount(keep);
+            }
+          }
+#else
 #pragma omp simd
           for (int64_t s = 0; s < kKeys; ++s) pass[s] = rank[s] >= floor_rank;
           for (int64_t word = 0; word < kKeys; word += 8) {
@@ -342,15 +496,21 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
               n += key > floor;  // branch-free append (the slot after the last is always free)
             }
           }
+#endif
+          count.data()[i] = n;
+          thresh.data()[i] = floor;
         }
       }
       for (int64_t i = first; i < rows; ++i) {
-        uint64_t* c = cand.data() + i * cap;
+        uint64_t* c = cand.data() + i * ld_cand;
         const int64_t n = count.data()[i];
         if (n > K) select_largest(c, n, K);
         write_selection(idx + (b * d.S + t0 + i) * K, c, min_i64(n, K), K, bitmap.data(), words);
       }
     }
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    if (amx) _tile_release();
+#endif
   }
 }
 
@@ -363,13 +523,34 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
   const int64_t nkb = (d.Skv + kKeys - 1) / kKeys, skv_pad = nkb * kKeys, words = (d.Skv + 63) / 64;
   const float scale = float(td.scale), gs = float(grad_scale), inv_h = 1.0f / float(H);
   const bool dense = idx == nullptr;
+  // bf16 on AMX: the indexer dot products and the target products (tau mq mk^T) run as tile
+  // products with f32 accumulation; the gradient products (G k, G^T q) stay f32.
+  bool amx = false;
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<T, bf16>) amx = cpu_amx_bf16_usable();
+  const int64_t d32 = round_up(D, kAmxDepth), di32 = round_up(DI, kAmxDepth);
+#endif
   const int threads = omp_get_max_threads();
   // Shared packed operands. kr: key rows [B, skv_pad, di_pad] (B operand of dq = G k; rows past
   // Skv are zero); kt: transposed key blocks [B, nkb, DI, kKeys] (B operand of the scores);
   // mkt: transposed main key blocks [B, Hk, nkb, D, kKeys] (the target). kt and mkt serve the
   // blocked path (below), which the sparse stage also takes for blocks that select most keys.
   const Scratch<float> kr(d.B * skv_pad * di_pad, ScratchInit::zeroed);
-  const Scratch<float> kt(d.B * nkb * DI * kKeys), mkt(d.B * Hk * nkb * D * kKeys);
+  const Scratch<float> kt(amx ? 1 : d.B * nkb * DI * kKeys), mkt(amx ? 1 : d.B * Hk * nkb * D * kKeys);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  // With AMX the blocked path's B operands are VNNI pair blocks instead of kt and mkt: kv
+  // [B, nkb, di32 / 2, kKeys] and mkv [B, Hk, nkb, d32 / 2, kKeys].
+  const Scratch<uint32_t> kv(amx ? d.B * nkb * (di32 / 2) * kKeys : 1), mkv(amx ? d.B * Hk * nkb * (d32 / 2) * kKeys : 1);
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (amx) {
+      pack_key_pairs(kv.data(), k, d.B, d.Skv, DI, DI, di32, nkb);
+      for (int64_t bh = 0; bh < d.B * Hk; ++bh) {
+        pack_key_pairs(mkv.data() + bh * nkb * (d32 / 2) * kKeys, mk + ((bh / Hk) * d.Skv * Hk + bh % Hk) * D, 1,
+                       d.Skv, D, Hk * D, d32, nkb);
+      }
+    }
+  }
+#endif
   // Per-thread dk partial sums [threads, B, skv_pad, di_pad], summed into dk at the end.
   const int64_t dk_len = d.B * skv_pad * di_pad;
   const Scratch<float> dk_part(threads * dk_len, ScratchInit::zeroed);
@@ -378,10 +559,10 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
     const int64_t b = r / d.Skv, s = r % d.Skv;
     pack_rows(kr.data() + (b * skv_pad + s) * di_pad, di_pad, k + r * DI, DI, 1, DI);
   }
-  pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
+  if (!amx) pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
   // mk [B, Skv, Hk, D] seen as B * Hk sequences of Skv rows D wide, Hk * D apart.
 #pragma omp parallel for schedule(static)
-  for (int64_t item = 0; item < d.B * Hk * nkb; ++item) {
+  for (int64_t item = 0; item < (amx ? 0 : d.B * Hk * nkb); ++item) {
     const int64_t bh = item / nkb, kb = item % nkb, b = bh / Hk, h = bh % Hk, s0 = kb * kKeys;
     pack_transposed(mkt.data() + item * D * kKeys, mk + ((b * d.Skv + s0) * Hk + h) * D, Hk * D,
                     min_i64(kKeys, d.Skv - s0), D);
@@ -398,21 +579,36 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
 #pragma omp parallel reduction(+ : loss)
   {
     float* dk_acc = dk_part.data() + omp_get_thread_num() * dk_len;
-    const Scratch<float> qa(m_max * di_pad), mqa(H * tq * D);  // packed queries; mqa [H, tq, D]
+    const Scratch<float> qa(m_max * di_pad), mqa(amx ? 1 : H * tq * D);  // packed queries; mqa [H, tq, D]
     const Scratch<float> dq_acc(m_max * di_pad), dw_acc(m_max), row_max(tq), row_sum(tq);
-    // Blocked path tiles: dots and g2 [tq * HI, kKeys], scores, target and validity [tq, kKeys].
-    const Scratch<float> dots(m_max * kKeys), g2(m_max * kKeys), score(tq * kKeys), target(tq * kKeys);
-    const Scratch<float> ok(tq * kKeys), tile(max_i64(tq, g_pad) * kKeys);
+    // Blocked path tiles: dots and g2 [tq * HI, kKeys], scores, target and validity [tq, kKeys]
+    // (dots and tile rows padded to whole AMX tiles).
+    const int64_t m16 = round_up(m_max, 16), tq16 = round_up(tq, 16);
+    const Scratch<float> dots(m16 * kKeys), g2(m_max * kKeys), score(tq * kKeys), target(tq * kKeys);
+    const Scratch<float> ok(tq * kKeys), tile(max_i64(tq16, g_pad) * kKeys);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    // AMX A operands of the blocked path: query rows [m16, di32] and main queries [H, tq16, d32],
+    // zero-padded (padding rows may hold an earlier block's rows: finite, their outputs unread).
+    const Scratch<bf16> qa16(amx ? m16 * di32 : 1, ScratchInit::zeroed), mqa16(amx ? H * tq16 * d32 : 1, ScratchInit::zeroed);
+#endif
     // Sparse stage only (one element each in the dense stage): the block's selections as bitmaps
     // [tq, words] (blocked path), and for the gathered path one row's selection (deduplicated through `seen`), its key block transposed
     // [DI, kKeys], main key rows [kKeys, D], main queries transposed per key head [Hk, D, g_pad],
     // key rows [n_cap, di_pad] and their dk rows, and its tiles over n_cap columns.
     const Scratch<uint64_t> selmap(dense ? 1 : tq * words, ScratchInit::zeroed), seen(dense ? 1 : words, ScratchInit::zeroed);
     const Scratch<int32_t> sel(dense ? 1 : n_cap);
-    const Scratch<float> kgt(dense ? 1 : DI * kKeys), mkg(dense ? 1 : kKeys * D), mqt(dense ? 1 : Hk * D * g_pad);
+    const Scratch<float> kgt(dense ? 1 : DI * kKeys), mkg(dense || amx ? 1 : kKeys * D),
+        mqt(dense || amx ? 1 : Hk * D * g_pad);
     const Scratch<float> kg(dense ? 1 : n_cap * di_pad), dkg(dense ? 1 : n_cap * di_pad);
     const Scratch<float> r_dots(dense ? 1 : HI * n_cap), r_g2(dense ? 1 : HI * n_cap), r_score(dense ? 1 : n_cap),
         r_target(dense ? 1 : n_cap);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    // Gathered-path target on AMX (bf16): main key rows as A tiles [kKeys, d32] (columns past D
+    // stay zero) and this row's main queries as VNNI pairs per key head [Hk, d32 / 2, g_pad].
+    const Scratch<bf16> mkg16(amx && !dense ? kKeys * d32 : 1, ScratchInit::zeroed);
+    const Scratch<uint32_t> mqv(amx && !dense ? Hk * (d32 / 2) * g_pad : 1);
+    if (amx) amx_configure();
+#endif
 
     // Loss and gradient of `rows` query rows over `cols` columns (a multiple of kKeys): sc, p
     // [rows, ld] scores and target, dots [rows * HI, ld]; valid(i, s) says which entries count.
@@ -454,7 +650,29 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
       const int64_t b = item / nqb, t0 = (item % nqb) * tq, rows = min_i64(tq, d.S - t0), M = rows * HI;
       const int64_t row0 = b * d.S + t0;  // first global query row
       pack_rows(qa.data(), di_pad, q + row0 * HI * DI, DI, M, DI);
-      for (int64_t h = 0; h < H; ++h) pack_rows(mqa.data() + h * tq * D, D, mq + (row0 * H + h) * D, H * D, rows, D);
+      if (!amx) {
+        for (int64_t h = 0; h < H; ++h) pack_rows(mqa.data() + h * tq * D, D, mq + (row0 * H + h) * D, H * D, rows, D);
+      }
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+      if (amx) {
+        for (int64_t r = 0; r < M; ++r) {
+          __builtin_memcpy(qa16.data() + r * di32, q + (row0 * HI + r) * DI, size_t(DI) * sizeof(T));
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          for (int64_t i = 0; i < rows; ++i) {
+            __builtin_memcpy(mqa16.data() + (h * tq16 + i) * d32, mq + ((row0 + i) * H + h) * D, size_t(D) * sizeof(T));
+          }
+        }
+      }
+#endif
+      // dots [M, kKeys] = the indexer head dot products of this block's queries with key block kb.
+      auto block_dots = [&](int64_t kb) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+        if (amx) return amx_dots(dots.data(), qa16.data(), round_up(M, 16), di32, kv.data() + (b * nkb + kb) * (di32 / 2) * kKeys);
+#endif
+        gemm<false>(dots.data(), kKeys, qa.data(), di_pad, 1, kt.data() + (b * nkb + kb) * DI * kKeys, kKeys, M,
+                    kKeys, DI);
+      };
       for (int64_t j = 0; j < M * di_pad; ++j) dq_acc.data()[j] = 0;
       for (int64_t j = 0; j < M; ++j) dw_acc.data()[j] = 0;
       const float* w_blk = w + row0 * HI;
@@ -502,8 +720,7 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
         for (int64_t i = 0; i < rows; ++i) row_max.data()[i] = -__builtin_inff(), row_sum.data()[i] = 0;
         for (int64_t kb = 0; kb * kKeys < n_last; ++kb) {
           if (!tile_mask(kb * kKeys)) continue;
-          gemm<false>(dots.data(), kKeys, qa.data(), di_pad, 1, kt.data() + (b * nkb + kb) * DI * kKeys, kKeys, M,
-                      kKeys, DI);
+          block_dots(kb);
           for (int64_t i = 0; i < rows; ++i) {
             float* sc = score.data() + i * kKeys;
             index_scores(sc, dots.data() + i * HI * kKeys, kKeys, w_blk + i * HI, HI);
@@ -521,17 +738,29 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
         for (int64_t kb = 0; kb * kKeys < n_last; ++kb) {
           const int64_t s0 = kb * kKeys;
           if (!tile_mask(s0)) continue;
-          gemm<false>(dots.data(), kKeys, qa.data(), di_pad, 1, kt.data() + (b * nkb + kb) * DI * kKeys, kKeys, M,
-                      kKeys, DI);
+          block_dots(kb);
           for (int64_t i = 0; i < rows * kKeys; ++i) target.data()[i] = 0;
           for (int64_t h = 0; h < H; ++h) {
             // The next head's key block (or this head's next one) is prefetched meanwhile.
             const int64_t next_h = h + 1 < H ? h + 1 : 0, next_kb = h + 1 < H ? kb : kb + 1;
             const bool has_next = next_kb * kKeys < n_last;
-            gemm<false>(tile.data(), kKeys, mqa.data() + h * tq * D, D, 1,
-                        mkt.data() + ((b * Hk + h / group) * nkb + kb) * D * kKeys, kKeys, rows, kKeys, D,
-                        has_next ? mkt.data() + ((b * Hk + next_h / group) * nkb + next_kb) * D * kKeys : nullptr,
-                        has_next ? kKeys * kKeys : 0);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+            if (amx) {
+              for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+                amx_row_block(tile.data() + r0 * kKeys, kKeys * 4, 16 * 4,
+                              reinterpret_cast<const char*>(mqa16.data() + (h * tq16 + r0) * d32), d32 * 2,
+                              kAmxDepth * 2,
+                              reinterpret_cast<const char*>(mkv.data() + ((b * Hk + h / group) * nkb + kb) * (d32 / 2) * kKeys),
+                              kKeys * 4, 16 * kKeys * 4, 16 * 4, d32 / kAmxDepth, 4);
+              }
+            }
+#endif
+            if (!amx) {
+              gemm<false>(tile.data(), kKeys, mqa.data() + h * tq * D, D, 1,
+                          mkt.data() + ((b * Hk + h / group) * nkb + kb) * D * kKeys, kKeys, rows, kKeys, D,
+                          has_next ? mkt.data() + ((b * Hk + next_h / group) * nkb + next_kb) * D * kKeys : nullptr,
+                          has_next ? kKeys * kKeys : 0);
+            }
             for (int64_t i = 0; i < rows; ++i) {
               const float lse_h = mlse[(row0 + i) * H + h];
               float* p = target.data() + i * kKeys;
@@ -567,7 +796,24 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
           if (n == 0) continue;  // no valid key: no loss, zero gradients
           const int64_t cols = round_up(n, kKeys);
           const float* q_row = qa.data() + i * HI * di_pad;
-          for (int64_t hk = 0; hk < Hk; ++hk) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+          if constexpr (std::is_same_v<T, bf16>) {
+            if (amx) {
+              for (int64_t hk = 0; hk < Hk; ++hk) {
+                for (int64_t pr = 0; pr < d32 / 2; ++pr) {
+                  uint32_t* out = mqv.data() + (hk * (d32 / 2) + pr) * g_pad;
+                  const int64_t c = 2 * pr;
+                  for (int64_t h = 0; h < g_pad; ++h) {
+                    const bf16* src = mq + (row * H + hk * group + h) * D;
+                    const bool head = h < group;
+                    out[h] = pack_pair(head && c < D ? src[c] : bf16{}, head && c + 1 < D ? src[c + 1] : bf16{});
+                  }
+                }
+              }
+            }
+          }
+#endif
+          for (int64_t hk = 0; hk < Hk && !amx; ++hk) {
             for (int64_t c = 0; c < D; ++c) {
               float* out = mqt.data() + (hk * D + c) * g_pad;
               for (int64_t h = 0; h < group; ++h) out[h] = mqa.data()[((hk * group + h) * tq + i) * D + c];
@@ -602,11 +848,31 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
                       mk + ((b * d.Skv + sel.data()[c0 + j + kPrefetchRows]) * Hk + hk) * D);
                   for (int64_t byte = 0; byte < D * int64_t(sizeof(T)); byte += 64) __builtin_prefetch(ahead + byte);
                 }
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+                if (amx) {
+                  __builtin_memcpy(mkg16.data() + j * d32, src, size_t(D) * sizeof(T));
+                  continue;
+                }
+#endif
                 float* dst = mkg.data() + j * D;
 #pragma omp simd
                 for (int64_t c = 0; c < D; ++c) dst[c] = to_f32(src[c]);
               }
-              gemm<false>(tile.data(), g_pad, mkg.data(), D, 1, mqt.data() + hk * D * g_pad, g_pad, m, g_pad, D);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+              if (amx) {  // tile rows m..m16 come from stale (finite) key rows and are not read
+                for (int64_t j0 = 0; j0 < m; j0 += 16) {
+                  for (int64_t h0 = 0; h0 < g_pad; h0 += 64) {
+                    amx_row_block(tile.data() + j0 * g_pad + h0, g_pad * 4, 16 * 4,
+                                  reinterpret_cast<const char*>(mkg16.data() + j0 * d32), d32 * 2, kAmxDepth * 2,
+                                  reinterpret_cast<const char*>(mqv.data() + hk * (d32 / 2) * g_pad + h0), g_pad * 4,
+                                  16 * g_pad * 4, 16 * 4, d32 / kAmxDepth, int(min_i64(4, (g_pad - h0) / 16)));
+                  }
+                }
+              }
+#endif
+              if (!amx) {
+                gemm<false>(tile.data(), g_pad, mkg.data(), D, 1, mqt.data() + hk * D * g_pad, g_pad, m, g_pad, D);
+              }
               const float* lse_h = mlse + row * H + hk * group;
               for (int64_t j = 0; j < m; ++j) {
                 const float* c = tile.data() + j * g_pad;
@@ -659,6 +925,9 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
         dw[row0 * HI + r] = dw_acc.data()[r];
       }
     }
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    if (amx) _tile_release();
+#endif
   }
   // dk = the sum of the per-thread partials.
 #pragma omp parallel for schedule(static)
