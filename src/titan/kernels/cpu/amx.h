@@ -15,11 +15,9 @@
 
 #include <immintrin.h>
 
-// GCC 12 reports the _mm512_undefined_*() placeholder inside the AVX-512 intrinsics (masked-off
-// merge operand) as maybe-uninitialized wherever they are inlined: a false positive.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
 #include "titan/kernels/cpu/isa.h"
+// After isa.h, which defines TITAN_AVX512_ROWS: the AMX variant is also the AVX-512 rows variant.
+#include "titan/kernels/cpu/avx512.h"
 
 namespace titan::kernels::cpu::TITAN_ISA {
 
@@ -84,27 +82,6 @@ TITAN_INLINE void amx_row_block(float* c, int64_t c_ld, int64_t c_next, const ch
   if (tiles > 1) _tile_stored(1, cb + c_next, c_ld);
   if (tiles > 2) _tile_stored(2, cb + 2 * c_next, c_ld);
   if (tiles > 3) _tile_stored(3, cb + 3 * c_next, c_ld);
-}
-
-// 2^x on 16 floats for the softmax probabilities that AMX consumes as bf16 operands: x rounded
-// to the nearest integer n, 2^(x - n) by its degree-5 Taylor polynomial on [-1/2, 1/2] (relative
-// error below 3e-6, far under bf16's 2^-9 rounding), scaled by 2^n with VSCALEFPS. About half the
-// instructions of fast_exp's clamp, range reduction and exponent assembly; the softmax vector
-// work, not the tile products, bounds flash attention on AMX. x is clamped below at -125 (result
-// about 2^-125, never a subnormal: callers zero masked entries themselves); -inf and NaN give that
-// too. Exact powers of two up to x = 127; attention passes scores minus their lse or minus a
-// running max they exceed by at most a few units.
-TITAN_INLINE __m512 exp2_ps(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-125.0f));
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.3333558146428443e-3f);  // ln2^k / k!, k = 5 .. 1
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129107628477e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265069591007e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471805599453e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
 }
 
 // 32 bf16 [r0[0..16) | r1[0..16)] (as _mm512_cvtne2ps_pbh(r1, r0) gives them) as 16 VNNI pairs

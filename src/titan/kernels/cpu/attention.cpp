@@ -271,7 +271,7 @@ void add_kv_partials(T* dk, T* dv, const float* dk_part, const float* dv_part, c
 // kBlock-row blocks as in the f32 path, but scores are held queries by keys, so the products
 // read query rows, P and dS straight as A operands. Keys and values are packed once per call and
 // (b, kv head) into the B layouts (cpu/amx.h), shared by the group's query heads. Softmax, P and
-// dS are f32 vector work in base 2 (exp2_ps); P and dS are rounded to bf16 as tile operands.
+// dS are f32 vector work in base 2 (exp2_16<5>); P and dS are rounded to bf16 as tile operands.
 // Every block is computed whole (tiles of 16 x 16): buffers are zero-padded past S, and masked
 // or padding entries of P and dS are exactly 0 where they could reach a valid output. The
 // products with a running f32 sum (o, dq, dk, dv) take their k over two or more blocks per load
@@ -494,7 +494,7 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
               const __m512 mv = _mm512_set1_ps(mi[rr]);
               __m512 sum = _mm512_setzero_ps();
               for (int64_t vi = 0; vi < nv; ++vi) {
-                const __m512 pv = _mm512_maskz_mov_ps(keep[rr][vi], exp2_ps(_mm512_sub_ps(x[rr][vi], mv)));
+                const __m512 pv = _mm512_maskz_mov_ps(keep[rr][vi], exp2_16<5>(_mm512_sub_ps(x[rr][vi], mv)));
                 sum = _mm512_add_ps(sum, pv);
                 _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb.data() + i * kSpan + 16 * vi),
                                     (__m256i)_mm512_cvtneps_pbh(pv));
@@ -644,8 +644,8 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
                   const __mmask16 keep0 = masked ? causal_keep(i, key0 + 16 * vi) : __mmask16(0xffff);
                   const __mmask16 keep1 = masked ? causal_keep(i + 1, key0 + 16 * vi) : __mmask16(0xffff);
                   const __m512 s0 = _mm512_loadu_ps(st.data() + e0), s1 = _mm512_loadu_ps(st.data() + e1);
-                  const __m512 p0 = _mm512_maskz_mov_ps(keep0, exp2_ps(_mm512_fmsub_ps(s0, cv, l0)));
-                  const __m512 p1 = _mm512_maskz_mov_ps(keep1, exp2_ps(_mm512_fmsub_ps(s1, cv, l1)));
+                  const __m512 p0 = _mm512_maskz_mov_ps(keep0, exp2_16<5>(_mm512_fmsub_ps(s0, cv, l0)));
+                  const __m512 p1 = _mm512_maskz_mov_ps(keep1, exp2_16<5>(_mm512_fmsub_ps(s1, cv, l1)));
                   const __m512 dp0 = _mm512_loadu_ps(dpt.data() + e0), dp1 = _mm512_loadu_ps(dpt.data() + e1);
                   const __m512 ds0 = _mm512_mul_ps(_mm512_mul_ps(p0, sv), _mm512_sub_ps(dp0, d0));
                   const __m512 ds1 = _mm512_mul_ps(_mm512_mul_ps(p1, sv), _mm512_sub_ps(dp1, d1));

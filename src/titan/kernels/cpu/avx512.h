@@ -62,17 +62,24 @@ TITAN_INLINE float hsum16(__m512 v) {
 }
 
 // 2^t per lane, for t <= 127 (softmax-style arguments, shifted by the row max, are <= 0): the
-// same degree-6 polynomial as fast_exp on the fraction f = t - round(t) in [-1/2, 1/2] (its
-// coefficients are ln2^k / k!), ~2 ulp; scaled by 2^round(t) with VSCALEFPS. Results below
-// 2^-125 are 0 (never subnormal, like fast_exp), -inf gives 0, NaN stays NaN.
+// Taylor polynomial of 2^f (coefficients ln2^k / k!) on the fraction f = t - round(t) in
+// [-1/2, 1/2], scaled by 2^round(t) with VSCALEFPS. Degree 6 (the default): ~2 ulp, as fast_exp.
+// Degree 5: relative error below 3e-6, for probabilities that become bf16 tile operands (AMX
+// attention), where the softmax vector work, not the tile products, bounds the kernel. Results
+// below 2^-125 are 0 (never subnormal, like fast_exp), -inf gives 0, NaN stays NaN.
 // exp(x - m) = 2^(x log2e - m log2e): one FMA forms t, and the rounding of m log2e scales every
 // term of a row alike, which normalization (softmax, log-sum-exp) cancels.
+template <int kDegree = 6>
 TITAN_INLINE __m512 exp2_16(__m512 t) {
+  static_assert(kDegree == 5 || kDegree == 6, "exp2_16: degree 5 or 6");
   constexpr float kLn2 = 0.693147180559945309f;
+  constexpr float kC5 = kLn2 * kLn2 * kLn2 * kLn2 * kLn2 / 120;
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);  // exact
-  __m512 p = _mm512_set1_ps(kLn2 * kLn2 * kLn2 * kLn2 * kLn2 * kLn2 / 720);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kLn2 * kLn2 * kLn2 * kLn2 * kLn2 / 120));
+  __m512 p = _mm512_set1_ps(kC5);
+  if constexpr (kDegree == 6) {
+    p = _mm512_fmadd_ps(_mm512_set1_ps(kLn2 * kLn2 * kLn2 * kLn2 * kLn2 * kLn2 / 720), f, p);
+  }
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kLn2 * kLn2 * kLn2 * kLn2 / 24));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kLn2 * kLn2 * kLn2 / 6));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kLn2 * kLn2 / 2));
