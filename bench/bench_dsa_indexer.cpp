@@ -74,9 +74,9 @@ struct Problem {
     if (op != Op::sparse_loss) return;
     kernels::indexer_topk(idx, q, k, w);
     // The target as the model gets it: the sparse attention's head mean over its selected rows.
-    Tensor o = Tensor::empty({1, s.S, s.H, s.D}, dt), lse = Tensor::empty({1, s.S, s.H}, DType::f32);
+    Tensor att = Tensor::empty({1, s.S, s.H, s.D}, dt), lse = Tensor::empty({1, s.S, s.H}, DType::f32);
     target = Tensor::empty(idx.shape(), DType::f32);
-    kernels::sparse_mla_forward(o, lse, mq, mk.view({1, s.S, s.D}), idx, s.D, scale, &target);
+    kernels::sparse_mla_forward(att, lse, mq, mk.view({1, s.S, s.D}), idx, s.D, scale, &target);
   }
   static Tensor random_input(const Shape& shape, DType dt, std::string_view name) {
     Tensor t = Tensor::empty(shape, DType::f32);
