@@ -101,7 +101,8 @@ inline Doubles slot_target(const IndexerProblem& p) {
         const int32_t s = p.idx[size_t(r * d.K + i)];
         if (!causal(d, t, s) || s >= d.Skv) continue;
         double sum = 0;
-        for (int64_t h = 0; h < p.td.H; ++h) sum += std::exp(main_score(p, b, t, h, s) - p.mlse[size_t(r * p.td.H + h)]);
+        for (int64_t h = 0; h < p.td.H; ++h)
+          sum += std::exp(main_score(p, b, t, h, s) - p.mlse[size_t(r * p.td.H + h)]);
         out[size_t(r * d.K + i)] = sum / double(p.td.H);
       }
   return out;

@@ -62,7 +62,9 @@ TEST(IndexerKlLossGrad, SparseStageGivenTarget) {
     EXPECT_NEAR(loss({p.q, p.k, p.w}, nullptr, nullptr, nullptr, 1.0), naive_kl_loss(p), 1e-10);
     gradcheck(
         "sparse, given target", {p.q, p.k, p.w},
-        [&](const std::vector<Doubles>& in) { return std::vector<Doubles>{{loss(in, nullptr, nullptr, nullptr, 1.0)}}; },
+        [&](const std::vector<Doubles>& in) {
+          return std::vector<Doubles>{{loss(in, nullptr, nullptr, nullptr, 1.0)}};
+        },
         [&](const std::vector<Doubles>& in, const std::vector<Doubles>& probe) {
           Doubles dq, dk, dw;
           loss(in, &dq, &dk, &dw, probe[0][0]);

@@ -220,9 +220,9 @@ TEST_P(LightningIndexer, HeadMeanTargetEqualsRecomputedTarget) {
     IndexerTargetDims td;
     td.H = H, td.Hk = 1, td.D = Dqk, td.scale = scale;
     Tensor dq_r = dq.clone(), dk_r = dk.clone(), dw_r = dw.clone();
-    const double want = ref::indexer_kl_loss<float>(dq_r.data<float>(), dk_r.data<float>(), dw_r.data<float>(),
-                                                    q.data<float>(), k.data<float>(), w.data<float>(), mq.data<float>(),
-                                                    kv.data<float>(), lse.data<float>(), idx.data<int32_t>(), d, td, 0.3);
+    const double want = ref::indexer_kl_loss<float>(
+        dq_r.data<float>(), dk_r.data<float>(), dw_r.data<float>(), q.data<float>(), k.data<float>(), w.data<float>(),
+        mq.data<float>(), kv.data<float>(), lse.data<float>(), idx.data<int32_t>(), d, td, 0.3);
     EXPECT_GT(want, 0.0);
     EXPECT_NEAR(got, want, 1e-5 * want) << "K = " << K;
     for (const auto& [a, b] : std::vector<std::pair<Tensor*, Tensor*>>{{&dq, &dq_r}, {&dk, &dk_r}, {&dw, &dw_r}}) {

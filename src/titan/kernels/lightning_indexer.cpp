@@ -74,7 +74,8 @@ void check_loss_outputs(const Tensor& dq, const Tensor& dk, const Tensor& dw, co
   check_tensor(dq, op, "dq", q.dtype(), q.shape());
   check_tensor(dk, op, "dk", q.dtype(), k.shape());
   check_tensor(dw, op, "dw", DType::f32, w.shape());
-  TITAN_CHECK(std::isfinite(grad_scale), std::string(op) + ": grad_scale " + std::to_string(grad_scale) + " is not finite",
+  TITAN_CHECK(std::isfinite(grad_scale),
+              std::string(op) + ": grad_scale " + std::to_string(grad_scale) + " is not finite",
               "pass the loss weight (1 for a plain sum, 1 / rows for a mean)");
 }
 

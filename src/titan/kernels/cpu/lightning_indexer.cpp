@@ -751,7 +751,8 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
               const int64_t row = row0 + i, n = valid_keys(d, t0 + i);
               for (int64_t e = 0; e < d.K; ++e) {
                 const int64_t key = idx[row * d.K + e];
-                if (key >= s0 && key < s0 + kKeys && key < n) target.data()[i * kKeys + key - s0] += slot_target[row * d.K + e];
+                if (key < s0 || key >= s0 + kKeys || key >= n) continue;
+                target.data()[i * kKeys + key - s0] += slot_target[row * d.K + e];
               }
             }
           }
