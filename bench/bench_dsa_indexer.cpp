@@ -1,5 +1,5 @@
 // Lightning indexer kernels: top-k forward and the KL loss with its gradient (sparse stage with
-// the absorbed MQA target, dense warm-up with the standard MLA target), GFLOP/s, fraction of this
+// its target given per slot, dense warm-up recomputing the standard MLA target), GFLOP/s, fraction of this
 // machine's measured peak for the precision, speedup over the reference twin, and the ratio to
 // the same ops in eager PyTorch (reference/bench_dsa_indexer_torch.py, run in the same process
 // tree when reference/.venv exists).
@@ -7,8 +7,13 @@
 // FLOPs counted (dsa.md section 8), summed over the causal rows, L_t = t + 1 keys for query t,
 // k_t = min(K, L_t) selected:
 //   top-k:       (2 HI DI + 2 HI) L_t        (head dot products; ReLU-weighted head sum)
-//   sparse loss: (3 * 2 HI DI) k_t + 2 H D k_t  (logits, dq, dk; target reduction over heads)
-//   dense loss:  (3 * 2 HI DI) L_t + 2 H D L_t  (same over every causal key)
+//   sparse loss: (3 * 2 HI DI) k_t           (logits recomputed, dq, dk: dsa.md 8's indexer-bwd
+//                                             line). The target comes in per slot (sparse MLA
+//                                             forward's head_mean, made in setup with the
+//                                             absorbed MQA shapes H, D and not timed): its 2 H D
+//                                             k_t reduction is sparse attention's work now
+//   dense loss:  (3 * 2 HI DI) L_t + 2 H D L_t  (the same over every causal key, plus the target
+//                                             recomputed from the main queries and keys)
 // The selection itself, exp/log and the dense kernel's second pass over the logits (it computes
 // them twice: lse first, then the gradients) are not counted. Top-k rows with L_t <= K select
 // every key without scoring, so they count 0 (the S < K big-shape runs would otherwise report
@@ -33,6 +38,7 @@
 #include "titan/core/rng.h"
 #include "titan/kernels/dispatch.h"
 #include "titan/kernels/lightning_indexer.h"
+#include "titan/kernels/sparse_mla.h"
 
 using namespace titan;
 
@@ -49,7 +55,7 @@ struct Problem {
   BenchShape s;
   Op op;
   DType dtype;
-  Tensor q, k, w, mq, mk, mlse, idx, dq, dk, dw;
+  Tensor q, k, w, mq, mk, mlse, idx, target, dq, dk, dw;
   double scale;
 
   Problem(const BenchShape& shape, Op o, DType dt) : s(shape), op(o), dtype(dt), scale(1.0 / std::sqrt(double(shape.D))) {
@@ -65,7 +71,12 @@ struct Problem {
     dq = Tensor::empty(q.shape(), dt);
     dk = Tensor::empty(k.shape(), dt);
     dw = Tensor::empty(w.shape(), DType::f32);
-    if (op == Op::sparse_loss) kernels::indexer_topk(idx, q, k, w);
+    if (op != Op::sparse_loss) return;
+    kernels::indexer_topk(idx, q, k, w);
+    // The target as the model gets it: the sparse attention's head mean over its selected rows.
+    Tensor att = Tensor::empty({1, s.S, s.H, s.D}, dt), lse = Tensor::empty({1, s.S, s.H}, DType::f32);
+    target = Tensor::empty(idx.shape(), DType::f32);
+    kernels::sparse_mla_forward(att, lse, mq, mk.view({1, s.S, s.D}), idx, s.D, scale, &target);
   }
   static Tensor random_input(const Shape& shape, DType dt, std::string_view name) {
     Tensor t = Tensor::empty(shape, DType::f32);
@@ -75,8 +86,10 @@ struct Problem {
   void run() {
     if (op == Op::topk) {
       kernels::indexer_topk(idx, q, k, w);
+    } else if (op == Op::sparse_loss) {
+      kernels::indexer_kl_loss_sparse(dq, dk, dw, q, k, w, idx, target, 1.0);
     } else {
-      kernels::indexer_kl_loss(dq, dk, dw, q, k, w, mq, mk, mlse, scale, op == Op::sparse_loss ? idx : Tensor(), 1.0);
+      kernels::indexer_kl_loss(dq, dk, dw, q, k, w, mq, mk, mlse, scale, 1.0);
     }
   }
   double flops() const {
@@ -84,7 +97,7 @@ struct Problem {
     for (int64_t t = 0; t < s.S; ++t) {
       const double L = double(t + 1), kt = double(std::min(s.K, t + 1));
       if (op == Op::topk && t + 1 > s.K) f += (2.0 * s.HI * s.DI + 2.0 * s.HI) * L;
-      if (op == Op::sparse_loss) f += (6.0 * s.HI * s.DI + 2.0 * s.H * s.D) * kt;
+      if (op == Op::sparse_loss) f += 6.0 * s.HI * s.DI * kt;
       if (op == Op::dense_loss) f += (6.0 * s.HI * s.DI + 2.0 * s.H * s.D) * L;
     }
     return f;

@@ -6,7 +6,8 @@
 //   forward  2 H k_eff (Dqk + Dv)       scores q kv^T over all Dqk dims, then P kv[:, :Dv]
 //   backward 2 H k_eff (3 Dqk + 2 Dv)   scores recomputed, dO kv[:, :Dv]^T, dS kv (dq), dS^T q and
 //                                       P^T dO (dkv)
-// exp, the softmax bookkeeping, the gathers and the dkv scatter-add are not counted.
+// exp, the softmax bookkeeping, the gathers and the dkv scatter-add are not counted. The forward
+// is also timed with the optional head_mean output (the indexer's KL target), for information.
 //
 //   build/bench/bench_sparse_mla [--seq 4096] [--reps 3] [--big] [--no-torch]
 // Shape (a) is the debug model's (B=1, S=4096, H=16, Dqk=576, Dv=512, K=256). --big adds (b),
@@ -37,7 +38,7 @@ struct Problem {
   int64_t S, H, Dqk, Dv, K;
   DType dtype;
   double scale;
-  Tensor q, kv, idx, dout, o, lse, dq, dkv;
+  Tensor q, kv, idx, dout, o, lse, dq, dkv, head_mean;
   int64_t valid_slots = 0;
 
   Problem(int64_t s, int64_t h, int64_t dqk, int64_t dv, int64_t k, DType dt)
@@ -47,6 +48,7 @@ struct Problem {
     dout = random_input({1, S, H, Dv}, "dout");
     o = Tensor::empty({1, S, H, Dv}, dtype);
     lse = Tensor::empty({1, S, H}, DType::f32);
+    head_mean = Tensor::empty({1, S, K}, DType::f32);
     dq = Tensor::empty(q.shape(), dtype);
     dkv = Tensor::empty(kv.shape(), dtype);
     // Causal top-k rows: query t selects min(K, t + 1) distinct keys of [0, t] at random, then -1.
@@ -75,7 +77,9 @@ struct Problem {
   }
   double forward_flops() const { return 2.0 * double(H) * double(valid_slots) * double(Dqk + Dv); }
   double backward_flops() const { return 2.0 * double(H) * double(valid_slots) * double(3 * Dqk + 2 * Dv); }
-  void forward() { kernels::sparse_mla_forward(o, lse, q, kv, idx, Dv, scale); }
+  void forward(bool with_head_mean = false) {
+    kernels::sparse_mla_forward(o, lse, q, kv, idx, Dv, scale, with_head_mean ? &head_mean : nullptr);
+  }
   void backward() { kernels::sparse_mla_backward(dq, dkv, dout, q, kv, idx, o, lse, scale); }
   std::string name() const {
     return "S=" + std::to_string(S) + " H=" + std::to_string(H) + " Dqk=" + std::to_string(Dqk) + " Dv=" +
@@ -109,6 +113,9 @@ void run(Problem& p, const kernels::MachinePeak& machine, int reps, bool torch) 
               100 * f / t_fwd / peak);
   std::printf("  bwd     %9.2f ms  %7.1f GFLOP/s  %5.1f%% of peak\n", t_bwd * 1e3, b / t_bwd / 1e9,
               100 * b / t_bwd / peak);
+  // For information: the forward that also writes the indexer's target (head_mean, H adds per slot).
+  const double t_hm = bench::time_best([&] { p.forward(true); }, reps, 1);
+  std::printf("  fwd with head_mean %9.2f ms (%.3fx the plain forward)\n", t_hm * 1e3, t_hm / t_fwd);
   std::printf("  fwd+bwd %9.2f ms  %7.1f GFLOP/s  %5.1f%% of peak  [%s vs 40%%]\n", (t_fwd + t_bwd) * 1e3,
               (f + b) / (t_fwd + t_bwd) / 1e9, 100 * frac, bench::verdict(frac, 0.4));
   if (!torch) return;

@@ -1,7 +1,9 @@
 """PyTorch side of bench/bench_dsa_indexer: the lightning indexer ops written naturally in eager
 PyTorch (einsum scores, ReLU, weighted head sum, causal mask, topk; KL loss + autograd backward),
 timed best-of-reps, printing one JSON line {"seconds": ...}. Called by the C++ benchmark when
-reference/.venv exists. Queries run in chunks of --chunk rows so the [chunk, HI, Skv] score
+reference/.venv exists. As in the C++ kernels, the dense loss recomputes its target (the head mean
+of the main attention's probabilities) while the sparse loss takes it per selected slot (target
+[S, K], from the sparse attention's forward; built here in setup, outside the timing). Queries run in chunks of --chunk rows so the [chunk, HI, Skv] score
 tensors fit in memory (a full [S, HI, S] tensor is 4 GiB at HI = 64, S = 4096).
 
     reference/.venv/bin/python reference/bench_dsa_indexer_torch.py --op topk --seq 4096 \
@@ -37,29 +39,37 @@ def topk(q, k, w, K, chunk):
     return torch.cat(out)
 
 
-def kl_loss(q, k, w, mq, mk, mlse, scale, idx, chunk):
-    """Sum of KL(p || softmax(I)) over rows; backward per chunk (gradients accumulate)."""
-    s, skv, heads, hk = q.shape[0], k.shape[0], mq.shape[1], mk.shape[1]
+def kl_loss(q, k, w, mq, mk, mlse, scale, idx, target, chunk):
+    """Sum of KL(p || softmax(I)) over rows; backward per chunk (gradients accumulate). Dense
+    stage (idx None): p recomputed from mq, mk, mlse. Sparse: p = target scattered to its keys."""
+    s, skv = q.shape[0], k.shape[0]
     total = 0.0
     for t0 in range(0, s, chunk):
         rows = min(chunk, s - t0)
         mask = causal_mask(t0, rows, skv, s)
-        if idx is not None:
-            sel = torch.zeros(rows, skv + 1, dtype=torch.bool)
+        if idx is None:
+            p = dense_target(mq, mk, mlse, scale, t0, rows, mask)
+        else:
             i = idx[t0:t0 + rows].long()
-            sel.scatter_(1, torch.where(i < 0, skv, i), True)
+            slot = torch.where(i < 0, skv, i)
+            sel = torch.zeros(rows, skv + 1, dtype=torch.bool).scatter_(1, slot, True)
             mask = mask & sel[:, :skv]
-        with torch.no_grad():  # target: head mean of the main attention's probabilities
-            mkh = mk.repeat_interleave(heads // hk, dim=1)  # [Skv, H, D]
-            logits = scale * torch.einsum("thd,shd->hts", mq[t0:t0 + rows].float(), mkh.float())
-            probs = torch.exp(logits - mlse[t0:t0 + rows].t().unsqueeze(-1)).masked_fill(~mask, 0)
-            p = probs.mean(0)  # [rows, Skv]
+            p = torch.zeros(rows, skv + 1).scatter_add_(1, slot, target[t0:t0 + rows])[:, :skv]
         scores = index_scores(q[t0:t0 + rows], k, w[t0:t0 + rows]).float().masked_fill(~mask, float("-inf"))
         log_q = torch.log_softmax(scores, dim=-1)
         loss = torch.where(p > 0, p * (torch.log(p) - log_q), torch.zeros_like(p)).sum()
         loss.backward()
         total += loss.item()
     return total
+
+
+@torch.no_grad()
+def dense_target(mq, mk, mlse, scale, t0, rows, mask):
+    """Head mean of the main attention's probabilities for query rows [t0, t0 + rows): [rows, Skv]."""
+    heads, hk = mq.shape[1], mk.shape[1]
+    mkh = mk.repeat_interleave(heads // hk, dim=1)  # [Skv, H, D]
+    logits = scale * torch.einsum("thd,shd->hts", mq[t0:t0 + rows].float(), mkh.float())
+    return torch.exp(logits - mlse[t0:t0 + rows].t().unsqueeze(-1)).masked_fill(~mask, 0).mean(0)
 
 
 def main():
@@ -103,11 +113,19 @@ def main():
                     mask = mask & sel[:, :s]
                 logits = scale * torch.einsum("thd,shd->hts", mq[t0:t0 + rows].float(), mkh)
                 mlse[t0:t0 + rows] = torch.logsumexp(logits.masked_fill(~mask, float("-inf")), -1).t()
+        target = None
+        if idx is not None:  # the sparse attention's head mean per selected slot (0 for -1 slots)
+            target = torch.empty(s, idx.shape[1])
+            for t0 in range(0, s, a.chunk):
+                rows = min(a.chunk, s - t0)
+                i = idx[t0:t0 + rows].long()
+                p = dense_target(mq, mk, mlse, scale, t0, rows, causal_mask(t0, rows, s, s))
+                target[t0:t0 + rows] = p.gather(1, i.clamp(min=0)).masked_fill(i < 0, 0)
         qg, kg, wg = q.clone().requires_grad_(), k.clone().requires_grad_(), w.clone().requires_grad_()
 
         def run():
             qg.grad = kg.grad = wg.grad = None
-            kl_loss(qg, kg, wg, mq, mk, mlse, scale, idx, a.chunk)
+            kl_loss(qg, kg, wg, mq, mk, mlse, scale, idx, target, a.chunk)
 
     run()  # warm-up
     best = float("inf")

@@ -88,6 +88,26 @@ inline void set_main_lse(IndexerProblem& p) {
       }
 }
 
+// The sparse-stage target per slot of p.idx, [B, S, K]: the head mean of the main attention's
+// probabilities exp(score - mlse) at the slot's key, 0 for invalid slots (what sparse attention's
+// head_mean gives; the input of indexer_kl_loss_sparse).
+inline Doubles slot_target(const IndexerProblem& p) {
+  const auto& d = p.d;
+  Doubles out(size_t(d.B * d.S * d.K), 0.0);
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t t = 0; t < d.S; ++t)
+      for (int64_t i = 0; i < d.K; ++i) {
+        const int64_t r = b * d.S + t;
+        const int32_t s = p.idx[size_t(r * d.K + i)];
+        if (!causal(d, t, s) || s >= d.Skv) continue;
+        double sum = 0;
+        for (int64_t h = 0; h < p.td.H; ++h)
+          sum += std::exp(main_score(p, b, t, h, s) - p.mlse[size_t(r * p.td.H + h)]);
+        out[size_t(r * d.K + i)] = sum / double(p.td.H);
+      }
+  return out;
+}
+
 // sum over rows of KL(p_t || softmax over V_t of I_t), with the full matrices in memory.
 inline double naive_kl_loss(const IndexerProblem& p) {
   const auto& d = p.d;

@@ -23,12 +23,12 @@ void check_gradients(int64_t B, int64_t S, int64_t Skv, int64_t H, int64_t Dqk, 
   const size_t o_n = size_t(B * S * H * Dv), lse_n = size_t(B * S * H);
   auto forward = [d, sel, o_n, lse_n](const std::vector<Doubles>& x) {
     Doubles o(o_n), lse(lse_n);
-    kernels::ref::sparse_mla_forward<double>(o.data(), lse.data(), x[0].data(), x[1].data(), sel, d);
+    kernels::ref::sparse_mla_forward<double>(o.data(), lse.data(), nullptr, x[0].data(), x[1].data(), sel, d);
     return std::vector<Doubles>{o};
   };
   auto backward = [d, sel, o_n, lse_n](const std::vector<Doubles>& x, const std::vector<Doubles>& dout) {
     Doubles o(o_n), lse(lse_n);
-    kernels::ref::sparse_mla_forward<double>(o.data(), lse.data(), x[0].data(), x[1].data(), sel, d);
+    kernels::ref::sparse_mla_forward<double>(o.data(), lse.data(), nullptr, x[0].data(), x[1].data(), sel, d);
     Doubles dq(x[0].size()), dkv(x[1].size());
     kernels::ref::sparse_mla_backward<double>(dq.data(), dkv.data(), dout[0].data(), x[0].data(), x[1].data(), sel,
                                               o.data(), lse.data(), d);

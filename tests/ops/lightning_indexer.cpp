@@ -2,9 +2,11 @@
 // ISA level). Awkward shapes: S = 1 (t = 0 only), S < K (every row selects all its keys), odd head
 // dims (DI = 17, D = 19 are not multiples of a vector), Skv > S (queries are the last S of the
 // keys), S and Skv around and across the 64-key block, HI = 1 and HI = 64 (one query per top-k block);
-// sparse-stage blocks that select most of their keys (blocked path) and few (gathered path);
+// sparse-stage blocks (given per-slot target) that select most of their keys (blocked path) and
+// few (gathered path);
 // top-k rows with far more keys than K (the candidate buffer is compacted many times).
 #include "common/op_table.h"
+#include "common/sparse_mla_inputs.h"
 #include "titan/kernels/cpu/lightning_indexer.h"
 #include "titan/kernels/ref/lightning_indexer.h"
 
@@ -17,14 +19,18 @@ struct IndexerCase {
   kernels::IndexerDims d;
   kernels::IndexerTargetDims td;
   Tensor q, k, w, mq, mk, mlse, idx;
+  uint64_t seed = 0;
+  bool invalid_slots = false;  // sparse loss: random selections with -1, future and >= Skv slots
 
-  // dims = {B, S, Skv, HI, DI, K} (+ {H, Hk, D} for the loss; K = 0 there is the dense stage).
-  explicit IndexerCase(const OpInput& in) {
+  // dims = {B, S, Skv, HI, DI, K} (+ {H, Hk, D} for the dense loss, K = 0; + {invalid} for the
+  // sparse loss).
+  explicit IndexerCase(const OpInput& in) : seed(in.seed) {
     d.B = in.dims[0], d.S = in.dims[1], d.Skv = in.dims[2], d.HI = in.dims[3], d.DI = in.dims[4], d.K = in.dims[5];
     q = random_tensor({d.B, d.S, d.HI, d.DI}, in.dtype, in.seed, "q");
     k = random_tensor({d.B, d.Skv, d.DI}, in.dtype, in.seed, "k");
     w = random_tensor({d.B, d.S, d.HI}, DType::f32, in.seed, "w");
-    if (in.dims.size() > 6) {
+    invalid_slots = in.dims.size() == 7 && in.dims[6] != 0;
+    if (in.dims.size() > 7) {
       td.H = in.dims[6], td.Hk = in.dims[7], td.D = in.dims[8], td.scale = 0.3;
       mq = random_tensor({d.B, d.S, td.H, td.D}, in.dtype, in.seed, "mq", -2, 2);
       mk = random_tensor({d.B, d.Skv, td.Hk, td.D}, in.dtype, in.seed, "mk");
@@ -34,6 +40,10 @@ struct IndexerCase {
   }
   template <class T>
   void select() {  // idx from the reference top-k (the sparse stage's selection)
+    if (invalid_slots) {  // early rows draw mostly future keys: some have no valid slot
+      idx = random_sparse_idx(d.B, d.S, d.Skv, d.K, seed, "idx", {false, 0.2});
+      return;
+    }
     idx = Tensor::empty({d.B, d.S, d.K}, DType::i32);
     kernels::ref::indexer_topk<T>(idx.data<int32_t>(), q.data<T>(), k.data<T>(), w.data<float>(), d);
   }
@@ -49,19 +59,28 @@ OpOutputs run_topk(const IndexerCase& c) {
 
 template <class T>
 OpOutputs run_loss(IndexerCase& c) {
-  if (c.d.K > 0) c.select<T>();
-  const int32_t* idx = c.d.K > 0 ? c.idx.data<int32_t>() : nullptr;
   const DType dt = c.q.dtype();
   Tensor dq_f = Tensor::empty(c.q.shape(), dt), dk_f = Tensor::empty(c.k.shape(), dt),
          dw_f = Tensor::empty(c.w.shape(), DType::f32);
   Tensor dq_r = dq_f.clone(), dk_r = dk_f.clone(), dw_r = dw_f.clone();
   Tensor loss_f = Tensor::empty({1}, DType::f32), loss_r = loss_f.clone();
-  loss_f.data<float>()[0] = float(TITAN_CPU_KERNEL(indexer_kl_loss<T>)(
-      dq_f.data<T>(), dk_f.data<T>(), dw_f.data<float>(), c.q.data<T>(), c.k.data<T>(), c.w.data<float>(),
-      c.mq.data<T>(), c.mk.data<T>(), c.mlse.data<float>(), idx, c.d, c.td, 0.7));
-  loss_r.data<float>()[0] = float(kernels::ref::indexer_kl_loss<T>(
-      dq_r.data<T>(), dk_r.data<T>(), dw_r.data<float>(), c.q.data<T>(), c.k.data<T>(), c.w.data<float>(),
-      c.mq.data<T>(), c.mk.data<T>(), c.mlse.data<float>(), idx, c.d, c.td, 0.7));
+  if (c.d.K == 0) {  // dense stage: the target recomputed from the main attention
+    loss_f.data<float>()[0] = float(TITAN_CPU_KERNEL(indexer_kl_loss<T>)(
+        dq_f.data<T>(), dk_f.data<T>(), dw_f.data<float>(), c.q.data<T>(), c.k.data<T>(), c.w.data<float>(),
+        c.mq.data<T>(), c.mk.data<T>(), c.mlse.data<float>(), c.d, c.td, 0.7));
+    loss_r.data<float>()[0] = float(kernels::ref::indexer_kl_loss<T>(
+        dq_r.data<T>(), dk_r.data<T>(), dw_r.data<float>(), c.q.data<T>(), c.k.data<T>(), c.w.data<float>(),
+        c.mq.data<T>(), c.mk.data<T>(), c.mlse.data<float>(), nullptr, c.d, c.td, 0.7));
+  } else {  // sparse stage: the target given per slot (any nonnegative values compare the kernels)
+    c.select<T>();
+    const Tensor target = random_tensor({c.d.B, c.d.S, c.d.K}, DType::f32, c.seed, "target", 0, 1);
+    loss_f.data<float>()[0] = float(TITAN_CPU_KERNEL(indexer_kl_loss_sparse<T>)(
+        dq_f.data<T>(), dk_f.data<T>(), dw_f.data<float>(), c.q.data<T>(), c.k.data<T>(), c.w.data<float>(),
+        c.idx.data<int32_t>(), target.data<float>(), c.d, 0.7));
+    loss_r.data<float>()[0] = float(kernels::ref::indexer_kl_loss_sparse<T>(
+        dq_r.data<T>(), dk_r.data<T>(), dw_r.data<float>(), c.q.data<T>(), c.k.data<T>(), c.w.data<float>(),
+        c.idx.data<int32_t>(), target.data<float>(), c.d, 0.7));
+  }
   return {{"loss", loss_f, loss_r}, {"dq", dq_f, dq_r}, {"dk", dk_f, dk_r}, {"dw", dw_f, dw_r}};
 }
 
@@ -88,16 +107,22 @@ TITAN_OP_CASES(lightning_indexer) {
          return in.dtype == DType::f32 ? run_topk<float>(c) : run_topk<bf16>(c);
        }},
       {"indexer_kl_loss",
-       // B, S, Skv, HI, DI, K (0 = dense), H, Hk, D
+       // B, S, Skv, HI, DI, 0 (dense stage), H, Hk, D
        {{1, 1, 1, 1, 16, 0, 2, 2, 16}, {2, 17, 17, 3, 17, 0, 4, 4, 19}, {1, 70, 90, 4, 64, 0, 4, 1, 32},
-        {1, 130, 130, 2, 16, 0, 2, 2, 24}, {1, 5, 5, 2, 16, 8, 3, 1, 20}, {2, 40, 50, 3, 17, 16, 4, 1, 19},
-        {1, 150, 150, 4, 32, 70, 4, 2, 16}, {1, 3, 80, 64, 16, 33, 2, 1, 16},
-        // selections far below the causal count: the gathered per-row path (the rows above with
-        // K close to the causal count take the blocked path)
-        {1, 130, 300, 2, 16, 20, 4, 2, 16}, {2, 70, 200, 3, 17, 24, 3, 1, 19},
-        // gathered path with several AMX tiles (bf16): D = 64 (two tile depths), a key head of
-        // 20 query heads (two tile columns) and of 68 (past one 64-column block)
-        {1, 90, 260, 2, 16, 12, 20, 1, 64}, {1, 60, 200, 1, 32, 10, 68, 1, 64}},
+        {1, 130, 130, 2, 16, 0, 2, 2, 24}},
+       [](const OpInput& in) {
+         IndexerCase c(in);
+         return in.dtype == DType::f32 ? run_loss<float>(c) : run_loss<bf16>(c);
+       }},
+      {"indexer_kl_loss_sparse",
+       // B, S, Skv, HI, DI, K: selections covering most of the causal keys (blocked path), HI = 64
+       {{1, 1, 1, 1, 16, 1}, {1, 5, 5, 2, 16, 8}, {2, 40, 50, 3, 17, 16}, {1, 150, 150, 4, 32, 70},
+        {1, 3, 80, 64, 16, 33},
+        // selections far below the causal count: the gathered per-row path, one and several
+        // 64-key column blocks per row
+        {1, 130, 300, 2, 16, 20}, {2, 70, 200, 3, 17, 24}, {1, 90, 400, 4, 64, 130},
+        // random selections with -1, future and >= Skv slots (rows without a valid slot): both paths
+        {2, 20, 20, 3, 16, 2, 1}, {1, 100, 120, 2, 16, 40, 1}, {1, 80, 300, 4, 32, 16, 1}},
        [](const OpInput& in) {
          IndexerCase c(in);
          return in.dtype == DType::f32 ? run_loss<float>(c) : run_loss<bf16>(c);

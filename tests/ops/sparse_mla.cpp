@@ -45,6 +45,10 @@ TITAN_OP_CASES(sparse_mla) {
       {2, 24, 30, 20, 64, 48, 13, 1}, {2, 24, 30, 20, 64, 32, 13, 1}, {1, 9, 12, 3, 32, 32, 5, 1},
       {1, 10, 12, 64, 64, 32, 9, 1},  {1, 9, 9, 40, 32, 32, 7, 0},
   };
+  std::vector<std::vector<int64_t>> head_mean_shapes = shapes;
+  head_mean_shapes.insert(head_mean_shapes.end(), {{2, 13, 13, 1, 64, 32, 6, 1}, {1, 21, 21, 1, 576, 512, 16, 0},
+                                                   {2, 11, 11, 5, 576, 512, 9, 1}, {1, 7, 7, 3, 32, 32, 16, 1},
+                                                   {1, 9, 9, 1, 32, 32, 1, 1}});
   return {
       {"sparse_mla_forward", shapes,
        [](const OpInput& in) {
@@ -53,6 +57,19 @@ TITAN_OP_CASES(sparse_mla) {
            Tensor o = Tensor::empty({c.B, c.S, c.H, c.Dv}, in.dtype), lse = Tensor::empty({c.B, c.S, c.H}, DType::f32);
            kernels::sparse_mla_forward(o, lse, c.q, c.kv, c.idx, c.Dv, c.scale);
            return std::vector<Tensor>{o, lse};
+         });
+       }},
+      // head_mean (the indexer's sparse-stage target) beside o and lse; the rows add H = 1, an odd
+      // H at 576 / 512 (the AMX path) with invalid, -1 and future slots, and K = 1 rows drawn from all
+      // keys (mostly future: no valid slot).
+      {"sparse_mla_forward_head_mean", head_mean_shapes,
+       [](const OpInput& in) {
+         const SparseMlaCase c(in);
+         return fast_vs_reference({"o", "lse", "head_mean"}, [&] {
+           Tensor o = Tensor::empty({c.B, c.S, c.H, c.Dv}, in.dtype), lse = Tensor::empty({c.B, c.S, c.H}, DType::f32);
+           Tensor hm = Tensor::empty({c.B, c.S, c.K}, DType::f32);
+           kernels::sparse_mla_forward(o, lse, c.q, c.kv, c.idx, c.Dv, c.scale, &hm);
+           return std::vector<Tensor>{o, lse, hm};
          });
        }},
       {"sparse_mla_backward", shapes,

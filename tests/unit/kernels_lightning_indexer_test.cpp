@@ -9,8 +9,11 @@
 
 #include "common/indexer_oracle.h"
 #include "common/kernel_check.h"
+#include "common/sparse_mla_inputs.h"
 #include "titan/kernels/dispatch.h"
 #include "titan/kernels/lightning_indexer.h"
+#include "titan/kernels/ref/lightning_indexer.h"
+#include "titan/kernels/sparse_mla.h"
 
 using namespace titan;
 using namespace titan::kernels;
@@ -123,14 +126,17 @@ TEST_P(LightningIndexer, KlLossMatchesDenseOracle) {
       Tensor mq = from_doubles(p.mq, {d.B, d.S, td.H, td.D}, dtype);
       Tensor mk = from_doubles(p.mk, {d.B, d.Skv, td.Hk, td.D}, dtype);
       Tensor mlse = from_doubles(p.mlse, {d.B, d.S, td.H}, DType::f32);
-      Tensor idx;
-      if (K) {
-        idx = Tensor::empty({d.B, d.S, K}, DType::i32);
-        std::copy(p.idx.begin(), p.idx.end(), idx.data<int32_t>());
-      }
       Tensor dq = Tensor::empty(q.shape(), dtype), dk = Tensor::empty(k.shape(), dtype),
              dw = Tensor::empty(w.shape(), DType::f32);
-      const double got = indexer_kl_loss(dq, dk, dw, q, k, w, mq, mk, mlse, td.scale, idx, 1.0);
+      double got = 0;
+      if (K) {  // sparse stage: the target given per slot
+        Tensor idx = Tensor::empty({d.B, d.S, K}, DType::i32);
+        std::copy(p.idx.begin(), p.idx.end(), idx.data<int32_t>());
+        const Tensor target = from_doubles(slot_target(p), {d.B, d.S, K}, DType::f32);
+        got = indexer_kl_loss_sparse(dq, dk, dw, q, k, w, idx, target, 1.0);
+      } else {
+        got = indexer_kl_loss(dq, dk, dw, q, k, w, mq, mk, mlse, td.scale, 1.0);
+      }
       // bf16 rounds the inputs (and so the target and scores) by ~2^-8 relative.
       const double tol = dtype == DType::f32 ? 1e-4 * (1 + want) : 3e-2 * (1 + want);
       EXPECT_NEAR(got, want, tol) << "K = " << K << " " << dtype_name(dtype);
@@ -138,10 +144,10 @@ TEST_P(LightningIndexer, KlLossMatchesDenseOracle) {
   }
 }
 
-// With K >= every row's valid count and the whole causal set listed, the sparse stage is the
-// dense stage: same loss, same gradients.
+// With K >= every row's valid count and the whole causal set listed, the sparse stage (its
+// target the dense one per slot) is the dense stage: same loss, same gradients.
 TEST_P(LightningIndexer, SparseWithAllKeysEqualsDense) {
-  const IndexerProblem p = random_problem(1, 11, 11, 2, 12, 3, 1, 16, 0, "all");
+  IndexerProblem p = random_problem(1, 11, 11, 2, 12, 3, 1, 16, 0, "all");
   const auto& d = p.d;
   const auto& td = p.td;
   Tensor q = from_doubles(p.q, {d.B, d.S, d.HI, d.DI}, DType::f32), k = from_doubles(p.k, {d.B, d.Skv, d.DI}, DType::f32);
@@ -154,8 +160,11 @@ TEST_P(LightningIndexer, SparseWithAllKeysEqualsDense) {
   Tensor dq_d = Tensor::empty(q.shape(), DType::f32), dk_d = Tensor::empty(k.shape(), DType::f32),
          dw_d = Tensor::empty(w.shape(), DType::f32);
   Tensor dq_s = dq_d.clone(), dk_s = dk_d.clone(), dw_s = dw_d.clone();
-  const double dense = indexer_kl_loss(dq_d, dk_d, dw_d, q, k, w, mq, mk, mlse, td.scale, Tensor(), 0.5);
-  const double sparse = indexer_kl_loss(dq_s, dk_s, dw_s, q, k, w, mq, mk, mlse, td.scale, idx, 0.5);
+  p.d.K = 16;
+  p.idx.assign(idx.data<int32_t>(), idx.data<int32_t>() + idx.numel());
+  const Tensor target = from_doubles(slot_target(p), idx.shape(), DType::f32);
+  const double dense = indexer_kl_loss(dq_d, dk_d, dw_d, q, k, w, mq, mk, mlse, td.scale, 0.5);
+  const double sparse = indexer_kl_loss_sparse(dq_s, dk_s, dw_s, q, k, w, idx, target, 0.5);
   EXPECT_NEAR(sparse, dense, 1e-5 * (1 + dense));
   for (const auto& [a, b] : std::vector<std::pair<Tensor*, Tensor*>>{{&dq_s, &dq_d}, {&dk_s, &dk_d}, {&dw_s, &dw_d}}) {
     const ErrorStats e = compare(to_doubles(*a), to_doubles(*b), 1e-6, 1e-5);
@@ -178,10 +187,48 @@ TEST_P(LightningIndexer, AllNegativeDotsGiveZeroGradients) {
   Tensor mlse = from_doubles(p.mlse, {d.B, d.S, td.H}, DType::f32);
   Tensor dq = Tensor::full(q.shape(), 7.0, DType::f32), dk = Tensor::full(k.shape(), 7.0, DType::f32),
          dw = Tensor::full(w.shape(), 7.0, DType::f32);  // overwritten, not accumulated into
-  const double loss = indexer_kl_loss(dq, dk, dw, q, k, w, mq, mk, mlse, td.scale, Tensor(), 1.0);
+  const double loss = indexer_kl_loss(dq, dk, dw, q, k, w, mq, mk, mlse, td.scale, 1.0);
   EXPECT_NEAR(loss, naive_kl_loss(p), 1e-4 * (1 + loss));
   for (const Tensor* g : {&dq, &dk, &dw}) {
     for (double v : to_doubles(*g)) ASSERT_EQ(v, 0.0);
+  }
+}
+
+// The sparse stage as the model runs it: sparse attention's head_mean fed to
+// indexer_kl_loss_sparse gives the loss and gradients of the definition (dsa.md 6.2), the
+// reference loss that recomputes the target from the main queries, latent rows and lse, at the
+// the absorbed form (Hk = 1, D = Dqk) with -1, future and >= Skv slots.
+TEST_P(LightningIndexer, HeadMeanTargetEqualsRecomputedTarget) {
+  const int64_t B = 2, S = 40, Skv = 48, HI = 4, DI = 32, H = 5, Dqk = 64, Dv = 32;
+  const double scale = 0.2;
+  for (int64_t K : {12, 48}) {  // the fast kernel's gathered and blocked paths
+    const Tensor q = random_tensor({B, S, HI, DI}, DType::f32, 9, "hm.q");
+    const Tensor k = random_tensor({B, Skv, DI}, DType::f32, 9, "hm.k");
+    const Tensor w = random_tensor({B, S, HI}, DType::f32, 9, "hm.w");
+    const Tensor mq = random_tensor({B, S, H, Dqk}, DType::f32, 9, "hm.mq", -2, 2);
+    const Tensor kv = random_tensor({B, Skv, Dqk}, DType::f32, 9, "hm.kv");
+    const Tensor idx = random_sparse_idx(B, S, Skv, K, 9, "hm.idx", {false, 0.1});
+    Tensor o = Tensor::empty({B, S, H, Dv}, DType::f32), lse = Tensor::empty({B, S, H}, DType::f32);
+    Tensor head_mean = Tensor::empty({B, S, K}, DType::f32);
+    sparse_mla_forward(o, lse, mq, kv, idx, Dv, scale, &head_mean);
+    Tensor dq = Tensor::empty(q.shape(), DType::f32), dk = Tensor::empty(k.shape(), DType::f32),
+           dw = Tensor::empty(w.shape(), DType::f32);
+    const double got = indexer_kl_loss_sparse(dq, dk, dw, q, k, w, idx, head_mean, 0.3);
+
+    IndexerDims d;
+    d.B = B, d.S = S, d.Skv = Skv, d.HI = HI, d.DI = DI, d.K = K;
+    IndexerTargetDims td;
+    td.H = H, td.Hk = 1, td.D = Dqk, td.scale = scale;
+    Tensor dq_r = dq.clone(), dk_r = dk.clone(), dw_r = dw.clone();
+    const double want = ref::indexer_kl_loss<float>(
+        dq_r.data<float>(), dk_r.data<float>(), dw_r.data<float>(), q.data<float>(), k.data<float>(), w.data<float>(),
+        mq.data<float>(), kv.data<float>(), lse.data<float>(), idx.data<int32_t>(), d, td, 0.3);
+    EXPECT_GT(want, 0.0);
+    EXPECT_NEAR(got, want, 1e-5 * want) << "K = " << K;
+    for (const auto& [a, b] : std::vector<std::pair<Tensor*, Tensor*>>{{&dq, &dq_r}, {&dk, &dk_r}, {&dw, &dw_r}}) {
+      const ErrorStats e = compare(to_doubles(*a), to_doubles(*b), 1e-5, 1e-6);
+      EXPECT_LE(e.max_scaled, 1.0) << "K = " << K << " worst " << e.worst;
+    }
   }
 }
 

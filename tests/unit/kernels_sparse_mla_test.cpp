@@ -86,7 +86,8 @@ TEST(SparseMlaReference, MatchesDenseMaskedSoftmaxInDouble) {
     Doubles o_want, lse_want;
     dense_masked(o_want, lse_want, q, kv, idx.data<int32_t>(), d);
     Doubles o(o_want.size()), lse(lse_want.size());
-    kernels::ref::sparse_mla_forward<double>(o.data(), lse.data(), q.data(), kv.data(), idx.data<int32_t>(), d);
+    kernels::ref::sparse_mla_forward<double>(o.data(), lse.data(), nullptr, q.data(), kv.data(),
+                                             idx.data<int32_t>(), d);
     for (size_t i = 0; i < o.size(); ++i) EXPECT_NEAR(o[i], o_want[i], 1e-12) << "o[" << i << "]";
     for (size_t i = 0; i < lse.size(); ++i) {
       if (std::isinf(lse_want[i])) {
@@ -170,7 +171,8 @@ TEST(SparseMlaApi, MatchesDoubleReference) {
   const Doubles q = to_doubles(p.q), kv = to_doubles(p.kv), dout = to_doubles(p.dout);
   const SparseMlaDims& d = p.d;
   Doubles o(size_t(d.B * d.S * d.H * d.Dv)), lse(size_t(d.B * d.S * d.H)), dq(q.size()), dkv(kv.size());
-  kernels::ref::sparse_mla_forward<double>(o.data(), lse.data(), q.data(), kv.data(), idx.data<int32_t>(), d);
+  kernels::ref::sparse_mla_forward<double>(o.data(), lse.data(), nullptr, q.data(), kv.data(),
+                                           idx.data<int32_t>(), d);
   kernels::ref::sparse_mla_backward<double>(dq.data(), dkv.data(), dout.data(), q.data(), kv.data(),
                                             idx.data<int32_t>(), o.data(), lse.data(), d);
   for_each_backend([&](const char* backend) {

@@ -13,8 +13,8 @@ namespace titan::kernels {
 namespace {
 
 constexpr const char* kLayouts =
-    "layouts: q [B, S, HI, DI], k [B, Skv, DI], w [B, S, HI] f32, idx [B, S, K] i32, mq [B, S, H, D], "
-    "mk [B, Skv, Hk, D], mlse [B, S, H] f32";
+    "layouts: q [B, S, HI, DI], k [B, Skv, DI], w [B, S, HI] f32, idx [B, S, K] i32, target [B, S, K] f32, "
+    "mq [B, S, H, D], mk [B, Skv, Hk, D], mlse [B, S, H] f32";
 
 void check_tensor(const Tensor& t, const char* op, const char* name, DType dtype, const Shape& shape) {
   TITAN_CHECK(t.defined(), std::string(op) + ": " + name + " is undefined",
@@ -24,7 +24,7 @@ void check_tensor(const Tensor& t, const char* op, const char* name, DType dtype
   TITAN_CHECK(t.dtype() == dtype,
               std::string(op) + ": " + name + " is " + std::string(dtype_name(t.dtype())) + ", expected " +
                   std::string(dtype_name(dtype)),
-              "q, k, mq, mk and the gradients dq, dk share one dtype (f32 or bf16); w, dw and mlse are f32; idx is i32");
+              "q, k, mq, mk and the gradients dq, dk share one dtype (f32 or bf16); w, dw, mlse and target are f32; idx is i32");
   TITAN_CHECK(t.is_contiguous(), std::string(op) + ": " + name + " must be contiguous", "call .contiguous() first");
 }
 
@@ -66,11 +66,25 @@ void indexer_topk(Tensor& idx, const Tensor& q, const Tensor& k, const Tensor& w
   });
 }
 
+namespace {
+
+// Checks the gradients and grad_scale both loss entry points share.
+void check_loss_outputs(const Tensor& dq, const Tensor& dk, const Tensor& dw, const Tensor& q, const Tensor& k,
+                        const Tensor& w, double grad_scale, const char* op) {
+  check_tensor(dq, op, "dq", q.dtype(), q.shape());
+  check_tensor(dk, op, "dk", q.dtype(), k.shape());
+  check_tensor(dw, op, "dw", DType::f32, w.shape());
+  TITAN_CHECK(std::isfinite(grad_scale),
+              std::string(op) + ": grad_scale " + std::to_string(grad_scale) + " is not finite",
+              "pass the loss weight (1 for a plain sum, 1 / rows for a mean)");
+}
+
+}  // namespace
+
 double indexer_kl_loss(Tensor& dq, Tensor& dk, Tensor& dw, const Tensor& q, const Tensor& k, const Tensor& w,
-                       const Tensor& mq, const Tensor& mk, const Tensor& mlse, double scale, const Tensor& idx,
-                       double grad_scale) {
+                       const Tensor& mq, const Tensor& mk, const Tensor& mlse, double scale, double grad_scale) {
   const char* op = "indexer_kl_loss";
-  IndexerDims d = indexer_dims(q, k, w, op);
+  const IndexerDims d = indexer_dims(q, k, w, op);
   TITAN_CHECK(mq.defined() && mk.defined() && mq.dim() == 4 && mk.dim() == 4,
               std::string(op) + ": mq and mk must be 4-d", kLayouts);
   IndexerTargetDims td;
@@ -82,26 +96,39 @@ double indexer_kl_loss(Tensor& dq, Tensor& dk, Tensor& dw, const Tensor& q, cons
   check_tensor(mq, op, "mq", q.dtype(), {d.B, d.S, td.H, td.D});
   check_tensor(mk, op, "mk", q.dtype(), {d.B, d.Skv, td.Hk, td.D});
   check_tensor(mlse, op, "mlse", DType::f32, {d.B, d.S, td.H});
-  check_tensor(dq, op, "dq", q.dtype(), q.shape());
-  check_tensor(dk, op, "dk", q.dtype(), k.shape());
-  check_tensor(dw, op, "dw", DType::f32, w.shape());
-  TITAN_CHECK(std::isfinite(scale) && std::isfinite(grad_scale),
-              std::string(op) + ": scale " + std::to_string(scale) + " or grad_scale " + std::to_string(grad_scale) +
-                  " is not finite",
-              "pass the main attention's softmax scale and the loss weight (1 for a plain sum)");
-  const int32_t* selected = nullptr;
-  if (idx.defined()) {
-    TITAN_CHECK(idx.dim() == 3, std::string(op) + ": idx must be [B, S, K], got " + idx.shape().str(),
-                "pass indexer_topk's output, or an undefined Tensor for the dense warm-up stage");
-    d.K = idx.size(2);
-    check_tensor(idx, op, "idx", DType::i32, {d.B, d.S, d.K});
-    selected = idx.data<int32_t>();
-  }
+  check_loss_outputs(dq, dk, dw, q, k, w, grad_scale, op);
+  TITAN_CHECK(std::isfinite(scale), std::string(op) + ": scale " + std::to_string(scale) + " is not finite",
+              "pass the main attention's softmax scale");
   double loss = 0;
   detail::dispatch_activation(q.dtype(), [&]<class T>() {
-    loss = (detail::use_fast() ? TITAN_CPU_KERNEL(indexer_kl_loss<T>) : &ref::indexer_kl_loss<T>)(
-        dq.data<T>(), dk.data<T>(), dw.data<float>(), q.data<T>(), k.data<T>(), w.data<float>(), mq.data<T>(),
-        mk.data<T>(), mlse.data<float>(), selected, d, td, grad_scale);
+    if (detail::use_fast()) {
+      loss = TITAN_CPU_KERNEL(indexer_kl_loss<T>)(dq.data<T>(), dk.data<T>(), dw.data<float>(), q.data<T>(),
+                                                  k.data<T>(), w.data<float>(), mq.data<T>(), mk.data<T>(),
+                                                  mlse.data<float>(), d, td, grad_scale);
+    } else {
+      loss = ref::indexer_kl_loss<T>(dq.data<T>(), dk.data<T>(), dw.data<float>(), q.data<T>(), k.data<T>(),
+                                     w.data<float>(), mq.data<T>(), mk.data<T>(), mlse.data<float>(), nullptr, d, td,
+                                     grad_scale);
+    }
+  });
+  return loss;
+}
+
+double indexer_kl_loss_sparse(Tensor& dq, Tensor& dk, Tensor& dw, const Tensor& q, const Tensor& k, const Tensor& w,
+                              const Tensor& idx, const Tensor& target, double grad_scale) {
+  const char* op = "indexer_kl_loss_sparse";
+  IndexerDims d = indexer_dims(q, k, w, op);
+  TITAN_CHECK(idx.defined() && idx.dim() == 3, std::string(op) + ": idx must be a 3-d i32 tensor [B, S, K]",
+              "pass indexer_topk's output (the dense warm-up stage uses indexer_kl_loss)");
+  d.K = idx.size(2);
+  check_tensor(idx, op, "idx", DType::i32, {d.B, d.S, d.K});
+  check_tensor(target, op, "target", DType::f32, {d.B, d.S, d.K});
+  check_loss_outputs(dq, dk, dw, q, k, w, grad_scale, op);
+  double loss = 0;
+  detail::dispatch_activation(q.dtype(), [&]<class T>() {
+    loss = (detail::use_fast() ? TITAN_CPU_KERNEL(indexer_kl_loss_sparse<T>) : &ref::indexer_kl_loss_sparse<T>)(
+        dq.data<T>(), dk.data<T>(), dw.data<float>(), q.data<T>(), k.data<T>(), w.data<float>(), idx.data<int32_t>(),
+        target.data<float>(), d, grad_scale);
   });
   return loss;
 }

@@ -19,18 +19,25 @@ namespace titan::kernels {
 void indexer_topk(Tensor& idx, const Tensor& q, const Tensor& k, const Tensor& w);
 
 // The indexer's KL loss and its gradients, in one pass over the keys of each query block.
-// Target (detached): p[t, s] = (1/H) sum_h exp(scale * mq[t, h] . mk[s, h / (H / Hk)] - mlse[t, h])
-// over the valid set V_t: every valid key (dense warm-up; idx undefined) or the valid entries of
-// idx[t] (sparse stage; mlse is then the sparse attention's own lse, so p is its probabilities).
-// Loss row t: KL(p[t] || softmax_{V_t}(I[t])), with 0 log 0 = 0; rows with empty V_t add nothing.
-// Returns the sum of the rows' KL over all B * S rows (a double).
+// Loss row t: KL(p[t] || softmax_{V_t}(I[t])) with 0 log 0 = 0 over a valid set V_t; rows with
+// empty V_t add nothing. Returns the sum of the rows' KL over all B * S rows (a double).
 // Writes (overwrites) dq [B, S, HI, DI], dk [B, Skv, DI] (q's dtype) and dw [B, S, HI] f32 with
 // the gradient of grad_scale * (that sum): g(t, s) = grad_scale * (softmax(I[t])_s - p[t, s]),
-// dw[t, j] = sum_s g R_j, dq[t, j] = sum_s g w[t, j] 1[q.k > 0] k[s], dk[s] = sum_t,j likewise.
+// dw[t, j] = sum_s g R_j, dq[t, j] = sum_s g w[t, j] 1[q.k > 0] k[s], dk[s] = sum_t,j likewise
+// (dk summed over queries without races). p is detached.
+
+// Dense warm-up stage: V_t = every valid key, and the target (the head mean of the main
+// attention's probabilities) is recomputed from the main queries, keys and lse:
+// p[t, s] = (1/H) sum_h exp(scale * mq[t, h] . mk[s, h / (H / Hk)] - mlse[t, h]).
 // mq [B, S, H, D], mk [B, Skv, Hk, D] (q's dtype), mlse [B, S, H] f32 (natural log).
 double indexer_kl_loss(Tensor& dq, Tensor& dk, Tensor& dw, const Tensor& q, const Tensor& k, const Tensor& w,
-                       const Tensor& mq, const Tensor& mk, const Tensor& mlse, double scale, const Tensor& idx,
-                       double grad_scale);
+                       const Tensor& mq, const Tensor& mk, const Tensor& mlse, double scale, double grad_scale);
+
+// Sparse stage: V_t = the valid entries of idx[t] (dsa_dims.h), with the target given per slot:
+// target [B, S, K] f32, aligned with idx (sparse_mla_forward's head_mean, dsa.md 6.2). A key listed
+// twice counts once, with the sum of its slots' targets (top-k never lists one twice).
+double indexer_kl_loss_sparse(Tensor& dq, Tensor& dk, Tensor& dw, const Tensor& q, const Tensor& k, const Tensor& w,
+                              const Tensor& idx, const Tensor& target, double grad_scale);
 
 // In place y = x H / sqrt(n) on each row of the last dim n (a power of two), H the Sylvester
 // Hadamard matrix: the indexer's rotate_activation. Orthonormal and symmetric, so it is its own

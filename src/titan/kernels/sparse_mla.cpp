@@ -15,8 +15,8 @@ namespace titan::kernels {
 namespace {
 
 constexpr const char* kLayouts =
-    "q is [B, S, H, Dqk], kv [B, Skv, Dqk], idx [B, S, K] i32, o and dout [B, S, H, Dv], lse [B, S, H] f32, dq like "
-    "q, dkv like kv";
+    "q is [B, S, H, Dqk], kv [B, Skv, Dqk], idx [B, S, K] i32, o and dout [B, S, H, Dv], lse [B, S, H] f32, head_mean "
+    "[B, S, K] f32, dq like q, dkv like kv";
 
 void check_tensor(const Tensor& t, const char* name, DType dtype, const Shape& shape) {
   TITAN_CHECK(t.defined(), std::string("sparse_mla: ") + name + " is undefined",
@@ -94,13 +94,15 @@ void fast_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const 
 }  // namespace
 
 void sparse_mla_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& kv, const Tensor& idx, int64_t dv,
-                        double scale) {
+                        double scale, Tensor* head_mean) {
   const SparseMlaDims d = sparse_mla_dims(q, kv, idx, dv, scale);
   check_tensor(o, "o", q.dtype(), {d.B, d.S, d.H, d.Dv});
   check_tensor(lse, "lse", DType::f32, {d.B, d.S, d.H});
+  if (head_mean) check_tensor(*head_mean, "head_mean", DType::f32, {d.B, d.S, d.K});
+  float* hm = head_mean ? head_mean->data<float>() : nullptr;
   detail::dispatch_activation(q.dtype(), [&]<class T>() {
     (detail::use_fast() ? TITAN_CPU_KERNEL(sparse_mla_forward<T>) : &ref::sparse_mla_forward<T>)(
-        o.data<T>(), lse.data<float>(), q.data<T>(), kv.data<T>(), idx.data<int32_t>(), d);
+        o.data<T>(), lse.data<float>(), hm, q.data<T>(), kv.data<T>(), idx.data<int32_t>(), d);
   });
 }
 

@@ -15,8 +15,12 @@ namespace titan::kernels {
 
 // o [B, S, H, Dv] (q's dtype), lse [B, S, H] f32; q [B, S, H, Dqk], kv [B, Skv, Dqk] (f32 or
 // bf16, same dtype), idx [B, S, K] i32. Dv <= Dqk.
+// head_mean (optional) [B, S, K] f32 = (1/H) sum_h exp(P[t, h, i] - lse[t, h]) per slot i of idx
+// (0 for invalid slots; all 0 in rows with no valid slot): the indexer's sparse-stage KL target
+// (dsa.md 6.2), from the probabilities the forward computes anyway. Written only when head_mean
+// is non-null.
 void sparse_mla_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& kv, const Tensor& idx, int64_t dv,
-                        double scale);
+                        double scale, Tensor* head_mean = nullptr);
 
 // Writes (overwrites) dq [B, S, H, Dqk] and dkv [B, Skv, Dqk] (q's dtype) with the gradients of
 // sum(dout * o); probabilities are recomputed from lse. dkv sums the key and value roles of each

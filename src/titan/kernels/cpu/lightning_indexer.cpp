@@ -8,13 +8,18 @@
 //   a time with a compress). When the buffer fills, a sampled estimate raises the floor and drops
 //   the keys under it (compact_candidates); a quickselect picks the final K.
 // * KL loss, blocked path: two passes per query block (the lse of I, then target, loss and
-//   gradients per key block), over every causal key (dense stage) or masked to the selections
-//   (sparse-stage blocks whose selections cover at least half of their causal keys). Gathered
-//   path (the other sparse blocks): one query row at a time, its selected keys gathered into
-//   contiguous per-thread buffers. dk accumulates in per-thread f32 buffers that are summed at
+//   gradients per key block), over every causal key (dense stage, target recomputed from the
+//   main attention) or masked to the selections (sparse-stage blocks whose selections cover at
+//   least half of their causal keys; the given per-slot target scattered to key columns).
+//   Gathered path (the other sparse blocks): one query row at a time, its selected keys and
+//   their targets gathered into contiguous per-thread buffers. The sparse stage takes its target
+//   from the sparse attention's forward (sparse_mla_forward's head_mean), which has the
+//   probabilities at hand: recomputing them here cost 2 H Dqk FLOPs and a Dqk-wide row gather
+//   per selected pair, about 12x the indexer's own work at H = 16, Dqk = 576, HI = 4, DI = 64.
+//   dk accumulates in per-thread f32 buffers that are summed at
 //   the end (no races, deterministic for a fixed thread count).
 // bf16 with AMX (the avx512_bf16 variant when cpu_amx_bf16_usable()): the indexer dot products
-// and the KL target's products run as bf16 tile products with f32 accumulation; the gradient
+// and the dense KL target's products run as bf16 tile products with f32 accumulation; the gradient
 // products (G k, G^T q) stay f32 FMA. Otherwise bf16 inputs are widened to f32 while packing
 // (O(S D) work against O(S Skv D) products).
 // std:: algorithms are not used: templates from shared headers would be instantiated with this
@@ -45,8 +50,6 @@ constexpr int64_t kKeys = 64;
 constexpr int64_t kTargetRows = 64;
 // KL loss query blocks: up to kDenseQueries queries and kMaxDenseRows (queries x heads).
 constexpr int64_t kDenseQueries = 64, kMaxDenseRows = 1024;
-// Gathered path: main key rows are prefetched this many rows ahead.
-constexpr int64_t kPrefetchRows = 6;
 // Packed widths are padded to a multiple of 16 floats: whole vectors at every ISA level.
 constexpr int64_t kLanes = 16;
 
@@ -514,17 +517,23 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
   }
 }
 
+namespace {
+
+// Both stages of the loss. Dense (idx == nullptr): the target is recomputed from mq, mk and mlse
+// (td) over every causal key. Sparse: V_t = the valid entries of idx[t] and the target is given
+// per slot (slot_target [B, S, K], summed over a key's slots when it is listed twice); mq, mk,
+// mlse and td are unused.
 template <class T>
-double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, const T* mq, const T* mk,
-                       const float* mlse, const int32_t* idx, const IndexerDims& d, const IndexerTargetDims& td,
-                       double grad_scale) {
-  const int64_t HI = d.HI, DI = d.DI, H = td.H, Hk = td.Hk, D = td.D, group = td.H / td.Hk;
-  const int64_t di_pad = round_up(DI, kLanes), g_pad = round_up(group, kLanes);
-  const int64_t nkb = (d.Skv + kKeys - 1) / kKeys, skv_pad = nkb * kKeys, words = (d.Skv + 63) / 64;
-  const float scale = float(td.scale), gs = float(grad_scale), inv_h = 1.0f / float(H);
+double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, const T* mq, const T* mk,
+               const float* mlse, const IndexerTargetDims& td, const int32_t* idx, const float* slot_target,
+               const IndexerDims& d, double grad_scale) {
   const bool dense = idx == nullptr;
-  // bf16 on AMX: the indexer dot products and the target products (tau mq mk^T) run as tile
-  // products with f32 accumulation; the gradient products (G k, G^T q) stay f32.
+  const int64_t HI = d.HI, DI = d.DI, H = td.H, Hk = td.Hk, D = td.D, group = dense ? td.H / td.Hk : 1;
+  const int64_t di_pad = round_up(DI, kLanes);
+  const int64_t nkb = (d.Skv + kKeys - 1) / kKeys, skv_pad = nkb * kKeys, words = (d.Skv + 63) / 64;
+  const float scale = float(td.scale), gs = float(grad_scale), inv_h = dense ? 1.0f / float(H) : 1.0f;
+  // bf16 on AMX: the indexer dot products and the dense target products (tau mq mk^T) run as
+  // tile products with f32 accumulation; the gradient products (G k, G^T q) stay f32.
   bool amx = false;
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if constexpr (std::is_same_v<T, bf16>) amx = cpu_amx_bf16_usable();
@@ -533,18 +542,19 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
   const int threads = omp_get_max_threads();
   // Shared packed operands. kr: key rows [B, skv_pad, di_pad] (B operand of dq = G k; rows past
   // Skv are zero); kt: transposed key blocks [B, nkb, DI, kKeys] (B operand of the scores);
-  // mkt: transposed main key blocks [B, Hk, nkb, D, kKeys] (the target). kt and mkt serve the
+  // mkt: transposed main key blocks [B, Hk, nkb, D, kKeys] (the dense target). kt serves the
   // blocked path (below), which the sparse stage also takes for blocks that select most keys.
   const Scratch<float> kr(d.B * skv_pad * di_pad, ScratchInit::zeroed);
-  const Scratch<float> kt(amx ? 1 : d.B * nkb * DI * kKeys), mkt(amx ? 1 : d.B * Hk * nkb * D * kKeys);
+  const Scratch<float> kt(amx ? 1 : d.B * nkb * DI * kKeys), mkt(amx || !dense ? 1 : d.B * Hk * nkb * D * kKeys);
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   // With AMX the blocked path's B operands are VNNI pair blocks instead of kt and mkt: kv
   // [B, nkb, di32 / 2, kKeys] and mkv [B, Hk, nkb, d32 / 2, kKeys].
-  const Scratch<uint32_t> kv(amx ? d.B * nkb * (di32 / 2) * kKeys : 1), mkv(amx ? d.B * Hk * nkb * (d32 / 2) * kKeys : 1);
+  const Scratch<uint32_t> kv(amx ? d.B * nkb * (di32 / 2) * kKeys : 1),
+      mkv(amx && dense ? d.B * Hk * nkb * (d32 / 2) * kKeys : 1);
   if constexpr (std::is_same_v<T, bf16>) {
     if (amx) {
       pack_key_pairs(kv.data(), k, d.B, d.Skv, DI, DI, di32, nkb);
-      for (int64_t bh = 0; bh < d.B * Hk; ++bh) {
+      for (int64_t bh = 0; bh < (dense ? d.B * Hk : 0); ++bh) {
         pack_key_pairs(mkv.data() + bh * nkb * (d32 / 2) * kKeys, mk + ((bh / Hk) * d.Skv * Hk + bh % Hk) * D, 1,
                        d.Skv, D, Hk * D, d32, nkb);
       }
@@ -562,14 +572,14 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
   if (!amx) pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
   // mk [B, Skv, Hk, D] seen as B * Hk sequences of Skv rows D wide, Hk * D apart.
 #pragma omp parallel for schedule(static)
-  for (int64_t item = 0; item < (amx ? 0 : d.B * Hk * nkb); ++item) {
+  for (int64_t item = 0; item < (amx || !dense ? 0 : d.B * Hk * nkb); ++item) {
     const int64_t bh = item / nkb, kb = item % nkb, b = bh / Hk, h = bh % Hk, s0 = kb * kKeys;
     pack_transposed(mkt.data() + item * D * kKeys, mk + ((b * d.Skv + s0) * Hk + h) * D, Hk * D,
                     min_i64(kKeys, d.Skv - s0), D);
   }
 
   double loss = 0;
-  // Queries per block. The blocked target multiplies each main head's [tq, D] queries by every
+  // Queries per block. The blocked dense target multiplies each main head's [tq, D] queries by every
   // [D, kKeys] key block, so tq is its GEMM height: 64 rows give each streamed key element 64
   // FMAs (16 rows left it bound by L2/L3 bandwidth). tq * HI stays <= 1024 (the indexer tiles).
   const int64_t tq = max_i64(1, min_i64(kDenseQueries, kMaxDenseRows / HI));
@@ -579,34 +589,30 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
 #pragma omp parallel reduction(+ : loss)
   {
     float* dk_acc = dk_part.data() + omp_get_thread_num() * dk_len;
-    const Scratch<float> qa(m_max * di_pad), mqa(amx ? 1 : H * tq * D);  // packed queries; mqa [H, tq, D]
+    const Scratch<float> qa(m_max * di_pad), mqa(amx || !dense ? 1 : H * tq * D);  // packed queries; mqa [H, tq, D]
     const Scratch<float> dq_acc(m_max * di_pad), dw_acc(m_max), row_max(tq), row_sum(tq);
     // Blocked path tiles: dots and g2 [tq * HI, kKeys], scores, target and validity [tq, kKeys]
     // (dots and tile rows padded to whole AMX tiles).
     const int64_t m16 = round_up(m_max, 16), tq16 = round_up(tq, 16);
     const Scratch<float> dots(m16 * kKeys), g2(m_max * kKeys), score(tq * kKeys), target(tq * kKeys);
-    const Scratch<float> ok(tq * kKeys), tile(max_i64(tq16, g_pad) * kKeys);
+    const Scratch<float> ok(tq * kKeys), tile(dense ? tq16 * kKeys : 1);
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
     // AMX A operands of the blocked path: query rows [m16, di32] and main queries [H, tq16, d32],
     // zero-padded (padding rows may hold an earlier block's rows: finite, their outputs unread).
-    const Scratch<bf16> qa16(amx ? m16 * di32 : 1, ScratchInit::zeroed), mqa16(amx ? H * tq16 * d32 : 1, ScratchInit::zeroed);
+    const Scratch<bf16> qa16(amx ? m16 * di32 : 1, ScratchInit::zeroed),
+        mqa16(amx && dense ? H * tq16 * d32 : 1, ScratchInit::zeroed);
 #endif
     // Sparse stage only (one element each in the dense stage): the block's selections as bitmaps
-    // [tq, words] (blocked path), and for the gathered path one row's selection (deduplicated through `seen`), its key block transposed
-    // [DI, kKeys], main key rows [kKeys, D], main queries transposed per key head [Hk, D, g_pad],
-    // key rows [n_cap, di_pad] and their dk rows, and its tiles over n_cap columns.
+    // [tq, words] (blocked path), and for the gathered path one row's selection (deduplicated
+    // through `seen`), its key block transposed [DI, kKeys], key rows [n_cap, di_pad] and their
+    // dk rows, and its tiles over n_cap columns.
     const Scratch<uint64_t> selmap(dense ? 1 : tq * words, ScratchInit::zeroed), seen(dense ? 1 : words, ScratchInit::zeroed);
     const Scratch<int32_t> sel(dense ? 1 : n_cap);
-    const Scratch<float> kgt(dense ? 1 : DI * kKeys), mkg(dense || amx ? 1 : kKeys * D),
-        mqt(dense || amx ? 1 : Hk * D * g_pad);
+    const Scratch<float> kgt(dense ? 1 : DI * kKeys);
     const Scratch<float> kg(dense ? 1 : n_cap * di_pad), dkg(dense ? 1 : n_cap * di_pad);
     const Scratch<float> r_dots(dense ? 1 : HI * n_cap), r_g2(dense ? 1 : HI * n_cap), r_score(dense ? 1 : n_cap),
         r_target(dense ? 1 : n_cap);
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-    // Gathered-path target on AMX (bf16): main key rows as A tiles [kKeys, d32] (columns past D
-    // stay zero) and this row's main queries as VNNI pairs per key head [Hk, d32 / 2, g_pad].
-    const Scratch<bf16> mkg16(amx && !dense ? kKeys * d32 : 1, ScratchInit::zeroed);
-    const Scratch<uint32_t> mqv(amx && !dense ? Hk * (d32 / 2) * g_pad : 1);
     if (amx) amx_configure();
 #endif
 
@@ -650,7 +656,7 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
       const int64_t b = item / nqb, t0 = (item % nqb) * tq, rows = min_i64(tq, d.S - t0), M = rows * HI;
       const int64_t row0 = b * d.S + t0;  // first global query row
       pack_rows(qa.data(), di_pad, q + row0 * HI * DI, DI, M, DI);
-      if (!amx) {
+      if (!amx && dense) {
         for (int64_t h = 0; h < H; ++h) pack_rows(mqa.data() + h * tq * D, D, mq + (row0 * H + h) * D, H * D, rows, D);
       }
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -658,7 +664,7 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
         for (int64_t r = 0; r < M; ++r) {
           __builtin_memcpy(qa16.data() + r * di32, q + (row0 * HI + r) * DI, size_t(DI) * sizeof(T));
         }
-        for (int64_t h = 0; h < H; ++h) {
+        for (int64_t h = 0; h < (dense ? H : 0); ++h) {
           for (int64_t i = 0; i < rows; ++i) {
             __builtin_memcpy(mqa16.data() + (h * tq16 + i) * d32, mq + ((row0 + i) * H + h) * D, size_t(D) * sizeof(T));
           }
@@ -740,7 +746,17 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
           if (!tile_mask(s0)) continue;
           block_dots(kb);
           for (int64_t i = 0; i < rows * kKeys; ++i) target.data()[i] = 0;
-          for (int64_t h = 0; h < H; ++h) {
+          if (!dense) {  // the given per-slot target, scattered to this key block's columns
+            for (int64_t i = 0; i < rows; ++i) {
+              const int64_t row = row0 + i, n = valid_keys(d, t0 + i);
+              for (int64_t e = 0; e < d.K; ++e) {
+                const int64_t key = idx[row * d.K + e];
+                if (key < s0 || key >= s0 + kKeys || key >= n) continue;
+                target.data()[i * kKeys + key - s0] += slot_target[row * d.K + e];
+              }
+            }
+          }
+          for (int64_t h = 0; h < (dense ? H : 0); ++h) {
             // The next head's key block (or this head's next one) is prefetched meanwhile.
             const int64_t next_h = h + 1 < H ? h + 1 : 0, next_kb = h + 1 < H ? kb : kb + 1;
             const bool has_next = next_kb * kKeys < n_last;
@@ -769,7 +785,9 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
               for (int64_t s = 0; s < kKeys; ++s) p[s] += fast_exp(scale * c[s] - lse_h);
             }
           }
-          for (int64_t i = 0; i < rows * kKeys; ++i) target.data()[i] *= inv_h;
+          if (dense) {
+            for (int64_t i = 0; i < rows * kKeys; ++i) target.data()[i] *= inv_h;
+          }
           for (int64_t i = 0; i < rows; ++i) {
             index_scores(score.data() + i * kKeys, dots.data() + i * HI * kKeys, kKeys, w_blk + i * HI, HI);
           }
@@ -783,45 +801,30 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
         }
       } else {
         for (int64_t i = 0; i < rows; ++i) {
-          // This row's valid selection, each key once, in idx order.
+          // This row's valid selection, each key once, in idx order, with its target (a key
+          // listed twice gets the sum of its slots' targets; the search runs only for repeats).
           const int64_t row = row0 + i, n_valid = valid_keys(d, t0 + i);
+          float* p = r_target.data();
           int64_t n = 0;
           for (int64_t e = 0; e < d.K; ++e) {
             const int32_t s = idx[row * d.K + e];
-            if (s < 0 || s >= n_valid || ((seen.data()[s >> 6] >> (s & 63)) & 1)) continue;
+            if (s < 0 || s >= n_valid) continue;
+            const float pe = slot_target[row * d.K + e];
+            if ((seen.data()[s >> 6] >> (s & 63)) & 1) {
+              int64_t j = 0;
+              while (sel.data()[j] != s) ++j;
+              p[j] += pe;
+              continue;
+            }
             seen.data()[s >> 6] |= uint64_t(1) << (s & 63);
+            p[n] = pe;
             sel.data()[n++] = s;
           }
           for (int64_t j = 0; j < n; ++j) seen.data()[sel.data()[j] >> 6] = 0;
           if (n == 0) continue;  // no valid key: no loss, zero gradients
           const int64_t cols = round_up(n, kKeys);
           const float* q_row = qa.data() + i * HI * di_pad;
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-          if constexpr (std::is_same_v<T, bf16>) {
-            if (amx) {
-              for (int64_t hk = 0; hk < Hk; ++hk) {
-                for (int64_t pr = 0; pr < d32 / 2; ++pr) {
-                  uint32_t* out = mqv.data() + (hk * (d32 / 2) + pr) * g_pad;
-                  const int64_t c = 2 * pr;
-                  for (int64_t h = 0; h < g_pad; ++h) {
-                    const bf16* src = mq + (row * H + hk * group + h) * D;
-                    const bool head = h < group;
-                    out[h] = pack_pair(head && c < D ? src[c] : bf16{}, head && c + 1 < D ? src[c + 1] : bf16{});
-                  }
-                }
-              }
-            }
-          }
-#endif
-          for (int64_t hk = 0; hk < Hk && !amx; ++hk) {
-            for (int64_t c = 0; c < D; ++c) {
-              float* out = mqt.data() + (hk * D + c) * g_pad;
-              for (int64_t h = 0; h < group; ++h) out[h] = mqa.data()[((hk * group + h) * tq + i) * D + c];
-              for (int64_t h = group; h < g_pad; ++h) out[h] = 0;
-            }
-          }
-          float* p = r_target.data();
-          for (int64_t s = 0; s < cols; ++s) p[s] = 0;
+          for (int64_t s = n; s < cols; ++s) p[s] = 0;
           for (int64_t c0 = 0; c0 < n; c0 += kKeys) {
             const int64_t m = min_i64(kKeys, n - c0);
             // Selected key rows (contiguous for dq) and the block transposed (for the scores).
@@ -836,54 +839,7 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
               for (int64_t c = 0; c < DI; ++c) kgt.data()[c * kKeys + j] = 0;
             }
             gemm<false>(r_dots.data() + c0, n_cap, q_row, di_pad, 1, kgt.data(), kKeys, HI, kKeys, DI);
-            // Target: tau mk_sel mq^T per main key head, [m keys, its query heads], from the
-            // gathered key rows (read once each) against this row's transposed queries.
-            for (int64_t hk = 0; hk < Hk; ++hk) {
-              for (int64_t j = 0; j < m; ++j) {
-                const T* src = mk + ((b * d.Skv + sel.data()[c0 + j]) * Hk + hk) * D;
-                // The rows are scattered over mk: request the one kPrefetchRows ahead, so its
-                // cache misses overlap this row's copy.
-                if (j + kPrefetchRows < m) {
-                  const char* ahead = reinterpret_cast<const char*>(
-                      mk + ((b * d.Skv + sel.data()[c0 + j + kPrefetchRows]) * Hk + hk) * D);
-                  for (int64_t byte = 0; byte < D * int64_t(sizeof(T)); byte += 64) __builtin_prefetch(ahead + byte);
-                }
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-                if (amx) {
-                  __builtin_memcpy(mkg16.data() + j * d32, src, size_t(D) * sizeof(T));
-                  continue;
-                }
-#endif
-                float* dst = mkg.data() + j * D;
-#pragma omp simd
-                for (int64_t c = 0; c < D; ++c) dst[c] = to_f32(src[c]);
-              }
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-              if (amx) {  // tile rows m..m16 come from stale (finite) key rows and are not read
-                for (int64_t j0 = 0; j0 < m; j0 += 16) {
-                  for (int64_t h0 = 0; h0 < g_pad; h0 += 64) {
-                    amx_row_block(tile.data() + j0 * g_pad + h0, g_pad * 4, 16 * 4,
-                                  reinterpret_cast<const char*>(mkg16.data() + j0 * d32), d32 * 2, kAmxDepth * 2,
-                                  reinterpret_cast<const char*>(mqv.data() + hk * (d32 / 2) * g_pad + h0), g_pad * 4,
-                                  16 * g_pad * 4, 16 * 4, d32 / kAmxDepth, int(min_i64(4, (g_pad - h0) / 16)));
-                  }
-                }
-              }
-#endif
-              if (!amx) {
-                gemm<false>(tile.data(), g_pad, mkg.data(), D, 1, mqt.data() + hk * D * g_pad, g_pad, m, g_pad, D);
-              }
-              const float* lse_h = mlse + row * H + hk * group;
-              for (int64_t j = 0; j < m; ++j) {
-                const float* c = tile.data() + j * g_pad;
-                float sum = 0;
-#pragma omp simd reduction(+ : sum)
-                for (int64_t h = 0; h < group; ++h) sum += fast_exp(scale * c[h] - lse_h[h]);
-                p[c0 + j] += sum;
-              }
-            }
           }
-          for (int64_t s = 0; s < cols; ++s) p[s] *= inv_h;
           // Scores over the selection and their lse.
           float* sc = r_score.data();
           for (int64_t c0 = 0; c0 < cols; c0 += kKeys) {
@@ -945,6 +901,20 @@ double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const fl
   return loss;
 }
 
+}  // namespace
+
+template <class T>
+double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, const T* mq, const T* mk,
+                       const float* mlse, const IndexerDims& d, const IndexerTargetDims& td, double grad_scale) {
+  return kl_loss(dq, dk, dw, q, k, w, mq, mk, mlse, td, nullptr, nullptr, d, grad_scale);
+}
+
+template <class T>
+double indexer_kl_loss_sparse(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, const int32_t* idx,
+                              const float* target, const IndexerDims& d, double grad_scale) {
+  return kl_loss<T>(dq, dk, dw, q, k, w, nullptr, nullptr, nullptr, IndexerTargetDims{}, idx, target, d, grad_scale);
+}
+
 template <class T>
 void hadamard_transform(T* x, int64_t rows, int64_t n) {
   const float norm = 1.0f / __builtin_sqrtf(float(n));
@@ -975,8 +945,9 @@ void hadamard_transform(T* x, int64_t rows, int64_t n) {
 #define TITAN_LI_INSTANTIATE(T)                                                                                  \
   template void indexer_topk<T>(int32_t*, const T*, const T*, const float*, const IndexerDims&);                \
   template double indexer_kl_loss<T>(T*, T*, float*, const T*, const T*, const float*, const T*, const T*,       \
-                                     const float*, const int32_t*, const IndexerDims&, const IndexerTargetDims&, \
-                                     double);                                                                    \
+                                     const float*, const IndexerDims&, const IndexerTargetDims&, double);        \
+  template double indexer_kl_loss_sparse<T>(T*, T*, float*, const T*, const T*, const float*, const int32_t*,    \
+                                            const float*, const IndexerDims&, double);                           \
   template void hadamard_transform<T>(T*, int64_t, int64_t);
 TITAN_LI_INSTANTIATE(float)
 TITAN_LI_INSTANTIATE(bf16)

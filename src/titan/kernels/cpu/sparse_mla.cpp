@@ -167,6 +167,32 @@ int64_t gather_valid(float* g, int64_t ldg, int32_t* keys, const T* kv, const in
   return n;
 }
 
+// hm[i] for each slot i of query t = (1/H) sum_{h < H} p[j * ld + h] * (mul ? mul[h] : 1), j the
+// position of slot i among the valid slots (gather order); 0 for invalid slots. p holds the
+// probabilities (mul nullptr) or the unnormalized exp with mul = 1 / sum per head.
+void write_head_mean(float* hm, const float* p, int64_t ld, const float* mul, const int32_t* sel, int64_t t,
+                     const SparseMlaDims& d) {
+  const float inv_h = 1.0f / float(d.H);
+  int64_t j = 0;
+  for (int64_t i = 0; i < d.K; ++i) {
+    const int32_t s = sel[i];
+    if (s < 0 || int64_t(s) > t + (d.Skv - d.S)) {
+      hm[i] = 0.0f;
+      continue;
+    }
+    const float* row = p + j++ * ld;
+    float sum = 0.0f;
+    if (mul) {
+#pragma omp simd reduction(+ : sum)
+      for (int64_t h = 0; h < d.H; ++h) sum += row[h] * mul[h];
+    } else {
+#pragma omp simd reduction(+ : sum)
+      for (int64_t h = 0; h < d.H; ++h) sum += row[h];
+    }
+    hm[i] = sum * inv_h;
+  }
+}
+
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 // dst[k, h] (rows dst_ld apart) = the bf16 pair (x[h, 2k], x[h, 2k + 1]) for k < width / 2 and h
 // < round_up(rows, 16), heads past `rows` 0: x [rows, width] (width a multiple of 32) becomes the
@@ -257,7 +283,7 @@ void rows_times_heads(float* st, int64_t cols, const bf16* g, const uint32_t* b,
 }
 
 // The forward of sparse_mla_forward<bf16> when AMX is usable and Dqk is a multiple of 32.
-void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* kv, const int32_t* idx,
+void forward_bf16_amx(bf16* o, float* lse, float* head_mean, const bf16* q, const bf16* kv, const int32_t* idx,
                       const SparseMlaDims& d) {
   const Plan p = make_plan(d);
   const float scale = float(d.scale);
@@ -283,6 +309,7 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* kv, const 
       if (n == 0) {  // no valid slot: o = 0, lse = +inf (FlashMLA's convention)
         for (int64_t e = 0; e < d.H * d.Dv; ++e) ot[e] = from_f32<bf16>(0.0f);
         for (int64_t h = 0; h < d.H; ++h) lse[bt * d.H + h] = kInf;
+        if (head_mean) write_head_mean(head_mean + bt * d.K, nullptr, 0, nullptr, idx + bt * d.K, t, d);
         continue;
       }
       pack_heads_vnni(qv.data(), p.Hs, q + bt * d.H * d.Dqk, d.H, d.Dqk);
@@ -313,6 +340,8 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* kv, const 
         if (h < d.H) lse[bt * d.H + h] = m.data()[h] + __builtin_logf(l.data()[h]);
         l.data()[h] = 1.0f / l.data()[h];
       }
+      // head_mean from the f32 exp before P is rounded to bf16.
+      if (head_mean) write_head_mean(head_mean + bt * d.K, st.data(), p.Hs, l.data(), idx + bt * d.K, t, d);
       // P rounded to bf16 in slot pairs, heads by pairs (an odd last slot pairs with a 0).
       for (int64_t h0 = 0; h0 < p.Hs; h0 += 16)
         pack_pairs_transposed(pt.data() + h0 * K2, K2, st.data() + h0, p.Hs, n, l.data() + h0);
@@ -448,10 +477,11 @@ void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, con
 int64_t sparse_mla_acc_width(int64_t dqk) { return (dqk + kLanes - 1) / kLanes * kLanes; }
 
 template <class T>
-void sparse_mla_forward(T* o, float* lse, const T* q, const T* kv, const int32_t* idx, const SparseMlaDims& d) {
+void sparse_mla_forward(T* o, float* lse, float* head_mean, const T* q, const T* kv, const int32_t* idx,
+                        const SparseMlaDims& d) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if constexpr (std::is_same_v<T, bf16>) {
-    if (d.Dqk % 32 == 0 && cpu_amx_bf16_usable()) return forward_bf16_amx(o, lse, q, kv, idx, d);
+    if (d.Dqk % 32 == 0 && cpu_amx_bf16_usable()) return forward_bf16_amx(o, lse, head_mean, q, kv, idx, d);
   }
 #endif
   const Plan p = make_plan(d);
@@ -476,6 +506,7 @@ void sparse_mla_forward(T* o, float* lse, const T* q, const T* kv, const int32_t
       if (n == 0) {  // no valid slot: o = 0, lse = +inf (FlashMLA's convention)
         for (int64_t e = 0; e < d.H * d.Dv; ++e) ot[e] = from_f32<T>(0.0f);
         for (int64_t h = 0; h < d.H; ++h) lse[bt * d.H + h] = kInf;
+        if (head_mean) write_head_mean(head_mean + bt * d.K, nullptr, 0, nullptr, idx + bt * d.K, t, d);
         continue;
       }
       const T* qh = q + bt * d.H * d.Dqk;
@@ -507,6 +538,7 @@ void sparse_mla_forward(T* o, float* lse, const T* q, const T* kv, const int32_t
 #pragma omp simd
         for (int64_t h = 0; h < p.Hs; ++h) row[h] = fast_exp(row[h] - m.data()[h]);
       }
+      if (head_mean) write_head_mean(head_mean + bt * d.K, st.data(), p.Hs, nullptr, idx + bt * d.K, t, d);
       // o[h] = sum_i P[i, h] rows[i][:Dv]: [Hr, n] (P read transposed) x [n, Dvp]
       for (int64_t r = 0; r < p.Hr; ++r) c.data()[r] = out.data() + r * p.Dvp;
       gemm_rows<false>(c.data(), st.data(), 1, p.Hs, g.data(), p.Dp, p.Hr, p.Dvp, n);
@@ -617,7 +649,7 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
 }
 
 #define TITAN_INSTANTIATE(T)                                                                                        \
-  template void sparse_mla_forward<T>(T*, float*, const T*, const T*, const int32_t*, const SparseMlaDims&);         \
+  template void sparse_mla_forward<T>(T*, float*, float*, const T*, const T*, const int32_t*, const SparseMlaDims&); \
   template void sparse_mla_backward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, const T*, const float*, \
                                        float*, int64_t, const SparseMlaDims&);
 TITAN_INSTANTIATE(float)

@@ -23,6 +23,9 @@
 // and the dkv scatter-add (2304 B f32 read and written per slot into accumulator rows far
 // outside L2). At H = 16 these, not the tile arithmetic, bound the bf16 path. The gathers
 // prefetch the kv rows a few slots ahead.
+// head_mean (optional): the forward sums the f32 probabilities it already holds over the heads
+// of each valid slot (H adds per slot, against 2 H (Dqk + Dv) FLOPs) and scatters the sums back
+// to slot order (slots keep their order in the gathered rows); nullptr skips it.
 // dkv accumulates in `acc`, `parts` per-thread f32 buffers [parts, Skv, sparse_mla_acc_width(Dqk)]
 // (the backward runs on at most `parts` threads), summed into dkv per batch element: no atomics.
 // acc must be zero; it is left zero.
@@ -37,7 +40,7 @@
 #define TITAN_SPARSE_MLA_KERNELS                                                                                    \
   int64_t sparse_mla_acc_width(int64_t dqk);                                                                        \
   template <class T>                                                                                                \
-  void sparse_mla_forward(T* o, float* lse, const T* q, const T* kv, const int32_t* idx,                            \
+  void sparse_mla_forward(T* o, float* lse, float* head_mean, const T* q, const T* kv, const int32_t* idx,          \
                           const ::titan::kernels::SparseMlaDims& d);                                                \
   template <class T>                                                                                                \
   void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const int32_t* idx, const T* o,   \

@@ -62,51 +62,112 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const acc_t<T>* w, const
   }
 }
 
+namespace {
+
+// Per-row state and buffers of the KL loss, shared by the dense/recomputing and the given-target
+// variants: one query row's loss over its set V_t = keys[0, n) with target p[0, n).
+template <class T>
+struct KlRows {
+  using A = acc_t<T>;
+  const IndexerDims& d;
+  std::vector<A> dk_acc;  // [B, Skv, DI], rounded to T at the end
+  std::vector<int32_t> keys;
+  std::vector<int64_t> pos;  // position of a key in keys, -1 when not listed (V_t is a set)
+  std::vector<A> dots, score, target, dq_acc;
+  double loss = 0;
+
+  explicit KlRows(const IndexerDims& dims)
+      : d(dims), dk_acc(size_t(d.B * d.Skv * d.DI), A(0)), keys(size_t(d.Skv)), pos(size_t(d.Skv), -1),
+        dq_acc(size_t(d.HI * d.DI)) {}
+
+  // V_t of row (b, t) = the valid entries of its idx row, each key once (in first-slot order);
+  // slot_target (optional) gives each key the sum of its slots' targets. Returns n.
+  int64_t select(const int32_t* sel, const A* slot_target, int64_t t) {
+    const int64_t n_valid = valid_keys(d, t);
+    int64_t n = 0;
+    target.assign(size_t(d.K), A(0));
+    for (int64_t i = 0; i < d.K; ++i) {
+      const int32_t s = sel[i];
+      if (s < 0 || s >= n_valid) continue;
+      if (pos[size_t(s)] < 0) pos[size_t(s)] = n, keys[size_t(n++)] = s;
+      if (slot_target) target[size_t(pos[size_t(s)])] += slot_target[i];
+    }
+    for (int64_t i = 0; i < n; ++i) pos[size_t(keys[size_t(i)])] = -1;
+    return n;
+  }
+
+  // The index scores of row (b, t) over keys[0, n) into score, with their lse; dots [n, HI].
+  A scores(const T* k, const T* qt, const A* wt, int64_t b, int64_t n) {
+    dots.assign(size_t(n * d.HI), A(0));
+    score.assign(size_t(n), A(0));
+    A max_score = -std::numeric_limits<A>::infinity();
+    for (int64_t i = 0; i < n; ++i) {
+      score[size_t(i)] = index_score(&dots[size_t(i * d.HI)], qt, k + (b * d.Skv + keys[size_t(i)]) * d.DI, wt, d);
+      max_score = std::max(max_score, score[size_t(i)]);
+    }
+    A sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += std::exp(score[size_t(i)] - max_score);
+    return max_score + std::log(sum);
+  }
+
+  // Adds the row's KL(target || softmax(score)) to loss and writes its dq and dw rows, adding its
+  // dk contributions: g = grad_scale * (softmax(I) - p) (dsa.md 6.4), ReLU'(0) = 0.
+  void loss_and_grad(T* dq, A* dwt, const T* k, const T* qt, const A* wt, int64_t b, int64_t row, int64_t n, A lse,
+                     double grad_scale) {
+    for (int64_t j = 0; j < d.HI; ++j) dwt[j] = 0;
+    std::fill(dq_acc.begin(), dq_acc.end(), A(0));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t s = keys[size_t(i)];
+      const A log_q = score[size_t(i)] - lse, p = target[size_t(i)];
+      if (p > 0) loss += double(p) * (std::log(double(p)) - double(log_q));
+      const A g = A(grad_scale) * (std::exp(log_q) - p);
+      const T* ks = k + (b * d.Skv + s) * d.DI;
+      A* dks = &dk_acc[size_t((b * d.Skv + s) * d.DI)];
+      for (int64_t j = 0; j < d.HI; ++j) {
+        const A dot = dots[size_t(i * d.HI + j)];
+        if (dot <= 0) continue;
+        dwt[j] += g * dot;
+        const A gw = g * wt[j];
+        for (int64_t c = 0; c < d.DI; ++c) {
+          dq_acc[size_t(j * d.DI + c)] += gw * load(ks[c]);
+          dks[c] += gw * load(qt[j * d.DI + c]);
+        }
+      }
+    }
+    for (int64_t c = 0; c < d.HI * d.DI; ++c) dq[row * d.HI * d.DI + c] = store<T>(dq_acc[size_t(c)]);
+  }
+
+  void store_dk(T* dk) const {
+    for (size_t c = 0; c < dk_acc.size(); ++c) dk[c] = store<T>(dk_acc[c]);
+  }
+};
+
+}  // namespace
+
 template <class T>
 double indexer_kl_loss(T* dq, T* dk, acc_t<T>* dw, const T* q, const T* k, const acc_t<T>* w, const T* mq,
                        const T* mk, const acc_t<T>* mlse, const int32_t* idx, const IndexerDims& d,
                        const IndexerTargetDims& td, double grad_scale) {
   using A = acc_t<T>;
   const int64_t group = td.H / td.Hk;
-  std::vector<A> dk_acc(size_t(d.B * d.Skv * d.DI), A(0));  // [B, Skv, DI], rounded to T at the end
-  std::vector<int32_t> keys(size_t(d.Skv));                 // the row's valid set V_t
-  std::vector<char> listed(size_t(d.Skv), 0);               // membership in V_t (a set)
-  std::vector<A> dots, score, target, dq_acc(size_t(d.HI * d.DI));
-  double loss = 0;
+  KlRows<T> r(d);
   for (int64_t b = 0; b < d.B; ++b) {
     for (int64_t t = 0; t < d.S; ++t) {
-      const int64_t row = b * d.S + t, n_valid = valid_keys(d, t);
+      const int64_t row = b * d.S + t;
       // V_t: every valid key (dense stage) or the valid entries of idx[t] (sparse stage).
       int64_t n = 0;
       if (idx == nullptr) {
-        for (int64_t s = 0; s < n_valid; ++s) keys[size_t(n++)] = int32_t(s);
+        for (int64_t s = 0; s < valid_keys(d, t); ++s) r.keys[size_t(n++)] = int32_t(s);
       } else {
-        for (int64_t i = 0; i < d.K; ++i) {
-          const int32_t s = idx[row * d.K + i];
-          if (s >= 0 && s < n_valid && !listed[size_t(s)]) keys[size_t(n++)] = s, listed[size_t(s)] = 1;
-        }
-        for (int64_t i = 0; i < n; ++i) listed[size_t(keys[size_t(i)])] = 0;
+        n = r.select(idx + row * d.K, nullptr, t);
       }
       const T* qt = q + row * d.HI * d.DI;
       const A* wt = w + row * d.HI;
-      A* dwt = dw + row * d.HI;
-      for (int64_t j = 0; j < d.HI; ++j) dwt[j] = 0;
-      std::fill(dq_acc.begin(), dq_acc.end(), A(0));
-      dots.assign(size_t(n * d.HI), A(0));  // [n, HI]
-      score.assign(size_t(n), A(0));
-      target.assign(size_t(n), A(0));
-      // Index scores and their log-sum-exp over V_t.
-      A max_score = -std::numeric_limits<A>::infinity();
-      for (int64_t i = 0; i < n; ++i) {
-        score[size_t(i)] = index_score(&dots[size_t(i * d.HI)], qt, k + (b * d.Skv + keys[size_t(i)]) * d.DI, wt, d);
-        max_score = std::max(max_score, score[size_t(i)]);
-      }
-      A sum = 0;
-      for (int64_t i = 0; i < n; ++i) sum += std::exp(score[size_t(i)] - max_score);
-      const A lse = max_score + std::log(sum);
+      const A lse = r.scores(k, qt, wt, b, n);
       // Target: the head mean of the main attention's probabilities, from its saved lse.
+      r.target.assign(size_t(n), A(0));
       for (int64_t i = 0; i < n; ++i) {
-        const int64_t s = keys[size_t(i)];
+        const int64_t s = r.keys[size_t(i)];
         A p = 0;
         for (int64_t h = 0; h < td.H; ++h) {
           const T* mqh = mq + (row * td.H + h) * td.D;
@@ -115,32 +176,32 @@ double indexer_kl_loss(T* dq, T* dk, acc_t<T>* dw, const T* q, const T* k, const
           for (int64_t c = 0; c < td.D; ++c) dot += load(mqh[c]) * load(mks[c]);
           p += std::exp(A(td.scale) * dot - mlse[row * td.H + h]);
         }
-        target[size_t(i)] = p / A(td.H);
+        r.target[size_t(i)] = p / A(td.H);
       }
-      // Loss and gradients: g = grad_scale * (softmax(I) - p) (dsa.md 6.4), ReLU'(0) = 0.
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t s = keys[size_t(i)];
-        const A log_q = score[size_t(i)] - lse, p = target[size_t(i)];
-        if (p > 0) loss += double(p) * (std::log(double(p)) - double(log_q));
-        const A g = A(grad_scale) * (std::exp(log_q) - p);
-        const T* ks = k + (b * d.Skv + s) * d.DI;
-        A* dks = &dk_acc[size_t((b * d.Skv + s) * d.DI)];
-        for (int64_t j = 0; j < d.HI; ++j) {
-          const A dot = dots[size_t(i * d.HI + j)];
-          if (dot <= 0) continue;
-          dwt[j] += g * dot;
-          const A gw = g * wt[j];
-          for (int64_t c = 0; c < d.DI; ++c) {
-            dq_acc[size_t(j * d.DI + c)] += gw * load(ks[c]);
-            dks[c] += gw * load(qt[j * d.DI + c]);
-          }
-        }
-      }
-      for (int64_t c = 0; c < d.HI * d.DI; ++c) dq[row * d.HI * d.DI + c] = store<T>(dq_acc[size_t(c)]);
+      r.loss_and_grad(dq, dw + row * d.HI, k, qt, wt, b, row, n, lse, grad_scale);
     }
   }
-  for (size_t c = 0; c < dk_acc.size(); ++c) dk[c] = store<T>(dk_acc[c]);
-  return loss;
+  r.store_dk(dk);
+  return r.loss;
+}
+
+template <class T>
+double indexer_kl_loss_sparse(T* dq, T* dk, acc_t<T>* dw, const T* q, const T* k, const acc_t<T>* w,
+                              const int32_t* idx, const acc_t<T>* target, const IndexerDims& d, double grad_scale) {
+  using A = acc_t<T>;
+  KlRows<T> r(d);
+  for (int64_t b = 0; b < d.B; ++b) {
+    for (int64_t t = 0; t < d.S; ++t) {
+      const int64_t row = b * d.S + t;
+      const int64_t n = r.select(idx + row * d.K, target + row * d.K, t);
+      const T* qt = q + row * d.HI * d.DI;
+      const A* wt = w + row * d.HI;
+      const A lse = r.scores(k, qt, wt, b, n);
+      r.loss_and_grad(dq, dw + row * d.HI, k, qt, wt, b, row, n, lse, grad_scale);
+    }
+  }
+  r.store_dk(dk);
+  return r.loss;
 }
 
 template <class T>
@@ -167,6 +228,8 @@ void hadamard_transform(T* x, int64_t rows, int64_t n) {
   template double indexer_kl_loss<T>(T*, T*, acc_t<T>*, const T*, const T*, const acc_t<T>*, const T*, const T*,   \
                                      const acc_t<T>*, const int32_t*, const IndexerDims&, const IndexerTargetDims&, \
                                      double);                                                                      \
+  template double indexer_kl_loss_sparse<T>(T*, T*, acc_t<T>*, const T*, const T*, const acc_t<T>*, const int32_t*, \
+                                            const acc_t<T>*, const IndexerDims&, double);                          \
   template void hadamard_transform<T>(T*, int64_t, int64_t);
 TITAN_REF_FOR_EACH_TYPE(TITAN_LI_INSTANTIATE)
 #undef TITAN_LI_INSTANTIATE

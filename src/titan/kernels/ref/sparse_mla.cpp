@@ -19,13 +19,16 @@ A dot(const T* x, const T* y, int64_t n) {
 }  // namespace
 
 template <class T>
-void sparse_mla_forward(T* o, acc_t<T>* lse, const T* q, const T* kv, const int32_t* idx, const SparseMlaDims& d) {
+void sparse_mla_forward(T* o, acc_t<T>* lse, acc_t<T>* head_mean, const T* q, const T* kv, const int32_t* idx,
+                        const SparseMlaDims& d) {
   using A = acc_t<T>;
   const A scale = A(d.scale);
   std::vector<A> scores(size_t(d.K)), acc(size_t(d.Dv));
   for (int64_t b = 0; b < d.B; ++b) {
     for (int64_t t = 0; t < d.S; ++t) {
       const int32_t* sel = idx + (b * d.S + t) * d.K;
+      A* hm = head_mean ? head_mean + (b * d.S + t) * d.K : nullptr;
+      if (hm) std::fill(hm, hm + d.K, A(0));
       for (int64_t h = 0; h < d.H; ++h) {
         const int64_t row = (b * d.S + t) * d.H + h;
         const T* qh = q + row * d.Dqk;
@@ -53,6 +56,10 @@ void sparse_mla_forward(T* o, acc_t<T>* lse, const T* q, const T* kv, const int3
         }
         for (int64_t c = 0; c < d.Dv; ++c) oh[c] = store<T>(acc[size_t(c)] / l);
         lse[row] = m + std::log(l);
+        if (!hm) continue;
+        for (int64_t i = 0; i < d.K; ++i) {
+          if (sparse_mla_slot_valid(sel[i], t, d)) hm[i] += std::exp(scores[size_t(i)] - lse[row]) / A(d.H);
+        }
       }
     }
   }
@@ -97,7 +104,8 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
 }
 
 #define TITAN_INSTANTIATE(T)                                                                                  \
-  template void sparse_mla_forward<T>(T*, acc_t<T>*, const T*, const T*, const int32_t*, const SparseMlaDims&); \
+  template void sparse_mla_forward<T>(T*, acc_t<T>*, acc_t<T>*, const T*, const T*, const int32_t*,            \
+                                      const SparseMlaDims&);                                                \
   template void sparse_mla_backward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, const T*,          \
                                        const acc_t<T>*, const SparseMlaDims&);
 TITAN_REF_FOR_EACH_TYPE(TITAN_INSTANTIATE)

@@ -17,11 +17,14 @@ inline bool sparse_mla_slot_valid(int32_t s, int64_t t, const SparseMlaDims& d) 
 
 // o = softmax over the valid selected keys of scale * q . kv, times the first Dv dims of those
 // rows; lse is its natural-log normalizer. Rows with no valid slot: o = 0, lse = +inf.
+// head_mean (optional, nullptr: not computed) = the head mean of those probabilities per slot,
+// 0 for invalid slots (the indexer's sparse-stage KL target, dsa.md 6.2).
 template <class T>
-void sparse_mla_forward(T* o,             // [B, S, H, Dv]
-                        acc_t<T>* lse,    // [B, S, H]
-                        const T* q,       // [B, S, H, Dqk]
-                        const T* kv,      // [B, Skv, Dqk]
+void sparse_mla_forward(T* o,                // [B, S, H, Dv]
+                        acc_t<T>* lse,       // [B, S, H]
+                        acc_t<T>* head_mean,  // [B, S, K] or nullptr
+                        const T* q,          // [B, S, H, Dqk]
+                        const T* kv,         // [B, Skv, Dqk]
                         const int32_t* idx,  // [B, S, K]
                         const SparseMlaDims& d);
 

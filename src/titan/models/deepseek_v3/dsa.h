@@ -13,8 +13,9 @@
 // row's valid keys; the model's auxiliary loss is indexer_loss_coeff times its sum over layers.
 //
 // Implementations, chosen by `[model] converters` (TorchTitan's module converters):
-// - fused ("dsa_fused"): kernels::indexer_topk, sparse_mla_forward/backward and indexer_kl_loss
-//   (dense stage: the flash attention's lse feeds the target).
+// - fused ("dsa_fused"): kernels::indexer_topk, sparse_mla_forward/backward and the indexer's
+//   KL loss (dense stage: indexer_kl_loss, the flash attention's lse feeds the recomputed target;
+//   sparse stage: indexer_kl_loss_sparse, fed the sparse forward's per-slot head_mean).
 // - small_ops (default): the same math from generic differentiable ops (autograd/ops.h): the
 //   [B, S, S] index scores and [B, H, S, S] probabilities are materialized, top-k runs on the
 //   masked scores, and the sparse attention is dense standard-form MLA with an additive -inf mask

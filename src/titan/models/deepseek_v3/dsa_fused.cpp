@@ -24,15 +24,16 @@ namespace {
 // dst += src (same shape; f32 or both of one dtype).
 void accumulate(Tensor& dst, const Tensor& src) { kernels::axpby(dst, src, 1.0, 1.0); }
 
-// O_lat [B, S, H, Dv] of the sparse attention; lse_out [B, S, H] (natural log).
+// O_lat [B, S, H, Dv] of the sparse attention. head_mean (optional, [B, S, K] f32, allocated
+// here): the head mean of its probabilities per slot of idx, the indexer's KL target (detached).
 Variable sparse_mla(const Variable& q, const Variable& kv, const Tensor& idx, int64_t dv, double scale,
-                    Tensor& lse_out) {
+                    Tensor* head_mean) {
   ProfileScope prof("sparse_mla.fwd");
   const Shape& qs = q.shape();
   Tensor o = Tensor::empty({qs[0], qs[1], qs[2], dv}, q.dtype(), MemCategory::activations);
   Tensor lse = Tensor::empty({qs[0], qs[1], qs[2]}, DType::f32, MemCategory::activations);
-  kernels::sparse_mla_forward(o, lse, q.value(), kv.value(), idx, dv, scale);
-  lse_out = lse;
+  if (head_mean) *head_mean = Tensor::empty(idx.shape(), DType::f32, MemCategory::activations);
+  kernels::sparse_mla_forward(o, lse, q.value(), kv.value(), idx, dv, scale, head_mean);
   return record("sparse_mla", {q, kv}, o,
                 [qv = q.value(), kvv = kv.value(), idx, o, lse, scale](const Tensor& dout, GradSink& g) {
                   ProfileScope prof_bwd("sparse_mla.bwd");
@@ -53,16 +54,27 @@ Variable sparse_mla(const Variable& q, const Variable& kv, const Tensor& idx, in
 
 // The indexer's KL loss (mean over the B * S rows) as a one-element Variable of q, k, w. The
 // kernel yields the gradients in the same pass as the loss, so the forward keeps them (for the
-// mean: grad_scale = 1 / rows) and the backward scales them by the incoming gradient.
-Variable indexer_kl(const Variable& q, const Variable& k, const Variable& w, const Tensor& mq, const Tensor& mk,
-                    const Tensor& mlse, double scale, const Tensor& idx) {
+// mean: grad_scale = 1 / rows) and the backward scales them by the incoming gradient. The
+// dense stage recomputes the target from mq, mk, mlse; the sparse stage (idx defined) takes it
+// per slot from the sparse attention's head_mean.
+struct IndexerTarget {
+  Tensor mq, mk, mlse;  // dense warm-up
+  double scale = 0;
+  Tensor idx, head_mean;  // sparse stage
+};
+
+Variable indexer_kl(const Variable& q, const Variable& k, const Variable& w, const IndexerTarget& target) {
   ProfileScope prof("indexer_kl_loss.fwd");
   const double rows = double(q.shape()[0] * q.shape()[1]);
   Tensor dq = Tensor::empty(q.shape(), q.dtype(), MemCategory::activations);
   Tensor dk = Tensor::empty(k.shape(), k.dtype(), MemCategory::activations);
   Tensor dw = Tensor::empty(w.shape(), DType::f32, MemCategory::activations);
-  const double total = kernels::indexer_kl_loss(dq, dk, dw, q.value(), k.value(), w.value(), mq, mk, mlse, scale,
-                                                idx, 1.0 / rows);
+  const double total =
+      target.idx.defined()
+          ? kernels::indexer_kl_loss_sparse(dq, dk, dw, q.value(), k.value(), w.value(), target.idx, target.head_mean,
+                                            1.0 / rows)
+          : kernels::indexer_kl_loss(dq, dk, dw, q.value(), k.value(), w.value(), target.mq, target.mk, target.mlse,
+                                     target.scale, 1.0 / rows);
   return record("indexer_kl_loss", {q, k, w}, Tensor::full({1}, total / rows, DType::f32),
                 [dq, dk, dw](const Tensor& dloss, GradSink& g) {
                   ProfileScope prof_bwd("indexer_kl_loss.bwd");
@@ -178,7 +190,7 @@ DsaOutputs dsa_attention_fused(const DsaInputs& in) {
     out.o = attention(in.q, k, v, in.scale, &lse);
     if (in.want_loss) {
       const Tensor lse_rows = lse.transpose(1, 2).contiguous();  // [B, S, H], as the loss reads it
-      out.loss = indexer_kl(in.index_q, in.index_k, in.index_w, in.q.value(), k.value(), lse_rows, in.scale, Tensor());
+      out.loss = indexer_kl(in.index_q, in.index_k, in.index_w, {in.q.value(), k.value(), lse_rows, in.scale, {}, {}});
     }
     return out;
   }
@@ -189,14 +201,12 @@ DsaOutputs dsa_attention_fused(const DsaInputs& in) {
   const Absorption absorb{h, dn, dr, dv, dc};
   Variable q_full = absorb_query(in.q, in.wkv_b, in.wkv_b_compute, absorb);   // [B, S, H, d_c + d_r]
   Variable kv = view(concat_last(in.c, in.k_rope), {b, s, dc + dr});          // [B, S, d_c + d_r]
-  Tensor lse;                                                                 // [B, S, H]
-  Variable o_lat = sparse_mla(q_full, kv, idx, dc, in.scale, lse);           // [B, S, H, d_c]
-  out.o = unabsorb_output(o_lat, in.wkv_b, in.wkv_b_compute, absorb);       // [B, S, H, d_v]
-  if (in.want_loss) {
-    // The target is the sparse attention's own probabilities over the selected keys (its lse).
-    out.loss = indexer_kl(in.index_q, in.index_k, in.index_w, q_full.value(), kv.value().view({b, s, 1, dc + dr}), lse,
-                          in.scale, idx);
-  }
+  // The target is the sparse attention's own probabilities over the selected keys, averaged over
+  // heads by its forward (which has them at hand) per slot of idx.
+  Tensor head_mean;                                                                              // [B, S, K]
+  Variable o_lat = sparse_mla(q_full, kv, idx, dc, in.scale, in.want_loss ? &head_mean : nullptr);  // [B, S, H, d_c]
+  out.o = unabsorb_output(o_lat, in.wkv_b, in.wkv_b_compute, absorb);                          // [B, S, H, d_v]
+  if (in.want_loss) out.loss = indexer_kl(in.index_q, in.index_k, in.index_w, {{}, {}, {}, 0, idx, head_mean});
   return out;
 }
 
