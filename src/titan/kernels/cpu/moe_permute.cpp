@@ -5,6 +5,9 @@
 #include "titan/core/parallel.h"
 #include "titan/kernels/cpu/chunks.h"
 #include "titan/kernels/cpu/row_ops.h"
+#if defined(TITAN_AVX512_ROWS)
+#include "titan/kernels/cpu/avx512.h"
+#endif
 
 namespace titan::kernels::cpu::TITAN_ISA {
 
@@ -34,32 +37,18 @@ TITAN_INLINE void prefetch_next_rows(const T* rows, const int32_t* next_pos, int
   for (int64_t j = 0; j < k; ++j) prefetch_to_l2(rows + int64_t(next_pos[j]) * d, j0, j1);
 }
 
-// The span loops below (n elements from 0) are written with AVX-512 intrinsics where available:
-// GCC 12 left the bf16 forms of their `omp simd` twins scalar inside these kernels' loops.
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define TITAN_MOE_SPAN_AVX512 1
-#else
-#define TITAN_MOE_SPAN_AVX512 0
-#endif
-#if TITAN_MOE_SPAN_AVX512
-TITAN_INLINE __mmask16 lanes(int64_t left) { return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1); }
-TITAN_INLINE __m512 load_f32(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-TITAN_INLINE __m512 load_f32(const bf16* p, __mmask16 m) {
-  // The maskz forms: the plain ones start from an "undefined" register, which GCC 12 reports
-  // as maybe-uninitialized.
-  const __m512i widened = _mm512_maskz_cvtepu16_epi32(m, _mm256_maskz_loadu_epi16(m, p));
-  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(m, widened, 16));
-}
-#endif
+// The span loops below (n elements from 0) are written with AVX-512 intrinsics (cpu/avx512.h)
+// where available: GCC 12 left the bf16 forms of their `omp simd` twins scalar inside these
+// kernels' loops.
 
 // acc = w * src
 template <class T>
 TITAN_INLINE void scale_span(float* acc, const T* src, float w, int64_t n) {
-#if TITAN_MOE_SPAN_AVX512
+#if defined(TITAN_AVX512_ROWS)
   const __m512 wv = _mm512_set1_ps(w);
   for (int64_t c = 0; c < n; c += 16) {
     const __mmask16 m = lanes(n - c);
-    _mm512_mask_storeu_ps(acc + c, m, _mm512_mul_ps(wv, load_f32(src + c, m)));
+    _mm512_mask_storeu_ps(acc + c, m, _mm512_mul_ps(wv, load16(src + c, m)));
   }
 #else
   scale_row(acc, src, w, n);
@@ -69,11 +58,11 @@ TITAN_INLINE void scale_span(float* acc, const T* src, float w, int64_t n) {
 // acc += w * src
 template <class T>
 TITAN_INLINE void axpy_span(float* acc, const T* src, float w, int64_t n) {
-#if TITAN_MOE_SPAN_AVX512
+#if defined(TITAN_AVX512_ROWS)
   const __m512 wv = _mm512_set1_ps(w);
   for (int64_t c = 0; c < n; c += 16) {
     const __mmask16 m = lanes(n - c);
-    _mm512_mask_storeu_ps(acc + c, m, _mm512_fmadd_ps(wv, load_f32(src + c, m), load_f32(acc + c, m)));
+    _mm512_mask_storeu_ps(acc + c, m, _mm512_fmadd_ps(wv, load16(src + c, m), load16(acc + c, m)));
   }
 #else
   axpy_row(acc, src, w, n);
@@ -83,14 +72,14 @@ TITAN_INLINE void axpy_span(float* acc, const T* src, float w, int64_t n) {
 // grad = w * g and returns dot(g, o): one pass over g
 template <class T>
 TITAN_INLINE float scale_and_dot(float* grad, const T* g, const T* o, float w, int64_t n) {
-#if TITAN_MOE_SPAN_AVX512
+#if defined(TITAN_AVX512_ROWS)
   const __m512 wv = _mm512_set1_ps(w);
   __m512 dot = _mm512_setzero_ps();
   for (int64_t c = 0; c < n; c += 16) {
     const __mmask16 m = lanes(n - c);
-    const __m512 gc = load_f32(g + c, m);
+    const __m512 gc = load16(g + c, m);
     _mm512_mask_storeu_ps(grad + c, m, _mm512_mul_ps(wv, gc));
-    dot = _mm512_fmadd_ps(gc, load_f32(o + c, m), dot);
+    dot = _mm512_fmadd_ps(gc, load16(o + c, m), dot);
   }
   // A fixed-order sum of the lanes (GCC 12 warns falsely inside _mm512_reduce_add_ps).
   alignas(64) float part[16];
