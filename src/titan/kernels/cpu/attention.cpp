@@ -811,7 +811,7 @@ void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, con
 // the group's first) inner, so dk and dv of the group are finished in L2 before moving on, each
 // query-side block is fetched once per group, and dq of the whole head accumulates in a per-item
 // f32 buffer. No two items write the same memory: dk and dv go to per-head f32 partials, summed
-// over each GQA group in head order afterwards. Every sum therefore runs in a fixed order and the
+// over each GQA group in head order afterwards (without GQA, straight into the head's columns). Every sum therefore runs in a fixed order and the
 // result does not depend on scheduling. Tiles are transposed as in
 // the forward: S^T = k q^T, dP^T = v dO^T, with the per-query lse and D_i across vector lanes.
 template <class T>
@@ -826,8 +826,11 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
   Scratch<float> kp(d.B * d.Hkv * p.s_pad * p.dqk_pad);  // [B, Hkv, s_pad, dqk_pad]
   Scratch<float> vp(d.B * d.Hkv * p.s_pad * p.dv_pad);   // [B, Hkv, s_pad, dv_pad]
   pack_kv<T>(kp.data(), vp.data(), k, v, d, p);
-  Scratch<float> dk_part(d.B * d.H * d.S * d.Dqk);  // [B, H, S, Dqk] this head's share of dk
-  Scratch<float> dv_part(d.B * d.H * d.S * d.Dv);   // [B, H, S, Dv]
+  // Without GQA (MLA's case) each item owns its head's columns of dk and dv and adds into them
+  // directly: the partials would only be a 2 x [B, H, S, D] f32 round trip through memory.
+  const bool mha = p.group == 1;
+  Scratch<float> dk_part(mha ? 0 : d.B * d.H * d.S * d.Dqk);  // [B, H, S, Dqk] this head's share of dk
+  Scratch<float> dv_part(mha ? 0 : d.B * d.H * d.S * d.Dv);   // [B, H, S, Dv]
 
   const float scale = float(d.scale);
   const int64_t heads = d.B * d.H;
@@ -913,10 +916,19 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
           }
         }
         for (int64_t j = kb0 * kBlock; j < min_i64(d.S, kb_end * kBlock); ++j) {
-          std::memcpy(dk_part.data() + (bh * d.S + j) * d.Dqk, dk_acc.data() + (j - kb0 * kBlock) * p.dqk_pad,
-                      size_t(d.Dqk) * sizeof(float));
-          std::memcpy(dv_part.data() + (bh * d.S + j) * d.Dv, dv_acc.data() + (j - kb0 * kBlock) * p.dv_pad,
-                      size_t(d.Dv) * sizeof(float));
+          const float* dk_row = dk_acc.data() + (j - kb0 * kBlock) * p.dqk_pad;
+          const float* dv_row = dv_acc.data() + (j - kb0 * kBlock) * p.dv_pad;
+          if (mha) {
+            T* dk_out = dk + ((b * d.S + j) * d.H + h) * d.Dqk;
+            T* dv_out = dv + ((b * d.S + j) * d.H + h) * d.Dv;
+#pragma omp simd
+            for (int64_t c = 0; c < d.Dqk; ++c) dk_out[c] = from_f32<T>(to_f32(dk_out[c]) + dk_row[c]);
+#pragma omp simd
+            for (int64_t c = 0; c < d.Dv; ++c) dv_out[c] = from_f32<T>(to_f32(dv_out[c]) + dv_row[c]);
+          } else {
+            std::memcpy(dk_part.data() + (bh * d.S + j) * d.Dqk, dk_row, size_t(d.Dqk) * sizeof(float));
+            std::memcpy(dv_part.data() + (bh * d.S + j) * d.Dv, dv_row, size_t(d.Dv) * sizeof(float));
+          }
         }
       }
       for (int64_t i = 0; i < d.S; ++i) {
@@ -927,7 +939,7 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
       }
     }
 
-    add_kv_partials(dk, dv, dk_part.data(), dv_part.data(), d, p);
+    if (!mha) add_kv_partials(dk, dv, dk_part.data(), dv_part.data(), d, p);
   }
 }
 
