@@ -148,14 +148,22 @@ void gemm_strip_tail(int64_t vecs, float* c, int64_t ldc, const float* a, int64_
 }
 
 // C[M, N] (+)= A(M x K) B[K, N] with A(r, k) = a[r * a_row + k * a_k]. N is a multiple of 16:
-// every B operand and C tile is a packed buffer padded to that width. The B strip (K rows of
-// kVecs vectors) stays in L1 while the row tiles run over it.
+// every B operand and C tile is a packed buffer padded to that width. The B strip (at most
+// kChunkK rows of kVecs vectors: 32 KiB with AVX-512) stays in L1 while the row tiles run over
+// it; a longer K (Dqk = 192 for MLA: a 48 KiB strip, the whole L1) runs in chunks, the later ones
+// accumulating into C. Each c element still sums its products in k order in one f32 register
+// stored and reloaded exactly between chunks, so chunking does not change results.
+constexpr int64_t kChunkK = 128;
 template <bool kAccumulate>
 void gemm(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b, int64_t ldb, int64_t M,
           int64_t N, int64_t K) {
   for (int64_t n = 0; n < N; n += kVecs * kVecLanes) {
     const int64_t vecs = min_i64((N - n) / kVecLanes, kVecs);
-    gemm_strip_tail<kVecs, kAccumulate>(vecs, c + n, ldc, a, a_row, a_k, b + n, ldb, M, K);
+    gemm_strip_tail<kVecs, kAccumulate>(vecs, c + n, ldc, a, a_row, a_k, b + n, ldb, M, min_i64(K, kChunkK));
+    for (int64_t k0 = kChunkK; k0 < K; k0 += kChunkK) {
+      gemm_strip_tail<kVecs, true>(vecs, c + n, ldc, a + k0 * a_k, a_row, a_k, b + k0 * ldb + n, ldb, M,
+                                   min_i64(K - k0, kChunkK));
+    }
   }
 }
 
