@@ -119,6 +119,12 @@ int main() {
     Problem mla(1, 2048, 8, 8, 192, 128, DType::bf16);  // MLA head dims, for information
     run(mla, 3);
   }
+  {
+    // deepseek_v3 debugmodel's attention in f32 (bench_train_step's shape), for information:
+    // short sequences and Dqk != Dv, where per-block overheads weigh more than at S = 2048.
+    Problem mla(2, 512, 16, 16, 192, 128, DType::f32);
+    run(mla, 3);
+  }
 
   // Reference twin on a smaller shape (it is a scalar per-row loop), same shape fast, as a ratio.
   Problem small(1, 256, 2, 1, 64, 64, DType::f32);

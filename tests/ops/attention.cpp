@@ -71,6 +71,9 @@ TITAN_OP_CASES(attention) {
       // with an odd number of blocks (GQA and MHA, which write dk and dv differently).
       {1, 1, 1, 1, 32, 32},   {2, 17, 6, 2, 64, 32},  {1, 97, 4, 1, 96, 64}, {1, 300, 3, 1, 32, 32},
       {1, 129, 2, 2, 128, 96}, {1, 300, 2, 2, 64, 64},
+      // MLA's head dims without GQA over more than one key group: f32 keys read in place, K = 192
+      // in two chunks, dk and dv added per head.
+      {2, 300, 3, 3, 192, 128},
   };
   return {
       {"attention_forward", shapes,

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <vector>
 
+#include "titan/core/parallel.h"
+
 namespace titan {
 
 Storage::Storage(size_t bytes, MemCategory category)
@@ -53,7 +55,11 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, MemCategory category) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, MemCategory category) {
   Tensor t = empty(shape, dtype, category);
-  std::memset(t.data_ptr(), 0, storage_bytes(shape, dtype));
+  // Gradient buffers run to tens of MB, which one thread's memset fills well below the memory
+  // bandwidth; large fills are split over the threads in 1 MiB pieces.
+  uint8_t* d = static_cast<uint8_t*>(t.data_ptr());
+  parallel_for(0, int64_t(storage_bytes(shape, dtype)), int64_t(1) << 20,
+               [d](int64_t lo, int64_t hi) { std::memset(d + lo, 0, size_t(hi - lo)); });
   return t;
 }
 
@@ -272,7 +278,10 @@ void Tensor::fill_(double value) {
     if (dtype_ == DType::f32) {
       const float v = float(value);
       float* f = reinterpret_cast<float*>(d);
-      for (int64_t i = 0; i < n; ++i) f[i] = v;
+      // Split over the threads like zeros(): zero_grad fills every parameter's gradient.
+      parallel_for(0, n, int64_t(1) << 18, [f, v](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) f[i] = v;
+      });
     } else {
       for (int64_t i = 0; i < n; ++i) std::memcpy(d + i * int64_t(es), one.data_ptr(), es);
     }

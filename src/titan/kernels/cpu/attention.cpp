@@ -148,14 +148,22 @@ void gemm_strip_tail(int64_t vecs, float* c, int64_t ldc, const float* a, int64_
 }
 
 // C[M, N] (+)= A(M x K) B[K, N] with A(r, k) = a[r * a_row + k * a_k]. N is a multiple of 16:
-// every B operand and C tile is a packed buffer padded to that width. The B strip (K rows of
-// kVecs vectors) stays in L1 while the row tiles run over it.
+// every B operand and C tile is a packed buffer padded to that width. The B strip (at most
+// kChunkK rows of kVecs vectors: 32 KiB with AVX-512) stays in L1 while the row tiles run over
+// it; a longer K (Dqk = 192 for MLA: a 48 KiB strip, the whole L1) runs in chunks, the later ones
+// accumulating into C. Each c element still sums its products in k order in one f32 register
+// stored and reloaded exactly between chunks, so chunking does not change results.
+constexpr int64_t kChunkK = 128;
 template <bool kAccumulate>
 void gemm(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b, int64_t ldb, int64_t M,
           int64_t N, int64_t K) {
   for (int64_t n = 0; n < N; n += kVecs * kVecLanes) {
     const int64_t vecs = min_i64((N - n) / kVecLanes, kVecs);
-    gemm_strip_tail<kVecs, kAccumulate>(vecs, c + n, ldc, a, a_row, a_k, b + n, ldb, M, K);
+    gemm_strip_tail<kVecs, kAccumulate>(vecs, c + n, ldc, a, a_row, a_k, b + n, ldb, M, min_i64(K, kChunkK));
+    for (int64_t k0 = kChunkK; k0 < K; k0 += kChunkK) {
+      gemm_strip_tail<kVecs, true>(vecs, c + n, ldc, a + k0 * a_k, a_row, a_k, b + k0 * ldb + n, ldb, M,
+                                   min_i64(K - k0, kChunkK));
+    }
   }
 }
 
@@ -193,24 +201,36 @@ void pack_rows(float* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t
 }
 
 // dst[c][j] = scale * src[j][c] for one block of rows: the B operand whose columns are queries.
-// Columns j >= rows are zeroed. dst [width, kBlock]. Sixteen source rows at a time, so each
-// store is one contiguous vector and the sixteen rows being read stay in L1.
+// Columns j >= rows are zeroed. dst [width, kBlock]. Sixteen source rows by sixteen columns at a
+// time go through an L1 tile, so each store is one contiguous vector and each source line is read
+// once: one head's rows lie H * D elements apart, often a multiple of 4 KiB, so sixteen of them
+// share one L1 set, and reading them column by column refetched every line from L2 per column.
 template <class T>
 void pack_transposed(float* dst, const T* src, int64_t ld_src, int64_t rows, int64_t width, float scale) {
+  float tile[kLanes][kLanes];  // [16 rows, 16 columns]
   for (int64_t j0 = 0; j0 < kBlock; j0 += kLanes) {
-    const int64_t n = min_i64(kLanes, rows - j0);
-    for (int64_t c = 0; c < width; ++c) {
-      float col[kLanes] = {};
-      for (int64_t jj = 0; jj < n; ++jj) col[jj] = scale * to_f32(src[(j0 + jj) * ld_src + c]);
-      std::memcpy(dst + c * kBlock + j0, col, sizeof(col));
+    const int64_t n = rows - j0 < 0 ? 0 : min_i64(kLanes, rows - j0);
+    for (int64_t c0 = 0; c0 < width; c0 += kLanes) {
+      const int64_t w = min_i64(kLanes, width - c0);
+      for (int64_t jj = 0; jj < n; ++jj) {
+        const T* row = src + (j0 + jj) * ld_src + c0;
+#pragma omp simd
+        for (int64_t cc = 0; cc < w; ++cc) tile[jj][cc] = scale * to_f32(row[cc]);
+      }
+      for (int64_t jj = n; jj < kLanes; ++jj) std::memset(tile[jj], 0, sizeof(tile[jj]));
+      for (int64_t cc = 0; cc < w; ++cc) {
+        float col[kLanes];
+        for (int64_t jj = 0; jj < kLanes; ++jj) col[jj] = tile[jj][cc];
+        std::memcpy(dst + (c0 + cc) * kBlock + j0, col, sizeof(col));
+      }
     }
   }
 }
 
-// Keys and values of every (b, kv head) as f32 rows, packed once (in parallel, padding included,
-// so the buffers need no serial zero-fill) and shared by all query heads of the group:
-// kp [B, Hkv, s_pad, dqk_pad], vp [B, Hkv, s_pad, dv_pad]. Rows past S are never read: every
-// product over keys stops at the last valid key.
+// Keys (unless kp is null) and values of every (b, kv head) as f32 rows, packed once (in
+// parallel, padding included, so the buffers need no serial zero-fill) and shared by all query
+// heads of the group: kp [B, Hkv, s_pad, dqk_pad], vp [B, Hkv, s_pad, dv_pad]. Rows past S are
+// never read: every product over keys stops at the last valid key.
 template <class T>
 void pack_kv(float* kp, float* vp, const T* k, const T* v, const AttentionDims& d, const Plan& p) {
   const int64_t items = d.B * d.Hkv * p.nblk;
@@ -218,8 +238,10 @@ void pack_kv(float* kp, float* vp, const T* k, const T* v, const AttentionDims& 
   for (int64_t t = 0; t < items; ++t) {
     const int64_t blk = t % p.nblk, bg = t / p.nblk, b = bg / d.Hkv, g = bg % d.Hkv;
     const int64_t row0 = blk * kBlock, rows = min_i64(kBlock, d.S - row0);
-    pack_rows(kp + (bg * p.s_pad + row0) * p.dqk_pad, p.dqk_pad, k + ((b * d.S + row0) * d.Hkv + g) * d.Dqk,
-              d.Hkv * d.Dqk, rows, d.Dqk, 1.0f);
+    if (kp) {
+      pack_rows(kp + (bg * p.s_pad + row0) * p.dqk_pad, p.dqk_pad, k + ((b * d.S + row0) * d.Hkv + g) * d.Dqk,
+                d.Hkv * d.Dqk, rows, d.Dqk, 1.0f);
+    }
     pack_rows(vp + (bg * p.s_pad + row0) * p.dv_pad, p.dv_pad, v + ((b * d.S + row0) * d.Hkv + g) * d.Dv,
               d.Hkv * d.Dv, rows, d.Dv, 1.0f);
   }
@@ -720,9 +742,21 @@ void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, con
   }
 #endif
   const Plan p = make_plan(d);
-  Scratch<float> kp(d.B * d.Hkv * p.s_pad * p.dqk_pad);  // [B, Hkv, s_pad, dqk_pad]
-  Scratch<float> vp(d.B * d.Hkv * p.s_pad * p.dv_pad);   // [B, Hkv, s_pad, dv_pad]
-  pack_kv<T>(kp.data(), vp.data(), k, v, d, p);
+  // f32 keys of a whole vector width are read in place: they are only the A operand of S^T = k q^T
+  // (one broadcast per row and k step), where their row stride costs nothing, and packing them
+  // would write and reread a copy of all keys. Values are a B operand and stay packed.
+  constexpr bool kF32 = std::is_same_v<T, float>;
+  const bool keys_in_place = kF32 && d.Dqk == p.dqk_pad;
+  Scratch<float> kp(keys_in_place ? 0 : d.B * d.Hkv * p.s_pad * p.dqk_pad);  // [B, Hkv, s_pad, dqk_pad]
+  Scratch<float> vp(d.B * d.Hkv * p.s_pad * p.dv_pad);                        // [B, Hkv, s_pad, dv_pad]
+  pack_kv<T>(keys_in_place ? nullptr : kp.data(), vp.data(), k, v, d, p);
+  const int64_t k_ld = keys_in_place ? d.Hkv * d.Dqk : p.dqk_pad;  // floats between key rows
+  auto key_block = [&](int64_t b, int64_t bg, int64_t row0) -> const float* {  // [kBlock, k_ld]
+    if constexpr (kF32) {
+      if (keys_in_place) return k + ((b * d.S + row0) * d.Hkv + bg % d.Hkv) * d.Dqk;
+    }
+    return kp.data() + (bg * p.s_pad + row0) * p.dqk_pad;
+  };
 
   const float scale = float(d.scale);
   const int64_t heads = d.B * d.H, groups = (p.nblk + kGroupBlocks - 1) / kGroupBlocks, items = heads * groups;
@@ -751,8 +785,8 @@ void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, con
       }
 
       for (int64_t kb = 0; kb < qb_end; ++kb) {
-        const float* kp_blk = kp.data() + (bg * p.s_pad + kb * kBlock) * p.dqk_pad;  // [kBlock, dqk_pad]
-        const float* vp_blk = vp.data() + (bg * p.s_pad + kb * kBlock) * p.dv_pad;   // [kBlock, dv_pad]
+        const float* kp_blk = key_block(b, bg, kb * kBlock);                        // [kBlock, k_ld]
+        const float* vp_blk = vp.data() + (bg * p.s_pad + kb * kBlock) * p.dv_pad;  // [kBlock, dv_pad]
         for (int64_t qb = kb > qb0 ? kb : qb0; qb < qb_end; ++qb) {
           const int64_t x = qb - qb0, rows = min_i64(kBlock, d.S - qb * kBlock);
           float* m_x = m.data() + x * kBlock;                // [kBlock]
@@ -760,8 +794,7 @@ void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, con
           float* oacc_x = oacc.data() + x * kBlock * p.dv_pad;  // [kBlock, dv_pad]
           const bool diagonal = kb == qb;
           const int64_t cols = diagonal ? rows : kBlock;  // keys past the diagonal or past S are skipped
-          gemm<false>(st.data(), kBlock, kp_blk, p.dqk_pad, 1, qt.data() + x * d.Dqk * kBlock, kBlock, cols, kBlock,
-                      d.Dqk);
+          gemm<false>(st.data(), kBlock, kp_blk, k_ld, 1, qt.data() + x * d.Dqk * kBlock, kBlock, cols, kBlock, d.Dqk);
           if (diagonal) mask_diagonal(st.data(), cols);
           // Online softmax per query column: new max, rescale of the old sum (and of o below),
           // P^T = exp(S^T - max). Padding queries past S compute finite values nobody reads.
@@ -811,7 +844,7 @@ void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, con
 // the group's first) inner, so dk and dv of the group are finished in L2 before moving on, each
 // query-side block is fetched once per group, and dq of the whole head accumulates in a per-item
 // f32 buffer. No two items write the same memory: dk and dv go to per-head f32 partials, summed
-// over each GQA group in head order afterwards. Every sum therefore runs in a fixed order and the
+// over each GQA group in head order afterwards (without GQA, straight into the head's columns). Every sum therefore runs in a fixed order and the
 // result does not depend on scheduling. Tiles are transposed as in
 // the forward: S^T = k q^T, dP^T = v dO^T, with the per-query lse and D_i across vector lanes.
 template <class T>
@@ -823,11 +856,11 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
   }
 #endif
   const Plan p = make_plan(d);
-  Scratch<float> kp(d.B * d.Hkv * p.s_pad * p.dqk_pad);  // [B, Hkv, s_pad, dqk_pad]
-  Scratch<float> vp(d.B * d.Hkv * p.s_pad * p.dv_pad);   // [B, Hkv, s_pad, dv_pad]
-  pack_kv<T>(kp.data(), vp.data(), k, v, d, p);
-  Scratch<float> dk_part(d.B * d.H * d.S * d.Dqk);  // [B, H, S, Dqk] this head's share of dk
-  Scratch<float> dv_part(d.B * d.H * d.S * d.Dv);   // [B, H, S, Dv]
+  // Without GQA (MLA's case) each item owns its head's columns of dk and dv and adds into them
+  // directly: the partials would only be a 2 x [B, H, S, D] f32 round trip through memory.
+  const bool mha = p.group == 1;
+  Scratch<float> dk_part(mha ? 0 : d.B * d.H * d.S * d.Dqk);  // [B, H, S, Dqk] this head's share of dk
+  Scratch<float> dv_part(mha ? 0 : d.B * d.H * d.S * d.Dv);   // [B, H, S, Dv]
 
   const float scale = float(d.scale);
   const int64_t heads = d.B * d.H;
@@ -835,6 +868,11 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
   const int threads = heads < omp_get_max_threads() ? int(heads) : omp_get_max_threads();
 #pragma omp parallel num_threads(threads)
   {
+    // The item's keys and values as f32 rows, packed per thread (kept while the kv head stays the
+    // same): a shared copy of all heads' would be written to memory and read back from it, this
+    // one stays in L2 while the item runs over it. Rows past S are never read.
+    Scratch<float> kp(p.s_pad * p.dqk_pad), vp(p.s_pad * p.dv_pad);  // [s_pad, dqk_pad], [s_pad, dv_pad]
+    int64_t packed_bg = -1;
     Scratch<float> qt(p.nblk * d.Dqk * kBlock, ScratchInit::zeroed);   // [nblk, Dqk, kBlock] scale * q^T per block
     Scratch<float> qs(p.s_pad * p.dqk_pad, ScratchInit::zeroed);       // [s_pad, dqk_pad] scale * q rows
     Scratch<float> dot(p.nblk * d.Dv * kBlock, ScratchInit::zeroed);   // [nblk, Dv, kBlock] dO^T per block
@@ -850,6 +888,12 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
       const int64_t b = bh / d.H, h = bh % d.H, bg = b * d.Hkv + h / p.group;
       const T* q_h = q + (b * d.S * d.H + h) * d.Dqk;      // row i at q_h + i * H * Dqk
       const T* do_h = dout + (b * d.S * d.H + h) * d.Dv;   // row i at do_h + i * H * Dv
+      if (bg != packed_bg) {
+        const int64_t g = bg % d.Hkv;
+        pack_rows(kp.data(), p.dqk_pad, k + (b * d.S * d.Hkv + g) * d.Dqk, d.Hkv * d.Dqk, d.S, d.Dqk, 1.0f);
+        pack_rows(vp.data(), p.dv_pad, v + (b * d.S * d.Hkv + g) * d.Dv, d.Hkv * d.Dv, d.S, d.Dv, 1.0f);
+        packed_bg = bg;
+      }
       pack_rows(qs.data(), p.dqk_pad, q_h, d.H * d.Dqk, d.S, d.Dqk, scale);
       pack_rows(dos.data(), p.dv_pad, do_h, d.H * d.Dv, d.S, d.Dv, 1.0f);
       for (int64_t qb = 0; qb < p.nblk; ++qb) {
@@ -882,8 +926,8 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
           for (int64_t kb = kb0; kb < kb_end && kb <= qb; ++kb) {
             const bool diagonal = qb == kb;
             const int64_t col0 = kb * kBlock, cols = min_i64(kBlock, d.S - col0);
-            const float* kp_blk = kp.data() + (bg * p.s_pad + col0) * p.dqk_pad;  // [kBlock, dqk_pad]
-            const float* vp_blk = vp.data() + (bg * p.s_pad + col0) * p.dv_pad;   // [kBlock, dv_pad]
+            const float* kp_blk = kp.data() + col0 * p.dqk_pad;  // [kBlock, dqk_pad]
+            const float* vp_blk = vp.data() + col0 * p.dv_pad;   // [kBlock, dv_pad]
             float* dk_blk = dk_acc.data() + (kb - kb0) * kBlock * p.dqk_pad;     // [kBlock, dqk_pad]
             float* dv_blk = dv_acc.data() + (kb - kb0) * kBlock * p.dv_pad;      // [kBlock, dv_pad]
             // P^T = exp(S^T - lse) with S^T = k (scale q)^T; -inf above the diagonal gives 0.
@@ -913,10 +957,19 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
           }
         }
         for (int64_t j = kb0 * kBlock; j < min_i64(d.S, kb_end * kBlock); ++j) {
-          std::memcpy(dk_part.data() + (bh * d.S + j) * d.Dqk, dk_acc.data() + (j - kb0 * kBlock) * p.dqk_pad,
-                      size_t(d.Dqk) * sizeof(float));
-          std::memcpy(dv_part.data() + (bh * d.S + j) * d.Dv, dv_acc.data() + (j - kb0 * kBlock) * p.dv_pad,
-                      size_t(d.Dv) * sizeof(float));
+          const float* dk_row = dk_acc.data() + (j - kb0 * kBlock) * p.dqk_pad;
+          const float* dv_row = dv_acc.data() + (j - kb0 * kBlock) * p.dv_pad;
+          if (mha) {
+            T* dk_out = dk + ((b * d.S + j) * d.H + h) * d.Dqk;
+            T* dv_out = dv + ((b * d.S + j) * d.H + h) * d.Dv;
+#pragma omp simd
+            for (int64_t c = 0; c < d.Dqk; ++c) dk_out[c] = from_f32<T>(to_f32(dk_out[c]) + dk_row[c]);
+#pragma omp simd
+            for (int64_t c = 0; c < d.Dv; ++c) dv_out[c] = from_f32<T>(to_f32(dv_out[c]) + dv_row[c]);
+          } else {
+            std::memcpy(dk_part.data() + (bh * d.S + j) * d.Dqk, dk_row, size_t(d.Dqk) * sizeof(float));
+            std::memcpy(dv_part.data() + (bh * d.S + j) * d.Dv, dv_row, size_t(d.Dv) * sizeof(float));
+          }
         }
       }
       for (int64_t i = 0; i < d.S; ++i) {
@@ -927,7 +980,7 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
       }
     }
 
-    add_kv_partials(dk, dv, dk_part.data(), dv_part.data(), d, p);
+    if (!mha) add_kv_partials(dk, dv, dk_part.data(), dv_part.data(), d, p);
   }
 }
 
