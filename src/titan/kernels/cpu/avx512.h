@@ -61,6 +61,23 @@ TITAN_INLINE float hsum16(__m512 v) {
   return _mm512_cvtss_f32(v);
 }
 
+// The max of x[0, n) (-inf for n = 0), in two vector chains: the max's latency, not the loads,
+// would limit one.
+template <class T>
+TITAN_INLINE float max_span(const T* x, int64_t n) {
+  __m512 m0 = _mm512_set1_ps(-__builtin_inff()), m1 = m0;
+  int64_t j = 0;
+  for (; j + 32 <= n; j += 32) {
+    m0 = _mm512_max_ps(m0, load16(x + j));
+    m1 = _mm512_max_ps(m1, load16(x + j + 16));
+  }
+  for (; j < n; j += 16) {
+    const __mmask16 k = lanes(n - j);
+    m0 = _mm512_mask_max_ps(m0, k, m0, load16(x + j, k));
+  }
+  return hmax16(_mm512_max_ps(m0, m1));
+}
+
 // 2^t per lane, for t <= 127 (softmax-style arguments, shifted by the row max, are <= 0): the
 // Taylor polynomial of 2^f (coefficients ln2^k / k!) on the fraction f = t - round(t) in
 // [-1/2, 1/2], scaled by 2^round(t) with VSCALEFPS. Degree 6 (the default): ~2 ulp, as fast_exp.

@@ -33,17 +33,7 @@ TITAN_INLINE float row_lse_avx512(const T* row, int64_t v) {
   const __m512 log2e = _mm512_set1_ps(kLog2e);
   for (int64_t c0 = 0; c0 < v; c0 += kChunk) {
     const int64_t c1 = c0 + kChunk < v ? c0 + kChunk : v;
-    __m512 m0 = _mm512_set1_ps(-kInf), m1 = m0;
-    int64_t j = c0;
-    for (; j + 32 <= c1; j += 32) {  // two chains: the max's latency would limit one
-      m0 = _mm512_max_ps(m0, load16(row + j));
-      m1 = _mm512_max_ps(m1, load16(row + j + 16));
-    }
-    for (; j < c1; j += 16) {
-      const __mmask16 k = lanes(c1 - j);
-      m0 = _mm512_mask_max_ps(m0, k, m0, load16(row + j, k));
-    }
-    const float cm = hmax16(_mm512_max_ps(m0, m1));
+    const float cm = max_span(row + c0, c1 - c0);
     if (cm == -kInf) continue;  // all -inf: adds nothing (and -inf - -inf would be NaN)
     if (cm > m) {
       const float new_M = cm * kLog2e;
@@ -54,7 +44,8 @@ TITAN_INLINE float row_lse_avx512(const T* row, int64_t v) {
     const __m512 vM = _mm512_set1_ps(M);
     __m512 s1 = _mm512_setzero_ps();
     // Scalar math: s += exp(x - m)
-    for (j = c0; j + 32 <= c1; j += 32) {
+    int64_t j = c0;
+    for (; j + 32 <= c1; j += 32) {
       // The next chunk (past the row's end: the next row's start) into L2 while this one's exp
       // runs from L1, so memory works during the arithmetic, not only during the max pass.
       prefetch_next_chunk(row + j);

@@ -63,17 +63,8 @@ TITAN_INLINE void softmax_forward_row(T* y, float* e, const T* x, int64_t D, int
 template <class T>
 TITAN_INLINE void softmax_forward_row_avx512(T* y, float* e, const T* x, int64_t D, int64_t next, bool streaming) {
   constexpr float kLog2e = 1.44269504088896341f;
-  __m512 m0 = _mm512_set1_ps(-__builtin_inff()), m1 = m0;
+  const float m = max_span(x, D);
   int64_t j = 0;
-  for (; j + 32 <= D; j += 32) {  // two chains: the max's latency, not the loads, would limit one
-    m0 = _mm512_max_ps(m0, load16(x + j));
-    m1 = _mm512_max_ps(m1, load16(x + j + 16));
-  }
-  for (; j < D; j += 16) {
-    const __mmask16 k = lanes(D - j);
-    m0 = _mm512_mask_max_ps(m0, k, m0, load16(x + j, k));
-  }
-  const float m = hmax16(_mm512_max_ps(m0, m1));
   const __m512 log2e = _mm512_set1_ps(kLog2e), m_log2e = _mm512_set1_ps(m * kLog2e);
   __m512 s0 = _mm512_setzero_ps(), s1 = s0;
   for (int64_t j0 = 0; j0 < D; j0 += kChunk) {
