@@ -16,12 +16,13 @@ experts the same way.
 import argparse
 import json
 import resource
-import time
 import types
 
 import torch
 import torch.nn.functional as F
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+from bench_torch_step import time_training
 
 
 def softmax_router_forward(self, hidden_states):
@@ -70,34 +71,10 @@ def main():
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     model, config = build_model(a.config)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=False)
     vocab = config.vocab_size
     tokens = torch.randint(0, vocab, (a.batch, a.seq + 1))
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bfloat16"):
-            logits = model(input_ids=tokens[:, :-1], use_cache=False).logits
-        loss = F.cross_entropy(logits.float().reshape(-1, vocab), tokens[:, 1:].reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        return loss.item()
-
-    t0 = time.perf_counter()
-    step()  # warm-up
-    warm = time.perf_counter() - t0
-    times = []
-    for _ in range(a.steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    best = min(times)
-    print(json.dumps({"mode": "eager", "dtype": a.dtype, "tokens_per_second": a.batch * a.seq / best,
-                      "step_seconds": best, "warmup_seconds": warm, "threads": torch.get_num_threads(),
-                      "parameters": sum(p.numel() for p in model.parameters()),
-                      "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                      "rss_before_bytes": rss0 * 1024}))
+    time_training(model, lambda x: model(input_ids=x, use_cache=False).logits, tokens, vocab, a.dtype, a.steps, rss0,
+                  mode="eager", parameters=sum(p.numel() for p in model.parameters()))
 
 
 if __name__ == "__main__":

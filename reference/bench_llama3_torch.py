@@ -6,14 +6,14 @@ with tokens/s and peak resident memory. Called by the C++ benchmark when referen
         --vocab 2048 --batch 4 --seq 1024 --steps 3 --dtype float32 --mode eager
 """
 import argparse
-import json
 import math
 import resource
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from bench_torch_step import time_training
 
 
 class Block(nn.Module):
@@ -79,34 +79,10 @@ def main():
     a = p.parse_args()
     torch.manual_seed(0)
     model = Llama(a)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=False)
     step_model = torch.compile(model) if a.mode == "compile" else model
     tokens = torch.randint(0, a.vocab, (a.batch, a.seq + 1))
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bfloat16"):
-            logits = step_model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.float().reshape(-1, a.vocab), tokens[:, 1:].reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        return loss.item()
-
-    t0 = time.perf_counter()
-    step()  # warm-up (compilation for torch.compile)
-    warm = time.perf_counter() - t0
-    times = []
-    for _ in range(a.steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    best = min(times)
-    print(json.dumps({"mode": a.mode, "dtype": a.dtype, "tokens_per_second": a.batch * a.seq / best,
-                      "step_seconds": best, "warmup_seconds": warm, "threads": torch.get_num_threads(),
-                      "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                      "rss_before_bytes": rss0 * 1024}))
+    time_training(model, step_model, tokens, a.vocab, a.dtype, a.steps, rss0, mode=a.mode)
 
 
 if __name__ == "__main__":
