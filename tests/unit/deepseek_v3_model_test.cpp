@@ -119,6 +119,35 @@ TEST(DeepSeekV3Model, RegistryBuildsItAndItTrains) {
   for (auto& [name, p] : m->named_parameters()) EXPECT_TRUE(p->var.grad().defined()) << name;
 }
 
+// [model] moe_load_balance_coeff / moe_aux_loss_alpha reach every MoE layer: after one step the
+// biases are nonzero multiples of coefficient / 8 (+-coefficient, shifted to zero mean over the 8
+// experts), and the balance loss joins the auxiliary losses only when alpha > 0.
+TEST(DeepSeekV3Model, RegistryPassesTheBalancingOptions) {
+  Tensor tokens = Tensor::empty({2, 9}, DType::i32);
+  for (int i = 0; i < 18; ++i) tokens.data<int32_t>()[i] = (i * 7) % 128;
+  for (double alpha : {0.0, 1e-3}) {
+    models::ModelOptions options;
+    options.moe_load_balance_coeff = 0.25;
+    options.moe_aux_loss_alpha = alpha;
+    std::unique_ptr<models::CausalLM> m = models::build_model("deepseek_v3", "debugmodel", 128, 32, options);
+    m->init_parameters(5);
+    m->forward(tokens);
+    EXPECT_EQ(m->auxiliary_losses().size(), alpha > 0 ? 5u : 0u);  // one per MoE layer (layers 1-5)
+    m->after_optimizer_step();
+    int moved = 0;
+    for (auto& [name, bias] : m->named_buffers()) {
+      if (!name.ends_with("expert_bias")) continue;
+      for (int64_t e = 0; e < bias.numel(); ++e) {
+        const double b = std::abs(double(bias.data<float>()[e])) / (0.25 / 8);
+        EXPECT_NEAR(b, std::round(b), 1e-4) << name << "[" << e << "]";
+        EXPECT_LE(b, 16.0) << name << "[" << e << "]";
+        moved += b > 0.5;
+      }
+    }
+    EXPECT_GT(moved, 0);
+  }
+}
+
 // A tiny model memorizes one batch: AdamW over every parameter (MLA's latent norms included)
 // drives the loss far below chance, in f32 and with full activation recompute alike.
 TEST(DeepSeekV3Model, AdamWStepsFitOneBatch) {

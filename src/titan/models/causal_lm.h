@@ -51,6 +51,10 @@ struct ModelOptions {
   // `titan ckpt convert --from-hf` records it) instead of the flavor's; its vocabulary may
   // exceed the tokenizer's (DeepSeek pads it), never fall short.
   const nlohmann::json* hf_config = nullptr;
+  // MoE balancing (DeepSeek models): the aux-loss-free bias update rate (TorchTitan's
+  // load_balance_coeff) and the sequence-wise auxiliary loss weight (DeepSeek-V3's alpha; 0: off).
+  double moe_load_balance_coeff = 1e-3;
+  double moe_aux_loss_alpha = 0;
 };
 
 // Builds `name` ("llama3", ...) at `flavor` with the tokenizer's vocabulary size. The

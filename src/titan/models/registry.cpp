@@ -24,6 +24,8 @@ std::unique_ptr<BlockFeedForward> deepseek_v3::moe_layer(const deepseek_v3::Deep
   m.route_scale = a.route_scale;
   m.n_expert_groups = a.n_expert_groups;
   m.n_limited_groups = a.n_limited_groups;
+  m.load_balance_coeff = a.load_balance_coeff;
+  m.aux_loss_alpha = a.aux_loss_alpha;
   return std::make_unique<moe::MoE>(m, a.out_proj_std(layer_id));
 }
 
@@ -50,6 +52,8 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
     a.num_mtp_layers = options.mtp_layers;  // the config's MTP modules train only when asked for
     a.mtp_loss_weight = options.mtp_loss_weight;
     a.n_dense_layers = std::min(a.n_dense_layers, a.n_layers + a.num_mtp_layers);
+    a.load_balance_coeff = options.moe_load_balance_coeff;
+    a.aux_loss_alpha = options.moe_aux_loss_alpha;
     a.validate();
     return std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer);
   }
@@ -58,12 +62,16 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
     a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
     a.num_mtp_layers = options.mtp_layers;
     a.mtp_loss_weight = options.mtp_loss_weight;
+    a.load_balance_coeff = options.moe_load_balance_coeff;
+    a.aux_loss_alpha = options.moe_aux_loss_alpha;
     a.validate();
     return std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer);
   }
   if (name == "deepseek_v32") {
     deepseek_v3::DeepSeekV3Args a = deepseek_v3::deepseek_v32_flavor(flavor, vocab_size);
     a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
+    a.load_balance_coeff = options.moe_load_balance_coeff;
+    a.aux_loss_alpha = options.moe_aux_loss_alpha;
     return std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer);
   }
   std::string names;

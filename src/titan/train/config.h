@@ -35,6 +35,8 @@ struct Model {
   std::vector<std::string> converters;
   int64_t mtp_layers = 0;        // DeepSeek-V3 multi-token prediction depth D (0: off)
   double mtp_loss_weight = 0.3;  // its loss weight lambda
+  double moe_load_balance_coeff = 1e-3;  // MoE aux-loss-free balancing: bias update per step
+  double moe_aux_loss_alpha = 0;         // MoE sequence-wise auxiliary loss weight (0: off)
   bool operator==(const Model&) const = default;
 };
 

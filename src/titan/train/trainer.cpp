@@ -136,7 +136,8 @@ Trainer::Trainer(const JobConfig& config, const std::string& source) : s_(std::m
     s.hf_config = checkpoint::load_train_state(config.checkpoint.initial_load_path).value("hf_config", json());
   s.model = models::build_model(config.model.name, config.model.flavor, vocab, t.seq_len,
                                 {config.model.mtp_layers, config.model.mtp_loss_weight,
-                                 s.hf_config.is_null() ? nullptr : &s.hf_config});
+                                 s.hf_config.is_null() ? nullptr : &s.hf_config, config.model.moe_load_balance_coeff,
+                                 config.model.moe_aux_loss_alpha});
   if (!s.hf_config.is_null())
     std::printf("architecture from the Hugging Face config recorded in %s (model.flavor is not used)\n",
                 config.checkpoint.initial_load_path.c_str());

@@ -31,6 +31,10 @@ struct DeepSeekV3Args {
   int64_t n_limited_groups = 1;
   double route_scale = 1.0;
   bool route_norm = false;  // renormalize the top-k gate weights to sum 1
+  // Balancing (set from [model] moe_load_balance_coeff / moe_aux_loss_alpha, not by the flavor):
+  // the aux-loss-free bias update rate and the sequence-wise auxiliary loss weight.
+  double load_balance_coeff = 1e-3;
+  double aux_loss_alpha = 0;
 
   // Multi-head latent attention.
   int64_t q_lora_rank = 0;  // 0: a plain wq projection; > 0: wq_a -> q_norm -> wq_b
