@@ -125,8 +125,19 @@ TEST(DeepSeekV32Args, FlavorsAndParameterCounts) {
   DeepSeekV3Args plain = a;
   plain.index_n_heads = 0;
   Transformer p(plain);
-  EXPECT_DOUBLE_EQ(m.training_flops_per_token(64) - p.training_flops_per_token(64),
+  EXPECT_DOUBLE_EQ(a.training_flops_per_token(64) - plain.training_flops_per_token(64),
                    6.0 * double(m.num_parameters() - p.num_parameters()) + 6.0 * 2 * 2 * 16 * 64);
+  // The built model counts the stage in force: the sparse stage attends to the top-k (5 here), the
+  // dense warm-up attends to every key but trains only the indexers (the rest runs forward: 1/3).
+  const double attention_per_key = 6.0 * 2 * 3 * (8 + 8 + 12), scores = 6.0 * 2 * 2 * 16 * 64;
+  const double indexers = 2.0 * double(m.num_parameters() - p.num_parameters());
+  const DeepSeekV3Args& built = m.args();  // all layers dense: no MoE factory was given
+  const double main = built.training_flops_per_token(64) - 64 * attention_per_key - scores - 3 * indexers;
+  EXPECT_DOUBLE_EQ(m.training_flops_per_token(64), main + 5 * attention_per_key + scores + 3 * indexers);
+  m.set_dsa(DsaStage::dense_warmup, DsaImpl::fused, 0.01);
+  EXPECT_DOUBLE_EQ(m.training_flops_per_token(64), main / 3 + 64 * attention_per_key / 3 + scores + 3 * indexers);
+  m.set_dsa(DsaStage::sparse, DsaImpl::fused, 0.01, 100);  // a top-k beyond the sequence: every key
+  EXPECT_DOUBLE_EQ(m.training_flops_per_token(64), built.training_flops_per_token(64));
 }
 
 TEST(DeepSeekV32Args, BadConfigsFail) {

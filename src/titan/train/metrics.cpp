@@ -31,7 +31,7 @@ std::string format_step_line(const StepMetrics& m) {
   char buf[512];
   const double pct = m.total_steps > 0 ? 100.0 * double(m.step) / double(m.total_steps) : 0;
   std::snprintf(buf, sizeof buf,
-                "step %5lld/%lld (%3.0f%%) | loss %7.4f | grad_norm %7.3f | lr %.2e | %8.0f tok/s | %6.2f TFLOP/s | "
+                "step %5lld/%lld (%3.0f%%) | loss %7.4f | grad_norm %7.4g | lr %.2e | %8.0f tok/s | %6.2f TFLOP/s | "
                 "MFU %5.1f%% | mem %s (params %s, grads %s, optim %s, act %s) | data %4.1f%% | ETA %s",
                 static_cast<long long>(m.step), static_cast<long long>(m.total_steps), pct, m.loss, m.grad_norm,
                 m.lr, m.tokens_per_second, m.tflops, 100 * m.mfu, format_bytes(double(m.memory.peak_total)).c_str(),

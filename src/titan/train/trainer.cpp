@@ -274,7 +274,6 @@ TrainResult Trainer::train() {
   MetricsLogger log(s.run_folder, stdout);
   const auto peak = kernels::measure_machine_peak(0.2);
   const double peak_flops = s.model->compute_dtype() == DType::bf16 ? peak.bf16_flops : peak.f32_flops;
-  const double flops_per_token = s.model->training_flops_per_token(t.seq_len);
   std::printf("model %s/%s: %.2fM parameters, %s compute, %lld steps of %lld x %lld tokens (x%lld accumulation)\n",
               c.model.name.c_str(), c.model.flavor.c_str(), double(s.model->num_parameters()) / 1e6,
               s.model->compute_dtype() == DType::bf16 ? "bf16" : "f32", static_cast<long long>(t.steps),
@@ -289,7 +288,8 @@ TrainResult Trainer::train() {
   result.run_folder = s.run_folder;
   const double start_time = now_seconds();
   const int64_t first_step = s.step;
-  double window_start = now_seconds(), window_data = 0;
+  // The FLOPs per token can change between steps (DeepSeek-V3.2's stages), so the window sums them.
+  double window_start = now_seconds(), window_data = 0, window_flops = 0;
   int64_t window_steps = 0;
   while (s.step < t.steps) {
     if (s.update_dsa_stage())
@@ -328,6 +328,7 @@ TrainResult Trainer::train() {
     result.last_loss = loss;
     ++window_steps;
     window_data += data_seconds;
+    window_flops += s.model->training_flops_per_token(t.seq_len) * double(s.accum * t.local_batch_size * t.seq_len);
 
     if (s.step % c.metrics.log_freq == 0 || s.step == t.steps || s.step == first_step + 1) {
       const double window = now_seconds() - window_start;
@@ -340,8 +341,8 @@ TrainResult Trainer::train() {
       m.lr = lr;
       m.step_seconds = step_seconds;
       m.tokens_per_second = tokens / window;
-      m.tflops = flops_per_token * m.tokens_per_second / 1e12;
-      m.mfu = flops_per_token * m.tokens_per_second / peak_flops;
+      m.tflops = window_flops / window / 1e12;
+      m.mfu = window_flops / window / peak_flops;
       m.data_share = window_data / window;
       m.eta_seconds = (now_seconds() - start_time) / double(s.step - first_step) * double(t.steps - s.step);
       m.memory = memory_stats();
@@ -349,7 +350,7 @@ TrainResult Trainer::train() {
       if (aux_sum != 0) m.extra["aux_loss"] = aux_sum / double(s.accum);
       log.log_step(m);
       window_start = now_seconds();
-      window_data = 0;
+      window_data = 0, window_flops = 0;
       window_steps = 0;
     }
     if (s.val_loader && (s.step % c.validation.freq == 0 || s.step == t.steps)) {

@@ -54,6 +54,7 @@ DeepSeekV3Args::ParamCount DeepSeekV3Args::parameters() const {
   const int64_t dense_layers = std::min(n_dense_layers, n_layers), moe_layers = n_layers - dense_layers;
   ParamCount c;
   c.embedding = vocab_size * dim;
+  c.indexer = indexer;
   const int64_t common = n_layers * (attention + norms) + dense_layers * dense_ffn + dim /* final norm */ +
                          vocab_size * dim /* output */ + c.embedding;
   c.total = common + moe_layers * moe_total;
@@ -69,11 +70,18 @@ DeepSeekV3Args::ParamCount DeepSeekV3Args::parameters() const {
 }
 
 double DeepSeekV3Args::training_flops_per_token(int64_t seq_len) const {
+  return training_flops_per_token(seq_len, seq_len, false);
+}
+
+double DeepSeekV3Args::training_flops_per_token(int64_t seq_len, int64_t keys, bool main_frozen) const {
   const ParamCount c = parameters();
   const double mtp = double(c.mtp_active + num_mtp_layers * vocab_size * dim);  // + the shared head per module
   const int64_t blocks = n_layers + num_mtp_layers;
-  return 6.0 * double(c.active - c.embedding) + 6.0 * mtp +
-         6.0 * double(blocks * n_heads * (qk_nope_head_dim + qk_rope_head_dim + v_head_dim) * seq_len) +
+  const double indexer_weights = double(blocks * c.indexer);
+  const double main_weights = double(c.active - c.embedding) + mtp - indexer_weights;
+  const double pass = main_frozen ? 2.0 : 6.0;  // forward only, or forward + backward
+  return pass * main_weights + 6.0 * indexer_weights +
+         pass * double(blocks * n_heads * (qk_nope_head_dim + qk_rope_head_dim + v_head_dim) * keys) +
          (has_indexer() ? 6.0 * double(blocks * index_n_heads * index_head_dim * seq_len) : 0.0);
 }
 

@@ -92,6 +92,7 @@ struct DeepSeekV3Args {
     int64_t embedding = 0;  // the input table (the output projection is counted as dense)
     int64_t mtp = 0;        // the MTP modules' own parameters (not in total)
     int64_t mtp_active = 0;
+    int64_t indexer = 0;  // one layer's lightning indexer (in total and active; 0 without one)
   };
   ParamCount parameters() const;
   // Training FLOPs per token, as TorchTitan counts them: 6 * (active - embedding) + 6 * L * H *
@@ -100,6 +101,11 @@ struct DeepSeekV3Args {
   // module adds its active weights, one more pass through the shared output head and its block's
   // attention (and indexer) terms.
   double training_flops_per_token(int64_t seq_len) const;
+  // The same for DeepSeek-V3.2's stages: attention over `keys` keys per query instead of seq_len
+  // (the sparse stage's top-k), and with `main_frozen` (the dense warm-up) everything outside the
+  // indexers runs forward only (2 FLOPs per weight, a third of the attention term) while the
+  // indexers still train (6 per weight, their full score term).
+  double training_flops_per_token(int64_t seq_len, int64_t keys, bool main_frozen) const;
   void validate() const;  // throws naming the field when the shapes do not fit together
 };
 

@@ -165,6 +165,14 @@ std::vector<Variable> Transformer::auxiliary_losses() {
   return out;
 }
 
+double Transformer::training_flops_per_token(int64_t seq_len) const {
+  if (!args_.has_indexer() || layers.size() == 0) return args_.training_flops_per_token(seq_len);
+  const DsaConfig& dsa = layers[0].attention.dsa;
+  if (dsa.stage == DsaStage::dense_warmup) return args_.training_flops_per_token(seq_len, seq_len, true);
+  const int64_t topk = dsa.topk > 0 ? dsa.topk : args_.index_topk;
+  return args_.training_flops_per_token(seq_len, std::min(topk, seq_len), false);
+}
+
 void Transformer::after_optimizer_step() {
   // The dense warm-up trains only the indexers: MoE's balancing bias stays frozen with the rest
   // (the warm-up's token counts then join the first sparse step's update, which uses their signs).

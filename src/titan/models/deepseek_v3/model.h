@@ -66,7 +66,9 @@ class Transformer : public CausalLM {
   Recompute recompute() const { return recompute_; }
   // MTP: the targets [B*S] of the next forward (a no-op without MTP modules).
   void set_targets(const Tensor& targets) override;
-  double training_flops_per_token(int64_t seq_len) const override { return args_.training_flops_per_token(seq_len); }
+  // TorchTitan's count; with DSA, that of the stage in force (top-k keys per query in the sparse
+  // stage; the dense warm-up trains only the indexers, the rest runs forward).
+  double training_flops_per_token(int64_t seq_len) const override;
   int64_t vocab_size() const override { return args_.vocab_size; }
   int64_t max_seq_len() const override { return args_.max_seq_len; }
   // The architecture as built: n_dense_layers = n_layers when no MoeFactory was given.
