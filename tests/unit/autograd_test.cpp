@@ -122,3 +122,28 @@ TEST(Autograd, CheckpointMatchesAndSavesActivationMemory) {
   for (int64_t i = 0; i < n; i += 997) ASSERT_EQ(g_plain.at({i}), g_ckpt.at({i}));
   EXPECT_LE(peak_ckpt * 4, peak_plain) << "checkpointing keeps only the region's output";
 }
+
+// A region whose input needs no gradient (e.g. after a frozen embedding) still trains the weights
+// it captures; its first pass runs without grad but says it is a training forward.
+TEST(Autograd, CheckpointTrainsCapturedWeightsOfAFrozenInput) {
+  Variable w(Tensor::full({3}, 0.5, DType::f32, MemCategory::parameters), true);
+  Variable x(Tensor::full({3}, 2.0, DType::f32), false);
+  std::vector<bool> training_pass;
+  auto region = [&](const std::vector<Variable>& in) {
+    training_pass.push_back(in_checkpointed_forward());
+    return std::vector<Variable>{mul(in[0], w)};
+  };
+  EXPECT_FALSE(in_checkpointed_forward());
+  Variable y = sum(checkpoint(region, {x})[0]);
+  EXPECT_FALSE(in_checkpointed_forward());
+  ASSERT_TRUE(y.requires_grad());
+  backward(y);
+  ASSERT_TRUE(w.grad().defined());
+  for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(w.grad().at({i}), 2.0);
+  EXPECT_EQ(training_pass, (std::vector<bool>{true, false}));  // the first pass, then the recompute
+  {
+    NoGradGuard no_grad;  // evaluation: not a training forward, nothing recorded
+    EXPECT_FALSE(checkpoint(region, {x})[0].requires_grad());
+  }
+  EXPECT_EQ(training_pass.back(), false);
+}

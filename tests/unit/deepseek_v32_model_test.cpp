@@ -10,6 +10,7 @@
 #include "titan/autograd/ops.h"
 #include "titan/models/causal_lm.h"
 #include "titan/models/deepseek_v3/model.h"
+#include "titan/models/deepseek_v3/moe_layer.h"
 #include "titan/optim/adamw.h"
 #include "titan/optim/clip_grad.h"
 
@@ -320,16 +321,46 @@ TEST(DeepSeekV32Model, MtpBlocksFollowTheDsaStageAndTrainTheirIndexer) {
   EXPECT_EQ(m->auxiliary_losses().size(), 4u);  // 2 layers' + the MTP block's indexer losses, the MTP loss
 }
 
-TEST(DeepSeekV32Model, NoGradForwardSkipsTheIndexerLossAndRecomputeIsRefused) {
+TEST(DeepSeekV32Model, NoGradForwardSkipsTheIndexerLoss) {
   auto m = model(tiny());
   {
     autograd::NoGradGuard no_grad;
     m->forward(tokens());
   }
   EXPECT_TRUE(m->auxiliary_losses().empty());
-  EXPECT_THROW(m->set_recompute(models::Recompute::full), Error);
   DeepSeekV3Args v3 = tiny();
   v3.index_n_heads = 0;
   Transformer plain(v3);
   EXPECT_THROW(plain.set_dsa(DsaStage::sparse, DsaImpl::fused, 0.01), Error);
+}
+
+// Full activation checkpointing changes memory, not results: in both stages and with both
+// implementations the losses and every gradient (the indexers' from their KL loss, which the
+// checkpointed blocks return as extra outputs) match the run without it. With MoE layers and the
+// sequence-wise balance loss on, that loss keeps its gradient through the recompute too.
+TEST(DeepSeekV32Model, ActivationCheckpointingKeepsLossesAndGradients) {
+  DeepSeekV3Args moe_args = tiny();
+  moe_args.moe_inter_dim = 16, moe_args.aux_loss_alpha = 0.1;
+  for (bool moe : {false, true})
+    for (DsaImpl impl : {DsaImpl::small_ops, DsaImpl::fused})
+      for (DsaStage stage : {DsaStage::dense_warmup, DsaStage::sparse}) {
+        const std::string what = std::string(dsa_stage_name(stage)) + (impl == DsaImpl::fused ? ", fused" : ", small ops") +
+                                 (moe ? ", MoE" : ", dense");
+        auto make = [&] {
+          auto m = moe ? std::make_unique<Transformer>(moe_args, moe_layer) : std::make_unique<Transformer>(tiny());
+          m->init_parameters(7);
+          m->set_dsa(stage, impl, 0.5);
+          return m;
+        };
+        auto plain = make(), ac = make();
+        ac->set_recompute(models::Recompute::full);
+        const StepResult p = run(*plain), r = run(*ac);
+        EXPECT_EQ(ac->auxiliary_losses().size(), plain->auxiliary_losses().size()) << what;
+        EXPECT_NEAR(r.lm_loss, p.lm_loss, 1e-6) << what;
+        EXPECT_GT(p.indexer_loss, 0) << what;
+        EXPECT_NEAR(r.indexer_loss, p.indexer_loss, 1e-6 * (1 + p.indexer_loss)) << what;
+        expect_same_grads(p, r, what, 1e-5);
+        if (moe && stage == DsaStage::sparse)
+          EXPECT_TRUE(r.grads.at("layers.1.moe.router.gate.weight").defined()) << what;
+      }
 }

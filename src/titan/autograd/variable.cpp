@@ -55,6 +55,7 @@ void Variable::clear_grad() {
 namespace {
 thread_local Tape* g_tape = nullptr;
 thread_local bool g_grad_enabled = true;
+thread_local bool g_checkpoint_forward = false;
 }  // namespace
 
 Tape& current_tape() {
@@ -66,6 +67,7 @@ TapeScope::TapeScope() : previous_(g_tape) { g_tape = &tape_; }
 TapeScope::~TapeScope() { g_tape = previous_; }
 
 bool grad_enabled() { return g_grad_enabled; }
+bool in_checkpointed_forward() { return g_checkpoint_forward; }
 NoGradGuard::NoGradGuard() : previous_(g_grad_enabled) { g_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { g_grad_enabled = previous_; }
 
@@ -91,11 +93,10 @@ void Tape::run_backward() {
   }
 }
 
-std::vector<Variable> record(std::string name, std::vector<Variable> inputs, std::vector<Tensor> outputs,
-                             BackwardFn backward) {
-  bool needs = false;
-  if (grad_enabled())
-    for (const Variable& in : inputs) needs = needs || in.requires_grad();
+namespace {
+
+std::vector<Variable> record_if(bool needs, std::string name, std::vector<Variable> inputs, std::vector<Tensor> outputs,
+                                BackwardFn backward) {
   std::vector<Variable> outs;
   outs.reserve(outputs.size());
   for (Tensor& t : outputs) outs.push_back(make_output(std::move(t), needs));
@@ -108,6 +109,16 @@ std::vector<Variable> record(std::string name, std::vector<Variable> inputs, std
     current_tape().record(std::move(node));
   }
   return outs;
+}
+
+}  // namespace
+
+std::vector<Variable> record(std::string name, std::vector<Variable> inputs, std::vector<Tensor> outputs,
+                             BackwardFn backward) {
+  bool needs = false;
+  if (grad_enabled())
+    for (const Variable& in : inputs) needs = needs || in.requires_grad();
+  return record_if(needs, std::move(name), std::move(inputs), std::move(outputs), std::move(backward));
 }
 
 Variable record(std::string name, std::vector<Variable> inputs, Tensor output,
@@ -138,13 +149,22 @@ std::vector<Variable> checkpoint(const std::function<std::vector<Variable>(const
                                  const std::vector<Variable>& inputs) {
   // Forward without recording: the region's intermediate activations die when fn returns.
   std::vector<Tensor> out_values;
+  const bool training = grad_enabled();
   {
     NoGradGuard no_grad;
+    const bool outer = g_checkpoint_forward;
+    g_checkpoint_forward = training;
+    struct Restore {
+      bool value;
+      ~Restore() { g_checkpoint_forward = value; }
+    } restore{outer};
     std::vector<Variable> detached;
     for (const Variable& in : inputs) detached.emplace_back(in.value(), false);
     for (Variable& v : fn(detached)) out_values.push_back(v.value());
   }
-  return record("checkpoint", inputs, std::move(out_values),
+  // Recorded whenever grad mode is on, even when no input needs a gradient: parameters inside the
+  // region may (a block after a frozen embedding, or DeepSeek-V3.2's indexers in the warm-up).
+  return record_if(training, "checkpoint", inputs, std::move(out_values),
                 [fn, inputs](std::span<const Tensor> grad_outputs, GradSink& sink) {
                   // Recompute on a private tape, with fresh leaves standing for the inputs.
                   TapeScope scope;

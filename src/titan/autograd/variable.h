@@ -117,6 +117,10 @@ class TapeScope {
 
 // Recording is off inside a NoGradGuard (evaluation, optimizer updates, recompute forwards).
 bool grad_enabled();
+// True while checkpoint() runs its region the first time: grad mode is off there, but it is a
+// training forward whose graph the backward rebuilds. Layers that form training-only outputs
+// (e.g. an auxiliary loss returned by the region) form them then too.
+bool in_checkpointed_forward();
 class NoGradGuard {
  public:
   NoGradGuard();
@@ -140,7 +144,8 @@ void backward(Variable& output, const Tensor& grad_output = Tensor());
 
 // Activation checkpointing: runs fn without keeping its intermediate activations; the backward
 // pass runs fn again (with recording on) and backpropagates through that recomputation. fn must
-// be deterministic; Variables it captures (e.g. weights) receive their gradients as usual.
+// be deterministic; Variables it captures (e.g. weights) receive their gradients as usual, even
+// when no input requires a gradient (the region is recorded whenever grad mode is on).
 std::vector<Variable> checkpoint(const std::function<std::vector<Variable>(const std::vector<Variable>&)>& fn,
                                  const std::vector<Variable>& inputs);
 

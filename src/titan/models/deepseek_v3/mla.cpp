@@ -95,7 +95,7 @@ Variable Attention::forward_dsa(const Variable& x, const kernels::RopeTables& ro
   in.scale = scale_;
   in.topk = dsa.topk > 0 ? dsa.topk : index_topk_;
   in.stage = dsa.stage;
-  in.want_loss = autograd::grad_enabled();
+  in.want_loss = autograd::grad_enabled() || autograd::in_checkpointed_forward();
   const DsaOutputs out = dsa.impl == DsaImpl::fused ? dsa_attention_fused(in) : dsa_attention_small_ops(in);
   last_indexer_loss = out.loss;
   return wo.forward(autograd::view(out.o, {b, s, n_heads_ * v_dim_}));

@@ -79,12 +79,28 @@ void Transformer::set_targets(const Tensor& targets) {
   if (mtp) mtp->set_targets(targets);
 }
 
-void Transformer::set_recompute(Recompute r) {
-  // A checkpointed block's forward runs without grad, so its indexer loss would never be formed.
-  TITAN_CHECK(r == Recompute::none || !args_.has_indexer(),
-              "deepseek_v32: activation checkpointing is not supported with the DSA indexer loss yet",
-              "set activation_checkpoint.mode = \"none\"");
-  recompute_ = r;
+void Transformer::set_recompute(Recompute r) { recompute_ = r; }
+
+Variable Transformer::forward_checkpointed(Variable h, const Tensor& positions) {
+  const bool warmup = args_.has_indexer() && layers[0].attention.dsa.stage == DsaStage::dense_warmup;
+  ffn_aux_.assign(layers.size(), Variable());
+  for (size_t l = 0; l < layers.size(); ++l) {
+    TransformerBlock& block = layers[l];
+    auto region = [this, &block, positions](const std::vector<Variable>& in) {
+      std::vector<Variable> out{block.forward(in[0], rope_, positions)};
+      if (block.attention.last_indexer_loss.defined()) out.push_back(block.attention.last_indexer_loss);
+      if (Variable a = block.ffn.aux_loss(); a.defined()) out.push_back(a);
+      return out;
+    };
+    std::vector<Variable> out = autograd::checkpoint(region, {h});
+    size_t k = 1;
+    if (block.attention.last_indexer_loss.defined()) block.attention.last_indexer_loss = out[k++];
+    if (block.ffn.aux_loss().defined()) ffn_aux_[l] = out[k++];
+    // The warm-up trains only the indexers: the LM loss must not backpropagate (uselessly, through
+    // recomputed frozen blocks) into the hidden states.
+    h = warmup ? Variable(out[0].value()) : out[0];
+  }
+  return h;
 }
 
 void Transformer::set_dsa(DsaStage stage, DsaImpl impl, double indexer_loss_coeff, int64_t topk) {
@@ -122,9 +138,12 @@ Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) {
   const int64_t b = tokens.size(0), s = tokens.size(1);
   check_rope_positions("deepseek_v3", positions, rope_.cos.size(0));
   Variable h = tok_embeddings.forward(tokens, compute_dtype_);  // [B, S, D]
-  h = run_blocks<TransformerBlock>(layers, h, recompute_, [this, positions](TransformerBlock& block, const Variable& x) {
-    return block.forward(x, rope_, positions);
-  });
+  ffn_aux_.clear();
+  if (recompute_ == Recompute::full) {
+    h = forward_checkpointed(h, positions);
+  } else {
+    for (size_t l = 0; l < layers.size(); ++l) h = layers[l].forward(h, rope_, positions);
+  }
   if (mtp) mtp->run(*this, h, tokens, positions);
   return output.forward(autograd::view(norm.forward(h), {b * s, args_.dim}));
 }
@@ -158,7 +177,7 @@ Tensor Transformer::decode(const Tensor& tokens) {
 std::vector<Variable> Transformer::auxiliary_losses() {
   std::vector<Variable> out;
   for (size_t l = 0; l < layers.size(); ++l)
-    if (Variable a = layers[l].ffn.aux_loss(); a.defined()) out.push_back(a);
+    if (Variable a = l < ffn_aux_.size() ? ffn_aux_[l] : layers[l].ffn.aux_loss(); a.defined()) out.push_back(a);
   for (const Attention* at : dsa_attentions())
     if (at->last_indexer_loss.defined()) out.push_back(autograd::scale(at->last_indexer_loss, at->dsa.indexer_loss_coeff));
   if (mtp) mtp->append_losses(out);

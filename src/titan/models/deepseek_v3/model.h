@@ -103,6 +103,11 @@ class Transformer : public CausalLM {
   kernels::RopeTables rope_;
   DType compute_dtype_ = DType::f32;
   Recompute recompute_ = Recompute::none;
+  // Full activation checkpointing, one region per block. Each region also returns the block's
+  // training losses (the indexer KL, MoE's balance loss; formed in its first, no-grad pass too, see
+  // autograd::in_checkpointed_forward) so that they keep their graph through the recompute.
+  Variable forward_checkpointed(Variable h, const Tensor& positions);
+  std::vector<Variable> ffn_aux_;  // the blocks' MoE balance losses as the regions returned them
   std::vector<LatentCache> cache_;  // per layer
   int64_t cache_len_ = 0;
 };
