@@ -55,19 +55,24 @@ void expect_close(const Tensor& got, const Tensor& want, double atol, double rto
 
 }  // namespace
 
+// With and without activation checkpointing (full, and selective: GEMM / attention outputs kept).
 TEST(Llama3Parity, LogitsLossAndGradientsMatchPyTorch) {
   Golden g = load_golden();
-  Transformer model(g.args);
-  load_params(model, g);
-  const Tensor tokens = g.file.get("tokens").clone(), targets = g.file.get("targets").clone();
-  autograd::Variable logits = model.forward(tokens);
-  expect_close(logits.value(), g.file.get("logits"), 2e-5, 1e-4, "logits");
-  autograd::Variable loss = autograd::cross_entropy(logits, targets);
-  EXPECT_NEAR(loss.value().item(), g.file.get("loss").item(), 1e-5);
-  autograd::backward(loss);
-  for (auto& [name, p] : model.named_parameters()) {
-    ASSERT_TRUE(p->var.grad().defined()) << name;
-    expect_close(p->var.grad(), g.file.get("grad." + name), 1e-6, 2e-4, "grad " + name);
+  for (models::Recompute rc : {models::Recompute::none, models::Recompute::full, models::Recompute::selective}) {
+    const std::string mode = " (recompute " + std::to_string(int(rc)) + ")";
+    Transformer model(g.args);
+    load_params(model, g);
+    model.set_recompute(rc);
+    const Tensor tokens = g.file.get("tokens").clone(), targets = g.file.get("targets").clone();
+    autograd::Variable logits = model.forward(tokens);
+    expect_close(logits.value(), g.file.get("logits"), 2e-5, 1e-4, "logits" + mode);
+    autograd::Variable loss = autograd::cross_entropy(logits, targets);
+    EXPECT_NEAR(loss.value().item(), g.file.get("loss").item(), 1e-5);
+    autograd::backward(loss);
+    for (auto& [name, p] : model.named_parameters()) {
+      ASSERT_TRUE(p->var.grad().defined()) << name << mode;
+      expect_close(p->var.grad(), g.file.get("grad." + name), 1e-6, 2e-4, "grad " + name + mode);
+    }
   }
 }
 
@@ -95,20 +100,26 @@ TEST(Llama3Parity, TenAdamWStepsMatchPyTorch) {
   }
 }
 
+// bf16 activations with f32 master weights, with and without activation checkpointing (whose
+// recompute must keep the activations' gradients in bf16).
 TEST(Llama3Parity, Bf16MixedPrecisionStaysClose) {
   Golden g = load_golden();
-  Transformer model(g.args);
-  load_params(model, g);
-  model.set_compute_dtype(DType::bf16);
-  const Tensor tokens = g.file.get("tokens").clone(), targets = g.file.get("targets").clone();
-  autograd::Variable logits = model.forward(tokens);
-  EXPECT_EQ(logits.dtype(), DType::bf16);
-  autograd::Variable loss = autograd::cross_entropy(logits, targets);
-  EXPECT_NEAR(loss.value().item(), g.file.get("loss").item(), 2e-2);
-  autograd::backward(loss);
-  for (auto& [name, p] : model.named_parameters()) {
-    EXPECT_EQ(p->var.grad().dtype(), DType::f32) << name;
-    expect_close(p->var.grad(), g.file.get("grad." + name), 2e-3, 0.1, "bf16 grad " + name);
+  for (models::Recompute rc : {models::Recompute::none, models::Recompute::full, models::Recompute::selective}) {
+    const std::string mode = " (recompute " + std::to_string(int(rc)) + ")";
+    Transformer model(g.args);
+    load_params(model, g);
+    model.set_compute_dtype(DType::bf16);
+    model.set_recompute(rc);
+    const Tensor tokens = g.file.get("tokens").clone(), targets = g.file.get("targets").clone();
+    autograd::Variable logits = model.forward(tokens);
+    EXPECT_EQ(logits.dtype(), DType::bf16);
+    autograd::Variable loss = autograd::cross_entropy(logits, targets);
+    EXPECT_NEAR(loss.value().item(), g.file.get("loss").item(), 2e-2) << mode;
+    autograd::backward(loss);
+    for (auto& [name, p] : model.named_parameters()) {
+      EXPECT_EQ(p->var.grad().dtype(), DType::f32) << name;
+      expect_close(p->var.grad(), g.file.get("grad." + name), 2e-3, 0.1, "bf16 grad " + name + mode);
+    }
   }
 }
 

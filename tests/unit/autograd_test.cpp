@@ -123,6 +123,45 @@ TEST(Autograd, CheckpointMatchesAndSavesActivationMemory) {
   EXPECT_LE(peak_ckpt * 4, peak_plain) << "checkpointing keeps only the region's output";
 }
 
+// Selective checkpointing: the outputs of ops that go through keep_or_compute (here a counted
+// "expensive" op) are kept by the first pass and reused by the recompute; everything else is
+// recomputed. Gradients are the same as with no checkpointing or full recompute.
+TEST(Autograd, SelectiveCheckpointReusesExpensiveOutputs) {
+  int computed = 0;
+  auto expensive = [&computed](const Variable& a) {  // y = 3 a
+    const Tensor y = keep_or_compute([&] {
+      ++computed;
+      Tensor t = like(a.value());
+      for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = 3 * a.value().data<float>()[i];
+      return std::vector<Tensor>{t};
+    })[0];
+    return record("times3", {a}, y, [](const Tensor& dy, GradSink& g) {
+      Tensor d = g.grad(0);
+      for (int64_t i = 0; i < d.numel(); ++i) d.data<float>()[i] += 3 * dy.data<float>()[i];
+    });
+  };
+  auto region = [&](const std::vector<Variable>& in) {
+    return std::vector<Variable>{sin_(expensive(sin_(expensive(in[0]))))};
+  };
+  std::vector<std::vector<float>> grads;
+  std::vector<int> counts;
+  for (int mode = 0; mode < 3; ++mode) {
+    Variable w(Tensor::full({5}, 0.3, DType::f32, MemCategory::parameters), true);
+    computed = 0;
+    Variable y = mode == 0 ? region({w})[0]
+                           : checkpoint(region, {w}, mode == 1 ? CheckpointPolicy::recompute_all
+                                                               : CheckpointPolicy::save_expensive)[0];
+    Variable l = sum(y);
+    backward(l);
+    counts.push_back(computed);
+    grads.emplace_back(w.grad().data<float>(), w.grad().data<float>() + 5);
+  }
+  EXPECT_EQ(counts, (std::vector<int>{2, 4, 2}));  // plain, full (twice), selective (once)
+  EXPECT_EQ(grads[1], grads[0]);
+  EXPECT_EQ(grads[2], grads[0]);
+  EXPECT_NEAR(grads[0][0], 9 * std::cos(3 * std::sin(0.9f)) * std::cos(0.9f), 1e-5);
+}
+
 // A region whose input needs no gradient (e.g. after a frozen embedding) still trains the weights
 // it captures; its first pass runs without grad but says it is a training forward.
 TEST(Autograd, CheckpointTrainsCapturedWeightsOfAFrozenInput) {

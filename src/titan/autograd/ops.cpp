@@ -37,8 +37,11 @@ Variable linear(const Variable& x, const Variable& w, const Tensor& w_compute) {
   TITAN_CHECK(wc.dtype() == x.dtype(), "linear: activations are " + std::string(dtype_name(x.dtype())) +
                                            " but the weight is " + std::string(dtype_name(wc.dtype())),
               "pass the weight's compute copy for mixed precision");
-  Tensor y = activation_like(ys, x.dtype());
-  kernels::linear_forward(y, x.value(), wc);
+  const Tensor y = keep_or_compute([&] {
+    Tensor out = activation_like(ys, x.dtype());
+    kernels::linear_forward(out, x.value(), wc);
+    return std::vector<Tensor>{out};
+  })[0];
   return record("linear", {x, w}, y, [xv = x.value(), wc](const Tensor& dy, GradSink& g) {
     ProfileScope prof_bwd("linear.bwd");
     Tensor dx = g.grad(0), dw = g.grad(1), db;
@@ -105,9 +108,13 @@ Variable attention(const Variable& q, const Variable& k, const Variable& v, std:
   const Tensor& qv = q.value();
   Shape os = qv.shape();
   os[3] = v.value().size(3);
-  Tensor o = activation_like(os, qv.dtype());
-  Tensor lse = Tensor::empty({qv.size(0), qv.size(2), qv.size(1)}, DType::f32, MemCategory::activations);
-  kernels::attention_forward(o, lse, qv, k.value(), v.value(), scale);
+  const std::vector<Tensor> out = keep_or_compute([&] {
+    Tensor o = activation_like(os, qv.dtype());
+    Tensor lse = Tensor::empty({qv.size(0), qv.size(2), qv.size(1)}, DType::f32, MemCategory::activations);
+    kernels::attention_forward(o, lse, qv, k.value(), v.value(), scale);
+    return std::vector<Tensor>{o, lse};
+  });
+  const Tensor &o = out[0], &lse = out[1];
   if (lse_out) *lse_out = lse;
   return record("attention", {q, k, v}, o,
                 [qv, kv = k.value(), vv = v.value(), o, lse, scale](const Tensor& dout, GradSink& g) {
@@ -293,8 +300,11 @@ Variable matmul(const Variable& a, const Variable& b, bool trans_a, bool trans_b
   Shape cs = as;
   cs[n - 2] = m;
   cs[n - 1] = cols;
-  Tensor c = activation_like(cs, DType::f32);
-  kernels::matmul(c, a.value(), b.value(), trans_a, trans_b);
+  const Tensor c = keep_or_compute([&] {
+    Tensor out = activation_like(cs, DType::f32);
+    kernels::matmul(out, a.value(), b.value(), trans_a, trans_b);
+    return std::vector<Tensor>{out};
+  })[0];
   return record("matmul", {a, b}, c,
                 [av = a.value(), bv = b.value(), trans_a, trans_b](const Tensor& dc, GradSink& g) {
                   ProfileScope prof_bwd("matmul.bwd");

@@ -56,6 +56,14 @@ namespace {
 thread_local Tape* g_tape = nullptr;
 thread_local bool g_grad_enabled = true;
 thread_local bool g_checkpoint_forward = false;
+// Selective checkpointing: the region's store of expensive ops' outputs, filled by its first pass
+// and read back in order by its recompute (replay). Null outside such a region.
+struct SavedOutputs {
+  std::vector<std::vector<Tensor>>* store = nullptr;
+  bool replay = false;
+  size_t next = 0;
+};
+thread_local SavedOutputs g_saved;
 }  // namespace
 
 Tape& current_tape() {
@@ -68,6 +76,19 @@ TapeScope::~TapeScope() { g_tape = previous_; }
 
 bool grad_enabled() { return g_grad_enabled; }
 bool in_checkpointed_forward() { return g_checkpoint_forward; }
+
+std::vector<Tensor> keep_or_compute(const std::function<std::vector<Tensor>()>& compute) {
+  if (g_saved.store == nullptr) return compute();
+  if (!g_saved.replay) {
+    std::vector<Tensor> out = compute();
+    g_saved.store->push_back(out);
+    return out;
+  }
+  TITAN_CHECK(g_saved.next < g_saved.store->size(),
+              "selective checkpointing: the recompute ran more saved ops than the first pass",
+              "the checkpointed function must run the same ops in the same order each time");
+  return (*g_saved.store)[g_saved.next++];
+}
 NoGradGuard::NoGradGuard() : previous_(g_grad_enabled) { g_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { g_grad_enabled = previous_; }
 
@@ -146,18 +167,23 @@ void backward(Variable& output, const Tensor& grad_output) {
 }
 
 std::vector<Variable> checkpoint(const std::function<std::vector<Variable>(const std::vector<Variable>&)>& fn,
-                                 const std::vector<Variable>& inputs) {
-  // Forward without recording: the region's intermediate activations die when fn returns.
+                                 const std::vector<Variable>& inputs, CheckpointPolicy policy) {
+  // Forward without recording: the region's intermediate activations die when fn returns, but
+  // under save_expensive the outputs of keep_or_compute's ops stay in `saved` for the recompute.
   std::vector<Tensor> out_values;
   const bool training = grad_enabled();
+  auto saved = std::make_shared<std::vector<std::vector<Tensor>>>();
   {
     NoGradGuard no_grad;
-    const bool outer = g_checkpoint_forward;
+    const bool outer_forward = g_checkpoint_forward;
+    const SavedOutputs outer_saved = g_saved;
     g_checkpoint_forward = training;
+    g_saved = {training && policy == CheckpointPolicy::save_expensive ? saved.get() : nullptr, false, 0};
     struct Restore {
-      bool value;
-      ~Restore() { g_checkpoint_forward = value; }
-    } restore{outer};
+      bool forward;
+      SavedOutputs saved;
+      ~Restore() { g_checkpoint_forward = forward, g_saved = saved; }
+    } restore{outer_forward, outer_saved};
     std::vector<Variable> detached;
     for (const Variable& in : inputs) detached.emplace_back(in.value(), false);
     for (Variable& v : fn(detached)) out_values.push_back(v.value());
@@ -165,12 +191,28 @@ std::vector<Variable> checkpoint(const std::function<std::vector<Variable>(const
   // Recorded whenever grad mode is on, even when no input needs a gradient: parameters inside the
   // region may (a block after a frozen embedding, or DeepSeek-V3.2's indexers in the warm-up).
   return record_if(training, "checkpoint", inputs, std::move(out_values),
-                [fn, inputs](std::span<const Tensor> grad_outputs, GradSink& sink) {
-                  // Recompute on a private tape, with fresh leaves standing for the inputs.
+                [fn, inputs, saved](std::span<const Tensor> grad_outputs, GradSink& sink) {
+                  // Recompute on a private tape, with fresh leaves standing for the inputs (and the
+                  // saved outputs standing for their ops), then free what the first pass kept.
                   TapeScope scope;
                   std::vector<Variable> leaves;
-                  for (const Variable& in : inputs) leaves.emplace_back(in.value(), in.requires_grad());
-                  std::vector<Variable> outs = fn(leaves);
+                  // Not leaves to the tape: their gradients keep the activations' dtype (bf16
+                  // under mixed precision), as the ops inside expect of their inputs' gradients.
+                  for (const Variable& in : inputs) leaves.push_back(make_output(in.value(), in.requires_grad()));
+                  std::vector<Variable> outs;
+                  {
+                    const SavedOutputs outer_saved = g_saved;
+                    g_saved = {saved->empty() ? nullptr : saved.get(), true, 0};
+                    struct Restore {
+                      SavedOutputs saved;
+                      ~Restore() { g_saved = saved; }
+                    } restore{outer_saved};
+                    outs = fn(leaves);
+                    TITAN_CHECK(saved->empty() || g_saved.next == saved->size(),
+                                "selective checkpointing: the recompute ran fewer saved ops than the first pass",
+                                "the checkpointed function must run the same ops in the same order each time");
+                  }
+                  saved->clear();
                   TITAN_CHECK(outs.size() == grad_outputs.size(), "checkpointed function changed its number of outputs");
                   for (size_t k = 0; k < outs.size(); ++k)
                     if (grad_outputs[k].defined() && outs[k].requires_grad()) outs[k].ensure_grad().copy_(grad_outputs[k]);

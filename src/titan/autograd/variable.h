@@ -146,7 +146,17 @@ void backward(Variable& output, const Tensor& grad_output = Tensor());
 // pass runs fn again (with recording on) and backpropagates through that recomputation. fn must
 // be deterministic; Variables it captures (e.g. weights) receive their gradients as usual, even
 // when no input requires a gradient (the region is recorded whenever grad mode is on).
+// save_expensive is TorchTitan's per-op selective checkpointing: the first pass keeps the outputs
+// of the ops that go through keep_or_compute (GEMMs, attention), and the recompute reuses them, so
+// the backward recomputes only the cheap ops (norms, activations, RoPE, copies) between them.
+enum class CheckpointPolicy { recompute_all, save_expensive };
 std::vector<Variable> checkpoint(const std::function<std::vector<Variable>(const std::vector<Variable>&)>& fn,
-                                 const std::vector<Variable>& inputs);
+                                 const std::vector<Variable>& inputs,
+                                 CheckpointPolicy policy = CheckpointPolicy::recompute_all);
+
+// For expensive ops (the tensors `compute` returns are the op's outputs and the statistics its
+// backward saves): outside a save_expensive region, compute(); inside one, the first pass also
+// keeps the result and the recompute returns it without computing again.
+std::vector<Tensor> keep_or_compute(const std::function<std::vector<Tensor>()>& compute);
 
 }  // namespace titan::autograd

@@ -12,7 +12,9 @@
 
 namespace titan::models {
 
-enum class Recompute { none, full };  // activation checkpointing per transformer block
+// Activation checkpointing per transformer block: full recomputes the whole block in backward;
+// selective keeps its GEMM and attention outputs and recomputes only the cheap ops between them.
+enum class Recompute { none, full, selective };
 
 class CausalLM : public nn::Module {
  public:

@@ -14,17 +14,24 @@ namespace titan::models {
 // Throws unless every position (i32) indexes the model's RoPE table of `table_rows` rows.
 void check_rope_positions(const std::string& model, const Tensor& positions, int64_t table_rows);
 
-// h = f(block, h) for each block in order; under Recompute::full each block is one activation
-// checkpoint region (its inner activations are recomputed in backward instead of kept).
+// The checkpoint policy of a recompute mode other than none.
+inline autograd::CheckpointPolicy checkpoint_policy(Recompute r) {
+  return r == Recompute::selective ? autograd::CheckpointPolicy::save_expensive
+                                   : autograd::CheckpointPolicy::recompute_all;
+}
+
+// h = f(block, h) for each block in order; under Recompute::full / selective each block is one
+// activation checkpoint region (its inner activations, all or the cheap ones, are recomputed in
+// backward instead of kept).
 template <class Block>
 autograd::Variable run_blocks(nn::ModuleList<Block>& blocks, autograd::Variable h, Recompute recompute,
                               const std::function<autograd::Variable(Block&, const autograd::Variable&)>& f) {
   for (size_t l = 0; l < blocks.size(); ++l) {
     Block& block = blocks[l];
-    if (recompute == Recompute::full) {
+    if (recompute != Recompute::none) {
       h = autograd::checkpoint(
           [&block, f](const std::vector<autograd::Variable>& in) { return std::vector<autograd::Variable>{f(block, in[0])}; },
-          {h})[0];
+          {h}, checkpoint_policy(recompute))[0];
     } else {
       h = f(block, h);
     }

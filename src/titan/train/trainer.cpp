@@ -49,9 +49,6 @@ void check_supported(const JobConfig& c, const std::string& source) {
   TITAN_CHECK(c.training.dtype == "float32", source + ": training.dtype = \"" + c.training.dtype +
                                                  "\" (pure bf16 training) is not supported yet",
               "use training.dtype = \"float32\" with training.mixed_precision_param = \"bfloat16\"");
-  TITAN_CHECK(c.activation_checkpoint.mode != "selective",
-              source + ": activation_checkpoint.mode = \"selective\" is not supported yet",
-              "use \"none\" (fastest) or \"full\" (recompute each block: least memory)");
   TITAN_CHECK(!c.checkpoint.initial_load_in_hf && !c.checkpoint.last_save_in_hf,
               source + ": Hugging Face checkpoint import/export is not in this build yet",
               "set checkpoint.initial_load_in_hf and checkpoint.last_save_in_hf to false");
@@ -154,7 +151,10 @@ Trainer::Trainer(const JobConfig& config, const std::string& source) : s_(std::m
   }
   s.model->init_parameters(uint64_t(config.debug.seed));
   s.model->set_compute_dtype(t.mixed_precision_param == "bfloat16" ? DType::bf16 : DType::f32);
-  s.model->set_recompute(config.activation_checkpoint.mode == "full" ? models::Recompute::full : models::Recompute::none);
+  const std::string& ac = config.activation_checkpoint.mode;
+  s.model->set_recompute(ac == "full"        ? models::Recompute::full
+                         : ac == "selective" ? models::Recompute::selective
+                                             : models::Recompute::none);
   s.params = s.model->named_parameters();
   optim::AdamWConfig oc;
   oc.lr = float(config.optimizer.lr);

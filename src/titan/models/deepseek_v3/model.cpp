@@ -55,6 +55,25 @@ Variable TransformerBlock::forward(const Variable& x, const kernels::RopeTables&
   return autograd::add(h, ffn.forward(ffn_norm.forward(h)));
 }
 
+Variable TransformerBlock::forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions,
+                                   Recompute recompute) {
+  checkpointed_ = recompute != Recompute::none;
+  if (!checkpointed_) return forward(x, rope, positions);
+  auto region = [this, &rope, positions](const std::vector<Variable>& in) {
+    std::vector<Variable> out{forward(in[0], rope, positions)};
+    if (attention.last_indexer_loss.defined()) out.push_back(attention.last_indexer_loss);
+    if (Variable a = ffn.aux_loss(); a.defined()) out.push_back(a);
+    return out;
+  };
+  std::vector<Variable> out = autograd::checkpoint(region, {x}, checkpoint_policy(recompute));
+  size_t k = 1;
+  if (attention.last_indexer_loss.defined()) attention.last_indexer_loss = out[k++];
+  checkpointed_aux_ = ffn.aux_loss().defined() ? out[k++] : Variable();
+  // DeepSeek-V3.2's warm-up trains only the indexers: the LM loss must not backpropagate
+  // (uselessly, through recomputed frozen blocks) into the hidden states.
+  return attention.dsa.stage == DsaStage::dense_warmup ? Variable(out[0].value()) : out[0];
+}
+
 Tensor TransformerBlock::decode(const Tensor& x, const kernels::RopeTables& rope, const Tensor& positions,
                                 LatentCache& cache, int64_t past) {
   const Variable xv(x);
@@ -80,28 +99,6 @@ void Transformer::set_targets(const Tensor& targets) {
 }
 
 void Transformer::set_recompute(Recompute r) { recompute_ = r; }
-
-Variable Transformer::forward_checkpointed(Variable h, const Tensor& positions) {
-  const bool warmup = args_.has_indexer() && layers[0].attention.dsa.stage == DsaStage::dense_warmup;
-  ffn_aux_.assign(layers.size(), Variable());
-  for (size_t l = 0; l < layers.size(); ++l) {
-    TransformerBlock& block = layers[l];
-    auto region = [this, &block, positions](const std::vector<Variable>& in) {
-      std::vector<Variable> out{block.forward(in[0], rope_, positions)};
-      if (block.attention.last_indexer_loss.defined()) out.push_back(block.attention.last_indexer_loss);
-      if (Variable a = block.ffn.aux_loss(); a.defined()) out.push_back(a);
-      return out;
-    };
-    std::vector<Variable> out = autograd::checkpoint(region, {h});
-    size_t k = 1;
-    if (block.attention.last_indexer_loss.defined()) block.attention.last_indexer_loss = out[k++];
-    if (block.ffn.aux_loss().defined()) ffn_aux_[l] = out[k++];
-    // The warm-up trains only the indexers: the LM loss must not backpropagate (uselessly, through
-    // recomputed frozen blocks) into the hidden states.
-    h = warmup ? Variable(out[0].value()) : out[0];
-  }
-  return h;
-}
 
 void Transformer::set_dsa(DsaStage stage, DsaImpl impl, double indexer_loss_coeff, int64_t topk) {
   TITAN_CHECK(args_.has_indexer(), "set_dsa() on a model without a lightning indexer",
@@ -138,12 +135,7 @@ Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) {
   const int64_t b = tokens.size(0), s = tokens.size(1);
   check_rope_positions("deepseek_v3", positions, rope_.cos.size(0));
   Variable h = tok_embeddings.forward(tokens, compute_dtype_);  // [B, S, D]
-  ffn_aux_.clear();
-  if (recompute_ == Recompute::full) {
-    h = forward_checkpointed(h, positions);
-  } else {
-    for (size_t l = 0; l < layers.size(); ++l) h = layers[l].forward(h, rope_, positions);
-  }
+  for (size_t l = 0; l < layers.size(); ++l) h = layers[l].forward(h, rope_, positions, recompute_);
   if (mtp) mtp->run(*this, h, tokens, positions);
   return output.forward(autograd::view(norm.forward(h), {b * s, args_.dim}));
 }
@@ -177,7 +169,7 @@ Tensor Transformer::decode(const Tensor& tokens) {
 std::vector<Variable> Transformer::auxiliary_losses() {
   std::vector<Variable> out;
   for (size_t l = 0; l < layers.size(); ++l)
-    if (Variable a = l < ffn_aux_.size() ? ffn_aux_[l] : layers[l].ffn.aux_loss(); a.defined()) out.push_back(a);
+    if (Variable a = layers[l].aux_loss(); a.defined()) out.push_back(a);
   for (const Attention* at : dsa_attentions())
     if (at->last_indexer_loss.defined()) out.push_back(autograd::scale(at->last_indexer_loss, at->dsa.indexer_loss_coeff));
   if (mtp) mtp->append_losses(out);

@@ -42,6 +42,13 @@ class TransformerBlock : public nn::Module {
  public:
   TransformerBlock(const DeepSeekV3Args& a, int layer_id, const MoeFactory& moe);
   Variable forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions);
+  // The same under activation checkpointing when recompute is not none: one region that also
+  // returns the block's training losses (the indexer KL, MoE's balance loss; formed in its first,
+  // no-grad pass too, see autograd::in_checkpointed_forward), so that they keep their graph through
+  // the recompute; attention.last_indexer_loss and aux_loss() then hold those outputs.
+  Variable forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions, Recompute recompute);
+  // The feed-forward's auxiliary loss (MoE balance) of the last forward; undefined without one.
+  Variable aux_loss() const { return checkpointed_ ? checkpointed_aux_ : ffn.aux_loss(); }
   // Inference through MLA's absorbed form and its latent cache (see Attention::forward_absorbed).
   Tensor decode(const Tensor& x, const kernels::RopeTables& rope, const Tensor& positions, LatentCache& cache,
                 int64_t past);
@@ -51,6 +58,8 @@ class TransformerBlock : public nn::Module {
 
  private:
   BlockFeedForward& build_ffn(const DeepSeekV3Args& a, int layer_id, const MoeFactory& moe);
+  bool checkpointed_ = false;  // the last forward ran as a checkpoint region
+  Variable checkpointed_aux_;
 };
 
 class Transformer : public CausalLM {
@@ -103,11 +112,6 @@ class Transformer : public CausalLM {
   kernels::RopeTables rope_;
   DType compute_dtype_ = DType::f32;
   Recompute recompute_ = Recompute::none;
-  // Full activation checkpointing, one region per block. Each region also returns the block's
-  // training losses (the indexer KL, MoE's balance loss; formed in its first, no-grad pass too, see
-  // autograd::in_checkpointed_forward) so that they keep their graph through the recompute.
-  Variable forward_checkpointed(Variable h, const Tensor& positions);
-  std::vector<Variable> ffn_aux_;  // the blocks' MoE balance losses as the regions returned them
   std::vector<LatentCache> cache_;  // per layer
   int64_t cache_len_ = 0;
 };

@@ -17,13 +17,7 @@ MtpModule::MtpModule(const DeepSeekV3Args& a, int depth, const MoeFactory& moe)
 Variable MtpModule::forward(const Variable& h_prev, const Variable& emb, const kernels::RopeTables& rope,
                             const Tensor& positions, Recompute recompute) {
   const Variable x = eh_proj.forward(autograd::concat_last(enorm.forward(emb), hnorm.forward(h_prev)));  // [B, S, D]
-  if (recompute != Recompute::full) return block.forward(x, rope, positions);
-  TransformerBlock* b = &block;
-  return autograd::checkpoint(
-      [b, &rope, positions](const std::vector<Variable>& in) {
-        return std::vector<Variable>{b->forward(in[0], rope, positions)};
-      },
-      {x})[0];
+  return block.forward(x, rope, positions, recompute);
 }
 
 MultiTokenPrediction::MultiTokenPrediction(const DeepSeekV3Args& a, const MoeFactory& moe) : args_(a) {
@@ -87,7 +81,7 @@ void MultiTokenPrediction::run(Transformer& model, const Variable& h0, const Ten
 void MultiTokenPrediction::append_losses(std::vector<Variable>& out) {
   if (loss_.defined()) out.push_back(loss_);
   for (size_t k = 0; k < size(); ++k)
-    if (Variable a = (*this)[k].block.ffn.aux_loss(); a.defined()) out.push_back(a);
+    if (Variable a = (*this)[k].block.aux_loss(); a.defined()) out.push_back(a);
 }
 
 void MultiTokenPrediction::after_optimizer_step() {
