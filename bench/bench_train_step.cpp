@@ -13,9 +13,11 @@
 //     experts that received tokens (gather, two linears, SwiGLU, index_add per expert), with the
 //     router in f32 (its sigmoid swapped for softmax on softmax-routed flavors, as ours). Targets:
 //     >= 2x tokens/s with lower peak memory (RSS growth ratio < 1), in f32 and bf16.
+//   Llama-3 also runs with selective activation checkpointing (--recompute selective in the child),
+//   compared with torch.compile, whose partitioner likewise recomputes cheap ops.
 //
 //   build/bench/bench_train_step [--model llama3|deepseek_v3] [--flavor F[,F...]] [--batch B]
-//                                [--seq S] [--steps N] [--no-torch]
+//                                [--seq S] [--steps N] [--recompute none|selective|full] [--no-torch]
 #include <unistd.h>
 
 #include <cstdio>
@@ -50,10 +52,11 @@ struct Setup {
   std::string model = "llama3", flavor;
   int64_t batch = 0, seq = 0;
   int steps = 3;
+  std::string recompute = "none";  // activation checkpointing: none, selective or full
   bool deepseek() const { return model == "deepseek_v3"; }
   std::string args() const {
     return " --model " + model + " --flavor " + flavor + " --batch " + std::to_string(batch) + " --seq " +
-           std::to_string(seq) + " --steps " + std::to_string(steps);
+           std::to_string(seq) + " --steps " + std::to_string(steps) + " --recompute " + recompute;
   }
 };
 
@@ -102,6 +105,9 @@ Result run_ours_here(const Setup& s, DType compute) {
   std::unique_ptr<models::CausalLM> model = models::build_model(s.model, s.flavor, kVocab, s.seq);
   model->init_parameters(0);
   model->set_compute_dtype(compute);
+  model->set_recompute(s.recompute == "selective" ? models::Recompute::selective
+                       : s.recompute == "full"    ? models::Recompute::full
+                                                  : models::Recompute::none);
   optim::AdamW opt(model->named_parameters(), {});
   Tensor tokens = Tensor::empty({s.batch, s.seq}, DType::i32), targets = Tensor::empty({s.batch * s.seq}, DType::i32);
   Generator g(0);
@@ -192,6 +198,18 @@ void bench_flavor(const Setup& s, bool torch) {
               train::format_bytes(double(bf.rss_growth)).c_str());
   if (s.deepseek()) std::printf("\n");
   else std::printf("   [%s bf16 MFU >= 40%%]\n", bench::verdict(bf.mfu, 0.40));
+  // Llama-3 also with selective activation checkpointing (GEMM and attention outputs kept, the
+  // rest recomputed): the memory / speed trade torch.compile's recomputing partitioner makes.
+  Result sel_f32, sel_bf;
+  if (!s.deepseek()) {
+    Setup sel = s;
+    sel.recompute = "selective";
+    sel_f32 = run_ours(sel, DType::f32), sel_bf = run_ours(sel, DType::bf16);
+    for (const Result* r : {&sel_f32, &sel_bf})
+      std::printf("titan %-4s selective AC: %8.0f tok/s  MFU %5.1f%%  tensors peak %s, RSS growth %s\n",
+                  r == &sel_f32 ? "f32" : "bf16", r->tokens_per_second, 100 * r->mfu,
+                  train::format_bytes(double(r->peak_bytes)).c_str(), train::format_bytes(double(r->rss_growth)).c_str());
+  }
   if (!torch) return;
   // Targets against eager: Llama-3 >= 1.5x tokens/s; DeepSeek-V3 >= 2x with less memory.
   const double target = s.deepseek() ? 2.0 : 1.5;
@@ -209,6 +227,13 @@ void bench_flavor(const Setup& s, bool torch) {
       const double rss = double((*t)["peak_rss_bytes"].get<int64_t>() - (*t)["rss_before_bytes"].get<int64_t>());
       const double speed = ours.tokens_per_second / tps, memory = double(ours.rss_growth) / rss;
       std::string verdicts;
+      if (std::string(mode) == "compile") {
+        const Result& sel = std::string(dtype) == "float32" ? sel_f32 : sel_bf;
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "; with selective AC %.2fx tokens/s, %.2fx memory",
+                      sel.tokens_per_second / tps, double(sel.rss_growth) / rss);
+        verdicts = buf;
+      }
       if (std::string(mode) == "eager") {
         char buf[32];
         std::snprintf(buf, sizeof buf, " >= %.1fx]", target);
@@ -240,6 +265,7 @@ int main(int argc, char** argv) {
     else if (a == "--batch" && i + 1 < argc) s.batch = std::atoll(argv[++i]);
     else if (a == "--seq" && i + 1 < argc) s.seq = std::atoll(argv[++i]);
     else if (a == "--steps" && i + 1 < argc) s.steps = std::atoi(argv[++i]);
+    else if (a == "--recompute" && i + 1 < argc) s.recompute = argv[++i];
     else if (a == "--no-torch") torch = false;
   }
   TITAN_CHECK(s.model == "llama3" || s.deepseek(), "bench_train_step: unknown --model '" + s.model + "'",
