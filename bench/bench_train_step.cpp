@@ -34,6 +34,7 @@
 #include "bench_common.h"
 #include "titan/autograd/ops.h"
 #include "titan/core/allocator.h"
+#include "titan/core/cpu_features.h"
 #include "titan/core/rng.h"
 #include "titan/models/causal_lm.h"
 #include "titan/models/deepseek_v3/hf_adapter.h"
@@ -102,6 +103,7 @@ struct Result {
 // backward, gradient clipping, AdamW, then the model's post-step update (MoE bias balancing).
 Result run_ours_here(const Setup& s, DType compute) {
   const int64_t rss0 = bench::max_rss_bytes();
+  flush_denormals(true);  // as the trainer does
   std::unique_ptr<models::CausalLM> model = models::build_model(s.model, s.flavor, kVocab, s.seq);
   model->init_parameters(0);
   model->set_compute_dtype(compute);

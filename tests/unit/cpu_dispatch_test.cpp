@@ -29,3 +29,21 @@ TEST(CpuDispatch, PicksTheBestSupportedVariant) {
   }
   set_cpu_capability(best);
 }
+
+// flush_denormals(true) makes f32 denormals (inputs and results) zero on this thread and on the
+// OpenMP workers, where the kernels run; false restores IEEE gradual underflow.
+TEST(CpuDispatch, FlushDenormalsReachesEveryThread) {
+  volatile float tiny = 1e-30f;  // volatile: computed at run time, under the MXCSR in force
+  auto product = [&] { return tiny * 1e-10f; };  // 1e-40: denormal
+  const bool was = flush_denormals(false);
+  EXPECT_GT(product(), 0.0f);
+  flush_denormals(true);
+  EXPECT_EQ(product(), 0.0f);
+  int nonzero = 0;
+#pragma omp parallel reduction(+ : nonzero)
+  nonzero += product() != 0.0f;
+  EXPECT_EQ(nonzero, 0);
+  EXPECT_TRUE(flush_denormals(false));
+  EXPECT_GT(product(), 0.0f);
+  flush_denormals(was);
+}

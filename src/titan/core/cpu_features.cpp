@@ -4,6 +4,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <omp.h>
+#include <xmmintrin.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -85,6 +88,16 @@ CpuCapability cpu_capability_from_name(std::string_view name) {
   for (int i = 0; i <= 2; ++i)
     if (cpu_capability_name(CpuCapability(i)) == name) return CpuCapability(i);
   TITAN_FAIL("unknown CPU capability '" + std::string(name) + "'", "use baseline, avx2 or avx512_bf16");
+}
+
+bool flush_denormals(bool on) {
+  constexpr unsigned kFtzDaz = 0x8040;  // MXCSR bits 15 (flush to zero) and 6 (denormals are zero)
+  const bool was = (_mm_getcsr() & kFtzDaz) == kFtzDaz;
+  auto set = [on] { _mm_setcsr(on ? (_mm_getcsr() | kFtzDaz) : (_mm_getcsr() & ~kFtzDaz)); };
+  set();
+#pragma omp parallel
+  set();
+  return was;
 }
 
 }  // namespace titan

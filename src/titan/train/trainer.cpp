@@ -13,6 +13,7 @@
 
 #include "titan/autograd/ops.h"
 #include "titan/checkpoint/checkpoint.h"
+#include "titan/core/cpu_features.h"
 #include "titan/core/rng.h"
 #include "titan/data/loader.h"
 #include "titan/data/tokenizer.h"
@@ -96,6 +97,7 @@ Trainer::Trainer(const JobConfig& config, const std::string& source) : s_(std::m
   State& s = *s_;
   s.source = source;
   check_supported(config, source);
+  flush_denormals(true);  // see core/cpu_features.h: sharpening attention makes denormals
   s.run_folder = config.job.dump_folder;
   s.checkpoint_root = s.run_folder / config.checkpoint.folder;
   fs::create_directories(s.run_folder);
