@@ -74,6 +74,9 @@ TITAN_OP_CASES(attention) {
       // MLA's head dims without GQA over more than one key group: f32 keys read in place, K = 192
       // in two chunks, dk and dv added per head.
       {2, 300, 3, 3, 192, 128},
+      // The same dims with one short (diagonal) block of 13 rows: not a multiple of the 6-row
+      // register tile nor of the 16-query vector that the diagonal products and softmax skip by.
+      {2, 77, 2, 2, 192, 128},
   };
   return {
       {"attention_forward", shapes,

@@ -167,6 +167,69 @@ void gemm(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, con
   }
 }
 
+// One row tile (rows <= kRows) by vecs <= kVecs vectors: gemm_row_tail with a run-time width.
+template <int Vecs, bool kAccumulate>
+TITAN_INLINE void tile_tail(int64_t vecs, int64_t rows, float* c, int64_t ldc, const float* a, int64_t a_row,
+                            int64_t a_k, const float* b, int64_t ldb, int64_t K) {
+  if (vecs == Vecs) {
+    gemm_row_tail<kRows, Vecs, kAccumulate>(rows, c, ldc, a, a_row, a_k, b, ldb, K);
+  } else if constexpr (Vecs > 1) {
+    tile_tail<Vecs - 1, kAccumulate>(vecs, rows, c, ldc, a, a_row, a_k, b, ldb, K);
+  }
+}
+
+// gemm over a diagonal (causal) block, skipping the products that only ever meet masked (key j >
+// query i) entries. At S = 512 a quarter of the blocks are diagonal and half of each is masked,
+// so the full-tile products spent about a tenth of all work on entries that end as 0.
+//   queries_across: rows are keys j, columns queries i (S^T, dP^T). A row tile from key r0 only
+//     computes columns from the query vector holding r0: the columns it skips are all i < r0 <= j,
+//     masked; the caller masks (mask_diagonal) or overwrites them.
+//   keys_upto_row: rows are queries i, k runs over keys (o += P v, dq += dS k). A row tile ending
+//     at query r1 stops k at key r1: P and dS are exactly 0 beyond it.
+//   queries_from_row: rows are keys j, k runs over queries (dv += P^T dO, dk += dS^T q). A row tile
+//     from key r0 starts k at query r0: P and dS are exactly 0 before it.
+// The skipped terms are exact zeros (their P or dS entries are 0 and the other operand is finite),
+// so every kept sum adds the same nonzero terms in the same order as the full product.
+enum class Diagonal { queries_across, keys_upto_row, queries_from_row };
+template <Diagonal kMode, bool kAccumulate>
+void gemm_diagonal(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b, int64_t ldb,
+                   int64_t M, int64_t N, int64_t K) {
+  static_assert(kMode == Diagonal::queries_across || kAccumulate, "the k-limited modes add into C");
+  constexpr int64_t kStrip = kVecs * kVecLanes;
+  if constexpr (kMode == Diagonal::queries_across) {
+    for (int64_t k0 = 0; k0 < K; k0 += kChunkK) {
+      const int64_t kc = min_i64(K - k0, kChunkK);
+      for (int64_t m = 0; m < M; m += kRows) {
+        const int64_t rows = min_i64(kRows, M - m);
+        for (int64_t n = m / kVecLanes * kVecLanes; n < N; n += kStrip) {
+          const int64_t vecs = min_i64((N - n) / kVecLanes, kVecs);
+          float* ct = c + m * ldc + n;
+          const float* at = a + m * a_row + k0 * a_k;
+          const float* bt = b + k0 * ldb + n;
+          if (k0 == 0) {
+            tile_tail<kVecs, kAccumulate>(vecs, rows, ct, ldc, at, a_row, a_k, bt, ldb, kc);
+          } else {
+            tile_tail<kVecs, true>(vecs, rows, ct, ldc, at, a_row, a_k, bt, ldb, kc);
+          }
+        }
+      }
+    }
+  } else {
+    for (int64_t n = 0; n < N; n += kStrip) {
+      const int64_t vecs = min_i64((N - n) / kVecLanes, kVecs);
+      for (int64_t m = 0; m < M; m += kRows) {
+        const int64_t rows = min_i64(kRows, M - m);
+        const int64_t k_lo = kMode == Diagonal::queries_from_row ? min_i64(m, K) : 0;
+        const int64_t k_hi = kMode == Diagonal::keys_upto_row ? min_i64(m + rows, K) : K;
+        for (int64_t k0 = k_lo; k0 < k_hi; k0 += kChunkK) {
+          tile_tail<kVecs, true>(vecs, rows, c + m * ldc + n, ldc, a + m * a_row + k0 * a_k, a_row, a_k,
+                                 b + k0 * ldb + n, ldb, min_i64(k_hi - k0, kChunkK));
+        }
+      }
+    }
+  }
+}
+
 // ---- packing --------------------------------------------------------------------------------
 // Sizes derived from AttentionDims, shared by forward and backward.
 struct Plan {
@@ -794,21 +857,38 @@ void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, con
           float* oacc_x = oacc.data() + x * kBlock * p.dv_pad;  // [kBlock, dv_pad]
           const bool diagonal = kb == qb;
           const int64_t cols = diagonal ? rows : kBlock;  // keys past the diagonal or past S are skipped
-          gemm<false>(st.data(), kBlock, kp_blk, k_ld, 1, qt.data() + x * d.Dqk * kBlock, kBlock, cols, kBlock, d.Dqk);
-          if (diagonal) mask_diagonal(st.data(), cols);
+          const float* qt_x = qt.data() + x * d.Dqk * kBlock;  // [Dqk, kBlock]
+          if (diagonal) {
+            gemm_diagonal<Diagonal::queries_across, false>(st.data(), kBlock, kp_blk, k_ld, 1, qt_x, kBlock, cols,
+                                                           kBlock, d.Dqk);
+            mask_diagonal(st.data(), cols);
+          } else {
+            gemm<false>(st.data(), kBlock, kp_blk, k_ld, 1, qt_x, kBlock, cols, kBlock, d.Dqk);
+          }
           // Online softmax per query column: new max, rescale of the old sum (and of o below),
           // P^T = exp(S^T - max). Padding queries past S compute finite values nobody reads.
           for (int64_t v0 = 0; v0 < kBlock; v0 += kVecLanes) {
-            vecf mx = loadv(st.data() + v0);
-            for (int64_t j = 1; j < cols; ++j) mx = maxv(mx, loadv(st.data() + j * kBlock + v0));
+            // On the diagonal, keys past this vector's last query are all masked: P^T there is 0
+            // (stored, since o += P v reads up to the end of each row tile).
+            const int64_t live = diagonal ? min_i64(cols, v0 + kVecLanes) : cols;
+            // Two max chains: one chain's latency, not its throughput, bounded this loop.
+            vecf mx = loadv(st.data() + v0), mx1 = mx;
+            int64_t j = 1;
+            for (; j + 1 < live; j += 2) {
+              mx = maxv(mx, loadv(st.data() + j * kBlock + v0));
+              mx1 = maxv(mx1, loadv(st.data() + (j + 1) * kBlock + v0));
+            }
+            if (j < live) mx = maxv(mx, loadv(st.data() + j * kBlock + v0));
+            mx = maxv(mx, mx1);
             const vecf m_old = loadv(m_x + v0), m_new = maxv(m_old, mx);
             const vecf a = exp_v(m_old - m_new);
             vecf sum = vecf{};
-            for (int64_t j = 0; j < cols; ++j) {
+            for (j = 0; j < live; ++j) {
               const vecf pj = exp_v(loadv(st.data() + j * kBlock + v0) - m_new);
               storev(st.data() + j * kBlock + v0, pj);
               sum += pj;
             }
+            for (; j < cols; ++j) storev(st.data() + j * kBlock + v0, vecf{});
             storev(l_x + v0, loadv(l_x + v0) * a + sum);
             storev(m_x + v0, m_new);
             storev(alpha.data() + v0, a);
@@ -820,7 +900,12 @@ void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, con
             for (int64_t c = 0; c < p.dv_pad; c += kVecLanes) storev(orow + c, loadv(orow + c) * a);
           }
           // o += P v with A(i, j) = P^T[j][i]
-          gemm<true>(oacc_x, p.dv_pad, st.data(), 1, kBlock, vp_blk, p.dv_pad, rows, p.dv_pad, cols);
+          if (diagonal) {
+            gemm_diagonal<Diagonal::keys_upto_row, true>(oacc_x, p.dv_pad, st.data(), 1, kBlock, vp_blk, p.dv_pad,
+                                                         rows, p.dv_pad, cols);
+          } else {
+            gemm<true>(oacc_x, p.dv_pad, st.data(), 1, kBlock, vp_blk, p.dv_pad, rows, p.dv_pad, cols);
+          }
         }
       }
 
@@ -898,8 +983,9 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
       pack_rows(dos.data(), p.dv_pad, do_h, d.H * d.Dv, d.S, d.Dv, 1.0f);
       for (int64_t qb = 0; qb < p.nblk; ++qb) {
         const int64_t row0 = qb * kBlock, rows = min_i64(kBlock, d.S - row0);
-        pack_transposed(qt.data() + qb * d.Dqk * kBlock, q_h + row0 * d.H * d.Dqk, d.H * d.Dqk, rows, d.Dqk, scale);
-        pack_transposed(dot.data() + qb * d.Dv * kBlock, do_h + row0 * d.H * d.Dv, d.H * d.Dv, rows, d.Dv, 1.0f);
+        // From the packed rows (in L2, already scaled) rather than from q and dO a second time.
+        pack_transposed(qt.data() + qb * d.Dqk * kBlock, qs.data() + row0 * p.dqk_pad, p.dqk_pad, rows, d.Dqk, 1.0f);
+        pack_transposed(dot.data() + qb * d.Dv * kBlock, dos.data() + row0 * p.dv_pad, p.dv_pad, rows, d.Dv, 1.0f);
       }
       for (int64_t i = 0; i < d.S; ++i) {
         const T* orow = o + ((b * d.S + i) * d.H + h) * d.Dv;
@@ -931,29 +1017,59 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
             float* dk_blk = dk_acc.data() + (kb - kb0) * kBlock * p.dqk_pad;     // [kBlock, dqk_pad]
             float* dv_blk = dv_acc.data() + (kb - kb0) * kBlock * p.dv_pad;      // [kBlock, dv_pad]
             // P^T = exp(S^T - lse) with S^T = k (scale q)^T; -inf above the diagonal gives 0.
-            gemm<false>(pt.data(), kBlock, kp_blk, p.dqk_pad, 1, qt_blk, kBlock, cols, kBlock, d.Dqk);
-            if (diagonal) mask_diagonal(pt.data(), cols);
+            // On the diagonal the products skip what the mask zeroes (gemm_diagonal), and keys
+            // past a query vector's last query get P^T = dS^T = 0 stored without computing them.
+            if (diagonal) {
+              gemm_diagonal<Diagonal::queries_across, false>(pt.data(), kBlock, kp_blk, p.dqk_pad, 1, qt_blk, kBlock,
+                                                             cols, kBlock, d.Dqk);
+              mask_diagonal(pt.data(), cols);
+            } else {
+              gemm<false>(pt.data(), kBlock, kp_blk, p.dqk_pad, 1, qt_blk, kBlock, cols, kBlock, d.Dqk);
+            }
             for (int64_t v0 = 0; v0 < kBlock; v0 += kVecLanes) {
+              const int64_t live = diagonal ? min_i64(cols, v0 + kVecLanes) : cols;
               const vecf lse_v = loadv(lse_p.data() + row0 + v0);
-              for (int64_t j = 0; j < cols; ++j) {
+              int64_t j = 0;
+              for (; j < live; ++j) {
                 float* x = pt.data() + j * kBlock + v0;
                 storev(x, exp_v(loadv(x) - lse_v));
               }
+              for (; j < cols; ++j) storev(pt.data() + j * kBlock + v0, vecf{});
             }
             // dv += P^T dO
-            gemm<true>(dv_blk, p.dv_pad, pt.data(), kBlock, 1, dos_blk, p.dv_pad, cols, p.dv_pad, rows);
+            if (diagonal) {
+              gemm_diagonal<Diagonal::queries_from_row, true>(dv_blk, p.dv_pad, pt.data(), kBlock, 1, dos_blk,
+                                                              p.dv_pad, cols, p.dv_pad, rows);
+            } else {
+              gemm<true>(dv_blk, p.dv_pad, pt.data(), kBlock, 1, dos_blk, p.dv_pad, cols, p.dv_pad, rows);
+            }
             // dP^T = v dO^T, then dS^T = P^T (dP^T - D)
-            gemm<false>(dst.data(), kBlock, vp_blk, p.dv_pad, 1, dot_blk, kBlock, cols, kBlock, d.Dv);
+            if (diagonal) {
+              gemm_diagonal<Diagonal::queries_across, false>(dst.data(), kBlock, vp_blk, p.dv_pad, 1, dot_blk, kBlock,
+                                                             cols, kBlock, d.Dv);
+            } else {
+              gemm<false>(dst.data(), kBlock, vp_blk, p.dv_pad, 1, dot_blk, kBlock, cols, kBlock, d.Dv);
+            }
             for (int64_t v0 = 0; v0 < kBlock; v0 += kVecLanes) {
+              const int64_t live = diagonal ? min_i64(cols, v0 + kVecLanes) : cols;
               const vecf delta_v = loadv(delta.data() + row0 + v0);
-              for (int64_t j = 0; j < cols; ++j) {
+              int64_t j = 0;
+              for (; j < live; ++j) {
                 float* x = dst.data() + j * kBlock + v0;
                 storev(x, loadv(pt.data() + j * kBlock + v0) * (loadv(x) - delta_v));
               }
+              for (; j < cols; ++j) storev(dst.data() + j * kBlock + v0, vecf{});
             }
             // dk += scale dS^T q (qs carries the scale); dq += dS k (scaled once at the end)
-            gemm<true>(dk_blk, p.dqk_pad, dst.data(), kBlock, 1, qs_blk, p.dqk_pad, cols, p.dqk_pad, rows);
-            gemm<true>(dq_blk, p.dqk_pad, dst.data(), 1, kBlock, kp_blk, p.dqk_pad, rows, p.dqk_pad, cols);
+            if (diagonal) {
+              gemm_diagonal<Diagonal::queries_from_row, true>(dk_blk, p.dqk_pad, dst.data(), kBlock, 1, qs_blk,
+                                                              p.dqk_pad, cols, p.dqk_pad, rows);
+              gemm_diagonal<Diagonal::keys_upto_row, true>(dq_blk, p.dqk_pad, dst.data(), 1, kBlock, kp_blk,
+                                                           p.dqk_pad, rows, p.dqk_pad, cols);
+            } else {
+              gemm<true>(dk_blk, p.dqk_pad, dst.data(), kBlock, 1, qs_blk, p.dqk_pad, cols, p.dqk_pad, rows);
+              gemm<true>(dq_blk, p.dqk_pad, dst.data(), 1, kBlock, kp_blk, p.dqk_pad, rows, p.dqk_pad, cols);
+            }
           }
         }
         for (int64_t j = kb0 * kBlock; j < min_i64(d.S, kb_end * kBlock); ++j) {
