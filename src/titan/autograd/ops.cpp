@@ -240,6 +240,25 @@ std::pair<Variable, Variable> mla_keys_values(const Variable& kv, const Variable
   return {outs[0], outs[1]};
 }
 
+Variable mla_attention(const Variable& q, const Variable& kv, const Variable& k_rope, int64_t nope_dim,
+                       std::optional<double> scale) {
+  ProfileScope prof("attention.fwd");
+  const Tensor& qv = q.value();
+  Tensor o = activation_like({qv.size(0), qv.size(1), qv.size(2), kv.value().size(3) - nope_dim}, qv.dtype());
+  Tensor lse = Tensor::empty({qv.size(0), qv.size(2), qv.size(1)}, DType::f32, MemCategory::activations);
+  kernels::mla_attention_forward(o, lse, qv, kv.value(), k_rope.value(), nope_dim, scale);
+  return record("mla_attention", {q, kv, k_rope}, o,
+                [qv, kvv = kv.value(), rv = k_rope.value(), o, lse, nope_dim, scale](const Tensor& dout, GradSink& g) {
+                  ProfileScope prof_bwd("attention.bwd");
+                  // The kernel writes all three gradients: an input that needs none gets a scratch one.
+                  auto grad_or_scratch = [&g](size_t i, const Tensor& like) {
+                    return g.needs(i) ? g.grad(i) : Tensor::zeros(like.shape(), like.dtype());
+                  };
+                  Tensor dq = grad_or_scratch(0, qv), dkv = grad_or_scratch(1, kvv), dr = grad_or_scratch(2, rv);
+                  kernels::mla_attention_backward(dq, dkv, dr, lse, dout, qv, kvv, rv, o, nope_dim, scale);
+                });
+}
+
 Variable cross_entropy(const Variable& logits, const Tensor& targets) {
   ProfileScope prof("cross_entropy.fwd");
   const Tensor& lv = logits.value();

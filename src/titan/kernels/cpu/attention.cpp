@@ -303,23 +303,69 @@ void pack_transposed(float* dst, const T* src, int64_t ld_src, int64_t rows, int
   }
 }
 
+// Where the key and value rows of (b, token s, kv head g) live, and so where their gradients go
+// (dk, dk_shared and dv mirror k, k_shared and v). Plain attention: k [B, S, Hkv, Dqk] and
+// v [B, S, Hkv, Dv]. MLA (mla_attention_*): a key's first k_width = Dn dims are the head's slice of
+// kv [B, S, H, Dn + Dv] and its last Dqk - k_width = Dr dims the rope key k_shared [B, S, 1, Dr]
+// that every head shares; the value is the rest of the head's slice of kv. Reading them there
+// saves assembling per-head keys and values in memory (and the backward's split of their gradients).
+template <class T>
+struct KvRows {
+  const T* k;
+  int64_t k_tok, k_head, k_width;  // elements between tokens, between heads; dims taken per head
+  const T* k_shared;               // null: the key is k's k_width = Dqk dims alone
+  const T* v;
+  int64_t v_tok, v_head;
+  const T* key(const AttentionDims& d, int64_t b, int64_t s, int64_t g) const {
+    return k + (b * d.S + s) * k_tok + g * k_head;
+  }
+  const T* key_tail(const AttentionDims& d, int64_t b, int64_t s) const {
+    return k_shared + (b * d.S + s) * (d.Dqk - k_width);
+  }
+  const T* value(const AttentionDims& d, int64_t b, int64_t s, int64_t g) const {
+    return v + (b * d.S + s) * v_tok + g * v_head;
+  }
+};
+
+template <class T>
+KvRows<T> plain_kv(const T* k, const T* v, const AttentionDims& d) {
+  return {k, d.Hkv * d.Dqk, d.Dqk, d.Dqk, nullptr, v, d.Hkv * d.Dv, d.Dv};
+}
+
+template <class T>
+KvRows<T> mla_kv(const T* kv, const T* k_rope, int64_t nope_dim, const AttentionDims& d) {
+  const int64_t width = nope_dim + d.Dv;  // kv's last dim
+  return {kv, d.H * width, width, nope_dim, k_rope, kv + nope_dim, d.H * width, width};
+}
+
+// Key rows [row0, row0 + rows) of (b, g) as f32 into dst (rows ld_dst apart, zero past Dqk).
+template <class T>
+void pack_key_rows(float* dst, int64_t ld_dst, const KvRows<T>& kv, const AttentionDims& d, int64_t b, int64_t g,
+                   int64_t row0, int64_t rows) {
+  pack_rows(dst, ld_dst, kv.key(d, b, row0, g), kv.k_tok, rows, kv.k_width, 1.0f);
+  if (!kv.k_shared) return;
+  const int64_t tail = d.Dqk - kv.k_width;
+  for (int64_t j = 0; j < rows; ++j) {
+    const T* src = kv.key_tail(d, b, row0 + j);
+    float* out = dst + j * ld_dst + kv.k_width;
+#pragma omp simd
+    for (int64_t c = 0; c < tail; ++c) out[c] = to_f32(src[c]);
+  }
+}
+
 // Keys (unless kp is null) and values of every (b, kv head) as f32 rows, packed once (in
 // parallel, padding included, so the buffers need no serial zero-fill) and shared by all query
 // heads of the group: kp [B, Hkv, s_pad, dqk_pad], vp [B, Hkv, s_pad, dv_pad]. Rows past S are
 // never read: every product over keys stops at the last valid key.
 template <class T>
-void pack_kv(float* kp, float* vp, const T* k, const T* v, const AttentionDims& d, const Plan& p) {
+void pack_kv(float* kp, float* vp, const KvRows<T>& kv, const AttentionDims& d, const Plan& p) {
   const int64_t items = d.B * d.Hkv * p.nblk;
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < items; ++t) {
     const int64_t blk = t % p.nblk, bg = t / p.nblk, b = bg / d.Hkv, g = bg % d.Hkv;
     const int64_t row0 = blk * kBlock, rows = min_i64(kBlock, d.S - row0);
-    if (kp) {
-      pack_rows(kp + (bg * p.s_pad + row0) * p.dqk_pad, p.dqk_pad, k + ((b * d.S + row0) * d.Hkv + g) * d.Dqk,
-                d.Hkv * d.Dqk, rows, d.Dqk, 1.0f);
-    }
-    pack_rows(vp + (bg * p.s_pad + row0) * p.dv_pad, p.dv_pad, v + ((b * d.S + row0) * d.Hkv + g) * d.Dv,
-              d.Hkv * d.Dv, rows, d.Dv, 1.0f);
+    if (kp) pack_key_rows(kp + (bg * p.s_pad + row0) * p.dqk_pad, p.dqk_pad, kv, d, b, g, row0, rows);
+    pack_rows(vp + (bg * p.s_pad + row0) * p.dv_pad, p.dv_pad, kv.value(d, b, row0, g), kv.v_tok, rows, d.Dv, 1.0f);
   }
 }
 
@@ -810,26 +856,22 @@ bool amx_fits(const AttentionDims& d) { return d.Dqk % 32 == 0 && d.Dv % 32 == 0
 // Scores are computed transposed, S^T = k q^T (keys down, the block's queries across), so the
 // softmax over keys is element-wise across rows: running max, exp and sum are plain vector ops
 // with no horizontal reductions, and the P^T tile feeds o += P v as a transposed A operand.
+namespace {
 template <class T>
-void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, const AttentionDims& d) {
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if constexpr (std::is_same_v<T, bf16>) {
-    if (amx_fits(d)) return forward_bf16_amx(o, lse, q, k, v, d);
-  }
-#endif
+void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const AttentionDims& d) {
   const Plan p = make_plan(d);
   // f32 keys of a whole vector width are read in place: they are only the A operand of S^T = k q^T
   // (one broadcast per row and k step), where their row stride costs nothing, and packing them
   // would write and reread a copy of all keys. Values are a B operand and stay packed.
   constexpr bool kF32 = std::is_same_v<T, float>;
-  const bool keys_in_place = kF32 && d.Dqk == p.dqk_pad;
+  const bool keys_in_place = kF32 && !kv.k_shared && d.Dqk == p.dqk_pad;
   Scratch<float> kp(keys_in_place ? 0 : d.B * d.Hkv * p.s_pad * p.dqk_pad);  // [B, Hkv, s_pad, dqk_pad]
   Scratch<float> vp(d.B * d.Hkv * p.s_pad * p.dv_pad);                        // [B, Hkv, s_pad, dv_pad]
-  pack_kv<T>(keys_in_place ? nullptr : kp.data(), vp.data(), k, v, d, p);
-  const int64_t k_ld = keys_in_place ? d.Hkv * d.Dqk : p.dqk_pad;  // floats between key rows
+  pack_kv<T>(keys_in_place ? nullptr : kp.data(), vp.data(), kv, d, p);
+  const int64_t k_ld = keys_in_place ? kv.k_tok : p.dqk_pad;  // floats between key rows
   auto key_block = [&](int64_t b, int64_t bg, int64_t row0) -> const float* {  // [kBlock, k_ld]
     if constexpr (kF32) {
-      if (keys_in_place) return k + ((b * d.S + row0) * d.Hkv + bg % d.Hkv) * d.Dqk;
+      if (keys_in_place) return kv.key(d, b, row0, bg % d.Hkv);
     }
     return kp.data() + (bg * p.s_pad + row0) * p.dqk_pad;
   };
@@ -945,20 +987,19 @@ void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, con
 // over each GQA group in head order afterwards (without GQA, straight into the head's columns). Every sum therefore runs in a fixed order and the
 // result does not depend on scheduling. Tiles are transposed as in
 // the forward: S^T = k q^T, dP^T = v dO^T, with the per-query lse and D_i across vector lanes.
+// With a shared key tail (MLA), each item's share of the tail's gradient goes to a per-head f32
+// partial, summed over heads in head order at the end, like the GQA partials.
 template <class T>
-void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, const T* q, const T* k, const T* v,
-                        const T* o, const AttentionDims& d) {
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if constexpr (std::is_same_v<T, bf16>) {
-    if (amx_fits(d)) return backward_bf16_amx(dq, dk, dv, lse, dout, q, k, v, o, d);
-  }
-#endif
+void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const T* dout, const T* q,
+                      const KvRows<T>& kv, const T* o, const AttentionDims& d) {
   const Plan p = make_plan(d);
   // Without GQA (MLA's case) each item owns its head's columns of dk and dv and adds into them
   // directly: the partials would only be a 2 x [B, H, S, D] f32 round trip through memory.
   const bool mha = p.group == 1;
   Scratch<float> dk_part(mha ? 0 : d.B * d.H * d.S * d.Dqk);  // [B, H, S, Dqk] this head's share of dk
   Scratch<float> dv_part(mha ? 0 : d.B * d.H * d.S * d.Dv);   // [B, H, S, Dv]
+  const int64_t tail = d.Dqk - kv.k_width;                      // the shared key dims (0 without)
+  Scratch<float> tail_part(d.B * d.H * d.S * tail);             // [B, H, S, tail]
 
   const float scale = float(d.scale);
   const int64_t heads = d.B * d.H;
@@ -988,8 +1029,8 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
       const T* do_h = dout + (b * d.S * d.H + h) * d.Dv;   // row i at do_h + i * H * Dv
       if (bg != packed_bg) {
         const int64_t g = bg % d.Hkv;
-        pack_rows(kp.data(), p.dqk_pad, k + (b * d.S * d.Hkv + g) * d.Dqk, d.Hkv * d.Dqk, d.S, d.Dqk, 1.0f);
-        pack_rows(vp.data(), p.dv_pad, v + (b * d.S * d.Hkv + g) * d.Dv, d.Hkv * d.Dv, d.S, d.Dv, 1.0f);
+        pack_key_rows(kp.data(), p.dqk_pad, kv, d, b, g, 0, d.S);
+        pack_rows(vp.data(), p.dv_pad, kv.value(d, b, 0, g), kv.v_tok, d.S, d.Dv, 1.0f);
         packed_bg = bg;
       }
       pack_rows(qs.data(), p.dqk_pad, q_h, d.H * d.Dqk, d.S, d.Dqk, scale);
@@ -1089,12 +1130,15 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
           const float* dk_row = dk_acc.data() + (j - kb0 * kBlock) * p.dqk_pad;
           const float* dv_row = dv_acc.data() + (j - kb0 * kBlock) * p.dv_pad;
           if (mha) {
-            T* dk_out = dk + ((b * d.S + j) * d.H + h) * d.Dqk;
-            T* dv_out = dv + ((b * d.S + j) * d.H + h) * d.Dv;
+            T* dk_out = dk + (b * d.S + j) * kv.k_tok + h * kv.k_head;
+            T* dv_out = dv + (b * d.S + j) * kv.v_tok + h * kv.v_head;
 #pragma omp simd
-            for (int64_t c = 0; c < d.Dqk; ++c) dk_out[c] = from_f32<T>(to_f32(dk_out[c]) + dk_row[c]);
+            for (int64_t c = 0; c < kv.k_width; ++c) dk_out[c] = from_f32<T>(to_f32(dk_out[c]) + dk_row[c]);
 #pragma omp simd
             for (int64_t c = 0; c < d.Dv; ++c) dv_out[c] = from_f32<T>(to_f32(dv_out[c]) + dv_row[c]);
+            if (tail > 0) {
+              std::memcpy(tail_part.data() + (bh * d.S + j) * tail, dk_row + kv.k_width, size_t(tail) * sizeof(float));
+            }
           } else {
             std::memcpy(dk_part.data() + (bh * d.S + j) * d.Dqk, dk_row, size_t(d.Dqk) * sizeof(float));
             std::memcpy(dv_part.data() + (bh * d.S + j) * d.Dv, dv_row, size_t(d.Dv) * sizeof(float));
@@ -1110,9 +1154,57 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
     }
 
     if (!mha) add_kv_partials(dk, dv, dk_part.data(), dv_part.data(), d, p);
+    if (tail > 0) {
+      // dk_shared[b, s] += sum over heads h of tail_part[b, h, s], in head order.
+      Scratch<float> row_sum(tail, ScratchInit::zeroed);
+#pragma omp for schedule(static)
+      for (int64_t bs = 0; bs < d.B * d.S; ++bs) {
+        const int64_t b = bs / d.S, i = bs % d.S;
+        add_group_sum(dk_shared + bs * tail, row_sum.data(), tail_part.data() + (b * d.H * d.S + i) * tail,
+                      d.S * tail, d.H, tail);
+      }
+    }
   }
 }
+}  // namespace
 
+template <class T>
+void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, const AttentionDims& d) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (amx_fits(d)) return forward_bf16_amx(o, lse, q, k, v, d);
+  }
+#endif
+  forward_blocked(o, lse, q, plain_kv(k, v, d), d);
+}
+
+template <class T>
+void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, const T* q, const T* k, const T* v,
+                        const T* o, const AttentionDims& d) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (amx_fits(d)) return backward_bf16_amx(dq, dk, dv, lse, dout, q, k, v, o, d);
+  }
+#endif
+  backward_blocked(dq, dk, static_cast<T*>(nullptr), dv, lse, dout, q, plain_kv(k, v, d), o, d);
+}
+
+template <class T>
+void mla_attention_forward(T* o, float* lse, const T* q, const T* kv, const T* k_rope, int64_t nope_dim,
+                           const AttentionDims& d) {
+  forward_blocked(o, lse, q, mla_kv(kv, k_rope, nope_dim, d), d);
+}
+
+template <class T>
+void mla_attention_backward(T* dq, T* dkv, T* dk_rope, const float* lse, const T* dout, const T* q, const T* kv,
+                            const T* k_rope, const T* o, int64_t nope_dim, const AttentionDims& d) {
+  backward_blocked(dq, dkv, dk_rope, dkv + nope_dim, lse, dout, q, mla_kv(kv, k_rope, nope_dim, d), o, d);
+}
+
+template void mla_attention_forward<float>(float*, float*, const float*, const float*, const float*, int64_t,
+                                           const AttentionDims&);
+template void mla_attention_backward<float>(float*, float*, float*, const float*, const float*, const float*,
+                                            const float*, const float*, const float*, int64_t, const AttentionDims&);
 template void attention_forward<float>(float*, float*, const float*, const float*, const float*,
                                        const AttentionDims&);
 template void attention_forward<bf16>(bf16*, float*, const bf16*, const bf16*, const bf16*, const AttentionDims&);
