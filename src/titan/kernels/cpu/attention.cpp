@@ -256,10 +256,12 @@ Plan make_plan(const AttentionDims& d) {
 // each row's end: packing waited on memory for every row. Prefetching a few rows ahead overlaps
 // those misses.
 constexpr int64_t kPrefetchRows = 4;
-template <class T>
+// The same goes for the rows the kernels read and write back per head (o, dq, dk, dv): kWrite
+// prefetches for ownership.
+template <bool kWrite = false, class T>
 TITAN_INLINE void prefetch_row(const T* row, int64_t width) {
   const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t off = 0; off < width * int64_t(sizeof(T)); off += 64) __builtin_prefetch(p + off, 0, 3);
+  for (int64_t off = 0; off < width * int64_t(sizeof(T)); off += 64) __builtin_prefetch(p + off, kWrite ? 1 : 0, 3);
 }
 
 template <class T>
@@ -970,6 +972,7 @@ void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const At
           const float sum = l.data()[x * kBlock + i], inv = 1.0f / sum;
           const float* orow = oacc.data() + (x * kBlock + i) * p.dv_pad;
           T* out = o + ((b * d.S + row0 + i) * d.H + h) * d.Dv;
+          if (i + kPrefetchRows < rows) prefetch_row<true>(out + kPrefetchRows * d.H * d.Dv, d.Dv);
 #pragma omp simd
           for (int64_t c = 0; c < d.Dv; ++c) out[c] = from_f32<T>(orow[c] * inv);
           lse[bh * d.S + row0 + i] = m.data()[x * kBlock + i] + std::log(sum);
@@ -1043,6 +1046,7 @@ void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const
       }
       for (int64_t i = 0; i < d.S; ++i) {
         const T* orow = o + ((b * d.S + i) * d.H + h) * d.Dv;
+        if (i + kPrefetchRows < d.S) prefetch_row(orow + kPrefetchRows * d.H * d.Dv, d.Dv);
         const float* dorow = dos.data() + i * p.dv_pad;
         float sum = 0;
 #pragma omp simd reduction(+ : sum)
@@ -1132,6 +1136,10 @@ void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const
           if (mha) {
             T* dk_out = dk + (b * d.S + j) * kv.k_tok + h * kv.k_head;
             T* dv_out = dv + (b * d.S + j) * kv.v_tok + h * kv.v_head;
+            if (j + kPrefetchRows < d.S) {
+              prefetch_row<true>(dk_out + kPrefetchRows * kv.k_tok, kv.k_width);
+              prefetch_row<true>(dv_out + kPrefetchRows * kv.v_tok, d.Dv);
+            }
 #pragma omp simd
             for (int64_t c = 0; c < kv.k_width; ++c) dk_out[c] = from_f32<T>(to_f32(dk_out[c]) + dk_row[c]);
 #pragma omp simd
@@ -1147,6 +1155,7 @@ void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const
       }
       for (int64_t i = 0; i < d.S; ++i) {
         T* out = dq + ((b * d.S + i) * d.H + h) * d.Dqk;
+        if (i + kPrefetchRows < d.S) prefetch_row<true>(out + kPrefetchRows * d.H * d.Dqk, d.Dqk);
         const float* acc = dq_acc.data() + i * p.dqk_pad;
 #pragma omp simd
         for (int64_t c = 0; c < d.Dqk; ++c) out[c] = from_f32<T>(to_f32(out[c]) + scale * acc[c]);
