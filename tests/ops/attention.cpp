@@ -109,7 +109,23 @@ OpOutputs run_mla_backward(const MlaCase& c, uint64_t seed) {
   kernels::add_columns(dkv_ref, 0, dk, 0, c.dn);
   kernels::add_columns(dkv_ref, c.dn, dv, 0, c.d.Dv);
   kernels::add_columns(dr_ref, 0, dk, c.dn, c.dr, c.d.H);
-  return {{"dq", dq_fast, dq_ref}, {"dkv", dkv_fast, dkv_ref}, {"dk_rope", dr_fast, dr_ref}};
+  // Storing (accumulate = false) over garbage equals adding to zeros.
+  Tensor dq_store = random_tensor(c.q.shape(), DType::f32, seed, "dq1");
+  Tensor dkv_store = random_tensor(c.kv.shape(), DType::f32, seed, "dkv1");
+  Tensor dr_store = random_tensor(c.k_rope.shape(), DType::f32, seed, "dr1");
+  kernels::mla_attention_backward(dq_store, dkv_store, dr_store, lse, dout, c.q, c.kv, c.k_rope, o, c.dn, std::nullopt,
+                                  false);
+  Tensor dq_zero = Tensor::zeros(c.q.shape(), DType::f32), dkv_zero = Tensor::zeros(c.kv.shape(), DType::f32);
+  Tensor dr_zero = Tensor::zeros(c.k_rope.shape(), DType::f32);
+  dk.zero_(), dv.zero_();
+  kernels::ref::attention_backward<float>(dq_zero.data<float>(), dk.data<float>(), dv.data<float>(), lse.data<float>(),
+                                          dout.data<float>(), c.q.data<float>(), c.k.data<float>(), c.v.data<float>(),
+                                          o.data<float>(), c.d);
+  kernels::add_columns(dkv_zero, 0, dk, 0, c.dn);
+  kernels::add_columns(dkv_zero, c.dn, dv, 0, c.d.Dv);
+  kernels::add_columns(dr_zero, 0, dk, c.dn, c.dr, c.d.H);
+  return {{"dq", dq_fast, dq_ref},          {"dkv", dkv_fast, dkv_ref},          {"dk_rope", dr_fast, dr_ref},
+          {"dq stored", dq_store, dq_zero}, {"dkv stored", dkv_store, dkv_zero}, {"dk_rope stored", dr_store, dr_zero}};
 }
 
 }  // namespace

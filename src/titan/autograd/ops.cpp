@@ -250,12 +250,23 @@ Variable mla_attention(const Variable& q, const Variable& kv, const Variable& k_
   return record("mla_attention", {q, kv, k_rope}, o,
                 [qv, kvv = kv.value(), rv = k_rope.value(), o, lse, nope_dim, scale](const Tensor& dout, GradSink& g) {
                   ProfileScope prof_bwd("attention.bwd");
-                  // The kernel writes all three gradients: an input that needs none gets a scratch one.
-                  auto grad_or_scratch = [&g](size_t i, const Tensor& like) {
+                  // The kernel writes all three gradients. When every input that needs one has none
+                  // yet (the usual case) it stores them into fresh buffers that are then adopted:
+                  // no zero-fill, no read-back. Otherwise it adds to the existing ones (and to
+                  // scratch zeros for an input that needs none).
+                  const bool fresh = (!g.needs(0) || g.can_adopt(0)) && (!g.needs(1) || g.can_adopt(1)) &&
+                                     (!g.needs(2) || g.can_adopt(2));
+                  auto grad_for = [&g, fresh](size_t i, const Tensor& like) {
+                    if (fresh) return Tensor::empty(like.shape(), like.dtype());
                     return g.needs(i) ? g.grad(i) : Tensor::zeros(like.shape(), like.dtype());
                   };
-                  Tensor dq = grad_or_scratch(0, qv), dkv = grad_or_scratch(1, kvv), dr = grad_or_scratch(2, rv);
-                  kernels::mla_attention_backward(dq, dkv, dr, lse, dout, qv, kvv, rv, o, nope_dim, scale);
+                  Tensor dq = grad_for(0, qv), dkv = grad_for(1, kvv), dr = grad_for(2, rv);
+                  kernels::mla_attention_backward(dq, dkv, dr, lse, dout, qv, kvv, rv, o, nope_dim, scale, !fresh);
+                  if (fresh) {
+                    for (size_t i = 0; i < 3; ++i) {
+                      if (g.needs(i)) g.adopt(i, i == 0 ? dq : i == 1 ? dkv : dr);
+                    }
+                  }
                 });
 }
 

@@ -150,7 +150,7 @@ void mla_attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor
 
 void mla_attention_backward(Tensor& dq, Tensor& dkv, Tensor& dk_rope, const Tensor& lse, const Tensor& dout,
                             const Tensor& q, const Tensor& kv, const Tensor& k_rope, const Tensor& o, int64_t nope_dim,
-                            std::optional<double> scale) {
+                            std::optional<double> scale, bool accumulate) {
   const AttentionDims d = mla_dims(q, kv, k_rope, nope_dim, scale);
   check_tensor(o, "o", q.dtype(), {d.B, d.S, d.H, d.Dv});
   check_tensor(dout, "dout", q.dtype(), {d.B, d.S, d.H, d.Dv});
@@ -162,9 +162,10 @@ void mla_attention_backward(Tensor& dq, Tensor& dkv, Tensor& dk_rope, const Tens
     TITAN_CPU_KERNEL(mla_attention_backward<float>)(dq.data<float>(), dkv.data<float>(), dk_rope.data<float>(),
                                                     lse.data<float>(), dout.data<float>(), q.data<float>(),
                                                     kv.data<float>(), k_rope.data<float>(), o.data<float>(), nope_dim,
-                                                    d);
+                                                    d, accumulate);
     return;
   }
+  if (!accumulate) dq.zero_(), dkv.zero_(), dk_rope.zero_();
   const auto [k, v] = mla_assemble(kv, k_rope, nope_dim, d);
   Tensor dk = Tensor::zeros(k.shape(), k.dtype()), dv = Tensor::zeros(v.shape(), v.dtype());
   attention_backward(dq, dk, dv, lse, dout, q, k, v, o, d.scale);

@@ -38,9 +38,10 @@ void mla_attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor
                            int64_t nope_dim, std::optional<double> scale = std::nullopt);
 
 // dq, dkv, dk_rope += the gradients of sum(dout * o) (accumulates, like attention_backward); the
-// shared rope key's gradient sums over heads.
+// shared rope key's gradient sums over heads. accumulate = false stores them instead (=), so that
+// fresh gradient buffers need no zero-fill.
 void mla_attention_backward(Tensor& dq, Tensor& dkv, Tensor& dk_rope, const Tensor& lse, const Tensor& dout,
                             const Tensor& q, const Tensor& kv, const Tensor& k_rope, const Tensor& o, int64_t nope_dim,
-                            std::optional<double> scale = std::nullopt);
+                            std::optional<double> scale = std::nullopt, bool accumulate = true);
 
 }  // namespace titan::kernels

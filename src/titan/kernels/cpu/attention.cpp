@@ -381,7 +381,8 @@ void mask_diagonal(float* st, int64_t cols) {  // st [kBlock, kBlock]
 
 // out[c] += sum_h part[h * stride + c] for h < heads in order, c < width; sum [width] is scratch.
 template <class T>
-void add_group_sum(T* out, float* sum, const float* part, int64_t stride, int64_t heads, int64_t width) {
+void add_group_sum(T* out, float* sum, const float* part, int64_t stride, int64_t heads, int64_t width,
+                   bool accumulate = true) {
   std::memcpy(sum, part, size_t(width) * sizeof(float));
   for (int64_t h = 1; h < heads; ++h) {
     const float* x = part + h * stride;
@@ -389,7 +390,7 @@ void add_group_sum(T* out, float* sum, const float* part, int64_t stride, int64_
     for (int64_t c = 0; c < width; ++c) sum[c] += x[c];
   }
 #pragma omp simd
-  for (int64_t c = 0; c < width; ++c) out[c] = from_f32<T>(to_f32(out[c]) + sum[c]);
+  for (int64_t c = 0; c < width; ++c) out[c] = from_f32<T>(accumulate ? to_f32(out[c]) + sum[c] : sum[c]);
 }
 
 
@@ -991,10 +992,12 @@ void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const At
 // result does not depend on scheduling. Tiles are transposed as in
 // the forward: S^T = k q^T, dP^T = v dO^T, with the per-query lse and D_i across vector lanes.
 // With a shared key tail (MLA), each item's share of the tail's gradient goes to a per-head f32
-// partial, summed over heads in head order at the end, like the GQA partials.
+// partial, summed over heads in head order at the end, like the GQA partials. accumulate = false
+// (MHA only) stores the gradients instead of adding to them: fresh gradient buffers then need no
+// zero-fill, and are not read back.
 template <class T>
 void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const T* dout, const T* q,
-                      const KvRows<T>& kv, const T* o, const AttentionDims& d) {
+                      const KvRows<T>& kv, const T* o, const AttentionDims& d, bool accumulate = true) {
   const Plan p = make_plan(d);
   // Without GQA (MLA's case) each item owns its head's columns of dk and dv and adds into them
   // directly: the partials would only be a 2 x [B, H, S, D] f32 round trip through memory.
@@ -1141,9 +1144,11 @@ void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const
               prefetch_row<true>(dv_out + kPrefetchRows * kv.v_tok, d.Dv);
             }
 #pragma omp simd
-            for (int64_t c = 0; c < kv.k_width; ++c) dk_out[c] = from_f32<T>(to_f32(dk_out[c]) + dk_row[c]);
+            for (int64_t c = 0; c < kv.k_width; ++c) {
+              dk_out[c] = from_f32<T>(accumulate ? to_f32(dk_out[c]) + dk_row[c] : dk_row[c]);
+            }
 #pragma omp simd
-            for (int64_t c = 0; c < d.Dv; ++c) dv_out[c] = from_f32<T>(to_f32(dv_out[c]) + dv_row[c]);
+            for (int64_t c = 0; c < d.Dv; ++c) dv_out[c] = from_f32<T>(accumulate ? to_f32(dv_out[c]) + dv_row[c] : dv_row[c]);
             if (tail > 0) {
               std::memcpy(tail_part.data() + (bh * d.S + j) * tail, dk_row + kv.k_width, size_t(tail) * sizeof(float));
             }
@@ -1158,7 +1163,7 @@ void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const
         if (i + kPrefetchRows < d.S) prefetch_row<true>(out + kPrefetchRows * d.H * d.Dqk, d.Dqk);
         const float* acc = dq_acc.data() + i * p.dqk_pad;
 #pragma omp simd
-        for (int64_t c = 0; c < d.Dqk; ++c) out[c] = from_f32<T>(to_f32(out[c]) + scale * acc[c]);
+        for (int64_t c = 0; c < d.Dqk; ++c) out[c] = from_f32<T>(accumulate ? to_f32(out[c]) + scale * acc[c] : scale * acc[c]);
       }
     }
 
@@ -1170,7 +1175,7 @@ void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const
       for (int64_t bs = 0; bs < d.B * d.S; ++bs) {
         const int64_t b = bs / d.S, i = bs % d.S;
         add_group_sum(dk_shared + bs * tail, row_sum.data(), tail_part.data() + (b * d.H * d.S + i) * tail,
-                      d.S * tail, d.H, tail);
+                      d.S * tail, d.H, tail, accumulate);
       }
     }
   }
@@ -1206,14 +1211,16 @@ void mla_attention_forward(T* o, float* lse, const T* q, const T* kv, const T* k
 
 template <class T>
 void mla_attention_backward(T* dq, T* dkv, T* dk_rope, const float* lse, const T* dout, const T* q, const T* kv,
-                            const T* k_rope, const T* o, int64_t nope_dim, const AttentionDims& d) {
-  backward_blocked(dq, dkv, dk_rope, dkv + nope_dim, lse, dout, q, mla_kv(kv, k_rope, nope_dim, d), o, d);
+                            const T* k_rope, const T* o, int64_t nope_dim, const AttentionDims& d, bool accumulate) {
+  backward_blocked(dq, dkv, dk_rope, dkv + nope_dim, lse, dout, q, mla_kv(kv, k_rope, nope_dim, d), o, d,
+                   accumulate);
 }
 
 template void mla_attention_forward<float>(float*, float*, const float*, const float*, const float*, int64_t,
                                            const AttentionDims&);
 template void mla_attention_backward<float>(float*, float*, float*, const float*, const float*, const float*,
-                                            const float*, const float*, const float*, int64_t, const AttentionDims&);
+                                            const float*, const float*, const float*, int64_t, const AttentionDims&,
+                                            bool);
 template void attention_forward<float>(float*, float*, const float*, const float*, const float*,
                                        const AttentionDims&);
 template void attention_forward<bf16>(bf16*, float*, const bf16*, const bf16*, const bf16*, const AttentionDims&);

@@ -22,5 +22,5 @@
   template <class T>                                                                                          \
   void mla_attention_backward(T* dq, T* dkv, T* dk_rope, const float* lse, const T* dout, const T* q,         \
                               const T* kv, const T* k_rope, const T* o, int64_t nope_dim,                     \
-                              const ::titan::kernels::AttentionDims& d);
+                              const ::titan::kernels::AttentionDims& d, bool accumulate);
 TITAN_FOR_EACH_ISA(TITAN_ATTENTION_KERNELS)
