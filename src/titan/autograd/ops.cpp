@@ -242,6 +242,12 @@ std::pair<Variable, Variable> mla_keys_values(const Variable& kv, const Variable
 
 Variable mla_attention(const Variable& q, const Variable& kv, const Variable& k_rope, int64_t nope_dim,
                        std::optional<double> scale) {
+  if (q.dtype() != DType::f32) {
+    // bf16 keeps attention's AMX kernels, which take assembled keys and values; built once here,
+    // the backward reuses them.
+    const auto [k, v] = mla_keys_values(kv, k_rope, nope_dim);
+    return attention(q, k, v, scale);
+  }
   ProfileScope prof("attention.fwd");
   const Tensor& qv = q.value();
   Tensor o = activation_like({qv.size(0), qv.size(1), qv.size(2), kv.value().size(3) - nope_dim}, qv.dtype());

@@ -1,10 +1,10 @@
 #include "titan/kernels/attention.h"
 
-#include "titan/kernels/columns.h"
-
 #include <cmath>
+#include <cstring>
 #include <string>
 
+#include "titan/kernels/columns.h"
 #include "titan/kernels/cpu/attention.h"
 #include "titan/kernels/dispatch.h"
 #include "titan/kernels/ref/attention.h"
@@ -165,7 +165,10 @@ void mla_attention_backward(Tensor& dq, Tensor& dkv, Tensor& dk_rope, const Tens
                                                     d, accumulate);
     return;
   }
-  if (!accumulate) dq.zero_(), dkv.zero_(), dk_rope.zero_();
+  if (!accumulate) {
+    // Storing equals adding to zeros (contiguous, checked above).
+    for (Tensor* t : {&dq, &dkv, &dk_rope}) std::memset(t->data_ptr(), 0, t->nbytes());
+  }
   const auto [k, v] = mla_assemble(kv, k_rope, nope_dim, d);
   Tensor dk = Tensor::zeros(k.shape(), k.dtype()), dv = Tensor::zeros(v.shape(), v.dtype());
   attention_backward(dq, dk, dv, lse, dout, q, k, v, o, d.scale);
