@@ -866,8 +866,11 @@ void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const At
   // f32 keys of a whole vector width are read in place: they are only the A operand of S^T = k q^T
   // (one broadcast per row and k step), where their row stride costs nothing, and packing them
   // would write and reread a copy of all keys. Values are a B operand and stay packed.
+  // MLA's keys are read in place in two parts, the head's nope dims then the shared rope dims: the
+  // second product continues the first's sums in k order, as gemm's own K chunks do.
   constexpr bool kF32 = std::is_same_v<T, float>;
-  const bool keys_in_place = kF32 && !kv.k_shared && d.Dqk == p.dqk_pad;
+  const bool keys_in_place = kF32 && (kv.k_shared || d.Dqk == p.dqk_pad);
+  const int64_t k_main = keys_in_place ? kv.k_width : d.Dqk;  // key dims read through key_block
   Scratch<float> kp(keys_in_place ? 0 : d.B * d.Hkv * p.s_pad * p.dqk_pad);  // [B, Hkv, s_pad, dqk_pad]
   Scratch<float> vp(d.B * d.Hkv * p.s_pad * p.dv_pad);                        // [B, Hkv, s_pad, dv_pad]
   pack_kv<T>(keys_in_place ? nullptr : kp.data(), vp.data(), kv, d, p);
@@ -877,6 +880,13 @@ void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const At
       if (keys_in_place) return kv.key(d, b, row0, bg % d.Hkv);
     }
     return kp.data() + (bg * p.s_pad + row0) * p.dqk_pad;
+  };
+  const int64_t tail = d.Dqk - k_main;  // the in-place shared dims: key_tail rows, tail floats apart
+  auto tail_block = [&](int64_t b, int64_t row0) -> const float* {  // [kBlock, tail]
+    if constexpr (kF32) {
+      if (tail > 0) return kv.key_tail(d, b, row0);
+    }
+    return nullptr;
   };
 
   const float scale = float(d.scale);
@@ -916,12 +926,20 @@ void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const At
           const bool diagonal = kb == qb;
           const int64_t cols = diagonal ? rows : kBlock;  // keys past the diagonal or past S are skipped
           const float* qt_x = qt.data() + x * d.Dqk * kBlock;  // [Dqk, kBlock]
+          const float* tail_blk = tail_block(b, kb * kBlock);  // [kBlock, tail]
           if (diagonal) {
             gemm_diagonal<Diagonal::queries_across, false>(st.data(), kBlock, kp_blk, k_ld, 1, qt_x, kBlock, cols,
-                                                           kBlock, d.Dqk);
+                                                           kBlock, k_main);
+            if (tail > 0) {
+              gemm_diagonal<Diagonal::queries_across, true>(st.data(), kBlock, tail_blk, tail, 1,
+                                                            qt_x + k_main * kBlock, kBlock, cols, kBlock, tail);
+            }
             mask_diagonal(st.data(), cols);
           } else {
-            gemm<false>(st.data(), kBlock, kp_blk, k_ld, 1, qt_x, kBlock, cols, kBlock, d.Dqk);
+            gemm<false>(st.data(), kBlock, kp_blk, k_ld, 1, qt_x, kBlock, cols, kBlock, k_main);
+            if (tail > 0) {
+              gemm<true>(st.data(), kBlock, tail_blk, tail, 1, qt_x + k_main * kBlock, kBlock, cols, kBlock, tail);
+            }
           }
           // Online softmax per query column: new max, rescale of the old sum (and of o below),
           // P^T = exp(S^T - max). Padding queries past S compute finite values nobody reads.
