@@ -98,7 +98,15 @@ void run(Problem& p, int rounds) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // `bench_attention B S H Hkv Dqk Dv f32|bf16` times that one shape only (when tuning a kernel
+  // for one model's attention).
+  if (argc == 8) {
+    Problem p(std::stoll(argv[1]), std::stoll(argv[2]), std::stoll(argv[3]), std::stoll(argv[4]), std::stoll(argv[5]),
+              std::stoll(argv[6]), std::string(argv[7]) == "bf16" ? DType::bf16 : DType::f32);
+    run(p, 5);
+    return 0;
+  }
   const kernels::MachinePeak peak = kernels::measure_machine_peak(0.5);
   bench::print_peak(peak);
   std::printf("threads: %d; CPU kernels: %s variant\n", num_threads(),

@@ -146,3 +146,52 @@ TEST(Mla, ConcatAndNarrowGradientsAreExact) {
       EXPECT_EQ(b.grad().at({i, j, 0, 1}), 0.0);
     }
 }
+
+// mla_attention (keys and values read inside kv and k_rope) against attention over
+// mla_keys_values' assembled keys and values: output and the gradients of q, kv and k_rope, in f32
+// (the in-place kernels) and bf16 (assembled, AMX where the CPU has it), with the gradients stored
+// into fresh buffers and, when kv also feeds the loss directly, added to the one it already has.
+TEST(Mla, FusedAttentionMatchesKeysValuesThenAttention) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (bool kv_in_loss : {false, true}) {
+      SCOPED_TRACE(std::string(dt == DType::f32 ? "f32" : "bf16") + (kv_in_loss ? " kv in loss" : ""));
+      // B 2, S 70 (a 64-row block and a short one), H 3, Dn 32, Dr 16, Dv 32.
+      const Tensor qv = test::random_tensor({2, 70, 3, 48}, DType::f32, 1, "q", -2, 2);
+      const Tensor kvv = test::random_tensor({2, 70, 3, 64}, DType::f32, 2, "kv", -2, 2);
+      const Tensor rv = test::random_tensor({2, 70, 1, 16}, DType::f32, 3, "k_rope", -2, 2);
+      const Tensor dov = test::random_tensor({2, 70, 3, 32}, DType::f32, 4, "dout");
+      const Tensor wkv = test::random_tensor({2, 70, 3, 64}, DType::f32, 5, "wkv");
+      const double scale = 0.3;
+      // Each path runs forward and backward on its own (backward consumes the whole tape).
+      auto run = [&](bool fused, autograd::Variable& q, autograd::Variable& kv, autograd::Variable& r) {
+        const autograd::Variable qc = autograd::cast(q, dt), kvc = autograd::cast(kv, dt), rc = autograd::cast(r, dt);
+        autograd::Variable o;
+        if (fused) {
+          o = autograd::mla_attention(qc, kvc, rc, 32, scale);
+        } else {
+          const auto [k, v] = autograd::mla_keys_values(kvc, rc, 32);
+          o = autograd::attention(qc, k, v, scale);
+        }
+        autograd::Variable l = autograd::sum(autograd::mul(autograd::cast(o, DType::f32), autograd::Variable(dov, false)));
+        if (kv_in_loss) {
+          l = autograd::add(l, autograd::sum(autograd::mul(autograd::cast(kvc, DType::f32), autograd::Variable(wkv, false))));
+        }
+        const Tensor out = o.value();
+        autograd::backward(l);
+        return out;
+      };
+      autograd::Variable q1(qv, true), kv1(kvv, true), r1(rv, true), q2(qv, true), kv2(kvv, true), r2(rv, true);
+      const Tensor o1 = run(true, q1, kv1, r1), o2 = run(false, q2, kv2, r2);
+      const double tol = dt == DType::f32 ? 1e-5 : 2e-2;
+      auto expect_close = [tol](const Tensor& got, const Tensor& want, const char* name) {
+        const test::ErrorStats e = test::compare(test::to_doubles(got), test::to_doubles(want), tol, tol);
+        EXPECT_LE(e.max_scaled, 1.0) << name << " worst element " << e.worst;
+        EXPECT_EQ(e.nonfinite, 0) << name;
+      };
+      expect_close(o1, o2, "o");
+      expect_close(q1.grad(), q2.grad(), "dq");
+      expect_close(kv1.grad(), kv2.grad(), "dkv");
+      expect_close(r1.grad(), r2.grad(), "dk_rope");
+    }
+  }
+}

@@ -247,6 +247,42 @@ std::pair<Variable, Variable> mla_keys_values(const Variable& kv, const Variable
   return {outs[0], outs[1]};
 }
 
+Variable mla_attention(const Variable& q, const Variable& kv, const Variable& k_rope, int64_t nope_dim,
+                       std::optional<double> scale) {
+  if (q.dtype() != DType::f32) {
+    // bf16 keeps attention's AMX kernels, which take assembled keys and values; built once here,
+    // the backward reuses them.
+    const auto [k, v] = mla_keys_values(kv, k_rope, nope_dim);
+    return attention(q, k, v, scale);
+  }
+  ProfileScope prof("attention.fwd");
+  const Tensor& qv = q.value();
+  Tensor o = activation_like({qv.size(0), qv.size(1), qv.size(2), kv.value().size(3) - nope_dim}, qv.dtype());
+  Tensor lse = Tensor::empty({qv.size(0), qv.size(2), qv.size(1)}, DType::f32, MemCategory::activations);
+  kernels::mla_attention_forward(o, lse, qv, kv.value(), k_rope.value(), nope_dim, scale);
+  return record("mla_attention", {q, kv, k_rope}, o,
+                [qv, kvv = kv.value(), rv = k_rope.value(), o, lse, nope_dim, scale](const Tensor& dout, GradSink& g) {
+                  ProfileScope prof_bwd("attention.bwd");
+                  // The kernel writes all three gradients. When every input that needs one has none
+                  // yet (the usual case) it stores them into fresh buffers that are then adopted:
+                  // no zero-fill, no read-back. Otherwise it adds to the existing ones (and to
+                  // scratch zeros for an input that needs none).
+                  const bool fresh = (!g.needs(0) || g.can_adopt(0)) && (!g.needs(1) || g.can_adopt(1)) &&
+                                     (!g.needs(2) || g.can_adopt(2));
+                  auto grad_for = [&g, fresh](size_t i, const Tensor& like) {
+                    if (fresh) return Tensor::empty(like.shape(), like.dtype());
+                    return g.needs(i) ? g.grad(i) : Tensor::zeros(like.shape(), like.dtype());
+                  };
+                  Tensor dq = grad_for(0, qv), dkv = grad_for(1, kvv), dr = grad_for(2, rv);
+                  kernels::mla_attention_backward(dq, dkv, dr, lse, dout, qv, kvv, rv, o, nope_dim, scale, !fresh);
+                  if (fresh) {
+                    for (size_t i = 0; i < 3; ++i) {
+                      if (g.needs(i)) g.adopt(i, i == 0 ? dq : i == 1 ? dkv : dr);
+                    }
+                  }
+                });
+}
+
 Variable cross_entropy(const Variable& logits, const Tensor& targets) {
   ProfileScope prof("cross_entropy.fwd");
   const Tensor& lv = logits.value();

@@ -56,6 +56,13 @@ Variable concat_last(const Variable& a, const Variable& b);
 // zero-filled a kv-sized gradient in each narrow's backward. Same dtype.
 std::pair<Variable, Variable> mla_keys_values(const Variable& kv, const Variable& k_rope, int64_t nope_dim);
 
+// attention(q, mla_keys_values(kv, k_rope, nope_dim), scale) in one op: in f32 the kernels read the
+// keys and values inside kv and k_rope, so neither they nor their gradients are assembled in memory
+// (bf16 runs the two ops, for attention's AMX kernels).
+// q [B, S, H, Dn + Dr], kv [B, S, H, Dn + Dv], k_rope [B, S, 1, Dr] -> [B, S, H, Dv].
+Variable mla_attention(const Variable& q, const Variable& kv, const Variable& k_rope, int64_t nope_dim,
+                       std::optional<double> scale = std::nullopt);
+
 // The mean cross-entropy over tokens whose target is not -100: logits [N, V] (f32 or bf16),
 // targets [N] i32. Returns a one-element f32 Variable. The logits buffer is reused for its own
 // gradient in backward (it is not needed after), so no [N, V] gradient is allocated.

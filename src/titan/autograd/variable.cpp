@@ -34,6 +34,11 @@ Tensor& Variable::ensure_grad() {
   return impl_->slot->ensure();
 }
 
+bool GradSink::can_adopt(size_t i) const {
+  const GradSlot& in = *inputs_[i];
+  return in.requires_grad && !in.grad.defined() && !in.is_leaf;
+}
+
 bool GradSink::adopt(size_t i, const Tensor& g) {
   GradSlot& in = *inputs_[i];
   if (!in.requires_grad || in.grad.defined() || in.is_leaf) return false;

@@ -73,6 +73,9 @@ class GradSink {
   // returns true (the caller must not reuse g); otherwise returns false (accumulate instead).
   // Saves a zero-fill and an add for the common single-consumer case.
   bool adopt(size_t i, const Tensor& g);
+  // Whether adopt(i, ...) would succeed now: a kernel can then write input i's gradient into a
+  // fresh uninitialized buffer instead of adding to a zero-filled one.
+  bool can_adopt(size_t i) const;
 
  private:
   std::span<const std::shared_ptr<GradSlot>> inputs_;

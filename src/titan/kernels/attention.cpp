@@ -1,8 +1,10 @@
 #include "titan/kernels/attention.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 
+#include "titan/kernels/columns.h"
 #include "titan/kernels/cpu/attention.h"
 #include "titan/kernels/dispatch.h"
 #include "titan/kernels/ref/attention.h"
@@ -89,6 +91,90 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& lse, c
         dq.data<bf16>(), dk.data<bf16>(), dv.data<bf16>(), lse.data<float>(), dout.data<bf16>(), q.data<bf16>(),
         k.data<bf16>(), v.data<bf16>(), o.data<bf16>(), d);
   }
+}
+
+namespace {
+// Sizes of an MLA call (Hkv = H, Dqk = Dn + Dr), with its shape checks.
+AttentionDims mla_dims(const Tensor& q, const Tensor& kv, const Tensor& k_rope, int64_t nope_dim,
+                       std::optional<double> scale) {
+  TITAN_CHECK(q.dim() == 4 && kv.dim() == 4 && k_rope.dim() == 4,
+              "mla_attention: q, kv, k_rope must be 4-d, got " + q.shape().str() + ", " + kv.shape().str() + ", " +
+                  k_rope.shape().str(),
+              "layouts are q [B, S, H, Dn + Dr], kv [B, S, H, Dn + Dv], k_rope [B, S, 1, Dr]");
+  AttentionDims d;
+  d.B = q.size(0), d.S = q.size(1), d.H = q.size(2), d.Hkv = d.H, d.Dqk = q.size(3), d.Dv = kv.size(3) - nope_dim;
+  const int64_t dr = k_rope.size(3);
+  TITAN_CHECK(nope_dim > 0 && d.Dv > 0 && dr > 0 && d.Dqk == nope_dim + dr,
+              "mla_attention: q " + q.shape().str() + ", kv " + kv.shape().str() + " and k_rope " +
+                  k_rope.shape().str() + " do not split at nope_dim " + std::to_string(nope_dim),
+              "q's last dim must be nope_dim + k_rope's, kv's last dim nope_dim + Dv with Dv > 0");
+  TITAN_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::bf16,
+              "mla_attention: dtype " + std::string(dtype_name(q.dtype())) + " is not supported",
+              "cast activations to f32 or bf16");
+  check_tensor(q, "q", q.dtype(), {d.B, d.S, d.H, d.Dqk});
+  check_tensor(kv, "kv", q.dtype(), {d.B, d.S, d.H, nope_dim + d.Dv});
+  check_tensor(k_rope, "k_rope", q.dtype(), {d.B, d.S, 1, dr});
+  d.scale = scale ? *scale : default_attention_scale(d.Dqk);
+  TITAN_CHECK(std::isfinite(d.scale), "mla_attention: scale " + std::to_string(d.scale) + " is not finite",
+              "pass a finite softmax scale");
+  return d;
+}
+
+// The in-place kernels are f32 only: bf16 keeps attention's AMX path on assembled keys.
+bool mla_in_place(const Tensor& q) { return q.dtype() == DType::f32 && kernel_backend() == KernelBackend::fast; }
+
+// Per-head keys [B, S, H, Dn + Dr] and values [B, S, H, Dv] assembled from kv and k_rope.
+std::pair<Tensor, Tensor> mla_assemble(const Tensor& kv, const Tensor& k_rope, int64_t nope_dim,
+                                       const AttentionDims& d) {
+  Tensor k = Tensor::empty({d.B, d.S, d.H, d.Dqk}, kv.dtype()), v = Tensor::empty({d.B, d.S, d.H, d.Dv}, kv.dtype());
+  copy_columns(k, 0, kv, 0, nope_dim);
+  copy_columns(k, nope_dim, k_rope, 0, d.Dqk - nope_dim, d.H);
+  copy_columns(v, 0, kv, nope_dim, d.Dv);
+  return {k, v};
+}
+}  // namespace
+
+void mla_attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& kv, const Tensor& k_rope,
+                           int64_t nope_dim, std::optional<double> scale) {
+  const AttentionDims d = mla_dims(q, kv, k_rope, nope_dim, scale);
+  check_tensor(o, "o", q.dtype(), {d.B, d.S, d.H, d.Dv});
+  check_tensor(lse, "lse", DType::f32, {d.B, d.H, d.S});
+  if (mla_in_place(q)) {
+    TITAN_CPU_KERNEL(mla_attention_forward<float>)(o.data<float>(), lse.data<float>(), q.data<float>(),
+                                                   kv.data<float>(), k_rope.data<float>(), nope_dim, d);
+    return;
+  }
+  const auto [k, v] = mla_assemble(kv, k_rope, nope_dim, d);
+  attention_forward(o, lse, q, k, v, d.scale);
+}
+
+void mla_attention_backward(Tensor& dq, Tensor& dkv, Tensor& dk_rope, const Tensor& lse, const Tensor& dout,
+                            const Tensor& q, const Tensor& kv, const Tensor& k_rope, const Tensor& o, int64_t nope_dim,
+                            std::optional<double> scale, bool accumulate) {
+  const AttentionDims d = mla_dims(q, kv, k_rope, nope_dim, scale);
+  check_tensor(o, "o", q.dtype(), {d.B, d.S, d.H, d.Dv});
+  check_tensor(dout, "dout", q.dtype(), {d.B, d.S, d.H, d.Dv});
+  check_tensor(lse, "lse", DType::f32, {d.B, d.H, d.S});
+  check_tensor(dq, "dq", q.dtype(), q.shape());
+  check_tensor(dkv, "dkv", q.dtype(), kv.shape());
+  check_tensor(dk_rope, "dk_rope", q.dtype(), k_rope.shape());
+  if (mla_in_place(q)) {
+    TITAN_CPU_KERNEL(mla_attention_backward<float>)(dq.data<float>(), dkv.data<float>(), dk_rope.data<float>(),
+                                                    lse.data<float>(), dout.data<float>(), q.data<float>(),
+                                                    kv.data<float>(), k_rope.data<float>(), o.data<float>(), nope_dim,
+                                                    d, accumulate);
+    return;
+  }
+  if (!accumulate) {
+    // Storing equals adding to zeros (contiguous, checked above).
+    for (Tensor* t : {&dq, &dkv, &dk_rope}) std::memset(t->data_ptr(), 0, t->nbytes());
+  }
+  const auto [k, v] = mla_assemble(kv, k_rope, nope_dim, d);
+  Tensor dk = Tensor::zeros(k.shape(), k.dtype()), dv = Tensor::zeros(v.shape(), v.dtype());
+  attention_backward(dq, dk, dv, lse, dout, q, k, v, o, d.scale);
+  add_columns(dkv, 0, dk, 0, nope_dim);
+  add_columns(dkv, nope_dim, dv, 0, d.Dv);
+  add_columns(dk_rope, 0, dk, nope_dim, d.Dqk - nope_dim, d.H);  // the broadcast's backward sums over heads
 }
 
 }  // namespace titan::kernels

@@ -29,4 +29,19 @@ void attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k,
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& lse, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& o, std::optional<double> scale = std::nullopt);
 
+// MLA's attention without per-head keys and values in memory: head h's key is
+// [kv[..., h, :Dn] | k_rope[..., 0, :]] (the rope key shared by all heads), its value
+// kv[..., h, Dn:]. q [B, S, H, Dn + Dr], kv [B, S, H, Dn + Dv], k_rope [B, S, 1, Dr], o and lse as
+// in attention_forward. Equals attention_forward on the assembled keys and values; f32 with the
+// fast kernels reads them in place, other cases assemble them and call attention_forward.
+void mla_attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& kv, const Tensor& k_rope,
+                           int64_t nope_dim, std::optional<double> scale = std::nullopt);
+
+// dq, dkv, dk_rope += the gradients of sum(dout * o) (accumulates, like attention_backward); the
+// shared rope key's gradient sums over heads. accumulate = false stores them instead (=), so that
+// fresh gradient buffers need no zero-fill.
+void mla_attention_backward(Tensor& dq, Tensor& dkv, Tensor& dk_rope, const Tensor& lse, const Tensor& dout,
+                            const Tensor& q, const Tensor& kv, const Tensor& k_rope, const Tensor& o, int64_t nope_dim,
+                            std::optional<double> scale = std::nullopt, bool accumulate = true);
+
 }  // namespace titan::kernels

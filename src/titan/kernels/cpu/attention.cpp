@@ -167,6 +167,69 @@ void gemm(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, con
   }
 }
 
+// One row tile (rows <= kRows) by vecs <= kVecs vectors: gemm_row_tail with a run-time width.
+template <int Vecs, bool kAccumulate>
+TITAN_INLINE void tile_tail(int64_t vecs, int64_t rows, float* c, int64_t ldc, const float* a, int64_t a_row,
+                            int64_t a_k, const float* b, int64_t ldb, int64_t K) {
+  if (vecs == Vecs) {
+    gemm_row_tail<kRows, Vecs, kAccumulate>(rows, c, ldc, a, a_row, a_k, b, ldb, K);
+  } else if constexpr (Vecs > 1) {
+    tile_tail<Vecs - 1, kAccumulate>(vecs, rows, c, ldc, a, a_row, a_k, b, ldb, K);
+  }
+}
+
+// gemm over a diagonal (causal) block, skipping the products that only ever meet masked (key j >
+// query i) entries. At S = 512 a quarter of the blocks are diagonal and half of each is masked,
+// so the full-tile products spent about a tenth of all work on entries that end as 0.
+//   queries_across: rows are keys j, columns queries i (S^T, dP^T). A row tile from key r0 only
+//     computes columns from the query vector holding r0: the columns it skips are all i < r0 <= j,
+//     masked; the caller masks (mask_diagonal) or overwrites them.
+//   keys_upto_row: rows are queries i, k runs over keys (o += P v, dq += dS k). A row tile ending
+//     at query r1 stops k at key r1: P and dS are exactly 0 beyond it.
+//   queries_from_row: rows are keys j, k runs over queries (dv += P^T dO, dk += dS^T q). A row tile
+//     from key r0 starts k at query r0: P and dS are exactly 0 before it.
+// The skipped terms are exact zeros (their P or dS entries are 0 and the other operand is finite),
+// so every kept sum adds the same nonzero terms in the same order as the full product.
+enum class Diagonal { queries_across, keys_upto_row, queries_from_row };
+template <Diagonal kMode, bool kAccumulate>
+void gemm_diagonal(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b, int64_t ldb,
+                   int64_t M, int64_t N, int64_t K) {
+  static_assert(kMode == Diagonal::queries_across || kAccumulate, "the k-limited modes add into C");
+  constexpr int64_t kStrip = kVecs * kVecLanes;
+  if constexpr (kMode == Diagonal::queries_across) {
+    for (int64_t k0 = 0; k0 < K; k0 += kChunkK) {
+      const int64_t kc = min_i64(K - k0, kChunkK);
+      for (int64_t m = 0; m < M; m += kRows) {
+        const int64_t rows = min_i64(kRows, M - m);
+        for (int64_t n = m / kVecLanes * kVecLanes; n < N; n += kStrip) {
+          const int64_t vecs = min_i64((N - n) / kVecLanes, kVecs);
+          float* ct = c + m * ldc + n;
+          const float* at = a + m * a_row + k0 * a_k;
+          const float* bt = b + k0 * ldb + n;
+          if (k0 == 0) {
+            tile_tail<kVecs, kAccumulate>(vecs, rows, ct, ldc, at, a_row, a_k, bt, ldb, kc);
+          } else {
+            tile_tail<kVecs, true>(vecs, rows, ct, ldc, at, a_row, a_k, bt, ldb, kc);
+          }
+        }
+      }
+    }
+  } else {
+    for (int64_t n = 0; n < N; n += kStrip) {
+      const int64_t vecs = min_i64((N - n) / kVecLanes, kVecs);
+      for (int64_t m = 0; m < M; m += kRows) {
+        const int64_t rows = min_i64(kRows, M - m);
+        const int64_t k_lo = kMode == Diagonal::queries_from_row ? min_i64(m, K) : 0;
+        const int64_t k_hi = kMode == Diagonal::keys_upto_row ? min_i64(m + rows, K) : K;
+        for (int64_t k0 = k_lo; k0 < k_hi; k0 += kChunkK) {
+          tile_tail<kVecs, true>(vecs, rows, c + m * ldc + n, ldc, a + m * a_row + k0 * a_k, a_row, a_k,
+                                 b + k0 * ldb + n, ldb, min_i64(k_hi - k0, kChunkK));
+        }
+      }
+    }
+  }
+}
+
 // ---- packing --------------------------------------------------------------------------------
 // Sizes derived from AttentionDims, shared by forward and backward.
 struct Plan {
@@ -189,9 +252,22 @@ Plan make_plan(const AttentionDims& d) {
 
 // dst[j][c] = scale * src[j][c] for j < rows, c < width, and 0 for width <= c < ld_dst (the
 // padding that micro-kernels read as B-operand columns).
+// One head's rows lie H * D elements apart, a stride the hardware prefetchers do not follow past
+// each row's end: packing waited on memory for every row. Prefetching a few rows ahead overlaps
+// those misses.
+constexpr int64_t kPrefetchRows = 4;
+// The same goes for the rows the kernels read and write back per head (o, dq, dk, dv): kWrite
+// prefetches for ownership.
+template <bool kWrite = false, class T>
+TITAN_INLINE void prefetch_row(const T* row, int64_t width) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t off = 0; off < width * int64_t(sizeof(T)); off += 64) __builtin_prefetch(p + off, kWrite ? 1 : 0, 3);
+}
+
 template <class T>
 void pack_rows(float* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t rows, int64_t width, float scale) {
   for (int64_t j = 0; j < rows; ++j) {
+    if (j + kPrefetchRows < rows) prefetch_row(src + (j + kPrefetchRows) * ld_src, width);
     const T* row = src + j * ld_src;
     float* out = dst + j * ld_dst;
 #pragma omp simd
@@ -210,6 +286,8 @@ void pack_transposed(float* dst, const T* src, int64_t ld_src, int64_t rows, int
   float tile[kLanes][kLanes];  // [16 rows, 16 columns]
   for (int64_t j0 = 0; j0 < kBlock; j0 += kLanes) {
     const int64_t n = rows - j0 < 0 ? 0 : min_i64(kLanes, rows - j0);
+    const int64_t next = rows - j0 - kLanes < 0 ? 0 : min_i64(kLanes, rows - j0 - kLanes);  // rows of the next group
+    for (int64_t jj = 0; jj < next; ++jj) prefetch_row(src + (j0 + kLanes + jj) * ld_src, width);
     for (int64_t c0 = 0; c0 < width; c0 += kLanes) {
       const int64_t w = min_i64(kLanes, width - c0);
       for (int64_t jj = 0; jj < n; ++jj) {
@@ -227,23 +305,69 @@ void pack_transposed(float* dst, const T* src, int64_t ld_src, int64_t rows, int
   }
 }
 
+// Where the key and value rows of (b, token s, kv head g) live, and so where their gradients go
+// (dk, dk_shared and dv mirror k, k_shared and v). Plain attention: k [B, S, Hkv, Dqk] and
+// v [B, S, Hkv, Dv]. MLA (mla_attention_*): a key's first k_width = Dn dims are the head's slice of
+// kv [B, S, H, Dn + Dv] and its last Dqk - k_width = Dr dims the rope key k_shared [B, S, 1, Dr]
+// that every head shares; the value is the rest of the head's slice of kv. Reading them there
+// saves assembling per-head keys and values in memory (and the backward's split of their gradients).
+template <class T>
+struct KvRows {
+  const T* k;
+  int64_t k_tok, k_head, k_width;  // elements between tokens, between heads; dims taken per head
+  const T* k_shared;               // null: the key is k's k_width = Dqk dims alone
+  const T* v;
+  int64_t v_tok, v_head;
+  const T* key(const AttentionDims& d, int64_t b, int64_t s, int64_t g) const {
+    return k + (b * d.S + s) * k_tok + g * k_head;
+  }
+  const T* key_tail(const AttentionDims& d, int64_t b, int64_t s) const {
+    return k_shared + (b * d.S + s) * (d.Dqk - k_width);
+  }
+  const T* value(const AttentionDims& d, int64_t b, int64_t s, int64_t g) const {
+    return v + (b * d.S + s) * v_tok + g * v_head;
+  }
+};
+
+template <class T>
+KvRows<T> plain_kv(const T* k, const T* v, const AttentionDims& d) {
+  return {k, d.Hkv * d.Dqk, d.Dqk, d.Dqk, nullptr, v, d.Hkv * d.Dv, d.Dv};
+}
+
+template <class T>
+KvRows<T> mla_kv(const T* kv, const T* k_rope, int64_t nope_dim, const AttentionDims& d) {
+  const int64_t width = nope_dim + d.Dv;  // kv's last dim
+  return {kv, d.H * width, width, nope_dim, k_rope, kv + nope_dim, d.H * width, width};
+}
+
+// Key rows [row0, row0 + rows) of (b, g) as f32 into dst (rows ld_dst apart, zero past Dqk).
+template <class T>
+void pack_key_rows(float* dst, int64_t ld_dst, const KvRows<T>& kv, const AttentionDims& d, int64_t b, int64_t g,
+                   int64_t row0, int64_t rows) {
+  pack_rows(dst, ld_dst, kv.key(d, b, row0, g), kv.k_tok, rows, kv.k_width, 1.0f);
+  if (!kv.k_shared) return;
+  const int64_t tail = d.Dqk - kv.k_width;
+  for (int64_t j = 0; j < rows; ++j) {
+    const T* src = kv.key_tail(d, b, row0 + j);
+    float* out = dst + j * ld_dst + kv.k_width;
+#pragma omp simd
+    for (int64_t c = 0; c < tail; ++c) out[c] = to_f32(src[c]);
+  }
+}
+
 // Keys (unless kp is null) and values of every (b, kv head) as f32 rows, packed once (in
 // parallel, padding included, so the buffers need no serial zero-fill) and shared by all query
 // heads of the group: kp [B, Hkv, s_pad, dqk_pad], vp [B, Hkv, s_pad, dv_pad]. Rows past S are
 // never read: every product over keys stops at the last valid key.
 template <class T>
-void pack_kv(float* kp, float* vp, const T* k, const T* v, const AttentionDims& d, const Plan& p) {
+void pack_kv(float* kp, float* vp, const KvRows<T>& kv, const AttentionDims& d, const Plan& p) {
   const int64_t items = d.B * d.Hkv * p.nblk;
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < items; ++t) {
     const int64_t blk = t % p.nblk, bg = t / p.nblk, b = bg / d.Hkv, g = bg % d.Hkv;
     const int64_t row0 = blk * kBlock, rows = min_i64(kBlock, d.S - row0);
-    if (kp) {
-      pack_rows(kp + (bg * p.s_pad + row0) * p.dqk_pad, p.dqk_pad, k + ((b * d.S + row0) * d.Hkv + g) * d.Dqk,
-                d.Hkv * d.Dqk, rows, d.Dqk, 1.0f);
-    }
-    pack_rows(vp + (bg * p.s_pad + row0) * p.dv_pad, p.dv_pad, v + ((b * d.S + row0) * d.Hkv + g) * d.Dv,
-              d.Hkv * d.Dv, rows, d.Dv, 1.0f);
+    if (kp) pack_key_rows(kp + (bg * p.s_pad + row0) * p.dqk_pad, p.dqk_pad, kv, d, b, g, row0, rows);
+    pack_rows(vp + (bg * p.s_pad + row0) * p.dv_pad, p.dv_pad, kv.value(d, b, row0, g), kv.v_tok, rows, d.Dv, 1.0f);
   }
 }
 
@@ -257,7 +381,8 @@ void mask_diagonal(float* st, int64_t cols) {  // st [kBlock, kBlock]
 
 // out[c] += sum_h part[h * stride + c] for h < heads in order, c < width; sum [width] is scratch.
 template <class T>
-void add_group_sum(T* out, float* sum, const float* part, int64_t stride, int64_t heads, int64_t width) {
+void add_group_sum(T* out, float* sum, const float* part, int64_t stride, int64_t heads, int64_t width,
+                   bool accumulate = true) {
   std::memcpy(sum, part, size_t(width) * sizeof(float));
   for (int64_t h = 1; h < heads; ++h) {
     const float* x = part + h * stride;
@@ -265,7 +390,7 @@ void add_group_sum(T* out, float* sum, const float* part, int64_t stride, int64_
     for (int64_t c = 0; c < width; ++c) sum[c] += x[c];
   }
 #pragma omp simd
-  for (int64_t c = 0; c < width; ++c) out[c] = from_f32<T>(to_f32(out[c]) + sum[c]);
+  for (int64_t c = 0; c < width; ++c) out[c] = from_f32<T>(accumulate ? to_f32(out[c]) + sum[c] : sum[c]);
 }
 
 
@@ -734,28 +859,34 @@ bool amx_fits(const AttentionDims& d) { return d.Dqk % 32 == 0 && d.Dv % 32 == 0
 // Scores are computed transposed, S^T = k q^T (keys down, the block's queries across), so the
 // softmax over keys is element-wise across rows: running max, exp and sum are plain vector ops
 // with no horizontal reductions, and the P^T tile feeds o += P v as a transposed A operand.
+namespace {
 template <class T>
-void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, const AttentionDims& d) {
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if constexpr (std::is_same_v<T, bf16>) {
-    if (amx_fits(d)) return forward_bf16_amx(o, lse, q, k, v, d);
-  }
-#endif
+void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const AttentionDims& d) {
   const Plan p = make_plan(d);
   // f32 keys of a whole vector width are read in place: they are only the A operand of S^T = k q^T
   // (one broadcast per row and k step), where their row stride costs nothing, and packing them
   // would write and reread a copy of all keys. Values are a B operand and stay packed.
+  // MLA's keys are read in place in two parts, the head's nope dims then the shared rope dims: the
+  // second product continues the first's sums in k order, as gemm's own K chunks do.
   constexpr bool kF32 = std::is_same_v<T, float>;
-  const bool keys_in_place = kF32 && d.Dqk == p.dqk_pad;
+  const bool keys_in_place = kF32 && (kv.k_shared || d.Dqk == p.dqk_pad);
+  const int64_t k_main = keys_in_place ? kv.k_width : d.Dqk;  // key dims read through key_block
   Scratch<float> kp(keys_in_place ? 0 : d.B * d.Hkv * p.s_pad * p.dqk_pad);  // [B, Hkv, s_pad, dqk_pad]
   Scratch<float> vp(d.B * d.Hkv * p.s_pad * p.dv_pad);                        // [B, Hkv, s_pad, dv_pad]
-  pack_kv<T>(keys_in_place ? nullptr : kp.data(), vp.data(), k, v, d, p);
-  const int64_t k_ld = keys_in_place ? d.Hkv * d.Dqk : p.dqk_pad;  // floats between key rows
+  pack_kv<T>(keys_in_place ? nullptr : kp.data(), vp.data(), kv, d, p);
+  const int64_t k_ld = keys_in_place ? kv.k_tok : p.dqk_pad;  // floats between key rows
   auto key_block = [&](int64_t b, int64_t bg, int64_t row0) -> const float* {  // [kBlock, k_ld]
     if constexpr (kF32) {
-      if (keys_in_place) return k + ((b * d.S + row0) * d.Hkv + bg % d.Hkv) * d.Dqk;
+      if (keys_in_place) return kv.key(d, b, row0, bg % d.Hkv);
     }
     return kp.data() + (bg * p.s_pad + row0) * p.dqk_pad;
+  };
+  const int64_t tail = d.Dqk - k_main;  // the in-place shared dims: key_tail rows, tail floats apart
+  auto tail_block = [&](int64_t b, int64_t row0) -> const float* {  // [kBlock, tail]
+    if constexpr (kF32) {
+      if (tail > 0) return kv.key_tail(d, b, row0);
+    }
+    return nullptr;
   };
 
   const float scale = float(d.scale);
@@ -794,21 +925,46 @@ void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, con
           float* oacc_x = oacc.data() + x * kBlock * p.dv_pad;  // [kBlock, dv_pad]
           const bool diagonal = kb == qb;
           const int64_t cols = diagonal ? rows : kBlock;  // keys past the diagonal or past S are skipped
-          gemm<false>(st.data(), kBlock, kp_blk, k_ld, 1, qt.data() + x * d.Dqk * kBlock, kBlock, cols, kBlock, d.Dqk);
-          if (diagonal) mask_diagonal(st.data(), cols);
+          const float* qt_x = qt.data() + x * d.Dqk * kBlock;  // [Dqk, kBlock]
+          const float* tail_blk = tail_block(b, kb * kBlock);  // [kBlock, tail]
+          if (diagonal) {
+            gemm_diagonal<Diagonal::queries_across, false>(st.data(), kBlock, kp_blk, k_ld, 1, qt_x, kBlock, cols,
+                                                           kBlock, k_main);
+            if (tail > 0) {
+              gemm_diagonal<Diagonal::queries_across, true>(st.data(), kBlock, tail_blk, tail, 1,
+                                                            qt_x + k_main * kBlock, kBlock, cols, kBlock, tail);
+            }
+            mask_diagonal(st.data(), cols);
+          } else {
+            gemm<false>(st.data(), kBlock, kp_blk, k_ld, 1, qt_x, kBlock, cols, kBlock, k_main);
+            if (tail > 0) {
+              gemm<true>(st.data(), kBlock, tail_blk, tail, 1, qt_x + k_main * kBlock, kBlock, cols, kBlock, tail);
+            }
+          }
           // Online softmax per query column: new max, rescale of the old sum (and of o below),
           // P^T = exp(S^T - max). Padding queries past S compute finite values nobody reads.
           for (int64_t v0 = 0; v0 < kBlock; v0 += kVecLanes) {
-            vecf mx = loadv(st.data() + v0);
-            for (int64_t j = 1; j < cols; ++j) mx = maxv(mx, loadv(st.data() + j * kBlock + v0));
+            // On the diagonal, keys past this vector's last query are all masked: P^T there is 0
+            // (stored, since o += P v reads up to the end of each row tile).
+            const int64_t live = diagonal ? min_i64(cols, v0 + kVecLanes) : cols;
+            // Two max chains: one chain's latency, not its throughput, bounded this loop.
+            vecf mx = loadv(st.data() + v0), mx1 = mx;
+            int64_t j = 1;
+            for (; j + 1 < live; j += 2) {
+              mx = maxv(mx, loadv(st.data() + j * kBlock + v0));
+              mx1 = maxv(mx1, loadv(st.data() + (j + 1) * kBlock + v0));
+            }
+            if (j < live) mx = maxv(mx, loadv(st.data() + j * kBlock + v0));
+            mx = maxv(mx, mx1);
             const vecf m_old = loadv(m_x + v0), m_new = maxv(m_old, mx);
             const vecf a = exp_v(m_old - m_new);
             vecf sum = vecf{};
-            for (int64_t j = 0; j < cols; ++j) {
+            for (j = 0; j < live; ++j) {
               const vecf pj = exp_v(loadv(st.data() + j * kBlock + v0) - m_new);
               storev(st.data() + j * kBlock + v0, pj);
               sum += pj;
             }
+            for (; j < cols; ++j) storev(st.data() + j * kBlock + v0, vecf{});
             storev(l_x + v0, loadv(l_x + v0) * a + sum);
             storev(m_x + v0, m_new);
             storev(alpha.data() + v0, a);
@@ -820,7 +976,12 @@ void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, con
             for (int64_t c = 0; c < p.dv_pad; c += kVecLanes) storev(orow + c, loadv(orow + c) * a);
           }
           // o += P v with A(i, j) = P^T[j][i]
-          gemm<true>(oacc_x, p.dv_pad, st.data(), 1, kBlock, vp_blk, p.dv_pad, rows, p.dv_pad, cols);
+          if (diagonal) {
+            gemm_diagonal<Diagonal::keys_upto_row, true>(oacc_x, p.dv_pad, st.data(), 1, kBlock, vp_blk, p.dv_pad,
+                                                         rows, p.dv_pad, cols);
+          } else {
+            gemm<true>(oacc_x, p.dv_pad, st.data(), 1, kBlock, vp_blk, p.dv_pad, rows, p.dv_pad, cols);
+          }
         }
       }
 
@@ -830,6 +991,7 @@ void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, con
           const float sum = l.data()[x * kBlock + i], inv = 1.0f / sum;
           const float* orow = oacc.data() + (x * kBlock + i) * p.dv_pad;
           T* out = o + ((b * d.S + row0 + i) * d.H + h) * d.Dv;
+          if (i + kPrefetchRows < rows) prefetch_row<true>(out + kPrefetchRows * d.H * d.Dv, d.Dv);
 #pragma omp simd
           for (int64_t c = 0; c < d.Dv; ++c) out[c] = from_f32<T>(orow[c] * inv);
           lse[bh * d.S + row0 + i] = m.data()[x * kBlock + i] + std::log(sum);
@@ -847,20 +1009,21 @@ void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, con
 // over each GQA group in head order afterwards (without GQA, straight into the head's columns). Every sum therefore runs in a fixed order and the
 // result does not depend on scheduling. Tiles are transposed as in
 // the forward: S^T = k q^T, dP^T = v dO^T, with the per-query lse and D_i across vector lanes.
+// With a shared key tail (MLA), each item's share of the tail's gradient goes to a per-head f32
+// partial, summed over heads in head order at the end, like the GQA partials. accumulate = false
+// (MHA only) stores the gradients instead of adding to them: fresh gradient buffers then need no
+// zero-fill, and are not read back.
 template <class T>
-void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, const T* q, const T* k, const T* v,
-                        const T* o, const AttentionDims& d) {
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if constexpr (std::is_same_v<T, bf16>) {
-    if (amx_fits(d)) return backward_bf16_amx(dq, dk, dv, lse, dout, q, k, v, o, d);
-  }
-#endif
+void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const T* dout, const T* q,
+                      const KvRows<T>& kv, const T* o, const AttentionDims& d, bool accumulate = true) {
   const Plan p = make_plan(d);
   // Without GQA (MLA's case) each item owns its head's columns of dk and dv and adds into them
   // directly: the partials would only be a 2 x [B, H, S, D] f32 round trip through memory.
   const bool mha = p.group == 1;
   Scratch<float> dk_part(mha ? 0 : d.B * d.H * d.S * d.Dqk);  // [B, H, S, Dqk] this head's share of dk
   Scratch<float> dv_part(mha ? 0 : d.B * d.H * d.S * d.Dv);   // [B, H, S, Dv]
+  const int64_t tail = d.Dqk - kv.k_width;                      // the shared key dims (0 without)
+  Scratch<float> tail_part(d.B * d.H * d.S * tail);             // [B, H, S, tail]
 
   const float scale = float(d.scale);
   const int64_t heads = d.B * d.H;
@@ -890,19 +1053,21 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
       const T* do_h = dout + (b * d.S * d.H + h) * d.Dv;   // row i at do_h + i * H * Dv
       if (bg != packed_bg) {
         const int64_t g = bg % d.Hkv;
-        pack_rows(kp.data(), p.dqk_pad, k + (b * d.S * d.Hkv + g) * d.Dqk, d.Hkv * d.Dqk, d.S, d.Dqk, 1.0f);
-        pack_rows(vp.data(), p.dv_pad, v + (b * d.S * d.Hkv + g) * d.Dv, d.Hkv * d.Dv, d.S, d.Dv, 1.0f);
+        pack_key_rows(kp.data(), p.dqk_pad, kv, d, b, g, 0, d.S);
+        pack_rows(vp.data(), p.dv_pad, kv.value(d, b, 0, g), kv.v_tok, d.S, d.Dv, 1.0f);
         packed_bg = bg;
       }
       pack_rows(qs.data(), p.dqk_pad, q_h, d.H * d.Dqk, d.S, d.Dqk, scale);
       pack_rows(dos.data(), p.dv_pad, do_h, d.H * d.Dv, d.S, d.Dv, 1.0f);
       for (int64_t qb = 0; qb < p.nblk; ++qb) {
         const int64_t row0 = qb * kBlock, rows = min_i64(kBlock, d.S - row0);
-        pack_transposed(qt.data() + qb * d.Dqk * kBlock, q_h + row0 * d.H * d.Dqk, d.H * d.Dqk, rows, d.Dqk, scale);
-        pack_transposed(dot.data() + qb * d.Dv * kBlock, do_h + row0 * d.H * d.Dv, d.H * d.Dv, rows, d.Dv, 1.0f);
+        // From the packed rows (in L2, already scaled) rather than from q and dO a second time.
+        pack_transposed(qt.data() + qb * d.Dqk * kBlock, qs.data() + row0 * p.dqk_pad, p.dqk_pad, rows, d.Dqk, 1.0f);
+        pack_transposed(dot.data() + qb * d.Dv * kBlock, dos.data() + row0 * p.dv_pad, p.dv_pad, rows, d.Dv, 1.0f);
       }
       for (int64_t i = 0; i < d.S; ++i) {
         const T* orow = o + ((b * d.S + i) * d.H + h) * d.Dv;
+        if (i + kPrefetchRows < d.S) prefetch_row(orow + kPrefetchRows * d.H * d.Dv, d.Dv);
         const float* dorow = dos.data() + i * p.dv_pad;
         float sum = 0;
 #pragma omp simd reduction(+ : sum)
@@ -931,41 +1096,80 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
             float* dk_blk = dk_acc.data() + (kb - kb0) * kBlock * p.dqk_pad;     // [kBlock, dqk_pad]
             float* dv_blk = dv_acc.data() + (kb - kb0) * kBlock * p.dv_pad;      // [kBlock, dv_pad]
             // P^T = exp(S^T - lse) with S^T = k (scale q)^T; -inf above the diagonal gives 0.
-            gemm<false>(pt.data(), kBlock, kp_blk, p.dqk_pad, 1, qt_blk, kBlock, cols, kBlock, d.Dqk);
-            if (diagonal) mask_diagonal(pt.data(), cols);
+            // On the diagonal the products skip what the mask zeroes (gemm_diagonal), and keys
+            // past a query vector's last query get P^T = dS^T = 0 stored without computing them.
+            if (diagonal) {
+              gemm_diagonal<Diagonal::queries_across, false>(pt.data(), kBlock, kp_blk, p.dqk_pad, 1, qt_blk, kBlock,
+                                                             cols, kBlock, d.Dqk);
+              mask_diagonal(pt.data(), cols);
+            } else {
+              gemm<false>(pt.data(), kBlock, kp_blk, p.dqk_pad, 1, qt_blk, kBlock, cols, kBlock, d.Dqk);
+            }
             for (int64_t v0 = 0; v0 < kBlock; v0 += kVecLanes) {
+              const int64_t live = diagonal ? min_i64(cols, v0 + kVecLanes) : cols;
               const vecf lse_v = loadv(lse_p.data() + row0 + v0);
-              for (int64_t j = 0; j < cols; ++j) {
+              int64_t j = 0;
+              for (; j < live; ++j) {
                 float* x = pt.data() + j * kBlock + v0;
                 storev(x, exp_v(loadv(x) - lse_v));
               }
+              for (; j < cols; ++j) storev(pt.data() + j * kBlock + v0, vecf{});
             }
             // dv += P^T dO
-            gemm<true>(dv_blk, p.dv_pad, pt.data(), kBlock, 1, dos_blk, p.dv_pad, cols, p.dv_pad, rows);
+            if (diagonal) {
+              gemm_diagonal<Diagonal::queries_from_row, true>(dv_blk, p.dv_pad, pt.data(), kBlock, 1, dos_blk,
+                                                              p.dv_pad, cols, p.dv_pad, rows);
+            } else {
+              gemm<true>(dv_blk, p.dv_pad, pt.data(), kBlock, 1, dos_blk, p.dv_pad, cols, p.dv_pad, rows);
+            }
             // dP^T = v dO^T, then dS^T = P^T (dP^T - D)
-            gemm<false>(dst.data(), kBlock, vp_blk, p.dv_pad, 1, dot_blk, kBlock, cols, kBlock, d.Dv);
+            if (diagonal) {
+              gemm_diagonal<Diagonal::queries_across, false>(dst.data(), kBlock, vp_blk, p.dv_pad, 1, dot_blk, kBlock,
+                                                             cols, kBlock, d.Dv);
+            } else {
+              gemm<false>(dst.data(), kBlock, vp_blk, p.dv_pad, 1, dot_blk, kBlock, cols, kBlock, d.Dv);
+            }
             for (int64_t v0 = 0; v0 < kBlock; v0 += kVecLanes) {
+              const int64_t live = diagonal ? min_i64(cols, v0 + kVecLanes) : cols;
               const vecf delta_v = loadv(delta.data() + row0 + v0);
-              for (int64_t j = 0; j < cols; ++j) {
+              int64_t j = 0;
+              for (; j < live; ++j) {
                 float* x = dst.data() + j * kBlock + v0;
                 storev(x, loadv(pt.data() + j * kBlock + v0) * (loadv(x) - delta_v));
               }
+              for (; j < cols; ++j) storev(dst.data() + j * kBlock + v0, vecf{});
             }
             // dk += scale dS^T q (qs carries the scale); dq += dS k (scaled once at the end)
-            gemm<true>(dk_blk, p.dqk_pad, dst.data(), kBlock, 1, qs_blk, p.dqk_pad, cols, p.dqk_pad, rows);
-            gemm<true>(dq_blk, p.dqk_pad, dst.data(), 1, kBlock, kp_blk, p.dqk_pad, rows, p.dqk_pad, cols);
+            if (diagonal) {
+              gemm_diagonal<Diagonal::queries_from_row, true>(dk_blk, p.dqk_pad, dst.data(), kBlock, 1, qs_blk,
+                                                              p.dqk_pad, cols, p.dqk_pad, rows);
+              gemm_diagonal<Diagonal::keys_upto_row, true>(dq_blk, p.dqk_pad, dst.data(), 1, kBlock, kp_blk,
+                                                           p.dqk_pad, rows, p.dqk_pad, cols);
+            } else {
+              gemm<true>(dk_blk, p.dqk_pad, dst.data(), kBlock, 1, qs_blk, p.dqk_pad, cols, p.dqk_pad, rows);
+              gemm<true>(dq_blk, p.dqk_pad, dst.data(), 1, kBlock, kp_blk, p.dqk_pad, rows, p.dqk_pad, cols);
+            }
           }
         }
         for (int64_t j = kb0 * kBlock; j < min_i64(d.S, kb_end * kBlock); ++j) {
           const float* dk_row = dk_acc.data() + (j - kb0 * kBlock) * p.dqk_pad;
           const float* dv_row = dv_acc.data() + (j - kb0 * kBlock) * p.dv_pad;
           if (mha) {
-            T* dk_out = dk + ((b * d.S + j) * d.H + h) * d.Dqk;
-            T* dv_out = dv + ((b * d.S + j) * d.H + h) * d.Dv;
+            T* dk_out = dk + (b * d.S + j) * kv.k_tok + h * kv.k_head;
+            T* dv_out = dv + (b * d.S + j) * kv.v_tok + h * kv.v_head;
+            if (j + kPrefetchRows < d.S) {
+              prefetch_row<true>(dk_out + kPrefetchRows * kv.k_tok, kv.k_width);
+              prefetch_row<true>(dv_out + kPrefetchRows * kv.v_tok, d.Dv);
+            }
 #pragma omp simd
-            for (int64_t c = 0; c < d.Dqk; ++c) dk_out[c] = from_f32<T>(to_f32(dk_out[c]) + dk_row[c]);
+            for (int64_t c = 0; c < kv.k_width; ++c) {
+              dk_out[c] = from_f32<T>(accumulate ? to_f32(dk_out[c]) + dk_row[c] : dk_row[c]);
+            }
 #pragma omp simd
-            for (int64_t c = 0; c < d.Dv; ++c) dv_out[c] = from_f32<T>(to_f32(dv_out[c]) + dv_row[c]);
+            for (int64_t c = 0; c < d.Dv; ++c) dv_out[c] = from_f32<T>(accumulate ? to_f32(dv_out[c]) + dv_row[c] : dv_row[c]);
+            if (tail > 0) {
+              std::memcpy(tail_part.data() + (bh * d.S + j) * tail, dk_row + kv.k_width, size_t(tail) * sizeof(float));
+            }
           } else {
             std::memcpy(dk_part.data() + (bh * d.S + j) * d.Dqk, dk_row, size_t(d.Dqk) * sizeof(float));
             std::memcpy(dv_part.data() + (bh * d.S + j) * d.Dv, dv_row, size_t(d.Dv) * sizeof(float));
@@ -974,16 +1178,67 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
       }
       for (int64_t i = 0; i < d.S; ++i) {
         T* out = dq + ((b * d.S + i) * d.H + h) * d.Dqk;
+        if (i + kPrefetchRows < d.S) prefetch_row<true>(out + kPrefetchRows * d.H * d.Dqk, d.Dqk);
         const float* acc = dq_acc.data() + i * p.dqk_pad;
 #pragma omp simd
-        for (int64_t c = 0; c < d.Dqk; ++c) out[c] = from_f32<T>(to_f32(out[c]) + scale * acc[c]);
+        for (int64_t c = 0; c < d.Dqk; ++c) out[c] = from_f32<T>(accumulate ? to_f32(out[c]) + scale * acc[c] : scale * acc[c]);
       }
     }
 
     if (!mha) add_kv_partials(dk, dv, dk_part.data(), dv_part.data(), d, p);
+    if (tail > 0) {
+      // dk_shared[b, s] += sum over heads h of tail_part[b, h, s], in head order.
+      Scratch<float> row_sum(tail, ScratchInit::zeroed);
+#pragma omp for schedule(static)
+      for (int64_t bs = 0; bs < d.B * d.S; ++bs) {
+        const int64_t b = bs / d.S, i = bs % d.S;
+        add_group_sum(dk_shared + bs * tail, row_sum.data(), tail_part.data() + (b * d.H * d.S + i) * tail,
+                      d.S * tail, d.H, tail, accumulate);
+      }
+    }
   }
 }
+}  // namespace
 
+template <class T>
+void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, const AttentionDims& d) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (amx_fits(d)) return forward_bf16_amx(o, lse, q, k, v, d);
+  }
+#endif
+  forward_blocked(o, lse, q, plain_kv(k, v, d), d);
+}
+
+template <class T>
+void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, const T* q, const T* k, const T* v,
+                        const T* o, const AttentionDims& d) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (amx_fits(d)) return backward_bf16_amx(dq, dk, dv, lse, dout, q, k, v, o, d);
+  }
+#endif
+  backward_blocked(dq, dk, static_cast<T*>(nullptr), dv, lse, dout, q, plain_kv(k, v, d), o, d);
+}
+
+template <class T>
+void mla_attention_forward(T* o, float* lse, const T* q, const T* kv, const T* k_rope, int64_t nope_dim,
+                           const AttentionDims& d) {
+  forward_blocked(o, lse, q, mla_kv(kv, k_rope, nope_dim, d), d);
+}
+
+template <class T>
+void mla_attention_backward(T* dq, T* dkv, T* dk_rope, const float* lse, const T* dout, const T* q, const T* kv,
+                            const T* k_rope, const T* o, int64_t nope_dim, const AttentionDims& d, bool accumulate) {
+  backward_blocked(dq, dkv, dk_rope, dkv + nope_dim, lse, dout, q, mla_kv(kv, k_rope, nope_dim, d), o, d,
+                   accumulate);
+}
+
+template void mla_attention_forward<float>(float*, float*, const float*, const float*, const float*, int64_t,
+                                           const AttentionDims&);
+template void mla_attention_backward<float>(float*, float*, float*, const float*, const float*, const float*,
+                                            const float*, const float*, const float*, int64_t, const AttentionDims&,
+                                            bool);
 template void attention_forward<float>(float*, float*, const float*, const float*, const float*,
                                        const AttentionDims&);
 template void attention_forward<bf16>(bf16*, float*, const bf16*, const bf16*, const bf16*, const AttentionDims&);

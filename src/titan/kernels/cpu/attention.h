@@ -14,5 +14,13 @@
                          const ::titan::kernels::AttentionDims& d);                                           \
   template <class T>                                                                                          \
   void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, const T* q, const T* k,       \
-                          const T* v, const T* o, const ::titan::kernels::AttentionDims& d);
+                          const T* v, const T* o, const ::titan::kernels::AttentionDims& d);                 \
+  /* MLA keys read in place (T = float): see kernels/attention.h mla_attention_forward. */                   \
+  template <class T>                                                                                          \
+  void mla_attention_forward(T* o, float* lse, const T* q, const T* kv, const T* k_rope, int64_t nope_dim,    \
+                             const ::titan::kernels::AttentionDims& d);                                       \
+  template <class T>                                                                                          \
+  void mla_attention_backward(T* dq, T* dkv, T* dk_rope, const float* lse, const T* dout, const T* q,         \
+                              const T* kv, const T* k_rope, const T* o, int64_t nope_dim,                     \
+                              const ::titan::kernels::AttentionDims& d, bool accumulate);
 TITAN_FOR_EACH_ISA(TITAN_ATTENTION_KERNELS)

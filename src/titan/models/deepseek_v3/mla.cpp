@@ -72,8 +72,9 @@ Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, 
   Variable c = kv_norm.forward(autograd::narrow_last(kv, 0, kv_lora_rank_));  // [B, S, 1, d_c]
   Variable k_rope = autograd::narrow_last(kv, kv_lora_rank_, qk_rope_);      // [B, S, 1, d_r]
   Variable kv_up = autograd::view(wkv_b.forward(c), {b, s, n_heads_, qk_nope_ + v_dim_});
-  const auto [k, v] = autograd::mla_keys_values(kv_up, k_rope, qk_nope_);  // [B, S, H, d_qk], [B, S, H, d_v]
-  Variable o = autograd::attention(q, k, v, scale_);                       // [B, S, H, d_v]
+  // Keys [kv_up nope | k_rope] and values (kv_up's tail) read in place: attention over
+  // mla_keys_values' [B, S, H, d_qk] keys and [B, S, H, d_v] values, without building them.
+  Variable o = autograd::mla_attention(q, kv_up, k_rope, qk_nope_, scale_);  // [B, S, H, d_v]
   return wo.forward(autograd::view(o, {b, s, n_heads_ * v_dim_}));
 }
 
