@@ -105,7 +105,7 @@ TITAN_OP_CASES(matmul) {
          }
          return out;
        }},
-      // dims = {N (tokens), in, out, has_bias}: forward and the three accumulated gradients.
+      // dims = {N (tokens), in, out, has_bias}: forward, the three accumulated gradients, and dx written.
       {"linear",
        {{1, 1, 1, 1}, {7, 13, 5, 1}, {33, 65, 17, 0}, {129, 63, 257, 1}},
        [](const OpInput& in) {
@@ -117,18 +117,23 @@ TITAN_OP_CASES(matmul) {
          const Tensor dx0 = random_tensor({rows, nin}, in.dtype, in.seed, "dx");
          const Tensor dw0 = random_tensor({nout, nin}, DType::f32, in.seed, "dw");
          const Tensor db0 = random_tensor({nout}, DType::f32, in.seed, "db");
-         struct Result { Tensor y, dx, dw, db; };
+         struct Result { Tensor y, dx, dw, db, dx_written; };
          auto run = [&](kernels::KernelBackend backend) {
-           Result r{Tensor::empty({rows, nout}, in.dtype), dx0.clone(), dw0.clone(), db0.clone()};
+           Result r{Tensor::empty({rows, nout}, in.dtype), dx0.clone(), dw0.clone(), db0.clone(), Tensor()};
            with_backend(backend, [&] {
              kernels::linear_forward(r.y, x, w, bias);
              kernels::linear_backward(r.dx, r.dw, r.db, dy, x, w);
+             // dx written over (accumulate_dx false): a NaN-filled buffer must come out as dy @ w.
+             r.dx_written = Tensor::full({rows, nin}, std::nan(""), in.dtype);
+             Tensor none;
+             kernels::linear_backward(r.dx_written, none, none, dy, x, w, false);
            });
            return r;
          };
          const Result fast = run(kernels::KernelBackend::fast), ref = run(kernels::KernelBackend::reference);
          return OpOutputs{compared("y", fast.y, ref.y, nin), compared("dx", fast.dx, ref.dx, nout),
-                          compared("dw", fast.dw, ref.dw, rows), compared("db", fast.db, ref.db, rows)};
+                          compared("dw", fast.dw, ref.dw, rows), compared("db", fast.db, ref.db, rows),
+                          compared("dx_written", fast.dx_written, ref.dx_written, nout)};
        }},
       // dims = {rows, cols}: the per-ISA column sum against the reference's.
       {"linear_bias_backward",

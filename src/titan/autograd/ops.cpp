@@ -44,8 +44,13 @@ Variable linear(const Variable& x, const Variable& w, const Tensor& w_compute) {
   })[0];
   return record("linear", {x, w}, y, [xv = x.value(), wc](const Tensor& dy, GradSink& g) {
     ProfileScope prof_bwd("linear.bwd");
-    Tensor dx = g.grad(0), dw = g.grad(1), db;
-    kernels::linear_backward(dx, dw, db, dy, xv, wc);
+    // dx written into a fresh buffer that becomes the gradient when x has none yet (the usual
+    // case): no zero-fill and no read-back of it in the GEMM.
+    const bool fresh = g.can_adopt(0);
+    Tensor dx = fresh ? Tensor::empty(xv.shape(), xv.dtype(), MemCategory::temporaries) : g.grad(0);
+    Tensor dw = g.grad(1), db;
+    kernels::linear_backward(dx, dw, db, dy, xv, wc, !fresh);
+    if (fresh) g.adopt(0, dx);
   });
 }
 
@@ -257,9 +262,13 @@ Variable mla_attention(const Variable& q, const Variable& kv, const Variable& k_
   }
   ProfileScope prof("attention.fwd");
   const Tensor& qv = q.value();
-  Tensor o = activation_like({qv.size(0), qv.size(1), qv.size(2), kv.value().size(3) - nope_dim}, qv.dtype());
-  Tensor lse = Tensor::empty({qv.size(0), qv.size(2), qv.size(1)}, DType::f32, MemCategory::activations);
-  kernels::mla_attention_forward(o, lse, qv, kv.value(), k_rope.value(), nope_dim, scale);
+  const std::vector<Tensor> out = keep_or_compute([&] {
+    Tensor o = activation_like({qv.size(0), qv.size(1), qv.size(2), kv.value().size(3) - nope_dim}, qv.dtype());
+    Tensor lse = Tensor::empty({qv.size(0), qv.size(2), qv.size(1)}, DType::f32, MemCategory::activations);
+    kernels::mla_attention_forward(o, lse, qv, kv.value(), k_rope.value(), nope_dim, scale);
+    return std::vector<Tensor>{o, lse};
+  });
+  const Tensor &o = out[0], &lse = out[1];
   return record("mla_attention", {q, kv, k_rope}, o,
                 [qv, kvv = kv.value(), rv = k_rope.value(), o, lse, nope_dim, scale](const Tensor& dout, GradSink& g) {
                   ProfileScope prof_bwd("attention.bwd");

@@ -200,11 +200,12 @@ void linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b
   matmul_tensors(y2, rows_of(x, "x"), w, bias, false, true, 1, 0);
 }
 
-void linear_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w) {
+void linear_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                     bool accumulate_dx) {
   const Tensor dy2 = rows_of(dy, "dy");
   if (dx.defined()) {
     Tensor dx2 = rows_of(dx, "dx");
-    matmul_tensors(dx2, dy2, w, Tensor(), false, false, 1, 1);
+    matmul_tensors(dx2, dy2, w, Tensor(), false, false, 1, accumulate_dx ? 1 : 0);
   }
   if (dw.defined()) matmul_tensors(dw, dy2, rows_of(x, "x"), Tensor(), true, false, 1, 1);
   if (db.defined()) {
