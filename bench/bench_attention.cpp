@@ -98,7 +98,18 @@ void run(Problem& p, int rounds) {
 
 }  // namespace
 
-int main() {
+// --bf16: only the bf16 rows of the S = 2048 targets (a quick loop while tuning the AMX path).
+int main(int argc, char** argv) {
+  bool bf16_only = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--bf16") {
+      bf16_only = true;
+    } else {
+      std::fprintf(stderr, "bench_attention: unknown argument '%s' (the only option is --bf16)\n", a.c_str());
+      return 2;
+    }
+  }
   const kernels::MachinePeak peak = kernels::measure_machine_peak(0.5);
   bench::print_peak(peak);
   std::printf("threads: %d; CPU kernels: %s variant\n", num_threads(),
@@ -111,10 +122,12 @@ int main() {
   const Shape6 targets[] = {{1, 2048, 8, 8, 128, 128}, {1, 2048, 8, 2, 128, 128}};
   for (const Shape6& s : targets) {
     for (DType dt : {DType::f32, DType::bf16}) {
+      if (bf16_only && dt != DType::bf16) continue;
       Problem p(s.B, s.S, s.H, s.Hkv, s.Dqk, s.Dv, dt);
       run(p, 5);
     }
   }
+  if (bf16_only) return 0;
   {
     Problem mla(1, 2048, 8, 8, 192, 128, DType::bf16);  // MLA head dims, for information
     run(mla, 3);

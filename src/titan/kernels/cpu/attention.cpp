@@ -293,7 +293,7 @@ void add_kv_partials(T* dk, T* dv, const float* dk_part, const float* dv_part, c
 // kBlock-row blocks as in the f32 path, but scores are held queries by keys, so the products
 // read query rows, P and dS straight as A operands. Keys and values are packed once per call and
 // (b, kv head) into the B layouts (cpu/amx.h), shared by the group's query heads. Softmax, P and
-// dS are f32 vector work in base 2 (exp2_16<5>); P and dS are rounded to bf16 as tile operands.
+// dS are f32 vector work in base 2 (exp2_16_operand); P and dS are rounded to bf16 as tile operands.
 // Every block is computed whole (tiles of 16 x 16): buffers are zero-padded past S, and masked
 // or padding entries of P and dS are exactly 0 where they could reach a valid output. The
 // products with a running f32 sum (o, dq, dk, dv) take their k over two or more blocks per load
@@ -424,17 +424,16 @@ void pack_kv_amx(uint32_t* kd, uint32_t* vd, uint32_t* kp, uint32_t* vp, const b
 }
 
 // c [rows, width] (+)= a [rows, K] (bf16 rows, a_ld elements apart) x b [K/2, width] (VNNI rows
-// of k pairs), K = 32 * chunks, in 16-row, 64-column tile blocks; rows and width multiples of 16.
+// of k pairs), K = 32 * chunks, in 32 x 32 blocks of 2 x 2 tiles (amx_block_2x2: one tile load
+// per product); rows and width are multiples of 32 here (kBlock, kSpan, and Dqk, Dv by amx_fits).
 template <bool kAccumulate>
 void amx_block(float* c, int64_t ldc, int64_t rows, const bf16* a, int64_t a_ld, const uint32_t* b, int64_t width,
                int64_t chunks) {
-  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-    for (int64_t c0 = 0; c0 < width; c0 += 64) {
-      const int tiles = int(min_i64((width - c0) / 16, 4));
-      float* cb = c + r0 * ldc + c0;
-      const char* ab = reinterpret_cast<const char*>(a + r0 * a_ld);
-      const char* bb = reinterpret_cast<const char*>(b + c0);
-      amx_row_block<kAccumulate>(cb, ldc * 4, 64, ab, a_ld * 2, 64, bb, width * 4, 16 * width * 4, 64, chunks, tiles);
+  for (int64_t r0 = 0; r0 < rows; r0 += 32) {
+    for (int64_t c0 = 0; c0 < width; c0 += 32) {
+      amx_block_2x2<kAccumulate>(c + r0 * ldc + c0, ldc * 4, 16 * ldc * 4, reinterpret_cast<const char*>(a + r0 * a_ld),
+                                 a_ld * 2, 64, 16 * a_ld * 2, reinterpret_cast<const char*>(b + c0), width * 4,
+                                 16 * width * 4, chunks);
     }
   }
 }
@@ -482,44 +481,49 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
         }
         // Per query row: P = 2^(c s - m) rounded to bf16 and its sum, with m the running max kept
         // stale while no score exceeds it by more than kLazyMax (P then stays below 2^kLazyMax,
-        // harmless in f32 and bf16): the common case needs no horizontal max and no rescale of o.
-        // Sums stay 16 lanes wide until the end. Rows past S see zero scores and stay finite;
-        // masked keys get P = 0 exactly. The span's vector count is a constant (nv_c) so a row
-        // stays in registers; masks are computed only where the span reaches the diagonal.
+        // harmless in f32 and bf16): the common case needs no horizontal max and no rescale of o,
+        // and t = c s - m (one FMA) serves both the check and exp2_16_operand. Sums stay 16
+        // lanes wide until the end. Rows past S see zero scores and stay finite; masked keys get
+        // P = 0 exactly. The span's vector count is a constant (nv_c) so a row stays in
+        // registers; masks are computed only where the span reaches the diagonal.
         const int64_t key0 = (kb - qb) * kBlock;  // the span's first key relative to the block's first query
         const auto softmax_rows = [&](auto nv_c, auto masked_c) {
           constexpr int64_t nv = decltype(nv_c)::value;      // 16-key vectors in the span
           constexpr bool masked = decltype(masked_c)::value;  // the span holds the diagonal block
           // Two rows per step: their dependency chains interleave.
           for (int64_t i0 = 0; i0 < kBlock; i0 += 2) {
-            __m512 x[2][nv];
+            __m512 tv[2][nv];
             __mmask16 keep[2][nv];
             float mi[2];
             for (int rr = 0; rr < 2; ++rr) {
-              const __m512 limit = _mm512_set1_ps(m.data()[i0 + rr] + kLazyMax);
+              const float* srow = st.data() + (i0 + rr) * kSpan;
+              mi[rr] = m.data()[i0 + rr];
+              const __m512 mv = _mm512_set1_ps(mi[rr]), limit = _mm512_set1_ps(kLazyMax);
               __mmask16 over = 0;
               for (int64_t vi = 0; vi < nv; ++vi) {
                 keep[rr][vi] = masked ? causal_keep(i0 + rr, key0 + 16 * vi) : __mmask16(0xffff);
-                x[rr][vi] = _mm512_mul_ps(_mm512_loadu_ps(st.data() + (i0 + rr) * kSpan + 16 * vi), cv);
-                over |= _mm512_mask_cmp_ps_mask(keep[rr][vi], x[rr][vi], limit, _CMP_GT_OQ);
+                tv[rr][vi] = _mm512_fmsub_ps(_mm512_loadu_ps(srow + 16 * vi), cv, mv);
+                over |= _mm512_mask_cmp_ps_mask(keep[rr][vi], tv[rr][vi], limit, _CMP_GT_OQ);
               }
-              mi[rr] = m.data()[i0 + rr];
-              if (over) {  // a new max (always in the first span, where m is -inf)
+              if (over) {  // a new max (always in the first span, where m is -inf and t +inf)
                 __m512 mx = _mm512_set1_ps(-INFINITY);
-                for (int64_t vi = 0; vi < nv; ++vi) mx = _mm512_mask_max_ps(mx, keep[rr][vi], mx, x[rr][vi]);
+                for (int64_t vi = 0; vi < nv; ++vi) {
+                  mx = _mm512_mask_max_ps(mx, keep[rr][vi], mx, _mm512_mul_ps(_mm512_loadu_ps(srow + 16 * vi), cv));
+                }
                 const float mb = _mm512_reduce_max_ps(mx);
                 mi[rr] = mi[rr] > mb ? mi[rr] : mb;
+                const __m512 mn = _mm512_set1_ps(mi[rr]);
+                for (int64_t vi = 0; vi < nv; ++vi) tv[rr][vi] = _mm512_fmsub_ps(_mm512_loadu_ps(srow + 16 * vi), cv, mn);
               }
             }
             for (int rr = 0; rr < 2; ++rr) {
               const int64_t i = i0 + rr;
-              const __m512 mv = _mm512_set1_ps(mi[rr]);
               __m512 sum = _mm512_setzero_ps();
-              for (int64_t vi = 0; vi < nv; ++vi) {
-                const __m512 pv = _mm512_maskz_mov_ps(keep[rr][vi], exp2_16<5>(_mm512_sub_ps(x[rr][vi], mv)));
-                sum = _mm512_add_ps(sum, pv);
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb.data() + i * kSpan + 16 * vi),
-                                    (__m256i)_mm512_cvtneps_pbh(pv));
+              for (int64_t vi = 0; vi < nv; vi += 2) {  // two vectors of P per bf16 store
+                const __m512 p0 = exp2_16_operand(tv[rr][vi], keep[rr][vi]);
+                const __m512 p1 = exp2_16_operand(tv[rr][vi + 1], keep[rr][vi + 1]);
+                sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
+                _mm512_storeu_si512(pb.data() + i * kSpan + 16 * vi, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
               }
               float* li = l.data() + i * 16;
               if (mi[rr] == m.data()[i]) {
@@ -650,15 +654,15 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
                              d.Dqk / 32);
             amx_block<false>(dpt.data(), kBlock, kSpan, dor.data() + row0 * d.Dv, d.Dv, vd.data() + blk * vblk, kBlock,
                              d.Dv / 32);
-            // P = 2^(c s - lse2) and scale dS = scale P (dP - D), two query rows at a time: rows as
-            // dS's A operand, query pairs as P's and dS's B operands. Masked keys give exact zeros;
-            // queries past S have zero dO, so their (finite) P and dS add nothing.
+            // P = 2^(c s - lse2) and scale dS = P (scale dP - scale D), two query rows at a time:
+            // rows as dS's A operand, query pairs as P's and dS's B operands. Masked keys give
+            // exact zeros; queries past S have zero dO, so their (finite) P and dS add nothing.
             const auto p_and_ds = [&](auto masked_c) {
               constexpr bool masked = decltype(masked_c)::value;  // the key block reaches the span's diagonal
               for (int64_t i = 0; i < kSpan; i += 2) {
                 const __m512 l0 = _mm512_set1_ps(lse2.data()[row0 + i]), l1 = _mm512_set1_ps(lse2.data()[row0 + i + 1]);
-                const __m512 d0 = _mm512_set1_ps(delta.data()[row0 + i]);
-                const __m512 d1 = _mm512_set1_ps(delta.data()[row0 + i + 1]);
+                const __m512 d0 = _mm512_set1_ps(scale * delta.data()[row0 + i]);
+                const __m512 d1 = _mm512_set1_ps(scale * delta.data()[row0 + i + 1]);
                 for (int vi = 0; vi < 4; ++vi) {
                   const int64_t e0 = i * kBlock + 16 * vi, e1 = e0 + kBlock;
                   const int64_t r0 = i * kGroupBlocks * kBlock + (kb - kb0) * kBlock + 16 * vi;  // in dsb
@@ -666,11 +670,11 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
                   const __mmask16 keep0 = masked ? causal_keep(i, key0 + 16 * vi) : __mmask16(0xffff);
                   const __mmask16 keep1 = masked ? causal_keep(i + 1, key0 + 16 * vi) : __mmask16(0xffff);
                   const __m512 s0 = _mm512_loadu_ps(st.data() + e0), s1 = _mm512_loadu_ps(st.data() + e1);
-                  const __m512 p0 = _mm512_maskz_mov_ps(keep0, exp2_16<5>(_mm512_fmsub_ps(s0, cv, l0)));
-                  const __m512 p1 = _mm512_maskz_mov_ps(keep1, exp2_16<5>(_mm512_fmsub_ps(s1, cv, l1)));
+                  const __m512 p0 = exp2_16_operand(_mm512_fmsub_ps(s0, cv, l0), keep0);
+                  const __m512 p1 = exp2_16_operand(_mm512_fmsub_ps(s1, cv, l1), keep1);
                   const __m512 dp0 = _mm512_loadu_ps(dpt.data() + e0), dp1 = _mm512_loadu_ps(dpt.data() + e1);
-                  const __m512 ds0 = _mm512_mul_ps(_mm512_mul_ps(p0, sv), _mm512_sub_ps(dp0, d0));
-                  const __m512 ds1 = _mm512_mul_ps(_mm512_mul_ps(p1, sv), _mm512_sub_ps(dp1, d1));
+                  const __m512 ds0 = _mm512_mul_ps(p0, _mm512_fmsub_ps(dp0, sv, d0));
+                  const __m512 ds1 = _mm512_mul_ps(p1, _mm512_fmsub_ps(dp1, sv, d1));
                   const __m512i ds01 = (__m512i)_mm512_cvtne2ps_pbh(ds1, ds0);  // [ds0 | ds1] in bf16
                   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsb.data() + r0), _mm512_castsi512_si256(ds01));
                   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsb.data() + r1), _mm512_extracti64x4_epi64(ds01, 1));
