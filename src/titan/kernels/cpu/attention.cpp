@@ -313,25 +313,41 @@ TITAN_INLINE __mmask16 causal_keep(int64_t i, int64_t j0) {
   return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
 }
 
-// Gather offsets (first + lane) * stride of 16 lanes, in elements; int32 suffices, the largest
-// is 64 rows of one [.., H, D] tensor row stride.
-TITAN_INLINE __m512i lane_offsets(int64_t first, int64_t stride) {
-  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  return _mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(int(first))), _mm512_set1_epi32(int(stride)));
+// Prefetches rows [0, n) of `width` elements each, ld elements apart, into L1. The row-strided
+// passes over q, k, v, dO, o, dq, dk, dv ([.., S, H, D]: rows H D elements apart, 2 KiB at
+// H D = 1024 in bf16, so two rows per 4 KiB page) defeat the hardware prefetchers, which follow
+// streams within a page; without this the backward's O(S D) loops over o and dq alone stalled
+// on memory for ~10% of its time.
+template <class T>
+TITAN_INLINE void prefetch_rows(const T* p, int64_t ld, int64_t n, int64_t width) {
+  for (int64_t r = 0; r < n; ++r) {
+    const char* row = reinterpret_cast<const char*>(p + r * ld);
+    for (int64_t b = 0; b < width * int64_t(sizeof(T)); b += 64) __builtin_prefetch(row + b);
+  }
+}
+
+// The 16 x 16 block of 32-bit words at src (rows ld_src words apart; rows n and later read as 0,
+// n <= 0 giving all zeros) transposed into dst (rows dst_ld words apart), through an L1 copy
+// when the block is partial. In shuffles (transpose16_u32): a 16-lane gather per row costs
+// several times as much, and these transposes pack all of k and v per call.
+void transpose_words16(uint32_t* dst, int64_t dst_ld, const uint32_t* src, int64_t ld_src, int64_t n) {
+  if (n >= 16) return transpose16_u32(dst, dst_ld, src, ld_src);
+  alignas(64) uint32_t blk[16 * 16];
+  for (int64_t r = 0; r < 16; ++r) {
+    const __m512i row = r < n ? _mm512_loadu_si512(src + r * ld_src) : _mm512_setzero_si512();
+    _mm512_store_si512(blk + r * 16, row);
+  }
+  transpose16_u32(dst, dst_ld, blk, 16);
 }
 
 // One block of rows as a B operand whose columns are those rows, VNNI along the row: dst[c2][j] =
-// (src_j[2 c2], src_j[2 c2 + 1]) for j < rows, 0 for rows <= j < kBlock. dst [width / 2, kBlock].
-// A 32-bit transpose: each 16 destination words are one gather down 16 source rows (ld_src and
-// width even, so the pairs are aligned 32-bit words).
+// (src_j[2 c2], src_j[2 c2 + 1]) for j < rows, 0 for rows <= j < kBlock. dst [width / 2, kBlock]:
+// a 32-bit transpose (ld_src even and width a multiple of 32, so the pairs are aligned words).
 void pack_block_col_pairs(uint32_t* dst, const bf16* src, int64_t ld_src, int64_t rows, int64_t width) {
-  const int* words = reinterpret_cast<const int*>(src);
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(src);
   for (int64_t j0 = 0; j0 < kBlock; j0 += 16) {
-    const __m512i idx = lane_offsets(j0, ld_src / 2);
-    const __mmask16 valid = causal_keep(rows - 1, j0);  // rows j0 + lane < rows
-    for (int64_t c2 = 0; c2 < width / 2; ++c2) {
-      _mm512_storeu_si512(dst + c2 * kBlock + j0,
-                          _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, idx, words + c2, 4));
+    for (int64_t c0 = 0; c0 < width / 2; c0 += 16) {
+      transpose_words16(dst + c0 * kBlock + j0, kBlock, words + j0 * (ld_src / 2) + c0, ld_src / 2, rows - j0);
     }
   }
 }
@@ -362,30 +378,35 @@ void pack_block_rows(bf16* dst, const bf16* src, int64_t ld_src, int64_t rows, i
 }
 
 // One block of rows transposed, dst[c * ld_dst + j] = src_j[c] for j < kBlock (0 past `rows`):
-// the A operand whose k runs along the rows (q^T, dO^T). Per 16 rows and column pair, one gather
-// of the 32-bit pairs, split into the two destination rows by narrowing the low and high halves.
+// the A operand whose k runs along the rows (q^T, dO^T). Per 16 rows and 16 column pairs, one
+// 32-bit transpose of the pairs, each transposed row split into two destination rows by
+// narrowing its low and high halves. width a multiple of 32.
 void pack_block_transposed(bf16* dst, int64_t ld_dst, const bf16* src, int64_t ld_src, int64_t rows,
                            int64_t width) {
-  const int* words = reinterpret_cast<const int*>(src);
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(src);
+  alignas(64) uint32_t blk[16 * 16];  // [16 column pairs, 16 rows]
   for (int64_t j0 = 0; j0 < kBlock; j0 += 16) {
-    const __m512i idx = lane_offsets(j0, ld_src / 2);
-    const __mmask16 valid = causal_keep(rows - 1, j0);  // rows j0 + lane < rows
-    for (int64_t c2 = 0; c2 < width / 2; ++c2) {
-      const __m512i w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, idx, words + c2, 4);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * c2 * ld_dst + j0), _mm512_cvtepi32_epi16(w));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (2 * c2 + 1) * ld_dst + j0),
-                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16)));
+    for (int64_t c0 = 0; c0 < width / 2; c0 += 16) {
+      transpose_words16(blk, 16, words + j0 * (ld_src / 2) + c0, ld_src / 2, rows - j0);
+      for (int64_t r = 0; r < 16; ++r) {
+        const __m512i w = _mm512_load_si512(blk + r * 16);
+        bf16* out = dst + 2 * (c0 + r) * ld_dst + j0;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(w));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + ld_dst), _mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16)));
+      }
     }
   }
 }
 
 // dst[j][c] = src[c][j] for j < rows, c < width: a [width, kBlock] f32 block (dk^T, dv^T) back to
-// rows, one 16-column gather per store. width a multiple of 16.
+// rows, 16 x 16 transposes through an L1 block. width a multiple of 16.
 void unpack_block_transposed(float* dst, int64_t ld_dst, const float* src, int64_t rows, int64_t width) {
-  const __m512i idx = lane_offsets(0, kBlock);
-  for (int64_t j = 0; j < rows; ++j) {
+  alignas(64) uint32_t blk[16 * 16];  // [16 rows, 16 columns]
+  for (int64_t j0 = 0; j0 < rows; j0 += 16) {
+    const int64_t n = min_i64(16, rows - j0);
     for (int64_t c0 = 0; c0 < width; c0 += 16) {
-      _mm512_storeu_ps(dst + j * ld_dst + c0, _mm512_i32gather_ps(idx, src + c0 * kBlock + j, 4));
+      transpose16_u32(blk, 16, reinterpret_cast<const uint32_t*>(src + c0 * kBlock + j0), kBlock);
+      for (int64_t r = 0; r < n; ++r) std::memcpy(dst + (j0 + r) * ld_dst + c0, blk + r * 16, 64);
     }
   }
 }
@@ -393,13 +414,19 @@ void unpack_block_transposed(float* dst, int64_t ld_dst, const float* src, int64
 // dst row j += src[:, j] (bf16 rows ld_dst apart, f32 sum rounded once) for j < rows: MHA's dk and
 // dv, which one query head owns alone, straight from its dk^T, dv^T block. width a multiple of 16.
 void add_block_transposed(bf16* dst, int64_t ld_dst, const float* src, int64_t rows, int64_t width) {
-  const __m512i idx = lane_offsets(0, kBlock);
-  for (int64_t j = 0; j < rows; ++j) {
+  alignas(64) uint32_t blk[16 * 16];  // [16 rows, 16 columns]
+  prefetch_rows(dst, ld_dst, min_i64(16, rows), width);
+  for (int64_t j0 = 0; j0 < rows; j0 += 16) {
+    const int64_t n = min_i64(16, rows - j0);
+    if (j0 + 16 < rows) prefetch_rows(dst + (j0 + 16) * ld_dst, ld_dst, min_i64(16, rows - j0 - 16), width);
     for (int64_t c0 = 0; c0 < width; c0 += 16) {
-      __m256i* out = reinterpret_cast<__m256i*>(dst + j * ld_dst + c0);
-      const __m512 sum = _mm512_add_ps(_mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(out)),
-                                       _mm512_i32gather_ps(idx, src + c0 * kBlock + j, 4));
-      _mm256_storeu_si256(out, (__m256i)_mm512_cvtneps_pbh(sum));
+      transpose16_u32(blk, 16, reinterpret_cast<const uint32_t*>(src + c0 * kBlock + j0), kBlock);
+      for (int64_t r = 0; r < n; ++r) {
+        __m256i* out = reinterpret_cast<__m256i*>(dst + (j0 + r) * ld_dst + c0);
+        const __m512 sum = _mm512_add_ps(_mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(out)),
+                                         _mm512_castsi512_ps(_mm512_load_si512(blk + r * 16)));
+        _mm256_storeu_si256(out, (__m256i)_mm512_cvtneps_pbh(sum));
+      }
     }
   }
 }
@@ -416,6 +443,10 @@ void pack_kv_amx(uint32_t* kd, uint32_t* vd, uint32_t* kp, uint32_t* vp, const b
     const int64_t row0 = blk * kBlock, rows = min_i64(kBlock, d.S - row0);
     const bf16* kt = k + ((b * d.S + row0) * d.Hkv + g) * d.Dqk;
     const bf16* vt = v + ((b * d.S + row0) * d.Hkv + g) * d.Dv;
+    if (rows == kBlock && row0 + 2 * kBlock <= d.S) {  // the next block of this (b, kv head), usually this thread's next item
+      prefetch_rows(kt + kBlock * d.Hkv * d.Dqk, d.Hkv * d.Dqk, kBlock, d.Dqk);
+      prefetch_rows(vt + kBlock * d.Hkv * d.Dv, d.Hkv * d.Dv, kBlock, d.Dv);
+    }
     pack_block_col_pairs(kd + t * d.Dqk * kBlock / 2, kt, d.Hkv * d.Dqk, rows, d.Dqk);
     if (vd) pack_block_col_pairs(vd + t * d.Dv * kBlock / 2, vt, d.Hkv * d.Dv, rows, d.Dv);
     if (kp) pack_block_row_pairs(kp + t * d.Dqk * kBlock / 2, kt, d.Hkv * d.Dqk, rows, d.Dqk);
@@ -623,13 +654,21 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
       const bf16* do_h = dout + (b * d.S * d.H + h) * d.Dv;  // row i at do_h + i * H * Dv
       for (int64_t qb = 0; qb < p.nblk; ++qb) {
         const int64_t row0 = qb * kBlock, rows = min_i64(kBlock, d.S - row0);
+        if (qb + 1 < p.nblk) {  // the next block's rows, while this one is packed
+          const int64_t next = min_i64(kBlock, d.S - row0 - kBlock);
+          prefetch_rows(q_h + (row0 + kBlock) * d.H * d.Dqk, d.H * d.Dqk, next, d.Dqk);
+          prefetch_rows(do_h + (row0 + kBlock) * d.H * d.Dv, d.H * d.Dv, next, d.Dv);
+        }
         pack_block_rows(qr.data() + row0 * d.Dqk, q_h + row0 * d.H * d.Dqk, d.H * d.Dqk, rows, d.Dqk);
         pack_block_rows(dor.data() + row0 * d.Dv, do_h + row0 * d.H * d.Dv, d.H * d.Dv, rows, d.Dv);
         pack_block_transposed(qt.data() + row0, ldt, q_h + row0 * d.H * d.Dqk, d.H * d.Dqk, rows, d.Dqk);
         pack_block_transposed(dot.data() + row0, ldt, do_h + row0 * d.H * d.Dv, d.H * d.Dv, rows, d.Dv);
       }
+      constexpr int64_t kAhead = 16;  // rows prefetched ahead in the o and dq passes
+      prefetch_rows(o + (b * d.S * d.H + h) * d.Dv, d.H * d.Dv, min_i64(kAhead, d.S), d.Dv);
       for (int64_t i = 0; i < d.S; ++i) {
         const bf16* orow = o + ((b * d.S + i) * d.H + h) * d.Dv;
+        if (i + kAhead < d.S) prefetch_rows(orow + kAhead * d.H * d.Dv, 0, 1, d.Dv);
         const bf16* dorow = dor.data() + i * d.Dv;
         float sum = 0;
 #pragma omp simd reduction(+ : sum)
@@ -716,8 +755,10 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
           }
         }
       }
+      prefetch_rows(dq + (b * d.S * d.H + h) * d.Dqk, d.H * d.Dqk, min_i64(kAhead, d.S), d.Dqk);
       for (int64_t i = 0; i < d.S; ++i) {
         bf16* out = dq + ((b * d.S + i) * d.H + h) * d.Dqk;
+        if (i + kAhead < d.S) prefetch_rows(out + kAhead * d.H * d.Dqk, 0, 1, d.Dqk);
         const float* acc = dq_acc.data() + i * d.Dqk;
 #pragma omp simd
         for (int64_t col = 0; col < d.Dqk; ++col) out[col] = from_f32<bf16>(to_f32(out[col]) + acc[col]);
