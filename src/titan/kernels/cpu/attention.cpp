@@ -501,7 +501,6 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
       pack_block_rows(qblk.data(), q + ((b * d.S + row0) * d.H + h) * d.Dqk, d.H * d.Dqk, rows, d.Dqk);
       for (int64_t i = 0; i < kBlock; ++i) m.data()[i] = -INFINITY;
       std::memset(l.data(), 0, size_t(kBlock * 16) * sizeof(float));
-      std::memset(oacc.data(), 0, size_t(kBlock * d.Dv) * sizeof(float));
       // Key blocks two at a time (one at the diagonal when qb + 1 - kb is odd): the span's P v
       // product then runs 4 k chunks per load and store of its o tiles.
       for (int64_t kb = 0, nk = 0; kb <= qb; kb += nk) {
@@ -565,6 +564,7 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
               const __m512 av = _mm512_set1_ps(std::exp2(m.data()[i] - mi[rr]));
               _mm512_storeu_ps(li, _mm512_fmadd_ps(_mm512_loadu_ps(li), av, sum));
               m.data()[i] = mi[rr];
+              if (kb == 0) continue;  // the first span's P v writes o rather than adding to it
               float* orow = oacc.data() + i * d.Dv;
               for (int64_t col = 0; col < d.Dv; col += 16) {
                 _mm512_storeu_ps(orow + col, _mm512_mul_ps(_mm512_loadu_ps(orow + col), av));
@@ -581,9 +581,14 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
         } else {
           softmax_rows(Half{}, std::true_type{});
         }
-        // The span's value blocks lie back to back in vp: one B operand of nk * kBlock keys.
-        amx_block<true>(oacc.data(), d.Dv, kBlock, pb.data(), kSpan, vp.data() + (bg * p.nblk + kb) * vp_blk, d.Dv,
-                        nk * kBlock / 32);
+        // The span's value blocks lie back to back in vp: one B operand of nk * kBlock keys. The
+        // first span writes o, so it needs no zero-fill (nor rescale) per item.
+        const uint32_t* v_span = vp.data() + (bg * p.nblk + kb) * vp_blk;
+        if (kb == 0) {
+          amx_block<false>(oacc.data(), d.Dv, kBlock, pb.data(), kSpan, v_span, d.Dv, nk * kBlock / 32);
+        } else {
+          amx_block<true>(oacc.data(), d.Dv, kBlock, pb.data(), kSpan, v_span, d.Dv, nk * kBlock / 32);
+        }
       }
       for (int64_t i = 0; i < rows; ++i) {
         const float sum = _mm512_reduce_add_ps(_mm512_loadu_ps(l.data() + i * 16));
@@ -676,12 +681,9 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
         delta.data()[i] = sum;
         lse2.data()[i] = lse[bh * d.S + i] * 1.4426950408889634f;
       }
-      std::memset(dq_acc.data(), 0, size_t(s_span * d.Dqk) * sizeof(float));
 
       for (int64_t kb0 = 0; kb0 < p.nblk; kb0 += kGroupBlocks) {
         const int64_t kb_end = min_i64(p.nblk, kb0 + kGroupBlocks);
-        std::memset(dkt.data(), 0, size_t(kGroupBlocks * d.Dqk * kBlock) * sizeof(float));
-        std::memset(dvt.data(), 0, size_t(kGroupBlocks * d.Dv * kBlock) * sizeof(float));
         // Query spans of two blocks (kGroupBlocks is even, so spans start at kb0): the dv^T and
         // dk^T products then run 4 k chunks per load and store of their tiles. A key block right
         // of the span's first block sees that half fully masked (P = dS = 0), computed anyway.
@@ -728,17 +730,30 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
             } else {
               p_and_ds(std::false_type{});
             }
+            // The first span that sees key block kb (qs = kb or kb - 1) writes its dv^T and dk^T,
+            // the later ones add: no zero-fill per key group.
             const int64_t x = kb - kb0;
-            amx_block<true>(dvt.data() + x * d.Dv * kBlock, kBlock, d.Dv, dot.data() + row0, ldt, pp.data(), kBlock,
-                            kSpan / 32);
-            amx_block<true>(dkt.data() + x * d.Dqk * kBlock, kBlock, d.Dqk, qt.data() + row0, ldt, dsp.data(), kBlock,
-                            kSpan / 32);
+            float* dvt_x = dvt.data() + x * d.Dv * kBlock;   // [Dv, kBlock]
+            float* dkt_x = dkt.data() + x * d.Dqk * kBlock;  // [Dqk, kBlock]
+            if (qs <= kb) {
+              amx_block<false>(dvt_x, kBlock, d.Dv, dot.data() + row0, ldt, pp.data(), kBlock, kSpan / 32);
+              amx_block<false>(dkt_x, kBlock, d.Dqk, qt.data() + row0, ldt, dsp.data(), kBlock, kSpan / 32);
+            } else {
+              amx_block<true>(dvt_x, kBlock, d.Dv, dot.data() + row0, ldt, pp.data(), kBlock, kSpan / 32);
+              amx_block<true>(dkt_x, kBlock, d.Dqk, qt.data() + row0, ldt, dsp.data(), kBlock, kSpan / 32);
+            }
           }
           // dq += dS k over all the group's key blocks the span sees at once (their packed blocks
           // lie back to back in kp): 2 k chunks per visible block per load and store of dq's tiles.
+          // The first key group visits every span first, so it writes dq: no zero-fill per head.
           const int64_t seen = min_i64(kb_end, qs + 2) - kb0;
-          amx_block<true>(dq_acc.data() + row0 * d.Dqk, d.Dqk, kSpan, dsb.data(), kGroupBlocks * kBlock,
-                          kp.data() + (bg * p.nblk + kb0) * kblk, d.Dqk, seen * kBlock / 32);
+          const uint32_t* k_group = kp.data() + (bg * p.nblk + kb0) * kblk;
+          float* dq_span = dq_acc.data() + row0 * d.Dqk;  // [kSpan, Dqk]
+          if (kb0 == 0) {
+            amx_block<false>(dq_span, d.Dqk, kSpan, dsb.data(), kGroupBlocks * kBlock, k_group, d.Dqk, seen * kBlock / 32);
+          } else {
+            amx_block<true>(dq_span, d.Dqk, kSpan, dsb.data(), kGroupBlocks * kBlock, k_group, d.Dqk, seen * kBlock / 32);
+          }
         }
         for (int64_t kb = kb0; kb < kb_end; ++kb) {
           const int64_t x = kb - kb0, col0 = kb * kBlock, cols = min_i64(kBlock, d.S - col0);
