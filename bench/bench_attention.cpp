@@ -98,14 +98,26 @@ void run(Problem& p, int rounds) {
 
 }  // namespace
 
+// `bench_attention B S H Hkv Dqk Dv f32|bf16` times that one shape only (when tuning a kernel for
+// one model's attention); `bench_attention --bf16` only the bf16 rows of the S = 2048 targets (a
+// quick loop while tuning the AMX path).
 int main(int argc, char** argv) {
-  // `bench_attention B S H Hkv Dqk Dv f32|bf16` times that one shape only (when tuning a kernel
-  // for one model's attention).
   if (argc == 8) {
     Problem p(std::stoll(argv[1]), std::stoll(argv[2]), std::stoll(argv[3]), std::stoll(argv[4]), std::stoll(argv[5]),
               std::stoll(argv[6]), std::string(argv[7]) == "bf16" ? DType::bf16 : DType::f32);
     run(p, 5);
     return 0;
+  }
+  bool bf16_only = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--bf16") {
+      bf16_only = true;
+    } else {
+      std::fprintf(stderr, "bench_attention: unknown argument '%s' (use --bf16, or B S H Hkv Dqk Dv f32|bf16)\n",
+                   a.c_str());
+      return 2;
+    }
   }
   const kernels::MachinePeak peak = kernels::measure_machine_peak(0.5);
   bench::print_peak(peak);
@@ -119,10 +131,12 @@ int main(int argc, char** argv) {
   const Shape6 targets[] = {{1, 2048, 8, 8, 128, 128}, {1, 2048, 8, 2, 128, 128}};
   for (const Shape6& s : targets) {
     for (DType dt : {DType::f32, DType::bf16}) {
+      if (bf16_only && dt != DType::bf16) continue;
       Problem p(s.B, s.S, s.H, s.Hkv, s.Dqk, s.Dv, dt);
       run(p, 5);
     }
   }
+  if (bf16_only) return 0;
   {
     Problem mla(1, 2048, 8, 8, 192, 128, DType::bf16);  // MLA head dims, for information
     run(mla, 3);

@@ -138,13 +138,25 @@ TITAN_INLINE void amx_col_block(float* c, int64_t c_ld, int64_t c_down, const ch
 // tiles 64 bytes apart) = sum over `chunks` k chunks of A tile r (a + r * a_down + chunk * a_step,
 // row stride a_ld bytes) times B tile j (b + chunk * b_step + j * 64, stride b_ld): for a product
 // two column tiles wide, each A and each B tile is loaded once per chunk for two products, and
-// the four accumulators are four independent chains.
+// the four accumulators are four independent chains. Tile loads, stores and products do not
+// overlap on the Sapphire-Rapids-class CPU this was measured on (a load costs about half a
+// product, a store about one), so one load per product instead of 1x4's 1.25 is worth ~10%.
+// With kAccumulate the C tiles are loaded from c first (c += A x B), as in amx_row_block.
+template <bool kAccumulate = false>
 TITAN_INLINE void amx_block_2x2(float* c, int64_t c_ld, int64_t c_down, const char* a, int64_t a_ld, int64_t a_step,
                                 int64_t a_down, const char* b, int64_t b_ld, int64_t b_step, int64_t chunks) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+  char* cb = reinterpret_cast<char*>(c);
+  if constexpr (kAccumulate) {
+    _tile_loadd(0, cb, c_ld);
+    _tile_loadd(1, cb + 64, c_ld);
+    _tile_loadd(2, cb + c_down, c_ld);
+    _tile_loadd(3, cb + c_down + 64, c_ld);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  }
   for (int64_t k = 0; k < chunks; ++k) {
     _tile_loadd(4, a + k * a_step, a_ld);
     _tile_loadd(6, b + k * b_step, b_ld);
@@ -155,7 +167,6 @@ TITAN_INLINE void amx_block_2x2(float* c, int64_t c_ld, int64_t c_down, const ch
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
   }
-  char* cb = reinterpret_cast<char*>(c);
   _tile_stored(0, cb, c_ld);
   _tile_stored(1, cb + 64, c_ld);
   _tile_stored(2, cb + c_down, c_ld);

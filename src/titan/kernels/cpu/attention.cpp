@@ -418,7 +418,7 @@ void add_kv_partials(T* dk, T* dv, const float* dk_part, const float* dv_part, c
 // kBlock-row blocks as in the f32 path, but scores are held queries by keys, so the products
 // read query rows, P and dS straight as A operands. Keys and values are packed once per call and
 // (b, kv head) into the B layouts (cpu/amx.h), shared by the group's query heads. Softmax, P and
-// dS are f32 vector work in base 2 (exp2_16<5>); P and dS are rounded to bf16 as tile operands.
+// dS are f32 vector work in base 2 (exp2_16_operand); P and dS are rounded to bf16 as tile operands.
 // Every block is computed whole (tiles of 16 x 16): buffers are zero-padded past S, and masked
 // or padding entries of P and dS are exactly 0 where they could reach a valid output. The
 // products with a running f32 sum (o, dq, dk, dv) take their k over two or more blocks per load
@@ -438,25 +438,41 @@ TITAN_INLINE __mmask16 causal_keep(int64_t i, int64_t j0) {
   return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
 }
 
-// Gather offsets (first + lane) * stride of 16 lanes, in elements; int32 suffices, the largest
-// is 64 rows of one [.., H, D] tensor row stride.
-TITAN_INLINE __m512i lane_offsets(int64_t first, int64_t stride) {
-  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  return _mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(int(first))), _mm512_set1_epi32(int(stride)));
+// Prefetches rows [0, n) of `width` elements each, ld elements apart, into L1. The row-strided
+// passes over q, k, v, dO, o, dq, dk, dv ([.., S, H, D]: rows H D elements apart, 2 KiB at
+// H D = 1024 in bf16, so two rows per 4 KiB page) defeat the hardware prefetchers, which follow
+// streams within a page; without this the backward's O(S D) loops over o and dq alone stalled
+// on memory for ~10% of its time.
+template <class T>
+TITAN_INLINE void prefetch_rows(const T* p, int64_t ld, int64_t n, int64_t width) {
+  for (int64_t r = 0; r < n; ++r) {
+    const char* row = reinterpret_cast<const char*>(p + r * ld);
+    for (int64_t b = 0; b < width * int64_t(sizeof(T)); b += 64) __builtin_prefetch(row + b);
+  }
+}
+
+// The 16 x 16 block of 32-bit words at src (rows ld_src words apart; rows n and later read as 0,
+// n <= 0 giving all zeros) transposed into dst (rows dst_ld words apart), through an L1 copy
+// when the block is partial. In shuffles (transpose16_u32): a 16-lane gather per row costs
+// several times as much, and these transposes pack all of k and v per call.
+void transpose_words16(uint32_t* dst, int64_t dst_ld, const uint32_t* src, int64_t ld_src, int64_t n) {
+  if (n >= 16) return transpose16_u32(dst, dst_ld, src, ld_src);
+  alignas(64) uint32_t blk[16 * 16];
+  for (int64_t r = 0; r < 16; ++r) {
+    const __m512i row = r < n ? _mm512_loadu_si512(src + r * ld_src) : _mm512_setzero_si512();
+    _mm512_store_si512(blk + r * 16, row);
+  }
+  transpose16_u32(dst, dst_ld, blk, 16);
 }
 
 // One block of rows as a B operand whose columns are those rows, VNNI along the row: dst[c2][j] =
-// (src_j[2 c2], src_j[2 c2 + 1]) for j < rows, 0 for rows <= j < kBlock. dst [width / 2, kBlock].
-// A 32-bit transpose: each 16 destination words are one gather down 16 source rows (ld_src and
-// width even, so the pairs are aligned 32-bit words).
+// (src_j[2 c2], src_j[2 c2 + 1]) for j < rows, 0 for rows <= j < kBlock. dst [width / 2, kBlock]:
+// a 32-bit transpose (ld_src even and width a multiple of 32, so the pairs are aligned words).
 void pack_block_col_pairs(uint32_t* dst, const bf16* src, int64_t ld_src, int64_t rows, int64_t width) {
-  const int* words = reinterpret_cast<const int*>(src);
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(src);
   for (int64_t j0 = 0; j0 < kBlock; j0 += 16) {
-    const __m512i idx = lane_offsets(j0, ld_src / 2);
-    const __mmask16 valid = causal_keep(rows - 1, j0);  // rows j0 + lane < rows
-    for (int64_t c2 = 0; c2 < width / 2; ++c2) {
-      _mm512_storeu_si512(dst + c2 * kBlock + j0,
-                          _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, idx, words + c2, 4));
+    for (int64_t c0 = 0; c0 < width / 2; c0 += 16) {
+      transpose_words16(dst + c0 * kBlock + j0, kBlock, words + j0 * (ld_src / 2) + c0, ld_src / 2, rows - j0);
     }
   }
 }
@@ -487,30 +503,35 @@ void pack_block_rows(bf16* dst, const bf16* src, int64_t ld_src, int64_t rows, i
 }
 
 // One block of rows transposed, dst[c * ld_dst + j] = src_j[c] for j < kBlock (0 past `rows`):
-// the A operand whose k runs along the rows (q^T, dO^T). Per 16 rows and column pair, one gather
-// of the 32-bit pairs, split into the two destination rows by narrowing the low and high halves.
+// the A operand whose k runs along the rows (q^T, dO^T). Per 16 rows and 16 column pairs, one
+// 32-bit transpose of the pairs, each transposed row split into two destination rows by
+// narrowing its low and high halves. width a multiple of 32.
 void pack_block_transposed(bf16* dst, int64_t ld_dst, const bf16* src, int64_t ld_src, int64_t rows,
                            int64_t width) {
-  const int* words = reinterpret_cast<const int*>(src);
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(src);
+  alignas(64) uint32_t blk[16 * 16];  // [16 column pairs, 16 rows]
   for (int64_t j0 = 0; j0 < kBlock; j0 += 16) {
-    const __m512i idx = lane_offsets(j0, ld_src / 2);
-    const __mmask16 valid = causal_keep(rows - 1, j0);  // rows j0 + lane < rows
-    for (int64_t c2 = 0; c2 < width / 2; ++c2) {
-      const __m512i w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, idx, words + c2, 4);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * c2 * ld_dst + j0), _mm512_cvtepi32_epi16(w));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (2 * c2 + 1) * ld_dst + j0),
-                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16)));
+    for (int64_t c0 = 0; c0 < width / 2; c0 += 16) {
+      transpose_words16(blk, 16, words + j0 * (ld_src / 2) + c0, ld_src / 2, rows - j0);
+      for (int64_t r = 0; r < 16; ++r) {
+        const __m512i w = _mm512_load_si512(blk + r * 16);
+        bf16* out = dst + 2 * (c0 + r) * ld_dst + j0;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(w));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + ld_dst), _mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16)));
+      }
     }
   }
 }
 
 // dst[j][c] = src[c][j] for j < rows, c < width: a [width, kBlock] f32 block (dk^T, dv^T) back to
-// rows, one 16-column gather per store. width a multiple of 16.
+// rows, 16 x 16 transposes through an L1 block. width a multiple of 16.
 void unpack_block_transposed(float* dst, int64_t ld_dst, const float* src, int64_t rows, int64_t width) {
-  const __m512i idx = lane_offsets(0, kBlock);
-  for (int64_t j = 0; j < rows; ++j) {
+  alignas(64) uint32_t blk[16 * 16];  // [16 rows, 16 columns]
+  for (int64_t j0 = 0; j0 < rows; j0 += 16) {
+    const int64_t n = min_i64(16, rows - j0);
     for (int64_t c0 = 0; c0 < width; c0 += 16) {
-      _mm512_storeu_ps(dst + j * ld_dst + c0, _mm512_i32gather_ps(idx, src + c0 * kBlock + j, 4));
+      transpose16_u32(blk, 16, reinterpret_cast<const uint32_t*>(src + c0 * kBlock + j0), kBlock);
+      for (int64_t r = 0; r < n; ++r) std::memcpy(dst + (j0 + r) * ld_dst + c0, blk + r * 16, 64);
     }
   }
 }
@@ -518,13 +539,19 @@ void unpack_block_transposed(float* dst, int64_t ld_dst, const float* src, int64
 // dst row j += src[:, j] (bf16 rows ld_dst apart, f32 sum rounded once) for j < rows: MHA's dk and
 // dv, which one query head owns alone, straight from its dk^T, dv^T block. width a multiple of 16.
 void add_block_transposed(bf16* dst, int64_t ld_dst, const float* src, int64_t rows, int64_t width) {
-  const __m512i idx = lane_offsets(0, kBlock);
-  for (int64_t j = 0; j < rows; ++j) {
+  alignas(64) uint32_t blk[16 * 16];  // [16 rows, 16 columns]
+  prefetch_rows(dst, ld_dst, min_i64(16, rows), width);
+  for (int64_t j0 = 0; j0 < rows; j0 += 16) {
+    const int64_t n = min_i64(16, rows - j0);
+    if (j0 + 16 < rows) prefetch_rows(dst + (j0 + 16) * ld_dst, ld_dst, min_i64(16, rows - j0 - 16), width);
     for (int64_t c0 = 0; c0 < width; c0 += 16) {
-      __m256i* out = reinterpret_cast<__m256i*>(dst + j * ld_dst + c0);
-      const __m512 sum = _mm512_add_ps(_mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(out)),
-                                       _mm512_i32gather_ps(idx, src + c0 * kBlock + j, 4));
-      _mm256_storeu_si256(out, (__m256i)_mm512_cvtneps_pbh(sum));
+      transpose16_u32(blk, 16, reinterpret_cast<const uint32_t*>(src + c0 * kBlock + j0), kBlock);
+      for (int64_t r = 0; r < n; ++r) {
+        __m256i* out = reinterpret_cast<__m256i*>(dst + (j0 + r) * ld_dst + c0);
+        const __m512 sum = _mm512_add_ps(_mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(out)),
+                                         _mm512_castsi512_ps(_mm512_load_si512(blk + r * 16)));
+        _mm256_storeu_si256(out, (__m256i)_mm512_cvtneps_pbh(sum));
+      }
     }
   }
 }
@@ -541,6 +568,10 @@ void pack_kv_amx(uint32_t* kd, uint32_t* vd, uint32_t* kp, uint32_t* vp, const b
     const int64_t row0 = blk * kBlock, rows = min_i64(kBlock, d.S - row0);
     const bf16* kt = k + ((b * d.S + row0) * d.Hkv + g) * d.Dqk;
     const bf16* vt = v + ((b * d.S + row0) * d.Hkv + g) * d.Dv;
+    if (rows == kBlock && row0 + 2 * kBlock <= d.S) {  // the next block of this (b, kv head), usually this thread's next item
+      prefetch_rows(kt + kBlock * d.Hkv * d.Dqk, d.Hkv * d.Dqk, kBlock, d.Dqk);
+      prefetch_rows(vt + kBlock * d.Hkv * d.Dv, d.Hkv * d.Dv, kBlock, d.Dv);
+    }
     pack_block_col_pairs(kd + t * d.Dqk * kBlock / 2, kt, d.Hkv * d.Dqk, rows, d.Dqk);
     if (vd) pack_block_col_pairs(vd + t * d.Dv * kBlock / 2, vt, d.Hkv * d.Dv, rows, d.Dv);
     if (kp) pack_block_row_pairs(kp + t * d.Dqk * kBlock / 2, kt, d.Hkv * d.Dqk, rows, d.Dqk);
@@ -549,17 +580,16 @@ void pack_kv_amx(uint32_t* kd, uint32_t* vd, uint32_t* kp, uint32_t* vp, const b
 }
 
 // c [rows, width] (+)= a [rows, K] (bf16 rows, a_ld elements apart) x b [K/2, width] (VNNI rows
-// of k pairs), K = 32 * chunks, in 16-row, 64-column tile blocks; rows and width multiples of 16.
+// of k pairs), K = 32 * chunks, in 32 x 32 blocks of 2 x 2 tiles (amx_block_2x2: one tile load
+// per product); rows and width are multiples of 32 here (kBlock, kSpan, and Dqk, Dv by amx_fits).
 template <bool kAccumulate>
 void amx_block(float* c, int64_t ldc, int64_t rows, const bf16* a, int64_t a_ld, const uint32_t* b, int64_t width,
                int64_t chunks) {
-  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-    for (int64_t c0 = 0; c0 < width; c0 += 64) {
-      const int tiles = int(min_i64((width - c0) / 16, 4));
-      float* cb = c + r0 * ldc + c0;
-      const char* ab = reinterpret_cast<const char*>(a + r0 * a_ld);
-      const char* bb = reinterpret_cast<const char*>(b + c0);
-      amx_row_block<kAccumulate>(cb, ldc * 4, 64, ab, a_ld * 2, 64, bb, width * 4, 16 * width * 4, 64, chunks, tiles);
+  for (int64_t r0 = 0; r0 < rows; r0 += 32) {
+    for (int64_t c0 = 0; c0 < width; c0 += 32) {
+      amx_block_2x2<kAccumulate>(c + r0 * ldc + c0, ldc * 4, 16 * ldc * 4, reinterpret_cast<const char*>(a + r0 * a_ld),
+                                 a_ld * 2, 64, 16 * a_ld * 2, reinterpret_cast<const char*>(b + c0), width * 4,
+                                 16 * width * 4, chunks);
     }
   }
 }
@@ -596,7 +626,6 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
       pack_block_rows(qblk.data(), q + ((b * d.S + row0) * d.H + h) * d.Dqk, d.H * d.Dqk, rows, d.Dqk);
       for (int64_t i = 0; i < kBlock; ++i) m.data()[i] = -INFINITY;
       std::memset(l.data(), 0, size_t(kBlock * 16) * sizeof(float));
-      std::memset(oacc.data(), 0, size_t(kBlock * d.Dv) * sizeof(float));
       // Key blocks two at a time (one at the diagonal when qb + 1 - kb is odd): the span's P v
       // product then runs 4 k chunks per load and store of its o tiles.
       for (int64_t kb = 0, nk = 0; kb <= qb; kb += nk) {
@@ -607,44 +636,49 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
         }
         // Per query row: P = 2^(c s - m) rounded to bf16 and its sum, with m the running max kept
         // stale while no score exceeds it by more than kLazyMax (P then stays below 2^kLazyMax,
-        // harmless in f32 and bf16): the common case needs no horizontal max and no rescale of o.
-        // Sums stay 16 lanes wide until the end. Rows past S see zero scores and stay finite;
-        // masked keys get P = 0 exactly. The span's vector count is a constant (nv_c) so a row
-        // stays in registers; masks are computed only where the span reaches the diagonal.
+        // harmless in f32 and bf16): the common case needs no horizontal max and no rescale of o,
+        // and t = c s - m (one FMA) serves both the check and exp2_16_operand. Sums stay 16
+        // lanes wide until the end. Rows past S see zero scores and stay finite; masked keys get
+        // P = 0 exactly. The span's vector count is a constant (nv_c) so a row stays in
+        // registers; masks are computed only where the span reaches the diagonal.
         const int64_t key0 = (kb - qb) * kBlock;  // the span's first key relative to the block's first query
         const auto softmax_rows = [&](auto nv_c, auto masked_c) {
           constexpr int64_t nv = decltype(nv_c)::value;      // 16-key vectors in the span
           constexpr bool masked = decltype(masked_c)::value;  // the span holds the diagonal block
           // Two rows per step: their dependency chains interleave.
           for (int64_t i0 = 0; i0 < kBlock; i0 += 2) {
-            __m512 x[2][nv];
+            __m512 tv[2][nv];
             __mmask16 keep[2][nv];
             float mi[2];
             for (int rr = 0; rr < 2; ++rr) {
-              const __m512 limit = _mm512_set1_ps(m.data()[i0 + rr] + kLazyMax);
+              const float* srow = st.data() + (i0 + rr) * kSpan;
+              mi[rr] = m.data()[i0 + rr];
+              const __m512 mv = _mm512_set1_ps(mi[rr]), limit = _mm512_set1_ps(kLazyMax);
               __mmask16 over = 0;
               for (int64_t vi = 0; vi < nv; ++vi) {
                 keep[rr][vi] = masked ? causal_keep(i0 + rr, key0 + 16 * vi) : __mmask16(0xffff);
-                x[rr][vi] = _mm512_mul_ps(_mm512_loadu_ps(st.data() + (i0 + rr) * kSpan + 16 * vi), cv);
-                over |= _mm512_mask_cmp_ps_mask(keep[rr][vi], x[rr][vi], limit, _CMP_GT_OQ);
+                tv[rr][vi] = _mm512_fmsub_ps(_mm512_loadu_ps(srow + 16 * vi), cv, mv);
+                over |= _mm512_mask_cmp_ps_mask(keep[rr][vi], tv[rr][vi], limit, _CMP_GT_OQ);
               }
-              mi[rr] = m.data()[i0 + rr];
-              if (over) {  // a new max (always in the first span, where m is -inf)
+              if (over) {  // a new max (always in the first span, where m is -inf and t +inf)
                 __m512 mx = _mm512_set1_ps(-INFINITY);
-                for (int64_t vi = 0; vi < nv; ++vi) mx = _mm512_mask_max_ps(mx, keep[rr][vi], mx, x[rr][vi]);
+                for (int64_t vi = 0; vi < nv; ++vi) {
+                  mx = _mm512_mask_max_ps(mx, keep[rr][vi], mx, _mm512_mul_ps(_mm512_loadu_ps(srow + 16 * vi), cv));
+                }
                 const float mb = _mm512_reduce_max_ps(mx);
                 mi[rr] = mi[rr] > mb ? mi[rr] : mb;
+                const __m512 mn = _mm512_set1_ps(mi[rr]);
+                for (int64_t vi = 0; vi < nv; ++vi) tv[rr][vi] = _mm512_fmsub_ps(_mm512_loadu_ps(srow + 16 * vi), cv, mn);
               }
             }
             for (int rr = 0; rr < 2; ++rr) {
               const int64_t i = i0 + rr;
-              const __m512 mv = _mm512_set1_ps(mi[rr]);
               __m512 sum = _mm512_setzero_ps();
-              for (int64_t vi = 0; vi < nv; ++vi) {
-                const __m512 pv = _mm512_maskz_mov_ps(keep[rr][vi], exp2_16<5>(_mm512_sub_ps(x[rr][vi], mv)));
-                sum = _mm512_add_ps(sum, pv);
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb.data() + i * kSpan + 16 * vi),
-                                    (__m256i)_mm512_cvtneps_pbh(pv));
+              for (int64_t vi = 0; vi < nv; vi += 2) {  // two vectors of P per bf16 store
+                const __m512 p0 = exp2_16_operand(tv[rr][vi], keep[rr][vi]);
+                const __m512 p1 = exp2_16_operand(tv[rr][vi + 1], keep[rr][vi + 1]);
+                sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
+                _mm512_storeu_si512(pb.data() + i * kSpan + 16 * vi, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
               }
               float* li = l.data() + i * 16;
               if (mi[rr] == m.data()[i]) {
@@ -655,6 +689,7 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
               const __m512 av = _mm512_set1_ps(std::exp2(m.data()[i] - mi[rr]));
               _mm512_storeu_ps(li, _mm512_fmadd_ps(_mm512_loadu_ps(li), av, sum));
               m.data()[i] = mi[rr];
+              if (kb == 0) continue;  // the first span's P v writes o rather than adding to it
               float* orow = oacc.data() + i * d.Dv;
               for (int64_t col = 0; col < d.Dv; col += 16) {
                 _mm512_storeu_ps(orow + col, _mm512_mul_ps(_mm512_loadu_ps(orow + col), av));
@@ -671,9 +706,14 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
         } else {
           softmax_rows(Half{}, std::true_type{});
         }
-        // The span's value blocks lie back to back in vp: one B operand of nk * kBlock keys.
-        amx_block<true>(oacc.data(), d.Dv, kBlock, pb.data(), kSpan, vp.data() + (bg * p.nblk + kb) * vp_blk, d.Dv,
-                        nk * kBlock / 32);
+        // The span's value blocks lie back to back in vp: one B operand of nk * kBlock keys. The
+        // first span writes o, so it needs no zero-fill (nor rescale) per item.
+        const uint32_t* v_span = vp.data() + (bg * p.nblk + kb) * vp_blk;
+        if (kb == 0) {
+          amx_block<false>(oacc.data(), d.Dv, kBlock, pb.data(), kSpan, v_span, d.Dv, nk * kBlock / 32);
+        } else {
+          amx_block<true>(oacc.data(), d.Dv, kBlock, pb.data(), kSpan, v_span, d.Dv, nk * kBlock / 32);
+        }
       }
       for (int64_t i = 0; i < rows; ++i) {
         const float sum = _mm512_reduce_add_ps(_mm512_loadu_ps(l.data() + i * 16));
@@ -744,13 +784,21 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
       const bf16* do_h = dout + (b * d.S * d.H + h) * d.Dv;  // row i at do_h + i * H * Dv
       for (int64_t qb = 0; qb < p.nblk; ++qb) {
         const int64_t row0 = qb * kBlock, rows = min_i64(kBlock, d.S - row0);
+        if (qb + 1 < p.nblk) {  // the next block's rows, while this one is packed
+          const int64_t next = min_i64(kBlock, d.S - row0 - kBlock);
+          prefetch_rows(q_h + (row0 + kBlock) * d.H * d.Dqk, d.H * d.Dqk, next, d.Dqk);
+          prefetch_rows(do_h + (row0 + kBlock) * d.H * d.Dv, d.H * d.Dv, next, d.Dv);
+        }
         pack_block_rows(qr.data() + row0 * d.Dqk, q_h + row0 * d.H * d.Dqk, d.H * d.Dqk, rows, d.Dqk);
         pack_block_rows(dor.data() + row0 * d.Dv, do_h + row0 * d.H * d.Dv, d.H * d.Dv, rows, d.Dv);
         pack_block_transposed(qt.data() + row0, ldt, q_h + row0 * d.H * d.Dqk, d.H * d.Dqk, rows, d.Dqk);
         pack_block_transposed(dot.data() + row0, ldt, do_h + row0 * d.H * d.Dv, d.H * d.Dv, rows, d.Dv);
       }
+      constexpr int64_t kAhead = 16;  // rows prefetched ahead in the o and dq passes
+      prefetch_rows(o + (b * d.S * d.H + h) * d.Dv, d.H * d.Dv, min_i64(kAhead, d.S), d.Dv);
       for (int64_t i = 0; i < d.S; ++i) {
         const bf16* orow = o + ((b * d.S + i) * d.H + h) * d.Dv;
+        if (i + kAhead < d.S) prefetch_rows(orow + kAhead * d.H * d.Dv, 0, 1, d.Dv);
         const bf16* dorow = dor.data() + i * d.Dv;
         float sum = 0;
 #pragma omp simd reduction(+ : sum)
@@ -758,12 +806,9 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
         delta.data()[i] = sum;
         lse2.data()[i] = lse[bh * d.S + i] * 1.4426950408889634f;
       }
-      std::memset(dq_acc.data(), 0, size_t(s_span * d.Dqk) * sizeof(float));
 
       for (int64_t kb0 = 0; kb0 < p.nblk; kb0 += kGroupBlocks) {
         const int64_t kb_end = min_i64(p.nblk, kb0 + kGroupBlocks);
-        std::memset(dkt.data(), 0, size_t(kGroupBlocks * d.Dqk * kBlock) * sizeof(float));
-        std::memset(dvt.data(), 0, size_t(kGroupBlocks * d.Dv * kBlock) * sizeof(float));
         // Query spans of two blocks (kGroupBlocks is even, so spans start at kb0): the dv^T and
         // dk^T products then run 4 k chunks per load and store of their tiles. A key block right
         // of the span's first block sees that half fully masked (P = dS = 0), computed anyway.
@@ -775,15 +820,15 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
                              d.Dqk / 32);
             amx_block<false>(dpt.data(), kBlock, kSpan, dor.data() + row0 * d.Dv, d.Dv, vd.data() + blk * vblk, kBlock,
                              d.Dv / 32);
-            // P = 2^(c s - lse2) and scale dS = scale P (dP - D), two query rows at a time: rows as
-            // dS's A operand, query pairs as P's and dS's B operands. Masked keys give exact zeros;
-            // queries past S have zero dO, so their (finite) P and dS add nothing.
+            // P = 2^(c s - lse2) and scale dS = P (scale dP - scale D), two query rows at a time:
+            // rows as dS's A operand, query pairs as P's and dS's B operands. Masked keys give
+            // exact zeros; queries past S have zero dO, so their (finite) P and dS add nothing.
             const auto p_and_ds = [&](auto masked_c) {
               constexpr bool masked = decltype(masked_c)::value;  // the key block reaches the span's diagonal
               for (int64_t i = 0; i < kSpan; i += 2) {
                 const __m512 l0 = _mm512_set1_ps(lse2.data()[row0 + i]), l1 = _mm512_set1_ps(lse2.data()[row0 + i + 1]);
-                const __m512 d0 = _mm512_set1_ps(delta.data()[row0 + i]);
-                const __m512 d1 = _mm512_set1_ps(delta.data()[row0 + i + 1]);
+                const __m512 d0 = _mm512_set1_ps(scale * delta.data()[row0 + i]);
+                const __m512 d1 = _mm512_set1_ps(scale * delta.data()[row0 + i + 1]);
                 for (int vi = 0; vi < 4; ++vi) {
                   const int64_t e0 = i * kBlock + 16 * vi, e1 = e0 + kBlock;
                   const int64_t r0 = i * kGroupBlocks * kBlock + (kb - kb0) * kBlock + 16 * vi;  // in dsb
@@ -791,11 +836,11 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
                   const __mmask16 keep0 = masked ? causal_keep(i, key0 + 16 * vi) : __mmask16(0xffff);
                   const __mmask16 keep1 = masked ? causal_keep(i + 1, key0 + 16 * vi) : __mmask16(0xffff);
                   const __m512 s0 = _mm512_loadu_ps(st.data() + e0), s1 = _mm512_loadu_ps(st.data() + e1);
-                  const __m512 p0 = _mm512_maskz_mov_ps(keep0, exp2_16<5>(_mm512_fmsub_ps(s0, cv, l0)));
-                  const __m512 p1 = _mm512_maskz_mov_ps(keep1, exp2_16<5>(_mm512_fmsub_ps(s1, cv, l1)));
+                  const __m512 p0 = exp2_16_operand(_mm512_fmsub_ps(s0, cv, l0), keep0);
+                  const __m512 p1 = exp2_16_operand(_mm512_fmsub_ps(s1, cv, l1), keep1);
                   const __m512 dp0 = _mm512_loadu_ps(dpt.data() + e0), dp1 = _mm512_loadu_ps(dpt.data() + e1);
-                  const __m512 ds0 = _mm512_mul_ps(_mm512_mul_ps(p0, sv), _mm512_sub_ps(dp0, d0));
-                  const __m512 ds1 = _mm512_mul_ps(_mm512_mul_ps(p1, sv), _mm512_sub_ps(dp1, d1));
+                  const __m512 ds0 = _mm512_mul_ps(p0, _mm512_fmsub_ps(dp0, sv, d0));
+                  const __m512 ds1 = _mm512_mul_ps(p1, _mm512_fmsub_ps(dp1, sv, d1));
                   const __m512i ds01 = (__m512i)_mm512_cvtne2ps_pbh(ds1, ds0);  // [ds0 | ds1] in bf16
                   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsb.data() + r0), _mm512_castsi512_si256(ds01));
                   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsb.data() + r1), _mm512_extracti64x4_epi64(ds01, 1));
@@ -810,17 +855,30 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
             } else {
               p_and_ds(std::false_type{});
             }
+            // The first span that sees key block kb (qs = kb or kb - 1) writes its dv^T and dk^T,
+            // the later ones add: no zero-fill per key group.
             const int64_t x = kb - kb0;
-            amx_block<true>(dvt.data() + x * d.Dv * kBlock, kBlock, d.Dv, dot.data() + row0, ldt, pp.data(), kBlock,
-                            kSpan / 32);
-            amx_block<true>(dkt.data() + x * d.Dqk * kBlock, kBlock, d.Dqk, qt.data() + row0, ldt, dsp.data(), kBlock,
-                            kSpan / 32);
+            float* dvt_x = dvt.data() + x * d.Dv * kBlock;   // [Dv, kBlock]
+            float* dkt_x = dkt.data() + x * d.Dqk * kBlock;  // [Dqk, kBlock]
+            if (qs <= kb) {
+              amx_block<false>(dvt_x, kBlock, d.Dv, dot.data() + row0, ldt, pp.data(), kBlock, kSpan / 32);
+              amx_block<false>(dkt_x, kBlock, d.Dqk, qt.data() + row0, ldt, dsp.data(), kBlock, kSpan / 32);
+            } else {
+              amx_block<true>(dvt_x, kBlock, d.Dv, dot.data() + row0, ldt, pp.data(), kBlock, kSpan / 32);
+              amx_block<true>(dkt_x, kBlock, d.Dqk, qt.data() + row0, ldt, dsp.data(), kBlock, kSpan / 32);
+            }
           }
           // dq += dS k over all the group's key blocks the span sees at once (their packed blocks
           // lie back to back in kp): 2 k chunks per visible block per load and store of dq's tiles.
+          // The first key group visits every span first, so it writes dq: no zero-fill per head.
           const int64_t seen = min_i64(kb_end, qs + 2) - kb0;
-          amx_block<true>(dq_acc.data() + row0 * d.Dqk, d.Dqk, kSpan, dsb.data(), kGroupBlocks * kBlock,
-                          kp.data() + (bg * p.nblk + kb0) * kblk, d.Dqk, seen * kBlock / 32);
+          const uint32_t* k_group = kp.data() + (bg * p.nblk + kb0) * kblk;
+          float* dq_span = dq_acc.data() + row0 * d.Dqk;  // [kSpan, Dqk]
+          if (kb0 == 0) {
+            amx_block<false>(dq_span, d.Dqk, kSpan, dsb.data(), kGroupBlocks * kBlock, k_group, d.Dqk, seen * kBlock / 32);
+          } else {
+            amx_block<true>(dq_span, d.Dqk, kSpan, dsb.data(), kGroupBlocks * kBlock, k_group, d.Dqk, seen * kBlock / 32);
+          }
         }
         for (int64_t kb = kb0; kb < kb_end; ++kb) {
           const int64_t x = kb - kb0, col0 = kb * kBlock, cols = min_i64(kBlock, d.S - col0);
@@ -837,8 +895,10 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
           }
         }
       }
+      prefetch_rows(dq + (b * d.S * d.H + h) * d.Dqk, d.H * d.Dqk, min_i64(kAhead, d.S), d.Dqk);
       for (int64_t i = 0; i < d.S; ++i) {
         bf16* out = dq + ((b * d.S + i) * d.H + h) * d.Dqk;
+        if (i + kAhead < d.S) prefetch_rows(out + kAhead * d.H * d.Dqk, 0, 1, d.Dqk);
         const float* acc = dq_acc.data() + i * d.Dqk;
 #pragma omp simd
         for (int64_t col = 0; col < d.Dqk; ++col) out[col] = from_f32<bf16>(to_f32(out[col]) + acc[col]);

@@ -79,24 +79,17 @@ TITAN_INLINE float max_span(const T* x, int64_t n) {
 }
 
 // 2^t per lane, for t <= 127 (softmax-style arguments, shifted by the row max, are <= 0): the
-// Taylor polynomial of 2^f (coefficients ln2^k / k!) on the fraction f = t - round(t) in
-// [-1/2, 1/2], scaled by 2^round(t) with VSCALEFPS. Degree 6 (the default): ~2 ulp, as fast_exp.
-// Degree 5: relative error below 3e-6, for probabilities that become bf16 tile operands (AMX
-// attention), where the softmax vector work, not the tile products, bounds the kernel. Results
-// below 2^-125 are 0 (never subnormal, like fast_exp), -inf gives 0, NaN stays NaN.
+// Taylor polynomial of 2^f (coefficients ln2^k / k!, degree 6: ~2 ulp, as fast_exp) on the
+// fraction f = t - round(t) in [-1/2, 1/2], scaled by 2^round(t) with VSCALEFPS. Results below
+// 2^-125 are 0 (never subnormal, like fast_exp), -inf gives 0, NaN stays NaN.
 // exp(x - m) = 2^(x log2e - m log2e): one FMA forms t, and the rounding of m log2e scales every
 // term of a row alike, which normalization (softmax, log-sum-exp) cancels.
-template <int kDegree = 6>
 TITAN_INLINE __m512 exp2_16(__m512 t) {
-  static_assert(kDegree == 5 || kDegree == 6, "exp2_16: degree 5 or 6");
   constexpr float kLn2 = 0.693147180559945309f;
-  constexpr float kC5 = kLn2 * kLn2 * kLn2 * kLn2 * kLn2 / 120;
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);  // exact
-  __m512 p = _mm512_set1_ps(kC5);
-  if constexpr (kDegree == 6) {
-    p = _mm512_fmadd_ps(_mm512_set1_ps(kLn2 * kLn2 * kLn2 * kLn2 * kLn2 * kLn2 / 720), f, p);
-  }
+  __m512 p = _mm512_set1_ps(kLn2 * kLn2 * kLn2 * kLn2 * kLn2 * kLn2 / 720);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kLn2 * kLn2 * kLn2 * kLn2 * kLn2 / 120));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kLn2 * kLn2 * kLn2 * kLn2 / 24));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kLn2 * kLn2 * kLn2 / 6));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kLn2 * kLn2 / 2));
@@ -105,6 +98,22 @@ TITAN_INLINE __m512 exp2_16(__m512 t) {
   // Lanes with t >= -125 or NaN (unordered) keep their value; the rest, -inf included, are 0.
   const __mmask16 keep = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ);
   return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+// 2^t in the lanes of k (the others 0) for probabilities that become bf16 tile operands (AMX
+// attention's P): relative error below 8e-5, far under bf16's rounding step (2^-8), in 6 vector
+// instructions instead of exp2_16's 10, since there the softmax vector work, which does not
+// overlap the tile instructions, bounds the kernel with them. f = t - floor(t) in [0, 1) in one
+// VREDUCEPS; a cubic fitted to 2^f on [0, 1) for minimal relative error (weighted least squares);
+// VSCALEFPS multiplies by 2^floor(t). Same ranges as exp2_16: t <= 127, results below 2^-125 are
+// 0, -inf gives 0, NaN stays NaN.
+TITAN_INLINE __m512 exp2_16_operand(__m512 t, __mmask16 k) {
+  const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(0.07802403f), f, _mm512_set1_ps(0.22606707f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69583398f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.99992514f));
+  const __mmask16 keep = _mm512_mask_cmp_ps_mask(k, t, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ);
+  return _mm512_maskz_scalef_ps(keep, p, t);
 }
 
 }  // namespace titan::kernels::cpu::TITAN_ISA
