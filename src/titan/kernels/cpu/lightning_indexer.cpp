@@ -602,6 +602,17 @@ double row_loss(float* sc, const float* p, const float* ok, int64_t n, int64_t c
 // rows (kr, di_pad wide, zero-padded) where they are: narrow rows (HI < 16 heads) with the per-key
 // kernels below, wide rows through GEMMs over a gathered copy (in the row's gathered path).
 
+// Requests the cache lines of a row of n floats (64-byte aligned rows), for writing if `write`.
+TITAN_INLINE void prefetch_row(const float* row, int64_t n, bool write) {
+  for (int64_t c = 0; c < n; c += 16) {
+    if (write) {
+      __builtin_prefetch(row + c, 1);
+    } else {
+      __builtin_prefetch(row + c, 0);
+    }
+  }
+}
+
 // Key positions of the fold below: folding 16 partial sums in four halving steps leaves key
 // 4 (l % 4) + l / 4 in lane l, so keys are fed in that (self-inverse) order.
 TITAN_INLINE int64_t fold_order(int64_t l) { return kVecLanes == 16 ? 4 * (l % 4) + l / 4 : l; }
@@ -651,6 +662,9 @@ void narrow_dots(float* dots, int64_t ld, int64_t cols, const float* q, int64_t 
     for (int64_t l = 0; l < kVecLanes; ++l) {
       const int64_t s = s0 + fold_order(l);
       rows[l] = s < n ? kr + int64_t(sel[s]) * di_pad : zero;
+      // The next group's rows are requested now: selected rows are scattered over a key matrix
+      // that may not fit in L2 beside the dk partial sums, and their misses stalled the FMAs.
+      if (s0 + kVecLanes + l < n) prefetch_row(kr + int64_t(sel[s0 + kVecLanes + l]) * di_pad, di_pad, false);
     }
     for (int64_t j = 0; j < HI; ++j) {
       const float* qj = q + j * di_pad;
@@ -671,6 +685,69 @@ void narrow_dots(float* dots, int64_t ld, int64_t cols, const float* q, int64_t 
   }
 }
 
+#if defined(__AVX512F__)
+// narrow_dots for HI <= 4 heads and di_pad <= 64 (the debug indexer: 4 heads of 64 dims). A
+// vector holds 4 heads x 4 dims (q4[c] lane 4 h + r = q_h[4 c + r], zero past HI), multiplied by
+// a key's dims 4 c .. 4 c + 3 broadcast to its four quarters; each head's 4 lanes then sum to its
+// dot. As many FMAs per key as the fold (HI DI / 16 at HI = 4), but ~1.5 shuffles per key instead
+// of ~8, which compete with the FMAs for port 5.
+template <int C>
+void narrow_dots4(float* dots, int64_t ld, const float* q4, int64_t HI, int64_t di_pad, const float* kr,
+                  const int32_t* sel, int64_t n, const float* zero) {
+  __m512 qv[C];
+#pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q4 + 16 * c);
+  for (int64_t s0 = 0; s0 < n; s0 += 16) {
+    __m512 v[4];  // group g: lane 4 h + l = head h's dot with key s0 + 4 g + l
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) {
+      __m512 a[4];
+#pragma GCC unroll 4
+      for (int l = 0; l < 4; ++l) {
+        const int64_t s = s0 + 4 * g + l;
+        const float* row = s < n ? kr + int64_t(sel[s]) * di_pad : zero;
+        if (s + 16 < n) prefetch_row(kr + int64_t(sel[s + 16]) * di_pad, di_pad, false);
+        // Two chains (even and odd dim quarters) halve the FMA latency per key.
+        __m512 even = _mm512_mul_ps(qv[0], _mm512_broadcast_f32x4(_mm_loadu_ps(row)));
+        __m512 odd = _mm512_mul_ps(qv[1], _mm512_broadcast_f32x4(_mm_loadu_ps(row + 4)));
+#pragma GCC unroll 16
+        for (int c = 2; c < C; c += 2) {
+          even = _mm512_fmadd_ps(qv[c], _mm512_broadcast_f32x4(_mm_loadu_ps(row + 4 * c)), even);
+          odd = _mm512_fmadd_ps(qv[c + 1], _mm512_broadcast_f32x4(_mm_loadu_ps(row + 4 * c + 4)), odd);
+        }
+        a[l] = _mm512_add_ps(even, odd);
+      }
+      // Per quarter h: (a0[0] + a0[2], a1[0] + a1[2], a0[1] + a0[3], a1[1] + a1[3]), then the
+      // 64-bit halves of the two pairs summed: (a0, a1, a2, a3) summed over their 4 lanes.
+      const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
+      const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
+      const __m512d d0 = _mm512_castps_pd(t0), d1 = _mm512_castps_pd(t1);
+      v[g] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(d0, d1)), _mm512_castpd_ps(_mm512_unpackhi_pd(d0, d1)));
+    }
+    // Quarter transpose: head h's row takes quarter h of v[0], v[1], v[2], v[3].
+    const __m512 t0 = _mm512_maskz_shuffle_f32x4(0xffff, v[0], v[1], 0x44), t1 = _mm512_maskz_shuffle_f32x4(0xffff, v[0], v[1], 0xee);
+    const __m512 t2 = _mm512_maskz_shuffle_f32x4(0xffff, v[2], v[3], 0x44), t3 = _mm512_maskz_shuffle_f32x4(0xffff, v[2], v[3], 0xee);
+    const __m512 w[4] = {_mm512_maskz_shuffle_f32x4(0xffff, t0, t2, 0x88), _mm512_maskz_shuffle_f32x4(0xffff, t0, t2, 0xdd),
+                         _mm512_maskz_shuffle_f32x4(0xffff, t1, t3, 0x88), _mm512_maskz_shuffle_f32x4(0xffff, t1, t3, 0xdd)};
+#pragma GCC unroll 4
+    for (int h = 0; h < 4; ++h) {
+      if (h < HI) _mm512_storeu_ps(dots + h * ld + s0, w[h]);
+    }
+  }
+}
+
+// narrow_dots4 for c4 = di_pad / 4 in {4, 8, 12, 16}; q4 [c4, 16] as there.
+void narrow_dots4(int64_t c4, float* dots, int64_t ld, const float* q4, int64_t HI, int64_t di_pad, const float* kr,
+                  const int32_t* sel, int64_t n, const float* zero) {
+  switch (c4) {
+    case 4: return narrow_dots4<4>(dots, ld, q4, HI, di_pad, kr, sel, n, zero);
+    case 8: return narrow_dots4<8>(dots, ld, q4, HI, di_pad, kr, sel, n, zero);
+    case 12: return narrow_dots4<12>(dots, ld, q4, HI, di_pad, kr, sel, n, zero);
+    default: return narrow_dots4<16>(dots, ld, q4, HI, di_pad, kr, sel, n, zero);
+  }
+}
+#endif
+
 // dq_j += sum_s g2[j * ld + s] k_{sel[s]} (dq [HI, di_pad]) and dk_{sel[s]} += sum_j g2[j * ld + s] q_j
 // over the n selected keys (distinct), key and dk rows V vectors wide, read and updated in place.
 // The dq rows of kGroup heads stay in registers while the keys stream past.
@@ -678,6 +755,7 @@ template <int V>
 void narrow_grads(float* dq, float* dk, const float* g2, int64_t ld, const float* q, int64_t HI, const float* kr,
                   const int32_t* sel, int64_t n) {
   constexpr int kGroup = V >= 16 ? 1 : 16 / V;
+  constexpr int64_t kAhead = 16;  // keys between a row's prefetch and its use
   constexpr int64_t di_pad = V * kVecLanes;
   for (int64_t j0 = 0; j0 < HI; j0 += kGroup) {
     const int64_t hg = min_i64(kGroup, HI - j0);
@@ -690,6 +768,10 @@ void narrow_grads(float* dq, float* dk, const float* g2, int64_t ld, const float
     for (int64_t s = 0; s < n; ++s) {
       const float* krow = kr + int64_t(sel[s]) * di_pad;
       float* dkrow = dk + int64_t(sel[s]) * di_pad;
+      if (s + kAhead < n) {  // see narrow_dots
+        prefetch_row(kr + int64_t(sel[s + kAhead]) * di_pad, di_pad, false);
+        prefetch_row(dk + int64_t(sel[s + kAhead]) * di_pad, di_pad, true);
+      }
       vecf kv[V], dv[V];
 #pragma GCC unroll 8
       for (int v = 0; v < V; ++v) kv[v] = loadv(krow + v * kVecLanes), dv[v] = loadv(dkrow + v * kVecLanes);
@@ -806,6 +888,8 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
   // Gathered rows: narrow (few heads: per-key kernels) or wide (GEMMs with heads as columns).
   const bool narrow = HI < kLanes && di_pad <= kNarrowVecs * kVecLanes;
   const int64_t hi_pad = round_up(HI, kLanes);
+  // Narrow rows of up to 4 heads and 64 dims: narrow_dots4 (AVX-512).
+  const bool quad = kVecLanes == 16 && narrow && HI <= 4 && di_pad <= 64;
 #pragma omp parallel reduction(+ : loss)
   {
     float* dk_acc = dk_part.data() + omp_get_thread_num() * dk_len;
@@ -833,7 +917,7 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
     const Scratch<float> r_dots(gathered ? hi_pad * n_cap : 1), r_g2(thin ? HI * n_cap : 1),
         r_score(gathered ? n_cap : 1), r_target(gathered ? n_cap : 1), zero_row(thin ? di_pad : 1, ScratchInit::zeroed);
     const Scratch<float> kg(wide ? n_cap * di_pad : 1), dkg(wide ? kWideChunk * di_pad : 1),
-        qT(wide ? DI * hi_pad : 1), wv(wide ? hi_pad : 1);
+        qT(wide ? DI * hi_pad : 1), wv(wide ? hi_pad : 1), q4(quad ? 4 * di_pad : 1);
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
     if (amx) amx_configure();
 #endif
@@ -897,11 +981,14 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
       for (int64_t j = 0; j < M; ++j) dw_acc.data()[j] = 0;
       const float* w_blk = w + row0 * HI;
 
-      // Sparse stage: a block whose selections cover at least half of its causal keys runs the
-      // blocked (dense-style) path with the selections as a mask: every streamed key block then
-      // serves all tq queries. Otherwise each row gathers its own selection.
+      // Sparse stage: each row gathers its own selection, except with AMX wide rows: there a
+      // block whose selections cover at least half of its causal keys runs the blocked
+      // (dense-style) path with the selections as a mask, its dots as bf16 tile products (the
+      // gathered path's GEMMs are f32). Without AMX the gathered path was faster even where every
+      // causal key is selected: the blocked path computes the dots twice (lse pass, then
+      // gradients), the gathered one keeps them.
       bool blocked = dense;
-      if (!dense) {
+      if (!dense && amx && !narrow) {
         int64_t picked = 0, causal = 0;
         for (int64_t i = 0; i < rows; ++i) {
           const int64_t n = valid_keys(d, t0 + i);
@@ -1046,7 +1133,20 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
             // Dots [HI, cols] per key row in place, scores, loss, then dq and dk per key.
             const int64_t cols = round_up(n, kKeys);
             for (int64_t s = n; s < cols; ++s) p[s] = 0;
-            narrow_dots(r_dots.data(), n_cap, cols, q_row, HI, di_pad, kr_b, sel.data(), n, zero_row.data());
+#if defined(__AVX512F__)
+            if (quad) {
+              for (int64_t c = 0; c < di_pad / 4; ++c) {
+                for (int64_t l = 0; l < 16; ++l) {
+                  q4.data()[c * 16 + l] = l / 4 < HI ? q_row[(l / 4) * di_pad + 4 * c + l % 4] : 0.0f;
+                }
+              }
+              narrow_dots4(di_pad / 4, r_dots.data(), n_cap, q4.data(), HI, di_pad, kr_b, sel.data(), n, zero_row.data());
+              for (int64_t j = 0; j < HI; ++j) {
+                for (int64_t s = round_up(n, 16); s < cols; ++s) r_dots.data()[j * n_cap + s] = 0;
+              }
+            }
+#endif
+            if (!quad) narrow_dots(r_dots.data(), n_cap, cols, q_row, HI, di_pad, kr_b, sel.data(), n, zero_row.data());
             for (int64_t c0 = 0; c0 < cols; c0 += kKeys) index_scores(sc + c0, r_dots.data() + c0, n_cap, w_row, HI);
             const float lse = row_lse(sc, n);
             loss_and_grad(1, cols, n_cap, sc, p, r_dots.data(), r_g2.data(), &lse, w_row, dw_acc.data() + i * HI,
