@@ -2,8 +2,8 @@
 // ISA level). Awkward shapes: S = 1 (t = 0 only), S < K (every row selects all its keys), odd head
 // dims (DI = 17, D = 19 are not multiples of a vector), Skv > S (queries are the last S of the
 // keys), S and Skv around and across the 64-key block, HI = 1 and HI = 64 (one query per top-k block);
-// sparse-stage blocks (given per-slot target) that select most of their keys (blocked path) and
-// few (gathered path);
+// sparse-stage blocks (given per-slot target) that select most of their keys (blocked path with
+// AMX) and few (gathered path: narrow and wide rows);
 // top-k rows with far more keys than K (the candidate buffer is compacted many times).
 #include "common/op_table.h"
 #include "common/sparse_mla_inputs.h"
@@ -122,7 +122,12 @@ TITAN_OP_CASES(lightning_indexer) {
         // 64-key column blocks per row
         {1, 130, 300, 2, 16, 20}, {2, 70, 200, 3, 17, 24}, {1, 90, 400, 4, 64, 130},
         // random selections with -1, future and >= Skv slots (rows without a valid slot): both paths
-        {2, 20, 20, 3, 16, 2, 1}, {1, 100, 120, 2, 16, 40, 1}, {1, 80, 300, 4, 32, 16, 1}},
+        {2, 20, 20, 3, 16, 2, 1}, {1, 100, 120, 2, 16, 40, 1}, {1, 80, 300, 4, 32, 16, 1},
+        // gathered rows without AMX: narrow with 5 to 15 heads (the 16-key fold), wide with 16 and
+        // 17 heads (heads as GEMM columns, padded to 32), over 256 selected keys (dk in chunks),
+        // S < K, and narrow heads with DI > 128 (taken wide); -1 slots in wide rows
+        {1, 60, 90, 7, 24, 30}, {1, 40, 60, 15, 64, 20}, {1, 50, 70, 16, 32, 12}, {2, 30, 40, 17, 17, 9},
+        {1, 12, 300, 16, 16, 270}, {1, 6, 6, 20, 16, 9}, {1, 30, 50, 3, 144, 10}, {1, 40, 60, 17, 16, 20, 1}},
        [](const OpInput& in) {
          IndexerCase c(in);
          return in.dtype == DType::f32 ? run_loss<float>(c) : run_loss<bf16>(c);

@@ -45,19 +45,20 @@ TITAN_INLINE void store16(bf16* p, __m512 v, __mmask16 k) {
   _mm256_mask_storeu_epi16(p, k, (__m256i)_mm512_cvtneps_pbh(v));
 }
 
-// The max and the sum of the 16 lanes (GCC 12's _mm512_reduce_* warn of uninitialized parts).
+// The max and the sum of the 16 lanes (GCC 12's _mm512_reduce_* warn of uninitialized parts, and
+// so do its unmasked shuffles once inlined: the maskz forms have no undefined operand).
 TITAN_INLINE float hmax16(__m512 v) {
-  v = _mm512_max_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));  // swap 256-bit halves
-  v = _mm512_max_ps(v, _mm512_shuffle_f32x4(v, v, 0xb1));  // swap 128-bit quarters
-  v = _mm512_max_ps(v, _mm512_permute_ps(v, 0x4e));        // swap lane pairs
-  v = _mm512_max_ps(v, _mm512_permute_ps(v, 0xb1));        // swap lanes
+  v = _mm512_max_ps(v, _mm512_maskz_shuffle_f32x4(0xffff, v, v, 0x4e));  // swap 256-bit halves
+  v = _mm512_max_ps(v, _mm512_maskz_shuffle_f32x4(0xffff, v, v, 0xb1));  // swap 128-bit quarters
+  v = _mm512_max_ps(v, _mm512_maskz_permute_ps(0xffff, v, 0x4e));        // swap lane pairs
+  v = _mm512_max_ps(v, _mm512_maskz_permute_ps(0xffff, v, 0xb1));        // swap lanes
   return _mm512_cvtss_f32(v);
 }
 TITAN_INLINE float hsum16(__m512 v) {
-  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));
-  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xb1));
-  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));
-  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(0xffff, v, v, 0x4e));
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(0xffff, v, v, 0xb1));
+  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(0xffff, v, 0x4e));
+  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(0xffff, v, 0xb1));
   return _mm512_cvtss_f32(v);
 }
 

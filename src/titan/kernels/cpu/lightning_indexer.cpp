@@ -39,6 +39,9 @@
 #include "titan/core/cpu_features.h"
 #include "titan/kernels/cpu/isa.h"
 #include "titan/kernels/cpu/scratch.h"
+#if defined(TITAN_AVX512_ROWS)
+#include "titan/kernels/cpu/avx512.h"
+#endif
 
 namespace titan::kernels::cpu::TITAN_ISA {
 
@@ -519,6 +522,302 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
 
 namespace {
 
+// ---- KL loss row helpers --------------------------------------------------------------------
+#if defined(TITAN_AVX512_ROWS)
+// log(x) per lane for finite x > 0 (other lanes: unspecified): x = m 2^e with m in [0.75, 1.5)
+// and log m = 2 atanh(u), u = (m - 1) / (m + 1), |u| <= 0.2, by its series to u^11 (truncation
+// error below 2e-10). libm's logf, called per selected pair, cost more than the loss's products.
+TITAN_INLINE __m512 log16(__m512 x) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 m = _mm512_getmant_ps(x, _MM_MANT_NORM_p75_1p5, _MM_MANT_SIGN_src);
+  __m512 e = _mm512_getexp_ps(x);  // floor(log2 x): one more where m < 1 (the mantissa was halved)
+  e = _mm512_mask_add_ps(e, _mm512_cmp_ps_mask(m, one, _CMP_LT_OQ), e, one);
+  const __m512 u = _mm512_div_ps(_mm512_sub_ps(m, one), _mm512_add_ps(m, one)), u2 = _mm512_mul_ps(u, u);
+  __m512 p = _mm512_set1_ps(1.0f / 11);
+  p = _mm512_fmadd_ps(p, u2, _mm512_set1_ps(1.0f / 9));
+  p = _mm512_fmadd_ps(p, u2, _mm512_set1_ps(1.0f / 7));
+  p = _mm512_fmadd_ps(p, u2, _mm512_set1_ps(1.0f / 5));
+  p = _mm512_fmadd_ps(p, u2, _mm512_set1_ps(1.0f / 3));
+  p = _mm512_fmadd_ps(p, u2, one);
+  return _mm512_fmadd_ps(e, _mm512_set1_ps(0.693147180559945309f), _mm512_mul_ps(_mm512_add_ps(u, u), p));
+}
+#endif
+
+// The log-sum-exp of x[0, n), n > 0.
+float row_lse(const float* x, int64_t n) {
+#if defined(TITAN_AVX512_ROWS)
+  const float m = max_span(x, n);
+  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f), shift = _mm512_set1_ps(m * 1.44269504088896341f);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t s = 0; s < n; s += 16) {
+    const __mmask16 k = lanes(n - s);
+    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, exp2_16(_mm512_fmsub_ps(load16(x + s, k), log2e, shift))));
+  }
+  return m + __builtin_logf(hsum16(sum));
+#else
+  float m = -__builtin_inff();
+  for (int64_t s = 0; s < n; ++s) m = x[s] > m ? x[s] : m;
+  float sum = 0;
+  for (int64_t s = 0; s < n; ++s) sum += fast_exp(x[s] - m);
+  return m + __builtin_logf(sum);
+#endif
+}
+
+// One row of the loss over cols entries (a multiple of 16): sc holds the scores, p the target;
+// the valid entries are those with ok[s] != 0, or s < n when ok is null. Overwrites sc with
+// g = gs (exp(sc - lse) - p) on the valid entries and 0 elsewhere, and returns the row's KL term
+// sum p (log p - (sc - lse)) over the valid entries with p > 0.
+double row_loss(float* sc, const float* p, const float* ok, int64_t n, int64_t cols, float lse, float gs) {
+#if defined(TITAN_AVX512_ROWS)
+  const __m512 zero = _mm512_setzero_ps(), lse_v = _mm512_set1_ps(lse), gs_v = _mm512_set1_ps(gs);
+  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+  __m512 acc = zero;
+  for (int64_t s = 0; s < cols; s += 16) {
+    const __mmask16 valid = ok ? _mm512_cmp_ps_mask(_mm512_loadu_ps(ok + s), zero, _CMP_NEQ_UQ)
+                               : (s < n ? lanes(n - s) : __mmask16(0));
+    const __m512 log_q = _mm512_sub_ps(_mm512_loadu_ps(sc + s), lse_v), ps = _mm512_maskz_loadu_ps(valid, p + s);
+    const __mmask16 pos = _mm512_cmp_ps_mask(ps, zero, _CMP_GT_OQ);
+    acc = _mm512_mask3_fmadd_ps(ps, _mm512_sub_ps(log16(ps), log_q), acc, pos);
+    const __m512 prob = exp2_16(_mm512_mul_ps(log_q, log2e));
+    _mm512_storeu_ps(sc + s, _mm512_maskz_mul_ps(valid, gs_v, _mm512_sub_ps(prob, ps)));
+  }
+  return double(hsum16(acc));
+#else
+  double loss = 0;
+  for (int64_t s = 0; s < cols; ++s) {
+    if (ok ? ok[s] != 0 : s < n) {
+      const float log_q = sc[s] - lse;
+      if (p[s] > 0) loss += double(p[s]) * (double(__builtin_logf(p[s])) - double(log_q));
+      sc[s] = gs * (fast_exp(log_q) - p[s]);
+    } else {
+      sc[s] = 0;
+    }
+  }
+  return loss;
+#endif
+}
+
+// ---- gathered sparse rows -------------------------------------------------------------------
+// A sparse-stage row whose selection is small against its causal keys reads the selected key
+// rows (kr, di_pad wide, zero-padded) where they are: narrow rows (HI < 16 heads) with the per-key
+// kernels below, wide rows through GEMMs over a gathered copy (in the row's gathered path).
+
+// Requests the cache lines of a row of n floats (64-byte aligned rows), for writing if `write`.
+TITAN_INLINE void prefetch_row(const float* row, int64_t n, bool write) {
+  for (int64_t c = 0; c < n; c += 16) {
+    if (write) {
+      __builtin_prefetch(row + c, 1);
+    } else {
+      __builtin_prefetch(row + c, 0);
+    }
+  }
+}
+
+// Key positions of the fold below: folding 16 partial sums in four halving steps leaves key
+// 4 (l % 4) + l / 4 in lane l, so keys are fed in that (self-inverse) order.
+TITAN_INLINE int64_t fold_order(int64_t l) { return kVecLanes == 16 ? 4 * (l % 4) + l / 4 : l; }
+
+// out lane l = the lane sum of part[fold_order(l)]: kVecLanes dot products from their partial sums.
+TITAN_INLINE vecf fold(const vecf* part) {
+#if defined(__AVX512F__)
+  __m512 a[8], b[4], c[2];
+#pragma GCC unroll 8
+  for (int p = 0; p < 8; ++p) {  // 128-bit quarters (x0 + x2, x1 + x3, y0 + y2, y1 + y3)
+    const __m512 x = (__m512)part[2 * p], y = (__m512)part[2 * p + 1];
+    a[p] = _mm512_add_ps(_mm512_maskz_shuffle_f32x4(0xffff, x, y, 0x44), _mm512_maskz_shuffle_f32x4(0xffff, x, y, 0xee));
+  }
+#pragma GCC unroll 4
+  for (int p = 0; p < 4; ++p) {  // quarter q: 4 partial sums of vector 4 p + q
+    const __m512 x = a[2 * p], y = a[2 * p + 1];
+    b[p] = _mm512_add_ps(_mm512_maskz_shuffle_f32x4(0xffff, x, y, 0x88), _mm512_maskz_shuffle_f32x4(0xffff, x, y, 0xdd));
+  }
+#pragma GCC unroll 2
+  for (int p = 0; p < 2; ++p) {  // within quarters: pairs of partial sums of two vectors, interleaved
+    const __m512 x = b[2 * p], y = b[2 * p + 1];
+    c[p] = _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
+  }
+  const __m512d x = _mm512_castps_pd(c[0]), y = _mm512_castps_pd(c[1]);
+  return (vecf)_mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+#else
+  vecf out;
+  for (int64_t l = 0; l < kVecLanes; ++l) {
+    float sum = 0;
+    for (int64_t v = 0; v < kVecLanes; ++v) sum += part[l][v];
+    out[l] = sum;
+  }
+  return out;
+#endif
+}
+
+// dots[j * ld + s] = q_j . k_{sel[s]} for heads j < HI and keys s < n, 0 for s in [n, cols)
+// (cols a multiple of kVecLanes); q rows and key rows di_pad apart, zero a zeroed row. Each
+// key row is read as it is: a transposed gather of the keys (for broadcast-FMA tiles) cost a
+// scalar store per element, more than the products.
+void narrow_dots(float* dots, int64_t ld, int64_t cols, const float* q, int64_t HI, int64_t di_pad, const float* kr,
+                 const int32_t* sel, int64_t n, const float* zero) {
+  const int64_t vecs = di_pad / kVecLanes;
+  int64_t s0 = 0;
+  for (; s0 < n; s0 += kVecLanes) {
+    const float* rows[kVecLanes];
+    for (int64_t l = 0; l < kVecLanes; ++l) {
+      const int64_t s = s0 + fold_order(l);
+      rows[l] = s < n ? kr + int64_t(sel[s]) * di_pad : zero;
+      // The next group's rows are requested now: selected rows are scattered over a key matrix
+      // that may not fit in L2 beside the dk partial sums, and their misses stalled the FMAs.
+      if (s0 + kVecLanes + l < n) prefetch_row(kr + int64_t(sel[s0 + kVecLanes + l]) * di_pad, di_pad, false);
+    }
+    for (int64_t j = 0; j < HI; ++j) {
+      const float* qj = q + j * di_pad;
+      vecf part[kVecLanes];
+      const vecf q0 = loadv(qj);
+#pragma GCC unroll 16
+      for (int64_t l = 0; l < kVecLanes; ++l) part[l] = q0 * loadv(rows[l]);
+      for (int64_t v = 1; v < vecs; ++v) {
+        const vecf qv = loadv(qj + v * kVecLanes);
+#pragma GCC unroll 16
+        for (int64_t l = 0; l < kVecLanes; ++l) part[l] += qv * loadv(rows[l] + v * kVecLanes);
+      }
+      storev(dots + j * ld + s0, fold(part));
+    }
+  }
+  for (int64_t j = 0; j < HI; ++j) {
+    for (int64_t s = s0; s < cols; ++s) dots[j * ld + s] = 0;
+  }
+}
+
+#if defined(__AVX512F__)
+// narrow_dots for HI <= 4 heads and di_pad <= 64 (the debug indexer: 4 heads of 64 dims). A
+// vector holds 4 heads x 4 dims (q4[c] lane 4 h + r = q_h[4 c + r], zero past HI), multiplied by
+// a key's dims 4 c .. 4 c + 3 broadcast to its four quarters; each head's 4 lanes then sum to its
+// dot. As many FMAs per key as the fold (HI DI / 16 at HI = 4), but ~1.5 shuffles per key instead
+// of ~8, which compete with the FMAs for port 5.
+template <int C>
+void narrow_dots4(float* dots, int64_t ld, const float* q4, int64_t HI, int64_t di_pad, const float* kr,
+                  const int32_t* sel, int64_t n, const float* zero) {
+  __m512 qv[C];
+#pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q4 + 16 * c);
+  for (int64_t s0 = 0; s0 < n; s0 += 16) {
+    __m512 v[4];  // group g: lane 4 h + l = head h's dot with key s0 + 4 g + l
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) {
+      __m512 a[4];
+#pragma GCC unroll 4
+      for (int l = 0; l < 4; ++l) {
+        const int64_t s = s0 + 4 * g + l;
+        const float* row = s < n ? kr + int64_t(sel[s]) * di_pad : zero;
+        if (s + 16 < n) prefetch_row(kr + int64_t(sel[s + 16]) * di_pad, di_pad, false);
+        // Two chains (even and odd dim quarters) halve the FMA latency per key.
+        __m512 even = _mm512_mul_ps(qv[0], _mm512_broadcast_f32x4(_mm_loadu_ps(row)));
+        __m512 odd = _mm512_mul_ps(qv[1], _mm512_broadcast_f32x4(_mm_loadu_ps(row + 4)));
+#pragma GCC unroll 16
+        for (int c = 2; c < C; c += 2) {
+          even = _mm512_fmadd_ps(qv[c], _mm512_broadcast_f32x4(_mm_loadu_ps(row + 4 * c)), even);
+          odd = _mm512_fmadd_ps(qv[c + 1], _mm512_broadcast_f32x4(_mm_loadu_ps(row + 4 * c + 4)), odd);
+        }
+        a[l] = _mm512_add_ps(even, odd);
+      }
+      // Per quarter h: (a0[0] + a0[2], a1[0] + a1[2], a0[1] + a0[3], a1[1] + a1[3]), then the
+      // 64-bit halves of the two pairs summed: (a0, a1, a2, a3) summed over their 4 lanes.
+      const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
+      const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
+      const __m512d d0 = _mm512_castps_pd(t0), d1 = _mm512_castps_pd(t1);
+      v[g] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(d0, d1)), _mm512_castpd_ps(_mm512_unpackhi_pd(d0, d1)));
+    }
+    // Quarter transpose: head h's row takes quarter h of v[0], v[1], v[2], v[3].
+    const __m512 t0 = _mm512_maskz_shuffle_f32x4(0xffff, v[0], v[1], 0x44), t1 = _mm512_maskz_shuffle_f32x4(0xffff, v[0], v[1], 0xee);
+    const __m512 t2 = _mm512_maskz_shuffle_f32x4(0xffff, v[2], v[3], 0x44), t3 = _mm512_maskz_shuffle_f32x4(0xffff, v[2], v[3], 0xee);
+    const __m512 w[4] = {_mm512_maskz_shuffle_f32x4(0xffff, t0, t2, 0x88), _mm512_maskz_shuffle_f32x4(0xffff, t0, t2, 0xdd),
+                         _mm512_maskz_shuffle_f32x4(0xffff, t1, t3, 0x88), _mm512_maskz_shuffle_f32x4(0xffff, t1, t3, 0xdd)};
+#pragma GCC unroll 4
+    for (int h = 0; h < 4; ++h) {
+      if (h < HI) _mm512_storeu_ps(dots + h * ld + s0, w[h]);
+    }
+  }
+}
+
+// narrow_dots4 for c4 = di_pad / 4 in {4, 8, 12, 16}; q4 [c4, 16] as there.
+void narrow_dots4(int64_t c4, float* dots, int64_t ld, const float* q4, int64_t HI, int64_t di_pad, const float* kr,
+                  const int32_t* sel, int64_t n, const float* zero) {
+  switch (c4) {
+    case 4: return narrow_dots4<4>(dots, ld, q4, HI, di_pad, kr, sel, n, zero);
+    case 8: return narrow_dots4<8>(dots, ld, q4, HI, di_pad, kr, sel, n, zero);
+    case 12: return narrow_dots4<12>(dots, ld, q4, HI, di_pad, kr, sel, n, zero);
+    default: return narrow_dots4<16>(dots, ld, q4, HI, di_pad, kr, sel, n, zero);
+  }
+}
+#endif
+
+// dq_j += sum_s g2[j * ld + s] k_{sel[s]} (dq [HI, di_pad]) and dk_{sel[s]} += sum_j g2[j * ld + s] q_j
+// over the n selected keys (distinct), key and dk rows V vectors wide, read and updated in place.
+// The dq rows of kGroup heads stay in registers while the keys stream past.
+template <int V>
+void narrow_grads(float* dq, float* dk, const float* g2, int64_t ld, const float* q, int64_t HI, const float* kr,
+                  const int32_t* sel, int64_t n) {
+  constexpr int kGroup = V >= 16 ? 1 : 16 / V;
+  constexpr int64_t kAhead = 16;  // keys between a row's prefetch and its use
+  constexpr int64_t di_pad = V * kVecLanes;
+  for (int64_t j0 = 0; j0 < HI; j0 += kGroup) {
+    const int64_t hg = min_i64(kGroup, HI - j0);
+    vecf acc[kGroup][V];
+#pragma GCC unroll 16
+    for (int g = 0; g < kGroup; ++g) {
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) acc[g][v] = g < hg ? loadv(dq + (j0 + g) * di_pad + v * kVecLanes) : vecf{};
+    }
+    for (int64_t s = 0; s < n; ++s) {
+      const float* krow = kr + int64_t(sel[s]) * di_pad;
+      float* dkrow = dk + int64_t(sel[s]) * di_pad;
+      if (s + kAhead < n) {  // see narrow_dots
+        prefetch_row(kr + int64_t(sel[s + kAhead]) * di_pad, di_pad, false);
+        prefetch_row(dk + int64_t(sel[s + kAhead]) * di_pad, di_pad, true);
+      }
+      vecf kv[V], dv[V];
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) kv[v] = loadv(krow + v * kVecLanes), dv[v] = loadv(dkrow + v * kVecLanes);
+#pragma GCC unroll 16
+      for (int g = 0; g < kGroup; ++g) {
+        if (g >= hg) break;
+        const float c = g2[(j0 + g) * ld + s];
+        const float* qj = q + (j0 + g) * di_pad;
+#pragma GCC unroll 8
+        for (int v = 0; v < V; ++v) {
+          acc[g][v] += c * kv[v];
+          dv[v] += c * loadv(qj + v * kVecLanes);
+        }
+      }
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) storev(dkrow + v * kVecLanes, dv[v]);
+    }
+#pragma GCC unroll 16
+    for (int g = 0; g < kGroup; ++g) {
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) {
+        if (g < hg) storev(dq + (j0 + g) * di_pad + v * kVecLanes, acc[g][v]);
+      }
+    }
+  }
+}
+
+// narrow_grads for vecs = di_pad / kVecLanes in [1, 8].
+void narrow_grads(int64_t vecs, float* dq, float* dk, const float* g2, int64_t ld, const float* q, int64_t HI,
+                  const float* kr, const int32_t* sel, int64_t n) {
+  switch (vecs) {
+    case 1: return narrow_grads<1>(dq, dk, g2, ld, q, HI, kr, sel, n);
+    case 2: return narrow_grads<2>(dq, dk, g2, ld, q, HI, kr, sel, n);
+    case 3: return narrow_grads<3>(dq, dk, g2, ld, q, HI, kr, sel, n);
+    case 4: return narrow_grads<4>(dq, dk, g2, ld, q, HI, kr, sel, n);
+    case 5: return narrow_grads<5>(dq, dk, g2, ld, q, HI, kr, sel, n);
+    case 6: return narrow_grads<6>(dq, dk, g2, ld, q, HI, kr, sel, n);
+    case 7: return narrow_grads<7>(dq, dk, g2, ld, q, HI, kr, sel, n);
+    default: return narrow_grads<8>(dq, dk, g2, ld, q, HI, kr, sel, n);
+  }
+}
+// Narrow rows keep up to 8 vectors per key row in registers.
+constexpr int64_t kNarrowVecs = 8;
+// Wide rows: dk rows produced per GEMM before they are added to the partial sums.
+constexpr int64_t kWideChunk = 256;
+
 // Both stages of the loss. Dense (idx == nullptr): the target is recomputed from mq, mk and mlse
 // (td) over every causal key. Sparse: V_t = the valid entries of idx[t] and the target is given
 // per slot (slot_target [B, S, K], summed over a key's slots when it is listed twice); mq, mk,
@@ -586,6 +885,11 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
   const int64_t nqb = (d.S + tq - 1) / tq;
   const int64_t m_max = tq * HI;
   const int64_t n_cap = dense ? kKeys : round_up(max_i64(d.K, 1), kKeys);  // one gathered selection
+  // Gathered rows: narrow (few heads: per-key kernels) or wide (GEMMs with heads as columns).
+  const bool narrow = HI < kLanes && di_pad <= kNarrowVecs * kVecLanes;
+  const int64_t hi_pad = round_up(HI, kLanes);
+  // Narrow rows of up to 4 heads and 64 dims: narrow_dots4 (AVX-512).
+  const bool quad = kVecLanes == 16 && narrow && HI <= 4 && di_pad <= 64;
 #pragma omp parallel reduction(+ : loss)
   {
     float* dk_acc = dk_part.data() + omp_get_thread_num() * dk_len;
@@ -604,36 +908,30 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
 #endif
     // Sparse stage only (one element each in the dense stage): the block's selections as bitmaps
     // [tq, words] (blocked path), and for the gathered path one row's selection (deduplicated
-    // through `seen`), its key block transposed [DI, kKeys], key rows [n_cap, di_pad] and their
-    // dk rows, and its tiles over n_cap columns.
+    // through `seen`) with its scores and target [n_cap]; narrow rows: dots and g2 [HI, n_cap] and
+    // a zero key row; wide rows: dT [n_cap, hi_pad], the gathered key rows [n_cap, di_pad], qT
+    // [DI, hi_pad], the padded weights and a chunk of dk rows [kWideChunk, di_pad].
+    const bool gathered = !dense, wide = gathered && !narrow, thin = gathered && narrow;
     const Scratch<uint64_t> selmap(dense ? 1 : tq * words, ScratchInit::zeroed), seen(dense ? 1 : words, ScratchInit::zeroed);
-    const Scratch<int32_t> sel(dense ? 1 : n_cap);
-    const Scratch<float> kgt(dense ? 1 : DI * kKeys);
-    const Scratch<float> kg(dense ? 1 : n_cap * di_pad), dkg(dense ? 1 : n_cap * di_pad);
-    const Scratch<float> r_dots(dense ? 1 : HI * n_cap), r_g2(dense ? 1 : HI * n_cap), r_score(dense ? 1 : n_cap),
-        r_target(dense ? 1 : n_cap);
+    const Scratch<int32_t> sel(gathered ? n_cap : 1);
+    const Scratch<float> r_dots(gathered ? hi_pad * n_cap : 1), r_g2(thin ? HI * n_cap : 1),
+        r_score(gathered ? n_cap : 1), r_target(gathered ? n_cap : 1), zero_row(thin ? di_pad : 1, ScratchInit::zeroed);
+    const Scratch<float> kg(wide ? n_cap * di_pad : 1), dkg(wide ? kWideChunk * di_pad : 1),
+        qT(wide ? DI * hi_pad : 1), wv(wide ? hi_pad : 1), q4(quad ? 4 * di_pad : 1);
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
     if (amx) amx_configure();
 #endif
 
     // Loss and gradient of `rows` query rows over `cols` columns (a multiple of kKeys): sc, p
-    // [rows, ld] scores and target, dots [rows * HI, ld]; valid(i, s) says which entries count.
-    // Overwrites sc with g, writes g2 = g w 1[dot > 0] and adds g ReLU(dot) to dw (rows * HI).
+    // [rows, ld] scores and target, dots [rows * HI, ld]; the valid entries are those with
+    // ok_rows[i * ld + s] != 0, or s < n when ok_rows is null (row_loss). Overwrites sc with g, writes
+    // g2 = g w 1[dot > 0] and adds g ReLU(dot) to dw (rows * HI).
     auto loss_and_grad = [&](int64_t rows, int64_t cols, int64_t ld, float* sc_all, const float* p_all,
                              const float* dots_all, float* g2_all, const float* lse, const float* w_rows,
-                             float* dw_rows, auto valid) {
+                             float* dw_rows, const float* ok_rows, int64_t n) {
       for (int64_t i = 0; i < rows; ++i) {
         float* sc = sc_all + i * ld;
-        const float* p = p_all + i * ld;
-        for (int64_t s = 0; s < cols; ++s) {
-          if (valid(i, s)) {
-            const float log_q = sc[s] - lse[i];
-            if (p[s] > 0) loss += double(p[s]) * (double(__builtin_logf(p[s])) - double(log_q));
-            sc[s] = gs * (fast_exp(log_q) - p[s]);
-          } else {
-            sc[s] = 0;
-          }
-        }
+        loss += row_loss(sc, p_all + i * ld, ok_rows ? ok_rows + i * ld : nullptr, n, cols, lse[i], gs);
         for (int64_t j = 0; j < HI; ++j) {
           const float* dj = dots_all + (i * HI + j) * ld;
           float* gj = g2_all + (i * HI + j) * ld;
@@ -683,11 +981,14 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
       for (int64_t j = 0; j < M; ++j) dw_acc.data()[j] = 0;
       const float* w_blk = w + row0 * HI;
 
-      // Sparse stage: a block whose selections cover at least half of its causal keys runs the
-      // blocked (dense-style) path with the selections as a mask: every streamed key block then
-      // serves all tq queries. Otherwise each row gathers its own selection.
+      // Sparse stage: each row gathers its own selection, except with AMX wide rows: there a
+      // block whose selections cover at least half of its causal keys runs the blocked
+      // (dense-style) path with the selections as a mask, its dots as bf16 tile products (the
+      // gathered path's GEMMs are f32). Without AMX the gathered path was faster even where every
+      // causal key is selected: the blocked path computes the dots twice (lse pass, then
+      // gradients), the gathered one keeps them.
       bool blocked = dense;
-      if (!dense) {
+      if (!dense && amx && !narrow) {
         int64_t picked = 0, causal = 0;
         for (int64_t i = 0; i < rows; ++i) {
           const int64_t n = valid_keys(d, t0 + i);
@@ -792,7 +1093,7 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
             index_scores(score.data() + i * kKeys, dots.data() + i * HI * kKeys, kKeys, w_blk + i * HI, HI);
           }
           loss_and_grad(rows, kKeys, kKeys, score.data(), target.data(), dots.data(), g2.data(), row_max.data(), w_blk,
-                        dw_acc.data(), valid);
+                        dw_acc.data(), ok.data(), 0);
           // dq += G2 k_block; dk_block += G2^T q.
           gemm<true>(dq_acc.data(), di_pad, g2.data(), kKeys, 1, kr.data() + (b * skv_pad + s0) * di_pad, di_pad, M,
                      di_pad, kKeys);
@@ -822,45 +1123,80 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
           }
           for (int64_t j = 0; j < n; ++j) seen.data()[sel.data()[j] >> 6] = 0;
           if (n == 0) continue;  // no valid key: no loss, zero gradients
-          const int64_t cols = round_up(n, kKeys);
           const float* q_row = qa.data() + i * HI * di_pad;
-          for (int64_t s = n; s < cols; ++s) p[s] = 0;
-          for (int64_t c0 = 0; c0 < n; c0 += kKeys) {
-            const int64_t m = min_i64(kKeys, n - c0);
-            // Selected key rows (contiguous for dq) and the block transposed (for the scores).
-            for (int64_t j = 0; j < m; ++j) {
-              const float* src = kr.data() + (b * skv_pad + sel.data()[c0 + j]) * di_pad;
-              float* dst = kg.data() + (c0 + j) * di_pad;
-              for (int64_t c = 0; c < di_pad; ++c) dst[c] = src[c];
-              for (int64_t c = 0; c < DI; ++c) kgt.data()[c * kKeys + j] = src[c];
-            }
-            for (int64_t j = m; j < kKeys; ++j) {
-              for (int64_t c = 0; c < di_pad; ++c) kg.data()[(c0 + j) * di_pad + c] = 0;
-              for (int64_t c = 0; c < DI; ++c) kgt.data()[c * kKeys + j] = 0;
-            }
-            gemm<false>(r_dots.data() + c0, n_cap, q_row, di_pad, 1, kgt.data(), kKeys, HI, kKeys, DI);
-          }
-          // Scores over the selection and their lse.
+          const float* w_row = w_blk + i * HI;
+          const float* kr_b = kr.data() + b * skv_pad * di_pad;
+          float* dq_row = dq_acc.data() + i * HI * di_pad;
+          float* dk_b = dk_acc + b * skv_pad * di_pad;
           float* sc = r_score.data();
-          for (int64_t c0 = 0; c0 < cols; c0 += kKeys) {
-            index_scores(sc + c0, r_dots.data() + c0, n_cap, w_blk + i * HI, HI);
+          if (narrow) {
+            // Dots [HI, cols] per key row in place, scores, loss, then dq and dk per key.
+            const int64_t cols = round_up(n, kKeys);
+            for (int64_t s = n; s < cols; ++s) p[s] = 0;
+#if defined(__AVX512F__)
+            if (quad) {
+              for (int64_t c = 0; c < di_pad / 4; ++c) {
+                for (int64_t l = 0; l < 16; ++l) {
+                  q4.data()[c * 16 + l] = l / 4 < HI ? q_row[(l / 4) * di_pad + 4 * c + l % 4] : 0.0f;
+                }
+              }
+              narrow_dots4(di_pad / 4, r_dots.data(), n_cap, q4.data(), HI, di_pad, kr_b, sel.data(), n, zero_row.data());
+              for (int64_t j = 0; j < HI; ++j) {
+                for (int64_t s = round_up(n, 16); s < cols; ++s) r_dots.data()[j * n_cap + s] = 0;
+              }
+            }
+#endif
+            if (!quad) narrow_dots(r_dots.data(), n_cap, cols, q_row, HI, di_pad, kr_b, sel.data(), n, zero_row.data());
+            for (int64_t c0 = 0; c0 < cols; c0 += kKeys) index_scores(sc + c0, r_dots.data() + c0, n_cap, w_row, HI);
+            const float lse = row_lse(sc, n);
+            loss_and_grad(1, cols, n_cap, sc, p, r_dots.data(), r_g2.data(), &lse, w_row, dw_acc.data() + i * HI,
+                          nullptr, n);
+            narrow_grads(di_pad / kVecLanes, dq_row, dk_b, r_g2.data(), n_cap, q_row, HI, kr_b, sel.data(), n);
+            continue;
           }
-          float mx = -__builtin_inff();
-          for (int64_t s = 0; s < n; ++s) mx = sc[s] > mx ? sc[s] : mx;
-          float sum = 0;
-          for (int64_t s = 0; s < n; ++s) sum += fast_exp(sc[s] - mx);
-          const float lse = mx + __builtin_logf(sum);
-          loss_and_grad(1, cols, n_cap, sc, p, r_dots.data(), r_g2.data(), &lse, w_blk + i * HI,
-                        dw_acc.data() + i * HI, [&](int64_t, int64_t s) { return s < n; });
-          // dq = G2 kg; dkg = G2^T q, scattered into the selected dk rows.
-          gemm<true>(dq_acc.data() + i * HI * di_pad, di_pad, r_g2.data(), n_cap, 1, kg.data(), di_pad, HI, di_pad,
-                     cols);
-          gemm<false>(dkg.data(), di_pad, r_g2.data(), 1, n_cap, q_row, di_pad, cols, di_pad, HI);
-          for (int64_t j = 0; j < n; ++j) {
-            float* dst = dk_acc + (b * skv_pad + sel.data()[j]) * di_pad;
-            const float* src = dkg.data() + j * di_pad;
+          // Wide rows: dT [n, hi_pad] = kg [n, di_pad] (the selected key rows, gathered) times
+          // qT [DI, hi_pad] (the row's heads as columns, zero past HI), a GEMM whose vectors span
+          // 16 heads; dT becomes G2^T in place; dq += G2 kg, dk rows += G2^T q in chunks.
+          float* dT = r_dots.data();
+          for (int64_t s = 0; s < n; ++s) {
+            const float* src = kr_b + int64_t(sel.data()[s]) * di_pad;
+            float* dst = kg.data() + s * di_pad;
+            for (int64_t c = 0; c < di_pad; ++c) dst[c] = src[c];
+          }
+          for (int64_t c = 0; c < DI; ++c) {
+            for (int64_t j = 0; j < hi_pad; ++j) qT.data()[c * hi_pad + j] = j < HI ? q_row[j * di_pad + c] : 0.0f;
+          }
+          for (int64_t j = 0; j < hi_pad; ++j) wv.data()[j] = j < HI ? w_row[j] : 0.0f;
+          gemm<false>(dT, hi_pad, kg.data(), di_pad, 1, qT.data(), hi_pad, n, hi_pad, DI);
+          for (int64_t s = 0; s < n; ++s) {
+            vecf acc = vecf{};
+            for (int64_t v = 0; v < hi_pad; v += kVecLanes) acc += loadv(wv.data() + v) * relu(loadv(dT + s * hi_pad + v));
+            float sum = 0;
+            for (int64_t l = 0; l < kVecLanes; ++l) sum += acc[l];
+            sc[s] = sum;
+          }
+          const float lse = row_lse(sc, n);
+          loss += row_loss(sc, p, nullptr, n, round_up(n, kLanes), lse, gs);
+          for (int64_t v = 0; v < hi_pad; v += kVecLanes) {
+            const vecf wj = loadv(wv.data() + v);
+            vecf dw_v = vecf{};
+            for (int64_t s = 0; s < n; ++s) {
+              const vecf g = splat(sc[s]), dot = loadv(dT + s * hi_pad + v);
+              dw_v += g * relu(dot);
+              storev(dT + s * hi_pad + v, dot > splat(0.0f) ? g * wj : splat(0.0f));
+            }
+            for (int64_t l = 0; l < kVecLanes && v + l < HI; ++l) dw_acc.data()[i * HI + v + l] += dw_v[l];
+          }
+          gemm<true>(dq_row, di_pad, dT, 1, hi_pad, kg.data(), di_pad, HI, di_pad, n);
+          for (int64_t c0 = 0; c0 < n; c0 += kWideChunk) {
+            const int64_t m = min_i64(kWideChunk, n - c0);
+            gemm<false>(dkg.data(), di_pad, dT + c0 * hi_pad, hi_pad, 1, q_row, di_pad, m, di_pad, HI);
+            for (int64_t j = 0; j < m; ++j) {
+              float* dst = dk_b + int64_t(sel.data()[c0 + j]) * di_pad;
+              const float* src = dkg.data() + j * di_pad;
 #pragma omp simd
-            for (int64_t c = 0; c < di_pad; ++c) dst[c] += src[c];
+              for (int64_t c = 0; c < di_pad; ++c) dst[c] += src[c];
+            }
           }
         }
       }
