@@ -12,13 +12,13 @@ shift || true
 default_run=()
 if [[ -z "$config" ]]; then
   config=configs/deepseek_v32_debug.toml
-  # About eight minutes on two quiet cores: f32, 10 dense warm-up steps (indexers only), then 250
+  # About eight minutes on two quiet cores: f32, 10 dense warm-up steps (indexers only), then 490
   # sparse steps of 4 x 256 tokens with each query attending to the indexer's top 64 keys (a real
-  # selection for three quarters of the positions), 266K tokens in all.
-  default_run=(--training.local_batch_size=4 --training.seq_len=256 --training.steps=260
+  # selection for three quarters of the positions), 512K tokens in all.
+  default_run=(--training.local_batch_size=4 --training.seq_len=256 --training.steps=500
                --dsa.warmup_steps=10 --dsa.topk=64 --optimizer.lr=2e-3 --lr_scheduler.warmup_steps=10
                --checkpoint.interval=1000 --metrics.log_freq=10 --validation.local_batch_size=4
-               --validation.seq_len=256 --validation.freq=130 --validation.steps=8)
+               --validation.seq_len=256 --validation.freq=250 --validation.steps=8)
 fi
 scripts/setup.sh
 scripts/build.sh "$root/build"
