@@ -1,12 +1,12 @@
 // MoE layer benchmark at a small realistic config (T = 4096 tokens, D = 1024, F = 512, 16
-// experts top-4 plus one shared expert), f32 and bf16:
+// experts top-4 plus one shared expert) and at DeepSeek-V3 debugmodel's shape, f32 and bf16:
 //   - the MoE layer's forward + backward wall time (module, through autograd);
 //   - grouped-GEMM throughput (the 3 expert GEMMs forward and their 6 backward products on this
 //     step's routing) against dense GEMMs of the same shapes and FLOPs (target >= 70%);
 //   - permute / unpermute (forward and backward) bytes/s against the measured memcpy bandwidth
 //     (target >= 50%; both count bytes read plus bytes written);
 //   - oneDNN primitives created during the timed steps (target 0: the cache covers every piece).
-// Usage: bench_moe [tokens]
+// Usage: bench_moe [tokens [D F experts top-k]] (one config instead of the two)
 #include <cstdio>
 #include <cstdlib>
 
@@ -76,9 +76,11 @@ void run(const Config& c, DType dtype, const kernels::MachinePeak& peak) {
   const double t_dense = bench::time_best(dense, 5, 1), t_grouped = bench::time_best(grouped, 5, 1);
   const double gemm_ratio = t_dense / t_grouped;
   std::printf("grouped GEMM: %.1f GFLOP/s (%.0f%% of peak); dense GEMM same FLOPs: %.1f GFLOP/s; ratio %.0f%% "
-              "(target >= 70%%) %s\n",
+              "(target >= 70%%) %s [%s]\n",
               flops / t_grouped / 1e9, 100 * flops / t_grouped / flop_peak, flops / t_dense / 1e9, 100 * gemm_ratio,
-              bench::verdict(gemm_ratio, 0.70));
+              bench::verdict(gemm_ratio, 0.70),
+              kernels::grouped_matmul_runs_experts_in_parallel(disp.offsets) ? "one expert per thread"
+                                                                             : "experts in order, all threads each");
 
   // ---- permute / unpermute, forward and backward ------------------------------------------------
   const Tensor x = random({c.t, c.d}, dtype, "x"), dy = random({c.t, c.d}, dtype, "dy");
@@ -129,11 +131,18 @@ void run(const Config& c, DType dtype, const kernels::MachinePeak& peak) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Config c{4096, 1024, 512, 16, 4};
-  if (argc > 1) c.t = std::atol(argv[1]);
+  std::vector<Config> configs = {{4096, 1024, 512, 16, 4},
+                                 // DeepSeek-V3 debugmodel's MoE layers at batch 2 x seq 512: segments
+                                 // of ~384 rows, where the experts run one per thread
+                                 {1024, 256, 256, 8, 3}};
+  if (argc > 1) configs = {{std::atol(argv[1]), 1024, 512, 16, 4}};
+  if (argc > 5) configs[0].d = std::atol(argv[2]), configs[0].f = std::atol(argv[3]), configs[0].e = std::atol(argv[4]),
+    configs[0].k = std::atol(argv[5]);
   const kernels::MachinePeak peak = kernels::measure_machine_peak();
   bench::print_peak(peak);
-  run(c, DType::f32, peak);
-  run(c, DType::bf16, peak);
+  for (const Config& c : configs) {
+    run(c, DType::f32, peak);
+    run(c, DType::bf16, peak);
+  }
   return 0;
 }

@@ -1,8 +1,13 @@
 #include "titan/kernels/grouped_matmul.h"
 
+#include <algorithm>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <type_traits>
+#include <vector>
+
+#include "titan/core/parallel.h"
 
 #include "titan/kernels/matmul.h"
 #include "titan/kernels/ref/grouped_matmul.h"
@@ -80,7 +85,70 @@ void add_rows(T* dst, const float* src, int64_t rows, int64_t cols) {
   }
 }
 
+// Scratch for padded tails, one per thread of an expert-parallel run (created on first use).
+struct TailScratch {
+  Tensor a, c, f32;  // [kGroupedRowAlign, K] and [kGroupedRowAlign, N] (a's dtype), f32 rows
+};
+
+// Runs f(e, this_thread_only, scratch) for every expert e. When several threads are available and
+// the experts' rows can be dealt out evenly (largest-first onto the least loaded thread, within
+// kBalanceSlack of a perfect split), each thread runs its own experts with one-thread products:
+// segments of a few hundred rows are too small for oneDNN to split well over threads. Otherwise
+// the experts run in order, each product on every thread. Either way one expert's products run
+// in a fixed order on one thread, so its dw sums are the same on every run.
+// The owning thread of each expert, or nothing when the experts run in order (see above).
+std::vector<int> plan_experts(std::span<const int64_t> offsets, int64_t experts, int threads) {
+  constexpr double kBalanceSlack = 1.15;
+  std::vector<int> owner;
+  if (threads > 1 && !omp_in_parallel() && experts > 1) {
+    std::vector<int64_t> order(size_t(experts), 0), load(size_t(threads), 0);
+    auto rows = [&](int64_t e) { return offsets[size_t(e + 1)] - offsets[size_t(e)]; };
+    for (int64_t e = 0; e < experts; ++e) order[size_t(e)] = e;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return rows(x) > rows(y); });
+    owner.assign(size_t(experts), 0);
+    for (int64_t e : order) {
+      const auto least = std::min_element(load.begin(), load.end());
+      owner[size_t(e)] = int(least - load.begin());
+      *least += rows(e);
+    }
+    const double even = double(offsets[size_t(experts)]) / threads;
+    if (double(*std::max_element(load.begin(), load.end())) > kBalanceSlack * even) owner.clear();
+  }
+  return owner;
+}
+
+template <class F>
+void for_each_expert(std::span<const int64_t> offsets, int64_t experts, F&& f) {
+  const int threads = num_threads();
+  const std::vector<int> owner = plan_experts(offsets, experts, threads);
+  if (owner.empty()) {
+    TailScratch scratch;
+    for (int64_t e = 0; e < experts; ++e) f(e, false, scratch);
+    return;
+  }
+  std::exception_ptr failure;
+#pragma omp parallel num_threads(threads)
+  {
+    TailScratch scratch;
+    const int me = omp_get_thread_num();
+    try {
+      for (int64_t e = 0; e < experts; ++e) {
+        if (owner[size_t(e)] == me) f(e, true, scratch);
+      }
+    } catch (...) {
+#pragma omp critical(titan_grouped_matmul_failure)
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
 }  // namespace
+
+bool grouped_matmul_runs_experts_in_parallel(std::span<const int64_t> offsets) {
+  return detail::use_fast() && !offsets.empty() &&
+         !plan_experts(offsets, int64_t(offsets.size()) - 1, num_threads()).empty();
+}
 
 void grouped_matmul_forward(Tensor& c, const Tensor& a, const Tensor& w, std::span<const int64_t> offsets) {
   const GroupedShape s = check_grouped("grouped_matmul_forward", a, w, c, offsets);
@@ -91,41 +159,41 @@ void grouped_matmul_forward(Tensor& c, const Tensor& a, const Tensor& w, std::sp
     return;
   }
   const int64_t es = int64_t(dtype_bits(a.dtype()) / 8);
-  // c[row : row + rows] [rows, N] = a[row : row + rows] [rows, K] @ w[e] [N, K]^T
-  auto product = [&](char* c_rows, DType c_type, const char* a_rows, const char* we, int64_t rows) {
-    matmul(c_rows, c_type, a_rows, we, a.dtype(), nullptr, linear_forward_params(rows, s.k, s.n));
-  };
-  Tensor tail_a, tail_c;  // [kGroupedRowAlign, K], [kGroupedRowAlign, N]: a padded tail at the end of the buffer
-  for (int64_t e = 0; e < s.experts; ++e) {
-    const char* we = bytes(w) + e * s.n * s.k * es;
+  for_each_expert(offsets, s.experts, [&](int64_t e, bool this_thread_only, TailScratch& scratch) {
+    // c[row : row + rows] [rows, N] = a[row : row + rows] [rows, K] @ w[e] [N, K]^T
+    auto product = [&](char* c_rows, const char* a_rows, int64_t rows) {
+      MatmulParams p = linear_forward_params(rows, s.k, s.n);
+      p.this_thread_only = this_thread_only;
+      matmul(c_rows, c.dtype(), a_rows, bytes(w) + e * s.n * s.k * es, a.dtype(), nullptr, p);
+    };
     const int64_t begin = offsets[size_t(e)];
     const SegmentCut cut = cut_segment(begin, offsets[size_t(e + 1)]);
     for (int64_t row = begin; row < cut.blocks_end; row += kGroupedRowBlock) {
-      product(mutable_bytes(c) + row * s.n * es, c.dtype(), bytes(a) + row * s.k * es, we, kGroupedRowBlock);
+      product(mutable_bytes(c) + row * s.n * es, bytes(a) + row * s.k * es, kGroupedRowBlock);
     }
     const int64_t rest = cut.end - cut.blocks_end, padded = round_up_rows(rest);
-    if (rest == 0) continue;
-    // Rows past the segment belong to later experts, which run after this one and overwrite them:
-    // computing them costs at most kGroupedRowAlign - 1 rows and saves a second product.
-    if (cut.blocks_end + padded <= s.m) {
-      product(mutable_bytes(c) + cut.blocks_end * s.n * es, c.dtype(), bytes(a) + cut.blocks_end * s.k * es, we,
-              padded);
-      continue;
+    if (rest == 0) return;
+    // Rows past the segment belong to later experts, which run after this one (on this thread)
+    // and overwrite them: computing them costs at most kGroupedRowAlign - 1 rows and saves a
+    // second product. Not when experts run side by side: those rows may be another thread's.
+    if (!this_thread_only && cut.blocks_end + padded <= s.m) {
+      product(mutable_bytes(c) + cut.blocks_end * s.n * es, bytes(a) + cut.blocks_end * s.k * es, padded);
+      return;
     }
     if (cut.aligned_end > cut.blocks_end) {
-      product(mutable_bytes(c) + cut.blocks_end * s.n * es, c.dtype(), bytes(a) + cut.blocks_end * s.k * es, we,
+      product(mutable_bytes(c) + cut.blocks_end * s.n * es, bytes(a) + cut.blocks_end * s.k * es,
               cut.aligned_end - cut.blocks_end);
     }
     const int64_t tail = cut.end - cut.aligned_end;
-    if (tail == 0) continue;
-    if (!tail_a.defined()) {
-      tail_a = Tensor::empty({kGroupedRowAlign, s.k}, a.dtype());
-      tail_c = Tensor::empty({kGroupedRowAlign, s.n}, c.dtype());
+    if (tail == 0) return;
+    if (!scratch.a.defined()) {
+      scratch.a = Tensor::empty({kGroupedRowAlign, s.k}, a.dtype());
+      scratch.c = Tensor::empty({kGroupedRowAlign, s.n}, c.dtype());
     }
-    copy_padded_rows(mutable_bytes(tail_a), bytes(a) + cut.aligned_end * s.k * es, tail, s.k, es);
-    product(mutable_bytes(tail_c), c.dtype(), bytes(tail_a), we, kGroupedRowAlign);
-    std::memcpy(mutable_bytes(c) + cut.aligned_end * s.n * es, bytes(tail_c), size_t(tail * s.n * es));
-  }
+    copy_padded_rows(mutable_bytes(scratch.a), bytes(a) + cut.aligned_end * s.k * es, tail, s.k, es);
+    product(mutable_bytes(scratch.c), bytes(scratch.a), kGroupedRowAlign);
+    std::memcpy(mutable_bytes(c) + cut.aligned_end * s.n * es, bytes(scratch.c), size_t(tail * s.n * es));
+  });
 }
 
 void grouped_matmul_backward(const Tensor& da, const Tensor& dw, const Tensor& dc, const Tensor& a, const Tensor& w,
@@ -144,50 +212,47 @@ void grouped_matmul_backward(const Tensor& da, const Tensor& dw, const Tensor& d
     return;
   }
   const int64_t es = int64_t(dtype_bits(a.dtype()) / 8);
-  // da[rows, K] += dc[rows, N] @ w[e] [N, K];  dw[e] [N, K] += dc^T [N, rows] @ a [rows, K], in f32
-  // whatever the inputs (the sum over rows is the K of this product)
-  auto products = [&](const char* we, float* dwe, int64_t row, int64_t rows) {
-    const char* dce = bytes(dc) + row * s.n * es;
-    if (da.defined()) {
-      matmul(mutable_bytes(da) + row * s.k * es, da.dtype(), dce, we, a.dtype(), nullptr,
-             linear_dx_params(rows, s.k, s.n));
-    }
-    if (dw.defined()) {
-      matmul(dwe, DType::f32, dce, bytes(a) + row * s.k * es, a.dtype(), nullptr, linear_dw_params(rows, s.k, s.n));
-    }
-  };
-  // A tail of fewer than kGroupedRowAlign rows runs padded with zero rows: they add nothing to dw,
-  // and their rows of da land in an f32 scratch, of which only the tail's rows are added.
-  Tensor tail_dc, tail_a, tail_da;  // [kGroupedRowAlign, N], [kGroupedRowAlign, K] (a's dtype), [kGroupedRowAlign, K] f32
-  for (int64_t e = 0; e < s.experts; ++e) {
+  for_each_expert(offsets, s.experts, [&](int64_t e, bool this_thread_only, TailScratch& scratch) {
     const char* we = bytes(w) + e * s.n * s.k * es;
     float* dwe = dw.defined() ? dw.data<float>() + e * s.n * s.k : nullptr;
+    auto run = [&](void* out, DType out_type, const void* lhs, const void* rhs, MatmulParams p) {
+      p.this_thread_only = this_thread_only;
+      matmul(out, out_type, lhs, rhs, a.dtype(), nullptr, p);
+    };
+    // da[rows, K] += dc[rows, N] @ w[e] [N, K];  dw[e] [N, K] += dc^T [N, rows] @ a [rows, K], in
+    // f32 whatever the inputs (the sum over rows is the K of this product)
+    auto products = [&](int64_t row, int64_t rows) {
+      const char* dce = bytes(dc) + row * s.n * es;
+      if (da.defined()) run(mutable_bytes(da) + row * s.k * es, da.dtype(), dce, we, linear_dx_params(rows, s.k, s.n));
+      if (dw.defined()) run(dwe, DType::f32, dce, bytes(a) + row * s.k * es, linear_dw_params(rows, s.k, s.n));
+    };
     const int64_t begin = offsets[size_t(e)];
     const SegmentCut cut = cut_segment(begin, offsets[size_t(e + 1)]);
-    for (int64_t row = begin; row < cut.blocks_end; row += kGroupedRowBlock) products(we, dwe, row, kGroupedRowBlock);
-    if (cut.aligned_end > cut.blocks_end) products(we, dwe, cut.blocks_end, cut.aligned_end - cut.blocks_end);
+    for (int64_t row = begin; row < cut.blocks_end; row += kGroupedRowBlock) products(row, kGroupedRowBlock);
+    if (cut.aligned_end > cut.blocks_end) products(cut.blocks_end, cut.aligned_end - cut.blocks_end);
     const int64_t tail = cut.end - cut.aligned_end;
-    if (tail == 0) continue;
-    if (!tail_dc.defined()) {
-      tail_dc = Tensor::empty({kGroupedRowAlign, s.n}, a.dtype());
-      tail_a = Tensor::empty({kGroupedRowAlign, s.k}, a.dtype());
-      tail_da = Tensor::empty({kGroupedRowAlign, s.k}, DType::f32);
+    if (tail == 0) return;
+    // A tail of fewer than kGroupedRowAlign rows runs padded with zero rows: they add nothing to
+    // dw, and their rows of da land in an f32 scratch, of which only the tail's rows are added.
+    if (!scratch.c.defined()) {
+      scratch.c = Tensor::empty({kGroupedRowAlign, s.n}, a.dtype());  // dc's tail
+      scratch.a = Tensor::empty({kGroupedRowAlign, s.k}, a.dtype());
+      scratch.f32 = Tensor::empty({kGroupedRowAlign, s.k}, DType::f32);  // da's tail
     }
-    copy_padded_rows(mutable_bytes(tail_dc), bytes(dc) + cut.aligned_end * s.n * es, tail, s.n, es);
+    copy_padded_rows(mutable_bytes(scratch.c), bytes(dc) + cut.aligned_end * s.n * es, tail, s.n, es);
     if (da.defined()) {
       MatmulParams p = linear_dx_params(kGroupedRowAlign, s.k, s.n);
       p.beta = 0;
-      matmul(tail_da.data<float>(), DType::f32, bytes(tail_dc), we, a.dtype(), nullptr, p);
+      run(scratch.f32.data<float>(), DType::f32, bytes(scratch.c), we, p);
       detail::dispatch_activation(a.dtype(), [&]<class T>() {
-        add_rows(da.data<T>() + cut.aligned_end * s.k, tail_da.data<float>(), tail, s.k);
+        add_rows(da.data<T>() + cut.aligned_end * s.k, scratch.f32.data<float>(), tail, s.k);
       });
     }
     if (dw.defined()) {
-      copy_padded_rows(mutable_bytes(tail_a), bytes(a) + cut.aligned_end * s.k * es, tail, s.k, es);
-      matmul(dwe, DType::f32, bytes(tail_dc), bytes(tail_a), a.dtype(), nullptr,
-             linear_dw_params(kGroupedRowAlign, s.k, s.n));
+      copy_padded_rows(mutable_bytes(scratch.a), bytes(a) + cut.aligned_end * s.k * es, tail, s.k, es);
+      run(dwe, DType::f32, bytes(scratch.c), bytes(scratch.a), linear_dw_params(kGroupedRowAlign, s.k, s.n));
     }
-  }
+  });
 }
 
 }  // namespace titan::kernels

@@ -10,7 +10,12 @@
 // scratch (backward, and the forward at the end of the buffer). So the per-call costs (the weight
 // repacked for the tile units, a pass over the f32 dw) come one or two times per expert, not once
 // per power of two of its tail. The weight gradient sums the pieces of
-// one expert in order into f32: deterministic for any thread count.
+// one expert in order into f32, on one thread: the same on every run.
+//
+// With several threads and experts whose rows can be dealt out evenly, each thread runs whole
+// experts on one-thread products (MatmulParams::this_thread_only) instead of every product
+// running on all threads: oneDNN splits segments of a few hundred rows poorly (at DeepSeek-V3
+// debugmodel's [~384, 256] x [256, 256] pieces, 41% of peak on two threads vs 74% of one core's).
 #pragma once
 
 #include <cstdint>
@@ -37,5 +42,8 @@ void grouped_matmul_forward(Tensor& c, const Tensor& a, const Tensor& w, std::sp
 // undefined Tensor to skip one (a Tensor is a handle: the const reference still writes data).
 void grouped_matmul_backward(const Tensor& da, const Tensor& dw, const Tensor& dc, const Tensor& a, const Tensor& w,
                              std::span<const int64_t> offsets);
+
+// Whether the fast path would run these segments one expert per thread (for tests and benchmarks).
+bool grouped_matmul_runs_experts_in_parallel(std::span<const int64_t> offsets);
 
 }  // namespace titan::kernels

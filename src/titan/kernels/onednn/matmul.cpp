@@ -8,6 +8,7 @@
 #include <string_view>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
+#include <vector>
 
 #include "titan/core/allocator.h"
 #include "titan/core/error.h"
@@ -23,6 +24,7 @@ struct Key {
   uint32_t alpha_bits, beta_bits;
   DType c_type, ab_type;
   bool trans_a, trans_b, has_bias;
+  int lane;  // -1: the shared primitive on every thread; else the calling thread's own (this_thread_only)
   bool operator==(const Key&) const = default;
 };
 
@@ -35,7 +37,7 @@ struct KeyHash {
       mix(uint64_t(v));
     mix(k.alpha_bits), mix(k.beta_bits);
     mix(uint64_t(k.c_type) | uint64_t(k.ab_type) << 8 | uint64_t(k.trans_a) << 16 | uint64_t(k.trans_b) << 17 |
-        uint64_t(k.has_bias) << 18);
+        uint64_t(k.has_bias) << 18 | uint64_t(k.lane + 1) << 19);
     return size_t(h);
   }
 };
@@ -68,15 +70,33 @@ class ThreadLimit {
   int saved_;
 };
 
+// A calling thread's own stream and scratchpad, for this_thread_only products that run
+// concurrently (each thread on its own primitives, keyed by lane = its OpenMP thread number).
+struct Lane {
+  explicit Lane(const dnnl::engine& engine) : stream(engine) {}
+  dnnl::stream stream;
+  void* scratchpad = nullptr;
+  int64_t scratchpad_bytes = 0;
+};
+
 struct State {
   std::mutex mu;
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::unordered_map<Key, std::unique_ptr<Cached>, KeyHash> cache;
   int64_t created = 0;
-  void* scratchpad = nullptr;  // shared by all primitives: calls are serialized by mu
+  void* scratchpad = nullptr;  // shared by the lane -1 primitives: their calls are serialized by mu
   int64_t scratchpad_bytes = 0;
+  std::vector<std::unique_ptr<Lane>> lanes;  // grown under mu; a Lane never moves
 };
+
+// Points the scratchpad at one at least `bytes` long, grown from our allocator. Caller holds s.mu.
+void ensure_scratchpad(void*& ptr, int64_t& have, int64_t bytes) {
+  if (bytes <= have) return;
+  if (ptr) memory_free(ptr, size_t(have), MemCategory::temporaries);
+  ptr = memory_alloc(size_t(bytes), MemCategory::temporaries);
+  have = bytes;
+}
 
 // Never destroyed: a static destructor could run after the allocator's, and the OS reclaims
 // everything at exit anyway.
@@ -147,11 +167,13 @@ std::unique_ptr<Cached> create(State& s, DType c_type, DType ab_type, bool has_b
     // neither did any K that is a multiple of 32). oneDNN offers no other bf16 implementation
     // for such layouts, so they are planned and run on one thread (the split is fixed when the
     // primitive is created). LLM shapes have K a multiple of 32 and keep every thread.
-    c->single_thread = p.k % 32 != 0 && std::string_view(pd.impl_info_str()).find("amx") != std::string_view::npos;
-    if (c->single_thread) {
-      const ThreadLimit limit(true);
-      pd = make_pd();
-    }
+    c->single_thread = p.this_thread_only ||
+                       (p.k % 32 != 0 && std::string_view(pd.impl_info_str()).find("amx") != std::string_view::npos);
+    // A one-thread plan (this_thread_only, or the case above) and its primitive are both made
+    // with one OpenMP thread: oneDNN reads the thread count at each of the two steps (a plan made
+    // with one thread whose primitive was made with two overran its scratchpad).
+    const ThreadLimit limit(c->single_thread);
+    if (c->single_thread) pd = make_pd();
     if (has_bias) {
       c->bias = dnnl::memory(bias_md, s.engine, DNNL_MEMORY_NONE);
       c->args[DNNL_ARG_BIAS] = c->bias;
@@ -180,7 +202,7 @@ std::unique_ptr<Cached> create(State& s, DType c_type, DType ab_type, bool has_b
 }
 
 // The cached primitive for this call, created on first use. Caller holds s.mu.
-Cached& lookup(State& s, DType c_type, DType ab_type, bool has_bias, const MatmulParams& p) {
+Cached& lookup(State& s, DType c_type, DType ab_type, bool has_bias, const MatmulParams& p, int lane = -1) {
   const Key key{p.batch,
                 p.m,
                 p.n,
@@ -197,7 +219,8 @@ Cached& lookup(State& s, DType c_type, DType ab_type, bool has_bias, const Matmu
                 ab_type,
                 p.trans_a,
                 p.trans_b,
-                has_bias};
+                has_bias,
+                lane};
   auto it = s.cache.find(key);
   if (it == s.cache.end()) it = s.cache.emplace(key, create(s, c_type, ab_type, has_bias, p)).first;
   return *it->second;
@@ -210,18 +233,36 @@ void matmul(void* c, DType c_type, const void* a, const void* b, DType ab_type, 
   if (params.batch == 0 || params.m == 0 || params.n == 0) return;
   const MatmulParams p = fold_batch(params);
   State& s = state();
+  auto bind = [&](Cached& prim, void* scratchpad) {
+    prim.a.set_data_handle(const_cast<void*>(a));
+    prim.b.set_data_handle(const_cast<void*>(b));
+    prim.c.set_data_handle(c);
+    if (bias) prim.bias.set_data_handle(const_cast<void*>(bias));
+    if (prim.scratchpad_bytes > 0) prim.scratchpad.set_data_handle(scratchpad);
+  };
+  if (p.this_thread_only) {
+    // This thread's own primitive, stream and scratchpad: the lock covers only the lookup, so
+    // the threads of a parallel region run their products at the same time.
+    const int lane = omp_get_thread_num();
+    Cached* prim = nullptr;
+    Lane* own = nullptr;
+    {
+      std::lock_guard lock(s.mu);
+      prim = &lookup(s, c_type, ab_type, bias != nullptr, p, lane);
+      while (int(s.lanes.size()) <= lane) s.lanes.push_back(std::make_unique<Lane>(s.engine));
+      own = s.lanes[size_t(lane)].get();
+      ensure_scratchpad(own->scratchpad, own->scratchpad_bytes, prim->scratchpad_bytes);
+    }
+    bind(*prim, own->scratchpad);
+    const ThreadLimit limit(true);
+    prim->primitive.execute(own->stream, prim->args);
+    own->stream.wait();
+    return;
+  }
   std::lock_guard lock(s.mu);
   Cached& prim = lookup(s, c_type, ab_type, bias != nullptr, p);
-  if (prim.scratchpad_bytes > s.scratchpad_bytes) {
-    if (s.scratchpad) memory_free(s.scratchpad, size_t(s.scratchpad_bytes), MemCategory::temporaries);
-    s.scratchpad = memory_alloc(size_t(prim.scratchpad_bytes), MemCategory::temporaries);
-    s.scratchpad_bytes = prim.scratchpad_bytes;
-  }
-  prim.a.set_data_handle(const_cast<void*>(a));
-  prim.b.set_data_handle(const_cast<void*>(b));
-  prim.c.set_data_handle(c);
-  if (bias) prim.bias.set_data_handle(const_cast<void*>(bias));
-  if (prim.scratchpad_bytes > 0) prim.scratchpad.set_data_handle(s.scratchpad);
+  ensure_scratchpad(s.scratchpad, s.scratchpad_bytes, prim.scratchpad_bytes);
+  bind(prim, s.scratchpad);
   const ThreadLimit limit(prim.single_thread);
   prim.primitive.execute(s.stream, prim.args);
   s.stream.wait();  // CPU streams run in order already; this keeps it true for any runtime

@@ -8,7 +8,9 @@
 // transposes, dtypes, alpha, beta and bias), with one engine and stream for the process and a
 // scratchpad from our allocator, so a training step that repeats its shapes creates nothing and
 // allocates nothing. Calls from several threads are serialized: oneDNN already uses every
-// thread of the one OpenMP pool.
+// thread of the one OpenMP pool. Calls with p.this_thread_only are the exception: each thread of
+// a parallel region runs them on one-thread primitives, a stream and a scratchpad of its own, at
+// the same time as the others.
 #pragma once
 
 #include <cstdint>
