@@ -10,7 +10,9 @@ void adamw_step(float* p, float* m, float* v, bf16* p_bf16, const float* g, int6
   const float inv_bc1 = 1.0f / a.bias_correction1, inv_bc2 = 1.0f / a.bias_correction2;
   const float lr = a.lr, wd = a.weight_decay, scale = a.grad_scale, eps = a.eps;
   // One pass over p, m, v, g (and p_bf16): the step is memory-bound, so everything is fused.
-  parallel_for(0, n, 1 << 14, [&](int64_t lo, int64_t hi) {
+  // The constants are copied into the chunk's body: read through the closure, the compiler must
+  // assume the stores to m, v and p may change them, and the loop does not vectorize.
+  parallel_for(0, n, 1 << 14, [=](int64_t lo, int64_t hi) {
     // Scalar math: the reference's, with divisions by the bias corrections as multiplications.
 #pragma omp simd
     for (int64_t i = lo; i < hi; ++i) {
