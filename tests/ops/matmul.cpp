@@ -105,7 +105,8 @@ TITAN_OP_CASES(matmul) {
          }
          return out;
        }},
-      // dims = {N (tokens), in, out, has_bias}: forward, the three accumulated gradients, and dx written.
+      // dims = {N (tokens), in, out, has_bias}: forward, the three accumulated gradients, and dx
+      // and dw written.
       {"linear",
        {{1, 1, 1, 1}, {7, 13, 5, 1}, {33, 65, 17, 0}, {129, 63, 257, 1}},
        [](const OpInput& in) {
@@ -117,9 +118,9 @@ TITAN_OP_CASES(matmul) {
          const Tensor dx0 = random_tensor({rows, nin}, in.dtype, in.seed, "dx");
          const Tensor dw0 = random_tensor({nout, nin}, DType::f32, in.seed, "dw");
          const Tensor db0 = random_tensor({nout}, DType::f32, in.seed, "db");
-         struct Result { Tensor y, dx, dw, db, dx_written; };
+         struct Result { Tensor y, dx, dw, db, dx_written, dw_written; };
          auto run = [&](kernels::KernelBackend backend) {
-           Result r{Tensor::empty({rows, nout}, in.dtype), dx0.clone(), dw0.clone(), db0.clone(), Tensor()};
+           Result r{Tensor::empty({rows, nout}, in.dtype), dx0.clone(), dw0.clone(), db0.clone(), Tensor(), Tensor()};
            with_backend(backend, [&] {
              kernels::linear_forward(r.y, x, w, bias);
              kernels::linear_backward(r.dx, r.dw, r.db, dy, x, w);
@@ -127,13 +128,17 @@ TITAN_OP_CASES(matmul) {
              r.dx_written = Tensor::full({rows, nin}, std::nan(""), in.dtype);
              Tensor none;
              kernels::linear_backward(r.dx_written, none, none, dy, x, w, false);
+             // dw written over (accumulate_dw false, a stale gradient after zero_grad): likewise.
+             r.dw_written = Tensor::full({nout, nin}, std::nan(""), DType::f32);
+             kernels::linear_backward(none, r.dw_written, none, dy, x, w, true, false);
            });
            return r;
          };
          const Result fast = run(kernels::KernelBackend::fast), ref = run(kernels::KernelBackend::reference);
          return OpOutputs{compared("y", fast.y, ref.y, nin), compared("dx", fast.dx, ref.dx, nout),
                           compared("dw", fast.dw, ref.dw, rows), compared("db", fast.db, ref.db, rows),
-                          compared("dx_written", fast.dx_written, ref.dx_written, nout)};
+                          compared("dx_written", fast.dx_written, ref.dx_written, nout),
+                          compared("dw_written", fast.dw_written, ref.dw_written, rows)};
        }},
       // dims = {rows, cols}: the per-ISA column sum against the reference's.
       {"linear_bias_backward",

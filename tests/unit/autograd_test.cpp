@@ -44,6 +44,19 @@ Variable sum(const Variable& a) {
   });
 }
 
+// y = a * 3, whose backward writes a's gradient outright when it is stale (grad_to_write).
+Variable triple_writing(const Variable& a) {
+  Tensor y = like(a.value());
+  for (int64_t i = 0; i < y.numel(); ++i) y.data<float>()[i] = 3 * a.value().data<float>()[i];
+  return record("triple", {a}, y, [](const Tensor& dy, GradSink& g) {
+    bool accumulate = true;
+    Tensor d = g.grad_to_write(0, &accumulate);
+    for (int64_t i = 0; i < d.numel(); ++i) {
+      d.data<float>()[i] = (accumulate ? d.data<float>()[i] : 0.0f) + 3 * dy.data<float>()[i];
+    }
+  });
+}
+
 Variable param(std::initializer_list<float> v) {
   Tensor t = Tensor::empty({int64_t(v.size())}, DType::f32, MemCategory::parameters);
   int i = 0;
@@ -79,6 +92,31 @@ TEST(Autograd, GradientsAccumulateAcrossBackwardCalls) {
   EXPECT_FLOAT_EQ(a.grad().at({1}), 3 * 2 * 2.0f);
   a.zero_grad();
   EXPECT_EQ(a.grad().at({1}), 0.0f);
+}
+
+// zero_grad() keeps the buffer unwritten: readers see zeros, a writing backward overwrites it
+// (its stale contents must not leak in), an adding one adds to zeros, and a second backward in
+// the same step adds to what the first wrote.
+TEST(Autograd, ZeroGradIsLazyAndExact) {
+  Variable a = param({1.0f, 2.0f});
+  { Variable l = sum(mul(a, a)); backward(l); }  // gradient 2a = {2, 4}
+  const float* buffer = a.grad().data<float>();
+  a.zero_grad();
+  EXPECT_EQ(a.slot()->grad.data<float>()[1], 4.0f) << "zero_grad no longer writes the buffer";
+  { Variable l = sum(triple_writing(a)); backward(l); }  // writes 3, not 4 + 3
+  EXPECT_EQ(a.grad().at({1}), 3.0f);
+  EXPECT_EQ(a.grad().data<float>(), buffer) << "into the same buffer";
+  { Variable l = sum(triple_writing(a)); backward(l); }  // a second micro-batch adds
+  EXPECT_EQ(a.grad().at({1}), 6.0f);
+
+  a.zero_grad();
+  EXPECT_EQ(a.grad().at({1}), 0.0f) << "a reader sees zeros";
+  a.zero_grad();
+  { Variable l = sum(mul(a, a)); backward(l); }  // a kernel that only adds gets a zero-filled buffer
+  EXPECT_EQ(a.grad().at({1}), 4.0f);
+  a.zero_grad();
+  { Variable l = sum(mul(a, triple_writing(a))); backward(l); }  // both uses in one backward: d(3a^2) = 6a
+  EXPECT_EQ(a.grad().at({1}), 12.0f);
 }
 
 TEST(Autograd, NoGradRecordsNothing) {

@@ -48,8 +48,9 @@ Variable linear(const Variable& x, const Variable& w, const Tensor& w_compute) {
     // case): no zero-fill and no read-back of it in the GEMM.
     const bool fresh = g.can_adopt(0);
     Tensor dx = fresh ? Tensor::empty(xv.shape(), xv.dtype(), MemCategory::temporaries) : g.grad(0);
-    Tensor dw = g.grad(1), db;
-    kernels::linear_backward(dx, dw, db, dy, xv, wc, !fresh);
+    bool accumulate_dw = true;
+    Tensor dw = g.grad_to_write(1, &accumulate_dw), db;
+    kernels::linear_backward(dx, dw, db, dy, xv, wc, !fresh, accumulate_dw);
     if (fresh) g.adopt(0, dx);
   });
 }

@@ -25,8 +25,31 @@ Tensor& GradSlot::ensure() {
     // follow their activation's dtype.
     const DType dt = dtype_is_float(dtype) && !is_leaf ? dtype : DType::f32;
     grad = Tensor::zeros(shape, dt, is_leaf ? MemCategory::gradients : MemCategory::temporaries);
+  } else if (stale) {
+    grad.zero_();
+  }
+  stale = false;
+  return grad;
+}
+
+const Tensor& GradSlot::current() {
+  if (stale) {
+    grad.zero_();
+    stale = false;
   }
   return grad;
+}
+
+Tensor GradSink::grad_to_write(size_t i, bool* accumulate) {
+  *accumulate = true;
+  if (!needs(i)) return Tensor();
+  GradSlot& in = *inputs_[i];
+  if (in.grad.defined() && in.stale) {
+    in.stale = false;
+    *accumulate = false;
+    return in.grad;
+  }
+  return in.ensure();
 }
 
 Tensor& Variable::ensure_grad() {
@@ -48,11 +71,11 @@ bool GradSink::adopt(size_t i, const Tensor& g) {
 }
 
 void Variable::zero_grad() {
-  if (impl_ && impl_->slot->grad.defined()) impl_->slot->grad.zero_();
+  if (impl_ && impl_->slot->grad.defined()) impl_->slot->stale = true;
 }
 
 void Variable::clear_grad() {
-  if (impl_) impl_->slot->grad = Tensor();
+  if (impl_) impl_->slot->grad = Tensor(), impl_->slot->stale = false;
 }
 
 // ---- tape ----------------------------------------------------------------------------------

@@ -197,7 +197,7 @@ void grouped_matmul_forward(Tensor& c, const Tensor& a, const Tensor& w, std::sp
 }
 
 void grouped_matmul_backward(const Tensor& da, const Tensor& dw, const Tensor& dc, const Tensor& a, const Tensor& w,
-                             std::span<const int64_t> offsets) {
+                             std::span<const int64_t> offsets, bool accumulate_dw) {
   const GroupedShape s = check_grouped("grouped_matmul_backward", a, w, dc, offsets);
   if (da.defined()) {
     TITAN_CHECK(da.shape() == a.shape() && da.dtype() == a.dtype() && da.is_contiguous(),
@@ -205,6 +205,7 @@ void grouped_matmul_backward(const Tensor& da, const Tensor& dw, const Tensor& d
   }
   if (dw.defined()) detail::check_f32(dw, s.experts * s.n * s.k, "grouped_matmul_backward", "dw");
   if (!detail::use_fast()) {
+    if (dw.defined() && !accumulate_dw) Tensor(dw).zero_();  // a handle copy: the same storage
     detail::dispatch_activation(a.dtype(), [&]<class T>() {
       ref::grouped_matmul_backward<T>(da.defined() ? da.data<T>() : nullptr, dw.defined() ? dw.data<float>() : nullptr,
                                       dc.data<T>(), a.data<T>(), w.data<T>(), offsets.data(), s.experts, s.n, s.k);
@@ -219,19 +220,30 @@ void grouped_matmul_backward(const Tensor& da, const Tensor& dw, const Tensor& d
       p.this_thread_only = this_thread_only;
       matmul(out, out_type, lhs, rhs, a.dtype(), nullptr, p);
     };
+    // Without accumulate_dw the expert's first dw product writes (beta = 0) and the rest add; an
+    // expert with no rows gets zeros.
+    bool dw_written = accumulate_dw;
+    auto dw_params = [&](int64_t rows) {
+      MatmulParams p = linear_dw_params(rows, s.k, s.n);
+      if (!dw_written) p.beta = 0, dw_written = true;
+      return p;
+    };
     // da[rows, K] += dc[rows, N] @ w[e] [N, K];  dw[e] [N, K] += dc^T [N, rows] @ a [rows, K], in
     // f32 whatever the inputs (the sum over rows is the K of this product)
     auto products = [&](int64_t row, int64_t rows) {
       const char* dce = bytes(dc) + row * s.n * es;
       if (da.defined()) run(mutable_bytes(da) + row * s.k * es, da.dtype(), dce, we, linear_dx_params(rows, s.k, s.n));
-      if (dw.defined()) run(dwe, DType::f32, dce, bytes(a) + row * s.k * es, linear_dw_params(rows, s.k, s.n));
+      if (dw.defined()) run(dwe, DType::f32, dce, bytes(a) + row * s.k * es, dw_params(rows));
     };
     const int64_t begin = offsets[size_t(e)];
     const SegmentCut cut = cut_segment(begin, offsets[size_t(e + 1)]);
     for (int64_t row = begin; row < cut.blocks_end; row += kGroupedRowBlock) products(row, kGroupedRowBlock);
     if (cut.aligned_end > cut.blocks_end) products(cut.blocks_end, cut.aligned_end - cut.blocks_end);
     const int64_t tail = cut.end - cut.aligned_end;
-    if (tail == 0) return;
+    if (tail == 0) {
+      if (dwe && !dw_written) std::memset(dwe, 0, size_t(s.n * s.k) * sizeof(float));
+      return;
+    }
     // A tail of fewer than kGroupedRowAlign rows runs padded with zero rows: they add nothing to
     // dw, and their rows of da land in an f32 scratch, of which only the tail's rows are added.
     if (!scratch.c.defined()) {
@@ -250,7 +262,7 @@ void grouped_matmul_backward(const Tensor& da, const Tensor& dw, const Tensor& d
     }
     if (dw.defined()) {
       copy_padded_rows(mutable_bytes(scratch.a), bytes(a) + cut.aligned_end * s.k * es, tail, s.k, es);
-      run(dwe, DType::f32, bytes(scratch.c), bytes(scratch.a), linear_dw_params(kGroupedRowAlign, s.k, s.n));
+      run(dwe, DType::f32, bytes(scratch.c), bytes(scratch.a), dw_params(kGroupedRowAlign));
     }
   });
 }

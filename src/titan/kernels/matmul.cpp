@@ -201,13 +201,13 @@ void linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b
 }
 
 void linear_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                     bool accumulate_dx) {
+                     bool accumulate_dx, bool accumulate_dw) {
   const Tensor dy2 = rows_of(dy, "dy");
   if (dx.defined()) {
     Tensor dx2 = rows_of(dx, "dx");
     matmul_tensors(dx2, dy2, w, Tensor(), false, false, 1, accumulate_dx ? 1 : 0);
   }
-  if (dw.defined()) matmul_tensors(dw, dy2, rows_of(x, "x"), Tensor(), true, false, 1, 1);
+  if (dw.defined()) matmul_tensors(dw, dy2, rows_of(x, "x"), Tensor(), true, false, 1, accumulate_dw ? 1 : 0);
   if (db.defined()) {
     TITAN_CHECK(db.dtype() == DType::f32 && db.dim() == 1 && db.size(0) == dy2.size(1) && db.is_contiguous() &&
                     dy2.is_contiguous(),

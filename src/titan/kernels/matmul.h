@@ -35,8 +35,9 @@ void linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b
 // dx[N, in] += dy[N, out] @ w;  dw[out, in] += dy^T @ x;  db[out] += sum over N of dy.
 // Pass an undefined Tensor for a gradient that is not wanted. dw and db should be f32 when x and
 // dy are bf16: the sums over tokens then accumulate in f32 (db must be f32). With
-// accumulate_dx false, dx = dy @ w is written, not added (dx need not be initialized).
+// accumulate_dx (accumulate_dw) false, dx = dy @ w (dw = dy^T @ x) is written, not added: the
+// buffer need not be initialized.
 void linear_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                     bool accumulate_dx = true);
+                     bool accumulate_dx = true, bool accumulate_dw = true);
 
 }  // namespace titan::kernels

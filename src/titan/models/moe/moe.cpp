@@ -164,11 +164,15 @@ MoE::Output MoE::forward_with_aux(const Variable& x) {
           {
             ProfileScope prof_experts("moe.experts.bwd");
             Tensor d_act = zeros({m, f}, cd);  // [M, F]
-            kernels::grouped_matmul_backward(d_act, g.grad(3), d_out, act, w2, offsets);
+            // The expert weights' gradients are written outright after zero_grad (grad_to_write).
+            bool acc_w1 = true, acc_w2 = true, acc_w3 = true;
+            const Tensor dw1 = g.grad_to_write(2, &acc_w1), dw2 = g.grad_to_write(3, &acc_w2),
+                         dw3 = g.grad_to_write(4, &acc_w3);
+            kernels::grouped_matmul_backward(d_act, dw2, d_out, act, w2, offsets, acc_w2);
             Tensor dh1 = zeros({m, f}, cd), dh3 = zeros({m, f}, cd);  // [M, F]
             kernels::swiglu_backward(dh1, dh3, d_act, h1, h3);
-            kernels::grouped_matmul_backward(dxs, g.grad(2), dh1, xs, w1, offsets);
-            kernels::grouped_matmul_backward(dxs, g.grad(4), dh3, xs, w3, offsets);
+            kernels::grouped_matmul_backward(dxs, dw1, dh1, xs, w1, offsets, acc_w1);
+            kernels::grouped_matmul_backward(dxs, dw3, dh3, xs, w3, offsets, acc_w3);
           }
           if (g.needs(0)) {
             Tensor dx = g.grad(0).view({t, d});  // [T, D]
