@@ -1,5 +1,7 @@
 // Rows of the op table for kernels/rope. dims = {N, H, Dh, R, rope_offset, layout (0 interleaved,
 // 1 rotate_half)}; positions are random in [0, P) with P = 3N + 5, so tokens share and skip rows.
+#include <cmath>
+
 #include "common/op_table.h"
 #include "titan/kernels/cpu/rope.h"
 #include "titan/kernels/ref/rope.h"
@@ -46,6 +48,20 @@ OpOutputs run_forward(const OpInput& in, bool in_place) {
 }
 
 template <class T>
+OpOutputs run_backward_written(const OpInput& in) {
+  const RopeCase c = make_case(in);
+  const Shape shape{c.s.tokens, c.s.heads, c.s.head_dim};
+  const Tensor dy = random_tensor(shape, in.dtype, in.seed, "dy");
+  Tensor fast = Tensor::full(shape, std::nan(""), in.dtype);  // written, never read
+  Tensor ref = Tensor::zeros(shape, in.dtype);
+  TITAN_CPU_KERNEL(rope_backward<T>)(fast.data<T>(), dy.data<T>(), c.t.cos.data<float>(), c.t.sin.data<float>(),
+                                     c.positions.data<int32_t>(), c.s, false);
+  kernels::ref::rope_backward<T>(ref.data<T>(), dy.data<T>(), c.t.cos.data<float>(), c.t.sin.data<float>(),
+                                 c.positions.data<int32_t>(), c.s);
+  return {{"dx", fast, ref}};
+}
+
+template <class T>
 OpOutputs run_backward(const OpInput& in) {
   const RopeCase c = make_case(in);
   const Shape shape{c.s.tokens, c.s.heads, c.s.head_dim};
@@ -53,7 +69,7 @@ OpOutputs run_backward(const OpInput& in) {
   Tensor fast = random_tensor(shape, in.dtype, in.seed, "dx0");  // backward accumulates
   Tensor ref = fast.clone();
   TITAN_CPU_KERNEL(rope_backward<T>)(fast.data<T>(), dy.data<T>(), c.t.cos.data<float>(), c.t.sin.data<float>(),
-                                     c.positions.data<int32_t>(), c.s);
+                                     c.positions.data<int32_t>(), c.s, true);
   kernels::ref::rope_backward<T>(ref.data<T>(), dy.data<T>(), c.t.cos.data<float>(), c.t.sin.data<float>(),
                                  c.positions.data<int32_t>(), c.s);
   return {{"dx", fast, ref}};
@@ -79,5 +95,9 @@ TITAN_OP_CASES(rope) {
        [](const OpInput& in) { return in.dtype == DType::f32 ? run_forward<float>(in, true) : run_forward<bf16>(in, true); }},
       {"rope_backward", kShapes,
        [](const OpInput& in) { return in.dtype == DType::f32 ? run_backward<float>(in) : run_backward<bf16>(in); }},
+      {"rope_backward_written", kShapes,
+       [](const OpInput& in) {
+         return in.dtype == DType::f32 ? run_backward_written<float>(in) : run_backward_written<bf16>(in);
+       }},
   };
 }

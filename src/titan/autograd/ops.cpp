@@ -103,8 +103,11 @@ Variable rope(const Variable& x, const kernels::RopeTables& tables, const Tensor
   kernels::rope_forward(y, x.value(), tables, positions, layout, rope_offset);
   return record("rope", {x}, y, [tables, positions, layout, rope_offset](const Tensor& dy, GradSink& g) {
     ProfileScope prof_bwd("rope.bwd");
-    Tensor dx = g.grad(0);
-    kernels::rope_backward(dx, dy, tables, positions, layout, rope_offset);
+    // Written into a fresh buffer that becomes the gradient when x has none yet (see linear).
+    const bool fresh = g.can_adopt(0);
+    Tensor dx = fresh ? Tensor::empty(dy.shape(), dy.dtype(), MemCategory::temporaries) : g.grad(0);
+    kernels::rope_backward(dx, dy, tables, positions, layout, rope_offset, !fresh);
+    if (fresh) g.adopt(0, dx);
   });
 }
 

@@ -107,7 +107,7 @@ RopeTables rope_tables(const RopeConfig& c, int64_t max_positions) {
 namespace {
 
 void rope_apply(bool forward, Tensor& out, const Tensor& in, const RopeTables& t, const Tensor& positions,
-                RopeLayout layout, int64_t rope_offset) {
+                RopeLayout layout, int64_t rope_offset, bool accumulate = true) {
   const char* op = forward ? "rope_forward" : "rope_backward";
   detail::check_activation(in, op, forward ? "x" : "dy");
   detail::check_like(out, in, op, forward ? "y" : "dx");
@@ -145,9 +145,11 @@ void rope_apply(bool forward, Tensor& out, const Tensor& in, const RopeTables& t
     if (forward) {
       (detail::use_fast() ? TITAN_CPU_KERNEL(rope_forward<T>) : &ref::rope_forward<T>)(out.data<T>(), in.data<T>(), cs,
                                                                                       sn, pos, s);
+    } else if (detail::use_fast()) {
+      TITAN_CPU_KERNEL(rope_backward<T>)(out.data<T>(), in.data<T>(), cs, sn, pos, s, accumulate);
     } else {
-      (detail::use_fast() ? TITAN_CPU_KERNEL(rope_backward<T>) : &ref::rope_backward<T>)(out.data<T>(), in.data<T>(),
-                                                                                        cs, sn, pos, s);
+      if (!accumulate) out.zero_();
+      ref::rope_backward<T>(out.data<T>(), in.data<T>(), cs, sn, pos, s);
     }
   });
 }
@@ -160,10 +162,10 @@ void rope_forward(Tensor& y, const Tensor& x, const RopeTables& tables, const Te
 }
 
 void rope_backward(Tensor& dx, const Tensor& dy, const RopeTables& tables, const Tensor& positions, RopeLayout layout,
-                   int64_t rope_offset) {
+                   int64_t rope_offset, bool accumulate) {
   TITAN_CHECK(!dx.shares_storage(dy), "rope_backward: dx and dy share storage",
               "backward accumulates into dx, so dy must be a separate buffer");
-  rope_apply(false, dx, dy, tables, positions, layout, rope_offset);
+  rope_apply(false, dx, dy, tables, positions, layout, rope_offset, accumulate);
 }
 
 }  // namespace titan::kernels

@@ -69,8 +69,9 @@ RopeTables rope_tables(const RopeConfig& c, int64_t max_positions);
 // the rest.
 void rope_forward(Tensor& y, const Tensor& x, const RopeTables& tables, const Tensor& positions, RopeLayout layout,
                   int64_t rope_offset = 0);
-// dx += RoPE^T(dy) (rotation by -theta on the rotated dims, dx += dy on the others).
+// dx += RoPE^T(dy) (rotation by -theta on the rotated dims, dx += dy on the others); with
+// accumulate false dx = RoPE^T(dy) is written (dx need not be initialized).
 void rope_backward(Tensor& dx, const Tensor& dy, const RopeTables& tables, const Tensor& positions,
-                   RopeLayout layout, int64_t rope_offset = 0);
+                   RopeLayout layout, int64_t rope_offset = 0, bool accumulate = true);
 
 }  // namespace titan::kernels

@@ -191,15 +191,22 @@ void rope_forward(T* y, const T* x, const float* cos, const float* sin, const in
   rope_apply<T, false>(y, x, cos, sin, positions, s, 1.0f);
 }
 
+// accumulate false: dx = RoPE^T(dy), written (the forward's pass with the rotation reversed).
 template <class T>
 void rope_backward(T* dx, const T* dy, const float* cos, const float* sin, const int32_t* positions,
-                   const RopeShape& s) {
-  rope_apply<T, true>(dx, dy, cos, sin, positions, s, -1.0f);
+                   const RopeShape& s, bool accumulate) {
+  if (accumulate) {
+    rope_apply<T, true>(dx, dy, cos, sin, positions, s, -1.0f);
+  } else {
+    rope_apply<T, false>(dx, dy, cos, sin, positions, s, -1.0f);
+  }
 }
 
 template void rope_forward<float>(float*, const float*, const float*, const float*, const int32_t*, const RopeShape&);
 template void rope_forward<bf16>(bf16*, const bf16*, const float*, const float*, const int32_t*, const RopeShape&);
-template void rope_backward<float>(float*, const float*, const float*, const float*, const int32_t*, const RopeShape&);
-template void rope_backward<bf16>(bf16*, const bf16*, const float*, const float*, const int32_t*, const RopeShape&);
+template void rope_backward<float>(float*, const float*, const float*, const float*, const int32_t*, const RopeShape&,
+                                   bool);
+template void rope_backward<bf16>(bf16*, const bf16*, const float*, const float*, const int32_t*, const RopeShape&,
+                                  bool);
 
 }  // namespace titan::kernels::cpu::TITAN_ISA

@@ -14,5 +14,5 @@
                     const ::titan::kernels::RopeShape& s);                                               \
   template <class T>                                                                                     \
   void rope_backward(T* dx, const T* dy, const float* cos, const float* sin, const int32_t* positions,   \
-                     const ::titan::kernels::RopeShape& s);
+                     const ::titan::kernels::RopeShape& s, bool accumulate);
 TITAN_FOR_EACH_ISA(TITAN_ROPE_KERNELS)
