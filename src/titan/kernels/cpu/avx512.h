@@ -117,4 +117,32 @@ TITAN_INLINE __m512 exp2_16_operand(__m512 t, __mmask16 k) {
   return _mm512_maskz_scalef_ps(keep, p, t);
 }
 
+// dst row r (r < 16, dst_ld elements apart) = column r of the 16 x 16 block src (rows src_ld
+// apart), 32-bit elements, in AVX-512 shuffles: 32-bit and 64-bit unpacks gather 4 x 4 blocks
+// within each 128-bit lane, two rounds of 128-bit lane shuffles put the lanes in order.
+TITAN_INLINE void transpose16_u32(uint32_t* dst, int64_t dst_ld, const uint32_t* src, int64_t src_ld) {
+  __m512i r[16], u[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * src_ld);
+  for (int g = 0; g < 4; ++g) {
+    const __m512i t0 = _mm512_unpacklo_epi32(r[4 * g], r[4 * g + 1]);
+    const __m512i t1 = _mm512_unpackhi_epi32(r[4 * g], r[4 * g + 1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(r[4 * g + 2], r[4 * g + 3]);
+    const __m512i t3 = _mm512_unpackhi_epi32(r[4 * g + 2], r[4 * g + 3]);
+    // lane L of u[4g + m] = rows 4g..4g+3 of column 4L + m
+    u[4 * g] = _mm512_unpacklo_epi64(t0, t2);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t0, t2);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t1, t3);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t1, t3);
+  }
+  for (int m = 0; m < 4; ++m) {
+    const __m512i va = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x88), vb = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xDD);
+    const __m512i wa = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0x88);
+    const __m512i wb = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0xDD);
+    _mm512_storeu_si512(dst + m * dst_ld, _mm512_shuffle_i32x4(va, wa, 0x88));
+    _mm512_storeu_si512(dst + (4 + m) * dst_ld, _mm512_shuffle_i32x4(vb, wb, 0x88));
+    _mm512_storeu_si512(dst + (8 + m) * dst_ld, _mm512_shuffle_i32x4(va, wa, 0xDD));
+    _mm512_storeu_si512(dst + (12 + m) * dst_ld, _mm512_shuffle_i32x4(vb, wb, 0xDD));
+  }
+}
+
 }  // namespace titan::kernels::cpu::TITAN_ISA
