@@ -122,6 +122,24 @@ TEST(SmallOpsGradcheck, MaskedFillSoftmaxLogSoftmax) {
   });
 }
 
+// SwiGLU's backward writes both gradients into fresh buffers when its inputs have none yet (two
+// projections), adds otherwise, and handles one variable passed as both gate and up.
+TEST(SmallOpsGradcheck, SwigluFreshAndShared) {
+  check("swiglu of two projections", {random_tensor({5, 6}, 23), random_tensor({7, 6}, 24), random_tensor({7, 6}, 25)},
+        [](const std::vector<Variable>& v) {
+          return autograd::swiglu(autograd::linear(v[0], v[1]), autograd::linear(v[0], v[2]));
+        });
+  check("swiglu(h, h)", {random_tensor({4, 9}, 26, -2, 2)}, [](const std::vector<Variable>& v) {
+    const Variable h = autograd::scale(v[0], 1.5);
+    return autograd::swiglu(h, h);
+  });
+  check("swiglu with a used gate", {random_tensor({4, 9}, 27, -2, 2), random_tensor({4, 9}, 28)},
+        [](const std::vector<Variable>& v) {
+          const Variable g = autograd::scale(v[0], 1.0);
+          return autograd::mul(autograd::swiglu(g, autograd::scale(v[1], 1.0)), g);
+        });
+}
+
 TEST(SmallOpsGradcheck, LayerNorm) {
   check("layernorm", {random_tensor({3, 4, 8}, 19), random_tensor({8}, 20, 0.5, 1.5), random_tensor({8}, 21)},
         [](const std::vector<Variable>& v) { return autograd::layernorm(v[0], v[1], v[2], 1e-6); });

@@ -1,5 +1,7 @@
 // Rows of the op table for kernels/activation. dims = {n}. Inputs span [-12, 12] so both
 // saturated tails of the sigmoid are covered; gradients start non-zero (backward accumulates).
+#include <cmath>
+
 #include "common/backend_compare.h"
 #include "titan/kernels/activation.h"
 
@@ -51,10 +53,13 @@ TITAN_OP_CASES(activation) {
        [](const OpInput& in) {
          const Tensor gate = input(in, "gate", 12), up = input(in, "up", 2), dy = input(in, "dy");
          const Tensor dgate0 = input(in, "dgate"), dup0 = input(in, "dup");
-         return fast_vs_reference({"dgate", "dup"}, [&] {
+         return fast_vs_reference({"dgate", "dup", "dgate_written", "dup_written"}, [&] {
            Tensor dgate = dgate0.clone(), dup = dup0.clone();
            kernels::swiglu_backward(dgate, dup, dy, gate, up);
-           return std::vector<Tensor>{dgate, dup};
+           // written over (accumulate false): NaN-filled buffers must come out as the gradients alone
+           Tensor dgate_w = Tensor::full(gate.shape(), std::nan(""), in.dtype), dup_w = dgate_w.clone();
+           kernels::swiglu_backward(dgate_w, dup_w, dy, gate, up, false);
+           return std::vector<Tensor>{dgate, dup, dgate_w, dup_w};
          });
        }},
   };

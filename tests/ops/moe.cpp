@@ -83,7 +83,7 @@ OpOutputs grouped_backward(const OpInput& in) {
   const std::vector<int64_t> offsets = random_offsets(e, m, in.dims[4] != 0, in.seed);
   const Tensor a = random_tensor({m, k}, in.dtype, in.seed, "a"), w = random_tensor({e, n, k}, in.dtype, in.seed, "w");
   const Tensor dc = random_tensor({m, n}, in.dtype, in.seed, "dc");
-  OpOutputs outs = fast_vs_reference({"da", "dw", "dw_written"}, [&] {
+  OpOutputs outs = fast_vs_reference({"da", "dw", "dw_written", "da_written"}, [&] {
     // Both gradients start nonzero: the kernels accumulate.
     Tensor da = random_tensor({m, k}, in.dtype, in.seed, "da0"), dw = random_tensor({e, n, k}, DType::f32, in.seed, "dw0");
     kernels::grouped_matmul_backward(da, dw, dc, a, w, offsets);
@@ -91,7 +91,9 @@ OpOutputs grouped_backward(const OpInput& in) {
     // with zeros for experts that have no rows.
     Tensor dw_written = Tensor::full({e, n, k}, std::nan(""), DType::f32);
     kernels::grouped_matmul_backward(Tensor(), dw_written, dc, a, w, offsets, false);
-    return std::vector<Tensor>{da, dw, dw_written};
+    Tensor da_written = Tensor::full({m, k}, std::nan(""), in.dtype);  // likewise da, every row
+    kernels::grouped_matmul_backward(da_written, Tensor(), dc, a, w, offsets, true, false);
+    return std::vector<Tensor>{da, dw, dw_written, da_written};
   });
   set_gemm_tolerance(outs, std::max(n, m));
   return outs;

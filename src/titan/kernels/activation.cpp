@@ -39,15 +39,21 @@ void swiglu_forward(Tensor& y, const Tensor& gate, const Tensor& up) {
   });
 }
 
-void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dy, const Tensor& gate, const Tensor& up) {
+void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dy, const Tensor& gate, const Tensor& up,
+                     bool accumulate) {
   check_activation(gate, "swiglu_backward", "gate");
   check_like(up, gate, "swiglu_backward", "up");
   check_like(dy, gate, "swiglu_backward", "dy");
   check_like(dgate, gate, "swiglu_backward", "dgate");
   check_like(dup, gate, "swiglu_backward", "dup");
   dispatch_activation(gate.dtype(), [&]<class T>() {
-    (use_fast() ? TITAN_CPU_KERNEL(swiglu_backward<T>) : &ref::swiglu_backward<T>)(
-        dgate.data<T>(), dup.data<T>(), dy.data<T>(), gate.data<T>(), up.data<T>(), gate.numel());
+    if (use_fast()) {
+      TITAN_CPU_KERNEL(swiglu_backward<T>)(dgate.data<T>(), dup.data<T>(), dy.data<T>(), gate.data<T>(), up.data<T>(),
+                                           gate.numel(), accumulate);
+      return;
+    }
+    if (!accumulate) dgate.zero_(), dup.zero_();
+    ref::swiglu_backward<T>(dgate.data<T>(), dup.data<T>(), dy.data<T>(), gate.data<T>(), up.data<T>(), gate.numel());
   });
 }
 

@@ -10,6 +10,8 @@ void silu_forward(Tensor& y, const Tensor& x);                         // y = x 
 void silu_backward(Tensor& dx, const Tensor& dy, const Tensor& x);     // dx += dy silu'(x)
 // y = silu(gate) * up: the gated feed-forward of Llama and DeepSeek, [N, F] each
 void swiglu_forward(Tensor& y, const Tensor& gate, const Tensor& up);
-void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dy, const Tensor& gate, const Tensor& up);
+// dgate, dup += the gradients; with accumulate false they are written (need not be initialized).
+void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dy, const Tensor& gate, const Tensor& up,
+                     bool accumulate = true);
 
 }  // namespace titan::kernels

@@ -72,15 +72,15 @@ void copy_padded_rows(char* dst, const char* src, int64_t rows, int64_t cols, in
   std::memset(dst + used, 0, size_t((kGroupedRowAlign - rows) * cols * elem_bytes));
 }
 
-// dst [rows, cols] (T) += src [rows, cols] (f32), rounded to T once
+// dst [rows, cols] (T) += src [rows, cols] (f32), rounded to T once; = src with accumulate false
 template <class T>
-void add_rows(T* dst, const float* src, int64_t rows, int64_t cols) {
+void add_rows(T* dst, const float* src, int64_t rows, int64_t cols, bool accumulate) {
   // Scalar math: dst = dst + src
   for (int64_t i = 0; i < rows * cols; ++i) {
     if constexpr (std::is_same_v<T, float>) {
-      dst[i] += src[i];
+      dst[i] = accumulate ? dst[i] + src[i] : src[i];
     } else {
-      dst[i] = f32_to_bf16(bf16_to_f32(dst[i]) + src[i]);
+      dst[i] = f32_to_bf16(accumulate ? bf16_to_f32(dst[i]) + src[i] : src[i]);
     }
   }
 }
@@ -197,7 +197,7 @@ void grouped_matmul_forward(Tensor& c, const Tensor& a, const Tensor& w, std::sp
 }
 
 void grouped_matmul_backward(const Tensor& da, const Tensor& dw, const Tensor& dc, const Tensor& a, const Tensor& w,
-                             std::span<const int64_t> offsets, bool accumulate_dw) {
+                             std::span<const int64_t> offsets, bool accumulate_dw, bool accumulate_da) {
   const GroupedShape s = check_grouped("grouped_matmul_backward", a, w, dc, offsets);
   if (da.defined()) {
     TITAN_CHECK(da.shape() == a.shape() && da.dtype() == a.dtype() && da.is_contiguous(),
@@ -205,7 +205,8 @@ void grouped_matmul_backward(const Tensor& da, const Tensor& dw, const Tensor& d
   }
   if (dw.defined()) detail::check_f32(dw, s.experts * s.n * s.k, "grouped_matmul_backward", "dw");
   if (!detail::use_fast()) {
-    if (dw.defined() && !accumulate_dw) Tensor(dw).zero_();  // a handle copy: the same storage
+    if (dw.defined() && !accumulate_dw) Tensor(dw).zero_();  // handle copies: the same storage
+    if (da.defined() && !accumulate_da) Tensor(da).zero_();
     detail::dispatch_activation(a.dtype(), [&]<class T>() {
       ref::grouped_matmul_backward<T>(da.defined() ? da.data<T>() : nullptr, dw.defined() ? dw.data<float>() : nullptr,
                                       dc.data<T>(), a.data<T>(), w.data<T>(), offsets.data(), s.experts, s.n, s.k);
@@ -232,7 +233,11 @@ void grouped_matmul_backward(const Tensor& da, const Tensor& dw, const Tensor& d
     // f32 whatever the inputs (the sum over rows is the K of this product)
     auto products = [&](int64_t row, int64_t rows) {
       const char* dce = bytes(dc) + row * s.n * es;
-      if (da.defined()) run(mutable_bytes(da) + row * s.k * es, da.dtype(), dce, we, linear_dx_params(rows, s.k, s.n));
+      if (da.defined()) {
+        MatmulParams p = linear_dx_params(rows, s.k, s.n);
+        if (!accumulate_da) p.beta = 0;
+        run(mutable_bytes(da) + row * s.k * es, da.dtype(), dce, we, p);
+      }
       if (dw.defined()) run(dwe, DType::f32, dce, bytes(a) + row * s.k * es, dw_params(rows));
     };
     const int64_t begin = offsets[size_t(e)];
@@ -257,7 +262,7 @@ void grouped_matmul_backward(const Tensor& da, const Tensor& dw, const Tensor& d
       p.beta = 0;
       run(scratch.f32.data<float>(), DType::f32, bytes(scratch.c), we, p);
       detail::dispatch_activation(a.dtype(), [&]<class T>() {
-        add_rows(da.data<T>() + cut.aligned_end * s.k, scratch.f32.data<float>(), tail, s.k);
+        add_rows(da.data<T>() + cut.aligned_end * s.k, scratch.f32.data<float>(), tail, s.k, accumulate_da);
       });
     }
     if (dw.defined()) {

@@ -38,11 +38,12 @@ inline constexpr int64_t kGroupedRowAlign = 64;
 // accumulation); offsets has E + 1 non-decreasing entries from 0 to M.
 void grouped_matmul_forward(Tensor& c, const Tensor& a, const Tensor& w, std::span<const int64_t> offsets);
 
-// da [M, K] += dc @ w[e] per segment (a's dtype); dw [E, N, K] (f32) += dc_e^T @ a_e, or = with
-// accumulate_dw false (dw need not be initialized; experts with no rows get zeros). Pass an
-// undefined Tensor to skip one (a Tensor is a handle: the const reference still writes data).
+// da [M, K] += dc @ w[e] per segment (a's dtype); dw [E, N, K] (f32) += dc_e^T @ a_e. With
+// accumulate_da / accumulate_dw false the result is written instead (the buffer need not be
+// initialized; experts with no rows get zero dw). Pass an undefined Tensor to skip one (a Tensor
+// is a handle: the const reference still writes data).
 void grouped_matmul_backward(const Tensor& da, const Tensor& dw, const Tensor& dc, const Tensor& a, const Tensor& w,
-                             std::span<const int64_t> offsets, bool accumulate_dw = true);
+                             std::span<const int64_t> offsets, bool accumulate_dw = true, bool accumulate_da = true);
 
 // Whether the fast path would run these segments one expert per thread (for tests and benchmarks).
 bool grouped_matmul_runs_experts_in_parallel(std::span<const int64_t> offsets);

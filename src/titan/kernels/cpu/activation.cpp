@@ -73,7 +73,7 @@ TITAN_INLINE void swiglu_forward_span(T* y, const T* gate, const T* up, int64_t 
   }
 }
 
-template <class T>
+template <class T, bool kAccumulate>
 TITAN_INLINE void swiglu_backward_span(T* dgate, T* dup, const T* dy, const T* gate, const T* up, int64_t n) {
   ChunkOut<T> out_gate, out_up;
   for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
@@ -81,16 +81,19 @@ TITAN_INLINE void swiglu_backward_span(T* dgate, T* dup, const T* dy, const T* g
     prefetch_ahead(dy, j0, j1, n);
     prefetch_ahead(gate, j0, j1, n);
     prefetch_ahead(up, j0, j1, n);
-    prefetch_ahead(dgate, j0, j1, n);
-    prefetch_ahead(dup, j0, j1, n);
+    if constexpr (kAccumulate) {
+      prefetch_ahead(dgate, j0, j1, n);
+      prefetch_ahead(dup, j0, j1, n);
+    }
     float* og = out_gate.at(dgate, j0);
     float* ou = out_up.at(dup, j0);
-    // Scalar math: dgate += dy * up * s * (1 + g * (1 - s)); dup += dy * g * s; s = sigmoid(g)
+    // Scalar math: dgate (+)= dy * up * s * (1 + g * (1 - s)); dup (+)= dy * g * s; s = sigmoid(g)
 #pragma omp simd
     for (int64_t i = j0; i < j1; ++i) {
       const float g = to_f32(gate[i]), s = sigmoid(g), d = to_f32(dy[i]);
-      og[i - j0] = to_f32(dgate[i]) + d * to_f32(up[i]) * s * (1.0f + g * (1.0f - s));
-      ou[i - j0] = to_f32(dup[i]) + d * g * s;
+      const float dg = d * to_f32(up[i]) * s * (1.0f + g * (1.0f - s)), du = d * g * s;
+      og[i - j0] = kAccumulate ? to_f32(dgate[i]) + dg : dg;
+      ou[i - j0] = kAccumulate ? to_f32(dup[i]) + du : du;
     }
     out_gate.flush(dgate, j0, j1);
     out_up.flush(dup, j0, j1);
@@ -122,9 +125,13 @@ void swiglu_forward(T* y, const T* gate, const T* up, int64_t n) {
 }
 
 template <class T>
-void swiglu_backward(T* dgate, T* dup, const T* dy, const T* gate, const T* up, int64_t n) {
+void swiglu_backward(T* dgate, T* dup, const T* dy, const T* gate, const T* up, int64_t n, bool accumulate) {
   parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
-    swiglu_backward_span(dgate + lo, dup + lo, dy + lo, gate + lo, up + lo, hi - lo);
+    if (accumulate) {
+      swiglu_backward_span<T, true>(dgate + lo, dup + lo, dy + lo, gate + lo, up + lo, hi - lo);
+    } else {
+      swiglu_backward_span<T, false>(dgate + lo, dup + lo, dy + lo, gate + lo, up + lo, hi - lo);
+    }
   });
 }
 
@@ -132,7 +139,7 @@ void swiglu_backward(T* dgate, T* dup, const T* dy, const T* gate, const T* up, 
   template void silu_forward<T>(T*, const T*, int64_t);                                 \
   template void silu_backward<T>(T*, const T*, const T*, int64_t);                      \
   template void swiglu_forward<T>(T*, const T*, const T*, int64_t);                     \
-  template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);
+  template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, bool);
 TITAN_INSTANTIATE(float)
 TITAN_INSTANTIATE(bf16)
 #undef TITAN_INSTANTIATE

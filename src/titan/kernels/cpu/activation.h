@@ -12,5 +12,5 @@
   template <class T> void silu_backward(T* dx, const T* dy, const T* x, int64_t n);               \
   template <class T> void swiglu_forward(T* y, const T* gate, const T* up, int64_t n);            \
   template <class T>                                                                              \
-  void swiglu_backward(T* dgate, T* dup, const T* dy, const T* gate, const T* up, int64_t n);
+  void swiglu_backward(T* dgate, T* dup, const T* dy, const T* gate, const T* up, int64_t n, bool accumulate);
 TITAN_FOR_EACH_ISA(TITAN_ACTIVATION_KERNELS)

@@ -160,18 +160,20 @@ MoE::Output MoE::forward_with_aux(const Variable& x) {
           // Combine: d(expert outputs) [M, D] and the gate weights' gradient.
           Tensor d_out = Tensor::empty({m, d}, cd);  // [M, D]
           kernels::moe_unpermute_backward(d_out, dweights, dout[0].view({t, d}), out, pos, weights);
-          Tensor dxs = g.needs(0) ? zeros({m, d}, cd) : Tensor();  // [M, D]
+          // Fresh buffers, written before they are read: the first product into each writes.
+          Tensor dxs = g.needs(0) ? Tensor::empty({m, d}, cd, MemCategory::temporaries) : Tensor();  // [M, D]
           {
             ProfileScope prof_experts("moe.experts.bwd");
-            Tensor d_act = zeros({m, f}, cd);  // [M, F]
+            Tensor d_act = Tensor::empty({m, f}, cd, MemCategory::temporaries);  // [M, F]
             // The expert weights' gradients are written outright after zero_grad (grad_to_write).
             bool acc_w1 = true, acc_w2 = true, acc_w3 = true;
             const Tensor dw1 = g.grad_to_write(2, &acc_w1), dw2 = g.grad_to_write(3, &acc_w2),
                          dw3 = g.grad_to_write(4, &acc_w3);
-            kernels::grouped_matmul_backward(d_act, dw2, d_out, act, w2, offsets, acc_w2);
-            Tensor dh1 = zeros({m, f}, cd), dh3 = zeros({m, f}, cd);  // [M, F]
-            kernels::swiglu_backward(dh1, dh3, d_act, h1, h3);
-            kernels::grouped_matmul_backward(dxs, dw1, dh1, xs, w1, offsets, acc_w1);
+            kernels::grouped_matmul_backward(d_act, dw2, d_out, act, w2, offsets, acc_w2, false);
+            Tensor dh1 = Tensor::empty({m, f}, cd, MemCategory::temporaries);  // [M, F]
+            Tensor dh3 = Tensor::empty({m, f}, cd, MemCategory::temporaries);
+            kernels::swiglu_backward(dh1, dh3, d_act, h1, h3, false);
+            kernels::grouped_matmul_backward(dxs, dw1, dh1, xs, w1, offsets, acc_w1, false);
             kernels::grouped_matmul_backward(dxs, dw3, dh3, xs, w3, offsets, acc_w3);
           }
           if (g.needs(0)) {
