@@ -25,10 +25,10 @@ Tensor& GradSlot::ensure() {
     // follow their activation's dtype.
     const DType dt = dtype_is_float(dtype) && !is_leaf ? dtype : DType::f32;
     grad = Tensor::zeros(shape, dt, is_leaf ? MemCategory::gradients : MemCategory::temporaries);
-  } else if (stale) {
-    grad.zero_();
+    stale = false;
+    return grad;
   }
-  stale = false;
+  current();
   return grad;
 }
 

@@ -53,6 +53,15 @@ AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, 
   return d;
 }
 
+// What every backward (plain or MLA) reads besides its inputs, and its dq.
+void check_backward_common(const Tensor& o, const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& q,
+                           const AttentionDims& d) {
+  check_tensor(o, "o", q.dtype(), {d.B, d.S, d.H, d.Dv});
+  check_tensor(dout, "dout", q.dtype(), {d.B, d.S, d.H, d.Dv});
+  check_tensor(lse, "lse", DType::f32, {d.B, d.H, d.S});
+  check_tensor(dq, "dq", q.dtype(), q.shape());
+}
+
 }  // namespace
 
 double default_attention_scale(int64_t head_dim) { return 1.0 / std::sqrt(double(head_dim)); }
@@ -75,10 +84,7 @@ void attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k,
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& lse, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& o, std::optional<double> scale) {
   const AttentionDims d = attention_dims(q, k, v, scale);
-  check_tensor(o, "o", q.dtype(), {d.B, d.S, d.H, d.Dv});
-  check_tensor(dout, "dout", q.dtype(), {d.B, d.S, d.H, d.Dv});
-  check_tensor(lse, "lse", DType::f32, {d.B, d.H, d.S});
-  check_tensor(dq, "dq", q.dtype(), q.shape());
+  check_backward_common(o, dout, lse, dq, q, d);
   check_tensor(dk, "dk", q.dtype(), k.shape());
   check_tensor(dv, "dv", q.dtype(), v.shape());
   const bool fast = kernel_backend() == KernelBackend::fast;
@@ -152,10 +158,7 @@ void mla_attention_backward(Tensor& dq, Tensor& dkv, Tensor& dk_rope, const Tens
                             const Tensor& q, const Tensor& kv, const Tensor& k_rope, const Tensor& o, int64_t nope_dim,
                             std::optional<double> scale, bool accumulate) {
   const AttentionDims d = mla_dims(q, kv, k_rope, nope_dim, scale);
-  check_tensor(o, "o", q.dtype(), {d.B, d.S, d.H, d.Dv});
-  check_tensor(dout, "dout", q.dtype(), {d.B, d.S, d.H, d.Dv});
-  check_tensor(lse, "lse", DType::f32, {d.B, d.H, d.S});
-  check_tensor(dq, "dq", q.dtype(), q.shape());
+  check_backward_common(o, dout, lse, dq, q, d);
   check_tensor(dkv, "dkv", q.dtype(), kv.shape());
   check_tensor(dk_rope, "dk_rope", q.dtype(), k_rope.shape());
   if (mla_in_place(q)) {
