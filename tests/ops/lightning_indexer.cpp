@@ -21,6 +21,7 @@ struct IndexerCase {
   Tensor q, k, w, mq, mk, mlse, idx;
   uint64_t seed = 0;
   bool invalid_slots = false;  // sparse loss: random selections with -1, future and >= Skv slots
+  bool edited_slots = false;   // sparse loss: top-k selections with repeated keys and invalid slots
 
   // dims = {B, S, Skv, HI, DI, K} (+ {H, Hk, D} for the dense loss, K = 0; + {invalid} for the
   // sparse loss).
@@ -29,7 +30,8 @@ struct IndexerCase {
     q = random_tensor({d.B, d.S, d.HI, d.DI}, in.dtype, in.seed, "q");
     k = random_tensor({d.B, d.Skv, d.DI}, in.dtype, in.seed, "k");
     w = random_tensor({d.B, d.S, d.HI}, DType::f32, in.seed, "w");
-    invalid_slots = in.dims.size() == 7 && in.dims[6] != 0;
+    invalid_slots = in.dims.size() == 7 && in.dims[6] == 1;
+    edited_slots = in.dims.size() == 7 && in.dims[6] == 2;
     if (in.dims.size() > 7) {
       td.H = in.dims[6], td.Hk = in.dims[7], td.D = in.dims[8], td.scale = 0.3;
       mq = random_tensor({d.B, d.S, td.H, td.D}, in.dtype, in.seed, "mq", -2, 2);
@@ -46,6 +48,20 @@ struct IndexerCase {
     }
     idx = Tensor::empty({d.B, d.S, d.K}, DType::i32);
     kernels::ref::indexer_topk<T>(idx.data<int32_t>(), q.data<T>(), k.data<T>(), w.data<float>(), d);
+    if (!edited_slots) return;
+    // Ascending rows (the fast path's case) with -1 and >= Skv slots among the valid ones (rows
+    // t % 3 == 1); rows that repeat the slot before them (a key listed twice: t % 3 == 0, the
+    // deduplicating path); the rest as top-k wrote them.
+    Generator g(seed, "edit");
+    int32_t* rows = idx.data<int32_t>();
+    for (int64_t r = 0; r < d.B * d.S; ++r) {
+      int32_t* row = rows + r * d.K;
+      for (int64_t j = 1; j < d.K; ++j) {
+        if (g.next_uniform() >= 0.15f) continue;
+        if (r % 3 == 0) row[j] = row[j - 1];
+        if (r % 3 == 1) row[j] = j % 2 ? -1 : int32_t(d.Skv + j);
+      }
+    }
   }
 };
 
@@ -127,7 +143,10 @@ TITAN_OP_CASES(lightning_indexer) {
         // 17 heads (heads as GEMM columns, padded to 32), over 256 selected keys (dk in chunks),
         // S < K, and narrow heads with DI > 128 (taken wide); -1 slots in wide rows
         {1, 60, 90, 7, 24, 30}, {1, 40, 60, 15, 64, 20}, {1, 50, 70, 16, 32, 12}, {2, 30, 40, 17, 17, 9},
-        {1, 12, 300, 16, 16, 270}, {1, 6, 6, 20, 16, 9}, {1, 30, 50, 3, 144, 10}, {1, 40, 60, 17, 16, 20, 1}},
+        {1, 12, 300, 16, 16, 270}, {1, 6, 6, 20, 16, 9}, {1, 30, 50, 3, 144, 10}, {1, 40, 60, 17, 16, 20, 1},
+        // top-k selections with repeated keys and invalid slots among ascending valid ones, over
+        // every narrow 4-head row width (DI 16, 32, 48, 64) and whole and partial 16-key groups
+        {1, 90, 400, 4, 64, 130, 2}, {1, 60, 200, 3, 32, 37, 2}, {1, 50, 120, 2, 48, 40, 2}, {1, 40, 100, 4, 16, 33, 2}},
        [](const OpInput& in) {
          IndexerCase c(in);
          return in.dtype == DType::f32 ? run_loss<float>(c) : run_loss<bf16>(c);

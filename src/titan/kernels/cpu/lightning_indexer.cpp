@@ -691,59 +691,84 @@ void narrow_dots(float* dots, int64_t ld, int64_t cols, const float* q, int64_t 
 // a key's dims 4 c .. 4 c + 3 broadcast to its four quarters; each head's 4 lanes then sum to its
 // dot. As many FMAs per key as the fold (HI DI / 16 at HI = 4), but ~1.5 shuffles per key instead
 // of ~8, which compete with the FMAs for port 5.
+// dots4_group: one group of 16 keys, rows[j] the group's key rows, qv = q4's vectors: v[h] =
+// head h's dots with the 16 keys. Its four sub-groups of 4 keys run as a loop, not unrolled:
+// unrolled, GCC interleaved all sixteen keys' loads and spilled to the stack.
 template <int C>
-void narrow_dots4(float* dots, int64_t ld, const float* q4, int64_t HI, int64_t di_pad, const float* kr,
-                  const int32_t* sel, int64_t n, const float* zero) {
+TITAN_INLINE void dots4_group(__m512* v, const float* const* rows, const __m512* qv) {
+#pragma GCC unroll 1
+  for (int g = 0; g < 4; ++g) {
+    __m512 a[4];
+#pragma GCC unroll 4
+    for (int l = 0; l < 4; ++l) {
+      const float* row = rows[4 * g + l];
+      // Two chains (even and odd dim quarters) halve the FMA latency per key.
+      __m512 even = _mm512_mul_ps(qv[0], _mm512_broadcast_f32x4(_mm_loadu_ps(row)));
+      __m512 odd = _mm512_mul_ps(qv[1], _mm512_broadcast_f32x4(_mm_loadu_ps(row + 4)));
+#pragma GCC unroll 16
+      for (int c = 2; c < C; c += 2) {
+        even = _mm512_fmadd_ps(qv[c], _mm512_broadcast_f32x4(_mm_loadu_ps(row + 4 * c)), even);
+        odd = _mm512_fmadd_ps(qv[c + 1], _mm512_broadcast_f32x4(_mm_loadu_ps(row + 4 * c + 4)), odd);
+      }
+      a[l] = _mm512_add_ps(even, odd);
+    }
+    // Per quarter h: (a0[0] + a0[2], a1[0] + a1[2], a0[1] + a0[3], a1[1] + a1[3]), then the
+    // 64-bit halves of the two pairs summed: (a0, a1, a2, a3) summed over their 4 lanes.
+    const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
+    const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
+    const __m512d d0 = _mm512_castps_pd(t0), d1 = _mm512_castps_pd(t1);
+    v[g] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(d0, d1)), _mm512_castpd_ps(_mm512_unpackhi_pd(d0, d1)));
+  }
+  // Quarter transpose: head h's row takes quarter h of v[0], v[1], v[2], v[3].
+  const __m512 t0 = _mm512_maskz_shuffle_f32x4(0xffff, v[0], v[1], 0x44), t1 = _mm512_maskz_shuffle_f32x4(0xffff, v[0], v[1], 0xee);
+  const __m512 t2 = _mm512_maskz_shuffle_f32x4(0xffff, v[2], v[3], 0x44), t3 = _mm512_maskz_shuffle_f32x4(0xffff, v[2], v[3], 0xee);
+  v[0] = _mm512_maskz_shuffle_f32x4(0xffff, t0, t2, 0x88), v[1] = _mm512_maskz_shuffle_f32x4(0xffff, t0, t2, 0xdd);
+  v[2] = _mm512_maskz_shuffle_f32x4(0xffff, t1, t3, 0x88), v[3] = _mm512_maskz_shuffle_f32x4(0xffff, t1, t3, 0xdd);
+}
+
+template <int C>
+void narrow_dots4(float* dots, int64_t ld, const float* q4, int64_t HI, const float* kr, const int32_t* sel, int64_t n,
+                  const float* zero) {
+  // The row stride is a constant and only the last group checks bounds: with a run-time stride,
+  // a check per key and the sub-groups unrolled, GCC spilled q4's vectors and the rows to the
+  // stack and broadcast from the copies, at about twice the time per key.
+  constexpr int64_t di_pad = 4 * C;
   __m512 qv[C];
 #pragma GCC unroll 16
   for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q4 + 16 * c);
-  for (int64_t s0 = 0; s0 < n; s0 += 16) {
-    __m512 v[4];  // group g: lane 4 h + l = head h's dot with key s0 + 4 g + l
-#pragma GCC unroll 4
-    for (int g = 0; g < 4; ++g) {
-      __m512 a[4];
-#pragma GCC unroll 4
-      for (int l = 0; l < 4; ++l) {
-        const int64_t s = s0 + 4 * g + l;
-        const float* row = s < n ? kr + int64_t(sel[s]) * di_pad : zero;
-        if (s + 16 < n) prefetch_row(kr + int64_t(sel[s + 16]) * di_pad, di_pad, false);
-        // Two chains (even and odd dim quarters) halve the FMA latency per key.
-        __m512 even = _mm512_mul_ps(qv[0], _mm512_broadcast_f32x4(_mm_loadu_ps(row)));
-        __m512 odd = _mm512_mul_ps(qv[1], _mm512_broadcast_f32x4(_mm_loadu_ps(row + 4)));
-#pragma GCC unroll 16
-        for (int c = 2; c < C; c += 2) {
-          even = _mm512_fmadd_ps(qv[c], _mm512_broadcast_f32x4(_mm_loadu_ps(row + 4 * c)), even);
-          odd = _mm512_fmadd_ps(qv[c + 1], _mm512_broadcast_f32x4(_mm_loadu_ps(row + 4 * c + 4)), odd);
-        }
-        a[l] = _mm512_add_ps(even, odd);
-      }
-      // Per quarter h: (a0[0] + a0[2], a1[0] + a1[2], a0[1] + a0[3], a1[1] + a1[3]), then the
-      // 64-bit halves of the two pairs summed: (a0, a1, a2, a3) summed over their 4 lanes.
-      const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
-      const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
-      const __m512d d0 = _mm512_castps_pd(t0), d1 = _mm512_castps_pd(t1);
-      v[g] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(d0, d1)), _mm512_castpd_ps(_mm512_unpackhi_pd(d0, d1)));
-    }
-    // Quarter transpose: head h's row takes quarter h of v[0], v[1], v[2], v[3].
-    const __m512 t0 = _mm512_maskz_shuffle_f32x4(0xffff, v[0], v[1], 0x44), t1 = _mm512_maskz_shuffle_f32x4(0xffff, v[0], v[1], 0xee);
-    const __m512 t2 = _mm512_maskz_shuffle_f32x4(0xffff, v[2], v[3], 0x44), t3 = _mm512_maskz_shuffle_f32x4(0xffff, v[2], v[3], 0xee);
-    const __m512 w[4] = {_mm512_maskz_shuffle_f32x4(0xffff, t0, t2, 0x88), _mm512_maskz_shuffle_f32x4(0xffff, t0, t2, 0xdd),
-                         _mm512_maskz_shuffle_f32x4(0xffff, t1, t3, 0x88), _mm512_maskz_shuffle_f32x4(0xffff, t1, t3, 0xdd)};
+  const float* rows[16];
+  __m512 v[4];
+  auto store = [&](int64_t s0) {
 #pragma GCC unroll 4
     for (int h = 0; h < 4; ++h) {
-      if (h < HI) _mm512_storeu_ps(dots + h * ld + s0, w[h]);
+      if (h < HI) _mm512_storeu_ps(dots + h * ld + s0, v[h]);
     }
+  };
+  int64_t s0 = 0;
+  for (; s0 + 16 <= n; s0 += 16) {
+    // The next group's rows are requested now (see narrow_dots).
+    const int64_t ahead = s0 + 32 <= n ? 16 : n - s0 - 16;
+    for (int64_t j = 0; j < ahead; ++j) prefetch_row(kr + int64_t(sel[s0 + 16 + j]) * di_pad, di_pad, false);
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) rows[j] = kr + int64_t(sel[s0 + j]) * di_pad;
+    dots4_group<C>(v, rows, qv);
+    store(s0);
+  }
+  if (s0 < n) {
+    for (int j = 0; j < 16; ++j) rows[j] = s0 + j < n ? kr + int64_t(sel[s0 + j]) * di_pad : zero;
+    dots4_group<C>(v, rows, qv);
+    store(s0);
   }
 }
 
-// narrow_dots4 for c4 = di_pad / 4 in {4, 8, 12, 16}; q4 [c4, 16] as there.
-void narrow_dots4(int64_t c4, float* dots, int64_t ld, const float* q4, int64_t HI, int64_t di_pad, const float* kr,
+// narrow_dots4 for di_pad in {16, 32, 48, 64} (the quad path's rows); q4 [di_pad / 4, 16] as there.
+void narrow_dots4(int64_t di_pad, float* dots, int64_t ld, const float* q4, int64_t HI, const float* kr,
                   const int32_t* sel, int64_t n, const float* zero) {
-  switch (c4) {
-    case 4: return narrow_dots4<4>(dots, ld, q4, HI, di_pad, kr, sel, n, zero);
-    case 8: return narrow_dots4<8>(dots, ld, q4, HI, di_pad, kr, sel, n, zero);
-    case 12: return narrow_dots4<12>(dots, ld, q4, HI, di_pad, kr, sel, n, zero);
-    default: return narrow_dots4<16>(dots, ld, q4, HI, di_pad, kr, sel, n, zero);
+  switch (di_pad) {
+    case 16: return narrow_dots4<4>(dots, ld, q4, HI, kr, sel, n, zero);
+    case 32: return narrow_dots4<8>(dots, ld, q4, HI, kr, sel, n, zero);
+    case 48: return narrow_dots4<12>(dots, ld, q4, HI, kr, sel, n, zero);
+    default: return narrow_dots4<16>(dots, ld, q4, HI, kr, sel, n, zero);
   }
 }
 #endif
@@ -813,6 +838,46 @@ void narrow_grads(int64_t vecs, float* dq, float* dk, const float* g2, int64_t l
     default: return narrow_grads<8>(dq, dk, g2, ld, q, HI, kr, sel, n);
   }
 }
+// The valid entries (0 <= s < n_valid) of one selection row, in order, into sel with their
+// per-slot targets into p; returns their count, or -1 as soon as one is not above the one before
+// (a repeat is possible: the caller deduplicates instead). The indexer's top-k lists each row's
+// keys in ascending order, so this is the common case, and it needs no membership bitmap: its
+// read-modify-write of one word per slot serialized the loop through memory.
+int64_t increasing_selection(int32_t* sel, float* p, const int32_t* idx, const float* target, int64_t K,
+                             int64_t n_valid) {
+  int64_t n = 0;
+  int32_t last = -1;
+  int64_t e = 0;
+#if defined(__AVX512F__)
+  // Sixteen slots at a time: compress the valid ones, then check the compressed run ascends.
+  const __m512i lo = _mm512_set1_epi32(-1), hi = _mm512_set1_epi32(int32_t(n_valid));
+  for (; e + 16 <= K; e += 16) {
+    const __m512i s = _mm512_loadu_si512(idx + e);
+    const __mmask16 ok = _mm512_cmpgt_epi32_mask(s, lo) & _mm512_cmplt_epi32_mask(s, hi);
+    // Whole-vector stores of the compressed lanes (n + 16 <= e + 16 <= K: inside the buffers);
+    // a masked compress straight to memory is several times slower.
+    _mm512_storeu_si512(sel + n, _mm512_maskz_compress_epi32(ok, s));
+    _mm512_storeu_ps(p + n, _mm512_maskz_compress_ps(ok, _mm512_loadu_ps(target + e)));
+    n += __builtin_popcount(ok);
+  }
+  for (int64_t j = 0; j + 1 < n; j += 16) {
+    const __mmask16 pairs = _cvtu32_mask16((n - 1 - j) >= 16 ? 0xffffu : (1u << (n - 1 - j)) - 1);
+    const __m512i a = _mm512_maskz_loadu_epi32(pairs, sel + j), b = _mm512_maskz_loadu_epi32(pairs, sel + j + 1);
+    if (_mm512_mask_cmpge_epi32_mask(pairs, a, b)) return -1;
+  }
+  if (n > 0) last = sel[n - 1];
+#endif
+  for (; e < K; ++e) {
+    const int32_t s = idx[e];
+    if (s < 0 || s >= n_valid) continue;
+    if (s <= last) return -1;
+    last = s;
+    sel[n] = s;
+    p[n++] = target[e];
+  }
+  return n;
+}
+
 // Narrow rows keep up to 8 vectors per key row in registers.
 constexpr int64_t kNarrowVecs = 8;
 // Wide rows: dk rows produced per GEMM before they are added to the partial sums.
@@ -843,8 +908,20 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
   // Skv are zero); kt: transposed key blocks [B, nkb, DI, kKeys] (B operand of the scores);
   // mkt: transposed main key blocks [B, Hk, nkb, D, kKeys] (the dense target). kt serves the
   // blocked path (below), which the sparse stage also takes for blocks that select most keys.
-  const Scratch<float> kr(d.B * skv_pad * di_pad, ScratchInit::zeroed);
-  const Scratch<float> kt(amx ? 1 : d.B * nkb * DI * kKeys), mkt(amx || !dense ? 1 : d.B * Hk * nkb * D * kKeys);
+  // kt serves the f32 blocked path only, which the sparse stage never takes (below). f32 keys of
+  // a whole vector width (and vector-aligned, as the per-key kernels load them) are the sparse
+  // stage's kr as they are: only the selected rows (< Skv) of the gathered path are read, and a
+  // packed copy would be one more megabyte in cache per 4096 keys beside the dk partial sums.
+  const bool keys_in_place = std::is_same_v<T, float> && !dense && DI == di_pad &&
+                             reinterpret_cast<uintptr_t>(k) % (kVecLanes * sizeof(float)) == 0;
+  const Scratch<float> kr(keys_in_place ? 1 : d.B * skv_pad * di_pad, ScratchInit::zeroed);
+  const Scratch<float> kt(amx || !dense ? 1 : d.B * nkb * DI * kKeys), mkt(amx || !dense ? 1 : d.B * Hk * nkb * D * kKeys);
+  auto key_rows = [&](int64_t b) -> const float* {  // [skv_pad or Skv, di_pad]: batch b's kr rows
+    if constexpr (std::is_same_v<T, float>) {
+      if (keys_in_place) return k + b * d.Skv * DI;
+    }
+    return kr.data() + b * skv_pad * di_pad;
+  };
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   // With AMX the blocked path's B operands are VNNI pair blocks instead of kt and mkt: kv
   // [B, nkb, di32 / 2, kKeys] and mkv [B, Hk, nkb, d32 / 2, kKeys].
@@ -864,11 +941,11 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
   const int64_t dk_len = d.B * skv_pad * di_pad;
   const Scratch<float> dk_part(threads * dk_len, ScratchInit::zeroed);
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < d.B * d.Skv; ++r) {
+  for (int64_t r = 0; r < (keys_in_place ? 0 : d.B * d.Skv); ++r) {
     const int64_t b = r / d.Skv, s = r % d.Skv;
     pack_rows(kr.data() + (b * skv_pad + s) * di_pad, di_pad, k + r * DI, DI, 1, DI);
   }
-  if (!amx) pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
+  if (!amx && dense) pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
   // mk [B, Skv, Hk, D] seen as B * Hk sequences of Skv rows D wide, Hk * D apart.
 #pragma omp parallel for schedule(static)
   for (int64_t item = 0; item < (amx || !dense ? 0 : d.B * Hk * nkb); ++item) {
@@ -1106,26 +1183,29 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
           // listed twice gets the sum of its slots' targets; the search runs only for repeats).
           const int64_t row = row0 + i, n_valid = valid_keys(d, t0 + i);
           float* p = r_target.data();
-          int64_t n = 0;
-          for (int64_t e = 0; e < d.K; ++e) {
-            const int32_t s = idx[row * d.K + e];
-            if (s < 0 || s >= n_valid) continue;
-            const float pe = slot_target[row * d.K + e];
-            if ((seen.data()[s >> 6] >> (s & 63)) & 1) {
-              int64_t j = 0;
-              while (sel.data()[j] != s) ++j;
-              p[j] += pe;
-              continue;
+          int64_t n = increasing_selection(sel.data(), p, idx + row * d.K, slot_target + row * d.K, d.K, n_valid);
+          if (n < 0) {  // a valid index repeats (or the order is not ascending): deduplicate
+            n = 0;
+            for (int64_t e = 0; e < d.K; ++e) {
+              const int32_t s = idx[row * d.K + e];
+              if (s < 0 || s >= n_valid) continue;
+              const float pe = slot_target[row * d.K + e];
+              if ((seen.data()[s >> 6] >> (s & 63)) & 1) {
+                int64_t j = 0;
+                while (sel.data()[j] != s) ++j;
+                p[j] += pe;
+                continue;
+              }
+              seen.data()[s >> 6] |= uint64_t(1) << (s & 63);
+              p[n] = pe;
+              sel.data()[n++] = s;
             }
-            seen.data()[s >> 6] |= uint64_t(1) << (s & 63);
-            p[n] = pe;
-            sel.data()[n++] = s;
+            for (int64_t j = 0; j < n; ++j) seen.data()[sel.data()[j] >> 6] = 0;
           }
-          for (int64_t j = 0; j < n; ++j) seen.data()[sel.data()[j] >> 6] = 0;
           if (n == 0) continue;  // no valid key: no loss, zero gradients
           const float* q_row = qa.data() + i * HI * di_pad;
           const float* w_row = w_blk + i * HI;
-          const float* kr_b = kr.data() + b * skv_pad * di_pad;
+          const float* kr_b = key_rows(b);
           float* dq_row = dq_acc.data() + i * HI * di_pad;
           float* dk_b = dk_acc + b * skv_pad * di_pad;
           float* sc = r_score.data();
@@ -1135,12 +1215,15 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
             for (int64_t s = n; s < cols; ++s) p[s] = 0;
 #if defined(__AVX512F__)
             if (quad) {
+              // q4[c] quarter h = head h's dims 4 c .. 4 c + 3 (zero past HI).
               for (int64_t c = 0; c < di_pad / 4; ++c) {
-                for (int64_t l = 0; l < 16; ++l) {
-                  q4.data()[c * 16 + l] = l / 4 < HI ? q_row[(l / 4) * di_pad + 4 * c + l % 4] : 0.0f;
+                __m512 v = _mm512_setzero_ps();
+                for (int64_t h = 0; h < HI; ++h) {
+                  v = _mm512_mask_broadcast_f32x4(v, __mmask16(0xf << (4 * h)), _mm_loadu_ps(q_row + h * di_pad + 4 * c));
                 }
+                _mm512_storeu_ps(q4.data() + c * 16, v);
               }
-              narrow_dots4(di_pad / 4, r_dots.data(), n_cap, q4.data(), HI, di_pad, kr_b, sel.data(), n, zero_row.data());
+              narrow_dots4(di_pad, r_dots.data(), n_cap, q4.data(), HI, kr_b, sel.data(), n, zero_row.data());
               for (int64_t j = 0; j < HI; ++j) {
                 for (int64_t s = round_up(n, 16); s < cols; ++s) r_dots.data()[j * n_cap + s] = 0;
               }
