@@ -12,6 +12,9 @@
 #include "titan/core/cpu_features.h"
 #include "titan/kernels/cpu/isa.h"
 #include "titan/kernels/cpu/scratch.h"
+#if defined(TITAN_AVX512_ROWS)
+#include "titan/kernels/cpu/avx512.h"
+#endif
 
 namespace titan::kernels::cpu::TITAN_ISA {
 
@@ -128,6 +131,36 @@ struct Plan {
 Plan make_plan(const SparseMlaDims& d) {
   return {round_up(d.Dqk, kLanes), round_up(d.Dv, kLanes), round_up(d.H, kLanes), round_up(d.H, kRows),
           round_up(d.K, kRows)};
+}
+
+// dst[c * ld_dst + r] = scale * src[r * ld_src + c] for r < rows, c < cols: the heads' rows of q
+// (or dO) as the head columns of a B operand. Whole 16 x 16 f32 blocks are transposed in
+// shuffles; the rest (partial blocks, bf16) element by element. Element by element throughout,
+// with each store ld_dst floats past the last, this cost a query about as many scalar operations
+// (~35k at H = 16, Dqk + Dv = 1088) as its score product has vector FMAs.
+template <class T>
+void transpose_heads(float* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t rows, int64_t cols,
+                     float scale) {
+  int64_t rows_done = 0, cols_done = 0;  // the block [0, rows_done) x [0, cols_done) done in shuffles
+#if defined(TITAN_AVX512_ROWS)
+  if constexpr (std::is_same_v<T, float>) {
+    rows_done = rows / 16 * 16, cols_done = cols / 16 * 16;
+    alignas(64) uint32_t blk[16 * 16];
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (int64_t r0 = 0; r0 < rows_done; r0 += 16) {
+      for (int64_t c0 = 0; c0 < cols_done; c0 += 16) {
+        transpose16_u32(blk, 16, reinterpret_cast<const uint32_t*>(src + r0 * ld_src + c0), ld_src);
+        for (int64_t i = 0; i < 16; ++i) {
+          _mm512_storeu_ps(dst + (c0 + i) * ld_dst + r0,
+                           _mm512_mul_ps(sv, _mm512_castsi512_ps(_mm512_load_si512(blk + 16 * i))));
+        }
+      }
+    }
+  }
+#endif
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = r < rows_done ? cols_done : 0; c < cols; ++c) dst[c * ld_dst + r] = scale * to_f32(src[r * ld_src + c]);
+  }
 }
 
 // How many slots ahead the gathers prefetch the selected kv rows.
@@ -510,9 +543,7 @@ void sparse_mla_forward(T* o, float* lse, float* head_mean, const T* q, const T*
         continue;
       }
       const T* qh = q + bt * d.H * d.Dqk;
-      for (int64_t h = 0; h < d.H; ++h) {
-        for (int64_t col = 0; col < d.Dqk; ++col) qt.data()[col * p.Hs + h] = scale * to_f32(qh[h * d.Dqk + col]);
-      }
+      transpose_heads(qt.data(), p.Hs, qh, d.Dqk, d.H, d.Dqk, scale);
       // S^T[i, h] = scale * rows[i] . q[h]: [n, Dqk] x [Dqk, Hs]; every head reuses each row.
       const int64_t n_pad = round_up(n, kRows);
       for (int64_t r = 0; r < n_pad; ++r) c.data()[r] = st.data() + r * p.Hs;
@@ -588,19 +619,20 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
         const T* qh = q + bt * d.H * d.Dqk;
         const T* doh = dout + bt * d.H * d.Dv;
         const T* oh = o + bt * d.H * d.Dv;
+        transpose_heads(qdt.data(), w2, qh, d.Dqk, d.H, d.Dqk, scale);
+        transpose_heads(qdt.data() + p.Hs, w2, doh, d.Dv, d.H, d.Dv, 1.0f);
         for (int64_t h = 0; h < d.H; ++h) {
+          float* b2q = b2.data() + h * p.Dp;
+          float* b2d = b2.data() + (p.Hs + h) * p.Dp;
           float dl = 0;  // Delta = rowsum(dO * O)
+#pragma omp simd reduction(+ : dl)
           for (int64_t col = 0; col < d.Dv; ++col) {
             const float dov = to_f32(doh[h * d.Dv + col]);
             dl += dov * to_f32(oh[h * d.Dv + col]);
-            qdt.data()[col * w2 + p.Hs + h] = dov;
-            b2.data()[(p.Hs + h) * p.Dp + col] = dov;
+            b2d[col] = dov;
           }
-          for (int64_t col = 0; col < d.Dqk; ++col) {
-            const float qv = to_f32(qh[h * d.Dqk + col]);
-            qdt.data()[col * w2 + h] = scale * qv;
-            b2.data()[h * p.Dp + col] = qv;
-          }
+#pragma omp simd
+          for (int64_t col = 0; col < d.Dqk; ++col) b2q[col] = to_f32(qh[h * d.Dqk + col]);
           delta.data()[h] = dl;
           lse_h.data()[h] = lse[bt * d.H + h];
         }
