@@ -967,8 +967,13 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
   const int64_t hi_pad = round_up(HI, kLanes);
   // Narrow rows of up to 4 heads and 64 dims: narrow_dots4 (AVX-512).
   const bool quad = kVecLanes == 16 && narrow && HI <= 4 && di_pad <= 64;
-#pragma omp parallel reduction(+ : loss)
+  // Each block's share of the loss, summed in block order after the parallel region: with the
+  // blocks dealt round-robin (schedule(static, 1)), every sum (the loss, each thread's dk
+  // partial) runs in the same order on every call, so the results do not vary run to run.
+  Scratch<double> block_loss(d.B * nqb, ScratchInit::zeroed);
+#pragma omp parallel
   {
+    double item_loss = 0;  // this thread's current block
     float* dk_acc = dk_part.data() + omp_get_thread_num() * dk_len;
     const Scratch<float> qa(m_max * di_pad), mqa(amx || !dense ? 1 : H * tq * D);  // packed queries; mqa [H, tq, D]
     const Scratch<float> dq_acc(m_max * di_pad), dw_acc(m_max), row_max(tq), row_sum(tq);
@@ -1008,7 +1013,7 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
                              float* dw_rows, const float* ok_rows, int64_t n) {
       for (int64_t i = 0; i < rows; ++i) {
         float* sc = sc_all + i * ld;
-        loss += row_loss(sc, p_all + i * ld, ok_rows ? ok_rows + i * ld : nullptr, n, cols, lse[i], gs);
+        item_loss += row_loss(sc, p_all + i * ld, ok_rows ? ok_rows + i * ld : nullptr, n, cols, lse[i], gs);
         for (int64_t j = 0; j < HI; ++j) {
           const float* dj = dots_all + (i * HI + j) * ld;
           float* gj = g2_all + (i * HI + j) * ld;
@@ -1026,7 +1031,7 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
       }
     };
 
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(static, 1)
     for (int64_t item = d.B * nqb - 1; item >= 0; --item) {
       const int64_t b = item / nqb, t0 = (item % nqb) * tq, rows = min_i64(tq, d.S - t0), M = rows * HI;
       const int64_t row0 = b * d.S + t0;  // first global query row
@@ -1259,7 +1264,7 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
             sc[s] = sum;
           }
           const float lse = row_lse(sc, n);
-          loss += row_loss(sc, p, nullptr, n, round_up(n, kLanes), lse, gs);
+          item_loss += row_loss(sc, p, nullptr, n, round_up(n, kLanes), lse, gs);
           for (int64_t v = 0; v < hi_pad; v += kVecLanes) {
             const vecf wj = loadv(wv.data() + v);
             vecf dw_v = vecf{};
@@ -1299,6 +1304,8 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
         for (int64_t c = 0; c < DI; ++c) out[c] = from_f32<T>(in[c]);
         dw[row0 * HI + r] = dw_acc.data()[r];
       }
+      block_loss.data()[item] = item_loss;
+      item_loss = 0;
     }
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
     if (amx) _tile_release();
@@ -1317,6 +1324,7 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
     }
     for (int64_t c = 0; c < DI; ++c) dk[r * DI + c] = from_f32<T>(acc[c]);
   }
+  for (int64_t item = 0; item < d.B * nqb; ++item) loss += block_loss.data()[item];
   return loss;
 }
 

@@ -419,7 +419,9 @@ void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, con
     Scratch<int32_t> keys(d.K, ScratchInit::zeroed);
     for (int64_t h = d.H; h < p.Hs; ++h) lse_h.data()[h] = kInf;  // padding heads: P = 0
     for (int64_t b = 0; b < d.B; ++b) {
-#pragma omp for schedule(dynamic, 1)
+      // Queries dealt round-robin, not dynamically: each thread's dkv partial then sums the
+      // same queries in the same order on every call (a dynamic schedule made dkv vary run to run).
+#pragma omp for schedule(static, 1)
       for (int64_t t = 0; t < d.S; ++t) {
         const int64_t bt = b * d.S + t;
         const int64_t n = gather_pairs(g.data(), vq.data(), p.Dp, d.Dqk, keys.data(), kv + b * d.Skv * d.Dqk,
@@ -607,7 +609,9 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
     Scratch<float*> c(p.Kp > p.Hr ? p.Kp : p.Hr, ScratchInit::zeroed);
     for (int64_t h = d.H; h < p.Hs; ++h) lse_h.data()[h] = kInf;  // padding heads: P = 0
     for (int64_t b = 0; b < d.B; ++b) {
-#pragma omp for schedule(dynamic, 1)
+      // Queries dealt round-robin, not dynamically: each thread's dkv partial then sums the
+      // same queries in the same order on every call (a dynamic schedule made dkv vary run to run).
+#pragma omp for schedule(static, 1)
       for (int64_t t = 0; t < d.S; ++t) {
         const int64_t bt = b * d.S + t;
         const int64_t n = gather_valid(g.data(), p.Dp, keys.data(), kv + b * d.Skv * d.Dqk, idx + bt * d.K, t, d);
