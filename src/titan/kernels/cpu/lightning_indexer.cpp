@@ -695,9 +695,13 @@ void narrow_dots(float* dots, int64_t ld, int64_t cols, const float* q, int64_t 
 // head h's dots with the 16 keys. Its four sub-groups of 4 keys run as a loop, not unrolled:
 // unrolled, GCC interleaved all sixteen keys' loads and spilled to the stack.
 template <int C>
-TITAN_INLINE void dots4_group(__m512* v, const float* const* rows, const __m512* qv) {
+TITAN_INLINE void dots4_group(__m512* v, const float* const* rows, const __m512* qv, const float* const* next,
+                              int64_t n_next) {
 #pragma GCC unroll 1
   for (int g = 0; g < 4; ++g) {
+    // A quarter of the next group's rows per sub-group: spread out, the requests overlap the FMAs
+    // instead of stalling on the fill buffers as one burst.
+    for (int64_t j = 4 * g; j < 4 * g + 4 && j < n_next; ++j) prefetch_row(next[j], 4 * C, false);
     __m512 a[4];
 #pragma GCC unroll 4
     for (int l = 0; l < 4; ++l) {
@@ -737,6 +741,7 @@ void narrow_dots4(float* dots, int64_t ld, const float* q4, int64_t HI, const fl
 #pragma GCC unroll 16
   for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q4 + 16 * c);
   const float* rows[16];
+  const float* next[16];
   __m512 v[4];
   auto store = [&](int64_t s0) {
 #pragma GCC unroll 4
@@ -746,17 +751,17 @@ void narrow_dots4(float* dots, int64_t ld, const float* q4, int64_t HI, const fl
   };
   int64_t s0 = 0;
   for (; s0 + 16 <= n; s0 += 16) {
-    // The next group's rows are requested now (see narrow_dots).
+    // The next group's rows are requested while this one runs (see narrow_dots).
     const int64_t ahead = s0 + 32 <= n ? 16 : n - s0 - 16;
-    for (int64_t j = 0; j < ahead; ++j) prefetch_row(kr + int64_t(sel[s0 + 16 + j]) * di_pad, di_pad, false);
 #pragma GCC unroll 16
     for (int j = 0; j < 16; ++j) rows[j] = kr + int64_t(sel[s0 + j]) * di_pad;
-    dots4_group<C>(v, rows, qv);
+    for (int64_t j = 0; j < ahead; ++j) next[j] = kr + int64_t(sel[s0 + 16 + j]) * di_pad;
+    dots4_group<C>(v, rows, qv, next, ahead);
     store(s0);
   }
   if (s0 < n) {
     for (int j = 0; j < 16; ++j) rows[j] = s0 + j < n ? kr + int64_t(sel[s0 + j]) * di_pad : zero;
-    dots4_group<C>(v, rows, qv);
+    dots4_group<C>(v, rows, qv, next, 0);
     store(s0);
   }
 }
