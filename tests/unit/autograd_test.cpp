@@ -119,6 +119,28 @@ TEST(Autograd, ZeroGradIsLazyAndExact) {
   EXPECT_EQ(a.grad().at({1}), 12.0f);
 }
 
+// A gradient that does not exist yet is handed to a writing backward uninitialized (no
+// zero-fill, grad_to_write): the writer must overwrite every element, and a use that adds in the
+// same backward adds to what it wrote. Poisoned blocks in the allocation cache make a skipped
+// element show.
+TEST(Autograd, FirstGradientIsWrittenNotZeroFilled) {
+  for (int i = 0; i < 8; ++i) {  // freed at once: the cache hands these blocks out next
+    Tensor poison = Tensor::full({2}, std::nan(""), DType::f32, MemCategory::gradients);
+  }
+  Variable a = param({1.0f, 2.0f});
+  { Variable l = sum(triple_writing(a)); backward(l); }  // a leaf's first gradient: written
+  EXPECT_EQ(a.grad().at({0}), 3.0f);
+  EXPECT_EQ(a.grad().at({1}), 3.0f);
+  Variable b = param({1.0f, 2.0f});
+  { Variable l = sum(mul(b, triple_writing(b))); backward(l); }  // written, then added: 6b
+  EXPECT_EQ(b.grad().at({0}), 6.0f);
+  EXPECT_EQ(b.grad().at({1}), 12.0f);
+  Variable c = param({1.0f, 2.0f});
+  { Variable l = sum(triple_writing(mul(c, c))); backward(l); }  // an intermediate's: 3 * 2c
+  EXPECT_EQ(c.grad().at({0}), 6.0f);
+  EXPECT_EQ(c.grad().at({1}), 12.0f);
+}
+
 TEST(Autograd, NoGradRecordsNothing) {
   Variable a = param({1.0f});
   {

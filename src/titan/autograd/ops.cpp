@@ -44,14 +44,10 @@ Variable linear(const Variable& x, const Variable& w, const Tensor& w_compute) {
   })[0];
   return record("linear", {x, w}, y, [xv = x.value(), wc](const Tensor& dy, GradSink& g) {
     ProfileScope prof_bwd("linear.bwd");
-    // dx written into a fresh buffer that becomes the gradient when x has none yet (the usual
-    // case): no zero-fill and no read-back of it in the GEMM.
-    const bool fresh = g.can_adopt(0);
-    Tensor dx = fresh ? Tensor::empty(xv.shape(), xv.dtype(), MemCategory::temporaries) : g.grad(0);
-    bool accumulate_dw = true;
-    Tensor dw = g.grad_to_write(1, &accumulate_dw), db;
-    kernels::linear_backward(dx, dw, db, dy, xv, wc, !fresh, accumulate_dw);
-    if (fresh) g.adopt(0, dx);
+    // dx and dw written outright when they are still zero (grad_to_write), else added.
+    bool accumulate_dx = true, accumulate_dw = true;
+    Tensor dx = g.grad_to_write(0, &accumulate_dx), dw = g.grad_to_write(1, &accumulate_dw), db;
+    kernels::linear_backward(dx, dw, db, dy, xv, wc, accumulate_dx, accumulate_dw);
   });
 }
 
@@ -103,11 +99,9 @@ Variable rope(const Variable& x, const kernels::RopeTables& tables, const Tensor
   kernels::rope_forward(y, x.value(), tables, positions, layout, rope_offset);
   return record("rope", {x}, y, [tables, positions, layout, rope_offset](const Tensor& dy, GradSink& g) {
     ProfileScope prof_bwd("rope.bwd");
-    // Written into a fresh buffer that becomes the gradient when x has none yet (see linear).
-    const bool fresh = g.can_adopt(0);
-    Tensor dx = fresh ? Tensor::empty(dy.shape(), dy.dtype(), MemCategory::temporaries) : g.grad(0);
-    kernels::rope_backward(dx, dy, tables, positions, layout, rope_offset, !fresh);
-    if (fresh) g.adopt(0, dx);
+    bool accumulate = true;  // written outright while x's gradient is still zero
+    Tensor dx = g.grad_to_write(0, &accumulate);
+    if (dx.defined()) kernels::rope_backward(dx, dy, tables, positions, layout, rope_offset, accumulate);
   });
 }
 

@@ -19,15 +19,18 @@ Variable make_output(Tensor value, bool requires_grad) {
   return v;
 }
 
+Tensor& GradSlot::allocate(bool zeroed) {
+  // Leaves (parameters) keep f32 gradients whatever their storage; intermediate gradients
+  // follow their activation's dtype.
+  const DType dt = dtype_is_float(dtype) && !is_leaf ? dtype : DType::f32;
+  const MemCategory category = is_leaf ? MemCategory::gradients : MemCategory::temporaries;
+  grad = zeroed ? Tensor::zeros(shape, dt, category) : Tensor::empty(shape, dt, category);
+  stale = false;
+  return grad;
+}
+
 Tensor& GradSlot::ensure() {
-  if (!grad.defined()) {
-    // Leaves (parameters) keep f32 gradients whatever their storage; intermediate gradients
-    // follow their activation's dtype.
-    const DType dt = dtype_is_float(dtype) && !is_leaf ? dtype : DType::f32;
-    grad = Tensor::zeros(shape, dt, is_leaf ? MemCategory::gradients : MemCategory::temporaries);
-    stale = false;
-    return grad;
-  }
+  if (!grad.defined()) return allocate(true);
   current();
   return grad;
 }
@@ -44,12 +47,13 @@ Tensor GradSink::grad_to_write(size_t i, bool* accumulate) {
   *accumulate = true;
   if (!needs(i)) return Tensor();
   GradSlot& in = *inputs_[i];
-  if (in.grad.defined() && in.stale) {
-    in.stale = false;
+  if (!in.grad.defined() || in.stale) {
     *accumulate = false;
+    if (!in.grad.defined()) return in.allocate(false);
+    in.stale = false;
     return in.grad;
   }
-  return in.ensure();
+  return in.grad;
 }
 
 Tensor& Variable::ensure_grad() {

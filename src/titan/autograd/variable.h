@@ -32,6 +32,8 @@ struct GradSlot {
   // Allocates a zero gradient if absent (f32 in category `gradients` for leaves, i.e. parameters,
   // the value's dtype in `temporaries` for intermediates) and zero-fills a stale one.
   Tensor& ensure();
+  // Allocates the gradient (as ensure, but uninitialized unless `zeroed`); it must be absent.
+  Tensor& allocate(bool zeroed);
   // The gradient as it stands (undefined if none), a stale buffer zero-filled first.
   const Tensor& current();
 };
@@ -77,12 +79,15 @@ class GradSink {
   bool needs(size_t i) const { return inputs_[i]->requires_grad; }
   Tensor grad(size_t i) { return needs(i) ? inputs_[i]->ensure() : Tensor(); }
   // Input i's gradient for a kernel that can either add to it or overwrite all of it: returns
-  // the buffer and sets *accumulate. False means the gradient is zero and the buffer stale (after
-  // zero_grad): the kernel must write every element. Undefined when input i needs no gradient.
+  // the buffer and sets *accumulate. False means the gradient is zero, and the buffer either
+  // stale (after zero_grad) or freshly allocated uninitialized (input i had none yet: the usual
+  // single-consumer case): the kernel must write every element. Saves a zero-fill and its
+  // read-back. Undefined when input i needs no gradient.
   Tensor grad_to_write(size_t i, bool* accumulate);
   // When input i needs a gradient and has none yet, makes `g` its gradient without copying and
   // returns true (the caller must not reuse g); otherwise returns false (accumulate instead).
-  // Saves a zero-fill and an add for the common single-consumer case.
+  // For kernels that write several inputs' gradients under one write/add switch (grad_to_write
+  // serves one input at a time).
   bool adopt(size_t i, const Tensor& g);
   // Whether adopt(i, ...) would succeed now: a kernel can then write input i's gradient into a
   // fresh uninitialized buffer instead of adding to a zero-filled one.

@@ -123,17 +123,16 @@ Variable absorb_query(const Variable& q, const Variable& wkv_b, const Tensor& w_
     const Tensor d = dout.contiguous();
     const Tensor d_lat = heads_view(d, n, a.h, 0, a.dc);  // [H, N, d_c]
     if (g.needs(0)) {
-      // Written into a fresh buffer that becomes q's gradient when it has none yet (the usual
-      // case): the nope columns by the product, the rope columns by a copy; no zero-fill.
-      const bool fresh = g.can_adopt(0);
-      Tensor dq = fresh ? Tensor::empty(qv.shape(), qv.dtype(), MemCategory::temporaries) : g.grad(0);
+      // Written outright while q's gradient is still zero (grad_to_write: the usual case): the
+      // nope columns by the product, the rope columns by a copy.
+      bool accumulate = true;
+      Tensor dq = g.grad_to_write(0, &accumulate);
       Tensor dq_nope = heads_view(dq, n, a.h, 0, a.dn);  // [H, N, d_n] (+)= dQ_lat W_UK^T
-      kernels::matmul(dq_nope, d_lat, w.narrow(1, 0, a.dn), false, true, 1, fresh ? 0 : 1);
-      if (fresh) {
-        kernels::copy_columns(dq, a.dn, d, a.dc, a.dr);
-        g.adopt(0, dq);
-      } else {
+      kernels::matmul(dq_nope, d_lat, w.narrow(1, 0, a.dn), false, true, 1, accumulate ? 1 : 0);
+      if (accumulate) {
         kernels::add_columns(dq, a.dn, d, a.dc, a.dr);
+      } else {
+        kernels::copy_columns(dq, a.dn, d, a.dc, a.dr);
       }
     }
     if (g.needs(1)) {
@@ -158,12 +157,10 @@ Variable unabsorb_output(const Variable& o_lat, const Variable& wkv_b, const Ten
                 [lat = o_lat.value(), w_uv, a, n](const Tensor& dout, GradSink& g) {
                   ProfileScope prof_bwd("mla_unabsorb_output.bwd");
                   const Tensor d = heads_view(dout.contiguous(), n, a.h, 0, a.dv);  // [H, N, d_v]
-                  if (g.needs(0)) {  // written, not added, when O_lat has no gradient yet (as above)
-                    const bool fresh = g.can_adopt(0);
-                    Tensor dl = fresh ? Tensor::empty(lat.shape(), lat.dtype(), MemCategory::temporaries) : g.grad(0);
-                    Tensor dlat = heads_view(dl, n, a.h, 0, a.dc);  // [H, N, d_c] (+)= dO W_UV
-                    kernels::matmul(dlat, d, w_uv, false, false, 1, fresh ? 0 : 1);
-                    if (fresh) g.adopt(0, dl);
+                  if (g.needs(0)) {  // written while O_lat's gradient is still zero (as above)
+                    bool accumulate = true;
+                    Tensor dlat = heads_view(g.grad_to_write(0, &accumulate), n, a.h, 0, a.dc);  // [H, N, d_c]
+                    kernels::matmul(dlat, d, w_uv, false, false, 1, accumulate ? 1 : 0);
                   }
                   if (g.needs(1)) {
                     Tensor dw = g.grad(1).view({a.h, a.dn + a.dv, a.dc}).narrow(1, a.dn, a.dv);  // += dO^T O_lat
