@@ -133,26 +133,29 @@ struct Timing {
   std::optional<double> torch_seconds;
 };
 
+// One result row: time, GFLOP/s and fraction of the precision's peak against the 40% target, and
+// the ratio to PyTorch when it ran (else, with `say_missing`, why not).
+void print_row(const std::string& name, DType dt, const kernels::MachinePeak& peak, const Timing& r, bool say_missing) {
+  const double t = r.seconds, f = r.flops, pk = dt == DType::f32 ? peak.f32_flops : peak.bf16_flops;
+  std::printf("%-70s %9.2f ms %8.1f GFLOP/s %5.1f%% of peak [%s vs 40%%]", name.c_str(), t * 1e3, f / t / 1e9,
+              100 * f / t / pk, bench::verdict(f / t / pk, 0.4));
+  if (const std::optional<double>& tt = r.torch_seconds) {
+    std::printf("  torch %9.2f ms, ours %.1fx faster [%s vs 10x]", *tt * 1e3, *tt / t, bench::verdict(*tt / t, 10));
+  } else if (say_missing) {
+    std::printf("  torch: not run (no reference/.venv or it failed)");
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
 std::optional<Timing> run(const BenchShape& shape, Op op, DType dt, const kernels::MachinePeak& peak, bool torch,
                           const std::string& only) {
   if (!only.empty() && only != op_name(op)) return std::nullopt;
   Problem p(shape, op, dt);
-  const double t = bench::time_best([&] { p.run(); }, 3, 1);
-  const double f = p.flops(), pk = p.dtype == DType::f32 ? peak.f32_flops : peak.bf16_flops;
-  std::printf("%-70s %9.2f ms %8.1f GFLOP/s %5.1f%% of peak [%s vs 40%%]", p.name().c_str(), t * 1e3, f / t / 1e9,
-              100 * f / t / pk, bench::verdict(f / t / pk, 0.4));
-  Timing timing{t, f, std::nullopt};
-  if (torch) {
-    timing.torch_seconds = torch_seconds(p);
-    if (const std::optional<double>& tt = timing.torch_seconds) {
-      std::printf("  torch %9.2f ms, ours %.1fx faster [%s vs 10x]", *tt * 1e3, *tt / t, bench::verdict(*tt / t, 10));
-    } else {
-      std::printf("  torch: not run (no reference/.venv or it failed)");
-    }
-  }
-  std::printf("\n");
-  std::fflush(stdout);
-  return timing;
+  Timing r{bench::time_best([&] { p.run(); }, 3, 1), p.flops(), std::nullopt};
+  if (torch) r.torch_seconds = torch_seconds(p);
+  print_row(p.name(), dt, peak, r, torch);
+  return r;
 }
 
 // The sparse stage's indexer work in one training step, forward (top-k) and loss with its
@@ -161,19 +164,12 @@ std::optional<Timing> run(const BenchShape& shape, Op op, DType dt, const kernel
 void print_sparse_stage(const BenchShape& s, DType dt, const kernels::MachinePeak& peak, const std::optional<Timing>& topk,
                         const std::optional<Timing>& loss) {
   if (!topk || !loss) return;
-  const double t = topk->seconds + loss->seconds, f = topk->flops + loss->flops;
-  const double pk = dt == DType::f32 ? peak.f32_flops : peak.bf16_flops;
+  Timing both{topk->seconds + loss->seconds, topk->flops + loss->flops, std::nullopt};
+  if (topk->torch_seconds && loss->torch_seconds) both.torch_seconds = *topk->torch_seconds + *loss->torch_seconds;
   char name[128];
   std::snprintf(name, sizeof name, "  = indexer forward + loss, sparse stage S=%lld HI=%lld DI=%lld K=%lld %s",
                 (long long)s.S, (long long)s.HI, (long long)s.DI, (long long)s.K, std::string(dtype_name(dt)).c_str());
-  std::printf("%-70s %9.2f ms %8.1f GFLOP/s %5.1f%% of peak [%s vs 40%%]", name, t * 1e3, f / t / 1e9, 100 * f / t / pk,
-              bench::verdict(f / t / pk, 0.4));
-  if (topk->torch_seconds && loss->torch_seconds) {
-    const double tt = *topk->torch_seconds + *loss->torch_seconds;
-    std::printf("  torch %9.2f ms, ours %.1fx faster [%s vs 10x]", tt * 1e3, tt / t, bench::verdict(tt / t, 10));
-  }
-  std::printf("\n");
-  std::fflush(stdout);
+  print_row(name, dt, peak, both, false);
 }
 
 }  // namespace
