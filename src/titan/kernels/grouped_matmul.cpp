@@ -75,7 +75,7 @@ void copy_padded_rows(char* dst, const char* src, int64_t rows, int64_t cols, in
 // dst [rows, cols] (T) += src [rows, cols] (f32), rounded to T once; = src with accumulate false
 template <class T>
 void add_rows(T* dst, const float* src, int64_t rows, int64_t cols, bool accumulate) {
-  // Scalar math: dst = dst + src
+  // Scalar math: dst = dst + src, or dst = src without accumulate
   for (int64_t i = 0; i < rows * cols; ++i) {
     if constexpr (std::is_same_v<T, float>) {
       dst[i] = accumulate ? dst[i] + src[i] : src[i];
