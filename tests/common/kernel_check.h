@@ -60,13 +60,26 @@ inline ErrorStats compare(const std::vector<double>& got, const std::vector<doub
 }
 
 // Runs f once per ISA level this CPU supports (restoring the level after), passing the level.
+// On a CPU with AMX the avx512_bf16 level runs twice: with AMX, then with it switched off (the
+// AVX512-BF16 kernels of CPUs without it). isa_label() names the current run in messages.
 inline void for_each_isa(const std::function<void(CpuCapability)>& f) {
   const CpuCapability saved = cpu_capability();
   for (int level = 0; level <= int(cpu_capability_detected()); ++level) {
     set_cpu_capability(CpuCapability(level));
     f(CpuCapability(level));
+    if (CpuCapability(level) == CpuCapability::avx512_bf16 && cpu_amx_bf16_usable()) {
+      set_cpu_amx_enabled(false);
+      f(CpuCapability(level));
+      set_cpu_amx_enabled(true);
+    }
   }
   set_cpu_capability(saved);
+}
+
+inline std::string isa_label(CpuCapability isa) {
+  std::string s(cpu_capability_name(isa));
+  if (isa == CpuCapability::avx512_bf16 && cpu_amx_bf16_detected()) s += cpu_amx_bf16_usable() ? "+amx" : "-amx";
+  return s;
 }
 
 }  // namespace titan::test

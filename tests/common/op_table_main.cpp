@@ -40,7 +40,7 @@ TEST_P(OpTable, FastMatchesReference) {
           const ErrorStats e = compare(to_doubles(o.fast), to_doubles(o.ref), atol, rtol);
           EXPECT_TRUE(e.nonfinite == 0 && e.max_scaled <= 1.0)
               << c.name << "." << o.name << " dims=" << dims_str(dims) << " dtype=" << dtype_name(dt)
-              << " isa=" << cpu_capability_name(isa) << ": max_abs=" << e.max_abs
+              << " isa=" << isa_label(isa) << ": max_abs=" << e.max_abs
               << " (x" << e.max_scaled << " of tolerance) at element " << e.worst << ", nonfinite=" << e.nonfinite;
         }
       });

@@ -58,7 +58,21 @@ void set_cpu_capability(CpuCapability c) {
   current().store(int(c));
 }
 
-bool cpu_amx_bf16_usable() {
+namespace {
+std::atomic<bool>& amx_enabled() {
+  static std::atomic<bool> on = [] {
+    const char* env = std::getenv("TITAN_AMX");
+    return !(env && std::string_view(env) == "0");
+  }();
+  return on;
+}
+}  // namespace
+
+void set_cpu_amx_enabled(bool on) { amx_enabled().store(on); }
+
+bool cpu_amx_bf16_usable() { return amx_enabled().load(std::memory_order_relaxed) && cpu_amx_bf16_detected(); }
+
+bool cpu_amx_bf16_detected() {
   static const bool usable = [] {
     unsigned eax, ebx, ecx, edx;
     if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & (1u << 27))) return false;  // OSXSAVE

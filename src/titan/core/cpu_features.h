@@ -18,8 +18,12 @@ CpuCapability cpu_capability_from_name(std::string_view name);  // throws on unk
 // Whether AMX bf16 tiles (TDPBF16PS) can run in this process: the CPU reports AMX-TILE and
 // AMX-BF16, the OS enables the tile state, and Linux grants this process tile data
 // (arch_prctl ARCH_REQ_XCOMP_PERM; without it the first tile instruction raises SIGILL).
-// Checked and requested once; false on any failure. Independent of cpu_capability().
+// Checked and requested once; false on any failure, and false while AMX is switched off
+// (TITAN_AMX=0 in the environment, or set_cpu_amx_enabled(false): how tests and benchmarks run
+// the AVX512-BF16 kernels that CPUs without AMX use). Independent of cpu_capability().
 bool cpu_amx_bf16_usable();
+bool cpu_amx_bf16_detected();        // the hardware / OS half of the above, ignoring the switch
+void set_cpu_amx_enabled(bool on);   // the switch; on by default unless TITAN_AMX=0
 
 // Flush-to-zero and denormals-are-zero (MXCSR FTZ | DAZ) on the calling thread and on every
 // OpenMP worker. Training sets it: as attention sharpens, probabilities like exp(s - lse) fall

@@ -4,9 +4,10 @@
 // amx_configure() on each thread before the first tile instruction (and _tile_release() after).
 //
 // TDPBF16PS runs 16 x 16 f32 tile products on bf16 operands, which the vector units (f32 FMA, or
-// VDPBF16PS at about the same rate here) cannot approach. Operand layouts: A tiles are 16 rows of
-// 32 bf16; B tiles are 16 rows of 16 bf16 pairs (pair = two consecutive k, the even one in the
-// low half: the "VNNI" layout TDPBF16PS expects).
+// VDPBF16PS at about the same rate on the Sapphire-Rapids-class CPU measured) cannot approach.
+// Operand layouts: A tiles are 16 rows of 32 bf16; B tiles are 16 rows of 16 bf16 pairs (pair =
+// two consecutive k, the even one in the low half: the "VNNI" layout TDPBF16PS expects). The
+// pair packing helpers are in cpu/bf16_pairs.h, shared with the VDPBF16PS kernels.
 #pragma once
 
 #if !defined(__AMX_TILE__) || !defined(__AMX_BF16__)
@@ -15,14 +16,9 @@
 
 #include <immintrin.h>
 
-#include "titan/kernels/cpu/isa.h"
-// After isa.h, which defines TITAN_AVX512_ROWS: the AMX variant is also the AVX-512 rows variant.
-#include "titan/kernels/cpu/avx512.h"
+#include "titan/kernels/cpu/bf16_pairs.h"
 
 namespace titan::kernels::cpu::TITAN_ISA {
-
-// One bf16 pair (VNNI element): lo in the low half.
-TITAN_INLINE uint32_t pack_pair(bf16 lo, bf16 hi) { return uint32_t(lo.bits) | uint32_t(hi.bits) << 16; }
 
 // Every tile register is used whole: 16 rows of 64 bytes. tmm0-3 accumulate, tmm4-7 hold operands.
 TITAN_INLINE void amx_configure() {
@@ -82,19 +78,6 @@ TITAN_INLINE void amx_row_block(float* c, int64_t c_ld, int64_t c_next, const ch
   if (tiles > 1) _tile_stored(1, cb + c_next, c_ld);
   if (tiles > 2) _tile_stored(2, cb + 2 * c_next, c_ld);
   if (tiles > 3) _tile_stored(3, cb + 3 * c_next, c_ld);
-}
-
-// 32 bf16 [r0[0..16) | r1[0..16)] (as _mm512_cvtne2ps_pbh(r1, r0) gives them) as 16 VNNI pairs
-// (r0[i] low, r1[i] high): one 64-byte row of a B operand built from two consecutive rows.
-TITAN_INLINE __m512i vnni_interleave(__m512i halves) {
-  alignas(64) static constexpr uint16_t kIdx[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                                    8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  return _mm512_permutexvar_epi16(_mm512_load_si512(kIdx), halves);
-}
-
-// 16 f32 values of rows r0 and r1 as 16 VNNI pairs (bf16, round to nearest even).
-TITAN_INLINE __m512i pack_pair_ps(__m512 r0, __m512 r1) {
-  return vnni_interleave((__m512i)_mm512_cvtne2ps_pbh(r1, r0));
 }
 
 // c[16 b rows, 16 columns) for b < blocks <= 4 (row blocks c_down bytes apart) = sum over `chunks`
@@ -173,29 +156,6 @@ TITAN_INLINE void amx_block_2x2(float* c, int64_t c_ld, int64_t c_down, const ch
   _tile_stored(3, cb + c_down + 64, c_ld);
 }
 
-// One VNNI row of a bf16 pair of rows (the B layout of AMX's bf16 product): dst[col] holds
-// v0[col] in its low and v1[col] in its high half; v1 null (the last, unpaired key) gives zeros.
-TITAN_INLINE void pack_row_pair(uint32_t* dst, const bf16* v0, const bf16* v1, int64_t width) {
-  if (v1 && width % 32 == 0) {  // 32 columns per two 2-source word permutes
-    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                        37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
-    for (int64_t col = 0; col < width; col += 32) {
-      const __m512i a = _mm512_loadu_si512(v0 + col), b = _mm512_loadu_si512(v1 + col);
-      _mm512_storeu_si512(dst + col, _mm512_permutex2var_epi16(a, lo, b));
-      _mm512_storeu_si512(dst + col + 16, _mm512_permutex2var_epi16(a, hi, b));
-    }
-    return;
-  }
-  if (!v1) {
-#pragma omp simd
-    for (int64_t col = 0; col < width; ++col) dst[col] = uint32_t(v0[col].bits);
-    return;
-  }
-#pragma omp simd
-  for (int64_t col = 0; col < width; ++col) dst[col] = uint32_t(v0[col].bits) | uint32_t(v1[col].bits) << 16;
-}
-
 // c [Hs, wp] f32 = a [Hs, K2] (bf16 pairs along the key dim) x b [K2, wp] (VNNI rows of key
 // pairs), on AMX: the heads-times-selected-rows product of the forward's output (P x V) and of
 // the backward's dq (dS x K). One head block: 16-row, 64-column blocks (one A tile, four B
@@ -220,55 +180,6 @@ TITAN_INLINE void amx_heads_times_rows(float* c, const uint32_t* a, int64_t k2, 
                     reinterpret_cast<const char*>(b + c0), wp * 4, 16 * wp * 4, 64, n2p / 16, tiles);
     }
   }
-}
-
-// dst[col, j) for col < 16 (rows dst_ld apart) and j < round_up((n + 1) / 2, 16) = the bf16 pair
-// (src[2j, col], src[2j + 1, col]) of the f32 matrix src [n, 16+] (rows src_ld apart), rows past
-// n read as 0, each column col first multiplied by mul[col] when mul is not null: an [n, 16]
-// slot-by-head f32 block becomes the A operand (heads by slot pairs) of a heads-times-selected-
-// rows product, with vectorized rounding and 16 x 16 transposes instead of a scalar loop per
-// element.
-TITAN_INLINE void pack_pairs_transposed(uint32_t* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t n,
-                                        const float* mul) {
-  // interleaves [a0..a15 | b0..b15] (bf16) into the pairs (a0, b0), (a1, b1), ...
-  const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
-                                         6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  alignas(64) uint32_t blk[16 * 16];
-  const __m512 m = mul ? _mm512_loadu_ps(mul) : _mm512_set1_ps(1.0f);
-  const int64_t n2 = (n + 1) / 2;
-  for (int64_t j0 = 0; j0 < n2; j0 += 16) {
-    for (int64_t j = 0; j < 16; ++j) {
-      const int64_t i = 2 * (j0 + j);
-      const __m512 r0 = i < n ? _mm512_mul_ps(_mm512_loadu_ps(src + i * src_ld), m) : _mm512_setzero_ps();
-      const __m512 r1 = i + 1 < n ? _mm512_mul_ps(_mm512_loadu_ps(src + (i + 1) * src_ld), m) : _mm512_setzero_ps();
-      const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(r1, r0));  // [r0 | r1] in bf16
-      _mm512_store_si512(blk + j * 16, _mm512_permutexvar_epi16(inter, both));
-    }
-    transpose16_u32(dst + j0, dst_ld, blk, 16);
-  }
-}
-
-// dst[0, n) = src[0, n) rounded to bf16 (round to nearest even, as f32_to_bf16), 32 at a time.
-TITAN_INLINE void store_bf16(bf16* dst, const float* src, int64_t n) {
-  int64_t c = 0;
-  for (; c + 32 <= n; c += 32) {
-    const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + c + 16), _mm512_loadu_ps(src + c));
-    _mm512_storeu_si512(dst + c, reinterpret_cast<__m512i>(v));
-  }
-  for (; c < n; ++c) dst[c] = f32_to_bf16(src[c]);
-}
-
-// sum_c a[c] b[c] over c < n (a multiple of 16), bf16 inputs widened exactly, f32 sums.
-TITAN_INLINE float dot_bf16(const bf16* a, const bf16* b, int64_t n) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t c = 0; c < n; c += 16) {
-    const __m512 x = _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + c))), 16));
-    const __m512 y = _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + c))), 16));
-    acc = _mm512_fmadd_ps(x, y, acc);
-  }
-  return _mm512_reduce_add_ps(acc);
 }
 
 }  // namespace titan::kernels::cpu::TITAN_ISA
