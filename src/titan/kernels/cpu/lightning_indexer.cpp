@@ -18,10 +18,12 @@
 //   per selected pair, about 12x the indexer's own work at H = 16, Dqk = 576, HI = 4, DI = 64.
 //   dk accumulates in per-thread f32 buffers that are summed at
 //   the end (no races, deterministic for a fixed thread count).
-// bf16 with AMX (the avx512_bf16 variant when cpu_amx_bf16_usable()): the indexer dot products
-// and the dense KL target's products run as bf16 tile products with f32 accumulation; the gradient
-// products (G k, G^T q) stay f32 FMA. Otherwise bf16 inputs are widened to f32 while packing
-// (O(S D) work against O(S Skv D) products).
+// bf16 in the avx512_bf16 variant: the top-k dot products and the dense KL stage's products (the
+// indexer dots and the target's tau mq mk^T) take bf16 pair operands with f32 accumulation, on
+// AMX tiles when cpu_amx_bf16_usable(), else by VDPBF16PS in the f32 micro-kernel's register
+// tiles; the gradient products (G k, G^T q) and the sparse stage's gathered path stay f32 FMA.
+// Otherwise (and at the lower ISA levels) bf16 inputs are widened to f32 while packing (O(S D)
+// work against O(S Skv D) products).
 // std:: algorithms are not used: templates from shared headers would be instantiated with this
 // file's ISA flags and might be picked by the linker for other ISA levels (see cpu/isa.h).
 #include "titan/kernels/cpu/lightning_indexer.h"
@@ -79,11 +81,13 @@ TITAN_INLINE vecf relu(vecf x) { return x > splat(0.0f) ? x : splat(0.0f); }
 
 // ---- micro-kernel ---------------------------------------------------------------------------
 // c[r][0, Vecs * kVecLanes) (+)= sum_k a(r, k) b[k][...] for r < Rows, with a(r, k) =
-// a[r * a_row + k * a_k] (A may be read transposed) and B rows ldb floats apart.
+// a[r * a_row + k * a_k] (A may be read transposed) and B rows ldb elements apart. E is float
+// (f32 FMA) or, in the avx512_bf16 variant, uint32_t: bf16 pairs (k counts pairs), each a(r, k)
+// broadcast into VDPBF16PS against B rows of 16 pairs (the VNNI layout of cpu/bf16_pairs.h).
 // pf_lines cache lines from pf are requested one per depth step (a burst of requests would
 // stall on the fill buffers).
-template <int Rows, int Vecs, bool kAccumulate>
-TITAN_INLINE void gemm_tile(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b,
+template <int Rows, int Vecs, bool kAccumulate, class E>
+TITAN_INLINE void gemm_tile(float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k, const E* b,
                             int64_t ldb, int64_t K, const char* pf = nullptr, int64_t pf_lines = 0) {
   vecf acc[Rows][Vecs];
 #pragma GCC unroll 12
@@ -95,13 +99,21 @@ TITAN_INLINE void gemm_tile(float* c, int64_t ldc, const float* a, int64_t a_row
   for (int64_t kk = 0; kk < K; ++kk) {
     vecf bv[Vecs];
 #pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) bv[v] = loadv(b + kk * ldb + v * kVecLanes);
+    for (int v = 0; v < Vecs; ++v) bv[v] = *reinterpret_cast<const vecf*>(b + kk * ldb + v * kVecLanes);
     if (kk < pf_lines) __builtin_prefetch(pf + kk * 64);
 #pragma GCC unroll 12
     for (int r = 0; r < Rows; ++r) {
-      const float ar = a[r * a_row + kk * a_k];
+      if constexpr (std::is_same_v<E, float>) {
+        const float ar = a[r * a_row + kk * a_k];
 #pragma GCC unroll 4
-      for (int v = 0; v < Vecs; ++v) acc[r][v] += ar * bv[v];
+        for (int v = 0; v < Vecs; ++v) acc[r][v] += ar * bv[v];
+      } else {
+#if defined(__AVX512BF16__)
+        const __m512bh ar = reinterpret_cast<__m512bh>(_mm512_set1_epi32(int(a[r * a_row + kk * a_k])));
+#pragma GCC unroll 4
+        for (int v = 0; v < Vecs; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], ar, reinterpret_cast<__m512bh>(bv[v]));
+#endif
+      }
     }
   }
 #pragma GCC unroll 12
@@ -112,24 +124,24 @@ TITAN_INLINE void gemm_tile(float* c, int64_t ldc, const float* a, int64_t a_row
 }
 
 // The last rows < Rows of a column strip.
-template <int Rows, int Vecs, bool kAccumulate>
-TITAN_INLINE void gemm_row_tail(int64_t rows, float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k,
-                                const float* b, int64_t ldb, int64_t K) {
+template <int Rows, int Vecs, bool kAccumulate, class E>
+TITAN_INLINE void gemm_row_tail(int64_t rows, float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k,
+                                const E* b, int64_t ldb, int64_t K) {
   if (rows == Rows) {
-    gemm_tile<Rows, Vecs, kAccumulate>(c, ldc, a, a_row, a_k, b, ldb, K);
+    gemm_tile<Rows, Vecs, kAccumulate, E>(c, ldc, a, a_row, a_k, b, ldb, K);
   } else if constexpr (Rows > 1) {
-    gemm_row_tail<Rows - 1, Vecs, kAccumulate>(rows, c, ldc, a, a_row, a_k, b, ldb, K);
+    gemm_row_tail<Rows - 1, Vecs, kAccumulate, E>(rows, c, ldc, a, a_row, a_k, b, ldb, K);
   }
 }
 
 // pf: pf_lines cache lines the caller will read next, requested spread over the row tiles so
 // that their transfer overlaps this strip's FMAs.
-template <int Vecs, bool kAccumulate>
-void gemm_strip(int64_t vecs, float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b,
+template <int Vecs, bool kAccumulate, class E>
+void gemm_strip(int64_t vecs, float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k, const E* b,
                 int64_t ldb, int64_t M, int64_t K, const char* pf, int64_t pf_lines) {
   if (vecs != Vecs) {
     if constexpr (Vecs > 1) {
-      gemm_strip<Vecs - 1, kAccumulate>(vecs, c, ldc, a, a_row, a_k, b, ldb, M, K, pf, pf_lines);
+      gemm_strip<Vecs - 1, kAccumulate, E>(vecs, c, ldc, a, a_row, a_k, b, ldb, M, K, pf, pf_lines);
     }
     return;
   }
@@ -137,10 +149,10 @@ void gemm_strip(int64_t vecs, float* c, int64_t ldc, const float* a, int64_t a_r
   const int64_t tiles = M / rows, per_tile = tiles > 0 ? (pf_lines + tiles - 1) / tiles : 0;
   int64_t m = 0;
   for (int64_t line = 0; m + rows <= M; m += rows, line += per_tile) {
-    gemm_tile<rows, Vecs, kAccumulate>(c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K, pf + line * 64,
+    gemm_tile<rows, Vecs, kAccumulate, E>(c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K, pf + line * 64,
                                        min_i64(per_tile, pf_lines - line));
   }
-  if (m < M) gemm_row_tail<rows, Vecs, kAccumulate>(M - m, c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K);
+  if (m < M) gemm_row_tail<rows, Vecs, kAccumulate, E>(M - m, c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K);
 }
 
 // C[M, N] (+)= A(M x K) B[K, N], A(r, k) = a[r * a_row + k * a_k]; N a multiple of kLanes (B and
@@ -150,23 +162,24 @@ void gemm_strip(int64_t vecs, float* c, int64_t ldc, const float* a, int64_t a_r
 // The first tile over a chunk fetched it from L3 or memory at a bandwidth far below the FMA rate,
 // so the next chunk (B is contiguous when ldb == N), or for the last chunk the caller's `next`
 // operand (next_floats floats), is prefetched while the current one runs.
-template <bool kAccumulate>
-void gemm(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b, int64_t ldb, int64_t M,
+// E as in gemm_tile (K then counts bf16 pairs).
+template <bool kAccumulate, class E>
+void gemm(float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k, const E* b, int64_t ldb, int64_t M,
           int64_t N, int64_t K, const float* next = nullptr, int64_t next_floats = 0) {
   constexpr int64_t kDepth = 64;
   int64_t k0 = 0;
   do {  // at least once: K == 0 without kAccumulate still zeroes C
     const int64_t kc = min_i64(kDepth, K - k0);
     const bool more = k0 + kDepth < K && ldb == N;
-    const char* pf = reinterpret_cast<const char*>(more ? b + (k0 + kDepth) * ldb : next);
+    const char* pf = more ? reinterpret_cast<const char*>(b + (k0 + kDepth) * ldb) : reinterpret_cast<const char*>(next);
     const int64_t pf_lines = (more ? min_i64(kDepth, K - k0 - kDepth) * ldb : next_floats) * 4 / 64;
     for (int64_t n = 0; n < N; n += kVecs * kVecLanes) {
       const int64_t vecs = min_i64((N - n) / kVecLanes, kVecs);
       const int64_t lines = n == 0 ? pf_lines : 0;  // the first strip requests them all
       if (kAccumulate || k0 > 0) {
-        gemm_strip<kVecs, true>(vecs, c + n, ldc, a + k0 * a_k, a_row, a_k, b + k0 * ldb + n, ldb, M, kc, pf, lines);
+        gemm_strip<kVecs, true, E>(vecs, c + n, ldc, a + k0 * a_k, a_row, a_k, b + k0 * ldb + n, ldb, M, kc, pf, lines);
       } else {
-        gemm_strip<kVecs, false>(vecs, c + n, ldc, a, a_row, a_k, b + n, ldb, M, kc, pf, lines);
+        gemm_strip<kVecs, false, E>(vecs, c + n, ldc, a, a_row, a_k, b + n, ldb, M, kc, pf, lines);
       }
     }
     k0 += kDepth;
@@ -379,25 +392,28 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
   const int64_t cap = 4 * K + kKeys;  // candidates per row before a compaction
   const int64_t ld_cand = cap + kSlack;  // candidate row stride
   const int64_t words = (d.Skv + 63) / 64;
-  bool amx = false;  // bf16 on AMX tiles (see amx_dots)
+  // bf16 keeps its operands as bf16 pairs, multiplied on AMX tiles (see amx_dots) or, without
+  // AMX, by VDPBF16PS in the register-tiled gemm.
+  bool pairs = false;
+  [[maybe_unused]] bool amx = false;
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if constexpr (std::is_same_v<T, bf16>) amx = cpu_amx_bf16_usable();
+  if constexpr (std::is_same_v<T, bf16>) pairs = true, amx = cpu_amx_bf16_usable();
   const int64_t di32 = round_up(DI, kAmxDepth), m16 = round_up(tq * HI, 16);
-  const Scratch<uint32_t> kv(amx ? d.B * nkb * (di32 / 2) * kKeys : 1);  // [B, nkb, di32 / 2, kKeys]
+  const Scratch<uint32_t> kv(pairs ? d.B * nkb * (di32 / 2) * kKeys : 1);  // [B, nkb, di32 / 2, kKeys]
   if constexpr (std::is_same_v<T, bf16>) {
-    if (amx) pack_key_pairs(kv.data(), k, d.B, d.Skv, DI, DI, di32, nkb);
+    if (pairs) pack_key_pairs(kv.data(), k, d.B, d.Skv, DI, DI, di32, nkb);
   }
 #else
   const int64_t m16 = tq * HI;
 #endif
-  const Scratch<float> kt(amx ? 1 : d.B * nkb * DI * kKeys);  // [B, nkb, DI, kKeys]
-  if (!amx) pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
+  const Scratch<float> kt(pairs ? 1 : d.B * nkb * DI * kKeys);  // [B, nkb, DI, kKeys]
+  if (!pairs) pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
 #pragma omp parallel
   {
     // dots [m16, kKeys]: the AMX path computes whole 16-row tiles (rows past tq * HI unread).
-    const Scratch<float> qa(amx ? 1 : tq * HI * DI), dots(m16 * kKeys), score(kKeys);
+    const Scratch<float> qa(pairs ? 1 : tq * HI * DI), dots(m16 * kKeys), score(kKeys);
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-    const Scratch<bf16> qa16(amx ? m16 * di32 : 1, ScratchInit::zeroed);  // [m16, di32] query rows, zero-padded
+    const Scratch<bf16> qa16(pairs ? m16 * di32 : 1, ScratchInit::zeroed);  // [m16, di32] query rows, zero-padded
     if (amx) amx_configure();
 #endif
     const Scratch<uint64_t> cand(tq * ld_cand), bitmap(words, ScratchInit::zeroed), thresh(tq), sample(kSample);
@@ -419,7 +435,7 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
       const T* q_blk = q + (b * d.S + t0) * HI * DI;
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
       if constexpr (std::is_same_v<T, bf16>) {
-        if (amx) {
+        if (pairs) {
           for (int64_t r = 0; r < rows * HI; ++r) {
             bf16* out = qa16.data() + r * di32;
             for (int64_t c = 0; c < DI; ++c) out[c] = q_blk[r * DI + c];
@@ -428,17 +444,20 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
         }
       }
 #endif
-      if (!amx) pack_rows(qa.data(), DI, q_blk, DI, rows * HI, DI);
+      if (!pairs) pack_rows(qa.data(), DI, q_blk, DI, rows * HI, DI);
       for (int64_t i = 0; i < rows; ++i) count.data()[i] = 0, thresh.data()[i] = 0;
       const int64_t n_last = valid_keys(d, t0 + rows - 1);
       for (int64_t kb = 0; kb * kKeys < n_last; ++kb) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+        const uint32_t* kv_block = kv.data() + (b * nkb + kb) * (di32 / 2) * kKeys;
         if (amx) {
-          amx_dots(dots.data(), qa16.data(), round_up(rows * HI, 16), di32,
-                   kv.data() + (b * nkb + kb) * (di32 / 2) * kKeys);
+          amx_dots(dots.data(), qa16.data(), round_up(rows * HI, 16), di32, kv_block);
+        } else if (pairs) {
+          gemm<false>(dots.data(), kKeys, reinterpret_cast<const uint32_t*>(qa16.data()), di32 / 2, int64_t(1),
+                      kv_block, kKeys, rows * HI, kKeys, di32 / 2);
         }
 #endif
-        if (!amx) {
+        if (!pairs) {
           gemm<false>(dots.data(), kKeys, qa.data(), DI, 1, kt.data() + (b * nkb + kb) * DI * kKeys, kKeys,
                       rows * HI, kKeys, DI);
         }
@@ -901,11 +920,12 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
   const int64_t di_pad = round_up(DI, kLanes);
   const int64_t nkb = (d.Skv + kKeys - 1) / kKeys, skv_pad = nkb * kKeys, words = (d.Skv + 63) / 64;
   const float scale = float(td.scale), gs = float(grad_scale), inv_h = dense ? 1.0f / float(H) : 1.0f;
-  // bf16 on AMX: the indexer dot products and the dense target products (tau mq mk^T) run as
-  // tile products with f32 accumulation; the gradient products (G k, G^T q) stay f32.
-  bool amx = false;
+  // bf16: the indexer dot products and the dense target products (tau mq mk^T) take bf16 pair
+  // operands, multiplied on AMX tiles or (without AMX) by VDPBF16PS, with f32 accumulation; the
+  // gradient products (G k, G^T q) stay f32.
+  bool pairs = false, amx = false;
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if constexpr (std::is_same_v<T, bf16>) amx = cpu_amx_bf16_usable();
+  if constexpr (std::is_same_v<T, bf16>) pairs = true, amx = cpu_amx_bf16_usable();
   const int64_t d32 = round_up(D, kAmxDepth), di32 = round_up(DI, kAmxDepth);
 #endif
   const int threads = omp_get_max_threads();
@@ -920,7 +940,8 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
   const bool keys_in_place = std::is_same_v<T, float> && !dense && DI == di_pad &&
                              reinterpret_cast<uintptr_t>(k) % (kVecLanes * sizeof(float)) == 0;
   const Scratch<float> kr(keys_in_place ? 1 : d.B * skv_pad * di_pad, ScratchInit::zeroed);
-  const Scratch<float> kt(amx || !dense ? 1 : d.B * nkb * DI * kKeys), mkt(amx || !dense ? 1 : d.B * Hk * nkb * D * kKeys);
+  const Scratch<float> kt(pairs || !dense ? 1 : d.B * nkb * DI * kKeys),
+      mkt(pairs || !dense ? 1 : d.B * Hk * nkb * D * kKeys);
   auto key_rows = [&](int64_t b) -> const float* {  // [skv_pad or Skv, di_pad]: batch b's kr rows
     if constexpr (std::is_same_v<T, float>) {
       if (keys_in_place) return k + b * d.Skv * DI;
@@ -928,12 +949,14 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
     return kr.data() + b * skv_pad * di_pad;
   };
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  // With AMX the blocked path's B operands are VNNI pair blocks instead of kt and mkt: kv
-  // [B, nkb, di32 / 2, kKeys] and mkv [B, Hk, nkb, d32 / 2, kKeys].
-  const Scratch<uint32_t> kv(amx ? d.B * nkb * (di32 / 2) * kKeys : 1),
-      mkv(amx && dense ? d.B * Hk * nkb * (d32 / 2) * kKeys : 1);
+  // With bf16 pairs the blocked path's B operands are VNNI pair blocks instead of kt and mkt: kv
+  // [B, nkb, di32 / 2, kKeys] and mkv [B, Hk, nkb, d32 / 2, kKeys]. (The sparse stage takes the
+  // blocked path only with AMX, below.)
+  const bool pair_blocks = pairs && (dense || amx);
+  const Scratch<uint32_t> kv(pair_blocks ? d.B * nkb * (di32 / 2) * kKeys : 1),
+      mkv(pairs && dense ? d.B * Hk * nkb * (d32 / 2) * kKeys : 1);
   if constexpr (std::is_same_v<T, bf16>) {
-    if (amx) {
+    if (pair_blocks) {
       pack_key_pairs(kv.data(), k, d.B, d.Skv, DI, DI, di32, nkb);
       for (int64_t bh = 0; bh < (dense ? d.B * Hk : 0); ++bh) {
         pack_key_pairs(mkv.data() + bh * nkb * (d32 / 2) * kKeys, mk + ((bh / Hk) * d.Skv * Hk + bh % Hk) * D, 1,
@@ -950,10 +973,10 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
     const int64_t b = r / d.Skv, s = r % d.Skv;
     pack_rows(kr.data() + (b * skv_pad + s) * di_pad, di_pad, k + r * DI, DI, 1, DI);
   }
-  if (!amx && dense) pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
+  if (!pairs && dense) pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
   // mk [B, Skv, Hk, D] seen as B * Hk sequences of Skv rows D wide, Hk * D apart.
 #pragma omp parallel for schedule(static)
-  for (int64_t item = 0; item < (amx || !dense ? 0 : d.B * Hk * nkb); ++item) {
+  for (int64_t item = 0; item < (pairs || !dense ? 0 : d.B * Hk * nkb); ++item) {
     const int64_t bh = item / nkb, kb = item % nkb, b = bh / Hk, h = bh % Hk, s0 = kb * kKeys;
     pack_transposed(mkt.data() + item * D * kKeys, mk + ((b * d.Skv + s0) * Hk + h) * D, Hk * D,
                     min_i64(kKeys, d.Skv - s0), D);
@@ -980,7 +1003,7 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
   {
     double item_loss = 0;  // this thread's current block
     float* dk_acc = dk_part.data() + omp_get_thread_num() * dk_len;
-    const Scratch<float> qa(m_max * di_pad), mqa(amx || !dense ? 1 : H * tq * D);  // packed queries; mqa [H, tq, D]
+    const Scratch<float> qa(m_max * di_pad), mqa(pairs || !dense ? 1 : H * tq * D);  // packed queries; mqa [H, tq, D]
     const Scratch<float> dq_acc(m_max * di_pad), dw_acc(m_max), row_max(tq), row_sum(tq);
     // Blocked path tiles: dots and g2 [tq * HI, kKeys], scores, target and validity [tq, kKeys]
     // (dots and tile rows padded to whole AMX tiles).
@@ -988,10 +1011,10 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
     const Scratch<float> dots(m16 * kKeys), g2(m_max * kKeys), score(tq * kKeys), target(tq * kKeys);
     const Scratch<float> ok(tq * kKeys), tile(dense ? tq16 * kKeys : 1);
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-    // AMX A operands of the blocked path: query rows [m16, di32] and main queries [H, tq16, d32],
-    // zero-padded (padding rows may hold an earlier block's rows: finite, their outputs unread).
-    const Scratch<bf16> qa16(amx ? m16 * di32 : 1, ScratchInit::zeroed),
-        mqa16(amx && dense ? H * tq16 * d32 : 1, ScratchInit::zeroed);
+    // bf16 pair A operands of the blocked path: query rows [m16, di32] and main queries [H, tq16,
+    // d32], zero-padded (padding rows may hold an earlier block's rows: finite, their outputs unread).
+    const Scratch<bf16> qa16(pair_blocks ? m16 * di32 : 1, ScratchInit::zeroed),
+        mqa16(pairs && dense ? H * tq16 * d32 : 1, ScratchInit::zeroed);
 #endif
     // Sparse stage only (one element each in the dense stage): the block's selections as bitmaps
     // [tq, words] (blocked path), and for the gathered path one row's selection (deduplicated
@@ -1041,11 +1064,11 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
       const int64_t b = item / nqb, t0 = (item % nqb) * tq, rows = min_i64(tq, d.S - t0), M = rows * HI;
       const int64_t row0 = b * d.S + t0;  // first global query row
       pack_rows(qa.data(), di_pad, q + row0 * HI * DI, DI, M, DI);
-      if (!amx && dense) {
+      if (!pairs && dense) {
         for (int64_t h = 0; h < H; ++h) pack_rows(mqa.data() + h * tq * D, D, mq + (row0 * H + h) * D, H * D, rows, D);
       }
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-      if (amx) {
+      if (pair_blocks) {
         for (int64_t r = 0; r < M; ++r) {
           __builtin_memcpy(qa16.data() + r * di32, q + (row0 * HI + r) * DI, size_t(DI) * sizeof(T));
         }
@@ -1059,7 +1082,12 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
       // dots [M, kKeys] = the indexer head dot products of this block's queries with key block kb.
       auto block_dots = [&](int64_t kb) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-        if (amx) return amx_dots(dots.data(), qa16.data(), round_up(M, 16), di32, kv.data() + (b * nkb + kb) * (di32 / 2) * kKeys);
+        const uint32_t* kv_block = kv.data() + (b * nkb + kb) * (di32 / 2) * kKeys;
+        if (amx) return amx_dots(dots.data(), qa16.data(), round_up(M, 16), di32, kv_block);
+        if (pairs) {
+          return gemm<false>(dots.data(), kKeys, reinterpret_cast<const uint32_t*>(qa16.data()), di32 / 2, int64_t(1),
+                             kv_block, kKeys, M, kKeys, di32 / 2);
+        }
 #endif
         gemm<false>(dots.data(), kKeys, qa.data(), di_pad, 1, kt.data() + (b * nkb + kb) * DI * kKeys, kKeys, M,
                     kKeys, DI);
@@ -1149,17 +1177,20 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
             const int64_t next_h = h + 1 < H ? h + 1 : 0, next_kb = h + 1 < H ? kb : kb + 1;
             const bool has_next = next_kb * kKeys < n_last;
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+            const uint32_t* mkv_block = mkv.data() + ((b * Hk + h / group) * nkb + kb) * (d32 / 2) * kKeys;
             if (amx) {
               for (int64_t r0 = 0; r0 < rows; r0 += 16) {
                 amx_row_block(tile.data() + r0 * kKeys, kKeys * 4, 16 * 4,
                               reinterpret_cast<const char*>(mqa16.data() + (h * tq16 + r0) * d32), d32 * 2,
-                              kAmxDepth * 2,
-                              reinterpret_cast<const char*>(mkv.data() + ((b * Hk + h / group) * nkb + kb) * (d32 / 2) * kKeys),
-                              kKeys * 4, 16 * kKeys * 4, 16 * 4, d32 / kAmxDepth, 4);
+                              kAmxDepth * 2, reinterpret_cast<const char*>(mkv_block), kKeys * 4, 16 * kKeys * 4,
+                              16 * 4, d32 / kAmxDepth, 4);
               }
+            } else if (pairs) {
+              gemm<false>(tile.data(), kKeys, reinterpret_cast<const uint32_t*>(mqa16.data() + h * tq16 * d32), d32 / 2,
+                          int64_t(1), mkv_block, kKeys, rows, kKeys, d32 / 2);
             }
 #endif
-            if (!amx) {
+            if (!pairs) {
               gemm<false>(tile.data(), kKeys, mqa.data() + h * tq * D, D, 1,
                           mkt.data() + ((b * Hk + h / group) * nkb + kb) * D * kKeys, kKeys, rows, kKeys, D,
                           has_next ? mkt.data() + ((b * Hk + next_h / group) * nkb + next_kb) * D * kKeys : nullptr,

@@ -40,9 +40,11 @@ constexpr int kRows = 4, kVecs = 2;
 // c[r][col, col + Vecs * kVecLanes) (+)= sum_k a(r, k) b[k * ldb + (0, Vecs * kVecLanes)] for r < kRows,
 // with a(r, k) = a[r * a_row + k * a_k] (so A may be read transposed) and C rows given by
 // pointer (a dense buffer, or the scattered dkv rows of the selected keys). The sums stay in
-// registers over the whole inner loop and touch each C row once.
-template <int Vecs, bool kAdd>
-TITAN_INLINE void tile(float* const* c, int64_t col, const float* a, int64_t a_row, int64_t a_k, const float* b,
+// registers over the whole inner loop and touch each C row once. E is float (f32 FMA) or, in
+// the avx512_bf16 variant, uint32_t: bf16 pairs, k counting pairs, a(r, k) one pair broadcast
+// into VDPBF16PS against B rows of 16 pairs (the VNNI layout of cpu/bf16_pairs.h).
+template <int Vecs, bool kAdd, class E>
+TITAN_INLINE void tile(float* const* c, int64_t col, const E* a, int64_t a_row, int64_t a_k, const E* b,
                        int64_t ldb, int64_t inner) {
   vecf acc[kRows][Vecs];
 #pragma GCC unroll 8
@@ -56,9 +58,17 @@ TITAN_INLINE void tile(float* const* c, int64_t col, const float* a, int64_t a_r
     for (int v = 0; v < Vecs; ++v) bv[v] = *reinterpret_cast<const vecf*>(b + k * ldb + v * kVecLanes);
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
-      const float ar = a[r * a_row + k * a_k];
+      if constexpr (std::is_same_v<E, float>) {
+        const float ar = a[r * a_row + k * a_k];
 #pragma GCC unroll 4
-      for (int v = 0; v < Vecs; ++v) acc[r][v] += ar * bv[v];
+        for (int v = 0; v < Vecs; ++v) acc[r][v] += ar * bv[v];
+      } else {
+#if defined(__AVX512BF16__)
+        const __m512bh ar = reinterpret_cast<__m512bh>(_mm512_set1_epi32(int(a[r * a_row + k * a_k])));
+#pragma GCC unroll 4
+        for (int v = 0; v < Vecs; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], ar, reinterpret_cast<__m512bh>(bv[v]));
+#endif
+      }
     }
   }
 #pragma GCC unroll 8
@@ -76,9 +86,9 @@ TITAN_INLINE void tile(float* const* c, int64_t col, const float* a, int64_t a_r
 }
 
 // The last column strip may hold fewer than kVecs vectors.
-template <int Vecs, bool kAdd>
-TITAN_INLINE void tile_tail(int64_t vecs, float* const* c, int64_t col, const float* a, int64_t a_row, int64_t a_k,
-                            const float* b, int64_t ldb, int64_t inner) {
+template <int Vecs, bool kAdd, class E>
+TITAN_INLINE void tile_tail(int64_t vecs, float* const* c, int64_t col, const E* a, int64_t a_row, int64_t a_k,
+                            const E* b, int64_t ldb, int64_t inner) {
   if (vecs == Vecs) {
     tile<Vecs, kAdd>(c, col, a, a_row, a_k, b, ldb, inner);
   } else if constexpr (Vecs > 1) {
@@ -87,14 +97,15 @@ TITAN_INLINE void tile_tail(int64_t vecs, float* const* c, int64_t col, const fl
 }
 
 // C[M, N] (+)= A(M x inner) B[inner, N] with C rows c[0, M), M a multiple of kRows and N of
-// kVecLanes. Overwriting products (C a dense local buffer): column strips outermost, so one
-// strip of B is reused by every row tile. Adding products (C the scattered dkv rows of a buffer
-// far larger than L2): row tiles outermost, each walking its rows left to right, and every strip
-// step prefetches the same strip of the next row tile, a whole row tile (all of B) ahead. The
-// tile touches its C rows only after its inner loop, too late for out-of-order execution to hide
-// the misses, which were half the time of the dkv product.
-template <bool kAdd>
-void gemm_rows(float* const* c, const float* a, int64_t a_row, int64_t a_k, const float* b, int64_t ldb, int64_t M,
+// kVecLanes (E as in tile: f32, or bf16 pairs with inner counting pairs). Overwriting products
+// (C a dense local buffer): column strips outermost, so one strip of B is reused by every row
+// tile. Adding products (C the scattered dkv rows of a buffer far larger than L2): row tiles
+// outermost, each walking its rows left to right, and every strip step prefetches the same strip
+// of the next row tile, a whole row tile (all of B) ahead. The tile touches its C rows only after
+// its inner loop, too late for out-of-order execution to hide the misses, which were half the
+// time of the dkv product.
+template <bool kAdd, class E>
+void gemm_rows(float* const* c, const E* a, int64_t a_row, int64_t a_k, const E* b, int64_t ldb, int64_t M,
                int64_t N, int64_t inner) {
   const int64_t strip = kVecs * kVecLanes;
   if constexpr (kAdd) {
@@ -315,9 +326,11 @@ void rows_times_heads(float* st, int64_t cols, const bf16* g, const uint32_t* b,
   }
 }
 
-// The forward of sparse_mla_forward<bf16> when AMX is usable and Dqk is a multiple of 32.
-void forward_bf16_amx(bf16* o, float* lse, float* head_mean, const bf16* q, const bf16* kv, const int32_t* idx,
-                      const SparseMlaDims& d) {
+// The forward of sparse_mla_forward<bf16> when Dqk is a multiple of 32: products on AMX tiles
+// (kAmx) or in VDPBF16PS register tiles (CPUs without AMX; the same operand layouts).
+template <bool kAmx>
+void forward_bf16_pairs(bf16* o, float* lse, float* head_mean, const bf16* q, const bf16* kv, const int32_t* idx,
+                        const SparseMlaDims& d) {
   const Plan p = make_plan(d);
   const float scale = float(d.scale);
   const int64_t Dq2 = d.Dqk / 2;
@@ -325,7 +338,7 @@ void forward_bf16_amx(bf16* o, float* lse, float* head_mean, const bf16* q, cons
   const int64_t K2 = round_up((Kt + 1) / 2, 16);  // slot pairs padded to whole tiles
 #pragma omp parallel
   {
-    amx_configure();
+    if constexpr (kAmx) amx_configure();
     Scratch<bf16> g(Kt * d.Dqk, ScratchInit::zeroed);       // [Kt, Dqk] valid rows, bf16
     Scratch<uint32_t> qv(Dq2 * p.Hs, ScratchInit::zeroed);  // [Dqk/2, Hs] q pairs by head
     Scratch<float> st(Kt * p.Hs, ScratchInit::zeroed);      // [Kt, Hs] scores, then P, slot by head
@@ -333,6 +346,7 @@ void forward_bf16_amx(bf16* o, float* lse, float* head_mean, const bf16* q, cons
     Scratch<uint32_t> vb(K2 * p.Dvp, ScratchInit::zeroed);  // [K2, Dvp] value row pairs
     Scratch<float> out(p.Hs * p.Dvp, ScratchInit::zeroed);  // [Hs, Dvp] o rows
     Scratch<float> m(p.Hs, ScratchInit::zeroed), l(p.Hs, ScratchInit::zeroed);
+    Scratch<float*> c(Kt > p.Hs ? Kt : p.Hs, ScratchInit::zeroed);  // C rows of the VDPBF16PS products
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bt = 0; bt < d.B * d.S; ++bt) {
       const int64_t b = bt / d.S, t = bt % d.S;
@@ -348,7 +362,14 @@ void forward_bf16_amx(bf16* o, float* lse, float* head_mean, const bf16* q, cons
       pack_heads_vnni(qv.data(), p.Hs, q + bt * d.H * d.Dqk, d.H, d.Dqk);
       // S^T[i, h] = rows[i] . q[h] (unscaled): [n, Dqk] x [Dqk, Hs]; rows past n hold stale or zero
       // rows, finite and never read.
-      rows_times_heads(st.data(), p.Hs, g.data(), qv.data(), round_up(n, 16), d.Dqk);
+      if constexpr (kAmx) {
+        rows_times_heads(st.data(), p.Hs, g.data(), qv.data(), round_up(n, 16), d.Dqk);
+      } else {
+        const int64_t n_pad = round_up(n, kRows);
+        for (int64_t r = 0; r < n_pad; ++r) c.data()[r] = st.data() + r * p.Hs;
+        gemm_rows<false>(c.data(), reinterpret_cast<const uint32_t*>(g.data()), Dq2, int64_t(1), qv.data(), p.Hs,
+                         n_pad, p.Hs, Dq2);
+      }
       // Softmax over the n slots of each head as in the f32 path, with the scale applied here.
       for (int64_t h = 0; h < p.Hs; ++h) m.data()[h] = -kInf, l.data()[h] = 0.0f;
       for (int64_t i = 0; i < n; ++i) {
@@ -379,10 +400,15 @@ void forward_bf16_amx(bf16* o, float* lse, float* head_mean, const bf16* q, cons
       for (int64_t h0 = 0; h0 < p.Hs; h0 += 16)
         pack_pairs_transposed(pt.data() + h0 * K2, K2, st.data() + h0, p.Hs, n, l.data() + h0);
       // o[h] = sum_j P pair[h, j] . value pair[j]: [Hs, n2p] x [n2p, Dvp].
-      amx_heads_times_rows(out.data(), pt.data(), K2, vb.data(), p.Hs, p.Dvp, round_up((n + 1) / 2, 16));
+      if constexpr (kAmx) {
+        amx_heads_times_rows(out.data(), pt.data(), K2, vb.data(), p.Hs, p.Dvp, round_up((n + 1) / 2, 16));
+      } else {
+        for (int64_t r = 0; r < p.Hs; ++r) c.data()[r] = out.data() + r * p.Dvp;
+        gemm_rows<false>(c.data(), pt.data(), K2, int64_t(1), vb.data(), p.Dvp, p.Hs, p.Dvp, (n + 1) / 2);
+      }
       for (int64_t h = 0; h < d.H; ++h) store_bf16(ot + h * d.Dv, out.data() + h * p.Dvp, d.Dv);
     }
-    _tile_release();
+    if constexpr (kAmx) _tile_release();
   }
 }
 
@@ -394,8 +420,9 @@ void forward_bf16_amx(bf16* o, float* lse, float* head_mean, const bf16* q, cons
 // scatter-add of each 16-slot block of dkv contributions into this thread's accumulator rows
 // (random rows of a buffer far larger than L2: the backward's limit at H = 16, see
 // cpu/sparse_mla.h). Software prefetch of the next block's rows measured no faster than none.
-void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, const bf16* kv, const int32_t* idx,
-                       const bf16* o, const float* lse, float* acc, int64_t parts, const SparseMlaDims& d) {
+template <bool kAmx>
+void backward_bf16_pairs(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, const bf16* kv, const int32_t* idx,
+                         const bf16* o, const float* lse, float* acc, int64_t parts, const SparseMlaDims& d) {
   const Plan p = make_plan(d);
   const int64_t w2 = 2 * p.Hs;  // [scale dS | P] and [scores | dA] columns: heads, then heads again
   const float scale = float(d.scale);
@@ -404,7 +431,7 @@ void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, con
   const int64_t K2 = round_up((Kt + 1) / 2, 16);
 #pragma omp parallel num_threads(int(parts))
   {
-    amx_configure();
+    if constexpr (kAmx) amx_configure();
     float* mine = acc + int64_t(omp_get_thread_num()) * d.Skv * p.Dp;  // this thread's dkv, f32
     Scratch<bf16> g(Kt * d.Dqk, ScratchInit::zeroed);         // [Kt, Dqk] valid rows, bf16
     Scratch<uint32_t> vq(K2 * p.Dp, ScratchInit::zeroed);     // [K2, Dp] valid row pairs
@@ -417,6 +444,8 @@ void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, con
     Scratch<float> blk(16 * 64, ScratchInit::zeroed);         // [16, 64] dkv of one slot block, 64 columns
     Scratch<float> lse_h(p.Hs, ScratchInit::zeroed), delta(p.Hs, ScratchInit::zeroed);  // [Hs]
     Scratch<int32_t> keys(d.K, ScratchInit::zeroed);
+    Scratch<float> dummy(p.Dp, ScratchInit::zeroed);  // C row of padding rows, never read
+    Scratch<float*> c(Kt > p.Hs ? Kt : p.Hs, ScratchInit::zeroed);  // C rows of the VDPBF16PS products
     for (int64_t h = d.H; h < p.Hs; ++h) lse_h.data()[h] = kInf;  // padding heads: P = 0
     for (int64_t b = 0; b < d.B; ++b) {
       // Queries dealt round-robin, not dynamically: each thread's dkv partial then sums the
@@ -447,8 +476,14 @@ void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, con
                         d.Dv);
         }
         // [S^T | dA^T][i] = rows[i] . (q | dO), unscaled: [n, Dqk] x [Dqk, 2 Hs] on tiles.
-        const int64_t n16 = round_up(n, 16);
-        rows_times_heads(st.data(), w2, g.data(), qd.data(), n16, d.Dqk);
+        const int64_t n16 = round_up(n, 16), n_pad = round_up(n, kRows);
+        if constexpr (kAmx) {
+          rows_times_heads(st.data(), w2, g.data(), qd.data(), n16, d.Dqk);
+        } else {
+          for (int64_t r = 0; r < n_pad; ++r) c.data()[r] = st.data() + r * w2;
+          gemm_rows<false>(c.data(), reinterpret_cast<const uint32_t*>(g.data()), Dq2, int64_t(1), qd.data(), w2,
+                           n_pad, w2, Dq2);
+        }
         // P recomputed from lse; the row becomes (scale dS | P), the A operand of dkv.
         for (int64_t i = 0; i < n; ++i) {
           float* row = st.data() + i * w2;
@@ -466,8 +501,22 @@ void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, con
         // dq = (scale dS)^T rows: scale dS in bf16 slot pairs by head times the row pairs.
         for (int64_t h0 = 0; h0 < p.Hs; h0 += 16)
           pack_pairs_transposed(dst.data() + h0 * K2, K2, st.data() + h0, w2, n, nullptr);
-        amx_heads_times_rows(dqb.data(), dst.data(), K2, vq.data(), p.Hs, p.Dp, round_up((n + 1) / 2, 16));
+        if constexpr (kAmx) {
+          amx_heads_times_rows(dqb.data(), dst.data(), K2, vq.data(), p.Hs, p.Dp, round_up((n + 1) / 2, 16));
+        } else {
+          for (int64_t r = 0; r < p.Hs; ++r) c.data()[r] = dqb.data() + r * p.Dp;
+          gemm_rows<false>(c.data(), dst.data(), K2, int64_t(1), vq.data(), p.Dp, p.Hs, p.Dp, (n + 1) / 2);
+        }
         for (int64_t h = 0; h < d.H; ++h) store_bf16(dqt + h * d.Dqk, dqb.data() + h * p.Dp, d.Dqk);
+        if constexpr (!kAmx) {
+          // dkv[key_i] += (scale dS | P)[i] (q ; dO) as in the f32 path, added straight into this
+          // thread's rows of the selected keys: [n, 2 Hs] bf16 (Hs pairs) x [Hs pair rows, Dp].
+          for (int64_t r = 0; r < n_pad; ++r)
+            c.data()[r] = r < n ? mine + int64_t(keys.data()[r]) * p.Dp : dummy.data();
+          gemm_rows<true>(c.data(), reinterpret_cast<const uint32_t*>(ab.data()), p.Hs, int64_t(1), b2.data(), p.Dp,
+                          n_pad, p.Dp, p.Hs);
+          continue;
+        }
         // dkv[key_i] += (scale dS | P)[i] (q ; dO): [16, 2 Hs] x [2 Hs, Dp] per slot block, 64 columns
         // at a time into blk and added to the block's accumulator rows (slots past n are computed,
         // never added): blk stays in L1 beside the B tiles of (q ; dO), where a whole [16, Dp] block
@@ -502,7 +551,7 @@ void backward_bf16_amx(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, con
         for (int64_t col = 0; col < p.Dp; ++col) first[col] = 0.0f;
       }
     }
-    _tile_release();
+    if constexpr (kAmx) _tile_release();
   }
 }
 #endif
@@ -516,7 +565,10 @@ void sparse_mla_forward(T* o, float* lse, float* head_mean, const T* q, const T*
                         const SparseMlaDims& d) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if constexpr (std::is_same_v<T, bf16>) {
-    if (d.Dqk % 32 == 0 && cpu_amx_bf16_usable()) return forward_bf16_amx(o, lse, head_mean, q, kv, idx, d);
+    if (d.Dqk % 32 == 0) {
+      return cpu_amx_bf16_usable() ? forward_bf16_pairs<true>(o, lse, head_mean, q, kv, idx, d)
+                                   : forward_bf16_pairs<false>(o, lse, head_mean, q, kv, idx, d);
+    }
   }
 #endif
   const Plan p = make_plan(d);
@@ -588,8 +640,10 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
                          const float* lse, float* acc, int64_t parts, const SparseMlaDims& d) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if constexpr (std::is_same_v<T, bf16>) {
-    if (d.Dqk % 32 == 0 && d.Dv % 32 == 0 && cpu_amx_bf16_usable())
-      return backward_bf16_amx(dq, dkv, dout, q, kv, idx, o, lse, acc, parts, d);
+    if (d.Dqk % 32 == 0 && d.Dv % 32 == 0) {
+      return cpu_amx_bf16_usable() ? backward_bf16_pairs<true>(dq, dkv, dout, q, kv, idx, o, lse, acc, parts, d)
+                                   : backward_bf16_pairs<false>(dq, dkv, dout, q, kv, idx, o, lse, acc, parts, d);
+    }
   }
 #endif
   const Plan p = make_plan(d);
