@@ -110,7 +110,8 @@ void run(const Config& c, DType dtype, const kernels::MachinePeak& peak) {
   if (dtype == DType::bf16) moe.set_compute_dtype(DType::bf16);
   const Tensor xl = random({1, c.t, c.d}, dtype, "x_layer"), dyl = random({1, c.t, c.d}, dtype, "dy_layer");
   autograd::Variable xv(xl, true);
-  auto layer = [&] {
+  auto layer = [&] {  // one training step's work: gradients reset, then written by the backward
+    moe.zero_grad();
     autograd::TapeScope scope;
     autograd::Variable yv = moe.forward_with_aux(xv).y;
     autograd::backward(yv, dyl);
