@@ -13,6 +13,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 #include "titan/core/dtype.h"
 
@@ -49,6 +53,25 @@ constexpr int64_t kVecLanes = 4;
 // the warning that its ABI differs between ISA levels does not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"
 typedef float vecf __attribute__((vector_size(sizeof(float) * kVecLanes), aligned(4), may_alias));
+
+// acc[v] += a * b[v] for v < Vecs: the step of a register-tiled product. E = float: a broadcast
+// and f32 FMA. E = uint32_t (avx512_bf16 only): a is a bf16 pair, broadcast into VDPBF16PS
+// against the 16 bf16 pairs of each b[v] (the VNNI layout of cpu/bf16_pairs.h).
+template <int Vecs, class E>
+TITAN_INLINE void madd_broadcast(vecf* acc, E a, const vecf* b) {
+  if constexpr (std::is_same_v<E, float>) {
+#pragma GCC unroll 4
+    for (int v = 0; v < Vecs; ++v) acc[v] += a * b[v];
+  } else {
+#if defined(__AVX512BF16__)
+    const __m512bh pair = reinterpret_cast<__m512bh>(_mm512_set1_epi32(int(a)));
+#pragma GCC unroll 4
+    for (int v = 0; v < Vecs; ++v) acc[v] = _mm512_dpbf16_ps(acc[v], pair, reinterpret_cast<__m512bh>(b[v]));
+#else
+    static_assert(sizeof(E) == 0, "bf16 pair products need the avx512_bf16 variant");
+#endif
+  }
+}
 
 // exp(x) for float, vectorizable under `#pragma omp simd` (libm's expf is not). Cody-Waite range
 // reduction to [-ln2/2, ln2/2] and a degree-6 polynomial: max relative error ~4 ulp (against a

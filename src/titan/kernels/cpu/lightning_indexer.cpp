@@ -102,19 +102,7 @@ TITAN_INLINE void gemm_tile(float* c, int64_t ldc, const E* a, int64_t a_row, in
     for (int v = 0; v < Vecs; ++v) bv[v] = *reinterpret_cast<const vecf*>(b + kk * ldb + v * kVecLanes);
     if (kk < pf_lines) __builtin_prefetch(pf + kk * 64);
 #pragma GCC unroll 12
-    for (int r = 0; r < Rows; ++r) {
-      if constexpr (std::is_same_v<E, float>) {
-        const float ar = a[r * a_row + kk * a_k];
-#pragma GCC unroll 4
-        for (int v = 0; v < Vecs; ++v) acc[r][v] += ar * bv[v];
-      } else {
-#if defined(__AVX512BF16__)
-        const __m512bh ar = reinterpret_cast<__m512bh>(_mm512_set1_epi32(int(a[r * a_row + kk * a_k])));
-#pragma GCC unroll 4
-        for (int v = 0; v < Vecs; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], ar, reinterpret_cast<__m512bh>(bv[v]));
-#endif
-      }
-    }
+    for (int r = 0; r < Rows; ++r) madd_broadcast<Vecs>(acc[r], a[r * a_row + kk * a_k], bv);
   }
 #pragma GCC unroll 12
   for (int r = 0; r < Rows; ++r) {

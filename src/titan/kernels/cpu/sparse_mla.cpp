@@ -57,19 +57,7 @@ TITAN_INLINE void tile(float* const* c, int64_t col, const E* a, int64_t a_row, 
 #pragma GCC unroll 4
     for (int v = 0; v < Vecs; ++v) bv[v] = *reinterpret_cast<const vecf*>(b + k * ldb + v * kVecLanes);
 #pragma GCC unroll 8
-    for (int r = 0; r < kRows; ++r) {
-      if constexpr (std::is_same_v<E, float>) {
-        const float ar = a[r * a_row + k * a_k];
-#pragma GCC unroll 4
-        for (int v = 0; v < Vecs; ++v) acc[r][v] += ar * bv[v];
-      } else {
-#if defined(__AVX512BF16__)
-        const __m512bh ar = reinterpret_cast<__m512bh>(_mm512_set1_epi32(int(a[r * a_row + k * a_k])));
-#pragma GCC unroll 4
-        for (int v = 0; v < Vecs; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], ar, reinterpret_cast<__m512bh>(bv[v]));
-#endif
-      }
-    }
+    for (int r = 0; r < kRows; ++r) madd_broadcast<Vecs>(acc[r], a[r * a_row + k * a_k], bv);
   }
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
