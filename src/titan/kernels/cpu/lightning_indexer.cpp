@@ -225,16 +225,50 @@ TITAN_INLINE uint32_t rank_bits(float v) {
 // Candidates are rank << 32 | ~index: the lower index ranks higher among equal scores.
 TITAN_INLINE int32_t candidate_index(uint64_t key) { return int32_t(~uint32_t(key)); }
 
-// Moves the k largest of the distinct keys a[0, n) into a[0, k), unordered, for 0 < k < n:
-// quickselect with a median-of-three pivot and a branch-free Lomuto partition (the comparisons
-// are unpredictable, so branches would mispredict about half the time).
-void select_largest(uint64_t* a, int64_t n, int64_t k) {
+TITAN_INLINE uint64_t median3(uint64_t x, uint64_t y, uint64_t z) {
+  const uint64_t lo_xy = x < y ? x : y, hi_xy = x < y ? y : x;
+  return z < lo_xy ? lo_xy : (z > hi_xy ? hi_xy : z);
+}
+
+// Moves the k largest of the distinct keys a[0, n) into a[0, k), unordered, for 0 < k < n
+// (a[k, n) is left unspecified, and a needs 8 slots of slack past n): quickselect with a
+// median-of-three pivot. AVX-512 partitions wide ranges 8 keys at a time, out of place: the keys
+// above the pivot are compressed to the front in place (each store lands behind the reads), the
+// ones below into tmp ([n + 8] scratch) and copied back behind the pivot, at a fraction of the
+// scalar partition's time. Narrow ranges (and other ISAs) run a branch-free Lomuto partition
+// (the comparisons are unpredictable, so branches would mispredict about half the time).
+void select_largest(uint64_t* a, int64_t n, int64_t k, [[maybe_unused]] uint64_t* tmp) {
   int64_t lo = 0, hi = n;  // invariant: lo < k < hi, a[0, lo) > a[lo, hi) > a[hi, n)
+#if defined(__AVX512F__)
+  while (hi - lo > 64) {
+    const uint64_t pivot = median3(a[lo], a[lo + (hi - lo) / 2], a[hi - 1]);
+    const __m512i pv = _mm512_set1_epi64(int64_t(pivot));
+    int64_t g = lo, t = 0;
+    for (int64_t i = lo; i < hi; i += 8) {
+      const __mmask8 in = hi - i >= 8 ? __mmask8(0xff) : __mmask8((1u << (hi - i)) - 1);
+      const __m512i v = _mm512_maskz_loadu_epi64(in, a + i);
+      const __mmask8 gt = _mm512_mask_cmpgt_epu64_mask(in, v, pv), lt = _mm512_mask_cmplt_epu64_mask(in, v, pv);
+      // Register compresses and whole-vector stores (a compressing store to memory is microcoded
+      // on AMD's cores); the lanes past each count are overwritten later.
+      _mm512_storeu_si512(a + g, _mm512_maskz_compress_epi64(gt, v));
+      _mm512_storeu_si512(tmp + t, _mm512_maskz_compress_epi64(lt, v));
+      g += __builtin_popcount(gt);
+      t += __builtin_popcount(lt);
+    }
+    a[g] = pivot;  // now a[lo, g) > pivot = a[g] > a(g, hi)
+    __builtin_memcpy(a + g + 1, tmp, size_t(t) * sizeof(uint64_t));
+    if (k == g || k == g + 1) return;
+    if (k < g) {
+      hi = g;
+    } else {
+      lo = g + 1;
+    }
+  }
+#endif
   for (;;) {
     const int64_t mid = lo + (hi - lo) / 2;
     const uint64_t x = a[lo], y = a[mid], z = a[hi - 1];
-    const uint64_t lo_xy = x < y ? x : y, hi_xy = x < y ? y : x;
-    const uint64_t pivot = z < lo_xy ? lo_xy : (z > hi_xy ? hi_xy : z);
+    const uint64_t pivot = median3(x, y, z);
     const int64_t at = pivot == x ? lo : (pivot == y ? mid : hi - 1);
     a[at] = a[hi - 1];
     a[hi - 1] = pivot;
@@ -270,14 +304,15 @@ constexpr int64_t kSlack = 8;
 // one vectorizable pass counts the keys above it, and one branch-free pass keeps those when there
 // are at least K of them (so every key at or under the estimate is outranked K times) and at most
 // K + (n - K) / 2 and max_keep (so the buffer frees enough room). Otherwise, rarely, the exact
-// select runs. sample: [kSample] scratch.
-int64_t compact_candidates(uint64_t* c, int64_t n, int64_t K, int64_t max_keep, uint64_t& floor, uint64_t* sample) {
+// select runs. sample: [kSample + 8] and tmp: [n + 8] scratch (see select_largest).
+int64_t compact_candidates(uint64_t* c, int64_t n, int64_t K, int64_t max_keep, uint64_t& floor, uint64_t* sample,
+                           uint64_t* tmp) {
   const int64_t m = min_i64(kSample, n);
   const double expect = double(m) * double(K) / double(n);
   const int64_t r = min_i64(m - 1, int64_t(expect + 2.0 * __builtin_sqrt(expect)) + 1);
   if (r >= 1 && m == kSample) {
     for (int64_t j = 0; j < m; ++j) sample[j] = c[j * n / m];
-    select_largest(sample, m, r);
+    select_largest(sample, m, r, tmp);
     uint64_t est = sample[0];
     for (int64_t j = 1; j < r; ++j) est = sample[j] < est ? sample[j] : est;
     int64_t above = 0;
@@ -294,7 +329,7 @@ int64_t compact_candidates(uint64_t* c, int64_t n, int64_t K, int64_t max_keep, 
       return kept;
     }
   }
-  select_largest(c, n, K);
+  select_largest(c, n, K, tmp);
   floor = c[0];
   for (int64_t j = 1; j < K; ++j) floor = c[j] < floor ? c[j] : floor;
   return K;
@@ -404,7 +439,9 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
     const Scratch<bf16> qa16(pairs ? m16 * di32 : 1, ScratchInit::zeroed);  // [m16, di32] query rows, zero-padded
     if (amx) amx_configure();
 #endif
-    const Scratch<uint64_t> cand(tq * ld_cand), bitmap(words, ScratchInit::zeroed), thresh(tq), sample(kSample);
+    // sample and tmp: scratch of compact_candidates and select_largest (with its slack).
+    const Scratch<uint64_t> cand(tq * ld_cand), bitmap(words, ScratchInit::zeroed), thresh(tq), sample(kSample + 8),
+        tmp(ld_cand + 8);
     const Scratch<uint32_t> ranks(kKeys);
     const Scratch<uint8_t> passes(kKeys);
     const Scratch<int64_t> count(tq);
@@ -460,7 +497,7 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
           // loop then ran through memory (a store-to-load chain per key).
           int64_t n = count.data()[i];
           uint64_t floor = thresh.data()[i];
-          if (n + lim > cap) n = compact_candidates(c, n, K, cap - kKeys, floor, sample.data());
+          if (n + lim > cap) n = compact_candidates(c, n, K, cap - kKeys, floor, sample.data(), tmp.data());
           // Once the buffer has been compacted only a few keys per tile reach the admission
           // threshold: flag those whose rank reaches it (integer ops, vectorized), then visit
           // only the flagged ones, eight flags per 64-bit word.
@@ -517,7 +554,7 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
       for (int64_t i = first; i < rows; ++i) {
         uint64_t* c = cand.data() + i * ld_cand;
         const int64_t n = count.data()[i];
-        if (n > K) select_largest(c, n, K);
+        if (n > K) select_largest(c, n, K, tmp.data());
         write_selection(idx + (b * d.S + t0 + i) * K, c, min_i64(n, K), K, bitmap.data(), words);
       }
     }
