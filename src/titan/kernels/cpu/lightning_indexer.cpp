@@ -738,25 +738,39 @@ void narrow_dots(float* dots, int64_t ld, int64_t cols, const float* q, int64_t 
 // dots4_group: one group of 16 keys, rows[j] the group's key rows, qv = q4's vectors: v[h] =
 // head h's dots with the 16 keys. Its four sub-groups of 4 keys run as a loop, not unrolled:
 // unrolled, GCC interleaved all sixteen keys' loads and spilled to the stack.
-template <int C>
-TITAN_INLINE void dots4_group(__m512* v, const float* const* rows, const __m512* qv, const float* const* next,
+// R = bf16 (avx512_bf16 variant): rows of bf16 pairs, C counting 16-byte steps of 4 pairs (8
+// dims); qv[c] lane 4 h + r = head h's pair (8 c + 2 r, 8 c + 2 r + 1); VDPBF16PS takes two dims
+// per lane, so a key costs half the multiply-add instructions (and half the row bytes).
+template <int C, class R = float>
+TITAN_INLINE void dots4_group(__m512* v, const R* const* rows, const __m512* qv, const R* const* next,
                               int64_t n_next) {
+  // One step: acc + qv[c] x the key's 16 bytes at c broadcast to the four quarters.
+  auto madd = [&](__m512 acc, int c, const R* row) {
+    if constexpr (std::is_same_v<R, float>) {
+      return _mm512_fmadd_ps(qv[c], _mm512_broadcast_f32x4(_mm_loadu_ps(row + 4 * c)), acc);
+    } else {
+#if defined(__AVX512BF16__)
+      const __m512i k = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 8 * c)));
+      return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(qv[c]), reinterpret_cast<__m512bh>(k));
+#endif
+    }
+  };
 #pragma GCC unroll 1
   for (int g = 0; g < 4; ++g) {
     // A quarter of the next group's rows per sub-group: spread out, the requests overlap the FMAs
     // instead of stalling on the fill buffers as one burst.
-    for (int64_t j = 4 * g; j < 4 * g + 4 && j < n_next; ++j) prefetch_row(next[j], 4 * C, false);
+    for (int64_t j = 4 * g; j < 4 * g + 4 && j < n_next; ++j)
+      prefetch_row(reinterpret_cast<const float*>(next[j]), 4 * C, false);
     __m512 a[4];
 #pragma GCC unroll 4
     for (int l = 0; l < 4; ++l) {
-      const float* row = rows[4 * g + l];
-      // Two chains (even and odd dim quarters) halve the FMA latency per key.
-      __m512 even = _mm512_mul_ps(qv[0], _mm512_broadcast_f32x4(_mm_loadu_ps(row)));
-      __m512 odd = _mm512_mul_ps(qv[1], _mm512_broadcast_f32x4(_mm_loadu_ps(row + 4)));
+      const R* row = rows[4 * g + l];
+      // Two chains (even and odd steps) halve the multiply-add latency per key.
+      __m512 even = madd(_mm512_setzero_ps(), 0, row), odd = madd(_mm512_setzero_ps(), 1, row);
 #pragma GCC unroll 16
       for (int c = 2; c < C; c += 2) {
-        even = _mm512_fmadd_ps(qv[c], _mm512_broadcast_f32x4(_mm_loadu_ps(row + 4 * c)), even);
-        odd = _mm512_fmadd_ps(qv[c + 1], _mm512_broadcast_f32x4(_mm_loadu_ps(row + 4 * c + 4)), odd);
+        even = madd(even, c, row);
+        odd = madd(odd, c + 1, row);
       }
       a[l] = _mm512_add_ps(even, odd);
     }
@@ -774,18 +788,18 @@ TITAN_INLINE void dots4_group(__m512* v, const float* const* rows, const __m512*
   v[2] = _mm512_maskz_shuffle_f32x4(0xffff, t1, t3, 0x88), v[3] = _mm512_maskz_shuffle_f32x4(0xffff, t1, t3, 0xdd);
 }
 
-template <int C>
-void narrow_dots4(float* dots, int64_t ld, const float* q4, int64_t HI, const float* kr, const int32_t* sel, int64_t n,
-                  const float* zero) {
+template <int C, class R = float>
+void narrow_dots4(float* dots, int64_t ld, const float* q4, int64_t HI, const R* kr, const int32_t* sel, int64_t n,
+                  const R* zero) {
   // The row stride is a constant and only the last group checks bounds: with a run-time stride,
   // a check per key and the sub-groups unrolled, GCC spilled q4's vectors and the rows to the
   // stack and broadcast from the copies, at about twice the time per key.
-  constexpr int64_t di_pad = 4 * C;
+  constexpr int64_t di_pad = std::is_same_v<R, float> ? 4 * C : 8 * C;
   __m512 qv[C];
 #pragma GCC unroll 16
   for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q4 + 16 * c);
-  const float* rows[16];
-  const float* next[16];
+  const R* rows[16];
+  const R* next[16];
   __m512 v[4];
   auto store = [&](int64_t s0) {
 #pragma GCC unroll 4
@@ -800,12 +814,12 @@ void narrow_dots4(float* dots, int64_t ld, const float* q4, int64_t HI, const fl
 #pragma GCC unroll 16
     for (int j = 0; j < 16; ++j) rows[j] = kr + int64_t(sel[s0 + j]) * di_pad;
     for (int64_t j = 0; j < ahead; ++j) next[j] = kr + int64_t(sel[s0 + 16 + j]) * di_pad;
-    dots4_group<C>(v, rows, qv, next, ahead);
+    dots4_group<C, R>(v, rows, qv, next, ahead);
     store(s0);
   }
   if (s0 < n) {
     for (int j = 0; j < 16; ++j) rows[j] = s0 + j < n ? kr + int64_t(sel[s0 + j]) * di_pad : zero;
-    dots4_group<C>(v, rows, qv, next, 0);
+    dots4_group<C, R>(v, rows, qv, next, 0);
     store(s0);
   }
 }
@@ -820,6 +834,20 @@ void narrow_dots4(int64_t di_pad, float* dots, int64_t ld, const float* q4, int6
     default: return narrow_dots4<16>(dots, ld, q4, HI, kr, sel, n, zero);
   }
 }
+
+#if defined(__AVX512BF16__)
+// The same over bf16 key rows read in place (rows di_pad bf16 apart, di_pad in {16, 32, 48, 64}),
+// q4 [di_pad / 8, 16] bf16 pairs (see dots4_group).
+void narrow_dots4(int64_t di_pad, float* dots, int64_t ld, const float* q4, int64_t HI, const bf16* kr,
+                  const int32_t* sel, int64_t n, const bf16* zero) {
+  switch (di_pad) {
+    case 16: return narrow_dots4<2, bf16>(dots, ld, q4, HI, kr, sel, n, zero);
+    case 32: return narrow_dots4<4, bf16>(dots, ld, q4, HI, kr, sel, n, zero);
+    case 48: return narrow_dots4<6, bf16>(dots, ld, q4, HI, kr, sel, n, zero);
+    default: return narrow_dots4<8, bf16>(dots, ld, q4, HI, kr, sel, n, zero);
+  }
+}
+#endif
 #endif
 
 // dq_j += sum_s g2[j * ld + s] k_{sel[s]} (dq [HI, di_pad]) and dk_{sel[s]} += sum_j g2[j * ld + s] q_j
@@ -1020,6 +1048,12 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
   const int64_t hi_pad = round_up(HI, kLanes);
   // Narrow rows of up to 4 heads and 64 dims: narrow_dots4 (AVX-512).
   const bool quad = kVecLanes == 16 && narrow && HI <= 4 && di_pad <= 64;
+  // bf16 quad rows with whole 16-dim rows take their dots from the bf16 keys in place, two dims
+  // per lane (VDPBF16PS); the gradients stay f32 on the widened rows.
+  bool pair_dots = false;
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, bf16>) pair_dots = quad && DI == di_pad;
+#endif
   // Each block's share of the loss, summed in block order after the parallel region: with the
   // blocks dealt round-robin (schedule(static, 1)), every sum (the loss, each thread's dk
   // partial) runs in the same order on every call, so the results do not vary run to run.
@@ -1053,6 +1087,7 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
         r_score(gathered ? n_cap : 1), r_target(gathered ? n_cap : 1), zero_row(thin ? di_pad : 1, ScratchInit::zeroed);
     const Scratch<float> kg(wide ? n_cap * di_pad : 1), dkg(wide ? kWideChunk * di_pad : 1),
         qT(wide ? DI * hi_pad : 1), wv(wide ? hi_pad : 1), q4(quad ? 4 * di_pad : 1);
+    const Scratch<bf16> zero16(pair_dots ? di_pad : 1, ScratchInit::zeroed);  // the padding keys' bf16 row
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
     if (amx) amx_configure();
 #endif
@@ -1280,7 +1315,22 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
             const int64_t cols = round_up(n, kKeys);
             for (int64_t s = n; s < cols; ++s) p[s] = 0;
 #if defined(__AVX512F__)
-            if (quad) {
+            if (quad && pair_dots) {
+#if defined(__AVX512BF16__)
+              // bf16 keys in place: q4[c] quarter h = head h's bf16 dims 8 c .. 8 c + 7 as 4 pairs.
+              const bf16* q16 = reinterpret_cast<const bf16*>(q) + (row0 + i) * HI * DI;
+              for (int64_t c = 0; c < di_pad / 8; ++c) {
+                __m512i v = _mm512_setzero_si512();
+                for (int64_t h = 0; h < HI; ++h) {
+                  v = _mm512_mask_broadcast_i32x4(v, __mmask16(0xf << (4 * h)),
+                                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(q16 + h * DI + 8 * c)));
+                }
+                _mm512_storeu_si512(q4.data() + c * 16, v);
+              }
+              narrow_dots4(di_pad, r_dots.data(), n_cap, q4.data(), HI, reinterpret_cast<const bf16*>(k) + b * d.Skv * DI,
+                           sel.data(), n, zero16.data());
+#endif
+            } else if (quad) {
               // q4[c] quarter h = head h's dims 4 c .. 4 c + 3 (zero past HI).
               for (int64_t c = 0; c < di_pad / 4; ++c) {
                 __m512 v = _mm512_setzero_ps();
@@ -1290,6 +1340,8 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
                 _mm512_storeu_ps(q4.data() + c * 16, v);
               }
               narrow_dots4(di_pad, r_dots.data(), n_cap, q4.data(), HI, kr_b, sel.data(), n, zero_row.data());
+            }
+            if (quad) {
               for (int64_t j = 0; j < HI; ++j) {
                 for (int64_t s = round_up(n, 16); s < cols; ++s) r_dots.data()[j * n_cap + s] = 0;
               }
