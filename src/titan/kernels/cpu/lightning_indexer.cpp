@@ -461,9 +461,9 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
       if constexpr (std::is_same_v<T, bf16>) {
         if (pairs) {
-          for (int64_t r = 0; r < rows * HI; ++r) {
+          for (int64_t r = 0; r < rows * HI; ++r) {  // memcpy: a loop of bf16 structs stays 16-bit moves
             bf16* out = qa16.data() + r * di32;
-            for (int64_t c = 0; c < DI; ++c) out[c] = q_blk[r * DI + c];
+            __builtin_memcpy(out, q_blk + r * DI, size_t(DI) * sizeof(bf16));
             for (int64_t c = DI; c < di32; ++c) out[c] = bf16{};
           }
         }
