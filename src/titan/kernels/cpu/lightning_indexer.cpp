@@ -1,7 +1,9 @@
 // Lightning indexer on the CPU. Queries are processed in blocks that stay resident while key
 // blocks of kKeys keys stream past; the head dot products of a (query block, key block) pair are
 // one small register-tiled f32 GEMM over packed, zero-padded buffers, and the S x Skv score matrix
-// never exists (only kKeys-wide tiles of it).
+// never exists (only kKeys-wide tiles of it). The top-k on AVX-512 (without AMX) goes further:
+// each query's scores over a key block come from its head rows four heads at a time with the
+// head dots in registers (fused_scores), so not even the block's [heads, kKeys] dots are stored.
 // * top-k: each query row keeps a buffer of up to 4K + kKeys candidates as sortable 64-bit keys
 //   (score rank << 32 | ~index, so ties rank the lower index first and a plain integer compare
 //   orders them); keys at or below the row's admission floor are not appended (AVX-512: eight at
@@ -213,6 +215,53 @@ TITAN_INLINE void index_scores(float* score, const float* dots, int64_t ld, cons
   for (int64_t v = 0; v < kTileVecs; ++v) storev(score + v * kVecLanes, acc[v]);
 }
 
+#if defined(__AVX512F__)
+// score[0, kKeys) += sum_{r < Rows} w[r] ReLU(a_r . b[:, s]): Rows head rows of one query (a_row
+// apart, depth elements: f32, or bf16 pairs) against a key block b [depth, kKeys], the head dots
+// kept in registers (Rows x kTileVecs accumulators).
+template <class E, int Rows>
+TITAN_INLINE void head_scores(vecf* score, const E* a, int64_t a_row, const E* b, int64_t depth, const float* w) {
+  vecf acc[Rows][kTileVecs];
+#pragma GCC unroll 4
+  for (int r = 0; r < Rows; ++r) {
+#pragma GCC unroll 4
+    for (int64_t v = 0; v < kTileVecs; ++v) acc[r][v] = vecf{};
+  }
+  for (int64_t k = 0; k < depth; ++k) {
+    vecf bv[kTileVecs];
+#pragma GCC unroll 4
+    for (int64_t v = 0; v < kTileVecs; ++v) bv[v] = *reinterpret_cast<const vecf*>(b + k * kKeys + v * kVecLanes);
+#pragma GCC unroll 4
+    for (int r = 0; r < Rows; ++r) madd_broadcast<kTileVecs>(acc[r], a[r * a_row + k], bv);
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < Rows; ++r) {
+    const vecf wr = splat(w[r]);
+#pragma GCC unroll 4
+    for (int64_t v = 0; v < kTileVecs; ++v) score[v] += wr * relu(acc[r][v]);
+  }
+}
+
+// index_scores of one query straight from its head rows and a key block (see head_scores), four
+// heads at a time: the [HI, kKeys] dots are never stored and read back.
+template <class E>
+void fused_scores(float* score, const E* a, int64_t a_row, const E* b, int64_t depth, const float* w, int64_t HI) {
+  vecf sc[kTileVecs];
+#pragma GCC unroll 4
+  for (int64_t v = 0; v < kTileVecs; ++v) sc[v] = vecf{};
+  int64_t h = 0;
+  for (; h + 4 <= HI; h += 4) head_scores<E, 4>(sc, a + h * a_row, a_row, b, depth, w + h);
+  switch (HI - h) {
+    case 3: head_scores<E, 3>(sc, a + h * a_row, a_row, b, depth, w + h); break;
+    case 2: head_scores<E, 2>(sc, a + h * a_row, a_row, b, depth, w + h); break;
+    case 1: head_scores<E, 1>(sc, a + h * a_row, a_row, b, depth, w + h); break;
+    default: break;
+  }
+#pragma GCC unroll 4
+  for (int64_t v = 0; v < kTileVecs; ++v) storev(score + v * kVecLanes, sc[v]);
+}
+#endif
+
 // ---- top-k selection ------------------------------------------------------------------------
 // A uint32 that orders like ref/topk.h's ranking: NaN highest, -0 == +0, then by value.
 TITAN_INLINE uint32_t rank_bits(float v) {
@@ -416,9 +465,9 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
   const int64_t ld_cand = cap + kSlack;  // candidate row stride
   const int64_t words = (d.Skv + 63) / 64;
   // bf16 keeps its operands as bf16 pairs, multiplied on AMX tiles (see amx_dots) or, without
-  // AMX, by VDPBF16PS in the register-tiled gemm.
-  bool pairs = false;
-  [[maybe_unused]] bool amx = false;
+  // AMX, by VDPBF16PS. Except on AMX, AVX-512 scores each query from its head rows with the head
+  // dots in registers (fused_scores); other ISAs run the block's dots as one GEMM, then score.
+  bool pairs = false, amx = false;
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if constexpr (std::is_same_v<T, bf16>) pairs = true, amx = cpu_amx_bf16_usable();
   const int64_t di32 = round_up(DI, kAmxDepth), m16 = round_up(tq * HI, 16);
@@ -429,12 +478,17 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
 #else
   const int64_t m16 = tq * HI;
 #endif
+#if defined(__AVX512F__)
+  const bool fused = !amx;
+#else
+  const bool fused = false;
+#endif
   const Scratch<float> kt(pairs ? 1 : d.B * nkb * DI * kKeys);  // [B, nkb, DI, kKeys]
   if (!pairs) pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
 #pragma omp parallel
   {
     // dots [m16, kKeys]: the AMX path computes whole 16-row tiles (rows past tq * HI unread).
-    const Scratch<float> qa(pairs ? 1 : tq * HI * DI), dots(m16 * kKeys), score(kKeys);
+    const Scratch<float> qa(pairs ? 1 : tq * HI * DI), dots(fused ? 1 : m16 * kKeys), score(kKeys);
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
     const Scratch<bf16> qa16(pairs ? m16 * di32 : 1, ScratchInit::zeroed);  // [m16, di32] query rows, zero-padded
     if (amx) amx_configure();
@@ -473,24 +527,29 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
       for (int64_t i = 0; i < rows; ++i) count.data()[i] = 0, thresh.data()[i] = 0;
       const int64_t n_last = valid_keys(d, t0 + rows - 1);
       for (int64_t kb = 0; kb * kKeys < n_last; ++kb) {
+        const float* kt_block = pairs ? nullptr : kt.data() + (b * nkb + kb) * DI * kKeys;
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
         const uint32_t* kv_block = kv.data() + (b * nkb + kb) * (di32 / 2) * kKeys;
-        if (amx) {
-          amx_dots(dots.data(), qa16.data(), round_up(rows * HI, 16), di32, kv_block);
-        } else if (pairs) {
-          gemm<false>(dots.data(), kKeys, reinterpret_cast<const uint32_t*>(qa16.data()), di32 / 2, int64_t(1),
-                      kv_block, kKeys, rows * HI, kKeys, di32 / 2);
-        }
+        if (amx) amx_dots(dots.data(), qa16.data(), round_up(rows * HI, 16), di32, kv_block);
 #endif
-        if (!pairs) {
-          gemm<false>(dots.data(), kKeys, qa.data(), DI, 1, kt.data() + (b * nkb + kb) * DI * kKeys, kKeys,
-                      rows * HI, kKeys, DI);
-        }
+        if (!fused && !amx) gemm<false>(dots.data(), kKeys, qa.data(), DI, 1, kt_block, kKeys, rows * HI, kKeys, DI);
         const int64_t s0 = kb * kKeys;
         for (int64_t i = first; i < rows; ++i) {
           const int64_t lim = min_i64(kKeys, valid_keys(d, t0 + i) - s0);
           if (lim <= 0) continue;
-          index_scores(score.data(), dots.data() + i * HI * kKeys, kKeys, w + (b * d.S + t0 + i) * HI, HI);
+          const float* w_row = w + (b * d.S + t0 + i) * HI;
+#if defined(__AVX512F__)
+          if (fused) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+            if (pairs) {
+              fused_scores(score.data(), reinterpret_cast<const uint32_t*>(qa16.data()) + i * HI * (di32 / 2), di32 / 2,
+                           kv_block, di32 / 2, w_row, HI);
+            }
+#endif
+            if (!pairs) fused_scores(score.data(), qa.data() + i * HI * DI, DI, kt_block, DI, w_row, HI);
+          }
+#endif
+          if (!fused) index_scores(score.data(), dots.data() + i * HI * kKeys, kKeys, w_row, HI);
           uint64_t* c = cand.data() + i * ld_cand;
           // Locals, stored back below: through references the compiler must assume that the
           // candidate stores (uint64_t, which may alias int64_t) change them, and the append
