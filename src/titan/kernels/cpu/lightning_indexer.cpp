@@ -368,8 +368,18 @@ int64_t compact_candidates(uint64_t* c, int64_t n, int64_t K, int64_t max_keep, 
 #pragma omp simd reduction(+ : above)
     for (int64_t i = 0; i < n; ++i) above += c[i] > est;
     if (above >= K && above <= K + (n - K) / 2 && above <= max_keep) {
-      int64_t kept = 0;
-      for (int64_t i = 0; i < n; ++i) {
+      int64_t kept = 0, i = 0;
+#if defined(__AVX512F__)
+      // 8 keys at a time, compressed in place as in select_largest (c has 8 slots of slack).
+      const __m512i ev = _mm512_set1_epi64(int64_t(est));
+      for (; i + 8 <= n; i += 8) {
+        const __m512i v = _mm512_loadu_si512(c + i);
+        const __mmask8 keep = _mm512_cmpgt_epu64_mask(v, ev);
+        _mm512_storeu_si512(c + kept, _mm512_maskz_compress_epi64(keep, v));
+        kept += __builtin_popcount(keep);
+      }
+#endif
+      for (; i < n; ++i) {
         const uint64_t v = c[i];
         c[kept] = v;
         kept += v > est;
@@ -385,13 +395,32 @@ int64_t compact_candidates(uint64_t* c, int64_t n, int64_t K, int64_t max_keep, 
 }
 
 // Writes one output row: the n candidate keys' indices (n <= K) in ascending order, then -1.
-// bitmap: [ceil(Skv / 64)] zeroed words; left zeroed.
-void write_selection(int32_t* out, const uint64_t* cand, int64_t n, int64_t K, uint64_t* bitmap, int64_t words) {
+// bitmap: [ceil(Skv / 64)] zeroed words; left zeroed. AVX-512 reads the bitmap 16 bits at a time,
+// compressing the set bits' indices into buf ([K + 16] scratch; whole-vector stores) instead of
+// a find-first-set loop per word, whose exits mispredicted once per word.
+void write_selection(int32_t* out, const uint64_t* cand, int64_t n, int64_t K, uint64_t* bitmap, int64_t words,
+                     [[maybe_unused]] int32_t* buf) {
   for (int64_t i = 0; i < n; ++i) {
     const int32_t s = candidate_index(cand[i]);
     bitmap[s >> 6] |= uint64_t(1) << (s & 63);
   }
   int64_t pos = 0;
+#if defined(__AVX512F__)
+  const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (int64_t wi = 0; wi < words; ++wi) {
+    const uint64_t bits = bitmap[wi];
+    if (!bits) continue;
+    bitmap[wi] = 0;
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q) {
+      const __mmask16 m = __mmask16(bits >> (16 * q));
+      const __m512i index = _mm512_add_epi32(iota, _mm512_set1_epi32(int32_t(wi * 64 + 16 * q)));
+      _mm512_storeu_si512(buf + pos, _mm512_maskz_compress_epi32(m, index));
+      pos += __builtin_popcount(m);
+    }
+  }
+  __builtin_memcpy(out, buf, size_t(pos) * sizeof(int32_t));
+#else
   for (int64_t wi = 0; wi < words; ++wi) {
     uint64_t bits = bitmap[wi];
     bitmap[wi] = 0;
@@ -400,6 +429,7 @@ void write_selection(int32_t* out, const uint64_t* cand, int64_t n, int64_t K, u
       bits &= bits - 1;
     }
   }
+#endif
   for (; pos < K; ++pos) out[pos] = -1;
 }
 
@@ -497,6 +527,7 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
     const Scratch<uint64_t> cand(tq * ld_cand), bitmap(words, ScratchInit::zeroed), thresh(tq), sample(kSample + 8),
         tmp(ld_cand + 8);
     const Scratch<uint32_t> ranks(kKeys);
+    const Scratch<int32_t> sel_buf(K + 16);  // write_selection's
     const Scratch<uint8_t> passes(kKeys);
     const Scratch<int64_t> count(tq);
     // Later query blocks see more keys: hand them out first.
@@ -614,7 +645,7 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
         uint64_t* c = cand.data() + i * ld_cand;
         const int64_t n = count.data()[i];
         if (n > K) select_largest(c, n, K, tmp.data());
-        write_selection(idx + (b * d.S + t0 + i) * K, c, min_i64(n, K), K, bitmap.data(), words);
+        write_selection(idx + (b * d.S + t0 + i) * K, c, min_i64(n, K), K, bitmap.data(), words, sel_buf.data());
       }
     }
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
