@@ -146,7 +146,9 @@ TITAN_OP_CASES(lightning_indexer) {
         {1, 12, 300, 16, 16, 270}, {1, 6, 6, 20, 16, 9}, {1, 30, 50, 3, 144, 10}, {1, 40, 60, 17, 16, 20, 1},
         // top-k selections with repeated keys and invalid slots among ascending valid ones, over
         // every narrow 4-head row width (DI 16, 32, 48, 64) and whole and partial 16-key groups
-        {1, 90, 400, 4, 64, 130, 2}, {1, 60, 200, 3, 32, 37, 2}, {1, 50, 120, 2, 48, 40, 2}, {1, 40, 100, 4, 16, 33, 2}},
+        {1, 90, 400, 4, 64, 130, 2}, {1, 60, 200, 3, 32, 37, 2}, {1, 50, 120, 2, 48, 40, 2}, {1, 40, 100, 4, 16, 33, 2},
+        // bf16 pair products (DI 32, 64) with one and two heads (the missing heads of a pair are 0)
+        {1, 70, 160, 1, 64, 40, 2}, {1, 60, 150, 2, 32, 29, 1}},
        [](const OpInput& in) {
          IndexerCase c(in);
          return in.dtype == DType::f32 ? run_loss<float>(c) : run_loss<bf16>(c);

@@ -991,6 +991,88 @@ void narrow_grads(float* dq, float* dk, const float* g2, int64_t ld, const float
   }
 }
 
+#if defined(__AVX512BF16__)
+// narrow_grads for bf16 quad rows (HI <= 4 heads, keys bf16 in place, DI = 16 V dims with V even),
+// both products on VDPBF16PS with g2 rounded to bf16 as an operand (as sparse MLA rounds dS):
+//   dq_j += sum over key pairs i of (g2[j][2i], g2[j][2i + 1]) . (k_{2i}, k_{2i + 1}) by dim,
+//   dk_s += (g2[0][s], g2[1][s]) . (q_0, q_1) + (g2[2][s], g2[3][s]) . (q_2, q_3) by dim,
+// half the multiply-add instructions of the f32 products. g2 rows are ld apart and hold zeros
+// from n to round_up(n, 64). gh [2, ld] and gs [4, ld / 2]: scratch for g2's two pair layouts.
+template <int V>
+void narrow_grads_pairs(float* dq, float* dk, const float* g2, int64_t ld, const float* q, int64_t HI, const bf16* kb,
+                        const int32_t* sel, int64_t n, const bf16* zero, uint32_t* gh, uint32_t* gs) {
+  constexpr int64_t DI = 16 * V, kAhead = 16;
+  const __m512 none = _mm512_setzero_ps();
+  auto g2_row = [&](int64_t h, int64_t s) { return h < HI ? _mm512_loadu_ps(g2 + h * ld + s) : none; };
+  for (int64_t s = 0; s < n; s += 16) {  // gh[p][s] = (g2[2p][s], g2[2p + 1][s])
+    for (int64_t p = 0; p < 2; ++p) _mm512_storeu_si512(gh + p * ld + s, pack_pair_ps(g2_row(2 * p, s), g2_row(2 * p + 1, s)));
+  }
+  for (int64_t h = 0; h < HI; ++h) {  // gs[h][i] = (g2[h][2i], g2[h][2i + 1]): the row in bf16
+    for (int64_t s = 0; s < n; s += 32) store_bf16(reinterpret_cast<bf16*>(gs + h * (ld / 2) + s / 2), g2 + h * ld + s, 32);
+  }
+  __m512i qp[2][V];  // (q_{2p}, q_{2p + 1}) pairs by dim
+#pragma GCC unroll 2
+  for (int p = 0; p < 2; ++p) {
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+      const __m512 q0 = 2 * p < HI ? _mm512_loadu_ps(q + 2 * p * DI + 16 * v) : none;
+      const __m512 q1 = 2 * p + 1 < HI ? _mm512_loadu_ps(q + (2 * p + 1) * DI + 16 * v) : none;
+      qp[p][v] = pack_pair_ps(q0, q1);
+    }
+  }
+  __m512 acc[4][V];
+#pragma GCC unroll 4
+  for (int h = 0; h < 4; ++h) {
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) acc[h][v] = h < HI ? _mm512_loadu_ps(dq + h * DI + 16 * v) : none;
+  }
+  // pack_row_pair's word permutes: 32 dims of two rows as two vectors of 16 pairs.
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
+                                      5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  auto bcast = [](const uint32_t* x) { return reinterpret_cast<__m512bh>(_mm512_set1_epi32(int(*x))); };
+  for (int64_t s = 0; s < n; s += 2) {
+    const bool odd = s + 1 == n;  // the last key pairs with a zero row (its g2 column is 0)
+    const bf16* r0 = kb + int64_t(sel[s]) * DI;
+    const bf16* r1 = odd ? zero : kb + int64_t(sel[s + 1]) * DI;
+    for (int64_t u = s + kAhead; u < s + kAhead + 2 && u < n; ++u) {
+      prefetch_row(reinterpret_cast<const float*>(kb + int64_t(sel[u]) * DI), DI / 2, false);
+      prefetch_row(dk + int64_t(sel[u]) * DI, DI, true);
+    }
+    __m512bh kp[V];
+#pragma GCC unroll 4
+    for (int c = 0; c < V / 2; ++c) {
+      const __m512i a = _mm512_loadu_si512(r0 + 32 * c), b = _mm512_loadu_si512(r1 + 32 * c);
+      kp[2 * c] = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(a, lo, b));
+      kp[2 * c + 1] = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(a, hi, b));
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < 4; ++h) {
+      if (h >= HI) break;
+      const __m512bh a = bcast(gs + h * (ld / 2) + s / 2);
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) acc[h][v] = _mm512_dpbf16_ps(acc[h][v], a, kp[v]);
+    }
+    for (int64_t u = s; u < s + 2 && u < n; ++u) {
+      float* dkrow = dk + int64_t(sel[u]) * DI;
+      const __m512bh a0 = bcast(gh + u), a1 = bcast(gh + ld + u);
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) {
+        const __m512 d = _mm512_dpbf16_ps(_mm512_loadu_ps(dkrow + 16 * v), a0, reinterpret_cast<__m512bh>(qp[0][v]));
+        _mm512_storeu_ps(dkrow + 16 * v, _mm512_dpbf16_ps(d, a1, reinterpret_cast<__m512bh>(qp[1][v])));
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int h = 0; h < 4; ++h) {
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+      if (h < HI) _mm512_storeu_ps(dq + h * DI + 16 * v, acc[h][v]);
+    }
+  }
+}
+#endif
+
 // narrow_grads for vecs = di_pad / kVecLanes in [1, 8].
 void narrow_grads(int64_t vecs, float* dq, float* dk, const float* g2, int64_t ld, const float* q, int64_t HI,
                   const float* kr, const int32_t* sel, int64_t n) {
@@ -1144,6 +1226,8 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same_v<T, bf16>) pair_dots = quad && DI == di_pad;
 #endif
+  // Their gradient products too when the rows are whole 32-dim pairs of vectors (32 or 64 dims).
+  const bool pair_grads = pair_dots && DI % 32 == 0;
   // Each block's share of the loss, summed in block order after the parallel region: with the
   // blocks dealt round-robin (schedule(static, 1)), every sum (the loss, each thread's dk
   // partial) runs in the same order on every call, so the results do not vary run to run.
@@ -1178,6 +1262,7 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
     const Scratch<float> kg(wide ? n_cap * di_pad : 1), dkg(wide ? kWideChunk * di_pad : 1),
         qT(wide ? DI * hi_pad : 1), wv(wide ? hi_pad : 1), q4(quad ? 4 * di_pad : 1);
     const Scratch<bf16> zero16(pair_dots ? di_pad : 1, ScratchInit::zeroed);  // the padding keys' bf16 row
+    const Scratch<uint32_t> g_pairs(pair_grads ? 4 * n_cap : 1);  // narrow_grads_pairs' gh [2, n_cap], gs [4, n_cap / 2]
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
     if (amx) amx_configure();
 #endif
@@ -1442,6 +1527,19 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
             const float lse = row_lse(sc, n);
             loss_and_grad(1, cols, n_cap, sc, p, r_dots.data(), r_g2.data(), &lse, w_row, dw_acc.data() + i * HI,
                           nullptr, n);
+#if defined(__AVX512BF16__)
+            if (pair_grads) {
+              const bf16* kb = reinterpret_cast<const bf16*>(k) + b * d.Skv * DI;
+              if (DI == 64) {
+                narrow_grads_pairs<4>(dq_row, dk_b, r_g2.data(), n_cap, q_row, HI, kb, sel.data(), n, zero16.data(),
+                                      g_pairs.data(), g_pairs.data() + 2 * n_cap);
+              } else {
+                narrow_grads_pairs<2>(dq_row, dk_b, r_g2.data(), n_cap, q_row, HI, kb, sel.data(), n, zero16.data(),
+                                      g_pairs.data(), g_pairs.data() + 2 * n_cap);
+              }
+              continue;
+            }
+#endif
             narrow_grads(di_pad / kVecLanes, dq_row, dk_b, r_g2.data(), n_cap, q_row, HI, kr_b, sel.data(), n);
             continue;
           }
