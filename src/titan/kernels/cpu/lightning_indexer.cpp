@@ -23,9 +23,11 @@
 // bf16 in the avx512_bf16 variant: the top-k dot products and the dense KL stage's products (the
 // indexer dots and the target's tau mq mk^T) take bf16 pair operands with f32 accumulation, on
 // AMX tiles when cpu_amx_bf16_usable(), else by VDPBF16PS in the f32 micro-kernel's register
-// tiles; the gradient products (G k, G^T q) and the sparse stage's gathered path stay f32 FMA.
-// Otherwise (and at the lower ISA levels) bf16 inputs are widened to f32 while packing (O(S D)
-// work against O(S Skv D) products).
+// tiles; the blocked path's gradient products (G k, G^T q) stay f32 FMA. The sparse stage's
+// narrow gathered rows (<= 4 heads of 16-64 dims) read the bf16 keys in place: dots, and with
+// 32-dim chunks the gradient products too (G rounded to bf16), on VDPBF16PS. Elsewhere (and at
+// the lower ISA levels) bf16 inputs are widened to f32 while packing (O(S D) work against
+// O(S Skv D) products).
 // std:: algorithms are not used: templates from shared headers would be instantiated with this
 // file's ISA flags and might be picked by the linker for other ISA levels (see cpu/isa.h).
 #include "titan/kernels/cpu/lightning_indexer.h"
