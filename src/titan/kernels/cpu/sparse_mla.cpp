@@ -400,8 +400,10 @@ void forward_bf16_pairs(bf16* o, float* lse, float* head_mean, const bf16* q, co
   }
 }
 
-// The backward of sparse_mla_backward<bf16> when AMX is usable and Dqk, Dv are multiples of 32. All
-// five products run on AMX: [scores | dA] = rows x (q | dO), dq = (scale dS)^T x rows, and the
+// The backward of sparse_mla_backward<bf16> when Dqk, Dv are multiples of 32. All five products
+// run on bf16 pairs, on AMX tiles (kAmx) or in VDPBF16PS register tiles (without AMX, where the
+// dkv product adds straight into the selected rows as in the f32 path; the notes on the tile
+// path below are about AMX): [scores | dA] = rows x (q | dO), dq = (scale dS)^T x rows, and the
 // dkv rows of the selected keys += (scale dS | P) (q ; dO) (key and value roles in one product,
 // contraction over the 2 Hs head columns), with P and dS rounded to bf16 as operands (as FlashMLA
 // does); accumulation and the softmax stay f32. What remains for the vector units is the
