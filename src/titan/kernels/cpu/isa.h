@@ -73,6 +73,26 @@ TITAN_INLINE void madd_broadcast(vecf* acc, E a, const vecf* b) {
   }
 }
 
+// acc[r][v] = sum over k < inner of a[r * a_row + k * a_k] * the vector b + k * ldb + v * kVecLanes,
+// for r < Rows, v < Vecs: a register tile's products (madd_broadcast steps), for the caller's
+// epilogue to store or reduce.
+template <int Rows, int Vecs, class E>
+TITAN_INLINE void tile_products(vecf (&acc)[Rows][Vecs], const E* a, int64_t a_row, int64_t a_k, const E* b,
+                                int64_t ldb, int64_t inner) {
+#pragma GCC unroll 16
+  for (int r = 0; r < Rows; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < Vecs; ++v) acc[r][v] = vecf{};
+  }
+  for (int64_t k = 0; k < inner; ++k) {
+    vecf bv[Vecs];
+#pragma GCC unroll 4
+    for (int v = 0; v < Vecs; ++v) bv[v] = *reinterpret_cast<const vecf*>(b + k * ldb + v * kVecLanes);
+#pragma GCC unroll 16
+    for (int r = 0; r < Rows; ++r) madd_broadcast<Vecs>(acc[r], a[r * a_row + k * a_k], bv);
+  }
+}
+
 // exp(x) for float, vectorizable under `#pragma omp simd` (libm's expf is not). Cody-Waite range
 // reduction to [-ln2/2, ln2/2] and a degree-6 polynomial: max relative error ~4 ulp (against a
 // double-precision exp) on the normal range; x < -87.68 gives 0 (never a subnormal), x > 88.37

@@ -224,18 +224,7 @@ TITAN_INLINE void index_scores(float* score, const float* dots, int64_t ld, cons
 template <class E, int Rows>
 TITAN_INLINE void head_scores(vecf* score, const E* a, int64_t a_row, const E* b, int64_t depth, const float* w) {
   vecf acc[Rows][kTileVecs];
-#pragma GCC unroll 4
-  for (int r = 0; r < Rows; ++r) {
-#pragma GCC unroll 4
-    for (int64_t v = 0; v < kTileVecs; ++v) acc[r][v] = vecf{};
-  }
-  for (int64_t k = 0; k < depth; ++k) {
-    vecf bv[kTileVecs];
-#pragma GCC unroll 4
-    for (int64_t v = 0; v < kTileVecs; ++v) bv[v] = *reinterpret_cast<const vecf*>(b + k * kKeys + v * kVecLanes);
-#pragma GCC unroll 4
-    for (int r = 0; r < Rows; ++r) madd_broadcast<kTileVecs>(acc[r], a[r * a_row + k], bv);
-  }
+  tile_products(acc, a, a_row, int64_t(1), b, kKeys, depth);
 #pragma GCC unroll 4
   for (int r = 0; r < Rows; ++r) {
     const vecf wr = splat(w[r]);

@@ -47,18 +47,7 @@ template <int Vecs, bool kAdd, class E>
 TITAN_INLINE void tile(float* const* c, int64_t col, const E* a, int64_t a_row, int64_t a_k, const E* b,
                        int64_t ldb, int64_t inner) {
   vecf acc[kRows][Vecs];
-#pragma GCC unroll 8
-  for (int r = 0; r < kRows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) acc[r][v] = vecf{};
-  }
-  for (int64_t k = 0; k < inner; ++k) {
-    vecf bv[Vecs];
-#pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) bv[v] = *reinterpret_cast<const vecf*>(b + k * ldb + v * kVecLanes);
-#pragma GCC unroll 8
-    for (int r = 0; r < kRows; ++r) madd_broadcast<Vecs>(acc[r], a[r * a_row + k * a_k], bv);
-  }
+  tile_products(acc, a, a_row, a_k, b, ldb, inner);
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
 #pragma GCC unroll 4
