@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "titan/core/cpu_features.h"
 #include "titan/core/error.h"
@@ -28,6 +30,27 @@ TEST(CpuDispatch, PicksTheBestSupportedVariant) {
     EXPECT_THROW(set_cpu_capability(CpuCapability::avx512_bf16), Error);
   }
   set_cpu_capability(best);
+}
+
+// TITAN_AMX takes 0 or 1 (or nothing); a typo such as "off" is an error naming the variable, not
+// a silent "on". The switch turns cpu_amx_bf16_usable() off and back to what the CPU allows.
+TEST(CpuDispatch, AmxSwitch) {
+  EXPECT_TRUE(cpu_amx_switch(""));
+  EXPECT_TRUE(cpu_amx_switch("1"));
+  EXPECT_FALSE(cpu_amx_switch("0"));
+  try {
+    cpu_amx_switch("off");
+    ADD_FAILURE() << "TITAN_AMX=off was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TITAN_AMX=off"), std::string::npos) << e.what();
+  }
+  if (std::getenv("TITAN_AMX") == nullptr) {
+    EXPECT_EQ(cpu_amx_bf16_usable(), cpu_amx_bf16_detected());
+  }
+  set_cpu_amx_enabled(false);
+  EXPECT_FALSE(cpu_amx_bf16_usable());
+  set_cpu_amx_enabled(true);
+  EXPECT_EQ(cpu_amx_bf16_usable(), cpu_amx_bf16_detected());
 }
 
 // flush_denormals(true) makes f32 denormals (inputs and results) zero on this thread and on the

@@ -58,11 +58,18 @@ void set_cpu_capability(CpuCapability c) {
   current().store(int(c));
 }
 
+bool cpu_amx_switch(std::string_view value) {
+  TITAN_CHECK(value.empty() || value == "0" || value == "1",
+              "environment variable TITAN_AMX=" + std::string(value) + " is not 0 or 1",
+              "set TITAN_AMX=0 to keep the bf16 kernels off AMX tiles, or unset it");
+  return value != "0";
+}
+
 namespace {
 std::atomic<bool>& amx_enabled() {
   static std::atomic<bool> on = [] {
     const char* env = std::getenv("TITAN_AMX");
-    return !(env && std::string_view(env) == "0");
+    return cpu_amx_switch(env ? env : "");
   }();
   return on;
 }

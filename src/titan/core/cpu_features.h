@@ -23,7 +23,10 @@ CpuCapability cpu_capability_from_name(std::string_view name);  // throws on unk
 // the AVX512-BF16 kernels that CPUs without AMX use). Independent of cpu_capability().
 bool cpu_amx_bf16_usable();
 bool cpu_amx_bf16_detected();        // the hardware / OS half of the above, ignoring the switch
-void set_cpu_amx_enabled(bool on);   // the switch; on by default unless TITAN_AMX=0
+void set_cpu_amx_enabled(bool on);   // the switch; on by default
+// The switch's setting for a TITAN_AMX value: "" or "1" on, "0" off; anything else throws an
+// error naming the variable.
+bool cpu_amx_switch(std::string_view value);
 
 // Flush-to-zero and denormals-are-zero (MXCSR FTZ | DAZ) on the calling thread and on every
 // OpenMP worker. Training sets it: as attention sharpens, probabilities like exp(s - lse) fall
