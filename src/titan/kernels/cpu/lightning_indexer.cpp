@@ -1136,14 +1136,28 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
   const int64_t di_pad = round_up(DI, kLanes);
   const int64_t nkb = (d.Skv + kKeys - 1) / kKeys, skv_pad = nkb * kKeys, words = (d.Skv + 63) / 64;
   const float scale = float(td.scale), gs = float(grad_scale), inv_h = dense ? 1.0f / float(H) : 1.0f;
-  // bf16: the indexer dot products and the dense target products (tau mq mk^T) take bf16 pair
-  // operands, multiplied on AMX tiles or (without AMX) by VDPBF16PS, with f32 accumulation; the
-  // gradient products (G k, G^T q) stay f32.
+  // bf16: the blocked path's indexer dot products and dense target products (tau mq mk^T) take
+  // bf16 pair operands, multiplied on AMX tiles or (without AMX) by VDPBF16PS, with f32
+  // accumulation, and its gradient products (G k, G^T q) stay f32; the narrow gathered rows' own
+  // pair products are below (pair_dots, pair_grads).
   bool pairs = false, amx = false;
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if constexpr (std::is_same_v<T, bf16>) pairs = true, amx = cpu_amx_bf16_usable();
   const int64_t d32 = round_up(D, kAmxDepth), di32 = round_up(DI, kAmxDepth);
 #endif
+  // Gathered rows: narrow (few heads: per-key kernels) or wide (GEMMs with heads as columns).
+  const bool narrow = HI < kLanes && di_pad <= kNarrowVecs * kVecLanes;
+  const int64_t hi_pad = round_up(HI, kLanes);
+  // Narrow rows of up to 4 heads and 64 dims: narrow_dots4 (AVX-512).
+  const bool quad = kVecLanes == 16 && narrow && HI <= 4 && di_pad <= 64;
+  // bf16 quad rows with whole 16-dim rows take their dots from the bf16 keys in place, two dims
+  // per lane (VDPBF16PS).
+  bool pair_dots = false;
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, bf16>) pair_dots = quad && DI == di_pad;
+#endif
+  // Their gradient products too when the rows are whole 32-dim pairs of vectors (32 or 64 dims).
+  const bool pair_grads = pair_dots && DI % 32 == 0;
   const int threads = omp_get_max_threads();
   // Shared packed operands. kr: key rows [B, skv_pad, di_pad] (B operand of dq = G k; rows past
   // Skv are zero); kt: transposed key blocks [B, nkb, DI, kKeys] (B operand of the scores);
@@ -1153,16 +1167,18 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
   // a whole vector width (and vector-aligned, as the per-key kernels load them) are the sparse
   // stage's kr as they are: only the selected rows (< Skv) of the gathered path are read, and a
   // packed copy would be one more megabyte in cache per 4096 keys beside the dk partial sums.
+  // The sparse stage's bf16 pair products read the bf16 keys in place and need no kr at all.
   const bool keys_in_place = std::is_same_v<T, float> && !dense && DI == di_pad &&
                              reinterpret_cast<uintptr_t>(k) % (kVecLanes * sizeof(float)) == 0;
-  const Scratch<float> kr(keys_in_place ? 1 : d.B * skv_pad * di_pad, ScratchInit::zeroed);
+  const bool no_kr = keys_in_place || (!dense && pair_grads);
+  const Scratch<float> kr(no_kr ? 1 : d.B * skv_pad * di_pad, ScratchInit::zeroed);
   const Scratch<float> kt(pairs || !dense ? 1 : d.B * nkb * DI * kKeys),
       mkt(pairs || !dense ? 1 : d.B * Hk * nkb * D * kKeys);
   auto key_rows = [&](int64_t b) -> const float* {  // [skv_pad or Skv, di_pad]: batch b's kr rows
     if constexpr (std::is_same_v<T, float>) {
       if (keys_in_place) return k + b * d.Skv * DI;
     }
-    return kr.data() + b * skv_pad * di_pad;
+    return no_kr ? nullptr : kr.data() + b * skv_pad * di_pad;
   };
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   // With bf16 pairs the blocked path's B operands are VNNI pair blocks instead of kt and mkt: kv
@@ -1185,7 +1201,7 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
   const int64_t dk_len = d.B * skv_pad * di_pad;
   const Scratch<float> dk_part(threads * dk_len, ScratchInit::zeroed);
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < (keys_in_place ? 0 : d.B * d.Skv); ++r) {
+  for (int64_t r = 0; r < (no_kr ? 0 : d.B * d.Skv); ++r) {
     const int64_t b = r / d.Skv, s = r % d.Skv;
     pack_rows(kr.data() + (b * skv_pad + s) * di_pad, di_pad, k + r * DI, DI, 1, DI);
   }
@@ -1206,19 +1222,6 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
   const int64_t nqb = (d.S + tq - 1) / tq;
   const int64_t m_max = tq * HI;
   const int64_t n_cap = dense ? kKeys : round_up(max_i64(d.K, 1), kKeys);  // one gathered selection
-  // Gathered rows: narrow (few heads: per-key kernels) or wide (GEMMs with heads as columns).
-  const bool narrow = HI < kLanes && di_pad <= kNarrowVecs * kVecLanes;
-  const int64_t hi_pad = round_up(HI, kLanes);
-  // Narrow rows of up to 4 heads and 64 dims: narrow_dots4 (AVX-512).
-  const bool quad = kVecLanes == 16 && narrow && HI <= 4 && di_pad <= 64;
-  // bf16 quad rows with whole 16-dim rows take their dots from the bf16 keys in place, two dims
-  // per lane (VDPBF16PS); the gradients stay f32 on the widened rows.
-  bool pair_dots = false;
-#if defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<T, bf16>) pair_dots = quad && DI == di_pad;
-#endif
-  // Their gradient products too when the rows are whole 32-dim pairs of vectors (32 or 64 dims).
-  const bool pair_grads = pair_dots && DI % 32 == 0;
   // Each block's share of the loss, summed in block order after the parallel region: with the
   // blocks dealt round-robin (schedule(static, 1)), every sum (the loss, each thread's dk
   // partial) runs in the same order on every call, so the results do not vary run to run.
