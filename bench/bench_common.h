@@ -30,6 +30,24 @@ inline double time_best(const std::function<void()>& f, int reps = 10, int warmu
   return best;
 }
 
+// Best wall time of a memory-bound f and the best memcpy bandwidth (bytes/s), measured alternately
+// over the same `reps` rounds so that both see the same state of the shared memory system.
+struct BesideMemcpy {
+  double seconds, memcpy_bytes;
+};
+inline BesideMemcpy time_best_beside_memcpy(const std::function<void()>& f, int reps = 10, int warmup = 2) {
+  kernels::MemcpyProbe probe;
+  for (int i = 0; i < warmup; ++i) f(), probe.pass();
+  BesideMemcpy best{1e300, 0};
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = now_seconds();
+    f();
+    best.seconds = std::min(best.seconds, now_seconds() - t0);
+    best.memcpy_bytes = std::max(best.memcpy_bytes, probe.pass());
+  }
+  return best;
+}
+
 inline void print_peak(const kernels::MachinePeak& p) {
   std::printf("measured peak: f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s, memcpy %.1f GB/s (read+write)\n",
               p.f32_flops / 1e9, p.bf16_flops / 1e9, p.memcpy_bytes / 1e9);

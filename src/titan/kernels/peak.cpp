@@ -38,30 +38,40 @@ double best_rate(Kernel kernel, double seconds) {
 }
 
 double memcpy_rate(double seconds) {
-  // 64 MiB per copy: far past the last-level cache, so this is DRAM bandwidth.
-  const size_t bytes = size_t(64) << 20;
-  char* a = static_cast<char*>(memory_alloc(bytes, MemCategory::temporaries));
-  char* b = static_cast<char*>(memory_alloc(bytes, MemCategory::temporaries));
-  std::memset(a, 1, bytes);
-  std::memset(b, 2, bytes);
+  MemcpyProbe probe;
   double best = 0;
   const double deadline = now() + seconds;
   do {
-    const double t0 = now();
-#pragma omp parallel
-    {
-      const size_t nt = size_t(omp_get_num_threads()), t = size_t(omp_get_thread_num());
-      const size_t lo = bytes * t / nt, hi = bytes * (t + 1) / nt;
-      std::memcpy(b + lo, a + lo, hi - lo);
-    }
-    best = std::max(best, 2.0 * double(bytes) / (now() - t0));
+    best = std::max(best, probe.pass());
   } while (now() < deadline);
-  memory_free(a, bytes, MemCategory::temporaries);
-  memory_free(b, bytes, MemCategory::temporaries);
   return best;
 }
 
 }  // namespace
+
+MemcpyProbe::MemcpyProbe()
+    : bytes_(size_t(64) << 20),
+      src_(static_cast<char*>(memory_alloc(bytes_, MemCategory::temporaries))),
+      dst_(static_cast<char*>(memory_alloc(bytes_, MemCategory::temporaries))) {
+  std::memset(src_, 1, bytes_);
+  std::memset(dst_, 2, bytes_);
+}
+
+MemcpyProbe::~MemcpyProbe() {
+  memory_free(src_, bytes_, MemCategory::temporaries);
+  memory_free(dst_, bytes_, MemCategory::temporaries);
+}
+
+double MemcpyProbe::pass() {
+  const double t0 = now();
+#pragma omp parallel
+  {
+    const size_t nt = size_t(omp_get_num_threads()), t = size_t(omp_get_thread_num());
+    const size_t lo = bytes_ * t / nt, hi = bytes_ * (t + 1) / nt;
+    std::memcpy(dst_ + lo, src_ + lo, hi - lo);
+  }
+  return 2.0 * double(bytes_) / (now() - t0);
+}
 
 MachinePeak measure_machine_peak(double seconds) {
   static std::mutex mu;
