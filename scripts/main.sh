@@ -24,13 +24,7 @@ scripts/setup.sh
 scripts/build.sh "$root/build"
 titan=$root/build/titan
 
-scripts/prepare_corpus.sh data/kjv.txt
-if [[ ! -f data/kjv_tokenizer.json || data/kjv.txt -nt data/kjv_tokenizer.json ]]; then
-  "$titan" tokenizer train --input data/kjv.txt --vocab-size 2048 --output data/kjv_tokenizer.json
-fi
-if [[ ! -f data/kjv/index.json || data/kjv_tokenizer.json -nt data/kjv/index.json ]]; then
-  "$titan" data prepare --input data/kjv.txt --tokenizer data/kjv_tokenizer.json --output data/kjv
-fi
+scripts/prepare_data.sh "$titan"
 
 run=outputs/main
 rm -rf "$run"

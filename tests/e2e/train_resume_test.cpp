@@ -115,3 +115,21 @@ TEST(TrainE2E, LearnsAndResumesBitIdentically) {
   EXPECT_EQ(a.last_val_loss, b.last_val_loss);
   fs::remove_all(root);
 }
+
+// A dataset folder that is not there fails before the run writes anything, naming the config, the
+// key and the script that makes the default corpus.
+TEST(TrainE2E, MissingDatasetFolderFailsFirst) {
+  const fs::path root = fs::temp_directory_path() / ("titan_e2e_missing_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  try {
+    train::Trainer t(config(root / "no_data", root / "run"), "missing.toml");
+    FAIL() << "a missing dataset folder was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.message()).find("missing.toml: training.dataset_path = \"" + (root / "no_data").string() +
+                                            "\" is not a folder"),
+              std::string::npos)
+        << e.message();
+    EXPECT_NE(std::string(e.hint()).find("scripts/prepare_data.sh"), std::string::npos) << e.hint();
+  }
+  EXPECT_FALSE(fs::exists(root / "run"));
+}

@@ -734,7 +734,8 @@ const std::vector<KeySpec>& config_schema() {
       // [training]
       {"training", "dataset", member<&C::training, &Training::dataset>, non_empty(), "Training dataset name."},
       {"training", "dataset_path", member<&C::training, &Training::dataset_path>, anything(),
-       "Where the dataset's files are. Empty: the dataset's default location."},
+       "Folder made by `titan data prepare` (train/ and val/ inside); required to train. The shipped configs use "
+       "./data/kjv, which scripts/prepare_data.sh makes."},
       {"training", "local_batch_size", member<&C::training, &Training::local_batch_size>, at_least(1),
        "Sequences per micro-batch on each data-parallel rank."},
       {"training", "global_batch_size", member<&C::training, &Training::global_batch_size>,
@@ -860,7 +861,7 @@ const std::vector<KeySpec>& config_schema() {
       {"validation", "dataset", member<&C::validation, &Validation::dataset>, non_empty(),
        "Validation dataset name."},
       {"validation", "dataset_path", member<&C::validation, &Validation::dataset_path>, anything(),
-       "Where the validation dataset's files are. Empty: the dataset's default location."},
+       "Folder whose val/ split is evaluated. Empty: training.dataset_path."},
       {"validation", "local_batch_size", member<&C::validation, &Validation::local_batch_size>, at_least(1),
        "Sequences per validation batch on each data-parallel rank."},
       {"validation", "seq_len", member<&C::validation, &Validation::seq_len>, at_least(1),

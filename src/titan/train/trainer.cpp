@@ -55,6 +55,15 @@ void check_supported(const JobConfig& c, const std::string& source) {
               "set checkpoint.initial_load_in_hf and checkpoint.last_save_in_hf to false");
   TITAN_CHECK(!c.training.dataset_path.empty(), source + ": training.dataset_path is empty",
               "point it at a folder made by `titan data prepare` (it holds train/ and val/)");
+  const auto check_folder = [&](const std::string& key, const std::string& path) {
+    TITAN_CHECK(fs::is_directory(path), source + ": " + key + " = \"" + path + "\" is not a folder",
+                "run scripts/prepare_data.sh to make ./data/kjv (the default corpus, the King James Bible, and "
+                "its tokenizer ./data/kjv_tokenizer.json), or point " + key +
+                    " at a folder made by `titan data prepare`");
+  };
+  check_folder("training.dataset_path", c.training.dataset_path);
+  if (c.validation.enable && !c.validation.dataset_path.empty())
+    check_folder("validation.dataset_path", c.validation.dataset_path);
 }
 
 std::string tokenizer_file(const JobConfig& c) {
