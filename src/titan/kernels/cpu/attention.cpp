@@ -2,9 +2,10 @@
 // resident while key/value blocks stream past, and scores only ever exist as kBlock x kBlock
 // tiles (held transposed, keys by queries; see the forward). Every product is a register-tiled
 // f32 micro-kernel over packed, zero-padded buffers.
-// Without AMX, bf16 inputs are widened to f32 once, while packing (O(S D) work against O(S^2 D)
-// products): on the Xeon this was tuned on, VDPBF16PS runs at half the f32 FMA rate, so f32 FMA
-// is the faster vector way to multiply bf16. With AMX, bf16 runs on tiles (see "bf16 on AMX").
+// bf16 with both head dims multiples of 32 runs its products on bf16 pairs (see "bf16 pairs"):
+// AMX tiles where usable, else VDPBF16PS register tiles (AVX512_BF16; on Zen 4/5 twice the f32
+// FMA rate). Other bf16 shapes, MLA's in-place keys and CPUs without AVX512_BF16 widen bf16 to
+// f32 once, while packing (O(S D) work against O(S^2 D) products).
 #include "titan/kernels/cpu/attention.h"
 
 #include <omp.h>
@@ -433,9 +434,10 @@ void add_kv_partials(T* dk, T* dv, const float* dk_part, const float* dv_part, c
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-// ---- bf16 on AMX ------------------------------------------------------------------------------
-// With AMX, bf16 products run on tiles (TDPBF16PS, f32 accumulation) instead of widening to f32:
-// kBlock-row blocks as in the f32 path, but scores are held queries by keys, so the products
+// ---- bf16 pairs -------------------------------------------------------------------------------
+// bf16 products run on bf16 pairs with f32 accumulation instead of widening to f32: on AMX tiles
+// (TDPBF16PS) or, without AMX, in VDPBF16PS register tiles reading the same operand layouts
+// (pairs_block; the notes below on tiles are about AMX). kBlock-row blocks as in the f32 path, but scores are held queries by keys, so the products
 // read query rows, P and dS straight as A operands. Keys and values are packed once per call and
 // (b, kv head) into the B layouts (cpu/amx.h), shared by the group's query heads. Softmax, P and
 // dS are f32 vector work in base 2 (exp2_16_operand); P and dS are rounded to bf16 as tile operands.
@@ -444,10 +446,10 @@ void add_kv_partials(T* dk, T* dv, const float* dk_part, const float* dv_part, c
 // products with a running f32 sum (o, dq, dk, dv) take their k over two or more blocks per load
 // and store of that sum's tiles, which otherwise cost as much as the products themselves.
 
-// Two packed blocks: the keys per step of the AMX forward's key loop and the queries per step of
-// the AMX backward's query loop (which starts its spans at each group of kGroupBlocks key blocks).
+// Two packed blocks: the keys per step of the pair forward's key loop and the queries per step of
+// the pair backward's query loop (which starts its spans at each group of kGroupBlocks key blocks).
 constexpr int64_t kSpan = 2 * kBlock;
-// How far (base 2) a score may exceed the AMX forward's stale running max before the max moves.
+// How far (base 2) a score may exceed the pair forward's stale running max before the max moves.
 constexpr float kLazyMax = 8.0f;
 static_assert(kGroupBlocks % (kSpan / kBlock) == 0, "query spans must start at a key group's first block");
 
@@ -601,7 +603,7 @@ void pack_kv_amx(uint32_t* kd, uint32_t* vd, uint32_t* kp, uint32_t* vp, const b
 
 // c [rows, width] (+)= a [rows, K] (bf16 rows, a_ld elements apart) x b [K/2, width] (VNNI rows
 // of k pairs), K = 32 * chunks, in 32 x 32 blocks of 2 x 2 tiles (amx_block_2x2: one tile load
-// per product); rows and width are multiples of 32 here (kBlock, kSpan, and Dqk, Dv by amx_fits).
+// per product); rows and width are multiples of 32 here (kBlock, kSpan, and Dqk, Dv by pairs_fit).
 template <bool kAccumulate>
 void amx_block(float* c, int64_t ldc, int64_t rows, const bf16* a, int64_t a_ld, const uint32_t* b, int64_t width,
                int64_t chunks) {
@@ -614,10 +616,71 @@ void amx_block(float* c, int64_t ldc, int64_t rows, const bf16* a, int64_t a_ld,
   }
 }
 
+// amx_block's product on VDPBF16PS register tiles (tile_products, cpu/isa.h) for CPUs without
+// AMX: the same operands, a's rows read as k pairs. Row tiles of 6 by 4 vectors (2 at a
+// 32-column edge) run over each column strip while its B rows stay in L1.
+template <int Rows, int Vecs, bool kAccumulate>
+TITAN_INLINE void pair_tile(float* c, int64_t ldc, const uint32_t* a, int64_t a_row, const uint32_t* b, int64_t ldb,
+                            int64_t inner) {
+  vecf acc[Rows][Vecs];
+  tile_products<Rows, Vecs>(acc, a, a_row, 1, b, ldb, inner);
+#pragma GCC unroll 8
+  for (int r = 0; r < Rows; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < Vecs; ++v) {
+      float* out = c + r * ldc + v * kVecLanes;
+      const __m512 sum = kAccumulate ? _mm512_add_ps(_mm512_loadu_ps(out), acc[r][v]) : __m512(acc[r][v]);
+      _mm512_storeu_ps(out, sum);
+    }
+  }
+}
+
+template <int Rows, int Vecs, bool kAccumulate>
+TITAN_INLINE void pair_rows(int64_t rows, float* c, int64_t ldc, const uint32_t* a, int64_t a_row, const uint32_t* b,
+                            int64_t ldb, int64_t inner) {
+  if (rows == Rows) {
+    pair_tile<Rows, Vecs, kAccumulate>(c, ldc, a, a_row, b, ldb, inner);
+  } else if constexpr (Rows > 1) {
+    pair_rows<Rows - 1, Vecs, kAccumulate>(rows, c, ldc, a, a_row, b, ldb, inner);
+  }
+}
+
+template <int Vecs, bool kAccumulate>
+void pair_strip(float* c, int64_t ldc, int64_t rows, const uint32_t* a, int64_t a_row, const uint32_t* b, int64_t ldb,
+                int64_t inner) {
+  constexpr int kTileRows = 6;
+  int64_t r0 = 0;
+  for (; r0 + kTileRows <= rows; r0 += kTileRows)
+    pair_tile<kTileRows, Vecs, kAccumulate>(c + r0 * ldc, ldc, a + r0 * a_row, a_row, b, ldb, inner);
+  if (r0 < rows) pair_rows<kTileRows, Vecs, kAccumulate>(rows - r0, c + r0 * ldc, ldc, a + r0 * a_row, a_row, b, ldb, inner);
+}
+
+template <bool kAccumulate>
+void pairs_block(float* c, int64_t ldc, int64_t rows, const bf16* a, int64_t a_ld, const uint32_t* b, int64_t width,
+                 int64_t chunks) {
+  const uint32_t* a_pairs = reinterpret_cast<const uint32_t*>(a);
+  const int64_t a_row = a_ld / 2, inner = 16 * chunks;
+  int64_t c0 = 0;
+  for (; c0 + 64 <= width; c0 += 64) pair_strip<4, kAccumulate>(c + c0, ldc, rows, a_pairs, a_row, b + c0, width, inner);
+  if (c0 < width) pair_strip<2, kAccumulate>(c + c0, ldc, rows, a_pairs, a_row, b + c0, width, inner);
+}
+
+// The bf16 pair products of the forward and backward below: on AMX tiles (kAmx) or VDPBF16PS.
+template <bool kAmx, bool kAccumulate>
+TITAN_INLINE void pair_product(float* c, int64_t ldc, int64_t rows, const bf16* a, int64_t a_ld, const uint32_t* b,
+                               int64_t width, int64_t chunks) {
+  if constexpr (kAmx) {
+    amx_block<kAccumulate>(c, ldc, rows, a, a_ld, b, width, chunks);
+  } else {
+    pairs_block<kAccumulate>(c, ldc, rows, a, a_ld, b, width, chunks);
+  }
+}
+
 // The forward: one work item per (b, head, query block). The block's
 // queries stay resident ([kBlock, Dqk] bf16, the running o in f32) while key blocks stream past:
 // S = q k^T and o += P v on tiles, the online softmax in vectors between them.
-void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const AttentionDims& d) {
+template <bool kAmx>
+void forward_bf16_pairs(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const AttentionDims& d) {
   const Plan p = make_plan(d);
   const int64_t kd_blk = d.Dqk * kBlock / 2, vp_blk = d.Dv * kBlock / 2;  // uint32 per packed block
   Scratch<uint32_t> kd(d.B * d.Hkv * p.nblk * kd_blk);  // [B, Hkv, nblk, Dqk/2, kBlock]
@@ -628,7 +691,7 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
   const int64_t heads = d.B * d.H, items = heads * p.nblk;
 #pragma omp parallel
   {
-    amx_configure();
+    if constexpr (kAmx) amx_configure();
     Scratch<bf16> qblk(kBlock * d.Dqk, ScratchInit::zeroed);    // [kBlock, Dqk] the block's queries
     Scratch<float> st(kBlock * kSpan, ScratchInit::zeroed);     // [kBlock queries, kSpan keys] scores
     Scratch<bf16> pb(kBlock * kSpan, ScratchInit::zeroed);      // [kBlock, kSpan] P, A of P v
@@ -651,7 +714,7 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
       for (int64_t kb = 0, nk = 0; kb <= qb; kb += nk) {
         nk = min_i64(kSpan / kBlock, qb + 1 - kb);
         for (int64_t x = 0; x < nk; ++x) {
-          amx_block<false>(st.data() + x * kBlock, kSpan, kBlock, qblk.data(), d.Dqk,
+          pair_product<kAmx, false>(st.data() + x * kBlock, kSpan, kBlock, qblk.data(), d.Dqk,
                            kd.data() + (bg * p.nblk + kb + x) * kd_blk, kBlock, d.Dqk / 32);
         }
         // Per query row: P = 2^(c s - m) rounded to bf16 and its sum, with m the running max kept
@@ -730,9 +793,9 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
         // first span writes o, so it needs no zero-fill (nor rescale) per item.
         const uint32_t* v_span = vp.data() + (bg * p.nblk + kb) * vp_blk;
         if (kb == 0) {
-          amx_block<false>(oacc.data(), d.Dv, kBlock, pb.data(), kSpan, v_span, d.Dv, nk * kBlock / 32);
+          pair_product<kAmx, false>(oacc.data(), d.Dv, kBlock, pb.data(), kSpan, v_span, d.Dv, nk * kBlock / 32);
         } else {
-          amx_block<true>(oacc.data(), d.Dv, kBlock, pb.data(), kSpan, v_span, d.Dv, nk * kBlock / 32);
+          pair_product<kAmx, true>(oacc.data(), d.Dv, kBlock, pb.data(), kSpan, v_span, d.Dv, nk * kBlock / 32);
         }
       }
       for (int64_t i = 0; i < rows; ++i) {
@@ -747,7 +810,7 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
         lse[bh * d.S + row0 + i] = (m.data()[i] + std::log2(sum)) * 0.6931471805599453f;
       }
     }
-    _tile_release();
+    if constexpr (kAmx) _tile_release();
   }
 }
 
@@ -758,7 +821,8 @@ void forward_bf16_amx(bf16* o, float* lse, const bf16* q, const bf16* k, const b
 // keys), then dv^T += dO^T P and dk^T += q^T dS (held transposed, [D, keys]: P and dS become B
 // operands by pairing two query rows, no transpose); dq += dS k once per span and key group. P
 // from lse and dS = scale P (dP - D) in vectors between them.
-void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf16* dout, const bf16* q,
+template <bool kAmx>
+void backward_bf16_pairs(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf16* dout, const bf16* q,
                        const bf16* k, const bf16* v, const bf16* o, const AttentionDims& d) {
   const Plan p = make_plan(d);
   const int64_t kblk = d.Dqk * kBlock / 2, vblk = d.Dv * kBlock / 2;  // uint32 per packed block
@@ -780,7 +844,7 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
   const int threads = heads < omp_get_max_threads() ? int(heads) : omp_get_max_threads();
 #pragma omp parallel num_threads(threads)
   {
-    amx_configure();
+    if constexpr (kAmx) amx_configure();
     Scratch<bf16> qr(s_span * d.Dqk, ScratchInit::zeroed);     // [s_span, Dqk] q rows: A of q k^T
     Scratch<bf16> dor(s_span * d.Dv, ScratchInit::zeroed);     // [s_span, Dv] dO rows: A of dO v^T
     Scratch<bf16> qt(d.Dqk * ldt, ScratchInit::zeroed);        // [Dqk, ldt] q^T: A of dk^T
@@ -836,9 +900,9 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
           const int64_t row0 = qs * kBlock;
           for (int64_t kb = kb0; kb < kb_end && kb <= qs + 1; ++kb) {
             const int64_t blk = bg * p.nblk + kb, key0 = kb * kBlock - row0;  // key0: relative to the span's first query
-            amx_block<false>(st.data(), kBlock, kSpan, qr.data() + row0 * d.Dqk, d.Dqk, kd.data() + blk * kblk, kBlock,
+            pair_product<kAmx, false>(st.data(), kBlock, kSpan, qr.data() + row0 * d.Dqk, d.Dqk, kd.data() + blk * kblk, kBlock,
                              d.Dqk / 32);
-            amx_block<false>(dpt.data(), kBlock, kSpan, dor.data() + row0 * d.Dv, d.Dv, vd.data() + blk * vblk, kBlock,
+            pair_product<kAmx, false>(dpt.data(), kBlock, kSpan, dor.data() + row0 * d.Dv, d.Dv, vd.data() + blk * vblk, kBlock,
                              d.Dv / 32);
             // P = 2^(c s - lse2) and scale dS = P (scale dP - scale D), two query rows at a time:
             // rows as dS's A operand, query pairs as P's and dS's B operands. Masked keys give
@@ -881,11 +945,11 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
             float* dvt_x = dvt.data() + x * d.Dv * kBlock;   // [Dv, kBlock]
             float* dkt_x = dkt.data() + x * d.Dqk * kBlock;  // [Dqk, kBlock]
             if (qs <= kb) {
-              amx_block<false>(dvt_x, kBlock, d.Dv, dot.data() + row0, ldt, pp.data(), kBlock, kSpan / 32);
-              amx_block<false>(dkt_x, kBlock, d.Dqk, qt.data() + row0, ldt, dsp.data(), kBlock, kSpan / 32);
+              pair_product<kAmx, false>(dvt_x, kBlock, d.Dv, dot.data() + row0, ldt, pp.data(), kBlock, kSpan / 32);
+              pair_product<kAmx, false>(dkt_x, kBlock, d.Dqk, qt.data() + row0, ldt, dsp.data(), kBlock, kSpan / 32);
             } else {
-              amx_block<true>(dvt_x, kBlock, d.Dv, dot.data() + row0, ldt, pp.data(), kBlock, kSpan / 32);
-              amx_block<true>(dkt_x, kBlock, d.Dqk, qt.data() + row0, ldt, dsp.data(), kBlock, kSpan / 32);
+              pair_product<kAmx, true>(dvt_x, kBlock, d.Dv, dot.data() + row0, ldt, pp.data(), kBlock, kSpan / 32);
+              pair_product<kAmx, true>(dkt_x, kBlock, d.Dqk, qt.data() + row0, ldt, dsp.data(), kBlock, kSpan / 32);
             }
           }
           // dq += dS k over all the group's key blocks the span sees at once (their packed blocks
@@ -895,9 +959,9 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
           const uint32_t* k_group = kp.data() + (bg * p.nblk + kb0) * kblk;
           float* dq_span = dq_acc.data() + row0 * d.Dqk;  // [kSpan, Dqk]
           if (kb0 == 0) {
-            amx_block<false>(dq_span, d.Dqk, kSpan, dsb.data(), kGroupBlocks * kBlock, k_group, d.Dqk, seen * kBlock / 32);
+            pair_product<kAmx, false>(dq_span, d.Dqk, kSpan, dsb.data(), kGroupBlocks * kBlock, k_group, d.Dqk, seen * kBlock / 32);
           } else {
-            amx_block<true>(dq_span, d.Dqk, kSpan, dsb.data(), kGroupBlocks * kBlock, k_group, d.Dqk, seen * kBlock / 32);
+            pair_product<kAmx, true>(dq_span, d.Dqk, kSpan, dsb.data(), kGroupBlocks * kBlock, k_group, d.Dqk, seen * kBlock / 32);
           }
         }
         for (int64_t kb = kb0; kb < kb_end; ++kb) {
@@ -924,13 +988,13 @@ void backward_bf16_amx(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf1
         for (int64_t col = 0; col < d.Dqk; ++col) out[col] = from_f32<bf16>(to_f32(out[col]) + acc[col]);
       }
     }
-    _tile_release();
+    if constexpr (kAmx) _tile_release();
     if (!mha) add_kv_partials(dk, dv, dk_part.data(), dv_part.data(), d, p);
   }
 }
 
 // Both head dims whole 32-element k chunks of a tile (Dqk for q k^T, Dv for dO v^T).
-bool amx_fits(const AttentionDims& d) { return d.Dqk % 32 == 0 && d.Dv % 32 == 0 && cpu_amx_bf16_usable(); }
+bool pairs_fit(const AttentionDims& d) { return d.Dqk % 32 == 0 && d.Dv % 32 == 0; }
 #endif
 
 }  // namespace
@@ -1284,7 +1348,9 @@ template <class T>
 void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, const AttentionDims& d) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if constexpr (std::is_same_v<T, bf16>) {
-    if (amx_fits(d)) return forward_bf16_amx(o, lse, q, k, v, d);
+    if (pairs_fit(d))
+      return cpu_amx_bf16_usable() ? forward_bf16_pairs<true>(o, lse, q, k, v, d)
+                                   : forward_bf16_pairs<false>(o, lse, q, k, v, d);
   }
 #endif
   forward_blocked(o, lse, q, plain_kv(k, v, d), d);
@@ -1295,7 +1361,9 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
                         const T* o, const AttentionDims& d) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if constexpr (std::is_same_v<T, bf16>) {
-    if (amx_fits(d)) return backward_bf16_amx(dq, dk, dv, lse, dout, q, k, v, o, d);
+    if (pairs_fit(d))
+      return cpu_amx_bf16_usable() ? backward_bf16_pairs<true>(dq, dk, dv, lse, dout, q, k, v, o, d)
+                                   : backward_bf16_pairs<false>(dq, dk, dv, lse, dout, q, k, v, o, d);
   }
 #endif
   backward_blocked(dq, dk, static_cast<T*>(nullptr), dv, lse, dout, q, plain_kv(k, v, d), o, d);
