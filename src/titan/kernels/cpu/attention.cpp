@@ -437,14 +437,15 @@ void add_kv_partials(T* dk, T* dv, const float* dk_part, const float* dv_part, c
 // ---- bf16 pairs -------------------------------------------------------------------------------
 // bf16 products run on bf16 pairs with f32 accumulation instead of widening to f32: on AMX tiles
 // (TDPBF16PS) or, without AMX, in VDPBF16PS register tiles reading the same operand layouts
-// (pairs_block; the notes below on tiles are about AMX). kBlock-row blocks as in the f32 path, but scores are held queries by keys, so the products
-// read query rows, P and dS straight as A operands. Keys and values are packed once per call and
-// (b, kv head) into the B layouts (cpu/amx.h), shared by the group's query heads. Softmax, P and
-// dS are f32 vector work in base 2 (exp2_16_operand); P and dS are rounded to bf16 as tile operands.
-// Every block is computed whole (tiles of 16 x 16): buffers are zero-padded past S, and masked
-// or padding entries of P and dS are exactly 0 where they could reach a valid output. The
-// products with a running f32 sum (o, dq, dk, dv) take their k over two or more blocks per load
-// and store of that sum's tiles, which otherwise cost as much as the products themselves.
+// (pairs_block; the notes below on tiles are about AMX). kBlock-row blocks as in the f32 path, but
+// scores are held queries by keys, so the products read query rows, P and dS straight as A
+// operands. Keys and values are packed once per call and (b, kv head) into the B layouts
+// (cpu/amx.h), shared by the group's query heads. Softmax, P and dS are f32 vector work in base 2
+// (exp2_16_operand); P and dS are rounded to bf16 as tile operands. Every block is computed whole
+// (tiles of 16 x 16): buffers are zero-padded past S, and masked or padding entries of P and dS are
+// exactly 0 where they could reach a valid output. The products with a running f32 sum (o, dq, dk,
+// dv) take their k over two or more blocks per load and store of that sum's tiles, which otherwise
+// cost as much as the products themselves.
 
 // Two packed blocks: the keys per step of the pair forward's key loop and the queries per step of
 // the pair backward's query loop (which starts its spans at each group of kGroupBlocks key blocks).
@@ -652,7 +653,8 @@ void pair_strip(float* c, int64_t ldc, int64_t rows, const uint32_t* a, int64_t 
   int64_t r0 = 0;
   for (; r0 + kTileRows <= rows; r0 += kTileRows)
     pair_tile<kTileRows, Vecs, kAccumulate>(c + r0 * ldc, ldc, a + r0 * a_row, a_row, b, ldb, inner);
-  if (r0 < rows) pair_rows<kTileRows, Vecs, kAccumulate>(rows - r0, c + r0 * ldc, ldc, a + r0 * a_row, a_row, b, ldb, inner);
+  if (r0 < rows)
+    pair_rows<kTileRows, Vecs, kAccumulate>(rows - r0, c + r0 * ldc, ldc, a + r0 * a_row, a_row, b, ldb, inner);
 }
 
 template <bool kAccumulate>
@@ -661,7 +663,8 @@ void pairs_block(float* c, int64_t ldc, int64_t rows, const bf16* a, int64_t a_l
   const uint32_t* a_pairs = reinterpret_cast<const uint32_t*>(a);
   const int64_t a_row = a_ld / 2, inner = 16 * chunks;
   int64_t c0 = 0;
-  for (; c0 + 64 <= width; c0 += 64) pair_strip<4, kAccumulate>(c + c0, ldc, rows, a_pairs, a_row, b + c0, width, inner);
+  for (; c0 + 64 <= width; c0 += 64)
+    pair_strip<4, kAccumulate>(c + c0, ldc, rows, a_pairs, a_row, b + c0, width, inner);
   if (c0 < width) pair_strip<2, kAccumulate>(c + c0, ldc, rows, a_pairs, a_row, b + c0, width, inner);
 }
 
@@ -900,10 +903,10 @@ void backward_bf16_pairs(bf16* dq, bf16* dk, bf16* dv, const float* lse, const b
           const int64_t row0 = qs * kBlock;
           for (int64_t kb = kb0; kb < kb_end && kb <= qs + 1; ++kb) {
             const int64_t blk = bg * p.nblk + kb, key0 = kb * kBlock - row0;  // key0: relative to the span's first query
-            pair_product<kAmx, false>(st.data(), kBlock, kSpan, qr.data() + row0 * d.Dqk, d.Dqk, kd.data() + blk * kblk, kBlock,
-                             d.Dqk / 32);
-            pair_product<kAmx, false>(dpt.data(), kBlock, kSpan, dor.data() + row0 * d.Dv, d.Dv, vd.data() + blk * vblk, kBlock,
-                             d.Dv / 32);
+            pair_product<kAmx, false>(st.data(), kBlock, kSpan, qr.data() + row0 * d.Dqk, d.Dqk, kd.data() + blk * kblk,
+                                      kBlock, d.Dqk / 32);
+            pair_product<kAmx, false>(dpt.data(), kBlock, kSpan, dor.data() + row0 * d.Dv, d.Dv, vd.data() + blk * vblk,
+                                      kBlock, d.Dv / 32);
             // P = 2^(c s - lse2) and scale dS = P (scale dP - scale D), two query rows at a time:
             // rows as dS's A operand, query pairs as P's and dS's B operands. Masked keys give
             // exact zeros; queries past S have zero dO, so their (finite) P and dS add nothing.
@@ -959,9 +962,11 @@ void backward_bf16_pairs(bf16* dq, bf16* dk, bf16* dv, const float* lse, const b
           const uint32_t* k_group = kp.data() + (bg * p.nblk + kb0) * kblk;
           float* dq_span = dq_acc.data() + row0 * d.Dqk;  // [kSpan, Dqk]
           if (kb0 == 0) {
-            pair_product<kAmx, false>(dq_span, d.Dqk, kSpan, dsb.data(), kGroupBlocks * kBlock, k_group, d.Dqk, seen * kBlock / 32);
+            pair_product<kAmx, false>(dq_span, d.Dqk, kSpan, dsb.data(), kGroupBlocks * kBlock, k_group, d.Dqk,
+                                      seen * kBlock / 32);
           } else {
-            pair_product<kAmx, true>(dq_span, d.Dqk, kSpan, dsb.data(), kGroupBlocks * kBlock, k_group, d.Dqk, seen * kBlock / 32);
+            pair_product<kAmx, true>(dq_span, d.Dqk, kSpan, dsb.data(), kGroupBlocks * kBlock, k_group, d.Dqk,
+                                     seen * kBlock / 32);
           }
         }
         for (int64_t kb = kb0; kb < kb_end; ++kb) {
