@@ -49,6 +49,20 @@ TITAN_OP_CASES(activation) {
            return std::vector<Tensor>{y};
          });
        }},
+      // Gates far in both tails, where the sigmoid saturates (exp over- or underflows): the
+      // outputs must stay finite and near 0 or gate * up.
+      {"swiglu_forward_tails", {{11}, {37}},
+       [](const OpInput& in) {
+         const float tails[] = {-1e4f, -200.0f, -100.0f, -88.5f, -87.0f, -30.0f, 30.0f, 87.0f, 88.5f, 100.0f, 1e4f};
+         Tensor gate32 = Tensor::empty({in.dims[0]}, DType::f32);
+         for (int64_t i = 0; i < in.dims[0]; ++i) gate32.data<float>()[i] = tails[i % 11];
+         const Tensor gate = gate32.to(in.dtype), up = input(in, "up", 2);
+         return fast_vs_reference({"y"}, [&] {
+           Tensor y = Tensor::empty(gate.shape(), in.dtype);
+           kernels::swiglu_forward(y, gate, up);
+           return std::vector<Tensor>{y};
+         });
+       }},
       {"swiglu_backward", kShapes,
        [](const OpInput& in) {
          const Tensor gate = input(in, "gate", 12), up = input(in, "up", 2), dy = input(in, "dy");
