@@ -116,9 +116,9 @@ TEST(TrainE2E, LearnsAndResumesBitIdentically) {
   fs::remove_all(root);
 }
 
-// A dataset folder that is not there fails before the run writes anything, naming the config, the
-// key and the script that makes the default corpus.
-TEST(TrainE2E, MissingDatasetFolderFailsFirst) {
+// A dataset folder or tokenizer file that is not there fails before the run writes anything,
+// naming the config, the key and the script that makes the default corpus and its tokenizer.
+TEST(TrainE2E, MissingDataOrTokenizerFailsFirst) {
   const fs::path root = fs::temp_directory_path() / ("titan_e2e_missing_" + std::to_string(::getpid()));
   fs::remove_all(root);
   try {
@@ -132,4 +132,20 @@ TEST(TrainE2E, MissingDatasetFolderFailsFirst) {
     EXPECT_NE(std::string(e.hint()).find("scripts/prepare_data.sh"), std::string::npos) << e.hint();
   }
   EXPECT_FALSE(fs::exists(root / "run"));
+  // Likewise a tokenizer file that is not there (the dataset folder exists this time).
+  fs::create_directories(root / "data");
+  train::JobConfig c = config(root / "data", root / "run");
+  c.model.tokenizer_path = (root / "no_tokenizer.json").string();
+  try {
+    train::Trainer t(c, "missing.toml");
+    FAIL() << "a missing tokenizer file was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.message()).find("missing.toml: model.tokenizer_path = \"" + c.model.tokenizer_path +
+                                            "\" is not a file"),
+              std::string::npos)
+        << e.message();
+    EXPECT_NE(std::string(e.hint()).find("scripts/prepare_data.sh"), std::string::npos) << e.hint();
+  }
+  EXPECT_FALSE(fs::exists(root / "run"));
+  fs::remove_all(root);
 }

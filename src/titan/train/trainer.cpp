@@ -64,6 +64,11 @@ void check_supported(const JobConfig& c, const std::string& source) {
   check_folder("training.dataset_path", c.training.dataset_path);
   if (c.validation.enable && !c.validation.dataset_path.empty())
     check_folder("validation.dataset_path", c.validation.dataset_path);
+  const std::string& tok = c.model.tokenizer_path;
+  TITAN_CHECK(tok.empty() || fs::is_regular_file(tok),
+              source + ": model.tokenizer_path = \"" + tok + "\" is not a file",
+              "run scripts/prepare_data.sh to make ./data/kjv_tokenizer.json (with the ./data/kjv it prepared), or "
+              "point model.tokenizer_path at the tokenizer.json the dataset was prepared with");
 }
 
 std::string tokenizer_file(const JobConfig& c) {
