@@ -82,10 +82,11 @@ TITAN_INLINE int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m
 
 // ---- micro-kernel ---------------------------------------------------------------------------
 // c[r][0, n) (+)= sum_k a(r, k) b[k][0, n) for r < Rows, n = Vecs * kVecLanes, with a(r, k) =
-// a[r * a_row + k * a_k] (so A may be read transposed: P^T, dS^T) and b rows ldb floats apart.
-// Accumulators live in registers for the whole k loop.
-template <int Rows, int Vecs, bool kAccumulate>
-TITAN_INLINE void gemm_tile(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b,
+// a[r * a_row + k * a_k] (so A may be read transposed: P^T, dS^T) and b rows ldb elements apart.
+// Accumulators live in registers for the whole k loop. E = float, or (avx512_bf16, the pair
+// products of "bf16 pairs" below) uint32_t bf16 pairs with k counting pairs (madd_broadcast).
+template <int Rows, int Vecs, bool kAccumulate, class E>
+TITAN_INLINE void gemm_tile(float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k, const E* b,
                             int64_t ldb, int64_t K) {
   vecf acc[Rows][Vecs];
 #pragma GCC unroll 8
@@ -107,11 +108,7 @@ TITAN_INLINE void gemm_tile(float* c, int64_t ldc, const float* a, int64_t a_row
 #pragma GCC unroll 4
     for (int v = 0; v < Vecs; ++v) bv[v] = *reinterpret_cast<const vecf*>(b + kk * ldb + v * kVecLanes);
 #pragma GCC unroll 8
-    for (int r = 0; r < Rows; ++r) {
-      const float ar = a[r * a_row + kk * a_k];
-#pragma GCC unroll 4
-      for (int v = 0; v < Vecs; ++v) acc[r][v] += ar * bv[v];
-    }
+    for (int r = 0; r < Rows; ++r) madd_broadcast<Vecs>(acc[r], a[r * a_row + kk * a_k], bv);
   }
 #pragma GCC unroll 8
   for (int r = 0; r < Rows; ++r) {
@@ -121,9 +118,9 @@ TITAN_INLINE void gemm_tile(float* c, int64_t ldc, const float* a, int64_t a_row
 }
 
 // One column strip of Vecs vectors, all M rows: full kRows tiles, then one shorter tile.
-template <int Rows, int Vecs, bool kAccumulate>
-TITAN_INLINE void gemm_row_tail(int64_t rows, float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k,
-                                const float* b, int64_t ldb, int64_t K) {
+template <int Rows, int Vecs, bool kAccumulate, class E>
+TITAN_INLINE void gemm_row_tail(int64_t rows, float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k,
+                                const E* b, int64_t ldb, int64_t K) {
   if (rows == Rows) {
     gemm_tile<Rows, Vecs, kAccumulate>(c, ldc, a, a_row, a_k, b, ldb, K);
   } else if constexpr (Rows > 1) {
@@ -131,9 +128,9 @@ TITAN_INLINE void gemm_row_tail(int64_t rows, float* c, int64_t ldc, const float
   }
 }
 
-template <int Vecs, bool kAccumulate>
-void gemm_strip(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b, int64_t ldb,
-                int64_t M, int64_t K) {
+template <int Vecs, bool kAccumulate, class E>
+void gemm_strip(float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k, const E* b, int64_t ldb, int64_t M,
+                int64_t K) {
   int64_t m = 0;
   for (; m + kRows <= M; m += kRows) {
     gemm_tile<kRows, Vecs, kAccumulate>(c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K);
@@ -141,8 +138,8 @@ void gemm_strip(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_
   if (m < M) gemm_row_tail<kRows, Vecs, kAccumulate>(M - m, c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K);
 }
 
-template <int Vecs, bool kAccumulate>
-void gemm_strip_tail(int64_t vecs, float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b,
+template <int Vecs, bool kAccumulate, class E>
+void gemm_strip_tail(int64_t vecs, float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k, const E* b,
                      int64_t ldb, int64_t M, int64_t K) {
   if (vecs == Vecs) {
     gemm_strip<Vecs, kAccumulate>(c, ldc, a, a_row, a_k, b, ldb, M, K);
@@ -158,8 +155,8 @@ void gemm_strip_tail(int64_t vecs, float* c, int64_t ldc, const float* a, int64_
 // accumulating into C. Each c element still sums its products in k order in one f32 register
 // stored and reloaded exactly between chunks, so chunking does not change results.
 constexpr int64_t kChunkK = 128;
-template <bool kAccumulate>
-void gemm(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b, int64_t ldb, int64_t M,
+template <bool kAccumulate, class E>
+void gemm(float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k, const E* b, int64_t ldb, int64_t M,
           int64_t N, int64_t K) {
   for (int64_t n = 0; n < N; n += kVecs * kVecLanes) {
     const int64_t vecs = min_i64((N - n) / kVecLanes, kVecs);
@@ -617,55 +614,13 @@ void amx_block(float* c, int64_t ldc, int64_t rows, const bf16* a, int64_t a_ld,
   }
 }
 
-// amx_block's product on VDPBF16PS register tiles (tile_products, cpu/isa.h) for CPUs without
-// AMX: the same operands, a's rows read as k pairs. Row tiles of 6 by 4 vectors (2 at a
-// 32-column edge) run over each column strip while its B rows stay in L1.
-template <int Rows, int Vecs, bool kAccumulate>
-TITAN_INLINE void pair_tile(float* c, int64_t ldc, const uint32_t* a, int64_t a_row, const uint32_t* b, int64_t ldb,
-                            int64_t inner) {
-  vecf acc[Rows][Vecs];
-  tile_products<Rows, Vecs>(acc, a, a_row, 1, b, ldb, inner);
-#pragma GCC unroll 8
-  for (int r = 0; r < Rows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) {
-      float* out = c + r * ldc + v * kVecLanes;
-      const __m512 sum = kAccumulate ? _mm512_add_ps(_mm512_loadu_ps(out), acc[r][v]) : __m512(acc[r][v]);
-      _mm512_storeu_ps(out, sum);
-    }
-  }
-}
-
-template <int Rows, int Vecs, bool kAccumulate>
-TITAN_INLINE void pair_rows(int64_t rows, float* c, int64_t ldc, const uint32_t* a, int64_t a_row, const uint32_t* b,
-                            int64_t ldb, int64_t inner) {
-  if (rows == Rows) {
-    pair_tile<Rows, Vecs, kAccumulate>(c, ldc, a, a_row, b, ldb, inner);
-  } else if constexpr (Rows > 1) {
-    pair_rows<Rows - 1, Vecs, kAccumulate>(rows, c, ldc, a, a_row, b, ldb, inner);
-  }
-}
-
-template <int Vecs, bool kAccumulate>
-void pair_strip(float* c, int64_t ldc, int64_t rows, const uint32_t* a, int64_t a_row, const uint32_t* b, int64_t ldb,
-                int64_t inner) {
-  constexpr int kTileRows = 6;
-  int64_t r0 = 0;
-  for (; r0 + kTileRows <= rows; r0 += kTileRows)
-    pair_tile<kTileRows, Vecs, kAccumulate>(c + r0 * ldc, ldc, a + r0 * a_row, a_row, b, ldb, inner);
-  if (r0 < rows)
-    pair_rows<kTileRows, Vecs, kAccumulate>(rows - r0, c + r0 * ldc, ldc, a + r0 * a_row, a_row, b, ldb, inner);
-}
-
+// amx_block's product on VDPBF16PS register tiles for CPUs without AMX: the same operands through
+// the f32 path's gemm, with a's rows read as k pairs (E = uint32_t).
 template <bool kAccumulate>
 void pairs_block(float* c, int64_t ldc, int64_t rows, const bf16* a, int64_t a_ld, const uint32_t* b, int64_t width,
                  int64_t chunks) {
-  const uint32_t* a_pairs = reinterpret_cast<const uint32_t*>(a);
-  const int64_t a_row = a_ld / 2, inner = 16 * chunks;
-  int64_t c0 = 0;
-  for (; c0 + 64 <= width; c0 += 64)
-    pair_strip<4, kAccumulate>(c + c0, ldc, rows, a_pairs, a_row, b + c0, width, inner);
-  if (c0 < width) pair_strip<2, kAccumulate>(c + c0, ldc, rows, a_pairs, a_row, b + c0, width, inner);
+  gemm<kAccumulate>(c, ldc, reinterpret_cast<const uint32_t*>(a), a_ld / 2, int64_t(1), b, width, rows, width,
+                    16 * chunks);
 }
 
 // The bf16 pair products of the forward and backward below: on AMX tiles (kAmx) or VDPBF16PS.
