@@ -11,16 +11,13 @@
 // measure_machine_peak's memcpy figure from the start of the run.
 //
 // Usage: bench_memory_bound [N D [reps]]   (default 8192 4096 10)
-#include <omp.h>
 
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
 #include <functional>
 #include <string>
 
 #include "bench_common.h"
-#include "titan/core/allocator.h"
 #include "titan/core/cpu_features.h"
 #include "titan/core/parallel.h"
 #include "titan/core/rng.h"
@@ -48,51 +45,15 @@ struct Case {
   std::function<void()> run;  // one call, through the Tensor-level API
 };
 
-// Two 64 MiB buffers (past the L2 caches) copied in parallel, one contiguous slice per thread.
-class MemcpyProbe {
- public:
-  MemcpyProbe()
-      : src_(static_cast<char*>(memory_alloc(kBytes, MemCategory::temporaries))),
-        dst_(static_cast<char*>(memory_alloc(kBytes, MemCategory::temporaries))) {
-    std::memset(src_, 1, kBytes);
-    std::memset(dst_, 2, kBytes);
-  }
-  ~MemcpyProbe() {
-    memory_free(src_, kBytes, MemCategory::temporaries);
-    memory_free(dst_, kBytes, MemCategory::temporaries);
-  }
-  MemcpyProbe(const MemcpyProbe&) = delete;
-  MemcpyProbe& operator=(const MemcpyProbe&) = delete;
-
-  // Bytes moved per second (read + write) by one copy.
-  double rate() const {
-    const double t0 = bench::now_seconds();
-#pragma omp parallel
-    {
-      const size_t nt = size_t(omp_get_num_threads()), t = size_t(omp_get_thread_num());
-      std::memcpy(dst_ + kBytes * t / nt, src_ + kBytes * t / nt, kBytes * (t + 1) / nt - kBytes * t / nt);
-    }
-    return 2.0 * double(kBytes) / (bench::now_seconds() - t0);
-  }
-
- private:
-  static constexpr size_t kBytes = size_t(64) << 20;
-  char* src_;
-  char* dst_;
-};
-
-// Times the fast kernel reps times, each call followed by a memcpy probe, and the reference (best
-// of 2: it is slow and its ratio only needs to be indicative), and prints one line. The fraction
-// is best kernel bandwidth over best memcpy bandwidth: both best-of-reps, sampled over the same
-// seconds, so a quiet moment for one is a quiet moment for the other.
-void report(const Case& c, DType dtype, const MemcpyProbe& probe, double peak_memcpy, int reps) {
+// Times the fast kernel reps times, each call followed by a pass of the memcpy probe
+// (bench::time_best_beside_memcpy), and the reference (best of 2: it is slow and its ratio only
+// needs to be indicative), and prints one line. The fraction is best kernel bandwidth over best
+// memcpy bandwidth: both best-of-reps, sampled over the same seconds, so a quiet moment for one is
+// a quiet moment for the other.
+void report(const Case& c, DType dtype, double peak_memcpy, int reps) {
   kernels::set_kernel_backend(kernels::KernelBackend::fast);
-  c.run();  // warm-up: first touch of outputs, allocator cache
-  double fast = 1e300, memcpy_best = 0;
-  for (int r = 0; r < reps; ++r) {
-    fast = std::min(fast, bench::time_best(c.run, 1, 0));
-    memcpy_best = std::max(memcpy_best, probe.rate());
-  }
+  const bench::BesideMemcpy best = bench::time_best_beside_memcpy(c.run, reps, 1);
+  const double fast = best.seconds, memcpy_best = best.memcpy_bytes;
   kernels::set_kernel_backend(kernels::KernelBackend::reference);
   const double ref = bench::time_best(c.run, 2, 0);
   kernels::set_kernel_backend(kernels::KernelBackend::fast);
@@ -104,9 +65,9 @@ void report(const Case& c, DType dtype, const MemcpyProbe& probe, double peak_me
   std::fflush(stdout);
 }
 
-void run_dtype(DType dtype, int64_t N, int64_t D, const MemcpyProbe& probe, double peak_memcpy, int reps) {
+void run_dtype(DType dtype, int64_t N, int64_t D, double peak_memcpy, int reps) {
   const double s = dtype_bits(dtype) / 8.0, nd = double(N) * double(D);
-  auto run = [&](const Case& c) { report(c, dtype, probe, peak_memcpy, reps); };
+  auto run = [&](const Case& c) { report(c, dtype, peak_memcpy, reps); };
   {  // RMSNorm: x [N, D], w [D], rstd [N]
     const Tensor x = random({N, D}, dtype, "x"), w = random({D}, DType::f32, "w", 0.5, 1.5);
     const Tensor dy = random({N, D}, dtype, "dy");
@@ -140,7 +101,6 @@ int main(int argc, char** argv) {
   bench::print_peak(peak);
   std::printf("shape N=%lld x D=%lld, isa %s, %d threads, target %.0f%% of memcpy\n", (long long)N, (long long)D,
               std::string(cpu_capability_name(cpu_capability())).c_str(), num_threads(), 100 * kTarget);
-  const MemcpyProbe probe;
-  for (DType dtype : {DType::f32, DType::bf16}) run_dtype(dtype, N, D, probe, peak.memcpy_bytes, reps);
+  for (DType dtype : {DType::f32, DType::bf16}) run_dtype(dtype, N, D, peak.memcpy_bytes, reps);
   return 0;
 }
