@@ -33,17 +33,24 @@ TITAN_INLINE __m512i pack_pair_ps(__m512 r0, __m512 r1) {
   return vnni_interleave((__m512i)_mm512_cvtne2ps_pbh(r1, r0));
 }
 
+// 32 columns of two bf16 rows (a = row 0, b = row 1) as VNNI pairs, in two 2-source word permutes:
+// lo holds columns 0-15, hi columns 16-31 (row 0's value in each pair's low half).
+TITAN_INLINE void row_pair_vectors(__m512i a, __m512i b, __m512i& lo, __m512i& hi) {
+  const __m512i idx_lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                          37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  lo = _mm512_permutex2var_epi16(a, idx_lo, b);
+  hi = _mm512_permutex2var_epi16(a, _mm512_add_epi16(idx_lo, _mm512_set1_epi16(16)), b);
+}
+
 // One VNNI row of a bf16 pair of rows (the B layout of AMX's bf16 product): dst[col] holds
 // v0[col] in its low and v1[col] in its high half; v1 null (the last, unpaired key) gives zeros.
 TITAN_INLINE void pack_row_pair(uint32_t* dst, const bf16* v0, const bf16* v1, int64_t width) {
-  if (v1 && width % 32 == 0) {  // 32 columns per two 2-source word permutes
-    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                        37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  if (v1 && width % 32 == 0) {
     for (int64_t col = 0; col < width; col += 32) {
-      const __m512i a = _mm512_loadu_si512(v0 + col), b = _mm512_loadu_si512(v1 + col);
-      _mm512_storeu_si512(dst + col, _mm512_permutex2var_epi16(a, lo, b));
-      _mm512_storeu_si512(dst + col + 16, _mm512_permutex2var_epi16(a, hi, b));
+      __m512i lo, hi;
+      row_pair_vectors(_mm512_loadu_si512(v0 + col), _mm512_loadu_si512(v1 + col), lo, hi);
+      _mm512_storeu_si512(dst + col, lo);
+      _mm512_storeu_si512(dst + col + 16, hi);
     }
     return;
   }

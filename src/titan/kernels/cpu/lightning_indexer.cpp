@@ -1017,10 +1017,6 @@ void narrow_grads_pairs(float* dq, float* dk, const float* g2, int64_t ld, const
 #pragma GCC unroll 8
     for (int v = 0; v < V; ++v) acc[h][v] = h < HI ? _mm512_loadu_ps(dq + h * DI + 16 * v) : none;
   }
-  // pack_row_pair's word permutes: 32 dims of two rows as two vectors of 16 pairs.
-  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
-                                      5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
   auto bcast = [](const uint32_t* x) { return reinterpret_cast<__m512bh>(_mm512_set1_epi32(int(*x))); };
   for (int64_t s = 0; s < n; s += 2) {
     const bool odd = s + 1 == n;  // the last key pairs with a zero row (its g2 column is 0)
@@ -1030,12 +1026,13 @@ void narrow_grads_pairs(float* dq, float* dk, const float* g2, int64_t ld, const
       prefetch_row(reinterpret_cast<const float*>(kb + int64_t(sel[u]) * DI), DI / 2, false);
       prefetch_row(dk + int64_t(sel[u]) * DI, DI, true);
     }
-    __m512bh kp[V];
+    __m512bh kp[V];  // 32 dims of the two rows per pair of vectors of 16 pairs
 #pragma GCC unroll 4
     for (int c = 0; c < V / 2; ++c) {
-      const __m512i a = _mm512_loadu_si512(r0 + 32 * c), b = _mm512_loadu_si512(r1 + 32 * c);
-      kp[2 * c] = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(a, lo, b));
-      kp[2 * c + 1] = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(a, hi, b));
+      __m512i lo, hi;
+      row_pair_vectors(_mm512_loadu_si512(r0 + 32 * c), _mm512_loadu_si512(r1 + 32 * c), lo, hi);
+      kp[2 * c] = reinterpret_cast<__m512bh>(lo);
+      kp[2 * c + 1] = reinterpret_cast<__m512bh>(hi);
     }
 #pragma GCC unroll 4
     for (int h = 0; h < 4; ++h) {
