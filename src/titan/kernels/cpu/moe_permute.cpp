@@ -138,9 +138,8 @@ void moe_permute_backward(T* dx, const T* dxs, const int32_t* pos, int64_t n, in
         float* acc = chunk.at(row, j0);
         // acc = dx + sum over j of dxs[pos[t, j]]
         if constexpr (!std::is_same_v<T, float>) scale_span(acc, row + j0, 1.0f, j1 - j0);
-        for (int64_t j = 0; j < k; ++j)
-          axpy_span(acc, dxs + int64_t(pos[t * k + j]) * d + j0, 1.0f, j1 - j0,
-                    next_pos ? dxs + int64_t(next_pos[j]) * d + j0 : nullptr);
+        auto next = [&](int64_t j) { return next_pos ? dxs + int64_t(next_pos[j]) * d + j0 : nullptr; };
+        for (int64_t j = 0; j < k; ++j) axpy_span(acc, dxs + int64_t(pos[t * k + j]) * d + j0, 1.0f, j1 - j0, next(j));
         chunk.flush(row, j0, j1);
       }
     }
