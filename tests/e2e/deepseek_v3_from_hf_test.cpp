@@ -13,12 +13,12 @@
 #include <nlohmann/json.hpp>
 
 #include "titan/checkpoint/checkpoint.h"
-#include "titan/checkpoint/ckpt_cli.h"
 #include "titan/checkpoint/hf.h"
+#include "titan/cli/ckpt_cli.h"
+#include "titan/cli/generate_cli.h"
 #include "titan/data/prepare.h"
 #include "titan/models/deepseek_v3/hf_adapter.h"
 #include "titan/models/deepseek_v3/moe_layer.h"
-#include "titan/train/generate.h"
 #include "titan/train/trainer.h"
 
 using namespace titan;
@@ -94,7 +94,7 @@ TEST(DeepSeekV3FromHf, ConvertedCheckpointContinuesTraining) {
     ds::save_hf(root / "hf", a, state, opt);
   }
   ASSERT_EQ(run_cli({"ckpt", "convert", "--from-hf", (root / "hf").string(), "--to", (root / "ckpt").string()},
-                    checkpoint::ckpt_main),
+                    cli::ckpt_main),
             0);
   const fs::path init = root / "ckpt/step-0";
   const fs::path data = make_dataset(root / "data");
@@ -132,7 +132,7 @@ TEST(DeepSeekV3FromHf, ConvertedCheckpointContinuesTraining) {
   // Back to Hugging Face, with the MTP layer when the run trained it.
   for (const auto& [run, mtp] : {std::pair{"run/checkpoint/step-4", 0}, std::pair{"mtp_run/checkpoint/step-3", 1}}) {
     const fs::path out = root / ("hf_" + std::to_string(mtp));
-    ASSERT_EQ(run_cli({"ckpt", "convert", "--from", (root / run).string(), "--to-hf", out.string()}, checkpoint::ckpt_main), 0);
+    ASSERT_EQ(run_cli({"ckpt", "convert", "--from", (root / run).string(), "--to-hf", out.string()}, cli::ckpt_main), 0);
     const checkpoint::HfFolder back = checkpoint::HfFolder::open(out);
     EXPECT_EQ(back.config().at("num_nextn_predict_layers").get<int>(), mtp);
     EXPECT_EQ(back.config().at("vocab_size").get<int>(), 704);
@@ -141,9 +141,9 @@ TEST(DeepSeekV3FromHf, ConvertedCheckpointContinuesTraining) {
   // `titan generate` on the converted checkpoint and on the trained one.
   const std::string tok = "tests/fixtures/tokenizer/deepseek_v3_bpe.json";
   for (const fs::path& ck : {init, root / "mtp_run/checkpoint/step-3"})
-    EXPECT_EQ(run_cli({"titan", "generate", "--checkpoint", ck.string(), "--tokenizer", tok, "--prompt", "the cat",
+    EXPECT_EQ(run_cli({"generate", "--checkpoint", ck.string(), "--tokenizer", tok, "--prompt", "the cat",
                        "--max-new-tokens", "4"},
-                      train::generate_main),
+                      cli::generate_main),
               0)
         << ck;
   fs::remove_all(root);

@@ -8,12 +8,14 @@
 
 #include "data_test_util.h"
 #include "titan/core/error.h"
-#include "titan/data/data_cli.h"
+#include "titan/cli/data_cli.h"
 #include "titan/data/prepare.h"
 #include "titan/data/shard.h"
 
 using namespace titan;
 using namespace titan::data;
+using titan::cli::data_main;
+using titan::cli::EncoderFactory;
 using titan::data::testing::byte_encoder;
 using titan::data::testing::ScratchDir;
 using titan::data::testing::write_file;

@@ -11,7 +11,7 @@
 
 #include "common/kernel_check.h"
 #include "titan/checkpoint/checkpoint.h"
-#include "titan/checkpoint/ckpt_cli.h"
+#include "titan/cli/ckpt_cli.h"
 #include "titan/checkpoint/hf.h"
 #include "titan/models/deepseek_v3/hf_adapter.h"
 
@@ -316,12 +316,12 @@ TEST(CkptCli, ConvertsTheFixtureToOurCheckpointAndBack) {
   std::string a0 = "ckpt", a1 = "convert", a2 = "--from-hf", a3 = "tests/fixtures/deepseek_v3_tiny", a4 = "--to",
               a5 = ours.string();
   char* argv1[] = {a0.data(), a1.data(), a2.data(), a3.data(), a4.data(), a5.data()};
-  ASSERT_EQ(checkpoint::ckpt_main(6, argv1), 0);
+  ASSERT_EQ(cli::ckpt_main(6, argv1), 0);
   ASSERT_TRUE(fs::exists(ours / "step-0" / "metadata.json"));
   std::string b2 = "--from", b3 = (ours / "step-0").string(), b4 = "--to-hf", b5 = back.string(), b6 = "--dtype",
               b7 = "f32", b8 = "--max-shard-bytes", b9 = "100000";
   char* argv2[] = {a0.data(), a1.data(), b2.data(), b3.data(), b4.data(), b5.data(), b6.data(), b7.data(), b8.data(), b9.data()};
-  ASSERT_EQ(checkpoint::ckpt_main(10, argv2), 0);
+  ASSERT_EQ(cli::ckpt_main(10, argv2), 0);
   const checkpoint::HfFolder original = checkpoint::HfFolder::open("tests/fixtures/deepseek_v3_tiny");
   const checkpoint::HfFolder exported = checkpoint::HfFolder::open(back);
   EXPECT_TRUE(fs::exists(back / "model.safetensors.index.json"));
@@ -335,10 +335,10 @@ TEST(CkptCli, ConvertsTheFixtureToOurCheckpointAndBack) {
 
   std::string bad = "--frobnicate";
   char* argv3[] = {a0.data(), a1.data(), bad.data()};
-  EXPECT_EQ(checkpoint::ckpt_main(3, argv3), 2);
+  EXPECT_EQ(cli::ckpt_main(3, argv3), 2);
   std::string missing = (ours / "nothing").string();
   char* argv4[] = {a0.data(), a1.data(), a2.data(), missing.data(), a4.data(), a5.data()};
-  EXPECT_EQ(checkpoint::ckpt_main(6, argv4), 1);
+  EXPECT_EQ(cli::ckpt_main(6, argv4), 1);
 }
 
 // DeepSeek-V3.2: the indexer fields round-trip through config.json (model_type deepseek_v32) and
@@ -479,11 +479,11 @@ TEST(CkptCli, ConvertsTheV32FixtureBothWays) {
   std::string a0 = "ckpt", a1 = "convert", a2 = "--from-hf", a3 = "tests/fixtures/deepseek_v32_tiny", a4 = "--to",
               a5 = ours.string();
   char* argv1[] = {a0.data(), a1.data(), a2.data(), a3.data(), a4.data(), a5.data()};
-  ASSERT_EQ(checkpoint::ckpt_main(6, argv1), 0);
+  ASSERT_EQ(cli::ckpt_main(6, argv1), 0);
   expect_contains(checkpoint::load_checkpoint(ours / "step-0").config_toml, "name = \"deepseek_v32\"");
   std::string b2 = "--from", b3 = (ours / "step-0").string(), b4 = "--to-hf", b5 = back.string(), b6 = "--dtype", b7 = "f32";
   char* argv2[] = {a0.data(), a1.data(), b2.data(), b3.data(), b4.data(), b5.data(), b6.data(), b7.data()};
-  ASSERT_EQ(checkpoint::ckpt_main(8, argv2), 0);
+  ASSERT_EQ(cli::ckpt_main(8, argv2), 0);
   const checkpoint::HfFolder original = checkpoint::HfFolder::open(a3), exported = checkpoint::HfFolder::open(back);
   ASSERT_EQ(original.names().size(), exported.names().size());
   for (const std::string& n : original.names())
@@ -507,7 +507,7 @@ TEST(CkptCli, ExportsDeepSeekV32CheckpointsByFlavor) {
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     testing::internal::CaptureStderr();
-    EXPECT_EQ(checkpoint::ckpt_main(int(argv.size()), argv.data()), 1);
+    EXPECT_EQ(cli::ckpt_main(int(argv.size()), argv.data()), 1);
     return testing::internal::GetCapturedStderr();
   };
   expect_contains(run({}), "deepseek_v32: debugmodel, 671B");

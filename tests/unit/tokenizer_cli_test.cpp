@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "titan/data/tokenizer.h"
-#include "titan/data/tokenizer_cli.h"
+#include "titan/cli/tokenizer_cli.h"
 
 using namespace titan::data;
 
@@ -16,7 +16,7 @@ namespace {
 int run(std::vector<std::string> args) {
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
-  return tokenizer_main(static_cast<int>(argv.size()), argv.data());
+  return titan::cli::tokenizer_main(static_cast<int>(argv.size()), argv.data());
 }
 
 // A fresh directory per test process for files the tests write, removed at exit.

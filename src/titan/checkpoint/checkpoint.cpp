@@ -96,7 +96,7 @@ fs::path save_checkpoint(const fs::path& root, const SaveRequest& req) {
   return final_dir;
 }
 
-LoadedCheckpoint load_checkpoint(const fs::path& folder) {
+LoadedCheckpoint load_checkpoint(const fs::path& folder, const std::function<bool(const std::string&)>& wanted) {
   TITAN_CHECK(fs::is_directory(folder), "checkpoint folder " + folder.string() + " does not exist",
               "pass a step-<N> folder (or set checkpoint.load_step to an existing step)");
   const fs::path meta_path = folder / "metadata.json";
@@ -111,6 +111,7 @@ LoadedCheckpoint load_checkpoint(const fs::path& folder) {
   out.step = meta.value("step", int64_t(0));
   std::map<std::string, SafetensorsFile> files;
   for (const auto& [name, spec] : meta.at("tensors").items()) {
+    if (wanted && !wanted(name)) continue;
     Shape global;
     for (const auto& d : spec.at("shape")) global.push_back(d.get<int64_t>());
     const DType dt = dtype_from_name(spec.at("dtype").get<std::string>());
@@ -140,12 +141,24 @@ LoadedCheckpoint load_checkpoint(const fs::path& folder) {
                 "a shard file is missing from the checkpoint");
     out.tensors[name] = full;
   }
-  out.train_state = parse_json(folder / "train_state.json");
-  if (fs::exists(folder / "config.toml")) out.config_toml = read_text(folder / "config.toml");
+  out.train_state = load_train_state(folder);
+  out.config_toml = load_config_toml(folder);
   return out;
 }
 
 nlohmann::json load_train_state(const fs::path& folder) { return parse_json(folder / "train_state.json"); }
+
+std::string load_config_toml(const fs::path& folder) {
+  return fs::exists(folder / "config.toml") ? read_text(folder / "config.toml") : std::string();
+}
+
+fs::path resolve_step_folder(const fs::path& path) {
+  if (fs::exists(path / "metadata.json")) return path;
+  const auto latest = latest_checkpoint(path);
+  TITAN_CHECK(latest.has_value(), path.string() + " is neither a checkpoint step folder nor holds one",
+              "pass e.g. outputs/<run>/checkpoint/step-N");
+  return *latest;
+}
 
 std::optional<fs::path> latest_checkpoint(const fs::path& root) {
   if (!fs::is_directory(root)) return std::nullopt;

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -47,12 +48,20 @@ struct LoadedCheckpoint {
   std::string config_toml;
 };
 
-// Loads <root>/step-<step>/ (or the folder itself when `folder` already is a step folder).
-LoadedCheckpoint load_checkpoint(const std::filesystem::path& folder);
+// Loads the step folder `folder`: every tensor, or those `wanted` accepts (the others are neither
+// read nor checked, e.g. the optimizer state when only the weights are needed).
+LoadedCheckpoint load_checkpoint(const std::filesystem::path& folder,
+                                 const std::function<bool(const std::string&)>& wanted = {});
 
 // Only the train_state.json of a step folder (e.g. the architecture a converted checkpoint
 // records), without reading its tensors.
 nlohmann::json load_train_state(const std::filesystem::path& folder);
+// Its config.toml ("" when it has none).
+std::string load_config_toml(const std::filesystem::path& folder);
+
+// `path` itself when it is a step folder (it holds metadata.json), else the newest step folder
+// under it; throws naming the path when it is neither.
+std::filesystem::path resolve_step_folder(const std::filesystem::path& path);
 
 // The newest complete step folder under root, if any (ignores *.tmp folders).
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& root);

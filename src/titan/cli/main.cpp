@@ -8,16 +8,16 @@
 #include <string>
 #include <string_view>
 
-#include "titan/checkpoint/ckpt_cli.h"
+#include "titan/cli/ckpt_cli.h"
+#include "titan/cli/data_cli.h"
+#include "titan/cli/generate_cli.h"
+#include "titan/cli/tokenizer_cli.h"
+#include "titan/cli/train_cli.h"
 #include "titan/core/cpu_features.h"
 #include "titan/core/error.h"
+#include "titan/data/tokenizer.h"
 #include "titan/kernels/cpu/isa_info.h"
 #include "titan/kernels/peak.h"
-#include "titan/data/data_cli.h"
-#include "titan/data/tokenizer.h"
-#include "titan/data/tokenizer_cli.h"
-#include "titan/train/generate.h"
-#include "titan/train/trainer.h"
 
 namespace {
 
@@ -83,11 +83,12 @@ int main(int argc, char** argv) {
   const std::string_view cmd = argv[1];
   try {
     if (cmd == "info") return info_main();
-    if (cmd == "train") return titan::train::train_main(argc, argv);
-    if (cmd == "generate") return titan::train::generate_main(argc, argv);
-    if (cmd == "tokenizer") return titan::data::tokenizer_main(argc - 1, argv + 1);
-    if (cmd == "ckpt") return titan::checkpoint::ckpt_main(argc - 1, argv + 1);
-    if (cmd == "data") return titan::data::data_main(argc - 1, argv + 1, make_encoder);
+    // Each subcommand reads argv from its own name on.
+    if (cmd == "train") return titan::cli::train_main(argc - 1, argv + 1);
+    if (cmd == "generate") return titan::cli::generate_main(argc - 1, argv + 1);
+    if (cmd == "tokenizer") return titan::cli::tokenizer_main(argc - 1, argv + 1);
+    if (cmd == "ckpt") return titan::cli::ckpt_main(argc - 1, argv + 1);
+    if (cmd == "data") return titan::cli::data_main(argc - 1, argv + 1, make_encoder);
     std::fprintf(stderr, "titan: unknown command '%s'\n\n%s", argv[1], kUsage);
     return 2;
   } catch (const titan::Error& e) {

@@ -1,5 +1,5 @@
-// Text generation from a trained checkpoint: KV-cached decoding with temperature, top-k and
-// top-p (nucleus) sampling, reproducible from a seed.
+// Sampling the next token for text generation: temperature, top-k and top-p (nucleus),
+// reproducible from a seed (the decoding loop is `titan generate`, cli/generate_cli.cpp).
 #pragma once
 
 #include <cstdint>
@@ -17,9 +17,5 @@ struct SamplingOptions {
 
 // Draws the next token from logits [V] (one uniform from `rng` per call).
 int32_t sample_token(std::span<const float> logits, const SamplingOptions& options, Generator& rng);
-
-// `titan generate --checkpoint DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
-//  [--top-k K] [--top-p P] [--seed S] [--tokenizer tokenizer.json]`.
-int generate_main(int argc, char** argv);
 
 }  // namespace titan::train

@@ -40,7 +40,4 @@ class Trainer {
   std::unique_ptr<State> s_;
 };
 
-// `titan train --config FILE [--section.key=value ...]`.
-int train_main(int argc, char** argv);
-
 }  // namespace titan::train

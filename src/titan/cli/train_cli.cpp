@@ -1,3 +1,5 @@
+#include "titan/cli/train_cli.h"
+
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -5,12 +7,14 @@
 #include "titan/core/error.h"
 #include "titan/train/trainer.h"
 
-namespace titan::train {
+namespace titan::cli {
+
+using namespace train;
 
 int train_main(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> overrides;
-  for (int i = 2; i < argc; ++i) {
+  for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::printf("usage: titan train --config FILE.toml [--section.key=value ...]\n\n%s", config_help().c_str());
@@ -38,4 +42,4 @@ int train_main(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace titan::train
+}  // namespace titan::cli

@@ -1,17 +1,18 @@
-#include "titan/data/data_cli.h"
+#include "titan/cli/data_cli.h"
 
 #include <algorithm>
-#include <charconv>
 #include <filesystem>
 #include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
 
-#include "titan/core/error.h"
+#include "titan/cli/args.h"
 #include "titan/data/shard.h"
 
-namespace titan::data {
+namespace titan::cli {
+
+using namespace data;
 namespace fs = std::filesystem;
 
 namespace {
@@ -25,20 +26,6 @@ constexpr const char* kUsage =
     "         into DIR/train/*.bin, DIR/val/*.bin and DIR/index.json\n"
     "inspect  prints the header of each shard (or of every shard in a directory); --verify also\n"
     "         checks checksums and token ids\n";
-
-// A usage mistake: the caller prints it with the usage text and exits with 2.
-struct UsageError {
-  std::string message;
-};
-
-template <class T>
-T parse_number(std::string_view flag, std::string_view text) {
-  T value{};
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || end != text.data() + text.size())
-    throw UsageError{fmt::format("{} expects a number, got '{}'", flag, text)};
-  return value;
-}
 
 int prepare_main(const std::vector<std::string_view>& args, const EncoderFactory& make_encoder) {
   PrepareOptions options;
@@ -109,23 +96,17 @@ int inspect_main(const std::vector<std::string_view>& args) {
 }  // namespace
 
 int data_main(int argc, char** argv, const EncoderFactory& make_encoder) {
-  const std::vector<std::string_view> args(argv + std::min(argc, 2), argv + argc);
+  const std::vector<std::string_view> args = arguments(argc, argv, 2);
   const std::string_view command = argc >= 2 ? std::string_view(argv[1]) : std::string_view();
-  try {
-    if (command == "prepare") return prepare_main(args, make_encoder);
-    if (command == "inspect") return inspect_main(args);
-    if (command == "-h" || command == "--help" || command == "help") {
+  return run_command("data", kUsage, [&] {
+    if (command == "-h" || command == "--help" || command == "help" || wants_help(args)) {
       fmt::print("{}", kUsage);
       return 0;
     }
+    if (command == "prepare") return prepare_main(args, make_encoder);
+    if (command == "inspect") return inspect_main(args);
     throw UsageError{command.empty() ? "missing subcommand" : fmt::format("unknown subcommand '{}'", command)};
-  } catch (const UsageError& e) {
-    fmt::print(stderr, "titan data: {}\n{}", e.message, kUsage);
-    return 2;
-  } catch (const Error& e) {
-    fmt::print(stderr, "titan data: {}\n", e.what());
-    return 1;
-  }
+  });
 }
 
-}  // namespace titan::data
+}  // namespace titan::cli

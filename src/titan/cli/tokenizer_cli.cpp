@@ -1,4 +1,4 @@
-#include "titan/data/tokenizer_cli.h"
+#include "titan/cli/tokenizer_cli.h"
 
 #include <algorithm>
 #include <chrono>
@@ -9,17 +9,21 @@
 
 #include <fmt/core.h>
 
+#include "titan/cli/args.h"
 #include "titan/core/error.h"
 #include "titan/data/tokenizer.h"
 
-namespace titan::data {
+namespace titan::cli {
+
+using namespace data;
+
 namespace {
 
 constexpr const char* kUsage = R"(usage:
-  {0} train  --input FILE... --vocab-size N --output tokenizer.json
-             [--special <|bos|>,<|eos|>] [--style llama3|gpt2|deepseek_v3] [--min-frequency N]
-  {0} encode --tokenizer tokenizer.json --text TEXT [--bos]
-  {0} decode --tokenizer tokenizer.json --ids 1,2,3
+  titan tokenizer train  --input FILE... --vocab-size N --output tokenizer.json
+                         [--special <|bos|>,<|eos|>] [--style llama3|gpt2|deepseek_v3] [--min-frequency N]
+  titan tokenizer encode --tokenizer tokenizer.json --text TEXT [--bos]
+  titan tokenizer decode --tokenizer tokenizer.json --ids 1,2,3
 
 train   learns a byte-level BPE vocabulary from UTF-8 text files and writes a Hugging Face
         tokenizer.json. --special lists special tokens (ids 0, 1, ...; default <|bos|>,<|eos|>,
@@ -28,10 +32,6 @@ train   learns a byte-level BPE vocabulary from UTF-8 text files and writes a Hu
 encode  prints the ids of TEXT, space-separated (--bos prepends the BOS token).
 decode  prints the text of comma-separated ids.
 )";
-
-struct UsageError {
-  std::string message;
-};
 
 // Options as name -> values; a flag that takes no value maps to an empty list. `--name=value`
 // passes a value that itself starts with "--".
@@ -200,25 +200,17 @@ int decode(int argc, char** argv) {
 }  // namespace
 
 int tokenizer_main(int argc, char** argv) {
-  const std::string name = argc > 0 ? argv[0] : "tokenizer";
   const std::string action = argc > 1 ? argv[1] : "";
-  try {
+  return run_command("tokenizer", kUsage, [&] {
+    if (action == "--help" || action == "-h" || action == "help" || wants_help(arguments(argc, argv, 2))) {
+      fmt::print("{}", kUsage);
+      return 0;
+    }
     if (action == "train") return train(argc, argv);
     if (action == "encode") return encode(argc, argv);
     if (action == "decode") return decode(argc, argv);
-    if (action == "--help" || action == "-h" || action == "help") {
-      fmt::print(kUsage, name);
-      return 0;
-    }
     throw UsageError{action.empty() ? "missing action" : "unknown action '" + action + "'"};
-  } catch (const UsageError& e) {
-    fmt::print(stderr, "{}: {}\n", name, e.message);
-    fmt::print(stderr, kUsage, name);
-    return 2;
-  } catch (const Error& e) {
-    fmt::print(stderr, "{}: {}\n", name, e.what());
-    return 1;
-  }
+  });
 }
 
-}  // namespace titan::data
+}  // namespace titan::cli

@@ -1,7 +1,6 @@
-#include "titan/checkpoint/ckpt_cli.h"
+#include "titan/cli/ckpt_cli.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -14,11 +13,13 @@
 
 #include "titan/checkpoint/checkpoint.h"
 #include "titan/checkpoint/hf.h"
+#include "titan/cli/args.h"
 #include "titan/core/error.h"
 #include "titan/models/deepseek_v3/hf_adapter.h"
 
-namespace titan::checkpoint {
+namespace titan::cli {
 
+using namespace checkpoint;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 namespace ds = models::deepseek_v3;
@@ -37,15 +38,9 @@ constexpr const char* kUsage =
     "           model.safetensors.index.json. The architecture comes from the checkpoint when it was\n"
     "           converted from HF, else from --flavor (or the [model] flavor of its config.toml)\n";
 
-struct UsageError {
-  std::string message;
-};
-
-int64_t parse_int(std::string_view flag, std::string_view text) {
-  int64_t v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size() || v < 0)
-    throw UsageError{fmt::format("{} expects a non-negative integer, got '{}'", flag, text)};
+int64_t parse_count(std::string_view flag, std::string_view text) {
+  const auto v = parse_number<int64_t>(flag, text);
+  if (v < 0) throw UsageError{fmt::format("{} expects a non-negative integer, got '{}'", flag, text)};
   return v;
 }
 
@@ -66,14 +61,8 @@ int convert_from_hf(const fs::path& hf_dir, const fs::path& root, int64_t step) 
 }
 
 int convert_to_hf(const fs::path& ckpt, const fs::path& hf_dir, const std::string& flavor, const HfWriteOptions& options) {
-  fs::path folder = ckpt;
-  if (!fs::exists(folder / "metadata.json")) {
-    const auto latest = latest_checkpoint(folder);
-    TITAN_CHECK(latest.has_value(), ckpt.string() + " is neither a checkpoint step folder nor holds one",
-                "pass e.g. outputs/<run>/checkpoint/step-N");
-    folder = *latest;
-  }
-  const LoadedCheckpoint ck = load_checkpoint(folder);
+  const fs::path folder = resolve_step_folder(ckpt);
+  const LoadedCheckpoint ck = load_checkpoint(folder, [](const std::string& name) { return name.starts_with("model."); });
   std::map<std::string, Tensor> model_tensors;
   for (const auto& [name, t] : ck.tensors)
     if (name.rfind("model.", 0) == 0) model_tensors[name.substr(6)] = t;
@@ -155,9 +144,9 @@ int convert_main(const std::vector<std::string_view>& args) {
     } else if (arg == "--flavor") {
       flavor = value();
     } else if (arg == "--step") {
-      step = parse_int(arg, value());
+      step = parse_count(arg, value());
     } else if (arg == "--max-shard-bytes") {
-      options.max_shard_bytes = parse_int(arg, value());
+      options.max_shard_bytes = parse_count(arg, value());
     } else if (arg == "--dtype") {
       const std::string d = value();
       if (d != "bf16" && d != "f16" && d != "f32") throw UsageError{"--dtype must be bf16, f16 or f32, got '" + d + "'"};
@@ -174,21 +163,16 @@ int convert_main(const std::vector<std::string_view>& args) {
 }  // namespace
 
 int ckpt_main(int argc, char** argv) {
-  std::vector<std::string_view> args(argv + 1, argv + argc);
-  try {
-    if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-      std::fputs(kUsage, args.empty() ? stderr : stdout);
-      return args.empty() ? 2 : 0;
+  const std::vector<std::string_view> args = arguments(argc, argv, 1);
+  return run_command("ckpt", kUsage, [&] {
+    if (args.empty()) throw UsageError{"missing subcommand"};
+    if (wants_help(args)) {
+      std::fputs(kUsage, stdout);
+      return 0;
     }
     if (args[0] != "convert") throw UsageError{fmt::format("unknown subcommand '{}'", args[0])};
     return convert_main({args.begin() + 1, args.end()});
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "titan ckpt: %s\n\n%s", e.message.c_str(), kUsage);
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "titan ckpt: %s\n", e.what());
-    return 1;
-  }
+  });
 }
 
-}  // namespace titan::checkpoint
+}  // namespace titan::cli
