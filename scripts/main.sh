@@ -21,7 +21,7 @@ if [[ -z "$config" ]]; then
                --validation.seq_len=256 --validation.freq=250 --validation.steps=8)
 fi
 scripts/setup.sh
-scripts/build.sh "$root/build"
+TARGET=titan scripts/build.sh "$root/build"  # the binary only: tests build in scripts/test.sh
 titan=$root/build/titan
 
 scripts/prepare_data.sh "$titan"
