@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -278,15 +279,29 @@ TEST(ConfigErrors, ChoiceTypoSuggestsTheChoice) {
   EXPECT_HAS(e.hint(), "set `decay_type = \"cosine\"` under [lr_scheduler]");
 }
 
-TEST(ConfigErrors, WarmupLongerThanTheRun) {
-  Error e = load_error("[training]\nsteps = 100\n[lr_scheduler]\nwarmup_steps = 150\n");
-  EXPECT_HAS(e.message(), "lr_scheduler.warmup_steps = 150 (at ");
-  EXPECT_HAS(e.message(), "training.steps = 100 (at ");
-  EXPECT_HAS(e.hint(), "at most 100");
-  // The default warmup (200) against a short run from the command line names both sources.
-  e = load_error("", {"--training.steps=50"});
-  EXPECT_HAS(e.message(), "lr_scheduler.warmup_steps = 200 (default)");
-  EXPECT_HAS(e.message(), "training.steps = 50 (from --training.steps=50)");
+// A file's warmup longer than its run shrinks to the run with one warning naming both keys and
+// their sources (a smoke run: --training.steps=2 against the default warmup of 200).
+TEST(Config, WarmupLongerThanTheRunIsClampedWithAWarning) {
+  ::testing::internal::CaptureStderr();
+  JobConfig c = load_config(write_toml("[training]\nsteps = 100\n[lr_scheduler]\nwarmup_steps = 150\n"));
+  std::string warning = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(c.lr_scheduler.warmup_steps, 100);
+  EXPECT_HAS(warning, "warning: lr_scheduler.warmup_steps = 150 (at ");
+  EXPECT_HAS(warning, "training.steps = 100 (at ");
+  ::testing::internal::CaptureStderr();
+  c = load_config(write_toml(""), {"--training.steps=2"});
+  warning = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(c.lr_scheduler.warmup_steps, 2);
+  EXPECT_HAS(warning, "lr_scheduler.warmup_steps = 200 (default)");
+  EXPECT_HAS(warning, "training.steps = 2 (from --training.steps=2)");
+  EXPECT_EQ(std::count(warning.begin(), warning.end(), '\n'), 1) << warning;
+  // A warmup within the run says nothing.
+  ::testing::internal::CaptureStderr();
+  c = load_config(write_toml("[training]\nsteps = 100\n[lr_scheduler]\nwarmup_steps = 100\n"));
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  // A config changed in code is checked, not changed.
+  c.lr_scheduler.warmup_steps = 101;
+  EXPECT_THROW(validate(c), Error);
 }
 
 TEST(ConfigErrors, RelationsBetweenKeys) {

@@ -538,6 +538,17 @@ void check_relations(const Context& ctx, JobConfig& c) {
          "a Hugging Face checkpoint holds weights only; set checkpoint.last_save_model_only = true");
 }
 
+// A smoke run (--training.steps=2) with the config's long warmup: the warmup shrinks to the
+// run, with one warning naming both keys and where their values came from.
+void clamp_warmup(const Context& ctx, JobConfig& c) {
+  if (c.lr_scheduler.warmup_steps <= c.training.steps) return;
+  const KeySpec& warmup = *find_key("lr_scheduler", "warmup_steps");
+  const KeySpec& steps = *find_key("training", "steps");
+  fmt::print(stderr, "warning: {} is longer than the run ({}); warming up over all {} steps instead\n",
+             ctx.describe(warmup, warmup.field(c)), ctx.describe(steps, steps.field(c)), c.training.steps);
+  c.lr_scheduler.warmup_steps = c.training.steps;
+}
+
 void validate_in(const Context& ctx, JobConfig& config) {
   for (const auto& spec : config_schema()) check_key(ctx, spec, config);
   check_relations(ctx, config);
@@ -704,7 +715,7 @@ const std::vector<KeySpec>& config_schema() {
       {"job", "description", member<&C::job, &Job::description>, anything(),
        "Free text describing the job; kept in the resolved config next to the run."},
       {"job", "print_config", member<&C::job, &Job::print_config>, anything(),
-       "Print the resolved config (as TOML) when the run starts."},
+       "Print the resolved config (as TOML, as written to {job.dump_folder}/config.toml) when the run starts."},
       // [model]
       {"model", "name", member<&C::model, &Model::name>, one_of({"llama3", "deepseek_v3", "deepseek_v32"}),
        "Model family to train."},
@@ -768,7 +779,8 @@ const std::vector<KeySpec>& config_schema() {
        "Decoupled weight decay (AdamW), scaled by the scheduled learning rate."},
       // [lr_scheduler]
       {"lr_scheduler", "warmup_steps", member<&C::lr_scheduler, &LrScheduler::warmup_steps>, at_least(0),
-       "Steps of linear warmup: step s of the warmup trains at lr x s / warmup_steps. At most training.steps."},
+       "Steps of linear warmup: step s of the warmup trains at lr x s / warmup_steps. A warmup longer than "
+       "training.steps (e.g. a short smoke run) is shortened to the run, with a warning."},
       {"lr_scheduler", "decay_ratio", member<&C::lr_scheduler, &LrScheduler::decay_ratio>,
        closed_interval(0, 1),
        "Share of training.steps, at the end of the run, spent decaying; between warmup and decay the rate "
@@ -815,7 +827,8 @@ const std::vector<KeySpec>& config_schema() {
       {"checkpoint", "interval", member<&C::checkpoint, &Checkpoint::interval>, at_least(1),
        "Steps between checkpoints."},
       {"checkpoint", "async_mode", member<&C::checkpoint, &Checkpoint::async_mode>, one_of({"disabled", "async"}),
-       "async writes a checkpoint in the background while training goes on."},
+       "disabled: training waits while a checkpoint is written. async (writing in the background while "
+       "training goes on) is refused by this build until asynchronous saves land."},
       {"checkpoint", "keep_latest_k", member<&C::checkpoint, &Checkpoint::keep_latest_k>,
        or_sentinel(at_least(2), 0),
        "Checkpoints kept; older ones are deleted. 0 keeps all. 1 is refused: the newest may still be being "
@@ -852,9 +865,10 @@ const std::vector<KeySpec>& config_schema() {
       {"metrics", "jsonl_file", member<&C::metrics, &Metrics::jsonl_file>, non_empty(),
        "Metrics file, relative to job.dump_folder."},
       {"metrics", "save_for_all_ranks", member<&C::metrics, &Metrics::save_for_all_ranks>, anything(),
-       "Every rank writes its own metrics file; otherwise only the rank that computes the loss does."},
+       "Every rank writes its own metrics file, <jsonl_file stem>_rank<r><extension>; otherwise only rank 0 "
+       "writes (and prints)."},
       {"metrics", "disable_color_printing", member<&C::metrics, &Metrics::disable_color_printing>, anything(),
-       "Plain console output, without color codes."},
+       "Plain console output, without color codes (colors are used only when stdout is a terminal)."},
       // [validation]
       {"validation", "enable", member<&C::validation, &Validation::enable>, anything(),
        "Evaluate the loss on the validation dataset every validation.freq steps."},
@@ -922,6 +936,7 @@ JobConfig parse_config(std::string_view toml_text, const std::string& source_nam
   JobConfig config;
   apply_toml(ctx, config, toml_text);
   apply_overrides(ctx, config, overrides);
+  clamp_warmup(ctx, config);
   validate_in(ctx, config);
   return config;
 }
