@@ -52,11 +52,16 @@ struct Result {
 
 Result run_here(const Run& r) {
   const int64_t rss0 = bench::max_rss_bytes();
-  auto model = models::build_model(r.model, "debugmodel", kVocab, r.seq);
+  // The DSA stage and kernels as the trainer sets them: [dsa] warmup_steps and model.converters.
+  models::ModelOptions options;
+  if (r.model == "deepseek_v32") {
+    if (r.impl == DsaImpl::fused) options.converters = {"dsa_fused"};
+    if (r.stage == DsaStage::dense_warmup) options.dsa.warmup_steps = 1;
+  }
+  auto model = models::build_model(r.model, "debugmodel", kVocab, r.seq, options);
   model->init_parameters(0);
   model->set_compute_dtype(r.compute);
-  auto* v3 = dynamic_cast<models::deepseek_v3::Transformer*>(model.get());
-  if (v3 && v3->args().has_indexer()) v3->set_dsa(r.stage, r.impl, 0.01);
+  model->begin_step(1);
   optim::AdamW opt(model->named_parameters(), {});
   Tensor tokens = Tensor::empty({1, r.seq}, DType::i32), targets = Tensor::empty({r.seq}, DType::i32);
   Generator g(0);
@@ -64,12 +69,11 @@ Result run_here(const Run& r) {
   for (int64_t i = 0; i < r.seq; ++i) targets.data<int32_t>()[i] = int32_t(g.next_below(uint64_t(kVocab)));
   auto step = [&] {
     model->zero_grad();
-    autograd::Variable loss = autograd::cross_entropy(model->forward(tokens), targets);
-    for (const autograd::Variable& aux : model->auxiliary_losses()) loss = autograd::add(loss, aux);
-    autograd::backward(loss);
+    models::TrainingLoss loss = model->training_loss(tokens, targets);
+    autograd::backward(loss.total);
     const auto norm = optim::clip_grad_norm(model->named_parameters(), 1.0);
     opt.step(1e-4f, norm.scale);
-    model->after_optimizer_step();
+    model->end_step([](Tensor&) {});
   };
   memory_reset_peak();
   Result out;

@@ -100,8 +100,8 @@ struct Result {
   int64_t rss_growth = 0;  // peak resident memory growth over the run, comparable with PyTorch's
 };
 
-// One trainer step as the trainer takes it: forward, loss (+ the model's auxiliary losses),
-// backward, gradient clipping, AdamW, then the model's post-step update (MoE bias balancing).
+// One trainer step as the trainer takes it: the model's training loss (+ its auxiliary losses),
+// backward, gradient clipping, AdamW, then the model's end-of-step update (MoE bias balancing).
 Result run_ours_here(const Setup& s, DType compute) {
   const int64_t rss0 = bench::max_rss_bytes();
   flush_denormals(true);  // as the trainer does
@@ -118,12 +118,11 @@ Result run_ours_here(const Setup& s, DType compute) {
   for (int64_t i = 0; i < targets.numel(); ++i) targets.data<int32_t>()[i] = int32_t(g.next_below(uint64_t(kVocab)));
   auto step = [&] {
     model->zero_grad();
-    autograd::Variable loss = autograd::cross_entropy(model->forward(tokens), targets);
-    for (const autograd::Variable& aux : model->auxiliary_losses()) loss = autograd::add(loss, aux);
-    autograd::backward(loss);
+    models::TrainingLoss loss = model->training_loss(tokens, targets);
+    autograd::backward(loss.total);
     const auto norm = optim::clip_grad_norm(model->named_parameters(), 1.0);
     opt.step(1e-4f, norm.scale);
-    model->after_optimizer_step();
+    model->end_step([](Tensor&) {});
   };
   memory_reset_peak();
   const double best = bench::time_best(step, s.steps, 1);

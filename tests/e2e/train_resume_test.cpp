@@ -149,3 +149,37 @@ TEST(TrainE2E, MissingDataOrTokenizerFailsFirst) {
   EXPECT_FALSE(fs::exists(root / "run"));
   fs::remove_all(root);
 }
+
+// job.print_config prints the resolved TOML at the start; checkpoint.async_mode = "async" is
+// refused up front (this build saves synchronously), naming the key and the value to use.
+TEST(TrainE2E, PrintConfigAndAsyncModeKeys) {
+  const fs::path root = fs::temp_directory_path() / ("titan_e2e_keys_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const fs::path data = make_dataset(root / "data");
+  train::JobConfig c = config(data, root / "run");
+  c.training.steps = 1;
+  c.lr_scheduler.warmup_steps = 1;
+  c.validation.enable = false;
+  c.checkpoint.enable = false;
+  for (bool print : {false, true}) {
+    c.job.print_config = print;
+    ::testing::internal::CaptureStdout();
+    {
+      train::Trainer t(c, "keys.toml");
+      t.train();
+    }
+    const std::string out = ::testing::internal::GetCapturedStdout();
+    EXPECT_EQ(out.find("the resolved configuration") != std::string::npos, print) << out;
+    EXPECT_EQ(out.find("\n[training]\n") != std::string::npos, print) << out;
+    EXPECT_EQ(out.find("\nlocal_batch_size = 4\n") != std::string::npos, print) << out;
+  }
+  c.checkpoint.async_mode = "async";
+  try {
+    train::Trainer t(c, "keys.toml");
+    FAIL() << "async_mode = async was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("keys.toml: checkpoint.async_mode = \"async\""), std::string::npos) << e.message();
+    EXPECT_NE(e.hint().find("async_mode = \"disabled\""), std::string::npos) << e.hint();
+  }
+  fs::remove_all(root);
+}

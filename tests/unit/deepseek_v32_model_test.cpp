@@ -11,6 +11,7 @@
 #include "titan/models/causal_lm.h"
 #include "titan/models/deepseek_v3/model.h"
 #include "titan/models/deepseek_v3/moe_layer.h"
+#include "titan/models/deepseek_v3/mtp.h"
 #include "titan/optim/adamw.h"
 #include "titan/optim/clip_grad.h"
 
@@ -64,8 +65,13 @@ StepResult run(Transformer& m, bool with_lm = true, bool with_aux = true) {
   if (with_lm && loss.requires_grad()) total = loss;
   for (const Variable& aux : m.auxiliary_losses())
     if (with_aux) total = total.defined() ? autograd::add(total, aux) : aux;
-  for (auto& [k, v] : m.step_stats())
-    if (k == "indexer_loss") r.indexer_loss = v;
+  // The logged indexer loss: the unweighted mean over the layers' (the MTP blocks' included).
+  std::vector<const Attention*> dsa;
+  for (size_t l = 0; l < m.layers.size(); ++l) dsa.push_back(&m.layers[l].attention);
+  if (m.mtp)
+    for (size_t k = 0; k < m.mtp->size(); ++k) dsa.push_back(&(*m.mtp)[k].block.attention);
+  for (const Attention* at : dsa)
+    if (at->last_indexer_loss.defined()) r.indexer_loss += at->last_indexer_loss.value().item() / double(dsa.size());
   if (total.defined()) autograd::backward(total);
   for (auto& [name, p] : m.named_parameters()) r.grads[name] = p->var.grad().defined() ? p->var.grad().clone() : Tensor();
   return r;

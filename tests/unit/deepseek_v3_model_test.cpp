@@ -131,9 +131,17 @@ TEST(DeepSeekV3Model, RegistryPassesTheBalancingOptions) {
     options.moe_aux_loss_alpha = alpha;
     std::unique_ptr<models::CausalLM> m = models::build_model("deepseek_v3", "debugmodel", 128, 32, options);
     m->init_parameters(5);
-    m->forward(tokens);
-    EXPECT_EQ(m->auxiliary_losses().size(), alpha > 0 ? 5u : 0u);  // one per MoE layer (layers 1-5)
-    m->after_optimizer_step();
+    Tensor targets = Tensor::empty({18}, DType::i32);
+    for (int i = 0; i < 18; ++i) targets.data<int32_t>()[i] = (i * 7 + 7) % 128;
+    const models::TrainingLoss loss = m->training_loss(tokens, targets);
+    const bool balance_logged = !loss.terms.empty() && loss.terms[0].first == "moe_aux_loss";
+    EXPECT_EQ(balance_logged, alpha > 0);
+    if (alpha > 0) EXPECT_NEAR(loss.total.value().item(), loss.cross_entropy + loss.terms[0].second, 1e-6);
+    else EXPECT_EQ(loss.total.value().item(), loss.cross_entropy);
+    // Every MoE layer (1-5) hands its expert loads to the data-parallel sum, once.
+    int summed = 0;
+    m->end_step([&](Tensor& t) { EXPECT_EQ(t.numel(), 8); ++summed; });
+    EXPECT_EQ(summed, 5);
     int moved = 0;
     for (auto& [name, bias] : m->named_buffers()) {
       if (!name.ends_with("expert_bias")) continue;

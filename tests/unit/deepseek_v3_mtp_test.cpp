@@ -137,17 +137,17 @@ TEST(DeepSeekV3Mtp, OnlyTheForwardAfterSetTargetsComputesIt) {
   EXPECT_EQ(m.auxiliary_losses().size(), 1u);
   m.forward(b.tokens);  // the targets fed one forward only
   EXPECT_TRUE(m.auxiliary_losses().empty());
-  // The per-step mean is logged after the optimizer step, unweighted.
-  mtp_loss(m, b);
+  // A training step logs the unweighted loss and differentiates the weighted one.
+  const models::TrainingLoss loss = m.training_loss(b.tokens, b.targets);
   const double l1 = m.mtp->last_losses()[0];
-  m.after_optimizer_step();
   bool logged = false;
-  for (const auto& [name, v] : m.step_stats()) {
+  for (const auto& [name, v] : loss.terms) {
     if (name != "mtp_loss") continue;
     logged = true;
     EXPECT_DOUBLE_EQ(v, l1);
   }
   EXPECT_TRUE(logged);
+  EXPECT_NEAR(loss.total.value().item(), loss.cross_entropy + m.args().mtp_loss_weight * l1, 1e-5);
 }
 
 TEST(DeepSeekV3Mtp, ShiftsMaskTheLastKPositions) {
@@ -243,7 +243,9 @@ TEST(DeepSeekV3Mtp, ArgsAndErrors) {
   DeepSeekV3Args bad = tiny_args(1);
   bad.mtp_loss_weight = -1;
   EXPECT_THROW(bad.validate(), Error);
-  EXPECT_THROW(models::build_model("llama3", "debugmodel", 64, 16, {1, 0.3}), Error);
+  models::ModelOptions with_mtp;
+  with_mtp.mtp_layers = 1;
+  EXPECT_THROW(models::build_model("llama3", "debugmodel", 64, 16, with_mtp), Error);
 }
 
 namespace {

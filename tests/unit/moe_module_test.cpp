@@ -264,13 +264,21 @@ TEST(MoeModule, LoadBalanceBiasSpreadsSkewedLoad) {
 }
 
 TEST(MoeModule, LoadStatsLogEntries) {
-  std::vector<std::pair<std::string, double>> stats;
+  models::StepStats stats;
   models::moe::ExpertLoad l;
   l.tokens = 40, l.min = 2, l.max = 9, l.imbalance = 1.8;
   models::moe::append_load_stats(stats, 3, l);
   const std::vector<std::pair<std::string, double>> want = {
       {"moe_imbalance/layer3", 1.8}, {"moe_load_min/layer3", 2.0}, {"moe_load_max/layer3", 9.0}};
-  EXPECT_EQ(stats, want);
+  EXPECT_EQ(stats.detail, want);
+  // The console's summary is the worst layer.
+  l.imbalance = 2.5;
+  models::moe::append_load_stats(stats, 4, l);
+  l.imbalance = 1.1;
+  models::moe::append_load_stats(stats, 5, l);
+  const std::vector<std::pair<std::string, double>> summary = {{"moe_imbalance_max", 2.5}};
+  EXPECT_EQ(stats.summary, summary);
+  EXPECT_EQ(stats.detail.size(), 9u);
 }
 
 // Activation checkpointing recomputes the layer in backward: same choice, same gradients, and

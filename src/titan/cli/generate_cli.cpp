@@ -67,8 +67,9 @@ std::unique_ptr<models::CausalLM> load_model(const fs::path& folder, const data:
   const checkpoint::LoadedCheckpoint ck = checkpoint::load_checkpoint(folder, wanted);
   // A checkpoint converted from Hugging Face (or trained from one) records the architecture.
   const nlohmann::json* hf_config = train_state.contains("hf_config") ? &train_state["hf_config"] : nullptr;
-  auto model = models::build_model(cfg.model.name, cfg.model.flavor, tok.vocab_size(), cfg.training.seq_len,
-                                   {0, cfg.model.mtp_loss_weight, hf_config});
+  models::ModelOptions options;
+  options.hf_config = hf_config;
+  auto model = models::build_model(cfg.model.name, cfg.model.flavor, tok.vocab_size(), cfg.training.seq_len, options);
   std::map<std::string, Tensor> state;
   for (const auto& [name, t] : ck.tensors) state[name.substr(6)] = t;
   for (const auto& [name, t] : model->state_dict())  // MoE token counts: run-time, not in a converted checkpoint

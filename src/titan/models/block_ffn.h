@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "titan/models/causal_lm.h"
 #include "titan/nn/module.h"
 
 namespace titan::models {
@@ -17,10 +18,11 @@ class BlockFeedForward : public nn::Module {
   // The auxiliary loss of the last forward (e.g. MoE's sequence-wise balance loss, already
   // weighted), to add to the training loss; undefined when there is none.
   virtual autograd::Variable aux_loss() const { return {}; }
-  // Run after every optimizer step (e.g. MoE's load-balancing bias update).
-  virtual void after_optimizer_step() {}
-  // Appends scalars to log for this block (layer index given), e.g. MoE expert load.
-  virtual void append_stats(std::vector<std::pair<std::string, double>>& stats, int layer) {
+  // Run after every optimizer step (e.g. MoE's load-balancing bias update from the step's
+  // expert loads, summed over data-parallel ranks by sum_over_data).
+  virtual void end_step(const SumOverData& sum_over_data) { (void)sum_over_data; }
+  // Adds this block's statistics for the metrics (layer index given), e.g. MoE expert load.
+  virtual void append_stats(StepStats& stats, int layer) {
     (void)stats;
     (void)layer;
   }

@@ -2,6 +2,7 @@
 // next-token logits, plus its FLOP count and a few switches. Each model family implements it.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,23 @@ namespace titan::models {
 // Activation checkpointing per transformer block: full recomputes the whole block in backward;
 // selective keeps its GEMM and attention outputs and recomputes only the cheap ops between them.
 enum class Recompute { none, full, selective };
+
+// One micro-batch's training loss, as the model computes it.
+struct TrainingLoss {
+  autograd::Variable total;  // [1]: what backward differentiates, cross-entropy + the weighted auxiliary terms
+  double cross_entropy = 0;  // next-token cross-entropy, the mean over the batch's tokens (the logged "loss")
+  // Each auxiliary loss, unweighted, under its metrics name (e.g. "mtp_loss", "indexer_loss").
+  std::vector<std::pair<std::string, double>> terms;
+};
+
+// Statistics for the metrics: a few summaries for the console, everything in metrics.jsonl.
+struct StepStats {
+  std::vector<std::pair<std::string, double>> summary;  // e.g. "moe_imbalance_max" (over layers)
+  std::vector<std::pair<std::string, double>> detail;   // e.g. "moe_imbalance/layer3"
+};
+
+// Sums a tensor in place over the data-parallel ranks (the identity on one rank).
+using SumOverData = std::function<void(Tensor&)>;
 
 class CausalLM : public nn::Module {
  public:
@@ -32,17 +50,29 @@ class CausalLM : public nn::Module {
   // first call is the prompt) and returns the logits [B, V] after each row's last token.
   virtual void start_generation(int64_t batch, int64_t max_len) = 0;
   virtual Tensor decode(const Tensor& tokens) = 0;
-  // Called by the trainer after every optimizer step, for state updated outside autograd (MoE
-  // aux-loss-free balancing: expert bias from the step's token counts).
-  virtual void after_optimizer_step() {}
-  // The targets [B*S] i32 of the next forward() (its tokens shifted by one), for models that also
-  // predict further ahead (DeepSeek-V3's multi-token prediction); they feed only that forward.
-  virtual void set_targets(const Tensor& /*targets*/) {}
-  // Losses besides next-token cross-entropy from the last forward (e.g. MoE balance losses,
-  // already weighted): the trainer adds them to the loss it differentiates.
-  virtual std::vector<autograd::Variable> auxiliary_losses() { return {}; }
-  // Extra scalars the model wants logged (e.g. MoE load balance, indexer loss); may be empty.
-  virtual std::vector<std::pair<std::string, double>> step_stats() { return {}; }
+
+  // ---- training. Each optimizer step the trainer calls begin_step once, training_loss (then
+  // backward) once per micro-batch, and end_step once after the optimizer; step_stats when it logs.
+  //
+  // Puts the model in its state for optimizer step `step` (1-based), e.g. DeepSeek-V3.2's DSA
+  // stage; returns a line for the log when that state changed, else "".
+  virtual std::string begin_step(int64_t step);
+  // One micro-batch: tokens [B, S] i32, targets [B*S] i32 (the tokens shifted by one; -100 ignored).
+  virtual TrainingLoss training_loss(const Tensor& tokens, const Tensor& targets);
+  // State updated outside autograd once the optimizer has stepped (MoE's balancing bias from
+  // the step's expert loads); sum_over_data sums a tensor over the data-parallel ranks in place.
+  virtual void end_step(const SumOverData& sum_over_data);
+  // Statistics since the last call (e.g. expert load); may be empty.
+  virtual StepStats step_stats();
+};
+
+// DeepSeek Sparse Attention training in two stages: a dense warm-up of warmup_steps steps that
+// trains only the indexers, then the sparse stage (each query attends to its top-k keys).
+struct DsaSchedule {
+  int64_t warmup_steps = 0;          // 0: sparse from the first step
+  double indexer_loss_coeff = 0.01;  // weight of the indexers' KL loss
+  int64_t topk = 0;                  // keys per query; 0: the flavor's index_topk
+  bool operator==(const DsaSchedule&) const = default;
 };
 
 // Options on top of a flavor ([model] keys of the job config).
@@ -57,6 +87,10 @@ struct ModelOptions {
   // load_balance_coeff) and the sequence-wise auxiliary loss weight (DeepSeek-V3's alpha; 0: off).
   double moe_load_balance_coeff = 1e-3;
   double moe_aux_loss_alpha = 0;
+  // [model] converters: module swaps (deepseek_v32: "dsa_fused", the fused DSA kernels).
+  std::vector<std::string> converters;
+  // DeepSeek-V3.2's sparse-attention training ([dsa]); only deepseek_v32 accepts a non-default one.
+  DsaSchedule dsa;
 };
 
 // Builds `name` ("llama3", ...) at `flavor` with the tokenizer's vocabulary size. The

@@ -29,6 +29,27 @@ std::unique_ptr<BlockFeedForward> deepseek_v3::moe_layer(const deepseek_v3::Deep
   return std::make_unique<moe::MoE>(m, a.out_proj_std(layer_id));
 }
 
+namespace {
+
+// Only DeepSeek-V3.2 has converters and a [dsa] schedule: any other model refuses them.
+void refuse_dsa_options(const std::string& name, const ModelOptions& options) {
+  TITAN_CHECK(options.converters.empty(), "model.converters " + options.converters.front() + " is not known to model " + name,
+              "remove model.converters (only deepseek_v32 has one: dsa_fused)");
+  TITAN_CHECK(options.dsa == DsaSchedule{}, "the [dsa] section is set, but model " + name +
+                                                " has no DeepSeek Sparse Attention",
+              "remove the [dsa] keys, or train model.name = \"deepseek_v32\"");
+}
+
+// DeepSeek-V3.2 trains on the [dsa] schedule with the converters' kernels.
+std::unique_ptr<CausalLM> with_training_options(std::unique_ptr<deepseek_v3::Transformer> m, const std::string& name,
+                                                const ModelOptions& options) {
+  if (m->args().has_indexer()) m->set_dsa_schedule(options.dsa, deepseek_v3::dsa_impl_from_converters(options.converters));
+  else refuse_dsa_options(name, options);
+  return m;
+}
+
+}  // namespace
+
 std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string& flavor, int64_t vocab_size,
                                       int64_t max_seq_len, const ModelOptions& options) {
   TITAN_CHECK(options.mtp_layers == 0 || name == "deepseek_v3",
@@ -36,6 +57,7 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
                   "' has no multi-token prediction",
               "set model.mtp_layers = 0 (only deepseek_v3 has MTP modules)");
   if (name == "llama3") {
+    refuse_dsa_options(name, options);
     llama3::Llama3Args a = llama3::llama3_flavor(flavor, vocab_size);
     a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
     return std::make_unique<llama3::Transformer>(a);
@@ -55,7 +77,7 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
     a.load_balance_coeff = options.moe_load_balance_coeff;
     a.aux_loss_alpha = options.moe_aux_loss_alpha;
     a.validate();
-    return std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer);
+    return with_training_options(std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer), name, options);
   }
   if (name == "deepseek_v3") {
     deepseek_v3::DeepSeekV3Args a = deepseek_v3::deepseek_v3_flavor(flavor, vocab_size);
@@ -65,14 +87,14 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
     a.load_balance_coeff = options.moe_load_balance_coeff;
     a.aux_loss_alpha = options.moe_aux_loss_alpha;
     a.validate();
-    return std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer);
+    return with_training_options(std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer), name, options);
   }
   if (name == "deepseek_v32") {
     deepseek_v3::DeepSeekV3Args a = deepseek_v3::deepseek_v32_flavor(flavor, vocab_size);
     a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
     a.load_balance_coeff = options.moe_load_balance_coeff;
     a.aux_loss_alpha = options.moe_aux_loss_alpha;
-    return std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer);
+    return with_training_options(std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer), name, options);
   }
   std::string names;
   for (const auto& n : model_names()) names += (names.empty() ? "" : ", ") + n;

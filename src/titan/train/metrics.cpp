@@ -1,5 +1,7 @@
 #include "titan/train/metrics.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -27,37 +29,69 @@ std::string format_duration(double s) {
   return buf;
 }
 
-std::string format_step_line(const StepMetrics& m) {
-  char buf[512];
+std::string format_step_line(const StepMetrics& m, bool color) {
+  // TorchTitan's palette: step red, loss green, memory yellow, throughput blue, TFLOP/s cyan, MFU magenta.
+  const auto paint = [color](const char* code, const std::string& text) {
+    return color ? std::string("\033[") + code + "m" + text + "\033[39m" : text;
+  };
+  char buf[128];
+  std::string line;
   const double pct = m.total_steps > 0 ? 100.0 * double(m.step) / double(m.total_steps) : 0;
-  std::snprintf(buf, sizeof buf,
-                "step %5lld/%lld (%3.0f%%) | loss %7.4f | grad_norm %7.4g | lr %.2e | %8.0f tok/s | %6.2f TFLOP/s | "
-                "MFU %5.1f%% | mem %s (params %s, grads %s, optim %s, act %s) | data %4.1f%% | ETA %s",
-                static_cast<long long>(m.step), static_cast<long long>(m.total_steps), pct, m.loss, m.grad_norm,
-                m.lr, m.tokens_per_second, m.tflops, 100 * m.mfu, format_bytes(double(m.memory.peak_total)).c_str(),
-                format_bytes(double(m.memory.peak[int(MemCategory::parameters)])).c_str(),
-                format_bytes(double(m.memory.peak[int(MemCategory::gradients)])).c_str(),
-                format_bytes(double(m.memory.peak[int(MemCategory::optimizer_state)])).c_str(),
-                format_bytes(double(m.memory.peak[int(MemCategory::activations)])).c_str(), 100 * m.data_share,
-                format_duration(m.eta_seconds).c_str());
-  std::string line = buf;
-  for (const auto& [k, v] : m.extra) {
-    char e[96];
-    std::snprintf(e, sizeof e, " | %s %.4g", k.c_str(), v);
-    line += e;
+  std::snprintf(buf, sizeof buf, "step %5lld/%lld (%3.0f%%)", static_cast<long long>(m.step),
+                static_cast<long long>(m.total_steps), pct);
+  line += paint("31", buf);
+  std::snprintf(buf, sizeof buf, "loss %7.4f", m.loss);
+  line += " | " + paint("32", buf);
+  std::snprintf(buf, sizeof buf, " | grad_norm %7.4g | lr %.2e", m.grad_norm, m.lr);
+  line += buf;
+  std::snprintf(buf, sizeof buf, "%8.0f tok/s", m.tokens_per_second);
+  line += " | " + paint("34", buf);
+  std::snprintf(buf, sizeof buf, "%6.2f TFLOP/s", m.tflops);
+  line += " | " + paint("36", buf);
+  std::snprintf(buf, sizeof buf, "MFU %5.1f%%", 100 * m.mfu);
+  line += " | " + paint("35", buf);
+  line += " | " + paint("33", "mem " + format_bytes(double(m.memory.peak_total)));
+  line += " | ETA " + format_duration(m.eta_seconds);
+  for (const auto& [k, v] : m.summary) {
+    std::snprintf(buf, sizeof buf, " | %s %.4g", k.c_str(), v);
+    line += buf;
   }
   return line;
 }
 
-MetricsLogger::MetricsLogger(const fs::path& run_folder, std::FILE* console) : console_(console) {
-  fs::create_directories(run_folder);
-  const fs::path p = run_folder / "metrics.jsonl";
-  jsonl_ = std::fopen(p.c_str(), "a");
-  TITAN_CHECK(jsonl_, "cannot open " + p.string() + " for appending", "check job.dump_folder is writable");
+MetricsOptions metrics_options(const JobConfig& config, const fs::path& run_folder, int rank) {
+  const Metrics& k = config.metrics;
+  MetricsOptions o;
+  o.console = rank == 0 ? stdout : nullptr;
+  o.color = rank == 0 && !k.disable_color_printing && isatty(fileno(stdout));
+  if (k.enable_jsonl && (rank == 0 || k.save_for_all_ranks)) {
+    const fs::path file = k.jsonl_file;
+    o.jsonl = run_folder / (rank == 0 ? file
+                                      : file.parent_path() / (file.stem().string() + "_rank" + std::to_string(rank) +
+                                                              file.extension().string()));
+  }
+  return o;
+}
+
+MetricsLogger::MetricsLogger(const fs::path& run_folder, std::FILE* console)
+    : MetricsLogger(MetricsOptions{run_folder / "metrics.jsonl", console, false}) {}
+
+MetricsLogger::MetricsLogger(const MetricsOptions& o) : console_(o.console), color_(o.color) {
+  if (o.jsonl.empty()) return;
+  if (o.jsonl.has_parent_path()) fs::create_directories(o.jsonl.parent_path());
+  jsonl_ = std::fopen(o.jsonl.c_str(), "a");
+  TITAN_CHECK(jsonl_, "cannot open " + o.jsonl.string() + " for appending",
+              "check that job.dump_folder is writable and metrics.jsonl_file names a file");
 }
 
 MetricsLogger::~MetricsLogger() {
   if (jsonl_) std::fclose(jsonl_);
+}
+
+void MetricsLogger::write_json(const std::string& line) {
+  if (!jsonl_) return;
+  std::fprintf(jsonl_, "%s\n", line.c_str());
+  std::fflush(jsonl_);
 }
 
 void MetricsLogger::log_step(const StepMetrics& m) {
@@ -70,32 +104,29 @@ void MetricsLogger::log_step(const StepMetrics& m) {
                       {"tokens_per_second", m.tokens_per_second},
                       {"tflops", m.tflops},
                       {"mfu", m.mfu},
-                      {"data_share", m.data_share}};
+                      {"data_share", m.data_share},
+                      {"eta_seconds", m.eta_seconds}};
   nlohmann::json mem = nlohmann::json::object();
   for (int c = 0; c < kNumMemCategories; ++c) mem[std::string(mem_category_name(MemCategory(c)))] = m.memory.peak[c];
   mem["total"] = m.memory.peak_total;
   j["peak_memory_bytes"] = mem;
-  for (const auto& [k, v] : m.extra) j[k] = v;
-  std::fprintf(jsonl_, "%s\n", j.dump().c_str());
-  std::fflush(jsonl_);
+  for (const auto& [k, v] : m.summary) j[k] = v;
+  for (const auto& [k, v] : m.detail) j[k] = v;
+  write_json(j.dump());
   if (console_) {
-    std::fprintf(console_, "%s\n", format_step_line(m).c_str());
+    std::fprintf(console_, "%s\n", format_step_line(m, color_).c_str());
     std::fflush(console_);
   }
 }
 
 void MetricsLogger::log_validation(int64_t step, double loss, double perplexity) {
-  const nlohmann::json j = {{"kind", "validation"}, {"step", step}, {"loss", loss}, {"perplexity", perplexity}};
-  std::fprintf(jsonl_, "%s\n", j.dump().c_str());
-  std::fflush(jsonl_);
+  write_json(nlohmann::json{{"kind", "validation"}, {"step", step}, {"loss", loss}, {"perplexity", perplexity}}.dump());
   if (console_) std::fprintf(console_, "validation step %lld | loss %.4f | perplexity %.2f\n",
                              static_cast<long long>(step), loss, perplexity);
 }
 
 void MetricsLogger::log_event(const std::string& text) {
-  const nlohmann::json j = {{"kind", "event"}, {"text", text}};
-  std::fprintf(jsonl_, "%s\n", j.dump().c_str());
-  std::fflush(jsonl_);
+  write_json(nlohmann::json{{"kind", "event"}, {"text", text}}.dump());
   if (console_) std::fprintf(console_, "%s\n", text.c_str());
 }
 

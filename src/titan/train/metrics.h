@@ -1,13 +1,17 @@
-// Per-step training metrics: one console line every log_freq steps and one JSON object per
-// logged step in <run folder>/metrics.jsonl (machine-readable; plots and tests read it).
+// Per-step training metrics: one console line every log_freq steps (what TorchTitan prints, plus
+// one summary per extra loss or statistic) and one JSON object per logged step in the run
+// folder's metrics.jsonl with everything (machine-readable; plots and tests read it).
 #pragma once
 
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "titan/core/allocator.h"
+#include "titan/train/config.h"
 
 namespace titan::train {
 
@@ -24,13 +28,22 @@ struct StepMetrics {
   double data_share = 0;        // fraction of the step spent waiting for data
   double eta_seconds = 0;
   MemoryStats memory;           // peak bytes by category during the step
-  std::map<std::string, double> extra;  // e.g. "indexer_loss", "moe_imbalance/layer3"
+  // Console and metrics.jsonl: extra losses and summaries, e.g. "indexer_loss", "moe_imbalance_max".
+  std::vector<std::pair<std::string, double>> summary;
+  // metrics.jsonl only, e.g. "moe_imbalance/layer3".
+  std::vector<std::pair<std::string, double>> detail;
+};
+
+struct MetricsOptions {
+  std::filesystem::path jsonl;    // the JSON-lines file to append to; empty: none
+  std::FILE* console = stdout;    // null: quiet
+  bool color = false;             // ANSI colours on the console line
 };
 
 class MetricsLogger {
  public:
-  // Appends to <run_folder>/metrics.jsonl (created if needed). console may be null (quiet).
-  MetricsLogger(const std::filesystem::path& run_folder, std::FILE* console = stdout);
+  MetricsLogger(const std::filesystem::path& run_folder, std::FILE* console = stdout);  // run_folder/metrics.jsonl
+  explicit MetricsLogger(const MetricsOptions& options);
   ~MetricsLogger();
   MetricsLogger(const MetricsLogger&) = delete;
   MetricsLogger& operator=(const MetricsLogger&) = delete;
@@ -40,15 +53,23 @@ class MetricsLogger {
   void log_event(const std::string& text);  // free-form line (checkpoint saved, resumed, ...)
 
  private:
+  void write_json(const std::string& line);
   std::FILE* jsonl_ = nullptr;
   std::FILE* console_;
+  bool color_;
 };
+
+// The [metrics] keys for rank `rank` of a run writing to `run_folder`: rank 0 prints the console
+// (coloured on a terminal unless disable_color_printing) and writes jsonl_file (when enable_jsonl);
+// other ranks print nothing and, with save_for_all_ranks, write <jsonl_file stem>_rank<r><ext>.
+MetricsOptions metrics_options(const JobConfig& config, const std::filesystem::path& run_folder, int rank = 0);
 
 // "1.23 GiB" style.
 std::string format_bytes(double bytes);
 // "1h02m", "3m05s", "12s".
 std::string format_duration(double seconds);
-// One console line for a step: step, loss, grad norm, lr, tokens/s, TFLOP/s, MFU, memory, data share, ETA.
-std::string format_step_line(const StepMetrics& m);
+// One console line for a step: step, loss, grad norm, lr, tokens/s, TFLOP/s, MFU, peak memory,
+// ETA, then each summary entry; with `color`, ANSI colours as TorchTitan's console uses them.
+std::string format_step_line(const StepMetrics& m, bool color = false);
 
 }  // namespace titan::train

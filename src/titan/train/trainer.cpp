@@ -19,7 +19,6 @@
 #include "titan/data/tokenizer.h"
 #include "titan/kernels/peak.h"
 #include "titan/models/causal_lm.h"
-#include "titan/models/deepseek_v3/model.h"
 #include "titan/optim/adamw.h"
 #include "titan/optim/clip_grad.h"
 #include "titan/train/metrics.h"
@@ -50,6 +49,9 @@ void check_supported(const JobConfig& c, const std::string& source) {
   TITAN_CHECK(c.training.dtype == "float32", source + ": training.dtype = \"" + c.training.dtype +
                                                  "\" (pure bf16 training) is not supported yet",
               "use training.dtype = \"float32\" with training.mixed_precision_param = \"bfloat16\"");
+  TITAN_CHECK(c.checkpoint.async_mode == "disabled",
+              source + ": checkpoint.async_mode = \"" + c.checkpoint.async_mode + "\": asynchronous saves are not in this build yet",
+              "set checkpoint.async_mode = \"disabled\" (saves then pause training while they write)");
   TITAN_CHECK(!c.checkpoint.initial_load_in_hf && !c.checkpoint.last_save_in_hf,
               source + ": Hugging Face checkpoint import/export is not in this build yet",
               "set checkpoint.initial_load_in_hf and checkpoint.last_save_in_hf to false");
@@ -79,6 +81,15 @@ std::string tokenizer_file(const JobConfig& c) {
 
 }  // namespace
 
+// What one optimizer step produced, for the metrics.
+struct StepOutcome {
+  double loss = 0;  // cross-entropy, the mean over the step's micro-batches
+  std::map<std::string, double> terms;  // each auxiliary loss, the same mean
+  double grad_norm = 0;
+  double lr = 0;
+  double data_seconds = 0;  // spent waiting for the loader
+};
+
 struct Trainer::State {
   JobConfig cfg;
   std::string source;
@@ -91,17 +102,13 @@ struct Trainer::State {
   int64_t step = 0;  // optimizer steps completed
   Tensor inputs, targets;  // [B, S] i32, reused every micro-batch
   std::vector<std::pair<std::string, nn::Parameter*>> params;
-  // DeepSeek-V3.2: the model (null for others), its implementation and the stage in force.
-  models::deepseek_v3::Transformer* dsa_model = nullptr;
-  models::deepseek_v3::DsaImpl dsa_impl = models::deepseek_v3::DsaImpl::small_ops;
-  std::optional<models::deepseek_v3::DsaStage> dsa_stage;
   json hf_config;  // the architecture, when it comes from a checkpoint converted from Hugging Face
 
   explicit State(const JobConfig& c) : cfg(c), schedule(make_lr_schedule(c)) {}
 
-  // Puts the DSA model in the stage of optimizer step `step` + 1 (dense warm-up for the first
-  // dsa.warmup_steps steps); returns true when that changed the stage.
-  bool update_dsa_stage();
+  // One optimizer step: every micro-batch's forward, loss and backward, then clipping, the
+  // optimizer and the model's own end-of-step updates.
+  StepOutcome train_step(MetricsLogger& log);
   void save(bool final_save);
   void restore(const checkpoint::LoadedCheckpoint& ck, bool model_only);
   double validate();
@@ -118,6 +125,8 @@ Trainer::Trainer(const JobConfig& config, const std::string& source) : s_(std::m
   {
     std::ofstream(s.run_folder / "config.toml") << to_toml(config);
   }
+  if (config.job.print_config) std::printf("the resolved configuration (also in %s):\n%s\n",
+                                           (s.run_folder / "config.toml").c_str(), to_toml(config).c_str());
 
   const Training& t = config.training;
   data::DataLoaderOptions lo;
@@ -147,24 +156,22 @@ Trainer::Trainer(const JobConfig& config, const std::string& source) : s_(std::m
   // architecture, which then replaces the flavor's; the run's own checkpoints record it again.
   if (config.checkpoint.enable && !config.checkpoint.initial_load_path.empty())
     s.hf_config = checkpoint::load_train_state(config.checkpoint.initial_load_path).value("hf_config", json());
-  s.model = models::build_model(config.model.name, config.model.flavor, vocab, t.seq_len,
-                                {config.model.mtp_layers, config.model.mtp_loss_weight,
-                                 s.hf_config.is_null() ? nullptr : &s.hf_config, config.model.moe_load_balance_coeff,
-                                 config.model.moe_aux_loss_alpha});
+  models::ModelOptions mo;
+  mo.mtp_layers = config.model.mtp_layers;
+  mo.mtp_loss_weight = config.model.mtp_loss_weight;
+  mo.hf_config = s.hf_config.is_null() ? nullptr : &s.hf_config;
+  mo.moe_load_balance_coeff = config.model.moe_load_balance_coeff;
+  mo.moe_aux_loss_alpha = config.model.moe_aux_loss_alpha;
+  mo.converters = config.model.converters;
+  mo.dsa = {config.dsa.warmup_steps, config.dsa.indexer_loss_coeff, config.dsa.topk};
+  try {
+    s.model = models::build_model(config.model.name, config.model.flavor, vocab, t.seq_len, mo);
+  } catch (const Error& e) {
+    TITAN_FAIL(source + ": " + e.message(), e.hint());
+  }
   if (!s.hf_config.is_null())
     std::printf("architecture from the Hugging Face config recorded in %s (model.flavor is not used)\n",
                 config.checkpoint.initial_load_path.c_str());
-  if (auto* v3 = dynamic_cast<models::deepseek_v3::Transformer*>(s.model.get()); v3 && v3->args().has_indexer()) {
-    s.dsa_model = v3;
-    s.dsa_impl = models::deepseek_v3::dsa_impl_from_converters(config.model.converters);
-  } else {
-    TITAN_CHECK(config.model.converters.empty(), source + ": model.converters " + config.model.converters[0] +
-                                                     " is not known to model " + config.model.name,
-                "remove model.converters (only deepseek_v32 has one: dsa_fused)");
-    TITAN_CHECK(config.dsa == Dsa{}, source + ": the [dsa] section is set, but model " + config.model.name +
-                                         " has no DeepSeek Sparse Attention",
-                "remove the [dsa] keys, or train model.name = \"deepseek_v32\"");
-  }
   s.model->init_parameters(uint64_t(config.debug.seed));
   s.model->set_compute_dtype(t.mixed_precision_param == "bfloat16" ? DType::bf16 : DType::f32);
   const std::string& ac = config.activation_checkpoint.mode;
@@ -232,16 +239,6 @@ void Trainer::State::restore(const checkpoint::LoadedCheckpoint& ck, bool model_
   train_loader->restore(ck.train_state.at("data").get<data::DataLoaderState>());
 }
 
-bool Trainer::State::update_dsa_stage() {
-  using models::deepseek_v3::DsaStage;
-  if (!dsa_model) return false;
-  const DsaStage want = step < cfg.dsa.warmup_steps ? DsaStage::dense_warmup : DsaStage::sparse;
-  if (dsa_stage == want) return false;
-  dsa_model->set_dsa(want, dsa_impl, cfg.dsa.indexer_loss_coeff, cfg.dsa.topk);
-  dsa_stage = want;
-  return true;
-}
-
 void Trainer::State::save(bool final_save) {
   checkpoint::SaveRequest req;
   req.step = step;
@@ -283,11 +280,37 @@ double Trainer::State::validate() {
   return total / double(batches);
 }
 
+StepOutcome Trainer::State::train_step(MetricsLogger& log) {
+  const Training& t = cfg.training;
+  if (const std::string event = model->begin_step(step + 1); !event.empty()) log.log_event(event);
+  model->zero_grad();
+  StepOutcome out;
+  const Tensor dloss = Tensor::full({1}, 1.0 / double(accum), DType::f32);  // the mean over micro-batches
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    const double d0 = train_loader->seconds_spent();
+    train_loader->next_batch(inputs.data<int32_t>(), targets.data<int32_t>(), int(t.local_batch_size), int(t.seq_len));
+    out.data_seconds += train_loader->seconds_spent() - d0;
+    models::TrainingLoss loss = model->training_loss(inputs, targets);
+    autograd::backward(loss.total, dloss);
+    out.loss += loss.cross_entropy / double(accum);
+    for (const auto& [name, v] : loss.terms) out.terms[name] += v / double(accum);
+  }
+  const auto norm = optim::clip_grad_norm(params, t.max_norm);
+  out.grad_norm = norm.norm;
+  ++step;
+  out.lr = cfg.optimizer.lr * schedule.lr_factor(step);
+  opt->step(float(out.lr), norm.scale);
+  model->end_step([](Tensor&) {});  // one rank: the local sums are the global ones
+  TITAN_CHECK(std::isfinite(out.loss), "training diverged: the loss at step " + std::to_string(step) + " is not finite",
+              "lower optimizer.lr or raise lr_scheduler.warmup_steps; resume from the last checkpoint");
+  return out;
+}
+
 TrainResult Trainer::train() {
   State& s = *s_;
   const JobConfig& c = s.cfg;
   const Training& t = c.training;
-  MetricsLogger log(s.run_folder, stdout);
+  MetricsLogger log(metrics_options(c, s.run_folder));
   const auto peak = kernels::measure_machine_peak(0.2);
   const double peak_flops = s.model->compute_dtype() == DType::bf16 ? peak.bf16_flops : peak.f32_flops;
   std::printf("model %s/%s: %.2fM parameters, %s compute, %lld steps of %lld x %lld tokens (x%lld accumulation)\n",
@@ -295,7 +318,6 @@ TrainResult Trainer::train() {
               s.model->compute_dtype() == DType::bf16 ? "bf16" : "f32", static_cast<long long>(t.steps),
               static_cast<long long>(t.local_batch_size), static_cast<long long>(t.seq_len),
               static_cast<long long>(s.accum));
-
   std::printf("unigram entropy of the training corpus: %.3f nats/token (the loss of a model that ignores context)\n",
               s.train_loader->unigram_entropy());
   g_stop.store(false);
@@ -304,66 +326,40 @@ TrainResult Trainer::train() {
   result.run_folder = s.run_folder;
   const double start_time = now_seconds();
   const int64_t first_step = s.step;
+  const double tokens_per_step = double(s.accum * t.local_batch_size * t.seq_len);
   // The FLOPs per token can change between steps (DeepSeek-V3.2's stages), so the window sums them.
   double window_start = now_seconds(), window_data = 0, window_flops = 0;
   int64_t window_steps = 0;
   while (s.step < t.steps) {
-    if (s.update_dsa_stage())
-      log.log_event(std::string("DSA stage: ") + models::deepseek_v3::dsa_stage_name(*s.dsa_stage) + " from step " +
-                    std::to_string(s.step + 1) +
-                    (s.dsa_impl == models::deepseek_v3::DsaImpl::fused ? " (fused kernels)" : " (small ops)"));
     const double t0 = now_seconds();
     memory_reset_peak();
-    s.model->zero_grad();
-    double loss_sum = 0, aux_sum = 0, data_seconds = 0;
-    const Tensor dloss = Tensor::full({1}, 1.0 / double(s.accum), DType::f32);
-    for (int64_t micro = 0; micro < s.accum; ++micro) {
-      const double d0 = s.train_loader->seconds_spent();
-      s.train_loader->next_batch(s.inputs.data<int32_t>(), s.targets.data<int32_t>(), int(t.local_batch_size),
-                                 int(t.seq_len));
-      data_seconds += s.train_loader->seconds_spent() - d0;
-      s.model->set_targets(s.targets);  // multi-token prediction scores tokens further ahead
-      Variable loss = autograd::cross_entropy(s.model->forward(s.inputs), s.targets);
-      loss_sum += loss.value().item();
-      for (const Variable& aux : s.model->auxiliary_losses()) {
-        aux_sum += aux.value().item();
-        loss = autograd::add(loss, aux);
-      }
-      autograd::backward(loss, dloss);  // the mean over micro-batches
-    }
-    const auto norm = optim::clip_grad_norm(s.params, t.max_norm);
-    ++s.step;
-    const double lr = c.optimizer.lr * s.schedule.lr_factor(s.step);
-    s.opt->step(float(lr), norm.scale);
-    s.model->after_optimizer_step();
+    const StepOutcome o = s.train_step(log);
     const double step_seconds = now_seconds() - t0;
-    const double loss = loss_sum / double(s.accum);
-    TITAN_CHECK(std::isfinite(loss), "training diverged: the loss at step " + std::to_string(s.step) + " is not finite",
-                "lower optimizer.lr or raise lr_scheduler.warmup_steps; resume from the last checkpoint");
     result.last_step = s.step;
-    result.last_loss = loss;
+    result.last_loss = o.loss;
     ++window_steps;
-    window_data += data_seconds;
-    window_flops += s.model->training_flops_per_token(t.seq_len) * double(s.accum * t.local_batch_size * t.seq_len);
+    window_data += o.data_seconds;
+    window_flops += s.model->training_flops_per_token(t.seq_len) * tokens_per_step;
 
     if (s.step % c.metrics.log_freq == 0 || s.step == t.steps || s.step == first_step + 1) {
       const double window = now_seconds() - window_start;
-      const double tokens = double(window_steps * s.accum * t.local_batch_size * t.seq_len);
       StepMetrics m;
       m.step = s.step;
       m.total_steps = t.steps;
-      m.loss = loss;
-      m.grad_norm = norm.norm;
-      m.lr = lr;
+      m.loss = o.loss;
+      m.grad_norm = o.grad_norm;
+      m.lr = o.lr;
       m.step_seconds = step_seconds;
-      m.tokens_per_second = tokens / window;
+      m.tokens_per_second = double(window_steps) * tokens_per_step / window;
       m.tflops = window_flops / window / 1e12;
       m.mfu = window_flops / window / peak_flops;
       m.data_share = window_data / window;
       m.eta_seconds = (now_seconds() - start_time) / double(s.step - first_step) * double(t.steps - s.step);
       m.memory = memory_stats();
-      for (auto& [k, v] : s.model->step_stats()) m.extra[k] = v;
-      if (aux_sum != 0) m.extra["aux_loss"] = aux_sum / double(s.accum);
+      for (const auto& [k, v] : o.terms) m.summary.emplace_back(k, v);
+      const models::StepStats stats = s.model->step_stats();
+      m.summary.insert(m.summary.end(), stats.summary.begin(), stats.summary.end());
+      m.detail = stats.detail;
       log.log_step(m);
       window_start = now_seconds();
       window_data = 0, window_flops = 0;

@@ -1,5 +1,6 @@
 #include "titan/models/deepseek_v3/model.h"
 
+#include "titan/autograd/ops.h"
 #include "titan/models/common.h"
 #include "titan/models/deepseek_v3/mtp.h"
 
@@ -184,23 +185,62 @@ double Transformer::training_flops_per_token(int64_t seq_len) const {
   return args_.training_flops_per_token(seq_len, std::min(topk, seq_len), false);
 }
 
-void Transformer::after_optimizer_step() {
-  // The dense warm-up trains only the indexers: MoE's balancing bias stays frozen with the rest
-  // (the warm-up's token counts then join the first sparse step's update, which uses their signs).
-  if (args_.has_indexer() && layers.size() > 0 && layers[0].attention.dsa.stage == DsaStage::dense_warmup) return;
-  for (size_t l = 0; l < layers.size(); ++l) layers[l].ffn.after_optimizer_step();
-  if (mtp) mtp->after_optimizer_step();
+void Transformer::set_dsa_schedule(const DsaSchedule& schedule, DsaImpl impl) {
+  TITAN_CHECK(args_.has_indexer(), "set_dsa_schedule() on a model without a lightning indexer",
+              "DeepSeek Sparse Attention needs the deepseek_v32 model (index_n_heads > 0)");
+  dsa_schedule_ = schedule;
+  dsa_impl_ = impl;
+  scheduled_stage_.reset();
 }
 
-std::vector<std::pair<std::string, double>> Transformer::step_stats() {
-  std::vector<std::pair<std::string, double>> stats;
-  for (size_t l = 0; l < layers.size(); ++l) layers[l].ffn.append_stats(stats, int(l));
+std::string Transformer::begin_step(int64_t step) {
+  if (!args_.has_indexer()) return {};
+  const DsaStage want = step <= dsa_schedule_.warmup_steps ? DsaStage::dense_warmup : DsaStage::sparse;
+  if (scheduled_stage_ == want) return {};
+  set_dsa(want, dsa_impl_, dsa_schedule_.indexer_loss_coeff, dsa_schedule_.topk);
+  scheduled_stage_ = want;
+  return std::string("DSA stage: ") + dsa_stage_name(want) + " from step " + std::to_string(step) +
+         (dsa_impl_ == DsaImpl::fused ? " (fused kernels)" : " (small ops)");
+}
+
+TrainingLoss Transformer::training_loss(const Tensor& tokens, const Tensor& targets) {
+  set_targets(targets);  // multi-token prediction scores tokens further ahead
+  TrainingLoss out;
+  out.total = autograd::cross_entropy(forward(tokens), targets);
+  out.cross_entropy = out.total.value().item();
+  for (const Variable& aux : auxiliary_losses()) out.total = autograd::add(out.total, aux);
+  double balance = 0;
+  bool has_balance = false;
+  for (size_t l = 0; l < layers.size(); ++l)
+    if (const Variable a = layers[l].aux_loss(); a.defined()) balance += a.value().item(), has_balance = true;
+  if (has_balance) out.terms.emplace_back("moe_aux_loss", balance);
   double kl = 0;
   int counted = 0;
   for (const Attention* at : dsa_attentions())
     if (const Variable& v = at->last_indexer_loss; v.defined()) kl += v.value().item(), ++counted;
-  if (counted > 0) stats.emplace_back("indexer_loss", kl / counted);
-  if (mtp) mtp->append_stats(stats);
+  if (counted > 0) out.terms.emplace_back("indexer_loss", kl / counted);
+  if (mtp && !mtp->last_losses().empty()) {
+    double mean = 0;
+    for (double lk : mtp->last_losses()) mean += lk / double(mtp->last_losses().size());
+    out.terms.emplace_back("mtp_loss", mean);
+  }
+  return out;
+}
+
+void Transformer::end_step(const SumOverData& sum_over_data) {
+  // The dense warm-up trains only the indexers: MoE's balancing bias stays frozen with the rest
+  // (the warm-up's token counts then join the first sparse step's update, which uses their signs).
+  if (args_.has_indexer() && layers.size() > 0 && layers[0].attention.dsa.stage == DsaStage::dense_warmup) return;
+  for (size_t l = 0; l < layers.size(); ++l) layers[l].ffn.end_step(sum_over_data);
+  if (mtp)
+    for (size_t k = 0; k < mtp->size(); ++k) (*mtp)[k].block.ffn.end_step(sum_over_data);
+}
+
+StepStats Transformer::step_stats() {
+  StepStats stats;
+  for (size_t l = 0; l < layers.size(); ++l) layers[l].ffn.append_stats(stats, int(l));
+  if (mtp)
+    for (size_t k = 0; k < mtp->size(); ++k) (*mtp)[k].block.ffn.append_stats(stats, int(args_.n_layers) + int(k));
   return stats;
 }
 

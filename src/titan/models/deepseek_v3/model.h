@@ -15,6 +15,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "titan/models/block_ffn.h"
 #include "titan/models/causal_lm.h"
@@ -74,7 +75,7 @@ class Transformer : public CausalLM {
   void set_recompute(Recompute r) override;
   Recompute recompute() const { return recompute_; }
   // MTP: the targets [B*S] of the next forward (a no-op without MTP modules).
-  void set_targets(const Tensor& targets) override;
+  void set_targets(const Tensor& targets);
   // TorchTitan's count; with DSA, that of the stage in force (top-k keys per query in the sparse
   // stage; the dense warm-up trains only the indexers, the rest runs forward).
   double training_flops_per_token(int64_t seq_len) const override;
@@ -93,11 +94,22 @@ class Transformer : public CausalLM {
   // nothing for them and the optimizer skips them); sparse makes all trainable again. Until it is
   // called the model is in the sparse stage with the small-op path and coefficient 0.01.
   void set_dsa(DsaStage stage, DsaImpl impl, double indexer_loss_coeff, int64_t topk = 0);
-  // MoE: the layers' balance losses, bias updates and expert-load statistics; V3.2: each layer's
-  // indexer loss times indexer_loss_coeff, and "indexer_loss" (the unweighted mean over layers).
-  std::vector<Variable> auxiliary_losses() override;
-  void after_optimizer_step() override;
-  std::vector<std::pair<std::string, double>> step_stats() override;
+  // The schedule begin_step follows (V3.2 only): the dense warm-up for the first
+  // schedule.warmup_steps steps, then sparse, both with `impl`.
+  void set_dsa_schedule(const DsaSchedule& schedule, DsaImpl impl);
+  // The losses besides the main cross-entropy of the last forward: each MoE layer's balance loss,
+  // V3.2's indexer losses times indexer_loss_coeff, the weighted MTP loss.
+  std::vector<Variable> auxiliary_losses();
+
+  // Training (CausalLM): begin_step switches the DSA stage by the schedule; training_loss adds
+  // the auxiliary losses and logs "mtp_loss", "indexer_loss" (the unweighted mean over layers)
+  // and "moe_aux_loss"; end_step updates the MoE balancing biases from the step's expert loads
+  // summed over data-parallel ranks (not during the dense warm-up: those loads join the first
+  // sparse step's update); step_stats reports the expert load.
+  std::string begin_step(int64_t step) override;
+  TrainingLoss training_loss(const Tensor& tokens, const Tensor& targets) override;
+  void end_step(const SumOverData& sum_over_data) override;
+  StepStats step_stats() override;
 
   nn::Embedding& tok_embeddings;
   nn::ModuleList<TransformerBlock>& layers;
@@ -114,6 +126,9 @@ class Transformer : public CausalLM {
   Recompute recompute_ = Recompute::none;
   std::vector<LatentCache> cache_;  // per layer
   int64_t cache_len_ = 0;
+  DsaSchedule dsa_schedule_;
+  DsaImpl dsa_impl_ = DsaImpl::small_ops;
+  std::optional<DsaStage> scheduled_stage_;  // the stage begin_step last set
 };
 
 }  // namespace titan::models::deepseek_v3

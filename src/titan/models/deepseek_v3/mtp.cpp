@@ -47,6 +47,7 @@ Tensor MultiTokenPrediction::shifted_targets(const Tensor& targets, int64_t batc
 
 void MultiTokenPrediction::run(Transformer& model, const Variable& h0, const Tensor& tokens, const Tensor& positions) {
   loss_ = Variable();
+  last_losses_.clear();
   if (!targets_.defined()) return;
   const Tensor targets = targets_;
   targets_ = Tensor();  // one forward only: a later forward (validation, generation) has none
@@ -62,7 +63,6 @@ void MultiTokenPrediction::run(Transformer& model, const Variable& h0, const Ten
   Variable h = h0;
   Variable total(Tensor::zeros({1}, DType::f32));
   last_losses_.assign(size_t(d), 0);
-  double mean = 0;
   for (int64_t k = 1; k <= d; ++k) {
     MtpModule& m = (*this)[size_t(k - 1)];
     const Variable emb = model.tok_embeddings.forward(shifted_tokens(tokens, k), model.compute_dtype());  // [B, S, D]
@@ -70,30 +70,15 @@ void MultiTokenPrediction::run(Transformer& model, const Variable& h0, const Ten
     const Variable logits = model.output.forward(autograd::view(m.norm.forward(h), {b * s, args_.dim}));  // [B*S, V]
     const Variable lk = autograd::cross_entropy(logits, shifted_targets(targets, b, s, k));
     last_losses_[size_t(k - 1)] = lk.value().item();
-    mean += last_losses_[size_t(k - 1)] / double(d);
     total = autograd::add(total, lk, weight);
   }
   loss_ = total;
-  window_sum_ += mean;
-  ++window_count_;
 }
 
 void MultiTokenPrediction::append_losses(std::vector<Variable>& out) {
   if (loss_.defined()) out.push_back(loss_);
   for (size_t k = 0; k < size(); ++k)
     if (Variable a = (*this)[k].block.aux_loss(); a.defined()) out.push_back(a);
-}
-
-void MultiTokenPrediction::after_optimizer_step() {
-  for (size_t k = 0; k < size(); ++k) (*this)[k].block.ffn.after_optimizer_step();
-  if (window_count_ > 0) step_mean_ = window_sum_ / double(window_count_);
-  window_sum_ = 0;
-  window_count_ = 0;
-}
-
-void MultiTokenPrediction::append_stats(std::vector<std::pair<std::string, double>>& stats) {
-  if (step_mean_ >= 0) stats.emplace_back("mtp_loss", step_mean_);
-  for (size_t k = 0; k < size(); ++k) (*this)[k].block.ffn.append_stats(stats, int(args_.n_layers + int64_t(k)));
 }
 
 }  // namespace titan::models::deepseek_v3

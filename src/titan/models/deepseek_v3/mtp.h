@@ -16,8 +16,8 @@
 // set_targets()), module k at position i embeds the input tokens[i + k] (i + k < S) and is scored
 // against targets[i + k] (i + k < S); the last k positions of every row have no target (-100),
 // and an ignored target (-100) stays ignored. The training loss adds
-// mtp_loss_weight / D * sum_k L_k (auxiliary_losses()); step_stats() logs "mtp_loss", the
-// unweighted mean of the L_k over the step's micro-batches.
+// mtp_loss_weight / D * sum_k L_k (auxiliary_losses()); training_loss() logs "mtp_loss", the
+// unweighted mean of the L_k.
 //
 // Names: ours "mtp.K.{enorm,hnorm,eh_proj,block.<block names>,norm}" (K = k - 1) <-> Hugging
 // Face's "model.layers.<n_layers + K>.{enorm,hnorm,eh_proj,<layer names>,shared_head.norm}"
@@ -52,8 +52,6 @@ class MultiTokenPrediction : public nn::ModuleList<MtpModule> {
   void run(Transformer& model, const Variable& h0, const Tensor& tokens, const Tensor& positions);
   // The weighted loss of the last run() and the MoE blocks' balance losses.
   void append_losses(std::vector<Variable>& out);
-  void after_optimizer_step();
-  void append_stats(std::vector<std::pair<std::string, double>>& stats);
 
   // Module k's input ids (tokens shifted left by k, 0 past the row) and targets (the trainer's
   // shifted left by k, -100 past the row): [B, S] i32 and [B*S] i32.
@@ -67,10 +65,7 @@ class MultiTokenPrediction : public nn::ModuleList<MtpModule> {
   DeepSeekV3Args args_;
   Tensor targets_;
   Variable loss_;  // lambda / D * sum_k L_k, [1] f32; undefined when the last forward had no targets
-  std::vector<double> last_losses_;
-  double window_sum_ = 0;  // sum over forwards since the last optimizer step of mean_k L_k
-  int64_t window_count_ = 0;
-  double step_mean_ = -1;  // the last step's mean (-1 before any)
+  std::vector<double> last_losses_;  // empty when the last run() had no targets
 };
 
 }  // namespace titan::models::deepseek_v3

@@ -243,11 +243,20 @@ ExpertLoad MoE::load_stats() {
   return s;
 }
 
-void append_load_stats(std::vector<std::pair<std::string, double>>& stats, int layer, const ExpertLoad& load) {
+void MoE::end_step(const SumOverData& sum_over_data) {
+  sum_over_data(tokens_per_expert);
+  update_load_balance();
+}
+
+void append_load_stats(StepStats& stats, int layer, const ExpertLoad& load) {
   const std::string suffix = "/layer" + std::to_string(layer);
-  stats.emplace_back("moe_imbalance" + suffix, load.imbalance);
-  stats.emplace_back("moe_load_min" + suffix, load.min);
-  stats.emplace_back("moe_load_max" + suffix, load.max);
+  stats.detail.emplace_back("moe_imbalance" + suffix, load.imbalance);
+  stats.detail.emplace_back("moe_load_min" + suffix, load.min);
+  stats.detail.emplace_back("moe_load_max" + suffix, load.max);
+  const auto max = std::find_if(stats.summary.begin(), stats.summary.end(),
+                                [](const auto& kv) { return kv.first == "moe_imbalance_max"; });
+  if (max == stats.summary.end()) stats.summary.emplace_back("moe_imbalance_max", load.imbalance);
+  else max->second = std::max(max->second, load.imbalance);
 }
 
 Variable MoE::forward(const Variable& x) {

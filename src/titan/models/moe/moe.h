@@ -73,9 +73,10 @@ struct ExpertLoad {
   double imbalance = 0;  // max / mean (1 is perfect balance; 0 when nothing was routed)
 };
 
-// Appends one MoE layer's load to a model's step_stats() (CausalLM), named as the metrics log
-// groups them: "moe_imbalance/layer<L>", "moe_load_min/layer<L>", "moe_load_max/layer<L>".
-void append_load_stats(std::vector<std::pair<std::string, double>>& stats, int layer, const ExpertLoad& load);
+// Adds one MoE layer's load to a model's step_stats() (CausalLM): in detail, named as the
+// metrics log groups them, "moe_imbalance/layer<L>", "moe_load_min/layer<L>",
+// "moe_load_max/layer<L>"; in the summary, "moe_imbalance_max", the largest over the layers.
+void append_load_stats(StepStats& stats, int layer, const ExpertLoad& load);
 
 class MoE : public models::BlockFeedForward {
  public:
@@ -92,10 +93,9 @@ class MoE : public models::BlockFeedForward {
   // As a block's FFN: the output, with the auxiliary loss kept for aux_loss().
   Variable forward(const Variable& x) override;
   Variable aux_loss() const override { return last_aux_loss_; }
-  void after_optimizer_step() override { update_load_balance(); }
-  void append_stats(std::vector<std::pair<std::string, double>>& stats, int layer) override {
-    append_load_stats(stats, layer, load_stats());
-  }
+  // tokens_per_expert summed over data-parallel ranks, then update_load_balance().
+  void end_step(const SumOverData& sum_over_data) override;
+  void append_stats(StepStats& stats, int layer) override { append_load_stats(stats, layer, load_stats()); }
 
   // After each optimizer step: expert_bias += coeff * sign(mean load - load), shifted to zero
   // mean, then the counts restart. A no-op for the bias when load_balance_coeff is 0.
