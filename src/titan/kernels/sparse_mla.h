@@ -1,7 +1,7 @@
 // Tensor-level sparse MLA attention in the absorbed (MQA) form, forward and backward: every query
 // head attends to the same K selected latent rows of its query (dsa.md sections 4 and 5).
 // Dispatches to the fast CPU kernels or, under TITAN_KERNELS=reference, to the reference twin.
-// Sizes and the validity rule: dsa_dims.h.
+// Sizes and the validity rule: dsa_params.h.
 //
 //   P[t, h, i] = scale * q[t, h] . kv[idx[t, i]]        (all Dqk dims; -inf for invalid slots)
 //   lse[t, h] = ln sum_i exp(P[t, h, i])                 (natural log; +inf when no slot is valid)
