@@ -246,7 +246,7 @@ TEST(DeepSeekV32Model, WarmupFreezesEverythingButTheIndexers) {
     std::map<std::string, Tensor> before;
     for (auto& [n, p] : m->named_parameters()) before[n] = p->var.value().clone();
     auto params = m->named_parameters();
-    optim::AdamW opt(params, optim::AdamWConfig{});
+    optim::AdamW opt(params, kernels::AdamWParams{});
     const StepResult r = run(*m);
     EXPECT_TRUE(std::isfinite(r.lm_loss));
     const auto norm = optim::clip_grad_norm(params, 1.0);
