@@ -1,4 +1,4 @@
-// A dense, materialized double-precision oracle for the lightning indexer tests (dsa.md section 7,
+// A dense, materialized double-precision oracle for the lightning indexer tests (docs/dsa.md section 7,
 // items 2, 3 and 6): the full [S, Skv] score matrix, the valid mask (causal, intersected with the
 // selection in the sparse stage), the main attention's lse over that mask and the summed KL loss.
 #pragma once

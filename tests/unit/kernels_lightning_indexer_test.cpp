@@ -195,7 +195,7 @@ TEST_P(LightningIndexer, AllNegativeDotsGiveZeroGradients) {
 }
 
 // The sparse stage as the model runs it: sparse attention's head_mean fed to
-// indexer_kl_loss_sparse gives the loss and gradients of the definition (dsa.md 6.2), the
+// indexer_kl_loss_sparse gives the loss and gradients of the definition (docs/dsa.md 6.2), the
 // reference loss that recomputes the target from the main queries, latent rows and lse, at the
 // the absorbed form (Hk = 1, D = Dqk) with -1, future and >= Skv slots.
 TEST_P(LightningIndexer, HeadMeanTargetEqualsRecomputedTarget) {

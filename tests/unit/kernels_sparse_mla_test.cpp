@@ -1,5 +1,5 @@
 // Sparse MLA attention (absorbed MQA form): the reference against the dense masked formula in
-// double, and the Tensor API (under both kernel backends) on the semantics dsa.md section 7 asks
+// double, and the Tensor API (under both kernel backends) on the semantics docs/dsa.md section 7 asks
 // for: invalid slots ignored, empty rows, never-selected keys, slot order, and equality with
 // causal dense MQA attention when every causal key is selected.
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
 // The parameters (sizes and scales) of the DeepSeek Sparse Attention kernels (lightning indexer,
 // sparse MLA attention and the indexer's KL loss), one struct per kernel family, shared by the
 // Tensor API, the reference twins and the fast CPU kernels.
-// Math: /work/shared/reference/dsa.md sections 2-6. Vocabulary of dimension names:
+// Math: docs/dsa.md sections 2-6. Vocabulary of dimension names:
 //   B batch, S query positions, Skv key positions (the queries are the LAST S of the Skv
 //   positions, so query t sits at key position t + Skv - S; training has Skv == S),
 //   H main attention heads, Hk main key heads (1 = the absorbed MQA form, H = standard MLA),

@@ -1,6 +1,6 @@
 // Fast sparse MLA attention, forward and backward (per-ISA variants; see cpu/isa.h). Same
 // contract as ref/sparse_mla.h with T in {float, bf16}, f32 lse and f32 arithmetic (except the
-// bf16 operands of the AMX products below); dsa.md sections 4 and 5.
+// bf16 operands of the AMX products below); docs/dsa.md sections 4 and 5.
 //
 // OpenMP over query rows. Each thread copies its query's valid selected rows once (as f32, in
 // slot order) into an L2-sized buffer, and every head reuses them in register-tiled products:

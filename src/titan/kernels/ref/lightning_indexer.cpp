@@ -113,7 +113,7 @@ struct KlRows {
   }
 
   // Adds the row's KL(target || softmax(score)) to loss and writes its dq and dw rows, adding its
-  // dk contributions: g = grad_scale * (softmax(I) - p) (dsa.md 6.4), ReLU'(0) = 0.
+  // dk contributions: g = grad_scale * (softmax(I) - p) (docs/dsa.md 6.4), ReLU'(0) = 0.
   void loss_and_grad(T* dq, A* dwt, const T* k, const T* qt, const A* wt, int64_t b, int64_t row, int64_t n, A lse,
                      double grad_scale) {
     for (int64_t j = 0; j < d.HI; ++j) dwt[j] = 0;

@@ -1,4 +1,4 @@
-// Reference: the DeepSeek Sparse Attention lightning indexer (dsa.md sections 2, 3, 6), written
+// Reference: the DeepSeek Sparse Attention lightning indexer (docs/dsa.md sections 2, 3, 6), written
 // as plain loops over one query row at a time. The oracle of the fast kernels in
 // cpu/lightning_indexer.h; instantiated for double so gradient checks run in double.
 //
@@ -26,7 +26,7 @@ void indexer_topk(int32_t* idx,         // [B, S, K]
 // and dw, scaled by grad_scale (semantics: lightning_indexer.h). idx == nullptr is the dense
 // stage (every valid key); otherwise V_t is the set of valid entries of idx[t] (idx [B, S, d.K];
 // invalid entries are skipped, a key listed twice counts once) and the target is recomputed from
-// mq, mk and the sparse attention's mlse: the definition of dsa.md 6.2, kept here as the oracle
+// mq, mk and the sparse attention's mlse: the definition of docs/dsa.md 6.2, kept here as the oracle
 // that indexer_kl_loss_sparse fed sparse_mla_forward's head_mean must match (the fast kernels
 // and the Tensor API run the sparse stage only with the target given).
 template <class T>

@@ -1,6 +1,6 @@
 // Reference: sparse MLA attention in the absorbed (MQA) form, forward and backward, one
 // (query, head) row at a time with plain loops, in acc_t<T> arithmetic. Contract and the
-// validity rule: kernels/sparse_mla.h and dsa_params.h; math: dsa.md sections 4 and 5.
+// validity rule: kernels/sparse_mla.h and dsa_params.h; math: docs/dsa.md sections 4 and 5.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +18,7 @@ inline bool sparse_mla_slot_valid(int32_t s, int64_t t, const SparseMlaParams& d
 // o = softmax over the valid selected keys of scale * q . kv, times the first Dv dims of those
 // rows; lse is its natural-log normalizer. Rows with no valid slot: o = 0, lse = +inf.
 // head_mean (optional, nullptr: not computed) = the head mean of those probabilities per slot,
-// 0 for invalid slots (the indexer's sparse-stage KL target, dsa.md 6.2).
+// 0 for invalid slots (the indexer's sparse-stage KL target, docs/dsa.md 6.2).
 template <class T>
 void sparse_mla_forward(T* o,                // [B, S, H, Dv]
                         acc_t<T>* lse,       // [B, S, H]
