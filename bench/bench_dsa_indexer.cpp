@@ -4,10 +4,10 @@
 // the same ops in eager PyTorch (reference/bench_dsa_indexer_torch.py, run in the same process
 // tree when reference/.venv exists).
 //
-// FLOPs counted (dsa.md section 8), summed over the causal rows, L_t = t + 1 keys for query t,
+// FLOPs counted (docs/dsa.md section 8), summed over the causal rows, L_t = t + 1 keys for query t,
 // k_t = min(K, L_t) selected:
 //   top-k:       (2 HI DI + 2 HI) L_t        (head dot products; ReLU-weighted head sum)
-//   sparse loss: (3 * 2 HI DI) k_t           (logits recomputed, dq, dk: dsa.md 8's indexer-bwd
+//   sparse loss: (3 * 2 HI DI) k_t           (logits recomputed, dq, dk: docs/dsa.md 8's indexer-bwd
 //                                             line). The target comes in per slot (sparse MLA
 //                                             forward's head_mean, made in setup with the
 //                                             absorbed MQA shapes H, D and not timed): its 2 H D
@@ -193,7 +193,7 @@ int main(int argc, char** argv) {
   bench::print_peak(peak);
   std::printf("threads: %d; CPU kernels: %s variant\n", num_threads(),
               std::string(cpu_capability_name(cpu_capability())).c_str());
-  std::printf("FLOPs per dsa.md section 8 (see the header of bench/bench_dsa_indexer.cpp); B = 1\n\n");
+  std::printf("FLOPs per docs/dsa.md section 8 (see the header of bench/bench_dsa_indexer.cpp); B = 1\n\n");
 
   // (a) the debug model: HI = 4, DI = 64, K = 256; sparse target absorbed (H = 16, D = 576,
   // Hk = 1), dense target standard MLA (D = 192, Hk = H). (b) a V3.2-sized indexer.

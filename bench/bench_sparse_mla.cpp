@@ -2,7 +2,7 @@
 // machine's measured peak for the precision, speedup over the reference twin, and (when
 // reference/.venv has PyTorch) the ratio to the same op in PyTorch eager, measured in this run.
 //
-// FLOPs (dsa.md section 8), per query token and counting only its valid slots k_eff:
+// FLOPs (docs/dsa.md section 8), per query token and counting only its valid slots k_eff:
 //   forward  2 H k_eff (Dqk + Dv)       scores q kv^T over all Dqk dims, then P kv[:, :Dv]
 //   backward 2 H k_eff (3 Dqk + 2 Dv)   scores recomputed, dO kv[:, :Dv]^T, dS kv (dq), dS^T q and
 //                                       P^T dO (dkv)

@@ -1,5 +1,5 @@
 """Golden fixture for DeepSeek-V3.2 TRAINING (DeepSeek Sparse Attention): a tiny model, written in
-float64 from the math of /work/shared/reference/dsa.md, with weights and checkpoint layout from
+float64 from the math of docs/dsa.md, with weights and checkpoint layout from
 Hugging Face transformers' DeepseekV32ForCausalLM. Writes tests/fixtures/deepseek_v32_tiny/:
 config.json and model.safetensors as transformers' save_pretrained writes them (f32 weights, hub
 layout: one tensor per expert), and golden.safetensors (below).
@@ -11,14 +11,14 @@ as a check (asserted below): with index_topk >= S its logits equal our dense sta
 fixture's index_topk its logits equal our sparse stage's, and its LM-loss gradients equal ours for
 every non-indexer weight (all within HF's f32 roundings); its top-k sets equal ours.
 
-transformers 5.24's deepseek_v32 against dsa.md: the indexer matches (q from qr = q_a_layernorm(
+transformers 5.24's deepseek_v32 against docs/dsa.md: the indexer matches (q from qr = q_a_layernorm(
 q_a_proj x), k = LayerNorm(wk x) with bias and eps 1e-6, rotate-half RoPE on the FIRST
 qk_rope_head_dim dims, weights scaled by index_n_heads^-0.5 and the scores by index_head_dim^-0.5
-before the ReLU, one positive product as dsa.md's), MLA and the router too. Differences, none of
+before the ReLU, one positive product as docs/dsa.md's), MLA and the router too. Differences, none of
 which changes this fixture: the indexer has no gradient (@torch.no_grad) and no loss; it skips the
 Hadamard rotation (score-preserving) and FP8; it scores in f32 and keeps weights_proj in f32;
 RMSNorm, the RoPE tables and the router run in f32 even in a float64 model; the RoPE tables (the
-indexer's included) carry YaRN's mscale / mscale_all_dim ratio, 1 in DeepSeek's configs (dsa.md:
+indexer's included) carry YaRN's mscale / mscale_all_dim ratio, 1 in DeepSeek's configs (docs/dsa.md:
 the indexer has no mscale); unselected keys get finfo.min rather than -inf; the router is always
 sigmoid (there is no scoring_func key); rows with t + 1 < index_topk select future keys too,
 which the causal mask then drops (our -1 padding).

@@ -1,4 +1,4 @@
-// A dense, materialized double-precision oracle for the lightning indexer tests (dsa.md section 7,
+// A dense, materialized double-precision oracle for the lightning indexer tests (docs/dsa.md section 7,
 // items 2, 3 and 6): the full [S, Skv] score matrix, the valid mask (causal, intersected with the
 // selection in the sparse stage), the main attention's lse over that mask and the summed KL loss.
 #pragma once
@@ -11,23 +11,23 @@
 #include <vector>
 
 #include "common/gradcheck.h"
-#include "titan/kernels/dsa_dims.h"
+#include "titan/kernels/dsa_params.h"
 
 namespace titan::test {
 
 struct IndexerProblem {
-  kernels::IndexerDims d;
-  kernels::IndexerTargetDims td;
+  kernels::IndexerParams d;
+  kernels::IndexerTargetParams td;
   Doubles q, k, w, mq, mk;  // [B, S, HI, DI], [B, Skv, DI], [B, S, HI], [B, S, H, D], [B, Skv, Hk, D]
   std::vector<int32_t> idx;  // [B, S, K]; empty = dense stage
   Doubles mlse;              // [B, S, H]: the main attention's lse over each row's valid set
 };
 
-// Key s is a candidate of query t (dsa_dims.h).
-inline bool causal(const kernels::IndexerDims& d, int64_t t, int64_t s) { return s >= 0 && s <= t + d.Skv - d.S; }
+// Key s is a candidate of query t (dsa_params.h).
+inline bool causal(const kernels::IndexerParams& d, int64_t t, int64_t s) { return s >= 0 && s <= t + d.Skv - d.S; }
 
 // I [B, S, Skv], -inf where s is not a candidate of t.
-inline Doubles naive_scores(const kernels::IndexerDims& d, const Doubles& q, const Doubles& k, const Doubles& w) {
+inline Doubles naive_scores(const kernels::IndexerParams& d, const Doubles& q, const Doubles& k, const Doubles& w) {
   Doubles out(size_t(d.B * d.S * d.Skv), -std::numeric_limits<double>::infinity());
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t t = 0; t < d.S; ++t)
@@ -46,7 +46,7 @@ inline Doubles naive_scores(const kernels::IndexerDims& d, const Doubles& q, con
 }
 
 // mask [B, S, Skv]: 1 where s is in V_t (every candidate, or the candidates listed in idx).
-inline std::vector<char> valid_mask(const kernels::IndexerDims& d, const std::vector<int32_t>& idx) {
+inline std::vector<char> valid_mask(const kernels::IndexerParams& d, const std::vector<int32_t>& idx) {
   std::vector<char> mask(size_t(d.B * d.S * d.Skv), 0);
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t t = 0; t < d.S; ++t) {

@@ -1,5 +1,5 @@
 // Index inputs for the sparse MLA tests: top-k style rows of distinct key positions, with the
-// invalid entries the kernels must ignore (dsa_dims.h: -1 padding, >= Skv, future keys).
+// invalid entries the kernels must ignore (dsa_params.h: -1 padding, >= Skv, future keys).
 #pragma once
 
 #include <cstdint>

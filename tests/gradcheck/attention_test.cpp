@@ -10,12 +10,12 @@
 
 using namespace titan;
 using namespace titan::test;
-using kernels::AttentionDims;
+using kernels::AttentionParams;
 
 namespace {
 
-AttentionDims dims(int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t Dqk, int64_t Dv, double scale) {
-  AttentionDims d;
+AttentionParams dims(int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t Dqk, int64_t Dv, double scale) {
+  AttentionParams d;
   d.B = B, d.S = S, d.H = H, d.Hkv = Hkv, d.Dqk = Dqk, d.Dv = Dv, d.scale = scale;
   return d;
 }
@@ -23,7 +23,7 @@ AttentionDims dims(int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t Dqk, in
 // The textbook formula with the whole score matrix in memory: scores [S, S] per (b, h), -inf
 // above the diagonal, softmax by row, times v.
 void naive_attention(Doubles& o, Doubles& lse, const Doubles& q, const Doubles& k, const Doubles& v,
-                     const AttentionDims& d) {
+                     const AttentionParams& d) {
   o.assign(size_t(d.B * d.S * d.H * d.Dv), 0.0);
   lse.assign(size_t(d.B * d.H * d.S), 0.0);
   const int64_t group = d.H / d.Hkv;
@@ -59,13 +59,13 @@ struct Inputs {
   Doubles q, k, v;
 };
 
-Inputs random_inputs(const AttentionDims& d, const std::string& name) {
+Inputs random_inputs(const AttentionParams& d, const std::string& name) {
   return {random_doubles(size_t(d.B * d.S * d.H * d.Dqk), 7, name + ".q", -2, 2),
           random_doubles(size_t(d.B * d.S * d.Hkv * d.Dqk), 7, name + ".k", -2, 2),
           random_doubles(size_t(d.B * d.S * d.Hkv * d.Dv), 7, name + ".v")};
 }
 
-void check_against_naive(const AttentionDims& d, const std::string& name) {
+void check_against_naive(const AttentionParams& d, const std::string& name) {
   const Inputs in = random_inputs(d, name);
   Doubles o_naive, lse_naive;
   naive_attention(o_naive, lse_naive, in.q, in.k, in.v, d);
@@ -77,7 +77,7 @@ void check_against_naive(const AttentionDims& d, const std::string& name) {
 
 // Gradients of the reference backward (which recomputes P from lse) against central differences
 // of the reference forward, for q, k and v.
-void check_gradients(const AttentionDims& d, const std::string& name) {
+void check_gradients(const AttentionParams& d, const std::string& name) {
   const Inputs in = random_inputs(d, name);
   auto forward = [d](const std::vector<Doubles>& x) {
     Doubles o(size_t(d.B * d.S * d.H * d.Dv)), lse(size_t(d.B * d.H * d.S));
@@ -112,7 +112,7 @@ TEST(AttentionReference, GradientsMatchCentralDifferences) {
 
 // Backward accumulates: two calls from zero give twice the gradient of one.
 TEST(AttentionReference, BackwardAccumulates) {
-  const AttentionDims d = dims(1, 4, 2, 1, 3, 2, 0.6);
+  const AttentionParams d = dims(1, 4, 2, 1, 3, 2, 0.6);
   const Inputs in = random_inputs(d, "accumulate");
   Doubles o(size_t(d.B * d.S * d.H * d.Dv)), lse(size_t(d.B * d.H * d.S));
   kernels::ref::attention_forward<double>(o.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(), d);

@@ -1,5 +1,5 @@
 // The indexer KL loss reference (double) against first principles: its loss equals the dense
-// materialized oracle, and its fused gradients (closed form g = softmax(I) - p, dsa.md 6.4) equal
+// materialized oracle, and its fused gradients (closed form g = softmax(I) - p, docs/dsa.md 6.4) equal
 // central differences of the loss w.r.t. q, k and w with the selection S_t and the target held
 // fixed, in both the dense warm-up and the sparse stage (target recomputed, and given per slot).
 #include <gtest/gtest.h>

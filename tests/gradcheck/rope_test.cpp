@@ -21,7 +21,7 @@ void check(RopeLayout layout, int64_t heads, int64_t head_dim, int64_t rope_dims
   const RopeTables t = rope_tables(cfg, 50);
   const Doubles cos = to_doubles(t.cos), sin = to_doubles(t.sin);
   const std::vector<int32_t> positions = {0, 49, 7, 7};  // repeats and the last row
-  const RopeShape s{int64_t(positions.size()), heads, head_dim, offset, rope_dims, layout};
+  const RopeParams s{int64_t(positions.size()), heads, head_dim, offset, rope_dims, layout};
   const size_t n = size_t(s.tokens * heads * head_dim);
   gradcheck(
       "rope", {random_doubles(n, 1, "x")},

@@ -10,13 +10,13 @@
 
 using namespace titan;
 using namespace titan::test;
-using kernels::SparseMlaDims;
+using kernels::SparseMlaParams;
 
 namespace {
 
 void check_gradients(int64_t B, int64_t S, int64_t Skv, int64_t H, int64_t Dqk, int64_t Dv, int64_t K,
                      SparseIdxOptions opt, const std::string& name) {
-  SparseMlaDims d;
+  SparseMlaParams d;
   d.B = B, d.S = S, d.Skv = Skv, d.H = H, d.Dqk = Dqk, d.Dv = Dv, d.K = K, d.scale = 0.5;
   const Tensor idx = random_sparse_idx(B, S, Skv, K, 11, name + ".idx", opt);
   const int32_t* sel = idx.data<int32_t>();

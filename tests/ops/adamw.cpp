@@ -1,6 +1,7 @@
 // Rows of the op table for the fused AdamW step. dims = {n}.
 #include "common/op_table.h"
 #include "titan/kernels/cpu/adamw.h"
+#include "titan/kernels/ref/adamw.h"
 
 using namespace titan;
 using namespace titan::test;

@@ -15,7 +15,7 @@ using namespace titan::test;
 namespace {
 
 struct AttentionCase {
-  kernels::AttentionDims d;
+  kernels::AttentionParams d;
   Tensor q, k, v;
 
   explicit AttentionCase(const OpInput& in) {
@@ -64,7 +64,7 @@ OpOutputs run_backward(const AttentionCase& c, uint64_t seed) {
 // inside kv [B, S, H, Dn + Dv] and k_rope [B, S, 1, Dr]; the reference runs plain attention on the
 // assembled keys and values.
 struct MlaCase {
-  kernels::AttentionDims d;
+  kernels::AttentionParams d;
   int64_t dn, dr;
   Tensor q, kv, k_rope, k, v;  // k, v: assembled for the reference
 

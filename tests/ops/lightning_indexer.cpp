@@ -16,8 +16,8 @@ using namespace titan::test;
 namespace {
 
 struct IndexerCase {
-  kernels::IndexerDims d;
-  kernels::IndexerTargetDims td;
+  kernels::IndexerParams d;
+  kernels::IndexerTargetParams td;
   Tensor q, k, w, mq, mk, mlse, idx;
   uint64_t seed = 0;
   bool invalid_slots = false;  // sparse loss: random selections with -1, future and >= Skv slots

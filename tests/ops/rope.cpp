@@ -9,12 +9,12 @@
 
 using namespace titan;
 using namespace titan::test;
-using kernels::RopeShape;
+using kernels::RopeParams;
 
 namespace {
 
 struct RopeCase {
-  RopeShape s;
+  RopeParams s;
   kernels::RopeTables t;
   Tensor positions;
 };

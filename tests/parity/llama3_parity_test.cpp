@@ -81,7 +81,7 @@ TEST(Llama3Parity, TenAdamWStepsMatchPyTorch) {
   Transformer model(g.args);
   load_params(model, g);
   const Tensor tokens = g.file.get("tokens").clone(), targets = g.file.get("targets").clone();
-  optim::AdamWConfig cfg;
+  kernels::AdamWParams cfg;
   cfg.lr = g.adamw["lr"];
   cfg.beta1 = g.adamw["beta1"];
   cfg.beta2 = g.adamw["beta2"];

@@ -1,6 +1,6 @@
 // DeepSeek-V3.2 (DeepSeek-V3 + DeepSeek Sparse Attention): flavors and parameter counts, the fused
 // DSA path against the small-op path (both stages: loss, indexer loss, every gradient), the
-// consistency checks of dsa.md section 7.8 (top-k >= S: sparse equals dense MLA, and the sparse
+// consistency checks of docs/dsa.md section 7.8 (top-k >= S: sparse equals dense MLA, and the sparse
 // target equals the dense one), the warm-up freeze, the detachment of the indexer, and bad configs.
 #include <gtest/gtest.h>
 
@@ -252,7 +252,7 @@ TEST(DeepSeekV32Model, WarmupFreezesEverythingButTheIndexers) {
     std::map<std::string, Tensor> before;
     for (auto& [n, p] : m->named_parameters()) before[n] = p->var.value().clone();
     auto params = m->named_parameters();
-    optim::AdamW opt(params, optim::AdamWConfig{});
+    optim::AdamW opt(params, kernels::AdamWParams{});
     const StepResult r = run(*m);
     EXPECT_TRUE(std::isfinite(r.lm_loss));
     const auto norm = optim::clip_grad_norm(params, 1.0);

@@ -72,7 +72,7 @@ TEST(Mla, AbsorbedFormMatchesStandardWithQueryLatent) { check_forms_agree(12); }
 TEST(Mla, AbsorbedFormMatchesStandardWithPlainQuery) { check_forms_agree(0); }
 
 TEST(Mla, SoftmaxScaleFollowsDeepSeek) {
-  // dsa.md 1.2: 671B's tau = 192^-0.5 * (1 + 0.1 ln 40)^2.
+  // docs/dsa.md 1.2: 671B's tau = 192^-0.5 * (1 + 0.1 ln 40)^2.
   const DeepSeekV3Args a = deepseek_v3_flavor("671B");
   EXPECT_NEAR(a.softmax_scale(), 0.1352338, 1e-6);
   DeepSeekV3Args short_context = a;

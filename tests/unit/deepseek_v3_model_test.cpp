@@ -168,7 +168,7 @@ TEST(DeepSeekV3Model, AdamWStepsFitOneBatch) {
     Transformer model(a);
     model.init_parameters(11);
     model.set_recompute(rc);
-    optim::AdamWConfig cfg;
+    kernels::AdamWParams cfg;
     cfg.lr = 1e-2;
     optim::AdamW opt(model.named_parameters(), cfg);
     double first = 0, last = 0;

@@ -29,7 +29,7 @@ Tensor from_doubles(const Doubles& v, const Shape& shape, DType dtype) {
 
 // The expected selection of one row from the dense scores: the K best in ascending key order,
 // -1 padded (ties: lower index first).
-std::vector<int32_t> oracle_row(const Doubles& scores, int64_t row, const IndexerDims& d, int64_t t) {
+std::vector<int32_t> oracle_row(const Doubles& scores, int64_t row, const IndexerParams& d, int64_t t) {
   const int64_t n = std::min(d.Skv, t + d.Skv - d.S + 1);
   std::vector<int32_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), 0);
@@ -42,7 +42,7 @@ std::vector<int32_t> oracle_row(const Doubles& scores, int64_t row, const Indexe
 }
 
 struct TopkCase {
-  IndexerDims d;
+  IndexerParams d;
   Tensor q, k, w;
 };
 
@@ -195,7 +195,7 @@ TEST_P(LightningIndexer, AllNegativeDotsGiveZeroGradients) {
 }
 
 // The sparse stage as the model runs it: sparse attention's head_mean fed to
-// indexer_kl_loss_sparse gives the loss and gradients of the definition (dsa.md 6.2), the
+// indexer_kl_loss_sparse gives the loss and gradients of the definition (docs/dsa.md 6.2), the
 // reference loss that recomputes the target from the main queries, latent rows and lse, at the
 // the absorbed form (Hk = 1, D = Dqk) with -1, future and >= Skv slots.
 TEST_P(LightningIndexer, HeadMeanTargetEqualsRecomputedTarget) {
@@ -215,9 +215,9 @@ TEST_P(LightningIndexer, HeadMeanTargetEqualsRecomputedTarget) {
            dw = Tensor::empty(w.shape(), DType::f32);
     const double got = indexer_kl_loss_sparse(dq, dk, dw, q, k, w, idx, head_mean, 0.3);
 
-    IndexerDims d;
+    IndexerParams d;
     d.B = B, d.S = S, d.Skv = Skv, d.HI = HI, d.DI = DI, d.K = K;
-    IndexerTargetDims td;
+    IndexerTargetParams td;
     td.H = H, td.Hk = 1, td.D = Dqk, td.scale = scale;
     Tensor dq_r = dq.clone(), dk_r = dk.clone(), dw_r = dw.clone();
     const double want = ref::indexer_kl_loss<float>(

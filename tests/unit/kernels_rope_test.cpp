@@ -32,7 +32,7 @@ RopeConfig deepseek_v3() {
 }  // namespace
 
 TEST(Rope, YarnMscale) {
-  EXPECT_NEAR(yarn_mscale(40, 1), 1.3688879454113936, 1e-12);  // dsa.md 1.2: m = 1 + 0.1 ln 40
+  EXPECT_NEAR(yarn_mscale(40, 1), 1.3688879454113936, 1e-12);  // docs/dsa.md 1.2: m = 1 + 0.1 ln 40
   EXPECT_NEAR(yarn_mscale(40, 0.707), 1 + 0.0707 * std::log(40.0), 1e-12);
   EXPECT_EQ(yarn_mscale(1, 1), 1.0);
   EXPECT_EQ(yarn_mscale(0.5, 1), 1.0);

@@ -1,5 +1,5 @@
 // Sparse MLA attention (absorbed MQA form): the reference against the dense masked formula in
-// double, and the Tensor API (under both kernel backends) on the semantics dsa.md section 7 asks
+// double, and the Tensor API (under both kernel backends) on the semantics docs/dsa.md section 7 asks
 // for: invalid slots ignored, empty rows, never-selected keys, slot order, and equality with
 // causal dense MQA attention when every causal key is selected.
 #include <gtest/gtest.h>
@@ -18,12 +18,12 @@
 
 using namespace titan;
 using namespace titan::test;
-using kernels::SparseMlaDims;
+using kernels::SparseMlaParams;
 
 namespace {
 
-SparseMlaDims dims(int64_t B, int64_t S, int64_t Skv, int64_t H, int64_t Dqk, int64_t Dv, int64_t K, double scale) {
-  SparseMlaDims d;
+SparseMlaParams dims(int64_t B, int64_t S, int64_t Skv, int64_t H, int64_t Dqk, int64_t Dv, int64_t K, double scale) {
+  SparseMlaParams d;
   d.B = B, d.S = S, d.Skv = Skv, d.H = H, d.Dqk = Dqk, d.Dv = Dv, d.K = K, d.scale = scale;
   return d;
 }
@@ -31,7 +31,7 @@ SparseMlaDims dims(int64_t B, int64_t S, int64_t Skv, int64_t H, int64_t Dqk, in
 // The formula written densely: a boolean mask [S, Skv] from the valid slots of idx, dense scores
 // scale * q . kv for every key, -inf where the mask is false, softmax, times kv[:, :Dv].
 void dense_masked(Doubles& o, Doubles& lse, const Doubles& q, const Doubles& kv, const int32_t* idx,
-                  const SparseMlaDims& d) {
+                  const SparseMlaParams& d) {
   o.assign(size_t(d.B * d.S * d.H * d.Dv), 0.0);
   lse.assign(size_t(d.B * d.S * d.H), 0.0);
   std::vector<char> mask(size_t(d.S * d.Skv));
@@ -69,7 +69,7 @@ void dense_masked(Doubles& o, Doubles& lse, const Doubles& q, const Doubles& kv,
 
 TEST(SparseMlaReference, MatchesDenseMaskedSoftmaxInDouble) {
   struct Case {
-    SparseMlaDims d;
+    SparseMlaParams d;
     SparseIdxOptions opt;
   };
   const std::vector<Case> cases = {
@@ -79,7 +79,7 @@ TEST(SparseMlaReference, MatchesDenseMaskedSoftmaxInDouble) {
       {dims(2, 9, 9, 4, 40, 32, 4, 0.2), {false, 0.1}},        // the small-dims split
   };
   for (const Case& c : cases) {
-    const SparseMlaDims& d = c.d;
+    const SparseMlaParams& d = c.d;
     const Doubles q = random_doubles(size_t(d.B * d.S * d.H * d.Dqk), 5, "q", -2, 2);
     const Doubles kv = random_doubles(size_t(d.B * d.Skv * d.Dqk), 5, "kv", -2, 2);
     const Tensor idx = random_sparse_idx(d.B, d.S, d.Skv, d.K, 5, "idx", c.opt);
@@ -137,7 +137,7 @@ void expect_close(const Tensor& got, const Tensor& want, double tol, const std::
 }
 
 struct Problem {
-  SparseMlaDims d;
+  SparseMlaParams d;
   Tensor q, kv, dout;
   Problem(int64_t B, int64_t S, int64_t Skv, int64_t H, int64_t Dqk, int64_t Dv, int64_t K, double scale,
           DType dt = DType::f32)
@@ -169,7 +169,7 @@ TEST(SparseMlaApi, MatchesDoubleReference) {
   const Problem p(2, 13, 17, 3, 40, 32, 6, 0.5);
   const Tensor idx = random_sparse_idx(2, 13, 17, 6, 2, "idx", {false, 0.1});
   const Doubles q = to_doubles(p.q), kv = to_doubles(p.kv), dout = to_doubles(p.dout);
-  const SparseMlaDims& d = p.d;
+  const SparseMlaParams& d = p.d;
   Doubles o(size_t(d.B * d.S * d.H * d.Dv)), lse(size_t(d.B * d.S * d.H)), dq(q.size()), dkv(kv.size());
   kernels::ref::sparse_mla_forward<double>(o.data(), lse.data(), nullptr, q.data(), kv.data(),
                                            idx.data<int32_t>(), d);

@@ -17,7 +17,7 @@ struct Two : nn::Module {
 TEST(AdamW, MatchesHandComputedStepsAndGroups) {
   Two m;
   m.init_parameters(0);
-  optim::AdamWConfig cfg{0.1f, 0.9f, 0.99f, 1e-8f, 0.5f};
+  kernels::AdamWParams cfg{0.1f, 0.9f, 0.99f, 1e-8f, 0.5f};
   optim::AdamW opt(m.named_parameters(), cfg);
   const double g[2] = {0.5, -0.25};
   double pw = 1, pb = 1, mw = 0, vw = 0;
@@ -58,7 +58,7 @@ TEST(AdamW, FrozenParameterStartsItsOwnStepCount) {
   Two m, fresh;
   m.init_parameters(0);
   fresh.init_parameters(0);
-  optim::AdamWConfig cfg{0.1f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  kernels::AdamWParams cfg{0.1f, 0.9f, 0.95f, 1e-8f, 0.1f};
   optim::AdamW opt(m.named_parameters(), cfg), opt_fresh(fresh.named_parameters(), cfg);
   for (int t = 0; t < 3; ++t) {  // warm-up: only w trains, b is frozen
     m.w.ensure_grad().fill_(0.5);

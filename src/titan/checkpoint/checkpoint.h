@@ -20,7 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "titan/core/rng.h"
+#include "titan/core/shape.h"
 #include "titan/core/tensor.h"
 
 namespace titan::checkpoint {

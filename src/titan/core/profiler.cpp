@@ -65,10 +65,4 @@ std::string profile_report() {
   return out;
 }
 
-void profile_reset() {
-  Profile& p = profile();
-  std::lock_guard lock(p.mu);
-  p.entries.clear();
-}
-
 }  // namespace titan

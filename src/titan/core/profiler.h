@@ -10,7 +10,6 @@ namespace titan {
 bool profiling_enabled();
 void profile_add(const char* name, double seconds);
 std::string profile_report();  // a table sorted by total time
-void profile_reset();
 
 class ProfileScope {
  public:

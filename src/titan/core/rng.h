@@ -39,13 +39,6 @@ class Generator {
   uint64_t offset_ = 0;
 };
 
-// Where a (possibly sharded) tensor sits in its full, global tensor: element [i0, i1, ...] of
-// the local tensor is element [i0 + offsets[0], ...] of a tensor with `global_shape`.
-struct GlobalSlice {
-  Shape global_shape;
-  Shape offsets;
-};
-
 // Initializers: element with global row-major index g gets a value drawn from counter g of the
 // stream rng_key(seed, name). `slice` defaults to "the tensor is the whole tensor".
 void init_uniform(Tensor& t, uint64_t seed, std::string_view name, double low, double high,

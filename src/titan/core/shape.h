@@ -1,4 +1,5 @@
-// A tensor shape (or strides): up to kMaxDims int64 values stored inline, so shapes never allocate.
+// A tensor shape (or strides): up to kMaxDims int64 values stored inline, so shapes never allocate;
+// and the global slice a sharded tensor covers.
 #pragma once
 
 #include <array>
@@ -34,6 +35,13 @@ class Shape {
  private:
   std::array<int64_t, kMaxDims> d_{};
   int n_ = 0;
+};
+
+// Where a (possibly sharded) tensor sits in its full, global tensor: element [i0, i1, ...] of
+// the local tensor is element [i0 + offsets[0], ...] of a tensor with `global_shape`.
+struct GlobalSlice {
+  Shape global_shape;
+  Shape offsets;
 };
 
 }  // namespace titan

@@ -14,8 +14,6 @@
 
 namespace titan {
 
-enum class Device : uint8_t { cpu, cuda };
-
 // A block of memory, owned (from the allocator) or borrowed (e.g. a memory-mapped file, freed
 // by the deleter given to Tensor::from_blob).
 class Storage {
@@ -49,7 +47,6 @@ class Tensor {
 
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }
-  Device device() const { return Device::cpu; }
   MemCategory category() const { return storage_->category(); }
   const Shape& shape() const { return shape_; }
   const Shape& strides() const { return strides_; }

@@ -2,6 +2,7 @@
 
 #include "titan/kernels/cpu/adamw.h"
 #include "titan/kernels/dispatch.h"
+#include "titan/kernels/ref/adamw.h"
 
 namespace titan::kernels {
 

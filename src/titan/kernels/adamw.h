@@ -2,7 +2,7 @@
 #pragma once
 
 #include "titan/core/tensor.h"
-#include "titan/kernels/ref/adamw.h"
+#include "titan/kernels/adamw_params.h"
 
 namespace titan::kernels {
 

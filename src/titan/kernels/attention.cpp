@@ -26,14 +26,14 @@ void check_tensor(const Tensor& t, const char* name, DType dtype, const Shape& s
 }
 
 // Sizes from q, k, v, with the checks every entry point shares.
-AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, std::optional<double> scale) {
+AttentionParams attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, std::optional<double> scale) {
   TITAN_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
               "attention: q, k, v must be 4-d, got " + q.shape().str() + ", " + k.shape().str() + ", " + v.shape().str(),
               "layouts are q [B, S, H, Dqk], k [B, S, Hkv, Dqk], v [B, S, Hkv, Dv]");
   TITAN_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::bf16,
               "attention: dtype " + std::string(dtype_name(q.dtype())) + " is not supported",
               "cast activations to f32 or bf16");
-  AttentionDims d;
+  AttentionParams d;
   d.B = q.size(0), d.S = q.size(1), d.H = q.size(2), d.Dqk = q.size(3);
   d.Hkv = k.size(2), d.Dv = v.size(3);
   TITAN_CHECK(d.B > 0 && d.S > 0 && d.H > 0 && d.Hkv > 0 && d.Dqk > 0 && d.Dv > 0,
@@ -55,7 +55,7 @@ AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, 
 
 // What every backward (plain or MLA) reads besides its inputs, and its dq.
 void check_backward_common(const Tensor& o, const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& q,
-                           const AttentionDims& d) {
+                           const AttentionParams& d) {
   check_tensor(o, "o", q.dtype(), {d.B, d.S, d.H, d.Dv});
   check_tensor(dout, "dout", q.dtype(), {d.B, d.S, d.H, d.Dv});
   check_tensor(lse, "lse", DType::f32, {d.B, d.H, d.S});
@@ -68,7 +68,7 @@ double default_attention_scale(int64_t head_dim) { return 1.0 / std::sqrt(double
 
 void attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        std::optional<double> scale) {
-  const AttentionDims d = attention_dims(q, k, v, scale);
+  const AttentionParams d = attention_dims(q, k, v, scale);
   check_tensor(o, "o", q.dtype(), {d.B, d.S, d.H, d.Dv});
   check_tensor(lse, "lse", DType::f32, {d.B, d.H, d.S});
   const bool fast = kernel_backend() == KernelBackend::fast;
@@ -83,7 +83,7 @@ void attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k,
 
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& lse, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& o, std::optional<double> scale) {
-  const AttentionDims d = attention_dims(q, k, v, scale);
+  const AttentionParams d = attention_dims(q, k, v, scale);
   check_backward_common(o, dout, lse, dq, q, d);
   check_tensor(dk, "dk", q.dtype(), k.shape());
   check_tensor(dv, "dv", q.dtype(), v.shape());
@@ -101,13 +101,13 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& lse, c
 
 namespace {
 // Sizes of an MLA call (Hkv = H, Dqk = Dn + Dr), with its shape checks.
-AttentionDims mla_dims(const Tensor& q, const Tensor& kv, const Tensor& k_rope, int64_t nope_dim,
+AttentionParams mla_dims(const Tensor& q, const Tensor& kv, const Tensor& k_rope, int64_t nope_dim,
                        std::optional<double> scale) {
   TITAN_CHECK(q.dim() == 4 && kv.dim() == 4 && k_rope.dim() == 4,
               "mla_attention: q, kv, k_rope must be 4-d, got " + q.shape().str() + ", " + kv.shape().str() + ", " +
                   k_rope.shape().str(),
               "layouts are q [B, S, H, Dn + Dr], kv [B, S, H, Dn + Dv], k_rope [B, S, 1, Dr]");
-  AttentionDims d;
+  AttentionParams d;
   d.B = q.size(0), d.S = q.size(1), d.H = q.size(2), d.Hkv = d.H, d.Dqk = q.size(3), d.Dv = kv.size(3) - nope_dim;
   const int64_t dr = k_rope.size(3);
   TITAN_CHECK(nope_dim > 0 && d.Dv > 0 && dr > 0 && d.Dqk == nope_dim + dr,
@@ -131,7 +131,7 @@ bool mla_in_place(const Tensor& q) { return q.dtype() == DType::f32 && kernel_ba
 
 // Per-head keys [B, S, H, Dn + Dr] and values [B, S, H, Dv] assembled from kv and k_rope.
 std::pair<Tensor, Tensor> mla_assemble(const Tensor& kv, const Tensor& k_rope, int64_t nope_dim,
-                                       const AttentionDims& d) {
+                                       const AttentionParams& d) {
   Tensor k = Tensor::empty({d.B, d.S, d.H, d.Dqk}, kv.dtype()), v = Tensor::empty({d.B, d.S, d.H, d.Dv}, kv.dtype());
   copy_columns(k, 0, kv, 0, nope_dim);
   copy_columns(k, nope_dim, k_rope, 0, d.Dqk - nope_dim, d.H);
@@ -142,7 +142,7 @@ std::pair<Tensor, Tensor> mla_assemble(const Tensor& kv, const Tensor& k_rope, i
 
 void mla_attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& kv, const Tensor& k_rope,
                            int64_t nope_dim, std::optional<double> scale) {
-  const AttentionDims d = mla_dims(q, kv, k_rope, nope_dim, scale);
+  const AttentionParams d = mla_dims(q, kv, k_rope, nope_dim, scale);
   check_tensor(o, "o", q.dtype(), {d.B, d.S, d.H, d.Dv});
   check_tensor(lse, "lse", DType::f32, {d.B, d.H, d.S});
   if (mla_in_place(q)) {
@@ -157,7 +157,7 @@ void mla_attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor
 void mla_attention_backward(Tensor& dq, Tensor& dkv, Tensor& dk_rope, const Tensor& lse, const Tensor& dout,
                             const Tensor& q, const Tensor& kv, const Tensor& k_rope, const Tensor& o, int64_t nope_dim,
                             std::optional<double> scale, bool accumulate) {
-  const AttentionDims d = mla_dims(q, kv, k_rope, nope_dim, scale);
+  const AttentionParams d = mla_dims(q, kv, k_rope, nope_dim, scale);
   check_backward_common(o, dout, lse, dq, q, d);
   check_tensor(dkv, "dkv", q.dtype(), kv.shape());
   check_tensor(dk_rope, "dk_rope", q.dtype(), k_rope.shape());

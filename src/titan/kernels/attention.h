@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "titan/core/tensor.h"
-#include "titan/kernels/attention_dims.h"
+#include "titan/kernels/attention_params.h"
 
 namespace titan::kernels {
 

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "titan/kernels/cpu/lightning_indexer.h"
-#include "titan/kernels/dsa_dims.h"
+#include "titan/kernels/dsa_params.h"
 #include "titan/kernels/ref/lightning_indexer.h"
 #include "titan/kernels/tensor_checks.h"
 
@@ -29,7 +29,7 @@ void check_tensor(const Tensor& t, const char* op, const char* name, DType dtype
 }
 
 // Sizes from q [B, S, HI, DI] and k [B, Skv, DI], with the checks every entry point shares.
-IndexerDims indexer_dims(const Tensor& q, const Tensor& k, const Tensor& w, const char* op) {
+IndexerParams indexer_dims(const Tensor& q, const Tensor& k, const Tensor& w, const char* op) {
   TITAN_CHECK(q.defined() && k.defined(), std::string(op) + ": q or k is undefined", "pass allocated tensors");
   TITAN_CHECK(q.dim() == 4 && k.dim() == 3,
               std::string(op) + ": q must be 4-d and k 3-d, got " + q.shape().str() + " and " + k.shape().str(),
@@ -37,7 +37,7 @@ IndexerDims indexer_dims(const Tensor& q, const Tensor& k, const Tensor& w, cons
   TITAN_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::bf16,
               std::string(op) + ": dtype " + std::string(dtype_name(q.dtype())) + " is not supported",
               "cast the indexer's q and k to f32 or bf16");
-  IndexerDims d;
+  IndexerParams d;
   d.B = q.size(0), d.S = q.size(1), d.HI = q.size(2), d.DI = q.size(3), d.Skv = k.size(1);
   TITAN_CHECK(d.B > 0 && d.S > 0 && d.HI > 0 && d.DI > 0,
               std::string(op) + ": empty dimension in q " + q.shape().str(), "every size must be at least 1");
@@ -54,7 +54,7 @@ IndexerDims indexer_dims(const Tensor& q, const Tensor& k, const Tensor& w, cons
 }  // namespace
 
 void indexer_topk(Tensor& idx, const Tensor& q, const Tensor& k, const Tensor& w) {
-  IndexerDims d = indexer_dims(q, k, w, "indexer_topk");
+  IndexerParams d = indexer_dims(q, k, w, "indexer_topk");
   TITAN_CHECK(idx.defined() && idx.dim() == 3, "indexer_topk: idx must be a 3-d i32 tensor [B, S, K]",
               "allocate Tensor::empty({B, S, K}, DType::i32)");
   d.K = idx.size(2);
@@ -84,10 +84,10 @@ void check_loss_outputs(const Tensor& dq, const Tensor& dk, const Tensor& dw, co
 double indexer_kl_loss(Tensor& dq, Tensor& dk, Tensor& dw, const Tensor& q, const Tensor& k, const Tensor& w,
                        const Tensor& mq, const Tensor& mk, const Tensor& mlse, double scale, double grad_scale) {
   const char* op = "indexer_kl_loss";
-  const IndexerDims d = indexer_dims(q, k, w, op);
+  const IndexerParams d = indexer_dims(q, k, w, op);
   TITAN_CHECK(mq.defined() && mk.defined() && mq.dim() == 4 && mk.dim() == 4,
               std::string(op) + ": mq and mk must be 4-d", kLayouts);
-  IndexerTargetDims td;
+  IndexerTargetParams td;
   td.H = mq.size(2), td.D = mq.size(3), td.Hk = mk.size(2), td.scale = scale;
   TITAN_CHECK(td.H > 0 && td.Hk > 0 && td.D > 0 && td.H % td.Hk == 0,
               std::string(op) + ": " + std::to_string(td.H) + " main query heads do not split into " +
@@ -117,7 +117,7 @@ double indexer_kl_loss(Tensor& dq, Tensor& dk, Tensor& dw, const Tensor& q, cons
 double indexer_kl_loss_sparse(Tensor& dq, Tensor& dk, Tensor& dw, const Tensor& q, const Tensor& k, const Tensor& w,
                               const Tensor& idx, const Tensor& target, double grad_scale) {
   const char* op = "indexer_kl_loss_sparse";
-  IndexerDims d = indexer_dims(q, k, w, op);
+  IndexerParams d = indexer_dims(q, k, w, op);
   TITAN_CHECK(idx.defined() && idx.dim() == 3, std::string(op) + ": idx must be a 3-d i32 tensor [B, S, K]",
               "pass indexer_topk's output (the dense warm-up stage uses indexer_kl_loss)");
   d.K = idx.size(2);

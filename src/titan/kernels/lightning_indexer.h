@@ -1,7 +1,7 @@
 // Tensor-level DeepSeek Sparse Attention indexer kernels: fused score + streaming top-k, and the
 // indexer's KL loss fused with its gradient (torchtitan-npu's SparseLightningIndexerGradKLLoss).
 // Dispatches to the fast CPU kernels or, under TITAN_KERNELS=reference, to the reference twins.
-// Math: dsa.md sections 2, 3 and 6; sizes and the validity rule: dsa_dims.h.
+// Math: docs/dsa.md sections 2, 3 and 6; sizes and the validity rule: dsa_params.h.
 //
 // Index score of query t and key s (valid s only):  I(t, s) = sum_j w[t, j] * ReLU(q[t, j] . k[s])
 // w already holds the H_I^-0.5 * d_I^-0.5 scaling (the caller multiplies weights_proj's output).
@@ -33,8 +33,8 @@ void indexer_topk(Tensor& idx, const Tensor& q, const Tensor& k, const Tensor& w
 double indexer_kl_loss(Tensor& dq, Tensor& dk, Tensor& dw, const Tensor& q, const Tensor& k, const Tensor& w,
                        const Tensor& mq, const Tensor& mk, const Tensor& mlse, double scale, double grad_scale);
 
-// Sparse stage: V_t = the valid entries of idx[t] (dsa_dims.h), with the target given per slot:
-// target [B, S, K] f32, aligned with idx (sparse_mla_forward's head_mean, dsa.md 6.2). A key listed
+// Sparse stage: V_t = the valid entries of idx[t] (dsa_params.h), with the target given per slot:
+// target [B, S, K] f32, aligned with idx (sparse_mla_forward's head_mean, docs/dsa.md 6.2). A key listed
 // twice counts once, with the sum of its slots' targets (top-k never lists one twice).
 double indexer_kl_loss_sparse(Tensor& dq, Tensor& dk, Tensor& dw, const Tensor& q, const Tensor& k, const Tensor& w,
                               const Tensor& idx, const Tensor& target, double grad_scale);

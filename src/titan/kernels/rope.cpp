@@ -115,7 +115,7 @@ void rope_apply(bool forward, Tensor& out, const Tensor& in, const RopeTables& t
               "give heads their own dim: .view({N, H, Dh})");
   TITAN_CHECK(t.cos.defined() && t.cos.dim() == 2 && t.cos.dtype() == DType::f32 && t.sin.shape() == t.cos.shape(),
               std::string(op) + ": tables must be two f32 [P, R/2] tensors", "build them with rope_tables()");
-  RopeShape s;
+  RopeParams s;
   s.heads = in.size(-2);
   s.head_dim = in.size(-1);
   s.tokens = in.numel() / std::max<int64_t>(1, s.heads * s.head_dim);

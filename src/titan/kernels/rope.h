@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "titan/core/tensor.h"
-#include "titan/kernels/rope_shape.h"
+#include "titan/kernels/rope_params.h"
 
 namespace titan::kernels {
 

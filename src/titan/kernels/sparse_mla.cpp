@@ -6,7 +6,7 @@
 
 #include "titan/core/parallel.h"
 #include "titan/kernels/cpu/sparse_mla.h"
-#include "titan/kernels/dsa_dims.h"
+#include "titan/kernels/dsa_params.h"
 #include "titan/kernels/ref/sparse_mla.h"
 #include "titan/kernels/tensor_checks.h"
 
@@ -33,7 +33,7 @@ void check_tensor(const Tensor& t, const char* name, DType dtype, const Shape& s
 }
 
 // Sizes from q, kv, idx, with the checks both entry points share.
-SparseMlaDims sparse_mla_dims(const Tensor& q, const Tensor& kv, const Tensor& idx, int64_t dv, double scale) {
+SparseMlaParams sparse_mla_dims(const Tensor& q, const Tensor& kv, const Tensor& idx, int64_t dv, double scale) {
   TITAN_CHECK(q.defined() && kv.defined() && idx.defined(), "sparse_mla: q, kv or idx is undefined",
               "pass allocated tensors");
   TITAN_CHECK(q.dim() == 4 && kv.dim() == 3 && idx.dim() == 3,
@@ -43,7 +43,7 @@ SparseMlaDims sparse_mla_dims(const Tensor& q, const Tensor& kv, const Tensor& i
   TITAN_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::bf16,
               "sparse_mla: dtype " + std::string(dtype_name(q.dtype())) + " is not supported",
               "cast q and kv to f32 or bf16");
-  SparseMlaDims d;
+  SparseMlaParams d;
   d.B = q.size(0), d.S = q.size(1), d.H = q.size(2), d.Dqk = q.size(3);
   d.Skv = kv.size(1), d.K = idx.size(2), d.Dv = dv, d.scale = scale;
   TITAN_CHECK(d.B > 0 && d.S > 0 && d.H > 0 && d.Dqk > 0 && d.Skv > 0 && d.K > 0,
@@ -78,7 +78,7 @@ constexpr int64_t kAccBytes = int64_t(512) << 20;
 // One f32 dkv accumulator per thread (rows padded to whole vectors), [parts, Skv, width], zeroed
 // here and left zeroed by the kernel. At long contexts fewer accumulators than threads keep them
 // within kAccBytes, and the backward then runs on that many threads.
-Tensor dkv_accumulators(const SparseMlaDims& d) {
+Tensor dkv_accumulators(const SparseMlaParams& d) {
   const int64_t width = TITAN_CPU_KERNEL(sparse_mla_acc_width)(d.Dqk);
   const int64_t parts = std::clamp<int64_t>(kAccBytes / (d.Skv * width * 4), 1, num_threads());
   return Tensor::zeros({parts, d.Skv, width}, DType::f32);
@@ -86,7 +86,7 @@ Tensor dkv_accumulators(const SparseMlaDims& d) {
 
 template <class T>
 void fast_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const int32_t* idx, const T* o,
-                   const float* lse, const SparseMlaDims& d) {
+                   const float* lse, const SparseMlaParams& d) {
   Tensor acc = dkv_accumulators(d);
   TITAN_CPU_KERNEL(sparse_mla_backward<T>)(dq, dkv, dout, q, kv, idx, o, lse, acc.data<float>(), acc.size(0), d);
 }
@@ -95,7 +95,7 @@ void fast_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const 
 
 void sparse_mla_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& kv, const Tensor& idx, int64_t dv,
                         double scale, Tensor* head_mean) {
-  const SparseMlaDims d = sparse_mla_dims(q, kv, idx, dv, scale);
+  const SparseMlaParams d = sparse_mla_dims(q, kv, idx, dv, scale);
   check_tensor(o, "o", q.dtype(), {d.B, d.S, d.H, d.Dv});
   check_tensor(lse, "lse", DType::f32, {d.B, d.S, d.H});
   if (head_mean) check_tensor(*head_mean, "head_mean", DType::f32, {d.B, d.S, d.K});
@@ -110,7 +110,7 @@ void sparse_mla_backward(Tensor& dq, Tensor& dkv, const Tensor& dout, const Tens
                          const Tensor& idx, const Tensor& o, const Tensor& lse, double scale) {
   TITAN_CHECK(o.defined() && o.dim() == 4, "sparse_mla_backward: o must be the forward's [B, S, H, Dv] output",
               kLayouts);
-  const SparseMlaDims d = sparse_mla_dims(q, kv, idx, o.size(3), scale);
+  const SparseMlaParams d = sparse_mla_dims(q, kv, idx, o.size(3), scale);
   check_tensor(o, "o", q.dtype(), {d.B, d.S, d.H, d.Dv});
   check_tensor(dout, "dout", q.dtype(), {d.B, d.S, d.H, d.Dv});
   check_tensor(lse, "lse", DType::f32, {d.B, d.S, d.H});

@@ -1,7 +1,7 @@
 // Tensor-level sparse MLA attention in the absorbed (MQA) form, forward and backward: every query
-// head attends to the same K selected latent rows of its query (dsa.md sections 4 and 5).
+// head attends to the same K selected latent rows of its query (docs/dsa.md sections 4 and 5).
 // Dispatches to the fast CPU kernels or, under TITAN_KERNELS=reference, to the reference twin.
-// Sizes and the validity rule: dsa_dims.h.
+// Sizes and the validity rule: dsa_params.h.
 //
 //   P[t, h, i] = scale * q[t, h] . kv[idx[t, i]]        (all Dqk dims; -inf for invalid slots)
 //   lse[t, h] = ln sum_i exp(P[t, h, i])                 (natural log; +inf when no slot is valid)
@@ -17,7 +17,7 @@ namespace titan::kernels {
 // bf16, same dtype), idx [B, S, K] i32. Dv <= Dqk.
 // head_mean (optional) [B, S, K] f32 = (1/H) sum_h exp(P[t, h, i] - lse[t, h]) per slot i of idx
 // (0 for invalid slots; all 0 in rows with no valid slot): the indexer's sparse-stage KL target
-// (dsa.md 6.2), from the probabilities the forward computes anyway. Written only when head_mean
+// (docs/dsa.md 6.2), from the probabilities the forward computes anyway. Written only when head_mean
 // is non-null.
 void sparse_mla_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& kv, const Tensor& idx, int64_t dv,
                         double scale, Tensor* head_mean = nullptr);

@@ -6,7 +6,7 @@
 
 namespace titan::optim {
 
-AdamW::AdamW(std::vector<std::pair<std::string, nn::Parameter*>> params, const AdamWConfig& config)
+AdamW::AdamW(std::vector<std::pair<std::string, nn::Parameter*>> params, const kernels::AdamWParams& config)
     : config_(config) {
   for (auto& [name, p] : params) {
     const Shape& s = p->var.value().shape();
@@ -17,11 +17,8 @@ AdamW::AdamW(std::vector<std::pair<std::string, nn::Parameter*>> params, const A
 
 void AdamW::step(float lr, float grad_scale) {
   ++step_;
-  kernels::AdamWParams a;
+  kernels::AdamWParams a = config_;
   a.lr = lr;
-  a.beta1 = config_.beta1;
-  a.beta2 = config_.beta2;
-  a.eps = config_.eps;
   a.grad_scale = grad_scale;
   for (Slot& s : slots_) {
     if (!s.param->var.grad().defined()) continue;

@@ -10,19 +10,15 @@
 #include <utility>
 #include <vector>
 
+#include "titan/kernels/adamw_params.h"
 #include "titan/nn/module.h"
 
 namespace titan::optim {
 
-struct AdamWConfig {
-  float lr = 8e-4f;
-  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-  float weight_decay = 0.1f;
-};
-
 class AdamW {
  public:
-  AdamW(std::vector<std::pair<std::string, nn::Parameter*>> params, const AdamWConfig& config);
+  // config: the base values lr, betas, eps and weight_decay (the per-step fields are ignored).
+  AdamW(std::vector<std::pair<std::string, nn::Parameter*>> params, const kernels::AdamWParams& config);
 
   // One update with learning rate `lr` (the schedule's value for this step); the gradients are
   // multiplied by grad_scale first (clipping). Parameters without a gradient (frozen, or unused
@@ -32,7 +28,7 @@ class AdamW {
   int64_t steps_taken() const { return step_; }
   // Updates parameter `name` has received (the t of its bias corrections).
   int64_t param_steps(const std::string& name) const;
-  const AdamWConfig& config() const { return config_; }
+  const kernels::AdamWParams& config() const { return config_; }
 
   // Moments as "<param name>.exp_avg" / ".exp_avg_sq", the update count as "<param name>.step",
   // plus "step" (i64 scalars). A state without the per-parameter counts (saved before they
@@ -48,7 +44,7 @@ class AdamW {
     int64_t steps = 0;  // updates this parameter has received
   };
   std::vector<Slot> slots_;
-  AdamWConfig config_;
+  kernels::AdamWParams config_;
   int64_t step_ = 0;
 };
 

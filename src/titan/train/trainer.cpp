@@ -179,7 +179,7 @@ Trainer::Trainer(const JobConfig& config, const std::string& source) : s_(std::m
                          : ac == "selective" ? models::Recompute::selective
                                              : models::Recompute::none);
   s.params = s.model->named_parameters();
-  optim::AdamWConfig oc;
+  kernels::AdamWParams oc;
   oc.lr = float(config.optimizer.lr);
   oc.beta1 = float(config.optimizer.beta1);
   oc.beta2 = float(config.optimizer.beta2);

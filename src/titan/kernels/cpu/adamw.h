@@ -3,8 +3,9 @@
 
 #include <cstdint>
 
+#include "titan/core/dtype.h"
+#include "titan/kernels/adamw_params.h"
 #include "titan/kernels/dispatch.h"
-#include "titan/kernels/ref/adamw.h"
 
 #define TITAN_ADAMW_KERNELS \
   void adamw_step(float* p, float* m, float* v, bf16* p_bf16, const float* g, int64_t n, const AdamWParams& a);

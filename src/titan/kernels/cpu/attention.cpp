@@ -232,7 +232,7 @@ void gemm_diagonal(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t
 }
 
 // ---- packing --------------------------------------------------------------------------------
-// Sizes derived from AttentionDims, shared by forward and backward.
+// Sizes derived from AttentionParams, shared by forward and backward.
 struct Plan {
   int64_t group;    // query heads per kv head
   int64_t nblk;     // query (and key) blocks per sequence
@@ -241,7 +241,7 @@ struct Plan {
   int64_t dv_pad;   // Dv rounded up to 16
 };
 
-Plan make_plan(const AttentionDims& d) {
+Plan make_plan(const AttentionParams& d) {
   Plan p;
   p.group = d.H / d.Hkv;
   p.nblk = (d.S + kBlock - 1) / kBlock;
@@ -336,31 +336,31 @@ struct KvRows {
   const T* k_shared;               // null: the key is k's k_width = Dqk dims alone
   const T* v;
   int64_t v_tok, v_head;
-  const T* key(const AttentionDims& d, int64_t b, int64_t s, int64_t g) const {
+  const T* key(const AttentionParams& d, int64_t b, int64_t s, int64_t g) const {
     return k + (b * d.S + s) * k_tok + g * k_head;
   }
-  const T* key_tail(const AttentionDims& d, int64_t b, int64_t s) const {
+  const T* key_tail(const AttentionParams& d, int64_t b, int64_t s) const {
     return k_shared + (b * d.S + s) * (d.Dqk - k_width);
   }
-  const T* value(const AttentionDims& d, int64_t b, int64_t s, int64_t g) const {
+  const T* value(const AttentionParams& d, int64_t b, int64_t s, int64_t g) const {
     return v + (b * d.S + s) * v_tok + g * v_head;
   }
 };
 
 template <class T>
-KvRows<T> plain_kv(const T* k, const T* v, const AttentionDims& d) {
+KvRows<T> plain_kv(const T* k, const T* v, const AttentionParams& d) {
   return {k, d.Hkv * d.Dqk, d.Dqk, d.Dqk, nullptr, v, d.Hkv * d.Dv, d.Dv};
 }
 
 template <class T>
-KvRows<T> mla_kv(const T* kv, const T* k_rope, int64_t nope_dim, const AttentionDims& d) {
+KvRows<T> mla_kv(const T* kv, const T* k_rope, int64_t nope_dim, const AttentionParams& d) {
   const int64_t width = nope_dim + d.Dv;  // kv's last dim
   return {kv, d.H * width, width, nope_dim, k_rope, kv + nope_dim, d.H * width, width};
 }
 
 // Key rows [row0, row0 + rows) of (b, g) as f32 into dst (rows ld_dst apart, zero past Dqk).
 template <class T>
-void pack_key_rows(float* dst, int64_t ld_dst, const KvRows<T>& kv, const AttentionDims& d, int64_t b, int64_t g,
+void pack_key_rows(float* dst, int64_t ld_dst, const KvRows<T>& kv, const AttentionParams& d, int64_t b, int64_t g,
                    int64_t row0, int64_t rows) {
   pack_rows(dst, ld_dst, kv.key(d, b, row0, g), kv.k_tok, rows, kv.k_width, 1.0f);
   if (!kv.k_shared) return;
@@ -378,7 +378,7 @@ void pack_key_rows(float* dst, int64_t ld_dst, const KvRows<T>& kv, const Attent
 // heads of the group: kp [B, Hkv, s_pad, dqk_pad], vp [B, Hkv, s_pad, dv_pad]. Rows past S are
 // never read: every product over keys stops at the last valid key.
 template <class T>
-void pack_kv(float* kp, float* vp, const KvRows<T>& kv, const AttentionDims& d, const Plan& p) {
+void pack_kv(float* kp, float* vp, const KvRows<T>& kv, const AttentionParams& d, const Plan& p) {
   const int64_t items = d.B * d.Hkv * p.nblk;
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < items; ++t) {
@@ -415,7 +415,7 @@ void add_group_sum(T* out, float* sum, const float* part, int64_t stride, int64_
 // dk, dv += the sum over each GQA group's heads of their per-head partials dk_part [B, H, S, Dqk]
 // and dv_part [B, H, S, Dv], in head order. Called inside a parallel region (orphaned omp for).
 template <class T>
-void add_kv_partials(T* dk, T* dv, const float* dk_part, const float* dv_part, const AttentionDims& d,
+void add_kv_partials(T* dk, T* dv, const float* dk_part, const float* dv_part, const AttentionParams& d,
                      const Plan& p) {
   Scratch<float> row_sum(p.dqk_pad > p.dv_pad ? p.dqk_pad : p.dv_pad, ScratchInit::zeroed);
 #pragma omp for schedule(static)
@@ -580,7 +580,7 @@ void add_block_transposed(bf16* dst, int64_t ld_dst, const float* src, int64_t r
 // kd [B, Hkv, nblk, Dqk/2, kBlock] (B of q k^T), and when the pointers are given
 // vd [.., Dv/2, kBlock] (B of dO v^T), kp [.., kBlock/2, Dqk] (B of dS k), vp [.., kBlock/2, Dv] (B of P v).
 void pack_kv_amx(uint32_t* kd, uint32_t* vd, uint32_t* kp, uint32_t* vp, const bf16* k, const bf16* v,
-                 const AttentionDims& d, const Plan& p) {
+                 const AttentionParams& d, const Plan& p) {
   const int64_t items = d.B * d.Hkv * p.nblk;
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < items; ++t) {
@@ -638,7 +638,7 @@ TITAN_INLINE void pair_product(float* c, int64_t ldc, int64_t rows, const bf16* 
 // queries stay resident ([kBlock, Dqk] bf16, the running o in f32) while key blocks stream past:
 // S = q k^T and o += P v on tiles, the online softmax in vectors between them.
 template <bool kAmx>
-void forward_bf16_pairs(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const AttentionDims& d) {
+void forward_bf16_pairs(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const AttentionParams& d) {
   const Plan p = make_plan(d);
   const int64_t kd_blk = d.Dqk * kBlock / 2, vp_blk = d.Dv * kBlock / 2;  // uint32 per packed block
   Scratch<uint32_t> kd(d.B * d.Hkv * p.nblk * kd_blk);  // [B, Hkv, nblk, Dqk/2, kBlock]
@@ -781,7 +781,7 @@ void forward_bf16_pairs(bf16* o, float* lse, const bf16* q, const bf16* k, const
 // from lse and dS = scale P (dP - D) in vectors between them.
 template <bool kAmx>
 void backward_bf16_pairs(bf16* dq, bf16* dk, bf16* dv, const float* lse, const bf16* dout, const bf16* q,
-                       const bf16* k, const bf16* v, const bf16* o, const AttentionDims& d) {
+                       const bf16* k, const bf16* v, const bf16* o, const AttentionParams& d) {
   const Plan p = make_plan(d);
   const int64_t kblk = d.Dqk * kBlock / 2, vblk = d.Dv * kBlock / 2;  // uint32 per packed block
   const int64_t kv_blocks = d.B * d.Hkv * p.nblk;
@@ -954,7 +954,7 @@ void backward_bf16_pairs(bf16* dq, bf16* dk, bf16* dv, const float* lse, const b
 }
 
 // Both head dims whole 32-element k chunks of a tile (Dqk for q k^T, Dv for dO v^T).
-bool pairs_fit(const AttentionDims& d) { return d.Dqk % 32 == 0 && d.Dv % 32 == 0; }
+bool pairs_fit(const AttentionParams& d) { return d.Dqk % 32 == 0 && d.Dv % 32 == 0; }
 #endif
 
 }  // namespace
@@ -965,7 +965,7 @@ bool pairs_fit(const AttentionDims& d) { return d.Dqk % 32 == 0 && d.Dv % 32 == 
 // with no horizontal reductions, and the P^T tile feeds o += P v as a transposed A operand.
 namespace {
 template <class T>
-void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const AttentionDims& d) {
+void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const AttentionParams& d) {
   const Plan p = make_plan(d);
   // f32 keys of a whole vector width are read in place: they are only the A operand of S^T = k q^T
   // (one broadcast per row and k step), where their row stride costs nothing, and packing them
@@ -1119,7 +1119,7 @@ void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const At
 // zero-fill, and are not read back.
 template <class T>
 void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const T* dout, const T* q,
-                      const KvRows<T>& kv, const T* o, const AttentionDims& d, bool accumulate = true) {
+                      const KvRows<T>& kv, const T* o, const AttentionParams& d, bool accumulate = true) {
   const Plan p = make_plan(d);
   // Without GQA (MLA's case) each item owns its head's columns of dk and dv and adds into them
   // directly: the partials would only be a 2 x [B, H, S, D] f32 round trip through memory.
@@ -1305,7 +1305,7 @@ void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const
 }  // namespace
 
 template <class T>
-void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, const AttentionDims& d) {
+void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, const AttentionParams& d) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if constexpr (std::is_same_v<T, bf16>) {
     if (pairs_fit(d))
@@ -1318,7 +1318,7 @@ void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, con
 
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, const T* q, const T* k, const T* v,
-                        const T* o, const AttentionDims& d) {
+                        const T* o, const AttentionParams& d) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if constexpr (std::is_same_v<T, bf16>) {
     if (pairs_fit(d))
@@ -1331,28 +1331,28 @@ void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, co
 
 template <class T>
 void mla_attention_forward(T* o, float* lse, const T* q, const T* kv, const T* k_rope, int64_t nope_dim,
-                           const AttentionDims& d) {
+                           const AttentionParams& d) {
   forward_blocked(o, lse, q, mla_kv(kv, k_rope, nope_dim, d), d);
 }
 
 template <class T>
 void mla_attention_backward(T* dq, T* dkv, T* dk_rope, const float* lse, const T* dout, const T* q, const T* kv,
-                            const T* k_rope, const T* o, int64_t nope_dim, const AttentionDims& d, bool accumulate) {
+                            const T* k_rope, const T* o, int64_t nope_dim, const AttentionParams& d, bool accumulate) {
   backward_blocked(dq, dkv, dk_rope, dkv + nope_dim, lse, dout, q, mla_kv(kv, k_rope, nope_dim, d), o, d,
                    accumulate);
 }
 
 template void mla_attention_forward<float>(float*, float*, const float*, const float*, const float*, int64_t,
-                                           const AttentionDims&);
+                                           const AttentionParams&);
 template void mla_attention_backward<float>(float*, float*, float*, const float*, const float*, const float*,
-                                            const float*, const float*, const float*, int64_t, const AttentionDims&,
+                                            const float*, const float*, const float*, int64_t, const AttentionParams&,
                                             bool);
 template void attention_forward<float>(float*, float*, const float*, const float*, const float*,
-                                       const AttentionDims&);
-template void attention_forward<bf16>(bf16*, float*, const bf16*, const bf16*, const bf16*, const AttentionDims&);
+                                       const AttentionParams&);
+template void attention_forward<bf16>(bf16*, float*, const bf16*, const bf16*, const bf16*, const AttentionParams&);
 template void attention_backward<float>(float*, float*, float*, const float*, const float*, const float*,
-                                        const float*, const float*, const float*, const AttentionDims&);
+                                        const float*, const float*, const float*, const AttentionParams&);
 template void attention_backward<bf16>(bf16*, bf16*, bf16*, const float*, const bf16*, const bf16*, const bf16*,
-                                       const bf16*, const bf16*, const AttentionDims&);
+                                       const bf16*, const bf16*, const AttentionParams&);
 
 }  // namespace titan::kernels::cpu::TITAN_ISA

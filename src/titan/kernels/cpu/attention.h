@@ -5,22 +5,22 @@
 #pragma once
 
 #include "titan/core/dtype.h"
-#include "titan/kernels/attention_dims.h"
+#include "titan/kernels/attention_params.h"
 #include "titan/kernels/dispatch.h"
 
 #define TITAN_ATTENTION_KERNELS                                                                               \
   template <class T>                                                                                          \
   void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v,                                \
-                         const ::titan::kernels::AttentionDims& d);                                           \
+                         const ::titan::kernels::AttentionParams& d);                                         \
   template <class T>                                                                                          \
   void attention_backward(T* dq, T* dk, T* dv, const float* lse, const T* dout, const T* q, const T* k,       \
-                          const T* v, const T* o, const ::titan::kernels::AttentionDims& d);                 \
-  /* MLA keys read in place (T = float): see kernels/attention.h mla_attention_forward. */                   \
+                          const T* v, const T* o, const ::titan::kernels::AttentionParams& d);                \
+  /* MLA keys read in place (T = float): see kernels/attention.h mla_attention_forward. */                    \
   template <class T>                                                                                          \
   void mla_attention_forward(T* o, float* lse, const T* q, const T* kv, const T* k_rope, int64_t nope_dim,    \
-                             const ::titan::kernels::AttentionDims& d);                                       \
+                             const ::titan::kernels::AttentionParams& d);                                     \
   template <class T>                                                                                          \
   void mla_attention_backward(T* dq, T* dkv, T* dk_rope, const float* lse, const T* dout, const T* q,         \
                               const T* kv, const T* k_rope, const T* o, int64_t nope_dim,                     \
-                              const ::titan::kernels::AttentionDims& d, bool accumulate);
+                              const ::titan::kernels::AttentionParams& d, bool accumulate);
 TITAN_FOR_EACH_ISA(TITAN_ATTENTION_KERNELS)

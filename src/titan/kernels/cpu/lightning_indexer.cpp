@@ -424,8 +424,8 @@ void write_selection(int32_t* out, const uint64_t* cand, int64_t n, int64_t K, u
   for (; pos < K; ++pos) out[pos] = -1;
 }
 
-// Keys 0 <= s < valid_keys(t) are the candidates of query t (dsa_dims.h).
-TITAN_INLINE int64_t valid_keys(const IndexerDims& d, int64_t t) { return min_i64(d.Skv, t + d.Skv - d.S + 1); }
+// Keys 0 <= s < valid_keys(t) are the candidates of query t (dsa_params.h).
+TITAN_INLINE int64_t valid_keys(const IndexerParams& d, int64_t t) { return min_i64(d.Skv, t + d.Skv - d.S + 1); }
 
 // Packs k [B, Skv, DI] into transposed key blocks kt [B, nkb, DI, kKeys] (zero-padded keys).
 template <class T>
@@ -477,7 +477,7 @@ TITAN_INLINE void amx_dots(float* dots, const bf16* qa, int64_t m16, int64_t di3
 }  // namespace
 
 template <class T>
-void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const IndexerDims& d) {
+void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const IndexerParams& d) {
   const int64_t HI = d.HI, DI = d.DI, K = d.K;
   const int64_t nkb = (d.Skv + kKeys - 1) / kKeys;
   const int64_t tq = max_i64(1, kTargetRows / HI);  // queries per block
@@ -1126,8 +1126,8 @@ constexpr int64_t kWideChunk = 256;
 // mlse and td are unused.
 template <class T>
 double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, const T* mq, const T* mk,
-               const float* mlse, const IndexerTargetDims& td, const int32_t* idx, const float* slot_target,
-               const IndexerDims& d, double grad_scale) {
+               const float* mlse, const IndexerTargetParams& td, const int32_t* idx, const float* slot_target,
+               const IndexerParams& d, double grad_scale) {
   const bool dense = idx == nullptr;
   const int64_t HI = d.HI, DI = d.DI, H = td.H, Hk = td.Hk, D = td.D, group = dense ? td.H / td.Hk : 1;
   const int64_t di_pad = round_up(DI, kLanes);
@@ -1624,14 +1624,14 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
 
 template <class T>
 double indexer_kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, const T* mq, const T* mk,
-                       const float* mlse, const IndexerDims& d, const IndexerTargetDims& td, double grad_scale) {
+                       const float* mlse, const IndexerParams& d, const IndexerTargetParams& td, double grad_scale) {
   return kl_loss(dq, dk, dw, q, k, w, mq, mk, mlse, td, nullptr, nullptr, d, grad_scale);
 }
 
 template <class T>
 double indexer_kl_loss_sparse(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, const int32_t* idx,
-                              const float* target, const IndexerDims& d, double grad_scale) {
-  return kl_loss<T>(dq, dk, dw, q, k, w, nullptr, nullptr, nullptr, IndexerTargetDims{}, idx, target, d, grad_scale);
+                              const float* target, const IndexerParams& d, double grad_scale) {
+  return kl_loss<T>(dq, dk, dw, q, k, w, nullptr, nullptr, nullptr, IndexerTargetParams{}, idx, target, d, grad_scale);
 }
 
 template <class T>
@@ -1662,11 +1662,11 @@ void hadamard_transform(T* x, int64_t rows, int64_t n) {
 }
 
 #define TITAN_LI_INSTANTIATE(T)                                                                                  \
-  template void indexer_topk<T>(int32_t*, const T*, const T*, const float*, const IndexerDims&);                \
+  template void indexer_topk<T>(int32_t*, const T*, const T*, const float*, const IndexerParams&);               \
   template double indexer_kl_loss<T>(T*, T*, float*, const T*, const T*, const float*, const T*, const T*,       \
-                                     const float*, const IndexerDims&, const IndexerTargetDims&, double);        \
+                                     const float*, const IndexerParams&, const IndexerTargetParams&, double);    \
   template double indexer_kl_loss_sparse<T>(T*, T*, float*, const T*, const T*, const float*, const int32_t*,    \
-                                            const float*, const IndexerDims&, double);                           \
+                                            const float*, const IndexerParams&, double);                         \
   template void hadamard_transform<T>(T*, int64_t, int64_t);
 TITAN_LI_INSTANTIATE(float)
 TITAN_LI_INSTANTIATE(bf16)

@@ -146,7 +146,7 @@ TITAN_INLINE void accumulate_avx512(T* out, const T* in, int64_t n) {
 
 template <class T, bool kAccumulate>
 void rope_apply(T* out, const T* in, const float* cos, const float* sin, const int32_t* positions,
-                const RopeShape& s, float sign) {
+                const RopeParams& s, float sign) {
   const int64_t half = s.rope_dims / 2;
   const int64_t tail = s.head_dim - s.rope_offset - s.rope_dims;
   const int64_t grain = kGrainElements / (s.heads * s.head_dim) + 1;
@@ -187,14 +187,14 @@ void rope_apply(T* out, const T* in, const float* cos, const float* sin, const i
 
 template <class T>
 void rope_forward(T* y, const T* x, const float* cos, const float* sin, const int32_t* positions,
-                  const RopeShape& s) {
+                  const RopeParams& s) {
   rope_apply<T, false>(y, x, cos, sin, positions, s, 1.0f);
 }
 
 // accumulate false: dx = RoPE^T(dy), written (the forward's pass with the rotation reversed).
 template <class T>
 void rope_backward(T* dx, const T* dy, const float* cos, const float* sin, const int32_t* positions,
-                   const RopeShape& s, bool accumulate) {
+                   const RopeParams& s, bool accumulate) {
   if (accumulate) {
     rope_apply<T, true>(dx, dy, cos, sin, positions, s, -1.0f);
   } else {
@@ -202,11 +202,11 @@ void rope_backward(T* dx, const T* dy, const float* cos, const float* sin, const
   }
 }
 
-template void rope_forward<float>(float*, const float*, const float*, const float*, const int32_t*, const RopeShape&);
-template void rope_forward<bf16>(bf16*, const bf16*, const float*, const float*, const int32_t*, const RopeShape&);
-template void rope_backward<float>(float*, const float*, const float*, const float*, const int32_t*, const RopeShape&,
+template void rope_forward<float>(float*, const float*, const float*, const float*, const int32_t*, const RopeParams&);
+template void rope_forward<bf16>(bf16*, const bf16*, const float*, const float*, const int32_t*, const RopeParams&);
+template void rope_backward<float>(float*, const float*, const float*, const float*, const int32_t*, const RopeParams&,
                                    bool);
-template void rope_backward<bf16>(bf16*, const bf16*, const float*, const float*, const int32_t*, const RopeShape&,
+template void rope_backward<bf16>(bf16*, const bf16*, const float*, const float*, const int32_t*, const RopeParams&,
                                   bool);
 
 }  // namespace titan::kernels::cpu::TITAN_ISA

@@ -6,13 +6,13 @@
 
 #include "titan/core/dtype.h"
 #include "titan/kernels/dispatch.h"
-#include "titan/kernels/rope_shape.h"
+#include "titan/kernels/rope_params.h"
 
 #define TITAN_ROPE_KERNELS                                                                               \
   template <class T>                                                                                     \
   void rope_forward(T* y, const T* x, const float* cos, const float* sin, const int32_t* positions,      \
-                    const ::titan::kernels::RopeShape& s);                                               \
+                    const ::titan::kernels::RopeParams& s);                                              \
   template <class T>                                                                                     \
   void rope_backward(T* dx, const T* dy, const float* cos, const float* sin, const int32_t* positions,   \
-                     const ::titan::kernels::RopeShape& s, bool accumulate);
+                     const ::titan::kernels::RopeParams& s, bool accumulate);
 TITAN_FOR_EACH_ISA(TITAN_ROPE_KERNELS)

@@ -116,7 +116,7 @@ struct Plan {
   int64_t Kp;   // K rounded up to kRows: the rows of the per-slot tiles
 };
 
-Plan make_plan(const SparseMlaDims& d) {
+Plan make_plan(const SparseMlaParams& d) {
   return {round_up(d.Dqk, kLanes), round_up(d.Dv, kLanes), round_up(d.H, kLanes), round_up(d.H, kRows),
           round_up(d.K, kRows)};
 }
@@ -156,7 +156,7 @@ constexpr int64_t kAhead = 4;
 
 // Starts loading row s of kv into the cache; keys outside [0, Skv) are skipped.
 template <class T>
-TITAN_INLINE void prefetch_row(const T* kv, int32_t s, const SparseMlaDims& d) {
+TITAN_INLINE void prefetch_row(const T* kv, int32_t s, const SparseMlaParams& d) {
   if (s < 0 || int64_t(s) >= d.Skv) return;
   const char* row = reinterpret_cast<const char*>(kv + int64_t(s) * d.Dqk);
   for (int64_t e = 0; e < d.Dqk * int64_t(sizeof(T)); e += 64) __builtin_prefetch(row + e, 0, 3);
@@ -167,7 +167,7 @@ TITAN_INLINE void prefetch_row(const T* kv, int32_t s, const SparseMlaDims& d) {
 // from the buffer's initialization.
 template <class T>
 int64_t gather_valid(float* g, int64_t ldg, int32_t* keys, const T* kv, const int32_t* sel, int64_t t,
-                     const SparseMlaDims& d) {
+                     const SparseMlaParams& d) {
   // The rows are random rows of kv, mostly outside L2: request a few slots ahead so several
   // rows' misses are in flight while one is copied.
   for (int64_t i = 0; i < kAhead && i < d.K; ++i) prefetch_row(kv, sel[i], d);
@@ -192,7 +192,7 @@ int64_t gather_valid(float* g, int64_t ldg, int32_t* keys, const T* kv, const in
 // position of slot i among the valid slots (gather order); 0 for invalid slots. p holds the
 // probabilities (mul nullptr) or the unnormalized exp with mul = 1 / sum per head.
 void write_head_mean(float* hm, const float* p, int64_t ld, const float* mul, const int32_t* sel, int64_t t,
-                     const SparseMlaDims& d) {
+                     const SparseMlaParams& d) {
   const float inv_h = 1.0f / float(d.H);
   int64_t j = 0;
   for (int64_t i = 0; i < d.K; ++i) {
@@ -243,7 +243,7 @@ void pack_heads_vnni(uint32_t* dst, int64_t dst_ld, const bf16* x, int64_t rows,
 // of 16 and returns n. Each pair is interleaved right after its second row is copied, while both
 // are in L1: the VNNI operand costs no second pass over the rows.
 int64_t gather_pairs(bf16* g, uint32_t* pairs, int64_t pairs_ld, int64_t width, int32_t* keys, const bf16* kv,
-                     const int32_t* sel, int64_t t, const SparseMlaDims& d) {
+                     const int32_t* sel, int64_t t, const SparseMlaParams& d) {
   for (int64_t i = 0; i < kAhead && i < d.K; ++i) prefetch_row(kv, sel[i], d);  // as in gather_valid
   int64_t n = 0;
   for (int64_t i = 0; i < d.K; ++i) {
@@ -307,7 +307,7 @@ void rows_times_heads(float* st, int64_t cols, const bf16* g, const uint32_t* b,
 // (kAmx) or in VDPBF16PS register tiles (CPUs without AMX; the same operand layouts).
 template <bool kAmx>
 void forward_bf16_pairs(bf16* o, float* lse, float* head_mean, const bf16* q, const bf16* kv, const int32_t* idx,
-                        const SparseMlaDims& d) {
+                        const SparseMlaParams& d) {
   const Plan p = make_plan(d);
   const float scale = float(d.scale);
   const int64_t Dq2 = d.Dqk / 2;
@@ -401,7 +401,7 @@ void forward_bf16_pairs(bf16* o, float* lse, float* head_mean, const bf16* q, co
 // cpu/sparse_mla.h). Software prefetch of the next block's rows measured no faster than none.
 template <bool kAmx>
 void backward_bf16_pairs(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, const bf16* kv, const int32_t* idx,
-                         const bf16* o, const float* lse, float* acc, int64_t parts, const SparseMlaDims& d) {
+                         const bf16* o, const float* lse, float* acc, int64_t parts, const SparseMlaParams& d) {
   const Plan p = make_plan(d);
   const int64_t w2 = 2 * p.Hs;  // [scale dS | P] and [scores | dA] columns: heads, then heads again
   const float scale = float(d.scale);
@@ -541,7 +541,7 @@ int64_t sparse_mla_acc_width(int64_t dqk) { return (dqk + kLanes - 1) / kLanes *
 
 template <class T>
 void sparse_mla_forward(T* o, float* lse, float* head_mean, const T* q, const T* kv, const int32_t* idx,
-                        const SparseMlaDims& d) {
+                        const SparseMlaParams& d) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if constexpr (std::is_same_v<T, bf16>) {
     if (d.Dqk % 32 == 0) {
@@ -616,7 +616,7 @@ void sparse_mla_forward(T* o, float* lse, float* head_mean, const T* q, const T*
 
 template <class T>
 void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const int32_t* idx, const T* o,
-                         const float* lse, float* acc, int64_t parts, const SparseMlaDims& d) {
+                         const float* lse, float* acc, int64_t parts, const SparseMlaParams& d) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if constexpr (std::is_same_v<T, bf16>) {
     if (d.Dqk % 32 == 0 && d.Dv % 32 == 0) {
@@ -717,10 +717,10 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
   }
 }
 
-#define TITAN_INSTANTIATE(T)                                                                                        \
-  template void sparse_mla_forward<T>(T*, float*, float*, const T*, const T*, const int32_t*, const SparseMlaDims&); \
-  template void sparse_mla_backward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, const T*, const float*, \
-                                       float*, int64_t, const SparseMlaDims&);
+#define TITAN_INSTANTIATE(T)                                                                                           \
+  template void sparse_mla_forward<T>(T*, float*, float*, const T*, const T*, const int32_t*, const SparseMlaParams&); \
+  template void sparse_mla_backward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, const T*, const float*,   \
+                                       float*, int64_t, const SparseMlaParams&);
 TITAN_INSTANTIATE(float)
 TITAN_INSTANTIATE(bf16)
 #undef TITAN_INSTANTIATE

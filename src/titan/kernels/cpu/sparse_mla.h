@@ -1,6 +1,6 @@
 // Fast sparse MLA attention, forward and backward (per-ISA variants; see cpu/isa.h). Same
 // contract as ref/sparse_mla.h with T in {float, bf16}, f32 lse and f32 arithmetic (except the
-// bf16 operands of the AMX products below); dsa.md sections 4 and 5.
+// bf16 operands of the AMX products below); docs/dsa.md sections 4 and 5.
 //
 // OpenMP over query rows. Each thread copies its query's valid selected rows once (as f32, in
 // slot order) into an L2-sized buffer, and every head reuses them in register-tiled products:
@@ -38,14 +38,14 @@
 
 #include "titan/core/dtype.h"
 #include "titan/kernels/dispatch.h"
-#include "titan/kernels/dsa_dims.h"
+#include "titan/kernels/dsa_params.h"
 
 #define TITAN_SPARSE_MLA_KERNELS                                                                                    \
   int64_t sparse_mla_acc_width(int64_t dqk);                                                                        \
   template <class T>                                                                                                \
   void sparse_mla_forward(T* o, float* lse, float* head_mean, const T* q, const T* kv, const int32_t* idx,          \
-                          const ::titan::kernels::SparseMlaDims& d);                                                \
+                          const ::titan::kernels::SparseMlaParams& d);                                              \
   template <class T>                                                                                                \
   void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const int32_t* idx, const T* o,   \
-                           const float* lse, float* acc, int64_t parts, const ::titan::kernels::SparseMlaDims& d);
+                           const float* lse, float* acc, int64_t parts, const ::titan::kernels::SparseMlaParams& d);
 TITAN_FOR_EACH_ISA(TITAN_SPARSE_MLA_KERNELS)

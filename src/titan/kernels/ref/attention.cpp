@@ -27,7 +27,7 @@ A dot(const T* x, const T* y, int64_t n) {
 }  // namespace
 
 template <class T>
-void attention_forward(T* o, acc_t<T>* lse, const T* q, const T* k, const T* v, const AttentionDims& d) {
+void attention_forward(T* o, acc_t<T>* lse, const T* q, const T* k, const T* v, const AttentionParams& d) {
   using A = acc_t<T>;
   const A scale = A(d.scale);
   const int64_t group = d.H / d.Hkv;
@@ -60,7 +60,7 @@ void attention_forward(T* o, acc_t<T>* lse, const T* q, const T* k, const T* v, 
 
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const acc_t<T>* lse, const T* dout, const T* q, const T* k, const T* v,
-                        const T* o, const AttentionDims& d) {
+                        const T* o, const AttentionParams& d) {
   using A = acc_t<T>;
   const A scale = A(d.scale);
   const int64_t group = d.H / d.Hkv;
@@ -105,10 +105,10 @@ void attention_backward(T* dq, T* dk, T* dv, const acc_t<T>* lse, const T* dout,
   }
 }
 
-#define TITAN_INSTANTIATE_ATTENTION(T)                                                                      \
-  template void attention_forward<T>(T*, acc_t<T>*, const T*, const T*, const T*, const AttentionDims&); \
+#define TITAN_INSTANTIATE_ATTENTION(T)                                                                     \
+  template void attention_forward<T>(T*, acc_t<T>*, const T*, const T*, const T*, const AttentionParams&); \
   template void attention_backward<T>(T*, T*, T*, const acc_t<T>*, const T*, const T*, const T*, const T*, \
-                                      const T*, const AttentionDims&);
+                                      const T*, const AttentionParams&);
 TITAN_REF_FOR_EACH_TYPE(TITAN_INSTANTIATE_ATTENTION)
 
 }  // namespace titan::kernels::ref

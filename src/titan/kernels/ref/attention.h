@@ -1,8 +1,8 @@
 // Reference: causal softmax attention with grouped-query heads, forward and backward, one query
-// row at a time (no S x S matrix), in acc_t<T> arithmetic. Sizes and layouts: see attention_dims.h.
+// row at a time (no S x S matrix), in acc_t<T> arithmetic. Sizes and layouts: see attention_params.h.
 #pragma once
 
-#include "titan/kernels/attention_dims.h"
+#include "titan/kernels/attention_params.h"
 #include "titan/kernels/ref/scalar.h"
 
 namespace titan::kernels::ref {
@@ -14,7 +14,7 @@ void attention_forward(T* o,              // [B, S, H, Dv]
                        const T* q,        // [B, S, H, Dqk]
                        const T* k,        // [B, S, Hkv, Dqk]
                        const T* v,        // [B, S, Hkv, Dv]
-                       const AttentionDims& d);
+                       const AttentionParams& d);
 
 // dq, dk, dv += gradients of sum(dout * o) with P recomputed from q, k and lse.
 template <class T>
@@ -27,6 +27,6 @@ void attention_backward(T* dq,                // [B, S, H, Dqk]
                         const T* k,           // [B, S, Hkv, Dqk]
                         const T* v,           // [B, S, Hkv, Dv]
                         const T* o,           // [B, S, H, Dv]
-                        const AttentionDims& d);
+                        const AttentionParams& d);
 
 }  // namespace titan::kernels::ref

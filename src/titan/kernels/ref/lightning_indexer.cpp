@@ -10,12 +10,14 @@ namespace titan::kernels::ref {
 
 namespace {
 
-// Number of valid keys of query t: 0 <= s < valid_keys(t) (dsa_dims.h), at most Skv.
-int64_t valid_keys(const IndexerDims& d, int64_t t) { return std::min(d.Skv, std::max<int64_t>(t + d.Skv - d.S + 1, 0)); }
+// Number of valid keys of query t: 0 <= s < valid_keys(t) (dsa_params.h), at most Skv.
+int64_t valid_keys(const IndexerParams& d, int64_t t) {
+  return std::min(d.Skv, std::max<int64_t>(t + d.Skv - d.S + 1, 0));
+}
 
 // I(t, s) of one query row; dots [HI] receives q[t, j] . k[s] for the gradient.
 template <class T>
-acc_t<T> index_score(acc_t<T>* dots, const T* qt, const T* ks, const acc_t<T>* wt, const IndexerDims& d) {
+acc_t<T> index_score(acc_t<T>* dots, const T* qt, const T* ks, const acc_t<T>* wt, const IndexerParams& d) {
   acc_t<T> score = 0;
   for (int64_t j = 0; j < d.HI; ++j) {
     acc_t<T> dot = 0;
@@ -39,7 +41,7 @@ bool ranks_above(A va, int32_t ia, A vb, int32_t ib) {
 }  // namespace
 
 template <class T>
-void indexer_topk(int32_t* idx, const T* q, const T* k, const acc_t<T>* w, const IndexerDims& d) {
+void indexer_topk(int32_t* idx, const T* q, const T* k, const acc_t<T>* w, const IndexerParams& d) {
   using A = acc_t<T>;
   std::vector<A> scores(size_t(d.Skv)), dots(size_t(d.HI));
   std::vector<int32_t> order(size_t(d.Skv));
@@ -69,14 +71,14 @@ namespace {
 template <class T>
 struct KlRows {
   using A = acc_t<T>;
-  const IndexerDims& d;
+  const IndexerParams& d;
   std::vector<A> dk_acc;  // [B, Skv, DI], rounded to T at the end
   std::vector<int32_t> keys;
   std::vector<int64_t> pos;  // position of a key in keys, -1 when not listed (V_t is a set)
   std::vector<A> dots, score, target, dq_acc;
   double loss = 0;
 
-  explicit KlRows(const IndexerDims& dims)
+  explicit KlRows(const IndexerParams& dims)
       : d(dims), dk_acc(size_t(d.B * d.Skv * d.DI), A(0)), keys(size_t(d.Skv)), pos(size_t(d.Skv), -1),
         dq_acc(size_t(d.HI * d.DI)) {}
 
@@ -111,7 +113,7 @@ struct KlRows {
   }
 
   // Adds the row's KL(target || softmax(score)) to loss and writes its dq and dw rows, adding its
-  // dk contributions: g = grad_scale * (softmax(I) - p) (dsa.md 6.4), ReLU'(0) = 0.
+  // dk contributions: g = grad_scale * (softmax(I) - p) (docs/dsa.md 6.4), ReLU'(0) = 0.
   void loss_and_grad(T* dq, A* dwt, const T* k, const T* qt, const A* wt, int64_t b, int64_t row, int64_t n, A lse,
                      double grad_scale) {
     for (int64_t j = 0; j < d.HI; ++j) dwt[j] = 0;
@@ -146,8 +148,8 @@ struct KlRows {
 
 template <class T>
 double indexer_kl_loss(T* dq, T* dk, acc_t<T>* dw, const T* q, const T* k, const acc_t<T>* w, const T* mq,
-                       const T* mk, const acc_t<T>* mlse, const int32_t* idx, const IndexerDims& d,
-                       const IndexerTargetDims& td, double grad_scale) {
+                       const T* mk, const acc_t<T>* mlse, const int32_t* idx, const IndexerParams& d,
+                       const IndexerTargetParams& td, double grad_scale) {
   using A = acc_t<T>;
   const int64_t group = td.H / td.Hk;
   KlRows<T> r(d);
@@ -187,7 +189,7 @@ double indexer_kl_loss(T* dq, T* dk, acc_t<T>* dw, const T* q, const T* k, const
 
 template <class T>
 double indexer_kl_loss_sparse(T* dq, T* dk, acc_t<T>* dw, const T* q, const T* k, const acc_t<T>* w,
-                              const int32_t* idx, const acc_t<T>* target, const IndexerDims& d, double grad_scale) {
+                              const int32_t* idx, const acc_t<T>* target, const IndexerParams& d, double grad_scale) {
   using A = acc_t<T>;
   KlRows<T> r(d);
   for (int64_t b = 0; b < d.B; ++b) {
@@ -223,13 +225,13 @@ void hadamard_transform(T* x, int64_t rows, int64_t n) {
   }
 }
 
-#define TITAN_LI_INSTANTIATE(T)                                                                                    \
-  template void indexer_topk<T>(int32_t*, const T*, const T*, const acc_t<T>*, const IndexerDims&);               \
-  template double indexer_kl_loss<T>(T*, T*, acc_t<T>*, const T*, const T*, const acc_t<T>*, const T*, const T*,   \
-                                     const acc_t<T>*, const int32_t*, const IndexerDims&, const IndexerTargetDims&, \
-                                     double);                                                                      \
-  template double indexer_kl_loss_sparse<T>(T*, T*, acc_t<T>*, const T*, const T*, const acc_t<T>*, const int32_t*, \
-                                            const acc_t<T>*, const IndexerDims&, double);                          \
+#define TITAN_LI_INSTANTIATE(T)                                                                                   \
+  template void indexer_topk<T>(int32_t*, const T*, const T*, const acc_t<T>*, const IndexerParams&);             \
+  template double indexer_kl_loss<T>(T*, T*, acc_t<T>*, const T*, const T*, const acc_t<T>*, const T*, const T*,  \
+                                     const acc_t<T>*, const int32_t*, const IndexerParams&,                       \
+                                     const IndexerTargetParams&, double);                                         \
+  template double indexer_kl_loss_sparse<T>(T*, T*, acc_t<T>*, const T*, const T*, const acc_t<T>*,               \
+                                            const int32_t*, const acc_t<T>*, const IndexerParams&, double);       \
   template void hadamard_transform<T>(T*, int64_t, int64_t);
 TITAN_REF_FOR_EACH_TYPE(TITAN_LI_INSTANTIATE)
 #undef TITAN_LI_INSTANTIATE

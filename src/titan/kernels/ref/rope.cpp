@@ -7,17 +7,17 @@ namespace {
 struct PairIndex {
   int64_t first, second;
 };
-PairIndex pair_index(const RopeShape& s, int64_t i) {
+PairIndex pair_index(const RopeParams& s, int64_t i) {
   if (s.layout == RopeLayout::interleaved) return {s.rope_offset + 2 * i, s.rope_offset + 2 * i + 1};
   return {s.rope_offset + i, s.rope_offset + i + s.rope_dims / 2};
 }
-bool rotated(const RopeShape& s, int64_t d) { return d >= s.rope_offset && d < s.rope_offset + s.rope_dims; }
+bool rotated(const RopeParams& s, int64_t d) { return d >= s.rope_offset && d < s.rope_offset + s.rope_dims; }
 
 // out(a, b) = (a c - b sn, a sn + b c) for sign = +1 (forward) or the transpose for sign = -1.
 // accumulate: out += instead of out =.
 template <class T>
 void rotate(T* out, const T* in, const acc_t<T>* cos, const acc_t<T>* sin, const int32_t* positions,
-            const RopeShape& s, acc_t<T> sign, bool accumulate) {
+            const RopeParams& s, acc_t<T> sign, bool accumulate) {
   using A = acc_t<T>;
   const int64_t half = s.rope_dims / 2;
   for (int64_t n = 0; n < s.tokens; ++n) {
@@ -46,19 +46,19 @@ void rotate(T* out, const T* in, const acc_t<T>* cos, const acc_t<T>* sin, const
 
 template <class T>
 void rope_forward(T* y, const T* x, const acc_t<T>* cos, const acc_t<T>* sin, const int32_t* positions,
-                  const RopeShape& s) {
+                  const RopeParams& s) {
   rotate(y, x, cos, sin, positions, s, acc_t<T>(1), false);
 }
 
 template <class T>
 void rope_backward(T* dx, const T* dy, const acc_t<T>* cos, const acc_t<T>* sin, const int32_t* positions,
-                   const RopeShape& s) {
+                   const RopeParams& s) {
   rotate(dx, dy, cos, sin, positions, s, acc_t<T>(-1), true);
 }
 
-#define TITAN_INSTANTIATE(T)                                                                           \
-  template void rope_forward<T>(T*, const T*, const acc_t<T>*, const acc_t<T>*, const int32_t*, const RopeShape&); \
-  template void rope_backward<T>(T*, const T*, const acc_t<T>*, const acc_t<T>*, const int32_t*, const RopeShape&);
+#define TITAN_INSTANTIATE(T)                                                                                        \
+  template void rope_forward<T>(T*, const T*, const acc_t<T>*, const acc_t<T>*, const int32_t*, const RopeParams&); \
+  template void rope_backward<T>(T*, const T*, const acc_t<T>*, const acc_t<T>*, const int32_t*, const RopeParams&);
 TITAN_REF_FOR_EACH_TYPE(TITAN_INSTANTIATE)
 #undef TITAN_INSTANTIATE
 

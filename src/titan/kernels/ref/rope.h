@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "titan/kernels/ref/scalar.h"
-#include "titan/kernels/rope_shape.h"
+#include "titan/kernels/rope_params.h"
 
 namespace titan::kernels::ref {
 
@@ -17,7 +17,7 @@ void rope_forward(T* y,                    // [N, H, Dh]
                   const acc_t<T>* cos,     // [P, R/2]
                   const acc_t<T>* sin,     // [P, R/2]
                   const int32_t* positions,  // [N], each in [0, P)
-                  const RopeShape& s);
+                  const RopeParams& s);
 
 // The transpose of the forward rotation (rotation by -theta), accumulated:
 //   dx(a, b) += (da cos + db sin, -da sin + db cos); dims outside the rotated range get dx += dy.
@@ -27,6 +27,6 @@ void rope_backward(T* dx,                   // [N, H, Dh]
                    const acc_t<T>* cos,     // [P, R/2]
                    const acc_t<T>* sin,     // [P, R/2]
                    const int32_t* positions,  // [N]
-                   const RopeShape& s);
+                   const RopeParams& s);
 
 }  // namespace titan::kernels::ref

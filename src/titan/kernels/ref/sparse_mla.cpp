@@ -20,7 +20,7 @@ A dot(const T* x, const T* y, int64_t n) {
 
 template <class T>
 void sparse_mla_forward(T* o, acc_t<T>* lse, acc_t<T>* head_mean, const T* q, const T* kv, const int32_t* idx,
-                        const SparseMlaDims& d) {
+                        const SparseMlaParams& d) {
   using A = acc_t<T>;
   const A scale = A(d.scale);
   std::vector<A> scores(size_t(d.K)), acc(size_t(d.Dv));
@@ -67,7 +67,7 @@ void sparse_mla_forward(T* o, acc_t<T>* lse, acc_t<T>* head_mean, const T* q, co
 
 template <class T>
 void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const int32_t* idx, const T* o,
-                         const acc_t<T>* lse, const SparseMlaDims& d) {
+                         const acc_t<T>* lse, const SparseMlaParams& d) {
   using A = acc_t<T>;
   const A scale = A(d.scale);
   // dkv of one batch element collects every query's contributions in acc_t and is stored once,
@@ -104,10 +104,10 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
 }
 
 #define TITAN_INSTANTIATE(T)                                                                                  \
-  template void sparse_mla_forward<T>(T*, acc_t<T>*, acc_t<T>*, const T*, const T*, const int32_t*,            \
-                                      const SparseMlaDims&);                                                \
-  template void sparse_mla_backward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, const T*,          \
-                                       const acc_t<T>*, const SparseMlaDims&);
+  template void sparse_mla_forward<T>(T*, acc_t<T>*, acc_t<T>*, const T*, const T*, const int32_t*,           \
+                                      const SparseMlaParams&);                                                \
+  template void sparse_mla_backward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, const T*,        \
+                                       const acc_t<T>*, const SparseMlaParams&);
 TITAN_REF_FOR_EACH_TYPE(TITAN_INSTANTIATE)
 #undef TITAN_INSTANTIATE
 

@@ -1,5 +1,5 @@
 // DeepSeek Sparse Attention (DeepSeek-V3.2): the two training stages and the two implementations
-// of one MLA layer with its lightning indexer. Math: /work/shared/reference/dsa.md sections 1-6.
+// of one MLA layer with its lightning indexer. Math: docs/dsa.md sections 1-6.
 //
 // Stages (DeepSeek-V3.2-Exp paper, section 2.1):
 // - dense_warmup: attention is dense MLA (standard form); the indexer learns to match the head

@@ -1,4 +1,4 @@
-// The lightning indexer of one DeepSeek-V3.2 layer (dsa.md section 2): per token, H_I query heads
+// The lightning indexer of one DeepSeek-V3.2 layer (docs/dsa.md section 2): per token, H_I query heads
 // from the query latent qr and one key from the hidden state x, scored by
 //   I(t, s) = sum_j w[t, j] * ReLU(q[t, j] . k[s]).
 // Registered as "attention.indexer" with TorchTitan/DeepSeek names: wq_b, wk, k_norm, weights_proj.

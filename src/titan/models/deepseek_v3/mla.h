@@ -1,5 +1,5 @@
 // Multi-head latent attention (MLA), DeepSeek-V2/V3. Notation and shapes:
-// /work/shared/reference/dsa.md section 1 (d_c = kv_lora_rank, d_n / d_r / d_v = qk_nope / qk_rope
+// docs/dsa.md section 1 (d_c = kv_lora_rank, d_n / d_r / d_v = qk_nope / qk_rope
 // / v head dims, d_qk = d_n + d_r).
 //
 //   q      = wq x, or wq_b q_norm(wq_a x)                 per head [d_n | d_r], RoPE on the d_r tail

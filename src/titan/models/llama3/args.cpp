@@ -1,6 +1,7 @@
 #include "titan/models/llama3/args.h"
 
 #include <cmath>
+#include <vector>
 
 #include "titan/core/error.h"
 
@@ -82,12 +83,6 @@ Llama3Args llama3_flavor(const std::string& flavor, int64_t vocab_size) {
   std::string names;
   for (const Flavor& f : flavors()) names += (names.empty() ? "" : ", ") + std::string(f.name);
   TITAN_FAIL("unknown llama3 flavor '" + flavor + "'", "set [model] flavor to one of: " + names);
-}
-
-std::vector<std::string> llama3_flavor_names() {
-  std::vector<std::string> out;
-  for (const Flavor& f : flavors()) out.push_back(f.name);
-  return out;
 }
 
 }  // namespace titan::models::llama3

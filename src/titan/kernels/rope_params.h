@@ -17,7 +17,7 @@ enum class RopeLayout : uint8_t { interleaved, rotate_half };
 // head and leaves the others alone: DeepSeek MLA rotates the last 64 dims of a q head
 // (rope_offset = d_n) and the k_pe tail of the [N, d_c + d_r] kv projection (H = 1,
 // rope_offset = d_c); Llama rotates all dims (rope_offset = 0, rope_dims = Dh).
-struct RopeShape {
+struct RopeParams {
   int64_t tokens = 0;       // N
   int64_t heads = 0;        // H
   int64_t head_dim = 0;     // Dh

@@ -1,4 +1,5 @@
-// Sizes of one causal attention call, shared by the reference and the fast CPU kernels.
+// The parameters of one causal attention call (sizes and softmax scale), shared by the reference
+// and the fast CPU kernels.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +9,7 @@ namespace titan::kernels {
 // q [B, S, H, Dqk], k [B, S, Hkv, Dqk], v [B, S, Hkv, Dv], o [B, S, H, Dv], lse [B, H, S].
 // Query head h reads kv head h / (H / Hkv) (grouped-query attention; Hkv == H is plain MHA).
 // Dqk and Dv differ for MLA (192 and 128). Query i attends to keys j <= i.
-struct AttentionDims {
+struct AttentionParams {
   int64_t B = 0, S = 0, H = 0, Hkv = 0, Dqk = 0, Dv = 0;
   double scale = 0;  // softmax scale applied to q.k; callers usually pass Dqk^-0.5
 };

@@ -1,6 +1,7 @@
-// Sizes of the DeepSeek Sparse Attention kernels (lightning indexer, sparse MLA attention and the
-// indexer's KL loss), shared by the Tensor API, the reference twins and the fast CPU kernels.
-// Math: /work/shared/reference/dsa.md sections 2-6. Vocabulary of dimension names:
+// The parameters (sizes and scales) of the DeepSeek Sparse Attention kernels (lightning indexer,
+// sparse MLA attention and the indexer's KL loss), one struct per kernel family, shared by the
+// Tensor API, the reference twins and the fast CPU kernels.
+// Math: docs/dsa.md sections 2-6. Vocabulary of dimension names:
 //   B batch, S query positions, Skv key positions (the queries are the LAST S of the Skv
 //   positions, so query t sits at key position t + Skv - S; training has Skv == S),
 //   H main attention heads, Hk main key heads (1 = the absorbed MQA form, H = standard MLA),
@@ -14,13 +15,13 @@ namespace titan::kernels {
 // Key s is a valid candidate for query t when 0 <= s <= t + (Skv - S) (causal). A selected index
 // idx[b, t, i] is valid when it is a valid candidate; anything else (-1 padding, >= Skv, a
 // future key) contributes nothing.
-struct IndexerDims {
+struct IndexerParams {
   int64_t B = 0, S = 0, Skv = 0;
   int64_t HI = 0, DI = 0;
   int64_t K = 0;  // slots per query row in idx
 };
 
-struct SparseMlaDims {
+struct SparseMlaParams {
   int64_t B = 0, S = 0, Skv = 0;
   int64_t H = 0;
   int64_t Dqk = 0;  // key width: all Dqk dims of a latent row (576 at full scale)
@@ -30,7 +31,7 @@ struct SparseMlaDims {
 };
 
 // The main attention whose head-averaged probabilities are the indexer's KL target.
-struct IndexerTargetDims {
+struct IndexerTargetParams {
   int64_t H = 0, Hk = 0, D = 0;  // query heads, key heads (1 or H), query-key width
   double scale = 0;
 };
