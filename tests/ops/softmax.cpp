@@ -7,13 +7,14 @@ using namespace titan;
 using namespace titan::test;
 
 TITAN_OP_CASES(softmax) {
+  const std::vector<std::string> kDims = {"N", "D"};
   const std::vector<std::vector<int64_t>> shapes = {{1, 1}, {1, 7}, {3, 33}, {5, 129}, {2, 1000}, {3, 4097}, {300, 64}};
   // Outputs of 16 MiB and more are written with streaming stores (kernels/cpu/chunks.h); 2100 x
   // 4097 crosses that in bf16 and f32, with rows that start unaligned.
   std::vector<std::vector<int64_t>> forward_shapes = shapes;
   forward_shapes.push_back({2100, 4097});
   return {
-      {"softmax_forward", forward_shapes,
+      {"softmax_forward", kDims, forward_shapes,
        [](const OpInput& in) {
          Tensor x32 = random_tensor({in.dims[0], in.dims[1]}, DType::f32, in.seed, "x", -20, 20);
          for (int64_t j = 0; j < in.dims[1]; ++j) x32.data<float>()[j] += 1000.0f;
@@ -24,7 +25,7 @@ TITAN_OP_CASES(softmax) {
            return std::vector<Tensor>{y};
          });
        }},
-      {"softmax_backward", shapes,
+      {"softmax_backward", kDims, shapes,
        [](const OpInput& in) {
          // y is a real softmax output (rows sum to 1), as backward assumes.
          const Tensor x = random_tensor({in.dims[0], in.dims[1]}, in.dtype, in.seed, "x", -4, 4);
