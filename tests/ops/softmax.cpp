@@ -1,5 +1,7 @@
 // Rows of the op table for kernels/softmax. dims = {N, D}. Logits span [-20, 20] and row 0 is
 // shifted by +1000, which overflows exp unless the row max is subtracted.
+#include <limits>
+
 #include "common/backend_compare.h"
 #include "titan/kernels/softmax.h"
 
@@ -23,6 +25,27 @@ TITAN_OP_CASES(softmax) {
            Tensor y = Tensor::empty(x.shape(), in.dtype);
            kernels::softmax_forward(y, x);
            return std::vector<Tensor>{y};
+         });
+       }},
+      // Masked logits: about a third of each row (never its first entry) is -inf, as a masked
+      // score is. exp(-inf) is exactly 0 on every path (kernels/cpu/isa.h fast_exp, avx512.h
+      // exp2_16), so y is exactly 0 there and backward leaves dx unchanged; a kernel that turns
+      // -inf into NaN, or a max pass that lets -inf through, fails the exact non-finite comparison.
+      {"softmax_masked", kDims, shapes,
+       [](const OpInput& in) {
+         Tensor x32 = random_tensor({in.dims[0], in.dims[1]}, DType::f32, in.seed, "x", -20, 20);
+         Generator g(in.seed, "mask");
+         constexpr float kMasked = -std::numeric_limits<float>::infinity();
+         for (int64_t i = 0; i < x32.numel(); ++i)
+           if (i % in.dims[1] != 0 && g.next_below(3) == 0) x32.data<float>()[i] = kMasked;
+         const Tensor x = x32.to(in.dtype);
+         const Tensor dy = random_tensor(x.shape(), in.dtype, in.seed, "dy");
+         const Tensor dx0 = random_tensor(x.shape(), in.dtype, in.seed, "dx");
+         return fast_vs_reference({"y", "dx"}, [&] {
+           Tensor y = Tensor::empty(x.shape(), in.dtype), dx = dx0.clone();
+           kernels::softmax_forward(y, x);
+           kernels::softmax_backward(dx, dy, y);
+           return std::vector<Tensor>{y, dx};
          });
        }},
       {"softmax_backward", kDims, shapes,
