@@ -1,22 +1,29 @@
 // Continue-training a Hugging Face DeepSeek-V3: `titan ckpt convert --from-hf`, then `titan train`
 // with checkpoint.initial_load_path at the converted step folder builds the HF architecture (not
 // the flavor's), starts from its weights, resumes from its own checkpoints, optionally trains the
-// checkpoint's MTP module, and `titan generate` reads both the converted and the trained checkpoints.
+// checkpoint's MTP module, and `titan generate` continues a prompt from both the converted and the
+// trained checkpoints as a greedy decode of their weights does.
 #include <gtest/gtest.h>
 
 #include "common/byte_dataset.h"
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <span>
 
 #include <nlohmann/json.hpp>
 
+#include "titan/autograd/variable.h"
 #include "titan/checkpoint/checkpoint.h"
 #include "titan/checkpoint/hf.h"
 #include "titan/cli/ckpt_cli.h"
 #include "titan/cli/generate_cli.h"
 #include "titan/data/prepare.h"
+#include "titan/data/tokenizer.h"
 #include "titan/models/deepseek_v3/hf_adapter.h"
 #include "titan/models/deepseek_v3/moe_layer.h"
 #include "titan/train/trainer.h"
@@ -61,20 +68,69 @@ train::JobConfig config(const fs::path& data, const fs::path& run, const fs::pat
   return train::parse_config(toml, "from_hf.toml");
 }
 
-// max |a - b| of a run's model tensor against the HF original.
-double drift(const checkpoint::LoadedCheckpoint& ck, const std::string& ours, const checkpoint::HfFolder& hf,
-             const std::string& theirs) {
-  const Tensor a = ck.tensors.at("model." + ours), b = hf.load_f32(theirs);
-  EXPECT_EQ(a.shape(), b.shape()) << ours;
+double max_diff(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
   double m = 0;
   for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, double(std::abs(a.data<float>()[i] - b.data<float>()[i])));
   return m;
+}
+
+// max |a - b| of a run's model tensor against the HF original.
+double drift(const checkpoint::LoadedCheckpoint& ck, const std::string& ours, const checkpoint::HfFolder& hf,
+             const std::string& theirs) {
+  return max_diff(ck.tensors.at("model." + ours), hf.load_f32(theirs));
+}
+
+// What `titan generate --temperature 0` must print for `prompt` from a checkpoint step folder:
+// the prompt, its greedy continuation by full forwards over the whole sequence (no KV cache) of
+// the checkpoint's weights, decoded, and a newline. Each choice must beat the runner-up by a
+// margin that KV-cached decoding cannot round away.
+std::string greedy_generation(const fs::path& step, const data::Tokenizer& tok, const std::string& prompt,
+                              int new_tokens) {
+  const checkpoint::LoadedCheckpoint ck = checkpoint::load_checkpoint(step);
+  ds::DeepSeekV3Args a = ds::args_from_hf_config(ck.train_state.at("hf_config"), step.string());
+  a.num_mtp_layers = 0;  // generation builds no MTP module
+  ds::Transformer m(a, ds::moe_layer);
+  std::map<std::string, Tensor> state;
+  for (const auto& [name, t] : ck.tensors)
+    if (name.starts_with("model.") && !name.starts_with("model.mtp.")) state[name.substr(6)] = t;
+  for (const auto& [name, t] : m.state_dict())  // run-time MoE statistics, not checkpointed
+    if (name.ends_with("tokens_per_expert")) state.try_emplace(name, t);
+  m.load_state_dict(state, /*strict=*/true, step.string());
+  m.set_compute_dtype(DType::f32);
+  autograd::NoGradGuard no_grad;
+  std::vector<int32_t> ids = tok.encode(prompt, tok.bos_id().has_value());
+  const size_t prompt_len = ids.size();
+  for (int n = 0; n < new_tokens; ++n) {
+    Tensor input = Tensor::empty({1, int64_t(ids.size())}, DType::i32);
+    std::copy(ids.begin(), ids.end(), input.data<int32_t>());
+    const Tensor logits = m.forward(input).value().contiguous();  // [S, V]
+    const int64_t vocab = logits.size(1);
+    const float* last = logits.data<float>() + (int64_t(ids.size()) - 1) * vocab;
+    std::vector<float> sorted(last, last + vocab);
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+    EXPECT_GT(sorted[0] - sorted[1], 1e-3) << step << ": token " << n << " is a near-tie";
+    const int32_t next = int32_t(std::max_element(last, last + vocab) - last);
+    if (tok.eos_id() && next == *tok.eos_id()) break;
+    ids.push_back(next);
+  }
+  EXPECT_GT(ids.size(), prompt_len) << step << ": the greedy continuation is empty";
+  return prompt + tok.decode(std::span<const int32_t>(ids).subspan(prompt_len), /*skip_special=*/true) + "\n";
 }
 
 int run_cli(std::vector<std::string> args, int (*main_fn)(int, char**)) {
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   return main_fn(int(argv.size()), argv.data());
+}
+
+// What `titan generate` prints to stdout; it must exit with 0.
+std::string generate_output(const std::vector<std::string>& args) {
+  testing::internal::CaptureStdout();
+  const int rc = run_cli(args, cli::generate_main);
+  std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_EQ(rc, 0) << out;
+  return out;
 }
 
 }  // namespace
@@ -99,9 +155,11 @@ TEST(DeepSeekV3FromHf, ConvertedCheckpointContinuesTraining) {
   const fs::path init = root / "ckpt/step-0";
   const fs::path data = make_dataset(root / "data");
   const checkpoint::HfFolder hf = checkpoint::HfFolder::open(root / "hf");
-  // AdamW moves each weight by about lr per step: 3 steps of 1e-4 stay far closer to the HF
-  // weights than any fresh initialization (std 0.02) would be.
-  const double near = 3 * 1e-4 * 1.5;
+  // AdamW's first step moves a weight by about lr wherever its gradient is not tiny, and no step
+  // moves one by more than about lr (the 3-step schedule runs at lr, 2/3 lr, 1/3 lr): a trained
+  // tensor's largest change exceeds lr / 2, and stays far below any fresh initialization's
+  // distance from the HF weights (std 0.02).
+  const double lr = 1e-4, moved = 0.5 * lr, near = 3 * lr * 1.5;
 
   {  // Without MTP: the checkpoint's MTP layer is left out.
     train::Trainer t(config(data, root / "run", init, 3, 0), "from_hf");
@@ -114,20 +172,37 @@ TEST(DeepSeekV3FromHf, ConvertedCheckpointContinuesTraining) {
     ASSERT_TRUE(ck.train_state.contains("hf_config"));
     EXPECT_EQ(ck.tensors.at("model.tok_embeddings.weight").shape(), Shape({704, 16}));
     EXPECT_FALSE(ck.tensors.count("model.mtp.0.eh_proj.weight"));
-    EXPECT_LT(drift(ck, "layers.1.attention.wq_a.weight", hf, "model.layers.1.self_attn.q_a_proj.weight"), near);
-    EXPECT_LT(drift(ck, "output.weight", hf, "lm_head.weight"), near);
+    for (const auto& [ours, theirs] :
+         {std::pair{"layers.1.attention.wq_a.weight", "model.layers.1.self_attn.q_a_proj.weight"},
+          std::pair{"output.weight", "lm_head.weight"}}) {
+      const double d = drift(ck, ours, hf, theirs);
+      EXPECT_GT(d, moved) << ours << " did not train";
+      EXPECT_LT(d, near) << ours << " did not start from the HF weights";
+    }
   }
-  {  // Resumes from its own step-3 with the same architecture.
+  {  // Resumes from its own step-3 with the same architecture: one step on from its weights, at
+     // the 4-step schedule's last learning rate (linear decay without warmup: lr / 4).
     train::Trainer t(config(data, root / "run", init, 4, 0), "from_hf resumed");
     EXPECT_EQ(t.train().last_step, 4);
+    const auto step3 = checkpoint::load_checkpoint(root / "run/checkpoint/step-3");
+    const auto step4 = checkpoint::load_checkpoint(root / "run/checkpoint/step-4");
+    for (const char* name : {"model.layers.1.attention.wq_a.weight", "model.output.weight"}) {
+      const double d = max_diff(step4.tensors.at(name), step3.tensors.at(name));
+      EXPECT_GT(d, 0.25 * moved) << name << " did not train after resuming";
+      EXPECT_LT(d, 0.25 * lr * 1.5) << name << " did not resume from step 3";
+    }
   }
-  {  // With the MTP module, starting from the checkpoint's.
+  {  // With the MTP module, starting from the checkpoint's, and training it.
     train::Trainer t(config(data, root / "mtp_run", init, 3, 1), "from_hf mtp");
     EXPECT_EQ(t.train().last_step, 3);
     const auto ck = checkpoint::load_checkpoint(root / "mtp_run/checkpoint/step-3");
-    EXPECT_LT(drift(ck, "mtp.0.eh_proj.weight", hf, "model.layers.2.eh_proj.weight"), near);
-    EXPECT_LT(drift(ck, "mtp.0.block.attention.wkv_a.weight", hf, "model.layers.2.self_attn.kv_a_proj_with_mqa.weight"),
-              near);
+    for (const auto& [ours, theirs] :
+         {std::pair{"mtp.0.eh_proj.weight", "model.layers.2.eh_proj.weight"},
+          std::pair{"mtp.0.block.attention.wkv_a.weight", "model.layers.2.self_attn.kv_a_proj_with_mqa.weight"}}) {
+      const double d = drift(ck, ours, hf, theirs);
+      EXPECT_GT(d, moved) << ours << " did not train";
+      EXPECT_LT(d, near) << ours << " did not start from the HF weights";
+    }
   }
   // Back to Hugging Face, with the MTP layer when the run trained it.
   for (const auto& [run, mtp] : {std::pair{"run/checkpoint/step-4", 0}, std::pair{"mtp_run/checkpoint/step-3", 1}}) {
@@ -138,13 +213,20 @@ TEST(DeepSeekV3FromHf, ConvertedCheckpointContinuesTraining) {
     EXPECT_EQ(back.config().at("vocab_size").get<int>(), 704);
     EXPECT_EQ(back.contains("model.layers.2.eh_proj.weight"), mtp == 1);
   }
-  // `titan generate` on the converted checkpoint and on the trained one.
-  const std::string tok = "tests/fixtures/tokenizer/deepseek_v3_bpe.json";
-  for (const fs::path& ck : {init, root / "mtp_run/checkpoint/step-3"})
-    EXPECT_EQ(run_cli({"generate", "--checkpoint", ck.string(), "--tokenizer", tok, "--prompt", "the cat",
-                       "--max-new-tokens", "4"},
-                      cli::generate_main),
-              0)
-        << ck;
+  // `titan generate` on the converted checkpoint and on the trained one: greedy, it prints the
+  // prompt and the continuation the weights choose; sampled, the same text for the same seed.
+  const std::string tok_path = "tests/fixtures/tokenizer/deepseek_v3_bpe.json";
+  const data::Tokenizer tok = data::Tokenizer::load(tok_path);
+  for (const fs::path& ck : {init, root / "mtp_run/checkpoint/step-3"}) {
+    const std::vector<std::string> args = {"generate", "--checkpoint", ck.string(), "--tokenizer", tok_path,
+                                           "--prompt", "the cat", "--max-new-tokens", "4"};
+    std::vector<std::string> greedy = args, sampled = args;
+    greedy.insert(greedy.end(), {"--temperature", "0"});
+    sampled.insert(sampled.end(), {"--seed", "3"});
+    EXPECT_EQ(generate_output(greedy), greedy_generation(ck, tok, "the cat", 4)) << ck;
+    const std::string once = generate_output(sampled);
+    EXPECT_TRUE(once.starts_with("the cat") && once.size() > std::string("the cat\n").size()) << ck << ": " << once;
+    EXPECT_EQ(generate_output(sampled), once) << ck;
+  }
   fs::remove_all(root);
 }

@@ -22,7 +22,7 @@ Tensor input(const OpInput& in, std::string_view name, double range = 1) {
 
 TITAN_OP_CASES(activation) {
   return {
-      {"silu_forward", kForwardShapes,
+      {"silu_forward", {"n"}, kForwardShapes,
        [](const OpInput& in) {
          const Tensor x = input(in, "x", 12);
          return fast_vs_reference({"y"}, [&] {
@@ -31,7 +31,7 @@ TITAN_OP_CASES(activation) {
            return std::vector<Tensor>{y};
          });
        }},
-      {"silu_backward", kShapes,
+      {"silu_backward", {"n"}, kShapes,
        [](const OpInput& in) {
          const Tensor x = input(in, "x", 12), dy = input(in, "dy"), dx0 = input(in, "dx");
          return fast_vs_reference({"dx"}, [&] {
@@ -40,7 +40,7 @@ TITAN_OP_CASES(activation) {
            return std::vector<Tensor>{dx};
          });
        }},
-      {"swiglu_forward", kForwardShapes,
+      {"swiglu_forward", {"n"}, kForwardShapes,
        [](const OpInput& in) {
          const Tensor gate = input(in, "gate", 12), up = input(in, "up", 2);
          return fast_vs_reference({"y"}, [&] {
@@ -51,7 +51,7 @@ TITAN_OP_CASES(activation) {
        }},
       // Gates far in both tails, where the sigmoid saturates (exp over- or underflows): the
       // outputs must stay finite and near 0 or gate * up.
-      {"swiglu_forward_tails", {{11}, {37}},
+      {"swiglu_forward_tails", {"n"}, {{11}, {37}},
        [](const OpInput& in) {
          const float tails[] = {-1e4f, -200.0f, -100.0f, -88.5f, -87.0f, -30.0f, 30.0f, 87.0f, 88.5f, 100.0f, 1e4f};
          Tensor gate32 = Tensor::empty({in.dims[0]}, DType::f32);
@@ -63,7 +63,7 @@ TITAN_OP_CASES(activation) {
            return std::vector<Tensor>{y};
          });
        }},
-      {"swiglu_backward", kShapes,
+      {"swiglu_backward", {"n"}, kShapes,
        [](const OpInput& in) {
          const Tensor gate = input(in, "gate", 12), up = input(in, "up", 2), dy = input(in, "dy");
          const Tensor dgate0 = input(in, "dgate"), dup0 = input(in, "dup");

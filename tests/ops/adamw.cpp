@@ -7,7 +7,7 @@ using namespace titan;
 using namespace titan::test;
 
 TITAN_OP_CASES(adamw) {
-  return {{"adamw_step", {{1}, {17}, {1000}, {40009}},
+  return {{"adamw_step", {"n"}, {{1}, {17}, {1000}, {40009}},
            [](const OpInput& in) {
              const int64_t n = in.dims[0];
              kernels::AdamWParams a;

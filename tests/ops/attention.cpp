@@ -128,6 +128,9 @@ OpOutputs run_mla_backward(const MlaCase& c, uint64_t seed) {
           {"dq stored", dq_store, dq_zero}, {"dkv stored", dkv_store, dkv_zero}, {"dk_rope stored", dr_store, dr_zero}};
 }
 
+const std::vector<std::string> kAttentionDims = {"B", "S", "H", "Hkv", "Dqk", "Dv"};
+const std::vector<std::string> kMlaDims = {"B", "S", "H", "Dn", "Dr", "Dv"};
+
 }  // namespace
 
 TITAN_OP_CASES(attention) {
@@ -150,12 +153,12 @@ TITAN_OP_CASES(attention) {
   const std::vector<std::vector<int64_t>> mla_shapes = {
       {2, 77, 2, 128, 64, 128}, {1, 300, 3, 128, 64, 128}, {2, 40, 3, 24, 8, 40}, {1, 1, 2, 16, 16, 16}};
   return {
-      {"attention_forward", shapes,
+      {"attention_forward", kAttentionDims, shapes,
        [](const OpInput& in) {
          const AttentionCase c(in);
          return in.dtype == DType::f32 ? run_forward<float>(c) : run_forward<bf16>(c);
        }},
-      {"attention_backward", shapes,
+      {"attention_backward", kAttentionDims, shapes,
        [](const OpInput& in) {
          const AttentionCase c(in);
          return in.dtype == DType::f32 ? run_backward<float>(c, in.seed) : run_backward<bf16>(c, in.seed);
@@ -163,9 +166,9 @@ TITAN_OP_CASES(attention) {
       // MLA keys read in place (f32 kernels; bf16 assembles them for plain attention). {B, S, H,
       // Dn, Dr, Dv}: debugmodel's 128 / 64 / 128 with a short last block and over two key groups,
       // and dims that are not multiples of 16.
-      {"mla_attention_forward", mla_shapes, [](const OpInput& in) { return run_mla_forward(MlaCase(in)); },
+      {"mla_attention_forward", kMlaDims, mla_shapes, [](const OpInput& in) { return run_mla_forward(MlaCase(in)); },
        {DType::f32}},
-      {"mla_attention_backward", mla_shapes,
+      {"mla_attention_backward", kMlaDims, mla_shapes,
        [](const OpInput& in) { return run_mla_backward(MlaCase(in), in.seed); }, {DType::f32}},
   };
 }

@@ -9,7 +9,7 @@ using namespace titan::test;
 TITAN_OP_CASES(cast) {
   const std::vector<std::vector<int64_t>> shapes = {{1}, {31}, {33}, {1000}, {70001}};
   return {
-      {"cast_f32_to_bf16", shapes,
+      {"cast_f32_to_bf16", {"n"}, shapes,
        [](const OpInput& in) {
          Tensor x = random_tensor({in.dims[0]}, DType::f32, in.seed, "x", -300, 300);
          x.data<float>()[0] = 1.0f + 1.0f / 256;  // a rounding tie
@@ -19,7 +19,7 @@ TITAN_OP_CASES(cast) {
          return OpOutputs{{"y", fast, ref, 0.0, 0.0}};  // must be bit-exact
        },
        {DType::f32}},
-      {"cast_bf16_to_f32", shapes,
+      {"cast_bf16_to_f32", {"n"}, shapes,
        [](const OpInput& in) {
          Tensor x = random_tensor({in.dims[0]}, DType::bf16, in.seed, "x", -300, 300);
          Tensor fast = Tensor::empty(x.shape(), DType::f32), ref = Tensor::empty(x.shape(), DType::f32);

@@ -42,9 +42,11 @@ OpOutputs add_case(const OpInput& in) {
   return {{"dst", fast, in.dtype == DType::f32 ? ref : ref.to(in.dtype)}};
 }
 
+const std::vector<std::string> kDims = {"R", "repeat", "width"};
+
 }  // namespace
 
 TITAN_OP_CASES(columns) {
   const std::vector<std::vector<int64_t>> shapes = {{1, 1, 1}, {7, 1, 13}, {5, 3, 64}, {300, 16, 33}, {1029, 1, 128}};
-  return {{"copy_columns", shapes, copy_case}, {"add_columns", shapes, add_case}};
+  return {{"copy_columns", kDims, shapes, copy_case}, {"add_columns", kDims, shapes, add_case}};
 }

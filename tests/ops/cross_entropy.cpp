@@ -57,13 +57,15 @@ OpOutputs backward(const OpInput& in) {
 const std::vector<std::vector<int64_t>> kShapes = {{1, 1},     {3, 7},       {5, 4096},  {4, 4097}, {2, 4113},
                                                    {3, 8199},  {7, 10000},   {2, 129280}, {64, 1000}};
 
+const std::vector<std::string> kDims = {"N", "V"};
+
 }  // namespace
 
 TITAN_OP_CASES(cross_entropy) {
   return {
-      {"cross_entropy_forward", kShapes,
+      {"cross_entropy_forward", kDims, kShapes,
        [](const OpInput& in) { return in.dtype == DType::f32 ? forward<float>(in) : forward<bf16>(in); }},
-      {"cross_entropy_backward", kShapes,
+      {"cross_entropy_backward", kDims, kShapes,
        [](const OpInput& in) { return in.dtype == DType::f32 ? backward<float>(in) : backward<bf16>(in); }},
   };
 }

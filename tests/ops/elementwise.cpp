@@ -14,7 +14,7 @@ Tensor input(const OpInput& in, std::string_view name) { return random_tensor({i
 
 TITAN_OP_CASES(elementwise) {
   return {
-      {"add", kShapes,
+      {"add", {"n"}, kShapes,
        [](const OpInput& in) {
          const Tensor a = input(in, "a"), b = input(in, "b");
          return fast_vs_reference({"y", "y_inplace"}, [&] {
@@ -24,7 +24,7 @@ TITAN_OP_CASES(elementwise) {
            return std::vector<Tensor>{y, h};
          });
        }},
-      {"add_backward", kShapes,
+      {"add_backward", {"n"}, kShapes,
        [](const OpInput& in) {
          const Tensor dy = input(in, "dy"), da0 = input(in, "da"), db0 = input(in, "db");
          return fast_vs_reference({"da", "db", "db_only"}, [&] {
@@ -34,7 +34,7 @@ TITAN_OP_CASES(elementwise) {
            return std::vector<Tensor>{da, db, db_only};
          });
        }},
-      {"mul", kShapes,
+      {"mul", {"n"}, kShapes,
        [](const OpInput& in) {
          const Tensor a = input(in, "a"), b = input(in, "b");
          return fast_vs_reference({"y"}, [&] {
@@ -43,7 +43,7 @@ TITAN_OP_CASES(elementwise) {
            return std::vector<Tensor>{y};
          });
        }},
-      {"mul_backward", kShapes,
+      {"mul_backward", {"n"}, kShapes,
        [](const OpInput& in) {
          const Tensor dy = input(in, "dy"), a = input(in, "a"), b = input(in, "b"), g0 = input(in, "g");
          return fast_vs_reference({"da", "db", "da_only"}, [&] {
@@ -53,7 +53,7 @@ TITAN_OP_CASES(elementwise) {
            return std::vector<Tensor>{da, db, da_only};
          });
        }},
-      {"scale", kShapes,
+      {"scale", {"n"}, kShapes,
        [](const OpInput& in) {
          const Tensor x = input(in, "x");
          return fast_vs_reference({"y"}, [&] {
@@ -62,7 +62,7 @@ TITAN_OP_CASES(elementwise) {
            return std::vector<Tensor>{y};
          });
        }},
-      {"axpby", kShapes,
+      {"axpby", {"n"}, kShapes,
        [](const OpInput& in) {
          const Tensor x = input(in, "x"), y0 = input(in, "y");
          return fast_vs_reference({"y"}, [&] {

@@ -47,11 +47,13 @@ const std::vector<std::vector<int64_t>> kShapes = {{1, 1, 1},     {3, 17, 5},   
 
 #define TITAN_BY_DTYPE(fn) [](const OpInput& in) { return in.dtype == DType::f32 ? fn<float>(in) : fn<bf16>(in); }
 
+const std::vector<std::string> kDims = {"V", "N", "D"};
+
 }  // namespace
 
 TITAN_OP_CASES(embedding) {
   return {
-      {"embedding_forward", kShapes, TITAN_BY_DTYPE(embedding_forward)},
-      {"embedding_backward", kShapes, TITAN_BY_DTYPE(embedding_backward)},
+      {"embedding_forward", kDims, kShapes, TITAN_BY_DTYPE(embedding_forward)},
+      {"embedding_backward", kDims, kShapes, TITAN_BY_DTYPE(embedding_backward)},
   };
 }

@@ -84,13 +84,15 @@ const std::vector<std::vector<int64_t>> kShapes = {{1, 1, 1},   {3, 17, 5},   {1
 
 #define TITAN_BY_DTYPE(fn) [](const OpInput& in) { return in.dtype == DType::f32 ? fn<float>(in) : fn<bf16>(in); }
 
+const std::vector<std::string> kDims = {"R", "M", "D"};
+
 }  // namespace
 
 TITAN_OP_CASES(gather) {
   return {
-      {"gather_rows_forward", kShapes, TITAN_BY_DTYPE(gather_forward)},
-      {"gather_rows_backward", kShapes, TITAN_BY_DTYPE(gather_backward)},
-      {"scatter_add_rows_forward", kShapes, TITAN_BY_DTYPE(scatter_forward)},
-      {"scatter_add_rows_backward", kShapes, TITAN_BY_DTYPE(scatter_backward)},
+      {"gather_rows_forward", kDims, kShapes, TITAN_BY_DTYPE(gather_forward)},
+      {"gather_rows_backward", kDims, kShapes, TITAN_BY_DTYPE(gather_backward)},
+      {"scatter_add_rows_forward", kDims, kShapes, TITAN_BY_DTYPE(scatter_forward)},
+      {"scatter_add_rows_backward", kDims, kShapes, TITAN_BY_DTYPE(scatter_backward)},
   };
 }

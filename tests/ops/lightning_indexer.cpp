@@ -112,7 +112,7 @@ OpOutputs run_hadamard(const OpInput& in) {
 
 TITAN_OP_CASES(lightning_indexer) {
   return {
-      {"indexer_topk",
+      {"indexer_topk", {"B", "S", "Skv", "HI", "DI", "K"},
        // B, S, Skv, HI, DI, K
        {{1, 1, 1, 1, 1, 1}, {1, 1, 70, 3, 17, 8}, {2, 9, 9, 4, 64, 16}, {1, 100, 100, 4, 64, 7},
         {2, 130, 150, 2, 33, 40}, {1, 70, 200, 1, 16, 64}, {1, 3, 100, 64, 32, 5},
@@ -122,7 +122,7 @@ TITAN_OP_CASES(lightning_indexer) {
          const IndexerCase c(in);
          return in.dtype == DType::f32 ? run_topk<float>(c) : run_topk<bf16>(c);
        }},
-      {"indexer_kl_loss",
+      {"indexer_kl_loss", {"B", "S", "Skv", "HI", "DI", "K", "H", "Hk", "D"},
        // B, S, Skv, HI, DI, 0 (dense stage), H, Hk, D
        {{1, 1, 1, 1, 16, 0, 2, 2, 16}, {2, 17, 17, 3, 17, 0, 4, 4, 19}, {1, 70, 90, 4, 64, 0, 4, 1, 32},
         {1, 130, 130, 2, 16, 0, 2, 2, 24}},
@@ -130,7 +130,7 @@ TITAN_OP_CASES(lightning_indexer) {
          IndexerCase c(in);
          return in.dtype == DType::f32 ? run_loss<float>(c) : run_loss<bf16>(c);
        }},
-      {"indexer_kl_loss_sparse",
+      {"indexer_kl_loss_sparse", {"B", "S", "Skv", "HI", "DI", "K", "slots"},
        // B, S, Skv, HI, DI, K: selections covering most of the causal keys (blocked path), HI = 64
        {{1, 1, 1, 1, 16, 1}, {1, 5, 5, 2, 16, 8}, {2, 40, 50, 3, 17, 16}, {1, 150, 150, 4, 32, 70},
         {1, 3, 80, 64, 16, 33},
@@ -153,7 +153,7 @@ TITAN_OP_CASES(lightning_indexer) {
          IndexerCase c(in);
          return in.dtype == DType::f32 ? run_loss<float>(c) : run_loss<bf16>(c);
        }},
-      {"hadamard_transform",
+      {"hadamard_transform", {"rows", "n"},
        // rows, n
        {{1, 1}, {3, 2}, {5, 64}, {7, 128}, {2, 1024}},
        [](const OpInput& in) { return in.dtype == DType::f32 ? run_hadamard<float>(in) : run_hadamard<bf16>(in); }},

@@ -49,7 +49,7 @@ TITAN_OP_CASES(matmul) {
   return {
       // dims = {batch (0: plain 2-D), M, N, K, trans_a, trans_b, scaled (alpha=0.75, beta=-1.25),
       //         shared_b (2-D B for a batched A), padded (leading dims > row length)}
-      {"matmul",
+      {"matmul", {"batch", "M", "N", "K", "trans_a", "trans_b", "scaled", "shared_b", "padded"},
        {{0, 1, 1, 1, 0, 0, 0, 0, 0},       {0, 7, 13, 5, 0, 0, 0, 0, 0},      {0, 7, 13, 5, 1, 0, 0, 0, 0},
         {0, 7, 13, 5, 0, 1, 0, 0, 0},       {0, 7, 13, 5, 1, 1, 1, 0, 0},      {0, 33, 65, 17, 0, 0, 1, 0, 0},
         {0, 33, 65, 17, 1, 1, 0, 0, 1},     {0, 129, 257, 63, 0, 1, 0, 0, 0},  {0, 129, 257, 63, 1, 0, 1, 0, 0},
@@ -78,7 +78,7 @@ TITAN_OP_CASES(matmul) {
        }},
       // dims = {batch (0: plain 2-D), M, N, K, trans_a, trans_b, shared_b}: both gradients,
       // accumulated onto random values, in the inputs' dtype and (bf16) in f32.
-      {"matmul_backward",
+      {"matmul_backward", {"batch", "M", "N", "K", "trans_a", "trans_b", "shared_b"},
        {{0, 7, 13, 5, 0, 0, 0}, {0, 7, 13, 5, 1, 0, 0}, {0, 7, 13, 5, 0, 1, 0}, {0, 33, 65, 17, 1, 1, 0},
         {3, 33, 65, 17, 0, 1, 0}, {3, 33, 65, 17, 1, 0, 0}, {3, 33, 65, 17, 0, 1, 1}, {2, 129, 63, 257, 0, 0, 1}},
        [](const OpInput& in) {
@@ -107,7 +107,7 @@ TITAN_OP_CASES(matmul) {
        }},
       // dims = {N (tokens), in, out, has_bias}: forward, the three accumulated gradients, and dx
       // and dw written.
-      {"linear",
+      {"linear", {"N", "in", "out", "has_bias"},
        {{1, 1, 1, 1}, {7, 13, 5, 1}, {33, 65, 17, 0}, {129, 63, 257, 1}},
        [](const OpInput& in) {
          const int64_t rows = in.dims[0], nin = in.dims[1], nout = in.dims[2];
@@ -141,7 +141,7 @@ TITAN_OP_CASES(matmul) {
                           compared("dw_written", fast.dw_written, ref.dw_written, rows)};
        }},
       // dims = {rows, cols}: the per-ISA column sum against the reference's.
-      {"linear_bias_backward",
+      {"linear_bias_backward", {"rows", "cols"},
        {{1, 1}, {7, 13}, {1000, 33}, {3, 5000}},
        [](const OpInput& in) {
          const int64_t rows = in.dims[0], cols = in.dims[1];

@@ -204,6 +204,10 @@ const std::vector<std::vector<int64_t>> kPermuteShapes = {
     {1, 1, 1, 1},       {5, 2, 3, 7},      {17, 3, 8, 33},     {64, 4, 16, 129},
     {300, 8, 64, 96},   {1000, 6, 64, 300}, {1030, 4, 16, 1031}, {1, 3, 4, 515}};
 
+const std::vector<std::string> kGroupedDims = {"E", "M", "N", "K", "skew"};
+const std::vector<std::string> kRouterDims = {"N", "E", "k", "n_groups", "topk_groups", "sigmoid", "route_norm"};
+const std::vector<std::string> kPermuteDims = {"N", "k", "E", "D"};
+
 }  // namespace
 
 TITAN_OP_CASES(moe) {
@@ -218,13 +222,13 @@ TITAN_OP_CASES(moe) {
       {1, 1, 1, 1, 1, 0, 0},  {7, 8, 2, 1, 1, 0, 0},   {33, 8, 3, 1, 1, 1, 1},  {64, 16, 4, 4, 2, 1, 1},
       {100, 16, 4, 4, 2, 0, 0}, {513, 64, 6, 8, 3, 0, 1}, {300, 256, 8, 8, 4, 1, 1}};
   return {
-      {"grouped_matmul_forward", grouped_shapes, grouped_forward},
-      {"grouped_matmul_backward", grouped_shapes, grouped_backward},
-      {"moe_router_forward", router_shapes, router_forward, {DType::f32}},
-      {"moe_router_backward", router_shapes, router_backward, {DType::f32}},
-      {"moe_permute_forward", kPermuteShapes, permute_forward},
-      {"moe_permute_backward", kPermuteShapes, permute_backward},
-      {"moe_unpermute_forward", kPermuteShapes, unpermute_forward},
-      {"moe_unpermute_backward", kPermuteShapes, unpermute_backward},
+      {"grouped_matmul_forward", kGroupedDims, grouped_shapes, grouped_forward},
+      {"grouped_matmul_backward", kGroupedDims, grouped_shapes, grouped_backward},
+      {"moe_router_forward", kRouterDims, router_shapes, router_forward, {DType::f32}},
+      {"moe_router_backward", kRouterDims, router_shapes, router_backward, {DType::f32}},
+      {"moe_permute_forward", kPermuteDims, kPermuteShapes, permute_forward},
+      {"moe_permute_backward", kPermuteDims, kPermuteShapes, permute_backward},
+      {"moe_unpermute_forward", kPermuteDims, kPermuteShapes, unpermute_forward},
+      {"moe_unpermute_backward", kPermuteDims, kPermuteShapes, unpermute_backward},
   };
 }

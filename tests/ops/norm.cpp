@@ -7,6 +7,7 @@ using namespace titan;
 using namespace titan::test;
 
 namespace {
+const std::vector<std::string> kDims = {"N", "D"};
 const std::vector<std::vector<int64_t>> kShapes = {{1, 1}, {1, 7}, {3, 33}, {5, 129}, {2, 1000}, {3, 4097}, {130, 64}};
 // Forward outputs of 16 MiB and more are written with streaming stores (kernels/cpu/chunks.h);
 // 2100 x 4097 crosses that in bf16 and f32, with rows that start unaligned.
@@ -33,7 +34,7 @@ NormInputs make_inputs(const OpInput& in) {
 
 TITAN_OP_CASES(norm) {
   return {
-      {"rmsnorm_forward", kForwardShapes,
+      {"rmsnorm_forward", kDims, kForwardShapes,
        [](const OpInput& in) {
          const NormInputs v = make_inputs(in);
          return fast_vs_reference({"y", "rstd"}, [&] {
@@ -42,7 +43,7 @@ TITAN_OP_CASES(norm) {
            return std::vector<Tensor>{y, rstd};
          });
        }},
-      {"rmsnorm_backward", kShapes,
+      {"rmsnorm_backward", kDims, kShapes,
        [](const OpInput& in) {
          const NormInputs v = make_inputs(in);
          Tensor y = Tensor::empty(v.x.shape(), in.dtype), rstd = Tensor::empty({in.dims[0]}, DType::f32);
@@ -54,7 +55,7 @@ TITAN_OP_CASES(norm) {
            return std::vector<Tensor>{dx, dw, dx_frozen};
          });
        }},
-      {"layernorm_forward", kForwardShapes,
+      {"layernorm_forward", kDims, kForwardShapes,
        [](const OpInput& in) {
          const NormInputs v = make_inputs(in);
          return fast_vs_reference({"y", "mean", "rstd"}, [&] {
@@ -64,7 +65,7 @@ TITAN_OP_CASES(norm) {
            return std::vector<Tensor>{y, mean, rstd};
          });
        }},
-      {"layernorm_backward", kShapes,
+      {"layernorm_backward", kDims, kShapes,
        [](const OpInput& in) {
          const NormInputs v = make_inputs(in);
          Tensor y = Tensor::empty(v.x.shape(), in.dtype), mean = Tensor::empty({in.dims[0]}, DType::f32),

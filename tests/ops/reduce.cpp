@@ -9,6 +9,7 @@ using namespace titan::test;
 namespace {
 const std::vector<std::vector<int64_t>> kRowShapes = {{1, 1}, {1, 7}, {3, 33}, {5, 129}, {2, 1000}, {3, 4097}, {300, 64}};
 const std::vector<std::vector<int64_t>> kFlatShapes = {{1}, {7}, {33}, {1000}, {4097}, {70001}, {100000}};
+const std::vector<std::string> kRowDims = {"N", "D"}, kFlatDims = {"n"};
 
 // A double result as a one-element f32 tensor, so the table can compare it.
 Tensor scalar(double v) { return Tensor::full({1}, v, DType::f32); }
@@ -16,7 +17,7 @@ Tensor scalar(double v) { return Tensor::full({1}, v, DType::f32); }
 
 TITAN_OP_CASES(reduce) {
   return {
-      {"sum_rows", kRowShapes,
+      {"sum_rows", kRowDims, kRowShapes,
        [](const OpInput& in) {
          const Tensor x = random_tensor({in.dims[0], in.dims[1]}, in.dtype, in.seed, "x");
          return fast_vs_reference({"sum", "mean"}, [&] {
@@ -26,7 +27,7 @@ TITAN_OP_CASES(reduce) {
            return std::vector<Tensor>{s, m};
          });
        }},
-      {"sum_rows_backward", kRowShapes,
+      {"sum_rows_backward", kRowDims, kRowShapes,
        [](const OpInput& in) {
          const Tensor dy = random_tensor({in.dims[0]}, in.dtype, in.seed, "dy");
          const Tensor dx0 = random_tensor({in.dims[0], in.dims[1]}, in.dtype, in.seed, "dx");
@@ -36,7 +37,7 @@ TITAN_OP_CASES(reduce) {
            return std::vector<Tensor>{dx};
          });
        }},
-      {"max_rows", kRowShapes,
+      {"max_rows", kRowDims, kRowShapes,
        [](const OpInput& in) {
          Tensor x32 = random_tensor({in.dims[0], in.dims[1]}, DType::f32, in.seed, "x");
          // A tie in row 0: the first index must win.
@@ -54,7 +55,7 @@ TITAN_OP_CASES(reduce) {
          for (OpOutput& o : out) o.atol = o.rtol = 0;  // selection is exact
          return out;
        }},
-      {"sum_all", kFlatShapes,
+      {"sum_all", kFlatDims, kFlatShapes,
        [](const OpInput& in) {
          const Tensor x = random_tensor({in.dims[0]}, in.dtype, in.seed, "x", -1, 3);
          OpOutputs out = fast_vs_reference({"sum", "mean", "sum_squares"}, [&] {
@@ -67,7 +68,7 @@ TITAN_OP_CASES(reduce) {
          for (OpOutput& o : out) o.atol = 1e-6, o.rtol = 1e-5;
          return out;
        }},
-      {"sum_all_backward", kFlatShapes,
+      {"sum_all_backward", kFlatDims, kFlatShapes,
        [](const OpInput& in) {
          const Tensor dx0 = random_tensor({in.dims[0]}, in.dtype, in.seed, "dx");
          return fast_vs_reference({"dx"}, [&] {

@@ -85,17 +85,19 @@ const std::vector<std::vector<int64_t>> kShapes = {
     // rotate_half with 23 pairs (16 + a 7-lane tail), and 80 pairs (10 table steps of 8).
     {4, 3, 40, 30, 6, 0},     {3, 2, 100, 46, 10, 1},     {5, 2, 160, 160, 0, 0}, {6, 3, 200, 160, 20, 1}};
 
+const std::vector<std::string> kDims = {"N", "H", "Dh", "R", "rope_offset", "layout"};
+
 }  // namespace
 
 TITAN_OP_CASES(rope) {
   return {
-      {"rope_forward", kShapes,
+      {"rope_forward", kDims, kShapes,
        [](const OpInput& in) { return in.dtype == DType::f32 ? run_forward<float>(in, false) : run_forward<bf16>(in, false); }},
-      {"rope_forward_in_place", kShapes,
+      {"rope_forward_in_place", kDims, kShapes,
        [](const OpInput& in) { return in.dtype == DType::f32 ? run_forward<float>(in, true) : run_forward<bf16>(in, true); }},
-      {"rope_backward", kShapes,
+      {"rope_backward", kDims, kShapes,
        [](const OpInput& in) { return in.dtype == DType::f32 ? run_backward<float>(in) : run_backward<bf16>(in); }},
-      {"rope_backward_written", kShapes,
+      {"rope_backward_written", kDims, kShapes,
        [](const OpInput& in) {
          return in.dtype == DType::f32 ? run_backward_written<float>(in) : run_backward_written<bf16>(in);
        }},

@@ -35,6 +35,8 @@ struct SparseMlaCase {
   }
 };
 
+const std::vector<std::string> kDims = {"B", "S", "Skv", "H", "Dqk", "Dv", "K", "invalid"};
+
 }  // namespace
 
 TITAN_OP_CASES(sparse_mla) {
@@ -50,7 +52,7 @@ TITAN_OP_CASES(sparse_mla) {
                                                    {2, 11, 11, 5, 576, 512, 9, 1}, {1, 7, 7, 3, 32, 32, 16, 1},
                                                    {1, 9, 9, 1, 32, 32, 1, 1}});
   return {
-      {"sparse_mla_forward", shapes,
+      {"sparse_mla_forward", kDims, shapes,
        [](const OpInput& in) {
          const SparseMlaCase c(in);
          return fast_vs_reference({"o", "lse"}, [&] {
@@ -62,7 +64,7 @@ TITAN_OP_CASES(sparse_mla) {
       // head_mean (the indexer's sparse-stage target) beside o and lse; the rows add H = 1, an odd
       // H at 576 / 512 (the AMX path) with invalid, -1 and future slots, and K = 1 rows drawn from all
       // keys (mostly future: no valid slot).
-      {"sparse_mla_forward_head_mean", head_mean_shapes,
+      {"sparse_mla_forward_head_mean", kDims, head_mean_shapes,
        [](const OpInput& in) {
          const SparseMlaCase c(in);
          return fast_vs_reference({"o", "lse", "head_mean"}, [&] {
@@ -72,7 +74,7 @@ TITAN_OP_CASES(sparse_mla) {
            return std::vector<Tensor>{o, lse, hm};
          });
        }},
-      {"sparse_mla_backward", shapes,
+      {"sparse_mla_backward", kDims, shapes,
        [](const OpInput& in) {
          const SparseMlaCase c(in);
          // One forward (reference) feeds both backends' backward, so they see the same o and lse.

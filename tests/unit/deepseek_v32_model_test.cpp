@@ -89,6 +89,16 @@ double max_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
+// cos(a, b) of two gradients as vectors (0 when either is all zero).
+double cosine(const Tensor& a, const Tensor& b) {
+  double ab = 0, aa = 0, bb = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double x = a.data<float>()[i], y = b.data<float>()[i];
+    ab += x * y, aa += x * x, bb += y * y;
+  }
+  return aa > 0 && bb > 0 ? ab / std::sqrt(aa * bb) : 0;
+}
+
 void expect_same_grads(const StepResult& a, const StepResult& b, const std::string& what, double rtol = 2e-4) {
   for (const auto& [name, ga] : a.grads) {
     const Tensor& gb = b.grads.at(name);
@@ -237,12 +247,29 @@ TEST(DeepSeekV32Model, MixedPrecisionFusedFollowsTheF32Reference) {
       }
     }
   }
-  // A real selection in bf16 trains to finite values.
-  auto m = model(tiny());
+  // A real selection (top-5 of 12) in bf16 trains: its step follows the f32 fused step on the
+  // same weights (both losses; every gradient points the same way, though a near-tie may select
+  // a different key in bf16), and AdamW steps on it fit the batch. (The indexer loss is no
+  // measure of that: it starts near 0 and grows as the attention it imitates sharpens.)
+  auto m = model(tiny()), m32 = model(tiny());
   m->set_compute_dtype(DType::bf16);
   m->set_dsa(DsaStage::sparse, DsaImpl::fused, 0.01);
-  const StepResult r = run(*m);
-  EXPECT_TRUE(std::isfinite(r.lm_loss) && std::isfinite(r.indexer_loss));
+  m32->set_dsa(DsaStage::sparse, DsaImpl::fused, 0.01);
+  const StepResult r = run(*m), r32 = run(*m32);
+  EXPECT_NEAR(r.lm_loss, r32.lm_loss, 2e-2);
+  EXPECT_NEAR(r.indexer_loss, r32.indexer_loss, 0.1 * r32.indexer_loss + 1e-4);
+  for (const auto& [name, g] : r32.grads) {
+    ASSERT_TRUE(g.defined() && r.grads.at(name).defined()) << name;
+    EXPECT_GT(cosine(r.grads.at(name), g), 0.9) << name;
+  }
+  auto params = m->named_parameters();
+  optim::AdamW opt(params, optim::AdamWConfig{});
+  double first = 0, last = 0;
+  for (int step = 0; step < 8; ++step) {
+    (step == 0 ? first : last) = run(*m).lm_loss;
+    opt.step(1e-2f, optim::clip_grad_norm(params, 1.0).scale);
+  }
+  EXPECT_LT(last, 0.5 * first);
 }
 
 TEST(DeepSeekV32Model, WarmupFreezesEverythingButTheIndexers) {

@@ -277,12 +277,23 @@ TEST(HfAdapter, ErrorsNameTheKeyTensorAndFile) {
   expect_contains(e, "model.safetensors");
   expect_contains(e, "[16, 8]");
 
-  // The MTP layer (model.layers.<num_hidden_layers>.*) is not part of the model and is skipped.
+  // The MTP layer (model.layers.<num_hidden_layers>.*) is not part of the model and is skipped:
+  // the model has no MTP module and every tensor it has is the folder's (bf16, as written).
   state = random_state(a, 5);
   auto hf = to_hf_tensors(state, a);
   hf.emplace_back("model.layers.2.eh_proj.weight", test::random_tensor({16, 32}, DType::f32, 1, "mtp"));
   checkpoint::save_hf_folder(dir, hf_config_from_args(a), hf);
-  EXPECT_NO_THROW(load_hf_model(dir));
+  {
+    const std::unique_ptr<Transformer> skipped = load_hf_model(dir);
+    EXPECT_EQ(skipped->args().num_mtp_layers, 0);
+    const auto loaded = skipped->state_dict();
+    ASSERT_EQ(loaded.size(), state.size());
+    for (size_t i = 0; i < state.size(); ++i) {
+      ASSERT_EQ(loaded[i].first, state[i].first);
+      const Tensor written = state[i].second.to(DType::bf16);
+      EXPECT_EQ(test::to_doubles(loaded[i].second), test::to_doubles(written)) << state[i].first;
+    }
+  }
   hf.pop_back();
 
   // An unexpected tensor (weights that config.json does not describe).
