@@ -3,6 +3,8 @@
 // the flavor's), starts from its weights, resumes from its own checkpoints, optionally trains the
 // checkpoint's MTP module, and `titan generate` continues a prompt from both the converted and the
 // trained checkpoints as a greedy decode of their weights does.
+// A folder transformers saved (no MTP weights though config.json says num_nextn_predict_layers 1)
+// trains with MTP off, or with model.mtp_layers = 1 from a fresh MTP module, each said in one line.
 #include <gtest/gtest.h>
 
 #include "common/byte_dataset.h"
@@ -10,10 +12,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <span>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -116,6 +122,35 @@ std::string greedy_generation(const fs::path& step, const data::Tokenizer& tok, 
   }
   EXPECT_GT(ids.size(), prompt_len) << step << ": the greedy continuation is empty";
   return prompt + tok.decode(std::span<const int32_t>(ids).subspan(prompt_len), /*skip_special=*/true) + "\n";
+}
+
+// For the saved fixtures' 32-token vocabulary: one token per byte, modulo 31 (31 ends a document).
+fs::path make_small_vocab_dataset(const fs::path& dir) {
+  fs::create_directories(dir);
+  {
+    std::ofstream text(dir / "corpus.txt");
+    for (int d = 0; d < 60; ++d) text << "the cat sat on the mat. the dog lay on the rug.\n\n";
+  }
+  data::PrepareOptions o;
+  o.inputs = {(dir / "corpus.txt").string()};
+  o.output_dir = (dir / "prepared").string();
+  o.val_fraction = 0.05;
+  data::Encoder mod31;
+  mod31.encode = [](std::string_view t) {
+    std::vector<int32_t> ids;
+    for (const char c : t) ids.push_back(int32_t(static_cast<unsigned char>(c) % 31));
+    return ids;
+  };
+  mod31.vocab_size = 32;
+  mod31.eos_id = 31;
+  data::prepare_dataset(o, mod31);
+  return dir / "prepared";
+}
+
+size_t count(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
 }
 
 int run_cli(std::vector<std::string> args, int (*main_fn)(int, char**)) {
@@ -227,6 +262,96 @@ TEST(DeepSeekV3FromHf, ConvertedCheckpointContinuesTraining) {
     const std::string once = generate_output(sampled);
     EXPECT_TRUE(once.starts_with("the cat") && once.size() > std::string("the cat\n").size()) << ck << ": " << once;
     EXPECT_EQ(generate_output(sampled), once) << ck;
+  }
+  fs::remove_all(root);
+}
+
+// What transformers' save_pretrained writes (tests/fixtures/deepseek_v3_tiny_saved: config.json
+// says num_nextn_predict_layers 1, the folder has no MTP weights) converts without MTP; training
+// from it runs with MTP off, or with model.mtp_layers = 1 from a fresh MTP module (one line says
+// so, and the MTP loss is logged); --to-hf then writes the MTP layer only when one was trained,
+// and config.json counts exactly the MTP layers it wrote. The same folder with DeepSeek's MTP
+// layer (_saved_mtp) trains from that layer, or says it is left out with mtp_layers = 0.
+TEST(DeepSeekV3FromHf, FolderTransformersSavedTrainsWithFreshOrNoMtp) {
+  const fs::path root = fs::temp_directory_path() / ("titan_from_saved_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const std::string saved = "tests/fixtures/deepseek_v3_tiny_saved", hub = "tests/fixtures/deepseek_v3_tiny_saved_mtp";
+  ASSERT_EQ(run_cli({"ckpt", "convert", "--from-hf", saved, "--to", (root / "ckpt").string()}, cli::ckpt_main), 0);
+  ASSERT_EQ(run_cli({"ckpt", "convert", "--from-hf", hub, "--to", (root / "ckpt_mtp").string()}, cli::ckpt_main), 0);
+  const fs::path data = make_small_vocab_dataset(root / "data");
+  const auto train = [&](const fs::path& init, const std::string& run, int mtp) {
+    testing::internal::CaptureStdout();
+    {
+      train::Trainer t(config(data, root / run, init, 2, mtp), "from_saved " + run);
+      const train::TrainResult r = t.train();
+      EXPECT_EQ(r.last_step, 2) << run;
+      EXPECT_TRUE(std::isfinite(r.last_loss)) << run;
+    }
+    std::fflush(stdout);
+    return testing::internal::GetCapturedStdout();
+  };
+  const std::string fresh_line =
+      "MTP module mtp.0: not in checkpoint step 0, starts from a fresh initialization (debug.seed 0)\n";
+  const std::string dropped_line = "MTP module mtp.0 of checkpoint step 0: not loaded (model.mtp_layers = 0)\n";
+
+  std::string out = train(root / "ckpt/step-0", "off", 0);
+  EXPECT_EQ(count(out, "MTP module"), 0u) << out;
+  EXPECT_EQ(count(out, "mtp_loss"), 0u) << out;
+  out = train(root / "ckpt/step-0", "fresh", 1);
+  EXPECT_EQ(count(out, fresh_line), 1u) << out;
+  EXPECT_EQ(count(out, "MTP module"), 1u) << out;
+  EXPECT_GT(count(out, "mtp_loss"), 0u) << out;
+  {
+    const auto ck = checkpoint::load_checkpoint(root / "fresh/checkpoint/step-2");
+    ASSERT_TRUE(ck.tensors.count("model.mtp.0.eh_proj.weight"));
+    EXPECT_EQ(ck.tensors.at("model.mtp.0.eh_proj.weight").shape(), Shape({16, 32}));
+  }
+  const checkpoint::HfFolder hub_folder = checkpoint::HfFolder::open(hub);
+  out = train(root / "ckpt_mtp/step-0", "hub", 1);
+  EXPECT_EQ(count(out, "MTP module"), 0u) << out;  // the folder's MTP layer is the start
+  {
+    const auto ck = checkpoint::load_checkpoint(root / "hub/checkpoint/step-2");
+    EXPECT_LT(drift(ck, "mtp.0.eh_proj.weight", hub_folder, "model.layers.2.eh_proj.weight"), 2 * 1e-4 * 1.5);
+  }
+  out = train(root / "ckpt_mtp/step-0", "hub_off", 0);
+  EXPECT_EQ(count(out, dropped_line), 1u) << out;
+  {  // Part of an MTP module (here its eh_proj gone) is an error, not a silent partial init.
+    checkpoint::LoadedCheckpoint ck = checkpoint::load_checkpoint(root / "ckpt_mtp/step-0");
+    checkpoint::SaveRequest req;
+    for (const auto& [name, t] : ck.tensors)
+      if (name != "model.mtp.0.eh_proj.weight") req.tensors.push_back({name, t, {}});
+    req.train_state = ck.train_state;
+    req.config_toml = ck.config_toml;
+    const fs::path partial = checkpoint::save_checkpoint(root / "partial", req);
+    try {
+      train::Trainer t(config(data, root / "partial_run", partial, 2, 1), "from_saved partial");
+      ADD_FAILURE() << "a checkpoint with part of mtp.0 loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("holds part of MTP module mtp.0: 'mtp.0.eh_proj.weight' (and 0 more)"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+
+  // Back to Hugging Face: the MTP layer exactly when the run trained one, counted by config.json;
+  // converting that again imports it all without a note.
+  for (const auto& [run, mtp] : {std::pair{"off", 0}, std::pair{"fresh", 1}}) {
+    const fs::path hf = root / (std::string(run) + "_hf");
+    ASSERT_EQ(run_cli({"ckpt", "convert", "--from", (root / run / "checkpoint/step-2").string(), "--to-hf", hf.string()},
+                      cli::ckpt_main),
+              0);
+    const checkpoint::HfFolder back = checkpoint::HfFolder::open(hf);
+    EXPECT_EQ(back.config().at("num_nextn_predict_layers").get<int>(), mtp) << run;
+    EXPECT_EQ(back.contains("model.layers.2.eh_proj.weight"), mtp == 1) << run;
+    EXPECT_EQ(back.contains("model.layers.2.shared_head.head.weight"), mtp == 1) << run;
+    testing::internal::CaptureStdout();
+    EXPECT_EQ(run_cli({"ckpt", "convert", "--from-hf", hf.string(), "--to", (root / run / "again").string()},
+                      cli::ckpt_main),
+              0);
+    std::fflush(stdout);
+    out = testing::internal::GetCapturedStdout();
+    EXPECT_EQ(count(out, "num_nextn_predict_layers"), 0u) << out;
+    EXPECT_EQ(count(out, "MTP layers: " + std::to_string(mtp) + ")"), 1u) << out;
   }
   fs::remove_all(root);
 }

@@ -5,6 +5,9 @@
 // decoupled dims), the block layout and the HF name mapping at once; the MoE fixture adds
 // DeepSeek-V3's routing (sigmoid scores, the correction bias steering the choice, group-limited
 // top-k, norm_topk_prob, routed_scaling_factor), the shared expert and the stacked expert layout.
+// The _saved fixtures (reference/deepseek_v3_saved.py) are folders transformers' save_pretrained
+// wrote, one as is (num_nextn_predict_layers 1, no MTP weights) and one with DeepSeek's MTP layer
+// added; the latter's golden MTP loss pins the imported MTP module (mtp.h) against DeepSeek's.
 #include <gtest/gtest.h>
 
 #include "common/kernel_check.h"
@@ -12,6 +15,7 @@
 #include "titan/checkpoint/safetensors.h"
 #include "titan/models/deepseek_v3/hf_adapter.h"
 #include "titan/models/deepseek_v3/moe_layer.h"
+#include "titan/models/deepseek_v3/mtp.h"
 
 using namespace titan;
 using namespace titan::models::deepseek_v3;
@@ -21,6 +25,8 @@ namespace {
 const char* kFixtureDir = "tests/fixtures/deepseek_v3_tiny";  // q_lora_rank > 0, YaRN
 const char* kPlainQDir = "tests/fixtures/deepseek_v3_tiny_plain_q";  // plain q_proj, no rope scaling
 const char* kMoeDir = "tests/fixtures/deepseek_v3_tiny_moe";  // a dense then a MoE layer, sigmoid group routing
+const char* kSavedDir = "tests/fixtures/deepseek_v3_tiny_saved";  // as save_pretrained writes it: no MTP weights
+const char* kSavedMtpDir = "tests/fixtures/deepseek_v3_tiny_saved_mtp";  // plus the hub's MTP layer (MoE block)
 
 void expect_close(const Tensor& got, const Tensor& want, double atol, double rtol, const std::string& what) {
   ASSERT_EQ(got.shape(), want.shape()) << what;
@@ -124,5 +130,26 @@ TEST(DeepSeekV3Parity, LatentCachedDecodeMatchesFullForward) {
     for (int64_t bi = 0; bi < b; ++bi)
       for (int64_t j = 0; j < v; j += 5) ASSERT_NEAR(logits.at({bi, j}), full.at({bi * s + pos, j}), 1e-4) << dir << " " << pos;
   }
+  }
+}
+
+// A folder transformers saved (config.json: num_nextn_predict_layers 1, no MTP weights) loads
+// without MTP and gives HF's logits; the same folder with DeepSeek's MTP layer loads it as mtp.0,
+// the main logits unchanged and the MTP loss DeepSeek's (as vLLM and SGLang run the hub weights).
+TEST(DeepSeekV3Parity, SavedFoldersWithAndWithoutMtpMatchHuggingFace) {
+  for (const char* dir : {kSavedDir, kSavedMtpDir}) {
+    const bool with_mtp = dir == kSavedMtpDir;
+    const auto golden = checkpoint::SafetensorsFile::open(std::string(dir) + "/golden.safetensors");
+    std::unique_ptr<Transformer> model = load_hf_model(dir, moe_layer);
+    ASSERT_EQ(model->args().num_mtp_layers, with_mtp ? 1 : 0) << dir;
+    ASSERT_EQ(model->mtp != nullptr, with_mtp) << dir;
+    ASSERT_EQ(model->args().n_dense_layers, 1) << dir;  // the MTP block (layer 2) is MoE, as DeepSeek-V3's
+    autograd::NoGradGuard no_grad;
+    const Tensor tokens = golden.get("tokens").clone(), targets = golden.get("targets").clone();
+    model->set_targets(targets);
+    expect_close(model->forward(tokens).value(), golden.get("logits"), 2e-5, 1e-4, std::string(dir) + " logits");
+    if (!with_mtp) continue;
+    ASSERT_EQ(model->mtp->last_losses().size(), 1u);
+    EXPECT_NEAR(model->mtp->last_losses()[0], golden.get("mtp_loss").item(), 2e-5);
   }
 }

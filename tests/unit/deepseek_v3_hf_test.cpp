@@ -1,11 +1,13 @@
 // Hugging Face interop for DeepSeek-V3 with tiny folders written by the test: FP8 128x128 block
 // dequantization (ragged edges), sharded export + index and import, MoE name mapping with
 // stacked experts, the published 671B config.json, every error case (naming tensor and file),
-// and `titan ckpt convert` both ways.
+// and `titan ckpt convert` both ways, including folders transformers' save_pretrained wrote with
+// and without DeepSeek's MTP layer (reference/deepseek_v3_saved.py).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <tuple>
 
@@ -523,4 +525,131 @@ TEST(CkptCli, ExportsDeepSeekV32CheckpointsByFlavor) {
   };
   expect_contains(run({}), "deepseek_v32: debugmodel, 671B");
   expect_contains(run({"--flavor", "debugmodel"}), "model tensor 'layers.0.attention.wq_a.weight' is missing");
+}
+
+namespace {
+
+const char* kSaved = "tests/fixtures/deepseek_v3_tiny_saved";         // as transformers' save_pretrained writes it
+const char* kSavedMtp = "tests/fixtures/deepseek_v3_tiny_saved_mtp";  // plus DeepSeek's MTP layer (model.layers.2)
+
+// `titan ckpt convert ARGS...`: its exit code and what it printed to stdout.
+std::pair<int, std::string> convert(std::vector<std::string> args) {
+  args.insert(args.begin(), {"ckpt", "convert"});
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  testing::internal::CaptureStdout();
+  const int rc = cli::ckpt_main(int(argv.size()), argv.data());
+  std::fflush(stdout);
+  return {rc, testing::internal::GetCapturedStdout()};
+}
+
+std::string no_mtp_note(const std::string& dir) {
+  return dir + ": config.json has num_nextn_predict_layers 1 but the folder holds no MTP weights (model.layers.2.*; "
+               "transformers saves none): imported without MTP; training with --model.mtp_layers=1 starts MTP fresh, "
+               "without it MTP is off";
+}
+
+// Every tensor of `b` is in `a` with the same values, and the other way round.
+void expect_same_tensors(const checkpoint::HfFolder& a, const checkpoint::HfFolder& b) {
+  EXPECT_EQ(a.names(), b.names());
+  for (const std::string& n : a.names())
+    if (b.contains(n)) EXPECT_EQ(test::to_doubles(b.load_f32(n)), test::to_doubles(a.load_f32(n))) << n;
+}
+
+}  // namespace
+
+// config.json's num_nextn_predict_layers counts the MTP layers of DeepSeek's checkpoints, but
+// transformers keeps its default 1 and saves no MTP weights: the folder's args then have none,
+// with one line saying so; a folder with fewer MTP layers than declared keeps the leading ones,
+// and a gap before a present layer is an error.
+TEST(HfAdapter, MtpLayersAreThoseTheFolderHoldsWeightsFor) {
+  std::string note = "unchanged";
+  const checkpoint::HfFolder saved = checkpoint::HfFolder::open(kSaved);
+  EXPECT_EQ(saved.config().at("num_nextn_predict_layers"), 1);
+  DeepSeekV3Args a = args_from_hf_folder(saved, &note);
+  EXPECT_EQ(a.num_mtp_layers, 0);
+  EXPECT_EQ(a.n_dense_layers, 1);
+  EXPECT_EQ(note, no_mtp_note(kSaved));
+  EXPECT_EQ(args_from_hf_config(saved.config(), "c").num_mtp_layers, 1);  // the config alone says 1
+
+  note = "unchanged";
+  const checkpoint::HfFolder hub = checkpoint::HfFolder::open(kSavedMtp);
+  EXPECT_EQ(args_from_hf_folder(hub, &note).num_mtp_layers, 1);
+  EXPECT_EQ(note, "unchanged");  // no note when the folder has what config.json says
+
+  // num_nextn_predict_layers 2 with one MTP layer; then that layer renamed to the second (a gap).
+  const TempDir two("mtp_two");
+  std::vector<std::pair<std::string, Tensor>> tensors, shifted;
+  for (const std::string& n : hub.names()) {
+    tensors.emplace_back(n, hub.load_f32(n));
+    const std::string p = "model.layers.2.";
+    shifted.emplace_back(n.rfind(p, 0) == 0 ? "model.layers.3." + n.substr(p.size()) : n, tensors.back().second);
+  }
+  json config = hub.config();
+  config["num_nextn_predict_layers"] = 2;
+  checkpoint::HfWriteOptions f32;
+  f32.dtype = DType::f32;
+  checkpoint::save_hf_folder(two, config, tensors, f32);
+  a = args_from_hf_folder(checkpoint::HfFolder::open(two), &note);
+  EXPECT_EQ(a.num_mtp_layers, 1);
+  EXPECT_EQ(note, two.string() +
+                      ": config.json has num_nextn_predict_layers 2 but the folder holds weights for the first 1 MTP "
+                      "layers only (none for model.layers.3.*): imported those; training with --model.mtp_layers=2 "
+                      "starts the others fresh");
+  const TempDir gap("mtp_gap");
+  checkpoint::save_hf_folder(gap, config, shifted, f32);
+  expect_contains(error_of([&] { args_from_hf_folder(checkpoint::HfFolder::open(gap)); }),
+                  "holds weights for MTP layer model.layers.3.* but none for model.layers.2.* before it");
+}
+
+// `titan ckpt convert --from-hf` on what transformers saves: the main model imports, the one-line
+// note says MTP is not in the folder, and --to-hf gives back exactly the folder's tensors with
+// num_nextn_predict_layers 0 (so that converting that again needs no note).
+TEST(CkptCli, ConvertsAFolderTransformersSavedWithoutMtpWeights) {
+  const TempDir ours("saved_ours"), back("saved_back"), again("saved_again");
+  auto [rc, out] = convert({"--from-hf", kSaved, "--to", ours.string()});
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(out, no_mtp_note(kSaved) + "\nwrote " + (ours / "step-0").string() + " (32 tensors, MTP layers: 0)\n");
+  const checkpoint::LoadedCheckpoint ck = checkpoint::load_checkpoint(ours / "step-0");
+  const checkpoint::HfFolder original = checkpoint::HfFolder::open(kSaved);
+  for (const auto& [name, t] : ck.tensors) EXPECT_FALSE(name.starts_with("model.mtp.")) << name;
+  EXPECT_EQ(ck.train_state.at("hf_config"), original.config());  // the architecture travels as transformers wrote it
+  EXPECT_EQ(test::to_doubles(ck.tensors.at("model.layers.1.moe.experts.w2").select(0, 3).contiguous()),
+            test::to_doubles(original.load_f32("model.layers.1.mlp.experts.3.down_proj.weight")));
+
+  std::tie(rc, out) = convert({"--from", (ours / "step-0").string(), "--to-hf", back.string(), "--dtype", "f32"});
+  ASSERT_EQ(rc, 0) << out;
+  const checkpoint::HfFolder exported = checkpoint::HfFolder::open(back);
+  expect_same_tensors(original, exported);
+  EXPECT_EQ(exported.config().at("num_nextn_predict_layers"), 0);
+  std::tie(rc, out) = convert({"--from-hf", back.string(), "--to", again.string()});
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(out, "wrote " + (again / "step-0").string() + " (32 tensors, MTP layers: 0)\n");
+}
+
+// A folder with DeepSeek's MTP layer: it imports as mtp.0 (its shared embedding and head copies
+// skipped), no note, and --to-hf writes every tensor of the original back, the copies included.
+TEST(CkptCli, ConvertsAFolderWithItsMtpLayer) {
+  const TempDir ours("hub_ours"), back("hub_back");
+  auto [rc, out] = convert({"--from-hf", kSavedMtp, "--to", ours.string()});
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(out, "wrote " + (ours / "step-0").string() + " (53 tensors, MTP layers: 1)\n");
+  const checkpoint::LoadedCheckpoint ck = checkpoint::load_checkpoint(ours / "step-0");
+  const checkpoint::HfFolder original = checkpoint::HfFolder::open(kSavedMtp);
+  for (const auto& [ours_name, hf] : std::vector<std::pair<std::string, std::string>>{
+           {"mtp.0.enorm.weight", "model.layers.2.enorm.weight"},
+           {"mtp.0.hnorm.weight", "model.layers.2.hnorm.weight"},
+           {"mtp.0.eh_proj.weight", "model.layers.2.eh_proj.weight"},
+           {"mtp.0.norm.weight", "model.layers.2.shared_head.norm.weight"},
+           {"mtp.0.block.attention.wq_b.weight", "model.layers.2.self_attn.q_b_proj.weight"},
+           {"mtp.0.block.moe.expert_bias", "model.layers.2.mlp.gate.e_score_correction_bias"}})
+    EXPECT_EQ(test::to_doubles(ck.tensors.at("model." + ours_name)), test::to_doubles(original.load_f32(hf))) << hf;
+  EXPECT_EQ(test::to_doubles(ck.tensors.at("model.mtp.0.block.moe.experts.w1").select(0, 2).contiguous()),
+            test::to_doubles(original.load_f32("model.layers.2.mlp.experts.2.gate_proj.weight")));
+
+  std::tie(rc, out) = convert({"--from", (ours / "step-0").string(), "--to-hf", back.string(), "--dtype", "f32"});
+  ASSERT_EQ(rc, 0) << out;
+  const checkpoint::HfFolder exported = checkpoint::HfFolder::open(back);
+  expect_same_tensors(original, exported);
+  EXPECT_EQ(exported.config().at("num_nextn_predict_layers"), 1);
 }

@@ -32,7 +32,10 @@ constexpr const char* kUsage =
     "                          [--max-shard-bytes N]\n"
     "\n"
     "--from-hf  reads a Hugging Face DeepSeek-V3 or V3.2 folder (config.json, model.safetensors or\n"
-    "           a sharded index; FP8 block-quantized weights are dequantized) and writes CKPT_ROOT/step-N/\n"
+    "           a sharded index; FP8 block-quantized weights are dequantized) and writes CKPT_ROOT/step-N/;\n"
+    "           its MTP layers come along when the folder has their weights (DeepSeek's has; one that\n"
+    "           transformers' save_pretrained wrote has none: train with --model.mtp_layers to start\n"
+    "           MTP fresh)\n"
     "--to-hf    writes a training checkpoint (a step folder, or a root holding step folders) as a\n"
     "           Hugging Face folder: config.json, shards of at most --max-shard-bytes (5 GiB) and\n"
     "           model.safetensors.index.json. The architecture comes from the checkpoint when it was\n"
@@ -46,7 +49,11 @@ int64_t parse_count(std::string_view flag, std::string_view text) {
 
 int convert_from_hf(const fs::path& hf_dir, const fs::path& root, int64_t step) {
   const HfFolder folder = HfFolder::open(hf_dir);
-  const ds::DeepSeekV3Args a = ds::args_from_hf_config(folder.config(), (hf_dir / "config.json").string());
+  // The MTP layers the folder has weights for: transformers' save_pretrained writes none though
+  // its config.json says num_nextn_predict_layers 1; the note says so (and what training does).
+  std::string note;
+  const ds::DeepSeekV3Args a = ds::args_from_hf_folder(folder, &note);
+  if (!note.empty()) std::printf("%s\n", note.c_str());
   const std::map<std::string, Tensor> state = ds::load_hf_state(folder, a, ds::state_shapes(a));
   SaveRequest req;
   req.step = step;
@@ -56,7 +63,8 @@ int convert_from_hf(const fs::path& hf_dir, const fs::path& root, int64_t step) 
   // The registry's name: DeepSeek-V3.2 (an indexer in every layer) is its own model.
   req.config_toml = fmt::format("[model]\nname = \"{}\"\n", a.has_indexer() ? "deepseek_v32" : "deepseek_v3");
   const fs::path out = save_checkpoint(root, req);
-  std::printf("wrote %s (%zu tensors)\n", out.c_str(), req.tensors.size());
+  std::printf("wrote %s (%zu tensors, MTP layers: %lld)\n", out.c_str(), req.tensors.size(),
+              static_cast<long long>(a.num_mtp_layers));
   return 0;
 }
 

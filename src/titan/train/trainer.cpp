@@ -7,7 +7,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -223,14 +226,45 @@ void Trainer::State::restore(const checkpoint::LoadedCheckpoint& ck, bool model_
     if (name.rfind("optim.", 0) == 0) optim_state[name.substr(6)] = t;
   }
   // MTP modules only train: those the checkpoint has beyond model.mtp_layers (DeepSeek-V3's, from
-  // Hugging Face) are dropped, and those it lacks (added to a pretrained model) keep their init,
-  // as do MoE token counts (run-time statistics a converted checkpoint does not have).
+  // Hugging Face) are dropped, and those it lacks (added to a pretrained model, or one converted
+  // from a folder transformers saved, which has no MTP weights) keep their init, each said in one
+  // line; as do MoE token counts (run-time statistics a converted checkpoint does not have). A
+  // module the checkpoint has only part of (e.g. a dense block where ours is MoE) is an error.
   const auto own = model->state_dict();
-  std::set<std::string> own_names;
+  const auto is_mtp = [](const std::string& n) { return n.rfind("mtp.", 0) == 0; };
+  const auto module_of = [](const std::string& n) { return n.substr(0, n.find('.', 4)); };  // "mtp.K"
+  std::set<std::string> own_names, dropped;
   for (const auto& [name, t] : own) own_names.insert(name);
-  std::erase_if(model_state, [&](const auto& kv) { return kv.first.rfind("mtp.", 0) == 0 && !own_names.count(kv.first); });
+  for (const auto& [name, t] : model_state)
+    if (is_mtp(name) && !own_names.count(name)) dropped.insert(module_of(name));
+  std::erase_if(model_state, [&](const auto& kv) { return is_mtp(kv.first) && !own_names.count(kv.first); });
+  std::map<std::string, std::vector<std::string>> mtp_missing;  // module -> its tensors the checkpoint lacks
+  std::map<std::string, size_t> mtp_size;
+  for (const auto& [name, t] : own) {
+    if (!is_mtp(name) || name.ends_with("tokens_per_expert")) continue;
+    ++mtp_size[module_of(name)];
+    if (!model_state.count(name)) mtp_missing[module_of(name)].push_back(name);
+  }
+  std::string fresh;
+  for (const auto& [module, missing] : mtp_missing) {
+    TITAN_CHECK(missing.size() == mtp_size.at(module),
+                "checkpoint step " + std::to_string(ck.step) + " holds part of MTP module " + module + ": '" +
+                    missing.front() + "' (and " + std::to_string(missing.size() - 1) + " more) are missing",
+                "its MTP module has another architecture than model.mtp_layers builds (e.g. a dense block where "
+                "ours is MoE); set model.mtp_layers = 0, or load a checkpoint of this architecture");
+    fresh += (fresh.empty() ? "" : ", ") + module;
+  }
+  if (!fresh.empty())
+    std::printf("MTP module %s: not in checkpoint step %lld, starts from a fresh initialization (debug.seed %lld)\n",
+                fresh.c_str(), static_cast<long long>(ck.step), static_cast<long long>(cfg.debug.seed));
+  if (!dropped.empty()) {
+    std::string names;
+    for (const std::string& m : dropped) names += (names.empty() ? "" : ", ") + m;
+    std::printf("MTP module %s of checkpoint step %lld: not loaded (model.mtp_layers = %lld)\n", names.c_str(),
+                static_cast<long long>(ck.step), static_cast<long long>(cfg.model.mtp_layers));
+  }
   for (const auto& [name, t] : own)
-    if (name.rfind("mtp.", 0) == 0 || name.ends_with("tokens_per_expert")) model_state.try_emplace(name, t);
+    if (is_mtp(name) || name.ends_with("tokens_per_expert")) model_state.try_emplace(name, t);
   model->load_state_dict(model_state, true, "checkpoint step " + std::to_string(ck.step));
   model->refresh_compute_copies();
   if (model_only) return;

@@ -301,6 +301,37 @@ json hf_config_from_args(const DeepSeekV3Args& a) {
   return c;
 }
 
+DeepSeekV3Args args_from_hf_folder(const checkpoint::HfFolder& folder, std::string* note) {
+  const std::string source = (folder.dir() / "config.json").string();
+  DeepSeekV3Args a = args_from_hf_config(folder.config(), source);
+  const int64_t declared = a.num_mtp_layers;
+  std::set<int64_t> present;  // the MTP layers (by K) any tensor is named after
+  for (const std::string& n : folder.names())
+    if (const int64_t l = hf_layer(n); l >= a.n_layers && l < a.n_layers + declared) present.insert(l - a.n_layers);
+  int64_t held = 0;
+  while (present.count(held)) ++held;
+  const auto layer = [&](int64_t k) { return "model.layers." + std::to_string(a.n_layers + k) + ".*"; };
+  if (held < int64_t(present.size()))
+    TITAN_FAIL(folder.dir().string() + " holds weights for MTP layer " + layer(*present.rbegin()) + " but none for " +
+                   layer(held) + " before it",
+               "MTP module K is layer num_hidden_layers + K; the folder is missing a shard or mixes two exports");
+  if (held == declared) return a;
+  a.num_mtp_layers = held;
+  a.n_dense_layers = std::min(a.n_dense_layers, a.n_layers + held);
+  if (note) {
+    const std::string d = std::to_string(declared);
+    *note = held == 0 ? folder.dir().string() + ": config.json has num_nextn_predict_layers " + d +
+                            " but the folder holds no MTP weights (" + layer(0) +
+                            "; transformers saves none): imported without MTP; training with --model.mtp_layers=" + d +
+                            " starts MTP fresh, without it MTP is off"
+                      : folder.dir().string() + ": config.json has num_nextn_predict_layers " + d +
+                            " but the folder holds weights for the first " + std::to_string(held) +
+                            " MTP layers only (none for " + layer(held) + "): imported those; training with "
+                            "--model.mtp_layers=" + d + " starts the others fresh";
+  }
+  return a;
+}
+
 std::vector<std::pair<std::string, Shape>> state_shapes(const DeepSeekV3Args& a) {
   const int64_t d = a.dim, h = a.n_heads, dqk = a.qk_head_dim(), e = a.n_routed_experts, mi = a.moe_inter_dim;
   std::vector<std::pair<std::string, Shape>> out = {{"tok_embeddings.weight", {a.vocab_size, d}}};
@@ -437,7 +468,7 @@ std::map<std::string, Tensor> load_hf_state(const checkpoint::HfFolder& folder, 
 
 std::unique_ptr<Transformer> load_hf_model(const fs::path& dir, const MoeFactory& moe) {
   const checkpoint::HfFolder folder = checkpoint::HfFolder::open(dir);
-  const DeepSeekV3Args a = args_from_hf_config(folder.config(), (dir / "config.json").string());
+  const DeepSeekV3Args a = args_from_hf_folder(folder);
   TITAN_CHECK(moe || a.n_dense_layers >= a.n_layers + a.num_mtp_layers,
               (dir / "config.json").string() + " has MoE layers (first_k_dense_replace " +
                   std::to_string(a.n_dense_layers) + " < num_hidden_layers " + std::to_string(a.n_layers) +

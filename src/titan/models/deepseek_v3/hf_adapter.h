@@ -36,7 +36,8 @@
 //   model.layers.<n_layers + K>.<the layer names above>       mtp.K.block.<ours above>
 // and its embed_tokens / shared_head.head (copies of the shared embedding and lm_head in
 // DeepSeek's checkpoint) are skipped on load and written as copies on export. With D = 0 any
-// layer >= n_layers is skipped on load (a checkpoint's MTP weights are then unused).
+// layer >= n_layers is skipped on load (a checkpoint's MTP weights are then unused). A folder
+// that transformers saved says D = 1 but holds no MTP layer: args_from_hf_folder then reads D = 0.
 // Norm eps: HF's q_a/kv_a latent norms hard-code 1e-6 while rms_norm_eps sets the others; ours
 // use norm_eps for all. DeepSeek's configs set 1e-6, so their checkpoints match exactly (checked:
 // our export of a 1e-6 model loads in transformers with no missing or unexpected keys, the MoE
@@ -62,7 +63,17 @@ namespace titan::models::deepseek_v3 {
 // latent); errors name the key and `source`.
 DeepSeekV3Args args_from_hf_config(const nlohmann::json& config, const std::string& source);
 // args -> config.json in the layout of DeepSeek's published configs (V3.2's when args has an indexer).
+// num_nextn_predict_layers is a.num_mtp_layers: the MTP layers the folder is given weights for.
 nlohmann::json hf_config_from_args(const DeepSeekV3Args& a);
+
+// The args of an HF folder: its config.json's, with num_mtp_layers lowered to the MTP layers the
+// folder holds weights for. DeepSeek's hub checkpoints hold all num_nextn_predict_layers of them
+// (model.layers.<n_layers + K>.*), but transformers' save_pretrained writes none (its
+// DeepseekV3ForCausalLM has no MTP module) while config.json keeps num_nextn_predict_layers
+// (DeepseekV3Config's default is 1). An MTP layer counts as present when any tensor is named
+// after it (an incomplete one is then an error at load); a present layer after an absent one is
+// an error. When lowered, `note` (if given) gets one line saying so and what training does then.
+DeepSeekV3Args args_from_hf_folder(const checkpoint::HfFolder& folder, std::string* note = nullptr);
 
 // Our state (parameters and buffers) for the full architecture of `a` in registration order:
 // MoE layers with router, stacked experts, shared experts and the expert bias; the indexer's
@@ -81,8 +92,9 @@ std::map<std::string, Tensor> load_hf_state(const checkpoint::HfFolder& folder, 
                                             const std::vector<std::pair<std::string, Shape>>& wanted,
                                             bool strict = true);
 
-// Builds the model an HF folder describes and loads its weights. Without a MoE factory the
-// checkpoint must be all-dense (first_k_dense_replace >= num_hidden_layers + its MTP layers).
+// Builds the model an HF folder describes (args_from_hf_folder: MTP modules only for the MTP
+// layers it has weights for) and loads its weights. Without a MoE factory the checkpoint must be
+// all-dense (first_k_dense_replace >= num_hidden_layers + its MTP layers).
 std::unique_ptr<Transformer> load_hf_model(const std::filesystem::path& dir, const MoeFactory& moe = {});
 
 // Our state -> HF names and layout (experts unstacked), in our order.
