@@ -263,7 +263,7 @@ TEST(DeepSeekV32Model, MixedPrecisionFusedFollowsTheF32Reference) {
     EXPECT_GT(cosine(r.grads.at(name), g), 0.9) << name;
   }
   auto params = m->named_parameters();
-  optim::AdamW opt(params, optim::AdamWConfig{});
+  optim::AdamW opt(params, kernels::AdamWParams{});
   double first = 0, last = 0;
   for (int step = 0; step < 8; ++step) {
     (step == 0 ? first : last) = run(*m).lm_loss;
