@@ -10,6 +10,7 @@
 
 #include "titan/cli/ckpt_cli.h"
 #include "titan/cli/data_cli.h"
+#include "titan/cli/fr_cli.h"
 #include "titan/cli/generate_cli.h"
 #include "titan/cli/tokenizer_cli.h"
 #include "titan/cli/train_cli.h"
@@ -29,6 +30,7 @@ commands:
   tokenizer   train / use a byte-level BPE tokenizer (Hugging Face tokenizer.json)
   data        prepare token shards from text or JSONL; inspect shards
   ckpt        convert checkpoints to and from Hugging Face folders (DeepSeek-V3)
+  fr          analyze the flight-recorder dumps a watchdog timeout wrote: titan fr analyze DIR
   info        this machine: CPU capability in use, threads, measured peak FLOP/s and bandwidth
 
 Run `titan <command> --help` for a command's options.
@@ -89,6 +91,7 @@ int main(int argc, char** argv) {
     if (cmd == "tokenizer") return titan::cli::tokenizer_main(argc - 1, argv + 1);
     if (cmd == "ckpt") return titan::cli::ckpt_main(argc - 1, argv + 1);
     if (cmd == "data") return titan::cli::data_main(argc - 1, argv + 1, make_encoder);
+    if (cmd == "fr") return titan::cli::fr_main(argc - 1, argv + 1);
     std::fprintf(stderr, "titan: unknown command '%s'\n\n%s", argv[1], kUsage);
     return 2;
   } catch (const titan::Error& e) {

@@ -1,0 +1,723 @@
+#include "titan/distributed/comm_engine.h"
+
+#include <mpi.h>
+#include <sys/prctl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "titan/core/dtype.h"
+#include "titan/core/error.h"
+
+namespace titan::distributed {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct WorkState {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+};
+
+struct MpiHandles {
+  std::vector<MPI_Request> requests;
+};
+
+Request::Request() = default;
+Request::~Request() = default;
+
+struct CommEngine::Group {
+  std::string name;
+  std::vector<int> world_ranks;
+  int rank = 0;
+  MPI_Comm comm = MPI_COMM_NULL;   // every request's first stage
+  MPI_Comm comm2 = MPI_COMM_NULL;  // all-reduce's all-gather stage, started in all-reduce order
+  uint64_t next_seq = 0, next_all_reduce = 0, all_reduce_stage2_started = 0;
+  int recorder_group = 0;
+  std::map<CommOp, CommStats> stats;
+  int size() const { return int(world_ranks.size()); }
+  std::string key() const {
+    std::string k = name + " [";
+    for (size_t i = 0; i < world_ranks.size(); ++i) k += (i ? ", " : "") + std::to_string(world_ranks[i]);
+    return k + "]";
+  }
+};
+
+struct CommEngine::Control {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int incoming[2] = {0, 0};  // {kind, requester}
+  MPI_Request recv = MPI_REQUEST_NULL;
+  std::vector<std::pair<MPI_Request, std::string>> replies;  // sends in flight and their buffers
+};
+
+namespace {
+
+constexpr int kDumpTag = 7001, kReplyTag = 7002;
+// All-reduces up to this size gather every member's whole buffer and reduce it locally: one
+// latency instead of two, for (N-1) x bytes that are negligible (losses, norms, flags).
+constexpr size_t kSmallAllReduceBytes = 4096;
+
+// Whether an all-reduce takes the two-stage path (reduce-scatter, then all-gather on comm2).
+bool two_stage_all_reduce(int64_t count, Elem e, int members) {
+  return !(size_t(count) * elem_bytes(e) <= kSmallAllReduceBytes || count < members);
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+MPI_Datatype mpi_type(Elem e) {
+  switch (e) {
+    case Elem::f32: return MPI_FLOAT;
+    case Elem::bf16: case Elem::u16: return MPI_UINT16_T;
+    case Elem::f64: return MPI_DOUBLE;
+    case Elem::i32: return MPI_INT32_T;
+    case Elem::i64: return MPI_INT64_T;
+    case Elem::u8: return MPI_UINT8_T;
+  }
+  return MPI_BYTE;
+}
+
+const char* elem_name(Elem e) {
+  switch (e) {
+    case Elem::f32: return "f32";
+    case Elem::bf16: return "bf16";
+    case Elem::u16: return "u16";
+    case Elem::f64: return "f64";
+    case Elem::i32: return "i32";
+    case Elem::i64: return "i64";
+    case Elem::u8: return "u8";
+  }
+  return "?";
+}
+
+int mpi_count(int64_t n) {
+  TITAN_CHECK(n >= 0 && n <= INT_MAX, "a collective of " + std::to_string(n) + " elements exceeds MPI's int counts",
+              "split the buffer (this build moves at most 2^31 - 1 elements per call)");
+  return int(n);
+}
+
+void check_mpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  std::fprintf(stderr, "titan: %s failed: %s\n", what, text);
+  MPI_Abort(MPI_COMM_WORLD, 3);
+}
+
+// out[i] = op over ranks r = 0..n-1 of rows[r][i], folded in rank order. Rows are `chunk`
+// elements apart. bf16 accumulates in f32 and rounds once.
+template <class T, class Acc>
+void fold(const T* rows, int n, int64_t chunk, T* out, ReduceOp op, Acc (*load)(T), T (*store)(Acc)) {
+  std::vector<Acc> acc(static_cast<size_t>(chunk));
+  for (int64_t i = 0; i < chunk; ++i) acc[size_t(i)] = load(rows[i]);
+  for (int r = 1; r < n; ++r) {
+    const T* row = rows + int64_t(r) * chunk;
+    switch (op) {
+      case ReduceOp::sum: for (int64_t i = 0; i < chunk; ++i) acc[size_t(i)] += load(row[i]); break;
+      case ReduceOp::max: for (int64_t i = 0; i < chunk; ++i) acc[size_t(i)] = std::max(acc[size_t(i)], load(row[i])); break;
+      case ReduceOp::min: for (int64_t i = 0; i < chunk; ++i) acc[size_t(i)] = std::min(acc[size_t(i)], load(row[i])); break;
+    }
+  }
+  for (int64_t i = 0; i < chunk; ++i) out[i] = store(acc[size_t(i)]);
+}
+
+template <class T>
+T same(T v) {
+  return v;
+}
+float widen(bf16 v) { return bf16_to_f32(v); }
+bf16 narrow(float v) { return f32_to_bf16(v); }
+
+void reduce_rows(Elem e, const void* rows, int n, int64_t chunk, void* out, ReduceOp op) {
+  switch (e) {
+    case Elem::f32: fold<float, float>(static_cast<const float*>(rows), n, chunk, static_cast<float*>(out), op, same, same); break;
+    case Elem::f64: fold<double, double>(static_cast<const double*>(rows), n, chunk, static_cast<double*>(out), op, same, same); break;
+    case Elem::bf16: fold<bf16, float>(static_cast<const bf16*>(rows), n, chunk, static_cast<bf16*>(out), op, widen, narrow); break;
+    case Elem::i32: fold<int32_t, int32_t>(static_cast<const int32_t*>(rows), n, chunk, static_cast<int32_t*>(out), op, same, same); break;
+    case Elem::i64: fold<int64_t, int64_t>(static_cast<const int64_t*>(rows), n, chunk, static_cast<int64_t*>(out), op, same, same); break;
+    case Elem::u8: case Elem::u16:
+      TITAN_FAIL(std::string("reductions of ") + elem_name(e) + " are not supported", "reduce f32, bf16, f64 or integers");
+  }
+}
+
+}  // namespace
+
+size_t elem_bytes(Elem e) {
+  switch (e) {
+    case Elem::f32: case Elem::i32: return 4;
+    case Elem::bf16: case Elem::u16: return 2;
+    case Elem::f64: case Elem::i64: return 8;
+    case Elem::u8: return 1;
+  }
+  return 1;
+}
+
+Elem elem_of(DType d) {
+  switch (d) {
+    case DType::f32: return Elem::f32;
+    case DType::bf16: return Elem::bf16;
+    case DType::f16: return Elem::u16;
+    case DType::i32: return Elem::i32;
+    case DType::i64: return Elem::i64;
+    case DType::u8: case DType::f8e4m3: case DType::f8e5m2: case DType::e8m0: return Elem::u8;
+    case DType::f4e2m1: break;
+  }
+  TITAN_FAIL(std::string("tensors of ") + std::string(dtype_name(d)) + " cannot be communicated", "use a byte-sized dtype");
+}
+
+const char* comm_op_name(CommOp op) {
+  switch (op) {
+    case CommOp::all_reduce: return "all_reduce";
+    case CommOp::reduce_scatter: return "reduce_scatter";
+    case CommOp::all_gather: return "all_gather";
+    case CommOp::all_gatherv: return "all_gatherv";
+    case CommOp::all_to_all: return "all_to_all";
+    case CommOp::all_to_allv: return "all_to_allv";
+    case CommOp::broadcast: return "broadcast";
+    case CommOp::send: return "send";
+    case CommOp::recv: return "recv";
+    case CommOp::barrier: return "barrier";
+  }
+  return "?";
+}
+
+// ---- Work ---------------------------------------------------------------------------------------
+
+void Work::wait() const {
+  if (!state_) return;
+  std::unique_lock<std::mutex> lock(state_->mu);
+  if (state_->done) return;
+  const double t0 = now_seconds();
+  state_->cv.wait(lock, [&] { return state_->done; });
+  CommEngine::get().add_exposed(now_seconds() - t0);
+}
+
+bool Work::completed() const {
+  if (!state_) return true;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->done;
+}
+
+// ---- the engine -----------------------------------------------------------------------------------
+
+CommEngine& CommEngine::get() {
+  static CommEngine engine;
+  return engine;
+}
+
+CommEngine::~CommEngine() {
+  // A process that leaves without stop() (an exception on the way out) must not hang in join.
+  if (thread_.joinable()) thread_.detach();
+}
+
+void CommEngine::start(bool use_mpi) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (started_) return;
+  started_ = true;
+  mpi_ = use_mpi;
+  if (!mpi_) {
+    groups_.push_back(std::make_unique<Group>());
+    groups_.back()->name = "world";
+    groups_.back()->world_ranks = {0};
+    groups_.back()->recorder_group = recorder_.add_group("world", {0});
+    world_ = std::make_unique<ProcessGroup>(0, "world", 0, std::vector<int>{0});
+    return;
+  }
+  thread_ = std::thread([this] { loop(); });
+  cv_.wait(lock, [&] { return ready_; });
+}
+
+void CommEngine::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!thread_.joinable()) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void CommEngine::abort(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (mpi_) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+ProcessGroup& CommEngine::world() {
+  TITAN_CHECK(world_ != nullptr, "the communication engine is not started", "call distributed::init_runtime() first");
+  return *world_;
+}
+
+void CommEngine::set_timeout(double seconds) { timeout_ = seconds; }
+void CommEngine::set_trace_folder(const fs::path& folder) {
+  std::lock_guard<std::mutex> lock(mu_);
+  trace_folder_ = folder;
+}
+void CommEngine::set_trace_buffer(size_t entries) { recorder_.set_capacity(entries); }
+
+std::map<std::pair<std::string, CommOp>, CommStats> CommEngine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::pair<std::string, CommOp>, CommStats> out;
+  for (const auto& g : groups_)
+    for (const auto& [op, s] : g->stats) {
+      CommStats& o = out[{g->name, op}];
+      o.calls += s.calls, o.bytes += s.bytes, o.busy_seconds += s.busy_seconds;
+    }
+  return out;
+}
+
+void CommEngine::reset_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& g : groups_) g->stats.clear();
+}
+
+void CommEngine::init_mpi() {
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+  auto g = std::make_unique<Group>();
+  g->name = "world";
+  for (int r = 0; r < world_size_; ++r) g->world_ranks.push_back(r);
+  g->rank = world_rank_;
+  MPI_Comm_dup(MPI_COMM_WORLD, &g->comm);
+  MPI_Comm_dup(MPI_COMM_WORLD, &g->comm2);
+  g->recorder_group = recorder_.add_group(g->name, g->world_ranks);
+  world_ = std::make_unique<ProcessGroup>(0, "world", world_rank_, g->world_ranks);
+  groups_.push_back(std::move(g));
+  control_ = std::make_unique<Control>();
+  MPI_Comm_dup(MPI_COMM_WORLD, &control_->comm);
+  MPI_Irecv(control_->incoming, 2, MPI_INT, MPI_ANY_SOURCE, kDumpTag, control_->comm, &control_->recv);
+}
+
+// A one-member group or a split carried out on the calling thread's behalf: see split().
+struct SplitTask {
+  int parent = 0, color = 0, key = 0;
+  std::string name;
+  int result = -1;
+};
+
+std::unique_ptr<ProcessGroup> CommEngine::split(const ProcessGroup& parent, int color, int key, const std::string& name) {
+  if (!mpi_ || parent.size() == 1) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto g = std::make_unique<Group>();
+    g->name = name;
+    g->world_ranks = {world_rank_};
+    g->recorder_group = recorder_.add_group(name, g->world_ranks);
+    groups_.push_back(std::move(g));
+    return std::make_unique<ProcessGroup>(int(groups_.size()) - 1, name, 0, std::vector<int>{world_rank_});
+  }
+  // Every member's world rank, color and key, then the split itself on the communication
+  // thread (it owns every MPI call): a barrier-like request carries the task.
+  const std::vector<std::string> all = parent.all_gather(fmt::format("{} {}", color, key));
+  std::vector<std::pair<int, int>> members;  // (key, world rank) of this color
+  for (size_t i = 0; i < all.size(); ++i) {
+    int c = 0, k = 0;
+    std::sscanf(all[i].c_str(), "%d %d", &c, &k);
+    if (c == color) members.emplace_back(k, parent.world_ranks()[i]);
+  }
+  std::sort(members.begin(), members.end());
+  std::vector<int> ranks;
+  for (const auto& m : members) ranks.push_back(m.second);
+  const int my = int(std::find(ranks.begin(), ranks.end(), world_rank_) - ranks.begin());
+
+  auto g = std::make_unique<Group>();
+  g->name = name;
+  g->world_ranks = ranks;
+  g->rank = my;
+  Group* raw = g.get();
+  int index = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    g->recorder_group = recorder_.add_group(name, ranks);
+    groups_.push_back(std::move(g));
+    index = int(groups_.size()) - 1;
+  }
+  // MPI_Comm_split on the communication thread, in queue order (a collective over the parent).
+  auto task = std::make_unique<Request>();
+  task->op = CommOp::barrier;
+  task->group = parent.engine_group();
+  task->tag = -1;  // marks the split task: see start_request
+  task->peer = color;
+  task->send_counts = {key, int64_t(index)};
+  enqueue(std::move(task)).wait();
+  (void)raw;
+  return std::make_unique<ProcessGroup>(index, name, my, ranks);
+}
+
+Work CommEngine::enqueue(std::unique_ptr<Request> r) {
+  r->work = std::make_shared<WorkState>();
+  Work work(r->work);
+  std::unique_lock<std::mutex> lock(mu_);
+  Group& g = *groups_.at(size_t(r->group));
+  const bool p2p = r->op == CommOp::send || r->op == CommOp::recv;
+  if (!p2p) r->seq = ++g.next_seq;
+  if (r->op == CommOp::all_reduce && two_stage_all_reduce(r->in_elems, r->elem, g.size())) r->ar_index = g.next_all_reduce++;
+  FlightEntry e;
+  e.group = g.recorder_group;
+  e.seq = r->seq;
+  e.op = p2p ? fmt::format("{} {}->{}", comm_op_name(r->op), r->op == CommOp::send ? g.rank : r->peer,
+                           r->op == CommOp::send ? r->peer : g.rank)
+             : comm_op_name(r->op);
+  e.dtype = elem_name(r->elem);
+  e.in_elems = r->in_elems;
+  e.out_elems = r->out_elems;
+  e.enqueued = recorder_.now();
+  r->record = recorder_.record(e);
+  if (g.size() == 1) {
+    lock.unlock();
+    // One member: the result is the input.
+    const size_t eb = elem_bytes(r->elem);
+    if (r->out && r->in && r->out != r->in && r->op != CommOp::broadcast)
+      std::memcpy(r->out, r->in, size_t(std::min(r->in_elems, r->out_elems)) * eb);
+    recorder_.set_state(r->record, OpState::completed, recorder_.now());
+    std::lock_guard<std::mutex> wl(r->work->mu);
+    r->work->done = true;
+    return work;
+  }
+  TITAN_CHECK(mpi_, "a collective on group " + g.name + " of " + std::to_string(g.size()) + " ranks without MPI");
+  queue_.push_back(std::move(r));
+  lock.unlock();
+  cv_.notify_one();
+  return work;
+}
+
+void CommEngine::start_request(Request& r) {
+  Group& g = *groups_.at(size_t(r.group));
+  r.mpi = std::make_unique<MpiHandles>();
+  r.started = now_seconds();
+  r.deadline = r.started + timeout_.load();
+  recorder_.set_state(r.record, OpState::started, recorder_.now());
+  const MPI_Datatype t = mpi_type(r.elem);
+  const size_t eb = elem_bytes(r.elem);
+  const int n = g.size();
+  MPI_Request h = MPI_REQUEST_NULL;
+  switch (r.op) {
+    case CommOp::barrier:
+      if (r.tag == -1) {  // the split task (blocking, collective over the parent)
+        Group& child = *groups_.at(size_t(r.send_counts[1]));
+        MPI_Comm_split(g.comm, r.peer, int(r.send_counts[0]), &child.comm);
+        MPI_Comm_dup(child.comm, &child.comm2);
+        return;
+      }
+      check_mpi(MPI_Ibarrier(g.comm, &h), "MPI_Ibarrier");
+      break;
+    case CommOp::all_gather:
+      check_mpi(MPI_Iallgather(r.in, mpi_count(r.in_elems), t, r.out, mpi_count(r.in_elems), t, g.comm, &h), "MPI_Iallgather");
+      break;
+    case CommOp::all_gatherv: {
+      std::vector<int> counts(static_cast<size_t>(n)), displs(static_cast<size_t>(n));
+      for (int i = 0, off = 0; i < n; ++i) counts[size_t(i)] = mpi_count(r.recv_counts[size_t(i)]), displs[size_t(i)] = off, off += counts[size_t(i)];
+      check_mpi(MPI_Iallgatherv(r.in, mpi_count(r.in_elems), t, r.out, counts.data(), displs.data(), t, g.comm, &h),
+                "MPI_Iallgatherv");
+      break;
+    }
+    case CommOp::all_to_all:
+      check_mpi(MPI_Ialltoall(r.in, mpi_count(r.in_elems / n), t, r.out, mpi_count(r.in_elems / n), t, g.comm, &h), "MPI_Ialltoall");
+      break;
+    case CommOp::all_to_allv: {
+      const size_t members = static_cast<size_t>(n);
+      std::vector<int> sc(members), sd(members), rc(members), rd(members);
+      for (int i = 0, so = 0, ro = 0; i < n; ++i) {
+        sc[size_t(i)] = mpi_count(r.send_counts[size_t(i)]), sd[size_t(i)] = so, so += sc[size_t(i)];
+        rc[size_t(i)] = mpi_count(r.recv_counts[size_t(i)]), rd[size_t(i)] = ro, ro += rc[size_t(i)];
+      }
+      check_mpi(MPI_Ialltoallv(r.in, sc.data(), sd.data(), t, r.out, rc.data(), rd.data(), t, g.comm, &h), "MPI_Ialltoallv");
+      break;
+    }
+    case CommOp::broadcast:
+      check_mpi(MPI_Ibcast(r.out, mpi_count(r.out_elems), t, r.peer, g.comm, &h), "MPI_Ibcast");
+      break;
+    case CommOp::send:
+      check_mpi(MPI_Isend(r.in, mpi_count(r.in_elems), t, r.peer, r.tag, g.comm, &h), "MPI_Isend");
+      break;
+    case CommOp::recv:
+      check_mpi(MPI_Irecv(r.out, mpi_count(r.out_elems), t, r.peer, r.tag, g.comm, &h), "MPI_Irecv");
+      break;
+    case CommOp::reduce_scatter:
+      // Every member's chunk for me, then the sum in rank order (progress()).
+      r.scratch.resize(size_t(n) * size_t(r.out_elems) * eb);
+      check_mpi(MPI_Ialltoall(r.in, mpi_count(r.out_elems), t, r.scratch.data(), mpi_count(r.out_elems), t, g.comm, &h),
+                "MPI_Ialltoall");
+      break;
+    case CommOp::all_reduce: {
+      const int64_t count = r.in_elems;
+      if (!two_stage_all_reduce(count, r.elem, n)) {
+        r.stage = 10;  // gather every member's buffer, reduce locally
+        r.scratch.resize(size_t(n) * size_t(count) * eb);
+        check_mpi(MPI_Iallgather(r.out, mpi_count(count), t, r.scratch.data(), mpi_count(count), t, g.comm, &h), "MPI_Iallgather");
+        break;
+      }
+      // Reduce-scatter of ceil(count / n)-element chunks (padded), then an all-gather of them.
+      const int64_t chunk = (count + n - 1) / n;
+      const void* src = r.out;
+      if (chunk * n != count) {
+        r.staging.assign(size_t(chunk * n) * eb, 0);
+        std::memcpy(r.staging.data(), r.out, size_t(count) * eb);
+        src = r.staging.data();
+      }
+      r.scratch.resize(size_t(n) * size_t(chunk) * eb);
+      r.stage = 1;
+      check_mpi(MPI_Ialltoall(src, mpi_count(chunk), t, r.scratch.data(), mpi_count(chunk), t, g.comm, &h), "MPI_Ialltoall");
+      break;
+    }
+  }
+  r.mpi->requests.push_back(h);
+}
+
+bool CommEngine::progress(Request& r) {
+  Group& g = *groups_.at(size_t(r.group));
+  if (r.op == CommOp::barrier && r.tag == -1) return true;  // the split ran in start_request
+  const int n = g.size();
+  const size_t eb = elem_bytes(r.elem);
+  if (r.stage == 2) {  // reduced; its all-gather waits for the group's earlier all-reduces to start theirs
+    if (g.all_reduce_stage2_started != r.ar_index) return false;
+    const int64_t chunk = (r.in_elems + n - 1) / n;
+    void* dst = r.staging.empty() ? r.out : r.staging.data();
+    MPI_Request h = MPI_REQUEST_NULL;
+    check_mpi(MPI_Iallgather(r.scratch.data(), mpi_count(chunk), mpi_type(r.elem), dst, mpi_count(chunk), mpi_type(r.elem),
+                             g.comm2, &h),
+              "MPI_Iallgather");
+    ++g.all_reduce_stage2_started;
+    r.mpi->requests = {h};
+    r.stage = 3;
+    return false;
+  }
+  int done = 0;
+  check_mpi(MPI_Testall(int(r.mpi->requests.size()), r.mpi->requests.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+  if (!done) return false;
+  switch (r.op) {
+    case CommOp::reduce_scatter:
+      reduce_rows(r.elem, r.scratch.data(), n, r.out_elems, r.out, r.reduce);
+      return true;
+    case CommOp::all_reduce:
+      if (r.stage == 10) {
+        reduce_rows(r.elem, r.scratch.data(), n, r.in_elems, r.out, r.reduce);
+        return true;
+      }
+      if (r.stage == 1) {
+        const int64_t chunk = (r.in_elems + n - 1) / n;
+        reduce_rows(r.elem, r.scratch.data(), n, chunk, r.scratch.data(), r.reduce);  // into row 0
+        r.stage = 2;
+        return progress(r);
+      }
+      if (!r.staging.empty()) std::memcpy(r.out, r.staging.data(), size_t(r.in_elems) * eb);  // stage 3
+      return true;
+    default:
+      return true;
+  }
+}
+
+void CommEngine::finish_request(Request& r) {
+  Group& g = *groups_.at(size_t(r.group));
+  const int n = g.size();
+  const double eb = double(elem_bytes(r.elem));
+  double bytes = 0;
+  switch (r.op) {
+    case CommOp::all_gather: case CommOp::all_gatherv: bytes = double(r.in_elems) * eb * (n - 1); break;
+    case CommOp::all_to_all: case CommOp::reduce_scatter: bytes = double(r.in_elems) * eb * (n - 1) / n; break;
+    case CommOp::all_to_allv:
+      for (int i = 0; i < n; ++i)
+        if (i != g.rank) bytes += double(r.send_counts[size_t(i)]) * eb;
+      break;
+    case CommOp::all_reduce:
+      if (r.stage == 10) bytes = double(r.in_elems) * eb * (n - 1);
+      else bytes = 2.0 * double((r.in_elems + n - 1) / n * n) * eb * (n - 1) / n;
+      break;
+    case CommOp::broadcast: bytes = g.rank == r.peer ? double(r.out_elems) * eb : 0; break;
+    case CommOp::send: bytes = double(r.in_elems) * eb; break;
+    case CommOp::recv: case CommOp::barrier: break;
+  }
+  const double end = now_seconds();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!(r.op == CommOp::barrier && r.tag == -1)) {
+      CommStats& s = g.stats[r.op];
+      ++s.calls;
+      s.bytes += int64_t(bytes + 0.5);
+      s.busy_seconds += end - r.started;
+    }
+  }
+  recorder_.set_state(r.record, OpState::completed, recorder_.now());
+  r.keep_in = Tensor();
+  r.keep_out = Tensor();
+  std::lock_guard<std::mutex> lock(r.work->mu);
+  r.work->done = true;
+  r.work->cv.notify_all();
+}
+
+void CommEngine::loop() {
+  prctl(PR_SET_TIMERSLACK, 1000UL);  // sleeps of tens of microseconds between polls, not the default 50 us slack
+  init_mpi();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ready_ = true;
+  }
+  cv_.notify_all();
+  int idle_polls = 0;
+  while (true) {
+    std::deque<std::unique_ptr<Request>> incoming;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (queue_.empty() && active_.empty()) {
+        if (stopping_) break;
+        // Idle: wake for new requests, and now and then for the control channel.
+        cv_.wait_for(lock, std::chrono::milliseconds(20), [&] { return !queue_.empty() || stopping_; });
+      }
+      incoming.swap(queue_);
+    }
+    bool moved = !incoming.empty();
+    for (auto& r : incoming) {
+      start_request(*r);
+      active_.push_back(std::move(r));
+    }
+    for (size_t i = 0; i < active_.size();) {
+      if (progress(*active_[i])) {
+        finish_request(*active_[i]);
+        active_.erase(active_.begin() + long(i));
+        moved = true;
+      } else {
+        ++i;
+      }
+    }
+    check_deadlines();
+    serve_control();
+    // Busy: poll again soon. Progress happens only inside MPI calls, so the interval bounds the
+    // latency of every step of a transfer; it grows while nothing moves, to spare the core.
+    if (!active_.empty()) {
+      idle_polls = moved ? 0 : std::min(idle_polls + 1, 50);
+      if (idle_polls > 2) std::this_thread::sleep_for(std::chrono::microseconds(std::min(5 * idle_polls, 100)));
+    }
+  }
+  // Stop: cancel the control receive, finalize.
+  if (control_) {
+    if (control_->recv != MPI_REQUEST_NULL) {
+      MPI_Cancel(&control_->recv);
+      MPI_Wait(&control_->recv, MPI_STATUS_IGNORE);
+    }
+    for (auto& [req, buf] : control_->replies) MPI_Wait(&req, MPI_STATUS_IGNORE);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  MPI_Finalize();
+}
+
+void CommEngine::check_deadlines() {
+  const double now = now_seconds();
+  for (const auto& r : active_)
+    if (now > r->deadline) fire(*r);
+}
+
+void CommEngine::dump_recorder(const std::string& reason) {
+  fs::path folder;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    folder = trace_folder_;
+  }
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  std::ofstream(flight_dump_path(folder, world_rank_)) << recorder_.dump(world_rank_, world_size_, reason).dump(1);
+}
+
+void CommEngine::serve_control() {
+  if (!control_) return;
+  int flag = 0;
+  MPI_Status status;
+  MPI_Test(&control_->recv, &flag, &status);
+  if (flag) {
+    const int requester = control_->incoming[1];
+    dump_recorder(fmt::format("dump requested by rank {}, whose watchdog fired", requester));
+    json last = json::object();
+    const std::vector<uint64_t> seqs = recorder_.last_seq();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& g : groups_) last[g->key()] = seqs.at(size_t(g->recorder_group));
+    }
+    control_->replies.emplace_back(MPI_REQUEST_NULL, json{{"rank", world_rank_}, {"last_seq", last}}.dump());
+    auto& [req, buf] = control_->replies.back();
+    MPI_Isend(buf.data(), int(buf.size()), MPI_CHAR, requester, kReplyTag, control_->comm, &req);
+    MPI_Irecv(control_->incoming, 2, MPI_INT, MPI_ANY_SOURCE, kDumpTag, control_->comm, &control_->recv);
+  }
+  std::erase_if(control_->replies, [](auto& kv) {
+    int done = 0;
+    MPI_Test(&kv.first, &done, MPI_STATUS_IGNORE);
+    return done != 0;
+  });
+}
+
+void CommEngine::fire(const Request& r) {
+  Group& g = *groups_.at(size_t(r.group));
+  const std::string what = fmt::format("{} #{} on group {}", comm_op_name(r.op), r.seq, g.key());
+  const double timeout = r.deadline - r.started;
+  const std::string reason = fmt::format("watchdog: {} did not finish within {:g} s", what, timeout);
+  // Ask every other rank to dump its recorder and say how far it got on each group.
+  int request[2] = {1, world_rank_};
+  std::vector<MPI_Request> asks;
+  for (int q = 0; q < world_size_; ++q) {
+    if (q == world_rank_) continue;
+    asks.emplace_back();
+    MPI_Isend(request, 2, MPI_INT, q, kDumpTag, control_->comm, &asks.back());
+  }
+  dump_recorder(reason);
+  std::map<int, uint64_t> reached;  // world rank -> its last sequence id on g
+  const double grace_end = now_seconds() + std::min(10.0, std::max(2.0, timeout));
+  while (int(reached.size()) < world_size_ - 1 && now_seconds() < grace_end) {
+    int flag = 0;
+    MPI_Status st;
+    MPI_Iprobe(MPI_ANY_SOURCE, kReplyTag, control_->comm, &flag, &st);
+    if (flag) {
+      int len = 0;
+      MPI_Get_count(&st, MPI_CHAR, &len);
+      std::string buf(size_t(len), '\0');
+      MPI_Recv(buf.data(), len, MPI_CHAR, st.MPI_SOURCE, kReplyTag, control_->comm, MPI_STATUS_IGNORE);
+      const json j = json::parse(buf, nullptr, false);
+      if (!j.is_discarded()) reached[st.MPI_SOURCE] = j["last_seq"].value(g.key(), uint64_t(0));
+    } else {
+      serve_control();  // another rank's watchdog may be asking us at the same time
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  std::vector<std::string> never, silent;
+  for (int q : g.world_ranks) {
+    if (q == world_rank_) continue;
+    auto it = reached.find(q);
+    if (it == reached.end()) silent.push_back(std::to_string(q));
+    else if (it->second < r.seq) never.push_back(fmt::format("rank {} (its last on the group is #{})", q, it->second));
+  }
+  std::string who;
+  if (!never.empty()) {
+    who = "never arrived: ";
+    for (size_t i = 0; i < never.size(); ++i) who += (i ? ", " : "") + never[i];
+  }
+  if (!silent.empty()) {
+    if (!who.empty()) who += "; ";
+    who += "did not answer (hung or dead): rank";
+    who += silent.size() > 1 ? "s " : " ";
+    for (size_t i = 0; i < silent.size(); ++i) who += (i ? ", " : "") + silent[i];
+  }
+  if (who.empty()) who = "every member reached it (a member may be stuck inside it)";
+  fs::path folder;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    folder = trace_folder_;
+  }
+  const std::string message = fmt::format(
+      "titan: rank {}: {} did not finish within {:g} s; {}. Flight recorders: {} (read them with `titan fr analyze {}`)\n",
+      world_rank_, what, timeout, who, folder.string(), folder.string());
+  std::fputs(message.c_str(), stderr);
+  std::ofstream(folder / fmt::format("watchdog_rank{}.txt", world_rank_)) << message;
+  abort(3);
+}
+
+}  // namespace titan::distributed

@@ -1,0 +1,144 @@
+// The communication thread of a process. It owns MPI: it initializes it (when the process was
+// started by mpirun or srun), makes every MPI call, and finalizes it. ProcessGroups enqueue
+// requests; the thread starts them in enqueue order (program order, the same on every rank),
+// drives their progress with MPI_Test, sums reductions in rank order, counts each group's traffic
+// per collective, records every request in the flight recorder, and is the watchdog: a request
+// not finished within the timeout makes every rank dump its recorder and ends the job with one
+// message naming the collective, its sequence id and the ranks that never arrived.
+//
+// Without a launcher the engine runs without MPI: the world is one rank and every collective
+// completes at once.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "titan/distributed/flight_recorder.h"
+#include "titan/distributed/process_group.h"
+
+namespace titan::distributed {
+
+enum class CommOp : uint8_t {
+  all_reduce, reduce_scatter, all_gather, all_gatherv, all_to_all, all_to_allv, broadcast, send, recv, barrier
+};
+const char* comm_op_name(CommOp op);
+
+// One group's traffic for one kind of collective: calls, the bytes this rank sent (the payload
+// handed to MPI, e.g. (N-1)/N of a reduce-scatter's input), and the time from issue to completion.
+struct CommStats {
+  int64_t calls = 0;
+  int64_t bytes = 0;
+  double busy_seconds = 0;
+};
+
+// Element types a request moves (tensors' dtypes, plus host doubles and bytes).
+enum class Elem : uint8_t { f32, bf16, u16, f64, i32, i64, u8 };
+size_t elem_bytes(Elem e);
+Elem elem_of(DType dtype);
+
+struct MpiHandles;  // comm_engine.cpp: the MPI requests of one Request
+
+// One enqueued operation. ProcessGroup fills the first block; the engine owns the rest.
+struct Request {
+  Request();
+  ~Request();
+  CommOp op = CommOp::barrier;
+  ReduceOp reduce = ReduceOp::sum;
+  Elem elem = Elem::f32;
+  int group = 0;
+  const void* in = nullptr;
+  void* out = nullptr;
+  int64_t in_elems = 0, out_elems = 0;
+  Tensor keep_in, keep_out;  // the buffers stay alive until the request completes
+  std::vector<int64_t> send_counts, recv_counts;  // all_to_allv / all_gatherv, in elements
+  int peer = 0, tag = 0;  // send / recv peer (group rank) and tag; broadcast root
+
+  uint64_t seq = 0, record = 0, ar_index = 0;
+  int stage = 0;
+  double started = 0, deadline = 0;
+  std::vector<unsigned char> scratch, staging;
+  std::shared_ptr<WorkState> work;
+  std::unique_ptr<MpiHandles> mpi;
+};
+
+class CommEngine {
+ public:
+  static CommEngine& get();
+  ~CommEngine();
+
+  // Starts the communication thread; with use_mpi it initializes MPI first (blocking until done).
+  // Creates the "world" group. Idempotent.
+  void start(bool use_mpi);
+  // Finishes what is queued, finalizes MPI and joins the thread. Idempotent.
+  void stop();
+  // Ends the whole job now (MPI_Abort) with `code`, after flushing stdout / stderr.
+  [[noreturn]] void abort(int code);
+  bool started() const { return thread_.joinable() || (started_ && !mpi_); }
+  bool uses_mpi() const { return mpi_; }
+  int world_rank() const { return world_rank_; }
+  int world_size() const { return world_size_; }
+  ProcessGroup& world();
+
+  // The sub-group of `parent` whose members passed the same color, ordered by key (MPI_Comm_split,
+  // collective over parent: every member calls it, in the same order).
+  std::unique_ptr<ProcessGroup> split(const ProcessGroup& parent, int color, int key, const std::string& name);
+
+  // Watchdog and flight-recorder settings (TorchTitan's [comm] keys). The timeout applies to
+  // requests issued from now on.
+  void set_timeout(double seconds);
+  void set_trace_folder(const std::filesystem::path& folder);
+  void set_trace_buffer(size_t entries);
+  FlightRecorder& recorder() { return recorder_; }
+
+  // Traffic since start or the last reset, by (group name, op).
+  std::map<std::pair<std::string, CommOp>, CommStats> stats() const;
+  void reset_stats();
+  // Seconds callers spent blocked in Work::wait (exposed communication) since start.
+  double exposed_seconds() const { return exposed_ns_.load() * 1e-9; }
+  void add_exposed(double seconds) { exposed_ns_ += int64_t(seconds * 1e9); }
+
+  // Used by ProcessGroup: assigns the group's next sequence id, records the request and queues it
+  // (or completes it at once for a one-rank group). Returns its Work.
+  Work enqueue(std::unique_ptr<Request> request);
+
+ private:
+  CommEngine() = default;
+  struct Group;
+  void loop();
+  void init_mpi();
+  void start_request(Request& r);
+  bool progress(Request& r);  // true when r finished
+  void finish_request(Request& r);
+  void check_deadlines();
+  void serve_control();
+  [[noreturn]] void fire(const Request& r);
+  void dump_recorder(const std::string& reason);
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Request>> queue_;
+  std::vector<std::unique_ptr<Request>> active_;  // started, in start order
+  std::thread thread_;
+  bool started_ = false, stopping_ = false, mpi_ = false, ready_ = false;
+  int world_rank_ = 0, world_size_ = 1;
+  std::vector<std::unique_ptr<Group>> groups_;
+  std::unique_ptr<ProcessGroup> world_;
+  std::atomic<double> timeout_{300.0};
+  std::filesystem::path trace_folder_ = "comm_traces";
+  FlightRecorder recorder_;
+  std::atomic<int64_t> exposed_ns_{0};
+  // The control channel (a duplicate of MPI_COMM_WORLD): dump requests and their replies.
+  struct Control;
+  std::unique_ptr<Control> control_;
+};
+
+}  // namespace titan::distributed

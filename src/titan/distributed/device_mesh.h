@@ -1,0 +1,54 @@
+// The device mesh: the world's ranks laid out row-major over [pp, dp_replicate, dp_shard, cp, tp]
+// (tp fastest: TP peers are consecutive ranks; PP the slowest axis), as TorchTitan's
+// ParallelDims. Each dimension and each flattened view the trainer uses is a ProcessGroup made
+// once at start with MPI_Comm_split.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <string>
+
+#include "titan/distributed/process_group.h"
+
+namespace titan::distributed {
+
+enum class MeshDim : uint8_t { pp, dp_replicate, dp_shard, cp, tp };
+inline constexpr int kMeshDims = 5;
+const char* mesh_dim_name(MeshDim d);  // "pp", "dp_replicate", ...
+
+// The [parallelism] degrees as configured: dp_shard may be -1 ("the ranks the others leave").
+struct MeshShape {
+  int64_t pp = 1, dp_replicate = 1, dp_shard = -1, cp = 1, tp = 1;
+};
+
+// The degrees with -1 filled in. Throws when they do not multiply to the world size, naming the
+// keys, their values and the values that would work. `source` names the config in messages.
+std::array<int, kMeshDims> resolve_mesh(const MeshShape& shape, int world_size, const std::string& source);
+
+class DeviceMesh {
+ public:
+  // Collective over `world`: every rank builds the same mesh, in the same order.
+  DeviceMesh(const ProcessGroup& world, const std::array<int, kMeshDims>& degrees);
+  int degree(MeshDim d) const { return degrees_[size_t(d)]; }
+  int coordinate(MeshDim d) const { return coords_[size_t(d)]; }  // this rank's index along d
+  const ProcessGroup& group(MeshDim d) const { return *groups_[size_t(d)]; }
+  // Flattened views (TorchTitan v0.2): dp = dp_replicate x dp_shard (which samples a rank loads),
+  // fsdp = dp_shard x cp (parameter shards and their gradient reduce-scatter), loss =
+  // dp_replicate x dp_shard x cp (the loss and MoE loads averaged over it).
+  const ProcessGroup& dp() const { return *dp_; }
+  const ProcessGroup& fsdp() const { return *fsdp_; }
+  const ProcessGroup& loss() const { return *loss_; }
+  int world_size() const { return world_size_; }
+  // "pp 1 x dp_replicate 2 x dp_shard 2 x cp 1 x tp 1"
+  std::string str() const;
+
+ private:
+  // The group of ranks that differ from this one only along the dims in `mask`.
+  std::unique_ptr<ProcessGroup> make_group(const ProcessGroup& world, std::array<bool, kMeshDims> mask, const std::string& name);
+  std::array<int, kMeshDims> degrees_{}, coords_{};
+  int world_size_ = 1;
+  std::array<std::unique_ptr<ProcessGroup>, kMeshDims> groups_;
+  std::unique_ptr<ProcessGroup> dp_, fsdp_, loss_;
+};
+
+}  // namespace titan::distributed

@@ -1,0 +1,233 @@
+#include "titan/distributed/flight_recorder.h"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "titan/core/error.h"
+
+namespace titan::distributed {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+const char* op_state_name(OpState s) {
+  switch (s) {
+    case OpState::scheduled: return "scheduled";
+    case OpState::started: return "started";
+    case OpState::completed: return "completed";
+  }
+  return "?";
+}
+
+FlightRecorder::FlightRecorder(size_t capacity) : capacity_(std::max<size_t>(capacity, 1)), epoch_(steady_seconds()) {}
+
+void FlightRecorder::set_capacity(size_t capacity) {
+  std::lock_guard<std::mutex> lock(mu_);
+  capacity_ = std::max<size_t>(capacity, 1);
+  ring_.clear();
+  next_id_ = 0;
+}
+
+double FlightRecorder::now() const { return steady_seconds() - epoch_; }
+
+int FlightRecorder::add_group(const std::string& name, const std::vector<int>& ranks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  groups_.push_back({name, ranks});
+  last_seq_.push_back(0);
+  return int(groups_.size()) - 1;
+}
+
+uint64_t FlightRecorder::record(FlightEntry e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  e.record_id = next_id_++;
+  if (e.group >= 0 && size_t(e.group) < last_seq_.size()) last_seq_[size_t(e.group)] = e.seq;
+  if (ring_.size() < capacity_) ring_.push_back(std::move(e));
+  else ring_[e.record_id % capacity_] = std::move(e);
+  return next_id_ - 1;
+}
+
+void FlightRecorder::set_state(uint64_t id, OpState state, double time) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (id + capacity_ < next_id_ || ring_.empty()) return;  // fell off the ring
+  FlightEntry& e = ring_[id % capacity_];
+  if (e.record_id != id) return;
+  e.state = state;
+  (state == OpState::started ? e.started : e.completed) = time;
+}
+
+bool FlightRecorder::oldest_pending(int group, FlightEntry* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool found = false;
+  for (const FlightEntry& e : ring_) {
+    if (e.group != group || e.state == OpState::completed) continue;
+    if (!found || e.record_id < out->record_id) *out = e, found = true;
+  }
+  return found;
+}
+
+std::vector<uint64_t> FlightRecorder::last_seq() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_seq_;
+}
+
+json FlightRecorder::dump(int rank, int world_size, const std::string& reason) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  json groups = json::array();
+  for (const GroupInfo& g : groups_) groups.push_back({{"name", g.name}, {"ranks", g.ranks}});
+  std::vector<const FlightEntry*> order;
+  for (const FlightEntry& e : ring_) order.push_back(&e);
+  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->record_id < b->record_id; });
+  json entries = json::array();
+  for (const FlightEntry* e : order)
+    entries.push_back({{"record_id", e->record_id}, {"group", groups_.at(size_t(e->group)).name},
+                       {"seq", e->seq}, {"op", e->op}, {"dtype", e->dtype}, {"in_elems", e->in_elems},
+                       {"out_elems", e->out_elems}, {"state", op_state_name(e->state)},
+                       {"enqueued_s", e->enqueued}, {"started_s", e->started}, {"completed_s", e->completed}});
+  return {{"format", "titan-flight-recorder"}, {"version", 1}, {"rank", rank}, {"world_size", world_size},
+          {"reason", reason}, {"groups", groups}, {"entries", entries}};
+}
+
+fs::path flight_dump_path(const fs::path& folder, int rank) { return folder / fmt::format("rank{}.json", rank); }
+
+// ---- analysis ---------------------------------------------------------------------------------
+
+namespace {
+
+struct RankDump {
+  int rank = 0;
+  std::string reason;
+  std::map<std::string, std::vector<int>> groups;         // name -> world ranks
+  std::map<std::string, std::map<uint64_t, json>> entries;  // group -> seq -> entry
+};
+
+std::string describe(const json& e) {
+  return fmt::format("#{} {} ({}, {} -> {} elements, {})", e.at("seq").get<uint64_t>(), e.at("op").get<std::string>(),
+                     e.at("dtype").get<std::string>(), e.at("in_elems").get<int64_t>(),
+                     e.at("out_elems").get<int64_t>(), e.at("state").get<std::string>());
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+
+// The report lines for one group: its first divergence, or that its ranks agree.
+std::string analyze_group(const std::string& name, const std::vector<int>& members, const std::map<int, RankDump>& dumps) {
+  std::vector<int> missing_dumps;
+  uint64_t first = 1, last = 0;
+  for (int r : members) {
+    auto d = dumps.find(r);
+    if (d == dumps.end()) {
+      missing_dumps.push_back(r);
+      continue;
+    }
+    auto g = d->second.entries.find(name);
+    if (g == d->second.entries.end() || g->second.empty()) continue;
+    first = std::max(first, g->second.begin()->first);  // older ones may have fallen off the ring
+    last = std::max(last, g->second.rbegin()->first);
+  }
+  std::string head = "group " + name + ": ";
+  if (!missing_dumps.empty()) head += fmt::format("no dump from rank(s) {} (dead or hung before dumping); ", rank_list(missing_dumps));
+  for (uint64_t s = first; s <= last; ++s) {
+    std::vector<int> absent, pending;
+    const json* ref = nullptr;
+    int ref_rank = -1;
+    std::string mismatch;
+    for (int r : members) {
+      auto d = dumps.find(r);
+      if (d == dumps.end()) continue;
+      auto g = d->second.entries.find(name);
+      const json* e = nullptr;
+      if (g != d->second.entries.end())
+        if (auto it = g->second.find(s); it != g->second.end()) e = &it->second;
+      if (!e) {
+        absent.push_back(r);
+        continue;
+      }
+      if (e->at("state") != "completed") pending.push_back(r);
+      if (!ref) {
+        ref = e, ref_rank = r;
+      } else if (mismatch.empty() && ((*e)["op"] != (*ref)["op"] || (*e)["dtype"] != (*ref)["dtype"] ||
+                                      (*e)["in_elems"] != (*ref)["in_elems"] || (*e)["out_elems"] != (*ref)["out_elems"])) {
+        mismatch = fmt::format("rank {} has {} where rank {} has {}", r, describe(*e), ref_rank, describe(*ref));
+      }
+    }
+    if (!mismatch.empty()) return head + "collective #" + std::to_string(s) + " differs: " + mismatch + "\n";
+    if (!absent.empty() && ref) {
+      std::string last_of;
+      for (int r : absent) {
+        const auto& g = dumps.at(r).entries;
+        auto it = g.find(name);
+        last_of += fmt::format("; rank {}'s last is {}", r,
+                               it == g.end() || it->second.empty() ? std::string("none") : describe(it->second.rbegin()->second));
+      }
+      return head + fmt::format("rank(s) {} never reached {} that rank(s) {} entered{}\n", rank_list(absent),
+                                describe(*ref), rank_list(pending.empty() ? std::vector<int>{ref_rank} : pending), last_of);
+    }
+    if (!pending.empty())
+      return head + fmt::format("{} did not complete on rank(s) {} (every rank entered it)\n", describe(*ref),
+                                rank_list(pending));
+  }
+  if (last == 0) return head + "no collectives recorded\n";
+  return head + fmt::format("ranks agree on collectives #{}..#{}, all completed\n", first, last);
+}
+
+}  // namespace
+
+std::string analyze_flight_dumps(const fs::path& folder) {
+  TITAN_CHECK(fs::is_directory(folder), "flight-recorder folder " + folder.string() + " does not exist",
+              "pass the folder the watchdog named (<job.dump_folder>/<comm.save_traces_folder>)");
+  std::map<int, RankDump> dumps;
+  int world = 0;
+  for (const auto& f : fs::directory_iterator(folder)) {
+    const std::string n = f.path().filename().string();
+    if (!n.starts_with("rank") || f.path().extension() != ".json") continue;
+    json j;
+    try {
+      j = json::parse(std::ifstream(f.path()));
+    } catch (const json::exception& e) {
+      TITAN_FAIL(f.path().string() + " is not valid JSON: " + e.what(), "the dump was cut short; analyze the others");
+    }
+    TITAN_CHECK(j.value("format", "") == "titan-flight-recorder", f.path().string() + " is not a flight-recorder dump");
+    RankDump d;
+    d.rank = j.at("rank").get<int>();
+    d.reason = j.value("reason", "");
+    world = std::max(world, j.at("world_size").get<int>());
+    // A group is its name and members: the two dp_shard groups of HSDP 2 x 2 share a name.
+    std::map<std::string, std::string> key_of;
+    for (const auto& g : j.at("groups")) {
+      const auto ranks = g.at("ranks").get<std::vector<int>>();
+      const std::string key = g.at("name").get<std::string>() + " [" + rank_list(ranks) + "]";
+      key_of[g.at("name").get<std::string>()] = key;
+      d.groups[key] = ranks;
+    }
+    for (const auto& e : j.at("entries")) d.entries[key_of.at(e.at("group").get<std::string>())][e.at("seq").get<uint64_t>()] = e;
+    dumps[d.rank] = std::move(d);
+  }
+  TITAN_CHECK(!dumps.empty(), folder.string() + " holds no rank*.json dump",
+              "the watchdog writes one per rank when a collective times out");
+  std::string out = fmt::format("flight recorder: {} of {} ranks dumped ({})\n", dumps.size(), world, folder.string());
+  for (const auto& [r, d] : dumps)
+    if (!d.reason.empty()) out += fmt::format("rank {}: {}\n", r, d.reason);
+  // Every group any rank knows, identified by name and members.
+  std::map<std::string, std::vector<int>> groups;
+  for (const auto& [r, d] : dumps)
+    for (const auto& [name, ranks] : d.groups) groups.emplace(name, ranks);
+  for (const auto& [name, ranks] : groups) out += analyze_group(name, ranks, dumps);
+  return out;
+}
+
+}  // namespace titan::distributed

@@ -1,0 +1,38 @@
+// The process's place in a job and its start-up: which launcher started it (mpirun, srun, or none:
+// a 1-rank run), how many threads it should use, and the communication engine.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "titan/distributed/comm_engine.h"
+
+namespace titan::distributed {
+
+// What the launcher's environment says (no MPI call): Open MPI's OMPI_COMM_WORLD_*, Slurm's
+// SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID, or PMI's PMI_RANK / PMI_SIZE. Without any, one rank.
+struct LaunchInfo {
+  int rank = 0, world_size = 1;
+  int local_rank = 0, local_size = 1;  // among the ranks on this host
+  std::string launcher;                // "mpirun", "srun", "pmi", or "" (none)
+  bool launched() const { return !launcher.empty(); }
+};
+LaunchInfo launch_info();
+
+// OpenMP threads and places for a rank when the user set neither OMP_NUM_THREADS nor
+// OMP_PLACES: the CPUs it may run on (`cpus`, its affinity mask) split evenly among the ranks on
+// the host (local_size), the rank taking its share by local rank: {OMP_NUM_THREADS, OMP_PLACES}.
+// A launcher that already bound the rank to fewer CPUs leaves just those; more ranks than CPUs
+// share them one each.
+std::pair<int, std::string> thread_share(const LaunchInfo& launch, const std::vector<int>& cpus);
+// The CPUs this process may run on (sched_getaffinity).
+std::vector<int> allowed_cpus();
+
+// Starts the communication engine, with MPI when a launcher started this process; the world's
+// size and rank must match what the launcher said. Idempotent.
+CommEngine& init_runtime();
+// Stops it (MPI_Finalize). Call once at exit, on every rank.
+void shutdown_runtime();
+
+}  // namespace titan::distributed
