@@ -135,7 +135,7 @@ void Tape::run_backward() {
       grad_outputs.push_back(out->grad);
       any = any || out->grad.defined();
     }
-    if (any) {
+    if (any || node->outputs.empty()) {  // a hook (record_hook) has no outputs and always runs
       GradSink sink(node->inputs);
       node->backward(grad_outputs, sink);
     }
@@ -180,6 +180,14 @@ Variable record(std::string name, std::vector<Variable> inputs, Tensor output,
   outs.push_back(std::move(output));
   return record(std::move(name), std::move(inputs), std::move(outs),
                 [bw = std::move(backward)](std::span<const Tensor> g, GradSink& sink) { bw(g[0], sink); })[0];
+}
+
+void record_hook(std::string name, std::function<void()> fn) {
+  if (!grad_enabled()) return;
+  auto node = std::make_shared<Node>();
+  node->name = std::move(name);
+  node->backward = [fn = std::move(fn)](std::span<const Tensor>, GradSink&) { fn(); };
+  current_tape().record(std::move(node));
 }
 
 void backward(Variable& output, const Tensor& grad_output) {

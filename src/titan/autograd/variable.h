@@ -157,6 +157,12 @@ std::vector<Variable> record(std::string name, std::vector<Variable> inputs, std
 Variable record(std::string name, std::vector<Variable> inputs, Tensor output,
                 std::function<void(const Tensor& grad_output, GradSink& sink)> backward);
 
+// Records a hook on the current tape: backward runs `fn` when it reaches this point (every node
+// recorded after it has run, none recorded before it yet), whether or not gradients flow there.
+// Parallel wrappers mark where a unit's backward begins and ends this way (FSDP's re-gather
+// before a block's backward, its gradient reduce-scatter after). Recorded only in grad mode.
+void record_hook(std::string name, std::function<void()> fn);
+
 // Seeds `output` with `grad_output` (default: ones, for a scalar loss) and runs the current
 // tape's backward.
 void backward(Variable& output, const Tensor& grad_output = Tensor());

@@ -18,9 +18,20 @@ Storage::Storage(void* data, size_t bytes, std::function<void(void*)> deleter)
 Storage::~Storage() {
   if (deleter_) {
     deleter_(data_);
-  } else {
+  } else if (data_) {
     memory_free(data_, bytes_, category_);
   }
+}
+
+void Storage::release() {
+  TITAN_CHECK(!deleter_, "release() of borrowed memory (a mapped file or a blob)");
+  if (data_) memory_free(data_, bytes_, category_);
+  data_ = nullptr;
+}
+
+void Storage::reallocate() {
+  TITAN_CHECK(!deleter_, "reallocate() of borrowed memory (a mapped file or a blob)");
+  if (!data_) data_ = memory_alloc(bytes_, category_);
 }
 
 Shape contiguous_strides(const Shape& shape) {
@@ -93,6 +104,9 @@ void Tensor::check_dtype(DType expected) const {
 void* Tensor::data_ptr() const {
   TITAN_CHECK(defined(), "use of an undefined tensor");
   TITAN_CHECK(dtype_bits(dtype_) >= 8 || offset_ % 2 == 0, "an f4e2m1 view must start on a byte boundary");
+  TITAN_CHECK(storage_->data() != nullptr || storage_->bytes() == 0,
+              "use of a tensor whose storage is released (" + str() + ")",
+              "an FSDP-sharded parameter is unsharded only inside its unit's forward and backward");
   return static_cast<uint8_t*>(storage_->data()) + offset_ * dtype_bits(dtype_) / 8;
 }
 

@@ -26,6 +26,12 @@ class Storage {
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   MemCategory category() const { return category_; }
+  // Owned storage only: release() returns the memory (data() becomes null, every view of it
+  // unusable) and reallocate() takes the same number of bytes again, contents undefined, for all
+  // views at once. FSDP frees an unsharded parameter this way while autograd still holds views
+  // of it, and gathers into it again before backward (PyTorch's storage resize to 0 and back).
+  void release();
+  void reallocate();
 
  private:
   void* data_;
@@ -58,6 +64,10 @@ class Tensor {
   size_t nbytes() const { return size_t(numel() * dtype_bits(dtype_) / 8); }
   bool is_contiguous() const;
   bool shares_storage(const Tensor& other) const { return storage_ == other.storage_; }
+  // The storage's memory (see Storage::release): whether it is there, and freeing / taking it again.
+  bool storage_allocated() const { return storage_ && storage_->data() != nullptr; }
+  void release_storage() const { storage_->release(); }
+  void reallocate_storage() const { storage_->reallocate(); }
 
   void* data_ptr() const;
   template <class T>

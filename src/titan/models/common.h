@@ -28,6 +28,7 @@ autograd::Variable run_blocks(nn::ModuleList<Block>& blocks, autograd::Variable 
                               const std::function<autograd::Variable(Block&, const autograd::Variable&)>& f) {
   for (size_t l = 0; l < blocks.size(); ++l) {
     Block& block = blocks[l];
+    nn::UnitScope unit(block);  // each block is a unit of the parallel plan (outside its checkpoint region)
     if (recompute != Recompute::none) {
       h = autograd::checkpoint(
           [&block, f](const std::vector<autograd::Variable>& in) { return std::vector<autograd::Variable>{f(block, in[0])}; },

@@ -6,11 +6,17 @@ Linear::Linear(int64_t in, int64_t out, Init init) : weight(register_parameter("
   weight.gemm_weight = true;
 }
 
-Variable Linear::forward(const Variable& x) const { return autograd::linear(x, weight.var, weight.compute); }
+Variable Linear::forward(const Variable& x) const {
+  UnitScope unit(*this);  // an output head can be a unit of a parallel plan (FSDP)
+  return autograd::linear(x, weight.var, weight.compute);
+}
 
 Embedding::Embedding(int64_t vocab, int64_t dim, Init init) : weight(register_parameter("weight", {vocab, dim}, init)) {}
 
-Variable Embedding::forward(const Tensor& ids, DType dtype) const { return autograd::embedding(ids, weight.var, dtype); }
+Variable Embedding::forward(const Tensor& ids, DType dtype) const {
+  UnitScope unit(*this);  // the token embedding is a unit of a parallel plan (FSDP)
+  return autograd::embedding(ids, weight.var, dtype);
+}
 
 RMSNorm::RMSNorm(int64_t dim, double eps_)
     : weight(register_parameter("weight", {dim}, Init::ones(), /*weight_decay=*/false)), eps(eps_) {}

@@ -104,21 +104,28 @@ void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool st
   }
 }
 
-void Module::init_parameters(uint64_t seed) {
-  for (auto& [name, p] : named_parameters()) {
-    Tensor& t = p->var.mutable_value();
-    const Init& in = p->init;
-    switch (in.kind) {
-      case Init::Kind::zeros: t.fill_(0); break;
-      case Init::Kind::ones: t.fill_(1); break;
-      case Init::Kind::constant: t.fill_(in.a); break;
-      case Init::Kind::normal: init_normal(t, seed, name, in.a, in.b); break;
-      case Init::Kind::trunc_normal:
-        init_trunc_normal(t, seed, name, in.a, in.b, in.a + in.low * in.b, in.a + in.high * in.b);
-        break;
-      case Init::Kind::uniform: init_uniform(t, seed, name, in.a, in.b); break;
-    }
+void init_parameter(Tensor& t, const std::string& name, const Init& in, uint64_t seed, const GlobalSlice* slice) {
+  switch (in.kind) {
+    case Init::Kind::zeros: t.fill_(0); break;
+    case Init::Kind::ones: t.fill_(1); break;
+    case Init::Kind::constant: t.fill_(in.a); break;
+    case Init::Kind::normal: init_normal(t, seed, name, in.a, in.b, slice); break;
+    case Init::Kind::trunc_normal:
+      init_trunc_normal(t, seed, name, in.a, in.b, in.a + in.low * in.b, in.a + in.high * in.b, slice);
+      break;
+    case Init::Kind::uniform: init_uniform(t, seed, name, in.a, in.b, slice); break;
   }
+}
+
+void Module::init_parameters(uint64_t seed) {
+  for (auto& [name, p] : named_parameters()) init_parameter(p->var.mutable_value(), name, p->init, seed);
+}
+
+std::vector<TrainableParam> trainable_params(const std::vector<std::pair<std::string, Parameter*>>& params) {
+  std::vector<TrainableParam> out;
+  out.reserve(params.size());
+  for (const auto& [name, p] : params) out.push_back({name, p->var, &p->compute, p->weight_decay, {}});
+  return out;
 }
 
 void Module::set_compute_dtype(DType dtype) {

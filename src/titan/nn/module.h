@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "titan/autograd/variable.h"
+#include "titan/core/shape.h"
 
 namespace titan::nn {
 
@@ -35,6 +36,30 @@ struct Parameter {
   bool weight_decay = true;   // no-decay group: norms' weights, biases (set by the module)
   bool gemm_weight = false;   // read by a GEMM: gets a compute copy under mixed precision
   Tensor compute;             // bf16 copy of the master the GEMMs read (mixed precision), else undefined
+};
+
+class Module;
+
+// A parallel wrapper's hooks on one unit of a model's plan (an FSDP unit: the embedding, a block,
+// the output head): before_forward gathers the unit's parameters, after_forward may release them.
+// The model brackets each unit's forward with a UnitScope; a module without hooks costs a branch.
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void before_forward(const Module& unit) = 0;
+  virtual void after_forward(const Module& unit) = 0;
+};
+
+// The tensors an optimizer step updates for one parameter: the whole parameter, or this rank's
+// shard of it (FSDP). var holds the f32 master value and its gradient (undefined when the
+// parameter got none this step); compute, when not null, receives bf16(value) with each update
+// (mixed precision). slice says where value sits in the global parameter (empty: all of it).
+struct TrainableParam {
+  std::string name;
+  Variable var;
+  Tensor* compute = nullptr;
+  bool weight_decay = true;
+  GlobalSlice slice;
 };
 
 class Module {
@@ -68,6 +93,10 @@ class Module {
 
   Module* child(const std::string& name) const;
 
+  // The parallel wrapper's hooks on this module as a unit (null: none); see UnitScope.
+  UnitHooks* unit_hooks() const { return unit_hooks_; }
+  void set_unit_hooks(UnitHooks* hooks) { unit_hooks_ = hooks; }
+
  protected:
   Parameter& register_parameter(const std::string& name, const Shape& shape, Init init, bool weight_decay = true);
   void register_buffer(const std::string& name, Tensor t);
@@ -87,7 +116,33 @@ class Module {
   std::vector<std::pair<std::string, std::unique_ptr<Parameter>>> params_;
   std::vector<std::pair<std::string, Tensor>> buffers_;
   std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
+  UnitHooks* unit_hooks_ = nullptr;
 };
+
+// Runs the unit's hooks around a scope: before_forward now, after_forward when the scope ends.
+class UnitScope {
+ public:
+  explicit UnitScope(const Module& unit) : unit_(unit.unit_hooks() ? &unit : nullptr) {
+    if (unit_) unit_->unit_hooks()->before_forward(*unit_);
+  }
+  ~UnitScope() {
+    if (unit_) unit_->unit_hooks()->after_forward(*unit_);
+  }
+  UnitScope(const UnitScope&) = delete;
+  UnitScope& operator=(const UnitScope&) = delete;
+
+ private:
+  const Module* unit_;
+};
+
+// Every parameter of `m` as a whole TrainableParam (one rank, or data parallel without sharding).
+std::vector<TrainableParam> trainable_params(const std::vector<std::pair<std::string, Parameter*>>& params);
+
+// Fills `out` with parameter `name`'s initial values (its Init, the run's seed): the whole
+// parameter, or, with a slice, the part of it `out` holds (the same values, by the counter-based
+// RNG, as the whole parameter's init puts there).
+void init_parameter(Tensor& out, const std::string& name, const Init& init, uint64_t seed,
+                    const GlobalSlice* slice = nullptr);
 
 // A list of child modules named "0", "1", ... (torch.nn.ModuleList).
 template <class M>

@@ -6,11 +6,10 @@
 
 namespace titan::optim {
 
-AdamW::AdamW(std::vector<std::pair<std::string, nn::Parameter*>> params, const kernels::AdamWParams& config)
-    : config_(config) {
-  for (auto& [name, p] : params) {
-    const Shape& s = p->var.value().shape();
-    slots_.push_back({name, p, Tensor::zeros(s, DType::f32, MemCategory::optimizer_state),
+AdamW::AdamW(std::vector<nn::TrainableParam> params, const kernels::AdamWParams& config) : config_(config) {
+  for (nn::TrainableParam& p : params) {
+    const Shape s = p.var.value().shape();
+    slots_.push_back({std::move(p), Tensor::zeros(s, DType::f32, MemCategory::optimizer_state),
                       Tensor::zeros(s, DType::f32, MemCategory::optimizer_state)});
   }
 }
@@ -21,20 +20,20 @@ void AdamW::step(float lr, float grad_scale) {
   a.lr = lr;
   a.grad_scale = grad_scale;
   for (Slot& s : slots_) {
-    if (!s.param->var.grad().defined()) continue;
+    if (!s.param.var.grad().defined()) continue;
     ++s.steps;
     a.bias_correction1 = float(1 - std::pow(double(config_.beta1), double(s.steps)));
     a.bias_correction2 = float(1 - std::pow(double(config_.beta2), double(s.steps)));
-    a.weight_decay = s.param->weight_decay ? config_.weight_decay : 0.0f;
+    a.weight_decay = s.param.weight_decay ? config_.weight_decay : 0.0f;
     // The bf16 compute copy (mixed precision) is refreshed in the same pass over memory.
-    Tensor* compute = s.param->compute.defined() ? &s.param->compute : nullptr;
-    kernels::adamw_step(s.param->var.mutable_value(), s.exp_avg, s.exp_avg_sq, compute, s.param->var.grad(), a);
+    Tensor* compute = s.param.compute && s.param.compute->defined() ? s.param.compute : nullptr;
+    kernels::adamw_step(s.param.var.mutable_value(), s.exp_avg, s.exp_avg_sq, compute, s.param.var.grad(), a);
   }
 }
 
 int64_t AdamW::param_steps(const std::string& name) const {
   for (const Slot& s : slots_)
-    if (s.name == name) return s.steps;
+    if (s.param.name == name) return s.steps;
   TITAN_FAIL("AdamW::param_steps: no parameter '" + name + "' in this optimizer",
              "pass a name from the model's named_parameters()");
 }
@@ -42,9 +41,9 @@ int64_t AdamW::param_steps(const std::string& name) const {
 std::vector<std::pair<std::string, Tensor>> AdamW::state_dict() const {
   std::vector<std::pair<std::string, Tensor>> out;
   for (const Slot& s : slots_) {
-    out.emplace_back(s.name + ".exp_avg", s.exp_avg);
-    out.emplace_back(s.name + ".exp_avg_sq", s.exp_avg_sq);
-    out.emplace_back(s.name + ".step", Tensor::full({1}, double(s.steps), DType::i64));
+    out.emplace_back(s.param.name + ".exp_avg", s.exp_avg);
+    out.emplace_back(s.param.name + ".exp_avg_sq", s.exp_avg_sq);
+    out.emplace_back(s.param.name + ".step", Tensor::full({1}, double(s.steps), DType::i64));
   }
   out.emplace_back("step", Tensor::full({1}, double(step_), DType::i64));
   return out;
@@ -61,10 +60,10 @@ void AdamW::load_state_dict(const std::map<std::string, Tensor>& state, const st
   };
   step_ = int64_t(get("step", {1}).item());
   for (Slot& s : slots_) {
-    s.exp_avg.copy_(get(s.name + ".exp_avg", s.exp_avg.shape()));
-    s.exp_avg_sq.copy_(get(s.name + ".exp_avg_sq", s.exp_avg_sq.shape()));
+    s.exp_avg.copy_(get(s.param.name + ".exp_avg", s.exp_avg.shape()));
+    s.exp_avg_sq.copy_(get(s.param.name + ".exp_avg_sq", s.exp_avg_sq.shape()));
     // Checkpoints from before per-parameter counts: the global count is the best available.
-    s.steps = state.count(s.name + ".step") ? int64_t(get(s.name + ".step", {1}).item()) : step_;
+    s.steps = state.count(s.param.name + ".step") ? int64_t(get(s.param.name + ".step", {1}).item()) : step_;
   }
 }
 

@@ -18,7 +18,11 @@ namespace titan::optim {
 class AdamW {
  public:
   // config: the base values lr, betas, eps and weight_decay (the per-step fields are ignored).
-  AdamW(std::vector<std::pair<std::string, nn::Parameter*>> params, const kernels::AdamWParams& config);
+  // The moments take the shape of each TrainableParam's value: the whole parameter, or under
+  // FSDP this rank's shard (the optimizer then steps the local shard only).
+  AdamW(std::vector<nn::TrainableParam> params, const kernels::AdamWParams& config);
+  AdamW(const std::vector<std::pair<std::string, nn::Parameter*>>& params, const kernels::AdamWParams& config)
+      : AdamW(nn::trainable_params(params), config) {}
 
   // One update with learning rate `lr` (the schedule's value for this step); the gradients are
   // multiplied by grad_scale first (clipping). Parameters without a gradient (frozen, or unused
@@ -38,8 +42,7 @@ class AdamW {
 
  private:
   struct Slot {
-    std::string name;
-    nn::Parameter* param;
+    nn::TrainableParam param;
     Tensor exp_avg, exp_avg_sq;
     int64_t steps = 0;  // updates this parameter has received
   };

@@ -7,20 +7,27 @@
 namespace titan::optim {
 
 GradNorm clip_grad_norm(const std::vector<std::pair<std::string, nn::Parameter*>>& params, double max_norm) {
+  return clip_grad_norm(nn::trainable_params(params), max_norm, [](double x) { return x; });
+}
+
+GradNorm clip_grad_norm(const std::vector<nn::TrainableParam>& params, double max_norm,
+                        const std::function<double(double)>& sum_over_shards) {
   std::vector<Tensor> grads;
   grads.reserve(params.size());
-  for (const auto& [name, p] : params)
-    if (p->var.grad().defined()) grads.push_back(p->var.grad());
+  for (const nn::TrainableParam& p : params)
+    if (p.var.grad().defined()) grads.push_back(p.var.grad());
   GradNorm out;
-  out.norm = std::sqrt(kernels::sum_squares(grads));
+  out.norm = std::sqrt(sum_over_shards(kernels::sum_squares(grads)));
   if (!std::isfinite(out.norm)) {
-    for (const auto& [name, p] : params) {
-      if (!p->var.grad().defined()) continue;
-      const Tensor g = p->var.grad();
+    for (const nn::TrainableParam& p : params) {
+      if (!p.var.grad().defined()) continue;
+      const Tensor g = p.var.grad();
       TITAN_CHECK(std::isfinite(kernels::sum_squares(std::span<const Tensor>(&g, 1))),
-                  "the gradient of '" + name + "' is not finite (inf or NaN)",
+                  "the gradient of '" + p.name + "' is not finite (inf or NaN)",
                   "lower optimizer.lr, raise lr_scheduler.warmup_steps, or set training.max_norm");
     }
+    TITAN_FAIL("the global gradient norm is not finite (another rank's shard holds the inf or NaN)",
+               "lower optimizer.lr, raise lr_scheduler.warmup_steps, or set training.max_norm");
   }
   if (max_norm > 0) out.scale = float(std::min(1.0, max_norm / (out.norm + 1e-6)));
   return out;

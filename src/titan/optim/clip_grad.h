@@ -1,6 +1,7 @@
 // Gradient clipping by global L2 norm (torch.nn.utils.clip_grad_norm_ semantics).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,5 +20,12 @@ struct GradNorm {
 // max_norm <= 0 disables clipping (scale 1). A non-finite norm throws, naming the first
 // parameter whose gradient is not finite.
 GradNorm clip_grad_norm(const std::vector<std::pair<std::string, nn::Parameter*>>& params, double max_norm);
+
+// The same over TrainableParams whose gradients may be shards of the global ones: the local sum
+// of squares goes through sum_over_shards (the sum over the ranks that split the parameters; the
+// identity when every rank holds whole, identical gradients), so every rank gets the global norm.
+// A non-finite norm throws on every rank, naming a parameter where this rank's shard is not finite.
+GradNorm clip_grad_norm(const std::vector<nn::TrainableParam>& params, double max_norm,
+                        const std::function<double(double)>& sum_over_shards);
 
 }  // namespace titan::optim

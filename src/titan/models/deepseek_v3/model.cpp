@@ -58,6 +58,7 @@ Variable TransformerBlock::forward(const Variable& x, const kernels::RopeTables&
 
 Variable TransformerBlock::forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions,
                                    Recompute recompute) {
+  nn::UnitScope unit(*this);  // each block is a unit of the parallel plan (outside its checkpoint region)
   checkpointed_ = recompute != Recompute::none;
   if (!checkpointed_) return forward(x, rope, positions);
   auto region = [this, &rope, positions](const std::vector<Variable>& in) {
