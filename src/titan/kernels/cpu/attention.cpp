@@ -1,7 +1,7 @@
 // Flash attention on the CPU, FlashAttention-2 blocking: a block of kBlock query rows stays
 // resident while key/value blocks stream past, and scores only ever exist as kBlock x kBlock
 // tiles (held transposed, keys by queries; see the forward). Every product is a register-tiled
-// f32 micro-kernel over packed, zero-padded buffers.
+// micro-GEMM (cpu/tile_gemm.h) over packed, zero-padded buffers.
 // bf16 with both head dims multiples of 32 runs its products on bf16 pairs (see "bf16 pairs"):
 // AMX tiles where usable, else VDPBF16PS register tiles (AVX512_BF16; on Zen 4/5 twice the f32
 // FMA rate). Other bf16 shapes, MLA's in-place keys and CPUs without AVX512_BF16 widen bf16 to
@@ -16,6 +16,7 @@
 #include "titan/core/cpu_features.h"
 #include "titan/kernels/cpu/isa.h"
 #include "titan/kernels/cpu/scratch.h"
+#include "titan/kernels/cpu/tile_gemm.h"
 #if defined(TITAN_AVX512_ROWS)
 #include "titan/kernels/cpu/avx512.h"
 #endif
@@ -36,25 +37,22 @@ constexpr int64_t kBlock = 64;
 // 4 times from L1/L2 instead of refetching them from L3 per query block is what keeps the
 // micro-kernels fed at S = 2048 (whose per-head k and v no longer fit in L2).
 constexpr int64_t kGroupBlocks = 4;
-// Packed widths are padded to a multiple of 16 floats: whole vectors at every ISA level.
-constexpr int64_t kLanes = 16;
-
-// Register tile over vecf (cpu/isa.h): kRows x kVecs accumulators plus kVecs loaded B vectors and
-// one broadcast fit the register file (32 zmm; 16 ymm or xmm otherwise).
+// The products' register tiles (cpu/tile_gemm.h): 6 x 4 vectors with AVX-512. The B strip of a
+// pass (at most 128 k steps of 4 vectors: 32 KiB) stays in L1 while the row tiles run over it; a
+// longer K (Dqk = 192 for MLA: a 48 KiB strip, the whole L1) takes two passes.
+struct Tiles : TileDefaults {
 #if defined(__AVX512F__)
-constexpr int kRows = 6, kVecs = 4;
+  static constexpr int kRows = 6, kVecs = 4;
 #elif defined(__AVX2__)
-constexpr int kRows = 6, kVecs = 2;
+  static constexpr int kRows = 6, kVecs = 2;
 #else
-constexpr int kRows = 4, kVecs = 2;
+  static constexpr int kRows = 4, kVecs = 2;
 #endif
+  static constexpr int kNarrowRows = kRows;
+  static constexpr int64_t kDepth = 128;
+};
 typedef int32_t veci __attribute__((vector_size(sizeof(int32_t) * kVecLanes)));
 
-TITAN_INLINE int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
-
-TITAN_INLINE vecf splat(float x) { return vecf{} + x; }
-TITAN_INLINE vecf loadv(const float* p) { return *reinterpret_cast<const vecf*>(p); }
-TITAN_INLINE void storev(float* p, vecf x) { *reinterpret_cast<vecf*>(p) = x; }
 TITAN_INLINE vecf maxv(vecf a, vecf b) { return a > b ? a : b; }
 // fast_exp (cpu/isa.h) on a vector with the same range reduction and polynomial, written on
 // vecf so it vectorizes at every ISA level without relying on the auto-vectorizer. Rounds with
@@ -78,107 +76,8 @@ TITAN_INLINE vecf exp_v(vecf x) {
   const vecf scale = (vecf)(e << 23);
   return p * scale;
 }
-TITAN_INLINE int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-// ---- micro-kernel ---------------------------------------------------------------------------
-// c[r][0, n) (+)= sum_k a(r, k) b[k][0, n) for r < Rows, n = Vecs * kVecLanes, with a(r, k) =
-// a[r * a_row + k * a_k] (so A may be read transposed: P^T, dS^T) and b rows ldb elements apart.
-// Accumulators live in registers for the whole k loop. E = float, or (avx512_bf16, the pair
-// products of "bf16 pairs" below) uint32_t bf16 pairs with k counting pairs (madd_broadcast).
-template <int Rows, int Vecs, bool kAccumulate, class E>
-TITAN_INLINE void gemm_tile(float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k, const E* b,
-                            int64_t ldb, int64_t K) {
-  vecf acc[Rows][Vecs];
-#pragma GCC unroll 8
-  for (int r = 0; r < Rows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) {
-      if constexpr (kAccumulate) {
-        acc[r][v] = *reinterpret_cast<const vecf*>(c + r * ldc + v * kVecLanes);
-      } else {
-        acc[r][v] = vecf{};
-      }
-    }
-  }
-  // Two k steps per iteration: the pointer updates and loop branch are then spread over twice
-  // the FMAs (measured a few percent at S = 2048, within this shared machine's noise).
-#pragma GCC unroll 2
-  for (int64_t kk = 0; kk < K; ++kk) {
-    vecf bv[Vecs];
-#pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) bv[v] = *reinterpret_cast<const vecf*>(b + kk * ldb + v * kVecLanes);
-#pragma GCC unroll 8
-    for (int r = 0; r < Rows; ++r) madd_broadcast<Vecs>(acc[r], a[r * a_row + kk * a_k], bv);
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < Rows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) *reinterpret_cast<vecf*>(c + r * ldc + v * kVecLanes) = acc[r][v];
-  }
-}
-
-// One column strip of Vecs vectors, all M rows: full kRows tiles, then one shorter tile.
-template <int Rows, int Vecs, bool kAccumulate, class E>
-TITAN_INLINE void gemm_row_tail(int64_t rows, float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k,
-                                const E* b, int64_t ldb, int64_t K) {
-  if (rows == Rows) {
-    gemm_tile<Rows, Vecs, kAccumulate>(c, ldc, a, a_row, a_k, b, ldb, K);
-  } else if constexpr (Rows > 1) {
-    gemm_row_tail<Rows - 1, Vecs, kAccumulate>(rows, c, ldc, a, a_row, a_k, b, ldb, K);
-  }
-}
-
-template <int Vecs, bool kAccumulate, class E>
-void gemm_strip(float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k, const E* b, int64_t ldb, int64_t M,
-                int64_t K) {
-  int64_t m = 0;
-  for (; m + kRows <= M; m += kRows) {
-    gemm_tile<kRows, Vecs, kAccumulate>(c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K);
-  }
-  if (m < M) gemm_row_tail<kRows, Vecs, kAccumulate>(M - m, c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K);
-}
-
-template <int Vecs, bool kAccumulate, class E>
-void gemm_strip_tail(int64_t vecs, float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k, const E* b,
-                     int64_t ldb, int64_t M, int64_t K) {
-  if (vecs == Vecs) {
-    gemm_strip<Vecs, kAccumulate>(c, ldc, a, a_row, a_k, b, ldb, M, K);
-  } else if constexpr (Vecs > 1) {
-    gemm_strip_tail<Vecs - 1, kAccumulate>(vecs, c, ldc, a, a_row, a_k, b, ldb, M, K);
-  }
-}
-
-// C[M, N] (+)= A(M x K) B[K, N] with A(r, k) = a[r * a_row + k * a_k]. N is a multiple of 16:
-// every B operand and C tile is a packed buffer padded to that width. The B strip (at most
-// kChunkK rows of kVecs vectors: 32 KiB with AVX-512) stays in L1 while the row tiles run over
-// it; a longer K (Dqk = 192 for MLA: a 48 KiB strip, the whole L1) runs in chunks, the later ones
-// accumulating into C. Each c element still sums its products in k order in one f32 register
-// stored and reloaded exactly between chunks, so chunking does not change results.
-constexpr int64_t kChunkK = 128;
-template <bool kAccumulate, class E>
-void gemm(float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k, const E* b, int64_t ldb, int64_t M,
-          int64_t N, int64_t K) {
-  for (int64_t n = 0; n < N; n += kVecs * kVecLanes) {
-    const int64_t vecs = min_i64((N - n) / kVecLanes, kVecs);
-    gemm_strip_tail<kVecs, kAccumulate>(vecs, c + n, ldc, a, a_row, a_k, b + n, ldb, M, min_i64(K, kChunkK));
-    for (int64_t k0 = kChunkK; k0 < K; k0 += kChunkK) {
-      gemm_strip_tail<kVecs, true>(vecs, c + n, ldc, a + k0 * a_k, a_row, a_k, b + k0 * ldb + n, ldb, M,
-                                   min_i64(K - k0, kChunkK));
-    }
-  }
-}
-
-// One row tile (rows <= kRows) by vecs <= kVecs vectors: gemm_row_tail with a run-time width.
-template <int Vecs, bool kAccumulate>
-TITAN_INLINE void tile_tail(int64_t vecs, int64_t rows, float* c, int64_t ldc, const float* a, int64_t a_row,
-                            int64_t a_k, const float* b, int64_t ldb, int64_t K) {
-  if (vecs == Vecs) {
-    gemm_row_tail<kRows, Vecs, kAccumulate>(rows, c, ldc, a, a_row, a_k, b, ldb, K);
-  } else if constexpr (Vecs > 1) {
-    tile_tail<Vecs - 1, kAccumulate>(vecs, rows, c, ldc, a, a_row, a_k, b, ldb, K);
-  }
-}
-
+// ---- diagonal blocks ------------------------------------------------------------------------
 // gemm over a diagonal (causal) block, skipping the products that only ever meet masked (key j >
 // query i) entries. At S = 512 a quarter of the blocks are diagonal and half of each is masked,
 // so the full-tile products spent about a tenth of all work on entries that end as 0.
@@ -196,21 +95,23 @@ template <Diagonal kMode, bool kAccumulate>
 void gemm_diagonal(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b, int64_t ldb,
                    int64_t M, int64_t N, int64_t K) {
   static_assert(kMode == Diagonal::queries_across || kAccumulate, "the k-limited modes add into C");
-  constexpr int64_t kStrip = kVecs * kVecLanes;
+  constexpr TileStore kFirst = kAccumulate ? TileStore::accumulate : TileStore::write;
+  constexpr int kRows = Tiles::kRows, kVecs = Tiles::kVecs;
+  constexpr int64_t kStrip = kVecs * kVecLanes, kDepth = Tiles::kDepth;
   if constexpr (kMode == Diagonal::queries_across) {
-    for (int64_t k0 = 0; k0 < K; k0 += kChunkK) {
-      const int64_t kc = min_i64(K - k0, kChunkK);
+    for (int64_t k0 = 0; k0 < K; k0 += kDepth) {
+      const int64_t kc = min_i64(K - k0, kDepth);
       for (int64_t m = 0; m < M; m += kRows) {
         const int64_t rows = min_i64(kRows, M - m);
         for (int64_t n = m / kVecLanes * kVecLanes; n < N; n += kStrip) {
           const int64_t vecs = min_i64((N - n) / kVecLanes, kVecs);
-          float* ct = c + m * ldc + n;
+          const StridedRows ct{c + m * ldc + n, ldc};
           const float* at = a + m * a_row + k0 * a_k;
           const float* bt = b + k0 * ldb + n;
           if (k0 == 0) {
-            tile_tail<kVecs, kAccumulate>(vecs, rows, ct, ldc, at, a_row, a_k, bt, ldb, kc);
+            gemm_tile_tail<kRows, kVecs, kFirst>(vecs, rows, ct, at, a_row, a_k, bt, ldb, kc);
           } else {
-            tile_tail<kVecs, true>(vecs, rows, ct, ldc, at, a_row, a_k, bt, ldb, kc);
+            gemm_tile_tail<kRows, kVecs, TileStore::accumulate>(vecs, rows, ct, at, a_row, a_k, bt, ldb, kc);
           }
         }
       }
@@ -222,9 +123,10 @@ void gemm_diagonal(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t
         const int64_t rows = min_i64(kRows, M - m);
         const int64_t k_lo = kMode == Diagonal::queries_from_row ? min_i64(m, K) : 0;
         const int64_t k_hi = kMode == Diagonal::keys_upto_row ? min_i64(m + rows, K) : K;
-        for (int64_t k0 = k_lo; k0 < k_hi; k0 += kChunkK) {
-          tile_tail<kVecs, true>(vecs, rows, c + m * ldc + n, ldc, a + m * a_row + k0 * a_k, a_row, a_k,
-                                 b + k0 * ldb + n, ldb, min_i64(k_hi - k0, kChunkK));
+        for (int64_t k0 = k_lo; k0 < k_hi; k0 += kDepth) {
+          gemm_tile_tail<kRows, kVecs, TileStore::accumulate>(vecs, rows, StridedRows{c + m * ldc + n, ldc},
+                                                              a + m * a_row + k0 * a_k, a_row, a_k, b + k0 * ldb + n,
+                                                              ldb, min_i64(k_hi - k0, kDepth));
         }
       }
     }
@@ -246,8 +148,8 @@ Plan make_plan(const AttentionParams& d) {
   p.group = d.H / d.Hkv;
   p.nblk = (d.S + kBlock - 1) / kBlock;
   p.s_pad = p.nblk * kBlock;
-  p.dqk_pad = round_up(d.Dqk, kLanes);
-  p.dv_pad = round_up(d.Dv, kLanes);
+  p.dqk_pad = round_up(d.Dqk, kPadLanes);
+  p.dv_pad = round_up(d.Dv, kPadLanes);
   return p;
 }
 
@@ -286,24 +188,25 @@ void pack_rows(float* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t
 // scalar column copies cost the f32 backward at S = 512 about 5% of its time.
 template <class T>
 void pack_transposed(float* dst, const T* src, int64_t ld_src, int64_t rows, int64_t width, float scale) {
-  alignas(64) float tile[kLanes][kLanes];  // [16 rows, 16 columns]
-  for (int64_t j0 = 0; j0 < kBlock; j0 += kLanes) {
-    const int64_t n = rows - j0 < 0 ? 0 : min_i64(kLanes, rows - j0);
-    const int64_t next = rows - j0 - kLanes < 0 ? 0 : min_i64(kLanes, rows - j0 - kLanes);  // rows of the next group
-    for (int64_t jj = 0; jj < next; ++jj) prefetch_row(src + (j0 + kLanes + jj) * ld_src, width);
-    for (int64_t c0 = 0; c0 < width; c0 += kLanes) {
-      const int64_t w = min_i64(kLanes, width - c0);
+  alignas(64) float tile[kPadLanes][kPadLanes];  // [16 rows, 16 columns]
+  for (int64_t j0 = 0; j0 < kBlock; j0 += kPadLanes) {
+    const int64_t n = rows - j0 < 0 ? 0 : min_i64(kPadLanes, rows - j0);
+    // rows of the next group
+    const int64_t next = rows - j0 - kPadLanes < 0 ? 0 : min_i64(kPadLanes, rows - j0 - kPadLanes);
+    for (int64_t jj = 0; jj < next; ++jj) prefetch_row(src + (j0 + kPadLanes + jj) * ld_src, width);
+    for (int64_t c0 = 0; c0 < width; c0 += kPadLanes) {
+      const int64_t w = min_i64(kPadLanes, width - c0);
 #if defined(TITAN_AVX512_ROWS)
       if constexpr (std::is_same_v<T, float>) {
-        if (w == kLanes) {
+        if (w == kPadLanes) {
           const __m512 m = _mm512_set1_ps(scale);
-          for (int64_t jj = 0; jj < kLanes; ++jj) {
+          for (int64_t jj = 0; jj < kPadLanes; ++jj) {
             const __m512 row = jj < n ? _mm512_mul_ps(_mm512_loadu_ps(src + (j0 + jj) * ld_src + c0), m)
                                       : _mm512_setzero_ps();
             _mm512_store_ps(tile[jj], row);
           }
           transpose16_u32(reinterpret_cast<uint32_t*>(dst + c0 * kBlock + j0), kBlock,
-                          reinterpret_cast<const uint32_t*>(&tile[0][0]), kLanes);
+                          reinterpret_cast<const uint32_t*>(&tile[0][0]), kPadLanes);
           continue;
         }
       }
@@ -313,10 +216,10 @@ void pack_transposed(float* dst, const T* src, int64_t ld_src, int64_t rows, int
 #pragma omp simd
         for (int64_t cc = 0; cc < w; ++cc) tile[jj][cc] = scale * to_f32(row[cc]);
       }
-      for (int64_t jj = n; jj < kLanes; ++jj) std::memset(tile[jj], 0, sizeof(tile[jj]));
+      for (int64_t jj = n; jj < kPadLanes; ++jj) std::memset(tile[jj], 0, sizeof(tile[jj]));
       for (int64_t cc = 0; cc < w; ++cc) {
-        float col[kLanes];
-        for (int64_t jj = 0; jj < kLanes; ++jj) col[jj] = tile[jj][cc];
+        float col[kPadLanes];
+        for (int64_t jj = 0; jj < kPadLanes; ++jj) col[jj] = tile[jj][cc];
         std::memcpy(dst + (c0 + cc) * kBlock + j0, col, sizeof(col));
       }
     }
@@ -619,8 +522,9 @@ void amx_block(float* c, int64_t ldc, int64_t rows, const bf16* a, int64_t a_ld,
 template <bool kAccumulate>
 void pairs_block(float* c, int64_t ldc, int64_t rows, const bf16* a, int64_t a_ld, const uint32_t* b, int64_t width,
                  int64_t chunks) {
-  gemm<kAccumulate>(c, ldc, reinterpret_cast<const uint32_t*>(a), a_ld / 2, int64_t(1), b, width, rows, width,
-                    16 * chunks);
+  constexpr TileStore kStore = kAccumulate ? TileStore::accumulate : TileStore::write;
+  gemm<Tiles, kStore>(c, ldc, reinterpret_cast<const uint32_t*>(a), a_ld / 2, int64_t(1), b, width, rows, width,
+                      16 * chunks);
 }
 
 // The bf16 pair products of the forward and backward below: on AMX tiles (kAmx) or VDPBF16PS.
@@ -1040,9 +944,10 @@ void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const At
             }
             mask_diagonal(st.data(), cols);
           } else {
-            gemm<false>(st.data(), kBlock, kp_blk, k_ld, 1, qt_x, kBlock, cols, kBlock, k_main);
+            gemm<Tiles, TileStore::write>(st.data(), kBlock, kp_blk, k_ld, 1, qt_x, kBlock, cols, kBlock, k_main);
             if (tail > 0) {
-              gemm<true>(st.data(), kBlock, tail_blk, tail, 1, qt_x + k_main * kBlock, kBlock, cols, kBlock, tail);
+              gemm<Tiles, TileStore::accumulate>(st.data(), kBlock, tail_blk, tail, 1, qt_x + k_main * kBlock, kBlock,
+                                                 cols, kBlock, tail);
             }
           }
           // Online softmax per query column: new max, rescale of the old sum (and of o below),
@@ -1084,7 +989,8 @@ void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const At
             gemm_diagonal<Diagonal::keys_upto_row, true>(oacc_x, p.dv_pad, st.data(), 1, kBlock, vp_blk, p.dv_pad,
                                                          rows, p.dv_pad, cols);
           } else {
-            gemm<true>(oacc_x, p.dv_pad, st.data(), 1, kBlock, vp_blk, p.dv_pad, rows, p.dv_pad, cols);
+            gemm<Tiles, TileStore::accumulate>(oacc_x, p.dv_pad, st.data(), 1, kBlock, vp_blk, p.dv_pad, rows,
+                                               p.dv_pad, cols);
           }
         }
       }
@@ -1207,7 +1113,8 @@ void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const
                                                              cols, kBlock, d.Dqk);
               mask_diagonal(pt.data(), cols);
             } else {
-              gemm<false>(pt.data(), kBlock, kp_blk, p.dqk_pad, 1, qt_blk, kBlock, cols, kBlock, d.Dqk);
+              gemm<Tiles, TileStore::write>(pt.data(), kBlock, kp_blk, p.dqk_pad, 1, qt_blk, kBlock, cols, kBlock,
+                                            d.Dqk);
             }
             for (int64_t v0 = 0; v0 < kBlock; v0 += kVecLanes) {
               const int64_t live = diagonal ? min_i64(cols, v0 + kVecLanes) : cols;
@@ -1224,14 +1131,16 @@ void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const
               gemm_diagonal<Diagonal::queries_from_row, true>(dv_blk, p.dv_pad, pt.data(), kBlock, 1, dos_blk,
                                                               p.dv_pad, cols, p.dv_pad, rows);
             } else {
-              gemm<true>(dv_blk, p.dv_pad, pt.data(), kBlock, 1, dos_blk, p.dv_pad, cols, p.dv_pad, rows);
+              gemm<Tiles, TileStore::accumulate>(dv_blk, p.dv_pad, pt.data(), kBlock, 1, dos_blk, p.dv_pad, cols,
+                                                 p.dv_pad, rows);
             }
             // dP^T = v dO^T, then dS^T = P^T (dP^T - D)
             if (diagonal) {
               gemm_diagonal<Diagonal::queries_across, false>(dst.data(), kBlock, vp_blk, p.dv_pad, 1, dot_blk, kBlock,
                                                              cols, kBlock, d.Dv);
             } else {
-              gemm<false>(dst.data(), kBlock, vp_blk, p.dv_pad, 1, dot_blk, kBlock, cols, kBlock, d.Dv);
+              gemm<Tiles, TileStore::write>(dst.data(), kBlock, vp_blk, p.dv_pad, 1, dot_blk, kBlock, cols, kBlock,
+                                            d.Dv);
             }
             for (int64_t v0 = 0; v0 < kBlock; v0 += kVecLanes) {
               const int64_t live = diagonal ? min_i64(cols, v0 + kVecLanes) : cols;
@@ -1250,8 +1159,10 @@ void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const
               gemm_diagonal<Diagonal::keys_upto_row, true>(dq_blk, p.dqk_pad, dst.data(), 1, kBlock, kp_blk,
                                                            p.dqk_pad, rows, p.dqk_pad, cols);
             } else {
-              gemm<true>(dk_blk, p.dqk_pad, dst.data(), kBlock, 1, qs_blk, p.dqk_pad, cols, p.dqk_pad, rows);
-              gemm<true>(dq_blk, p.dqk_pad, dst.data(), 1, kBlock, kp_blk, p.dqk_pad, rows, p.dqk_pad, cols);
+              gemm<Tiles, TileStore::accumulate>(dk_blk, p.dqk_pad, dst.data(), kBlock, 1, qs_blk, p.dqk_pad, cols,
+                                                 p.dqk_pad, rows);
+              gemm<Tiles, TileStore::accumulate>(dq_blk, p.dqk_pad, dst.data(), 1, kBlock, kp_blk, p.dqk_pad, rows,
+                                                 p.dqk_pad, cols);
             }
           }
         }

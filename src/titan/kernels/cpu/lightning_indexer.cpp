@@ -1,7 +1,7 @@
 // Lightning indexer on the CPU. Queries are processed in blocks that stay resident while key
 // blocks of kKeys keys stream past; the head dot products of a (query block, key block) pair are
-// one small register-tiled f32 GEMM over packed, zero-padded buffers, and the S x Skv score matrix
-// never exists (only kKeys-wide tiles of it). The top-k on AVX-512 (without AMX) goes further:
+// one small register-tiled GEMM (cpu/tile_gemm.h) over packed, zero-padded buffers, and the
+// S x Skv score matrix never exists (only kKeys-wide tiles of it). The top-k on AVX-512 (without AMX) goes further:
 // each query's scores over a key block come from its head rows four heads at a time with the
 // head dots in registers (fused_scores), so not even the block's [heads, kKeys] dots are stored.
 // * top-k: each query row keeps a buffer of up to 4K + kKeys candidates as sortable 64-bit keys
@@ -22,8 +22,8 @@
 //   the end (no races, deterministic for a fixed thread count).
 // bf16 in the avx512_bf16 variant: the top-k dot products and the dense KL stage's products (the
 // indexer dots and the target's tau mq mk^T) take bf16 pair operands with f32 accumulation, on
-// AMX tiles when cpu_amx_bf16_usable(), else by VDPBF16PS in the f32 micro-kernel's register
-// tiles; the blocked path's gradient products (G k, G^T q) stay f32 FMA. The sparse stage's
+// AMX tiles when cpu_amx_bf16_usable(), else by VDPBF16PS in the register tiles of
+// cpu/tile_gemm.h; the blocked path's gradient products (G k, G^T q) stay f32 FMA. The sparse stage's
 // narrow gathered rows (<= 4 heads of 16-64 dims) read the bf16 keys in place: dots, and with
 // 32-dim chunks the gradient products too (G rounded to bf16), on VDPBF16PS. Elsewhere (and at
 // the lower ISA levels) bf16 inputs are widened to f32 while packing (O(S D) work against
@@ -45,6 +45,7 @@
 #include "titan/core/cpu_features.h"
 #include "titan/kernels/cpu/isa.h"
 #include "titan/kernels/cpu/scratch.h"
+#include "titan/kernels/cpu/tile_gemm.h"
 #if defined(TITAN_AVX512_ROWS)
 #include "titan/kernels/cpu/avx512.h"
 #endif
@@ -59,124 +60,27 @@ constexpr int64_t kKeys = 64;
 constexpr int64_t kTargetRows = 64;
 // KL loss query blocks: up to kDenseQueries queries and kMaxDenseRows (queries x heads).
 constexpr int64_t kDenseQueries = 64, kMaxDenseRows = 1024;
-// Packed widths are padded to a multiple of 16 floats: whole vectors at every ISA level.
-constexpr int64_t kLanes = 16;
-
-// Register tile of the micro-kernel: kRows x kVecs accumulators, kVecs B vectors, one broadcast.
-// A strip one vector wide (the sparse target: 16 query heads) takes kNarrowRows rows instead, so
-// enough independent FMA chains are in flight to cover the FMA latency.
+// The products' register tiles (cpu/tile_gemm.h): 6 x 4 vectors with AVX-512; a strip one vector
+// wide (a wide gathered row's 16 heads) takes 12 rows. Passes of 64 k steps, each prefetching
+// the next: each B strip pass (64 x 64 floats, 16 KiB) stays in L1 while all M rows run over it
+// (a whole strip of the dense target, D = 192, 48 KiB, did not, and every tile re-read it from
+// L2), and the first tile over a pass fetched it from L3 or memory at a bandwidth far below the
+// FMA rate.
+struct Tiles : TileDefaults {
 #if defined(__AVX512F__)
-constexpr int kRows = 6, kVecs = 4, kNarrowRows = 12;
+  static constexpr int kRows = 6, kVecs = 4, kNarrowRows = 12;
 #elif defined(__AVX2__)
-constexpr int kRows = 6, kVecs = 2, kNarrowRows = 12;
+  static constexpr int kRows = 6, kVecs = 2, kNarrowRows = 12;
 #else
-constexpr int kRows = 4, kVecs = 2, kNarrowRows = 8;
+  static constexpr int kRows = 4, kVecs = 2, kNarrowRows = 8;
 #endif
+  static constexpr int64_t kDepth = 64;
+  static constexpr bool kPrefetch = true;
+};
 constexpr int64_t kTileVecs = kKeys / kVecLanes;  // vectors per kKeys-wide tile row
 
-TITAN_INLINE int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
-TITAN_INLINE int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
 TITAN_INLINE uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
-TITAN_INLINE int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
-TITAN_INLINE vecf splat(float x) { return vecf{} + x; }
-TITAN_INLINE vecf loadv(const float* p) { return *reinterpret_cast<const vecf*>(p); }
-TITAN_INLINE void storev(float* p, vecf x) { *reinterpret_cast<vecf*>(p) = x; }
 TITAN_INLINE vecf relu(vecf x) { return x > splat(0.0f) ? x : splat(0.0f); }
-
-// ---- micro-kernel ---------------------------------------------------------------------------
-// c[r][0, Vecs * kVecLanes) (+)= sum_k a(r, k) b[k][...] for r < Rows, with a(r, k) =
-// a[r * a_row + k * a_k] (A may be read transposed) and B rows ldb elements apart. E is float
-// (f32 FMA) or, in the avx512_bf16 variant, uint32_t: bf16 pairs (k counts pairs), each a(r, k)
-// broadcast into VDPBF16PS against B rows of 16 pairs (the VNNI layout of cpu/bf16_pairs.h).
-// pf_lines cache lines from pf are requested one per depth step (a burst of requests would
-// stall on the fill buffers).
-template <int Rows, int Vecs, bool kAccumulate, class E>
-TITAN_INLINE void gemm_tile(float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k, const E* b,
-                            int64_t ldb, int64_t K, const char* pf = nullptr, int64_t pf_lines = 0) {
-  vecf acc[Rows][Vecs];
-#pragma GCC unroll 12
-  for (int r = 0; r < Rows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) acc[r][v] = kAccumulate ? loadv(c + r * ldc + v * kVecLanes) : vecf{};
-  }
-#pragma GCC unroll 2
-  for (int64_t kk = 0; kk < K; ++kk) {
-    vecf bv[Vecs];
-#pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) bv[v] = *reinterpret_cast<const vecf*>(b + kk * ldb + v * kVecLanes);
-    if (kk < pf_lines) __builtin_prefetch(pf + kk * 64);
-#pragma GCC unroll 12
-    for (int r = 0; r < Rows; ++r) madd_broadcast<Vecs>(acc[r], a[r * a_row + kk * a_k], bv);
-  }
-#pragma GCC unroll 12
-  for (int r = 0; r < Rows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) storev(c + r * ldc + v * kVecLanes, acc[r][v]);
-  }
-}
-
-// The last rows < Rows of a column strip.
-template <int Rows, int Vecs, bool kAccumulate, class E>
-TITAN_INLINE void gemm_row_tail(int64_t rows, float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k,
-                                const E* b, int64_t ldb, int64_t K) {
-  if (rows == Rows) {
-    gemm_tile<Rows, Vecs, kAccumulate, E>(c, ldc, a, a_row, a_k, b, ldb, K);
-  } else if constexpr (Rows > 1) {
-    gemm_row_tail<Rows - 1, Vecs, kAccumulate, E>(rows, c, ldc, a, a_row, a_k, b, ldb, K);
-  }
-}
-
-// pf: pf_lines cache lines the caller will read next, requested spread over the row tiles so
-// that their transfer overlaps this strip's FMAs.
-template <int Vecs, bool kAccumulate, class E>
-void gemm_strip(int64_t vecs, float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k, const E* b,
-                int64_t ldb, int64_t M, int64_t K, const char* pf, int64_t pf_lines) {
-  if (vecs != Vecs) {
-    if constexpr (Vecs > 1) {
-      gemm_strip<Vecs - 1, kAccumulate, E>(vecs, c, ldc, a, a_row, a_k, b, ldb, M, K, pf, pf_lines);
-    }
-    return;
-  }
-  constexpr int rows = Vecs == 1 ? kNarrowRows : kRows;
-  const int64_t tiles = M / rows, per_tile = tiles > 0 ? (pf_lines + tiles - 1) / tiles : 0;
-  int64_t m = 0;
-  for (int64_t line = 0; m + rows <= M; m += rows, line += per_tile) {
-    gemm_tile<rows, Vecs, kAccumulate, E>(c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K, pf + line * 64,
-                                       min_i64(per_tile, pf_lines - line));
-  }
-  if (m < M) gemm_row_tail<rows, Vecs, kAccumulate, E>(M - m, c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K);
-}
-
-// C[M, N] (+)= A(M x K) B[K, N], A(r, k) = a[r * a_row + k * a_k]; N a multiple of kLanes (B and
-// C are packed buffers padded to that width). The depth runs in chunks of kDepth so that each B
-// strip chunk (kDepth x 64 floats, 16 KiB) stays in L1 while all M rows run over it: a whole
-// strip of the dense target (D = 192, 48 KiB) did not, and every tile re-read it from L2.
-// The first tile over a chunk fetched it from L3 or memory at a bandwidth far below the FMA rate,
-// so the next chunk (B is contiguous when ldb == N), or for the last chunk the caller's `next`
-// operand (next_floats floats), is prefetched while the current one runs.
-// E as in gemm_tile (K then counts bf16 pairs).
-template <bool kAccumulate, class E>
-void gemm(float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k, const E* b, int64_t ldb, int64_t M,
-          int64_t N, int64_t K, const float* next = nullptr, int64_t next_floats = 0) {
-  constexpr int64_t kDepth = 64;
-  int64_t k0 = 0;
-  do {  // at least once: K == 0 without kAccumulate still zeroes C
-    const int64_t kc = min_i64(kDepth, K - k0);
-    const bool more = k0 + kDepth < K && ldb == N;
-    const char* pf = more ? reinterpret_cast<const char*>(b + (k0 + kDepth) * ldb) : reinterpret_cast<const char*>(next);
-    const int64_t pf_lines = (more ? min_i64(kDepth, K - k0 - kDepth) * ldb : next_floats) * 4 / 64;
-    for (int64_t n = 0; n < N; n += kVecs * kVecLanes) {
-      const int64_t vecs = min_i64((N - n) / kVecLanes, kVecs);
-      const int64_t lines = n == 0 ? pf_lines : 0;  // the first strip requests them all
-      if (kAccumulate || k0 > 0) {
-        gemm_strip<kVecs, true, E>(vecs, c + n, ldc, a + k0 * a_k, a_row, a_k, b + k0 * ldb + n, ldb, M, kc, pf, lines);
-      } else {
-        gemm_strip<kVecs, false, E>(vecs, c + n, ldc, a, a_row, a_k, b + n, ldb, M, kc, pf, lines);
-      }
-    }
-    k0 += kDepth;
-  } while (k0 < K);
-}
 
 // ---- packing --------------------------------------------------------------------------------
 // dst[j][c] = src[j][c] as f32 for j < rows, c < width; zero for c in [width, ld_dst).
@@ -554,7 +458,8 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
         const uint32_t* kv_block = kv.data() + (b * nkb + kb) * (di32 / 2) * kKeys;
         if (amx) amx_dots(dots.data(), qa16.data(), round_up(rows * HI, 16), di32, kv_block);
 #endif
-        if (!fused && !amx) gemm<false>(dots.data(), kKeys, qa.data(), DI, 1, kt_block, kKeys, rows * HI, kKeys, DI);
+        if (!fused && !amx) gemm<Tiles, TileStore::write>(dots.data(), kKeys, qa.data(), DI, 1, kt_block, kKeys,
+                                                          rows * HI, kKeys, DI);
         const int64_t s0 = kb * kKeys;
         for (int64_t i = first; i < rows; ++i) {
           const int64_t lim = min_i64(kKeys, valid_keys(d, t0 + i) - s0);
@@ -1130,7 +1035,7 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
                const IndexerParams& d, double grad_scale) {
   const bool dense = idx == nullptr;
   const int64_t HI = d.HI, DI = d.DI, H = td.H, Hk = td.Hk, D = td.D, group = dense ? td.H / td.Hk : 1;
-  const int64_t di_pad = round_up(DI, kLanes);
+  const int64_t di_pad = round_up(DI, kPadLanes);
   const int64_t nkb = (d.Skv + kKeys - 1) / kKeys, skv_pad = nkb * kKeys, words = (d.Skv + 63) / 64;
   const float scale = float(td.scale), gs = float(grad_scale), inv_h = dense ? 1.0f / float(H) : 1.0f;
   // bf16: the blocked path's indexer dot products and dense target products (tau mq mk^T) take
@@ -1143,8 +1048,8 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
   const int64_t d32 = round_up(D, kAmxDepth), di32 = round_up(DI, kAmxDepth);
 #endif
   // Gathered rows: narrow (few heads: per-key kernels) or wide (GEMMs with heads as columns).
-  const bool narrow = HI < kLanes && di_pad <= kNarrowVecs * kVecLanes;
-  const int64_t hi_pad = round_up(HI, kLanes);
+  const bool narrow = HI < kPadLanes && di_pad <= kNarrowVecs * kVecLanes;
+  const int64_t hi_pad = round_up(HI, kPadLanes);
   // Narrow rows of up to 4 heads and 64 dims: narrow_dots4 (AVX-512).
   const bool quad = kVecLanes == 16 && narrow && HI <= 4 && di_pad <= 64;
   // bf16 quad rows with whole 16-dim rows take their dots from the bf16 keys in place, two dims
@@ -1311,11 +1216,13 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
         const uint32_t* kv_block = kv.data() + (b * nkb + kb) * (di32 / 2) * kKeys;
         if (amx) return amx_dots(dots.data(), qa16.data(), round_up(M, 16), di32, kv_block);
         if (pairs) {
-          return gemm<false>(dots.data(), kKeys, reinterpret_cast<const uint32_t*>(qa16.data()), di32 / 2, int64_t(1),
+          return gemm<Tiles, TileStore::write>(dots.data(), kKeys, reinterpret_cast<const uint32_t*>(qa16.data()),
+                                               di32 / 2, int64_t(1),
                              kv_block, kKeys, M, kKeys, di32 / 2);
         }
 #endif
-        gemm<false>(dots.data(), kKeys, qa.data(), di_pad, 1, kt.data() + (b * nkb + kb) * DI * kKeys, kKeys, M,
+        gemm<Tiles, TileStore::write>(dots.data(), kKeys, qa.data(), di_pad, 1,
+                                      kt.data() + (b * nkb + kb) * DI * kKeys, kKeys, M,
                     kKeys, DI);
       };
       for (int64_t j = 0; j < M * di_pad; ++j) dq_acc.data()[j] = 0;
@@ -1412,12 +1319,13 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
                               16 * 4, d32 / kAmxDepth, 4);
               }
             } else if (pairs) {
-              gemm<false>(tile.data(), kKeys, reinterpret_cast<const uint32_t*>(mqa16.data() + h * tq16 * d32), d32 / 2,
+              gemm<Tiles, TileStore::write>(tile.data(), kKeys,
+                                            reinterpret_cast<const uint32_t*>(mqa16.data() + h * tq16 * d32), d32 / 2,
                           int64_t(1), mkv_block, kKeys, rows, kKeys, d32 / 2);
             }
 #endif
             if (!pairs) {
-              gemm<false>(tile.data(), kKeys, mqa.data() + h * tq * D, D, 1,
+              gemm<Tiles, TileStore::write>(tile.data(), kKeys, mqa.data() + h * tq * D, D, 1,
                           mkt.data() + ((b * Hk + h / group) * nkb + kb) * D * kKeys, kKeys, rows, kKeys, D,
                           has_next ? mkt.data() + ((b * Hk + next_h / group) * nkb + next_kb) * D * kKeys : nullptr,
                           has_next ? kKeys * kKeys : 0);
@@ -1439,9 +1347,11 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
           loss_and_grad(rows, kKeys, kKeys, score.data(), target.data(), dots.data(), g2.data(), row_max.data(), w_blk,
                         dw_acc.data(), ok.data(), 0);
           // dq += G2 k_block; dk_block += G2^T q.
-          gemm<true>(dq_acc.data(), di_pad, g2.data(), kKeys, 1, kr.data() + (b * skv_pad + s0) * di_pad, di_pad, M,
+          gemm<Tiles, TileStore::accumulate>(dq_acc.data(), di_pad, g2.data(), kKeys, 1,
+                                             kr.data() + (b * skv_pad + s0) * di_pad, di_pad, M,
                      di_pad, kKeys);
-          gemm<true>(dk_acc + (b * skv_pad + s0) * di_pad, di_pad, g2.data(), 1, kKeys, qa.data(), di_pad, kKeys,
+          gemm<Tiles, TileStore::accumulate>(dk_acc + (b * skv_pad + s0) * di_pad, di_pad, g2.data(), 1, kKeys,
+                                             qa.data(), di_pad, kKeys,
                      di_pad, M);
         }
       } else {
@@ -1547,7 +1457,7 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
             for (int64_t j = 0; j < hi_pad; ++j) qT.data()[c * hi_pad + j] = j < HI ? q_row[j * di_pad + c] : 0.0f;
           }
           for (int64_t j = 0; j < hi_pad; ++j) wv.data()[j] = j < HI ? w_row[j] : 0.0f;
-          gemm<false>(dT, hi_pad, kg.data(), di_pad, 1, qT.data(), hi_pad, n, hi_pad, DI);
+          gemm<Tiles, TileStore::write>(dT, hi_pad, kg.data(), di_pad, 1, qT.data(), hi_pad, n, hi_pad, DI);
           for (int64_t s = 0; s < n; ++s) {
             vecf acc = vecf{};
             for (int64_t v = 0; v < hi_pad; v += kVecLanes) acc += loadv(wv.data() + v) * relu(loadv(dT + s * hi_pad + v));
@@ -1556,7 +1466,7 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
             sc[s] = sum;
           }
           const float lse = row_lse(sc, n);
-          item_loss += row_loss(sc, p, nullptr, n, round_up(n, kLanes), lse, gs);
+          item_loss += row_loss(sc, p, nullptr, n, round_up(n, kPadLanes), lse, gs);
           for (int64_t v = 0; v < hi_pad; v += kVecLanes) {
             const vecf wj = loadv(wv.data() + v);
             vecf dw_v = vecf{};
@@ -1567,10 +1477,11 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
             }
             for (int64_t l = 0; l < kVecLanes && v + l < HI; ++l) dw_acc.data()[i * HI + v + l] += dw_v[l];
           }
-          gemm<true>(dq_row, di_pad, dT, 1, hi_pad, kg.data(), di_pad, HI, di_pad, n);
+          gemm<Tiles, TileStore::accumulate>(dq_row, di_pad, dT, 1, hi_pad, kg.data(), di_pad, HI, di_pad, n);
           for (int64_t c0 = 0; c0 < n; c0 += kWideChunk) {
             const int64_t m = min_i64(kWideChunk, n - c0);
-            gemm<false>(dkg.data(), di_pad, dT + c0 * hi_pad, hi_pad, 1, q_row, di_pad, m, di_pad, HI);
+            gemm<Tiles, TileStore::write>(dkg.data(), di_pad, dT + c0 * hi_pad, hi_pad, 1, q_row, di_pad, m, di_pad,
+                                          HI);
             for (int64_t j = 0; j < m; ++j) {
               float* dst = dk_b + int64_t(sel.data()[c0 + j]) * di_pad;
               const float* src = dkg.data() + j * di_pad;
