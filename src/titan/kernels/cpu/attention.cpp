@@ -109,9 +109,9 @@ void gemm_diagonal(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t
           const float* at = a + m * a_row + k0 * a_k;
           const float* bt = b + k0 * ldb + n;
           if (k0 == 0) {
-            gemm_tile_tail<kRows, kVecs, kFirst>(vecs, rows, ct, at, a_row, a_k, bt, ldb, kc);
+            gemm_tile_tail<Tiles, kVecs, kFirst>(vecs, rows, ct, at, a_row, a_k, bt, ldb, kc);
           } else {
-            gemm_tile_tail<kRows, kVecs, TileStore::accumulate>(vecs, rows, ct, at, a_row, a_k, bt, ldb, kc);
+            gemm_tile_tail<Tiles, kVecs, TileStore::accumulate>(vecs, rows, ct, at, a_row, a_k, bt, ldb, kc);
           }
         }
       }
@@ -124,7 +124,7 @@ void gemm_diagonal(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t
         const int64_t k_lo = kMode == Diagonal::queries_from_row ? min_i64(m, K) : 0;
         const int64_t k_hi = kMode == Diagonal::keys_upto_row ? min_i64(m + rows, K) : K;
         for (int64_t k0 = k_lo; k0 < k_hi; k0 += kDepth) {
-          gemm_tile_tail<kRows, kVecs, TileStore::accumulate>(vecs, rows, StridedRows{c + m * ldc + n, ldc},
+          gemm_tile_tail<Tiles, kVecs, TileStore::accumulate>(vecs, rows, StridedRows{c + m * ldc + n, ldc},
                                                               a + m * a_row + k0 * a_k, a_row, a_k, b + k0 * ldb + n,
                                                               ldb, min_i64(k_hi - k0, kDepth));
         }

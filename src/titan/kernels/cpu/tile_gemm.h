@@ -145,25 +145,19 @@ TITAN_INLINE void gemm_row_tail(int64_t rows, CRows c, const E* a, int64_t a_row
   }
 }
 
-// gemm_tile for the last vecs (< Vecs, at run time) vectors of C's columns.
-template <int Rows, int Vecs, TileStore kStore, class E, class CRows>
-TITAN_INLINE void gemm_vec_tail(int64_t vecs, CRows c, const E* a, int64_t a_row, int64_t a_k, const E* b,
-                                int64_t ldb, int64_t K) {
-  if (vecs == Vecs) {
-    gemm_tile<Rows, Vecs, kStore>(c, a, a_row, a_k, b, ldb, K);
-  } else if constexpr (Vecs > 1) {
-    gemm_vec_tail<Rows, Vecs - 1, kStore>(vecs, c, a, a_row, a_k, b, ldb, K);
-  }
-}
-
-// One tile of rows <= Rows by vecs <= Vecs vectors, both known at run time only.
-template <int Rows, int Vecs, TileStore kStore, class E, class CRows>
+// One tile of rows <= Cfg::kRows (exactly Cfg::kRows unless Cfg::kRowTails) by vecs <= Vecs
+// vectors, both known at run time only.
+template <class Cfg, int Vecs, TileStore kStore, class E, class CRows>
 TITAN_INLINE void gemm_tile_tail(int64_t vecs, int64_t rows, CRows c, const E* a, int64_t a_row, int64_t a_k,
                                  const E* b, int64_t ldb, int64_t K) {
   if (vecs == Vecs) {
-    gemm_row_tail<Rows, Vecs, kStore>(rows, c, a, a_row, a_k, b, ldb, K);
+    if constexpr (Cfg::kRowTails) {
+      gemm_row_tail<Cfg::kRows, Vecs, kStore>(rows, c, a, a_row, a_k, b, ldb, K);
+    } else {
+      gemm_tile<Cfg::kRows, Vecs, kStore>(c, a, a_row, a_k, b, ldb, K);
+    }
   } else if constexpr (Vecs > 1) {
-    gemm_tile_tail<Rows, Vecs - 1, kStore>(vecs, rows, c, a, a_row, a_k, b, ldb, K);
+    gemm_tile_tail<Cfg, Vecs - 1, kStore>(vecs, rows, c, a, a_row, a_k, b, ldb, K);
   }
 }
 
@@ -243,8 +237,8 @@ void gemm_add_rows(float* const* rows, const E* a, int64_t a_row, int64_t a_k, c
       for (int64_t rr = r + Cfg::kRows; rr < r + 2 * Cfg::kRows && rr < M; ++rr) {
         for (int64_t e = 0; e < vecs * kVecLanes; e += 16) __builtin_prefetch(rows[rr] + col + e, 1, 3);
       }
-      gemm_vec_tail<Cfg::kRows, Cfg::kVecs, TileStore::add>(vecs, PointedRows{rows + r, col}, a + r * a_row, a_row,
-                                                             a_k, b + col, ldb, K);
+      gemm_tile_tail<Cfg, Cfg::kVecs, TileStore::add>(vecs, Cfg::kRows, PointedRows{rows + r, col}, a + r * a_row,
+                                                      a_row, a_k, b + col, ldb, K);
     }
   }
 }
