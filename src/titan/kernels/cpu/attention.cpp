@@ -173,6 +173,7 @@ void pack_rows(float* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t
     if (j + kPrefetchRows < rows) prefetch_row(src + (j + kPrefetchRows) * ld_src, width);
     const T* row = src + j * ld_src;
     float* out = dst + j * ld_dst;
+    // Scalar math: out = scale * row
 #pragma omp simd
     for (int64_t c = 0; c < width; ++c) out[c] = scale * to_f32(row[c]);
     for (int64_t c = width; c < ld_dst; ++c) out[c] = 0.0f;
@@ -200,6 +201,7 @@ void pack_transposed(float* dst, const T* src, int64_t ld_src, int64_t rows, int
       if constexpr (std::is_same_v<T, float>) {
         if (w == kPadLanes) {
           const __m512 m = _mm512_set1_ps(scale);
+          // Scalar math: tile[jj] = jj < n ? scale * src row jj : 0
           for (int64_t jj = 0; jj < kPadLanes; ++jj) {
             const __m512 row = jj < n ? _mm512_mul_ps(_mm512_loadu_ps(src + (j0 + jj) * ld_src + c0), m)
                                       : _mm512_setzero_ps();
@@ -213,6 +215,7 @@ void pack_transposed(float* dst, const T* src, int64_t ld_src, int64_t rows, int
 #endif
       for (int64_t jj = 0; jj < n; ++jj) {
         const T* row = src + (j0 + jj) * ld_src + c0;
+        // Scalar math: tile[jj] = scale * row
 #pragma omp simd
         for (int64_t cc = 0; cc < w; ++cc) tile[jj][cc] = scale * to_f32(row[cc]);
       }
@@ -271,6 +274,7 @@ void pack_key_rows(float* dst, int64_t ld_dst, const KvRows<T>& kv, const Attent
   for (int64_t j = 0; j < rows; ++j) {
     const T* src = kv.key_tail(d, b, row0 + j);
     float* out = dst + j * ld_dst + kv.k_width;
+    // Scalar math: out = the shared key tail, as f32
 #pragma omp simd
     for (int64_t c = 0; c < tail; ++c) out[c] = to_f32(src[c]);
   }
@@ -307,9 +311,11 @@ void add_group_sum(T* out, float* sum, const float* part, int64_t stride, int64_
   std::memcpy(sum, part, size_t(width) * sizeof(float));
   for (int64_t h = 1; h < heads; ++h) {
     const float* x = part + h * stride;
+    // Scalar math: sum += part[h]
 #pragma omp simd
     for (int64_t c = 0; c < width; ++c) sum[c] += x[c];
   }
+  // Scalar math: out = (accumulate ? out : 0) + sum
 #pragma omp simd
   for (int64_t c = 0; c < width; ++c) out[c] = from_f32<T>(accumulate ? to_f32(out[c]) + sum[c] : sum[c]);
 }
@@ -381,6 +387,7 @@ TITAN_INLINE void prefetch_rows(const T* p, int64_t ld, int64_t n, int64_t width
 void transpose_words16(uint32_t* dst, int64_t dst_ld, const uint32_t* src, int64_t ld_src, int64_t n) {
   if (n >= 16) return transpose16_u32(dst, dst_ld, src, ld_src);
   alignas(64) uint32_t blk[16 * 16];
+  // Scalar math: blk[r] = r < n ? src row r : 0
   for (int64_t r = 0; r < 16; ++r) {
     const __m512i row = r < n ? _mm512_loadu_si512(src + r * ld_src) : _mm512_setzero_si512();
     _mm512_store_si512(blk + r * 16, row);
@@ -436,6 +443,7 @@ void pack_block_transposed(bf16* dst, int64_t ld_dst, const bf16* src, int64_t l
   for (int64_t j0 = 0; j0 < kBlock; j0 += 16) {
     for (int64_t c0 = 0; c0 < width / 2; c0 += 16) {
       transpose_words16(blk, 16, words + j0 * (ld_src / 2) + c0, ld_src / 2, rows - j0);
+      // Scalar math: out row 2 (c0 + r) = low halves (bf16) of the words of blk[r], row 2 (c0 + r) + 1 = high halves
       for (int64_t r = 0; r < 16; ++r) {
         const __m512i w = _mm512_load_si512(blk + r * 16);
         bf16* out = dst + 2 * (c0 + r) * ld_dst + j0;
@@ -469,6 +477,7 @@ void add_block_transposed(bf16* dst, int64_t ld_dst, const float* src, int64_t r
     if (j0 + 16 < rows) prefetch_rows(dst + (j0 + 16) * ld_dst, ld_dst, min_i64(16, rows - j0 - 16), width);
     for (int64_t c0 = 0; c0 < width; c0 += 16) {
       transpose16_u32(blk, 16, reinterpret_cast<const uint32_t*>(src + c0 * kBlock + j0), kBlock);
+      // Scalar math: out row j0 + r = bf16(out + blk[r])
       for (int64_t r = 0; r < n; ++r) {
         __m256i* out = reinterpret_cast<__m256i*>(dst + (j0 + r) * ld_dst + c0);
         const __m512 sum = _mm512_add_ps(_mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(out)),
@@ -600,6 +609,7 @@ void forward_bf16_pairs(bf16* o, float* lse, const bf16* q, const bf16* k, const
               mi[rr] = m.data()[i0 + rr];
               const __m512 mv = _mm512_set1_ps(mi[rr]), limit = _mm512_set1_ps(kLazyMax);
               __mmask16 over = 0;
+              // Scalar math: t = c s - m (base 2, stale max m); over = any kept t > kLazyMax
               for (int64_t vi = 0; vi < nv; ++vi) {
                 keep[rr][vi] = masked ? causal_keep(i0 + rr, key0 + 16 * vi) : __mmask16(0xffff);
                 tv[rr][vi] = _mm512_fmsub_ps(_mm512_loadu_ps(srow + 16 * vi), cv, mv);
@@ -607,6 +617,7 @@ void forward_bf16_pairs(bf16* o, float* lse, const bf16* q, const bf16* k, const
               }
               if (over) {  // a new max (always in the first span, where m is -inf and t +inf)
                 __m512 mx = _mm512_set1_ps(-INFINITY);
+                // Scalar math: m = max(m, max over kept keys of c s); t = c s - m
                 for (int64_t vi = 0; vi < nv; ++vi) {
                   mx = _mm512_mask_max_ps(mx, keep[rr][vi], mx, _mm512_mul_ps(_mm512_loadu_ps(srow + 16 * vi), cv));
                 }
@@ -619,6 +630,7 @@ void forward_bf16_pairs(bf16* o, float* lse, const bf16* q, const bf16* k, const
             for (int rr = 0; rr < 2; ++rr) {
               const int64_t i = i0 + rr;
               __m512 sum = _mm512_setzero_ps();
+              // Scalar math: P = kept ? 2^t : 0, stored as bf16; sum += P
               for (int64_t vi = 0; vi < nv; vi += 2) {  // two vectors of P per bf16 store
                 const __m512 p0 = exp2_16_operand(tv[rr][vi], keep[rr][vi]);
                 const __m512 p1 = exp2_16_operand(tv[rr][vi + 1], keep[rr][vi + 1]);
@@ -636,6 +648,7 @@ void forward_bf16_pairs(bf16* o, float* lse, const bf16* q, const bf16* k, const
               m.data()[i] = mi[rr];
               if (kb == 0) continue;  // the first span's P v writes o rather than adding to it
               float* orow = oacc.data() + i * d.Dv;
+              // Scalar math: o *= alpha
               for (int64_t col = 0; col < d.Dv; col += 16) {
                 _mm512_storeu_ps(orow + col, _mm512_mul_ps(_mm512_loadu_ps(orow + col), av));
               }
@@ -665,6 +678,7 @@ void forward_bf16_pairs(bf16* o, float* lse, const bf16* q, const bf16* k, const
         const __m512 inv = _mm512_set1_ps(1.0f / sum);
         const float* orow = oacc.data() + i * d.Dv;
         bf16* out = o + ((b * d.S + row0 + i) * d.H + h) * d.Dv;
+        // Scalar math: out = bf16(o / sum)
         for (int64_t col = 0; col < d.Dv; col += 16) {
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + col),
                               (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(orow + col), inv)));
@@ -747,6 +761,7 @@ void backward_bf16_pairs(bf16* dq, bf16* dk, bf16* dv, const float* lse, const b
         if (i + kAhead < d.S) prefetch_rows(orow + kAhead * d.H * d.Dv, 0, 1, d.Dv);
         const bf16* dorow = dor.data() + i * d.Dv;
         float sum = 0;
+        // Scalar math: D_i = sum over c of dO[i, c] o[i, c]
 #pragma omp simd reduction(+ : sum)
         for (int64_t col = 0; col < d.Dv; ++col) sum += to_f32(dorow[col]) * to_f32(orow[col]);
         delta.data()[i] = sum;
@@ -775,6 +790,8 @@ void backward_bf16_pairs(bf16* dq, bf16* dk, bf16* dv, const float* lse, const b
                 const __m512 l0 = _mm512_set1_ps(lse2.data()[row0 + i]), l1 = _mm512_set1_ps(lse2.data()[row0 + i + 1]);
                 const __m512 d0 = _mm512_set1_ps(scale * delta.data()[row0 + i]);
                 const __m512 d1 = _mm512_set1_ps(scale * delta.data()[row0 + i + 1]);
+                // Scalar math: P = kept ? 2^(c s - lse2) : 0; scale dS = P (scale dP - scale D); dS in bf16 rows, P
+                //   and dS as query pairs
                 for (int vi = 0; vi < 4; ++vi) {
                   const int64_t e0 = i * kBlock + 16 * vi, e1 = e0 + kBlock;
                   const int64_t r0 = i * kGroupBlocks * kBlock + (kb - kb0) * kBlock + 16 * vi;  // in dsb
@@ -848,6 +865,7 @@ void backward_bf16_pairs(bf16* dq, bf16* dk, bf16* dv, const float* lse, const b
         bf16* out = dq + ((b * d.S + i) * d.H + h) * d.Dqk;
         if (i + kAhead < d.S) prefetch_rows(out + kAhead * d.H * d.Dqk, 0, 1, d.Dqk);
         const float* acc = dq_acc.data() + i * d.Dqk;
+        // Scalar math: dq = bf16(dq + dq_acc)
 #pragma omp simd
         for (int64_t col = 0; col < d.Dqk; ++col) out[col] = from_f32<bf16>(to_f32(out[col]) + acc[col]);
       }
@@ -959,6 +977,7 @@ void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const At
             // Two max chains: one chain's latency, not its throughput, bounded this loop.
             vecf mx = loadv(st.data() + v0), mx1 = mx;
             int64_t j = 1;
+            // Scalar math: mx = max over the live keys j of S^T[j] (per query lane)
             for (; j + 1 < live; j += 2) {
               mx = maxv(mx, loadv(st.data() + j * kBlock + v0));
               mx1 = maxv(mx1, loadv(st.data() + (j + 1) * kBlock + v0));
@@ -968,6 +987,7 @@ void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const At
             const vecf m_old = loadv(m_x + v0), m_new = maxv(m_old, mx);
             const vecf a = exp_v(m_old - m_new);
             vecf sum = vecf{};
+            // Scalar math: P^T[j] = exp(S^T[j] - m_new); sum += P^T[j] (0 past the live keys)
             for (j = 0; j < live; ++j) {
               const vecf pj = exp_v(loadv(st.data() + j * kBlock + v0) - m_new);
               storev(st.data() + j * kBlock + v0, pj);
@@ -982,6 +1002,7 @@ void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const At
             const float a = alpha.data()[i];
             if (a == 1.0f) continue;
             float* orow = oacc_x + i * p.dv_pad;
+            // Scalar math: o *= alpha
             for (int64_t c = 0; c < p.dv_pad; c += kVecLanes) storev(orow + c, loadv(orow + c) * a);
           }
           // o += P v with A(i, j) = P^T[j][i]
@@ -1002,6 +1023,7 @@ void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const At
           const float* orow = oacc.data() + (x * kBlock + i) * p.dv_pad;
           T* out = o + ((b * d.S + row0 + i) * d.H + h) * d.Dv;
           if (i + kPrefetchRows < rows) prefetch_row<true>(out + kPrefetchRows * d.H * d.Dv, d.Dv);
+          // Scalar math: out = o / sum
 #pragma omp simd
           for (int64_t c = 0; c < d.Dv; ++c) out[c] = from_f32<T>(orow[c] * inv);
           lse[bh * d.S + row0 + i] = m.data()[x * kBlock + i] + std::log(sum);
@@ -1080,6 +1102,7 @@ void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const
         if (i + kPrefetchRows < d.S) prefetch_row(orow + kPrefetchRows * d.H * d.Dv, d.Dv);
         const float* dorow = dos.data() + i * p.dv_pad;
         float sum = 0;
+        // Scalar math: D_i = sum over c of dO[i, c] o[i, c]
 #pragma omp simd reduction(+ : sum)
         for (int64_t c = 0; c < d.Dv; ++c) sum += dorow[c] * to_f32(orow[c]);
         delta.data()[i] = sum;
@@ -1120,6 +1143,7 @@ void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const
               const int64_t live = diagonal ? min_i64(cols, v0 + kVecLanes) : cols;
               const vecf lse_v = loadv(lse_p.data() + row0 + v0);
               int64_t j = 0;
+              // Scalar math: P^T[j] = exp(S^T[j] - lse) (0 past the live keys)
               for (; j < live; ++j) {
                 float* x = pt.data() + j * kBlock + v0;
                 storev(x, exp_v(loadv(x) - lse_v));
@@ -1146,6 +1170,7 @@ void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const
               const int64_t live = diagonal ? min_i64(cols, v0 + kVecLanes) : cols;
               const vecf delta_v = loadv(delta.data() + row0 + v0);
               int64_t j = 0;
+              // Scalar math: dS^T[j] = P^T[j] (dP^T[j] - D) (0 past the live keys)
               for (; j < live; ++j) {
                 float* x = dst.data() + j * kBlock + v0;
                 storev(x, loadv(pt.data() + j * kBlock + v0) * (loadv(x) - delta_v));
@@ -1176,10 +1201,12 @@ void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const
               prefetch_row<true>(dk_out + kPrefetchRows * kv.k_tok, kv.k_width);
               prefetch_row<true>(dv_out + kPrefetchRows * kv.v_tok, d.Dv);
             }
+            // Scalar math: dk = (accumulate ? dk : 0) + dk_acc
 #pragma omp simd
             for (int64_t c = 0; c < kv.k_width; ++c) {
               dk_out[c] = from_f32<T>(accumulate ? to_f32(dk_out[c]) + dk_row[c] : dk_row[c]);
             }
+            // Scalar math: dv = (accumulate ? dv : 0) + dv_acc
 #pragma omp simd
             for (int64_t c = 0; c < d.Dv; ++c) dv_out[c] = from_f32<T>(accumulate ? to_f32(dv_out[c]) + dv_row[c] : dv_row[c]);
             if (tail > 0) {
@@ -1195,6 +1222,7 @@ void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const
         T* out = dq + ((b * d.S + i) * d.H + h) * d.Dqk;
         if (i + kPrefetchRows < d.S) prefetch_row<true>(out + kPrefetchRows * d.H * d.Dqk, d.Dqk);
         const float* acc = dq_acc.data() + i * p.dqk_pad;
+        // Scalar math: dq = (accumulate ? dq : 0) + scale * dq_acc
 #pragma omp simd
         for (int64_t c = 0; c < d.Dqk; ++c) out[c] = from_f32<T>(accumulate ? to_f32(out[c]) + scale * acc[c] : scale * acc[c]);
       }

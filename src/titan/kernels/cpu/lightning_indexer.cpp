@@ -89,6 +89,7 @@ void pack_rows(float* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t
   for (int64_t j = 0; j < rows; ++j) {
     const T* in = src + j * ld_src;
     float* out = dst + j * ld_dst;
+    // Scalar math: out = in, as f32
 #pragma omp simd
     for (int64_t c = 0; c < width; ++c) out[c] = to_f32(in[c]);
     for (int64_t c = width; c < ld_dst; ++c) out[c] = 0.0f;
@@ -114,6 +115,7 @@ TITAN_INLINE void index_scores(float* score, const float* dots, int64_t ld, cons
   for (int64_t v = 0; v < kTileVecs; ++v) acc[v] = vecf{};
   for (int64_t j = 0; j < HI; ++j) {
     const vecf wj = splat(w[j]);
+    // Scalar math: score += w_j ReLU(dots_j)
 #pragma GCC unroll 4
     for (int64_t v = 0; v < kTileVecs; ++v) acc[v] += wj * relu(loadv(dots + j * ld + v * kVecLanes));
   }
@@ -132,6 +134,7 @@ TITAN_INLINE void head_scores(vecf* score, const E* a, int64_t a_row, const E* b
 #pragma GCC unroll 4
   for (int r = 0; r < Rows; ++r) {
     const vecf wr = splat(w[r]);
+    // Scalar math: score += w_r ReLU(a_r . b)
 #pragma GCC unroll 4
     for (int64_t v = 0; v < kTileVecs; ++v) score[v] += wr * relu(acc[r][v]);
   }
@@ -188,6 +191,7 @@ void select_largest(uint64_t* a, int64_t n, int64_t k, [[maybe_unused]] uint64_t
     const uint64_t pivot = median3(a[lo], a[lo + (hi - lo) / 2], a[hi - 1]);
     const __m512i pv = _mm512_set1_epi64(int64_t(pivot));
     int64_t g = lo, t = 0;
+    // Scalar math: keys above the pivot to a[g...], keys below it to tmp[t...]
     for (int64_t i = lo; i < hi; i += 8) {
       const __mmask8 in = hi - i >= 8 ? __mmask8(0xff) : __mmask8((1u << (hi - i)) - 1);
       const __m512i v = _mm512_maskz_loadu_epi64(in, a + i);
@@ -260,6 +264,7 @@ int64_t compact_candidates(uint64_t* c, int64_t n, int64_t K, int64_t max_keep, 
     uint64_t est = sample[0];
     for (int64_t j = 1; j < r; ++j) est = sample[j] < est ? sample[j] : est;
     int64_t above = 0;
+    // Scalar math: above += c > est
 #pragma omp simd reduction(+ : above)
     for (int64_t i = 0; i < n; ++i) above += c[i] > est;
     if (above >= K && above <= K + (n - K) / 2 && above <= max_keep) {
@@ -267,6 +272,7 @@ int64_t compact_candidates(uint64_t* c, int64_t n, int64_t K, int64_t max_keep, 
 #if defined(__AVX512F__)
       // 8 keys at a time, compressed in place as in select_largest (c has 8 slots of slack).
       const __m512i ev = _mm512_set1_epi64(int64_t(est));
+      // Scalar math: keep the keys c > est, in order
       for (; i + 8 <= n; i += 8) {
         const __m512i v = _mm512_loadu_si512(c + i);
         const __mmask8 keep = _mm512_cmpgt_epu64_mask(v, ev);
@@ -306,6 +312,7 @@ void write_selection(int32_t* out, const uint64_t* cand, int64_t n, int64_t K, u
     const uint64_t bits = bitmap[wi];
     if (!bits) continue;
     bitmap[wi] = 0;
+    // Scalar math: buf[pos...] = the indices of the set bits of bitmap[wi], ascending
 #pragma GCC unroll 4
     for (int q = 0; q < 4; ++q) {
       const __mmask16 m = __mmask16(bits >> (16 * q));
@@ -489,6 +496,7 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
           // only the flagged ones, eight flags per 64-bit word.
           uint32_t* rank = ranks.data();
           uint8_t* pass = passes.data();
+          // Scalar math: rank = s < lim ? rank_bits(score) : 0
 #pragma omp simd
           for (int64_t s = 0; s < kKeys; ++s) rank[s] = s < lim ? rank_bits(score.data()[s]) : 0u;
           // Real ranks are >= 1 (rank 0 would be a NaN, which ranks highest), so the keys past
@@ -502,6 +510,7 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
           (void)pass;
           const __m512i floor_v = _mm512_set1_epi64(int64_t(floor)), floor_rank_v = _mm512_set1_epi32(int(floor_rank));
           const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+          // Scalar math: append the candidates (rank << 32 | ~index) above the floor to c
           for (int64_t s = 0; s < kKeys; s += 16) {
             const __m512i rk = _mm512_loadu_si512(rank + s);
             if (!_mm512_cmpge_epu32_mask(rk, floor_rank_v)) continue;
@@ -519,6 +528,7 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
             }
           }
 #else
+          // Scalar math: pass = rank >= floor_rank
 #pragma omp simd
           for (int64_t s = 0; s < kKeys; ++s) pass[s] = rank[s] >= floor_rank;
           for (int64_t word = 0; word < kKeys; word += 8) {
@@ -579,6 +589,7 @@ float row_lse(const float* x, int64_t n) {
   const float m = max_span(x, n);
   const __m512 log2e = _mm512_set1_ps(1.44269504088896341f), shift = _mm512_set1_ps(m * 1.44269504088896341f);
   __m512 sum = _mm512_setzero_ps();
+  // Scalar math: sum += exp(x - m)
   for (int64_t s = 0; s < n; s += 16) {
     const __mmask16 k = lanes(n - s);
     sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, exp2_16(_mm512_fmsub_ps(load16(x + s, k), log2e, shift))));
@@ -586,8 +597,10 @@ float row_lse(const float* x, int64_t n) {
   return m + __builtin_logf(hsum16(sum));
 #else
   float m = -__builtin_inff();
+  // Scalar math: m = max(m, x)
   for (int64_t s = 0; s < n; ++s) m = x[s] > m ? x[s] : m;
   float sum = 0;
+  // Scalar math: sum += exp(x - m)
   for (int64_t s = 0; s < n; ++s) sum += fast_exp(x[s] - m);
   return m + __builtin_logf(sum);
 #endif
@@ -602,6 +615,7 @@ double row_loss(float* sc, const float* p, const float* ok, int64_t n, int64_t c
   const __m512 zero = _mm512_setzero_ps(), lse_v = _mm512_set1_ps(lse), gs_v = _mm512_set1_ps(gs);
   const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
   __m512 acc = zero;
+  // Scalar math: loss += p (log p - (sc - lse)) where valid and p > 0; sc = valid ? gs (exp(sc - lse) - p) : 0
   for (int64_t s = 0; s < cols; s += 16) {
     const __mmask16 valid = ok ? _mm512_cmp_ps_mask(_mm512_loadu_ps(ok + s), zero, _CMP_NEQ_UQ)
                                : (s < n ? lanes(n - s) : __mmask16(0));
@@ -702,6 +716,7 @@ TITAN_INLINE vecf fold(const vecf* part) {
       const float* qj = q + j * di_pad;
       vecf part[kVecLanes];
       const vecf q0 = loadv(qj);
+      // Scalar math: dots[j][s0 + fold_order(l)] = q_j . k_{sel[s0 + fold_order(l)]}
 #pragma GCC unroll 16
       for (int64_t l = 0; l < kVecLanes; ++l) part[l] = q0 * loadv(rows[l]);
       for (int64_t v = 1; v < vecs; ++v) {
@@ -743,6 +758,8 @@ TITAN_INLINE void dots4_group(__m512* v, const R* const* rows, const __m512* qv,
 #endif
     }
   };
+  // Scalar math: v[h][s] = q_h . k_s for the group's 16 keys s and the heads h < 4 (each lane: 4
+  //   dims of one head, or 4 bf16 pairs)
 #pragma GCC unroll 1
   for (int g = 0; g < 4; ++g) {
     // A quarter of the next group's rows per sub-group: spread out, the requests overlap the FMAs
@@ -865,6 +882,7 @@ template <int V>
       vecf kv[V], dv[V];
 #pragma GCC unroll 8
       for (int v = 0; v < V; ++v) kv[v] = loadv(krow + v * kVecLanes), dv[v] = loadv(dkrow + v * kVecLanes);
+      // Scalar math: dq_j += g2[j][s] k_s; dk_s += g2[j][s] q_j, per selected key s
 #pragma GCC unroll 16
       for (int g = 0; g < kGroup; ++g) {
         if (g >= hg) break;
@@ -904,9 +922,11 @@ template <int V>
   const __m512 none = _mm512_setzero_ps();
   auto g2_row = [&](int64_t h, int64_t s) { return h < HI ? _mm512_loadu_ps(g2 + h * ld + s) : none; };
   for (int64_t s = 0; s < n; s += 16) {  // gh[p][s] = (g2[2p][s], g2[2p + 1][s])
+    // Scalar math: gh[p][s] = (g2[2p][s], g2[2p + 1][s]) as a bf16 pair
     for (int64_t p = 0; p < 2; ++p) _mm512_storeu_si512(gh + p * ld + s, pack_pair_ps(g2_row(2 * p, s), g2_row(2 * p + 1, s)));
   }
   for (int64_t h = 0; h < HI; ++h) {  // gs[h][i] = (g2[h][2i], g2[h][2i + 1]): the row in bf16
+    // Scalar math: gs[h] = g2[h] in bf16
     for (int64_t s = 0; s < n; s += 32) store_bf16(reinterpret_cast<bf16*>(gs + h * (ld / 2) + s / 2), g2 + h * ld + s, 32);
   }
   __m512i qp[2][V];  // (q_{2p}, q_{2p + 1}) pairs by dim
@@ -926,6 +946,8 @@ template <int V>
     for (int v = 0; v < V; ++v) acc[h][v] = h < HI ? _mm512_loadu_ps(dq + h * DI + 16 * v) : none;
   }
   auto bcast = [](const uint32_t* x) { return reinterpret_cast<__m512bh>(_mm512_set1_epi32(int(*x))); };
+  // Scalar math: dq_h += (g2[h][s], g2[h][s + 1]) . (k_s, k_{s+1}); dk_u += sum over head pairs (g2[2p][u],
+  //   g2[2p+1][u]) . (q_2p, q_2p+1)
   for (int64_t s = 0; s < n; s += 2) {
     const bool odd = s + 1 == n;  // the last key pairs with a zero row (its g2 column is 0)
     const bf16* r0 = kb + int64_t(sel[s]) * DI;
@@ -996,6 +1018,7 @@ int64_t increasing_selection(int32_t* sel, float* p, const int32_t* idx, const f
 #if defined(__AVX512F__)
   // Sixteen slots at a time: compress the valid ones, then check the compressed run ascends.
   const __m512i lo = _mm512_set1_epi32(-1), hi = _mm512_set1_epi32(int32_t(n_valid));
+  // Scalar math: sel, p += the valid slots (0 <= idx < n_valid) and their targets, in order
   for (; e + 16 <= K; e += 16) {
     const __m512i s = _mm512_loadu_si512(idx + e);
     const __mmask16 ok = _mm512_cmpgt_epi32_mask(s, lo) & _mm512_cmplt_epi32_mask(s, hi);
@@ -1005,6 +1028,7 @@ int64_t increasing_selection(int32_t* sel, float* p, const int32_t* idx, const f
     _mm512_storeu_ps(p + n, _mm512_maskz_compress_ps(ok, _mm512_loadu_ps(target + e)));
     n += __builtin_popcount(ok);
   }
+  // Scalar math: fail unless sel[j] < sel[j + 1] for every j
   for (int64_t j = 0; j + 1 < n; j += 16) {
     const __mmask16 pairs = _cvtu32_mask16((n - 1 - j) >= 16 ? 0xffffu : (1u << (n - 1 - j)) - 1);
     const __m512i a = _mm512_maskz_loadu_epi32(pairs, sel + j), b = _mm512_maskz_loadu_epi32(pairs, sel + j + 1);
@@ -1360,6 +1384,7 @@ void kl_blocked(const KlPlan& p, const KlShared<T>& sh, KlThread& th, const Inde
       for (int64_t s = 0; s < kKeys; ++s) m = valid(i, s) && sc[s] > m ? sc[s] : m;
       if (m == -__builtin_inff()) continue;  // no valid key in this tile or before
       float sum = 0;
+      // Scalar math: sum += valid ? exp(sc - m) : 0
       for (int64_t s = 0; s < kKeys; ++s) sum += valid(i, s) ? fast_exp(sc[s] - m) : 0.0f;
       row_sum[i] = row_sum[i] * fast_exp(row_max[i] - m) + sum;
       row_max[i] = m;
@@ -1487,6 +1512,7 @@ void kl_narrow_row(const KlPlan& p, KlThread& th, [[maybe_unused]] const T* q, c
     const bf16* q16 = reinterpret_cast<const bf16*>(q) + row * HI * DI;
     for (int64_t c = 0; c < di_pad / 8; ++c) {
       __m512i v = _mm512_setzero_si512();
+      // Scalar math: q4[c] quarter h = head h's bf16 dims 8 c .. 8 c + 7
       for (int64_t h = 0; h < HI; ++h) {
         v = _mm512_mask_broadcast_i32x4(v, __mmask16(0xf << (4 * h)),
                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(q16 + h * DI + 8 * c)));
@@ -1499,6 +1525,7 @@ void kl_narrow_row(const KlPlan& p, KlThread& th, [[maybe_unused]] const T* q, c
     // q4[c] quarter h = head h's dims 4 c .. 4 c + 3 (zero past HI).
     for (int64_t c = 0; c < di_pad / 4; ++c) {
       __m512 v = _mm512_setzero_ps();
+      // Scalar math: q4[c] quarter h = head h's dims 4 c .. 4 c + 3
       for (int64_t h = 0; h < HI; ++h) {
         v = _mm512_mask_broadcast_f32x4(v, __mmask16(0xf << (4 * h)), _mm_loadu_ps(q_row + h * di_pad + 4 * c));
       }
@@ -1702,6 +1729,7 @@ void hadamard_transform(T* x, int64_t rows, int64_t n) {
       // Butterflies: after the pass of width h, v holds the transform of each aligned 2h block.
       for (int64_t h = 1; h < n; h *= 2) {
         for (int64_t i0 = 0; i0 < n; i0 += 2 * h) {
+          // Scalar math: (v[i], v[i + h]) = (v[i] + v[i + h], v[i] - v[i + h])
 #pragma omp simd
           for (int64_t i = i0; i < i0 + h; ++i) {
             const float a = v[i], c = v[i + h];

@@ -71,6 +71,7 @@ void transpose_heads(float* dst, int64_t ld_dst, const T* src, int64_t ld_src, i
     for (int64_t r0 = 0; r0 < rows_done; r0 += 16) {
       for (int64_t c0 = 0; c0 < cols_done; c0 += 16) {
         transpose16_u32(blk, 16, reinterpret_cast<const uint32_t*>(src + r0 * ld_src + c0), ld_src);
+        // Scalar math: dst[c0 + i][r0, r0 + 16) = scale * (the 16 x 16 block of src, transposed)[i]
         for (int64_t i = 0; i < 16; ++i) {
           _mm512_storeu_ps(dst + (c0 + i) * ld_dst + r0,
                            _mm512_mul_ps(sv, _mm512_castsi512_ps(_mm512_load_si512(blk + 16 * i))));
@@ -80,6 +81,7 @@ void transpose_heads(float* dst, int64_t ld_dst, const T* src, int64_t ld_src, i
   }
 #endif
   for (int64_t r = 0; r < rows; ++r) {
+    // Scalar math: dst[c][r] = scale * src[r][c]
     for (int64_t c = r < rows_done ? cols_done : 0; c < cols; ++c) dst[c * ld_dst + r] = scale * to_f32(src[r * ld_src + c]);
   }
 }
@@ -111,6 +113,7 @@ int64_t gather_valid(float* g, int64_t ldg, int32_t* keys, const T* kv, const in
     if (s < 0 || int64_t(s) > t + (d.Skv - d.S)) continue;
     const T* src = kv + int64_t(s) * d.Dqk;
     float* dst = g + n * ldg;
+    // Scalar math: g[n] = kv row s, as f32
 #pragma omp simd
     for (int64_t c = 0; c < d.Dqk; ++c) dst[c] = to_f32(src[c]);
     keys[n++] = s;
@@ -137,9 +140,11 @@ void write_head_mean(float* hm, const float* p, int64_t ld, const float* mul, co
     const float* row = p + j++ * ld;
     float sum = 0.0f;
     if (mul) {
+      // Scalar math: sum += P[j, h] (unnormalized) / sum_h
 #pragma omp simd reduction(+ : sum)
       for (int64_t h = 0; h < d.H; ++h) sum += row[h] * mul[h];
     } else {
+      // Scalar math: sum += P[j, h]
 #pragma omp simd reduction(+ : sum)
       for (int64_t h = 0; h < d.H; ++h) sum += row[h];
     }
@@ -191,6 +196,7 @@ int64_t gather_pairs(bf16* g, uint32_t* pairs, int64_t pairs_ld, int64_t width, 
   }
   if (n % 2 == 1) pack_row_pair(pairs + n / 2 * pairs_ld, g + (n - 1) * d.Dqk, nullptr, width);
   for (int64_t j = (n + 1) / 2; j < round_up((n + 1) / 2, 16); ++j) {
+    // Scalar math: pairs[j] = 0
 #pragma omp simd
     for (int64_t col = 0; col < width; ++col) pairs[j * pairs_ld + col] = 0;
   }
@@ -282,6 +288,7 @@ void forward_bf16_pairs(bf16* o, float* lse, float* head_mean, const bf16* q, co
       for (int64_t h = 0; h < p.Hs; ++h) m.data()[h] = -kInf, l.data()[h] = 0.0f;
       for (int64_t i = 0; i < n; ++i) {
         float* row = st.data() + i * p.Hs;
+        // Scalar math: s = scale * s; m = max(m, s)
 #pragma omp simd
         for (int64_t h = 0; h < p.Hs; ++h) {
           row[h] *= scale;
@@ -292,6 +299,7 @@ void forward_bf16_pairs(bf16* o, float* lse, float* head_mean, const bf16* q, co
       // exp(s - m) stays in st and the pack below multiplies it by 1 / sum.
       for (int64_t i = 0; i < n; ++i) {
         float* row = st.data() + i * p.Hs;
+        // Scalar math: P = exp(s - m); l += P
 #pragma omp simd
         for (int64_t h = 0; h < p.Hs; ++h) {
           row[h] = fast_exp(row[h] - m.data()[h]);
@@ -396,12 +404,14 @@ void backward_bf16_pairs(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, c
         // P recomputed from lse; the row becomes (scale dS | P), the A operand of dkv.
         for (int64_t i = 0; i < n; ++i) {
           float* row = st.data() + i * w2;
+          // Scalar math: P = exp(scale s - lse); row = (scale P (dA - Delta) | P)
 #pragma omp simd
           for (int64_t h = 0; h < p.Hs; ++h) {
             const float ph = fast_exp(scale * row[h] - lse_h.data()[h]);
             row[h] = scale * ph * (row[p.Hs + h] - delta.data()[h]);
             row[p.Hs + h] = ph;
           }
+          // Scalar math: ab row i = bf16(row)
           for (int64_t c0 = 0; c0 < w2; c0 += 32) {
             const __m512bh both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + c0 + 16), _mm512_loadu_ps(row + c0));
             _mm512_storeu_si512(ab.data() + i * w2 + c0, reinterpret_cast<__m512i>(both));
@@ -440,6 +450,7 @@ void backward_bf16_pairs(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, c
             for (int64_t r = 0; r < rows; ++r) {
               float* dst_row = mine + int64_t(keys.data()[i0 + r]) * p.Dp + c0;
               const float* src = blk.data() + r * 64;
+              // Scalar math: dkv[key] += blk row r
 #pragma omp simd
               for (int64_t col = 0; col < w; ++col) dst_row[col] += src[col];
             }
@@ -452,10 +463,12 @@ void backward_bf16_pairs(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, c
         float* first = acc + s * p.Dp;
         for (int64_t part = 1; part < parts; ++part) {
           float* row = acc + (part * d.Skv + s) * p.Dp;
+          // Scalar math: first += the partial; partial = 0
 #pragma omp simd
           for (int64_t col = 0; col < p.Dp; ++col) first[col] += row[col], row[col] = 0.0f;
         }
         store_bf16(dkv + (b * d.Skv + s) * d.Dqk, first, d.Dqk);
+        // Scalar math: first = 0
 #pragma omp simd
         for (int64_t col = 0; col < p.Dp; ++col) first[col] = 0.0f;
       }
@@ -513,11 +526,13 @@ void sparse_mla_forward(T* o, float* lse, float* head_mean, const T* q, const T*
       for (int64_t h = 0; h < p.Hs; ++h) m.data()[h] = -kInf, l.data()[h] = 0.0f;
       for (int64_t i = 0; i < n; ++i) {
         const float* row = st.data() + i * p.Hs;
+        // Scalar math: m = max(m, s)
 #pragma omp simd
         for (int64_t h = 0; h < p.Hs; ++h) m.data()[h] = row[h] > m.data()[h] ? row[h] : m.data()[h];
       }
       for (int64_t i = 0; i < n; ++i) {
         const float* row = st.data() + i * p.Hs;
+        // Scalar math: l += exp(s - m)
 #pragma omp simd
         for (int64_t h = 0; h < p.Hs; ++h) l.data()[h] += fast_exp(row[h] - m.data()[h]);
       }
@@ -527,6 +542,7 @@ void sparse_mla_forward(T* o, float* lse, float* head_mean, const T* q, const T*
       }
       for (int64_t i = 0; i < n; ++i) {
         float* row = st.data() + i * p.Hs;
+        // Scalar math: P = exp(s - lse)
 #pragma omp simd
         for (int64_t h = 0; h < p.Hs; ++h) row[h] = fast_exp(row[h] - m.data()[h]);
       }
@@ -534,6 +550,7 @@ void sparse_mla_forward(T* o, float* lse, float* head_mean, const T* q, const T*
       // o[h] = sum_i P[i, h] rows[i][:Dv]: [Hr, n] (P read transposed) x [n, Dvp]
       gemm<Tiles, TileStore::write>(out.data(), p.Dvp, st.data(), 1, p.Hs, g.data(), p.Dp, p.Hr, p.Dvp, n);
       for (int64_t h = 0; h < d.H; ++h) {
+        // Scalar math: o[h] = out[h]
 #pragma omp simd
         for (int64_t col = 0; col < d.Dv; ++col) ot[h * d.Dv + col] = from_f32<T>(out.data()[h * p.Dvp + col]);
       }
@@ -589,12 +606,14 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
           float* b2q = b2.data() + h * p.Dp;
           float* b2d = b2.data() + (p.Hs + h) * p.Dp;
           float dl = 0;  // Delta = rowsum(dO * O)
+          // Scalar math: Delta += dO o; b2 dO row = dO
 #pragma omp simd reduction(+ : dl)
           for (int64_t col = 0; col < d.Dv; ++col) {
             const float dov = to_f32(doh[h * d.Dv + col]);
             dl += dov * to_f32(oh[h * d.Dv + col]);
             b2d[col] = dov;
           }
+          // Scalar math: b2 q row = q
 #pragma omp simd
           for (int64_t col = 0; col < d.Dqk; ++col) b2q[col] = to_f32(qh[h * d.Dqk + col]);
           delta.data()[h] = dl;
@@ -606,6 +625,7 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
         // P recomputed from lse; the row becomes (scale dS | P), the A operand of dq and dkv.
         for (int64_t i = 0; i < n; ++i) {
           float* row = st.data() + i * w2;
+          // Scalar math: P = exp(s - lse); row = (scale P (dA - Delta) | P)
 #pragma omp simd
           for (int64_t h = 0; h < p.Hs; ++h) {
             const float ph = fast_exp(row[h] - lse_h.data()[h]);
@@ -616,6 +636,7 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
         // dq[h] = sum_i scale dS[i, h] rows[i]: [Hr, n] (read transposed) x [n, Dp]
         gemm<Tiles, TileStore::write>(dqb.data(), p.Dp, st.data(), 1, w2, g.data(), p.Dp, p.Hr, p.Dp, n);
         for (int64_t h = 0; h < d.H; ++h) {
+          // Scalar math: dq[h] = dqb[h]
 #pragma omp simd
           for (int64_t col = 0; col < d.Dqk; ++col) dqt[h * d.Dqk + col] = from_f32<T>(dqb.data()[h * p.Dp + col]);
         }
@@ -630,11 +651,14 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
         float* first = acc + s * p.Dp;
         for (int64_t part = 1; part < parts; ++part) {
           float* row = acc + (part * d.Skv + s) * p.Dp;
+          // Scalar math: first += the partial; partial = 0
 #pragma omp simd
           for (int64_t col = 0; col < p.Dp; ++col) first[col] += row[col], row[col] = 0.0f;
         }
+        // Scalar math: dkv = sum of the partials
 #pragma omp simd
         for (int64_t col = 0; col < d.Dqk; ++col) dkv[(b * d.Skv + s) * d.Dqk + col] = from_f32<T>(first[col]);
+        // Scalar math: first = 0
 #pragma omp simd
         for (int64_t col = 0; col < p.Dp; ++col) first[col] = 0.0f;
       }

@@ -87,6 +87,7 @@ TITAN_INLINE void madd_broadcast(vecf* acc, E a, const vecf* b) {
 template <int Rows, int Vecs, bool kPrefetch = false, class E>
 TITAN_INLINE void tile_madd(vecf (&acc)[Rows][Vecs], const E* a, int64_t a_row, int64_t a_k, const E* b, int64_t ldb,
                             int64_t K, const char* pf = nullptr, int64_t pf_lines = 0) {
+  // Scalar math: acc[r][v] += A(r, kk) * B[kk][v] (a pair's two products, summed, for bf16 pairs)
   // Two k steps per iteration: the pointer updates and the loop branch spread over twice the FMAs.
 #pragma GCC unroll 2
   for (int64_t kk = 0; kk < K; ++kk) {
@@ -124,6 +125,7 @@ TITAN_INLINE void gemm_tile(CRows c, const E* a, int64_t a_row, int64_t a_k, con
     for (int v = 0; v < Vecs; ++v) acc[r][v] = kStore == TileStore::accumulate ? loadv(c.row(r) + v * kVecLanes) : vecf{};
   }
   tile_madd<Rows, Vecs, kPrefetch>(acc, a, a_row, a_k, b, ldb, K, pf, pf_lines);
+  // Scalar math: C[r][v] = (add ? C[r][v] : 0) + acc[r][v]
 #pragma GCC unroll 16
   for (int r = 0; r < Rows; ++r) {
 #pragma GCC unroll 4
