@@ -1,6 +1,7 @@
 // The register-tiled micro-GEMM of kernels/cpu/ (per-ISA namespace, as cpu/isa.h requires): one
 // family of small f32-accumulating products over packed, zero-padded buffers, shared by flash
-// attention, the lightning indexer and sparse MLA, each with its own tiling (TileConfig).
+// attention, the lightning indexer and sparse MLA, each with its own tiling (a Tiles struct; see
+// TileDefaults).
 //
 //   C[M, N] (op)= A(M x K) B[K, N],  A(r, k) = a[r * a_row + k * a_k],  B rows ldb elements apart
 //
@@ -34,7 +35,7 @@ namespace titan::kernels::cpu::TITAN_ISA {
 //     runs, one cache line per k step of the first strip (a burst would stall on the fill buffers);
 //   kRowTails: false when every M is a whole number of row tiles (the caller pads its rows), so no
 //     shorter tiles are compiled.
-// A depth no product reaches: gemm() then makes one pass.
+// kWholeDepth: a depth no product reaches (gemm() then makes one pass).
 inline constexpr int64_t kWholeDepth = int64_t(1) << 40;
 struct TileDefaults {
   static constexpr int64_t kDepth = kWholeDepth;
@@ -122,7 +123,9 @@ TITAN_INLINE void gemm_tile(CRows c, const E* a, int64_t a_row, int64_t a_k, con
 #pragma GCC unroll 16
   for (int r = 0; r < Rows; ++r) {
 #pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) acc[r][v] = kStore == TileStore::accumulate ? loadv(c.row(r) + v * kVecLanes) : vecf{};
+    for (int v = 0; v < Vecs; ++v) {
+      acc[r][v] = kStore == TileStore::accumulate ? loadv(c.row(r) + v * kVecLanes) : vecf{};
+    }
   }
   tile_madd<Rows, Vecs, kPrefetch>(acc, a, a_row, a_k, b, ldb, K, pf, pf_lines);
   // Scalar math: C[r][v] = (add ? C[r][v] : 0) + acc[r][v]
