@@ -1,7 +1,7 @@
 // Flash attention on the CPU, FlashAttention-2 blocking: a block of kBlock query rows stays
 // resident while key/value blocks stream past, and scores only ever exist as kBlock x kBlock
 // tiles (held transposed, keys by queries; see the forward). Every product is a register-tiled
-// f32 micro-kernel over packed, zero-padded buffers.
+// micro-GEMM (cpu/tile_gemm.h) over packed, zero-padded buffers.
 // bf16 with both head dims multiples of 32 runs its products on bf16 pairs (see "bf16 pairs"):
 // AMX tiles where usable, else VDPBF16PS register tiles (AVX512_BF16; on Zen 4/5 twice the f32
 // FMA rate). Other bf16 shapes, MLA's in-place keys and CPUs without AVX512_BF16 widen bf16 to
@@ -16,6 +16,7 @@
 #include "titan/core/cpu_features.h"
 #include "titan/kernels/cpu/isa.h"
 #include "titan/kernels/cpu/scratch.h"
+#include "titan/kernels/cpu/tile_gemm.h"
 #if defined(TITAN_AVX512_ROWS)
 #include "titan/kernels/cpu/avx512.h"
 #endif
@@ -36,25 +37,22 @@ constexpr int64_t kBlock = 64;
 // 4 times from L1/L2 instead of refetching them from L3 per query block is what keeps the
 // micro-kernels fed at S = 2048 (whose per-head k and v no longer fit in L2).
 constexpr int64_t kGroupBlocks = 4;
-// Packed widths are padded to a multiple of 16 floats: whole vectors at every ISA level.
-constexpr int64_t kLanes = 16;
-
-// Register tile over vecf (cpu/isa.h): kRows x kVecs accumulators plus kVecs loaded B vectors and
-// one broadcast fit the register file (32 zmm; 16 ymm or xmm otherwise).
+// The products' register tiles (cpu/tile_gemm.h): 6 x 4 vectors with AVX-512. The B strip of a
+// pass (at most 128 k steps of 4 vectors: 32 KiB) stays in L1 while the row tiles run over it; a
+// longer K (Dqk = 192 for MLA: a 48 KiB strip, the whole L1) takes two passes.
+struct Tiles : TileDefaults {
 #if defined(__AVX512F__)
-constexpr int kRows = 6, kVecs = 4;
+  static constexpr int kRows = 6, kVecs = 4;
 #elif defined(__AVX2__)
-constexpr int kRows = 6, kVecs = 2;
+  static constexpr int kRows = 6, kVecs = 2;
 #else
-constexpr int kRows = 4, kVecs = 2;
+  static constexpr int kRows = 4, kVecs = 2;
 #endif
+  static constexpr int kNarrowRows = kRows;
+  static constexpr int64_t kDepth = 128;
+};
 typedef int32_t veci __attribute__((vector_size(sizeof(int32_t) * kVecLanes)));
 
-TITAN_INLINE int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
-
-TITAN_INLINE vecf splat(float x) { return vecf{} + x; }
-TITAN_INLINE vecf loadv(const float* p) { return *reinterpret_cast<const vecf*>(p); }
-TITAN_INLINE void storev(float* p, vecf x) { *reinterpret_cast<vecf*>(p) = x; }
 TITAN_INLINE vecf maxv(vecf a, vecf b) { return a > b ? a : b; }
 // fast_exp (cpu/isa.h) on a vector with the same range reduction and polynomial, written on
 // vecf so it vectorizes at every ISA level without relying on the auto-vectorizer. Rounds with
@@ -78,107 +76,8 @@ TITAN_INLINE vecf exp_v(vecf x) {
   const vecf scale = (vecf)(e << 23);
   return p * scale;
 }
-TITAN_INLINE int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-// ---- micro-kernel ---------------------------------------------------------------------------
-// c[r][0, n) (+)= sum_k a(r, k) b[k][0, n) for r < Rows, n = Vecs * kVecLanes, with a(r, k) =
-// a[r * a_row + k * a_k] (so A may be read transposed: P^T, dS^T) and b rows ldb elements apart.
-// Accumulators live in registers for the whole k loop. E = float, or (avx512_bf16, the pair
-// products of "bf16 pairs" below) uint32_t bf16 pairs with k counting pairs (madd_broadcast).
-template <int Rows, int Vecs, bool kAccumulate, class E>
-TITAN_INLINE void gemm_tile(float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k, const E* b,
-                            int64_t ldb, int64_t K) {
-  vecf acc[Rows][Vecs];
-#pragma GCC unroll 8
-  for (int r = 0; r < Rows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) {
-      if constexpr (kAccumulate) {
-        acc[r][v] = *reinterpret_cast<const vecf*>(c + r * ldc + v * kVecLanes);
-      } else {
-        acc[r][v] = vecf{};
-      }
-    }
-  }
-  // Two k steps per iteration: the pointer updates and loop branch are then spread over twice
-  // the FMAs (measured a few percent at S = 2048, within this shared machine's noise).
-#pragma GCC unroll 2
-  for (int64_t kk = 0; kk < K; ++kk) {
-    vecf bv[Vecs];
-#pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) bv[v] = *reinterpret_cast<const vecf*>(b + kk * ldb + v * kVecLanes);
-#pragma GCC unroll 8
-    for (int r = 0; r < Rows; ++r) madd_broadcast<Vecs>(acc[r], a[r * a_row + kk * a_k], bv);
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < Rows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) *reinterpret_cast<vecf*>(c + r * ldc + v * kVecLanes) = acc[r][v];
-  }
-}
-
-// One column strip of Vecs vectors, all M rows: full kRows tiles, then one shorter tile.
-template <int Rows, int Vecs, bool kAccumulate, class E>
-TITAN_INLINE void gemm_row_tail(int64_t rows, float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k,
-                                const E* b, int64_t ldb, int64_t K) {
-  if (rows == Rows) {
-    gemm_tile<Rows, Vecs, kAccumulate>(c, ldc, a, a_row, a_k, b, ldb, K);
-  } else if constexpr (Rows > 1) {
-    gemm_row_tail<Rows - 1, Vecs, kAccumulate>(rows, c, ldc, a, a_row, a_k, b, ldb, K);
-  }
-}
-
-template <int Vecs, bool kAccumulate, class E>
-void gemm_strip(float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k, const E* b, int64_t ldb, int64_t M,
-                int64_t K) {
-  int64_t m = 0;
-  for (; m + kRows <= M; m += kRows) {
-    gemm_tile<kRows, Vecs, kAccumulate>(c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K);
-  }
-  if (m < M) gemm_row_tail<kRows, Vecs, kAccumulate>(M - m, c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K);
-}
-
-template <int Vecs, bool kAccumulate, class E>
-void gemm_strip_tail(int64_t vecs, float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k, const E* b,
-                     int64_t ldb, int64_t M, int64_t K) {
-  if (vecs == Vecs) {
-    gemm_strip<Vecs, kAccumulate>(c, ldc, a, a_row, a_k, b, ldb, M, K);
-  } else if constexpr (Vecs > 1) {
-    gemm_strip_tail<Vecs - 1, kAccumulate>(vecs, c, ldc, a, a_row, a_k, b, ldb, M, K);
-  }
-}
-
-// C[M, N] (+)= A(M x K) B[K, N] with A(r, k) = a[r * a_row + k * a_k]. N is a multiple of 16:
-// every B operand and C tile is a packed buffer padded to that width. The B strip (at most
-// kChunkK rows of kVecs vectors: 32 KiB with AVX-512) stays in L1 while the row tiles run over
-// it; a longer K (Dqk = 192 for MLA: a 48 KiB strip, the whole L1) runs in chunks, the later ones
-// accumulating into C. Each c element still sums its products in k order in one f32 register
-// stored and reloaded exactly between chunks, so chunking does not change results.
-constexpr int64_t kChunkK = 128;
-template <bool kAccumulate, class E>
-void gemm(float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k, const E* b, int64_t ldb, int64_t M,
-          int64_t N, int64_t K) {
-  for (int64_t n = 0; n < N; n += kVecs * kVecLanes) {
-    const int64_t vecs = min_i64((N - n) / kVecLanes, kVecs);
-    gemm_strip_tail<kVecs, kAccumulate>(vecs, c + n, ldc, a, a_row, a_k, b + n, ldb, M, min_i64(K, kChunkK));
-    for (int64_t k0 = kChunkK; k0 < K; k0 += kChunkK) {
-      gemm_strip_tail<kVecs, true>(vecs, c + n, ldc, a + k0 * a_k, a_row, a_k, b + k0 * ldb + n, ldb, M,
-                                   min_i64(K - k0, kChunkK));
-    }
-  }
-}
-
-// One row tile (rows <= kRows) by vecs <= kVecs vectors: gemm_row_tail with a run-time width.
-template <int Vecs, bool kAccumulate>
-TITAN_INLINE void tile_tail(int64_t vecs, int64_t rows, float* c, int64_t ldc, const float* a, int64_t a_row,
-                            int64_t a_k, const float* b, int64_t ldb, int64_t K) {
-  if (vecs == Vecs) {
-    gemm_row_tail<kRows, Vecs, kAccumulate>(rows, c, ldc, a, a_row, a_k, b, ldb, K);
-  } else if constexpr (Vecs > 1) {
-    tile_tail<Vecs - 1, kAccumulate>(vecs, rows, c, ldc, a, a_row, a_k, b, ldb, K);
-  }
-}
-
+// ---- diagonal blocks ------------------------------------------------------------------------
 // gemm over a diagonal (causal) block, skipping the products that only ever meet masked (key j >
 // query i) entries. At S = 512 a quarter of the blocks are diagonal and half of each is masked,
 // so the full-tile products spent about a tenth of all work on entries that end as 0.
@@ -196,21 +95,23 @@ template <Diagonal kMode, bool kAccumulate>
 void gemm_diagonal(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b, int64_t ldb,
                    int64_t M, int64_t N, int64_t K) {
   static_assert(kMode == Diagonal::queries_across || kAccumulate, "the k-limited modes add into C");
-  constexpr int64_t kStrip = kVecs * kVecLanes;
+  constexpr TileStore kFirst = kAccumulate ? TileStore::accumulate : TileStore::write;
+  constexpr int kRows = Tiles::kRows, kVecs = Tiles::kVecs;
+  constexpr int64_t kStrip = kVecs * kVecLanes, kDepth = Tiles::kDepth;
   if constexpr (kMode == Diagonal::queries_across) {
-    for (int64_t k0 = 0; k0 < K; k0 += kChunkK) {
-      const int64_t kc = min_i64(K - k0, kChunkK);
+    for (int64_t k0 = 0; k0 < K; k0 += kDepth) {
+      const int64_t kc = min_i64(K - k0, kDepth);
       for (int64_t m = 0; m < M; m += kRows) {
         const int64_t rows = min_i64(kRows, M - m);
         for (int64_t n = m / kVecLanes * kVecLanes; n < N; n += kStrip) {
           const int64_t vecs = min_i64((N - n) / kVecLanes, kVecs);
-          float* ct = c + m * ldc + n;
+          const StridedRows ct{c + m * ldc + n, ldc};
           const float* at = a + m * a_row + k0 * a_k;
           const float* bt = b + k0 * ldb + n;
           if (k0 == 0) {
-            tile_tail<kVecs, kAccumulate>(vecs, rows, ct, ldc, at, a_row, a_k, bt, ldb, kc);
+            gemm_tile_tail<Tiles, kVecs, kFirst>(vecs, rows, ct, at, a_row, a_k, bt, ldb, kc);
           } else {
-            tile_tail<kVecs, true>(vecs, rows, ct, ldc, at, a_row, a_k, bt, ldb, kc);
+            gemm_tile_tail<Tiles, kVecs, TileStore::accumulate>(vecs, rows, ct, at, a_row, a_k, bt, ldb, kc);
           }
         }
       }
@@ -222,9 +123,10 @@ void gemm_diagonal(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t
         const int64_t rows = min_i64(kRows, M - m);
         const int64_t k_lo = kMode == Diagonal::queries_from_row ? min_i64(m, K) : 0;
         const int64_t k_hi = kMode == Diagonal::keys_upto_row ? min_i64(m + rows, K) : K;
-        for (int64_t k0 = k_lo; k0 < k_hi; k0 += kChunkK) {
-          tile_tail<kVecs, true>(vecs, rows, c + m * ldc + n, ldc, a + m * a_row + k0 * a_k, a_row, a_k,
-                                 b + k0 * ldb + n, ldb, min_i64(k_hi - k0, kChunkK));
+        for (int64_t k0 = k_lo; k0 < k_hi; k0 += kDepth) {
+          gemm_tile_tail<Tiles, kVecs, TileStore::accumulate>(vecs, rows, StridedRows{c + m * ldc + n, ldc},
+                                                              a + m * a_row + k0 * a_k, a_row, a_k, b + k0 * ldb + n,
+                                                              ldb, min_i64(k_hi - k0, kDepth));
         }
       }
     }
@@ -246,8 +148,8 @@ Plan make_plan(const AttentionParams& d) {
   p.group = d.H / d.Hkv;
   p.nblk = (d.S + kBlock - 1) / kBlock;
   p.s_pad = p.nblk * kBlock;
-  p.dqk_pad = round_up(d.Dqk, kLanes);
-  p.dv_pad = round_up(d.Dv, kLanes);
+  p.dqk_pad = round_up(d.Dqk, kPadLanes);
+  p.dv_pad = round_up(d.Dv, kPadLanes);
   return p;
 }
 
@@ -271,6 +173,7 @@ void pack_rows(float* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t
     if (j + kPrefetchRows < rows) prefetch_row(src + (j + kPrefetchRows) * ld_src, width);
     const T* row = src + j * ld_src;
     float* out = dst + j * ld_dst;
+    // Scalar math: out = scale * row
 #pragma omp simd
     for (int64_t c = 0; c < width; ++c) out[c] = scale * to_f32(row[c]);
     for (int64_t c = width; c < ld_dst; ++c) out[c] = 0.0f;
@@ -286,37 +189,40 @@ void pack_rows(float* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t
 // scalar column copies cost the f32 backward at S = 512 about 5% of its time.
 template <class T>
 void pack_transposed(float* dst, const T* src, int64_t ld_src, int64_t rows, int64_t width, float scale) {
-  alignas(64) float tile[kLanes][kLanes];  // [16 rows, 16 columns]
-  for (int64_t j0 = 0; j0 < kBlock; j0 += kLanes) {
-    const int64_t n = rows - j0 < 0 ? 0 : min_i64(kLanes, rows - j0);
-    const int64_t next = rows - j0 - kLanes < 0 ? 0 : min_i64(kLanes, rows - j0 - kLanes);  // rows of the next group
-    for (int64_t jj = 0; jj < next; ++jj) prefetch_row(src + (j0 + kLanes + jj) * ld_src, width);
-    for (int64_t c0 = 0; c0 < width; c0 += kLanes) {
-      const int64_t w = min_i64(kLanes, width - c0);
+  alignas(64) float tile[kPadLanes][kPadLanes];  // [16 rows, 16 columns]
+  for (int64_t j0 = 0; j0 < kBlock; j0 += kPadLanes) {
+    const int64_t n = rows - j0 < 0 ? 0 : min_i64(kPadLanes, rows - j0);
+    // rows of the next group
+    const int64_t next = rows - j0 - kPadLanes < 0 ? 0 : min_i64(kPadLanes, rows - j0 - kPadLanes);
+    for (int64_t jj = 0; jj < next; ++jj) prefetch_row(src + (j0 + kPadLanes + jj) * ld_src, width);
+    for (int64_t c0 = 0; c0 < width; c0 += kPadLanes) {
+      const int64_t w = min_i64(kPadLanes, width - c0);
 #if defined(TITAN_AVX512_ROWS)
       if constexpr (std::is_same_v<T, float>) {
-        if (w == kLanes) {
+        if (w == kPadLanes) {
           const __m512 m = _mm512_set1_ps(scale);
-          for (int64_t jj = 0; jj < kLanes; ++jj) {
+          // Scalar math: tile[jj] = jj < n ? scale * src row jj : 0
+          for (int64_t jj = 0; jj < kPadLanes; ++jj) {
             const __m512 row = jj < n ? _mm512_mul_ps(_mm512_loadu_ps(src + (j0 + jj) * ld_src + c0), m)
                                       : _mm512_setzero_ps();
             _mm512_store_ps(tile[jj], row);
           }
           transpose16_u32(reinterpret_cast<uint32_t*>(dst + c0 * kBlock + j0), kBlock,
-                          reinterpret_cast<const uint32_t*>(&tile[0][0]), kLanes);
+                          reinterpret_cast<const uint32_t*>(&tile[0][0]), kPadLanes);
           continue;
         }
       }
 #endif
       for (int64_t jj = 0; jj < n; ++jj) {
         const T* row = src + (j0 + jj) * ld_src + c0;
+        // Scalar math: tile[jj] = scale * row
 #pragma omp simd
         for (int64_t cc = 0; cc < w; ++cc) tile[jj][cc] = scale * to_f32(row[cc]);
       }
-      for (int64_t jj = n; jj < kLanes; ++jj) std::memset(tile[jj], 0, sizeof(tile[jj]));
+      for (int64_t jj = n; jj < kPadLanes; ++jj) std::memset(tile[jj], 0, sizeof(tile[jj]));
       for (int64_t cc = 0; cc < w; ++cc) {
-        float col[kLanes];
-        for (int64_t jj = 0; jj < kLanes; ++jj) col[jj] = tile[jj][cc];
+        float col[kPadLanes];
+        for (int64_t jj = 0; jj < kPadLanes; ++jj) col[jj] = tile[jj][cc];
         std::memcpy(dst + (c0 + cc) * kBlock + j0, col, sizeof(col));
       }
     }
@@ -368,6 +274,7 @@ void pack_key_rows(float* dst, int64_t ld_dst, const KvRows<T>& kv, const Attent
   for (int64_t j = 0; j < rows; ++j) {
     const T* src = kv.key_tail(d, b, row0 + j);
     float* out = dst + j * ld_dst + kv.k_width;
+    // Scalar math: out = the shared key tail, as f32
 #pragma omp simd
     for (int64_t c = 0; c < tail; ++c) out[c] = to_f32(src[c]);
   }
@@ -404,9 +311,11 @@ void add_group_sum(T* out, float* sum, const float* part, int64_t stride, int64_
   std::memcpy(sum, part, size_t(width) * sizeof(float));
   for (int64_t h = 1; h < heads; ++h) {
     const float* x = part + h * stride;
+    // Scalar math: sum += part[h]
 #pragma omp simd
     for (int64_t c = 0; c < width; ++c) sum[c] += x[c];
   }
+  // Scalar math: out = (accumulate ? out : 0) + sum
 #pragma omp simd
   for (int64_t c = 0; c < width; ++c) out[c] = from_f32<T>(accumulate ? to_f32(out[c]) + sum[c] : sum[c]);
 }
@@ -478,6 +387,7 @@ TITAN_INLINE void prefetch_rows(const T* p, int64_t ld, int64_t n, int64_t width
 void transpose_words16(uint32_t* dst, int64_t dst_ld, const uint32_t* src, int64_t ld_src, int64_t n) {
   if (n >= 16) return transpose16_u32(dst, dst_ld, src, ld_src);
   alignas(64) uint32_t blk[16 * 16];
+  // Scalar math: blk[r] = r < n ? src row r : 0
   for (int64_t r = 0; r < 16; ++r) {
     const __m512i row = r < n ? _mm512_loadu_si512(src + r * ld_src) : _mm512_setzero_si512();
     _mm512_store_si512(blk + r * 16, row);
@@ -533,6 +443,7 @@ void pack_block_transposed(bf16* dst, int64_t ld_dst, const bf16* src, int64_t l
   for (int64_t j0 = 0; j0 < kBlock; j0 += 16) {
     for (int64_t c0 = 0; c0 < width / 2; c0 += 16) {
       transpose_words16(blk, 16, words + j0 * (ld_src / 2) + c0, ld_src / 2, rows - j0);
+      // Scalar math: out row 2 (c0 + r) = low halves (bf16) of the words of blk[r], row 2 (c0 + r) + 1 = high halves
       for (int64_t r = 0; r < 16; ++r) {
         const __m512i w = _mm512_load_si512(blk + r * 16);
         bf16* out = dst + 2 * (c0 + r) * ld_dst + j0;
@@ -566,6 +477,7 @@ void add_block_transposed(bf16* dst, int64_t ld_dst, const float* src, int64_t r
     if (j0 + 16 < rows) prefetch_rows(dst + (j0 + 16) * ld_dst, ld_dst, min_i64(16, rows - j0 - 16), width);
     for (int64_t c0 = 0; c0 < width; c0 += 16) {
       transpose16_u32(blk, 16, reinterpret_cast<const uint32_t*>(src + c0 * kBlock + j0), kBlock);
+      // Scalar math: out row j0 + r = bf16(out + blk[r])
       for (int64_t r = 0; r < n; ++r) {
         __m256i* out = reinterpret_cast<__m256i*>(dst + (j0 + r) * ld_dst + c0);
         const __m512 sum = _mm512_add_ps(_mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(out)),
@@ -619,8 +531,9 @@ void amx_block(float* c, int64_t ldc, int64_t rows, const bf16* a, int64_t a_ld,
 template <bool kAccumulate>
 void pairs_block(float* c, int64_t ldc, int64_t rows, const bf16* a, int64_t a_ld, const uint32_t* b, int64_t width,
                  int64_t chunks) {
-  gemm<kAccumulate>(c, ldc, reinterpret_cast<const uint32_t*>(a), a_ld / 2, int64_t(1), b, width, rows, width,
-                    16 * chunks);
+  constexpr TileStore kStore = kAccumulate ? TileStore::accumulate : TileStore::write;
+  gemm<Tiles, kStore>(c, ldc, reinterpret_cast<const uint32_t*>(a), a_ld / 2, int64_t(1), b, width, rows, width,
+                      16 * chunks);
 }
 
 // The bf16 pair products of the forward and backward below: on AMX tiles (kAmx) or VDPBF16PS.
@@ -696,6 +609,7 @@ void forward_bf16_pairs(bf16* o, float* lse, const bf16* q, const bf16* k, const
               mi[rr] = m.data()[i0 + rr];
               const __m512 mv = _mm512_set1_ps(mi[rr]), limit = _mm512_set1_ps(kLazyMax);
               __mmask16 over = 0;
+              // Scalar math: t = c s - m (base 2, stale max m); over = any kept t > kLazyMax
               for (int64_t vi = 0; vi < nv; ++vi) {
                 keep[rr][vi] = masked ? causal_keep(i0 + rr, key0 + 16 * vi) : __mmask16(0xffff);
                 tv[rr][vi] = _mm512_fmsub_ps(_mm512_loadu_ps(srow + 16 * vi), cv, mv);
@@ -703,6 +617,7 @@ void forward_bf16_pairs(bf16* o, float* lse, const bf16* q, const bf16* k, const
               }
               if (over) {  // a new max (always in the first span, where m is -inf and t +inf)
                 __m512 mx = _mm512_set1_ps(-INFINITY);
+                // Scalar math: m = max(m, max over kept keys of c s); t = c s - m
                 for (int64_t vi = 0; vi < nv; ++vi) {
                   mx = _mm512_mask_max_ps(mx, keep[rr][vi], mx, _mm512_mul_ps(_mm512_loadu_ps(srow + 16 * vi), cv));
                 }
@@ -715,6 +630,7 @@ void forward_bf16_pairs(bf16* o, float* lse, const bf16* q, const bf16* k, const
             for (int rr = 0; rr < 2; ++rr) {
               const int64_t i = i0 + rr;
               __m512 sum = _mm512_setzero_ps();
+              // Scalar math: P = kept ? 2^t : 0, stored as bf16; sum += P
               for (int64_t vi = 0; vi < nv; vi += 2) {  // two vectors of P per bf16 store
                 const __m512 p0 = exp2_16_operand(tv[rr][vi], keep[rr][vi]);
                 const __m512 p1 = exp2_16_operand(tv[rr][vi + 1], keep[rr][vi + 1]);
@@ -732,6 +648,7 @@ void forward_bf16_pairs(bf16* o, float* lse, const bf16* q, const bf16* k, const
               m.data()[i] = mi[rr];
               if (kb == 0) continue;  // the first span's P v writes o rather than adding to it
               float* orow = oacc.data() + i * d.Dv;
+              // Scalar math: o *= alpha
               for (int64_t col = 0; col < d.Dv; col += 16) {
                 _mm512_storeu_ps(orow + col, _mm512_mul_ps(_mm512_loadu_ps(orow + col), av));
               }
@@ -761,6 +678,7 @@ void forward_bf16_pairs(bf16* o, float* lse, const bf16* q, const bf16* k, const
         const __m512 inv = _mm512_set1_ps(1.0f / sum);
         const float* orow = oacc.data() + i * d.Dv;
         bf16* out = o + ((b * d.S + row0 + i) * d.H + h) * d.Dv;
+        // Scalar math: out = bf16(o / sum)
         for (int64_t col = 0; col < d.Dv; col += 16) {
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + col),
                               (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(orow + col), inv)));
@@ -843,6 +761,7 @@ void backward_bf16_pairs(bf16* dq, bf16* dk, bf16* dv, const float* lse, const b
         if (i + kAhead < d.S) prefetch_rows(orow + kAhead * d.H * d.Dv, 0, 1, d.Dv);
         const bf16* dorow = dor.data() + i * d.Dv;
         float sum = 0;
+        // Scalar math: D_i = sum over c of dO[i, c] o[i, c]
 #pragma omp simd reduction(+ : sum)
         for (int64_t col = 0; col < d.Dv; ++col) sum += to_f32(dorow[col]) * to_f32(orow[col]);
         delta.data()[i] = sum;
@@ -871,6 +790,8 @@ void backward_bf16_pairs(bf16* dq, bf16* dk, bf16* dv, const float* lse, const b
                 const __m512 l0 = _mm512_set1_ps(lse2.data()[row0 + i]), l1 = _mm512_set1_ps(lse2.data()[row0 + i + 1]);
                 const __m512 d0 = _mm512_set1_ps(scale * delta.data()[row0 + i]);
                 const __m512 d1 = _mm512_set1_ps(scale * delta.data()[row0 + i + 1]);
+                // Scalar math: P = kept ? 2^(c s - lse2) : 0; scale dS = P (scale dP - scale D); dS in bf16 rows, P
+                //   and dS as query pairs
                 for (int vi = 0; vi < 4; ++vi) {
                   const int64_t e0 = i * kBlock + 16 * vi, e1 = e0 + kBlock;
                   const int64_t r0 = i * kGroupBlocks * kBlock + (kb - kb0) * kBlock + 16 * vi;  // in dsb
@@ -944,6 +865,7 @@ void backward_bf16_pairs(bf16* dq, bf16* dk, bf16* dv, const float* lse, const b
         bf16* out = dq + ((b * d.S + i) * d.H + h) * d.Dqk;
         if (i + kAhead < d.S) prefetch_rows(out + kAhead * d.H * d.Dqk, 0, 1, d.Dqk);
         const float* acc = dq_acc.data() + i * d.Dqk;
+        // Scalar math: dq = bf16(dq + dq_acc)
 #pragma omp simd
         for (int64_t col = 0; col < d.Dqk; ++col) out[col] = from_f32<bf16>(to_f32(out[col]) + acc[col]);
       }
@@ -1040,9 +962,10 @@ void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const At
             }
             mask_diagonal(st.data(), cols);
           } else {
-            gemm<false>(st.data(), kBlock, kp_blk, k_ld, 1, qt_x, kBlock, cols, kBlock, k_main);
+            gemm<Tiles, TileStore::write>(st.data(), kBlock, kp_blk, k_ld, 1, qt_x, kBlock, cols, kBlock, k_main);
             if (tail > 0) {
-              gemm<true>(st.data(), kBlock, tail_blk, tail, 1, qt_x + k_main * kBlock, kBlock, cols, kBlock, tail);
+              gemm<Tiles, TileStore::accumulate>(st.data(), kBlock, tail_blk, tail, 1, qt_x + k_main * kBlock, kBlock,
+                                                 cols, kBlock, tail);
             }
           }
           // Online softmax per query column: new max, rescale of the old sum (and of o below),
@@ -1054,6 +977,7 @@ void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const At
             // Two max chains: one chain's latency, not its throughput, bounded this loop.
             vecf mx = loadv(st.data() + v0), mx1 = mx;
             int64_t j = 1;
+            // Scalar math: mx = max over the live keys j of S^T[j] (per query lane)
             for (; j + 1 < live; j += 2) {
               mx = maxv(mx, loadv(st.data() + j * kBlock + v0));
               mx1 = maxv(mx1, loadv(st.data() + (j + 1) * kBlock + v0));
@@ -1063,6 +987,7 @@ void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const At
             const vecf m_old = loadv(m_x + v0), m_new = maxv(m_old, mx);
             const vecf a = exp_v(m_old - m_new);
             vecf sum = vecf{};
+            // Scalar math: P^T[j] = exp(S^T[j] - m_new); sum += P^T[j] (0 past the live keys)
             for (j = 0; j < live; ++j) {
               const vecf pj = exp_v(loadv(st.data() + j * kBlock + v0) - m_new);
               storev(st.data() + j * kBlock + v0, pj);
@@ -1077,6 +1002,7 @@ void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const At
             const float a = alpha.data()[i];
             if (a == 1.0f) continue;
             float* orow = oacc_x + i * p.dv_pad;
+            // Scalar math: o *= alpha
             for (int64_t c = 0; c < p.dv_pad; c += kVecLanes) storev(orow + c, loadv(orow + c) * a);
           }
           // o += P v with A(i, j) = P^T[j][i]
@@ -1084,7 +1010,8 @@ void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const At
             gemm_diagonal<Diagonal::keys_upto_row, true>(oacc_x, p.dv_pad, st.data(), 1, kBlock, vp_blk, p.dv_pad,
                                                          rows, p.dv_pad, cols);
           } else {
-            gemm<true>(oacc_x, p.dv_pad, st.data(), 1, kBlock, vp_blk, p.dv_pad, rows, p.dv_pad, cols);
+            gemm<Tiles, TileStore::accumulate>(oacc_x, p.dv_pad, st.data(), 1, kBlock, vp_blk, p.dv_pad, rows,
+                                               p.dv_pad, cols);
           }
         }
       }
@@ -1096,6 +1023,7 @@ void forward_blocked(T* o, float* lse, const T* q, const KvRows<T>& kv, const At
           const float* orow = oacc.data() + (x * kBlock + i) * p.dv_pad;
           T* out = o + ((b * d.S + row0 + i) * d.H + h) * d.Dv;
           if (i + kPrefetchRows < rows) prefetch_row<true>(out + kPrefetchRows * d.H * d.Dv, d.Dv);
+          // Scalar math: out = o / sum
 #pragma omp simd
           for (int64_t c = 0; c < d.Dv; ++c) out[c] = from_f32<T>(orow[c] * inv);
           lse[bh * d.S + row0 + i] = m.data()[x * kBlock + i] + std::log(sum);
@@ -1174,6 +1102,7 @@ void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const
         if (i + kPrefetchRows < d.S) prefetch_row(orow + kPrefetchRows * d.H * d.Dv, d.Dv);
         const float* dorow = dos.data() + i * p.dv_pad;
         float sum = 0;
+        // Scalar math: D_i = sum over c of dO[i, c] o[i, c]
 #pragma omp simd reduction(+ : sum)
         for (int64_t c = 0; c < d.Dv; ++c) sum += dorow[c] * to_f32(orow[c]);
         delta.data()[i] = sum;
@@ -1207,12 +1136,14 @@ void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const
                                                              cols, kBlock, d.Dqk);
               mask_diagonal(pt.data(), cols);
             } else {
-              gemm<false>(pt.data(), kBlock, kp_blk, p.dqk_pad, 1, qt_blk, kBlock, cols, kBlock, d.Dqk);
+              gemm<Tiles, TileStore::write>(pt.data(), kBlock, kp_blk, p.dqk_pad, 1, qt_blk, kBlock, cols, kBlock,
+                                            d.Dqk);
             }
             for (int64_t v0 = 0; v0 < kBlock; v0 += kVecLanes) {
               const int64_t live = diagonal ? min_i64(cols, v0 + kVecLanes) : cols;
               const vecf lse_v = loadv(lse_p.data() + row0 + v0);
               int64_t j = 0;
+              // Scalar math: P^T[j] = exp(S^T[j] - lse) (0 past the live keys)
               for (; j < live; ++j) {
                 float* x = pt.data() + j * kBlock + v0;
                 storev(x, exp_v(loadv(x) - lse_v));
@@ -1224,19 +1155,22 @@ void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const
               gemm_diagonal<Diagonal::queries_from_row, true>(dv_blk, p.dv_pad, pt.data(), kBlock, 1, dos_blk,
                                                               p.dv_pad, cols, p.dv_pad, rows);
             } else {
-              gemm<true>(dv_blk, p.dv_pad, pt.data(), kBlock, 1, dos_blk, p.dv_pad, cols, p.dv_pad, rows);
+              gemm<Tiles, TileStore::accumulate>(dv_blk, p.dv_pad, pt.data(), kBlock, 1, dos_blk, p.dv_pad, cols,
+                                                 p.dv_pad, rows);
             }
             // dP^T = v dO^T, then dS^T = P^T (dP^T - D)
             if (diagonal) {
               gemm_diagonal<Diagonal::queries_across, false>(dst.data(), kBlock, vp_blk, p.dv_pad, 1, dot_blk, kBlock,
                                                              cols, kBlock, d.Dv);
             } else {
-              gemm<false>(dst.data(), kBlock, vp_blk, p.dv_pad, 1, dot_blk, kBlock, cols, kBlock, d.Dv);
+              gemm<Tiles, TileStore::write>(dst.data(), kBlock, vp_blk, p.dv_pad, 1, dot_blk, kBlock, cols, kBlock,
+                                            d.Dv);
             }
             for (int64_t v0 = 0; v0 < kBlock; v0 += kVecLanes) {
               const int64_t live = diagonal ? min_i64(cols, v0 + kVecLanes) : cols;
               const vecf delta_v = loadv(delta.data() + row0 + v0);
               int64_t j = 0;
+              // Scalar math: dS^T[j] = P^T[j] (dP^T[j] - D) (0 past the live keys)
               for (; j < live; ++j) {
                 float* x = dst.data() + j * kBlock + v0;
                 storev(x, loadv(pt.data() + j * kBlock + v0) * (loadv(x) - delta_v));
@@ -1250,8 +1184,10 @@ void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const
               gemm_diagonal<Diagonal::keys_upto_row, true>(dq_blk, p.dqk_pad, dst.data(), 1, kBlock, kp_blk,
                                                            p.dqk_pad, rows, p.dqk_pad, cols);
             } else {
-              gemm<true>(dk_blk, p.dqk_pad, dst.data(), kBlock, 1, qs_blk, p.dqk_pad, cols, p.dqk_pad, rows);
-              gemm<true>(dq_blk, p.dqk_pad, dst.data(), 1, kBlock, kp_blk, p.dqk_pad, rows, p.dqk_pad, cols);
+              gemm<Tiles, TileStore::accumulate>(dk_blk, p.dqk_pad, dst.data(), kBlock, 1, qs_blk, p.dqk_pad, cols,
+                                                 p.dqk_pad, rows);
+              gemm<Tiles, TileStore::accumulate>(dq_blk, p.dqk_pad, dst.data(), 1, kBlock, kp_blk, p.dqk_pad, rows,
+                                                 p.dqk_pad, cols);
             }
           }
         }
@@ -1265,10 +1201,12 @@ void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const
               prefetch_row<true>(dk_out + kPrefetchRows * kv.k_tok, kv.k_width);
               prefetch_row<true>(dv_out + kPrefetchRows * kv.v_tok, d.Dv);
             }
+            // Scalar math: dk = (accumulate ? dk : 0) + dk_acc
 #pragma omp simd
             for (int64_t c = 0; c < kv.k_width; ++c) {
               dk_out[c] = from_f32<T>(accumulate ? to_f32(dk_out[c]) + dk_row[c] : dk_row[c]);
             }
+            // Scalar math: dv = (accumulate ? dv : 0) + dv_acc
 #pragma omp simd
             for (int64_t c = 0; c < d.Dv; ++c) dv_out[c] = from_f32<T>(accumulate ? to_f32(dv_out[c]) + dv_row[c] : dv_row[c]);
             if (tail > 0) {
@@ -1284,6 +1222,7 @@ void backward_blocked(T* dq, T* dk, T* dk_shared, T* dv, const float* lse, const
         T* out = dq + ((b * d.S + i) * d.H + h) * d.Dqk;
         if (i + kPrefetchRows < d.S) prefetch_row<true>(out + kPrefetchRows * d.H * d.Dqk, d.Dqk);
         const float* acc = dq_acc.data() + i * p.dqk_pad;
+        // Scalar math: dq = (accumulate ? dq : 0) + scale * dq_acc
 #pragma omp simd
         for (int64_t c = 0; c < d.Dqk; ++c) out[c] = from_f32<T>(accumulate ? to_f32(out[c]) + scale * acc[c] : scale * acc[c]);
       }

@@ -36,7 +36,7 @@ template <> TITAN_INLINE bf16 from_f32<bf16>(float v) { return f32_to_bf16(v); }
 // AVX2, 4 (xmm) on the baseline. (A generic vector wider than the ISA's is split by GCC and parts
 // of its arithmetic scalarized.) `acc += a * b` contracts into FMA where the ISA has one.
 // aligned(4) and may_alias: loads from any float address in our buffers. Register-tiled kernels
-// size their tiles (rows x vectors) from kVecLanes and the register file.
+// (cpu/tile_gemm.h) size their tiles (rows x vectors) from kVecLanes and the register file.
 #if defined(__AVX512F__)
 constexpr int64_t kVecLanes = 16;
 #elif defined(__AVX2__)
@@ -54,44 +54,18 @@ constexpr int64_t kVecLanes = 4;
 #pragma GCC diagnostic ignored "-Wpsabi"
 typedef float vecf __attribute__((vector_size(sizeof(float) * kVecLanes), aligned(4), may_alias));
 
-// acc[v] += a * b[v] for v < Vecs: the step of a register-tiled product. E = float: a broadcast
-// and f32 FMA. E = uint32_t (avx512_bf16 only): a is a bf16 pair, broadcast into VDPBF16PS
-// against the 16 bf16 pairs of each b[v] (the VNNI layout of cpu/bf16_pairs.h).
-template <int Vecs, class E>
-TITAN_INLINE void madd_broadcast(vecf* acc, E a, const vecf* b) {
-  if constexpr (std::is_same_v<E, float>) {
-#pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) acc[v] += a * b[v];
-  } else {
-#if defined(__AVX512BF16__)
-    const __m512bh pair = reinterpret_cast<__m512bh>(_mm512_set1_epi32(int(a)));
-#pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) acc[v] = _mm512_dpbf16_ps(acc[v], pair, reinterpret_cast<__m512bh>(b[v]));
-#else
-    static_assert(sizeof(E) == 0, "bf16 pair products need the avx512_bf16 variant");
-#endif
-  }
-}
+TITAN_INLINE vecf splat(float x) { return vecf{} + x; }
+TITAN_INLINE vecf loadv(const float* p) { return *reinterpret_cast<const vecf*>(p); }
+TITAN_INLINE void storev(float* p, vecf x) { *reinterpret_cast<vecf*>(p) = x; }
 
-// acc[r][v] = sum over k < inner of a[r * a_row + k * a_k] * the vector b + k * ldb + v * kVecLanes,
-// for r < Rows, v < Vecs: a register tile's products (madd_broadcast steps), for the caller's
-// epilogue to store or reduce.
-template <int Rows, int Vecs, class E>
-TITAN_INLINE void tile_products(vecf (&acc)[Rows][Vecs], const E* a, int64_t a_row, int64_t a_k, const E* b,
-                                int64_t ldb, int64_t inner) {
-#pragma GCC unroll 16
-  for (int r = 0; r < Rows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) acc[r][v] = vecf{};
-  }
-  for (int64_t k = 0; k < inner; ++k) {
-    vecf bv[Vecs];
-#pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) bv[v] = *reinterpret_cast<const vecf*>(b + k * ldb + v * kVecLanes);
-#pragma GCC unroll 16
-    for (int r = 0; r < Rows; ++r) madd_broadcast<Vecs>(acc[r], a[r * a_row + k * a_k], bv);
-  }
-}
+TITAN_INLINE int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+TITAN_INLINE int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
+// n rounded up to a multiple of m (n >= 0, m > 0).
+TITAN_INLINE int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// Packed rows of the micro-kernels are padded to a multiple of kPadLanes floats: whole vectors at
+// every ISA level.
+inline constexpr int64_t kPadLanes = 16;
 
 // exp(x) for float, vectorizable under `#pragma omp simd` (libm's expf is not). Cody-Waite range
 // reduction to [-ln2/2, ln2/2] and a degree-6 polynomial: max relative error ~4 ulp (against a

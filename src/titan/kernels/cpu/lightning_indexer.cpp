@@ -1,7 +1,7 @@
 // Lightning indexer on the CPU. Queries are processed in blocks that stay resident while key
 // blocks of kKeys keys stream past; the head dot products of a (query block, key block) pair are
-// one small register-tiled f32 GEMM over packed, zero-padded buffers, and the S x Skv score matrix
-// never exists (only kKeys-wide tiles of it). The top-k on AVX-512 (without AMX) goes further:
+// one small register-tiled GEMM (cpu/tile_gemm.h) over packed, zero-padded buffers, and the
+// S x Skv score matrix never exists (only kKeys-wide tiles of it). The top-k on AVX-512 (without AMX) goes further:
 // each query's scores over a key block come from its head rows four heads at a time with the
 // head dots in registers (fused_scores), so not even the block's [heads, kKeys] dots are stored.
 // * top-k: each query row keeps a buffer of up to 4K + kKeys candidates as sortable 64-bit keys
@@ -22,8 +22,8 @@
 //   the end (no races, deterministic for a fixed thread count).
 // bf16 in the avx512_bf16 variant: the top-k dot products and the dense KL stage's products (the
 // indexer dots and the target's tau mq mk^T) take bf16 pair operands with f32 accumulation, on
-// AMX tiles when cpu_amx_bf16_usable(), else by VDPBF16PS in the f32 micro-kernel's register
-// tiles; the blocked path's gradient products (G k, G^T q) stay f32 FMA. The sparse stage's
+// AMX tiles when cpu_amx_bf16_usable(), else by VDPBF16PS in the register tiles of
+// cpu/tile_gemm.h; the blocked path's gradient products (G k, G^T q) stay f32 FMA. The sparse stage's
 // narrow gathered rows (<= 4 heads of 16-64 dims) read the bf16 keys in place: dots, and with
 // 32-dim chunks the gradient products too (G rounded to bf16), on VDPBF16PS. Elsewhere (and at
 // the lower ISA levels) bf16 inputs are widened to f32 while packing (O(S D) work against
@@ -45,6 +45,7 @@
 #include "titan/core/cpu_features.h"
 #include "titan/kernels/cpu/isa.h"
 #include "titan/kernels/cpu/scratch.h"
+#include "titan/kernels/cpu/tile_gemm.h"
 #if defined(TITAN_AVX512_ROWS)
 #include "titan/kernels/cpu/avx512.h"
 #endif
@@ -59,124 +60,27 @@ constexpr int64_t kKeys = 64;
 constexpr int64_t kTargetRows = 64;
 // KL loss query blocks: up to kDenseQueries queries and kMaxDenseRows (queries x heads).
 constexpr int64_t kDenseQueries = 64, kMaxDenseRows = 1024;
-// Packed widths are padded to a multiple of 16 floats: whole vectors at every ISA level.
-constexpr int64_t kLanes = 16;
-
-// Register tile of the micro-kernel: kRows x kVecs accumulators, kVecs B vectors, one broadcast.
-// A strip one vector wide (the sparse target: 16 query heads) takes kNarrowRows rows instead, so
-// enough independent FMA chains are in flight to cover the FMA latency.
+// The products' register tiles (cpu/tile_gemm.h): 6 x 4 vectors with AVX-512; a strip one vector
+// wide (a wide gathered row's 16 heads) takes 12 rows. Passes of 64 k steps, each prefetching
+// the next: each B strip pass (64 x 64 floats, 16 KiB) stays in L1 while all M rows run over it
+// (a whole strip of the dense target, D = 192, 48 KiB, did not, and every tile re-read it from
+// L2), and the first tile over a pass fetched it from L3 or memory at a bandwidth far below the
+// FMA rate.
+struct Tiles : TileDefaults {
 #if defined(__AVX512F__)
-constexpr int kRows = 6, kVecs = 4, kNarrowRows = 12;
+  static constexpr int kRows = 6, kVecs = 4, kNarrowRows = 12;
 #elif defined(__AVX2__)
-constexpr int kRows = 6, kVecs = 2, kNarrowRows = 12;
+  static constexpr int kRows = 6, kVecs = 2, kNarrowRows = 12;
 #else
-constexpr int kRows = 4, kVecs = 2, kNarrowRows = 8;
+  static constexpr int kRows = 4, kVecs = 2, kNarrowRows = 8;
 #endif
+  static constexpr int64_t kDepth = 64;
+  static constexpr bool kPrefetch = true;
+};
 constexpr int64_t kTileVecs = kKeys / kVecLanes;  // vectors per kKeys-wide tile row
 
-TITAN_INLINE int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
-TITAN_INLINE int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
 TITAN_INLINE uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
-TITAN_INLINE int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
-TITAN_INLINE vecf splat(float x) { return vecf{} + x; }
-TITAN_INLINE vecf loadv(const float* p) { return *reinterpret_cast<const vecf*>(p); }
-TITAN_INLINE void storev(float* p, vecf x) { *reinterpret_cast<vecf*>(p) = x; }
 TITAN_INLINE vecf relu(vecf x) { return x > splat(0.0f) ? x : splat(0.0f); }
-
-// ---- micro-kernel ---------------------------------------------------------------------------
-// c[r][0, Vecs * kVecLanes) (+)= sum_k a(r, k) b[k][...] for r < Rows, with a(r, k) =
-// a[r * a_row + k * a_k] (A may be read transposed) and B rows ldb elements apart. E is float
-// (f32 FMA) or, in the avx512_bf16 variant, uint32_t: bf16 pairs (k counts pairs), each a(r, k)
-// broadcast into VDPBF16PS against B rows of 16 pairs (the VNNI layout of cpu/bf16_pairs.h).
-// pf_lines cache lines from pf are requested one per depth step (a burst of requests would
-// stall on the fill buffers).
-template <int Rows, int Vecs, bool kAccumulate, class E>
-TITAN_INLINE void gemm_tile(float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k, const E* b,
-                            int64_t ldb, int64_t K, const char* pf = nullptr, int64_t pf_lines = 0) {
-  vecf acc[Rows][Vecs];
-#pragma GCC unroll 12
-  for (int r = 0; r < Rows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) acc[r][v] = kAccumulate ? loadv(c + r * ldc + v * kVecLanes) : vecf{};
-  }
-#pragma GCC unroll 2
-  for (int64_t kk = 0; kk < K; ++kk) {
-    vecf bv[Vecs];
-#pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) bv[v] = *reinterpret_cast<const vecf*>(b + kk * ldb + v * kVecLanes);
-    if (kk < pf_lines) __builtin_prefetch(pf + kk * 64);
-#pragma GCC unroll 12
-    for (int r = 0; r < Rows; ++r) madd_broadcast<Vecs>(acc[r], a[r * a_row + kk * a_k], bv);
-  }
-#pragma GCC unroll 12
-  for (int r = 0; r < Rows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) storev(c + r * ldc + v * kVecLanes, acc[r][v]);
-  }
-}
-
-// The last rows < Rows of a column strip.
-template <int Rows, int Vecs, bool kAccumulate, class E>
-TITAN_INLINE void gemm_row_tail(int64_t rows, float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k,
-                                const E* b, int64_t ldb, int64_t K) {
-  if (rows == Rows) {
-    gemm_tile<Rows, Vecs, kAccumulate, E>(c, ldc, a, a_row, a_k, b, ldb, K);
-  } else if constexpr (Rows > 1) {
-    gemm_row_tail<Rows - 1, Vecs, kAccumulate, E>(rows, c, ldc, a, a_row, a_k, b, ldb, K);
-  }
-}
-
-// pf: pf_lines cache lines the caller will read next, requested spread over the row tiles so
-// that their transfer overlaps this strip's FMAs.
-template <int Vecs, bool kAccumulate, class E>
-void gemm_strip(int64_t vecs, float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k, const E* b,
-                int64_t ldb, int64_t M, int64_t K, const char* pf, int64_t pf_lines) {
-  if (vecs != Vecs) {
-    if constexpr (Vecs > 1) {
-      gemm_strip<Vecs - 1, kAccumulate, E>(vecs, c, ldc, a, a_row, a_k, b, ldb, M, K, pf, pf_lines);
-    }
-    return;
-  }
-  constexpr int rows = Vecs == 1 ? kNarrowRows : kRows;
-  const int64_t tiles = M / rows, per_tile = tiles > 0 ? (pf_lines + tiles - 1) / tiles : 0;
-  int64_t m = 0;
-  for (int64_t line = 0; m + rows <= M; m += rows, line += per_tile) {
-    gemm_tile<rows, Vecs, kAccumulate, E>(c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K, pf + line * 64,
-                                       min_i64(per_tile, pf_lines - line));
-  }
-  if (m < M) gemm_row_tail<rows, Vecs, kAccumulate, E>(M - m, c + m * ldc, ldc, a + m * a_row, a_row, a_k, b, ldb, K);
-}
-
-// C[M, N] (+)= A(M x K) B[K, N], A(r, k) = a[r * a_row + k * a_k]; N a multiple of kLanes (B and
-// C are packed buffers padded to that width). The depth runs in chunks of kDepth so that each B
-// strip chunk (kDepth x 64 floats, 16 KiB) stays in L1 while all M rows run over it: a whole
-// strip of the dense target (D = 192, 48 KiB) did not, and every tile re-read it from L2.
-// The first tile over a chunk fetched it from L3 or memory at a bandwidth far below the FMA rate,
-// so the next chunk (B is contiguous when ldb == N), or for the last chunk the caller's `next`
-// operand (next_floats floats), is prefetched while the current one runs.
-// E as in gemm_tile (K then counts bf16 pairs).
-template <bool kAccumulate, class E>
-void gemm(float* c, int64_t ldc, const E* a, int64_t a_row, int64_t a_k, const E* b, int64_t ldb, int64_t M,
-          int64_t N, int64_t K, const float* next = nullptr, int64_t next_floats = 0) {
-  constexpr int64_t kDepth = 64;
-  int64_t k0 = 0;
-  do {  // at least once: K == 0 without kAccumulate still zeroes C
-    const int64_t kc = min_i64(kDepth, K - k0);
-    const bool more = k0 + kDepth < K && ldb == N;
-    const char* pf = more ? reinterpret_cast<const char*>(b + (k0 + kDepth) * ldb) : reinterpret_cast<const char*>(next);
-    const int64_t pf_lines = (more ? min_i64(kDepth, K - k0 - kDepth) * ldb : next_floats) * 4 / 64;
-    for (int64_t n = 0; n < N; n += kVecs * kVecLanes) {
-      const int64_t vecs = min_i64((N - n) / kVecLanes, kVecs);
-      const int64_t lines = n == 0 ? pf_lines : 0;  // the first strip requests them all
-      if (kAccumulate || k0 > 0) {
-        gemm_strip<kVecs, true, E>(vecs, c + n, ldc, a + k0 * a_k, a_row, a_k, b + k0 * ldb + n, ldb, M, kc, pf, lines);
-      } else {
-        gemm_strip<kVecs, false, E>(vecs, c + n, ldc, a, a_row, a_k, b + n, ldb, M, kc, pf, lines);
-      }
-    }
-    k0 += kDepth;
-  } while (k0 < K);
-}
 
 // ---- packing --------------------------------------------------------------------------------
 // dst[j][c] = src[j][c] as f32 for j < rows, c < width; zero for c in [width, ld_dst).
@@ -185,6 +89,7 @@ void pack_rows(float* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t
   for (int64_t j = 0; j < rows; ++j) {
     const T* in = src + j * ld_src;
     float* out = dst + j * ld_dst;
+    // Scalar math: out = in, as f32
 #pragma omp simd
     for (int64_t c = 0; c < width; ++c) out[c] = to_f32(in[c]);
     for (int64_t c = width; c < ld_dst; ++c) out[c] = 0.0f;
@@ -210,6 +115,7 @@ TITAN_INLINE void index_scores(float* score, const float* dots, int64_t ld, cons
   for (int64_t v = 0; v < kTileVecs; ++v) acc[v] = vecf{};
   for (int64_t j = 0; j < HI; ++j) {
     const vecf wj = splat(w[j]);
+    // Scalar math: score += w_j ReLU(dots_j)
 #pragma GCC unroll 4
     for (int64_t v = 0; v < kTileVecs; ++v) acc[v] += wj * relu(loadv(dots + j * ld + v * kVecLanes));
   }
@@ -228,6 +134,7 @@ TITAN_INLINE void head_scores(vecf* score, const E* a, int64_t a_row, const E* b
 #pragma GCC unroll 4
   for (int r = 0; r < Rows; ++r) {
     const vecf wr = splat(w[r]);
+    // Scalar math: score += w_r ReLU(a_r . b)
 #pragma GCC unroll 4
     for (int64_t v = 0; v < kTileVecs; ++v) score[v] += wr * relu(acc[r][v]);
   }
@@ -284,6 +191,7 @@ void select_largest(uint64_t* a, int64_t n, int64_t k, [[maybe_unused]] uint64_t
     const uint64_t pivot = median3(a[lo], a[lo + (hi - lo) / 2], a[hi - 1]);
     const __m512i pv = _mm512_set1_epi64(int64_t(pivot));
     int64_t g = lo, t = 0;
+    // Scalar math: keys above the pivot to a[g...], keys below it to tmp[t...]
     for (int64_t i = lo; i < hi; i += 8) {
       const __mmask8 in = hi - i >= 8 ? __mmask8(0xff) : __mmask8((1u << (hi - i)) - 1);
       const __m512i v = _mm512_maskz_loadu_epi64(in, a + i);
@@ -356,6 +264,7 @@ int64_t compact_candidates(uint64_t* c, int64_t n, int64_t K, int64_t max_keep, 
     uint64_t est = sample[0];
     for (int64_t j = 1; j < r; ++j) est = sample[j] < est ? sample[j] : est;
     int64_t above = 0;
+    // Scalar math: above += c > est
 #pragma omp simd reduction(+ : above)
     for (int64_t i = 0; i < n; ++i) above += c[i] > est;
     if (above >= K && above <= K + (n - K) / 2 && above <= max_keep) {
@@ -363,6 +272,7 @@ int64_t compact_candidates(uint64_t* c, int64_t n, int64_t K, int64_t max_keep, 
 #if defined(__AVX512F__)
       // 8 keys at a time, compressed in place as in select_largest (c has 8 slots of slack).
       const __m512i ev = _mm512_set1_epi64(int64_t(est));
+      // Scalar math: keep the keys c > est, in order
       for (; i + 8 <= n; i += 8) {
         const __m512i v = _mm512_loadu_si512(c + i);
         const __mmask8 keep = _mm512_cmpgt_epu64_mask(v, ev);
@@ -402,6 +312,7 @@ void write_selection(int32_t* out, const uint64_t* cand, int64_t n, int64_t K, u
     const uint64_t bits = bitmap[wi];
     if (!bits) continue;
     bitmap[wi] = 0;
+    // Scalar math: buf[pos...] = the indices of the set bits of bitmap[wi], ascending
 #pragma GCC unroll 4
     for (int q = 0; q < 4; ++q) {
       const __mmask16 m = __mmask16(bits >> (16 * q));
@@ -554,7 +465,8 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
         const uint32_t* kv_block = kv.data() + (b * nkb + kb) * (di32 / 2) * kKeys;
         if (amx) amx_dots(dots.data(), qa16.data(), round_up(rows * HI, 16), di32, kv_block);
 #endif
-        if (!fused && !amx) gemm<false>(dots.data(), kKeys, qa.data(), DI, 1, kt_block, kKeys, rows * HI, kKeys, DI);
+        if (!fused && !amx) gemm<Tiles, TileStore::write>(dots.data(), kKeys, qa.data(), DI, 1, kt_block, kKeys,
+                                                          rows * HI, kKeys, DI);
         const int64_t s0 = kb * kKeys;
         for (int64_t i = first; i < rows; ++i) {
           const int64_t lim = min_i64(kKeys, valid_keys(d, t0 + i) - s0);
@@ -584,6 +496,7 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
           // only the flagged ones, eight flags per 64-bit word.
           uint32_t* rank = ranks.data();
           uint8_t* pass = passes.data();
+          // Scalar math: rank = s < lim ? rank_bits(score) : 0
 #pragma omp simd
           for (int64_t s = 0; s < kKeys; ++s) rank[s] = s < lim ? rank_bits(score.data()[s]) : 0u;
           // Real ranks are >= 1 (rank 0 would be a NaN, which ranks highest), so the keys past
@@ -597,6 +510,7 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
           (void)pass;
           const __m512i floor_v = _mm512_set1_epi64(int64_t(floor)), floor_rank_v = _mm512_set1_epi32(int(floor_rank));
           const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+          // Scalar math: append the candidates (rank << 32 | ~index) above the floor to c
           for (int64_t s = 0; s < kKeys; s += 16) {
             const __m512i rk = _mm512_loadu_si512(rank + s);
             if (!_mm512_cmpge_epu32_mask(rk, floor_rank_v)) continue;
@@ -614,6 +528,7 @@ void indexer_topk(int32_t* idx, const T* q, const T* k, const float* w, const In
             }
           }
 #else
+          // Scalar math: pass = rank >= floor_rank
 #pragma omp simd
           for (int64_t s = 0; s < kKeys; ++s) pass[s] = rank[s] >= floor_rank;
           for (int64_t word = 0; word < kKeys; word += 8) {
@@ -674,6 +589,7 @@ float row_lse(const float* x, int64_t n) {
   const float m = max_span(x, n);
   const __m512 log2e = _mm512_set1_ps(1.44269504088896341f), shift = _mm512_set1_ps(m * 1.44269504088896341f);
   __m512 sum = _mm512_setzero_ps();
+  // Scalar math: sum += exp(x - m)
   for (int64_t s = 0; s < n; s += 16) {
     const __mmask16 k = lanes(n - s);
     sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, exp2_16(_mm512_fmsub_ps(load16(x + s, k), log2e, shift))));
@@ -681,8 +597,10 @@ float row_lse(const float* x, int64_t n) {
   return m + __builtin_logf(hsum16(sum));
 #else
   float m = -__builtin_inff();
+  // Scalar math: m = max(m, x)
   for (int64_t s = 0; s < n; ++s) m = x[s] > m ? x[s] : m;
   float sum = 0;
+  // Scalar math: sum += exp(x - m)
   for (int64_t s = 0; s < n; ++s) sum += fast_exp(x[s] - m);
   return m + __builtin_logf(sum);
 #endif
@@ -697,6 +615,7 @@ double row_loss(float* sc, const float* p, const float* ok, int64_t n, int64_t c
   const __m512 zero = _mm512_setzero_ps(), lse_v = _mm512_set1_ps(lse), gs_v = _mm512_set1_ps(gs);
   const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
   __m512 acc = zero;
+  // Scalar math: loss += p (log p - (sc - lse)) where valid and p > 0; sc = valid ? gs (exp(sc - lse) - p) : 0
   for (int64_t s = 0; s < cols; s += 16) {
     const __mmask16 valid = ok ? _mm512_cmp_ps_mask(_mm512_loadu_ps(ok + s), zero, _CMP_NEQ_UQ)
                                : (s < n ? lanes(n - s) : __mmask16(0));
@@ -726,6 +645,8 @@ double row_loss(float* sc, const float* p, const float* ok, int64_t n, int64_t c
 // A sparse-stage row whose selection is small against its causal keys reads the selected key
 // rows (kr, di_pad wide, zero-padded) where they are: narrow rows (HI < 16 heads) with the per-key
 // kernels below, wide rows through GEMMs over a gathered copy (in the row's gathered path).
+// The per-key kernels are kept out of line ([[gnu::noinline]]): inlined into the one function
+// that calls them per row (kl_narrow_row), GCC compiled them into more instructions.
 
 // Requests the cache lines of a row of n floats (64-byte aligned rows), for writing if `write`.
 TITAN_INLINE void prefetch_row(const float* row, int64_t n, bool write) {
@@ -778,8 +699,8 @@ TITAN_INLINE vecf fold(const vecf* part) {
 // (cols a multiple of kVecLanes); q rows and key rows di_pad apart, zero a zeroed row. Each
 // key row is read as it is: a transposed gather of the keys (for broadcast-FMA tiles) cost a
 // scalar store per element, more than the products.
-void narrow_dots(float* dots, int64_t ld, int64_t cols, const float* q, int64_t HI, int64_t di_pad, const float* kr,
-                 const int32_t* sel, int64_t n, const float* zero) {
+[[gnu::noinline]] void narrow_dots(float* dots, int64_t ld, int64_t cols, const float* q, int64_t HI, int64_t di_pad,
+                                   const float* kr, const int32_t* sel, int64_t n, const float* zero) {
   const int64_t vecs = di_pad / kVecLanes;
   int64_t s0 = 0;
   for (; s0 < n; s0 += kVecLanes) {
@@ -795,6 +716,7 @@ void narrow_dots(float* dots, int64_t ld, int64_t cols, const float* q, int64_t 
       const float* qj = q + j * di_pad;
       vecf part[kVecLanes];
       const vecf q0 = loadv(qj);
+      // Scalar math: dots[j][s0 + fold_order(l)] = q_j . k_{sel[s0 + fold_order(l)]}
 #pragma GCC unroll 16
       for (int64_t l = 0; l < kVecLanes; ++l) part[l] = q0 * loadv(rows[l]);
       for (int64_t v = 1; v < vecs; ++v) {
@@ -836,6 +758,8 @@ TITAN_INLINE void dots4_group(__m512* v, const R* const* rows, const __m512* qv,
 #endif
     }
   };
+  // Scalar math: v[h][s] = q_h . k_s for the group's 16 keys s and the heads h < 4 (each lane: 4
+  //   dims of one head, or 4 bf16 pairs)
 #pragma GCC unroll 1
   for (int g = 0; g < 4; ++g) {
     // A quarter of the next group's rows per sub-group: spread out, the requests overlap the FMAs
@@ -870,8 +794,8 @@ TITAN_INLINE void dots4_group(__m512* v, const R* const* rows, const __m512* qv,
 }
 
 template <int C, class R = float>
-void narrow_dots4(float* dots, int64_t ld, const float* q4, int64_t HI, const R* kr, const int32_t* sel, int64_t n,
-                  const R* zero) {
+[[gnu::noinline]] void narrow_dots4(float* dots, int64_t ld, const float* q4, int64_t HI, const R* kr,
+                                    const int32_t* sel, int64_t n, const R* zero) {
   // The row stride is a constant and only the last group checks bounds: with a run-time stride,
   // a check per key and the sub-groups unrolled, GCC spilled q4's vectors and the rows to the
   // stack and broadcast from the copies, at about twice the time per key.
@@ -935,8 +859,8 @@ void narrow_dots4(int64_t di_pad, float* dots, int64_t ld, const float* q4, int6
 // over the n selected keys (distinct), key and dk rows V vectors wide, read and updated in place.
 // The dq rows of kGroup heads stay in registers while the keys stream past.
 template <int V>
-void narrow_grads(float* dq, float* dk, const float* g2, int64_t ld, const float* q, int64_t HI, const float* kr,
-                  const int32_t* sel, int64_t n) {
+[[gnu::noinline]] void narrow_grads(float* dq, float* dk, const float* g2, int64_t ld, const float* q, int64_t HI,
+                                    const float* kr, const int32_t* sel, int64_t n) {
   constexpr int kGroup = V >= 16 ? 1 : 16 / V;
   constexpr int64_t kAhead = 16;  // keys between a row's prefetch and its use
   constexpr int64_t di_pad = V * kVecLanes;
@@ -958,6 +882,7 @@ void narrow_grads(float* dq, float* dk, const float* g2, int64_t ld, const float
       vecf kv[V], dv[V];
 #pragma GCC unroll 8
       for (int v = 0; v < V; ++v) kv[v] = loadv(krow + v * kVecLanes), dv[v] = loadv(dkrow + v * kVecLanes);
+      // Scalar math: dq_j += g2[j][s] k_s; dk_s += g2[j][s] q_j, per selected key s
 #pragma GCC unroll 16
       for (int g = 0; g < kGroup; ++g) {
         if (g >= hg) break;
@@ -990,15 +915,18 @@ void narrow_grads(float* dq, float* dk, const float* g2, int64_t ld, const float
 // half the multiply-add instructions of the f32 products. g2 rows are ld apart and hold zeros
 // from n to round_up(n, 64). gh [2, ld] and gs [4, ld / 2]: scratch for g2's two pair layouts.
 template <int V>
-void narrow_grads_pairs(float* dq, float* dk, const float* g2, int64_t ld, const float* q, int64_t HI, const bf16* kb,
-                        const int32_t* sel, int64_t n, const bf16* zero, uint32_t* gh, uint32_t* gs) {
+[[gnu::noinline]] void narrow_grads_pairs(float* dq, float* dk, const float* g2, int64_t ld, const float* q, int64_t HI,
+                                          const bf16* kb, const int32_t* sel, int64_t n, const bf16* zero, uint32_t* gh,
+                                          uint32_t* gs) {
   constexpr int64_t DI = 16 * V, kAhead = 16;
   const __m512 none = _mm512_setzero_ps();
   auto g2_row = [&](int64_t h, int64_t s) { return h < HI ? _mm512_loadu_ps(g2 + h * ld + s) : none; };
   for (int64_t s = 0; s < n; s += 16) {  // gh[p][s] = (g2[2p][s], g2[2p + 1][s])
+    // Scalar math: gh[p][s] = (g2[2p][s], g2[2p + 1][s]) as a bf16 pair
     for (int64_t p = 0; p < 2; ++p) _mm512_storeu_si512(gh + p * ld + s, pack_pair_ps(g2_row(2 * p, s), g2_row(2 * p + 1, s)));
   }
   for (int64_t h = 0; h < HI; ++h) {  // gs[h][i] = (g2[h][2i], g2[h][2i + 1]): the row in bf16
+    // Scalar math: gs[h] = g2[h] in bf16
     for (int64_t s = 0; s < n; s += 32) store_bf16(reinterpret_cast<bf16*>(gs + h * (ld / 2) + s / 2), g2 + h * ld + s, 32);
   }
   __m512i qp[2][V];  // (q_{2p}, q_{2p + 1}) pairs by dim
@@ -1018,6 +946,8 @@ void narrow_grads_pairs(float* dq, float* dk, const float* g2, int64_t ld, const
     for (int v = 0; v < V; ++v) acc[h][v] = h < HI ? _mm512_loadu_ps(dq + h * DI + 16 * v) : none;
   }
   auto bcast = [](const uint32_t* x) { return reinterpret_cast<__m512bh>(_mm512_set1_epi32(int(*x))); };
+  // Scalar math: dq_h += (g2[h][s], g2[h][s + 1]) . (k_s, k_{s+1}); dk_u += sum over head pairs (g2[2p][u],
+  //   g2[2p+1][u]) . (q_2p, q_2p+1)
   for (int64_t s = 0; s < n; s += 2) {
     const bool odd = s + 1 == n;  // the last key pairs with a zero row (its g2 column is 0)
     const bf16* r0 = kb + int64_t(sel[s]) * DI;
@@ -1088,6 +1018,7 @@ int64_t increasing_selection(int32_t* sel, float* p, const int32_t* idx, const f
 #if defined(__AVX512F__)
   // Sixteen slots at a time: compress the valid ones, then check the compressed run ascends.
   const __m512i lo = _mm512_set1_epi32(-1), hi = _mm512_set1_epi32(int32_t(n_valid));
+  // Scalar math: sel, p += the valid slots (0 <= idx < n_valid) and their targets, in order
   for (; e + 16 <= K; e += 16) {
     const __m512i s = _mm512_loadu_si512(idx + e);
     const __mmask16 ok = _mm512_cmpgt_epi32_mask(s, lo) & _mm512_cmplt_epi32_mask(s, hi);
@@ -1097,6 +1028,7 @@ int64_t increasing_selection(int32_t* sel, float* p, const int32_t* idx, const f
     _mm512_storeu_ps(p + n, _mm512_maskz_compress_ps(ok, _mm512_loadu_ps(target + e)));
     n += __builtin_popcount(ok);
   }
+  // Scalar math: fail unless sel[j] < sel[j + 1] for every j
   for (int64_t j = 0; j + 1 < n; j += 16) {
     const __mmask16 pairs = _cvtu32_mask16((n - 1 - j) >= 16 ? 0xffffu : (1u << (n - 1 - j)) - 1);
     const __m512i a = _mm512_maskz_loadu_epi32(pairs, sel + j), b = _mm512_maskz_loadu_epi32(pairs, sel + j + 1);
@@ -1120,6 +1052,574 @@ constexpr int64_t kNarrowVecs = 8;
 // Wide rows: dk rows produced per GEMM before they are added to the partial sums.
 constexpr int64_t kWideChunk = 256;
 
+// ---- KL loss: the plan ----------------------------------------------------------------------
+// Both stages of the loss run each query block on one of three paths:
+// * blocked (the dense stage, and with AMX the sparse blocks of wide rows whose selections cover
+//   at least half of their causal keys): two passes over the block's key blocks, the lse of I,
+//   then target, loss and gradients per key block (kl_blocked);
+// * gathered narrow rows (the other sparse blocks, HI < 16 heads of at most 128 dims): row by row,
+//   dots against the selected key rows read in place, then per-key gradient products
+//   (kl_narrow_row);
+// * gathered wide rows (the remaining sparse blocks): row by row, the selected key rows gathered
+//   and multiplied in GEMMs with the heads as columns (kl_wide_row).
+// The plan fixes the paths and the buffer sizes of one call from its sizes, dtype and CPU.
+struct KlPlan {
+  bool dense;  // the dense warm-up stage (idx == nullptr): every causal key, the target recomputed
+  int64_t HI, DI, H, Hk, D, group;
+  int64_t di_pad, hi_pad;         // DI and HI padded to whole vectors
+  int64_t nkb, skv_pad, words;    // key blocks; keys padded to whole blocks; words of a key bitmap
+  int64_t tq, nqb, m_max, n_cap;  // queries per block; query blocks; tq * HI; one gathered selection
+  float scale, gs, inv_h;
+  int threads;
+  // bf16 in the avx512_bf16 variant: the blocked path's indexer dots and dense target products
+  // (tau mq mk^T) take bf16 pair operands (pairs) with f32 accumulation, on AMX tiles (amx) or by
+  // VDPBF16PS; its gradient products (G k, G^T q) stay f32. pair_blocks: the B operands of those
+  // products are VNNI pair blocks (kv, mkv) instead of kt, mkt. d32, di32: D, DI padded to AMX depth.
+  bool pairs = false, amx = false, pair_blocks = false;
+  int64_t d32 = 0, di32 = 0;
+  // Gathered rows: narrow (per-key kernels) or wide (GEMMs). quad: narrow rows of up to 4 heads
+  // and 64 dims (narrow_dots4, AVX-512). pair_dots: bf16 quad rows of whole 16-dim rows take their
+  // dots from the bf16 keys in place, two dims per lane (VDPBF16PS); pair_grads: their gradient
+  // products too, when the rows are whole 32-dim pairs of vectors (32 or 64 dims).
+  bool narrow, quad, pair_dots = false, pair_grads;
+  // keys_in_place: f32 keys of a whole vector width (and vector-aligned, as the per-key kernels
+  // load them) are the sparse stage's key rows as they are: only the selected rows (< Skv) are
+  // read, and a packed copy would be one more megabyte in cache per 4096 keys beside the dk
+  // partial sums. no_kr: no packed key rows at all (also for the bf16 pair products of pair_grads,
+  // which read the bf16 keys in place).
+  bool keys_in_place, no_kr;
+};
+
+template <class T>
+KlPlan make_kl_plan(const IndexerParams& d, const IndexerTargetParams& td, bool dense, const T* k,
+                    double grad_scale) {
+  KlPlan p;
+  p.dense = dense;
+  p.HI = d.HI, p.DI = d.DI, p.H = td.H, p.Hk = td.Hk, p.D = td.D, p.group = dense ? td.H / td.Hk : 1;
+  p.di_pad = round_up(p.DI, kPadLanes), p.hi_pad = round_up(p.HI, kPadLanes);
+  p.nkb = (d.Skv + kKeys - 1) / kKeys, p.skv_pad = p.nkb * kKeys, p.words = (d.Skv + 63) / 64;
+  // Queries per block. The blocked dense target multiplies each main head's [tq, D] queries by
+  // every [D, kKeys] key block, so tq is its GEMM height: 64 rows give each streamed key element 64
+  // FMAs (16 rows left it bound by L2/L3 bandwidth). tq * HI stays <= 1024 (the indexer tiles).
+  p.tq = max_i64(1, min_i64(kDenseQueries, kMaxDenseRows / p.HI));
+  p.nqb = (d.S + p.tq - 1) / p.tq, p.m_max = p.tq * p.HI;
+  p.n_cap = dense ? kKeys : round_up(max_i64(d.K, 1), kKeys);
+  p.scale = float(td.scale), p.gs = float(grad_scale), p.inv_h = dense ? 1.0f / float(p.H) : 1.0f;
+  p.threads = omp_get_max_threads();
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<T, bf16>) p.pairs = true, p.amx = cpu_amx_bf16_usable();
+  p.d32 = round_up(p.D, kAmxDepth), p.di32 = round_up(p.DI, kAmxDepth);
+  // The sparse stage takes the blocked path only with AMX (kl_covers_half).
+  p.pair_blocks = p.pairs && (dense || p.amx);
+#endif
+  p.narrow = p.HI < kPadLanes && p.di_pad <= kNarrowVecs * kVecLanes;
+  p.quad = kVecLanes == 16 && p.narrow && p.HI <= 4 && p.di_pad <= 64;
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, bf16>) p.pair_dots = p.quad && p.DI == p.di_pad;
+#endif
+  p.pair_grads = p.pair_dots && p.DI % 32 == 0;
+  p.keys_in_place = std::is_same_v<T, float> && !dense && p.DI == p.di_pad &&
+                    reinterpret_cast<uintptr_t>(k) % (kVecLanes * sizeof(float)) == 0;
+  p.no_kr = p.keys_in_place || (!dense && p.pair_grads);
+  return p;
+}
+
+// The operands every thread reads, packed once per call (one element where unused):
+//   kr [B, skv_pad, di_pad]: key rows, the B operand of dq = G k (rows past Skv zero);
+//   kt [B, nkb, DI, kKeys]: transposed key blocks, the B operand of the scores (f32 blocked path);
+//   mkt [B, Hk, nkb, D, kKeys]: transposed main key blocks, the dense target's (f32 blocked path);
+//   kv [B, nkb, di32 / 2, kKeys], mkv [B, Hk, nkb, d32 / 2, kKeys]: the same as VNNI pair blocks;
+//   dk_part [threads, B, skv_pad, di_pad]: per-thread dk partial sums, summed into dk at the end;
+//   block_loss [B * nqb]: each query block's share of the loss, summed in block order at the end:
+//   with the blocks dealt round-robin (schedule(static, 1)), every sum (the loss, each thread's dk
+//   partial) runs in the same order on every call, so the results do not vary run to run.
+template <class T>
+struct KlShared {
+  const Scratch<float> kr, kt, mkt;
+  const Scratch<uint32_t> kv, mkv;
+  const int64_t dk_len;
+  const Scratch<float> dk_part;
+  Scratch<double> block_loss;
+
+  KlShared(const KlPlan& p, const IndexerParams& d, const T* k, const T* mk)
+      : kr(p.no_kr ? 1 : d.B * p.skv_pad * p.di_pad, ScratchInit::zeroed),
+        kt(p.pairs || !p.dense ? 1 : d.B * p.nkb * p.DI * kKeys),
+        mkt(p.pairs || !p.dense ? 1 : d.B * p.Hk * p.nkb * p.D * kKeys),
+        kv(p.pair_blocks ? d.B * p.nkb * (p.di32 / 2) * kKeys : 1),
+        mkv(p.pairs && p.dense ? d.B * p.Hk * p.nkb * (p.d32 / 2) * kKeys : 1),
+        dk_len(d.B * p.skv_pad * p.di_pad),
+        dk_part(p.threads * dk_len, ScratchInit::zeroed),
+        block_loss(d.B * p.nqb, ScratchInit::zeroed) {
+    const int64_t DI = p.DI, D = p.D, Hk = p.Hk, nkb = p.nkb;
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (p.pair_blocks) {
+        pack_key_pairs(kv.data(), k, d.B, d.Skv, DI, DI, p.di32, nkb);
+        for (int64_t bh = 0; bh < (p.dense ? d.B * Hk : 0); ++bh) {
+          pack_key_pairs(mkv.data() + bh * nkb * (p.d32 / 2) * kKeys, mk + ((bh / Hk) * d.Skv * Hk + bh % Hk) * D, 1,
+                         d.Skv, D, Hk * D, p.d32, nkb);
+        }
+      }
+    }
+#endif
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < (p.no_kr ? 0 : d.B * d.Skv); ++r) {
+      const int64_t b = r / d.Skv, s = r % d.Skv;
+      pack_rows(kr.data() + (b * p.skv_pad + s) * p.di_pad, p.di_pad, k + r * DI, DI, 1, DI);
+    }
+    if (!p.pairs && p.dense) pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
+    // mk [B, Skv, Hk, D] seen as B * Hk sequences of Skv rows D wide, Hk * D apart.
+#pragma omp parallel for schedule(static)
+    for (int64_t item = 0; item < (p.pairs || !p.dense ? 0 : d.B * Hk * nkb); ++item) {
+      const int64_t bh = item / nkb, kb = item % nkb, b = bh / Hk, h = bh % Hk, s0 = kb * kKeys;
+      pack_transposed(mkt.data() + item * D * kKeys, mk + ((b * d.Skv + s0) * Hk + h) * D, Hk * D,
+                      min_i64(kKeys, d.Skv - s0), D);
+    }
+  }
+
+  // Batch b's key rows [skv_pad or Skv, di_pad] (null with no_kr).
+  const float* key_rows(const KlPlan& p, const IndexerParams& d, const T* k, int64_t b) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (p.keys_in_place) return k + b * d.Skv * p.DI;
+    }
+    return p.no_kr ? nullptr : kr.data() + b * p.skv_pad * p.di_pad;
+  }
+};
+
+// One thread's buffers (one element where its paths do not run).
+struct KlThread {
+  float* dk_acc;         // this thread's dk partial sums [B, skv_pad, di_pad]
+  double item_loss = 0;  // the current block's loss
+  // Packed queries qa [m_max, di_pad] (and mqa [H, tq, D], the f32 dense target's), the block's dq
+  // and dw sums, and the blocked path's per-row running max and sum.
+  const Scratch<float> qa, mqa, dq_acc, dw_acc, row_max, row_sum;
+  // Blocked path tiles: dots [m16, kKeys] and g2 [m_max, kKeys], scores, target and validity [tq,
+  // kKeys], the dense target's product tile [tq16, kKeys] (dots and tile rows padded to whole AMX
+  // tiles); bf16 pair A operands: query rows qa16 [m16, di32] and main queries mqa16 [H, tq16, d32],
+  // zero-padded (padding rows may hold an earlier block's rows: finite, their outputs unread).
+  const int64_t m16, tq16;
+  const Scratch<float> dots, g2, score, target, ok, tile;
+  const Scratch<bf16> qa16, mqa16;
+  // Sparse stage only: the block's selections as bitmaps selmap [tq, words] (blocked path); for the
+  // gathered paths one row's selection sel (deduplicated through `seen`) with its scores and
+  // target [n_cap]; narrow rows: dots and g2 [HI, n_cap], a zero key row (zero_row, zero16 for
+  // bf16 rows), q4 (narrow_dots4's packed heads) and g_pairs (narrow_grads_pairs' gh [2, n_cap] and
+  // gs [4, n_cap / 2]); wide rows: dT (r_dots) [n_cap, hi_pad], the gathered key rows kg [n_cap,
+  // di_pad], qT [DI, hi_pad], the padded weights wv and a chunk of dk rows dkg [kWideChunk, di_pad].
+  const Scratch<uint64_t> selmap, seen;
+  const Scratch<int32_t> sel;
+  const Scratch<float> r_dots, r_g2, r_score, r_target, zero_row;
+  const Scratch<float> kg, dkg, qT, wv, q4;
+  const Scratch<bf16> zero16;
+  const Scratch<uint32_t> g_pairs;
+
+  KlThread(const KlPlan& p, float* dk_partial)
+      : dk_acc(dk_partial),
+        qa(p.m_max * p.di_pad),
+        mqa(p.pairs || !p.dense ? 1 : p.H * p.tq * p.D),
+        dq_acc(p.m_max * p.di_pad),
+        dw_acc(p.m_max),
+        row_max(p.tq),
+        row_sum(p.tq),
+        m16(round_up(p.m_max, 16)),
+        tq16(round_up(p.tq, 16)),
+        dots(m16 * kKeys),
+        g2(p.m_max * kKeys),
+        score(p.tq * kKeys),
+        target(p.tq * kKeys),
+        ok(p.tq * kKeys),
+        tile(p.dense ? tq16 * kKeys : 1),
+        qa16(p.pair_blocks ? m16 * p.di32 : 1, ScratchInit::zeroed),
+        mqa16(p.pairs && p.dense ? p.H * tq16 * p.d32 : 1, ScratchInit::zeroed),
+        selmap(p.dense ? 1 : p.tq * p.words, ScratchInit::zeroed),
+        seen(p.dense ? 1 : p.words, ScratchInit::zeroed),
+        sel(!p.dense ? p.n_cap : 1),
+        r_dots(!p.dense ? p.hi_pad * p.n_cap : 1),
+        r_g2(!p.dense && p.narrow ? p.HI * p.n_cap : 1),
+        r_score(!p.dense ? p.n_cap : 1),
+        r_target(!p.dense ? p.n_cap : 1),
+        zero_row(!p.dense && p.narrow ? p.di_pad : 1, ScratchInit::zeroed),
+        kg(!p.dense && !p.narrow ? p.n_cap * p.di_pad : 1),
+        dkg(!p.dense && !p.narrow ? kWideChunk * p.di_pad : 1),
+        qT(!p.dense && !p.narrow ? p.DI * p.hi_pad : 1),
+        wv(!p.dense && !p.narrow ? p.hi_pad : 1),
+        q4(p.quad ? 4 * p.di_pad : 1),
+        zero16(p.pair_dots ? p.di_pad : 1, ScratchInit::zeroed),
+        g_pairs(p.pair_grads ? 4 * p.n_cap : 1) {}
+};
+
+// ---- KL loss: the paths ---------------------------------------------------------------------
+// Loss and gradient of `rows` query rows over `cols` columns (a multiple of kKeys): sc, p
+// [rows, ld] scores and target, dots [rows * HI, ld]; the valid entries are those with
+// ok_rows[i * ld + s] != 0, or s < n when ok_rows is null (row_loss). Adds the rows' KL terms to
+// loss, overwrites sc with g, writes g2 = g w 1[dot > 0] and adds g ReLU(dot) to dw (rows * HI).
+void kl_rows(double& loss, const KlPlan& pl, int64_t rows, int64_t cols, int64_t ld, float* sc_all,
+             const float* p_all, const float* dots_all, float* g2_all, const float* lse, const float* w_rows,
+             float* dw_rows, const float* ok_rows, int64_t n) {
+  const int64_t HI = pl.HI;
+  for (int64_t i = 0; i < rows; ++i) {
+    float* sc = sc_all + i * ld;
+    loss += row_loss(sc, p_all + i * ld, ok_rows ? ok_rows + i * ld : nullptr, n, cols, lse[i], pl.gs);
+    for (int64_t j = 0; j < HI; ++j) {
+      const float* dj = dots_all + (i * HI + j) * ld;
+      float* gj = g2_all + (i * HI + j) * ld;
+      vecf dw_v = vecf{};
+      const vecf wj = splat(w_rows[i * HI + j]);
+      // Scalar math: dw_j += g * ReLU(dot_j); g2_j = dot_j > 0 ? g * w_j : 0
+      for (int64_t s = 0; s < cols; s += kVecLanes) {
+        const vecf dot = loadv(dj + s), g = loadv(sc + s);
+        dw_v += g * relu(dot);
+        storev(gj + s, dot > splat(0.0f) ? g * wj : splat(0.0f));
+      }
+      float sum = 0;
+      for (int64_t v = 0; v < kVecLanes; ++v) sum += dw_v[v];
+      dw_rows[i * HI + j] += sum;
+    }
+  }
+}
+
+// Packs query block (b, t0) of `rows` queries for its path: qa (always), and per the plan the f32
+// main queries mqa or the bf16 pair operands qa16 and mqa16; zeroes its dq and dw sums.
+template <class T>
+void kl_pack_block(const KlPlan& p, KlThread& th, const T* q, const T* mq, int64_t row0, int64_t rows) {
+  const int64_t HI = p.HI, DI = p.DI, H = p.H, D = p.D, M = rows * HI;
+  pack_rows(th.qa.data(), p.di_pad, q + row0 * HI * DI, DI, M, DI);
+  if (!p.pairs && p.dense) {
+    for (int64_t h = 0; h < H; ++h) pack_rows(th.mqa.data() + h * p.tq * D, D, mq + (row0 * H + h) * D, H * D, rows, D);
+  }
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if (p.pair_blocks) {
+    for (int64_t r = 0; r < M; ++r) {
+      __builtin_memcpy(th.qa16.data() + r * p.di32, q + (row0 * HI + r) * DI, size_t(DI) * sizeof(T));
+    }
+    for (int64_t h = 0; h < (p.dense ? H : 0); ++h) {
+      for (int64_t i = 0; i < rows; ++i) {
+        __builtin_memcpy(th.mqa16.data() + (h * th.tq16 + i) * p.d32, mq + ((row0 + i) * H + h) * D,
+                         size_t(D) * sizeof(T));
+      }
+    }
+  }
+#endif
+  for (int64_t j = 0; j < M * p.di_pad; ++j) th.dq_acc.data()[j] = 0;
+  for (int64_t j = 0; j < M; ++j) th.dw_acc.data()[j] = 0;
+}
+
+// Sparse stage: each row gathers its own selection, except with AMX wide rows: there a block
+// whose selections cover at least half of its causal keys runs the blocked (dense-style) path with
+// the selections as a mask, its dots as bf16 tile products (the gathered path's GEMMs are f32).
+// Without AMX the gathered path was faster even where every causal key is selected: the blocked
+// path computes the dots twice (lse pass, then gradients), the gathered one keeps them. Marks the
+// block's valid selections in selmap on the way.
+bool kl_covers_half(const KlPlan& p, KlThread& th, const IndexerParams& d, const int32_t* idx, int64_t row0,
+                    int64_t t0, int64_t rows) {
+  int64_t picked = 0, causal = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t n = valid_keys(d, t0 + i);
+    causal += n;
+    uint64_t* bits = th.selmap.data() + i * p.words;
+    for (int64_t e = 0; e < d.K; ++e) {
+      const int32_t s = idx[(row0 + i) * d.K + e];
+      if (s < 0 || s >= n) continue;
+      picked += ((bits[s >> 6] >> (s & 63)) & 1) == 0;
+      bits[s >> 6] |= uint64_t(1) << (s & 63);
+    }
+  }
+  return 2 * picked >= causal;
+}
+
+// dots [M, kKeys] = the indexer head dot products of the block's M query rows with key block kb.
+template <class T>
+void kl_block_dots(const KlPlan& p, const KlShared<T>& sh, KlThread& th, int64_t b, int64_t kb, int64_t M) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  const uint32_t* kv_block = sh.kv.data() + (b * p.nkb + kb) * (p.di32 / 2) * kKeys;
+  if (p.amx) return amx_dots(th.dots.data(), th.qa16.data(), round_up(M, 16), p.di32, kv_block);
+  if (p.pairs) {
+    return gemm<Tiles, TileStore::write>(th.dots.data(), kKeys, reinterpret_cast<const uint32_t*>(th.qa16.data()),
+                                         p.di32 / 2, int64_t(1), kv_block, kKeys, M, kKeys, p.di32 / 2);
+  }
+#endif
+  gemm<Tiles, TileStore::write>(th.dots.data(), kKeys, th.qa.data(), p.di_pad, 1,
+                                sh.kt.data() + (b * p.nkb + kb) * p.DI * kKeys, kKeys, M, kKeys, p.DI);
+}
+
+// The blocked path for query block (b, t0) of `rows` queries (rows b * S + t0 + i): two passes over
+// its key blocks, masked to the selections in the sparse stage (selmap, from kl_covers_half).
+template <class T>
+void kl_blocked(const KlPlan& p, const KlShared<T>& sh, KlThread& th, const IndexerParams& d, const float* mlse,
+                const int32_t* idx, const float* slot_target, const float* w_blk, int64_t b, int64_t t0,
+                int64_t rows) {
+  const bool dense = p.dense;
+  const int64_t HI = p.HI, H = p.H, D = p.D, M = rows * HI, row0 = b * d.S + t0, di_pad = p.di_pad;
+  const int64_t n_last = valid_keys(d, t0 + rows - 1);
+  float* score = th.score.data();
+  float* target = th.target.data();
+  float* row_max = th.row_max.data();
+  float* row_sum = th.row_sum.data();
+  // ok[i][s] = 1 where key s0 + s counts for query row i; returns whether any does.
+  auto tile_mask = [&](int64_t s0) {
+    bool any = false;
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t n = valid_keys(d, t0 + i);
+      const uint64_t* bits = th.selmap.data() + i * p.words;
+      float* m = th.ok.data() + i * kKeys;
+      for (int64_t s = 0; s < kKeys; ++s) {
+        const int64_t key = s0 + s;
+        const bool v = key < n && (dense || ((bits[key >> 6] >> (key & 63)) & 1));
+        m[s] = v ? 1.0f : 0.0f;
+        any |= v;
+      }
+    }
+    return any;
+  };
+  auto valid = [&](int64_t i, int64_t s) { return th.ok.data()[i * kKeys + s] != 0.0f; };
+  // Pass 1: running max and sum of exp of I per row.
+  for (int64_t i = 0; i < rows; ++i) row_max[i] = -__builtin_inff(), row_sum[i] = 0;
+  for (int64_t kb = 0; kb * kKeys < n_last; ++kb) {
+    if (!tile_mask(kb * kKeys)) continue;
+    kl_block_dots(p, sh, th, b, kb, M);
+    for (int64_t i = 0; i < rows; ++i) {
+      float* sc = score + i * kKeys;
+      index_scores(sc, th.dots.data() + i * HI * kKeys, kKeys, w_blk + i * HI, HI);
+      float m = row_max[i];
+      for (int64_t s = 0; s < kKeys; ++s) m = valid(i, s) && sc[s] > m ? sc[s] : m;
+      if (m == -__builtin_inff()) continue;  // no valid key in this tile or before
+      float sum = 0;
+      // Scalar math: sum += valid ? exp(sc - m) : 0
+      for (int64_t s = 0; s < kKeys; ++s) sum += valid(i, s) ? fast_exp(sc[s] - m) : 0.0f;
+      row_sum[i] = row_sum[i] * fast_exp(row_max[i] - m) + sum;
+      row_max[i] = m;
+    }
+  }
+  for (int64_t i = 0; i < rows; ++i) row_max[i] += __builtin_logf(row_sum[i]);  // now the lse
+  // Pass 2: scores again, target, loss, gradients per key block.
+  for (int64_t kb = 0; kb * kKeys < n_last; ++kb) {
+    const int64_t s0 = kb * kKeys;
+    if (!tile_mask(s0)) continue;
+    kl_block_dots(p, sh, th, b, kb, M);
+    for (int64_t i = 0; i < rows * kKeys; ++i) target[i] = 0;
+    if (!dense) {  // the given per-slot target, scattered to this key block's columns
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t row = row0 + i, n = valid_keys(d, t0 + i);
+        for (int64_t e = 0; e < d.K; ++e) {
+          const int64_t key = idx[row * d.K + e];
+          if (key < s0 || key >= s0 + kKeys || key >= n) continue;
+          target[i * kKeys + key - s0] += slot_target[row * d.K + e];
+        }
+      }
+    }
+    for (int64_t h = 0; h < (dense ? H : 0); ++h) {
+      // The next head's key block (or this head's next one) is prefetched meanwhile.
+      const int64_t next_h = h + 1 < H ? h + 1 : 0, next_kb = h + 1 < H ? kb : kb + 1;
+      const bool has_next = next_kb * kKeys < n_last;
+      const int64_t g = h / p.group, next_g = next_h / p.group;
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+      const uint32_t* mkv_block = sh.mkv.data() + ((b * p.Hk + g) * p.nkb + kb) * (p.d32 / 2) * kKeys;
+      const bf16* mq_h = th.mqa16.data() + h * th.tq16 * p.d32;
+      if (p.amx) {
+        for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+          amx_row_block(th.tile.data() + r0 * kKeys, kKeys * 4, 16 * 4,
+                        reinterpret_cast<const char*>(mq_h + r0 * p.d32), p.d32 * 2, kAmxDepth * 2,
+                        reinterpret_cast<const char*>(mkv_block), kKeys * 4, 16 * kKeys * 4, 16 * 4,
+                        p.d32 / kAmxDepth, 4);
+        }
+      } else if (p.pairs) {
+        gemm<Tiles, TileStore::write>(th.tile.data(), kKeys, reinterpret_cast<const uint32_t*>(mq_h), p.d32 / 2,
+                                      int64_t(1), mkv_block, kKeys, rows, kKeys, p.d32 / 2);
+      }
+#endif
+      if (!p.pairs) {
+        const float* mkt = sh.mkt.data();
+        gemm<Tiles, TileStore::write>(th.tile.data(), kKeys, th.mqa.data() + h * p.tq * D, D, 1,
+                                      mkt + ((b * p.Hk + g) * p.nkb + kb) * D * kKeys, kKeys, rows, kKeys, D,
+                                      has_next ? mkt + ((b * p.Hk + next_g) * p.nkb + next_kb) * D * kKeys : nullptr,
+                                      has_next ? kKeys * kKeys : 0);
+      }
+      for (int64_t i = 0; i < rows; ++i) {
+        const float lse_h = mlse[(row0 + i) * H + h];
+        float* pt = target + i * kKeys;
+        const float* c = th.tile.data() + i * kKeys;
+        // Scalar math: p += exp(tau * mq_h . mk_s - mlse_h)
+#pragma omp simd
+        for (int64_t s = 0; s < kKeys; ++s) pt[s] += fast_exp(p.scale * c[s] - lse_h);
+      }
+    }
+    if (dense) {
+      for (int64_t i = 0; i < rows * kKeys; ++i) target[i] *= p.inv_h;
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      index_scores(score + i * kKeys, th.dots.data() + i * HI * kKeys, kKeys, w_blk + i * HI, HI);
+    }
+    kl_rows(th.item_loss, p, rows, kKeys, kKeys, score, target, th.dots.data(), th.g2.data(), row_max, w_blk,
+            th.dw_acc.data(), th.ok.data(), 0);
+    // dq += G2 k_block; dk_block += G2^T q.
+    gemm<Tiles, TileStore::accumulate>(th.dq_acc.data(), di_pad, th.g2.data(), kKeys, 1,
+                                       sh.kr.data() + (b * p.skv_pad + s0) * di_pad, di_pad, M, di_pad, kKeys);
+    gemm<Tiles, TileStore::accumulate>(th.dk_acc + (b * p.skv_pad + s0) * di_pad, di_pad, th.g2.data(), 1, kKeys,
+                                       th.qa.data(), di_pad, kKeys, di_pad, M);
+  }
+}
+
+// Row `row` of the sparse stage: its valid selection, each key once, in idx order, into th.sel
+// with its targets in th.r_target (a key listed twice gets the sum of its slots' targets; the
+// search runs only for repeats). Returns the count.
+int64_t kl_row_selection(KlThread& th, const IndexerParams& d, const int32_t* idx, const float* slot_target,
+                         int64_t row, int64_t n_valid) {
+  int32_t* sel = th.sel.data();
+  float* p = th.r_target.data();
+  uint64_t* seen = th.seen.data();
+  int64_t n = increasing_selection(sel, p, idx + row * d.K, slot_target + row * d.K, d.K, n_valid);
+  if (n >= 0) return n;
+  // A valid index repeats (or the order is not ascending): deduplicate.
+  n = 0;
+  for (int64_t e = 0; e < d.K; ++e) {
+    const int32_t s = idx[row * d.K + e];
+    if (s < 0 || s >= n_valid) continue;
+    const float pe = slot_target[row * d.K + e];
+    if ((seen[s >> 6] >> (s & 63)) & 1) {
+      int64_t j = 0;
+      while (sel[j] != s) ++j;
+      p[j] += pe;
+      continue;
+    }
+    seen[s >> 6] |= uint64_t(1) << (s & 63);
+    p[n] = pe;
+    sel[n++] = s;
+  }
+  for (int64_t j = 0; j < n; ++j) seen[sel[j] >> 6] = 0;
+  return n;
+}
+
+// A narrow gathered row (query row `row`, row i of its block) with n selected keys in th.sel:
+// dots [HI, cols] per key row read in place, scores, loss, then dq and dk per key. kr_b: batch b's
+// key rows (f32; unused with pair_grads), kb16: batch b's bf16 keys (pair_dots only).
+template <class T>
+void kl_narrow_row(const KlPlan& p, KlThread& th, [[maybe_unused]] const T* q, const float* kr_b,
+                   [[maybe_unused]] const bf16* kb16, const float* w_row, float* dk_b, [[maybe_unused]] int64_t row,
+                   int64_t i, int64_t n) {
+  const int64_t HI = p.HI, di_pad = p.di_pad, n_cap = p.n_cap;
+  const float* q_row = th.qa.data() + i * HI * di_pad;
+  float* dq_row = th.dq_acc.data() + i * HI * di_pad;
+  float* sc = th.r_score.data();
+  float* tg = th.r_target.data();
+  float* dots = th.r_dots.data();
+  const int64_t cols = round_up(n, kKeys);
+  for (int64_t s = n; s < cols; ++s) tg[s] = 0;
+#if defined(__AVX512F__)
+  if (p.quad && p.pair_dots) {
+#if defined(__AVX512BF16__)
+    // bf16 keys in place: q4[c] quarter h = head h's bf16 dims 8 c .. 8 c + 7 as 4 pairs.
+    const int64_t DI = p.DI;
+    const bf16* q16 = reinterpret_cast<const bf16*>(q) + row * HI * DI;
+    for (int64_t c = 0; c < di_pad / 8; ++c) {
+      __m512i v = _mm512_setzero_si512();
+      // Scalar math: q4[c] quarter h = head h's bf16 dims 8 c .. 8 c + 7
+      for (int64_t h = 0; h < HI; ++h) {
+        v = _mm512_mask_broadcast_i32x4(v, __mmask16(0xf << (4 * h)),
+                                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(q16 + h * DI + 8 * c)));
+      }
+      _mm512_storeu_si512(th.q4.data() + c * 16, v);
+    }
+    narrow_dots4(di_pad, dots, n_cap, th.q4.data(), HI, kb16, th.sel.data(), n, th.zero16.data());
+#endif
+  } else if (p.quad) {
+    // q4[c] quarter h = head h's dims 4 c .. 4 c + 3 (zero past HI).
+    for (int64_t c = 0; c < di_pad / 4; ++c) {
+      __m512 v = _mm512_setzero_ps();
+      // Scalar math: q4[c] quarter h = head h's dims 4 c .. 4 c + 3
+      for (int64_t h = 0; h < HI; ++h) {
+        v = _mm512_mask_broadcast_f32x4(v, __mmask16(0xf << (4 * h)), _mm_loadu_ps(q_row + h * di_pad + 4 * c));
+      }
+      _mm512_storeu_ps(th.q4.data() + c * 16, v);
+    }
+    narrow_dots4(di_pad, dots, n_cap, th.q4.data(), HI, kr_b, th.sel.data(), n, th.zero_row.data());
+  }
+  if (p.quad) {
+    for (int64_t j = 0; j < HI; ++j) {
+      for (int64_t s = round_up(n, 16); s < cols; ++s) dots[j * n_cap + s] = 0;
+    }
+  }
+#endif
+  if (!p.quad) narrow_dots(dots, n_cap, cols, q_row, HI, di_pad, kr_b, th.sel.data(), n, th.zero_row.data());
+  for (int64_t c0 = 0; c0 < cols; c0 += kKeys) index_scores(sc + c0, dots + c0, n_cap, w_row, HI);
+  const float lse = row_lse(sc, n);
+  kl_rows(th.item_loss, p, 1, cols, n_cap, sc, tg, dots, th.r_g2.data(), &lse, w_row, th.dw_acc.data() + i * HI,
+          nullptr, n);
+#if defined(__AVX512BF16__)
+  if (p.pair_grads) {
+    uint32_t* gh = th.g_pairs.data();
+    if (p.DI == 64) {
+      narrow_grads_pairs<4>(dq_row, dk_b, th.r_g2.data(), n_cap, q_row, HI, kb16, th.sel.data(), n,
+                            th.zero16.data(), gh, gh + 2 * n_cap);
+    } else {
+      narrow_grads_pairs<2>(dq_row, dk_b, th.r_g2.data(), n_cap, q_row, HI, kb16, th.sel.data(), n,
+                            th.zero16.data(), gh, gh + 2 * n_cap);
+    }
+    return;
+  }
+#endif
+  narrow_grads(di_pad / kVecLanes, dq_row, dk_b, th.r_g2.data(), n_cap, q_row, HI, kr_b, th.sel.data(), n);
+}
+
+// A wide gathered row (row i of its block) with n selected keys in th.sel: dT [n, hi_pad] =
+// kg [n, di_pad] (the selected key rows, gathered) times qT [DI, hi_pad] (the row's heads as
+// columns, zero past HI), a GEMM whose vectors span 16 heads; dT becomes G2^T in place; dq += G2 kg,
+// dk rows += G2^T q in chunks.
+void kl_wide_row(const KlPlan& p, KlThread& th, const float* kr_b, const float* w_row, float* dk_b, int64_t i,
+                 int64_t n) {
+  const int64_t HI = p.HI, DI = p.DI, di_pad = p.di_pad, hi_pad = p.hi_pad;
+  const int32_t* sel = th.sel.data();
+  const float* q_row = th.qa.data() + i * HI * di_pad;
+  float* dq_row = th.dq_acc.data() + i * HI * di_pad;
+  float* sc = th.r_score.data();
+  float* dT = th.r_dots.data();
+  float* kg = th.kg.data();
+  float* qT = th.qT.data();
+  float* wv = th.wv.data();
+  for (int64_t s = 0; s < n; ++s) {
+    const float* src = kr_b + int64_t(sel[s]) * di_pad;
+    float* dst = kg + s * di_pad;
+    for (int64_t c = 0; c < di_pad; ++c) dst[c] = src[c];
+  }
+  for (int64_t c = 0; c < DI; ++c) {
+    for (int64_t j = 0; j < hi_pad; ++j) qT[c * hi_pad + j] = j < HI ? q_row[j * di_pad + c] : 0.0f;
+  }
+  for (int64_t j = 0; j < hi_pad; ++j) wv[j] = j < HI ? w_row[j] : 0.0f;
+  gemm<Tiles, TileStore::write>(dT, hi_pad, kg, di_pad, 1, qT, hi_pad, n, hi_pad, DI);
+  for (int64_t s = 0; s < n; ++s) {
+    vecf acc = vecf{};
+    // Scalar math: sc[s] = sum_j w_j ReLU(dT[s][j])
+    for (int64_t v = 0; v < hi_pad; v += kVecLanes) acc += loadv(wv + v) * relu(loadv(dT + s * hi_pad + v));
+    float sum = 0;
+    for (int64_t l = 0; l < kVecLanes; ++l) sum += acc[l];
+    sc[s] = sum;
+  }
+  const float lse = row_lse(sc, n);
+  th.item_loss += row_loss(sc, th.r_target.data(), nullptr, n, round_up(n, kPadLanes), lse, p.gs);
+  for (int64_t v = 0; v < hi_pad; v += kVecLanes) {
+    const vecf wj = loadv(wv + v);
+    vecf dw_v = vecf{};
+    // Scalar math: dw_j += g_s ReLU(dT[s][j]); dT[s][j] = dT[s][j] > 0 ? g_s w_j : 0
+    for (int64_t s = 0; s < n; ++s) {
+      const vecf g = splat(sc[s]), dot = loadv(dT + s * hi_pad + v);
+      dw_v += g * relu(dot);
+      storev(dT + s * hi_pad + v, dot > splat(0.0f) ? g * wj : splat(0.0f));
+    }
+    for (int64_t l = 0; l < kVecLanes && v + l < HI; ++l) th.dw_acc.data()[i * HI + v + l] += dw_v[l];
+  }
+  gemm<Tiles, TileStore::accumulate>(dq_row, di_pad, dT, 1, hi_pad, kg, di_pad, HI, di_pad, n);
+  for (int64_t c0 = 0; c0 < n; c0 += kWideChunk) {
+    const int64_t m = min_i64(kWideChunk, n - c0);
+    gemm<Tiles, TileStore::write>(th.dkg.data(), di_pad, dT + c0 * hi_pad, hi_pad, 1, q_row, di_pad, m, di_pad, HI);
+    for (int64_t j = 0; j < m; ++j) {
+      float* dst = dk_b + int64_t(sel[c0 + j]) * di_pad;
+      const float* src = th.dkg.data() + j * di_pad;
+      // Scalar math: dk[sel] += dkg
+#pragma omp simd
+      for (int64_t c = 0; c < di_pad; ++c) dst[c] += src[c];
+    }
+  }
+}
+
 // Both stages of the loss. Dense (idx == nullptr): the target is recomputed from mq, mk and mlse
 // (td) over every causal key. Sparse: V_t = the valid entries of idx[t] and the target is given
 // per slot (slot_target [B, S, K], summed over a key's slots when it is listed twice); mq, mk,
@@ -1128,461 +1628,41 @@ template <class T>
 double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, const T* mq, const T* mk,
                const float* mlse, const IndexerTargetParams& td, const int32_t* idx, const float* slot_target,
                const IndexerParams& d, double grad_scale) {
-  const bool dense = idx == nullptr;
-  const int64_t HI = d.HI, DI = d.DI, H = td.H, Hk = td.Hk, D = td.D, group = dense ? td.H / td.Hk : 1;
-  const int64_t di_pad = round_up(DI, kLanes);
-  const int64_t nkb = (d.Skv + kKeys - 1) / kKeys, skv_pad = nkb * kKeys, words = (d.Skv + 63) / 64;
-  const float scale = float(td.scale), gs = float(grad_scale), inv_h = dense ? 1.0f / float(H) : 1.0f;
-  // bf16: the blocked path's indexer dot products and dense target products (tau mq mk^T) take
-  // bf16 pair operands, multiplied on AMX tiles or (without AMX) by VDPBF16PS, with f32
-  // accumulation, and its gradient products (G k, G^T q) stay f32; the narrow gathered rows' own
-  // pair products are below (pair_dots, pair_grads).
-  bool pairs = false, amx = false;
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if constexpr (std::is_same_v<T, bf16>) pairs = true, amx = cpu_amx_bf16_usable();
-  const int64_t d32 = round_up(D, kAmxDepth), di32 = round_up(DI, kAmxDepth);
-#endif
-  // Gathered rows: narrow (few heads: per-key kernels) or wide (GEMMs with heads as columns).
-  const bool narrow = HI < kLanes && di_pad <= kNarrowVecs * kVecLanes;
-  const int64_t hi_pad = round_up(HI, kLanes);
-  // Narrow rows of up to 4 heads and 64 dims: narrow_dots4 (AVX-512).
-  const bool quad = kVecLanes == 16 && narrow && HI <= 4 && di_pad <= 64;
-  // bf16 quad rows with whole 16-dim rows take their dots from the bf16 keys in place, two dims
-  // per lane (VDPBF16PS).
-  bool pair_dots = false;
-#if defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<T, bf16>) pair_dots = quad && DI == di_pad;
-#endif
-  // Their gradient products too when the rows are whole 32-dim pairs of vectors (32 or 64 dims).
-  const bool pair_grads = pair_dots && DI % 32 == 0;
-  const int threads = omp_get_max_threads();
-  // Shared packed operands. kr: key rows [B, skv_pad, di_pad] (B operand of dq = G k; rows past
-  // Skv are zero); kt: transposed key blocks [B, nkb, DI, kKeys] (B operand of the scores);
-  // mkt: transposed main key blocks [B, Hk, nkb, D, kKeys] (the dense target). kt serves the
-  // blocked path (below), which the sparse stage also takes for blocks that select most keys.
-  // kt serves the f32 blocked path only, which the sparse stage never takes (below). f32 keys of
-  // a whole vector width (and vector-aligned, as the per-key kernels load them) are the sparse
-  // stage's kr as they are: only the selected rows (< Skv) of the gathered path are read, and a
-  // packed copy would be one more megabyte in cache per 4096 keys beside the dk partial sums.
-  // The sparse stage's bf16 pair products read the bf16 keys in place and need no kr at all.
-  const bool keys_in_place = std::is_same_v<T, float> && !dense && DI == di_pad &&
-                             reinterpret_cast<uintptr_t>(k) % (kVecLanes * sizeof(float)) == 0;
-  const bool no_kr = keys_in_place || (!dense && pair_grads);
-  const Scratch<float> kr(no_kr ? 1 : d.B * skv_pad * di_pad, ScratchInit::zeroed);
-  const Scratch<float> kt(pairs || !dense ? 1 : d.B * nkb * DI * kKeys),
-      mkt(pairs || !dense ? 1 : d.B * Hk * nkb * D * kKeys);
-  auto key_rows = [&](int64_t b) -> const float* {  // [skv_pad or Skv, di_pad]: batch b's kr rows
-    if constexpr (std::is_same_v<T, float>) {
-      if (keys_in_place) return k + b * d.Skv * DI;
-    }
-    return no_kr ? nullptr : kr.data() + b * skv_pad * di_pad;
-  };
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  // With bf16 pairs the blocked path's B operands are VNNI pair blocks instead of kt and mkt: kv
-  // [B, nkb, di32 / 2, kKeys] and mkv [B, Hk, nkb, d32 / 2, kKeys]. (The sparse stage takes the
-  // blocked path only with AMX, below.)
-  const bool pair_blocks = pairs && (dense || amx);
-  const Scratch<uint32_t> kv(pair_blocks ? d.B * nkb * (di32 / 2) * kKeys : 1),
-      mkv(pairs && dense ? d.B * Hk * nkb * (d32 / 2) * kKeys : 1);
-  if constexpr (std::is_same_v<T, bf16>) {
-    if (pair_blocks) {
-      pack_key_pairs(kv.data(), k, d.B, d.Skv, DI, DI, di32, nkb);
-      for (int64_t bh = 0; bh < (dense ? d.B * Hk : 0); ++bh) {
-        pack_key_pairs(mkv.data() + bh * nkb * (d32 / 2) * kKeys, mk + ((bh / Hk) * d.Skv * Hk + bh % Hk) * D, 1,
-                       d.Skv, D, Hk * D, d32, nkb);
-      }
-    }
-  }
-#endif
-  // Per-thread dk partial sums [threads, B, skv_pad, di_pad], summed into dk at the end.
-  const int64_t dk_len = d.B * skv_pad * di_pad;
-  const Scratch<float> dk_part(threads * dk_len, ScratchInit::zeroed);
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < (no_kr ? 0 : d.B * d.Skv); ++r) {
-    const int64_t b = r / d.Skv, s = r % d.Skv;
-    pack_rows(kr.data() + (b * skv_pad + s) * di_pad, di_pad, k + r * DI, DI, 1, DI);
-  }
-  if (!pairs && dense) pack_key_blocks(kt.data(), k, d.B, d.Skv, DI, DI, nkb);
-  // mk [B, Skv, Hk, D] seen as B * Hk sequences of Skv rows D wide, Hk * D apart.
-#pragma omp parallel for schedule(static)
-  for (int64_t item = 0; item < (pairs || !dense ? 0 : d.B * Hk * nkb); ++item) {
-    const int64_t bh = item / nkb, kb = item % nkb, b = bh / Hk, h = bh % Hk, s0 = kb * kKeys;
-    pack_transposed(mkt.data() + item * D * kKeys, mk + ((b * d.Skv + s0) * Hk + h) * D, Hk * D,
-                    min_i64(kKeys, d.Skv - s0), D);
-  }
-
-  double loss = 0;
-  // Queries per block. The blocked dense target multiplies each main head's [tq, D] queries by every
-  // [D, kKeys] key block, so tq is its GEMM height: 64 rows give each streamed key element 64
-  // FMAs (16 rows left it bound by L2/L3 bandwidth). tq * HI stays <= 1024 (the indexer tiles).
-  const int64_t tq = max_i64(1, min_i64(kDenseQueries, kMaxDenseRows / HI));
-  const int64_t nqb = (d.S + tq - 1) / tq;
-  const int64_t m_max = tq * HI;
-  const int64_t n_cap = dense ? kKeys : round_up(max_i64(d.K, 1), kKeys);  // one gathered selection
-  // Each block's share of the loss, summed in block order after the parallel region: with the
-  // blocks dealt round-robin (schedule(static, 1)), every sum (the loss, each thread's dk
-  // partial) runs in the same order on every call, so the results do not vary run to run.
-  Scratch<double> block_loss(d.B * nqb, ScratchInit::zeroed);
+  const KlPlan p = make_kl_plan(d, td, idx == nullptr, k, grad_scale);
+  const KlShared<T> sh(p, d, k, mk);
+  const int64_t HI = p.HI, DI = p.DI;
 #pragma omp parallel
   {
-    double item_loss = 0;  // this thread's current block
-    float* dk_acc = dk_part.data() + omp_get_thread_num() * dk_len;
-    const Scratch<float> qa(m_max * di_pad), mqa(pairs || !dense ? 1 : H * tq * D);  // packed queries; mqa [H, tq, D]
-    const Scratch<float> dq_acc(m_max * di_pad), dw_acc(m_max), row_max(tq), row_sum(tq);
-    // Blocked path tiles: dots and g2 [tq * HI, kKeys], scores, target and validity [tq, kKeys]
-    // (dots and tile rows padded to whole AMX tiles).
-    const int64_t m16 = round_up(m_max, 16), tq16 = round_up(tq, 16);
-    const Scratch<float> dots(m16 * kKeys), g2(m_max * kKeys), score(tq * kKeys), target(tq * kKeys);
-    const Scratch<float> ok(tq * kKeys), tile(dense ? tq16 * kKeys : 1);
+    KlThread th(p, sh.dk_part.data() + omp_get_thread_num() * sh.dk_len);
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-    // bf16 pair A operands of the blocked path: query rows [m16, di32] and main queries [H, tq16,
-    // d32], zero-padded (padding rows may hold an earlier block's rows: finite, their outputs unread).
-    const Scratch<bf16> qa16(pair_blocks ? m16 * di32 : 1, ScratchInit::zeroed),
-        mqa16(pairs && dense ? H * tq16 * d32 : 1, ScratchInit::zeroed);
+    if (p.amx) amx_configure();
 #endif
-    // Sparse stage only (one element each in the dense stage): the block's selections as bitmaps
-    // [tq, words] (blocked path), and for the gathered path one row's selection (deduplicated
-    // through `seen`) with its scores and target [n_cap]; narrow rows: dots and g2 [HI, n_cap] and
-    // a zero key row; wide rows: dT [n_cap, hi_pad], the gathered key rows [n_cap, di_pad], qT
-    // [DI, hi_pad], the padded weights and a chunk of dk rows [kWideChunk, di_pad].
-    const bool gathered = !dense, wide = gathered && !narrow, thin = gathered && narrow;
-    const Scratch<uint64_t> selmap(dense ? 1 : tq * words, ScratchInit::zeroed), seen(dense ? 1 : words, ScratchInit::zeroed);
-    const Scratch<int32_t> sel(gathered ? n_cap : 1);
-    const Scratch<float> r_dots(gathered ? hi_pad * n_cap : 1), r_g2(thin ? HI * n_cap : 1),
-        r_score(gathered ? n_cap : 1), r_target(gathered ? n_cap : 1), zero_row(thin ? di_pad : 1, ScratchInit::zeroed);
-    const Scratch<float> kg(wide ? n_cap * di_pad : 1), dkg(wide ? kWideChunk * di_pad : 1),
-        qT(wide ? DI * hi_pad : 1), wv(wide ? hi_pad : 1), q4(quad ? 4 * di_pad : 1);
-    const Scratch<bf16> zero16(pair_dots ? di_pad : 1, ScratchInit::zeroed);  // the padding keys' bf16 row
-    const Scratch<uint32_t> g_pairs(pair_grads ? 4 * n_cap : 1);  // narrow_grads_pairs' gh [2, n_cap], gs [4, n_cap / 2]
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-    if (amx) amx_configure();
-#endif
-
-    // Loss and gradient of `rows` query rows over `cols` columns (a multiple of kKeys): sc, p
-    // [rows, ld] scores and target, dots [rows * HI, ld]; the valid entries are those with
-    // ok_rows[i * ld + s] != 0, or s < n when ok_rows is null (row_loss). Overwrites sc with g, writes
-    // g2 = g w 1[dot > 0] and adds g ReLU(dot) to dw (rows * HI).
-    auto loss_and_grad = [&](int64_t rows, int64_t cols, int64_t ld, float* sc_all, const float* p_all,
-                             const float* dots_all, float* g2_all, const float* lse, const float* w_rows,
-                             float* dw_rows, const float* ok_rows, int64_t n) {
-      for (int64_t i = 0; i < rows; ++i) {
-        float* sc = sc_all + i * ld;
-        item_loss += row_loss(sc, p_all + i * ld, ok_rows ? ok_rows + i * ld : nullptr, n, cols, lse[i], gs);
-        for (int64_t j = 0; j < HI; ++j) {
-          const float* dj = dots_all + (i * HI + j) * ld;
-          float* gj = g2_all + (i * HI + j) * ld;
-          vecf dw_v = vecf{};
-          const vecf wj = splat(w_rows[i * HI + j]);
-          for (int64_t s = 0; s < cols; s += kVecLanes) {
-            const vecf dot = loadv(dj + s), g = loadv(sc + s);
-            dw_v += g * relu(dot);
-            storev(gj + s, dot > splat(0.0f) ? g * wj : splat(0.0f));
-          }
-          float sum = 0;
-          for (int64_t v = 0; v < kVecLanes; ++v) sum += dw_v[v];
-          dw_rows[i * HI + j] += sum;
-        }
-      }
-    };
-
 #pragma omp for schedule(static, 1)
-    for (int64_t item = d.B * nqb - 1; item >= 0; --item) {
-      const int64_t b = item / nqb, t0 = (item % nqb) * tq, rows = min_i64(tq, d.S - t0), M = rows * HI;
+    for (int64_t item = d.B * p.nqb - 1; item >= 0; --item) {
+      const int64_t b = item / p.nqb, t0 = (item % p.nqb) * p.tq, rows = min_i64(p.tq, d.S - t0), M = rows * HI;
       const int64_t row0 = b * d.S + t0;  // first global query row
-      pack_rows(qa.data(), di_pad, q + row0 * HI * DI, DI, M, DI);
-      if (!pairs && dense) {
-        for (int64_t h = 0; h < H; ++h) pack_rows(mqa.data() + h * tq * D, D, mq + (row0 * H + h) * D, H * D, rows, D);
-      }
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-      if (pair_blocks) {
-        for (int64_t r = 0; r < M; ++r) {
-          __builtin_memcpy(qa16.data() + r * di32, q + (row0 * HI + r) * DI, size_t(DI) * sizeof(T));
-        }
-        for (int64_t h = 0; h < (dense ? H : 0); ++h) {
-          for (int64_t i = 0; i < rows; ++i) {
-            __builtin_memcpy(mqa16.data() + (h * tq16 + i) * d32, mq + ((row0 + i) * H + h) * D, size_t(D) * sizeof(T));
-          }
-        }
-      }
-#endif
-      // dots [M, kKeys] = the indexer head dot products of this block's queries with key block kb.
-      auto block_dots = [&](int64_t kb) {
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-        const uint32_t* kv_block = kv.data() + (b * nkb + kb) * (di32 / 2) * kKeys;
-        if (amx) return amx_dots(dots.data(), qa16.data(), round_up(M, 16), di32, kv_block);
-        if (pairs) {
-          return gemm<false>(dots.data(), kKeys, reinterpret_cast<const uint32_t*>(qa16.data()), di32 / 2, int64_t(1),
-                             kv_block, kKeys, M, kKeys, di32 / 2);
-        }
-#endif
-        gemm<false>(dots.data(), kKeys, qa.data(), di_pad, 1, kt.data() + (b * nkb + kb) * DI * kKeys, kKeys, M,
-                    kKeys, DI);
-      };
-      for (int64_t j = 0; j < M * di_pad; ++j) dq_acc.data()[j] = 0;
-      for (int64_t j = 0; j < M; ++j) dw_acc.data()[j] = 0;
       const float* w_blk = w + row0 * HI;
-
-      // Sparse stage: each row gathers its own selection, except with AMX wide rows: there a
-      // block whose selections cover at least half of its causal keys runs the blocked
-      // (dense-style) path with the selections as a mask, its dots as bf16 tile products (the
-      // gathered path's GEMMs are f32). Without AMX the gathered path was faster even where every
-      // causal key is selected: the blocked path computes the dots twice (lse pass, then
-      // gradients), the gathered one keeps them.
-      bool blocked = dense;
-      if (!dense && amx && !narrow) {
-        int64_t picked = 0, causal = 0;
-        for (int64_t i = 0; i < rows; ++i) {
-          const int64_t n = valid_keys(d, t0 + i);
-          causal += n;
-          uint64_t* bits = selmap.data() + i * words;
-          for (int64_t e = 0; e < d.K; ++e) {
-            const int32_t s = idx[(row0 + i) * d.K + e];
-            if (s < 0 || s >= n) continue;
-            picked += ((bits[s >> 6] >> (s & 63)) & 1) == 0;
-            bits[s >> 6] |= uint64_t(1) << (s & 63);
-          }
-        }
-        blocked = 2 * picked >= causal;
-      }
-
+      kl_pack_block(p, th, q, mq, row0, rows);
+      const bool blocked = p.dense || (p.amx && !p.narrow && kl_covers_half(p, th, d, idx, row0, t0, rows));
       if (blocked) {
-        const int64_t n_last = valid_keys(d, t0 + rows - 1);
-        // ok[i][s] = 1 where key s0 + s counts for query row i; returns whether any does.
-        auto tile_mask = [&](int64_t s0) {
-          bool any = false;
-          for (int64_t i = 0; i < rows; ++i) {
-            const int64_t n = valid_keys(d, t0 + i);
-            const uint64_t* bits = selmap.data() + i * words;
-            float* m = ok.data() + i * kKeys;
-            for (int64_t s = 0; s < kKeys; ++s) {
-              const int64_t key = s0 + s;
-              const bool v = key < n && (dense || ((bits[key >> 6] >> (key & 63)) & 1));
-              m[s] = v ? 1.0f : 0.0f;
-              any |= v;
-            }
-          }
-          return any;
-        };
-        auto valid = [&](int64_t i, int64_t s) { return ok.data()[i * kKeys + s] != 0.0f; };
-        // Pass 1: running max and sum of exp of I per row.
-        for (int64_t i = 0; i < rows; ++i) row_max.data()[i] = -__builtin_inff(), row_sum.data()[i] = 0;
-        for (int64_t kb = 0; kb * kKeys < n_last; ++kb) {
-          if (!tile_mask(kb * kKeys)) continue;
-          block_dots(kb);
-          for (int64_t i = 0; i < rows; ++i) {
-            float* sc = score.data() + i * kKeys;
-            index_scores(sc, dots.data() + i * HI * kKeys, kKeys, w_blk + i * HI, HI);
-            float m = row_max.data()[i];
-            for (int64_t s = 0; s < kKeys; ++s) m = valid(i, s) && sc[s] > m ? sc[s] : m;
-            if (m == -__builtin_inff()) continue;  // no valid key in this tile or before
-            float sum = 0;
-            for (int64_t s = 0; s < kKeys; ++s) sum += valid(i, s) ? fast_exp(sc[s] - m) : 0.0f;
-            row_sum.data()[i] = row_sum.data()[i] * fast_exp(row_max.data()[i] - m) + sum;
-            row_max.data()[i] = m;
-          }
-        }
-        for (int64_t i = 0; i < rows; ++i) row_max.data()[i] += __builtin_logf(row_sum.data()[i]);  // now the lse
-        // Pass 2: scores again, target, loss, gradients per key block.
-        for (int64_t kb = 0; kb * kKeys < n_last; ++kb) {
-          const int64_t s0 = kb * kKeys;
-          if (!tile_mask(s0)) continue;
-          block_dots(kb);
-          for (int64_t i = 0; i < rows * kKeys; ++i) target.data()[i] = 0;
-          if (!dense) {  // the given per-slot target, scattered to this key block's columns
-            for (int64_t i = 0; i < rows; ++i) {
-              const int64_t row = row0 + i, n = valid_keys(d, t0 + i);
-              for (int64_t e = 0; e < d.K; ++e) {
-                const int64_t key = idx[row * d.K + e];
-                if (key < s0 || key >= s0 + kKeys || key >= n) continue;
-                target.data()[i * kKeys + key - s0] += slot_target[row * d.K + e];
-              }
-            }
-          }
-          for (int64_t h = 0; h < (dense ? H : 0); ++h) {
-            // The next head's key block (or this head's next one) is prefetched meanwhile.
-            const int64_t next_h = h + 1 < H ? h + 1 : 0, next_kb = h + 1 < H ? kb : kb + 1;
-            const bool has_next = next_kb * kKeys < n_last;
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-            const uint32_t* mkv_block = mkv.data() + ((b * Hk + h / group) * nkb + kb) * (d32 / 2) * kKeys;
-            if (amx) {
-              for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-                amx_row_block(tile.data() + r0 * kKeys, kKeys * 4, 16 * 4,
-                              reinterpret_cast<const char*>(mqa16.data() + (h * tq16 + r0) * d32), d32 * 2,
-                              kAmxDepth * 2, reinterpret_cast<const char*>(mkv_block), kKeys * 4, 16 * kKeys * 4,
-                              16 * 4, d32 / kAmxDepth, 4);
-              }
-            } else if (pairs) {
-              gemm<false>(tile.data(), kKeys, reinterpret_cast<const uint32_t*>(mqa16.data() + h * tq16 * d32), d32 / 2,
-                          int64_t(1), mkv_block, kKeys, rows, kKeys, d32 / 2);
-            }
-#endif
-            if (!pairs) {
-              gemm<false>(tile.data(), kKeys, mqa.data() + h * tq * D, D, 1,
-                          mkt.data() + ((b * Hk + h / group) * nkb + kb) * D * kKeys, kKeys, rows, kKeys, D,
-                          has_next ? mkt.data() + ((b * Hk + next_h / group) * nkb + next_kb) * D * kKeys : nullptr,
-                          has_next ? kKeys * kKeys : 0);
-            }
-            for (int64_t i = 0; i < rows; ++i) {
-              const float lse_h = mlse[(row0 + i) * H + h];
-              float* p = target.data() + i * kKeys;
-              const float* c = tile.data() + i * kKeys;
-#pragma omp simd
-              for (int64_t s = 0; s < kKeys; ++s) p[s] += fast_exp(scale * c[s] - lse_h);
-            }
-          }
-          if (dense) {
-            for (int64_t i = 0; i < rows * kKeys; ++i) target.data()[i] *= inv_h;
-          }
-          for (int64_t i = 0; i < rows; ++i) {
-            index_scores(score.data() + i * kKeys, dots.data() + i * HI * kKeys, kKeys, w_blk + i * HI, HI);
-          }
-          loss_and_grad(rows, kKeys, kKeys, score.data(), target.data(), dots.data(), g2.data(), row_max.data(), w_blk,
-                        dw_acc.data(), ok.data(), 0);
-          // dq += G2 k_block; dk_block += G2^T q.
-          gemm<true>(dq_acc.data(), di_pad, g2.data(), kKeys, 1, kr.data() + (b * skv_pad + s0) * di_pad, di_pad, M,
-                     di_pad, kKeys);
-          gemm<true>(dk_acc + (b * skv_pad + s0) * di_pad, di_pad, g2.data(), 1, kKeys, qa.data(), di_pad, kKeys,
-                     di_pad, M);
-        }
+        kl_blocked(p, sh, th, d, mlse, idx, slot_target, w_blk, b, t0, rows);
       } else {
+        const float* kr_b = sh.key_rows(p, d, k, b);
+        const bf16* kb16 = std::is_same_v<T, bf16> ? reinterpret_cast<const bf16*>(k) + b * d.Skv * DI : nullptr;
+        float* dk_b = th.dk_acc + b * p.skv_pad * p.di_pad;
         for (int64_t i = 0; i < rows; ++i) {
-          // This row's valid selection, each key once, in idx order, with its target (a key
-          // listed twice gets the sum of its slots' targets; the search runs only for repeats).
-          const int64_t row = row0 + i, n_valid = valid_keys(d, t0 + i);
-          float* p = r_target.data();
-          int64_t n = increasing_selection(sel.data(), p, idx + row * d.K, slot_target + row * d.K, d.K, n_valid);
-          if (n < 0) {  // a valid index repeats (or the order is not ascending): deduplicate
-            n = 0;
-            for (int64_t e = 0; e < d.K; ++e) {
-              const int32_t s = idx[row * d.K + e];
-              if (s < 0 || s >= n_valid) continue;
-              const float pe = slot_target[row * d.K + e];
-              if ((seen.data()[s >> 6] >> (s & 63)) & 1) {
-                int64_t j = 0;
-                while (sel.data()[j] != s) ++j;
-                p[j] += pe;
-                continue;
-              }
-              seen.data()[s >> 6] |= uint64_t(1) << (s & 63);
-              p[n] = pe;
-              sel.data()[n++] = s;
-            }
-            for (int64_t j = 0; j < n; ++j) seen.data()[sel.data()[j] >> 6] = 0;
-          }
+          const int64_t n = kl_row_selection(th, d, idx, slot_target, row0 + i, valid_keys(d, t0 + i));
           if (n == 0) continue;  // no valid key: no loss, zero gradients
-          const float* q_row = qa.data() + i * HI * di_pad;
-          const float* w_row = w_blk + i * HI;
-          const float* kr_b = key_rows(b);
-          float* dq_row = dq_acc.data() + i * HI * di_pad;
-          float* dk_b = dk_acc + b * skv_pad * di_pad;
-          float* sc = r_score.data();
-          if (narrow) {
-            // Dots [HI, cols] per key row in place, scores, loss, then dq and dk per key.
-            const int64_t cols = round_up(n, kKeys);
-            for (int64_t s = n; s < cols; ++s) p[s] = 0;
-#if defined(__AVX512F__)
-            if (quad && pair_dots) {
-#if defined(__AVX512BF16__)
-              // bf16 keys in place: q4[c] quarter h = head h's bf16 dims 8 c .. 8 c + 7 as 4 pairs.
-              const bf16* q16 = reinterpret_cast<const bf16*>(q) + (row0 + i) * HI * DI;
-              for (int64_t c = 0; c < di_pad / 8; ++c) {
-                __m512i v = _mm512_setzero_si512();
-                for (int64_t h = 0; h < HI; ++h) {
-                  v = _mm512_mask_broadcast_i32x4(v, __mmask16(0xf << (4 * h)),
-                                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(q16 + h * DI + 8 * c)));
-                }
-                _mm512_storeu_si512(q4.data() + c * 16, v);
-              }
-              narrow_dots4(di_pad, r_dots.data(), n_cap, q4.data(), HI, reinterpret_cast<const bf16*>(k) + b * d.Skv * DI,
-                           sel.data(), n, zero16.data());
-#endif
-            } else if (quad) {
-              // q4[c] quarter h = head h's dims 4 c .. 4 c + 3 (zero past HI).
-              for (int64_t c = 0; c < di_pad / 4; ++c) {
-                __m512 v = _mm512_setzero_ps();
-                for (int64_t h = 0; h < HI; ++h) {
-                  v = _mm512_mask_broadcast_f32x4(v, __mmask16(0xf << (4 * h)), _mm_loadu_ps(q_row + h * di_pad + 4 * c));
-                }
-                _mm512_storeu_ps(q4.data() + c * 16, v);
-              }
-              narrow_dots4(di_pad, r_dots.data(), n_cap, q4.data(), HI, kr_b, sel.data(), n, zero_row.data());
-            }
-            if (quad) {
-              for (int64_t j = 0; j < HI; ++j) {
-                for (int64_t s = round_up(n, 16); s < cols; ++s) r_dots.data()[j * n_cap + s] = 0;
-              }
-            }
-#endif
-            if (!quad) narrow_dots(r_dots.data(), n_cap, cols, q_row, HI, di_pad, kr_b, sel.data(), n, zero_row.data());
-            for (int64_t c0 = 0; c0 < cols; c0 += kKeys) index_scores(sc + c0, r_dots.data() + c0, n_cap, w_row, HI);
-            const float lse = row_lse(sc, n);
-            loss_and_grad(1, cols, n_cap, sc, p, r_dots.data(), r_g2.data(), &lse, w_row, dw_acc.data() + i * HI,
-                          nullptr, n);
-#if defined(__AVX512BF16__)
-            if (pair_grads) {
-              const bf16* kb = reinterpret_cast<const bf16*>(k) + b * d.Skv * DI;
-              if (DI == 64) {
-                narrow_grads_pairs<4>(dq_row, dk_b, r_g2.data(), n_cap, q_row, HI, kb, sel.data(), n, zero16.data(),
-                                      g_pairs.data(), g_pairs.data() + 2 * n_cap);
-              } else {
-                narrow_grads_pairs<2>(dq_row, dk_b, r_g2.data(), n_cap, q_row, HI, kb, sel.data(), n, zero16.data(),
-                                      g_pairs.data(), g_pairs.data() + 2 * n_cap);
-              }
-              continue;
-            }
-#endif
-            narrow_grads(di_pad / kVecLanes, dq_row, dk_b, r_g2.data(), n_cap, q_row, HI, kr_b, sel.data(), n);
-            continue;
-          }
-          // Wide rows: dT [n, hi_pad] = kg [n, di_pad] (the selected key rows, gathered) times
-          // qT [DI, hi_pad] (the row's heads as columns, zero past HI), a GEMM whose vectors span
-          // 16 heads; dT becomes G2^T in place; dq += G2 kg, dk rows += G2^T q in chunks.
-          float* dT = r_dots.data();
-          for (int64_t s = 0; s < n; ++s) {
-            const float* src = kr_b + int64_t(sel.data()[s]) * di_pad;
-            float* dst = kg.data() + s * di_pad;
-            for (int64_t c = 0; c < di_pad; ++c) dst[c] = src[c];
-          }
-          for (int64_t c = 0; c < DI; ++c) {
-            for (int64_t j = 0; j < hi_pad; ++j) qT.data()[c * hi_pad + j] = j < HI ? q_row[j * di_pad + c] : 0.0f;
-          }
-          for (int64_t j = 0; j < hi_pad; ++j) wv.data()[j] = j < HI ? w_row[j] : 0.0f;
-          gemm<false>(dT, hi_pad, kg.data(), di_pad, 1, qT.data(), hi_pad, n, hi_pad, DI);
-          for (int64_t s = 0; s < n; ++s) {
-            vecf acc = vecf{};
-            for (int64_t v = 0; v < hi_pad; v += kVecLanes) acc += loadv(wv.data() + v) * relu(loadv(dT + s * hi_pad + v));
-            float sum = 0;
-            for (int64_t l = 0; l < kVecLanes; ++l) sum += acc[l];
-            sc[s] = sum;
-          }
-          const float lse = row_lse(sc, n);
-          item_loss += row_loss(sc, p, nullptr, n, round_up(n, kLanes), lse, gs);
-          for (int64_t v = 0; v < hi_pad; v += kVecLanes) {
-            const vecf wj = loadv(wv.data() + v);
-            vecf dw_v = vecf{};
-            for (int64_t s = 0; s < n; ++s) {
-              const vecf g = splat(sc[s]), dot = loadv(dT + s * hi_pad + v);
-              dw_v += g * relu(dot);
-              storev(dT + s * hi_pad + v, dot > splat(0.0f) ? g * wj : splat(0.0f));
-            }
-            for (int64_t l = 0; l < kVecLanes && v + l < HI; ++l) dw_acc.data()[i * HI + v + l] += dw_v[l];
-          }
-          gemm<true>(dq_row, di_pad, dT, 1, hi_pad, kg.data(), di_pad, HI, di_pad, n);
-          for (int64_t c0 = 0; c0 < n; c0 += kWideChunk) {
-            const int64_t m = min_i64(kWideChunk, n - c0);
-            gemm<false>(dkg.data(), di_pad, dT + c0 * hi_pad, hi_pad, 1, q_row, di_pad, m, di_pad, HI);
-            for (int64_t j = 0; j < m; ++j) {
-              float* dst = dk_b + int64_t(sel.data()[c0 + j]) * di_pad;
-              const float* src = dkg.data() + j * di_pad;
-#pragma omp simd
-              for (int64_t c = 0; c < di_pad; ++c) dst[c] += src[c];
-            }
+          if (p.narrow) {
+            kl_narrow_row(p, th, q, kr_b, kb16, w_blk + i * HI, dk_b, row0 + i, i, n);
+          } else {
+            kl_wide_row(p, th, kr_b, w_blk + i * HI, dk_b, i, n);
           }
         }
       }
-      if (!dense) {  // leave the selection bitmaps zeroed for the next block
+      if (!p.dense) {  // leave the selection bitmaps zeroed for the next block
         for (int64_t i = 0; i < rows; ++i) {
-          uint64_t* bits = selmap.data() + i * words;
+          uint64_t* bits = th.selmap.data() + i * p.words;
           for (int64_t e = 0; e < d.K; ++e) {
             const int32_t s = idx[(row0 + i) * d.K + e];
             if (s >= 0 && s < d.Skv) bits[s >> 6] = 0;
@@ -1592,34 +1672,35 @@ double kl_loss(T* dq, T* dk, float* dw, const T* q, const T* k, const float* w, 
       // This block's dq and dw rows are complete.
       for (int64_t r = 0; r < M; ++r) {
         T* out = dq + (row0 * HI + r) * DI;
-        const float* in = dq_acc.data() + r * di_pad;
+        const float* in = th.dq_acc.data() + r * p.di_pad;
         for (int64_t c = 0; c < DI; ++c) out[c] = from_f32<T>(in[c]);
-        dw[row0 * HI + r] = dw_acc.data()[r];
+        dw[row0 * HI + r] = th.dw_acc.data()[r];
       }
-      block_loss.data()[item] = item_loss;
-      item_loss = 0;
+      sh.block_loss.data()[item] = th.item_loss;
+      th.item_loss = 0;
     }
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-    if (amx) _tile_release();
+    if (p.amx) _tile_release();
 #endif
   }
   // dk = the sum of the per-thread partials.
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < d.B * d.Skv; ++r) {
     const int64_t b = r / d.Skv, s = r % d.Skv;
-    const int64_t off = (b * skv_pad + s) * di_pad;
-    float* acc = dk_part.data() + off;
-    for (int th = 1; th < threads; ++th) {
-      const float* part = dk_part.data() + th * dk_len + off;
+    const int64_t off = (b * p.skv_pad + s) * p.di_pad;
+    float* acc = sh.dk_part.data() + off;
+    for (int t = 1; t < p.threads; ++t) {
+      const float* part = sh.dk_part.data() + t * sh.dk_len + off;
+      // Scalar math: dk += part
 #pragma omp simd
       for (int64_t c = 0; c < DI; ++c) acc[c] += part[c];
     }
     for (int64_t c = 0; c < DI; ++c) dk[r * DI + c] = from_f32<T>(acc[c]);
   }
-  for (int64_t item = 0; item < d.B * nqb; ++item) loss += block_loss.data()[item];
+  double loss = 0;
+  for (int64_t item = 0; item < d.B * p.nqb; ++item) loss += sh.block_loss.data()[item];
   return loss;
 }
-
 }  // namespace
 
 template <class T>
@@ -1648,6 +1729,7 @@ void hadamard_transform(T* x, int64_t rows, int64_t n) {
       // Butterflies: after the pass of width h, v holds the transform of each aligned 2h block.
       for (int64_t h = 1; h < n; h *= 2) {
         for (int64_t i0 = 0; i0 < n; i0 += 2 * h) {
+          // Scalar math: (v[i], v[i + h]) = (v[i] + v[i + h], v[i] - v[i + h])
 #pragma omp simd
           for (int64_t i = i0; i < i0 + h; ++i) {
             const float a = v[i], c = v[i + h];

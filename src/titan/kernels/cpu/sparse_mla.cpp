@@ -12,6 +12,7 @@
 #include "titan/core/cpu_features.h"
 #include "titan/kernels/cpu/isa.h"
 #include "titan/kernels/cpu/scratch.h"
+#include "titan/kernels/cpu/tile_gemm.h"
 #if defined(TITAN_AVX512_ROWS)
 #include "titan/kernels/cpu/avx512.h"
 #endif
@@ -22,90 +23,22 @@ namespace {
 
 constexpr float kInf = __builtin_inff();
 
-// Accumulator rows are padded to a multiple of 16 floats: whole vectors at every ISA level.
-constexpr int64_t kLanes = 16;
-
-// Register tile (over vecf, cpu/isa.h) of every product: kRows x kVecs accumulators, kVecs B
-// vectors and a broadcast fit the register file. AVX-512 uses
-// 8 x 3: 16 heads fill two row tiles exactly, and a one-vector tile (the scores of 16 heads)
-// still has 8 independent FMA chains (about 8% less CPU time than 6 x 4 at H = 16).
+// The products' register tiles (cpu/tile_gemm.h), depth unchunked. AVX-512 uses 8 x 3: 16 heads
+// fill two row tiles exactly, and a one-vector tile (the scores of 16 heads) still has 8
+// independent FMA chains (about 8% less CPU time than 6 x 4 at H = 16). Every product's rows are
+// padded to whole row tiles (Plan::Hr, Kp; n_pad).
+struct Tiles : TileDefaults {
 #if defined(__AVX512F__)
-constexpr int kRows = 8, kVecs = 3;
+  static constexpr int kRows = 8, kVecs = 3;
 #elif defined(__AVX2__)
-constexpr int kRows = 6, kVecs = 2;
+  static constexpr int kRows = 6, kVecs = 2;
 #else
-constexpr int kRows = 4, kVecs = 2;
+  static constexpr int kRows = 4, kVecs = 2;
 #endif
-
-// c[r][col, col + Vecs * kVecLanes) (+)= sum_k a(r, k) b[k * ldb + (0, Vecs * kVecLanes)] for r < kRows,
-// with a(r, k) = a[r * a_row + k * a_k] (so A may be read transposed) and C rows given by
-// pointer (a dense buffer, or the scattered dkv rows of the selected keys). The sums stay in
-// registers over the whole inner loop and touch each C row once. E is float (f32 FMA) or, in
-// the avx512_bf16 variant, uint32_t: bf16 pairs, k counting pairs, a(r, k) one pair broadcast
-// into VDPBF16PS against B rows of 16 pairs (the VNNI layout of cpu/bf16_pairs.h).
-template <int Vecs, bool kAdd, class E>
-TITAN_INLINE void tile(float* const* c, int64_t col, const E* a, int64_t a_row, int64_t a_k, const E* b,
-                       int64_t ldb, int64_t inner) {
-  vecf acc[kRows][Vecs];
-  tile_products(acc, a, a_row, a_k, b, ldb, inner);
-#pragma GCC unroll 8
-  for (int r = 0; r < kRows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < Vecs; ++v) {
-      vecf* dst = reinterpret_cast<vecf*>(c[r] + col + v * kVecLanes);
-      if constexpr (kAdd) {
-        *dst = *dst + acc[r][v];
-      } else {
-        *dst = acc[r][v];
-      }
-    }
-  }
-}
-
-// The last column strip may hold fewer than kVecs vectors.
-template <int Vecs, bool kAdd, class E>
-TITAN_INLINE void tile_tail(int64_t vecs, float* const* c, int64_t col, const E* a, int64_t a_row, int64_t a_k,
-                            const E* b, int64_t ldb, int64_t inner) {
-  if (vecs == Vecs) {
-    tile<Vecs, kAdd>(c, col, a, a_row, a_k, b, ldb, inner);
-  } else if constexpr (Vecs > 1) {
-    tile_tail<Vecs - 1, kAdd>(vecs, c, col, a, a_row, a_k, b, ldb, inner);
-  }
-}
-
-// C[M, N] (+)= A(M x inner) B[inner, N] with C rows c[0, M), M a multiple of kRows and N of
-// kVecLanes (E as in tile: f32, or bf16 pairs with inner counting pairs). Overwriting products
-// (C a dense local buffer): column strips outermost, so one strip of B is reused by every row
-// tile. Adding products (C the scattered dkv rows of a buffer far larger than L2): row tiles
-// outermost, each walking its rows left to right, and every strip step prefetches the same strip
-// of the next row tile, a whole row tile (all of B) ahead. The tile touches its C rows only after
-// its inner loop, too late for out-of-order execution to hide the misses, which were half the
-// time of the dkv product.
-template <bool kAdd, class E>
-void gemm_rows(float* const* c, const E* a, int64_t a_row, int64_t a_k, const E* b, int64_t ldb, int64_t M,
-               int64_t N, int64_t inner) {
-  const int64_t strip = kVecs * kVecLanes;
-  if constexpr (kAdd) {
-    for (int64_t r = 0; r < M; r += kRows) {
-      for (int64_t col = 0; col < N; col += strip) {
-        const int64_t vecs = (N - col) / kVecLanes < kVecs ? (N - col) / kVecLanes : kVecs;
-        for (int64_t rr = r + kRows; rr < r + 2 * kRows && rr < M; ++rr) {
-          for (int64_t e = 0; e < vecs * kVecLanes; e += kLanes) __builtin_prefetch(c[rr] + col + e, 1, 3);
-        }
-        tile_tail<kVecs, kAdd>(vecs, c + r, col, a + r * a_row, a_row, a_k, b + col, ldb, inner);
-      }
-    }
-  } else {
-    for (int64_t col = 0; col < N; col += strip) {
-      const int64_t vecs = (N - col) / kVecLanes < kVecs ? (N - col) / kVecLanes : kVecs;
-      for (int64_t r = 0; r < M; r += kRows) {
-        tile_tail<kVecs, kAdd>(vecs, c + r, col, a + r * a_row, a_row, a_k, b + col, ldb, inner);
-      }
-    }
-  }
-}
-
-TITAN_INLINE int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+  static constexpr int kNarrowRows = kRows;
+  static constexpr bool kRowTails = false;
+};
+constexpr int kRows = Tiles::kRows;
 
 // Padded sizes of the per-query buffers, shared by the forward and the backward.
 struct Plan {
@@ -117,7 +50,7 @@ struct Plan {
 };
 
 Plan make_plan(const SparseMlaParams& d) {
-  return {round_up(d.Dqk, kLanes), round_up(d.Dv, kLanes), round_up(d.H, kLanes), round_up(d.H, kRows),
+  return {round_up(d.Dqk, kPadLanes), round_up(d.Dv, kPadLanes), round_up(d.H, kPadLanes), round_up(d.H, kRows),
           round_up(d.K, kRows)};
 }
 
@@ -138,6 +71,7 @@ void transpose_heads(float* dst, int64_t ld_dst, const T* src, int64_t ld_src, i
     for (int64_t r0 = 0; r0 < rows_done; r0 += 16) {
       for (int64_t c0 = 0; c0 < cols_done; c0 += 16) {
         transpose16_u32(blk, 16, reinterpret_cast<const uint32_t*>(src + r0 * ld_src + c0), ld_src);
+        // Scalar math: dst[c0 + i][r0, r0 + 16) = scale * (the 16 x 16 block of src, transposed)[i]
         for (int64_t i = 0; i < 16; ++i) {
           _mm512_storeu_ps(dst + (c0 + i) * ld_dst + r0,
                            _mm512_mul_ps(sv, _mm512_castsi512_ps(_mm512_load_si512(blk + 16 * i))));
@@ -147,6 +81,7 @@ void transpose_heads(float* dst, int64_t ld_dst, const T* src, int64_t ld_src, i
   }
 #endif
   for (int64_t r = 0; r < rows; ++r) {
+    // Scalar math: dst[c][r] = scale * src[r][c]
     for (int64_t c = r < rows_done ? cols_done : 0; c < cols; ++c) dst[c * ld_dst + r] = scale * to_f32(src[r * ld_src + c]);
   }
 }
@@ -178,6 +113,7 @@ int64_t gather_valid(float* g, int64_t ldg, int32_t* keys, const T* kv, const in
     if (s < 0 || int64_t(s) > t + (d.Skv - d.S)) continue;
     const T* src = kv + int64_t(s) * d.Dqk;
     float* dst = g + n * ldg;
+    // Scalar math: g[n] = kv row s, as f32
 #pragma omp simd
     for (int64_t c = 0; c < d.Dqk; ++c) dst[c] = to_f32(src[c]);
     keys[n++] = s;
@@ -204,9 +140,11 @@ void write_head_mean(float* hm, const float* p, int64_t ld, const float* mul, co
     const float* row = p + j++ * ld;
     float sum = 0.0f;
     if (mul) {
+      // Scalar math: sum += P[j, h] (unnormalized) / sum_h
 #pragma omp simd reduction(+ : sum)
       for (int64_t h = 0; h < d.H; ++h) sum += row[h] * mul[h];
     } else {
+      // Scalar math: sum += P[j, h]
 #pragma omp simd reduction(+ : sum)
       for (int64_t h = 0; h < d.H; ++h) sum += row[h];
     }
@@ -258,6 +196,7 @@ int64_t gather_pairs(bf16* g, uint32_t* pairs, int64_t pairs_ld, int64_t width, 
   }
   if (n % 2 == 1) pack_row_pair(pairs + n / 2 * pairs_ld, g + (n - 1) * d.Dqk, nullptr, width);
   for (int64_t j = (n + 1) / 2; j < round_up((n + 1) / 2, 16); ++j) {
+    // Scalar math: pairs[j] = 0
 #pragma omp simd
     for (int64_t col = 0; col < width; ++col) pairs[j * pairs_ld + col] = 0;
   }
@@ -323,7 +262,6 @@ void forward_bf16_pairs(bf16* o, float* lse, float* head_mean, const bf16* q, co
     Scratch<uint32_t> vb(K2 * p.Dvp, ScratchInit::zeroed);  // [K2, Dvp] value row pairs
     Scratch<float> out(p.Hs * p.Dvp, ScratchInit::zeroed);  // [Hs, Dvp] o rows
     Scratch<float> m(p.Hs, ScratchInit::zeroed), l(p.Hs, ScratchInit::zeroed);
-    Scratch<float*> c(Kt > p.Hs ? Kt : p.Hs, ScratchInit::zeroed);  // C rows of the VDPBF16PS products
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bt = 0; bt < d.B * d.S; ++bt) {
       const int64_t b = bt / d.S, t = bt % d.S;
@@ -343,14 +281,14 @@ void forward_bf16_pairs(bf16* o, float* lse, float* head_mean, const bf16* q, co
         rows_times_heads(st.data(), p.Hs, g.data(), qv.data(), round_up(n, 16), d.Dqk);
       } else {
         const int64_t n_pad = round_up(n, kRows);
-        for (int64_t r = 0; r < n_pad; ++r) c.data()[r] = st.data() + r * p.Hs;
-        gemm_rows<false>(c.data(), reinterpret_cast<const uint32_t*>(g.data()), Dq2, int64_t(1), qv.data(), p.Hs,
-                         n_pad, p.Hs, Dq2);
+        gemm<Tiles, TileStore::write>(st.data(), p.Hs, reinterpret_cast<const uint32_t*>(g.data()), Dq2, int64_t(1),
+                                      qv.data(), p.Hs, n_pad, p.Hs, Dq2);
       }
       // Softmax over the n slots of each head as in the f32 path, with the scale applied here.
       for (int64_t h = 0; h < p.Hs; ++h) m.data()[h] = -kInf, l.data()[h] = 0.0f;
       for (int64_t i = 0; i < n; ++i) {
         float* row = st.data() + i * p.Hs;
+        // Scalar math: s = scale * s; m = max(m, s)
 #pragma omp simd
         for (int64_t h = 0; h < p.Hs; ++h) {
           row[h] *= scale;
@@ -361,6 +299,7 @@ void forward_bf16_pairs(bf16* o, float* lse, float* head_mean, const bf16* q, co
       // exp(s - m) stays in st and the pack below multiplies it by 1 / sum.
       for (int64_t i = 0; i < n; ++i) {
         float* row = st.data() + i * p.Hs;
+        // Scalar math: P = exp(s - m); l += P
 #pragma omp simd
         for (int64_t h = 0; h < p.Hs; ++h) {
           row[h] = fast_exp(row[h] - m.data()[h]);
@@ -380,8 +319,8 @@ void forward_bf16_pairs(bf16* o, float* lse, float* head_mean, const bf16* q, co
       if constexpr (kAmx) {
         amx_heads_times_rows(out.data(), pt.data(), K2, vb.data(), p.Hs, p.Dvp, round_up((n + 1) / 2, 16));
       } else {
-        for (int64_t r = 0; r < p.Hs; ++r) c.data()[r] = out.data() + r * p.Dvp;
-        gemm_rows<false>(c.data(), pt.data(), K2, int64_t(1), vb.data(), p.Dvp, p.Hs, p.Dvp, (n + 1) / 2);
+        gemm<Tiles, TileStore::write>(out.data(), p.Dvp, pt.data(), K2, int64_t(1), vb.data(), p.Dvp, p.Hs, p.Dvp,
+                                      (n + 1) / 2);
       }
       for (int64_t h = 0; h < d.H; ++h) store_bf16(ot + h * d.Dv, out.data() + h * p.Dvp, d.Dv);
     }
@@ -424,7 +363,7 @@ void backward_bf16_pairs(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, c
     Scratch<float> lse_h(p.Hs, ScratchInit::zeroed), delta(p.Hs, ScratchInit::zeroed);  // [Hs]
     Scratch<int32_t> keys(d.K, ScratchInit::zeroed);
     Scratch<float> dummy(p.Dp, ScratchInit::zeroed);  // C row of padding rows, never read
-    Scratch<float*> c(Kt > p.Hs ? Kt : p.Hs, ScratchInit::zeroed);  // C rows of the VDPBF16PS products
+    Scratch<float*> c(Kt, ScratchInit::zeroed);  // C rows of the VDPBF16PS dkv product: the selected keys' rows
     for (int64_t h = d.H; h < p.Hs; ++h) lse_h.data()[h] = kInf;  // padding heads: P = 0
     for (int64_t b = 0; b < d.B; ++b) {
       // Queries dealt round-robin, not dynamically: each thread's dkv partial then sums the
@@ -459,19 +398,20 @@ void backward_bf16_pairs(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, c
         if constexpr (kAmx) {
           rows_times_heads(st.data(), w2, g.data(), qd.data(), n16, d.Dqk);
         } else {
-          for (int64_t r = 0; r < n_pad; ++r) c.data()[r] = st.data() + r * w2;
-          gemm_rows<false>(c.data(), reinterpret_cast<const uint32_t*>(g.data()), Dq2, int64_t(1), qd.data(), w2,
-                           n_pad, w2, Dq2);
+          gemm<Tiles, TileStore::write>(st.data(), w2, reinterpret_cast<const uint32_t*>(g.data()), Dq2, int64_t(1),
+                                        qd.data(), w2, n_pad, w2, Dq2);
         }
         // P recomputed from lse; the row becomes (scale dS | P), the A operand of dkv.
         for (int64_t i = 0; i < n; ++i) {
           float* row = st.data() + i * w2;
+          // Scalar math: P = exp(scale s - lse); row = (scale P (dA - Delta) | P)
 #pragma omp simd
           for (int64_t h = 0; h < p.Hs; ++h) {
             const float ph = fast_exp(scale * row[h] - lse_h.data()[h]);
             row[h] = scale * ph * (row[p.Hs + h] - delta.data()[h]);
             row[p.Hs + h] = ph;
           }
+          // Scalar math: ab row i = bf16(row)
           for (int64_t c0 = 0; c0 < w2; c0 += 32) {
             const __m512bh both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + c0 + 16), _mm512_loadu_ps(row + c0));
             _mm512_storeu_si512(ab.data() + i * w2 + c0, reinterpret_cast<__m512i>(both));
@@ -483,8 +423,8 @@ void backward_bf16_pairs(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, c
         if constexpr (kAmx) {
           amx_heads_times_rows(dqb.data(), dst.data(), K2, vq.data(), p.Hs, p.Dp, round_up((n + 1) / 2, 16));
         } else {
-          for (int64_t r = 0; r < p.Hs; ++r) c.data()[r] = dqb.data() + r * p.Dp;
-          gemm_rows<false>(c.data(), dst.data(), K2, int64_t(1), vq.data(), p.Dp, p.Hs, p.Dp, (n + 1) / 2);
+          gemm<Tiles, TileStore::write>(dqb.data(), p.Dp, dst.data(), K2, int64_t(1), vq.data(), p.Dp, p.Hs, p.Dp,
+                                        (n + 1) / 2);
         }
         for (int64_t h = 0; h < d.H; ++h) store_bf16(dqt + h * d.Dqk, dqb.data() + h * p.Dp, d.Dqk);
         if constexpr (!kAmx) {
@@ -492,8 +432,8 @@ void backward_bf16_pairs(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, c
           // thread's rows of the selected keys: [n, 2 Hs] bf16 (Hs pairs) x [Hs pair rows, Dp].
           for (int64_t r = 0; r < n_pad; ++r)
             c.data()[r] = r < n ? mine + int64_t(keys.data()[r]) * p.Dp : dummy.data();
-          gemm_rows<true>(c.data(), reinterpret_cast<const uint32_t*>(ab.data()), p.Hs, int64_t(1), b2.data(), p.Dp,
-                          n_pad, p.Dp, p.Hs);
+          gemm_add_rows<Tiles>(c.data(), reinterpret_cast<const uint32_t*>(ab.data()), p.Hs, int64_t(1), b2.data(),
+                               p.Dp, n_pad, p.Dp, p.Hs);
           continue;
         }
         // dkv[key_i] += (scale dS | P)[i] (q ; dO): [16, 2 Hs] x [2 Hs, Dp] per slot block, 64 columns
@@ -510,6 +450,7 @@ void backward_bf16_pairs(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, c
             for (int64_t r = 0; r < rows; ++r) {
               float* dst_row = mine + int64_t(keys.data()[i0 + r]) * p.Dp + c0;
               const float* src = blk.data() + r * 64;
+              // Scalar math: dkv[key] += blk row r
 #pragma omp simd
               for (int64_t col = 0; col < w; ++col) dst_row[col] += src[col];
             }
@@ -522,10 +463,12 @@ void backward_bf16_pairs(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, c
         float* first = acc + s * p.Dp;
         for (int64_t part = 1; part < parts; ++part) {
           float* row = acc + (part * d.Skv + s) * p.Dp;
+          // Scalar math: first += the partial; partial = 0
 #pragma omp simd
           for (int64_t col = 0; col < p.Dp; ++col) first[col] += row[col], row[col] = 0.0f;
         }
         store_bf16(dkv + (b * d.Skv + s) * d.Dqk, first, d.Dqk);
+        // Scalar math: first = 0
 #pragma omp simd
         for (int64_t col = 0; col < p.Dp; ++col) first[col] = 0.0f;
       }
@@ -537,7 +480,7 @@ void backward_bf16_pairs(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, c
 
 }  // namespace
 
-int64_t sparse_mla_acc_width(int64_t dqk) { return (dqk + kLanes - 1) / kLanes * kLanes; }
+int64_t sparse_mla_acc_width(int64_t dqk) { return (dqk + kPadLanes - 1) / kPadLanes * kPadLanes; }
 
 template <class T>
 void sparse_mla_forward(T* o, float* lse, float* head_mean, const T* q, const T* kv, const int32_t* idx,
@@ -563,7 +506,6 @@ void sparse_mla_forward(T* o, float* lse, float* head_mean, const T* q, const T*
     Scratch<float> out(p.Hr * p.Dvp, ScratchInit::zeroed);  // [Hr, Dvp] o rows (P is already normalized)
     Scratch<float> m(p.Hs, ScratchInit::zeroed), l(p.Hs, ScratchInit::zeroed);  // [Hs] per-head max, sum
     Scratch<int32_t> keys(d.K, ScratchInit::zeroed);
-    Scratch<float*> c(p.Kp > p.Hr ? p.Kp : p.Hr, ScratchInit::zeroed);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bt = 0; bt < d.B * d.S; ++bt) {
       const int64_t b = bt / d.S, t = bt % d.S;
@@ -579,17 +521,18 @@ void sparse_mla_forward(T* o, float* lse, float* head_mean, const T* q, const T*
       transpose_heads(qt.data(), p.Hs, qh, d.Dqk, d.H, d.Dqk, scale);
       // S^T[i, h] = scale * rows[i] . q[h]: [n, Dqk] x [Dqk, Hs]; every head reuses each row.
       const int64_t n_pad = round_up(n, kRows);
-      for (int64_t r = 0; r < n_pad; ++r) c.data()[r] = st.data() + r * p.Hs;
-      gemm_rows<false>(c.data(), g.data(), p.Dp, 1, qt.data(), p.Hs, n_pad, p.Hs, d.Dqk);
+      gemm<Tiles, TileStore::write>(st.data(), p.Hs, g.data(), p.Dp, 1, qt.data(), p.Hs, n_pad, p.Hs, d.Dqk);
       // Softmax over the n slots of each head, vectorized across heads (padding heads see 0s).
       for (int64_t h = 0; h < p.Hs; ++h) m.data()[h] = -kInf, l.data()[h] = 0.0f;
       for (int64_t i = 0; i < n; ++i) {
         const float* row = st.data() + i * p.Hs;
+        // Scalar math: m = max(m, s)
 #pragma omp simd
         for (int64_t h = 0; h < p.Hs; ++h) m.data()[h] = row[h] > m.data()[h] ? row[h] : m.data()[h];
       }
       for (int64_t i = 0; i < n; ++i) {
         const float* row = st.data() + i * p.Hs;
+        // Scalar math: l += exp(s - m)
 #pragma omp simd
         for (int64_t h = 0; h < p.Hs; ++h) l.data()[h] += fast_exp(row[h] - m.data()[h]);
       }
@@ -599,14 +542,15 @@ void sparse_mla_forward(T* o, float* lse, float* head_mean, const T* q, const T*
       }
       for (int64_t i = 0; i < n; ++i) {
         float* row = st.data() + i * p.Hs;
+        // Scalar math: P = exp(s - lse)
 #pragma omp simd
         for (int64_t h = 0; h < p.Hs; ++h) row[h] = fast_exp(row[h] - m.data()[h]);
       }
       if (head_mean) write_head_mean(head_mean + bt * d.K, st.data(), p.Hs, nullptr, idx + bt * d.K, t, d);
       // o[h] = sum_i P[i, h] rows[i][:Dv]: [Hr, n] (P read transposed) x [n, Dvp]
-      for (int64_t r = 0; r < p.Hr; ++r) c.data()[r] = out.data() + r * p.Dvp;
-      gemm_rows<false>(c.data(), st.data(), 1, p.Hs, g.data(), p.Dp, p.Hr, p.Dvp, n);
+      gemm<Tiles, TileStore::write>(out.data(), p.Dvp, st.data(), 1, p.Hs, g.data(), p.Dp, p.Hr, p.Dvp, n);
       for (int64_t h = 0; h < d.H; ++h) {
+        // Scalar math: o[h] = out[h]
 #pragma omp simd
         for (int64_t col = 0; col < d.Dv; ++col) ot[h * d.Dv + col] = from_f32<T>(out.data()[h * p.Dvp + col]);
       }
@@ -639,7 +583,7 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
     Scratch<float> lse_h(p.Hs, ScratchInit::zeroed), delta(p.Hs, ScratchInit::zeroed);  // [Hs]
     Scratch<float> dummy(p.Dp, ScratchInit::zeroed);          // C row of padding rows, never read
     Scratch<int32_t> keys(d.K, ScratchInit::zeroed);
-    Scratch<float*> c(p.Kp > p.Hr ? p.Kp : p.Hr, ScratchInit::zeroed);
+    Scratch<float*> c(p.Kp, ScratchInit::zeroed);  // C rows of the dkv product: the selected keys' rows
     for (int64_t h = d.H; h < p.Hs; ++h) lse_h.data()[h] = kInf;  // padding heads: P = 0
     for (int64_t b = 0; b < d.B; ++b) {
       // Queries dealt round-robin, not dynamically: each thread's dkv partial then sums the
@@ -662,12 +606,14 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
           float* b2q = b2.data() + h * p.Dp;
           float* b2d = b2.data() + (p.Hs + h) * p.Dp;
           float dl = 0;  // Delta = rowsum(dO * O)
+          // Scalar math: Delta += dO o; b2 dO row = dO
 #pragma omp simd reduction(+ : dl)
           for (int64_t col = 0; col < d.Dv; ++col) {
             const float dov = to_f32(doh[h * d.Dv + col]);
             dl += dov * to_f32(oh[h * d.Dv + col]);
             b2d[col] = dov;
           }
+          // Scalar math: b2 q row = q
 #pragma omp simd
           for (int64_t col = 0; col < d.Dqk; ++col) b2q[col] = to_f32(qh[h * d.Dqk + col]);
           delta.data()[h] = dl;
@@ -675,11 +621,11 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
         }
         // [S^T | dA^T][i] = rows[i] . (scale q | dO): one [n, Dqk] x [Dqk, 2 Hs] product.
         const int64_t n_pad = round_up(n, kRows);
-        for (int64_t r = 0; r < n_pad; ++r) c.data()[r] = st.data() + r * w2;
-        gemm_rows<false>(c.data(), g.data(), p.Dp, 1, qdt.data(), w2, n_pad, w2, d.Dqk);
+        gemm<Tiles, TileStore::write>(st.data(), w2, g.data(), p.Dp, 1, qdt.data(), w2, n_pad, w2, d.Dqk);
         // P recomputed from lse; the row becomes (scale dS | P), the A operand of dq and dkv.
         for (int64_t i = 0; i < n; ++i) {
           float* row = st.data() + i * w2;
+          // Scalar math: P = exp(s - lse); row = (scale P (dA - Delta) | P)
 #pragma omp simd
           for (int64_t h = 0; h < p.Hs; ++h) {
             const float ph = fast_exp(row[h] - lse_h.data()[h]);
@@ -688,16 +634,16 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
           }
         }
         // dq[h] = sum_i scale dS[i, h] rows[i]: [Hr, n] (read transposed) x [n, Dp]
-        for (int64_t r = 0; r < p.Hr; ++r) c.data()[r] = dqb.data() + r * p.Dp;
-        gemm_rows<false>(c.data(), st.data(), 1, w2, g.data(), p.Dp, p.Hr, p.Dp, n);
+        gemm<Tiles, TileStore::write>(dqb.data(), p.Dp, st.data(), 1, w2, g.data(), p.Dp, p.Hr, p.Dp, n);
         for (int64_t h = 0; h < d.H; ++h) {
+          // Scalar math: dq[h] = dqb[h]
 #pragma omp simd
           for (int64_t col = 0; col < d.Dqk; ++col) dqt[h * d.Dqk + col] = from_f32<T>(dqb.data()[h * p.Dp + col]);
         }
         // dkv[key_i] += (scale dS | P)[i] (q ; dO): key and value roles in one [n, 2 Hs] x [2 Hs, Dp]
         // product, added straight into this thread's rows of the selected keys.
         for (int64_t r = 0; r < n_pad; ++r) c.data()[r] = r < n ? mine + int64_t(keys.data()[r]) * p.Dp : dummy.data();
-        gemm_rows<true>(c.data(), st.data(), w2, 1, b2.data(), p.Dp, n_pad, p.Dp, w2);
+        gemm_add_rows<Tiles>(c.data(), st.data(), w2, 1, b2.data(), p.Dp, n_pad, p.Dp, w2);
       }
       // (barrier) dkv = the sum of the per-thread accumulators, which are zeroed for the next b.
 #pragma omp for schedule(static)
@@ -705,11 +651,14 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
         float* first = acc + s * p.Dp;
         for (int64_t part = 1; part < parts; ++part) {
           float* row = acc + (part * d.Skv + s) * p.Dp;
+          // Scalar math: first += the partial; partial = 0
 #pragma omp simd
           for (int64_t col = 0; col < p.Dp; ++col) first[col] += row[col], row[col] = 0.0f;
         }
+        // Scalar math: dkv = sum of the partials
 #pragma omp simd
         for (int64_t col = 0; col < d.Dqk; ++col) dkv[(b * d.Skv + s) * d.Dqk + col] = from_f32<T>(first[col]);
+        // Scalar math: first = 0
 #pragma omp simd
         for (int64_t col = 0; col < p.Dp; ++col) first[col] = 0.0f;
       }
