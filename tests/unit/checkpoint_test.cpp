@@ -45,29 +45,50 @@ TEST(Checkpoint, SaveLoadLatestAndKeep) {
   fs::remove_all(root);
 }
 
-TEST(Checkpoint, ShardsAssembleIntoGlobalTensors) {
-  // Two row shards written as two checkpoint entries' slices by hand: the loader stitches them.
+TEST(Checkpoint, PiecesAssembleIntoGlobalTensorsAndSlicesReadAcrossThem) {
+  // Two row pieces of a [4, 3] tensor in two files, as two ranks write them (metadata stitched by
+  // hand here; tests/distributed saves them from real ranks): the reader assembles the whole
+  // tensor and reads a slice that spans both files.
   const fs::path root = fresh_dir("slices");
   SaveRequest r = request(1);
-  r.tensors.clear();
-  Tensor top = Tensor::full({2, 3}, 1, DType::f32), bottom = Tensor::full({2, 3}, 2, DType::f32);
-  r.tensors.push_back({"a", top, {{4, 3}, {0, 0}}});
+  r.tensors = {{"a", Tensor::full({2, 3}, 1, DType::f32), {}}};
   const fs::path dir = save_checkpoint(root, r);
-  // Patch metadata to declare a second shard stored under another name in a second file.
   SaveRequest r2 = request(2);
-  r2.tensors = {{"a", bottom, {{4, 3}, {2, 0}}}};
+  r2.tensors = {{"a", Tensor::full({2, 3}, 2, DType::f32), {}}};
   const fs::path dir2 = save_checkpoint(root, r2);
   fs::copy_file(dir2 / "shard-00000.safetensors", dir / "shard-00001.safetensors");
   nlohmann::json meta = nlohmann::json::parse(std::ifstream(dir / "metadata.json"));
   nlohmann::json meta2 = nlohmann::json::parse(std::ifstream(dir2 / "metadata.json"));
   auto second = meta2["tensors"]["a"]["shards"][0];
   second["file"] = "shard-00001.safetensors";
+  second["offsets"] = {2, 0};
+  meta["tensors"]["a"]["shape"] = {4, 3};
   meta["tensors"]["a"]["shards"].push_back(second);
   std::ofstream(dir / "metadata.json") << meta.dump();
   LoadedCheckpoint c = load_checkpoint(dir);
   EXPECT_EQ(c.tensors.at("a").shape(), Shape({4, 3}));
   EXPECT_EQ(c.tensors.at("a").at({1, 2}), 1);
   EXPECT_EQ(c.tensors.at("a").at({3, 0}), 2);
+  CheckpointReader reader(dir);
+  Tensor middle = Tensor::zeros({2, 2}, DType::f32);  // rows 1-2, columns 1-2
+  const GlobalSlice slice{{4, 3}, {1, 1}};
+  reader.read("a", middle, &slice);
+  EXPECT_EQ(middle.at({0, 0}), 1);
+  EXPECT_EQ(middle.at({1, 1}), 2);
+  // A piece whose file is gone is named.
+  fs::remove(dir / "shard-00001.safetensors");
+  CheckpointReader broken(dir);
+  try {
+    broken.read_full("a");
+    FAIL() << "a missing shard file was not noticed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("shard-00001.safetensors but the file is missing"), std::string::npos) << e.what();
+  }
+  // Saving pieces that do not tile their tensor is refused before anything is committed.
+  SaveRequest partial = request(3);
+  partial.tensors = {{"b", Tensor::full({2, 3}, 1, DType::f32), {{4, 3}, {0, 0}}}};
+  EXPECT_THROW(save_checkpoint(root, partial), Error);
+  EXPECT_FALSE(fs::exists(root / "step-3" / "metadata.json"));
   fs::remove_all(root);
 }
 

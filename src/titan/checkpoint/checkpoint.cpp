@@ -6,7 +6,6 @@
 #include <fstream>
 #include <sstream>
 
-#include "titan/checkpoint/safetensors.h"
 
 namespace titan::checkpoint {
 
@@ -63,40 +62,94 @@ std::optional<int64_t> step_of(const fs::path& p) {
 
 fs::path step_folder(const fs::path& root, int64_t step) { return root / ("step-" + std::to_string(step)); }
 
-fs::path save_checkpoint(const fs::path& root, const SaveRequest& req) {
-  const fs::path final_dir = step_folder(root, req.step);
-  const fs::path tmp = final_dir.string() + ".tmp";
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
-  const std::string shard = "shard-00000.safetensors";
-  std::vector<std::pair<std::string, Tensor>> items;
-  json tensors = json::object();
+namespace {
+
+std::string shard_file(int rank) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "shard-%05d.safetensors", rank);
+  return buf;
+}
+
+json shape_json(const Shape& s) {
+  json j = json::array();
+  for (int64_t d : s) j.push_back(d);
+  return j;
+}
+
+Shape shape_of(const json& j) {
+  std::vector<int64_t> d;
+  for (const auto& x : j) d.push_back(x.get<int64_t>());
+  return Shape(d);
+}
+
+// This rank's pieces as metadata entries: {name: {dtype, shape, piece: {file, offsets, shape, xxh64}}}.
+json describe_pieces(const SaveRequest& req, const std::string& file) {
+  json out = json::object();
   for (const ShardedTensor& st : req.tensors) {
     const Shape global = st.slice.global_shape.empty() && st.local.dim() > 0 ? st.local.shape() : st.slice.global_shape;
     Shape offsets = st.slice.offsets;
     if (offsets.size() != st.local.dim()) offsets = Shape(std::vector<int64_t>(size_t(st.local.dim()), 0));
-    items.emplace_back(st.name, st.local);
-    json shape = json::array(), off = json::array(), local = json::array();
-    for (int64_t d : global) shape.push_back(d);
-    for (int64_t d : offsets) off.push_back(d);
-    for (int64_t d : st.local.shape()) local.push_back(d);
-    tensors[st.name] = {{"dtype", std::string(dtype_name(st.local.dtype()))},
-                        {"shape", shape},
-                        {"shards", json::array({{{"file", shard}, {"offsets", off}, {"shape", local},
-                                                 {"xxh64", hex64(checksum(st.local))}}})}};
+    TITAN_CHECK(!out.contains(st.name), "save_checkpoint: tensor '" + st.name + "' given twice by one rank");
+    out[st.name] = {{"dtype", std::string(dtype_name(st.local.dtype()))},
+                    {"shape", shape_json(global)},
+                    {"piece", {{"file", file}, {"offsets", shape_json(offsets)}, {"shape", shape_json(st.local.shape())},
+                               {"xxh64", hex64(checksum(st.local))}}}};
   }
-  save_safetensors(tmp / shard, items, {{"format", "pt"}});
-  const json meta = {{"format", kFormat}, {"version", kVersion}, {"step", req.step}, {"world_size", 1},
-                     {"tensors", tensors}};
-  write_text(tmp / "metadata.json", meta.dump(1));
-  write_text(tmp / "train_state.json", req.train_state.dump(1));
-  write_text(tmp / "config.toml", req.config_toml);
-  fs::remove_all(final_dir);
-  fs::rename(tmp, final_dir);
+  return out;
+}
+
+}  // namespace
+
+fs::path save_checkpoint(const fs::path& root, const SaveRequest& req, const distributed::ProcessGroup* group) {
+  const int rank = group ? group->rank() : 0, size = group ? group->size() : 1;
+  const fs::path final_dir = step_folder(root, req.step);
+  const fs::path tmp = final_dir.string() + ".tmp";
+  if (rank == 0) {
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+  }
+  if (group) group->barrier().wait();
+  std::vector<std::pair<std::string, Tensor>> items;
+  for (const ShardedTensor& st : req.tensors)
+    if (st.local.numel() > 0) items.emplace_back(st.name, st.local);
+  const std::string file = shard_file(rank);
+  SaveRequest mine = req;
+  std::erase_if(mine.tensors, [](const ShardedTensor& st) { return st.local.numel() == 0; });
+  if (!items.empty()) save_safetensors(tmp / file, items, {{"format", "pt"}});
+  const std::string pieces = describe_pieces(mine, file).dump();
+  const std::vector<std::string> all = group ? group->all_gather(pieces) : std::vector<std::string>{pieces};
+  if (rank == 0) {
+    json tensors = json::object();
+    for (const std::string& text : all) {
+      const json rank_pieces = json::parse(text);
+      for (const auto& [name, e] : rank_pieces.items()) {
+        if (!tensors.contains(name)) tensors[name] = {{"dtype", e["dtype"]}, {"shape", e["shape"]}, {"shards", json::array()}};
+        TITAN_CHECK(tensors[name]["shape"] == e["shape"] && tensors[name]["dtype"] == e["dtype"],
+                    "save_checkpoint: ranks disagree on the shape or dtype of '" + name + "'");
+        tensors[name]["shards"].push_back(e["piece"]);
+      }
+    }
+    // The pieces of every tensor tile it: a checkpoint that could not be loaded is never committed.
+    for (const auto& [name, t] : tensors.items()) {
+      int64_t covered = 0;
+      for (const auto& piece : t["shards"]) covered += shape_of(piece["shape"]).numel();
+      TITAN_CHECK(covered == shape_of(t["shape"]).numel(),
+                  "save_checkpoint: the ranks' pieces of '" + name + "' cover " + std::to_string(covered) + " of " +
+                      std::to_string(shape_of(t["shape"]).numel()) + " elements");
+    }
+    write_text(tmp / "train_state.json", req.train_state.dump(1));
+    write_text(tmp / "config.toml", req.config_toml);
+    const json meta = {{"format", kFormat}, {"version", kVersion}, {"step", req.step}, {"world_size", size},
+                       {"tensors", tensors}};
+    write_text(tmp / "metadata.json", meta.dump(1));  // last: the commit marker
+    fs::remove_all(final_dir);
+    fs::rename(tmp, final_dir);
+  }
+  if (group) group->barrier().wait();
   return final_dir;
 }
 
-LoadedCheckpoint load_checkpoint(const fs::path& folder, const std::function<bool(const std::string&)>& wanted) {
+CheckpointReader::CheckpointReader(const fs::path& folder) : folder_(folder) {
   TITAN_CHECK(fs::is_directory(folder), "checkpoint folder " + folder.string() + " does not exist",
               "pass a step-<N> folder (or set checkpoint.load_step to an existing step)");
   const fs::path meta_path = folder / "metadata.json";
@@ -107,40 +160,98 @@ LoadedCheckpoint load_checkpoint(const fs::path& folder, const std::function<boo
   TITAN_CHECK(meta.value("version", 0) == kVersion, meta_path.string() + ": checkpoint version " +
                                                          std::to_string(meta.value("version", 0)) + " is not supported",
               "this build reads version " + std::to_string(kVersion));
-  LoadedCheckpoint out;
-  out.step = meta.value("step", int64_t(0));
-  std::map<std::string, SafetensorsFile> files;
-  for (const auto& [name, spec] : meta.at("tensors").items()) {
-    if (wanted && !wanted(name)) continue;
-    Shape global;
-    for (const auto& d : spec.at("shape")) global.push_back(d.get<int64_t>());
-    const DType dt = dtype_from_name(spec.at("dtype").get<std::string>());
-    Tensor full = Tensor::empty(global, dt, MemCategory::temporaries);
-    int64_t covered = 0;
-    for (const auto& sh : spec.at("shards")) {
-      const std::string file = sh.at("file").get<std::string>();
-      if (!files.count(file)) files.emplace(file, SafetensorsFile::open(folder / file));
-      const SafetensorsFile& f = files.at(file);
-      Tensor part = f.get(name);
-      const std::string expected = sh.at("xxh64").get<std::string>();
-      TITAN_CHECK(hex64(checksum(part)) == expected, "checksum mismatch for tensor '" + name + "' in " +
-                                                         (folder / file).string(),
-                  "the file is corrupt (disk or copy error); load an earlier step");
-      Tensor dst = full;
-      int d = 0;
-      for (const auto& o : sh.at("offsets")) {
-        dst = dst.slice(d, o.get<int64_t>(), o.get<int64_t>() + part.size(d));
-        ++d;
-      }
-      dst.copy_(part);
-      covered += part.numel();
+  step_ = meta.value("step", int64_t(0));
+  world_size_ = meta.value("world_size", 1);
+  tensors_ = meta.at("tensors");
+}
+
+std::vector<std::string> CheckpointReader::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, t] : tensors_.items()) out.push_back(name);
+  return out;
+}
+
+bool CheckpointReader::contains(const std::string& name) const { return tensors_.contains(name); }
+
+Shape CheckpointReader::shape(const std::string& name) const {
+  TITAN_CHECK(contains(name), "tensor '" + name + "' is not in checkpoint " + folder_.string(),
+              "load a checkpoint of the same model");
+  return shape_of(tensors_.at(name).at("shape"));
+}
+
+const SafetensorsFile& CheckpointReader::file(const std::string& name) {
+  auto it = files_.find(name);
+  if (it != files_.end()) return *it->second;
+  const fs::path path = folder_ / name;
+  TITAN_CHECK(fs::exists(path), "checkpoint " + folder_.string() + " lists " + name + " but the file is missing",
+              "the checkpoint is incomplete (a rank's file was lost); load an earlier step");
+  return *files_.emplace(name, std::make_unique<SafetensorsFile>(SafetensorsFile::open(path))).first->second;
+}
+
+void CheckpointReader::read(const std::string& name, const Tensor& dst, const GlobalSlice* slice) {
+  const Shape global = shape(name);
+  std::vector<int64_t> lo(size_t(global.size()), 0);
+  if (slice && !slice->offsets.empty()) lo.assign(slice->offsets.begin(), slice->offsets.end());
+  TITAN_CHECK(dst.dim() == global.size(), "checkpoint tensor '" + name + "' is " + global.str() + " but the model's is " +
+                                              dst.shape().str(),
+              "load a checkpoint of the same model and flavor");
+  for (int d = 0; d < dst.dim(); ++d)
+    TITAN_CHECK(lo[size_t(d)] + dst.size(d) <= global[d] && (slice || dst.size(d) == global[d]),
+                "checkpoint tensor '" + name + "' is " + global.str() + " but the model's is " +
+                    (slice ? slice->global_shape.str() : dst.shape().str()),
+                "load a checkpoint of the same model and flavor");
+  if (dst.numel() == 0) return;
+  int64_t covered = 0;
+  for (const auto& piece : tensors_.at(name).at("shards")) {
+    const Shape off = shape_of(piece.at("offsets")), ps = shape_of(piece.at("shape"));
+    // The overlap of the piece [off, off + ps) with what dst holds [lo, lo + dst.shape), per dim.
+    Tensor src_view, dst_view = dst;
+    bool overlaps = true;
+    std::vector<std::pair<int64_t, int64_t>> box;  // per dim: [begin, end) in global coordinates
+    for (int d = 0; d < dst.dim(); ++d) {
+      const int64_t b = std::max(off[d], lo[size_t(d)]), e = std::min(off[d] + ps[d], lo[size_t(d)] + dst.size(d));
+      if (b >= e) overlaps = false;
+      box.emplace_back(b, e);
     }
-    TITAN_CHECK(covered == full.numel(), "tensor '" + name + "' in " + meta_path.string() +
-                                             ": its shards cover " + std::to_string(covered) + " of " +
-                                             std::to_string(full.numel()) + " elements",
-                "a shard file is missing from the checkpoint");
-    out.tensors[name] = full;
+    if (!overlaps) continue;
+    const std::string fname = piece.at("file").get<std::string>();
+    const SafetensorsFile& f = file(fname);
+    Tensor part = f.get(name);
+    const std::string key = fname + "/" + name;
+    if (!verified_[key]) {
+      TITAN_CHECK(hex64(checksum(part)) == piece.at("xxh64").get<std::string>(),
+                  "checksum mismatch for tensor '" + name + "' in " + (folder_ / fname).string(),
+                  "the file is corrupt (disk or copy error); load an earlier step");
+      verified_[key] = true;
+    }
+    src_view = part;
+    for (int d = 0; d < dst.dim(); ++d) {
+      src_view = src_view.slice(d, box[size_t(d)].first - off[d], box[size_t(d)].second - off[d]);
+      dst_view = dst_view.slice(d, box[size_t(d)].first - lo[size_t(d)], box[size_t(d)].second - lo[size_t(d)]);
+    }
+    dst_view.copy_(src_view);
+    covered += dst_view.numel();
   }
+  TITAN_CHECK(covered == dst.numel(), "tensor '" + name + "' in " + folder_.string() + ": its pieces cover " +
+                                          std::to_string(covered) + " of the " + std::to_string(dst.numel()) +
+                                          " elements needed",
+              "a shard file is missing from the checkpoint or its metadata.json is damaged; load an earlier step");
+}
+
+Tensor CheckpointReader::read_full(const std::string& name) {
+  const Shape global = shape(name);
+  const DType dt = dtype_from_name(tensors_.at(name).at("dtype").get<std::string>());
+  Tensor full = Tensor::empty(global, dt, MemCategory::temporaries);
+  read(name, full);
+  return full;
+}
+
+LoadedCheckpoint load_checkpoint(const fs::path& folder, const std::function<bool(const std::string&)>& wanted) {
+  CheckpointReader reader(folder);
+  LoadedCheckpoint out;
+  out.step = reader.step();
+  for (const std::string& name : reader.names())
+    if (!wanted || wanted(name)) out.tensors[name] = reader.read_full(name);
   out.train_state = load_train_state(folder);
   out.config_toml = load_config_toml(folder);
   return out;

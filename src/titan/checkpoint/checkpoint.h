@@ -1,27 +1,31 @@
 // Training checkpoints: a folder <root>/step-<N>/ with
-//   shard-<rank>.safetensors  this rank's tensors (model parameters "model.<name>", optimizer
-//                             state "optim.<name>"), each a slice of a global tensor
+//   shard-<rank>.safetensors  the pieces rank <rank> holds (model parameters "model.<name>",
+//                             optimizer state "optim.<name>", buffers), each a slice of a global
+//                             tensor; a rank that holds nothing new (a replica) writes no file
 //   metadata.json             format/version, world size, and per global tensor: dtype, global
-//                             shape, and every shard's file, offsets, shape and xxh64 checksum
-//   train_state.json          step, RNG and data-loader positions, schedule, loss scale... (free
-//                             JSON owned by the trainer)
+//                             shape, and every piece's file, offsets, shape and xxh64 checksum
+//   train_state.json          step, data-loader position, ... (free JSON owned by the trainer)
 //   config.toml               the resolved run configuration
-// The folder is written as step-<N>.tmp and renamed when complete, so a crash never leaves a
-// half checkpoint that looks valid. Loading checks every checksum and assembles global tensors
-// from the shards' slices, so a checkpoint loads whatever the shard layout it was saved with.
+// Every rank writes its file into step-<N>.tmp; rank 0 then writes the metadata of all pieces
+// (last: it is the commit marker) and renames the folder, so a crash never leaves a half
+// checkpoint that looks valid. Loading reads, for each tensor a rank needs, the pieces that
+// overlap its slice, checking their checksums: a checkpoint of any mesh loads on any other.
 #pragma once
 
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "titan/checkpoint/safetensors.h"
 #include "titan/core/shape.h"
 #include "titan/core/tensor.h"
+#include "titan/distributed/process_group.h"
 
 namespace titan::checkpoint {
 
@@ -33,13 +37,42 @@ struct ShardedTensor {
 
 struct SaveRequest {
   int64_t step = 0;
-  std::vector<ShardedTensor> tensors;
-  nlohmann::json train_state;
-  std::string config_toml;
+  std::vector<ShardedTensor> tensors;  // this rank's pieces
+  nlohmann::json train_state;          // rank 0's is written
+  std::string config_toml;             // rank 0's is written
 };
 
-// Single-process save (rank 0 of 1). Returns the final folder.
-std::filesystem::path save_checkpoint(const std::filesystem::path& root, const SaveRequest& request);
+// Writes step-<request.step>/ under root. With a group, a collective over it: every member calls
+// it with its own pieces (the pieces of all ranks must tile each global tensor exactly). Returns
+// the final folder.
+std::filesystem::path save_checkpoint(const std::filesystem::path& root, const SaveRequest& request,
+                                      const distributed::ProcessGroup* group = nullptr);
+
+// Reads a step folder's tensors, whole or by slices. Opening reads metadata.json; shard files
+// open when first read. Every error names the folder, the file and the tensor.
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(const std::filesystem::path& folder);
+  const std::filesystem::path& folder() const { return folder_; }
+  int64_t step() const { return step_; }
+  int world_size() const { return world_size_; }
+  std::vector<std::string> names() const;
+  bool contains(const std::string& name) const;
+  Shape shape(const std::string& name) const;  // global
+  // Copies into dst the part of global tensor `name` at `slice` (null: dst is the whole tensor),
+  // converting dtype, from every saved piece that overlaps it (their checksums checked once).
+  void read(const std::string& name, const Tensor& dst, const GlobalSlice* slice = nullptr);
+  Tensor read_full(const std::string& name);
+
+ private:
+  const SafetensorsFile& file(const std::string& name);
+  std::filesystem::path folder_;
+  int64_t step_ = 0;
+  int world_size_ = 1;
+  nlohmann::json tensors_;
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, bool> verified_;  // "<file>/<tensor>" pieces whose checksum matched
+};
 
 struct LoadedCheckpoint {
   int64_t step = 0;

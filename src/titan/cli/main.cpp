@@ -16,6 +16,7 @@
 #include "titan/cli/train_cli.h"
 #include "titan/core/cpu_features.h"
 #include "titan/core/error.h"
+#include "titan/distributed/runtime.h"
 #include "titan/data/tokenizer.h"
 #include "titan/kernels/cpu/isa_info.h"
 #include "titan/kernels/peak.h"
@@ -38,11 +39,23 @@ Run `titan <command> --help` for a command's options.
 
 // OpenMP reads its binding settings once at start-up, before main can set them; unbound threads
 // can land on one core (measured here: half the FLOP/s). So the binary re-executes itself once
-// with OMP_PROC_BIND/OMP_PLACES set unless the user chose their own.
+// with OMP_PROC_BIND/OMP_PLACES set unless the user chose their own. Under a launcher the ranks
+// on one host split its CPUs: each takes its share (distributed/runtime.h) unless
+// OMP_NUM_THREADS or OMP_PLACES is set.
 void bind_threads(char** argv) {
-  if (std::getenv("OMP_PROC_BIND") || std::getenv("TITAN_NO_REEXEC")) return;
-  setenv("OMP_PROC_BIND", "close", 0);
-  setenv("OMP_PLACES", "cores", 0);
+  if (std::getenv("TITAN_NO_REEXEC")) return;
+  const titan::distributed::LaunchInfo launch = titan::distributed::launch_info();
+  const bool user_threads = std::getenv("OMP_NUM_THREADS") || std::getenv("OMP_PLACES");
+  if (launch.local_size > 1 && !user_threads) {
+    const auto [threads, places] = titan::distributed::thread_share(launch, titan::distributed::allowed_cpus());
+    setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+    if (!places.empty()) setenv("OMP_PLACES", places.c_str(), 1);
+    setenv("OMP_PROC_BIND", "close", 1);
+  } else {
+    if (std::getenv("OMP_PROC_BIND")) return;
+    setenv("OMP_PROC_BIND", "close", 0);
+    setenv("OMP_PLACES", "cores", 0);
+  }
   setenv("TITAN_NO_REEXEC", "1", 1);
   execv("/proc/self/exe", argv);  // returns only on failure: then run unbound
 }
@@ -83,10 +96,18 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string_view cmd = argv[1];
+  // A job of several ranks ends together: a rank that fails takes the others down (they would
+  // otherwise wait in their next collective until the watchdog's timeout).
+  auto finish = [](int code) {
+    titan::distributed::CommEngine& engine = titan::distributed::CommEngine::get();
+    if (code != 0 && engine.uses_mpi() && engine.world_size() > 1) engine.abort(code);
+    titan::distributed::shutdown_runtime();
+    return code;
+  };
   try {
     if (cmd == "info") return info_main();
     // Each subcommand reads argv from its own name on.
-    if (cmd == "train") return titan::cli::train_main(argc - 1, argv + 1);
+    if (cmd == "train") return finish(titan::cli::train_main(argc - 1, argv + 1));
     if (cmd == "generate") return titan::cli::generate_main(argc - 1, argv + 1);
     if (cmd == "tokenizer") return titan::cli::tokenizer_main(argc - 1, argv + 1);
     if (cmd == "ckpt") return titan::cli::ckpt_main(argc - 1, argv + 1);
@@ -95,7 +116,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "titan: unknown command '%s'\n\n%s", argv[1], kUsage);
     return 2;
   } catch (const titan::Error& e) {
-    std::fprintf(stderr, "titan %s: error: %s\n", argv[1], e.what());
-    return 1;
+    const auto& engine = titan::distributed::CommEngine::get();
+    if (engine.world_size() > 1) std::fprintf(stderr, "titan %s: rank %d: error: %s\n", argv[1], engine.world_rank(), e.what());
+    else std::fprintf(stderr, "titan %s: error: %s\n", argv[1], e.what());
+    return finish(1);
   }
 }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "titan/core/error.h"
+#include "titan/distributed/comm_engine.h"
 #include "titan/train/trainer.h"
 
 namespace titan::cli {
@@ -36,7 +37,8 @@ int train_main(int argc, char** argv) {
   const JobConfig config = load_config(config_path, overrides);
   Trainer trainer(config, config_path);
   const TrainResult r = trainer.train();
-  std::printf("%s at step %lld: loss %.4f%s\n", r.interrupted ? "stopped" : "done",
+  if (distributed::CommEngine::get().world_rank() == 0)
+    std::printf("%s at step %lld: loss %.4f%s\n", r.interrupted ? "stopped" : "done",
               static_cast<long long>(r.last_step), r.last_loss,
               r.last_val_loss >= 0 ? (", validation loss " + std::to_string(r.last_val_loss)).c_str() : "");
   return 0;

@@ -115,37 +115,48 @@ void check_mpi(int rc, const char* what) {
   MPI_Abort(MPI_COMM_WORLD, 3);
 }
 
-// out[i] = op over ranks r = 0..n-1 of rows[r][i], folded in rank order. Rows are `chunk`
-// elements apart. bf16 accumulates in f32 and rounds once.
-template <class T, class Acc>
-void fold(const T* rows, int n, int64_t chunk, T* out, ReduceOp op, Acc (*load)(T), T (*store)(Acc)) {
-  std::vector<Acc> acc(static_cast<size_t>(chunk));
-  for (int64_t i = 0; i < chunk; ++i) acc[size_t(i)] = load(rows[i]);
-  for (int r = 1; r < n; ++r) {
-    const T* row = rows + int64_t(r) * chunk;
-    switch (op) {
-      case ReduceOp::sum: for (int64_t i = 0; i < chunk; ++i) acc[size_t(i)] += load(row[i]); break;
-      case ReduceOp::max: for (int64_t i = 0; i < chunk; ++i) acc[size_t(i)] = std::max(acc[size_t(i)], load(row[i])); break;
-      case ReduceOp::min: for (int64_t i = 0; i < chunk; ++i) acc[size_t(i)] = std::min(acc[size_t(i)], load(row[i])); break;
+// out[i] = op over ranks r = 0..n-1 of rows[r][i], combined as a binary tree over the ranks:
+// rows (0, 1), (2, 3), ... first, then pairs of pairs: ((x0 + x1) + (x2 + x3)) for 4. The same
+// tree over any aligned block of ranks is the same sum, so a reduction over shard groups then
+// over their replicas (HSDP), or over ranks then over micro-batches, equals one over all of them
+// when the sizes are powers of two. Rows are `chunk` elements apart; bf16 accumulates in f32 and
+// rounds once.
+template <class Acc>
+void fold_in_place(Acc* acc, int n, int64_t chunk, ReduceOp op) {
+  for (int stride = 1; stride < n; stride *= 2)
+    for (int r = 0; r + stride < n; r += 2 * stride) {
+      Acc* left = acc + int64_t(r) * chunk;
+      const Acc* right = acc + int64_t(r + stride) * chunk;
+      switch (op) {
+        case ReduceOp::sum: for (int64_t i = 0; i < chunk; ++i) left[i] += right[i]; break;
+        case ReduceOp::max: for (int64_t i = 0; i < chunk; ++i) left[i] = std::max(left[i], right[i]); break;
+        case ReduceOp::min: for (int64_t i = 0; i < chunk; ++i) left[i] = std::min(left[i], right[i]); break;
+      }
     }
-  }
-  for (int64_t i = 0; i < chunk; ++i) out[i] = store(acc[size_t(i)]);
 }
 
+// rows: the engine's own scratch, reduced in place (row 0 ends up holding the result) before it
+// is copied to out (which may be row 0 itself).
 template <class T>
-T same(T v) {
-  return v;
+void fold(T* rows, int n, int64_t chunk, T* out, ReduceOp op) {
+  fold_in_place(rows, n, chunk, op);
+  if (out != rows) std::memcpy(out, rows, size_t(chunk) * sizeof(T));
 }
-float widen(bf16 v) { return bf16_to_f32(v); }
-bf16 narrow(float v) { return f32_to_bf16(v); }
 
-void reduce_rows(Elem e, const void* rows, int n, int64_t chunk, void* out, ReduceOp op) {
+void fold_bf16(const bf16* rows, int n, int64_t chunk, bf16* out, ReduceOp op) {
+  std::vector<float> acc(static_cast<size_t>(n) * size_t(chunk));
+  for (size_t i = 0; i < acc.size(); ++i) acc[i] = bf16_to_f32(rows[i]);
+  fold_in_place(acc.data(), n, chunk, op);
+  for (int64_t i = 0; i < chunk; ++i) out[i] = f32_to_bf16(acc[size_t(i)]);
+}
+
+void reduce_rows(Elem e, void* rows, int n, int64_t chunk, void* out, ReduceOp op) {
   switch (e) {
-    case Elem::f32: fold<float, float>(static_cast<const float*>(rows), n, chunk, static_cast<float*>(out), op, same, same); break;
-    case Elem::f64: fold<double, double>(static_cast<const double*>(rows), n, chunk, static_cast<double*>(out), op, same, same); break;
-    case Elem::bf16: fold<bf16, float>(static_cast<const bf16*>(rows), n, chunk, static_cast<bf16*>(out), op, widen, narrow); break;
-    case Elem::i32: fold<int32_t, int32_t>(static_cast<const int32_t*>(rows), n, chunk, static_cast<int32_t*>(out), op, same, same); break;
-    case Elem::i64: fold<int64_t, int64_t>(static_cast<const int64_t*>(rows), n, chunk, static_cast<int64_t*>(out), op, same, same); break;
+    case Elem::f32: fold(static_cast<float*>(rows), n, chunk, static_cast<float*>(out), op); break;
+    case Elem::f64: fold(static_cast<double*>(rows), n, chunk, static_cast<double*>(out), op); break;
+    case Elem::bf16: fold_bf16(static_cast<const bf16*>(rows), n, chunk, static_cast<bf16*>(out), op); break;
+    case Elem::i32: fold(static_cast<int32_t*>(rows), n, chunk, static_cast<int32_t*>(out), op); break;
+    case Elem::i64: fold(static_cast<int64_t*>(rows), n, chunk, static_cast<int64_t*>(out), op); break;
     case Elem::u8: case Elem::u16:
       TITAN_FAIL(std::string("reductions of ") + elem_name(e) + " are not supported", "reduce f32, bf16, f64 or integers");
   }

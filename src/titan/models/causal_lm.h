@@ -64,6 +64,9 @@ class CausalLM : public nn::Module {
   virtual void end_step(const SumOverData& sum_over_data);
   // Statistics since the last call (e.g. expert load); may be empty.
   virtual StepStats step_stats();
+
+  // ---- parallelism (models/<model>/parallelize.cpp). The units of FSDP / DDP, in forward order.
+  virtual std::vector<nn::ShardingUnit> sharding_units() = 0;
 };
 
 // DeepSeek Sparse Attention training in two stages: a dense warm-up of warmup_steps steps that

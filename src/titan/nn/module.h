@@ -119,6 +119,17 @@ class Module {
   UnitHooks* unit_hooks_ = nullptr;
 };
 
+// One unit of a model's data-parallel plan (TorchTitan's fully_shard calls, declared in each
+// model's parallelize.cpp): a module whose forward the model brackets with a UnitScope.
+// Parameters under no unit form the root unit, gathered for the whole step.
+struct ShardingUnit {
+  std::string name;  // the module's path, the prefix of its parameters' names ("layers.3")
+  Module* module;
+  // Whether, by default, FSDP frees its gathered parameters after its forward (and gathers them
+  // again for backward). The output head keeps them: its backward comes right after its forward.
+  bool reshard_after_forward = true;
+};
+
 // Runs the unit's hooks around a scope: before_forward now, after_forward when the scope ends.
 class UnitScope {
  public:

@@ -13,6 +13,7 @@
 #include <toml++/toml.h>
 
 #include "titan/core/error.h"
+#include "titan/distributed/runtime.h"
 
 namespace titan::train {
 namespace {
@@ -82,6 +83,7 @@ const std::vector<NotCarried>& torchtitan_only() {
       {"training.gc_debug", "it debugs Python's garbage collector, and titan.cpp has none"},
       {"training.mixed_precision_reduce", "titan.cpp always reduces gradients in float32"},
       {"optimizer.implementation", "titan.cpp has one optimizer implementation per device"},
+      {"comm.train_timeout_seconds", "titan.cpp names it comm.timeout_seconds"},
   };
   return table;
 }
@@ -544,8 +546,9 @@ void clamp_warmup(const Context& ctx, JobConfig& c) {
   if (c.lr_scheduler.warmup_steps <= c.training.steps) return;
   const KeySpec& warmup = *find_key("lr_scheduler", "warmup_steps");
   const KeySpec& steps = *find_key("training", "steps");
-  fmt::print(stderr, "warning: {} is longer than the run ({}); warming up over all {} steps instead\n",
-             ctx.describe(warmup, warmup.field(c)), ctx.describe(steps, steps.field(c)), c.training.steps);
+  if (distributed::launch_info().rank == 0)  // every rank parses the config; one says so
+    fmt::print(stderr, "warning: {} is longer than the run ({}); warming up over all {} steps instead\n",
+               ctx.describe(warmup, warmup.field(c)), ctx.describe(steps, steps.field(c)), c.training.steps);
   c.lr_scheduler.warmup_steps = c.training.steps;
 }
 
@@ -693,6 +696,9 @@ const std::vector<SectionSpec>& config_sections() {
       {"parallelism",
        "How ranks split the work. The product of the degrees is the number of ranks; "
        "data_parallel_shard_degree = -1 takes whatever the others leave."},
+      {"comm",
+       "The communication layer between ranks: the watchdog that ends a job whose collective stalls, and the "
+       "flight recorder it dumps."},
       {"checkpoint", "Saving, resuming and importing/exporting checkpoints."},
       {"activation_checkpoint", "Trading compute for memory by recomputing activations in backward."},
       {"metrics", "What is logged, how often, and where."},
@@ -801,8 +807,9 @@ const std::vector<KeySpec>& config_schema() {
        "leave."},
       {"parallelism", "fsdp_reshard_after_forward", member<&C::parallelism, &Parallelism::fsdp_reshard_after_forward>,
        one_of({"default", "always", "never"}),
-       "Whether FSDP frees gathered parameters after forward and gathers them again in backward: always saves "
-       "memory, never saves communication, default does it for every block but the last."},
+       "Whether FSDP frees a unit's gathered parameters after its forward and gathers them again for its "
+       "backward: always saves memory (every unit), never saves communication (ZeRO-2), default does it for "
+       "the embedding and every block but not the output head (whose backward follows at once)."},
       {"parallelism", "tensor_parallel_degree", member<&C::parallelism, &Parallelism::tensor_parallel_degree>,
        at_least(1), "Tensor- and sequence-parallel ranks."},
       {"parallelism", "pipeline_parallel_degree", member<&C::parallelism, &Parallelism::pipeline_parallel_degree>,
@@ -819,6 +826,18 @@ const std::vector<KeySpec>& config_schema() {
        at_least(1),
        "Ranks that split the routed experts of a mixture-of-experts model; borrowed from the "
        "data_parallel_shard x context_parallel ranks."},
+      // [comm]
+      {"comm", "init_timeout_seconds", member<&C::comm, &Comm::init_timeout_seconds>, at_least(1),
+       "Watchdog deadline, in seconds, for each collective until the first step ends (start-up, first "
+       "checkpoint load): a collective that has not finished by then dumps every rank's flight recorder and "
+       "ends the job, naming the collective and the ranks that never arrived."},
+      {"comm", "timeout_seconds", member<&C::comm, &Comm::timeout_seconds>, at_least(1),
+       "Watchdog deadline, in seconds, for each collective from the second step on."},
+      {"comm", "trace_buf_size", member<&C::comm, &Comm::trace_buf_size>, at_least(1),
+       "Collectives the flight recorder keeps per rank (the newest; older ones fall off)."},
+      {"comm", "save_traces_folder", member<&C::comm, &Comm::save_traces_folder>, non_empty(),
+       "Folder, relative to job.dump_folder, for the flight-recorder dumps (rank<r>.json); read them with "
+       "`titan fr analyze <folder>`."},
       // [checkpoint]
       {"checkpoint", "enable", member<&C::checkpoint, &Checkpoint::enable>, anything(),
        "Save checkpoints, and resume from the latest one in {job.dump_folder}/{checkpoint.folder}."},

@@ -84,6 +84,15 @@ struct Parallelism {
   bool operator==(const Parallelism&) const = default;
 };
 
+// The communication layer: the watchdog and the flight recorder (TorchTitan's [comm] keys).
+struct Comm {
+  int64_t init_timeout_seconds = 300;  // the watchdog's deadline per collective until the first step ends
+  int64_t timeout_seconds = 100;       // ... afterwards
+  int64_t trace_buf_size = 20000;      // collectives the flight recorder keeps
+  std::string save_traces_folder = "comm_traces";  // under job.dump_folder: where the dumps go
+  bool operator==(const Comm&) const = default;
+};
+
 struct Checkpoint {
   bool enable = false;
   std::string folder = "checkpoint";
@@ -146,6 +155,7 @@ struct JobConfig {
   Optimizer optimizer;
   LrScheduler lr_scheduler;
   Parallelism parallelism;
+  Comm comm;
   Checkpoint checkpoint;
   ActivationCheckpoint activation_checkpoint;
   Metrics metrics;

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "titan/core/error.h"
+#include "titan/distributed/runtime.h"
 
 namespace titan::train {
 
@@ -63,7 +64,9 @@ MetricsOptions metrics_options(const JobConfig& config, const fs::path& run_fold
   const Metrics& k = config.metrics;
   MetricsOptions o;
   o.console = rank == 0 ? stdout : nullptr;
-  o.color = rank == 0 && !k.disable_color_printing && isatty(fileno(stdout));
+  // Under mpirun a rank's stdout is a pseudo-terminal whatever the user's is: colour only a
+  // console the process owns.
+  o.color = rank == 0 && !k.disable_color_printing && isatty(fileno(stdout)) && !distributed::launch_info().launched();
   if (k.enable_jsonl && (rank == 0 || k.save_for_all_ranks)) {
     const fs::path file = k.jsonl_file;
     o.jsonl = run_folder / (rank == 0 ? file

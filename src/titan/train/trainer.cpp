@@ -16,6 +16,10 @@
 
 #include "titan/autograd/ops.h"
 #include "titan/checkpoint/checkpoint.h"
+#include "titan/distributed/ddp.h"
+#include "titan/distributed/device_mesh.h"
+#include "titan/distributed/fsdp.h"
+#include "titan/distributed/runtime.h"
 #include "titan/core/cpu_features.h"
 #include "titan/core/rng.h"
 #include "titan/data/loader.h"
@@ -24,6 +28,7 @@
 #include "titan/models/causal_lm.h"
 #include "titan/optim/adamw.h"
 #include "titan/optim/clip_grad.h"
+#include "titan/train/checkpointing.h"
 #include "titan/train/metrics.h"
 
 namespace titan::train {
@@ -44,11 +49,13 @@ double now_seconds() {
 // What this build does not do yet, refused up front with the key to change.
 void check_supported(const JobConfig& c, const std::string& source) {
   const Parallelism& p = c.parallelism;
-  const bool single = p.data_parallel_replicate_degree == 1 && p.data_parallel_shard_degree <= 1 &&
-                      p.tensor_parallel_degree == 1 && p.pipeline_parallel_degree == 1 &&
-                      p.context_parallel_degree == 1 && p.expert_parallel_degree == 1;
-  TITAN_CHECK(single, source + ": [parallelism] asks for more than one rank, but this build trains in one process",
-              "set every [parallelism] degree to 1 (data_parallel_shard_degree may stay -1)");
+  for (const auto& [key, degree] : {std::pair<const char*, int64_t>{"tensor_parallel_degree", p.tensor_parallel_degree},
+                                    {"pipeline_parallel_degree", p.pipeline_parallel_degree},
+                                    {"context_parallel_degree", p.context_parallel_degree},
+                                    {"expert_parallel_degree", p.expert_parallel_degree}})
+    TITAN_CHECK(degree == 1, source + ": parallelism." + key + " = " + std::to_string(degree) +
+                                 ": this build parallelizes over data only (DDP, FSDP, HSDP)",
+                "set it to 1 and spread the ranks with data_parallel_shard_degree / data_parallel_replicate_degree");
   TITAN_CHECK(c.training.dtype == "float32", source + ": training.dtype = \"" + c.training.dtype +
                                                  "\" (pure bf16 training) is not supported yet",
               "use training.dtype = \"float32\" with training.mixed_precision_param = \"bfloat16\"");
@@ -97,14 +104,18 @@ struct Trainer::State {
   JobConfig cfg;
   std::string source;
   fs::path run_folder, checkpoint_root;
+  distributed::CommEngine* engine = nullptr;
+  const distributed::ProcessGroup* world = nullptr;  // the ranks of this run
+  std::unique_ptr<distributed::DeviceMesh> mesh;
+  bool lead = true;  // world rank 0: prints, writes the run folder's files
   std::unique_ptr<models::CausalLM> model;
+  std::unique_ptr<distributed::DataParallel> dp;
   std::unique_ptr<optim::AdamW> opt;
   std::unique_ptr<data::DataLoader> train_loader, val_loader;
   optim::LrSchedule schedule;
   int64_t accum = 1;
   int64_t step = 0;  // optimizer steps completed
   Tensor inputs, targets;  // [B, S] i32, reused every micro-batch
-  std::vector<std::pair<std::string, nn::Parameter*>> params;
   json hf_config;  // the architecture, when it comes from a checkpoint converted from Hugging Face
 
   explicit State(const JobConfig& c) : cfg(c), schedule(make_lr_schedule(c)) {}
@@ -113,32 +124,112 @@ struct Trainer::State {
   // optimizer and the model's own end-of-step updates.
   StepOutcome train_step(MetricsLogger& log);
   void save(bool final_save);
-  void restore(const checkpoint::LoadedCheckpoint& ck, bool model_only);
+  void restore(const fs::path& folder, bool model_only);
   double validate();
+  RunParts parts() { return {*model, *dp, *opt, *world}; }
+  // The mean over the data-parallel ranks (the loss mesh) of each value.
+  void mean_over_data(std::vector<double>& values);
+  int64_t dp_degree() const { return mesh->dp().size(); }
+  // Whether Ctrl-C reached any rank: they reach the ranks at different moments, and all must
+  // agree on the step that saves and ends the run.
+  bool any_rank_stopped() {
+    double stop = g_stop.load() ? 1 : 0;
+    if (world->size() > 1) world->all_reduce(std::span<double>(&stop, 1), distributed::ReduceOp::max);
+    return stop > 0;
+  }
 };
 
-Trainer::Trainer(const JobConfig& config, const std::string& source) : s_(std::make_unique<State>(config)) {
+namespace {
+
+models::ModelOptions model_options(const JobConfig& c, const json* hf_config) {
+  models::ModelOptions mo;
+  mo.mtp_layers = c.model.mtp_layers;
+  mo.mtp_loss_weight = c.model.mtp_loss_weight;
+  mo.hf_config = hf_config;
+  mo.moe_load_balance_coeff = c.model.moe_load_balance_coeff;
+  mo.moe_aux_loss_alpha = c.model.moe_aux_loss_alpha;
+  mo.converters = c.model.converters;
+  mo.dsa = {c.dsa.warmup_steps, c.dsa.indexer_loss_coeff, c.dsa.topk};
+  return mo;
+}
+
+kernels::AdamWParams adamw_params(const JobConfig& c) {
+  kernels::AdamWParams oc;
+  oc.lr = float(c.optimizer.lr);
+  oc.beta1 = float(c.optimizer.beta1);
+  oc.beta2 = float(c.optimizer.beta2);
+  oc.eps = float(c.optimizer.eps);
+  oc.weight_decay = float(c.optimizer.weight_decay);
+  return oc;
+}
+
+// The data-parallel layout the mesh asks for: FSDP (HSDP with replicas) when dp_shard > 1, DDP
+// when only dp_replicate > 1, else one rank. FSDP initializes the shards itself; the others
+// initialize the whole model.
+std::unique_ptr<distributed::DataParallel> make_data_parallel(models::CausalLM& model, const distributed::DeviceMesh& mesh,
+                                                              const JobConfig& c, const std::string& source) {
+  using distributed::MeshDim;
+  const uint64_t seed = uint64_t(c.debug.seed);
+  std::vector<nn::ShardingUnit> units;
+  if (mesh.dp().size() > 1) {
+    try {
+      units = model.sharding_units();
+    } catch (const Error& e) {
+      TITAN_FAIL(source + ": " + e.message(), e.hint());
+    }
+  }
+  if (mesh.degree(MeshDim::dp_shard) > 1) {
+    distributed::FsdpOptions o;
+    o.reshard_after_forward = c.parallelism.fsdp_reshard_after_forward;
+    o.bf16_params = model.compute_dtype() == DType::bf16;
+    o.seed = seed;
+    return std::make_unique<distributed::Fsdp>(model, units, mesh.fsdp(), &mesh.group(MeshDim::dp_replicate), o);
+  }
+  model.init_parameters(seed);
+  model.refresh_compute_copies();
+  if (mesh.degree(MeshDim::dp_replicate) > 1)
+    return std::make_unique<distributed::Ddp>(model, units, mesh.group(MeshDim::dp_replicate));
+  return std::make_unique<distributed::SingleRank>(model);
+}
+
+}  // namespace
+
+Trainer::Trainer(const JobConfig& config, const std::string& source, const distributed::ProcessGroup* world)
+    : s_(std::make_unique<State>(config)) {
   State& s = *s_;
   s.source = source;
   check_supported(config, source);
   flush_denormals(true);  // see core/cpu_features.h: sharpening attention makes denormals
+  s.engine = &distributed::init_runtime();
+  s.world = world ? world : &s.engine->world();
+  s.lead = s.world->rank() == 0;
   s.run_folder = config.job.dump_folder;
   s.checkpoint_root = s.run_folder / config.checkpoint.folder;
+  s.engine->set_trace_folder(s.run_folder / config.comm.save_traces_folder);
+  s.engine->set_trace_buffer(size_t(config.comm.trace_buf_size));
+  s.engine->set_timeout(double(config.comm.init_timeout_seconds));
+  const Parallelism& par = config.parallelism;
+  s.mesh = std::make_unique<distributed::DeviceMesh>(
+      *s.world, distributed::resolve_mesh({par.pipeline_parallel_degree, par.data_parallel_replicate_degree,
+                                                    par.data_parallel_shard_degree, par.context_parallel_degree,
+                                                    par.tensor_parallel_degree},
+                                                   s.world->size(), source));
   fs::create_directories(s.run_folder);
-  {
-    std::ofstream(s.run_folder / "config.toml") << to_toml(config);
-  }
-  if (config.job.print_config) std::printf("the resolved configuration (also in %s):\n%s\n",
-                                           (s.run_folder / "config.toml").c_str(), to_toml(config).c_str());
+  if (s.lead) std::ofstream(s.run_folder / "config.toml") << to_toml(config);
+  if (s.lead && config.job.print_config)
+    std::printf("the resolved configuration (also in %s):\n%s\n", (s.run_folder / "config.toml").c_str(),
+                to_toml(config).c_str());
 
   const Training& t = config.training;
   data::DataLoaderOptions lo;
   lo.dir = (fs::path(t.dataset_path) / "train").string();
   lo.seq_len = int(t.seq_len);
   lo.seed = uint64_t(config.debug.seed);
+  lo.rank = s.mesh->dp().rank();
+  lo.world_size = s.mesh->dp().size();
   s.train_loader = std::make_unique<data::DataLoader>(lo);
   if (config.validation.enable) {
-    data::DataLoaderOptions vo;
+    data::DataLoaderOptions vo = lo;
     const std::string vp = config.validation.dataset_path.empty() ? t.dataset_path : config.validation.dataset_path;
     vo.dir = (fs::path(vp) / "val").string();
     vo.seq_len = int(config.validation.seq_len);
@@ -159,39 +250,27 @@ Trainer::Trainer(const JobConfig& config, const std::string& source) : s_(std::m
   // architecture, which then replaces the flavor's; the run's own checkpoints record it again.
   if (config.checkpoint.enable && !config.checkpoint.initial_load_path.empty())
     s.hf_config = checkpoint::load_train_state(config.checkpoint.initial_load_path).value("hf_config", json());
-  models::ModelOptions mo;
-  mo.mtp_layers = config.model.mtp_layers;
-  mo.mtp_loss_weight = config.model.mtp_loss_weight;
-  mo.hf_config = s.hf_config.is_null() ? nullptr : &s.hf_config;
-  mo.moe_load_balance_coeff = config.model.moe_load_balance_coeff;
-  mo.moe_aux_loss_alpha = config.model.moe_aux_loss_alpha;
-  mo.converters = config.model.converters;
-  mo.dsa = {config.dsa.warmup_steps, config.dsa.indexer_loss_coeff, config.dsa.topk};
   try {
-    s.model = models::build_model(config.model.name, config.model.flavor, vocab, t.seq_len, mo);
+    s.model = models::build_model(config.model.name, config.model.flavor, vocab, t.seq_len,
+                                  model_options(config, s.hf_config.is_null() ? nullptr : &s.hf_config));
   } catch (const Error& e) {
     TITAN_FAIL(source + ": " + e.message(), e.hint());
   }
-  if (!s.hf_config.is_null())
+  if (s.lead && !s.hf_config.is_null())
     std::printf("architecture from the Hugging Face config recorded in %s (model.flavor is not used)\n",
                 config.checkpoint.initial_load_path.c_str());
-  s.model->init_parameters(uint64_t(config.debug.seed));
   s.model->set_compute_dtype(t.mixed_precision_param == "bfloat16" ? DType::bf16 : DType::f32);
   const std::string& ac = config.activation_checkpoint.mode;
   s.model->set_recompute(ac == "full"        ? models::Recompute::full
                          : ac == "selective" ? models::Recompute::selective
                                              : models::Recompute::none);
-  s.params = s.model->named_parameters();
-  kernels::AdamWParams oc;
-  oc.lr = float(config.optimizer.lr);
-  oc.beta1 = float(config.optimizer.beta1);
-  oc.beta2 = float(config.optimizer.beta2);
-  oc.eps = float(config.optimizer.eps);
-  oc.weight_decay = float(config.optimizer.weight_decay);
-  s.opt = std::make_unique<optim::AdamW>(s.params, oc);
-  s.accum = gradient_accumulation_steps(config, 1);
+  s.dp = make_data_parallel(*s.model, *s.mesh, config, source);
+  s.opt = std::make_unique<optim::AdamW>(s.dp->params(), adamw_params(config));
+  s.accum = gradient_accumulation_steps(config, s.dp_degree());
   s.inputs = Tensor::empty({t.local_batch_size, t.seq_len}, DType::i32, MemCategory::activations);
   s.targets = Tensor::empty({t.local_batch_size * t.seq_len}, DType::i32, MemCategory::activations);
+  if (s.lead && s.world->size() > 1)
+    std::printf("%d ranks: mesh %s; %s\n", s.world->size(), s.mesh->str().c_str(), s.dp->describe().c_str());
 
   // Resume: the newest checkpoint of this run, else the configured initial weights.
   if (config.checkpoint.enable) {
@@ -202,14 +281,12 @@ Trainer::Trainer(const JobConfig& config, const std::string& source) : s_(std::m
       from = checkpoint::latest_checkpoint(s.checkpoint_root);
     }
     if (from) {
-      const auto ck = checkpoint::load_checkpoint(*from);
-      const bool model_only = !ck.train_state.contains("step");
-      s.restore(ck, model_only);
-      std::printf("resumed from %s (step %lld)\n", from->string().c_str(), static_cast<long long>(s.step));
+      const bool model_only = !checkpoint::load_train_state(*from).contains("step");
+      s.restore(*from, model_only);
+      if (s.lead) std::printf("resumed from %s (step %lld)\n", from->string().c_str(), static_cast<long long>(s.step));
     } else if (!config.checkpoint.initial_load_path.empty()) {
-      const auto ck = checkpoint::load_checkpoint(config.checkpoint.initial_load_path);
-      s.restore(ck, config.checkpoint.initial_load_model_only);
-      std::printf("initialized from %s\n", config.checkpoint.initial_load_path.c_str());
+      s.restore(config.checkpoint.initial_load_path, config.checkpoint.initial_load_model_only);
+      if (s.lead) std::printf("initialized from %s\n", config.checkpoint.initial_load_path.c_str());
     }
   }
 }
@@ -219,80 +296,31 @@ Trainer::~Trainer() = default;
 models::CausalLM& Trainer::model() { return *s_->model; }
 const optim::AdamW& Trainer::optimizer() const { return *s_->opt; }
 
-void Trainer::State::restore(const checkpoint::LoadedCheckpoint& ck, bool model_only) {
-  std::map<std::string, Tensor> model_state, optim_state;
-  for (const auto& [name, t] : ck.tensors) {
-    if (name.rfind("model.", 0) == 0) model_state[name.substr(6)] = t;
-    if (name.rfind("optim.", 0) == 0) optim_state[name.substr(6)] = t;
-  }
-  // MTP modules only train: those the checkpoint has beyond model.mtp_layers (DeepSeek-V3's, from
-  // Hugging Face) are dropped, and those it lacks (added to a pretrained model, or one converted
-  // from a folder transformers saved, which has no MTP weights) keep their init, each said in one
-  // line; as do MoE token counts (run-time statistics a converted checkpoint does not have). A
-  // module the checkpoint has only part of (e.g. a dense block where ours is MoE) is an error.
-  const auto own = model->state_dict();
-  const auto is_mtp = [](const std::string& n) { return n.rfind("mtp.", 0) == 0; };
-  const auto module_of = [](const std::string& n) { return n.substr(0, n.find('.', 4)); };  // "mtp.K"
-  std::set<std::string> own_names, dropped;
-  for (const auto& [name, t] : own) own_names.insert(name);
-  for (const auto& [name, t] : model_state)
-    if (is_mtp(name) && !own_names.count(name)) dropped.insert(module_of(name));
-  std::erase_if(model_state, [&](const auto& kv) { return is_mtp(kv.first) && !own_names.count(kv.first); });
-  std::map<std::string, std::vector<std::string>> mtp_missing;  // module -> its tensors the checkpoint lacks
-  std::map<std::string, size_t> mtp_size;
-  for (const auto& [name, t] : own) {
-    if (!is_mtp(name) || name.ends_with("tokens_per_expert")) continue;
-    ++mtp_size[module_of(name)];
-    if (!model_state.count(name)) mtp_missing[module_of(name)].push_back(name);
-  }
-  std::string fresh;
-  for (const auto& [module, missing] : mtp_missing) {
-    TITAN_CHECK(missing.size() == mtp_size.at(module),
-                "checkpoint step " + std::to_string(ck.step) + " holds part of MTP module " + module + ": '" +
-                    missing.front() + "' (and " + std::to_string(missing.size() - 1) + " more) are missing",
-                "its MTP module has another architecture than model.mtp_layers builds (e.g. a dense block where "
-                "ours is MoE); set model.mtp_layers = 0, or load a checkpoint of this architecture");
-    fresh += (fresh.empty() ? "" : ", ") + module;
-  }
-  if (!fresh.empty())
-    std::printf("MTP module %s: not in checkpoint step %lld, starts from a fresh initialization (debug.seed %lld)\n",
-                fresh.c_str(), static_cast<long long>(ck.step), static_cast<long long>(cfg.debug.seed));
-  if (!dropped.empty()) {
-    std::string names;
-    for (const std::string& m : dropped) names += (names.empty() ? "" : ", ") + m;
-    std::printf("MTP module %s of checkpoint step %lld: not loaded (model.mtp_layers = %lld)\n", names.c_str(),
-                static_cast<long long>(ck.step), static_cast<long long>(cfg.model.mtp_layers));
-  }
-  for (const auto& [name, t] : own)
-    if (is_mtp(name) || name.ends_with("tokens_per_expert")) model_state.try_emplace(name, t);
-  model->load_state_dict(model_state, true, "checkpoint step " + std::to_string(ck.step));
-  model->refresh_compute_copies();
+void Trainer::State::restore(const fs::path& folder, bool model_only) {
+  const json train_state = load_run_checkpoint(folder, parts(), cfg, model_only);
   if (model_only) return;
-  opt->load_state_dict(optim_state, "checkpoint step " + std::to_string(ck.step));
-  step = ck.train_state.at("step").get<int64_t>();
-  train_loader->restore(ck.train_state.at("data").get<data::DataLoaderState>());
+  step = train_state.at("step").get<int64_t>();
+  train_loader->restore(train_state.at("data").get<data::DataLoaderState>());
 }
 
 void Trainer::State::save(bool final_save) {
-  checkpoint::SaveRequest req;
-  req.step = step;
-  req.config_toml = to_toml(cfg);
   const bool model_only = final_save && cfg.checkpoint.last_save_model_only;
   const DType export_dtype = cfg.checkpoint.export_dtype == "bfloat16" ? DType::bf16
                              : cfg.checkpoint.export_dtype == "float16" ? DType::f16
                                                                         : DType::f32;
-  for (auto& [name, t] : model->state_dict())
-    req.tensors.push_back({"model." + name, model_only && export_dtype != DType::f32 ? t.to(export_dtype) : t, {}});
-  if (!model_only) {
-    for (auto& [name, t] : opt->state_dict()) req.tensors.push_back({"optim." + name, t, {}});
-    req.train_state = {{"step", step}, {"data", train_loader->state()}, {"seed", cfg.debug.seed}};
-  } else {
-    req.train_state = json::object();
+  json train_state = json::object();
+  if (!model_only) train_state = {{"step", step}, {"data", train_loader->state()}, {"seed", cfg.debug.seed}};
+  if (!hf_config.is_null()) train_state["hf_config"] = hf_config;  // for generate and convert --to-hf
+  const fs::path dir = save_run_checkpoint(checkpoint_root, step, parts(), cfg, train_state, model_only, export_dtype);
+  if (lead) {
+    checkpoint::keep_latest(checkpoint_root, int(cfg.checkpoint.keep_latest_k));
+    std::printf("checkpoint saved: %s%s\n", dir.string().c_str(), model_only ? " (model only)" : "");
   }
-  if (!hf_config.is_null()) req.train_state["hf_config"] = hf_config;  // for generate and convert --to-hf
-  const fs::path dir = checkpoint::save_checkpoint(checkpoint_root, req);
-  checkpoint::keep_latest(checkpoint_root, int(cfg.checkpoint.keep_latest_k));
-  std::printf("checkpoint saved: %s%s\n", dir.string().c_str(), model_only ? " (model only)" : "");
+}
+
+void Trainer::State::mean_over_data(std::vector<double>& values) {
+  mesh->loss().all_reduce(std::span<double>(values));
+  for (double& v : values) v /= double(mesh->loss().size());
 }
 
 double Trainer::State::validate() {
@@ -305,36 +333,51 @@ double Trainer::State::validate() {
   int64_t batches = 0;
   while (cfg.validation.steps < 0 || batches < cfg.validation.steps) {
     if (!val_loader->next_batch(in.data<int32_t>(), tg.data<int32_t>(), int(b), int(sl))) break;
+    dp->begin_forward(false);
     total += autograd::cross_entropy(model->forward(in), tg).value().item();
+    dp->finish_forward();
     ++batches;
   }
   TITAN_CHECK(batches > 0, "validation: the validation set has fewer than one batch of " + std::to_string(b) + " x " +
-                               std::to_string(sl) + " tokens",
+                               std::to_string(sl) + " tokens per data-parallel rank",
               "lower validation.local_batch_size or validation.seq_len, or prepare a larger validation split");
-  return total / double(batches);
+  std::vector<double> mean = {total / double(batches)};
+  mean_over_data(mean);  // every rank ran the same number of batches (the loader splits whole global batches)
+  return mean[0];
 }
 
 StepOutcome Trainer::State::train_step(MetricsLogger& log) {
   const Training& t = cfg.training;
   if (const std::string event = model->begin_step(step + 1); !event.empty()) log.log_event(event);
-  model->zero_grad();
+  dp->zero_grad();
   StepOutcome out;
-  const Tensor dloss = Tensor::full({1}, 1.0 / double(accum), DType::f32);  // the mean over micro-batches
+  // Gradients are reduced by summing over the data-parallel ranks, so each rank's backward is
+  // seeded with 1 / (micro-batches x ranks): the sum is the mean over the global batch.
+  const Tensor dloss = Tensor::full({1}, 1.0 / double(accum * dp_degree()), DType::f32);
   for (int64_t micro = 0; micro < accum; ++micro) {
     const double d0 = train_loader->seconds_spent();
     train_loader->next_batch(inputs.data<int32_t>(), targets.data<int32_t>(), int(t.local_batch_size), int(t.seq_len));
     out.data_seconds += train_loader->seconds_spent() - d0;
+    dp->begin_forward(/*sync_gradients=*/micro + 1 == accum);
     models::TrainingLoss loss = model->training_loss(inputs, targets);
     autograd::backward(loss.total, dloss);
     out.loss += loss.cross_entropy / double(accum);
     for (const auto& [name, v] : loss.terms) out.terms[name] += v / double(accum);
   }
-  const auto norm = optim::clip_grad_norm(params, t.max_norm);
+  dp->finish_backward();
+  // The step's losses, the means over all data-parallel ranks.
+  std::vector<double> scalars = {out.loss};
+  for (const auto& [name, v] : out.terms) scalars.push_back(v);
+  mean_over_data(scalars);
+  out.loss = scalars[0];
+  size_t k = 1;
+  for (auto& [name, v] : out.terms) v = scalars[k++];
+  const auto norm = optim::clip_grad_norm(dp->params(), t.max_norm, [this](double x) { return dp->sum_over_shards(x); });
   out.grad_norm = norm.norm;
   ++step;
   out.lr = cfg.optimizer.lr * schedule.lr_factor(step);
   opt->step(float(out.lr), norm.scale);
-  model->end_step([](Tensor&) {});  // one rank: the local sums are the global ones
+  model->end_step([this](Tensor& x) { mesh->loss().all_reduce(x).wait(); });
   TITAN_CHECK(std::isfinite(out.loss), "training diverged: the loss at step " + std::to_string(step) + " is not finite",
               "lower optimizer.lr or raise lr_scheduler.warmup_steps; resume from the last checkpoint");
   return out;
@@ -344,30 +387,36 @@ TrainResult Trainer::train() {
   State& s = *s_;
   const JobConfig& c = s.cfg;
   const Training& t = c.training;
-  MetricsLogger log(metrics_options(c, s.run_folder));
+  MetricsLogger log(metrics_options(c, s.run_folder, s.world->rank()));
   const auto peak = kernels::measure_machine_peak(0.2);
   const double peak_flops = s.model->compute_dtype() == DType::bf16 ? peak.bf16_flops : peak.f32_flops;
-  std::printf("model %s/%s: %.2fM parameters, %s compute, %lld steps of %lld x %lld tokens (x%lld accumulation)\n",
-              c.model.name.c_str(), c.model.flavor.c_str(), double(s.model->num_parameters()) / 1e6,
-              s.model->compute_dtype() == DType::bf16 ? "bf16" : "f32", static_cast<long long>(t.steps),
-              static_cast<long long>(t.local_batch_size), static_cast<long long>(t.seq_len),
-              static_cast<long long>(s.accum));
-  std::printf("unigram entropy of the training corpus: %.3f nats/token (the loss of a model that ignores context)\n",
-              s.train_loader->unigram_entropy());
+  const int64_t dp = s.dp_degree();
+  if (s.lead) {
+    std::printf("model %s/%s: %.2fM parameters, %s compute, %lld steps of %lld x %lld tokens x %lld data-parallel "
+                "ranks (x%lld accumulation)\n",
+                c.model.name.c_str(), c.model.flavor.c_str(), double(s.model->num_parameters()) / 1e6,
+                s.model->compute_dtype() == DType::bf16 ? "bf16" : "f32", static_cast<long long>(t.steps),
+                static_cast<long long>(t.local_batch_size), static_cast<long long>(t.seq_len),
+                static_cast<long long>(dp), static_cast<long long>(s.accum));
+    std::printf("unigram entropy of the training corpus: %.3f nats/token (the loss of a model that ignores context)\n",
+                s.train_loader->unigram_entropy());
+  }
   g_stop.store(false);
   auto previous = std::signal(SIGINT, on_sigint);
   TrainResult result;
   result.run_folder = s.run_folder;
   const double start_time = now_seconds();
   const int64_t first_step = s.step;
-  const double tokens_per_step = double(s.accum * t.local_batch_size * t.seq_len);
+  const double tokens_per_step = double(s.accum * t.local_batch_size * t.seq_len);  // this rank's
   // The FLOPs per token can change between steps (DeepSeek-V3.2's stages), so the window sums them.
   double window_start = now_seconds(), window_data = 0, window_flops = 0;
+  double window_exposed = s.engine->exposed_seconds();
   int64_t window_steps = 0;
   while (s.step < t.steps) {
     const double t0 = now_seconds();
     memory_reset_peak();
     const StepOutcome o = s.train_step(log);
+    if (s.step == first_step + 1) s.engine->set_timeout(double(c.comm.timeout_seconds));  // start-up is over
     const double step_seconds = now_seconds() - t0;
     result.last_step = s.step;
     result.last_loss = o.loss;
@@ -384,18 +433,28 @@ TrainResult Trainer::train() {
       m.grad_norm = o.grad_norm;
       m.lr = o.lr;
       m.step_seconds = step_seconds;
-      m.tokens_per_second = double(window_steps) * tokens_per_step / window;
-      m.tflops = window_flops / window / 1e12;
+      m.tokens_per_second = double(window_steps) * tokens_per_step * double(dp) / window;
+      m.tflops = window_flops * double(dp) / window / 1e12;
       m.mfu = window_flops / window / peak_flops;
       m.data_share = window_data / window;
       m.eta_seconds = (now_seconds() - start_time) / double(s.step - first_step) * double(t.steps - s.step);
+      // Memory: the largest peak of any rank, per category; communication: the largest share of
+      // the window any rank spent blocked waiting for it.
       m.memory = memory_stats();
+      std::vector<double> worst = {double(m.memory.peak_total),
+                                   (s.engine->exposed_seconds() - window_exposed) / window};
+      for (int64_t p : m.memory.peak) worst.push_back(double(p));
+      s.world->all_reduce(std::span<double>(worst), distributed::ReduceOp::max);
+      m.memory.peak_total = int64_t(worst[0]);
+      for (size_t i = 0; i < m.memory.peak.size(); ++i) m.memory.peak[i] = int64_t(worst[2 + i]);
+      if (s.world->size() > 1) m.detail.emplace_back("comm_exposed_share", worst[1]);
       for (const auto& [k, v] : o.terms) m.summary.emplace_back(k, v);
       const models::StepStats stats = s.model->step_stats();
       m.summary.insert(m.summary.end(), stats.summary.begin(), stats.summary.end());
-      m.detail = stats.detail;
+      m.detail.insert(m.detail.end(), stats.detail.begin(), stats.detail.end());
       log.log_step(m);
       window_start = now_seconds();
+      window_exposed = s.engine->exposed_seconds();
       window_data = 0, window_flops = 0;
       window_steps = 0;
     }
@@ -404,7 +463,7 @@ TrainResult Trainer::train() {
       log.log_validation(s.step, result.last_val_loss, std::exp(result.last_val_loss));
     }
     if (on_step_end) on_step_end(s.step);
-    const bool stop = g_stop.load();
+    const bool stop = s.any_rank_stopped();
     if (c.checkpoint.enable) {
       const bool periodic = s.step % c.checkpoint.interval == 0 || (s.step == 1 && c.checkpoint.enable_first_step_checkpoint);
       if (s.step == t.steps || stop || periodic) {

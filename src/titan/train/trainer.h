@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 
+#include "titan/distributed/process_group.h"
 #include "titan/models/causal_lm.h"
 #include "titan/optim/adamw.h"
 #include "titan/train/config.h"
@@ -25,7 +26,9 @@ class Trainer {
  public:
   // source: the config file's path, for messages. Builds the tokenizer (for the vocabulary),
   // model, optimizer and data loaders; resumes from the newest checkpoint when checkpointing is on.
-  Trainer(const JobConfig& config, const std::string& source);
+  // The run spans `world` (default: every rank of the job), whose size the [parallelism] degrees
+  // must multiply to; a test can run a 1-rank reference on a group of one beside a larger run.
+  Trainer(const JobConfig& config, const std::string& source, const distributed::ProcessGroup* world = nullptr);
   ~Trainer();
   TrainResult train();
   // Called after every optimizer step (and its logging/checkpointing) with the step number.

@@ -114,14 +114,17 @@ double sum_all(const T* x, int64_t n) {
   return blocked_sum(x, n, [](const T* xb, int64_t len) { return row_sum(xb, len); });
 }
 
+// In double: a float's square is exact there, so the only rounding is the sum's (~1e-16), and
+// the norm of gradients split into shards at any offset rounds to the same float clip factor as
+// the norm of the whole tensors (FSDP reproduces the 1-rank run with clipping on).
 template <class T>
 double sum_squares(const T* x, int64_t n) {
   return blocked_sum(x, n, [](const T* xb, int64_t len) {
-    float s = 0;
-    // Scalar math: s = sum_i x_i^2
+    double s = 0;
+    // Scalar math: s = sum_i double(x_i)^2
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < len; ++i) {
-      const float v = to_f32(xb[i]);
+      const double v = double(to_f32(xb[i]));
       s += v * v;
     }
     return s;

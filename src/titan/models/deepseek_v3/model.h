@@ -73,6 +73,7 @@ class Transformer : public CausalLM {
   void set_compute_dtype(DType dtype) override;
   DType compute_dtype() const override { return compute_dtype_; }
   void set_recompute(Recompute r) override;
+  std::vector<nn::ShardingUnit> sharding_units() override;  // parallelize.cpp
   Recompute recompute() const { return recompute_; }
   // MTP: the targets [B*S] of the next forward (a no-op without MTP modules).
   void set_targets(const Tensor& targets);

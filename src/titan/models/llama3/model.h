@@ -56,6 +56,7 @@ class Transformer : public CausalLM {
   void set_compute_dtype(DType dtype) override;
   DType compute_dtype() const override { return compute_dtype_; }
   void set_recompute(Recompute r) override { recompute_ = r; }
+  std::vector<nn::ShardingUnit> sharding_units() override;  // parallelize.cpp
   double training_flops_per_token(int64_t seq_len) const override { return args_.training_flops_per_token(seq_len); }
   int64_t vocab_size() const override { return args_.vocab_size; }
   int64_t max_seq_len() const override { return args_.max_seq_len; }

@@ -1,0 +1,313 @@
+#include "titan/distributed/fsdp.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "titan/core/error.h"
+
+namespace titan::distributed {
+
+struct Fsdp::Param {
+  std::string name;
+  nn::Parameter* p = nullptr;
+  Shape shape;                 // global
+  int64_t d0 = 0, rest = 0;    // rows, and elements per row
+  int64_t rows = 0, valid = 0; // rows per rank; this rank's rows that are not padding
+  bool bf16 = false;           // gathers the bf16 compute copy (a GEMM weight under mixed precision)
+  Tensor shard;                // [rows, ...] f32, zero past `valid`: the master
+  Tensor shard_compute;        // [rows, ...] bf16 (bf16 only), what the all-gather sends
+  Tensor compute_valid;        // its first `valid` rows, refreshed by the optimizer
+  Tensor full;                 // [N * rows, ...]: the gathered parameter (released while sharded)
+  size_t trainable = 0;        // index in trainables_
+};
+
+struct Fsdp::Unit {
+  std::string name;
+  const nn::Module* module = nullptr;  // null for the root unit
+  std::vector<Param*> params;
+  bool reshard_after_forward = true;
+  size_t index = 0;                    // in forward order
+  bool gathered = false;
+  std::vector<Work> gathers;           // in flight
+  int uses = 0;                        // forwards this micro-batch whose backward has not ended
+};
+
+struct Fsdp::Reduction {
+  Param* param = nullptr;
+  Tensor out;  // [rows * rest] f32: the summed gradient rows of this rank's shard
+  Work reduce_scatter, all_reduce;
+  bool all_reduce_issued = false;
+};
+
+namespace {
+
+Shape with_rows(const Shape& s, int64_t rows) {
+  std::vector<int64_t> d(s.begin(), s.end());
+  d[0] = rows;
+  return Shape(d);
+}
+
+}  // namespace
+
+Fsdp::Fsdp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const ProcessGroup& shard,
+           const ProcessGroup* replicate, const FsdpOptions& options)
+    : shard_(shard), replicate_(replicate && replicate->size() > 1 ? replicate : nullptr), options_(options) {
+  TITAN_CHECK(options.reshard_after_forward == "default" || options.reshard_after_forward == "always" ||
+                  options.reshard_after_forward == "never",
+              "parallelism.fsdp_reshard_after_forward = \"" + options.reshard_after_forward + "\" is not a policy",
+              "use default, always or never");
+  for (const nn::ShardingUnit& su : units) {
+    auto u = std::make_unique<Unit>();
+    u->name = su.name;
+    u->module = su.module;
+    u->reshard_after_forward = su.reshard_after_forward;
+    u->index = units_.size();
+    by_module_[su.module] = u.get();
+    su.module->set_unit_hooks(this);
+    units_.push_back(std::move(u));
+  }
+  auto root = std::make_unique<Unit>();
+  root->name = "root";
+  root->reshard_after_forward = false;
+  root->index = units_.size();
+  units_.push_back(std::move(root));
+
+  const int n = shard_.size(), r = shard_.rank();
+  for (auto& [name, p] : model.named_parameters()) {
+    auto q = std::make_unique<Param>();
+    q->name = name;
+    q->p = p;
+    q->shape = p->var.shape();
+    TITAN_CHECK(q->shape.size() >= 1, "FSDP shards parameters on dim 0; '" + name + "' is a scalar");
+    q->d0 = q->shape[0];
+    q->rest = q->shape.numel() / std::max<int64_t>(q->d0, 1);
+    q->rows = (q->d0 + n - 1) / n;
+    q->valid = std::clamp<int64_t>(q->d0 - int64_t(r) * q->rows, 0, q->rows);
+    const Shape shard_shape = with_rows(q->shape, q->rows), full_shape = with_rows(q->shape, q->rows * n);
+    q->shard = Tensor::zeros(shard_shape, DType::f32, MemCategory::parameters);
+    Tensor master = q->shard.slice(0, 0, q->valid);
+    std::vector<int64_t> offsets(q->shape.size(), 0);
+    offsets[0] = int64_t(r) * q->rows;
+    const GlobalSlice slice{q->shape, Shape(offsets)};
+    nn::init_parameter(master, name, p->init, options.seed, &slice);
+    q->bf16 = options.bf16_params && p->gemm_weight;
+    if (q->bf16) {
+      q->shard_compute = Tensor::zeros(shard_shape, DType::bf16, MemCategory::parameters);
+      q->compute_valid = q->shard_compute.slice(0, 0, q->valid);
+      q->compute_valid.copy_(master);
+      q->full = Tensor::empty(full_shape, DType::bf16, MemCategory::parameters);
+      p->compute = q->full.slice(0, 0, q->d0);
+      // The f32 value is never gathered (the GEMMs read the bf16 copy): a buffer of its shape, freed.
+      Tensor unused = Tensor::empty(q->shape, DType::f32, MemCategory::parameters);
+      unused.release_storage();
+      p->var.mutable_value() = unused;
+    } else {
+      q->full = Tensor::empty(full_shape, DType::f32, MemCategory::parameters);
+      p->var.mutable_value() = q->full.slice(0, 0, q->d0);
+      p->compute = Tensor();
+    }
+    q->full.release_storage();
+    p->var.clear_grad();
+    q->trainable = trainables_.size();
+    trainables_.push_back({name, autograd::Variable(master, true, name), q->bf16 ? &q->compute_valid : nullptr,
+                           p->weight_decay, slice});
+    Unit* owner = units_.back().get();  // root, unless a unit's prefix claims it
+    for (auto& u : units_)
+      if (u->module && name.starts_with(u->name + ".")) owner = u.get();
+    owner->params.push_back(q.get());
+    params_.push_back(std::move(q));
+  }
+  sums_.resize(trainables_.size());
+}
+
+Fsdp::~Fsdp() {
+  for (auto& u : units_) {
+    for (const Work& w : u->gathers) w.wait();
+    if (u->module) const_cast<nn::Module*>(u->module)->set_unit_hooks(nullptr);
+  }
+  for (auto& rd : reductions_) rd->reduce_scatter.wait(), rd->all_reduce.wait();
+}
+
+std::string Fsdp::describe() const {
+  std::string out = replicate_ ? fmt::format("HSDP: parameters sharded over {} ranks, {} replicas", shard_.size(), replicate_->size())
+                               : fmt::format("FSDP over {} ranks", shard_.size());
+  out += fmt::format(" ({} units + root; reshard after forward: {}; parameters gathered in {})", units_.size() - 1,
+                     options_.reshard_after_forward, options_.bf16_params ? "bf16 for GEMM weights" : "f32");
+  return out;
+}
+
+Fsdp::Unit& Fsdp::unit_of(const nn::Module& m) {
+  auto it = by_module_.find(&m);
+  TITAN_CHECK(it != by_module_.end(), "FSDP: a module's hooks ran but it is not one of the plan's units");
+  return *it->second;
+}
+
+void Fsdp::gather(Unit& u) {
+  if (u.gathered || !u.gathers.empty()) return;
+  const int n = shard_.size();
+  for (Param* q : u.params) {
+    q->full.reallocate_storage();
+    const Tensor& src = q->bf16 ? q->shard_compute : q->shard;
+    u.gathers.push_back(shard_.all_gather(q->full.view({n * q->rows * q->rest}), src.view({q->rows * q->rest})));
+  }
+}
+
+void Fsdp::wait_gathered(Unit& u) {
+  for (const Work& w : u.gathers) w.wait();
+  u.gathers.clear();
+  u.gathered = true;
+}
+
+void Fsdp::release(Unit& u) {
+  if (!u.gathered && u.gathers.empty()) return;
+  wait_gathered(u);
+  for (Param* q : u.params) q->full.release_storage();
+  u.gathered = false;
+}
+
+void Fsdp::before_forward(const nn::Module& m) {
+  Unit& u = unit_of(m);
+  gather(u);
+  wait_gathered(u);
+  if (u.index + 2 < units_.size()) gather(*units_[u.index + 1]);  // prefetch the next (not the root)
+  if (!autograd::grad_enabled()) return;
+  ++u.uses;
+  // Runs once the unit's whole backward has run (it is recorded before the unit's ops).
+  autograd::record_hook("fsdp.post_backward " + u.name, [this, &u] { post_backward(u); });
+}
+
+void Fsdp::after_forward(const nn::Module& m) {
+  Unit& u = unit_of(m);
+  const bool training = autograd::grad_enabled();
+  // Runs before the unit's backward (it is recorded after the unit's ops).
+  if (training) autograd::record_hook("fsdp.pre_backward " + u.name, [this, &u] { pre_backward(u); });
+  const std::string& policy = options_.reshard_after_forward;
+  const bool reshard = policy == "always" || (policy == "default" && u.reshard_after_forward);
+  if (!training || reshard) release(u);
+}
+
+void Fsdp::pre_backward(Unit& u) {
+  gather(u);
+  wait_gathered(u);
+  if (u.index > 0) gather(*units_[u.index - 1]);  // prefetch the unit whose backward comes next
+}
+
+void Fsdp::post_backward(Unit& u) {
+  if (--u.uses > 0) return;  // another forward of the unit (e.g. the MTP head) still has its backward to run
+  reduce_gradients(u);
+  release(u);
+  advance_reductions(false);
+}
+
+void Fsdp::reduce_gradients(Unit& u) {
+  const int n = shard_.size();
+  for (Param* q : u.params) {
+    const Tensor& g = q->p->var.grad();
+    if (!g.defined()) continue;  // frozen, or no gradient reached it
+    const int64_t total = n * q->rows * q->rest;
+    Tensor in = g.view({q->d0 * q->rest});
+    if (q->d0 * q->rest != total) {  // padded to N equal chunks
+      Tensor padded = Tensor::zeros({total}, DType::f32, MemCategory::temporaries);
+      padded.slice(0, 0, q->d0 * q->rest).copy_(in);
+      in = padded;
+    }
+    auto rd = std::make_unique<Reduction>();
+    rd->param = q;
+    rd->out = Tensor::empty({q->rows * q->rest}, DType::f32, MemCategory::gradients);
+    rd->reduce_scatter = shard_.reduce_scatter(rd->out, in);
+    reductions_.push_back(std::move(rd));
+    q->p->var.clear_grad();  // the request holds the unsharded gradient until it is sent
+  }
+}
+
+void Fsdp::advance_reductions(bool wait) {
+  // HSDP: each shard's gradient is all-reduced over the replicas once its reduce-scatter is done,
+  // in issue order on every rank (the order MPI needs), without waiting unless asked to.
+  if (replicate_)
+    for (auto& rd : reductions_) {
+      if (rd->all_reduce_issued) continue;
+      if (!wait && !rd->reduce_scatter.completed()) break;
+      rd->reduce_scatter.wait();
+      rd->all_reduce = replicate_->all_reduce(rd->out);
+      rd->all_reduce_issued = true;
+    }
+  if (!wait) return;
+  for (auto& rd : reductions_) {
+    rd->reduce_scatter.wait();
+    rd->all_reduce.wait();
+    Param& q = *rd->param;
+    sums_[q.trainable].add(rd->out.slice(0, 0, q.valid * q.rest));  // the valid rows, flat
+  }
+  reductions_.clear();
+}
+
+void Fsdp::zero_grad() {
+  in_step_ = true;
+  micro_batches_ = 0;
+  for (auto& q : params_) {
+    autograd::Variable& v = trainables_[q->trainable].var;
+    if (q->p->var.requires_grad()) v.zero_grad();  // kept, zero: a parameter no gradient reaches still steps
+    else v.clear_grad();                           // frozen: the optimizer skips it
+    q->p->var.clear_grad();
+  }
+}
+
+void Fsdp::begin_forward(bool /*sync_gradients*/) {
+  // The previous micro-batch's reductions are folded into the step's sums (they ran during its
+  // backward; waiting here rarely waits).
+  if (in_step_ && micro_batches_++ > 0) {
+    reduce_gradients(*units_.back());  // the root's, per micro-batch like every unit's
+    advance_reductions(true);
+  }
+  Unit& root = *units_.back();
+  gather(root);
+  if (units_.size() > 1) gather(*units_[0]);
+  wait_gathered(root);
+}
+
+void Fsdp::finish_backward() {
+  for (auto& u : units_)
+    TITAN_CHECK(u->uses == 0, "FSDP: the backward of unit " + u->name + " did not finish (its hook never ran)",
+                "every forward of a unit must be part of the loss's backward");
+  reduce_gradients(*units_.back());
+  advance_reductions(true);
+  for (auto& u : units_) release(*u);
+  // The step's shard gradients; a parameter no gradient reached keeps its zero (stale) one.
+  for (size_t i = 0; i < trainables_.size(); ++i) {
+    if (sums_[i].empty()) continue;
+    const std::shared_ptr<autograd::GradSlot>& slot = trainables_[i].var.slot();
+    slot->grad = sums_[i].take().view(trainables_[i].var.shape());
+    slot->stale = false;
+  }
+  in_step_ = false;
+}
+
+void Fsdp::finish_forward() {
+  for (auto& u : units_) {
+    u->uses = 0;
+    release(*u);
+  }
+}
+
+void Fsdp::refresh_compute_copies() {
+  for (auto& q : params_)
+    if (q->bf16) q->compute_valid.copy_(trainables_[q->trainable].var.value());
+}
+
+double Fsdp::sum_over_shards(double local) const {
+  double v = local;
+  shard_.all_reduce(std::span<double>(&v, 1));
+  return v;
+}
+
+bool Fsdp::writes_params() const { return !replicate_ || replicate_->rank() == 0; }
+
+int64_t Fsdp::gathered_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& q : params_)
+    if (q->full.storage_allocated()) bytes += int64_t(q->full.nbytes());
+  return bytes;
+}
+
+}  // namespace titan::distributed

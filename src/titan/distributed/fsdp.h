@@ -1,0 +1,87 @@
+// FSDP (ZeRO-3, FSDP2's semantics) and HSDP over a shard group, and a replicate group for HSDP.
+//
+// Layout: every parameter of shape [d0, ...] is split on dim 0 into N = shard-group-size chunks
+// of ceil(d0 / N) rows; rank r holds rows [r * rows, r * rows + rows) of it, zero-padded past d0
+// (trailing ranks may hold only padding). That shard (f32) is the master the optimizer steps;
+// under mixed precision a bf16 copy of it is what GEMM weights gather.
+//
+// Per unit (the model's sharding_units(): the embedding, each block, the output head; the rest
+// is the root unit):
+//   forward   before the unit: wait for its all-gather (issued earlier as a prefetch), issue the
+//             next unit's; after it: free the gathered parameters unless reshard_after_forward
+//             keeps them (default: all but the output head; "always": all; "never": none).
+//   backward  before the unit's backward: gather it again if freed, prefetch the unit before it;
+//             after: reduce-scatter its f32 gradients into the shards (per micro-batch, added to
+//             the shard's gradient), free the gathered parameters. HSDP then all-reduces each
+//             shard's gradient over the replicas.
+// The root unit is gathered by begin_forward and reduced by finish_backward. Gradients are sums
+// (the loss is normalized by the global token count), reduced as a binary tree over ranks and
+// then over micro-batches (tree_sum.h): FSDP over 2^k ranks gives the same gradients, bit for
+// bit, as one rank accumulating the same micro-batches.
+#pragma once
+
+#include <map>
+
+#include "titan/distributed/data_parallel.h"
+#include "titan/distributed/tree_sum.h"
+
+namespace titan::distributed {
+
+struct FsdpOptions {
+  std::string reshard_after_forward = "default";  // default | always | never
+  bool bf16_params = false;  // GEMM weights gathered and computed in bf16 (the f32 shard stays the master)
+  uint64_t seed = 0;         // the shards' initial values: exactly those of the whole parameters' init
+};
+
+class Fsdp : public DataParallel, public nn::UnitHooks {
+ public:
+  // Shards every parameter of `model` (replacing its storage: the unsharded values exist only
+  // while a unit is gathered) and initializes the shards from their Init and the seed.
+  // replicate: HSDP's replica group (null or one rank: plain FSDP).
+  Fsdp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const ProcessGroup& shard,
+       const ProcessGroup* replicate, const FsdpOptions& options);
+  ~Fsdp() override;
+
+  const std::vector<nn::TrainableParam>& params() const override { return trainables_; }
+  double sum_over_shards(double local) const override;
+  bool writes_params() const override;
+  void zero_grad() override;
+  void begin_forward(bool sync_gradients) override;
+  void finish_backward() override;
+  void finish_forward() override;
+  void refresh_compute_copies() override;
+  std::string describe() const override;
+
+  void before_forward(const nn::Module& unit) override;
+  void after_forward(const nn::Module& unit) override;
+
+  // Bytes of unsharded parameters gathered now (for tests of "no more than the units in flight").
+  int64_t gathered_bytes() const;
+
+ private:
+  struct Param;
+  struct Unit;
+  struct Reduction;
+  Unit& unit_of(const nn::Module& m);
+  void gather(Unit& u);        // issues the unit's all-gathers unless gathered or in flight
+  void wait_gathered(Unit& u);
+  void release(Unit& u);
+  void pre_backward(Unit& u);
+  void post_backward(Unit& u);
+  void reduce_gradients(Unit& u);
+  void advance_reductions(bool wait);  // HSDP all-reduces in order; with wait, every reduction folded
+
+  const ProcessGroup& shard_;
+  const ProcessGroup* replicate_;
+  FsdpOptions options_;
+  std::vector<std::unique_ptr<Param>> params_;
+  std::vector<std::unique_ptr<Unit>> units_;  // forward order; the root unit last
+  std::map<const nn::Module*, Unit*> by_module_;
+  std::vector<nn::TrainableParam> trainables_;
+  std::vector<std::unique_ptr<Reduction>> reductions_;  // this micro-batch's, in issue order
+  std::vector<TreeSum> sums_;                           // per trainable: the step's shard gradients
+  bool in_step_ = false;                                // between zero_grad and finish_backward
+  int micro_batches_ = 0;
+};
+
+}  // namespace titan::distributed

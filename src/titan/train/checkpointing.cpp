@@ -1,0 +1,148 @@
+#include "titan/train/checkpointing.h"
+
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include "titan/checkpoint/checkpoint.h"
+
+namespace titan::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+bool is_mtp(const std::string& n) { return n.starts_with("mtp."); }
+std::string mtp_module(const std::string& n) { return n.substr(0, n.find('.', 4)); }  // "mtp.K"
+bool is_run_statistic(const std::string& n) { return n.ends_with("tokens_per_expert"); }
+
+// The optimizer state key's parameter: "<param>.exp_avg" -> "<param>"; "" for the step counters.
+std::string moment_param(const std::string& key) {
+  for (const char* suffix : {".exp_avg_sq", ".exp_avg"})
+    if (key.ends_with(suffix)) return key.substr(0, key.size() - std::string(suffix).size());
+  return {};
+}
+
+std::map<std::string, const GlobalSlice*> slices_of(const std::vector<nn::TrainableParam>& params) {
+  std::map<std::string, const GlobalSlice*> out;
+  for (const nn::TrainableParam& p : params) out[p.name] = p.slice.global_shape.empty() ? nullptr : &p.slice;
+  return out;
+}
+
+std::string joined(const std::set<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+}  // namespace
+
+fs::path save_run_checkpoint(const fs::path& root, int64_t step, const RunParts& parts, const JobConfig& config,
+                             const json& train_state, bool model_only, DType export_dtype) {
+  checkpoint::SaveRequest req;
+  req.step = step;
+  req.config_toml = to_toml(config);
+  req.train_state = train_state;
+  const bool lead = parts.world.rank() == 0;
+  const auto& params = parts.data_parallel.params();
+  // Each piece once: a parameter's slices by the ranks that hold them (replicas but the first
+  // write none), replicated state (buffers, step counters) by rank 0.
+  if (parts.data_parallel.writes_params())
+    for (const nn::TrainableParam& p : params) {
+      const Tensor& v = p.var.value();
+      req.tensors.push_back({"model." + p.name, model_only && export_dtype != DType::f32 ? v.to(export_dtype) : v, p.slice});
+    }
+  if (lead)
+    for (const auto& [name, b] : parts.model.named_buffers()) req.tensors.push_back({"model." + name, b, {}});
+  if (!model_only) {
+    const auto slices = slices_of(params);
+    for (const auto& [key, t] : parts.optimizer.state_dict()) {
+      const std::string param = moment_param(key);
+      if (param.empty()) {
+        if (lead) req.tensors.push_back({"optim." + key, t, {}});
+      } else if (parts.data_parallel.writes_params()) {
+        const GlobalSlice* s = slices.at(param);
+        req.tensors.push_back({"optim." + key, t, s ? *s : GlobalSlice{}});
+      }
+    }
+  }
+  return checkpoint::save_checkpoint(root, req, &parts.world);
+}
+
+json load_run_checkpoint(const fs::path& folder, const RunParts& parts, const JobConfig& config, bool model_only) {
+  checkpoint::CheckpointReader reader(folder);
+  const std::string what = "checkpoint step " + std::to_string(reader.step());
+  const bool lead = parts.world.rank() == 0;
+  const auto& params = parts.data_parallel.params();
+  const auto buffers = parts.model.named_buffers();
+  std::set<std::string> own, saved;
+  for (const nn::TrainableParam& p : params) own.insert(p.name);
+  for (const auto& [name, b] : buffers) own.insert(name);
+  for (const std::string& n : reader.names())
+    if (n.starts_with("model.")) saved.insert(n.substr(6));
+
+  // MTP modules only train: those the checkpoint has beyond model.mtp_layers (DeepSeek-V3's, from
+  // Hugging Face) are dropped, and those it lacks (added to a pretrained model, or one converted
+  // from a folder transformers saved, which has no MTP weights) keep their init, each said in one
+  // line. A module the checkpoint has only part of (e.g. a dense block where ours is MoE) is an error.
+  std::set<std::string> dropped, extra, missing;
+  std::map<std::string, std::vector<std::string>> mtp_missing;  // module -> its tensors the checkpoint lacks
+  std::map<std::string, size_t> mtp_size;
+  for (const std::string& n : saved)
+    if (!own.count(n)) (is_mtp(n) ? dropped.insert(mtp_module(n)) : extra.insert(n));
+  for (const std::string& n : own) {
+    if (is_run_statistic(n)) continue;
+    if (is_mtp(n)) {
+      ++mtp_size[mtp_module(n)];
+      if (!saved.count(n)) mtp_missing[mtp_module(n)].push_back(n);
+    } else if (!saved.count(n)) {
+      missing.insert(n);
+    }
+  }
+  TITAN_CHECK(extra.empty(), what + " (" + folder.string() + ") has tensors the model does not: " + joined(extra),
+              "load a checkpoint of the same model and flavor");
+  TITAN_CHECK(missing.empty(), what + " (" + folder.string() + ") lacks tensors of the model: " + joined(missing),
+              "load a checkpoint of the same model and flavor");
+  std::set<std::string> fresh;
+  for (const auto& [module, lacking] : mtp_missing) {
+    TITAN_CHECK(lacking.size() == mtp_size.at(module),
+                what + " holds part of MTP module " + module + ": '" + lacking.front() + "' (and " +
+                    std::to_string(lacking.size() - 1) + " more) are missing",
+                "its MTP module has another architecture than model.mtp_layers builds (e.g. a dense block where "
+                "ours is MoE); set model.mtp_layers = 0, or load a checkpoint of this architecture");
+    fresh.insert(module);
+  }
+  if (lead && !fresh.empty())
+    std::printf("MTP module %s: not in %s, starts from a fresh initialization (debug.seed %lld)\n", joined(fresh).c_str(),
+                what.c_str(), static_cast<long long>(config.debug.seed));
+  if (lead && !dropped.empty())
+    std::printf("MTP module %s of %s: not loaded (model.mtp_layers = %lld)\n", joined(dropped).c_str(), what.c_str(),
+                static_cast<long long>(config.model.mtp_layers));
+
+  for (const nn::TrainableParam& p : params)
+    if (saved.count(p.name)) reader.read("model." + p.name, p.var.value(), p.slice.global_shape.empty() ? nullptr : &p.slice);
+  for (const auto& [name, b] : buffers)
+    if (saved.count(name) && !is_run_statistic(name)) reader.read("model." + name, b);
+  parts.data_parallel.refresh_compute_copies();
+
+  if (!model_only) {
+    const auto slices = slices_of(params);
+    std::map<std::string, Tensor> state;
+    for (const auto& [key, t] : parts.optimizer.state_dict()) {
+      if (!reader.contains("optim." + key)) continue;  // load_state_dict names what is missing
+      const std::string param = moment_param(key);
+      if (param.empty()) {
+        state[key] = reader.read_full("optim." + key);
+      } else {
+        Tensor dst = Tensor::empty(t.shape(), DType::f32, MemCategory::temporaries);
+        reader.read("optim." + key, dst, slices.at(param));
+        state[key] = dst;
+      }
+    }
+    parts.optimizer.load_state_dict(state, what);
+  }
+  return checkpoint::load_train_state(folder);
+}
+
+}  // namespace titan::train

@@ -1,0 +1,40 @@
+// A training run's checkpoints: what the trainer saves (model weights as this rank holds them,
+// the optimizer state of the same slices, buffers, the train state) and how it loads any
+// checkpoint back into whatever layout this run has (checkpoint/checkpoint.h reads the
+// overlapping pieces), with the rules for MTP modules a checkpoint has or lacks.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "titan/distributed/data_parallel.h"
+#include "titan/models/causal_lm.h"
+#include "titan/optim/adamw.h"
+#include "titan/train/config.h"
+
+namespace titan::train {
+
+struct RunParts {
+  models::CausalLM& model;
+  distributed::DataParallel& data_parallel;
+  optim::AdamW& optimizer;
+  const distributed::ProcessGroup& world;
+};
+
+// Saves step-<step>/ under root (collective over parts.world). model_only: the weights alone,
+// converted to export_dtype (the final export); otherwise also the optimizer state and
+// train_state. Returns the step folder.
+std::filesystem::path save_run_checkpoint(const std::filesystem::path& root, int64_t step, const RunParts& parts,
+                                          const JobConfig& config, const nlohmann::json& train_state, bool model_only,
+                                          DType export_dtype);
+
+// Loads the step folder into this run's parameters (and, unless model_only, the optimizer state).
+// MTP modules the checkpoint has beyond model.mtp_layers are dropped, those it lacks keep their
+// initialization (each said in one line), a module it has only part of is an error; MoE token
+// counts keep their run-time values. Returns the checkpoint's train_state.json.
+nlohmann::json load_run_checkpoint(const std::filesystem::path& folder, const RunParts& parts, const JobConfig& config,
+                                   bool model_only);
+
+}  // namespace titan::train

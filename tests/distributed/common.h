@@ -1,0 +1,123 @@
+// Helpers of the multi-rank training tests: one dataset every rank shares, configs of the debug
+// models, a run on a group of ranks, and the 1-rank reference run beside it.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/byte_dataset.h"
+#include "titan/distributed/comm_engine.h"
+#include "titan/train/trainer.h"
+
+namespace titan::test {
+
+namespace fs = std::filesystem;
+
+inline const distributed::ProcessGroup& world() { return distributed::CommEngine::get().world(); }
+
+// A folder every rank agrees on (rank 0 names it), emptied by rank 0.
+inline fs::path shared_folder(const std::string& tag) {
+  std::string name = (fs::temp_directory_path() / ("titan_" + tag + "_" + std::to_string(::getpid()))).string();
+  name = world().all_gather(name)[0];
+  if (world().rank() == 0) {
+    fs::remove_all(name);
+    fs::create_directories(name);
+  }
+  world().barrier().wait();
+  return name;
+}
+
+// The templated corpus of the e2e tests as byte tokens, prepared once by rank 0.
+inline fs::path shared_dataset(const fs::path& dir) {
+  if (world().rank() == 0) {
+    std::ofstream text(dir / "corpus.txt");
+    const char* names[] = {"Adam", "Noah", "Moses", "Ruth", "David", "Esther"};
+    const char* verbs[] = {"walked to", "spoke with", "looked upon", "went unto"};
+    const char* places[] = {"the river", "the city", "the mountain", "the field", "the temple"};
+    for (int d = 0; d < 300; ++d) {
+      for (int s = 0; s < 6; ++s)
+        text << names[(d + s) % 6] << ' ' << verbs[(d * 3 + s) % 4] << ' ' << places[(d + 2 * s) % 5] << ".\n";
+      text << "\n";
+    }
+    text.close();
+    prepare_byte_dataset(dir / "corpus.txt", dir, 0.05);
+  }
+  world().barrier().wait();
+  return dir / "prepared";
+}
+
+// The [section] key = value lines of a debug-model run of `steps` steps on `data` into `run`.
+inline std::string base_toml(const std::string& model, const fs::path& data, const fs::path& run, int steps) {
+  std::string toml = "[job]\ndump_folder = \"" + run.string() + "\"\n[model]\nname = \"" + model +
+                     "\"\nflavor = \"debugmodel\"\n[training]\nseq_len = 64\nsteps = " + std::to_string(steps) +
+                     "\ndataset_path = \"" + data.string() +
+                     "\"\nmixed_precision_param = \"float32\"\n[optimizer]\nlr = 3e-3\n[lr_scheduler]\nwarmup_steps = 4\n"
+                     "decay_ratio = 0.5\ndecay_type = \"cosine\"\n[activation_checkpoint]\nmode = \"none\"\n"
+                     "[metrics]\nlog_freq = 1\n[comm]\ninit_timeout_seconds = 300\ntimeout_seconds = 300\n";
+  // DeepSeek-V3.2: the dense warm-up (indexers only) for 3 steps, then the sparse stage, each query
+  // attending to 16 of its keys (a real selection past position 16).
+  if (model == "deepseek_v32") toml += "[dsa]\nwarmup_steps = 3\ntopk = 16\n";
+  return toml;
+}
+
+// The per-step training losses of a run folder's metrics.jsonl.
+inline std::vector<double> losses_of(const fs::path& run) {
+  std::vector<double> out;
+  std::ifstream f(run / "metrics.jsonl");
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "train") out.push_back(j["loss"].get<double>());
+  }
+  return out;
+}
+
+// Trains `config` on `group` (every member calls it) and returns the losses (on every member).
+inline std::vector<double> train_on(const train::JobConfig& config, const distributed::ProcessGroup& group) {
+  {
+    train::Trainer t(config, "test", &group);
+    t.train();
+  }
+  group.barrier().wait();
+  return losses_of(config.job.dump_folder);
+}
+
+// The group of rank 0 alone (every rank calls it once; the others get their own group).
+inline const distributed::ProcessGroup& solo() {
+  static std::unique_ptr<distributed::ProcessGroup> g =
+      distributed::CommEngine::get().split(world(), world().rank() == 0 ? 0 : 1, world().rank(), "solo");
+  return *g;
+}
+
+// Runs `config` on rank 0 alone while the others wait: the 1-rank reference. Returns its losses on
+// every rank.
+inline std::vector<double> reference_on_rank0(const train::JobConfig& config) {
+  const distributed::ProcessGroup& one = solo();
+  if (world().rank() == 0) {
+    train::Trainer t(config, "reference", &one);
+    t.train();
+  }
+  world().barrier().wait();
+  return losses_of(config.job.dump_folder);
+}
+
+// Every step's loss within `relative` of the reference's (0: equal to the last bit).
+inline void expect_same_losses(const std::vector<double>& want, const std::vector<double>& got, double relative,
+                               const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  ASSERT_FALSE(want.empty()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (relative == 0) EXPECT_EQ(got[i], want[i]) << what << ", step " << i + 1;
+    else EXPECT_NEAR(got[i], want[i], relative * std::fabs(want[i])) << what << ", step " << i + 1;
+  }
+}
+
+}  // namespace titan::test

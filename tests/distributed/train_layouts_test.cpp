@@ -1,0 +1,110 @@
+// Every data-parallel layout reproduces the 1-rank run over 20 steps: DDP, FSDP, HSDP, FSDP with
+// bf16 mixed precision, with gradient accumulation, with activation checkpointing, for the llama3
+// and deepseek_v32 debug models (MoE with its balancing from global expert loads; DSA's dense
+// warm-up, then its sparse stage). The reference runs on rank 0 alone with the same global batch
+// as micro-batches of the same shape accumulated in order.
+//
+// They match to the last bit. Gradients are summed over ranks as a binary tree (the all-to-all +
+// tree sum of process_group.h) and over micro-batches as the same tree (distributed/tree_sum.h),
+// so with power-of-two counts every layout adds the same micro-batch gradients in the same
+// order as the one rank does; each micro-batch computes the same numbers on any rank with the
+// same thread count (every rank, the reference included, runs one thread); the gradient norm's
+// squares are summed in double, where shards and whole tensors round to the same clip factor.
+// The one exception, said where it is tested: DDP with gradient accumulation adds a rank's
+// micro-batches in its gradient buckets before the ranks are summed.
+#include "distributed/common.h"
+
+using namespace titan;
+using namespace titan::test;
+
+namespace {
+
+struct Case {
+  std::string name;
+  int64_t replicate = 1, shard = 1, local_batch = 2;
+  std::vector<std::string> extra;  // more keys, as command-line overrides
+};
+
+class Layouts : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = new fs::path(shared_folder("layouts"));
+    data_ = new fs::path(shared_dataset(*root_));
+  }
+  static void TearDownTestSuite() {
+    world().barrier().wait();
+    if (world().rank() == 0) fs::remove_all(*root_);
+    delete root_;
+    delete data_;
+  }
+  // The config of `c` for `model`, 20 steps, global batch = 4 sequences (unless extra sets it).
+  static train::JobConfig config(const std::string& model, const Case& c, int64_t global_batch = 4) {
+    std::string toml = base_toml(model, *data_, *root_ / (model + "_" + c.name), 20);
+    toml += "[parallelism]\ndata_parallel_replicate_degree = " + std::to_string(c.replicate) +
+            "\ndata_parallel_shard_degree = " + std::to_string(c.shard) + "\n";
+    train::JobConfig cfg = train::parse_config(toml, c.name + ".toml", c.extra);
+    cfg.training.local_batch_size = c.local_batch;
+    cfg.training.global_batch_size = global_batch;
+    return cfg;
+  }
+  // The 1-rank run with micro-batches of `local_batch` sequences accumulated to the global batch.
+  static std::vector<double> reference(const std::string& model, const std::string& name, int64_t local_batch,
+                                       const std::vector<std::string>& extra = {}) {
+    return reference_on_rank0(config(model, {"reference_" + name, 1, 1, local_batch, extra}));
+  }
+  static std::vector<double> layout(const std::string& model, const Case& c) {
+    return train_on(config(model, c), world());
+  }
+  // Every layout of this world size against the 1-rank run, to the last bit.
+  static void check_layouts(const std::string& model) {
+    const int n = world().size();
+    if (n != 2 && n != 4) GTEST_SKIP() << "layouts of 2 and 4 ranks";
+    const int64_t local = 4 / n;  // the global batch of 4 sequences over n ranks
+    const std::string ranks = std::to_string(n);
+    const auto one = reference(model, "f32", local);
+    expect_same_losses(one, layout(model, {"fsdp", 1, n, local}), 0, "FSDP " + ranks);
+    expect_same_losses(one, layout(model, {"ddp", n, 1, local}), 0, "DDP " + ranks);
+    if (n == 4) expect_same_losses(one, layout(model, {"hsdp", 2, 2, local}), 0, "HSDP 2 x 2");
+    expect_same_losses(one, layout(model, {"fsdp_ac", 1, n, local, {"--activation_checkpoint.mode=full"}}), 0,
+                       "FSDP " + ranks + ", full activation checkpointing");
+    expect_same_losses(one,
+                       layout(model, {"fsdp_always", 1, n, local,
+                                      {"--activation_checkpoint.mode=selective",
+                                       "--parallelism.fsdp_reshard_after_forward=always"}}),
+                       0, "FSDP " + ranks + ", every unit resharded, selective activation checkpointing");
+    expect_same_losses(one, layout(model, {"fsdp_never", 1, n, local, {"--parallelism.fsdp_reshard_after_forward=never"}}),
+                       0, "FSDP " + ranks + ", nothing resharded after forward (ZeRO-2)");
+    // bf16 mixed precision: GEMM weights gathered in bf16 from the f32 master shards.
+    std::vector<std::string> bf16 = {"--training.mixed_precision_param=bfloat16"};
+    if (model == "deepseek_v32") bf16.push_back("--model.converters=dsa_fused");
+    expect_same_losses(reference(model, "bf16", local, bf16), layout(model, {"fsdp_bf16", 1, n, local, bf16}), 0,
+                       "FSDP " + ranks + ", bf16 mixed precision");
+  }
+  static fs::path* root_;
+  static fs::path* data_;
+};
+fs::path* Layouts::root_ = nullptr;
+fs::path* Layouts::data_ = nullptr;
+
+const std::string kBf16 = "--training.mixed_precision_param=bfloat16";
+
+}  // namespace
+
+TEST_F(Layouts, Llama3) { check_layouts("llama3"); }
+TEST_F(Layouts, DeepSeekV32MoeAndSparseAttention) { check_layouts("deepseek_v32"); }
+
+TEST_F(Layouts, GradientAccumulation) {
+  if (world().size() != 2) GTEST_SKIP() << "accumulation on 2 ranks";
+  // 2 micro-batches of 1 sequence on each of 2 ranks against one rank accumulating all 4.
+  std::vector<double> llama3;
+  for (const std::string model : {"llama3", "deepseek_v32"}) {
+    const auto one = reference(model, "f32_1", 1);
+    expect_same_losses(one, layout(model, {"fsdp_accum", 1, 2, 1}), 0, model + ": FSDP 2 accumulating 2 micro-batches");
+    if (model == "llama3") llama3 = one;
+  }
+  // DDP reduces once per step what each rank accumulated in its buckets, (m0 + m2) + (m1 + m3)
+  // against the one rank's (m0 + m1) + (m2 + m3): equal to 1e-5 (llama3; a MoE model's routing
+  // would amplify the last-bit difference over the steps).
+  expect_same_losses(llama3, layout("llama3", {"ddp_accum", 2, 1, 1}), 1e-5,
+                     "llama3: DDP 2 accumulating 2 micro-batches");
+}
