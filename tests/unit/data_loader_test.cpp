@@ -204,6 +204,47 @@ TEST(DataLoader, RestoreContinuesExactlyAcrossAnEpochBoundary) {
   EXPECT_EQ(nlohmann::json(resumed.state()), nlohmann::json(original.state()));
 }
 
+// A position saved by 3 data-parallel ranks of 1 sequence each resumes on 1 rank of 3 sequences
+// (and back): the same global batch of 3 samples, the same samples after the switch as without
+// it, none repeated or skipped (TorchTitan's loader cannot: its state is per rank, #816).
+TEST(DataLoader, RestoreAtAnotherDataParallelDegree) {
+  ScratchDir dir;
+  const Corpus corpus = write_corpus(dir / "train");
+  // The samples of the first 4 global batches without a switch: one rank taking 3 per step.
+  std::vector<int64_t> straight;
+  {
+    DataLoader one(options_for(dir / "train"));
+    for (int step = 0; step < 4; ++step) {
+      const Batch b = next(one, 3);
+      for (int row = 0; row < 3; ++row) straight.push_back(sample_of(corpus, b.inputs.data() + row * kSeq));
+    }
+  }
+  // 3 ranks for 2 steps, then 1 rank from their state for 2 more.
+  std::vector<int64_t> switched;
+  std::vector<DataLoader> ranks;
+  for (int r = 0; r < 3; ++r) ranks.emplace_back(options_for(dir / "train", r, 3));
+  for (int step = 0; step < 2; ++step)
+    for (DataLoader& rank : ranks) switched.push_back(sample_of(corpus, next(rank, 1).inputs.data()));
+  DataLoader one(options_for(dir / "train"));
+  one.restore(ranks[0].state());
+  for (int step = 0; step < 2; ++step) {
+    const Batch b = next(one, 3);
+    for (int row = 0; row < 3; ++row) switched.push_back(sample_of(corpus, b.inputs.data() + row * kSeq));
+  }
+  EXPECT_EQ(switched, straight);
+  // And from 1 rank back onto 3: rank r takes entry r of each global batch.
+  std::vector<DataLoader> again;
+  for (int r = 0; r < 3; ++r) {
+    again.emplace_back(options_for(dir / "train", r, 3));
+    again.back().restore(one.state());
+  }
+  DataLoader reference(options_for(dir / "train"));
+  reference.restore(one.state());
+  const Batch want = next(reference, 3);
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(sample_of(corpus, next(again[size_t(r)], 1).inputs.data()), sample_of(corpus, want.inputs.data() + r * kSeq));
+}
+
 TEST(DataLoader, RestoreOntoOtherDataIsRefused) {
   ScratchDir dir;
   write_corpus(dir / "train");
