@@ -5,6 +5,7 @@
 // not match the model, degrees that do not multiply to the world, a global batch the ranks
 // cannot split.
 #include <algorithm>
+#include <cstring>
 
 #include "distributed/common.h"
 #include "titan/checkpoint/checkpoint.h"
@@ -64,6 +65,22 @@ TEST(Reshard, SavedOnAllRanksResumesOnFewerAndOnDdp) {
   world().barrier().wait();
   const auto one = reference_on_rank0(config(data, root / "one", 1, 1, 1));
   expect_same_losses(tail(straight, 10), one, 0, "FSDP " + std::to_string(n) + " -> 1 rank");
+  // The sharded step-20 checkpoint, assembled whole (as titan generate and ckpt convert read it),
+  // holds the weights the resumed 1-rank run ended with, to the last bit.
+  if (world().rank() == 0) {
+    const auto sharded = checkpoint::load_checkpoint(root / "straight" / "checkpoint" / "step-20");
+    const auto whole = checkpoint::load_checkpoint(root / "one" / "checkpoint" / "step-20");
+    int compared = 0;
+    for (const auto& [name, t] : whole.tensors) {
+      if (!name.starts_with("model.")) continue;
+      ASSERT_TRUE(sharded.tensors.count(name)) << name;
+      const Tensor& a = sharded.tensors.at(name);
+      ASSERT_EQ(a.shape(), t.shape()) << name;
+      EXPECT_EQ(std::memcmp(a.data_ptr(), t.data_ptr(), t.nbytes()), 0) << name;
+      ++compared;
+    }
+    EXPECT_GT(compared, 10);
+  }
 
   // On half the ranks: FSDP (the lower half) and DDP (the upper half, or all ranks when there are 2).
   const int half = n / 2;

@@ -1,0 +1,170 @@
+// Data-parallel training, measured: one run of the trainer (1 rank, or under mpirun DDP / FSDP /
+// HSDP) on a config, timed after warm-up steps. Prints, as one JSON line from rank 0:
+//   tokens/s (global), seconds per step, the exposed communication share (time ranks spent
+//   blocked waiting for collectives over the step time, the largest of any rank),
+//   per rank the parameter + gradient + optimizer bytes live after a step and the peak,
+//   and per collective type the bytes this rank sent per step against the analytic minimum of
+//   the plan (reference distributed.md section 9: all-gather (N-1)/N of each unit's parameters,
+//   twice per micro-batch for units freed after forward; reduce-scatter (N-1)/N of the f32
+//   gradients per micro-batch; HSDP's all-reduce 2(R-1)/R of a shard's; DDP's 2(N-1)/N of all).
+// bench/distributed.sh runs the comparisons (FSDP 2 x 1 thread against 1 rank x 2 threads, ...).
+//
+//   [mpirun -np N] bench_distributed --config configs/llama3_debug.toml [--steps 12] [--warmup 3]
+//                                    [--section.key=value ...]
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "titan/core/allocator.h"
+#include "titan/core/parallel.h"
+#include "titan/distributed/comm_engine.h"
+#include "titan/distributed/runtime.h"
+#include "titan/train/config.h"
+#include "titan/train/trainer.h"
+
+using namespace titan;
+using nlohmann::json;
+
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+struct PlanBytes {
+  double all_gather = 0, reduce_scatter = 0, replicate_all_reduce = 0, ddp_all_reduce = 0;
+};
+
+// The plan's minimum bytes per step this rank must send, from the model's parameters by unit.
+PlanBytes analytic_minimum(models::CausalLM& model, const train::JobConfig& c, int replicate, int shard, int64_t accum) {
+  PlanBytes out;
+  const bool bf16 = c.training.mixed_precision_param == "bfloat16";
+  const std::string& policy = c.parallelism.fsdp_reshard_after_forward;
+  const auto units = shard * replicate > 1 ? model.sharding_units() : std::vector<nn::ShardingUnit>{};
+  double grads = 0;
+  for (auto& [name, p] : model.named_parameters()) {
+    const double n = double(p->var.shape().numel());
+    grads += n * 4;
+    // Which unit gathers it, and how often per micro-batch (twice when freed after forward).
+    int gathers = 0;  // the root unit: once per step
+    for (const nn::ShardingUnit& u : units)
+      if (name.starts_with(u.name + "."))
+        gathers = policy == "always" || (policy == "default" && u.reshard_after_forward) ? 2 : 1;
+    const double bytes = n * (bf16 && p->gemm_weight ? 2 : 4);
+    out.all_gather += bytes * (gathers ? double(gathers * accum) : 1.0);
+  }
+  if (shard > 1) {
+    out.all_gather *= double(shard - 1) / shard;
+    out.reduce_scatter = grads * double(accum) * (shard - 1) / shard;
+    if (replicate > 1) out.replicate_all_reduce = 2.0 * (replicate - 1) / replicate * grads / shard * double(accum);
+  } else {
+    out.all_gather = 0;
+    if (replicate > 1) out.ddp_all_reduce = 2.0 * (replicate - 1) / replicate * grads;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string config_path = "configs/llama3_debug.toml";
+  int steps = 12, warmup = 3;
+  std::vector<std::string> overrides;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--config" && i + 1 < argc) config_path = argv[++i];
+    else if (a == "--steps" && i + 1 < argc) steps = std::stoi(argv[++i]);
+    else if (a == "--warmup" && i + 1 < argc) warmup = std::stoi(argv[++i]);
+    else overrides.push_back(a);
+  }
+  distributed::CommEngine& engine = distributed::init_runtime();
+  const int rank = engine.world_rank();
+  overrides.insert(overrides.end(), {"--training.steps=" + std::to_string(warmup + steps), "--checkpoint.enable=false",
+                                     "--validation.enable=false", "--metrics.log_freq=1000",
+                                     "--job.dump_folder=/tmp/titan_bench_distributed_" + std::to_string(::getpid())});
+  train::JobConfig c = train::load_config(config_path, overrides);
+  const int world = engine.world_size();
+  const int replicate = int(c.parallelism.data_parallel_replicate_degree);
+  const int shard = int(c.parallelism.data_parallel_shard_degree == -1 ? world / replicate : c.parallelism.data_parallel_shard_degree);
+  const int64_t accum = train::gradient_accumulation_steps(c, replicate * shard);
+  std::vector<double> ends;
+  double exposed0 = 0;
+  MemoryStats after_step;
+  PlanBytes minimum;
+  // The trainer's own log would bury the result: stdout goes to /dev/null while it runs.
+  std::fflush(stdout);
+  const int saved = dup(1), null = open("/dev/null", O_WRONLY);
+  dup2(null, 1);
+  {
+    train::Trainer trainer(c, config_path);
+    minimum = analytic_minimum(trainer.model(), c, replicate, shard, accum);
+    trainer.on_step_end = [&](int64_t step) {
+      if (step == warmup) {
+        engine.reset_stats();
+        exposed0 = engine.exposed_seconds();
+        memory_reset_peak();
+      }
+      if (step >= warmup) ends.push_back(now());
+      if (step == warmup + steps) after_step = memory_stats();
+    };
+    trainer.train();
+  }
+  std::fflush(stdout);
+  dup2(saved, 1);
+  close(null);
+  close(saved);
+  std::vector<double> per_step;
+  for (size_t i = 1; i < ends.size(); ++i) per_step.push_back(ends[i] - ends[i - 1]);
+  std::sort(per_step.begin(), per_step.end());
+  const double median = per_step.empty() ? 0 : per_step[per_step.size() / 2];
+  const double wall = ends.back() - ends.front();
+  std::vector<double> worst = {(engine.exposed_seconds() - exposed0) / wall};
+  engine.world().all_reduce(std::span<double>(worst), distributed::ReduceOp::max);
+  // Traffic per step by collective type, this rank's.
+  std::map<std::string, double> issued;
+  for (const auto& [key, s] : engine.stats()) {
+    const auto& [group, op] = key;
+    if (group == "fsdp" && op == distributed::CommOp::all_gather) issued["all_gather"] += double(s.bytes) / steps;
+    if (group == "fsdp" && op == distributed::CommOp::reduce_scatter) issued["reduce_scatter"] += double(s.bytes) / steps;
+    if (group == "dp_replicate" && op == distributed::CommOp::all_reduce) {
+      if (shard > 1) issued["replicate_all_reduce"] += double(s.bytes) / steps;
+      else issued["ddp_all_reduce"] += double(s.bytes) / steps;
+    }
+    if (group == "loss" || group == "world") issued["scalars"] += double(s.bytes) / steps;
+  }
+  const auto entry = [&](const std::string& name, double want) {
+    const double got = issued.count(name) ? issued.at(name) : 0.0;
+    return json{{"bytes_per_step", got}, {"minimum", want}, {"ratio", want > 0 ? got / want : 0.0}};
+  };
+  const int64_t pgo = after_step.live[int(MemCategory::parameters)] + after_step.live[int(MemCategory::gradients)] +
+                      after_step.live[int(MemCategory::optimizer_state)];
+  std::vector<double> mem = {double(pgo), double(after_step.peak_total)};
+  engine.world().all_reduce(std::span<double>(mem), distributed::ReduceOp::max);
+  const double tokens = double(c.training.local_batch_size * c.training.seq_len * accum) * replicate * shard;
+  if (rank == 0) {
+    json out = {{"ranks", world},
+                {"threads_per_rank", num_threads()},
+                {"replicate", replicate},
+                {"shard", shard},
+                {"seconds_per_step", median},
+                {"tokens_per_second", tokens / median},
+                {"exposed_comm_share", worst[0]},
+                {"params_grads_optimizer_bytes_per_rank", mem[0]},
+                {"peak_bytes_per_rank", mem[1]},
+                {"traffic",
+                 {{"all_gather", entry("all_gather", minimum.all_gather)},
+                  {"reduce_scatter", entry("reduce_scatter", minimum.reduce_scatter)},
+                  {"replicate_all_reduce", entry("replicate_all_reduce", minimum.replicate_all_reduce)},
+                  {"ddp_all_reduce", entry("ddp_all_reduce", minimum.ddp_all_reduce)},
+                  {"scalars_bytes_per_step", issued.count("scalars") ? issued.at("scalars") : 0.0}}}};
+    std::printf("%s\n", out.dump().c_str());
+  }
+  distributed::shutdown_runtime();
+  return 0;
+}
