@@ -69,13 +69,14 @@ inline std::string base_toml(const std::string& model, const fs::path& data, con
   return toml;
 }
 
-// The per-step training losses of a run folder's metrics.jsonl.
-inline std::vector<double> losses_of(const fs::path& run) {
+// The per-step training losses of a run folder's metrics.jsonl (kind "validation": its
+// validation losses).
+inline std::vector<double> losses_of(const fs::path& run, const std::string& kind = "train") {
   std::vector<double> out;
   std::ifstream f(run / "metrics.jsonl");
   for (std::string line; std::getline(f, line);) {
     const auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "train") out.push_back(j["loss"].get<double>());
+    if (j["kind"] == kind) out.push_back(j["loss"].get<double>());
   }
   return out;
 }

@@ -61,8 +61,16 @@ class Layouts : public ::testing::Test {
     if (n != 2 && n != 4) GTEST_SKIP() << "layouts of 2 and 4 ranks";
     const int64_t local = 4 / n;  // the global batch of 4 sequences over n ranks
     const std::string ranks = std::to_string(n);
-    const auto one = reference(model, "f32", local);
-    expect_same_losses(one, layout(model, {"fsdp", 1, n, local}), 0, "FSDP " + ranks);
+    // Validation every 10 steps over 2 global batches of 4 sequences: each rank evaluates its
+    // quarter or half of each batch, and the ranks' mean is the batch's (to rounding).
+    const auto validation = [](int64_t per_rank) {
+      return std::vector<std::string>{"--validation.enable=true", "--validation.freq=10", "--validation.steps=2",
+                                      "--validation.seq_len=64", "--validation.local_batch_size=" + std::to_string(per_rank)};
+    };
+    const auto one = reference(model, "f32", local, validation(4));
+    expect_same_losses(one, layout(model, {"fsdp", 1, n, local, validation(4 / n)}), 0, "FSDP " + ranks);
+    expect_same_losses(losses_of(*root_ / (model + "_reference_f32"), "validation"),
+                       losses_of(*root_ / (model + "_fsdp"), "validation"), 1e-6, "FSDP " + ranks + ", validation loss");
     expect_same_losses(one, layout(model, {"ddp", n, 1, local}), 0, "DDP " + ranks);
     if (n == 4) expect_same_losses(one, layout(model, {"hsdp", 2, 2, local}), 0, "HSDP 2 x 2");
     expect_same_losses(one, layout(model, {"fsdp_ac", 1, n, local, {"--activation_checkpoint.mode=full"}}), 0,
