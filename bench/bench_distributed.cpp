@@ -62,7 +62,10 @@ PlanBytes analytic_minimum(models::CausalLM& model, const train::JobConfig& c, i
   if (shard > 1) {
     out.all_gather *= double(shard - 1) / shard;
     out.reduce_scatter = grads * double(accum) * (shard - 1) / shard;
-    if (replicate > 1) out.replicate_all_reduce = 2.0 * (replicate - 1) / replicate * grads / shard * double(accum);
+    // Once per step (distributed.md section 9); HSDP here reduces every micro-batch's shard (the
+    // tree over ranks, then micro-batches, that keeps it exact), so with accumulation the ratio
+    // is the accumulation count.
+    if (replicate > 1) out.replicate_all_reduce = 2.0 * (replicate - 1) / replicate * grads / shard;
   } else {
     out.all_gather = 0;
     if (replicate > 1) out.ddp_all_reduce = 2.0 * (replicate - 1) / replicate * grads;

@@ -33,15 +33,23 @@ std::unique_ptr<ProcessGroup> parity_group() {
   return CommEngine::get().split(w, w.rank() % 2, w.rank(), "parity");
 }
 
+// The members' values summed as the reductions do: a binary tree over group ranks.
+float tree_sum(std::vector<float> v) {
+  for (size_t stride = 1; stride < v.size(); stride *= 2)
+    for (size_t r = 0; r + stride < v.size(); r += 2 * stride) v[r] += v[r + stride];
+  return v.empty() ? 0.0f : v[0];
+}
+
 void check_all_reduce(const ProcessGroup& g, int64_t n, DType dt) {
   Tensor t = filled(n, dt, g.world_ranks()[size_t(g.rank())]);
   g.all_reduce(t).wait();
   for (int64_t i = 0; i < n; ++i) {
     double want = 0;
     for (int r : g.world_ranks()) want += value_of(r, i);
-    // The sum of the rounded values in rank order, rounded once more for bf16.
-    float acc = 0;
-    for (int r : g.world_ranks()) acc += float(value_of(r, i));
+    // The tree sum of the rounded values, rounded once more for bf16.
+    std::vector<float> vals;
+    for (int r : g.world_ranks()) vals.push_back(float(value_of(r, i)));
+    const float acc = tree_sum(vals);
     const double expect = dt == DType::f32 ? double(acc) : double(bf16_to_f32(f32_to_bf16(acc)));
     ASSERT_EQ(at(t, i), expect) << g.name() << " n=" << n << " i=" << i << " (exact sum " << want << ")";
   }
@@ -67,8 +75,9 @@ void check_gather_scatter(const ProcessGroup& g, int64_t n, DType dt) {
   Tensor big = filled(size * n, dt, me), mine = Tensor::empty({n}, dt);
   g.reduce_scatter(mine, big).wait();
   for (int64_t i = 0; i < n; ++i) {
-    float acc = 0;
-    for (int r : g.world_ranks()) acc += float(value_of(r, g.rank() * n + i));
+    std::vector<float> vals;
+    for (int r : g.world_ranks()) vals.push_back(float(value_of(r, g.rank() * n + i)));
+    const float acc = tree_sum(vals);
     const double expect = dt == DType::f32 ? double(acc) : double(bf16_to_f32(f32_to_bf16(acc)));
     ASSERT_EQ(at(mine, i), expect) << "reduce_scatter " << g.name() << " n=" << n << " i=" << i;
   }
@@ -85,7 +94,22 @@ void check_gather_scatter(const ProcessGroup& g, int64_t n, DType dt) {
 
 }  // namespace
 
-TEST(Collectives, AllReduceIsTheRankOrderedSum) {
+// On 4 ranks f32 sums of 1e8, 1, -1e8, 1 tell the orders apart: rank order gives 1, the tree 0.
+TEST(Collectives, ReductionsSumAsABinaryTree) {
+  const ProcessGroup& g = world();
+  const float mine[4] = {1e8f, 1.0f, -1e8f, 1.0f};
+  Tensor t = Tensor::full({3}, double(mine[g.rank() % 4]), DType::f32);
+  Tensor big = Tensor::full({8192}, double(mine[g.rank() % 4]), DType::f32);  // the two-stage path
+  g.all_reduce(t).wait();
+  g.all_reduce(big).wait();
+  std::vector<float> vals;
+  for (int r = 0; r < g.size(); ++r) vals.push_back(mine[r % 4]);
+  EXPECT_EQ(t.data<float>()[0], tree_sum(vals));
+  EXPECT_EQ(big.data<float>()[8191], tree_sum(vals));
+  if (g.size() == 4) EXPECT_EQ(t.data<float>()[0], 0.0f) << "a tree, not rank order (which gives 1)";
+}
+
+TEST(Collectives, AllReduceIsTheTreeSum) {
   auto parity = parity_group();
   for (const ProcessGroup* g : {static_cast<const ProcessGroup*>(&world()), static_cast<const ProcessGroup*>(parity.get())})
     for (int64_t n : {1, 3, 1000, 4099, 100003})
@@ -144,9 +168,9 @@ TEST(Collectives, ManyInFlight) {
   }
   for (int k = 39; k >= 0; --k) works[size_t(k)].wait();
   for (int k = 0; k < 40; ++k) {
-    float acc = 0;
-    for (int r = 0; r < g.size(); ++r) acc += float(value_of(r, k + 5));
-    ASSERT_EQ(ts[size_t(k)].data<float>()[5], acc) << k;
+    std::vector<float> vals;
+    for (int r = 0; r < g.size(); ++r) vals.push_back(float(value_of(r, k + 5)));
+    ASSERT_EQ(ts[size_t(k)].data<float>()[5], tree_sum(vals)) << k;
   }
 }
 

@@ -98,6 +98,29 @@ json describe_pieces(const SaveRequest& req, const std::string& file) {
   return out;
 }
 
+// Throws unless `pieces` (each {offsets, shape}) lie inside `global`, do not overlap, and cover it.
+void check_tiling(const std::string& name, const Shape& global, const json& pieces) {
+  int64_t covered = 0;
+  std::vector<std::pair<Shape, Shape>> boxes;
+  for (const auto& piece : pieces) {
+    const Shape off = shape_of(piece["offsets"]), ps = shape_of(piece["shape"]);
+    TITAN_CHECK(off.size() == global.size() && ps.size() == global.size(),
+                "save_checkpoint: a piece of '" + name + "' has another rank than " + global.str());
+    for (int d = 0; d < global.size(); ++d)
+      TITAN_CHECK(off[d] >= 0 && off[d] + ps[d] <= global[d],
+                  "save_checkpoint: a piece of '" + name + "' lies outside its " + global.str());
+    for (const auto& [o, s] : boxes) {
+      bool disjoint = false;
+      for (int d = 0; d < global.size(); ++d) disjoint |= off[d] >= o[d] + s[d] || o[d] >= off[d] + ps[d];
+      TITAN_CHECK(disjoint, "save_checkpoint: two ranks' pieces of '" + name + "' overlap");
+    }
+    boxes.emplace_back(off, ps);
+    covered += ps.numel();
+  }
+  TITAN_CHECK(covered == global.numel(), "save_checkpoint: the ranks' pieces of '" + name + "' cover " +
+                                             std::to_string(covered) + " of " + std::to_string(global.numel()) + " elements");
+}
+
 }  // namespace
 
 fs::path save_checkpoint(const fs::path& root, const SaveRequest& req, const distributed::ProcessGroup* group) {
@@ -130,13 +153,7 @@ fs::path save_checkpoint(const fs::path& root, const SaveRequest& req, const dis
       }
     }
     // The pieces of every tensor tile it: a checkpoint that could not be loaded is never committed.
-    for (const auto& [name, t] : tensors.items()) {
-      int64_t covered = 0;
-      for (const auto& piece : t["shards"]) covered += shape_of(piece["shape"]).numel();
-      TITAN_CHECK(covered == shape_of(t["shape"]).numel(),
-                  "save_checkpoint: the ranks' pieces of '" + name + "' cover " + std::to_string(covered) + " of " +
-                      std::to_string(shape_of(t["shape"]).numel()) + " elements");
-    }
+    for (const auto& [name, t] : tensors.items()) check_tiling(name, shape_of(t["shape"]), t["shards"]);
     write_text(tmp / "train_state.json", req.train_state.dump(1));
     write_text(tmp / "config.toml", req.config_toml);
     const json meta = {{"format", kFormat}, {"version", kVersion}, {"step", req.step}, {"world_size", size},
@@ -192,14 +209,14 @@ void CheckpointReader::read(const std::string& name, const Tensor& dst, const Gl
   const Shape global = shape(name);
   std::vector<int64_t> lo(size_t(global.size()), 0);
   if (slice && !slice->offsets.empty()) lo.assign(slice->offsets.begin(), slice->offsets.end());
-  TITAN_CHECK(dst.dim() == global.size(), "checkpoint tensor '" + name + "' is " + global.str() + " but the model's is " +
-                                              dst.shape().str(),
+  // The model's tensor must be the saved one: the same global shape (a slice of it when sharded).
+  const Shape want = slice && !slice->global_shape.empty() ? slice->global_shape : dst.shape();
+  TITAN_CHECK(want == global, "checkpoint tensor '" + name + "' is " + global.str() + " but the model's is " + want.str(),
               "load a checkpoint of the same model and flavor");
   for (int d = 0; d < dst.dim(); ++d)
-    TITAN_CHECK(lo[size_t(d)] + dst.size(d) <= global[d] && (slice || dst.size(d) == global[d]),
-                "checkpoint tensor '" + name + "' is " + global.str() + " but the model's is " +
-                    (slice ? slice->global_shape.str() : dst.shape().str()),
-                "load a checkpoint of the same model and flavor");
+    TITAN_CHECK(lo[size_t(d)] >= 0 && lo[size_t(d)] + dst.size(d) <= global[d],
+                "the slice of '" + name + "' at offset " + std::to_string(lo[size_t(d)]) + " of dim " + std::to_string(d) +
+                    " overruns the saved " + global.str());
   if (dst.numel() == 0) return;
   int64_t covered = 0;
   for (const auto& piece : tensors_.at(name).at("shards")) {

@@ -47,7 +47,8 @@ void bind_threads(char** argv) {
   const titan::distributed::LaunchInfo launch = titan::distributed::launch_info();
   const bool user_threads = std::getenv("OMP_NUM_THREADS") || std::getenv("OMP_PLACES");
   if (launch.local_size > 1 && !user_threads) {
-    const auto [threads, places] = titan::distributed::thread_share(launch, titan::distributed::allowed_cpus());
+    const auto [threads, places] =
+        titan::distributed::thread_share(launch, titan::distributed::allowed_cpus(), int(sysconf(_SC_NPROCESSORS_ONLN)));
     setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
     if (!places.empty()) setenv("OMP_PLACES", places.c_str(), 1);
     setenv("OMP_PROC_BIND", "close", 1);

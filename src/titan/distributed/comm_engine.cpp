@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <list>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -35,7 +36,7 @@ struct MpiHandles {
 Request::Request() = default;
 Request::~Request() = default;
 
-struct CommEngine::Group {
+struct CommGroup {
   std::string name;
   std::vector<int> world_ranks;
   int rank = 0;
@@ -56,7 +57,7 @@ struct CommEngine::Control {
   MPI_Comm comm = MPI_COMM_NULL;
   int incoming[2] = {0, 0};  // {kind, requester}
   MPI_Request recv = MPI_REQUEST_NULL;
-  std::vector<std::pair<MPI_Request, std::string>> replies;  // sends in flight and their buffers
+  std::list<std::pair<MPI_Request, std::string>> replies;  // sends in flight and their buffers (stable)
 };
 
 namespace {
@@ -121,6 +122,7 @@ void check_mpi(int rc, const char* what) {
 // over their replicas (HSDP), or over ranks then over micro-batches, equals one over all of them
 // when the sizes are powers of two. Rows are `chunk` elements apart; bf16 accumulates in f32 and
 // rounds once.
+// The tree of TreeSum (tree_sum.h) over ranks: the two must stay the same tree.
 template <class Acc>
 void fold_in_place(Acc* acc, int n, int64_t chunk, ReduceOp op) {
   for (int stride = 1; stride < n; stride *= 2)
@@ -199,6 +201,7 @@ const char* comm_op_name(CommOp op) {
     case CommOp::send: return "send";
     case CommOp::recv: return "recv";
     case CommOp::barrier: return "barrier";
+    case CommOp::split: return "split";
   }
   return "?";
 }
@@ -238,7 +241,7 @@ void CommEngine::start(bool use_mpi) {
   started_ = true;
   mpi_ = use_mpi;
   if (!mpi_) {
-    groups_.push_back(std::make_unique<Group>());
+    groups_.push_back(std::make_unique<CommGroup>());
     groups_.back()->name = "world";
     groups_.back()->world_ranks = {0};
     groups_.back()->recorder_group = recorder_.add_group("world", {0});
@@ -262,8 +265,8 @@ void CommEngine::stop() {
 void CommEngine::abort(int code) {
   std::fflush(stdout);
   std::fflush(stderr);
-  if (mpi_) MPI_Abort(MPI_COMM_WORLD, code);
-  std::_Exit(code);
+  if (mpi_ && (thread_multiple_ || std::this_thread::get_id() == comm_thread_)) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);  // a rank that exits abnormally makes mpirun end the job
 }
 
 ProcessGroup& CommEngine::world() {
@@ -295,11 +298,14 @@ void CommEngine::reset_stats() {
 }
 
 void CommEngine::init_mpi() {
+  // Every call is made here but one: MPI_Abort, which a failing main thread must be able to make.
   int provided = 0;
-  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  thread_multiple_ = provided >= MPI_THREAD_MULTIPLE;
+  comm_thread_ = std::this_thread::get_id();
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
-  auto g = std::make_unique<Group>();
+  auto g = std::make_unique<CommGroup>();
   g->name = "world";
   for (int r = 0; r < world_size_; ++r) g->world_ranks.push_back(r);
   g->rank = world_rank_;
@@ -313,17 +319,10 @@ void CommEngine::init_mpi() {
   MPI_Irecv(control_->incoming, 2, MPI_INT, MPI_ANY_SOURCE, kDumpTag, control_->comm, &control_->recv);
 }
 
-// A one-member group or a split carried out on the calling thread's behalf: see split().
-struct SplitTask {
-  int parent = 0, color = 0, key = 0;
-  std::string name;
-  int result = -1;
-};
-
 std::unique_ptr<ProcessGroup> CommEngine::split(const ProcessGroup& parent, int color, int key, const std::string& name) {
   if (!mpi_ || parent.size() == 1) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto g = std::make_unique<Group>();
+    auto g = std::make_unique<CommGroup>();
     g->name = name;
     g->world_ranks = {world_rank_};
     g->recorder_group = recorder_.add_group(name, g->world_ranks);
@@ -344,11 +343,11 @@ std::unique_ptr<ProcessGroup> CommEngine::split(const ProcessGroup& parent, int 
   for (const auto& m : members) ranks.push_back(m.second);
   const int my = int(std::find(ranks.begin(), ranks.end(), world_rank_) - ranks.begin());
 
-  auto g = std::make_unique<Group>();
+  auto g = std::make_unique<CommGroup>();
   g->name = name;
   g->world_ranks = ranks;
   g->rank = my;
-  Group* raw = g.get();
+  CommGroup* child = g.get();
   int index = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -358,13 +357,12 @@ std::unique_ptr<ProcessGroup> CommEngine::split(const ProcessGroup& parent, int 
   }
   // MPI_Comm_split on the communication thread, in queue order (a collective over the parent).
   auto task = std::make_unique<Request>();
-  task->op = CommOp::barrier;
+  task->op = CommOp::split;
   task->group = parent.engine_group();
-  task->tag = -1;  // marks the split task: see start_request
   task->peer = color;
-  task->send_counts = {key, int64_t(index)};
+  task->tag = key;
+  task->split_child = child;
   enqueue(std::move(task)).wait();
-  (void)raw;
   return std::make_unique<ProcessGroup>(index, name, my, ranks);
 }
 
@@ -372,7 +370,8 @@ Work CommEngine::enqueue(std::unique_ptr<Request> r) {
   r->work = std::make_shared<WorkState>();
   Work work(r->work);
   std::unique_lock<std::mutex> lock(mu_);
-  Group& g = *groups_.at(size_t(r->group));
+  CommGroup& g = *groups_.at(size_t(r->group));
+  r->g = &g;
   const bool p2p = r->op == CommOp::send || r->op == CommOp::recv;
   if (!p2p) r->seq = ++g.next_seq;
   if (r->op == CommOp::all_reduce && two_stage_all_reduce(r->in_elems, r->elem, g.size())) r->ar_index = g.next_all_reduce++;
@@ -406,7 +405,7 @@ Work CommEngine::enqueue(std::unique_ptr<Request> r) {
 }
 
 void CommEngine::start_request(Request& r) {
-  Group& g = *groups_.at(size_t(r.group));
+  CommGroup& g = *r.g;
   r.mpi = std::make_unique<MpiHandles>();
   r.started = now_seconds();
   r.deadline = r.started + timeout_.load();
@@ -416,13 +415,11 @@ void CommEngine::start_request(Request& r) {
   const int n = g.size();
   MPI_Request h = MPI_REQUEST_NULL;
   switch (r.op) {
+    case CommOp::split:  // blocking, collective over the parent
+      MPI_Comm_split(g.comm, r.peer, r.tag, &r.split_child->comm);
+      MPI_Comm_dup(r.split_child->comm, &r.split_child->comm2);
+      return;
     case CommOp::barrier:
-      if (r.tag == -1) {  // the split task (blocking, collective over the parent)
-        Group& child = *groups_.at(size_t(r.send_counts[1]));
-        MPI_Comm_split(g.comm, r.peer, int(r.send_counts[0]), &child.comm);
-        MPI_Comm_dup(child.comm, &child.comm2);
-        return;
-      }
       check_mpi(MPI_Ibarrier(g.comm, &h), "MPI_Ibarrier");
       break;
     case CommOp::all_gather:
@@ -459,29 +456,30 @@ void CommEngine::start_request(Request& r) {
       break;
     case CommOp::reduce_scatter:
       // Every member's chunk for me, then the sum in rank order (progress()).
-      r.scratch.resize(size_t(n) * size_t(r.out_elems) * eb);
-      check_mpi(MPI_Ialltoall(r.in, mpi_count(r.out_elems), t, r.scratch.data(), mpi_count(r.out_elems), t, g.comm, &h),
+      r.scratch = Tensor::empty({int64_t(size_t(n) * size_t(r.out_elems) * eb)}, DType::u8);
+      check_mpi(MPI_Ialltoall(r.in, mpi_count(r.out_elems), t, r.scratch.data_ptr(), mpi_count(r.out_elems), t, g.comm, &h),
                 "MPI_Ialltoall");
       break;
     case CommOp::all_reduce: {
       const int64_t count = r.in_elems;
       if (!two_stage_all_reduce(count, r.elem, n)) {
         r.stage = 10;  // gather every member's buffer, reduce locally
-        r.scratch.resize(size_t(n) * size_t(count) * eb);
-        check_mpi(MPI_Iallgather(r.out, mpi_count(count), t, r.scratch.data(), mpi_count(count), t, g.comm, &h), "MPI_Iallgather");
+        r.scratch = Tensor::empty({int64_t(size_t(n) * size_t(count) * eb)}, DType::u8);
+        check_mpi(MPI_Iallgather(r.out, mpi_count(count), t, r.scratch.data_ptr(), mpi_count(count), t, g.comm, &h),
+                  "MPI_Iallgather");
         break;
       }
       // Reduce-scatter of ceil(count / n)-element chunks (padded), then an all-gather of them.
       const int64_t chunk = (count + n - 1) / n;
       const void* src = r.out;
       if (chunk * n != count) {
-        r.staging.assign(size_t(chunk * n) * eb, 0);
-        std::memcpy(r.staging.data(), r.out, size_t(count) * eb);
-        src = r.staging.data();
+        r.staging = Tensor::zeros({int64_t(size_t(chunk * n) * eb)}, DType::u8);
+        std::memcpy(r.staging.data_ptr(), r.out, size_t(count) * eb);
+        src = r.staging.data_ptr();
       }
-      r.scratch.resize(size_t(n) * size_t(chunk) * eb);
+      r.scratch = Tensor::empty({int64_t(size_t(n) * size_t(chunk) * eb)}, DType::u8);
       r.stage = 1;
-      check_mpi(MPI_Ialltoall(src, mpi_count(chunk), t, r.scratch.data(), mpi_count(chunk), t, g.comm, &h), "MPI_Ialltoall");
+      check_mpi(MPI_Ialltoall(src, mpi_count(chunk), t, r.scratch.data_ptr(), mpi_count(chunk), t, g.comm, &h), "MPI_Ialltoall");
       break;
     }
   }
@@ -489,16 +487,16 @@ void CommEngine::start_request(Request& r) {
 }
 
 bool CommEngine::progress(Request& r) {
-  Group& g = *groups_.at(size_t(r.group));
-  if (r.op == CommOp::barrier && r.tag == -1) return true;  // the split ran in start_request
+  CommGroup& g = *r.g;
+  if (r.op == CommOp::split) return true;  // it ran in start_request
   const int n = g.size();
   const size_t eb = elem_bytes(r.elem);
   if (r.stage == 2) {  // reduced; its all-gather waits for the group's earlier all-reduces to start theirs
     if (g.all_reduce_stage2_started != r.ar_index) return false;
     const int64_t chunk = (r.in_elems + n - 1) / n;
-    void* dst = r.staging.empty() ? r.out : r.staging.data();
+    void* dst = r.staging.defined() ? r.staging.data_ptr() : r.out;
     MPI_Request h = MPI_REQUEST_NULL;
-    check_mpi(MPI_Iallgather(r.scratch.data(), mpi_count(chunk), mpi_type(r.elem), dst, mpi_count(chunk), mpi_type(r.elem),
+    check_mpi(MPI_Iallgather(r.scratch.data_ptr(), mpi_count(chunk), mpi_type(r.elem), dst, mpi_count(chunk), mpi_type(r.elem),
                              g.comm2, &h),
               "MPI_Iallgather");
     ++g.all_reduce_stage2_started;
@@ -511,20 +509,20 @@ bool CommEngine::progress(Request& r) {
   if (!done) return false;
   switch (r.op) {
     case CommOp::reduce_scatter:
-      reduce_rows(r.elem, r.scratch.data(), n, r.out_elems, r.out, r.reduce);
+      reduce_rows(r.elem, r.scratch.data_ptr(), n, r.out_elems, r.out, r.reduce);
       return true;
     case CommOp::all_reduce:
       if (r.stage == 10) {
-        reduce_rows(r.elem, r.scratch.data(), n, r.in_elems, r.out, r.reduce);
+        reduce_rows(r.elem, r.scratch.data_ptr(), n, r.in_elems, r.out, r.reduce);
         return true;
       }
       if (r.stage == 1) {
         const int64_t chunk = (r.in_elems + n - 1) / n;
-        reduce_rows(r.elem, r.scratch.data(), n, chunk, r.scratch.data(), r.reduce);  // into row 0
+        reduce_rows(r.elem, r.scratch.data_ptr(), n, chunk, r.scratch.data_ptr(), r.reduce);  // into row 0
         r.stage = 2;
         return progress(r);
       }
-      if (!r.staging.empty()) std::memcpy(r.out, r.staging.data(), size_t(r.in_elems) * eb);  // stage 3
+      if (r.staging.defined()) std::memcpy(r.out, r.staging.data_ptr(), size_t(r.in_elems) * eb);  // stage 3
       return true;
     default:
       return true;
@@ -532,7 +530,7 @@ bool CommEngine::progress(Request& r) {
 }
 
 void CommEngine::finish_request(Request& r) {
-  Group& g = *groups_.at(size_t(r.group));
+  CommGroup& g = *r.g;
   const int n = g.size();
   const double eb = double(elem_bytes(r.elem));
   double bytes = 0;
@@ -549,12 +547,12 @@ void CommEngine::finish_request(Request& r) {
       break;
     case CommOp::broadcast: bytes = g.rank == r.peer ? double(r.out_elems) * eb : 0; break;
     case CommOp::send: bytes = double(r.in_elems) * eb; break;
-    case CommOp::recv: case CommOp::barrier: break;
+    case CommOp::recv: case CommOp::barrier: case CommOp::split: break;
   }
   const double end = now_seconds();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!(r.op == CommOp::barrier && r.tag == -1)) {
+    if (r.op != CommOp::split) {
       CommStats& s = g.stats[r.op];
       ++s.calls;
       s.bytes += int64_t(bytes + 0.5);
@@ -564,6 +562,8 @@ void CommEngine::finish_request(Request& r) {
   recorder_.set_state(r.record, OpState::completed, recorder_.now());
   r.keep_in = Tensor();
   r.keep_out = Tensor();
+  r.scratch = Tensor();
+  r.staging = Tensor();
   std::lock_guard<std::mutex> lock(r.work->mu);
   r.work->done = true;
   r.work->cv.notify_all();
@@ -648,7 +648,8 @@ void CommEngine::serve_control() {
   MPI_Test(&control_->recv, &flag, &status);
   if (flag) {
     const int requester = control_->incoming[1];
-    dump_recorder(fmt::format("dump requested by rank {}, whose watchdog fired", requester));
+    // A rank whose own watchdog fired keeps its dump (and its reason).
+    if (!dumped_) dump_recorder(fmt::format("dump requested by rank {}, whose watchdog fired", requester));
     json last = json::object();
     const std::vector<uint64_t> seqs = recorder_.last_seq();
     {
@@ -660,7 +661,7 @@ void CommEngine::serve_control() {
     MPI_Isend(buf.data(), int(buf.size()), MPI_CHAR, requester, kReplyTag, control_->comm, &req);
     MPI_Irecv(control_->incoming, 2, MPI_INT, MPI_ANY_SOURCE, kDumpTag, control_->comm, &control_->recv);
   }
-  std::erase_if(control_->replies, [](auto& kv) {
+  control_->replies.remove_if([](auto& kv) {
     int done = 0;
     MPI_Test(&kv.first, &done, MPI_STATUS_IGNORE);
     return done != 0;
@@ -668,7 +669,7 @@ void CommEngine::serve_control() {
 }
 
 void CommEngine::fire(const Request& r) {
-  Group& g = *groups_.at(size_t(r.group));
+  CommGroup& g = *r.g;
   const std::string what = fmt::format("{} #{} on group {}", comm_op_name(r.op), r.seq, g.key());
   const double timeout = r.deadline - r.started;
   const std::string reason = fmt::format("watchdog: {} did not finish within {:g} s", what, timeout);
@@ -681,6 +682,7 @@ void CommEngine::fire(const Request& r) {
     MPI_Isend(request, 2, MPI_INT, q, kDumpTag, control_->comm, &asks.back());
   }
   dump_recorder(reason);
+  dumped_ = true;
   std::map<int, uint64_t> reached;  // world rank -> its last sequence id on g
   const double grace_end = now_seconds() + std::min(10.0, std::max(2.0, timeout));
   while (int(reached.size()) < world_size_ - 1 && now_seconds() < grace_end) {

@@ -28,7 +28,8 @@
 namespace titan::distributed {
 
 enum class CommOp : uint8_t {
-  all_reduce, reduce_scatter, all_gather, all_gatherv, all_to_all, all_to_allv, broadcast, send, recv, barrier
+  all_reduce, reduce_scatter, all_gather, all_gatherv, all_to_all, all_to_allv, broadcast, send, recv, barrier,
+  split  // MPI_Comm_split for CommEngine::split (not counted as traffic)
 };
 const char* comm_op_name(CommOp op);
 
@@ -46,6 +47,7 @@ size_t elem_bytes(Elem e);
 Elem elem_of(DType dtype);
 
 struct MpiHandles;  // comm_engine.cpp: the MPI requests of one Request
+struct CommGroup;   // comm_engine.cpp: a group's communicators, sequence counters and traffic
 
 // One enqueued operation. ProcessGroup fills the first block; the engine owns the rest.
 struct Request {
@@ -62,10 +64,13 @@ struct Request {
   std::vector<int64_t> send_counts, recv_counts;  // all_to_allv / all_gatherv, in elements
   int peer = 0, tag = 0;  // send / recv peer (group rank) and tag; broadcast root
 
+  CommGroup* split_child = nullptr;  // split: the new group (peer = color, tag = key)
+
+  CommGroup* g = nullptr;  // set at enqueue (group objects never move)
   uint64_t seq = 0, record = 0, ar_index = 0;
   int stage = 0;
   double started = 0, deadline = 0;
-  std::vector<unsigned char> scratch, staging;
+  Tensor scratch, staging;  // u8 buffers from the tracked allocator (temporaries)
   std::shared_ptr<WorkState> work;
   std::unique_ptr<MpiHandles> mpi;
 };
@@ -112,7 +117,6 @@ class CommEngine {
 
  private:
   CommEngine() = default;
-  struct Group;
   void loop();
   void init_mpi();
   void start_request(Request& r);
@@ -129,8 +133,11 @@ class CommEngine {
   std::vector<std::unique_ptr<Request>> active_;  // started, in start order
   std::thread thread_;
   bool started_ = false, stopping_ = false, mpi_ = false, ready_ = false;
+  bool thread_multiple_ = false;  // MPI may be called from any thread (MPI_Abort from main)
+  bool dumped_ = false;           // this rank's watchdog dumped its recorder (keep its reason)
+  std::thread::id comm_thread_;
   int world_rank_ = 0, world_size_ = 1;
-  std::vector<std::unique_ptr<Group>> groups_;
+  std::vector<std::unique_ptr<CommGroup>> groups_;
   std::unique_ptr<ProcessGroup> world_;
   std::atomic<double> timeout_{300.0};
   std::filesystem::path trace_folder_ = "comm_traces";

@@ -88,12 +88,14 @@ void Ddp::post_backward(Unit& u) {
 }
 
 void Ddp::reduce(Bucket& b) {
-  // A parameter no gradient reached this step sends zeros (its buffer is stale or detached).
+  // A parameter no gradient reached this step sends zeros (its buffer is stale or detached);
+  // after the reduction every attached gradient holds the sum, other ranks' parts included.
   for (size_t i = 0; i < b.params.size(); ++i) {
     autograd::Variable& v = b.params[i]->var;
     const std::shared_ptr<autograd::GradSlot>& slot = v.slot();
-    const bool live = slot->grad.defined() && slot->grad.shares_storage(b.flat) && !slot->stale;
-    if (!live) std::memset(static_cast<float*>(b.flat.data_ptr()) + b.offsets[i], 0, size_t(v.value().numel()) * 4);
+    const bool attached = slot->grad.defined() && slot->grad.shares_storage(b.flat);
+    if (!attached || slot->stale) std::memset(static_cast<float*>(b.flat.data_ptr()) + b.offsets[i], 0, size_t(v.value().numel()) * 4);
+    if (attached) slot->stale = false;
   }
   b.reduce = group_.all_reduce(b.flat);
   b.reduced = true;

@@ -33,7 +33,6 @@ class Ddp : public DataParallel, public nn::UnitHooks {
 
   void before_forward(const nn::Module& unit) override;
   void after_forward(const nn::Module&) override {}
-  size_t num_buckets() const { return buckets_.size(); }
 
  private:
   struct Bucket {

@@ -67,16 +67,6 @@ void FlightRecorder::set_state(uint64_t id, OpState state, double time) {
   (state == OpState::started ? e.started : e.completed) = time;
 }
 
-bool FlightRecorder::oldest_pending(int group, FlightEntry* out) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  bool found = false;
-  for (const FlightEntry& e : ring_) {
-    if (e.group != group || e.state == OpState::completed) continue;
-    if (!found || e.record_id < out->record_id) *out = e, found = true;
-  }
-  return found;
-}
-
 std::vector<uint64_t> FlightRecorder::last_seq() const {
   std::lock_guard<std::mutex> lock(mu_);
   return last_seq_;

@@ -44,8 +44,6 @@ class FlightRecorder {
   void set_state(uint64_t record_id, OpState state, double time);
   // Seconds since this recorder was created (the time base of every entry).
   double now() const;
-  // The oldest entry of `group` that has not completed, if any (the one a hang waits on).
-  bool oldest_pending(int group, FlightEntry* out) const;
   // The last sequence id enqueued on each group (0 when none), indexed like the group table.
   std::vector<uint64_t> last_seq() const;
   const std::vector<GroupInfo>& groups() const { return groups_; }

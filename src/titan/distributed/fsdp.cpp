@@ -31,6 +31,7 @@ struct Fsdp::Unit {
   bool gathered = false;
   std::vector<Work> gathers;           // in flight
   int uses = 0;                        // forwards this micro-batch whose backward has not ended
+  bool forwarded = false;              // ran forward this micro-batch (its prefetch was issued)
 };
 
 struct Fsdp::Reduction {
@@ -151,6 +152,7 @@ void Fsdp::gather(Unit& u) {
     const Tensor& src = q->bf16 ? q->shard_compute : q->shard;
     u.gathers.push_back(shard_.all_gather(q->full.view({n * q->rows * q->rest}), src.view({q->rows * q->rest})));
   }
+  peak_gathered_ = std::max(peak_gathered_, gathered_bytes());
 }
 
 void Fsdp::wait_gathered(Unit& u) {
@@ -170,7 +172,10 @@ void Fsdp::before_forward(const nn::Module& m) {
   Unit& u = unit_of(m);
   gather(u);
   wait_gathered(u);
-  if (u.index + 2 < units_.size()) gather(*units_[u.index + 1]);  // prefetch the next (not the root)
+  // Prefetch the next unit (not the root), on the unit's first forward only: a second use (the
+  // MTP modules reuse the embedding and the head) is not followed by the unit after it.
+  if (!u.forwarded && u.index + 2 < units_.size()) gather(*units_[u.index + 1]);
+  u.forwarded = true;
   if (!autograd::grad_enabled()) return;
   ++u.uses;
   // Runs once the unit's whole backward has run (it is recorded before the unit's ops).
@@ -203,11 +208,14 @@ void Fsdp::post_backward(Unit& u) {
 void Fsdp::reduce_gradients(Unit& u) {
   const int n = shard_.size();
   for (Param* q : u.params) {
+    // Whether to reduce is decided by what every rank agrees on (frozen or not), never by this
+    // rank's gradient alone, or the ranks' collectives would go out of step: a parameter no
+    // gradient reached here sends zeros.
+    if (!q->p->var.requires_grad()) continue;
     const Tensor& g = q->p->var.grad();
-    if (!g.defined()) continue;  // frozen, or no gradient reached it
     const int64_t total = n * q->rows * q->rest;
-    Tensor in = g.view({q->d0 * q->rest});
-    if (q->d0 * q->rest != total) {  // padded to N equal chunks
+    Tensor in = g.defined() ? g.view({q->d0 * q->rest}) : Tensor::zeros({total}, DType::f32, MemCategory::temporaries);
+    if (in.numel() != total) {  // padded to N equal chunks
       Tensor padded = Tensor::zeros({total}, DType::f32, MemCategory::temporaries);
       padded.slice(0, 0, q->d0 * q->rest).copy_(in);
       in = padded;
@@ -254,6 +262,7 @@ void Fsdp::zero_grad() {
 }
 
 void Fsdp::begin_forward(bool /*sync_gradients*/) {
+  for (auto& u : units_) u->forwarded = false;
   // The previous micro-batch's reductions are folded into the step's sums (they ran during its
   // backward; waiting here rarely waits).
   if (in_step_ && micro_batches_++ > 0) {

@@ -55,8 +55,11 @@ class Fsdp : public DataParallel, public nn::UnitHooks {
   void before_forward(const nn::Module& unit) override;
   void after_forward(const nn::Module& unit) override;
 
-  // Bytes of unsharded parameters gathered now (for tests of "no more than the units in flight").
+  // Bytes of unsharded parameters gathered now, and the most at any moment since the last reset
+  // (tests hold it to "no more than the units in flight").
   int64_t gathered_bytes() const;
+  int64_t peak_gathered_bytes() const { return peak_gathered_; }
+  void reset_peak_gathered() { peak_gathered_ = gathered_bytes(); }
 
  private:
   struct Param;
@@ -81,6 +84,7 @@ class Fsdp : public DataParallel, public nn::UnitHooks {
   std::vector<std::unique_ptr<Reduction>> reductions_;  // this micro-batch's, in issue order
   std::vector<TreeSum> sums_;                           // per trainable: the step's shard gradients
   bool in_step_ = false;                                // between zero_grad and finish_backward
+  int64_t peak_gathered_ = 0;
   int micro_batches_ = 0;
 };
 

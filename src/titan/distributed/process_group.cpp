@@ -1,5 +1,6 @@
 #include "titan/distributed/process_group.h"
 
+#include <climits>
 #include <cstring>
 
 #include "titan/core/error.h"
@@ -14,7 +15,21 @@ void check_contiguous(const Tensor& t, const char* op, const char* which) {
                                                     (t.defined() ? t.str() : std::string("an undefined tensor")));
 }
 
+// What the communication thread cannot report well is checked here, on the caller's thread.
+void check_size(const Tensor& t, const char* op) {
+  TITAN_CHECK(t.numel() <= INT_MAX, std::string(op) + " of " + std::to_string(t.numel()) +
+                                        " elements exceeds MPI's int counts",
+              "split the buffer (this build moves at most 2^31 - 1 elements per call)");
+}
+
+void check_reducible(const Tensor& t, const char* op) {
+  TITAN_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::i32 || t.dtype() == DType::i64,
+              std::string(op) + " of " + std::string(dtype_name(t.dtype())) + " values", "reduce f32, bf16 or integer tensors");
+}
+
 std::unique_ptr<Request> request(CommOp op, int group, const Tensor& in, const Tensor& out) {
+  if (in.defined()) check_size(in, comm_op_name(op));
+  if (out.defined()) check_size(out, comm_op_name(op));
   auto r = std::make_unique<Request>();
   r->op = op;
   r->group = group;
@@ -40,6 +55,7 @@ ProcessGroup::ProcessGroup(int engine_group, std::string name, int rank, std::ve
 
 Work ProcessGroup::all_reduce(const Tensor& t, ReduceOp op) const {
   check_contiguous(t, "all_reduce", "reduced");
+  check_reducible(t, "all_reduce");
   auto r = request(CommOp::all_reduce, engine_group_, t, t);
   r->reduce = op;
   return CommEngine::get().enqueue(std::move(r));
@@ -48,6 +64,7 @@ Work ProcessGroup::all_reduce(const Tensor& t, ReduceOp op) const {
 Work ProcessGroup::reduce_scatter(const Tensor& out, const Tensor& in) const {
   check_contiguous(in, "reduce_scatter", "input");
   check_contiguous(out, "reduce_scatter", "output");
+  check_reducible(in, "reduce_scatter");
   TITAN_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size(),
               "reduce_scatter on group " + name_ + ": input " + in.str() + " must hold " + std::to_string(size()) +
                   " chunks of the output " + out.str());

@@ -3,11 +3,13 @@
 // so the n-th collective of a group is the same call on every member; it returns a Work to wait
 // on. OpenMP workers never call MPI; only the communication thread does.
 //
-// Reductions are exact and deterministic: a reduce-scatter is an all-to-all of the chunks
-// followed by a sum over the sources in rank order, ((x_0 + x_1) + x_2) + ..., in f32 (bf16
-// inputs widened), so the result is the same bits on any number of ranks as a rank adding the
-// same partial sums one after another (a 1-rank run accumulating micro-batches). An all-reduce
-// is that reduce-scatter followed by an all-gather. bf16 is moved as 16-bit words.
+// Reductions are deterministic: a reduce-scatter is an all-to-all of the chunks followed by a
+// sum over the sources as a binary tree, ((x_0 + x_1) + (x_2 + x_3)) for four ranks, in f32
+// (bf16 inputs widened). tree_sum.h adds micro-batches with the same tree, so with power-of-two
+// counts a layout that reduces over ranks, over shard groups then replicas, or over ranks then
+// micro-batches gets the same bits as one rank accumulating all of them. An all-reduce is that
+// reduce-scatter followed by an all-gather (small ones: an all-gather and the same tree). bf16
+// is moved as 16-bit words.
 //
 // Tensors are contiguous; the request keeps them alive until it completes. A group of one rank
 // completes every call at once, without MPI.

@@ -63,12 +63,13 @@ std::vector<int> allowed_cpus() {
   return cpus;
 }
 
-std::pair<int, std::string> thread_share(const LaunchInfo& launch, const std::vector<int>& cpus) {
+std::pair<int, std::string> thread_share(const LaunchInfo& launch, const std::vector<int>& cpus, int host_cpus) {
   const int n = int(cpus.size());
   if (n == 0) return {1, ""};
-  // Bound by the launcher to a few CPUs (fewer than the host's ranks would share): use them all.
+  // Bound by the launcher to part of the host: those CPUs are this rank's. Free to run anywhere:
+  // the rank takes its local rank's share.
   int first = 0, count = n;
-  if (launch.local_size > 1) {
+  if (launch.local_size > 1 && n >= host_cpus) {
     const int share = n / launch.local_size;
     if (share >= 1) first = launch.local_rank * share, count = share;
     else first = launch.local_rank % n, count = 1;  // oversubscribed: one CPU each, round robin

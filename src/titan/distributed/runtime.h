@@ -21,11 +21,12 @@ struct LaunchInfo {
 LaunchInfo launch_info();
 
 // OpenMP threads and places for a rank when the user set neither OMP_NUM_THREADS nor
-// OMP_PLACES: the CPUs it may run on (`cpus`, its affinity mask) split evenly among the ranks on
-// the host (local_size), the rank taking its share by local rank: {OMP_NUM_THREADS, OMP_PLACES}.
-// A launcher that already bound the rank to fewer CPUs leaves just those; more ranks than CPUs
-// share them one each.
-std::pair<int, std::string> thread_share(const LaunchInfo& launch, const std::vector<int>& cpus);
+// OMP_PLACES: {OMP_NUM_THREADS, OMP_PLACES}. A rank free to run on the whole host (`cpus`, its
+// affinity mask, has all host_cpus) takes its local rank's even share of them; more ranks than
+// CPUs share them one each. A rank the launcher bound to part of the host keeps those CPUs, so
+// a launcher that binds several ranks to one socket oversubscribes it: launch with
+// `--bind-to none` (scripts/mpirun.sh does) or set OMP_NUM_THREADS.
+std::pair<int, std::string> thread_share(const LaunchInfo& launch, const std::vector<int>& cpus, int host_cpus);
 // The CPUs this process may run on (sched_getaffinity).
 std::vector<int> allowed_cpus();
 

@@ -2,7 +2,8 @@
 // order they arrive: ((x0 + x1) + (x2 + x3)) for four, a left-heavy tree otherwise. It is the
 // tree the reductions over ranks use (process_group.h), so gradients summed over micro-batches
 // here and over ranks there form one tree: with power-of-two rank counts, any data-parallel
-// layout and accumulation gives the same bits as one rank.
+// layout and accumulation gives the same bits as one rank. (The ranks' tree is fold_in_place in
+// comm_engine.cpp: the two must stay the same tree.)
 #pragma once
 
 #include <cstdint>

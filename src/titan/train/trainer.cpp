@@ -304,6 +304,9 @@ void Trainer::State::restore(const fs::path& folder, bool model_only) {
 }
 
 void Trainer::State::save(bool final_save) {
+  // A rank still writing its file (or rank 0 merging the metadata and purging old steps) can keep
+  // the others waiting in the save's collectives far longer than a step: the long deadline.
+  engine->set_timeout(double(cfg.comm.init_timeout_seconds));
   const bool model_only = final_save && cfg.checkpoint.last_save_model_only;
   const DType export_dtype = cfg.checkpoint.export_dtype == "bfloat16" ? DType::bf16
                              : cfg.checkpoint.export_dtype == "float16" ? DType::f16
@@ -316,6 +319,8 @@ void Trainer::State::save(bool final_save) {
     checkpoint::keep_latest(checkpoint_root, int(cfg.checkpoint.keep_latest_k));
     std::printf("checkpoint saved: %s%s\n", dir.string().c_str(), model_only ? " (model only)" : "");
   }
+  world->barrier().wait();  // the purge done before anyone moves on under the short deadline
+  engine->set_timeout(double(cfg.comm.timeout_seconds));
 }
 
 void Trainer::State::mean_over_data(std::vector<double>& values) {
@@ -416,7 +421,10 @@ TrainResult Trainer::train() {
     const double t0 = now_seconds();
     memory_reset_peak();
     const StepOutcome o = s.train_step(log);
-    if (s.step == first_step + 1) s.engine->set_timeout(double(c.comm.timeout_seconds));  // start-up is over
+    if (s.step == first_step + 1) {  // start-up is over: every rank lowers the deadline together
+      s.world->barrier().wait();
+      s.engine->set_timeout(double(c.comm.timeout_seconds));
+    }
     const double step_seconds = now_seconds() - t0;
     result.last_step = s.step;
     result.last_loss = o.loss;

@@ -1,6 +1,7 @@
 #include "titan/models/deepseek_v3/mtp.h"
 
 #include "titan/autograd/ops.h"
+#include "titan/nn/module.h"
 
 namespace titan::models::deepseek_v3 {
 
@@ -65,6 +66,7 @@ void MultiTokenPrediction::run(Transformer& model, const Variable& h0, const Ten
   last_losses_.assign(size_t(d), 0);
   for (int64_t k = 1; k <= d; ++k) {
     MtpModule& m = (*this)[size_t(k - 1)];
+    nn::UnitScope unit(m);  // a unit of the parallel plan: its block and norms, gathered while it runs
     const Variable emb = model.tok_embeddings.forward(shifted_tokens(tokens, k), model.compute_dtype());  // [B, S, D]
     h = m.forward(h, emb, model.rope_tables(), positions, model.recompute());
     const Variable logits = model.output.forward(autograd::view(m.norm.forward(h), {b * s, args_.dim}));  // [B*S, V]
