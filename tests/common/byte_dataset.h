@@ -3,6 +3,7 @@
 #pragma once
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +25,24 @@ inline std::filesystem::path prepare_byte_dataset(const std::filesystem::path& c
   bytes.eos_id = 256;
   data::prepare_dataset(o, bytes);
   return dir / "prepared";
+}
+
+// A small, learnable corpus: 300 "documents" of templated sentences, as byte tokens prepared
+// into <dir>/prepared (5% held out). Returns that folder.
+inline std::filesystem::path prepare_templated_dataset(const std::filesystem::path& dir) {
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream text(dir / "corpus.txt");
+    const char* names[] = {"Adam", "Noah", "Moses", "Ruth", "David", "Esther"};
+    const char* verbs[] = {"walked to", "spoke with", "looked upon", "went unto"};
+    const char* places[] = {"the river", "the city", "the mountain", "the field", "the temple"};
+    for (int d = 0; d < 300; ++d) {
+      for (int s = 0; s < 6; ++s)
+        text << names[(d + s) % 6] << ' ' << verbs[(d * 3 + s) % 4] << ' ' << places[(d + 2 * s) % 5] << ".\n";
+      text << "\n";
+    }
+  }
+  return prepare_byte_dataset(dir / "corpus.txt", dir, 0.05);
 }
 
 }  // namespace titan::test

@@ -38,19 +38,7 @@ inline fs::path shared_folder(const std::string& tag) {
 
 // The templated corpus of the e2e tests as byte tokens, prepared once by rank 0.
 inline fs::path shared_dataset(const fs::path& dir) {
-  if (world().rank() == 0) {
-    std::ofstream text(dir / "corpus.txt");
-    const char* names[] = {"Adam", "Noah", "Moses", "Ruth", "David", "Esther"};
-    const char* verbs[] = {"walked to", "spoke with", "looked upon", "went unto"};
-    const char* places[] = {"the river", "the city", "the mountain", "the field", "the temple"};
-    for (int d = 0; d < 300; ++d) {
-      for (int s = 0; s < 6; ++s)
-        text << names[(d + s) % 6] << ' ' << verbs[(d * 3 + s) % 4] << ' ' << places[(d + 2 * s) % 5] << ".\n";
-      text << "\n";
-    }
-    text.close();
-    prepare_byte_dataset(dir / "corpus.txt", dir, 0.05);
-  }
+  if (world().rank() == 0) prepare_templated_dataset(dir);
   world().barrier().wait();
   return dir / "prepared";
 }

@@ -17,21 +17,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path make_dataset(const fs::path& dir) {
-  // A small, learnable corpus: 300 "documents" of templated sentences.
-  fs::create_directories(dir);
-  std::ofstream text(dir / "corpus.txt");
-  const char* names[] = {"Adam", "Noah", "Moses", "Ruth", "David", "Esther"};
-  const char* verbs[] = {"walked to", "spoke with", "looked upon", "went unto"};
-  const char* places[] = {"the river", "the city", "the mountain", "the field", "the temple"};
-  for (int d = 0; d < 300; ++d) {
-    for (int s = 0; s < 6; ++s)
-      text << names[(d + s) % 6] << ' ' << verbs[(d * 3 + s) % 4] << ' ' << places[(d + 2 * s) % 5] << ".\n";
-    text << "\n";
-  }
-  text.close();
-  return test::prepare_byte_dataset(dir / "corpus.txt", dir, 0.05);
-}
+fs::path make_dataset(const fs::path& dir) { return test::prepare_templated_dataset(dir); }
 
 train::JobConfig config(const fs::path& data, const fs::path& run) {
   const std::string toml = R"(
