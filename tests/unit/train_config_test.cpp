@@ -196,8 +196,8 @@ TEST(ConfigErrors, UnknownKeySuggestsTheClosest) {
 }
 
 TEST(ConfigErrors, TorchTitanOnlyKeysSayWhy) {
-  Error e = load_error("[metrics]\nenable_tensorboard = true\n");
-  EXPECT_HAS(e.message(), "metrics.enable_tensorboard is a TorchTitan key");
+  Error e = load_error("[metrics]\nenable_wandb = true\n");
+  EXPECT_HAS(e.message(), "metrics.enable_wandb is a TorchTitan key");
   EXPECT_HAS(e.message(), "metrics.enable_jsonl");
   e = load_error("[compile]\nenable = false\n");
   EXPECT_HAS(e.message(), "[compile] is a TorchTitan section");

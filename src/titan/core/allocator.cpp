@@ -1,6 +1,7 @@
 #include "titan/core/allocator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "titan/core/error.h"
+#include "titan/core/profiler.h"
 
 namespace titan {
 namespace {
@@ -19,9 +21,21 @@ constexpr bool kCacheDefault = false;
 constexpr bool kCacheDefault = true;
 #endif
 
+struct Block {
+  int64_t bytes;
+  MemCategory category;
+  const char* site;  // a ProfileScope name (static storage)
+};
+
 struct Pool {
   std::mutex mu;
   MemoryStats stats;
+  std::atomic<bool> track{false};  // read without the lock by memory_sites_enabled
+  std::unordered_map<void*, Block> live;  // with track: every live block
+  // With a snapshot open: the live blocks at its start and every allocation (+) / free (-) since.
+  bool snapshot = false;
+  std::unordered_map<void*, Block> at_start;
+  std::vector<std::pair<void*, Block>> events;  // bytes > 0: allocated, < 0: freed
   std::unordered_map<size_t, std::vector<void*>> free_blocks;  // rounded size -> blocks
   bool cache = [] {
     const char* env = std::getenv("TITAN_ALLOC_CACHE");
@@ -69,6 +83,11 @@ void* memory_alloc(size_t bytes, MemCategory category) {
     ++p.stats.system_allocs;
   }
   std::lock_guard lock(p.mu);
+  if (p.track) {
+    const Block b{int64_t(size), category, current_scope()};
+    p.live[ptr] = b;
+    if (p.snapshot) p.events.emplace_back(ptr, b);
+  }
   MemoryStats& s = p.stats;
   const int c = int(category);
   s.live[c] += int64_t(size);
@@ -83,6 +102,13 @@ void memory_free(void* ptr, size_t bytes, MemCategory category) {
   Pool& p = pool();
   const size_t size = rounded(bytes);
   std::lock_guard lock(p.mu);
+  if (p.track) {
+    auto it = p.live.find(ptr);
+    if (it != p.live.end()) {
+      if (p.snapshot) p.events.emplace_back(ptr, Block{-it->second.bytes, it->second.category, it->second.site});
+      p.live.erase(it);
+    }
+  }
   p.stats.live[int(category)] -= int64_t(size);
   p.stats.live_total -= int64_t(size);
   if (p.cache) {
@@ -128,6 +154,56 @@ void memory_set_cache_enabled(bool on) {
     p.cache = on;
   }
   if (!on) memory_empty_cache();
+}
+
+void memory_track_blocks(bool on) {
+  Pool& p = pool();
+  std::lock_guard lock(p.mu);
+  p.track = on;
+  if (!on) p.live.clear(), p.snapshot = false;
+}
+
+bool memory_sites_enabled() { return pool().track.load(std::memory_order_relaxed); }
+
+void memory_snapshot_start() {
+  Pool& p = pool();
+  std::lock_guard lock(p.mu);
+  TITAN_CHECK(p.track, "memory_snapshot_start() without block tracking", "call memory_track_blocks(true) first");
+  p.snapshot = true;
+  p.at_start = p.live;
+  p.events.clear();
+}
+
+MemorySnapshot memory_snapshot_take() {
+  Pool& p = pool();
+  std::unordered_map<void*, Block> live;
+  std::vector<std::pair<void*, Block>> events;
+  {
+    std::lock_guard lock(p.mu);
+    TITAN_CHECK(p.snapshot, "memory_snapshot_take() without memory_snapshot_start()");
+    p.snapshot = false;
+    live.swap(p.at_start);
+    events.swap(p.events);
+  }
+  // The moment of the peak, then the blocks live at it.
+  int64_t total = 0, peak = 0;
+  size_t peak_at = 0;  // events applied at the peak
+  for (const auto& [ptr, b] : live) total += b.bytes;
+  peak = total;
+  for (size_t i = 0; i < events.size(); ++i) {
+    total += events[i].second.bytes;
+    if (total > peak) peak = total, peak_at = i + 1;
+  }
+  for (size_t i = 0; i < peak_at; ++i) {
+    const auto& [ptr, b] = events[i];
+    if (b.bytes > 0) live[ptr] = b;
+    else live.erase(ptr);
+  }
+  MemorySnapshot out;
+  out.peak_total = peak;
+  for (const auto& [ptr, b] : live) out.blocks.push_back({b.bytes, b.category, b.site ? b.site : ""});
+  std::sort(out.blocks.begin(), out.blocks.end(), [](const MemoryBlock& a, const MemoryBlock& b) { return a.bytes > b.bytes; });
+  return out;
 }
 
 }  // namespace titan

@@ -5,7 +5,9 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace titan {
 
@@ -34,5 +36,27 @@ void memory_empty_cache();  // returns cached blocks to the system
 // TITAN_ALLOC_CACHE=0 turns it off.
 bool memory_cache_enabled();
 void memory_set_cache_enabled(bool on);  // turning it off also empties the cache
+
+// ---- where the memory is: block tracking and peak snapshots ([profiling] enable_memory_snapshot)
+//
+// With tracking on, the allocator keeps every live block's size, category and site: the
+// innermost ProfileScope (core/profiler.h) active when it was allocated, e.g. "linear.fwd".
+// Turn it on before allocating what should be seen (the trainer does, at its start).
+void memory_track_blocks(bool on);
+bool memory_sites_enabled();
+
+struct MemoryBlock {
+  int64_t bytes = 0;
+  MemCategory category = MemCategory::temporaries;
+  std::string site;  // "" when allocated outside any ProfileScope
+};
+struct MemorySnapshot {
+  int64_t peak_total = 0;           // live bytes at the peak
+  std::vector<MemoryBlock> blocks;  // live at the peak, largest first
+};
+// Watches for the highest total of live bytes from now on; memory_snapshot_take returns the
+// blocks live at that moment. Needs tracking on.
+void memory_snapshot_start();
+MemorySnapshot memory_snapshot_take();
 
 }  // namespace titan

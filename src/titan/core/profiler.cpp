@@ -1,5 +1,8 @@
 #include "titan/core/profiler.h"
 
+#include "titan/core/allocator.h"
+#include "titan/core/trace.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -35,6 +38,34 @@ Profile& profile() {
 }  // namespace
 
 bool profiling_enabled() { return profile().enabled; }
+
+namespace {
+thread_local const char* g_scope = nullptr;
+}  // namespace
+
+bool scopes_enabled() { return profiling_enabled() || tracing() || memory_sites_enabled(); }
+
+const char* current_scope() { return g_scope ? g_scope : ""; }
+
+ProfileScope::ProfileScope(const char* name) : name_(scopes_enabled() ? name : nullptr) {
+  if (!name_) return;
+  outer_ = g_scope;
+  g_scope = name_;
+  start_ = std::chrono::steady_clock::now();
+}
+
+ProfileScope::~ProfileScope() {
+  if (!name_) return;
+  g_scope = outer_;
+  const auto end = std::chrono::steady_clock::now();
+  if (profiling_enabled()) profile_add(name_, std::chrono::duration<double>(end - start_).count());
+  if (tracing()) {
+    const std::string_view n = name_;
+    const std::string_view category = n.ends_with(".bwd") ? "backward" : n.ends_with(".fwd") ? "forward" : "step";
+    trace_span(n, category, std::chrono::duration<double>(start_.time_since_epoch()).count(),
+               std::chrono::duration<double>(end.time_since_epoch()).count());
+  }
+}
 
 void profile_add(const char* name, double seconds) {
   Profile& p = profile();

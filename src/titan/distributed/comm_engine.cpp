@@ -17,6 +17,7 @@
 
 #include "titan/core/dtype.h"
 #include "titan/core/error.h"
+#include "titan/core/trace.h"
 
 namespace titan::distributed {
 
@@ -214,7 +215,9 @@ void Work::wait() const {
   if (state_->done) return;
   const double t0 = now_seconds();
   state_->cv.wait(lock, [&] { return state_->done; });
-  CommEngine::get().add_exposed(now_seconds() - t0);
+  const double t1 = now_seconds();
+  CommEngine::get().add_exposed(t1 - t0);
+  trace_span("wait for communication", "wait", t0, t1);
 }
 
 bool Work::completed() const {
@@ -560,6 +563,10 @@ void CommEngine::finish_request(Request& r) {
     }
   }
   recorder_.set_state(r.record, OpState::completed, recorder_.now());
+  if (tracing())
+    trace_span(fmt::format("{} {}", comm_op_name(r.op), g.name), "collective", r.started, end,
+               json{{"group", g.key()}, {"seq", r.seq}, {"bytes_sent", int64_t(bytes + 0.5)}, {"elements", std::max(r.in_elems, r.out_elems)},
+                    {"dtype", elem_name(r.elem)}}.dump());
   r.keep_in = Tensor();
   r.keep_out = Tensor();
   r.scratch = Tensor();
@@ -571,6 +578,7 @@ void CommEngine::finish_request(Request& r) {
 
 void CommEngine::loop() {
   prctl(PR_SET_TIMERSLACK, 1000UL);  // sleeps of tens of microseconds between polls, not the default 50 us slack
+  trace_name_thread("communication");
   init_mpi();
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -73,10 +73,6 @@ const std::vector<NotCarried>& torchtitan_only() {
       {"experimental", "it imports Python modules, and titan.cpp has none"},
       {"quantize", "it configures torchao's float8 and MX training, which titan.cpp does not use"},
       {"job.custom_config_module", "it extends the config with a Python dataclass, and titan.cpp has none"},
-      {"metrics.enable_tensorboard", "titan.cpp writes metrics to {job.dump_folder}/{metrics.jsonl_file}; "
-                                     "use metrics.enable_jsonl"},
-      {"metrics.save_tb_folder", "titan.cpp writes metrics to {job.dump_folder}/{metrics.jsonl_file}; "
-                                 "use metrics.jsonl_file"},
       {"metrics.enable_wandb", "titan.cpp writes metrics to {job.dump_folder}/{metrics.jsonl_file}; "
                                "use metrics.enable_jsonl"},
       {"training.gc_freq", "it schedules Python's garbage collector, and titan.cpp has none"},
@@ -702,6 +698,9 @@ const std::vector<SectionSpec>& config_sections() {
       {"checkpoint", "Saving, resuming and importing/exporting checkpoints."},
       {"activation_checkpoint", "Trading compute for memory by recomputing activations in backward."},
       {"metrics", "What is logged, how often, and where."},
+      {"profiling",
+       "Looking at steps of a run: a Chrome trace (chrome://tracing, Perfetto) of every rank's ops, collectives, data "
+       "loading, optimizer and checkpoint, and a snapshot of the memory live at a step's peak."},
       {"validation", "Periodic evaluation of the loss on a held-out dataset."},
       {"dsa",
        "DeepSeek Sparse Attention training (model deepseek_v32): a dense warm-up that trains only the "
@@ -888,6 +887,27 @@ const std::vector<KeySpec>& config_schema() {
        "writes (and prints)."},
       {"metrics", "disable_color_printing", member<&C::metrics, &Metrics::disable_color_printing>, anything(),
        "Plain console output, without color codes (colors are used only when stdout is a terminal)."},
+      {"metrics", "enable_tensorboard", member<&C::metrics, &Metrics::enable_tensorboard>, anything(),
+       "Also write every logged scalar (losses, grad norm, lr, tokens/s, MFU, memory by category, MoE load per "
+       "layer, validation) as TensorBoard event files in {job.dump_folder}/{metrics.save_tb_folder}: "
+       "`tensorboard --logdir <that folder>`."},
+      {"metrics", "save_tb_folder", member<&C::metrics, &Metrics::save_tb_folder>, non_empty(),
+       "TensorBoard folder, relative to job.dump_folder (with save_for_all_ranks, rank r writes rank_<r>/ in it)."},
+      // [profiling]
+      {"profiling", "enable_profiling", member<&C::profiling, &Profiling::enable_profiling>, anything(),
+       "Trace every profile_freq-th step: each rank writes "
+       "{job.dump_folder}/{profiling.save_traces_folder}/iteration_<step>/rank<r>_trace.json (open it in "
+       "chrome://tracing or ui.perfetto.dev)."},
+      {"profiling", "save_traces_folder", member<&C::profiling, &Profiling::save_traces_folder>, non_empty(),
+       "Trace folder, relative to job.dump_folder."},
+      {"profiling", "profile_freq", member<&C::profiling, &Profiling::profile_freq>, at_least(1),
+       "Steps between traced (and memory-snapshotted) steps: steps profile_freq, 2 x profile_freq, ..."},
+      {"profiling", "enable_memory_snapshot", member<&C::profiling, &Profiling::enable_memory_snapshot>, anything(),
+       "At every profile_freq-th step, record the memory blocks live at the step's peak (size, category, the op that "
+       "allocated it) as {job.dump_folder}/{profiling.save_memory_snapshot_folder}/iteration_<step>/"
+       "rank<r>_memory_snapshot.json and a bar chart .png by category."},
+      {"profiling", "save_memory_snapshot_folder", member<&C::profiling, &Profiling::save_memory_snapshot_folder>,
+       non_empty(), "Memory snapshot folder, relative to job.dump_folder."},
       // [validation]
       {"validation", "enable", member<&C::validation, &Validation::enable>, anything(),
        "Evaluate the loss on the validation dataset every validation.freq steps."},

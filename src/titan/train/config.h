@@ -121,7 +121,19 @@ struct Metrics {
   std::string jsonl_file = "metrics.jsonl";
   bool save_for_all_ranks = false;
   bool disable_color_printing = false;
+  bool enable_tensorboard = false;
+  std::string save_tb_folder = "tb";
   bool operator==(const Metrics&) const = default;
+};
+
+// Looking at a run (TorchTitan's [profiling] keys): traces and memory snapshots of some steps.
+struct Profiling {
+  bool enable_profiling = false;
+  std::string save_traces_folder = "profile_trace";
+  int64_t profile_freq = 10;
+  bool enable_memory_snapshot = false;
+  std::string save_memory_snapshot_folder = "memory_snapshot";
+  bool operator==(const Profiling&) const = default;
 };
 
 struct Validation {
@@ -159,6 +171,7 @@ struct JobConfig {
   Checkpoint checkpoint;
   ActivationCheckpoint activation_checkpoint;
   Metrics metrics;
+  Profiling profiling;
   Validation validation;
   Dsa dsa;
   Debug debug;

@@ -20,7 +20,10 @@
 #include "titan/distributed/device_mesh.h"
 #include "titan/distributed/fsdp.h"
 #include "titan/distributed/runtime.h"
+#include "titan/core/allocator.h"
 #include "titan/core/cpu_features.h"
+#include "titan/core/profiler.h"
+#include "titan/core/trace.h"
 #include "titan/core/rng.h"
 #include "titan/data/loader.h"
 #include "titan/data/tokenizer.h"
@@ -130,6 +133,12 @@ struct Trainer::State {
   // The mean over the data-parallel ranks (the loss mesh) of each value.
   void mean_over_data(std::vector<double>& values);
   int64_t dp_degree() const { return mesh->dp().size(); }
+  // The trace of the step just done / the memory live at its peak, into the run folder.
+  void write_trace(MetricsLogger& log);
+  void write_memory_snapshot(MetricsLogger& log);
+  fs::path profile_file(const std::string& folder, const std::string& suffix) const {
+    return run_folder / folder / ("iteration_" + std::to_string(step)) / ("rank" + std::to_string(world->rank()) + suffix);
+  }
   // Whether Ctrl-C reached any rank: they reach the ranks at different moments, and all must
   // agree on the step that saves and ends the run.
   bool any_rank_stopped() {
@@ -200,6 +209,8 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
   s.source = source;
   check_supported(config, source);
   flush_denormals(true);  // see core/cpu_features.h: sharpening attention makes denormals
+  // Memory snapshots name the op behind every block: track them from before the model exists.
+  if (config.profiling.enable_memory_snapshot) memory_track_blocks(true);
   s.engine = &distributed::init_runtime();
   s.world = world ? world : &s.engine->world();
   s.lead = s.world->rank() == 0;
@@ -250,6 +261,7 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
   // architecture, which then replaces the flavor's; the run's own checkpoints record it again.
   if (config.checkpoint.enable && !config.checkpoint.initial_load_path.empty())
     s.hf_config = checkpoint::load_train_state(config.checkpoint.initial_load_path).value("hf_config", json());
+  ProfileScope building("model build");  // the site of the parameters in memory snapshots
   try {
     s.model = models::build_model(config.model.name, config.model.flavor, vocab, t.seq_len,
                                   model_options(config, s.hf_config.is_null() ? nullptr : &s.hf_config));
@@ -265,7 +277,10 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
                          : ac == "selective" ? models::Recompute::selective
                                              : models::Recompute::none);
   s.dp = make_data_parallel(*s.model, *s.mesh, config, source);
-  s.opt = std::make_unique<optim::AdamW>(s.dp->params(), adamw_params(config));
+  {
+    ProfileScope state("optimizer state");
+    s.opt = std::make_unique<optim::AdamW>(s.dp->params(), adamw_params(config));
+  }
   s.accum = gradient_accumulation_steps(config, s.dp_degree());
   s.inputs = Tensor::empty({t.local_batch_size, t.seq_len}, DType::i32, MemCategory::activations);
   s.targets = Tensor::empty({t.local_batch_size * t.seq_len}, DType::i32, MemCategory::activations);
@@ -304,6 +319,7 @@ void Trainer::State::restore(const fs::path& folder, bool model_only) {
 }
 
 void Trainer::State::save(bool final_save) {
+  ProfileScope span("checkpoint");
   // A rank still writing its file (or rank 0 merging the metadata and purging old steps) can keep
   // the others waiting in the save's collectives far longer than a step: the long deadline.
   engine->set_timeout(double(cfg.comm.init_timeout_seconds));
@@ -323,12 +339,44 @@ void Trainer::State::save(bool final_save) {
   engine->set_timeout(double(cfg.comm.timeout_seconds));
 }
 
+void Trainer::State::write_trace(MetricsLogger& log) {
+  const fs::path file = profile_file(cfg.profiling.save_traces_folder, "_trace.json");
+  write_chrome_trace(file, trace_stop(), world->rank(), "rank " + std::to_string(world->rank()));
+  log.log_event("trace of step " + std::to_string(step) + ": " + file.string() + " (open in ui.perfetto.dev)");
+}
+
+void Trainer::State::write_memory_snapshot(MetricsLogger& log) {
+  const MemorySnapshot snap = memory_snapshot_take();
+  json by_category = json::object(), blocks = json::array();
+  std::map<std::string, int64_t> by_site;
+  for (const MemoryBlock& b : snap.blocks) {
+    const std::string cat(mem_category_name(b.category));
+    by_category[cat] = by_category.value(cat, int64_t(0)) + b.bytes;
+    by_site[cat + " / " + (b.site.empty() ? "(outside any op)" : b.site)] += b.bytes;
+    blocks.push_back({{"bytes", b.bytes}, {"category", cat}, {"site", b.site}});
+  }
+  json sites = json::array();
+  for (const auto& [site, bytes] : by_site) sites.push_back({{"site", site}, {"bytes", bytes}});
+  const fs::path file = profile_file(cfg.profiling.save_memory_snapshot_folder, "_memory_snapshot.json");
+  fs::create_directories(file.parent_path());
+  std::ofstream(file) << json{{"step", step},
+                              {"rank", world->rank()},
+                              {"peak_bytes", snap.peak_total},
+                              {"by_category", by_category},
+                              {"by_site", sites},
+                              {"blocks", blocks}}
+                             .dump(1);
+  log.log_event("memory at the peak of step " + std::to_string(step) + " (" + format_bytes(double(snap.peak_total)) +
+                "): " + file.string());
+}
+
 void Trainer::State::mean_over_data(std::vector<double>& values) {
   mesh->loss().all_reduce(std::span<double>(values));
   for (double& v : values) v /= double(mesh->loss().size());
 }
 
 double Trainer::State::validate() {
+  ProfileScope span("validation");
   autograd::NoGradGuard no_grad;
   val_loader->reset();
   const int64_t b = cfg.validation.local_batch_size, sl = cfg.validation.seq_len;
@@ -361,15 +409,28 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
   const Tensor dloss = Tensor::full({1}, 1.0 / double(accum * dp_degree()), DType::f32);
   for (int64_t micro = 0; micro < accum; ++micro) {
     const double d0 = train_loader->seconds_spent();
-    train_loader->next_batch(inputs.data<int32_t>(), targets.data<int32_t>(), int(t.local_batch_size), int(t.seq_len));
+    {
+      ProfileScope span("data loading");
+      train_loader->next_batch(inputs.data<int32_t>(), targets.data<int32_t>(), int(t.local_batch_size), int(t.seq_len));
+    }
     out.data_seconds += train_loader->seconds_spent() - d0;
     dp->begin_forward(/*sync_gradients=*/micro + 1 == accum);
-    models::TrainingLoss loss = model->training_loss(inputs, targets);
-    autograd::backward(loss.total, dloss);
+    models::TrainingLoss loss = [&] {
+      ProfileScope span("forward");
+      return model->training_loss(inputs, targets);
+    }();
+    {
+      ProfileScope span("backward");
+      autograd::backward(loss.total, dloss);
+    }
     out.loss += loss.cross_entropy / double(accum);
     for (const auto& [name, v] : loss.terms) out.terms[name] += v / double(accum);
   }
-  dp->finish_backward();
+  {
+    ProfileScope span("gradient reduction");
+    dp->finish_backward();
+  }
+  ProfileScope optimizer_span("optimizer");
   // The step's losses, the means over all data-parallel ranks.
   std::vector<double> scalars = {out.loss};
   for (const auto& [name, v] : out.terms) scalars.push_back(v);
@@ -420,7 +481,11 @@ TrainResult Trainer::train() {
   while (s.step < t.steps) {
     const double t0 = now_seconds();
     memory_reset_peak();
+    const bool profiled = (s.step + 1) % c.profiling.profile_freq == 0;
+    if (profiled && c.profiling.enable_profiling) trace_start();
+    if (profiled && c.profiling.enable_memory_snapshot) memory_snapshot_start();
     const StepOutcome o = s.train_step(log);
+    if (profiled && c.profiling.enable_memory_snapshot) s.write_memory_snapshot(log);
     if (s.step == first_step + 1) {  // start-up is over: every rank lowers the deadline together
       s.world->barrier().wait();
       s.engine->set_timeout(double(c.comm.timeout_seconds));
@@ -479,6 +544,7 @@ TrainResult Trainer::train() {
         result.last_checkpoint = checkpoint::step_folder(s.checkpoint_root, s.step);
       }
     }
+    if (tracing()) s.write_trace(log);
     if (stop) {
       result.interrupted = true;
       log.log_event("interrupted at step " + std::to_string(s.step) +
