@@ -1,5 +1,6 @@
 // A tokenizer-free training set for trainer tests: token shards of a text file with one token per
-// byte (vocabulary 257; 256 ends a document), written by the real `titan data prepare` path.
+// byte (vocabulary 257 unless asked for more; 256 ends a document), written by the real `titan
+// data prepare` path.
 #pragma once
 
 #include <filesystem>
@@ -14,22 +15,23 @@ namespace titan::test {
 
 // Prepares `corpus` into <dir>/prepared (a val_fraction share held out) and returns that folder.
 inline std::filesystem::path prepare_byte_dataset(const std::filesystem::path& corpus, const std::filesystem::path& dir,
-                                                  double val_fraction) {
+                                                  double val_fraction, int32_t vocab_size = 257) {
   data::PrepareOptions o;
   o.inputs = {corpus.string()};
   o.output_dir = (dir / "prepared").string();
   o.val_fraction = val_fraction;
   data::Encoder bytes;
   bytes.encode = [](std::string_view t) { return std::vector<int32_t>(t.begin(), t.end()); };
-  bytes.vocab_size = 257;
+  bytes.vocab_size = vocab_size;
   bytes.eos_id = 256;
   data::prepare_dataset(o, bytes);
   return dir / "prepared";
 }
 
 // A small, learnable corpus: 300 "documents" of templated sentences, as byte tokens prepared
-// into <dir>/prepared (5% held out). Returns that folder.
-inline std::filesystem::path prepare_templated_dataset(const std::filesystem::path& dir) {
+// into <dir>/prepared (5% held out) with a vocabulary of vocab_size (>= 257; e.g. 260 for one that
+// 2 and 4 tensor-parallel ranks split). Returns that folder.
+inline std::filesystem::path prepare_templated_dataset(const std::filesystem::path& dir, int32_t vocab_size = 257) {
   std::filesystem::create_directories(dir);
   {
     std::ofstream text(dir / "corpus.txt");
@@ -42,7 +44,7 @@ inline std::filesystem::path prepare_templated_dataset(const std::filesystem::pa
       text << "\n";
     }
   }
-  return prepare_byte_dataset(dir / "corpus.txt", dir, 0.05);
+  return prepare_byte_dataset(dir / "corpus.txt", dir, 0.05, vocab_size);
 }
 
 }  // namespace titan::test

@@ -1,5 +1,7 @@
 #include "titan/core/shape.h"
 
+#include <vector>
+
 #include "titan/core/error.h"
 
 namespace titan {
@@ -45,6 +47,13 @@ bool operator==(const Shape& a, const Shape& b) {
   for (int i = 0; i < a.n_; ++i)
     if (a.d_[i] != b.d_[i]) return false;
   return true;
+}
+
+GlobalSlice nested_slice(const GlobalSlice& outer, const Shape& local_shape, const Shape& offsets) {
+  if (outer.global_shape.empty()) return {local_shape, offsets};
+  std::vector<int64_t> o(offsets.begin(), offsets.end());
+  for (size_t d = 0; d < o.size(); ++d) o[d] += outer.offsets[d];
+  return {outer.global_shape, Shape(o)};
 }
 
 }  // namespace titan

@@ -44,4 +44,9 @@ struct GlobalSlice {
   Shape offsets;
 };
 
+// The slice of the global tensor that a part of a local tensor covers: the part starts at
+// `offsets` in a local tensor of `local_shape`, which sits at `outer` (empty: the local tensor is
+// the global one). E.g. an FSDP shard (rows of the local tensor) of a tensor-parallel shard.
+GlobalSlice nested_slice(const GlobalSlice& outer, const Shape& local_shape, const Shape& offsets);
+
 }  // namespace titan

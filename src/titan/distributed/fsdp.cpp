@@ -90,7 +90,8 @@ Fsdp::Fsdp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const 
     Tensor master = q->shard.slice(0, 0, q->valid);
     std::vector<int64_t> offsets(q->shape.size(), 0);
     offsets[0] = int64_t(r) * q->rows;
-    const GlobalSlice slice{q->shape, Shape(offsets)};
+    // In the global parameter: this rank's rows of its tensor-parallel shard (or of the whole).
+    const GlobalSlice slice = nested_slice(p->tp_slice, q->shape, Shape(offsets));
     nn::init_parameter(master, name, p->init, options.seed, &slice);
     q->bf16 = options.bf16_params && p->gemm_weight;
     if (q->bf16) {
@@ -111,8 +112,15 @@ Fsdp::Fsdp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const 
     q->full.release_storage();
     p->var.clear_grad();
     q->trainable = trainables_.size();
-    trainables_.push_back({name, autograd::Variable(master, true, name), q->bf16 ? &q->compute_valid : nullptr,
-                           p->weight_decay, slice});
+    nn::TrainableParam t;
+    t.name = name;
+    t.var = autograd::Variable(master, true, name);
+    t.compute = q->bf16 ? &q->compute_valid : nullptr;
+    t.weight_decay = p->weight_decay;
+    t.slice = slice;
+    t.tp_partial_grad = p->tp_partial_grad;
+    t.tp_duplicate = p->tp_duplicate;
+    trainables_.push_back(std::move(t));
     Unit* owner = units_.back().get();  // root, unless a unit's prefix claims it
     for (auto& u : units_)
       if (u->module && name.starts_with(u->name + ".")) owner = u.get();

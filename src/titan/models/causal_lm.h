@@ -11,6 +11,10 @@
 
 #include "titan/nn/module.h"
 
+namespace titan::distributed {
+class ProcessGroup;
+}
+
 namespace titan::models {
 
 // Activation checkpointing per transformer block: full recomputes the whole block in backward;
@@ -36,8 +40,14 @@ using SumOverData = std::function<void(Tensor&)>;
 
 class CausalLM : public nn::Module {
  public:
-  // tokens [B, S] i32 -> logits [B*S, V] in the compute dtype (positions 0..S-1 per row).
+  // tokens [B, S] i32 -> logits [B*S, V] in the compute dtype (positions 0..S-1 per row). Under
+  // tensor parallelism, [B*S, V / tp]: this rank's slice of the vocabulary.
   virtual autograd::Variable forward(const Tensor& tokens) = 0;
+  // The mean next-token cross-entropy of forward()'s logits over targets [B*S] that are not -100
+  // (loss parallel, distributed/tensor_parallel.h, when the logits are vocabulary-sharded).
+  autograd::Variable next_token_loss(const autograd::Variable& logits, const Tensor& targets) const;
+  // The tensor-parallel group the model is split over (null: none).
+  const distributed::ProcessGroup* tensor_parallel() const { return tp_; }
   // Training FLOPs per token at sequence length seq_len (TorchTitan's count, for MFU).
   virtual double training_flops_per_token(int64_t seq_len) const = 0;
   virtual int64_t vocab_size() const = 0;
@@ -67,6 +77,9 @@ class CausalLM : public nn::Module {
 
   // ---- parallelism (models/<model>/parallelize.cpp). The units of FSDP / DDP, in forward order.
   virtual std::vector<nn::ShardingUnit> sharding_units() = 0;
+
+ protected:
+  const distributed::ProcessGroup* tp_ = nullptr;  // set by a model built for tensor parallelism
 };
 
 // DeepSeek Sparse Attention training in two stages: a dense warm-up of warmup_steps steps that
@@ -94,6 +107,9 @@ struct ModelOptions {
   std::vector<std::string> converters;
   // DeepSeek-V3.2's sparse-attention training ([dsa]); only deepseek_v32 accepts a non-default one.
   DsaSchedule dsa;
+  // Tensor + sequence parallelism over this group ([parallelism] tensor_parallel_degree; null or
+  // one rank: none). The model is built with this rank's shards (models/<model>/parallelize.cpp).
+  const distributed::ProcessGroup* tp = nullptr;
 };
 
 // Builds `name` ("llama3", ...) at `flavor` with the tokenizer's vocabulary size. The

@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "titan/core/error.h"
+#include "titan/distributed/process_group.h"
 #include "titan/models/causal_lm.h"
 #include "titan/models/deepseek_v3/hf_adapter.h"
 #include "titan/models/deepseek_v3/model.h"
@@ -60,8 +61,12 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
     refuse_dsa_options(name, options);
     llama3::Llama3Args a = llama3::llama3_flavor(flavor, vocab_size);
     a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
-    return std::make_unique<llama3::Transformer>(a);
+    return std::make_unique<llama3::Transformer>(a, options.tp);
   }
+  TITAN_CHECK(!options.tp || options.tp->size() == 1,
+              "parallelism.tensor_parallel_degree = " + std::to_string(options.tp ? options.tp->size() : 1) +
+                  ": this build splits only llama3 over tensor-parallel ranks, not " + name,
+              "set tensor_parallel_degree = 1 and spread the ranks with data_parallel_shard_degree");
   const bool deepseek = name == "deepseek_v3" || name == "deepseek_v32";
   TITAN_CHECK(!options.hf_config || deepseek, "a Hugging Face architecture was given for model '" + name + "'",
               "only DeepSeek checkpoints convert from Hugging Face; set [model] name = \"deepseek_v3\" or "

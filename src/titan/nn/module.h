@@ -36,6 +36,15 @@ struct Parameter {
   bool weight_decay = true;   // no-decay group: norms' weights, biases (set by the module)
   bool gemm_weight = false;   // read by a GEMM: gets a compute copy under mixed precision
   Tensor compute;             // bf16 copy of the master the GEMMs read (mixed precision), else undefined
+  // Tensor parallelism (set by a model's plan, distributed/tensor_parallel.h): where this rank's
+  // tensor sits in the global parameter (an empty global_shape: it is the whole parameter), and,
+  // for a parameter every TP rank holds whole, whether each rank's gradient is a partial sum
+  // (a sequence-parallel norm sees 1/tp of the tokens: the gradients are summed over TP after
+  // backward) and whether this rank is not the first to hold it (checkpoints and the gradient
+  // norm then leave it to the first).
+  GlobalSlice tp_slice;
+  bool tp_partial_grad = false;
+  bool tp_duplicate = false;
 };
 
 class Module;
@@ -54,12 +63,15 @@ class UnitHooks {
 // shard of it (FSDP). var holds the f32 master value and its gradient (undefined when the
 // parameter got none this step); compute, when not null, receives bf16(value) with each update
 // (mixed precision). slice says where value sits in the global parameter (empty: all of it).
+// tp_partial_grad / tp_duplicate: the Parameter's (tensor parallelism).
 struct TrainableParam {
   std::string name;
   Variable var;
   Tensor* compute = nullptr;
   bool weight_decay = true;
   GlobalSlice slice;
+  bool tp_partial_grad = false;
+  bool tp_duplicate = false;
 };
 
 class Module {
@@ -82,7 +94,8 @@ class Module {
   void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true,
                        const std::string& source = "state dict");
 
-  // Re-initializes every parameter from its Init with (seed, full name, element index).
+  // Re-initializes every parameter from its Init with (seed, full name, element index of the
+  // global parameter: a tensor-parallel shard gets the values of its tp_slice).
   void init_parameters(uint64_t seed);
   void zero_grad();
 

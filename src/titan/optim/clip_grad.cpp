@@ -14,8 +14,8 @@ GradNorm clip_grad_norm(const std::vector<nn::TrainableParam>& params, double ma
                         const std::function<double(double)>& sum_over_shards) {
   std::vector<Tensor> grads;
   grads.reserve(params.size());
-  for (const nn::TrainableParam& p : params)
-    if (p.var.grad().defined()) grads.push_back(p.var.grad());
+  for (const nn::TrainableParam& p : params)  // a gradient every TP rank holds counts once
+    if (p.var.grad().defined() && !p.tp_duplicate) grads.push_back(p.var.grad());
   GradNorm out;
   out.norm = std::sqrt(sum_over_shards(kernels::sum_squares(grads)));
   if (!std::isfinite(out.norm)) {

@@ -24,6 +24,7 @@ GradNorm clip_grad_norm(const std::vector<std::pair<std::string, nn::Parameter*>
 // The same over TrainableParams whose gradients may be shards of the global ones: the local sum
 // of squares goes through sum_over_shards (the sum over the ranks that split the parameters; the
 // identity when every rank holds whole, identical gradients), so every rank gets the global norm.
+// Gradients marked tp_duplicate (another tensor-parallel rank holds the same) are left out.
 // A non-finite norm throws on every rank, naming a parameter where this rank's shard is not finite.
 GradNorm clip_grad_norm(const std::vector<nn::TrainableParam>& params, double max_norm,
                         const std::function<double(double)>& sum_over_shards);

@@ -47,9 +47,14 @@ fs::path save_run_checkpoint(const fs::path& root, int64_t step, const RunParts&
   const bool lead = parts.world.rank() == 0;
   const auto& params = parts.data_parallel.params();
   // Each piece once: a parameter's slices by the ranks that hold them (replicas but the first
-  // write none), replicated state (buffers, step counters) by rank 0.
+  // write none, nor do tensor-parallel ranks but the first of a parameter they all hold),
+  // replicated state (buffers, step counters) by rank 0.
+  std::set<std::string> duplicates;
+  for (const nn::TrainableParam& p : params)
+    if (p.tp_duplicate) duplicates.insert(p.name);
   if (parts.data_parallel.writes_params())
     for (const nn::TrainableParam& p : params) {
+      if (p.tp_duplicate) continue;
       const Tensor& v = p.var.value();
       req.tensors.push_back({"model." + p.name, model_only && export_dtype != DType::f32 ? v.to(export_dtype) : v, p.slice});
     }
@@ -61,7 +66,7 @@ fs::path save_run_checkpoint(const fs::path& root, int64_t step, const RunParts&
       const std::string param = moment_param(key);
       if (param.empty()) {
         if (lead) req.tensors.push_back({"optim." + key, t, {}});
-      } else if (parts.data_parallel.writes_params()) {
+      } else if (parts.data_parallel.writes_params() && !duplicates.count(param)) {
         const GlobalSlice* s = slices.at(param);
         req.tensors.push_back({"optim." + key, t, s ? *s : GlobalSlice{}});
       }

@@ -18,6 +18,7 @@
 #include "titan/checkpoint/checkpoint.h"
 #include "titan/distributed/ddp.h"
 #include "titan/distributed/device_mesh.h"
+#include "titan/distributed/tensor_parallel.h"
 #include "titan/distributed/fsdp.h"
 #include "titan/distributed/runtime.h"
 #include "titan/core/allocator.h"
@@ -52,13 +53,24 @@ double now_seconds() {
 // What this build does not do yet, refused up front with the key to change.
 void check_supported(const JobConfig& c, const std::string& source) {
   const Parallelism& p = c.parallelism;
-  for (const auto& [key, degree] : {std::pair<const char*, int64_t>{"tensor_parallel_degree", p.tensor_parallel_degree},
-                                    {"pipeline_parallel_degree", p.pipeline_parallel_degree},
+  for (const auto& [key, degree] : {std::pair<const char*, int64_t>{"pipeline_parallel_degree", p.pipeline_parallel_degree},
                                     {"context_parallel_degree", p.context_parallel_degree},
                                     {"expert_parallel_degree", p.expert_parallel_degree}})
     TITAN_CHECK(degree == 1, source + ": parallelism." + key + " = " + std::to_string(degree) +
-                                 ": this build parallelizes over data only (DDP, FSDP, HSDP)",
+                                 ": this build parallelizes over data (DDP, FSDP, HSDP) and tensors (TP) only",
                 "set it to 1 and spread the ranks with data_parallel_shard_degree / data_parallel_replicate_degree");
+  const int64_t tp = p.tensor_parallel_degree;
+  TITAN_CHECK(tp < 1 || (c.training.local_batch_size * c.training.seq_len) % tp == 0,
+              source + ": training.local_batch_size x training.seq_len = " +
+                  std::to_string(c.training.local_batch_size * c.training.seq_len) +
+                  " tokens do not split over parallelism.tensor_parallel_degree = " + std::to_string(tp) +
+                  " sequence-parallel ranks",
+              "make seq_len a multiple of tensor_parallel_degree");
+  TITAN_CHECK(tp < 1 || !c.validation.enable ||
+                  (c.validation.local_batch_size * c.validation.seq_len) % tp == 0,
+              source + ": validation.local_batch_size x validation.seq_len do not split over parallelism."
+                       "tensor_parallel_degree = " + std::to_string(tp) + " sequence-parallel ranks",
+              "make validation.seq_len a multiple of tensor_parallel_degree");
   TITAN_CHECK(c.training.dtype == "float32", source + ": training.dtype = \"" + c.training.dtype +
                                                  "\" (pure bf16 training) is not supported yet",
               "use training.dtype = \"float32\" with training.mixed_precision_param = \"bfloat16\"");
@@ -150,8 +162,9 @@ struct Trainer::State {
 
 namespace {
 
-models::ModelOptions model_options(const JobConfig& c, const json* hf_config) {
+models::ModelOptions model_options(const JobConfig& c, const json* hf_config, const distributed::ProcessGroup& tp) {
   models::ModelOptions mo;
+  mo.tp = &tp;
   mo.mtp_layers = c.model.mtp_layers;
   mo.mtp_loss_weight = c.model.mtp_loss_weight;
   mo.hf_config = hf_config;
@@ -264,7 +277,8 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
   ProfileScope building("model build");  // the site of the parameters in memory snapshots
   try {
     s.model = models::build_model(config.model.name, config.model.flavor, vocab, t.seq_len,
-                                  model_options(config, s.hf_config.is_null() ? nullptr : &s.hf_config));
+                                  model_options(config, s.hf_config.is_null() ? nullptr : &s.hf_config,
+                                                s.mesh->group(distributed::MeshDim::tp)));
   } catch (const Error& e) {
     TITAN_FAIL(source + ": " + e.message(), e.hint());
   }
@@ -387,7 +401,7 @@ double Trainer::State::validate() {
   while (cfg.validation.steps < 0 || batches < cfg.validation.steps) {
     if (!val_loader->next_batch(in.data<int32_t>(), tg.data<int32_t>(), int(b), int(sl))) break;
     dp->begin_forward(false);
-    total += autograd::cross_entropy(model->forward(in), tg).value().item();
+    total += model->next_token_loss(model->forward(in), tg).value().item();
     dp->finish_forward();
     ++batches;
   }
@@ -429,6 +443,7 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
   {
     ProfileScope span("gradient reduction");
     dp->finish_backward();
+    distributed::sum_partial_gradients(dp->params(), mesh->group(distributed::MeshDim::tp));
   }
   ProfileScope optimizer_span("optimizer");
   // The step's losses, the means over all data-parallel ranks.
@@ -438,7 +453,13 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
   out.loss = scalars[0];
   size_t k = 1;
   for (auto& [name, v] : out.terms) v = scalars[k++];
-  const auto norm = optim::clip_grad_norm(dp->params(), t.max_norm, [this](double x) { return dp->sum_over_shards(x); });
+  // Squares summed over the ranks holding distinct pieces: the FSDP shards, then the TP shards.
+  const auto norm = optim::clip_grad_norm(dp->params(), t.max_norm, [this](double x) {
+    double sum = dp->sum_over_shards(x);
+    const distributed::ProcessGroup& tp = mesh->group(distributed::MeshDim::tp);
+    if (tp.size() > 1) tp.all_reduce(std::span<double>(&sum, 1));
+    return sum;
+  });
   out.grad_norm = norm.norm;
   ++step;
   out.lr = cfg.optimizer.lr * schedule.lr_factor(step);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "titan/distributed/tensor_parallel.h"
 #include "titan/kernels/attention_decode.h"
 #include "titan/models/common.h"
 
@@ -24,29 +25,52 @@ Tensor default_positions(int64_t batch, int64_t seq) {
     for (int64_t s = 0; s < seq; ++s) d[b * seq + s] = int32_t(s);
   return p;
 }
+
+int64_t degree(const distributed::ProcessGroup* tp) { return tp ? tp->size() : 1; }
+
+// The embedding rows this rank holds, once the shapes are checked (the first member built).
+int64_t vocab_rows(const Llama3Args& a, const distributed::ProcessGroup* tp) {
+  a.validate();
+  check_tensor_parallel(a, degree(tp));
+  return a.vocab_size / degree(tp);
+}
+
+// Under TP, a sublayer's input: every rank's tokens gathered.
+Variable all_tokens(const Variable& x, const distributed::ProcessGroup* tp) {
+  return tp ? distributed::gather_tokens(x, *tp) : x;
+}
+// Under TP, a row-parallel projection's partial sums, reduced to this rank's tokens.
+Variable own_tokens(const Variable& y, const distributed::ProcessGroup* tp) {
+  return tp ? distributed::reduce_scatter_tokens(y, *tp) : y;
+}
 }  // namespace
 
-Attention::Attention(const Llama3Args& a, int layer_id)
-    : wq(register_module("wq", std::make_unique<nn::Linear>(a.dim, a.n_heads * a.head_dim(), Init::trunc_normal(kInitStd)))),
-      wk(register_module("wk", std::make_unique<nn::Linear>(a.dim, a.kv_heads() * a.head_dim(), Init::trunc_normal(kInitStd)))),
-      wv(register_module("wv", std::make_unique<nn::Linear>(a.dim, a.kv_heads() * a.head_dim(), Init::trunc_normal(kInitStd)))),
-      wo(register_module("wo", std::make_unique<nn::Linear>(a.n_heads * a.head_dim(), a.dim,
+Attention::Attention(const Llama3Args& a, int layer_id, const distributed::ProcessGroup* tp)
+    : wq(register_module("wq", std::make_unique<nn::Linear>(a.dim, a.n_heads / degree(tp) * a.head_dim(),
+                                                            Init::trunc_normal(kInitStd)))),
+      wk(register_module("wk", std::make_unique<nn::Linear>(a.dim, a.kv_heads() / degree(tp) * a.head_dim(),
+                                                            Init::trunc_normal(kInitStd)))),
+      wv(register_module("wv", std::make_unique<nn::Linear>(a.dim, a.kv_heads() / degree(tp) * a.head_dim(),
+                                                            Init::trunc_normal(kInitStd)))),
+      wo(register_module("wo", std::make_unique<nn::Linear>(a.n_heads / degree(tp) * a.head_dim(), a.dim,
                                                             Init::trunc_normal(out_proj_std(a, layer_id))))),
-      n_heads_(a.n_heads),
-      n_kv_heads_(a.kv_heads()),
-      head_dim_(a.head_dim()) {}
+      n_heads_(a.n_heads / degree(tp)),
+      n_kv_heads_(a.kv_heads() / degree(tp)),
+      head_dim_(a.head_dim()),
+      tp_(tp) {}
 
 Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
-  const int64_t b = x.shape()[0], s = x.shape()[1];
-  // q [B, S, H, Dh]; k, v [B, S, Hkv, Dh]
-  Variable q = autograd::view(wq.forward(x), {b, s, n_heads_, head_dim_});
-  Variable k = autograd::view(wk.forward(x), {b, s, n_kv_heads_, head_dim_});
-  Variable v = autograd::view(wv.forward(x), {b, s, n_kv_heads_, head_dim_});
+  const int64_t b = positions.size(0), s = positions.size(1);
+  const Variable xs = all_tokens(x, tp_);  // [B*S, D]
+  // q [B, S, H, Dh]; k, v [B, S, Hkv, Dh] (this rank's heads)
+  Variable q = autograd::view(wq.forward(xs), {b, s, n_heads_, head_dim_});
+  Variable k = autograd::view(wk.forward(xs), {b, s, n_kv_heads_, head_dim_});
+  Variable v = autograd::view(wv.forward(xs), {b, s, n_kv_heads_, head_dim_});
   // Hugging Face's rotate-half pairing, so HF Llama checkpoints load without permuting wq/wk.
   q = autograd::rope(q, rope, positions, kernels::RopeLayout::rotate_half);
   k = autograd::rope(k, rope, positions, kernels::RopeLayout::rotate_half);
   Variable o = autograd::attention(q, k, v);  // [B, S, H, Dh]
-  return wo.forward(autograd::view(o, {b, s, n_heads_ * head_dim_}));
+  return own_tokens(wo.forward(autograd::view(o, {b * s, n_heads_ * head_dim_})), tp_);
 }
 
 Variable Attention::decode(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions,
@@ -64,19 +88,21 @@ Variable Attention::decode(const Variable& x, const kernels::RopeTables& rope, c
   return wo.forward(Variable(o.view({b, t, n_heads_ * head_dim_})));
 }
 
-FeedForward::FeedForward(int64_t dim, int64_t hidden, double out_std)
-    : w1(register_module("w1", std::make_unique<nn::Linear>(dim, hidden, Init::trunc_normal(kInitStd)))),
-      w2(register_module("w2", std::make_unique<nn::Linear>(hidden, dim, Init::trunc_normal(out_std)))),
-      w3(register_module("w3", std::make_unique<nn::Linear>(dim, hidden, Init::trunc_normal(out_std)))) {}
+FeedForward::FeedForward(int64_t dim, int64_t hidden, double out_std, const distributed::ProcessGroup* tp)
+    : w1(register_module("w1", std::make_unique<nn::Linear>(dim, hidden / degree(tp), Init::trunc_normal(kInitStd)))),
+      w2(register_module("w2", std::make_unique<nn::Linear>(hidden / degree(tp), dim, Init::trunc_normal(out_std)))),
+      w3(register_module("w3", std::make_unique<nn::Linear>(dim, hidden / degree(tp), Init::trunc_normal(out_std)))),
+      tp_(tp) {}
 
 Variable FeedForward::forward(const Variable& x) const {
-  return w2.forward(autograd::swiglu(w1.forward(x), w3.forward(x)));
+  const Variable xs = all_tokens(x, tp_);
+  return own_tokens(w2.forward(autograd::swiglu(w1.forward(xs), w3.forward(xs))), tp_);
 }
 
-TransformerBlock::TransformerBlock(const Llama3Args& a, int layer_id)
-    : attention(register_module("attention", std::make_unique<Attention>(a, layer_id))),
+TransformerBlock::TransformerBlock(const Llama3Args& a, int layer_id, const distributed::ProcessGroup* tp)
+    : attention(register_module("attention", std::make_unique<Attention>(a, layer_id, tp))),
       feed_forward(register_module("feed_forward",
-                                   std::make_unique<FeedForward>(a.dim, a.ffn_hidden(), out_proj_std(a, layer_id)))),
+                                   std::make_unique<FeedForward>(a.dim, a.ffn_hidden(), out_proj_std(a, layer_id), tp))),
       attention_norm(register_module("attention_norm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps))),
       ffn_norm(register_module("ffn_norm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps))) {}
 
@@ -91,20 +117,23 @@ Variable TransformerBlock::decode(const Variable& x, const kernels::RopeTables& 
   return autograd::add(h, feed_forward.forward(ffn_norm.forward(h)));
 }
 
-Transformer::Transformer(const Llama3Args& a)
-    : tok_embeddings(register_module("tok_embeddings", std::make_unique<nn::Embedding>(a.vocab_size, a.dim, Init::normal(0, 1)))),
+Transformer::Transformer(const Llama3Args& a, const distributed::ProcessGroup* tp)
+    : tok_embeddings(register_module("tok_embeddings", std::make_unique<nn::Embedding>(vocab_rows(a, tp), a.dim,
+                                                                                           Init::normal(0, 1)))),
       layers(register_module("layers", std::make_unique<nn::ModuleList<TransformerBlock>>())),
       norm(register_module("norm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps))),
       args_(a),
       rope_(kernels::rope_tables(a.rope(), a.max_seq_len)) {
-  a.validate();
-  for (int l = 0; l < a.n_layers; ++l) layers.append(std::make_unique<TransformerBlock>(a, l));
+  tp_ = degree(tp) > 1 ? tp : nullptr;
+  for (int l = 0; l < a.n_layers; ++l) layers.append(std::make_unique<TransformerBlock>(a, l, tp_));
   if (a.tie_embeddings) {
     tok_embeddings.weight.gemm_weight = true;
   } else {
     const double std = 1.0 / std::sqrt(double(a.dim));
-    output = &register_module("output", std::make_unique<nn::Linear>(a.dim, a.vocab_size, Init::trunc_normal(std, 3)));
+    output = &register_module("output", std::make_unique<nn::Linear>(a.dim, a.vocab_size / degree(tp_),
+                                                                      Init::trunc_normal(std, 3)));
   }
+  if (tp_) place_tensor_parallel();
 }
 
 void Transformer::set_compute_dtype(DType dtype) {
@@ -120,11 +149,18 @@ Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) {
   TITAN_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::i32, "llama3: tokens must be i32 [B, S], got " + tokens.str());
   const int64_t b = tokens.size(0), s = tokens.size(1);
   check_rope_positions("llama3", positions, rope_.cos.size(0));
-  Variable h = tok_embeddings.forward(tokens, compute_dtype_);  // [B, S, D]
+  // The residual stream: [B*S, D], or this rank's [B*S / tp, D] piece under TP.
+  Variable h;
+  if (tp_) {
+    nn::UnitScope unit(tok_embeddings);
+    h = distributed::embedding_vocab_parallel(tokens, tok_embeddings.weight.var, compute_dtype_, *tp_);
+  } else {
+    h = autograd::view(tok_embeddings.forward(tokens, compute_dtype_), {b * s, args_.dim});
+  }
   h = run_blocks<TransformerBlock>(layers, h, recompute_, [this, positions](TransformerBlock& block, const Variable& x) {
     return block.forward(x, rope_, positions);
   });
-  h = autograd::view(norm.forward(h), {b * s, args_.dim});
+  h = all_tokens(norm.forward(h), tp_);  // [B*S, D]
   if (output) return output->forward(h);
   return autograd::linear(h, tok_embeddings.weight.var, tok_embeddings.weight.compute);
 }
@@ -134,6 +170,8 @@ Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) {
 namespace titan::models::llama3 {
 
 void Transformer::start_generation(int64_t batch, int64_t max_len) {
+  TITAN_CHECK(!tp_, "llama3: generation runs on one rank, not under tensor parallelism",
+              "generate from a checkpoint with `titan generate` (any layout's checkpoint loads whole)");
   TITAN_CHECK(max_len <= rope_.cos.size(0), "generation of " + std::to_string(max_len) +
                                                 " tokens exceeds the model's RoPE table (" +
                                                 std::to_string(rope_.cos.size(0)) + ")",

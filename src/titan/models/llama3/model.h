@@ -11,10 +11,12 @@ namespace titan::models::llama3 {
 
 using autograd::Variable;
 
+// Under tensor parallelism (tp, null: none) a module holds this rank's heads / FFN columns and
+// its forward takes and returns this rank's sequence piece of the tokens (parallelize.cpp).
 class Attention : public nn::Module {
  public:
-  Attention(const Llama3Args& a, int layer_id);
-  // x [B, S, D] -> [B, S, D]
+  Attention(const Llama3Args& a, int layer_id, const distributed::ProcessGroup* tp);
+  // x [N, D] (N = B*S tokens, or this rank's N / tp under TP), positions [B, S] -> [N, D]
   Variable forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
   // Inference: appends this step's keys/values to the cache [B, max_len, Hkv, Dh] at `past`.
   Variable decode(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions, Tensor& k_cache,
@@ -22,19 +24,23 @@ class Attention : public nn::Module {
   nn::Linear &wq, &wk, &wv, &wo;
 
  private:
-  int64_t n_heads_, n_kv_heads_, head_dim_;
+  int64_t n_heads_, n_kv_heads_, head_dim_;  // this rank's heads
+  const distributed::ProcessGroup* tp_;
 };
 
 class FeedForward : public nn::Module {
  public:
-  FeedForward(int64_t dim, int64_t hidden, double out_std);
-  Variable forward(const Variable& x) const;  // w2(silu(w1 x) * w3 x)
+  FeedForward(int64_t dim, int64_t hidden, double out_std, const distributed::ProcessGroup* tp);
+  Variable forward(const Variable& x) const;  // w2(silu(w1 x) * w3 x); x [N, D] as Attention's
   nn::Linear &w1, &w2, &w3;
+
+ private:
+  const distributed::ProcessGroup* tp_;
 };
 
 class TransformerBlock : public nn::Module {
  public:
-  TransformerBlock(const Llama3Args& a, int layer_id);
+  TransformerBlock(const Llama3Args& a, int layer_id, const distributed::ProcessGroup* tp);
   Variable forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
   Variable decode(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions, Tensor& k_cache,
                   Tensor& v_cache, int64_t past) const;
@@ -45,10 +51,16 @@ class TransformerBlock : public nn::Module {
 
 using models::Recompute;
 
+// Throws unless `degree` tensor-parallel ranks split the heads, KV heads, FFN hidden size and
+// vocabulary evenly, naming the degrees that would (parallelize.cpp).
+void check_tensor_parallel(const Llama3Args& a, int64_t degree);
+
 class Transformer : public CausalLM {
  public:
-  explicit Transformer(const Llama3Args& a);
-  // tokens [B, S] i32 -> logits [B*S, V] in the compute dtype. Positions are 0..S-1 per row.
+  // tp: tensor + sequence parallelism over this group (null or one rank: none).
+  explicit Transformer(const Llama3Args& a, const distributed::ProcessGroup* tp = nullptr);
+  // tokens [B, S] i32 -> logits [B*S, V] ([B*S, V / tp] under TP) in the compute dtype.
+  // Positions are 0..S-1 per row.
   Variable forward(const Tensor& tokens) override;
   // The same with explicit positions (i32 [B, S]), e.g. for decoding with a cache offset.
   Variable forward(const Tensor& tokens, const Tensor& positions);
@@ -71,6 +83,7 @@ class Transformer : public CausalLM {
   nn::Linear* output = nullptr;  // null when the embedding is tied
 
  private:
+  void place_tensor_parallel();  // parallelize.cpp: each parameter's TP placement
   Llama3Args args_;
   kernels::RopeTables rope_;
   DType compute_dtype_ = DType::f32;

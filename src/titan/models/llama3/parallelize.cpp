@@ -1,9 +1,60 @@
-// Llama-3's parallel plan. Data parallel (TorchTitan's llama3 parallelize.py): one FSDP / DDP
-// unit for the token embedding, one per transformer block, one for the output head; the final
-// norm is in the root unit.
+// Llama-3's parallel plan (TorchTitan's llama3 parallelize.py).
+//
+// Data parallel: one FSDP / DDP unit for the token embedding, one per transformer block, one for
+// the output head; the final norm is in the root unit.
+//
+// Tensor + sequence parallel: wq, wk, wv, w1, w3 column-parallel (this rank's heads, FFN
+// columns), wo and w2 row-parallel, their sums reduce-scattered to sequence pieces; the norms
+// sequence-parallel (replicated weights whose gradients are summed over TP); the embedding
+// vocabulary-parallel and the output head column-parallel over the vocabulary, its logits
+// consumed by loss parallel (distributed/tensor_parallel.h).
+#include <numeric>
+
+#include "titan/distributed/tensor_parallel.h"
 #include "titan/models/llama3/model.h"
 
 namespace titan::models::llama3 {
+
+void check_tensor_parallel(const Llama3Args& a, int64_t degree) {
+  TITAN_CHECK(degree >= 1, "tensor_parallel_degree = " + std::to_string(degree) + " is not a degree", "use 1 or more");
+  const std::pair<const char*, int64_t> split[] = {{"attention heads", a.n_heads},
+                                                   {"KV heads", a.kv_heads()},
+                                                   {"FFN hidden units", a.ffn_hidden()},
+                                                   {"vocabulary entries", a.vocab_size}};
+  int64_t common = 0;
+  for (const auto& [what, n] : split) common = std::gcd(common, n);
+  for (const auto& [what, n] : split) {
+    if (n % degree == 0) continue;
+    std::string works;
+    for (int64_t d = 1; d <= common; ++d)
+      if (common % d == 0) works += (works.empty() ? "" : ", ") + std::to_string(d);
+    TITAN_FAIL("parallelism.tensor_parallel_degree = " + std::to_string(degree) + " does not divide llama3's " +
+                   std::to_string(n) + " " + what,
+               "use a degree that divides the heads (" + std::to_string(a.n_heads) + "), KV heads (" +
+                   std::to_string(a.kv_heads()) + "), FFN hidden units (" + std::to_string(a.ffn_hidden()) +
+                   ") and vocabulary (" + std::to_string(a.vocab_size) + "): " + works +
+                   (std::string(what) == "vocabulary entries"
+                        ? " (or prepare the data with a tokenizer whose vocabulary the degree divides)"
+                        : ""));
+  }
+}
+
+void Transformer::place_tensor_parallel() {
+  const distributed::ProcessGroup& tp = *tp_;
+  using distributed::replicate_parameter;
+  using distributed::shard_parameter;
+  shard_parameter(tok_embeddings.weight, 0, tp);  // vocabulary rows
+  for (size_t l = 0; l < layers.size(); ++l) {
+    TransformerBlock& b = layers[l];
+    for (nn::Linear* colwise : {&b.attention.wq, &b.attention.wk, &b.attention.wv, &b.feed_forward.w1, &b.feed_forward.w3})
+      shard_parameter(colwise->weight, 0, tp);
+    for (nn::Linear* rowwise : {&b.attention.wo, &b.feed_forward.w2}) shard_parameter(rowwise->weight, 1, tp);
+    replicate_parameter(b.attention_norm.weight, tp, /*partial_grad=*/true);
+    replicate_parameter(b.ffn_norm.weight, tp, /*partial_grad=*/true);
+  }
+  replicate_parameter(norm.weight, tp, /*partial_grad=*/true);
+  if (output) shard_parameter(output->weight, 0, tp);  // vocabulary columns of the logits
+}
 
 std::vector<nn::ShardingUnit> Transformer::sharding_units() {
   TITAN_CHECK(output != nullptr, "llama3 with tied embeddings (tie_embeddings) cannot be sharded: the table is read "

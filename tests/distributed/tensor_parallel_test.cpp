@@ -1,0 +1,269 @@
+// Tensor + sequence parallelism against one rank: the parallel styles' ops against the plain ops
+// (loss parallel against the gathered cross-entropy, the vocabulary-parallel embedding against
+// the embedding, the sequence gather / reduce-scatter against their definitions, forward and
+// backward), a llama3 step split over TP against the whole model (loss, every gradient, and the
+// bytes of every collective against the plan's analytic minimum), 20 training steps of each TP
+// layout against the 1-rank run, and the errors of degrees that do not divide the model.
+#include <cmath>
+
+#include "distributed/common.h"
+#include "titan/autograd/ops.h"
+#include "titan/core/rng.h"
+#include "titan/distributed/tensor_parallel.h"
+#include "titan/models/llama3/model.h"
+
+using namespace titan;
+using namespace titan::test;
+using autograd::Variable;
+
+namespace {
+
+Tensor random(const Shape& shape, uint64_t seed, const std::string& name, double std = 1.0) {
+  Tensor t = Tensor::empty(shape, DType::f32);
+  init_normal(t, seed, name, 0, std);
+  return t;
+}
+
+// Columns [lo, hi) of a 2-D tensor, contiguous.
+Tensor columns(const Tensor& t, int64_t lo, int64_t hi) { return t.slice(1, lo, hi).contiguous(); }
+Tensor rows(const Tensor& t, int64_t lo, int64_t hi) { return t.slice(0, lo, hi).contiguous(); }
+
+void expect_close(const Tensor& want, const Tensor& got, double tol, const std::string& what) {
+  ASSERT_EQ(want.shape(), got.shape()) << what;
+  const Tensor w = want.to(DType::f32), g = got.to(DType::f32);
+  double scale = 0;
+  for (int64_t i = 0; i < w.numel(); ++i) scale = std::max(scale, double(std::fabs(w.data<float>()[i])));
+  for (int64_t i = 0; i < w.numel(); ++i)
+    ASSERT_NEAR(g.data<float>()[i], w.data<float>()[i], tol * std::max(scale, 1e-30)) << what << " at " << i;
+}
+
+// Targets over the whole vocabulary (every slice owns some), every 5th ignored.
+Tensor targets_for(int64_t n, int64_t vocab) {
+  Tensor t = Tensor::empty({n}, DType::i32);
+  for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = i % 5 == 3 ? -100 : int32_t((i * 7 + 3) % vocab);
+  return t;
+}
+
+TEST(LossParallel, EqualsTheGatheredCrossEntropy) {
+  const distributed::ProcessGroup& tp = world();
+  const int t = tp.size(), r = tp.rank();
+  const int64_t n = 37, cols = 13, vocab = cols * t;  // odd sizes
+  for (DType dt : {DType::f32, DType::bf16}) {
+    // f32 leaves, cast to the logits' dtype (a leaf's gradient is f32).
+    const Tensor full = random({n, vocab}, 11, "logits", 3.0);
+    const Tensor targets = targets_for(n, vocab);
+    Variable whole(full.contiguous(), true);
+    Variable loss = autograd::cross_entropy(autograd::cast(whole, dt), targets);
+    const double want = loss.value().item();
+    autograd::backward(loss);
+    Variable mine(columns(full, r * cols, (r + 1) * cols), true);
+    Variable got = distributed::cross_entropy_vocab_parallel(autograd::cast(mine, dt), targets, tp);
+    const double tol = dt == DType::f32 ? 1e-6 : 1e-3;
+    EXPECT_NEAR(got.value().item(), want, tol * std::fabs(want)) << dtype_name(dt);
+    autograd::backward(got);
+    expect_close(columns(whole.grad(), r * cols, (r + 1) * cols), mine.grad(), dt == DType::f32 ? 1e-6 : 1e-2,
+                 std::string("dlogits ") + std::string(dtype_name(dt)));
+  }
+}
+
+TEST(SequenceParallel, GatherAndReduceScatterForwardAndBackward) {
+  const distributed::ProcessGroup& tp = world();
+  const int t = tp.size(), r = tp.rank();
+  const int64_t n = 3, d = 5;
+  // Every rank's piece and upstream gradient, known to all (seeded by rank).
+  std::vector<Tensor> x, dy_all;
+  for (int k = 0; k < t; ++k) {
+    x.push_back(random({n, d}, 100 + k, "x"));
+    dy_all.push_back(random({t * n, d}, 200 + k, "dy"));
+  }
+  Variable xv(x[size_t(r)].contiguous(), true);
+  Variable y = distributed::gather_tokens(xv, tp);  // [t n, d]
+  for (int k = 0; k < t; ++k) expect_close(x[size_t(k)], rows(y.value(), k * n, (k + 1) * n), 0, "gathered piece");
+  autograd::backward(y, dy_all[size_t(r)]);
+  Tensor want = Tensor::zeros({n, d}, DType::f32);  // the sum of every rank's gradient of my rows
+  for (int k = 0; k < t; ++k)
+    for (int64_t i = 0; i < n * d; ++i) want.data<float>()[i] += dy_all[size_t(k)].data<float>()[r * n * d + i];
+  expect_close(want, xv.grad(), 1e-6, "gather backward");
+
+  Variable zv(dy_all[size_t(r)].contiguous(), true);  // partial sums over all tokens
+  Variable z = distributed::reduce_scatter_tokens(zv, tp);  // [n, d]
+  expect_close(want, z.value(), 1e-6, "reduce-scattered rows");
+  autograd::backward(z, x[size_t(r)].contiguous());
+  for (int k = 0; k < t; ++k) expect_close(x[size_t(k)], rows(zv.grad(), k * n, (k + 1) * n), 0, "reduce-scatter backward");
+}
+
+TEST(VocabularyParallel, EmbeddingEqualsTheWholeTable) {
+  const distributed::ProcessGroup& tp = world();
+  const int t = tp.size(), r = tp.rank();
+  const int64_t table_rows = 7, vocab = table_rows * t, d = 6, n = 5 * t;
+  const Tensor table = random({vocab, d}, 5, "table");
+  Tensor ids = Tensor::empty({n}, DType::i32);
+  for (int64_t i = 0; i < n; ++i) ids.data<int32_t>()[i] = int32_t((i * 5 + 2) % vocab);
+  const Tensor dy = random({n, d}, 6, "dy");
+  Variable whole(table.contiguous(), true);
+  Variable y = autograd::embedding(ids, whole, DType::f32);
+  autograd::backward(y, dy);
+  Variable mine(rows(table, r * table_rows, (r + 1) * table_rows), true);
+  Variable got = distributed::embedding_vocab_parallel(ids, mine, DType::f32, tp);  // my tokens' rows
+  const int64_t piece = n / t;
+  expect_close(rows(y.value(), r * piece, (r + 1) * piece), got.value(), 0, "embedding rows");
+  autograd::backward(got, rows(dy, r * piece, (r + 1) * piece));
+  expect_close(rows(whole.grad(), r * table_rows, (r + 1) * table_rows), mine.grad(), 1e-6, "table gradient");
+}
+
+// A llama3 debugmodel step (2 x 1024 tokens) split over TP equals the whole model's, and its
+// traffic is exactly the plan's: per block 2 all-gathers and 2 reduce-scatters of the [N, D]
+// activations forward and again backward, one more pair for the embedding and the final norm,
+// loss parallel's all-reduces of 3 N floats, and one all-reduce of the norms' partial gradients.
+TEST(TensorParallelLlama3, OneStepEqualsTheWholeModelWithTheAnalyticTraffic) {
+  auto tp_group = distributed::CommEngine::get().split(world(), 0, world().rank(), "tp_llama3");
+  const distributed::ProcessGroup& tp = *tp_group;
+  const int t = tp.size();
+  const int64_t vocab = 260, b = 2, s = 1024, n = b * s;
+  models::ModelOptions opts;
+  auto whole = models::build_model("llama3", "debugmodel", vocab, s, opts);
+  whole->init_parameters(7);
+  opts.tp = &tp;
+  auto split = models::build_model("llama3", "debugmodel", vocab, s, opts);
+  split->init_parameters(7);
+  Tensor tokens = Tensor::empty({b, s}, DType::i32), targets = Tensor::empty({n}, DType::i32);
+  for (int64_t i = 0; i < n; ++i) {
+    tokens.data<int32_t>()[i] = int32_t((i * 31 + 7) % vocab);
+    targets.data<int32_t>()[i] = int32_t((i * 17 + 5) % vocab);
+  }
+  models::TrainingLoss want = whole->training_loss(tokens, targets);
+  autograd::backward(want.total);
+  distributed::CommEngine::get().reset_stats();
+  models::TrainingLoss got = split->training_loss(tokens, targets);
+  autograd::backward(got.total);
+  const auto params = nn::trainable_params(split->named_parameters());
+  distributed::sum_partial_gradients(params, tp);
+  const auto stats = distributed::CommEngine::get().stats();
+
+  EXPECT_NEAR(got.cross_entropy, want.cross_entropy, 1e-6 * want.cross_entropy);
+  std::map<std::string, Tensor> whole_grads;
+  for (auto& [name, p] : whole->named_parameters()) whole_grads[name] = p->var.grad();
+  int64_t replicated = 0;
+  for (const nn::TrainableParam& p : params) {
+    Tensor w = whole_grads.at(p.name);
+    if (!p.slice.global_shape.empty())
+      for (int d = 0; d < p.slice.offsets.size(); ++d)
+        w = w.slice(d, p.slice.offsets[d], p.slice.offsets[d] + p.var.shape()[d]);
+    else
+      replicated += p.var.value().numel();
+    expect_close(w.contiguous(), p.var.grad(), 1e-4, "gradient of " + p.name);
+  }
+
+  const auto a = models::llama3::llama3_flavor("debugmodel", vocab);
+  const double x = double(n * a.dim * 4), share = double(t - 1) / t;
+  const double sublayer_pairs = 2.0 * double(a.n_layers) + 1;  // attention, FFN; the embedding / final norm
+  const std::map<distributed::CommOp, double> want_bytes = {
+      {distributed::CommOp::all_gather, 2 * sublayer_pairs * share * x},
+      {distributed::CommOp::reduce_scatter, 2 * sublayer_pairs * share * x},
+      {distributed::CommOp::all_reduce, 2 * share * (3.0 * double(n) * 4 + double(replicated) * 4)}};
+  for (const auto& [op, bytes] : want_bytes) {
+    const auto it = stats.find({"tp_llama3", op});
+    const double sent = it == stats.end() ? 0 : double(it->second.bytes);
+    EXPECT_NEAR(sent / bytes, 1.0, 1e-9) << distributed::comm_op_name(op) << ": " << sent << " bytes sent, " << bytes
+                                         << " analytic";
+  }
+}
+
+TEST(TensorParallelLlama3, DegreesThatDoNotDivideTheModelAreRefused) {
+  const auto a = models::llama3::llama3_flavor("debugmodel", 260);
+  EXPECT_NO_THROW(models::llama3::check_tensor_parallel(a, 4));
+  try {
+    models::llama3::check_tensor_parallel(a, 3);
+    FAIL() << "tp 3 over 16 heads was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("16 attention heads"), std::string::npos) << e.message();
+    EXPECT_NE(e.hint().find(": 1, 2, 4"), std::string::npos) << e.hint();
+  }
+  auto b = models::llama3::llama3_flavor("debugmodel", 257);
+  try {
+    models::llama3::check_tensor_parallel(b, 2);
+    FAIL() << "tp 2 over a vocabulary of 257 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("257 vocabulary entries"), std::string::npos) << e.message();
+  }
+  b.n_kv_heads = 2;
+  try {
+    models::llama3::check_tensor_parallel(b, 4);
+    FAIL() << "tp 4 over 2 KV heads was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("2 KV heads"), std::string::npos) << e.message();
+  }
+}
+
+// Training: every TP layout of this world size against one rank, 20 steps, f32.
+class TpLayouts : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = new fs::path(shared_folder("tp_layouts"));
+    if (world().rank() == 0) prepare_templated_dataset(*root_, /*vocab_size=*/260);
+    world().barrier().wait();
+    data_ = new fs::path(*root_ / "prepared");
+  }
+  static void TearDownTestSuite() {
+    world().barrier().wait();
+    if (world().rank() == 0) fs::remove_all(*root_);
+    delete root_;
+    delete data_;
+  }
+  static train::JobConfig config(const std::string& name, int64_t shard, int64_t tp, int64_t replicate, int64_t local,
+                                 const std::vector<std::string>& extra = {}) {
+    std::string toml = base_toml("llama3", *data_, *root_ / name, 20);
+    toml += "[parallelism]\ndata_parallel_replicate_degree = " + std::to_string(replicate) +
+            "\ndata_parallel_shard_degree = " + std::to_string(shard) +
+            "\ntensor_parallel_degree = " + std::to_string(tp) + "\n";
+    train::JobConfig cfg = train::parse_config(toml, name + ".toml", extra);
+    cfg.training.local_batch_size = local;
+    cfg.training.global_batch_size = 4;
+    return cfg;
+  }
+  static fs::path* root_;
+  static fs::path* data_;
+};
+fs::path* TpLayouts::root_ = nullptr;
+fs::path* TpLayouts::data_ = nullptr;
+
+TEST_F(TpLayouts, Llama3ReproducesOneRank) {
+  const int n = world().size();
+  const std::vector<std::string> validation = {"--validation.enable=true", "--validation.freq=10",
+                                               "--validation.steps=2", "--validation.seq_len=64"};
+  auto with = [&](std::vector<std::string> v, int64_t per_rank) {
+    v.push_back("--validation.local_batch_size=" + std::to_string(per_rank));
+    return v;
+  };
+  const auto one = reference_on_rank0(config("reference", 1, 1, 1, 4, with(validation, 4)));
+  // TP over every rank: each sees the whole batch.
+  expect_same_losses(one, train_on(config("tp", 1, n, 1, 4, with(validation, 4)), world()), 1e-5,
+                     "TP " + std::to_string(n));
+  expect_same_losses(losses_of(*root_ / "reference", "validation"), losses_of(*root_ / "tp", "validation"), 1e-5,
+                     "TP " + std::to_string(n) + ", validation loss");
+  if (n == 4) {
+    expect_same_losses(one, train_on(config("fsdp_tp", 2, 2, 1, 2, with(validation, 2)), world()), 1e-5, "FSDP 2 x TP 2");
+    expect_same_losses(one, train_on(config("ddp_tp", 1, 2, 2, 2), world()), 1e-5, "DDP 2 x TP 2");
+    expect_same_losses(one,
+                       train_on(config("fsdp_tp_ac", 2, 2, 1, 2, {"--activation_checkpoint.mode=selective"}), world()),
+                       1e-5, "FSDP 2 x TP 2, selective activation checkpointing");
+  }
+}
+
+TEST_F(TpLayouts, AVocabularyTheDegreeDoesNotDivideIsRefused) {
+  const int n = world().size();
+  train::JobConfig cfg = config("bad_vocab", 1, n, 1, 4);
+  const fs::path other = *root_ / "vocab257";
+  if (world().rank() == 0) prepare_templated_dataset(other, 257);
+  world().barrier().wait();
+  cfg.training.dataset_path = (other / "prepared").string();
+  try {
+    train::Trainer t(cfg, "bad_vocab.toml", &world());
+    FAIL() << "TP " << n << " over a vocabulary of 257 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("bad_vocab.toml"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("257 vocabulary entries"), std::string::npos) << e.message();
+  }
+}
+
+}  // namespace
