@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -103,6 +105,9 @@ inline void expect_same_losses(const std::vector<double>& want, const std::vecto
                                const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   ASSERT_FALSE(want.empty()) << what;
+  if (std::getenv("TITAN_PRINT_LOSSES"))  // every step's pair and relative difference, to see where two runs part
+    for (size_t i = 0; i < want.size(); ++i)
+      std::fprintf(stderr, "%s step %zu: %.9g %.9g rel %.3g\n", what.c_str(), i + 1, want[i], got[i], (got[i] - want[i]) / want[i]);
   for (size_t i = 0; i < want.size(); ++i) {
     if (relative == 0) EXPECT_EQ(got[i], want[i]) << what << ", step " << i + 1;
     else EXPECT_NEAR(got[i], want[i], relative * std::fabs(want[i])) << what << ", step " << i + 1;

@@ -19,6 +19,10 @@ autograd::Variable CausalLM::next_token_loss(const autograd::Variable& logits, c
   return autograd::cross_entropy(logits, targets);
 }
 
+double CausalLM::evaluation_loss(const Tensor& tokens, const Tensor& targets) {
+  return next_token_loss(forward(tokens), targets).value().item();
+}
+
 void CausalLM::end_step(const SumOverData& /*sum_over_data*/) {}
 
 StepStats CausalLM::step_stats() { return {}; }

@@ -46,8 +46,12 @@ class CausalLM : public nn::Module {
   // The mean next-token cross-entropy of forward()'s logits over targets [B*S] that are not -100
   // (loss parallel, distributed/tensor_parallel.h, when the logits are vocabulary-sharded).
   autograd::Variable next_token_loss(const autograd::Variable& logits, const Tensor& targets) const;
-  // The tensor-parallel group the model is split over (null: none).
+  // The mean next-token cross-entropy of a batch, tokens [B, S], targets [B*S], without
+  // auxiliary losses (validation); over the whole sequences under context parallelism.
+  virtual double evaluation_loss(const Tensor& tokens, const Tensor& targets);
+  // The tensor- and context-parallel groups the model is split over (null: none).
   const distributed::ProcessGroup* tensor_parallel() const { return tp_; }
+  const distributed::ProcessGroup* context_parallel() const { return cp_; }
   // Training FLOPs per token at sequence length seq_len (TorchTitan's count, for MFU).
   virtual double training_flops_per_token(int64_t seq_len) const = 0;
   virtual int64_t vocab_size() const = 0;
@@ -80,6 +84,7 @@ class CausalLM : public nn::Module {
 
  protected:
   const distributed::ProcessGroup* tp_ = nullptr;  // set by a model built for tensor parallelism
+  const distributed::ProcessGroup* cp_ = nullptr;  // set by a model that runs context parallel
 };
 
 // DeepSeek Sparse Attention training in two stages: a dense warm-up of warmup_steps steps that
@@ -110,6 +115,9 @@ struct ModelOptions {
   // Tensor + sequence parallelism over this group ([parallelism] tensor_parallel_degree; null or
   // one rank: none). The model is built with this rank's shards (models/<model>/parallelize.cpp).
   const distributed::ProcessGroup* tp = nullptr;
+  // Context parallelism over this group ([parallelism] context_parallel_degree; null or one rank:
+  // none): each rank runs its chunks of every sequence (distributed/context_parallel.h).
+  const distributed::ProcessGroup* cp = nullptr;
 };
 
 // Builds `name` ("llama3", ...) at `flavor` with the tokenizer's vocabulary size. The

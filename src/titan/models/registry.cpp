@@ -46,6 +46,7 @@ std::unique_ptr<CausalLM> with_training_options(std::unique_ptr<deepseek_v3::Tra
                                                 const ModelOptions& options) {
   if (m->args().has_indexer()) m->set_dsa_schedule(options.dsa, deepseek_v3::dsa_impl_from_converters(options.converters));
   else refuse_dsa_options(name, options);
+  m->set_context_parallel(options.cp);
   return m;
 }
 
@@ -59,6 +60,10 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
               "set model.mtp_layers = 0 (only deepseek_v3 has MTP modules)");
   if (name == "llama3") {
     refuse_dsa_options(name, options);
+    TITAN_CHECK(!options.cp || options.cp->size() == 1,
+                "parallelism.context_parallel_degree = " + std::to_string(options.cp ? options.cp->size() : 1) +
+                    ": llama3's dense attention would need ring attention, which is not in this build",
+                "set context_parallel_degree = 1 (context parallelism runs deepseek_v32's sparse attention)");
     llama3::Llama3Args a = llama3::llama3_flavor(flavor, vocab_size);
     a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
     return std::make_unique<llama3::Transformer>(a, options.tp);

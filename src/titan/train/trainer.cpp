@@ -54,10 +54,9 @@ double now_seconds() {
 void check_supported(const JobConfig& c, const std::string& source) {
   const Parallelism& p = c.parallelism;
   for (const auto& [key, degree] : {std::pair<const char*, int64_t>{"pipeline_parallel_degree", p.pipeline_parallel_degree},
-                                    {"context_parallel_degree", p.context_parallel_degree},
                                     {"expert_parallel_degree", p.expert_parallel_degree}})
     TITAN_CHECK(degree == 1, source + ": parallelism." + key + " = " + std::to_string(degree) +
-                                 ": this build parallelizes over data (DDP, FSDP, HSDP) and tensors (TP) only",
+                                 ": this build parallelizes over data (DDP, FSDP, HSDP), tensors (TP) and context (CP) only",
                 "set it to 1 and spread the ranks with data_parallel_shard_degree / data_parallel_replicate_degree");
   const int64_t tp = p.tensor_parallel_degree;
   TITAN_CHECK(tp < 1 || (c.training.local_batch_size * c.training.seq_len) % tp == 0,
@@ -71,6 +70,14 @@ void check_supported(const JobConfig& c, const std::string& source) {
               source + ": validation.local_batch_size x validation.seq_len do not split over parallelism."
                        "tensor_parallel_degree = " + std::to_string(tp) + " sequence-parallel ranks",
               "make validation.seq_len a multiple of tensor_parallel_degree");
+  const int64_t cp = p.context_parallel_degree;
+  for (const auto& [key, len] : {std::pair<const char*, int64_t>{"training.seq_len", c.training.seq_len},
+                                 {"validation.seq_len", c.validation.enable ? c.validation.seq_len : 0}})
+    TITAN_CHECK(cp < 1 || len % (2 * cp) == 0,
+                source + ": " + key + " = " + std::to_string(len) + " does not split into 2 x context_parallel_degree = " +
+                    std::to_string(2 * cp) + " chunks (context-parallel rank r holds chunks r and " +
+                    std::to_string(2 * cp - 1) + " - r)",
+                "make it a multiple of " + std::to_string(2 * cp) + ", e.g. " + std::to_string((len / (2 * cp) + 1) * (2 * cp)));
   TITAN_CHECK(c.training.dtype == "float32", source + ": training.dtype = \"" + c.training.dtype +
                                                  "\" (pure bf16 training) is not supported yet",
               "use training.dtype = \"float32\" with training.mixed_precision_param = \"bfloat16\"");
@@ -162,9 +169,11 @@ struct Trainer::State {
 
 namespace {
 
-models::ModelOptions model_options(const JobConfig& c, const json* hf_config, const distributed::ProcessGroup& tp) {
+models::ModelOptions model_options(const JobConfig& c, const json* hf_config, const distributed::ProcessGroup& tp,
+                                   const distributed::ProcessGroup& cp) {
   models::ModelOptions mo;
   mo.tp = &tp;
+  mo.cp = &cp;
   mo.mtp_layers = c.model.mtp_layers;
   mo.mtp_loss_weight = c.model.mtp_loss_weight;
   mo.hf_config = hf_config;
@@ -185,7 +194,7 @@ kernels::AdamWParams adamw_params(const JobConfig& c) {
   return oc;
 }
 
-// The data-parallel layout the mesh asks for: FSDP (HSDP with replicas) when dp_shard > 1, DDP
+// The data-parallel layout the mesh asks for: FSDP (HSDP with replicas) when dp_shard x cp > 1, DDP
 // when only dp_replicate > 1, else one rank. FSDP initializes the shards itself; the others
 // initialize the whole model.
 std::unique_ptr<distributed::DataParallel> make_data_parallel(models::CausalLM& model, const distributed::DeviceMesh& mesh,
@@ -193,14 +202,15 @@ std::unique_ptr<distributed::DataParallel> make_data_parallel(models::CausalLM& 
   using distributed::MeshDim;
   const uint64_t seed = uint64_t(c.debug.seed);
   std::vector<nn::ShardingUnit> units;
-  if (mesh.dp().size() > 1) {
+  // Context-parallel ranks hold the same parameters and sum their gradients: FSDP shards over them.
+  if (mesh.dp().size() > 1 || mesh.fsdp().size() > 1) {
     try {
       units = model.sharding_units();
     } catch (const Error& e) {
       TITAN_FAIL(source + ": " + e.message(), e.hint());
     }
   }
-  if (mesh.degree(MeshDim::dp_shard) > 1) {
+  if (mesh.fsdp().size() > 1) {
     distributed::FsdpOptions o;
     o.reshard_after_forward = c.parallelism.fsdp_reshard_after_forward;
     o.bf16_params = model.compute_dtype() == DType::bf16;
@@ -278,7 +288,7 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
   try {
     s.model = models::build_model(config.model.name, config.model.flavor, vocab, t.seq_len,
                                   model_options(config, s.hf_config.is_null() ? nullptr : &s.hf_config,
-                                                s.mesh->group(distributed::MeshDim::tp)));
+                                                s.mesh->group(distributed::MeshDim::tp), s.mesh->group(distributed::MeshDim::cp)));
   } catch (const Error& e) {
     TITAN_FAIL(source + ": " + e.message(), e.hint());
   }
@@ -401,7 +411,7 @@ double Trainer::State::validate() {
   while (cfg.validation.steps < 0 || batches < cfg.validation.steps) {
     if (!val_loader->next_batch(in.data<int32_t>(), tg.data<int32_t>(), int(b), int(sl))) break;
     dp->begin_forward(false);
-    total += model->next_token_loss(model->forward(in), tg).value().item();
+    total += model->evaluation_loss(in, tg);
     dp->finish_forward();
     ++batches;
   }

@@ -190,6 +190,7 @@ DsaOutputs dsa_attention_fused(const DsaInputs& in) {
   const int64_t dn = in.nope_dim, dr = in.rope_dim, dv = in.v_dim, dc = in.latent_dim;
   DsaOutputs out;
   if (in.stage == DsaStage::dense_warmup) {
+    TITAN_CHECK(!in.kv_keys.defined(), "DSA: the dense warm-up runs on whole sequences (no gathered keys)");
     // Dense MLA (standard form); its lse gives the indexer's target p = head mean of its rows.
     Variable kv_up = view(linear(in.c, in.wkv_b, in.wkv_b_compute), {b, s, h, dn + dv});
     Variable k = concat_last(narrow_last(kv_up, 0, dn), in.k_rope);  // [B, S, H, d_qk]
@@ -203,12 +204,14 @@ DsaOutputs dsa_attention_fused(const DsaInputs& in) {
     return out;
   }
 
-  Tensor idx = Tensor::empty({b, s, std::min(in.topk, s)}, DType::i32, MemCategory::activations);  // [B, S, K]
+  // Keys: this sequence's own rows, or (context parallel) a gathered prefix whose last S are the queries.
+  const int64_t skv = in.kv_keys.defined() ? in.kv_keys.shape()[1] : s;
+  Tensor idx = Tensor::empty({b, s, std::min(in.topk, skv)}, DType::i32, MemCategory::activations);  // [B, S, K]
   kernels::indexer_topk(idx, in.index_q.value(), in.index_k.value(), in.index_w.value());
 
   const Absorption absorb{h, dn, dr, dv, dc};
-  Variable q_full = absorb_query(in.q, in.wkv_b, in.wkv_b_compute, absorb);   // [B, S, H, d_c + d_r]
-  Variable kv = view(concat_last(in.c, in.k_rope), {b, s, dc + dr});          // [B, S, d_c + d_r]
+  Variable q_full = absorb_query(in.q, in.wkv_b, in.wkv_b_compute, absorb);  // [B, S, H, d_c + d_r]
+  Variable kv = in.kv_keys.defined() ? in.kv_keys : view(concat_last(in.c, in.k_rope), {b, s, dc + dr});  // [B, Skv, d_c + d_r]
   // The target is the sparse attention's own probabilities over the selected keys, averaged over
   // heads by its forward (which has them at hand) per slot of idx.
   Tensor head_mean;                                                                              // [B, S, K]

@@ -1,6 +1,7 @@
 #include "titan/models/deepseek_v3/mla.h"
 
 
+#include "titan/distributed/context_parallel.h"
 #include "titan/kernels/attention_decode.h"
 #include "titan/kernels/columns.h"
 #include "titan/kernels/lightning_indexer.h"
@@ -66,6 +67,9 @@ Variable Attention::latent_kv(const Variable& x, const kernels::RopeTables& rope
 
 Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
   if (indexer) return forward_dsa(x, rope, positions);
+  TITAN_CHECK(!cp, "deepseek_v3: context parallelism runs DeepSeek Sparse Attention only (dense MLA would need ring "
+                   "attention, not in this build)",
+              "set parallelism.context_parallel_degree = 1, or train deepseek_v32 in its sparse stage");
   const int64_t b = x.shape()[0], s = x.shape()[1];
   Variable q = query(x, rope, positions);                                    // [B, S, H, d_qk]
   Variable kv = latent_kv(x, rope, positions);                               // [B, S, 1, d_c + d_r]
@@ -97,9 +101,41 @@ Variable Attention::forward_dsa(const Variable& x, const kernels::RopeTables& ro
   in.topk = dsa.topk > 0 ? dsa.topk : index_topk_;
   in.stage = dsa.stage;
   in.want_loss = autograd::grad_enabled() || autograd::in_checkpointed_forward();
-  const DsaOutputs out = dsa.impl == DsaImpl::fused ? dsa_attention_fused(in) : dsa_attention_small_ops(in);
+  const DsaOutputs out = cp                          ? dsa_context_parallel(in)
+                         : dsa.impl == DsaImpl::fused ? dsa_attention_fused(in)
+                                                      : dsa_attention_small_ops(in);
   last_indexer_loss = out.loss;
   return wo.forward(autograd::view(out.o, {b, s, n_heads_ * v_dim_}));
+}
+
+DsaOutputs Attention::dsa_context_parallel(const DsaInputs& in) const {
+  TITAN_CHECK(in.stage == DsaStage::sparse && dsa.impl == DsaImpl::fused,
+              "deepseek_v32: context parallelism runs the sparse stage with the fused DSA kernels",
+              "set dsa.warmup_steps = 0 (continue from a checkpoint past the warm-up) and model.converters = "
+              "[\"dsa_fused\"]");
+  const int64_t b = in.q.shape()[0], s = in.q.shape()[1];
+  const distributed::CpLayout layout{cp->size(), cp->rank(), s * cp->size()};
+  // Every rank's latent rows [c | k_rope] and indexer keys, in sequence order.
+  const Variable rows = autograd::view(autograd::concat_last(in.c, in.k_rope), {b, s, kv_lora_rank_ + qk_rope_});
+  const Variable kv_all = distributed::gather_sequence(rows, *cp, layout);          // [B, S_total, d_c + d_r]
+  const Variable ik_all = distributed::gather_sequence(in.index_k, *cp, layout);    // [B, S_total, DI]
+  DsaOutputs parts[2];
+  for (int j = 0; j < 2; ++j) {
+    // Local chunk j's queries are the last `chunk` positions of the prefix that ends with them.
+    const int64_t first = j * layout.chunk(), end = layout.chunk_start(j) + layout.chunk();
+    DsaInputs part = in;
+    part.q = distributed::narrow_sequence(in.q, first, layout.chunk());
+    part.index_q = distributed::narrow_sequence(in.index_q, first, layout.chunk());
+    part.index_w = distributed::narrow_sequence(in.index_w, first, layout.chunk());
+    part.kv_keys = distributed::narrow_sequence(kv_all, 0, end);
+    part.index_k = distributed::narrow_sequence(ik_all, 0, end);
+    parts[j] = dsa_attention_fused(part);
+  }
+  DsaOutputs out;
+  out.o = distributed::concat_sequence(parts[0].o, parts[1].o);  // [B, S, H, d_v]
+  // Each part's loss is the mean over its rows; the chunks have equal rows.
+  if (parts[0].loss.defined()) out.loss = autograd::scale(autograd::add(parts[0].loss, parts[1].loss), 0.5);
+  return out;
 }
 
 Tensor Attention::forward_absorbed(const Tensor& x, const kernels::RopeTables& rope, const Tensor& positions,

@@ -24,6 +24,10 @@
 #include "titan/models/deepseek_v3/indexer.h"
 #include "titan/nn/layers.h"
 
+namespace titan::distributed {
+class ProcessGroup;
+}
+
 namespace titan::models::deepseek_v3 {
 
 using autograd::Variable;
@@ -66,12 +70,17 @@ class Attention : public nn::Module {
   Indexer* indexer = nullptr;  // V3.2 (args.has_indexer()): "indexer"
 
   DsaConfig dsa;  // set by Transformer::set_dsa
+  // Context parallelism (Transformer::set_context_parallel): x and positions hold this rank's
+  // chunks of each sequence (distributed/context_parallel.h); DSA's sparse stage gathers the keys.
+  const distributed::ProcessGroup* cp = nullptr;
   // One element: the mean over query rows of the indexer's KL, from the last forward in grad
   // mode (unweighted); undefined otherwise.
   mutable Variable last_indexer_loss;
 
  private:
   Variable forward_dsa(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
+  // DSA's sparse stage on this rank's two chunks against the gathered keys (context parallel).
+  DsaOutputs dsa_context_parallel(const DsaInputs& in) const;
   // q [B, S, H, d_qk] with RoPE applied to each head's d_r tail.
   Variable query(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
   // The same from the query latent qr = q_norm(wq_a x) (q_lora_rank > 0).

@@ -1,11 +1,16 @@
 #include "titan/models/deepseek_v3/model.h"
 
 #include "titan/autograd/ops.h"
+#include "titan/distributed/context_parallel.h"
+#include "titan/distributed/process_group.h"
+#include "titan/kernels/cross_entropy.h"
 #include "titan/models/common.h"
 #include "titan/models/deepseek_v3/mtp.h"
 
 #include <algorithm>
 #include <cmath>
+#include <span>
+#include <tuple>
 
 namespace titan::models::deepseek_v3 {
 
@@ -128,7 +133,30 @@ void Transformer::set_compute_dtype(DType dtype) {
   Module::set_compute_dtype(dtype);
 }
 
-Variable Transformer::forward(const Tensor& tokens) { return forward(tokens, default_positions(tokens.size(0), tokens.size(1))); }
+Variable Transformer::forward(const Tensor& tokens) {
+  if (!cp_) return forward(tokens, default_positions(tokens.size(0), tokens.size(1)));
+  const distributed::CpLayout layout = distributed::cp_layout(*cp_, tokens.size(1));
+  return forward(distributed::local_chunks(tokens, layout), distributed::local_positions(tokens.size(0), layout));
+}
+
+void Transformer::set_context_parallel(const distributed::ProcessGroup* cp) {
+  if (!cp || cp->size() == 1) return;
+  TITAN_CHECK(args_.has_indexer(), "parallelism.context_parallel_degree = " + std::to_string(cp->size()) +
+                                       ": this build runs DeepSeek-V3's dense MLA on whole sequences (ring attention is not in it)",
+              "set context_parallel_degree = 1, or train deepseek_v32 (DeepSeek Sparse Attention) in its sparse stage");
+  TITAN_CHECK(!mtp, "model.mtp_layers > 0 with context parallelism: the MTP modules read tokens past each chunk",
+              "set model.mtp_layers = 0 or context_parallel_degree = 1");
+  TITAN_CHECK(args_.aux_loss_alpha == 0, "model.moe_aux_loss_alpha > 0 with context parallelism: the sequence-wise "
+                                         "balance loss needs whole sequences",
+              "set model.moe_aux_loss_alpha = 0 (the aux-loss-free bias still balances) or context_parallel_degree = 1");
+  TITAN_CHECK(dsa_schedule_.warmup_steps == 0 && dsa_impl_ == DsaImpl::fused,
+              "context parallelism runs DeepSeek-V3.2's sparse stage with the fused kernels (dsa.warmup_steps = " +
+                  std::to_string(dsa_schedule_.warmup_steps) + ")",
+              "set dsa.warmup_steps = 0 (continue from a checkpoint past the dense warm-up) and model.converters = "
+              "[\"dsa_fused\"]");
+  cp_ = cp;
+  for (size_t l = 0; l < layers.size(); ++l) layers[l].attention.cp = cp;
+}
 
 Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) {
   TITAN_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::i32, "deepseek_v3: tokens must be i32 [B, S], got " + tokens.str());
@@ -173,7 +201,8 @@ std::vector<Variable> Transformer::auxiliary_losses() {
   for (size_t l = 0; l < layers.size(); ++l)
     if (Variable a = layers[l].aux_loss(); a.defined()) out.push_back(a);
   for (const Attention* at : dsa_attentions())
-    if (at->last_indexer_loss.defined()) out.push_back(autograd::scale(at->last_indexer_loss, at->dsa.indexer_loss_coeff));
+    if (at->last_indexer_loss.defined())  // under CP each rank's mean over its rows: the ranks' sum / cp is the mean
+      out.push_back(autograd::scale(at->last_indexer_loss, at->dsa.indexer_loss_coeff / (cp_ ? cp_->size() : 1)));
   if (mtp) mtp->append_losses(out);
   return out;
 }
@@ -204,11 +233,31 @@ std::string Transformer::begin_step(int64_t step) {
          (dsa_impl_ == DsaImpl::fused ? " (fused kernels)" : " (small ops)");
 }
 
+std::pair<Variable, double> Transformer::language_model_loss(const Tensor& tokens, const Tensor& targets) {
+  if (!cp_) {
+    Variable ce = autograd::cross_entropy(forward(tokens), targets);
+    return {ce, ce.value().item()};
+  }
+  const distributed::CpLayout layout = distributed::cp_layout(*cp_, tokens.size(1));
+  const Tensor mine = distributed::local_chunks(targets.view(tokens.shape()), layout);
+  const Tensor mine_flat = mine.view({mine.numel()});
+  Variable ce = autograd::cross_entropy(forward(tokens), mine_flat);  // the mean over this rank's valid tokens
+  double valid = 0;
+  for (int64_t i = 0; i < mine_flat.numel(); ++i) valid += mine_flat.data<int32_t>()[i] != kernels::kIgnoreIndex;
+  double sums[2] = {ce.value().item() * valid, valid};
+  cp_->all_reduce(std::span<double>(sums, 2));
+  if (sums[1] == 0) return {autograd::scale(ce, 0.0), 0.0};
+  return {autograd::scale(ce, valid / sums[1]), sums[0] / sums[1]};
+}
+
+double Transformer::evaluation_loss(const Tensor& tokens, const Tensor& targets) {
+  return language_model_loss(tokens, targets).second;
+}
+
 TrainingLoss Transformer::training_loss(const Tensor& tokens, const Tensor& targets) {
   set_targets(targets);  // multi-token prediction scores tokens further ahead
   TrainingLoss out;
-  out.total = autograd::cross_entropy(forward(tokens), targets);
-  out.cross_entropy = out.total.value().item();
+  std::tie(out.total, out.cross_entropy) = language_model_loss(tokens, targets);
   for (const Variable& aux : auxiliary_losses()) out.total = autograd::add(out.total, aux);
   double balance = 0;
   bool has_balance = false;

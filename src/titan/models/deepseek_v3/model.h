@@ -66,7 +66,8 @@ class TransformerBlock : public nn::Module {
 class Transformer : public CausalLM {
  public:
   explicit Transformer(const DeepSeekV3Args& a, const MoeFactory& moe = {});
-  // tokens [B, S] i32 -> logits [B*S, V] in the compute dtype (positions 0..S-1 per row).
+  // tokens [B, S] i32 -> logits [B*S, V] in the compute dtype (positions 0..S-1 per row). Under
+  // context parallelism: the logits of this rank's chunks of each row, [B * 2 S/2cp, V].
   Variable forward(const Tensor& tokens) override;
   Variable forward(const Tensor& tokens, const Tensor& positions);  // positions i32 [B, S]
 
@@ -101,6 +102,10 @@ class Transformer : public CausalLM {
   // The losses besides the main cross-entropy of the last forward: each MoE layer's balance loss,
   // V3.2's indexer losses times indexer_loss_coeff, the weighted MTP loss.
   std::vector<Variable> auxiliary_losses();
+  // Context parallelism over `cp` (null or one rank: none; distributed/context_parallel.h). Only
+  // DeepSeek-V3.2's sparse stage with the fused kernels runs context parallel; throws, naming
+  // the setting to change, for anything else (no MTP, no sequence-wise balance loss).
+  void set_context_parallel(const distributed::ProcessGroup* cp);
 
   // Training (CausalLM): begin_step switches the DSA stage by the schedule; training_loss adds
   // the auxiliary losses and logs "mtp_loss", "indexer_loss" (the unweighted mean over layers)
@@ -109,6 +114,7 @@ class Transformer : public CausalLM {
   // sparse step's update); step_stats reports the expert load.
   std::string begin_step(int64_t step) override;
   TrainingLoss training_loss(const Tensor& tokens, const Tensor& targets) override;
+  double evaluation_loss(const Tensor& tokens, const Tensor& targets) override;
   void end_step(const SumOverData& sum_over_data) override;
   StepStats step_stats() override;
 
@@ -121,6 +127,10 @@ class Transformer : public CausalLM {
  private:
   // Every MLA layer with DeepSeek Sparse Attention: the main layers', then the MTP blocks'.
   std::vector<Attention*> dsa_attentions();
+  // The cross-entropy of forward(tokens): what backward differentiates, and the mean over the
+  // batch's tokens. Under CP the first is this rank's sum over the global count (the ranks' sum
+  // is the mean) and the second the mean over the whole sequences.
+  std::pair<Variable, double> language_model_loss(const Tensor& tokens, const Tensor& targets);
   DeepSeekV3Args args_;
   kernels::RopeTables rope_;
   DType compute_dtype_ = DType::f32;

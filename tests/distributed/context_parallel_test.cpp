@@ -1,0 +1,261 @@
+// Context parallelism against one rank: the sequence ops (head-tail chunks, the all-gather into
+// sequence order and its reduce-scatter backward), DeepSeek-V3.2's sparse attention split over
+// CP against the whole model (the logits of every local token, the loss, every gradient, and
+// the DSA all-gather's bytes against the analytic minimum), 20 training steps of each CP layout
+// against the 1-rank run, and the errors of settings CP cannot run.
+#include <cmath>
+
+#include "distributed/common.h"
+#include "titan/autograd/ops.h"
+#include "titan/core/cpu_features.h"
+#include "titan/core/rng.h"
+#include "titan/distributed/context_parallel.h"
+#include "titan/models/deepseek_v3/args.h"
+#include "titan/models/deepseek_v3/model.h"
+
+using namespace titan;
+using namespace titan::test;
+using autograd::Variable;
+
+namespace {
+
+Tensor random(const Shape& shape, uint64_t seed, const std::string& name) {
+  Tensor t = Tensor::empty(shape, DType::f32);
+  init_normal(t, seed, name, 0, 1);
+  return t;
+}
+
+void expect_close(const Tensor& want, const Tensor& got, double tol, const std::string& what) {
+  ASSERT_EQ(want.shape(), got.shape()) << what;
+  const Tensor w = want.to(DType::f32), g = got.to(DType::f32);
+  double scale = 0;
+  for (int64_t i = 0; i < w.numel(); ++i) scale = std::max(scale, double(std::fabs(w.data<float>()[i])));
+  int64_t worst = 0;
+  double worst_err = -1;
+  for (int64_t i = 0; i < w.numel(); ++i) {
+    const double err = std::fabs(double(g.data<float>()[i]) - double(w.data<float>()[i]));
+    if (!(err <= worst_err)) worst_err = err, worst = i;  // NaN counts as worst
+  }
+  if (w.numel() > 0)
+    EXPECT_NEAR(g.data<float>()[worst], w.data<float>()[worst], tol * std::max(scale, 1e-30)) << what << " at " << worst;
+}
+
+TEST(ContextParallel, HeadTailChunksAndTheSequenceGather) {
+  const distributed::ProcessGroup& cp = world();
+  const int c = cp.size(), r = cp.rank();
+  const int64_t b = 2, chunk = 3, s = 2 * c * chunk, w = 5;
+  const distributed::CpLayout layout = distributed::cp_layout(cp, s);
+  Tensor tokens = Tensor::empty({b, s}, DType::i32);
+  for (int64_t i = 0; i < b * s; ++i) tokens.data<int32_t>()[i] = int32_t(i);
+  const Tensor mine = distributed::local_chunks(tokens, layout), pos = distributed::local_positions(b, layout);
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t i = 0; i < 2 * chunk; ++i) {
+      const int64_t want = i < chunk ? r * chunk + i : (2 * c - 1 - r) * chunk + (i - chunk);
+      EXPECT_EQ(pos.data<int32_t>()[bi * 2 * chunk + i], want);
+      EXPECT_EQ(mine.data<int32_t>()[bi * 2 * chunk + i], bi * s + want);
+    }
+  // The whole sequence x [B, S, W] (known to every rank): each rank gathers from its chunks.
+  const Tensor whole = random({b, s, w}, 3, "x"), dy = random({b, s, w}, 4 + r, "dy");
+  Tensor local = Tensor::empty({b, 2 * chunk, w}, DType::f32);
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t i = 0; i < 2 * chunk; ++i)
+      for (int64_t k = 0; k < w; ++k)
+        local.data<float>()[(bi * 2 * chunk + i) * w + k] = whole.data<float>()[(bi * s + pos.data<int32_t>()[i]) * w + k];
+  Variable x(local, true);
+  Variable g = distributed::gather_sequence(x, cp, layout);
+  expect_close(whole, g.value(), 0, "gathered sequence");
+  autograd::backward(g, dy);
+  // Each rank's gradient: its rows of the sum of every rank's dy.
+  Tensor want = Tensor::zeros({b, 2 * chunk, w}, DType::f32);
+  for (int k = 0; k < c; ++k) {
+    const Tensor dk = random({b, s, w}, 4 + k, "dy");
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t i = 0; i < 2 * chunk; ++i)
+        for (int64_t e = 0; e < w; ++e)
+          want.data<float>()[(bi * 2 * chunk + i) * w + e] += dk.data<float>()[(bi * s + pos.data<int32_t>()[i]) * w + e];
+  }
+  expect_close(want, x.grad(), 1e-6, "gather backward");
+}
+
+// DeepSeek-V3.2 debugmodel, sparse stage, fused kernels, top-16 of sequences of 48 / 40 (chunks
+// of 12 or 6 / 10 or 5 positions: selections cross every chunk boundary): each rank's logits are
+// the whole model's at its positions, the loss is the whole model's, the parameters' gradients
+// summed over CP are the whole model's, and the DSA traffic is one all-gather of the latent rows
+// and indexer keys per layer forward and one reduce-scatter of their gradients backward.
+TEST(DsaContextParallel, SparseStageEqualsTheWholeModel) {
+  flush_denormals(true);  // as training runs
+  auto cp_group = distributed::CommEngine::get().split(world(), 0, world().rank(), "cp_dsa");
+  const distributed::ProcessGroup& cp = *cp_group;
+  const int c = cp.size();
+  const int64_t vocab = 257, b = 2;
+  models::ModelOptions opts;
+  opts.converters = {"dsa_fused"};
+  opts.dsa.warmup_steps = 0;
+  opts.dsa.topk = 16;
+  auto whole = models::build_model("deepseek_v32", "debugmodel", vocab, 48, opts);
+  opts.cp = &cp;
+  auto split = models::build_model("deepseek_v32", "debugmodel", vocab, 48, opts);
+  whole->init_parameters(5);
+  std::map<std::string, Tensor> state;
+  for (const auto& [name, t] : whole->state_dict()) state[name] = t;
+  split->load_state_dict(state);
+  for (auto* m : {whole.get(), split.get()}) m->begin_step(1);
+  for (int64_t s : {int64_t(48), int64_t(40)}) {
+    if (s % (2 * c) != 0) continue;
+    whole->zero_grad();
+    split->zero_grad();
+    Tensor tokens = Tensor::empty({b, s}, DType::i32), targets = Tensor::empty({b * s}, DType::i32);
+    for (int64_t i = 0; i < b * s; ++i) {
+      tokens.data<int32_t>()[i] = int32_t((i * 37 + 11) % vocab);
+      targets.data<int32_t>()[i] = i % 7 == 2 ? -100 : int32_t((i * 13 + 1) % vocab);
+    }
+    Tensor logits_whole, logits_mine;
+    {
+      autograd::NoGradGuard no_grad;
+      logits_whole = whole->forward(tokens).value();
+      logits_mine = split->forward(tokens).value();
+    }
+    const distributed::CpLayout layout = distributed::cp_layout(cp, s);
+    const Tensor pos = distributed::local_positions(b, layout);
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t i = 0; i < layout.local_len(); ++i) {
+        const Tensor want = logits_whole.slice(0, bi * s + pos.data<int32_t>()[i], bi * s + pos.data<int32_t>()[i] + 1);
+        const Tensor got = logits_mine.slice(0, bi * layout.local_len() + i, bi * layout.local_len() + i + 1);
+        expect_close(want.contiguous(), got.contiguous(), 1e-5, "logits of position " + std::to_string(pos.data<int32_t>()[i]));
+      }
+
+    models::TrainingLoss lw = whole->training_loss(tokens, targets);
+    autograd::backward(lw.total);
+    distributed::CommEngine::get().reset_stats();
+    models::TrainingLoss ls = split->training_loss(tokens, targets);
+    autograd::backward(ls.total);
+    const auto stats = distributed::CommEngine::get().stats();
+    EXPECT_NEAR(ls.cross_entropy, lw.cross_entropy, 1e-6 * lw.cross_entropy) << "S " << s;
+    std::map<std::string, double> whole_terms(lw.terms.begin(), lw.terms.end());
+    std::vector<double> kl = {0};
+    for (const auto& [name, v] : ls.terms)
+      if (name == "indexer_loss") kl[0] = v;
+    cp.all_reduce(std::span<double>(kl));  // each rank's mean over its rows; equal rows per rank
+    EXPECT_NEAR(kl[0] / c, whole_terms.at("indexer_loss"), 1e-5 * whole_terms.at("indexer_loss")) << "S " << s;
+
+    std::map<std::string, Tensor> whole_grads;
+    for (auto& [name, p] : whole->named_parameters()) whole_grads[name] = p->var.grad();
+    for (auto& [name, p] : split->named_parameters()) {
+      const Tensor want = whole_grads.at(name);
+      ASSERT_EQ(want.defined(), p->var.grad().defined()) << name;
+      if (!want.defined()) continue;
+      Tensor sum = p->var.grad().contiguous().clone();
+      cp.all_reduce(sum).wait();
+      expect_close(want, sum, 2e-4, "gradient of " + name + ", S " + std::to_string(s));
+    }
+
+    const auto a = models::deepseek_v3::deepseek_v32_flavor("debugmodel", vocab);
+    const double row_bytes = double(a.kv_lora_rank + a.qk_rope_head_dim + a.index_head_dim) * 4;
+    const double per_op = double(a.n_layers) * double(c - 1) / c * double(b * s) * row_bytes;
+    for (distributed::CommOp op : {distributed::CommOp::all_gather, distributed::CommOp::reduce_scatter}) {
+      const auto it = stats.find({"cp_dsa", op});
+      const double sent = it == stats.end() ? 0 : double(it->second.bytes);
+      EXPECT_NEAR(sent / per_op, 1.0, 1e-9) << distributed::comm_op_name(op) << ": " << sent << " bytes sent, " << per_op
+                                            << " analytic (S " << s << ")";
+    }
+  }
+}
+
+TEST(DsaContextParallel, SettingsItCannotRunAreRefused) {
+  const distributed::ProcessGroup& cp = world();
+  const int c = cp.size();
+  models::ModelOptions opts;
+  opts.cp = &cp;
+  const auto refused = [&](const std::string& model, const models::ModelOptions& o, const std::string& says) {
+    try {
+      models::build_model(model, "debugmodel", 257, 64, o);
+      ADD_FAILURE() << model << ": accepted; wanted an error saying " << says;
+    } catch (const Error& e) {
+      EXPECT_NE((e.message() + e.hint()).find(says), std::string::npos) << e.message() << "\n" << e.hint();
+    }
+  };
+  refused("llama3", opts, "ring attention");
+  refused("deepseek_v3", opts, "ring attention");
+  opts.converters = {"dsa_fused"};
+  opts.dsa.warmup_steps = 3;
+  refused("deepseek_v32", opts, "dsa.warmup_steps = 0");
+  opts.dsa.warmup_steps = 0;
+  opts.converters = {};
+  refused("deepseek_v32", opts, "dsa_fused");
+  opts.converters = {"dsa_fused"};
+  EXPECT_NO_THROW(models::build_model("deepseek_v32", "debugmodel", 257, 64, opts));
+  // A sequence that does not split into 2c chunks.
+  try {
+    distributed::cp_layout(cp, 2 * c * 5 + 1);
+    FAIL() << "a sequence of " << 2 * c * 5 + 1 << " was split over " << c << " ranks";
+  } catch (const Error& e) {
+    EXPECT_NE(e.hint().find(std::to_string(2 * c * 5)), std::string::npos) << e.hint();
+  }
+}
+
+// Training: each CP layout of this world size against one rank, 20 steps of the sparse stage.
+// At lr 3e-4 the runs agree to ~1e-7 every step. At 3e-3 they agree to ~3e-7 for 9 steps, then a
+// gradient spike makes the last-bit differences of CP's other summation order (weight
+// gradients summed over ranks, key gradients over chunks) grow through MoE routing and top-k
+// selection (TITAN_PRINT_LOSSES=1 prints every step's pair).
+class CpLayouts : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = new fs::path(shared_folder("cp_layouts"));
+    data_ = new fs::path(shared_dataset(*root_));
+  }
+  static void TearDownTestSuite() {
+    world().barrier().wait();
+    if (world().rank() == 0) fs::remove_all(*root_);
+    delete root_;
+    delete data_;
+  }
+  static train::JobConfig config(const std::string& name, int64_t shard, int64_t cp, int64_t local,
+                                 std::vector<std::string> extra = {}) {
+    std::string toml = base_toml("deepseek_v32", *data_, *root_ / name, 20);
+    toml += "[parallelism]\ndata_parallel_shard_degree = " + std::to_string(shard) +
+            "\ncontext_parallel_degree = " + std::to_string(cp) + "\n";
+    extra.insert(extra.begin(), {"--dsa.warmup_steps=0", "--model.converters=dsa_fused", "--optimizer.lr=3e-4"});
+    train::JobConfig cfg = train::parse_config(toml, name + ".toml", extra);
+    cfg.training.local_batch_size = local;
+    cfg.training.global_batch_size = 4;
+    return cfg;
+  }
+  static fs::path* root_;
+  static fs::path* data_;
+};
+fs::path* CpLayouts::root_ = nullptr;
+fs::path* CpLayouts::data_ = nullptr;
+
+TEST_F(CpLayouts, DeepSeekV32SparseStageReproducesOneRank) {
+  const int n = world().size();
+  const std::vector<std::string> validation = {"--validation.enable=true", "--validation.freq=10",
+                                               "--validation.steps=2", "--validation.seq_len=64"};
+  auto with = [&](std::vector<std::string> v, int64_t per_rank) {
+    v.push_back("--validation.local_batch_size=" + std::to_string(per_rank));
+    return v;
+  };
+  const auto one = reference_on_rank0(config("reference", 1, 1, 4, with(validation, 4)));
+  expect_same_losses(one, train_on(config("cp", 1, n, 4, with(validation, 4)), world()), 1e-5, "CP " + std::to_string(n));
+  expect_same_losses(losses_of(*root_ / "reference", "validation"), losses_of(*root_ / "cp", "validation"), 1e-5,
+                     "CP " + std::to_string(n) + ", validation loss");
+  if (n == 4) {
+    expect_same_losses(one, train_on(config("fsdp_cp", 2, 2, 2, with(validation, 2)), world()), 1e-5, "FSDP 2 x CP 2");
+    expect_same_losses(one, train_on(config("fsdp_cp_ac", 2, 2, 2, {"--activation_checkpoint.mode=full"}), world()),
+                       1e-5, "FSDP 2 x CP 2, full activation checkpointing");
+  }
+}
+
+TEST_F(CpLayouts, ASequenceThatDoesNotSplitIsRefused) {
+  const int n = world().size();
+  train::JobConfig cfg = config("bad_seq", 1, n, 4);
+  cfg.training.seq_len = 2 * n * 8 + 2;
+  try {
+    train::Trainer t(cfg, "bad_seq.toml", &world());
+    FAIL() << "seq_len " << cfg.training.seq_len << " was split over CP " << n;
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("bad_seq.toml: training.seq_len"), std::string::npos) << e.message();
+  }
+}
+
+}  // namespace
