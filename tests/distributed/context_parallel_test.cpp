@@ -36,8 +36,9 @@ void expect_close(const Tensor& want, const Tensor& got, double tol, const std::
     const double err = std::fabs(double(g.data<float>()[i]) - double(w.data<float>()[i]));
     if (!(err <= worst_err)) worst_err = err, worst = i;  // NaN counts as worst
   }
-  if (w.numel() > 0)
+  if (w.numel() > 0) {
     EXPECT_NEAR(g.data<float>()[worst], w.data<float>()[worst], tol * std::max(scale, 1e-30)) << what << " at " << worst;
+  }
 }
 
 TEST(ContextParallel, HeadTailChunksAndTheSequenceGather) {

@@ -8,6 +8,7 @@
 
 #include "distributed/common.h"
 #include "titan/autograd/ops.h"
+#include "titan/checkpoint/checkpoint.h"
 #include "titan/core/rng.h"
 #include "titan/distributed/tensor_parallel.h"
 #include "titan/models/llama3/model.h"
@@ -39,8 +40,9 @@ void expect_close(const Tensor& want, const Tensor& got, double tol, const std::
     const double err = std::fabs(double(g.data<float>()[i]) - double(w.data<float>()[i]));
     if (!(err <= worst_err)) worst_err = err, worst = i;  // NaN counts as worst
   }
-  if (w.numel() > 0)
+  if (w.numel() > 0) {
     EXPECT_NEAR(g.data<float>()[worst], w.data<float>()[worst], tol * std::max(scale, 1e-30)) << what << " at " << worst;
+  }
 }
 
 // Targets over the whole vocabulary (every slice owns some), every 5th ignored.
@@ -254,6 +256,45 @@ TEST_F(TpLayouts, Llama3ReproducesOneRank) {
                        train_on(config("fsdp_tp_ac", 2, 2, 1, 2, {"--activation_checkpoint.mode=selective"}), world()),
                        1e-5, "FSDP 2 x TP 2, selective activation checkpointing");
   }
+}
+
+// A checkpoint saved under TP (FSDP x TP on 4 ranks: pieces split on dim 0 of dim-1 slices)
+// resumes on one rank, which continues the TP run's losses, and a 1-rank checkpoint resumes
+// under TP; the assembled weights are the whole parameters (generate / convert read them).
+TEST_F(TpLayouts, CheckpointsReshardBetweenTpAndOneRank) {
+  const int n = world().size();
+  const int64_t shard = n == 4 ? 2 : 1, tp = n == 4 ? 2 : n;
+  const std::vector<std::string> save = {"--checkpoint.enable=true", "--checkpoint.interval=10",
+                                         "--checkpoint.keep_latest_k=0", "--checkpoint.last_save_model_only=false"};
+  const auto straight = train_on(config("ckpt_tp", shard, tp, 1, 4 / shard, save), world());
+  ASSERT_EQ(straight.size(), 20u);
+  const auto seed = [&](const std::string& from, const std::string& to, int step) {
+    if (world().rank() == 0) {
+      const std::string folder = "step-" + std::to_string(step);
+      fs::remove_all(*root_ / to);
+      fs::create_directories(*root_ / to / "checkpoint");
+      fs::copy(*root_ / from / "checkpoint" / folder, *root_ / to / "checkpoint" / folder, fs::copy_options::recursive);
+    }
+    world().barrier().wait();
+  };
+  seed("ckpt_tp", "ckpt_one", 10);
+  const auto one = reference_on_rank0(config("ckpt_one", 1, 1, 1, 4, save));
+  expect_same_losses(std::vector<double>(straight.begin() + 10, straight.end()), one, 1e-5, "TP checkpoint -> 1 rank");
+  if (world().rank() == 0) {
+    const auto ckpt = checkpoint::load_checkpoint(*root_ / "ckpt_tp" / "checkpoint" / "step-10");
+    const auto a = models::llama3::llama3_flavor("debugmodel", 260);
+    EXPECT_EQ(ckpt.tensors.at("model.layers.0.attention.wo.weight").shape(), Shape({a.dim, a.dim}));
+    EXPECT_EQ(ckpt.tensors.at("model.tok_embeddings.weight").shape(), Shape({260, a.dim}));
+  }
+  // The 1-rank run's own step-20 checkpoint, continued to step 30 on one rank and under TP.
+  std::vector<std::string> longer = save;
+  longer.push_back("--training.steps=30");
+  seed("ckpt_one", "ckpt_one_more", 20);
+  const auto more = reference_on_rank0(config("ckpt_one_more", 1, 1, 1, 4, longer));
+  seed("ckpt_one", "ckpt_back", 20);
+  const auto back = train_on(config("ckpt_back", shard, tp, 1, 4 / shard, longer), world());
+  ASSERT_EQ(more.size(), 10u);
+  expect_same_losses(more, back, 1e-5, "1-rank checkpoint -> TP");
 }
 
 TEST_F(TpLayouts, AVocabularyTheDegreeDoesNotDivideIsRefused) {

@@ -61,7 +61,7 @@ class SingleRank : public DataParallel {
   void finish_backward() override;
   void finish_forward() override {}
   void refresh_compute_copies() override { model_.refresh_compute_copies(); }
-  std::string describe() const override { return "one rank"; }
+  std::string describe() const override { return "no data parallelism"; }
 
  private:
   void fold_micro_batch();  // adds the gradients of the micro-batch just done into sums_

@@ -105,6 +105,14 @@ void check_supported(const JobConfig& c, const std::string& source) {
               "point model.tokenizer_path at the tokenizer.json the dataset was prepared with");
 }
 
+// The model's parameters, counting each tensor-parallel shard's whole parameter once.
+int64_t global_parameters(nn::Module& model) {
+  int64_t n = 0;
+  for (const auto& [name, p] : model.named_parameters())
+    n += p->tp_slice.global_shape.empty() ? p->var.value().numel() : p->tp_slice.global_shape.numel();
+  return n;
+}
+
 std::string tokenizer_file(const JobConfig& c) {
   if (!c.model.tokenizer_path.empty()) return c.model.tokenizer_path;
   if (!c.model.hf_assets_path.empty()) return (fs::path(c.model.hf_assets_path) / "tokenizer.json").string();
@@ -308,8 +316,16 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
   s.accum = gradient_accumulation_steps(config, s.dp_degree());
   s.inputs = Tensor::empty({t.local_batch_size, t.seq_len}, DType::i32, MemCategory::activations);
   s.targets = Tensor::empty({t.local_batch_size * t.seq_len}, DType::i32, MemCategory::activations);
-  if (s.lead && s.world->size() > 1)
-    std::printf("%d ranks: mesh %s; %s\n", s.world->size(), s.mesh->str().c_str(), s.dp->describe().c_str());
+  if (s.lead && s.world->size() > 1) {
+    using distributed::MeshDim;
+    std::string layout = s.dp->describe();
+    if (const int tp = s.mesh->degree(MeshDim::tp); tp > 1)
+      layout += "; tensor parallel over " + std::to_string(tp) + " ranks (sequence-parallel norms, loss parallel)";
+    if (const int cp = s.mesh->degree(MeshDim::cp); cp > 1)
+      layout += "; context parallel over " + std::to_string(cp) + " ranks (" + std::to_string(2 * cp) +
+                " head-tail chunks; DSA keys all-gathered)";
+    std::printf("%d ranks: mesh %s; %s\n", s.world->size(), s.mesh->str().c_str(), layout.c_str());
+  }
 
   // Resume: the newest checkpoint of this run, else the configured initial weights.
   if (config.checkpoint.enable) {
@@ -491,7 +507,7 @@ TrainResult Trainer::train() {
   if (s.lead) {
     std::printf("model %s/%s: %.2fM parameters, %s compute, %lld steps of %lld x %lld tokens x %lld data-parallel "
                 "ranks (x%lld accumulation)\n",
-                c.model.name.c_str(), c.model.flavor.c_str(), double(s.model->num_parameters()) / 1e6,
+                c.model.name.c_str(), c.model.flavor.c_str(), double(global_parameters(*s.model)) / 1e6,
                 s.model->compute_dtype() == DType::bf16 ? "bf16" : "f32", static_cast<long long>(t.steps),
                 static_cast<long long>(t.local_batch_size), static_cast<long long>(t.seq_len),
                 static_cast<long long>(dp), static_cast<long long>(s.accum));
