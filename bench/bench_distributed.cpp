@@ -1,8 +1,9 @@
-// Data-parallel training, measured: one run of the trainer (1 rank, or under mpirun DDP / FSDP /
-// HSDP) on a config, timed after warm-up steps. Prints, as one JSON line from rank 0:
+// Distributed training, measured: one run of the trainer (1 rank, or under mpirun DDP / FSDP /
+// HSDP / TP / CP) on a config, timed after warm-up steps. Prints, as one JSON line from rank 0:
 //   tokens/s (global), seconds per step, the exposed communication share (time ranks spent
 //   blocked waiting for collectives over the step time, the largest of any rank),
-//   per rank the parameter + gradient + optimizer bytes live after a step and the peak,
+//   per rank the parameter + gradient + optimizer bytes live after a step, the peak and the
+//   activations' peak, every group's bytes sent per step by collective type,
 //   and per collective type the bytes this rank sent per step against the analytic minimum of
 //   the plan (reference distributed.md section 9: all-gather (N-1)/N of each unit's parameters,
 //   twice per micro-batch for units freed after forward; reduce-scatter (N-1)/N of the f32
@@ -27,6 +28,7 @@
 #include "titan/core/parallel.h"
 #include "titan/distributed/comm_engine.h"
 #include "titan/distributed/runtime.h"
+#include "titan/models/deepseek_v3/model.h"
 #include "titan/train/config.h"
 #include "titan/train/trainer.h"
 
@@ -94,19 +96,29 @@ int main(int argc, char** argv) {
   train::JobConfig c = train::load_config(config_path, overrides);
   const int world = engine.world_size();
   const int replicate = int(c.parallelism.data_parallel_replicate_degree);
-  const int shard = int(c.parallelism.data_parallel_shard_degree == -1 ? world / replicate : c.parallelism.data_parallel_shard_degree);
+  const int tp = int(c.parallelism.tensor_parallel_degree), cp = int(c.parallelism.context_parallel_degree);
+  const int shard = int(c.parallelism.data_parallel_shard_degree == -1 ? world / (replicate * tp * cp)
+                                                                       : c.parallelism.data_parallel_shard_degree);
+  const int fsdp = shard * cp;  // FSDP shards over dp_shard x cp
   const int64_t accum = train::gradient_accumulation_steps(c, replicate * shard);
   std::vector<double> ends;
   double exposed0 = 0;
   MemoryStats after_step;
   PlanBytes minimum;
+  json dims = json::object();  // DeepSeek's attention widths, for the DSA CP comparisons
   // The trainer's own log would bury the result: stdout goes to /dev/null while it runs.
   std::fflush(stdout);
   const int saved = dup(1), null = open("/dev/null", O_WRONLY);
   dup2(null, 1);
   {
     train::Trainer trainer(c, config_path);
-    minimum = analytic_minimum(trainer.model(), c, replicate, shard, accum);
+    minimum = analytic_minimum(trainer.model(), c, replicate, fsdp, accum);
+    if (auto* ds = dynamic_cast<models::deepseek_v3::Transformer*>(&trainer.model())) {
+      const auto& a = ds->args();
+      dims = {{"n_layers", a.n_layers},         {"n_heads", a.n_heads},           {"kv_lora_rank", a.kv_lora_rank},
+              {"qk_rope_head_dim", a.qk_rope_head_dim}, {"qk_nope_head_dim", a.qk_nope_head_dim},
+              {"v_head_dim", a.v_head_dim},     {"index_head_dim", a.index_head_dim}};
+    }
     trainer.on_step_end = [&](int64_t step) {
       if (step == warmup) {
         engine.reset_stats();
@@ -131,12 +143,14 @@ int main(int argc, char** argv) {
   engine.world().all_reduce(std::span<double>(worst), distributed::ReduceOp::max);
   // Traffic per step by collective type, this rank's.
   std::map<std::string, double> issued;
+  json by_group = json::object();  // every group's traffic, e.g. "tp all_gather", "cp reduce_scatter"
   for (const auto& [key, s] : engine.stats()) {
     const auto& [group, op] = key;
+    if (s.bytes > 0) by_group[group + " " + distributed::comm_op_name(op)] = double(s.bytes) / steps;
     if (group == "fsdp" && op == distributed::CommOp::all_gather) issued["all_gather"] += double(s.bytes) / steps;
     if (group == "fsdp" && op == distributed::CommOp::reduce_scatter) issued["reduce_scatter"] += double(s.bytes) / steps;
     if (group == "dp_replicate" && op == distributed::CommOp::all_reduce) {
-      if (shard > 1) issued["replicate_all_reduce"] += double(s.bytes) / steps;
+      if (fsdp > 1) issued["replicate_all_reduce"] += double(s.bytes) / steps;
       else issued["ddp_all_reduce"] += double(s.bytes) / steps;
     }
     if (group == "loss" || group == "world") issued["scalars"] += double(s.bytes) / steps;
@@ -147,7 +161,8 @@ int main(int argc, char** argv) {
   };
   const int64_t pgo = after_step.live[int(MemCategory::parameters)] + after_step.live[int(MemCategory::gradients)] +
                       after_step.live[int(MemCategory::optimizer_state)];
-  std::vector<double> mem = {double(pgo), double(after_step.peak_total)};
+  std::vector<double> mem = {double(pgo), double(after_step.peak_total),
+                             double(after_step.peak[int(MemCategory::activations)])};
   engine.world().all_reduce(std::span<double>(mem), distributed::ReduceOp::max);
   const double tokens = double(c.training.local_batch_size * c.training.seq_len * accum) * replicate * shard;
   if (rank == 0) {
@@ -155,11 +170,20 @@ int main(int argc, char** argv) {
                 {"threads_per_rank", num_threads()},
                 {"replicate", replicate},
                 {"shard", shard},
+                {"tp", tp},
+                {"cp", cp},
+                {"seq_len", c.training.seq_len},
+                {"local_batch_size", c.training.local_batch_size},
+                {"activation_checkpoint", c.activation_checkpoint.mode},
+                {"compute_bytes", c.training.mixed_precision_param == "bfloat16" ? 2 : 4},
+                {"model_dims", dims},
                 {"seconds_per_step", median},
                 {"tokens_per_second", tokens / median},
                 {"exposed_comm_share", worst[0]},
                 {"params_grads_optimizer_bytes_per_rank", mem[0]},
                 {"peak_bytes_per_rank", mem[1]},
+                {"activation_peak_bytes_per_rank", mem[2]},
+                {"traffic_by_group", by_group},
                 {"traffic",
                  {{"all_gather", entry("all_gather", minimum.all_gather)},
                   {"reduce_scatter", entry("reduce_scatter", minimum.reduce_scatter)},

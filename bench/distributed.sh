@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The data-parallel benchmarks of issue "Distributed training 1", one after another on this host:
+# The data- and tensor-parallel benchmarks of issues "Distributed training 1" and "2", one after
+# another on this host:
 #   1 rank x all threads        the baseline, at the same global batch
-#   FSDP / DDP over 2 ranks x 1 thread (and FSDP 4, HSDP 2 x 2 when the host has the cores)
+#   FSDP / DDP / TP over 2 ranks x 1 thread (and FSDP 4, HSDP 2 x 2 when the host has the cores)
 # Prints each run's JSON line (bench_distributed.cpp) and a table of the ratios: tokens/s against
 # the baseline, per-rank parameter + gradient + optimizer bytes against 1/N of the baseline's,
 # the exposed communication share, and each collective's bytes per step against the plan's minimum.
@@ -40,6 +41,8 @@ run() {  # NAME NP OVERRIDES...
 }
 run "FSDP 2 x 1 thread" 2 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2
 run "DDP 2 x 1 thread" 2 --training.local_batch_size=4 --parallelism.data_parallel_replicate_degree=2 --parallelism.data_parallel_shard_degree=1
+# Tensor parallel: both ranks read the same 8 sequences (issue "Distributed training 2": >= 0.8x).
+run "TP 2 x 1 thread" 2 --training.local_batch_size=8 --parallelism.tensor_parallel_degree=2 --parallelism.data_parallel_shard_degree=1
 if (( cores >= 4 )); then
   run "FSDP 4 x 1 thread" 4 --training.local_batch_size=2 --parallelism.data_parallel_shard_degree=4
   run "HSDP 2 x 2 x 1 thread" 4 --training.local_batch_size=2 --parallelism.data_parallel_replicate_degree=2 --parallelism.data_parallel_shard_degree=2

@@ -226,6 +226,39 @@ Cached& lookup(State& s, DType c_type, DType ab_type, bool has_bias, const Matmu
   return *it->second;
 }
 
+// Whether oneDNN has a bf16 matmul on this CPU (it needs AVX-512: Debian's oneDNN has none for
+// AVX2-only CPUs such as AMD Zen 3). Probed once with a small product.
+bool native_bf16(State& s) {
+  static const bool supported = [&s] {
+    try {
+      const dnnl::memory::desc md({8, 8}, dt::bf16, {8, 1}), cd({8, 8}, dt::f32, {8, 1});
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md, md, cd), dnnl::primitive_attr(), s.engine);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return supported;
+}
+
+// Elements an operand's storage spans: [rows, cols] with leading dim ld (transposed: column-major),
+// over `batch` matrices batch_stride apart (0: one shared matrix).
+int64_t span(int64_t batch, int64_t batch_stride, int64_t rows, int64_t cols, int64_t ld, bool transposed) {
+  const int64_t one = transposed ? (cols - 1) * ld + rows : (rows - 1) * ld + cols;
+  return batch_stride == 0 || batch == 1 ? one : (batch - 1) * batch_stride + one;
+}
+
+// Grow-only per-thread f32 buffers of the widened path (no allocation once a step's shapes were seen).
+float* scratch(std::vector<float>& v, int64_t n) {
+  if (int64_t(v.size()) < n) v.resize(size_t(n));
+  return v.data();
+}
+
+void widen(float* dst, const void* src, int64_t n) {
+  const bf16* in = static_cast<const bf16*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(in[i]);
+}
+
 }  // namespace
 
 void matmul(void* c, DType c_type, const void* a, const void* b, DType ab_type, const void* bias,
@@ -233,6 +266,38 @@ void matmul(void* c, DType c_type, const void* a, const void* b, DType ab_type, 
   if (params.batch == 0 || params.m == 0 || params.n == 0) return;
   const MatmulParams p = fold_batch(params);
   State& s = state();
+  if (ab_type == DType::bf16 && !native_bf16(s)) {
+    // The same arithmetic as oneDNN's bf16 kernels (bf16 operands, f32 accumulation, one rounding
+    // of C to bf16) as an f32 product of the widened operands, laid out as the originals. C's
+    // elements are written back one by one: other threads may own the gaps between its rows.
+    thread_local std::vector<float> af, bf, cf, biasf;
+    const int64_t a_span = span(p.batch, p.batch_stride_a, p.m, p.k, p.lda, p.trans_a);
+    const int64_t b_span = span(p.batch, p.batch_stride_b, p.k, p.n, p.ldb, p.trans_b);
+    float* wa = scratch(af, a_span);
+    float* wb = scratch(bf, b_span);
+    widen(wa, a, a_span);
+    widen(wb, b, b_span);
+    const int64_t c_span = span(p.batch, p.batch_stride_c, p.m, p.n, p.ldc, false);
+    float* wc = c_type == DType::f32 ? static_cast<float*>(c) : scratch(cf, c_span);
+    if (c_type == DType::bf16 && p.beta != 0) widen(wc, c, c_span);
+    const float* wbias = static_cast<const float*>(bias);
+    if (bias && c_type == DType::bf16) {
+      float* t = scratch(biasf, p.n);
+      widen(t, bias, p.n);
+      wbias = t;
+    }
+    matmul(wc, DType::f32, wa, wb, DType::f32, wbias, p);
+    if (c_type == DType::bf16) {
+      bf16* out = static_cast<bf16*>(c);
+      for (int64_t bi = 0; bi < p.batch; ++bi)
+        for (int64_t i = 0; i < p.m; ++i)
+          for (int64_t j = 0; j < p.n; ++j) {
+            const int64_t at = bi * p.batch_stride_c + i * p.ldc + j;
+            out[at] = f32_to_bf16(wc[at]);
+          }
+    }
+    return;
+  }
   auto bind = [&](Cached& prim, void* scratchpad) {
     prim.a.set_data_handle(const_cast<void*>(a));
     prim.b.set_data_handle(const_cast<void*>(b));
@@ -270,6 +335,8 @@ void matmul(void* c, DType c_type, const void* a, const void* b, DType ab_type, 
 
 std::string matmul_impl_name(DType c_type, DType ab_type, bool has_bias, const MatmulParams& params) {
   State& s = state();
+  if (ab_type == DType::bf16 && !native_bf16(s))
+    return "bf16 widened to f32: " + matmul_impl_name(DType::f32, DType::f32, has_bias, params);
   std::lock_guard lock(s.mu);
   return lookup(s, c_type, ab_type, has_bias, fold_batch(params)).impl;
 }

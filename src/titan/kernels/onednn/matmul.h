@@ -1,4 +1,7 @@
 // Batched matmul through oneDNN matmul primitives (f32, or bf16 inputs with f32 accumulation).
+// Where oneDNN has no bf16 matmul (CPUs without AVX-512, e.g. AMD Zen 3), bf16 products run as
+// f32 products of the widened operands with C rounded to bf16 once: the same arithmetic, at the
+// f32 rate.
 //
 // This folder holds kernels that call oneDNN. They are compiled once, not per ISA level like
 // kernels/cpu/: oneDNN picks its own implementation (AVX-512, AMX, ...) at run time, and its
