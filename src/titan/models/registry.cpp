@@ -12,7 +12,8 @@
 namespace titan::models {
 
 // DeepSeek-V3's MoE layers: routed + shared SwiGLU experts from models/moe, sized by the flavor.
-std::unique_ptr<BlockFeedForward> deepseek_v3::moe_layer(const deepseek_v3::DeepSeekV3Args& a, int layer_id) {
+std::unique_ptr<BlockFeedForward> deepseek_v3::moe_layer(const deepseek_v3::DeepSeekV3Args& a, int layer_id,
+                                                         const distributed::ProcessGroup* tp) {
   moe::MoEArgs m;
   m.dim = a.dim;
   m.moe_inter_dim = a.moe_inter_dim;
@@ -27,6 +28,7 @@ std::unique_ptr<BlockFeedForward> deepseek_v3::moe_layer(const deepseek_v3::Deep
   m.n_limited_groups = a.n_limited_groups;
   m.load_balance_coeff = a.load_balance_coeff;
   m.aux_loss_alpha = a.aux_loss_alpha;
+  m.tp = tp;
   return std::make_unique<moe::MoE>(m, a.out_proj_std(layer_id));
 }
 
@@ -68,10 +70,6 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
     a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
     return std::make_unique<llama3::Transformer>(a, options.tp);
   }
-  TITAN_CHECK(!options.tp || options.tp->size() == 1,
-              "parallelism.tensor_parallel_degree = " + std::to_string(options.tp ? options.tp->size() : 1) +
-                  ": this build splits only llama3 over tensor-parallel ranks, not " + name,
-              "set tensor_parallel_degree = 1 and spread the ranks with data_parallel_shard_degree");
   const bool deepseek = name == "deepseek_v3" || name == "deepseek_v32";
   TITAN_CHECK(!options.hf_config || deepseek, "a Hugging Face architecture was given for model '" + name + "'",
               "only DeepSeek checkpoints convert from Hugging Face; set [model] name = \"deepseek_v3\" or "
@@ -87,7 +85,7 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
     a.load_balance_coeff = options.moe_load_balance_coeff;
     a.aux_loss_alpha = options.moe_aux_loss_alpha;
     a.validate();
-    return with_training_options(std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer), name, options);
+    return with_training_options(std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer, options.tp), name, options);
   }
   if (name == "deepseek_v3") {
     deepseek_v3::DeepSeekV3Args a = deepseek_v3::deepseek_v3_flavor(flavor, vocab_size);
@@ -97,14 +95,14 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
     a.load_balance_coeff = options.moe_load_balance_coeff;
     a.aux_loss_alpha = options.moe_aux_loss_alpha;
     a.validate();
-    return with_training_options(std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer), name, options);
+    return with_training_options(std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer, options.tp), name, options);
   }
   if (name == "deepseek_v32") {
     deepseek_v3::DeepSeekV3Args a = deepseek_v3::deepseek_v32_flavor(flavor, vocab_size);
     a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
     a.load_balance_coeff = options.moe_load_balance_coeff;
     a.aux_loss_alpha = options.moe_aux_loss_alpha;
-    return with_training_options(std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer), name, options);
+    return with_training_options(std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer, options.tp), name, options);
   }
   std::string names;
   for (const auto& n : model_names()) names += (names.empty() ? "" : ", ") + n;

@@ -490,7 +490,13 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
   ++step;
   out.lr = cfg.optimizer.lr * schedule.lr_factor(step);
   opt->step(float(out.lr), norm.scale);
-  model->end_step([this](Tensor& x) { mesh->loss().all_reduce(x).wait(); });
+  // MoE's expert loads: summed over the data (and context) ranks, and over TP, whose ranks route
+  // their own sequence pieces.
+  model->end_step([this](Tensor& x) {
+    mesh->loss().all_reduce(x).wait();
+    const distributed::ProcessGroup& tp = mesh->group(distributed::MeshDim::tp);
+    if (tp.size() > 1) tp.all_reduce(x).wait();
+  });
   TITAN_CHECK(std::isfinite(out.loss), "training diverged: the loss at step " + std::to_string(step) + " is not finite",
               "lower optimizer.lr or raise lr_scheduler.warmup_steps; resume from the last checkpoint");
   return out;

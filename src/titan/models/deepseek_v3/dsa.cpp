@@ -90,7 +90,8 @@ Tensor head_mean(const Tensor& probs) {
 }  // namespace
 
 DsaOutputs dsa_attention_small_ops(const DsaInputs& in_compute) {
-  TITAN_CHECK(!in_compute.kv_keys.defined(), "DSA small ops: gathered keys (context parallelism) need the fused kernels",
+  TITAN_CHECK(!in_compute.kv_keys.defined() && !in_compute.tp,
+              "DSA small ops: context and tensor parallelism run the fused kernels",
               "set model.converters = [\"dsa_fused\"]");
   // The generic ops are f32: under bf16 compute the inputs are cast up and the output back.
   const DType compute = in_compute.q.dtype();

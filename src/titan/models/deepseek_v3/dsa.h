@@ -31,6 +31,10 @@
 
 #include "titan/autograd/variable.h"
 
+namespace titan::distributed {
+class ProcessGroup;
+}
+
 namespace titan::models::deepseek_v3 {
 
 using autograd::Variable;
@@ -70,6 +74,10 @@ struct DsaInputs {
   int64_t topk = 0;
   DsaStage stage = DsaStage::sparse;
   bool want_loss = false;  // grad mode: compute the indexer loss
+  // Tensor parallelism (fused only): q, wkv_b and the outputs are this rank's n_heads of the
+  // layer's tp x n_heads; the indexer is whole on every rank, so its KL target (the head mean of
+  // the attention probabilities) is summed over the ranks' heads.
+  const distributed::ProcessGroup* tp = nullptr;
 };
 
 struct DsaOutputs {

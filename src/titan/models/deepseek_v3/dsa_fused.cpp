@@ -7,9 +7,12 @@
 #include "titan/models/deepseek_v3/dsa.h"
 
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "titan/autograd/ops.h"
 #include "titan/core/profiler.h"
+#include "titan/distributed/process_group.h"
 #include "titan/kernels/columns.h"
 #include "titan/kernels/elementwise.h"
 #include "titan/kernels/matmul.h"
@@ -86,6 +89,25 @@ Variable indexer_kl(const Variable& q, const Variable& k, const Variable& w, con
                     kernels::axpby(gi, *grads[i], d, 1.0);
                   }
                 });
+}
+
+// Under tensor parallelism: x [B, S, h, ...] (this rank's h heads) -> [B, S, tp * h, ...], every
+// rank's heads in rank order (the indexer's dense-stage target reads all of them; no gradient).
+Tensor gather_heads(const Tensor& x, const distributed::ProcessGroup& tp) {
+  const Tensor local = x.contiguous();
+  const int t = tp.size();
+  Tensor ranks = Tensor::empty({t * local.numel()}, local.dtype());
+  tp.all_gather(ranks, local.view({local.numel()})).wait();
+  std::vector<int64_t> dims(local.shape().begin(), local.shape().end());
+  const int64_t rows = dims[0] * dims[1], per_row = local.numel() / rows;  // one token's heads
+  dims[2] *= t;
+  Tensor out = Tensor::empty(Shape(dims), local.dtype(), MemCategory::activations);
+  const size_t bytes = size_t(per_row) * size_t(dtype_bits(local.dtype()) / 8);
+  for (int r = 0; r < t; ++r)
+    for (int64_t i = 0; i < rows; ++i)
+      std::memcpy(static_cast<char*>(out.data_ptr()) + (size_t(i) * t + size_t(r)) * bytes,
+                  static_cast<const char*>(ranks.data_ptr()) + (size_t(r) * rows + size_t(i)) * bytes, bytes);
+  return out;
 }
 
 // MLA's weight absorption, per head h with W_h = wkv_b's rows of head h, [d_n + d_v, d_c]:
@@ -198,8 +220,13 @@ DsaOutputs dsa_attention_fused(const DsaInputs& in) {
     Tensor lse;                                                        // [B, H, S]
     out.o = attention(in.q, k, v, in.scale, &lse);
     if (in.want_loss) {
-      const Tensor lse_rows = lse.transpose(1, 2).contiguous();  // [B, S, H], as the loss reads it
-      out.loss = indexer_kl(in.index_q, in.index_k, in.index_w, {in.q.value(), k.value(), lse_rows, in.scale, {}, {}});
+      Tensor lse_rows = lse.transpose(1, 2).contiguous();  // [B, S, H], as the loss reads it
+      Tensor mq = in.q.value(), mk = k.value();
+      if (in.tp) {  // the target averages over every rank's heads
+        mq = gather_heads(mq, *in.tp), mk = gather_heads(mk, *in.tp);
+        lse_rows = gather_heads(lse_rows.view({b, s, h, 1}), *in.tp).view({b, s, h * in.tp->size()});
+      }
+      out.loss = indexer_kl(in.index_q, in.index_k, in.index_w, {mq, mk, lse_rows, in.scale, {}, {}});
     }
     return out;
   }
@@ -216,6 +243,10 @@ DsaOutputs dsa_attention_fused(const DsaInputs& in) {
   // heads by its forward (which has them at hand) per slot of idx.
   Tensor head_mean;                                                                              // [B, S, K]
   Variable o_lat = sparse_mla(q_full, kv, idx, dc, in.scale, in.want_loss ? &head_mean : nullptr);  // [B, S, H, d_c]
+  if (in.want_loss && in.tp) {  // each rank has the mean over its heads; the target is over all
+    in.tp->all_reduce(head_mean).wait();
+    kernels::scale(head_mean, head_mean, 1.0 / in.tp->size());
+  }
   out.o = unabsorb_output(o_lat, in.wkv_b, in.wkv_b_compute, absorb);                          // [B, S, H, d_v]
   if (in.want_loss) out.loss = indexer_kl(in.index_q, in.index_k, in.index_w, {{}, {}, {}, 0, idx, head_mean});
   return out;

@@ -2,6 +2,7 @@
 
 
 #include "titan/distributed/context_parallel.h"
+#include "titan/distributed/tensor_parallel.h"
 #include "titan/kernels/attention_decode.h"
 #include "titan/kernels/columns.h"
 #include "titan/kernels/lightning_indexer.h"
@@ -16,6 +17,8 @@ namespace {
 std::unique_ptr<nn::Linear> linear(int64_t in, int64_t out, double std = DeepSeekV3Args::kInitStd) {
   return std::make_unique<nn::Linear>(in, out, Init::trunc_normal(std));
 }
+
+int64_t degree(const distributed::ProcessGroup* tp) { return tp ? tp->size() : 1; }
 }  // namespace
 
 LatentCache LatentCache::allocate(const DeepSeekV3Args& a, int64_t batch, int64_t capacity) {
@@ -25,24 +28,27 @@ LatentCache LatentCache::allocate(const DeepSeekV3Args& a, int64_t batch, int64_
                           : Tensor()};
 }
 
-Attention::Attention(const DeepSeekV3Args& a, int layer_id)
-    : wq(a.q_lora_rank == 0 ? &register_module("wq", linear(a.dim, a.n_heads * a.qk_head_dim())) : nullptr),
+Attention::Attention(const DeepSeekV3Args& a, int layer_id, const distributed::ProcessGroup* tp)
+    : wq(a.q_lora_rank == 0 ? &register_module("wq", linear(a.dim, a.n_heads / degree(tp) * a.qk_head_dim())) : nullptr),
       wq_a(a.q_lora_rank > 0 ? &register_module("wq_a", linear(a.dim, a.q_lora_rank)) : nullptr),
       q_norm(a.q_lora_rank > 0 ? &register_module("q_norm", std::make_unique<nn::RMSNorm>(a.q_lora_rank, a.norm_eps))
                                : nullptr),
-      wq_b(a.q_lora_rank > 0 ? &register_module("wq_b", linear(a.q_lora_rank, a.n_heads * a.qk_head_dim())) : nullptr),
+      wq_b(a.q_lora_rank > 0 ? &register_module("wq_b", linear(a.q_lora_rank, a.n_heads / degree(tp) * a.qk_head_dim()))
+                             : nullptr),
       wkv_a(register_module("wkv_a", linear(a.dim, a.kv_lora_rank + a.qk_rope_head_dim))),
       kv_norm(register_module("kv_norm", std::make_unique<nn::RMSNorm>(a.kv_lora_rank, a.norm_eps))),
-      wkv_b(register_module("wkv_b", linear(a.kv_lora_rank, a.n_heads * (a.qk_nope_head_dim + a.v_head_dim)))),
-      wo(register_module("wo", linear(a.n_heads * a.v_head_dim, a.dim, a.out_proj_std(layer_id)))),
+      wkv_b(register_module("wkv_b", linear(a.kv_lora_rank, a.n_heads / degree(tp) * (a.qk_nope_head_dim + a.v_head_dim)))),
+      wo(register_module("wo", linear(a.n_heads / degree(tp) * a.v_head_dim, a.dim, a.out_proj_std(layer_id)))),
       indexer(a.has_indexer() ? &register_module("indexer", std::make_unique<Indexer>(a)) : nullptr),
-      n_heads_(a.n_heads),
+      n_heads_(a.n_heads / degree(tp)),
       kv_lora_rank_(a.kv_lora_rank),
       qk_nope_(a.qk_nope_head_dim),
       qk_rope_(a.qk_rope_head_dim),
       v_dim_(a.v_head_dim),
       index_topk_(a.index_topk),
-      scale_(a.softmax_scale()) {}
+      dim_(a.dim),
+      scale_(a.softmax_scale()),
+      tp_(degree(tp) > 1 ? tp : nullptr) {}
 
 Variable Attention::query(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
   if (!wq) return query_from_latent(q_norm->forward(wq_a->forward(x)), rope, positions);
@@ -66,6 +72,14 @@ Variable Attention::latent_kv(const Variable& x, const kernels::RopeTables& rope
 }
 
 Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
+  if (!tp_) return forward_heads(x, rope, positions);
+  const int64_t b = positions.size(0), s = positions.size(1);
+  const Variable whole = autograd::view(distributed::gather_tokens(x, *tp_), {b, s, dim_});  // [B, S, D]
+  const Variable partial = forward_heads(whole, rope, positions);                            // wo's partial sums
+  return distributed::reduce_scatter_tokens(autograd::view(partial, {b * s, dim_}), *tp_);
+}
+
+Variable Attention::forward_heads(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
   if (indexer) return forward_dsa(x, rope, positions);
   TITAN_CHECK(!cp, "deepseek_v3: context parallelism runs DeepSeek Sparse Attention only (dense MLA would need ring "
                    "attention, not in this build)",
@@ -101,6 +115,7 @@ Variable Attention::forward_dsa(const Variable& x, const kernels::RopeTables& ro
   in.topk = dsa.topk > 0 ? dsa.topk : index_topk_;
   in.stage = dsa.stage;
   in.want_loss = autograd::grad_enabled() || autograd::in_checkpointed_forward();
+  in.tp = tp_;
   const DsaOutputs out = cp                          ? dsa_context_parallel(in)
                          : dsa.impl == DsaImpl::fused ? dsa_attention_fused(in)
                                                       : dsa_attention_small_ops(in);

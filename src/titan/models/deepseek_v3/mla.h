@@ -42,11 +42,15 @@ struct LatentCache {
 
 class Attention : public nn::Module {
  public:
-  Attention(const DeepSeekV3Args& a, int layer_id);
+  // tp: tensor parallelism (null: none): this rank holds heads [r H/tp, (r+1) H/tp) of wq / wq_b,
+  // wkv_b and wo; the latent projections, their norms and the indexer are whole on every rank.
+  Attention(const DeepSeekV3Args& a, int layer_id, const distributed::ProcessGroup* tp = nullptr);
 
   // Standard form: x [B, S, D] -> [B, S, D]; positions i32 [B, S]. With an indexer (V3.2) this is
   // DeepSeek Sparse Attention in the stage and implementation of `dsa` (dsa.h), and the indexer
-  // loss of the call is left in last_indexer_loss (when grad mode is on).
+  // loss of the call is left in last_indexer_loss (when grad mode is on). Under TP x and the
+  // result are this rank's sequence piece [B*S / tp, D]: the tokens are gathered first and the
+  // row-parallel wo's partial sums reduce-scattered back.
   Variable forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
 
   // Absorbed form (inference: f32, no autograd). x [B, T, D] holds the tokens at positions
@@ -78,6 +82,8 @@ class Attention : public nn::Module {
   mutable Variable last_indexer_loss;
 
  private:
+  // The standard form on whole sequences x [B, S, D] (under TP: this rank's heads, wo's partial sums).
+  Variable forward_heads(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
   Variable forward_dsa(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
   // DSA's sparse stage on this rank's two chunks against the gathered keys (context parallel).
   DsaOutputs dsa_context_parallel(const DsaInputs& in) const;
@@ -88,8 +94,10 @@ class Attention : public nn::Module {
   // wkv_a x with RoPE on the k_r tail: [B, S, 1, d_c + d_r] (the latent is not normed yet).
   Variable latent_kv(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
 
-  int64_t n_heads_, kv_lora_rank_, qk_nope_, qk_rope_, v_dim_, index_topk_;
+  int64_t n_heads_, kv_lora_rank_, qk_nope_, qk_rope_, v_dim_, index_topk_;  // n_heads_: this rank's
+  int64_t dim_;
   double scale_;
+  const distributed::ProcessGroup* tp_;
 };
 
 }  // namespace titan::models::deepseek_v3

@@ -3,6 +3,7 @@
 #include "titan/autograd/ops.h"
 #include "titan/distributed/context_parallel.h"
 #include "titan/distributed/process_group.h"
+#include "titan/distributed/tensor_parallel.h"
 #include "titan/kernels/cross_entropy.h"
 #include "titan/models/common.h"
 #include "titan/models/deepseek_v3/mtp.h"
@@ -32,25 +33,43 @@ DeepSeekV3Args as_built(DeepSeekV3Args a, const MoeFactory& moe) {
   if (!moe) a.n_dense_layers = a.n_layers + a.num_mtp_layers;
   return a;
 }
+
+int64_t degree(const distributed::ProcessGroup* tp) { return tp ? tp->size() : 1; }
+
+// The embedding / output rows this rank holds, once the shapes are checked (the first member built).
+int64_t vocab_rows(const DeepSeekV3Args& a, const distributed::ProcessGroup* tp) {
+  a.validate();
+  check_tensor_parallel(a, degree(tp));
+  return a.vocab_size / degree(tp);
+}
 }  // namespace
 
-FeedForward::FeedForward(int64_t dim, int64_t hidden, double out_std)
-    : w1(register_module("w1", std::make_unique<nn::Linear>(dim, hidden, Init::trunc_normal(DeepSeekV3Args::kInitStd)))),
-      w2(register_module("w2", std::make_unique<nn::Linear>(hidden, dim, Init::trunc_normal(out_std)))),
-      w3(register_module("w3", std::make_unique<nn::Linear>(dim, hidden, Init::trunc_normal(out_std)))) {}
+FeedForward::FeedForward(int64_t dim, int64_t hidden, double out_std, const distributed::ProcessGroup* tp)
+    : w1(register_module("w1", std::make_unique<nn::Linear>(dim, hidden / degree(tp),
+                                                            Init::trunc_normal(DeepSeekV3Args::kInitStd)))),
+      w2(register_module("w2", std::make_unique<nn::Linear>(hidden / degree(tp), dim, Init::trunc_normal(out_std)))),
+      w3(register_module("w3", std::make_unique<nn::Linear>(dim, hidden / degree(tp), Init::trunc_normal(out_std)))),
+      tp_(degree(tp) > 1 ? tp : nullptr) {}
 
-Variable FeedForward::forward(const Variable& x) { return w2.forward(autograd::swiglu(w1.forward(x), w3.forward(x))); }
+Variable FeedForward::forward(const Variable& x) {
+  if (!tp_) return w2.forward(autograd::swiglu(w1.forward(x), w3.forward(x)));
+  const Variable xs = distributed::gather_tokens(x, *tp_);  // every rank's tokens
+  return distributed::reduce_scatter_tokens(w2.forward(autograd::swiglu(w1.forward(xs), w3.forward(xs))), *tp_);
+}
 
-TransformerBlock::TransformerBlock(const DeepSeekV3Args& a, int layer_id, const MoeFactory& moe)
-    : attention(register_module("attention", std::make_unique<Attention>(a, layer_id))),
-      ffn(build_ffn(a, layer_id, moe)),
+TransformerBlock::TransformerBlock(const DeepSeekV3Args& a, int layer_id, const MoeFactory& moe,
+                                   const distributed::ProcessGroup* tp)
+    : attention(register_module("attention", std::make_unique<Attention>(a, layer_id, tp))),
+      ffn(build_ffn(a, layer_id, moe, tp)),
       attention_norm(register_module("attention_norm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps))),
       ffn_norm(register_module("ffn_norm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps))) {}
 
-BlockFeedForward& TransformerBlock::build_ffn(const DeepSeekV3Args& a, int layer_id, const MoeFactory& moe) {
+BlockFeedForward& TransformerBlock::build_ffn(const DeepSeekV3Args& a, int layer_id, const MoeFactory& moe,
+                                              const distributed::ProcessGroup* tp) {
   if (!a.is_moe_layer(layer_id))
-    return register_module("feed_forward", std::make_unique<FeedForward>(a.dim, a.inter_dim, a.out_proj_std(layer_id)));
-  std::unique_ptr<BlockFeedForward> m = moe(a, layer_id);
+    return register_module("feed_forward",
+                           std::make_unique<FeedForward>(a.dim, a.inter_dim, a.out_proj_std(layer_id), tp));
+  std::unique_ptr<BlockFeedForward> m = moe(a, layer_id, tp);
   TITAN_CHECK(m != nullptr, "deepseek_v3: the MoE factory returned nothing for layer " + std::to_string(layer_id),
               "the factory must build a module for every layer >= n_dense_layers");
   return register_module("moe", std::move(m));
@@ -89,16 +108,23 @@ Tensor TransformerBlock::decode(const Tensor& x, const kernels::RopeTables& rope
   return autograd::add(h, ffn.forward(ffn_norm.forward(h))).value();
 }
 
-Transformer::Transformer(const DeepSeekV3Args& a, const MoeFactory& moe)
-    : tok_embeddings(register_module("tok_embeddings", std::make_unique<nn::Embedding>(a.vocab_size, a.dim, Init::normal(0, 1)))),
+Transformer::Transformer(const DeepSeekV3Args& a, const MoeFactory& moe, const distributed::ProcessGroup* tp)
+    : tok_embeddings(register_module("tok_embeddings", std::make_unique<nn::Embedding>(vocab_rows(a, tp), a.dim,
+                                                                                           Init::normal(0, 1)))),
       layers(register_module("layers", std::make_unique<nn::ModuleList<TransformerBlock>>())),
       norm(register_module("norm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps))),
-      output(register_module("output", std::make_unique<nn::Linear>(a.dim, a.vocab_size,
+      output(register_module("output", std::make_unique<nn::Linear>(a.dim, a.vocab_size / degree(tp),
                                                                      Init::trunc_normal(1.0 / std::sqrt(double(a.dim)), 3)))),
       args_(as_built(a, moe)),
       rope_(kernels::rope_tables(a.rope(), a.max_seq_len)) {
-  for (int l = 0; l < args_.n_layers; ++l) layers.append(std::make_unique<TransformerBlock>(args_, l, moe));
+  tp_ = degree(tp) > 1 ? tp : nullptr;
+  TITAN_CHECK(!tp_ || args_.num_mtp_layers == 0,
+              "model.mtp_layers > 0 with tensor parallelism: the MTP modules are not split over tensor-parallel ranks "
+              "in this build",
+              "set model.mtp_layers = 0 or tensor_parallel_degree = 1");
+  for (int l = 0; l < args_.n_layers; ++l) layers.append(std::make_unique<TransformerBlock>(args_, l, moe, tp_));
   if (args_.num_mtp_layers > 0) mtp = &register_module("mtp", std::make_unique<MultiTokenPrediction>(args_, moe));
+  if (tp_) place_tensor_parallel();
 }
 
 void Transformer::set_targets(const Tensor& targets) {
@@ -141,6 +167,8 @@ Variable Transformer::forward(const Tensor& tokens) {
 
 void Transformer::set_context_parallel(const distributed::ProcessGroup* cp) {
   if (!cp || cp->size() == 1) return;
+  TITAN_CHECK(!tp_, "tensor and context parallelism together are not in this build",
+              "set tensor_parallel_degree = 1 or context_parallel_degree = 1");
   TITAN_CHECK(args_.has_indexer(), "parallelism.context_parallel_degree = " + std::to_string(cp->size()) +
                                        ": this build runs DeepSeek-V3's dense MLA on whole sequences (ring attention is not in it)",
               "set context_parallel_degree = 1, or train deepseek_v32 (DeepSeek Sparse Attention) in its sparse stage");
@@ -164,6 +192,15 @@ Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) {
               "deepseek_v3: positions must be i32 " + tokens.shape().str() + ", got " + positions.str());
   const int64_t b = tokens.size(0), s = tokens.size(1);
   check_rope_positions("deepseek_v3", positions, rope_.cos.size(0));
+  if (tp_) {  // the residual stream is this rank's piece [B*S / tp, D] of the flattened tokens
+    Variable h;
+    {
+      nn::UnitScope unit(tok_embeddings);
+      h = distributed::embedding_vocab_parallel(tokens, tok_embeddings.weight.var, compute_dtype_, *tp_);
+    }
+    for (size_t l = 0; l < layers.size(); ++l) h = layers[l].forward(h, rope_, positions, recompute_);
+    return output.forward(distributed::gather_tokens(norm.forward(h), *tp_));  // [B*S, V / tp]
+  }
   Variable h = tok_embeddings.forward(tokens, compute_dtype_);  // [B, S, D]
   for (size_t l = 0; l < layers.size(); ++l) h = layers[l].forward(h, rope_, positions, recompute_);
   if (mtp) mtp->run(*this, h, tokens, positions);
@@ -171,6 +208,8 @@ Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) {
 }
 
 void Transformer::start_generation(int64_t batch, int64_t max_len) {
+  TITAN_CHECK(!tp_ && !cp_, "deepseek_v3: generation runs on one rank, not tensor or context parallel",
+              "generate from a checkpoint with `titan generate` (any layout's checkpoint loads whole)");
   TITAN_CHECK(max_len <= rope_.cos.size(0), "generation of " + std::to_string(max_len) +
                                                 " tokens exceeds the model's RoPE table (" +
                                                 std::to_string(rope_.cos.size(0)) + ")",
@@ -235,7 +274,7 @@ std::string Transformer::begin_step(int64_t step) {
 
 std::pair<Variable, double> Transformer::language_model_loss(const Tensor& tokens, const Tensor& targets) {
   if (!cp_) {
-    Variable ce = autograd::cross_entropy(forward(tokens), targets);
+    Variable ce = next_token_loss(forward(tokens), targets);  // loss parallel under TP
     return {ce, ce.value().item()};
   }
   const distributed::CpLayout layout = distributed::cp_layout(*cp_, tokens.size(1));

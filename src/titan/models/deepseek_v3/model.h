@@ -26,22 +26,35 @@ namespace titan::models::deepseek_v3 {
 
 using models::BlockFeedForward;
 
-// Dense SwiGLU: w2(silu(w1 x) * w3 x).
+// Throws unless `degree` tensor-parallel ranks split the heads, the vocabulary and the dense and
+// shared FFN hidden sizes evenly, naming the degrees that would (parallelize.cpp). The lightning
+// indexer and the routed experts stay whole on every rank.
+void check_tensor_parallel(const DeepSeekV3Args& a, int64_t degree);
+
+// Dense SwiGLU: w2(silu(w1 x) * w3 x). Under tensor parallelism (tp) this rank's hidden columns,
+// taking and returning its sequence piece [N / tp, D] (all-gather in, reduce-scatter out).
 class FeedForward : public BlockFeedForward {
  public:
-  FeedForward(int64_t dim, int64_t hidden, double out_std);
+  FeedForward(int64_t dim, int64_t hidden, double out_std, const distributed::ProcessGroup* tp = nullptr);
   Variable forward(const Variable& x) override;
   nn::Linear &w1, &w2, &w3;
+
+ private:
+  const distributed::ProcessGroup* tp_;
 };
 
-// Builds the FFN of MoE layer `layer_id` (registered under the name "moe").
-using MoeFactory = std::function<std::unique_ptr<BlockFeedForward>(const DeepSeekV3Args&, int layer_id)>;
+// Builds the FFN of MoE layer `layer_id` (registered under the name "moe"), for tensor
+// parallelism over tp (null: none).
+using MoeFactory = std::function<std::unique_ptr<BlockFeedForward>(const DeepSeekV3Args&, int layer_id,
+                                                                   const distributed::ProcessGroup* tp)>;
 
 class MultiTokenPrediction;  // mtp.h
 
 class TransformerBlock : public nn::Module {
  public:
-  TransformerBlock(const DeepSeekV3Args& a, int layer_id, const MoeFactory& moe);
+  // tp: tensor + sequence parallelism (parallelize.cpp); x is then this rank's piece [N / tp, D].
+  TransformerBlock(const DeepSeekV3Args& a, int layer_id, const MoeFactory& moe,
+                   const distributed::ProcessGroup* tp = nullptr);
   Variable forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions);
   // The same under activation checkpointing when recompute is not none: one region that also
   // returns the block's training losses (the indexer KL, MoE's balance loss; formed in its first,
@@ -58,16 +71,19 @@ class TransformerBlock : public nn::Module {
   nn::RMSNorm &attention_norm, &ffn_norm;
 
  private:
-  BlockFeedForward& build_ffn(const DeepSeekV3Args& a, int layer_id, const MoeFactory& moe);
+  BlockFeedForward& build_ffn(const DeepSeekV3Args& a, int layer_id, const MoeFactory& moe,
+                              const distributed::ProcessGroup* tp);
   bool checkpointed_ = false;  // the last forward ran as a checkpoint region
   Variable checkpointed_aux_;
 };
 
 class Transformer : public CausalLM {
  public:
-  explicit Transformer(const DeepSeekV3Args& a, const MoeFactory& moe = {});
+  // tp: tensor + sequence parallelism over this group (null or one rank: none; parallelize.cpp).
+  explicit Transformer(const DeepSeekV3Args& a, const MoeFactory& moe = {}, const distributed::ProcessGroup* tp = nullptr);
   // tokens [B, S] i32 -> logits [B*S, V] in the compute dtype (positions 0..S-1 per row). Under
-  // context parallelism: the logits of this rank's chunks of each row, [B * 2 S/2cp, V].
+  // context parallelism: the logits of this rank's chunks of each row, [B * 2 S/2cp, V]; under
+  // tensor parallelism: this rank's vocabulary slice, [B*S, V / tp].
   Variable forward(const Tensor& tokens) override;
   Variable forward(const Tensor& tokens, const Tensor& positions);  // positions i32 [B, S]
 
@@ -127,6 +143,7 @@ class Transformer : public CausalLM {
  private:
   // Every MLA layer with DeepSeek Sparse Attention: the main layers', then the MTP blocks'.
   std::vector<Attention*> dsa_attentions();
+  void place_tensor_parallel();  // parallelize.cpp: each parameter's TP placement
   // The cross-entropy of forward(tokens): what backward differentiates, and the mean over the
   // batch's tokens. Under CP the first is this rank's sum over the global count (the ranks' sum
   // is the mean) and the second the mean over the whole sequences.

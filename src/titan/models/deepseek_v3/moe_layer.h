@@ -10,6 +10,6 @@
 
 namespace titan::models::deepseek_v3 {
 
-std::unique_ptr<BlockFeedForward> moe_layer(const DeepSeekV3Args& a, int layer_id);
+std::unique_ptr<BlockFeedForward> moe_layer(const DeepSeekV3Args& a, int layer_id, const distributed::ProcessGroup* tp);
 
 }  // namespace titan::models::deepseek_v3

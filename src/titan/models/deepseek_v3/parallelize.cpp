@@ -1,12 +1,91 @@
-// DeepSeek-V3 / V3.2's parallel plan. Data parallel (TorchTitan's deepseek_v3 parallelize.py,
-// without expert parallelism): one FSDP / DDP unit for the token embedding, one per transformer
-// block (its MoE experts included), one per MTP module (which also reuses the embedding and the
-// head), one for the output head, in the order the forward first runs them; the final norm is in
-// the root unit.
+// DeepSeek-V3 / V3.2's parallel plan.
+//
+// Data parallel (TorchTitan's deepseek_v3 parallelize.py, without expert parallelism): one FSDP /
+// DDP unit for the token embedding, one per transformer block (its MoE experts included), one
+// per MTP module (which also reuses the embedding and the head), one for the output head, in
+// the order the forward first runs them; the final norm is in the root unit.
+//
+// Tensor + sequence parallel (TorchTitan's MLA plan with torchtitan-npu's fixes): the residual
+// stream and the norms are sequence-parallel; MLA's down-projections (wq_a, wkv_a) and their
+// norms are replicated and computed on the gathered tokens directly (no slice, no all-reduce of
+// their outputs: each rank's heads send back partial gradients, summed over TP after backward);
+// wq / wq_b and wkv_b are column-parallel by heads, wo row-parallel. The lightning indexer is
+// replicated (its inputs are detached and its KL target is summed over the ranks' heads, so every
+// rank computes the same indexer, selection and gradient; splitting its 64 heads would add a
+// reduction of the index scores of every query and key). Dense FFNs are column / row parallel.
+// MoE follows the MoE TP fix (models/moe/moe.h): each rank routes its own sequence piece to
+// the replicated routed experts, the shared experts run tensor-parallel. The embedding is
+// vocabulary-parallel and the head column-parallel over the vocabulary (loss parallel).
+#include <numeric>
+
+#include "titan/distributed/tensor_parallel.h"
 #include "titan/models/deepseek_v3/model.h"
 #include "titan/models/deepseek_v3/mtp.h"
+#include "titan/models/moe/moe.h"
 
 namespace titan::models::deepseek_v3 {
+
+void check_tensor_parallel(const DeepSeekV3Args& a, int64_t degree) {
+  TITAN_CHECK(degree >= 1, "tensor_parallel_degree = " + std::to_string(degree) + " is not a degree", "use 1 or more");
+  std::vector<std::pair<std::string, int64_t>> split = {{"attention heads", a.n_heads}, {"vocabulary entries", a.vocab_size}};
+  if (a.n_dense_layers > 0) split.emplace_back("dense FFN hidden units", a.inter_dim);
+  int64_t common = 0;
+  for (const auto& [what, n] : split) common = std::gcd(common, n);
+  for (const auto& [what, n] : split) {
+    if (n % degree == 0) continue;
+    std::string works;
+    for (int64_t d = 1; d <= common; ++d)
+      if (common % d == 0) works += (works.empty() ? "" : ", ") + std::to_string(d);
+    TITAN_FAIL("parallelism.tensor_parallel_degree = " + std::to_string(degree) + " does not divide deepseek's " +
+                   std::to_string(n) + " " + what,
+               "use a degree that divides the attention heads (" + std::to_string(a.n_heads) + "), the vocabulary (" +
+                   std::to_string(a.vocab_size) + ")" +
+                   (a.n_dense_layers > 0 ? " and the dense FFN's hidden units (" + std::to_string(a.inter_dim) + ")" : "") +
+                   ": " + works);
+  }
+}
+
+void Transformer::place_tensor_parallel() {
+  const distributed::ProcessGroup& tp = *tp_;
+  using distributed::replicate_parameter;
+  using distributed::shard_parameter;
+  const auto colwise = [&](nn::Linear& l) { shard_parameter(l.weight, 0, tp); };
+  const auto rowwise = [&](nn::Linear& l) { shard_parameter(l.weight, 1, tp); };
+  const auto partial = [&](nn::Parameter& p) { replicate_parameter(p, tp, /*partial_grad=*/true); };
+  colwise(static_cast<nn::Linear&>(output));
+  shard_parameter(tok_embeddings.weight, 0, tp);  // vocabulary rows
+  partial(norm.weight);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    TransformerBlock& b = layers[l];
+    Attention& at = b.attention;
+    if (at.wq) {
+      colwise(*at.wq);
+    } else {
+      partial(at.wq_a->weight);
+      partial(at.q_norm->weight);
+      colwise(*at.wq_b);
+    }
+    partial(at.wkv_a.weight);
+    partial(at.kv_norm.weight);
+    colwise(at.wkv_b);
+    rowwise(at.wo);
+    if (at.indexer)  // whole and identical on every rank, gradients included
+      for (auto& [name, p] : at.indexer->named_parameters()) replicate_parameter(*p, tp, /*partial_grad=*/false);
+    partial(b.attention_norm.weight);
+    partial(b.ffn_norm.weight);
+    if (auto* dense = dynamic_cast<FeedForward*>(&b.ffn)) {
+      colwise(dense->w1), colwise(dense->w3), rowwise(dense->w2);
+    } else if (auto* moe = dynamic_cast<moe::MoE*>(&b.ffn)) {
+      partial(moe->router.gate.weight);  // routes this rank's tokens
+      for (nn::Parameter* w : {&moe->experts.w1, &moe->experts.w2, &moe->experts.w3}) partial(*w);
+      if (moe->shared_experts) {
+        colwise(moe->shared_experts->w1), colwise(moe->shared_experts->w3), rowwise(moe->shared_experts->w2);
+      }
+    } else {
+      TITAN_FAIL("deepseek_v3: layer " + std::to_string(l) + "'s feed-forward has no tensor-parallel plan");
+    }
+  }
+}
 
 std::vector<nn::ShardingUnit> Transformer::sharding_units() {
   std::vector<nn::ShardingUnit> units = {{"tok_embeddings", &tok_embeddings, true}};

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "titan/core/profiler.h"
+#include "titan/distributed/tensor_parallel.h"
 #include "titan/kernels/activation.h"
 #include "titan/kernels/cast.h"
 #include "titan/kernels/elementwise.h"
@@ -56,6 +57,15 @@ void MoEArgs::validate() const {
               "dim and moe_inter_dim must be positive, n_shared_experts >= 0");
   TITAN_CHECK(load_balance_coeff >= 0 && aux_loss_alpha >= 0,
               "moe: negative load_balance_coeff or aux_loss_alpha", "use 0 to disable either");
+  const int64_t degree = tp ? tp->size() : 1;
+  TITAN_CHECK(degree == 1 || aux_loss_alpha == 0,
+              "model.moe_aux_loss_alpha > 0 with tensor parallelism: the sequence-wise balance loss needs whole "
+              "sequences, and each tensor-parallel rank routes a piece of them",
+              "set model.moe_aux_loss_alpha = 0 (the aux-loss-free bias still balances) or tensor_parallel_degree = 1");
+  TITAN_CHECK((moe_inter_dim * n_shared_experts) % degree == 0,
+              "parallelism.tensor_parallel_degree = " + std::to_string(degree) + " does not divide the shared experts' " +
+                  std::to_string(moe_inter_dim * n_shared_experts) + " hidden units",
+              "use a degree that divides moe_inter_dim x n_shared_experts");
   kernels::check_router_params(router_params());
 }
 
@@ -88,8 +98,9 @@ MoE::MoE(const MoEArgs& a, double init_std)
       stats_counts_(size_t(a.n_routed_experts), 0) {
   a.validate();
   if (a.n_shared_experts > 0) {
+    const int64_t degree = a.tp ? a.tp->size() : 1;  // under TP: this rank's columns of the shared FFN
     shared_experts = &register_module(
-        "shared_experts", std::make_unique<FeedForward>(a.dim, a.moe_inter_dim * a.n_shared_experts, init_std));
+        "shared_experts", std::make_unique<FeedForward>(a.dim, a.moe_inter_dim * a.n_shared_experts / degree, init_std));
   }
   expert_bias = Tensor::zeros({a.n_routed_experts}, DType::f32, MemCategory::parameters);
   tokens_per_expert = Tensor::zeros({a.n_routed_experts}, DType::f32, MemCategory::parameters);
@@ -97,8 +108,11 @@ MoE::MoE(const MoEArgs& a, double init_std)
   register_buffer("tokens_per_expert", tokens_per_expert);
 }
 
-MoE::Output MoE::forward_with_aux(const Variable& x) {
+MoE::Output MoE::forward_with_aux(const Variable& x_in) {
   ProfileScope prof("moe.fwd");
+  const distributed::ProcessGroup* tp = args_.tp && args_.tp->size() > 1 ? args_.tp : nullptr;
+  // Under TP the routed experts take this rank's piece as one sequence.
+  const Variable x = tp ? autograd::view(x_in, {1, x_in.shape()[0], args_.dim}) : x_in;
   TITAN_CHECK(x.shape().size() == 3 && x.shape()[2] == args_.dim,
               "moe: input " + x.shape().str() + " for dim " + std::to_string(args_.dim), "pass x as [B, S, D]");
   const int64_t batch = x.shape()[0], t = x.shape()[0] * x.shape()[1], d = args_.dim, f = args_.moe_inter_dim;
@@ -205,7 +219,12 @@ MoE::Output MoE::forward_with_aux(const Variable& x) {
         }
       });
   Output o{vars[0], alpha > 0 ? vars[1] : Variable()};
-  if (shared_experts) o.y = autograd::add(o.y, shared_experts->forward(x));
+  if (tp) o.y = autograd::view(o.y, x_in.shape());
+  if (shared_experts) {
+    o.y = autograd::add(o.y, tp ? distributed::reduce_scatter_tokens(
+                                      shared_experts->forward(distributed::gather_tokens(x_in, *tp)), *tp)
+                                : shared_experts->forward(x));
+  }
   return o;
 }
 

@@ -22,6 +22,10 @@
 #include "titan/models/block_ffn.h"
 #include "titan/nn/layers.h"
 
+namespace titan::distributed {
+class ProcessGroup;
+}
+
 namespace titan::models::moe {
 
 using autograd::Variable;
@@ -39,6 +43,11 @@ struct MoEArgs {
   int64_t n_limited_groups = 1;  // ... of which each token may use this many (1 / 1: off)
   double load_balance_coeff = 1e-3;  // bias update rate of aux-loss-free balancing; 0 disables
   double aux_loss_alpha = 0;         // sequence-wise auxiliary loss coefficient; 0 disables
+  // Tensor parallelism (torchtitan-npu's MoE TP fix; null or one rank: none): the layer takes and
+  // returns this rank's sequence piece [N / tp, D]; the router and the routed experts (replicated)
+  // see only those tokens, with no TP communication; the shared experts run tensor-parallel
+  // (all-gather, column / row-parallel, reduce-scatter).
+  const distributed::ProcessGroup* tp = nullptr;
 
   kernels::RouterParams router_params() const;
   void validate() const;  // throws with a hint on inconsistent sizes
@@ -87,8 +96,8 @@ class MoE : public models::BlockFeedForward {
     Variable y;         // [B, S, D], x's dtype
     Variable aux_loss;  // [1] f32, already times aux_loss_alpha; undefined when the loss is off
   };
-  // x [B, S, D] -> routed + shared experts. Counts the tokens each expert receives (for the bias
-  // update and load_stats) when grad mode is on.
+  // x [B, S, D] ([N / tp, D] under TP) -> routed + shared experts. Counts the tokens each expert
+  // receives (for the bias update and load_stats) when grad mode is on.
   Output forward_with_aux(const Variable& x);
   // As a block's FFN: the output, with the auxiliary loss kept for aux_loss().
   Variable forward(const Variable& x) override;
