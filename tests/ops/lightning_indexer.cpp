@@ -5,8 +5,14 @@
 // sparse-stage blocks (given per-slot target) that select most of their keys (blocked path with
 // AMX) and few (gathered path: narrow and wide rows);
 // top-k rows with far more keys than K (the candidate buffer is compacted many times).
+// The loss rows redraw query heads whose dot with a key is within rounding of zero
+// (IndexerCase::avoid_dots_near_zero: the ReLU's indicator would be a coin flip).
+#include <cmath>
+#include <vector>
+
 #include "common/op_table.h"
 #include "common/sparse_mla_inputs.h"
+#include "titan/core/error.h"
 #include "titan/kernels/cpu/lightning_indexer.h"
 #include "titan/kernels/ref/lightning_indexer.h"
 
@@ -38,6 +44,45 @@ struct IndexerCase {
       mk = random_tensor({d.B, d.Skv, td.Hk, td.D}, in.dtype, in.seed, "mk");
       // Any finite lse works for comparing the kernels; this one keeps the target near 1 / H.
       mlse = random_tensor({d.B, d.S, td.H}, DType::f32, in.seed, "mlse", 1, 3);
+    }
+  }
+  // The loss's gradients take the ReLU's indicator 1[q_j . k_s > 0], so a dot within rounding
+  // of zero may land on either side in the fast kernel and in the reference, whose f32 sums run
+  // in different orders, and then dq_j and dk_s differ by a whole term g w_j k_s (or g w_j q_j).
+  // It happened: avx2, 90 queries x 400 keys, DI = 64, seed 40: an exact dot of -3.3e-7 summed
+  // to +6.0e-8 in the reference's order and to -5.4e-7 in the kernel's (dq off by x1298 of the
+  // tolerance). So each query head row with such a dot against any key is redrawn until
+  // |q_j . k_s| > DI 2^-23 sum_c |q_jc k_sc|, twice the bound on the error of an f32 sum of DI
+  // products in any order (gamma_DI ~ DI 2^-24), which puts every dot's sign beyond rounding.
+  // Few rows are redrawn (about 2 in 10^5 of this table's pairs fall inside); the inputs otherwise
+  // stay as drawn. Reads the stored (rounded) q and k, so it holds for bf16 too.
+  void avoid_dots_near_zero() {
+    const Tensor kf = k.to(DType::f32);
+    Generator g(seed, "q redraw");
+    std::vector<double> qj(static_cast<size_t>(d.DI));
+    // True when head row qj has a dot within rounding of zero with a key of batch b.
+    auto near_zero = [&](int64_t b) {
+      for (int64_t s = 0; s < d.Skv; ++s) {
+        const float* ks = kf.data<float>() + (b * d.Skv + s) * d.DI;
+        double dot = 0, magnitude = 0;
+        for (int64_t c = 0; c < d.DI; ++c) {
+          dot += qj[size_t(c)] * ks[c];
+          magnitude += std::fabs(qj[size_t(c)] * ks[c]);
+        }
+        if (std::fabs(dot) <= double(d.DI) * 0x1p-23 * magnitude) return true;
+      }
+      return false;
+    };
+    for (int64_t r = 0; r < d.B * d.S * d.HI; ++r) {  // query head rows
+      const int64_t b = r / (d.S * d.HI);
+      for (int64_t c = 0; c < d.DI; ++c) qj[size_t(c)] = load_as_double(q.data_ptr(), q.dtype(), r * d.DI + c);
+      for (int redraws = 0; near_zero(b); ++redraws) {
+        TITAN_CHECK(redraws < 100, "indexer op test: no query row keeps its dots away from zero");
+        for (int64_t c = 0; c < d.DI; ++c) {  // a fresh row in [-1, 1) (as drawn), rounded to q's dtype
+          store_from_double(q.data_ptr(), q.dtype(), r * d.DI + c, 2.0 * g.next_uniform() - 1.0);
+          qj[size_t(c)] = load_as_double(q.data_ptr(), q.dtype(), r * d.DI + c);
+        }
+      }
     }
   }
   template <class T>
@@ -75,6 +120,7 @@ OpOutputs run_topk(const IndexerCase& c) {
 
 template <class T>
 OpOutputs run_loss(IndexerCase& c) {
+  c.avoid_dots_near_zero();  // before the selection, which reads q
   const DType dt = c.q.dtype();
   Tensor dq_f = Tensor::empty(c.q.shape(), dt), dk_f = Tensor::empty(c.k.shape(), dt),
          dw_f = Tensor::empty(c.w.shape(), DType::f32);
