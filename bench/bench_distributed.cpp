@@ -115,7 +115,8 @@ int main(int argc, char** argv) {
     minimum = analytic_minimum(trainer.model(), c, replicate, fsdp, accum);
     if (auto* ds = dynamic_cast<models::deepseek_v3::Transformer*>(&trainer.model())) {
       const auto& a = ds->args();
-      dims = {{"n_layers", a.n_layers},         {"n_heads", a.n_heads},           {"kv_lora_rank", a.kv_lora_rank},
+      dims = {{"n_layers", a.n_layers},         {"n_dense_layers", a.n_dense_layers}, {"n_heads", a.n_heads},
+              {"kv_lora_rank", a.kv_lora_rank},
               {"qk_rope_head_dim", a.qk_rope_head_dim}, {"qk_nope_head_dim", a.qk_nope_head_dim},
               {"v_head_dim", a.v_head_dim},     {"index_head_dim", a.index_head_dim}};
     }

@@ -183,7 +183,8 @@ TEST(TensorParallelLlama3, OneStepEqualsTheWholeModelWithTheAnalyticTraffic) {
 // DeepSeek-V3.2 (MLA with the lightning indexer, MoE with shared experts) and DeepSeek-V3 split
 // over TP against the whole model: one step's loss, indexer loss and every gradient, in the
 // dense warm-up and the sparse stage. The routed experts see each rank's tokens only (the MoE
-// TP fix), so their gradients, like the replicated projections', are summed over TP.
+// TP fix), so their gradients, like the replicated projections', are summed over TP; under
+// TorchTitan's scheme (deepseek_v3 gather) they are split by hidden units instead.
 TEST(TensorParallelDeepSeek, OneStepEqualsTheWholeModel) {
   flush_denormals(true);  // as training runs
   auto tp_group = distributed::CommEngine::get().split(world(), 0, world().rank(), "tp_deepseek");
@@ -194,25 +195,27 @@ TEST(TensorParallelDeepSeek, OneStepEqualsTheWholeModel) {
     tokens.data<int32_t>()[i] = int32_t((i * 31 + 7) % vocab);
     targets.data<int32_t>()[i] = i % 9 == 4 ? -100 : int32_t((i * 17 + 5) % vocab);
   }
-  for (const std::string model : {"deepseek_v32", "deepseek_v3"}) {
+  for (const std::string model : {"deepseek_v32", "deepseek_v3", "deepseek_v3 gather"}) {
     models::ModelOptions opts;
+    opts.moe_tp_gather = model == "deepseek_v3 gather";  // TorchTitan's MoE scheme
     if (model == "deepseek_v32") {  // step 1: the dense warm-up; step 2: the sparse stage
       opts.converters = {"dsa_fused"};
       opts.dsa.warmup_steps = 1;
       opts.dsa.topk = 16;
     }
-    auto whole = models::build_model(model, "debugmodel", vocab, s, opts);
+    const std::string name = model.substr(0, model.find(' '));
+    auto whole = models::build_model(name, "debugmodel", vocab, s, opts);
     opts.tp = &tp;
-    auto split = models::build_model(model, "debugmodel", vocab, s, opts);
+    auto split = models::build_model(name, "debugmodel", vocab, s, opts);
     whole->init_parameters(3);
     split->init_parameters(3);
     for (int64_t step : {int64_t(1), int64_t(2)}) {
-      if (model == "deepseek_v3" && step == 1) continue;  // no DSA stages
+      if (name == "deepseek_v3" && step == 1) continue;  // no DSA stages
       whole->zero_grad();
       split->zero_grad();
       whole->begin_step(step);
       split->begin_step(step);
-      const std::string what = model + (model == "deepseek_v3" ? "" : step == 1 ? " dense warm-up" : " sparse stage");
+      const std::string what = model + (name == "deepseek_v3" ? "" : step == 1 ? " dense warm-up" : " sparse stage");
       models::TrainingLoss want = whole->training_loss(tokens, targets);
       autograd::backward(want.total);
       models::TrainingLoss got = split->training_loss(tokens, targets);

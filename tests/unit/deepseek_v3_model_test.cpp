@@ -92,7 +92,8 @@ TEST(DeepSeekV3Model, MoeFactoryFillsTheMoeLayers) {
   a.n_layers = 3, a.dim = 32, a.n_heads = 2, a.kv_lora_rank = 16, a.qk_nope_head_dim = 8, a.qk_rope_head_dim = 4;
   a.v_head_dim = 8, a.inter_dim = 16;
   std::vector<int> built;
-  Transformer model(a, [&](const DeepSeekV3Args& args, int layer) {
+  Transformer model(a, [&](const DeepSeekV3Args& args, int layer, const distributed::ProcessGroup* tp) {
+    EXPECT_EQ(tp, nullptr);  // one rank
     built.push_back(layer);
     return std::make_unique<FakeMoe>(args.dim);
   });

@@ -115,6 +115,9 @@ struct ModelOptions {
   // Tensor + sequence parallelism over this group ([parallelism] tensor_parallel_degree; null or
   // one rank: none). The model is built with this rank's shards (models/<model>/parallelize.cpp).
   const distributed::ProcessGroup* tp = nullptr;
+  // MoE layers under TP: false, each rank routes its own tokens (the MoE TP fix); true,
+  // TorchTitan's all-gather with every expert's hidden units split ([parallelism] moe_tp_scheme).
+  bool moe_tp_gather = false;
   // Context parallelism over this group ([parallelism] context_parallel_degree; null or one rank:
   // none): each rank runs its chunks of every sequence (distributed/context_parallel.h).
   const distributed::ProcessGroup* cp = nullptr;

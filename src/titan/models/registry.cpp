@@ -12,8 +12,8 @@
 namespace titan::models {
 
 // DeepSeek-V3's MoE layers: routed + shared SwiGLU experts from models/moe, sized by the flavor.
-std::unique_ptr<BlockFeedForward> deepseek_v3::moe_layer(const deepseek_v3::DeepSeekV3Args& a, int layer_id,
-                                                         const distributed::ProcessGroup* tp) {
+namespace {
+moe::MoEArgs moe_args(const deepseek_v3::DeepSeekV3Args& a, const distributed::ProcessGroup* tp, bool tp_gather) {
   moe::MoEArgs m;
   m.dim = a.dim;
   m.moe_inter_dim = a.moe_inter_dim;
@@ -29,10 +29,28 @@ std::unique_ptr<BlockFeedForward> deepseek_v3::moe_layer(const deepseek_v3::Deep
   m.load_balance_coeff = a.load_balance_coeff;
   m.aux_loss_alpha = a.aux_loss_alpha;
   m.tp = tp;
-  return std::make_unique<moe::MoE>(m, a.out_proj_std(layer_id));
+  m.tp_gather = tp_gather;
+  return m;
+}
+}  // namespace
+
+std::unique_ptr<BlockFeedForward> deepseek_v3::moe_layer(const deepseek_v3::DeepSeekV3Args& a, int layer_id,
+                                                         const distributed::ProcessGroup* tp) {
+  return std::make_unique<moe::MoE>(moe_args(a, tp, false), a.out_proj_std(layer_id));
+}
+
+std::unique_ptr<BlockFeedForward> deepseek_v3::moe_layer_tp_gather(const deepseek_v3::DeepSeekV3Args& a, int layer_id,
+                                                                   const distributed::ProcessGroup* tp) {
+  return std::make_unique<moe::MoE>(moe_args(a, tp, true), a.out_proj_std(layer_id));
 }
 
 namespace {
+
+// The MoE layers of the options' tensor-parallel scheme.
+deepseek_v3::MoeFactory moe_factory(const ModelOptions& options) {
+  return options.moe_tp_gather ? deepseek_v3::MoeFactory(deepseek_v3::moe_layer_tp_gather)
+                               : deepseek_v3::MoeFactory(deepseek_v3::moe_layer);
+}
 
 // Only DeepSeek-V3.2 has converters and a [dsa] schedule: any other model refuses them.
 void refuse_dsa_options(const std::string& name, const ModelOptions& options) {
@@ -85,7 +103,7 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
     a.load_balance_coeff = options.moe_load_balance_coeff;
     a.aux_loss_alpha = options.moe_aux_loss_alpha;
     a.validate();
-    return with_training_options(std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer, options.tp), name, options);
+    return with_training_options(std::make_unique<deepseek_v3::Transformer>(a, moe_factory(options), options.tp), name, options);
   }
   if (name == "deepseek_v3") {
     deepseek_v3::DeepSeekV3Args a = deepseek_v3::deepseek_v3_flavor(flavor, vocab_size);
@@ -95,14 +113,14 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
     a.load_balance_coeff = options.moe_load_balance_coeff;
     a.aux_loss_alpha = options.moe_aux_loss_alpha;
     a.validate();
-    return with_training_options(std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer, options.tp), name, options);
+    return with_training_options(std::make_unique<deepseek_v3::Transformer>(a, moe_factory(options), options.tp), name, options);
   }
   if (name == "deepseek_v32") {
     deepseek_v3::DeepSeekV3Args a = deepseek_v3::deepseek_v32_flavor(flavor, vocab_size);
     a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
     a.load_balance_coeff = options.moe_load_balance_coeff;
     a.aux_loss_alpha = options.moe_aux_loss_alpha;
-    return with_training_options(std::make_unique<deepseek_v3::Transformer>(a, deepseek_v3::moe_layer, options.tp), name, options);
+    return with_training_options(std::make_unique<deepseek_v3::Transformer>(a, moe_factory(options), options.tp), name, options);
   }
   std::string names;
   for (const auto& n : model_names()) names += (names.empty() ? "" : ", ") + n;

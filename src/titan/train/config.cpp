@@ -811,6 +811,11 @@ const std::vector<KeySpec>& config_schema() {
        "the embedding and every block but not the output head (whose backward follows at once)."},
       {"parallelism", "tensor_parallel_degree", member<&C::parallelism, &Parallelism::tensor_parallel_degree>,
        at_least(1), "Tensor- and sequence-parallel ranks."},
+      {"parallelism", "moe_tp_scheme", member<&C::parallelism, &Parallelism::moe_tp_scheme>, one_of({"sequence", "gather"}),
+       "Mixture-of-experts layers under tensor parallelism. sequence (torchtitan-npu's MoE TP fix): each rank "
+       "routes its own sequence piece to whole routed experts, with no TP communication around them. gather "
+       "(TorchTitan v0.2's): the tokens are all-gathered, every rank routes all of them through its slice of "
+       "every expert's hidden units, and the partial outputs are reduce-scattered."},
       {"parallelism", "pipeline_parallel_degree", member<&C::parallelism, &Parallelism::pipeline_parallel_degree>,
        at_least(1), "Pipeline ranks."},
       {"parallelism", "pipeline_parallel_schedule", member<&C::parallelism, &Parallelism::pipeline_parallel_schedule>,

@@ -181,6 +181,7 @@ models::ModelOptions model_options(const JobConfig& c, const json* hf_config, co
                                    const distributed::ProcessGroup& cp) {
   models::ModelOptions mo;
   mo.tp = &tp;
+  mo.moe_tp_gather = c.parallelism.moe_tp_scheme == "gather";
   mo.cp = &cp;
   mo.mtp_layers = c.model.mtp_layers;
   mo.mtp_loss_weight = c.model.mtp_loss_weight;

@@ -11,5 +11,8 @@
 namespace titan::models::deepseek_v3 {
 
 std::unique_ptr<BlockFeedForward> moe_layer(const DeepSeekV3Args& a, int layer_id, const distributed::ProcessGroup* tp);
+// The same with TorchTitan's scheme under TP (models/moe/moe.h, MoEArgs::tp_gather) instead of the MoE TP fix.
+std::unique_ptr<BlockFeedForward> moe_layer_tp_gather(const DeepSeekV3Args& a, int layer_id,
+                                                      const distributed::ProcessGroup* tp);
 
 }  // namespace titan::models::deepseek_v3

@@ -13,9 +13,11 @@
 // replicated (its inputs are detached and its KL target is summed over the ranks' heads, so every
 // rank computes the same indexer, selection and gradient; splitting its 64 heads would add a
 // reduction of the index scores of every query and key). Dense FFNs are column / row parallel.
-// MoE follows the MoE TP fix (models/moe/moe.h): each rank routes its own sequence piece to
-// the replicated routed experts, the shared experts run tensor-parallel. The embedding is
-// vocabulary-parallel and the head column-parallel over the vocabulary (loss parallel).
+// MoE follows the MoE TP fix (parallelism.moe_tp_scheme = "sequence", models/moe/moe.h): each
+// rank routes its own sequence piece to the replicated routed experts, the shared experts run
+// tensor-parallel; or TorchTitan's scheme ("gather"): all tokens gathered, every expert's hidden
+// units split. The embedding is vocabulary-parallel and the head column-parallel over the
+// vocabulary (loss parallel).
 #include <numeric>
 
 #include "titan/distributed/tensor_parallel.h"
@@ -76,8 +78,13 @@ void Transformer::place_tensor_parallel() {
     if (auto* dense = dynamic_cast<FeedForward*>(&b.ffn)) {
       colwise(dense->w1), colwise(dense->w3), rowwise(dense->w2);
     } else if (auto* moe = dynamic_cast<moe::MoE*>(&b.ffn)) {
-      partial(moe->router.gate.weight);  // routes this rank's tokens
-      for (nn::Parameter* w : {&moe->experts.w1, &moe->experts.w2, &moe->experts.w3}) partial(*w);
+      partial(moe->router.gate.weight);  // its gradient: from this rank's tokens, or its hidden units' outputs
+      if (moe->args().tp_gather) {       // TorchTitan: each expert's hidden units split
+        shard_parameter(moe->experts.w1, 1, tp), shard_parameter(moe->experts.w3, 1, tp);
+        shard_parameter(moe->experts.w2, 2, tp);
+      } else {  // the MoE TP fix: whole experts, this rank's tokens
+        for (nn::Parameter* w : {&moe->experts.w1, &moe->experts.w2, &moe->experts.w3}) partial(*w);
+      }
       if (moe->shared_experts) {
         colwise(moe->shared_experts->w1), colwise(moe->shared_experts->w3), rowwise(moe->shared_experts->w2);
       }

@@ -62,6 +62,10 @@ void MoEArgs::validate() const {
               "model.moe_aux_loss_alpha > 0 with tensor parallelism: the sequence-wise balance loss needs whole "
               "sequences, and each tensor-parallel rank routes a piece of them",
               "set model.moe_aux_loss_alpha = 0 (the aux-loss-free bias still balances) or tensor_parallel_degree = 1");
+  TITAN_CHECK(!tp_gather || moe_inter_dim % degree == 0,
+              "parallelism.tensor_parallel_degree = " + std::to_string(degree) + " does not divide the routed experts' " +
+                  std::to_string(moe_inter_dim) + " hidden units (parallelism.moe_tp_scheme = \"gather\" splits them)",
+              "use a degree that divides moe_inter_dim, or moe_tp_scheme = \"sequence\"");
   TITAN_CHECK((moe_inter_dim * n_shared_experts) % degree == 0,
               "parallelism.tensor_parallel_degree = " + std::to_string(degree) + " does not divide the shared experts' " +
                   std::to_string(moe_inter_dim * n_shared_experts) + " hidden units",
@@ -92,8 +96,9 @@ GroupedExperts::GroupedExperts(int64_t dim, int64_t hidden, int64_t experts, dou
 
 MoE::MoE(const MoEArgs& a, double init_std)
     : router(register_module("router", std::make_unique<TokenChoiceTopKRouter>(a.dim, a.n_routed_experts, init_std))),
-      experts(register_module("experts", std::make_unique<GroupedExperts>(a.dim, a.moe_inter_dim, a.n_routed_experts,
-                                                                          init_std))),
+      experts(register_module("experts", std::make_unique<GroupedExperts>(
+                                             a.dim, a.moe_inter_dim / (a.tp && a.tp_gather ? a.tp->size() : 1),
+                                             a.n_routed_experts, init_std))),
       args_(a),
       stats_counts_(size_t(a.n_routed_experts), 0) {
   a.validate();
@@ -108,14 +113,40 @@ MoE::MoE(const MoEArgs& a, double init_std)
   register_buffer("tokens_per_expert", tokens_per_expert);
 }
 
-MoE::Output MoE::forward_with_aux(const Variable& x_in) {
+MoE::Output MoE::forward_with_aux(const Variable& x) {
   ProfileScope prof("moe.fwd");
   const distributed::ProcessGroup* tp = args_.tp && args_.tp->size() > 1 ? args_.tp : nullptr;
-  // Under TP the routed experts take this rank's piece as one sequence.
-  const Variable x = tp ? autograd::view(x_in, {1, x_in.shape()[0], args_.dim}) : x_in;
+  if (!tp) {
+    Output o = routed(x);
+    if (shared_experts) o.y = autograd::add(o.y, shared_experts->forward(x));
+    return o;
+  }
+  const int64_t n = x.shape()[0], d = args_.dim;
+  if (args_.tp_gather) {
+    // TorchTitan's scheme: every rank routes all tokens alike through its slice of every expert's
+    // hidden units; the routed and shared partial sums are reduce-scattered together.
+    const Variable all = distributed::gather_tokens(x, *tp);  // [N, D]
+    Output o = routed(autograd::view(all, {1, all.shape()[0], d}));
+    Variable y = autograd::view(o.y, all.shape());
+    if (shared_experts) y = autograd::add(y, shared_experts->forward(all));
+    o.y = distributed::reduce_scatter_tokens(y, *tp);
+    return o;
+  }
+  // The MoE TP fix: this rank's piece, as one sequence, to whole experts; shared experts TP.
+  Output o = routed(autograd::view(x, {1, n, d}));
+  o.y = autograd::view(o.y, x.shape());
+  if (shared_experts) {
+    o.y = autograd::add(o.y, distributed::reduce_scatter_tokens(
+                                 shared_experts->forward(distributed::gather_tokens(x, *tp)), *tp));
+  }
+  return o;
+}
+
+MoE::Output MoE::routed(const Variable& x) {
   TITAN_CHECK(x.shape().size() == 3 && x.shape()[2] == args_.dim,
               "moe: input " + x.shape().str() + " for dim " + std::to_string(args_.dim), "pass x as [B, S, D]");
-  const int64_t batch = x.shape()[0], t = x.shape()[0] * x.shape()[1], d = args_.dim, f = args_.moe_inter_dim;
+  // f: the experts' hidden units this rank holds (a 1/tp slice under TP's gather scheme).
+  const int64_t batch = x.shape()[0], t = x.shape()[0] * x.shape()[1], d = args_.dim, f = experts.w1.var.shape()[1];
   const DType cd = x.dtype();
   const kernels::RouterParams rp = args_.router_params();
   const int64_t e = rp.experts, k = rp.top_k, m = t * k;
@@ -218,14 +249,7 @@ MoE::Output MoE::forward_with_aux(const Variable& x_in) {
           accumulate(dx, dxf);
         }
       });
-  Output o{vars[0], alpha > 0 ? vars[1] : Variable()};
-  if (tp) o.y = autograd::view(o.y, x_in.shape());
-  if (shared_experts) {
-    o.y = autograd::add(o.y, tp ? distributed::reduce_scatter_tokens(
-                                      shared_experts->forward(distributed::gather_tokens(x_in, *tp)), *tp)
-                                : shared_experts->forward(x));
-  }
-  return o;
+  return {vars[0], alpha > 0 ? vars[1] : Variable()};
 }
 
 void MoE::update_load_balance() {

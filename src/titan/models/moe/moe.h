@@ -48,7 +48,10 @@ struct MoEArgs {
   // see only those tokens, with no TP communication; the shared experts run tensor-parallel
   // (all-gather, column / row-parallel, reduce-scatter).
   const distributed::ProcessGroup* tp = nullptr;
-
+  // TorchTitan v0.2's scheme instead: the layer all-gathers the tokens, every rank routes all of
+  // them (the same choices) through its 1/tp of every routed expert's hidden units (w1, w3 split
+  // on dim 1, w2 on dim 2) and of the shared experts', and the partial sums are reduce-scattered.
+  bool tp_gather = false;
   kernels::RouterParams router_params() const;
   void validate() const;  // throws with a hint on inconsistent sizes
 };
@@ -121,6 +124,9 @@ class MoE : public models::BlockFeedForward {
   Tensor tokens_per_expert;  // [E] f32 buffer, assignments since the last bias update
 
  private:
+  // The router and the routed experts on x [B, S, D] (under TP with tp_gather: partial sums of
+  // this rank's hidden units).
+  Output routed(const Variable& x);
   MoEArgs args_;
   std::vector<int64_t> stats_counts_;  // [E], assignments since the last load_stats()
   Variable last_aux_loss_;
