@@ -29,14 +29,19 @@ runs = {"sequence (MoE TP fix)": json.loads(sys.argv[1]), "gather (TorchTitan)":
 for name, r in runs.items():
     t = r["traffic_by_group"]
     tp = sum(v for k, v in t.items() if k.startswith("tp "))
-    moe_layers = r["model_dims"]["n_layers"] - r["model_dims"].get("n_dense_layers", 1)
     print(f"{name}: {r['seconds_per_step']:.3f} s/step, {r['tokens_per_second']:.0f} tokens/s; TP bytes/step {tp / 1e6:.2f} MB "
           f"(" + ", ".join(f"{k} {v / 1e6:.2f}" for k, v in sorted(t.items()) if k.startswith("tp ")) + ")")
 a, b = runs["sequence (MoE TP fix)"], runs["gather (TorchTitan)"]
-ta = sum(v for k, v in a["traffic_by_group"].items() if k.startswith("tp "))
-tb = sum(v for k, v in b["traffic_by_group"].items() if k.startswith("tp "))
+act = lambda r: r["traffic_by_group"].get("tp all_gather", 0) + r["traffic_by_group"].get("tp reduce_scatter", 0)
+grad = lambda r: r["traffic_by_group"].get("tp all_reduce", 0)
 layers = a["model_dims"]["n_layers"] - a["model_dims"]["n_dense_layers"]
-print(f"per MoE layer ({layers} of them): the fix against TorchTitan's scheme: bytes {ta / tb:.3f}x, "
-      f"step time {a['seconds_per_step'] / b['seconds_per_step']:.3f}x "
-      f"({(b['seconds_per_step'] - a['seconds_per_step']) / layers * 1e3:.1f} ms saved per layer and step)")
+# The two schemes differ only in the MoE layers: activations move per layer and micro-batch, the
+# replicated weights' gradients once per step (the fix keeps the routed experts whole on every TP
+# rank without expert parallelism, so their gradients are all-reduced over TP).
+print(f"activation traffic (all-gather + reduce-scatter), MoE layers: fix {act(a) / 1e6:.2f} MB, TorchTitan "
+      f"{act(b) / 1e6:.2f} MB per step: {act(a) / act(b):.3f}x")
+print(f"gradient all-reduce per step (replicated weights): fix {grad(a) / 1e6:.2f} MB, TorchTitan {grad(b) / 1e6:.2f} MB")
+print(f"step time: fix {a['seconds_per_step']:.3f} s, TorchTitan {b['seconds_per_step']:.3f} s: "
+      f"{a['seconds_per_step'] / b['seconds_per_step']:.3f}x ({(b['seconds_per_step'] - a['seconds_per_step']) / layers * 1e3:.1f} "
+      f"ms per MoE layer and step over {layers} layers)")
 PY
