@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/byte_dataset.h"
+#include "titan/core/rng.h"
 #include "titan/distributed/comm_engine.h"
 #include "titan/train/trainer.h"
 
@@ -112,6 +113,36 @@ inline void expect_same_losses(const std::vector<double>& want, const std::vecto
     if (relative == 0) EXPECT_EQ(got[i], want[i]) << what << ", step " << i + 1;
     else EXPECT_NEAR(got[i], want[i], relative * std::fabs(want[i])) << what << ", step " << i + 1;
   }
+}
+
+// A tensor of normal(0, 1) values keyed by (seed, name), the same on every rank.
+inline Tensor random_normal(const Shape& shape, uint64_t seed, const std::string& name, double std = 1.0) {
+  Tensor t = Tensor::empty(shape, DType::f32);
+  init_normal(t, seed, name, 0, std);
+  return t;
+}
+
+// got equals want within tol times want's largest magnitude (the worst element reported).
+inline void expect_close(const Tensor& want, const Tensor& got, double tol, const std::string& what) {
+  ASSERT_EQ(want.shape(), got.shape()) << what;
+  const Tensor w = want.to(DType::f32), g = got.to(DType::f32);
+  double scale = 0;
+  for (int64_t i = 0; i < w.numel(); ++i) scale = std::max(scale, double(std::fabs(w.data<float>()[i])));
+  int64_t worst = 0;
+  double worst_err = -1;
+  for (int64_t i = 0; i < w.numel(); ++i) {
+    const double err = std::fabs(double(g.data<float>()[i]) - double(w.data<float>()[i]));
+    if (!(err <= worst_err)) worst_err = err, worst = i;  // NaN counts as worst
+  }
+  if (w.numel() > 0) {
+    EXPECT_NEAR(g.data<float>()[worst], w.data<float>()[worst], tol * std::max(scale, 1e-30)) << what << " at " << worst;
+  }
+}
+
+// Overrides for validation every 10 steps over 2 batches of per_rank sequences of 64 tokens.
+inline std::vector<std::string> validation_every_10(int64_t per_rank) {
+  return {"--validation.enable=true", "--validation.freq=10", "--validation.steps=2", "--validation.seq_len=64",
+          "--validation.local_batch_size=" + std::to_string(per_rank)};
 }
 
 }  // namespace titan::test

@@ -19,28 +19,6 @@ using autograd::Variable;
 
 namespace {
 
-Tensor random(const Shape& shape, uint64_t seed, const std::string& name) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  init_normal(t, seed, name, 0, 1);
-  return t;
-}
-
-void expect_close(const Tensor& want, const Tensor& got, double tol, const std::string& what) {
-  ASSERT_EQ(want.shape(), got.shape()) << what;
-  const Tensor w = want.to(DType::f32), g = got.to(DType::f32);
-  double scale = 0;
-  for (int64_t i = 0; i < w.numel(); ++i) scale = std::max(scale, double(std::fabs(w.data<float>()[i])));
-  int64_t worst = 0;
-  double worst_err = -1;
-  for (int64_t i = 0; i < w.numel(); ++i) {
-    const double err = std::fabs(double(g.data<float>()[i]) - double(w.data<float>()[i]));
-    if (!(err <= worst_err)) worst_err = err, worst = i;  // NaN counts as worst
-  }
-  if (w.numel() > 0) {
-    EXPECT_NEAR(g.data<float>()[worst], w.data<float>()[worst], tol * std::max(scale, 1e-30)) << what << " at " << worst;
-  }
-}
-
 TEST(ContextParallel, HeadTailChunksAndTheSequenceGather) {
   const distributed::ProcessGroup& cp = world();
   const int c = cp.size(), r = cp.rank();
@@ -56,7 +34,7 @@ TEST(ContextParallel, HeadTailChunksAndTheSequenceGather) {
       EXPECT_EQ(mine.data<int32_t>()[bi * 2 * chunk + i], bi * s + want);
     }
   // The whole sequence x [B, S, W] (known to every rank): each rank gathers from its chunks.
-  const Tensor whole = random({b, s, w}, 3, "x"), dy = random({b, s, w}, 4 + r, "dy");
+  const Tensor whole = random_normal({b, s, w}, 3, "x"), dy = random_normal({b, s, w}, 4 + r, "dy");
   Tensor local = Tensor::empty({b, 2 * chunk, w}, DType::f32);
   for (int64_t bi = 0; bi < b; ++bi)
     for (int64_t i = 0; i < 2 * chunk; ++i)
@@ -69,7 +47,7 @@ TEST(ContextParallel, HeadTailChunksAndTheSequenceGather) {
   // Each rank's gradient: its rows of the sum of every rank's dy.
   Tensor want = Tensor::zeros({b, 2 * chunk, w}, DType::f32);
   for (int k = 0; k < c; ++k) {
-    const Tensor dk = random({b, s, w}, 4 + k, "dy");
+    const Tensor dk = random_normal({b, s, w}, 4 + k, "dy");
     for (int64_t bi = 0; bi < b; ++bi)
       for (int64_t i = 0; i < 2 * chunk; ++i)
         for (int64_t e = 0; e < w; ++e)
@@ -230,18 +208,13 @@ fs::path* CpLayouts::data_ = nullptr;
 
 TEST_F(CpLayouts, DeepSeekV32SparseStageReproducesOneRank) {
   const int n = world().size();
-  const std::vector<std::string> validation = {"--validation.enable=true", "--validation.freq=10",
-                                               "--validation.steps=2", "--validation.seq_len=64"};
-  auto with = [&](std::vector<std::string> v, int64_t per_rank) {
-    v.push_back("--validation.local_batch_size=" + std::to_string(per_rank));
-    return v;
-  };
-  const auto one = reference_on_rank0(config("reference", 1, 1, 4, with(validation, 4)));
-  expect_same_losses(one, train_on(config("cp", 1, n, 4, with(validation, 4)), world()), 1e-5, "CP " + std::to_string(n));
+
+  const auto one = reference_on_rank0(config("reference", 1, 1, 4, validation_every_10(4)));
+  expect_same_losses(one, train_on(config("cp", 1, n, 4, validation_every_10(4)), world()), 1e-5, "CP " + std::to_string(n));
   expect_same_losses(losses_of(*root_ / "reference", "validation"), losses_of(*root_ / "cp", "validation"), 1e-5,
                      "CP " + std::to_string(n) + ", validation loss");
   if (n == 4) {
-    expect_same_losses(one, train_on(config("fsdp_cp", 2, 2, 2, with(validation, 2)), world()), 1e-5, "FSDP 2 x CP 2");
+    expect_same_losses(one, train_on(config("fsdp_cp", 2, 2, 2, validation_every_10(2)), world()), 1e-5, "FSDP 2 x CP 2");
     expect_same_losses(one, train_on(config("fsdp_cp_ac", 2, 2, 2, {"--activation_checkpoint.mode=full"}), world()),
                        1e-5, "FSDP 2 x CP 2, full activation checkpointing");
   }

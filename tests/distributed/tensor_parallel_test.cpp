@@ -22,31 +22,9 @@ using autograd::Variable;
 
 namespace {
 
-Tensor random(const Shape& shape, uint64_t seed, const std::string& name, double std = 1.0) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  init_normal(t, seed, name, 0, std);
-  return t;
-}
-
-// Columns [lo, hi) of a 2-D tensor, contiguous.
+// Columns [lo, hi) of a 2-D tensor, contiguous; rows likewise.
 Tensor columns(const Tensor& t, int64_t lo, int64_t hi) { return t.slice(1, lo, hi).contiguous(); }
 Tensor rows(const Tensor& t, int64_t lo, int64_t hi) { return t.slice(0, lo, hi).contiguous(); }
-
-void expect_close(const Tensor& want, const Tensor& got, double tol, const std::string& what) {
-  ASSERT_EQ(want.shape(), got.shape()) << what;
-  const Tensor w = want.to(DType::f32), g = got.to(DType::f32);
-  double scale = 0;
-  for (int64_t i = 0; i < w.numel(); ++i) scale = std::max(scale, double(std::fabs(w.data<float>()[i])));
-  int64_t worst = 0;
-  double worst_err = -1;
-  for (int64_t i = 0; i < w.numel(); ++i) {
-    const double err = std::fabs(double(g.data<float>()[i]) - double(w.data<float>()[i]));
-    if (!(err <= worst_err)) worst_err = err, worst = i;  // NaN counts as worst
-  }
-  if (w.numel() > 0) {
-    EXPECT_NEAR(g.data<float>()[worst], w.data<float>()[worst], tol * std::max(scale, 1e-30)) << what << " at " << worst;
-  }
-}
 
 // Targets over the whole vocabulary (every slice owns some), every 5th ignored.
 Tensor targets_for(int64_t n, int64_t vocab) {
@@ -61,7 +39,7 @@ TEST(LossParallel, EqualsTheGatheredCrossEntropy) {
   const int64_t n = 37, cols = 13, vocab = cols * t;  // odd sizes
   for (DType dt : {DType::f32, DType::bf16}) {
     // f32 leaves, cast to the logits' dtype (a leaf's gradient is f32).
-    const Tensor full = random({n, vocab}, 11, "logits", 3.0);
+    const Tensor full = random_normal({n, vocab}, 11, "logits", 3.0);
     const Tensor targets = targets_for(n, vocab);
     Variable whole(full.contiguous(), true);
     Variable loss = autograd::cross_entropy(autograd::cast(whole, dt), targets);
@@ -84,8 +62,8 @@ TEST(SequenceParallel, GatherAndReduceScatterForwardAndBackward) {
   // Every rank's piece and upstream gradient, known to all (seeded by rank).
   std::vector<Tensor> x, dy_all;
   for (int k = 0; k < t; ++k) {
-    x.push_back(random({n, d}, 100 + k, "x"));
-    dy_all.push_back(random({t * n, d}, 200 + k, "dy"));
+    x.push_back(random_normal({n, d}, 100 + k, "x"));
+    dy_all.push_back(random_normal({t * n, d}, 200 + k, "dy"));
   }
   Variable xv(x[size_t(r)].contiguous(), true);
   Variable y = distributed::gather_tokens(xv, tp);  // [t n, d]
@@ -107,10 +85,10 @@ TEST(VocabularyParallel, EmbeddingEqualsTheWholeTable) {
   const distributed::ProcessGroup& tp = world();
   const int t = tp.size(), r = tp.rank();
   const int64_t table_rows = 7, vocab = table_rows * t, d = 6, n = 5 * t;
-  const Tensor table = random({vocab, d}, 5, "table");
+  const Tensor table = random_normal({vocab, d}, 5, "table");
   Tensor ids = Tensor::empty({n}, DType::i32);
   for (int64_t i = 0; i < n; ++i) ids.data<int32_t>()[i] = int32_t((i * 5 + 2) % vocab);
-  const Tensor dy = random({n, d}, 6, "dy");
+  const Tensor dy = random_normal({n, d}, 6, "dy");
   Variable whole(table.contiguous(), true);
   Variable y = autograd::embedding(ids, whole, DType::f32);
   autograd::backward(y, dy);
@@ -310,20 +288,15 @@ fs::path* TpLayouts::data_ = nullptr;
 
 TEST_F(TpLayouts, Llama3ReproducesOneRank) {
   const int n = world().size();
-  const std::vector<std::string> validation = {"--validation.enable=true", "--validation.freq=10",
-                                               "--validation.steps=2", "--validation.seq_len=64"};
-  auto with = [&](std::vector<std::string> v, int64_t per_rank) {
-    v.push_back("--validation.local_batch_size=" + std::to_string(per_rank));
-    return v;
-  };
-  const auto one = reference_on_rank0(config("reference", 1, 1, 1, 4, with(validation, 4)));
+
+  const auto one = reference_on_rank0(config("reference", 1, 1, 1, 4, validation_every_10(4)));
   // TP over every rank: each sees the whole batch.
-  expect_same_losses(one, train_on(config("tp", 1, n, 1, 4, with(validation, 4)), world()), 1e-5,
+  expect_same_losses(one, train_on(config("tp", 1, n, 1, 4, validation_every_10(4)), world()), 1e-5,
                      "TP " + std::to_string(n));
   expect_same_losses(losses_of(*root_ / "reference", "validation"), losses_of(*root_ / "tp", "validation"), 1e-5,
                      "TP " + std::to_string(n) + ", validation loss");
   if (n == 4) {
-    expect_same_losses(one, train_on(config("fsdp_tp", 2, 2, 1, 2, with(validation, 2)), world()), 1e-5, "FSDP 2 x TP 2");
+    expect_same_losses(one, train_on(config("fsdp_tp", 2, 2, 1, 2, validation_every_10(2)), world()), 1e-5, "FSDP 2 x TP 2");
     expect_same_losses(one, train_on(config("ddp_tp", 1, 2, 2, 2), world()), 1e-5, "DDP 2 x TP 2");
     expect_same_losses(one,
                        train_on(config("fsdp_tp_ac", 2, 2, 1, 2, {"--activation_checkpoint.mode=selective"}), world()),

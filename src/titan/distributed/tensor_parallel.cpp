@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <limits>
 
 #include "titan/core/error.h"
@@ -62,6 +63,27 @@ void store(void* p, DType dt, int64_t i, float v) {
 }
 
 }  // namespace
+
+void check_tensor_parallel_degree(int64_t degree, const std::string& model,
+                                  const std::vector<std::pair<std::string, int64_t>>& splits, const std::string& hint_tail) {
+  TITAN_CHECK(degree >= 1, "parallelism.tensor_parallel_degree = " + std::to_string(degree) + " is not a degree",
+              "use 1 or more");
+  int64_t common = 0;
+  std::string sizes;
+  for (const auto& [what, n] : splits) {
+    common = std::gcd(common, n);
+    sizes += (sizes.empty() ? "" : ", ") + what + " (" + std::to_string(n) + ")";
+  }
+  for (const auto& [what, n] : splits) {
+    if (n % degree == 0) continue;
+    std::string works;
+    for (int64_t d = 1; d <= common; ++d)
+      if (common % d == 0) works += (works.empty() ? "" : ", ") + std::to_string(d);
+    TITAN_FAIL("parallelism.tensor_parallel_degree = " + std::to_string(degree) + " does not divide " + model + "'s " +
+                   std::to_string(n) + " " + what,
+               "use a degree that divides the " + sizes + ": " + works + hint_tail);
+  }
+}
 
 void shard_parameter(nn::Parameter& p, int dim, const ProcessGroup& tp) {
   const Shape local = p.var.shape();

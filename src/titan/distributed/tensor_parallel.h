@@ -17,6 +17,8 @@
 // Every op is the identity (or the plain op) on a group of one rank.
 #pragma once
 
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "titan/autograd/variable.h"
@@ -26,6 +28,15 @@
 namespace titan::distributed {
 
 using autograd::Variable;
+
+// ---- a model's plan
+
+// Throws unless `degree` divides every size in `splits` ({"attention heads", 16}, ...) of `model`,
+// naming the first it does not divide, all of them, and the degrees that would divide them all.
+// `hint_tail` is added to the hint (e.g. how to change the vocabulary).
+void check_tensor_parallel_degree(int64_t degree, const std::string& model,
+                                  const std::vector<std::pair<std::string, int64_t>>& splits,
+                                  const std::string& hint_tail = "");
 
 // ---- parameter placements (a model's plan calls these right after building the module)
 

@@ -18,8 +18,6 @@
 // tensor-parallel; or TorchTitan's scheme ("gather"): all tokens gathered, every expert's hidden
 // units split. The embedding is vocabulary-parallel and the head column-parallel over the
 // vocabulary (loss parallel).
-#include <numeric>
-
 #include "titan/distributed/tensor_parallel.h"
 #include "titan/models/deepseek_v3/model.h"
 #include "titan/models/deepseek_v3/mtp.h"
@@ -28,23 +26,10 @@
 namespace titan::models::deepseek_v3 {
 
 void check_tensor_parallel(const DeepSeekV3Args& a, int64_t degree) {
-  TITAN_CHECK(degree >= 1, "tensor_parallel_degree = " + std::to_string(degree) + " is not a degree", "use 1 or more");
-  std::vector<std::pair<std::string, int64_t>> split = {{"attention heads", a.n_heads}, {"vocabulary entries", a.vocab_size}};
-  if (a.n_dense_layers > 0) split.emplace_back("dense FFN hidden units", a.inter_dim);
-  int64_t common = 0;
-  for (const auto& [what, n] : split) common = std::gcd(common, n);
-  for (const auto& [what, n] : split) {
-    if (n % degree == 0) continue;
-    std::string works;
-    for (int64_t d = 1; d <= common; ++d)
-      if (common % d == 0) works += (works.empty() ? "" : ", ") + std::to_string(d);
-    TITAN_FAIL("parallelism.tensor_parallel_degree = " + std::to_string(degree) + " does not divide deepseek's " +
-                   std::to_string(n) + " " + what,
-               "use a degree that divides the attention heads (" + std::to_string(a.n_heads) + "), the vocabulary (" +
-                   std::to_string(a.vocab_size) + ")" +
-                   (a.n_dense_layers > 0 ? " and the dense FFN's hidden units (" + std::to_string(a.inter_dim) + ")" : "") +
-                   ": " + works);
-  }
+  std::vector<std::pair<std::string, int64_t>> splits = {{"attention heads", a.n_heads},
+                                                         {"vocabulary entries", a.vocab_size}};
+  if (a.n_dense_layers > 0) splits.emplace_back("dense FFN hidden units", a.inter_dim);
+  distributed::check_tensor_parallel_degree(degree, "deepseek", splits);
 }
 
 void Transformer::place_tensor_parallel() {

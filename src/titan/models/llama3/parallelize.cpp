@@ -8,35 +8,17 @@
 // sequence-parallel (replicated weights whose gradients are summed over TP); the embedding
 // vocabulary-parallel and the output head column-parallel over the vocabulary, its logits
 // consumed by loss parallel (distributed/tensor_parallel.h).
-#include <numeric>
-
 #include "titan/distributed/tensor_parallel.h"
 #include "titan/models/llama3/model.h"
 
 namespace titan::models::llama3 {
 
 void check_tensor_parallel(const Llama3Args& a, int64_t degree) {
-  TITAN_CHECK(degree >= 1, "tensor_parallel_degree = " + std::to_string(degree) + " is not a degree", "use 1 or more");
-  const std::pair<const char*, int64_t> split[] = {{"attention heads", a.n_heads},
-                                                   {"KV heads", a.kv_heads()},
-                                                   {"FFN hidden units", a.ffn_hidden()},
-                                                   {"vocabulary entries", a.vocab_size}};
-  int64_t common = 0;
-  for (const auto& [what, n] : split) common = std::gcd(common, n);
-  for (const auto& [what, n] : split) {
-    if (n % degree == 0) continue;
-    std::string works;
-    for (int64_t d = 1; d <= common; ++d)
-      if (common % d == 0) works += (works.empty() ? "" : ", ") + std::to_string(d);
-    TITAN_FAIL("parallelism.tensor_parallel_degree = " + std::to_string(degree) + " does not divide llama3's " +
-                   std::to_string(n) + " " + what,
-               "use a degree that divides the heads (" + std::to_string(a.n_heads) + "), KV heads (" +
-                   std::to_string(a.kv_heads()) + "), FFN hidden units (" + std::to_string(a.ffn_hidden()) +
-                   ") and vocabulary (" + std::to_string(a.vocab_size) + "): " + works +
-                   (std::string(what) == "vocabulary entries"
-                        ? " (or prepare the data with a tokenizer whose vocabulary the degree divides)"
-                        : ""));
-  }
+  distributed::check_tensor_parallel_degree(
+      degree, "llama3",
+      {{"attention heads", a.n_heads}, {"KV heads", a.kv_heads()}, {"FFN hidden units", a.ffn_hidden()},
+       {"vocabulary entries", a.vocab_size}},
+      " (a vocabulary: prepare the data with a tokenizer whose size the degree divides)");
 }
 
 void Transformer::place_tensor_parallel() {
