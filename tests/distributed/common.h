@@ -46,6 +46,33 @@ inline fs::path shared_dataset(const fs::path& dir) {
   return dir / "prepared";
 }
 
+// A suite of training runs sharing one folder (named by `tag`) and one templated byte dataset of
+// `vocab` tokens, both made by rank 0 before the suite and removed after it. The suite class
+// derives from TrainingSuite<Itself, tag, vocab>; root() and data() are the paths.
+template <class Suite, int32_t vocab = 257>
+class TrainingSuite : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = new fs::path(shared_folder(Suite::kTag));
+    if (world().rank() == 0) prepare_templated_dataset(*root_, vocab);
+    world().barrier().wait();
+    data_ = new fs::path(*root_ / "prepared");
+  }
+  static void TearDownTestSuite() {
+    world().barrier().wait();
+    if (world().rank() == 0) fs::remove_all(*root_);
+    delete root_;
+    delete data_;
+    root_ = data_ = nullptr;
+  }
+  static const fs::path& root() { return *root_; }
+  static const fs::path& data() { return *data_; }
+
+ private:
+  static inline fs::path* root_ = nullptr;
+  static inline fs::path* data_ = nullptr;
+};
+
 // The [section] key = value lines of a debug-model run of `steps` steps on `data` into `run`.
 inline std::string base_toml(const std::string& model, const fs::path& data, const fs::path& run, int steps) {
   std::string toml = "[job]\ndump_folder = \"" + run.string() + "\"\n[model]\nname = \"" + model +

@@ -177,21 +177,14 @@ TEST(DsaContextParallel, SettingsItCannotRunAreRefused) {
 // gradient spike makes the last-bit differences of CP's other summation order (weight
 // gradients summed over ranks, key gradients over chunks) grow through MoE routing and top-k
 // selection (TITAN_PRINT_LOSSES=1 prints every step's pair).
-class CpLayouts : public ::testing::Test {
+class CpLayouts : public TrainingSuite<CpLayouts> {
+ public:
+  static constexpr const char* kTag = "cp_layouts";
+
  protected:
-  static void SetUpTestSuite() {
-    root_ = new fs::path(shared_folder("cp_layouts"));
-    data_ = new fs::path(shared_dataset(*root_));
-  }
-  static void TearDownTestSuite() {
-    world().barrier().wait();
-    if (world().rank() == 0) fs::remove_all(*root_);
-    delete root_;
-    delete data_;
-  }
   static train::JobConfig config(const std::string& name, int64_t shard, int64_t cp, int64_t local,
                                  std::vector<std::string> extra = {}) {
-    std::string toml = base_toml("deepseek_v32", *data_, *root_ / name, 20);
+    std::string toml = base_toml("deepseek_v32", data(), root() / name, 20);
     toml += "[parallelism]\ndata_parallel_shard_degree = " + std::to_string(shard) +
             "\ncontext_parallel_degree = " + std::to_string(cp) + "\n";
     extra.insert(extra.begin(), {"--dsa.warmup_steps=0", "--model.converters=dsa_fused", "--optimizer.lr=3e-4"});
@@ -200,18 +193,14 @@ class CpLayouts : public ::testing::Test {
     cfg.training.global_batch_size = 4;
     return cfg;
   }
-  static fs::path* root_;
-  static fs::path* data_;
 };
-fs::path* CpLayouts::root_ = nullptr;
-fs::path* CpLayouts::data_ = nullptr;
 
 TEST_F(CpLayouts, DeepSeekV32SparseStageReproducesOneRank) {
   const int n = world().size();
 
   const auto one = reference_on_rank0(config("reference", 1, 1, 4, validation_every_10(4)));
   expect_same_losses(one, train_on(config("cp", 1, n, 4, validation_every_10(4)), world()), 1e-5, "CP " + std::to_string(n));
-  expect_same_losses(losses_of(*root_ / "reference", "validation"), losses_of(*root_ / "cp", "validation"), 1e-5,
+  expect_same_losses(losses_of(root() / "reference", "validation"), losses_of(root() / "cp", "validation"), 1e-5,
                      "CP " + std::to_string(n) + ", validation loss");
   if (n == 4) {
     expect_same_losses(one, train_on(config("fsdp_cp", 2, 2, 2, validation_every_10(2)), world()), 1e-5, "FSDP 2 x CP 2");

@@ -255,23 +255,14 @@ TEST(TensorParallelLlama3, DegreesThatDoNotDivideTheModelAreRefused) {
 }
 
 // Training: every TP layout of this world size against one rank, 20 steps, f32.
-class TpLayouts : public ::testing::Test {
+class TpLayouts : public TrainingSuite<TpLayouts, 260> {
+ public:
+  static constexpr const char* kTag = "tp_layouts";
+
  protected:
-  static void SetUpTestSuite() {
-    root_ = new fs::path(shared_folder("tp_layouts"));
-    if (world().rank() == 0) prepare_templated_dataset(*root_, /*vocab_size=*/260);
-    world().barrier().wait();
-    data_ = new fs::path(*root_ / "prepared");
-  }
-  static void TearDownTestSuite() {
-    world().barrier().wait();
-    if (world().rank() == 0) fs::remove_all(*root_);
-    delete root_;
-    delete data_;
-  }
   static train::JobConfig config(const std::string& name, int64_t shard, int64_t tp, int64_t replicate, int64_t local,
                                  const std::vector<std::string>& extra = {}) {
-    std::string toml = base_toml("llama3", *data_, *root_ / name, 20);
+    std::string toml = base_toml("llama3", data(), root() / name, 20);
     toml += "[parallelism]\ndata_parallel_replicate_degree = " + std::to_string(replicate) +
             "\ndata_parallel_shard_degree = " + std::to_string(shard) +
             "\ntensor_parallel_degree = " + std::to_string(tp) + "\n";
@@ -280,11 +271,7 @@ class TpLayouts : public ::testing::Test {
     cfg.training.global_batch_size = 4;
     return cfg;
   }
-  static fs::path* root_;
-  static fs::path* data_;
 };
-fs::path* TpLayouts::root_ = nullptr;
-fs::path* TpLayouts::data_ = nullptr;
 
 TEST_F(TpLayouts, Llama3ReproducesOneRank) {
   const int n = world().size();
@@ -293,7 +280,7 @@ TEST_F(TpLayouts, Llama3ReproducesOneRank) {
   // TP over every rank: each sees the whole batch.
   expect_same_losses(one, train_on(config("tp", 1, n, 1, 4, validation_every_10(4)), world()), 1e-5,
                      "TP " + std::to_string(n));
-  expect_same_losses(losses_of(*root_ / "reference", "validation"), losses_of(*root_ / "tp", "validation"), 1e-5,
+  expect_same_losses(losses_of(root() / "reference", "validation"), losses_of(root() / "tp", "validation"), 1e-5,
                      "TP " + std::to_string(n) + ", validation loss");
   if (n == 4) {
     expect_same_losses(one, train_on(config("fsdp_tp", 2, 2, 1, 2, validation_every_10(2)), world()), 1e-5, "FSDP 2 x TP 2");
@@ -317,9 +304,9 @@ TEST_F(TpLayouts, CheckpointsReshardBetweenTpAndOneRank) {
   const auto seed = [&](const std::string& from, const std::string& to, int step) {
     if (world().rank() == 0) {
       const std::string folder = "step-" + std::to_string(step);
-      fs::remove_all(*root_ / to);
-      fs::create_directories(*root_ / to / "checkpoint");
-      fs::copy(*root_ / from / "checkpoint" / folder, *root_ / to / "checkpoint" / folder, fs::copy_options::recursive);
+      fs::remove_all(root() / to);
+      fs::create_directories(root() / to / "checkpoint");
+      fs::copy(root() / from / "checkpoint" / folder, root() / to / "checkpoint" / folder, fs::copy_options::recursive);
     }
     world().barrier().wait();
   };
@@ -327,7 +314,7 @@ TEST_F(TpLayouts, CheckpointsReshardBetweenTpAndOneRank) {
   const auto one = reference_on_rank0(config("ckpt_one", 1, 1, 1, 4, save));
   expect_same_losses(std::vector<double>(straight.begin() + 10, straight.end()), one, 1e-5, "TP checkpoint -> 1 rank");
   if (world().rank() == 0) {
-    const auto ckpt = checkpoint::load_checkpoint(*root_ / "ckpt_tp" / "checkpoint" / "step-10");
+    const auto ckpt = checkpoint::load_checkpoint(root() / "ckpt_tp" / "checkpoint" / "step-10");
     const auto a = models::llama3::llama3_flavor("debugmodel", 260);
     EXPECT_EQ(ckpt.tensors.at("model.layers.0.attention.wo.weight").shape(), Shape({a.dim, a.dim}));
     EXPECT_EQ(ckpt.tensors.at("model.tok_embeddings.weight").shape(), Shape({260, a.dim}));
@@ -364,7 +351,7 @@ TEST_F(TpLayouts, DeepSeekV32ReproducesOneRank) {
 TEST_F(TpLayouts, AVocabularyTheDegreeDoesNotDivideIsRefused) {
   const int n = world().size();
   train::JobConfig cfg = config("bad_vocab", 1, n, 1, 4);
-  const fs::path other = *root_ / "vocab257";
+  const fs::path other = root() / "vocab257";
   if (world().rank() == 0) prepare_templated_dataset(other, 257);
   world().barrier().wait();
   cfg.training.dataset_path = (other / "prepared").string();

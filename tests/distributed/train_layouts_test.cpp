@@ -25,21 +25,14 @@ struct Case {
   std::vector<std::string> extra;  // more keys, as command-line overrides
 };
 
-class Layouts : public ::testing::Test {
+class Layouts : public TrainingSuite<Layouts> {
+ public:
+  static constexpr const char* kTag = "layouts";
+
  protected:
-  static void SetUpTestSuite() {
-    root_ = new fs::path(shared_folder("layouts"));
-    data_ = new fs::path(shared_dataset(*root_));
-  }
-  static void TearDownTestSuite() {
-    world().barrier().wait();
-    if (world().rank() == 0) fs::remove_all(*root_);
-    delete root_;
-    delete data_;
-  }
   // The config of `c` for `model`, 20 steps, global batch = 4 sequences (unless extra sets it).
   static train::JobConfig config(const std::string& model, const Case& c, int64_t global_batch = 4) {
-    std::string toml = base_toml(model, *data_, *root_ / (model + "_" + c.name), 20);
+    std::string toml = base_toml(model, data(), root() / (model + "_" + c.name), 20);
     toml += "[parallelism]\ndata_parallel_replicate_degree = " + std::to_string(c.replicate) +
             "\ndata_parallel_shard_degree = " + std::to_string(c.shard) + "\n";
     train::JobConfig cfg = train::parse_config(toml, c.name + ".toml", c.extra);
@@ -69,8 +62,8 @@ class Layouts : public ::testing::Test {
     };
     const auto one = reference(model, "f32", local, validation(4));
     expect_same_losses(one, layout(model, {"fsdp", 1, n, local, validation(4 / n)}), 0, "FSDP " + ranks);
-    expect_same_losses(losses_of(*root_ / (model + "_reference_f32"), "validation"),
-                       losses_of(*root_ / (model + "_fsdp"), "validation"), 1e-6, "FSDP " + ranks + ", validation loss");
+    expect_same_losses(losses_of(root() / (model + "_reference_f32"), "validation"),
+                       losses_of(root() / (model + "_fsdp"), "validation"), 1e-6, "FSDP " + ranks + ", validation loss");
     expect_same_losses(one, layout(model, {"ddp", n, 1, local}), 0, "DDP " + ranks);
     if (n == 4) expect_same_losses(one, layout(model, {"hsdp", 2, 2, local}), 0, "HSDP 2 x 2");
     expect_same_losses(one, layout(model, {"fsdp_ac", 1, n, local, {"--activation_checkpoint.mode=full"}}), 0,
@@ -88,11 +81,7 @@ class Layouts : public ::testing::Test {
     expect_same_losses(reference(model, "bf16", local, bf16), layout(model, {"fsdp_bf16", 1, n, local, bf16}), 0,
                        "FSDP " + ranks + ", bf16 mixed precision");
   }
-  static fs::path* root_;
-  static fs::path* data_;
 };
-fs::path* Layouts::root_ = nullptr;
-fs::path* Layouts::data_ = nullptr;
 
 const std::string kBf16 = "--training.mixed_precision_param=bfloat16";
 

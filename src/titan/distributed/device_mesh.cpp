@@ -66,8 +66,22 @@ std::array<int, kMeshDims> resolve_mesh(const MeshShape& s, int world, const std
   return out;
 }
 
-DeviceMesh::DeviceMesh(const ProcessGroup& world, const std::array<int, kMeshDims>& degrees)
-    : degrees_(degrees), world_size_(world.size()) {
+void check_expert_degree(const std::array<int, kMeshDims>& degrees, int64_t ep, const std::string& source) {
+  const int tp = degrees[size_t(MeshDim::tp)];
+  const int block = degrees[size_t(MeshDim::dp_shard)] * degrees[size_t(MeshDim::cp)] * tp;
+  if (ep >= 1 && block % ep == 0 && (ep == 1 || ep % tp == 0)) return;
+  std::string works;
+  for (int d = 1; d <= block; ++d)
+    if (block % d == 0 && (d == 1 || d % tp == 0)) works += (works.empty() ? "" : ", ") + std::to_string(d);
+  TITAN_FAIL(fmt::format("{}: parallelism.expert_parallel_degree = {} cannot borrow its ranks from data_parallel_shard_degree "
+                         "x context_parallel_degree x tensor_parallel_degree = {} x {} x {} = {} (it must divide them and "
+                         "be a multiple of tensor_parallel_degree)",
+                         source, ep, degrees[size_t(MeshDim::dp_shard)], degrees[size_t(MeshDim::cp)], tp, block),
+             "use one of " + works + ", or give data_parallel_shard_degree more ranks");
+}
+
+DeviceMesh::DeviceMesh(const ProcessGroup& world, const std::array<int, kMeshDims>& degrees, int ep)
+    : degrees_(degrees), world_size_(world.size()), ep_degree_(ep) {
   int64_t product = 1;
   for (int d : degrees_) product *= d;
   TITAN_CHECK(product == world.size(), "DeviceMesh: degrees " + str() + " do not multiply to the world size " +
@@ -85,6 +99,16 @@ DeviceMesh::DeviceMesh(const ProcessGroup& world, const std::array<int, kMeshDim
   dp_ = make_group(world, {false, true, true, false, false}, "dp");
   fsdp_ = make_group(world, {false, false, true, true, false}, "fsdp");
   loss_ = make_group(world, {false, true, true, true, false}, "loss");
+  check_expert_degree(degrees_, ep, "DeviceMesh");
+  // Expert parallelism: runs of ep consecutive ranks of dp_shard x cp x tp, and across them the
+  // ranks at the same place in their run.
+  const auto at = [&](MeshDim d) { return int64_t(coords_[size_t(d)]); };
+  const int64_t outer = at(MeshDim::pp) * degree(MeshDim::dp_replicate) + at(MeshDim::dp_replicate);
+  const int64_t block = int64_t(degree(MeshDim::dp_shard)) * degree(MeshDim::cp) * degree(MeshDim::tp);
+  const int64_t index = (at(MeshDim::dp_shard) * degree(MeshDim::cp) + at(MeshDim::cp)) * degree(MeshDim::tp) + at(MeshDim::tp);
+  CommEngine& engine = CommEngine::get();
+  ep_ = engine.split(world, int(outer * (block / ep) + index / ep), int(index % ep), "ep");
+  efsdp_ = engine.split(world, int(outer * ep + index % ep), int(index / ep), "efsdp");
 }
 
 std::unique_ptr<ProcessGroup> DeviceMesh::make_group(const ProcessGroup& world, std::array<bool, kMeshDims> mask,
@@ -101,6 +125,7 @@ std::unique_ptr<ProcessGroup> DeviceMesh::make_group(const ProcessGroup& world, 
 std::string DeviceMesh::str() const {
   std::string out;
   for (int d = 0; d < kMeshDims; ++d) out += fmt::format("{}{} {}", d ? " x " : "", mesh_dim_name(MeshDim(d)), degrees_[size_t(d)]);
+  if (ep_degree_ > 1) out += fmt::format(", ep {}", ep_degree_);
   return out;
 }
 

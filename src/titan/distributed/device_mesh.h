@@ -25,10 +25,16 @@ struct MeshShape {
 // keys, their values and the values that would work. `source` names the config in messages.
 std::array<int, kMeshDims> resolve_mesh(const MeshShape& shape, int world_size, const std::string& source);
 
+// Throws unless expert parallelism of degree `ep` can borrow its ranks from dp_shard x cp x tp
+// (it must divide their product and take whole TP groups: a multiple of tp), naming the keys and
+// the degrees that would work.
+void check_expert_degree(const std::array<int, kMeshDims>& degrees, int64_t ep, const std::string& source);
+
 class DeviceMesh {
  public:
-  // Collective over `world`: every rank builds the same mesh, in the same order.
-  DeviceMesh(const ProcessGroup& world, const std::array<int, kMeshDims>& degrees);
+  // Collective over `world`: every rank builds the same mesh, in the same order. ep: expert
+  // parallelism's degree (check_expert_degree).
+  DeviceMesh(const ProcessGroup& world, const std::array<int, kMeshDims>& degrees, int ep = 1);
   int degree(MeshDim d) const { return degrees_[size_t(d)]; }
   int coordinate(MeshDim d) const { return coords_[size_t(d)]; }  // this rank's index along d
   const ProcessGroup& group(MeshDim d) const { return *groups_[size_t(d)]; }
@@ -38,17 +44,22 @@ class DeviceMesh {
   const ProcessGroup& dp() const { return *dp_; }
   const ProcessGroup& fsdp() const { return *fsdp_; }
   const ProcessGroup& loss() const { return *loss_; }
+  // Expert parallelism (TorchTitan's ep / efsdp): the ranks of dp_shard x cp x tp (row-major, so
+  // TP peers stay together) in consecutive runs of ep, each run dividing the routed experts; and
+  // the ranks holding the same experts (the same place in their run), over which FSDP shards them.
+  const ProcessGroup& ep() const { return *ep_; }
+  const ProcessGroup& efsdp() const { return *efsdp_; }
   int world_size() const { return world_size_; }
-  // "pp 1 x dp_replicate 2 x dp_shard 2 x cp 1 x tp 1"
+  // "pp 1 x dp_replicate 2 x dp_shard 2 x cp 1 x tp 1" (", ep 2" with expert parallelism)
   std::string str() const;
 
  private:
   // The group of ranks that differ from this one only along the dims in `mask`.
   std::unique_ptr<ProcessGroup> make_group(const ProcessGroup& world, std::array<bool, kMeshDims> mask, const std::string& name);
   std::array<int, kMeshDims> degrees_{}, coords_{};
-  int world_size_ = 1;
+  int world_size_ = 1, ep_degree_ = 1;
   std::array<std::unique_ptr<ProcessGroup>, kMeshDims> groups_;
-  std::unique_ptr<ProcessGroup> dp_, fsdp_, loss_;
+  std::unique_ptr<ProcessGroup> dp_, fsdp_, loss_, ep_, efsdp_;
 };
 
 }  // namespace titan::distributed

@@ -11,7 +11,8 @@ namespace titan::distributed {
 struct Fsdp::Param {
   std::string name;
   nn::Parameter* p = nullptr;
-  Shape shape;                 // global
+  const ProcessGroup* group = nullptr;  // the ranks it is sharded over
+  Shape shape;                 // this rank's whole parameter (its slice under TP / EP)
   int64_t d0 = 0, rest = 0;    // rows, and elements per row
   int64_t rows = 0, valid = 0; // rows per rank; this rank's rows that are not padding
   bool bf16 = false;           // gathers the bf16 compute copy (a GEMM weight under mixed precision)
@@ -52,8 +53,11 @@ Shape with_rows(const Shape& s, int64_t rows) {
 }  // namespace
 
 Fsdp::Fsdp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const ProcessGroup& shard,
-           const ProcessGroup* replicate, const FsdpOptions& options)
-    : shard_(shard), replicate_(replicate && replicate->size() > 1 ? replicate : nullptr), options_(options) {
+           const ProcessGroup* replicate, const FsdpOptions& options, const ProcessGroup* expert_shard)
+    : shard_(shard),
+      expert_shard_(expert_shard ? expert_shard : &shard),
+      replicate_(replicate && replicate->size() > 1 ? replicate : nullptr),
+      options_(options) {
   TITAN_CHECK(options.reshard_after_forward == "default" || options.reshard_after_forward == "always" ||
                   options.reshard_after_forward == "never",
               "parallelism.fsdp_reshard_after_forward = \"" + options.reshard_after_forward + "\" is not a policy",
@@ -74,11 +78,12 @@ Fsdp::Fsdp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const 
   root->index = units_.size();
   units_.push_back(std::move(root));
 
-  const int n = shard_.size(), r = shard_.rank();
   for (auto& [name, p] : model.named_parameters()) {
     auto q = std::make_unique<Param>();
     q->name = name;
     q->p = p;
+    q->group = p->expert_sharded ? expert_shard_ : &shard_;
+    const int n = q->group->size(), r = q->group->rank();
     q->shape = p->var.shape();
     TITAN_CHECK(q->shape.size() >= 1, "FSDP shards parameters on dim 0; '" + name + "' is a scalar");
     q->d0 = q->shape[0];
@@ -91,7 +96,7 @@ Fsdp::Fsdp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const 
     std::vector<int64_t> offsets(q->shape.size(), 0);
     offsets[0] = int64_t(r) * q->rows;
     // In the global parameter: this rank's rows of its tensor-parallel shard (or of the whole).
-    const GlobalSlice slice = nested_slice(p->tp_slice, q->shape, Shape(offsets));
+    const GlobalSlice slice = nested_slice(p->slice, q->shape, Shape(offsets));
     nn::init_parameter(master, name, p->init, options.seed, &slice);
     q->bf16 = options.bf16_params && p->gemm_weight;
     if (q->bf16) {
@@ -141,6 +146,8 @@ Fsdp::~Fsdp() {
 std::string Fsdp::describe() const {
   std::string out = replicate_ ? fmt::format("HSDP: parameters sharded over {} ranks, {} replicas", shard_.size(), replicate_->size())
                                : fmt::format("FSDP over {} ranks", shard_.size());
+  if (expert_shard_ != &shard_)
+    out += fmt::format(", routed experts over {} {}", expert_shard_->size(), expert_shard_->size() == 1 ? "rank" : "ranks");
   out += fmt::format(" ({} units + root; reshard after forward: {}; parameters gathered in {})", units_.size() - 1,
                      options_.reshard_after_forward, options_.bf16_params ? "bf16 for GEMM weights" : "f32");
   return out;
@@ -154,11 +161,11 @@ Fsdp::Unit& Fsdp::unit_of(const nn::Module& m) {
 
 void Fsdp::gather(Unit& u) {
   if (u.gathered || !u.gathers.empty()) return;
-  const int n = shard_.size();
   for (Param* q : u.params) {
     q->full.reallocate_storage();
     const Tensor& src = q->bf16 ? q->shard_compute : q->shard;
-    u.gathers.push_back(shard_.all_gather(q->full.view({n * q->rows * q->rest}), src.view({q->rows * q->rest})));
+    const int n = q->group->size();
+    u.gathers.push_back(q->group->all_gather(q->full.view({n * q->rows * q->rest}), src.view({q->rows * q->rest})));
   }
   peak_gathered_ = std::max(peak_gathered_, gathered_bytes());
 }
@@ -214,8 +221,8 @@ void Fsdp::post_backward(Unit& u) {
 }
 
 void Fsdp::reduce_gradients(Unit& u) {
-  const int n = shard_.size();
   for (Param* q : u.params) {
+    const int n = q->group->size();
     // Whether to reduce is decided by what every rank agrees on (frozen or not), never by this
     // rank's gradient alone, or the ranks' collectives would go out of step: a parameter no
     // gradient reached here sends zeros.
@@ -231,7 +238,7 @@ void Fsdp::reduce_gradients(Unit& u) {
     auto rd = std::make_unique<Reduction>();
     rd->param = q;
     rd->out = Tensor::empty({q->rows * q->rest}, DType::f32, MemCategory::gradients);
-    rd->reduce_scatter = shard_.reduce_scatter(rd->out, in);
+    rd->reduce_scatter = q->group->reduce_scatter(rd->out, in);
     reductions_.push_back(std::move(rd));
     q->p->var.clear_grad();  // the request holds the unsharded gradient until it is sent
   }
@@ -313,6 +320,7 @@ void Fsdp::refresh_compute_copies() {
 }
 
 double Fsdp::sum_over_shards(double local) const {
+  // Under EP too: the shard group's ranks x TP hold every routed expert's pieces once.
   double v = local;
   shard_.all_reduce(std::span<double>(&v, 1));
   return v;

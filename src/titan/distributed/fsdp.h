@@ -1,7 +1,7 @@
 // FSDP (ZeRO-3, FSDP2's semantics) and HSDP over a shard group, and a replicate group for HSDP.
 //
 // Layout: every parameter of shape [d0, ...] is split on dim 0 into N = shard-group-size chunks
-// of ceil(d0 / N) rows; rank r holds rows [r * rows, r * rows + rows) of it, zero-padded past d0
+// of ceil(d0 / N) rows (an expert-parallel rank's routed experts: N = the expert-FSDP group's size); rank r holds rows [r * rows, r * rows + rows) of it, zero-padded past d0
 // (trailing ranks may hold only padding). That shard (f32) is the master the optimizer steps;
 // under mixed precision a bf16 copy of it is what GEMM weights gather.
 //
@@ -37,9 +37,10 @@ class Fsdp : public DataParallel, public nn::UnitHooks {
  public:
   // Shards every parameter of `model` (replacing its storage: the unsharded values exist only
   // while a unit is gathered) and initializes the shards from their Init and the seed.
-  // replicate: HSDP's replica group (null or one rank: plain FSDP).
+  // replicate: HSDP's replica group (null or one rank: plain FSDP). expert_shard: the group that
+  // shards parameters marked expert_sharded (expert parallelism's efsdp; null: `shard`).
   Fsdp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const ProcessGroup& shard,
-       const ProcessGroup* replicate, const FsdpOptions& options);
+       const ProcessGroup* replicate, const FsdpOptions& options, const ProcessGroup* expert_shard = nullptr);
   ~Fsdp() override;
 
   const std::vector<nn::TrainableParam>& params() const override { return trainables_; }
@@ -75,6 +76,7 @@ class Fsdp : public DataParallel, public nn::UnitHooks {
   void advance_reductions(bool wait);  // HSDP all-reduces in order; with wait, every reduction folded
 
   const ProcessGroup& shard_;
+  const ProcessGroup* expert_shard_;
   const ProcessGroup* replicate_;
   FsdpOptions options_;
   std::vector<std::unique_ptr<Param>> params_;

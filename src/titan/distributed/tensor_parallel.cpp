@@ -92,13 +92,12 @@ void shard_parameter(nn::Parameter& p, int dim, const ProcessGroup& tp) {
   for (int d = 0; d < offsets.size(); ++d) offsets[d] = 0;
   global[dim] = local[dim] * tp.size();
   offsets[dim] = local[dim] * tp.rank();
-  p.tp_slice = {global, offsets};
+  p.slice = {global, offsets};
   p.tp_partial_grad = false;
   p.tp_duplicate = false;
 }
 
 void replicate_parameter(nn::Parameter& p, const ProcessGroup& tp, bool partial_grad) {
-  p.tp_slice = {};
   p.tp_partial_grad = partial_grad && tp.size() > 1;
   p.tp_duplicate = tp.rank() != 0;
 }

@@ -44,7 +44,7 @@ void check_tensor_parallel_degree(int64_t degree, const std::string& model,
 // (column-parallel: dim 0 of a Linear's [out, in] weight; row-parallel: dim 1; the vocabulary
 // rows of an embedding). Its initial values and checkpoint slices are those of that piece.
 void shard_parameter(nn::Parameter& p, int dim, const ProcessGroup& tp);
-// Every TP rank holds `p` whole. partial_grad: each rank's gradient is a partial sum (a
+// Every TP rank holds `p` whole (its slice, if any, is not over TP). partial_grad: each rank's gradient is a partial sum (a
 // sequence-parallel norm's), summed over TP by sum_partial_gradients after backward.
 void replicate_parameter(nn::Parameter& p, const ProcessGroup& tp, bool partial_grad);
 

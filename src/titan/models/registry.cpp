@@ -13,7 +13,8 @@ namespace titan::models {
 
 // DeepSeek-V3's MoE layers: routed + shared SwiGLU experts from models/moe, sized by the flavor.
 namespace {
-moe::MoEArgs moe_args(const deepseek_v3::DeepSeekV3Args& a, const distributed::ProcessGroup* tp, bool tp_gather) {
+moe::MoEArgs moe_args(const deepseek_v3::DeepSeekV3Args& a, const distributed::ProcessGroup* tp, bool tp_gather,
+                      const distributed::ProcessGroup* ep = nullptr) {
   moe::MoEArgs m;
   m.dim = a.dim;
   m.moe_inter_dim = a.moe_inter_dim;
@@ -30,6 +31,7 @@ moe::MoEArgs moe_args(const deepseek_v3::DeepSeekV3Args& a, const distributed::P
   m.aux_loss_alpha = a.aux_loss_alpha;
   m.tp = tp;
   m.tp_gather = tp_gather;
+  m.ep = ep;
   return m;
 }
 }  // namespace
@@ -46,8 +48,15 @@ std::unique_ptr<BlockFeedForward> deepseek_v3::moe_layer_tp_gather(const deepsee
 
 namespace {
 
-// The MoE layers of the options' tensor-parallel scheme.
+// The MoE layers of the options' tensor-parallel scheme, their routed experts over the options'
+// expert-parallel group.
 deepseek_v3::MoeFactory moe_factory(const ModelOptions& options) {
+  if (options.ep && options.ep->size() > 1)
+    return [ep = options.ep, gather = options.moe_tp_gather](const deepseek_v3::DeepSeekV3Args& a, int layer_id,
+                                                              const distributed::ProcessGroup* tp) {
+      return std::unique_ptr<BlockFeedForward>(
+          std::make_unique<moe::MoE>(moe_args(a, tp, gather, ep), a.out_proj_std(layer_id)));
+    };
   return options.moe_tp_gather ? deepseek_v3::MoeFactory(deepseek_v3::moe_layer_tp_gather)
                                : deepseek_v3::MoeFactory(deepseek_v3::moe_layer);
 }

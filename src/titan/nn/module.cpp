@@ -119,14 +119,14 @@ void init_parameter(Tensor& t, const std::string& name, const Init& in, uint64_t
 
 void Module::init_parameters(uint64_t seed) {
   for (auto& [name, p] : named_parameters())
-    init_parameter(p->var.mutable_value(), name, p->init, seed, p->tp_slice.global_shape.empty() ? nullptr : &p->tp_slice);
+    init_parameter(p->var.mutable_value(), name, p->init, seed, p->slice.global_shape.empty() ? nullptr : &p->slice);
 }
 
 std::vector<TrainableParam> trainable_params(const std::vector<std::pair<std::string, Parameter*>>& params) {
   std::vector<TrainableParam> out;
   out.reserve(params.size());
   for (const auto& [name, p] : params)
-    out.push_back({name, p->var, &p->compute, p->weight_decay, p->tp_slice, p->tp_partial_grad, p->tp_duplicate});
+    out.push_back({name, p->var, &p->compute, p->weight_decay, p->slice, p->tp_partial_grad, p->tp_duplicate});
   return out;
 }
 

@@ -36,15 +36,19 @@ struct Parameter {
   bool weight_decay = true;   // no-decay group: norms' weights, biases (set by the module)
   bool gemm_weight = false;   // read by a GEMM: gets a compute copy under mixed precision
   Tensor compute;             // bf16 copy of the master the GEMMs read (mixed precision), else undefined
-  // Tensor parallelism (set by a model's plan, distributed/tensor_parallel.h): where this rank's
-  // tensor sits in the global parameter (an empty global_shape: it is the whole parameter), and,
-  // for a parameter every TP rank holds whole, whether each rank's gradient is a partial sum
-  // (a sequence-parallel norm sees 1/tp of the tokens: the gradients are summed over TP after
-  // backward) and whether this rank is not the first to hold it (checkpoints and the gradient
-  // norm then leave it to the first).
-  GlobalSlice tp_slice;
+  // Where this rank's tensor sits in the global parameter (an empty global_shape: it is the whole
+  // parameter): a tensor-parallel shard (distributed/tensor_parallel.h) or a rank's routed experts
+  // (distributed/expert_parallel.h). Set by a model's plan.
+  GlobalSlice slice;
+  // Tensor parallelism, for a parameter every TP rank holds whole: whether each rank's gradient
+  // is a partial sum (a sequence-parallel norm sees 1/tp of the tokens: the gradients are summed
+  // over TP after backward) and whether this rank is not the first to hold it (checkpoints and the
+  // gradient norm then leave it to the first).
   bool tp_partial_grad = false;
   bool tp_duplicate = false;
+  // Expert parallelism: this rank's routed experts, which FSDP shards over the expert-FSDP group
+  // (the ranks holding the same experts) instead of the data-parallel shard group.
+  bool expert_sharded = false;
 };
 
 class Module;
@@ -95,7 +99,7 @@ class Module {
                        const std::string& source = "state dict");
 
   // Re-initializes every parameter from its Init with (seed, full name, element index of the
-  // global parameter: a tensor-parallel shard gets the values of its tp_slice).
+  // global parameter: a tensor-parallel shard gets the values of its slice).
   void init_parameters(uint64_t seed);
   void zero_grad();
 

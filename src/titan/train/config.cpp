@@ -829,7 +829,9 @@ const std::vector<KeySpec>& config_schema() {
       {"parallelism", "expert_parallel_degree", member<&C::parallelism, &Parallelism::expert_parallel_degree>,
        at_least(1),
        "Ranks that split the routed experts of a mixture-of-experts model; borrowed from the "
-       "data_parallel_shard x context_parallel ranks."},
+       "data_parallel_shard x context_parallel x tensor_parallel ranks (whole TP groups: a multiple of "
+       "tensor_parallel_degree). Tokens reach their experts by all-to-all; FSDP shards the experts over "
+       "the ranks left over."},
       // [comm]
       {"comm", "init_timeout_seconds", member<&C::comm, &Comm::init_timeout_seconds>, at_least(1),
        "Watchdog deadline, in seconds, for each collective until the first step ends (start-up, first "

@@ -53,11 +53,10 @@ double now_seconds() {
 // What this build does not do yet, refused up front with the key to change.
 void check_supported(const JobConfig& c, const std::string& source) {
   const Parallelism& p = c.parallelism;
-  for (const auto& [key, degree] : {std::pair<const char*, int64_t>{"pipeline_parallel_degree", p.pipeline_parallel_degree},
-                                    {"expert_parallel_degree", p.expert_parallel_degree}})
-    TITAN_CHECK(degree == 1, source + ": parallelism." + key + " = " + std::to_string(degree) +
-                                 ": this build parallelizes over data (DDP, FSDP, HSDP), tensors (TP) and context (CP) only",
-                "set it to 1 and spread the ranks with data_parallel_shard_degree / data_parallel_replicate_degree");
+  TITAN_CHECK(p.pipeline_parallel_degree == 1,
+              source + ": parallelism.pipeline_parallel_degree = " + std::to_string(p.pipeline_parallel_degree) +
+                  ": this build parallelizes over data (DDP, FSDP, HSDP), tensors (TP), context (CP) and experts (EP) only",
+              "set it to 1 and spread the ranks with data_parallel_shard_degree / data_parallel_replicate_degree");
   const int64_t tp = p.tensor_parallel_degree;
   TITAN_CHECK(tp < 1 || (c.training.local_batch_size * c.training.seq_len) % tp == 0,
               source + ": training.local_batch_size x training.seq_len = " +
@@ -109,7 +108,7 @@ void check_supported(const JobConfig& c, const std::string& source) {
 int64_t global_parameters(nn::Module& model) {
   int64_t n = 0;
   for (const auto& [name, p] : model.named_parameters())
-    n += p->tp_slice.global_shape.empty() ? p->var.value().numel() : p->tp_slice.global_shape.numel();
+    n += p->slice.global_shape.empty() ? p->var.value().numel() : p->slice.global_shape.numel();
   return n;
 }
 
@@ -177,12 +176,12 @@ struct Trainer::State {
 
 namespace {
 
-models::ModelOptions model_options(const JobConfig& c, const json* hf_config, const distributed::ProcessGroup& tp,
-                                   const distributed::ProcessGroup& cp) {
+models::ModelOptions model_options(const JobConfig& c, const json* hf_config, const distributed::DeviceMesh& mesh) {
   models::ModelOptions mo;
-  mo.tp = &tp;
+  mo.tp = &mesh.group(distributed::MeshDim::tp);
   mo.moe_tp_gather = c.parallelism.moe_tp_scheme == "gather";
-  mo.cp = &cp;
+  mo.cp = &mesh.group(distributed::MeshDim::cp);
+  mo.ep = &mesh.ep();
   mo.mtp_layers = c.model.mtp_layers;
   mo.mtp_loss_weight = c.model.mtp_loss_weight;
   mo.hf_config = hf_config;
@@ -205,7 +204,8 @@ kernels::AdamWParams adamw_params(const JobConfig& c) {
 
 // The data-parallel layout the mesh asks for: FSDP (HSDP with replicas) when dp_shard x cp > 1, DDP
 // when only dp_replicate > 1, else one rank. FSDP initializes the shards itself; the others
-// initialize the whole model.
+// initialize the whole model. Under expert parallelism FSDP shards the routed experts over the
+// expert-FSDP group; without FSDP that group is this rank alone (EP took all of dp_shard x cp x tp).
 std::unique_ptr<distributed::DataParallel> make_data_parallel(models::CausalLM& model, const distributed::DeviceMesh& mesh,
                                                               const JobConfig& c, const std::string& source) {
   using distributed::MeshDim;
@@ -224,7 +224,8 @@ std::unique_ptr<distributed::DataParallel> make_data_parallel(models::CausalLM& 
     o.reshard_after_forward = c.parallelism.fsdp_reshard_after_forward;
     o.bf16_params = model.compute_dtype() == DType::bf16;
     o.seed = seed;
-    return std::make_unique<distributed::Fsdp>(model, units, mesh.fsdp(), &mesh.group(MeshDim::dp_replicate), o);
+    return std::make_unique<distributed::Fsdp>(model, units, mesh.fsdp(), &mesh.group(MeshDim::dp_replicate), o,
+                                               &mesh.efsdp());
   }
   model.init_parameters(seed);
   model.refresh_compute_copies();
@@ -252,11 +253,12 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
   s.engine->set_trace_buffer(size_t(config.comm.trace_buf_size));
   s.engine->set_timeout(double(config.comm.init_timeout_seconds));
   const Parallelism& par = config.parallelism;
-  s.mesh = std::make_unique<distributed::DeviceMesh>(
-      *s.world, distributed::resolve_mesh({par.pipeline_parallel_degree, par.data_parallel_replicate_degree,
-                                                    par.data_parallel_shard_degree, par.context_parallel_degree,
-                                                    par.tensor_parallel_degree},
-                                                   s.world->size(), source));
+  const auto degrees = distributed::resolve_mesh({par.pipeline_parallel_degree, par.data_parallel_replicate_degree,
+                                                  par.data_parallel_shard_degree, par.context_parallel_degree,
+                                                  par.tensor_parallel_degree},
+                                                 s.world->size(), source);
+  distributed::check_expert_degree(degrees, par.expert_parallel_degree, source);
+  s.mesh = std::make_unique<distributed::DeviceMesh>(*s.world, degrees, int(par.expert_parallel_degree));
   fs::create_directories(s.run_folder);
   if (s.lead) std::ofstream(s.run_folder / "config.toml") << to_toml(config);
   if (s.lead && config.job.print_config)
@@ -296,8 +298,7 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
   ProfileScope building("model build");  // the site of the parameters in memory snapshots
   try {
     s.model = models::build_model(config.model.name, config.model.flavor, vocab, t.seq_len,
-                                  model_options(config, s.hf_config.is_null() ? nullptr : &s.hf_config,
-                                                s.mesh->group(distributed::MeshDim::tp), s.mesh->group(distributed::MeshDim::cp)));
+                                  model_options(config, s.hf_config.is_null() ? nullptr : &s.hf_config, *s.mesh));
   } catch (const Error& e) {
     TITAN_FAIL(source + ": " + e.message(), e.hint());
   }
@@ -325,6 +326,8 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
     if (const int cp = s.mesh->degree(MeshDim::cp); cp > 1)
       layout += "; context parallel over " + std::to_string(cp) + " ranks (" + std::to_string(2 * cp) +
                 " head-tail chunks; DSA keys all-gathered)";
+    if (const int ep = s.mesh->ep().size(); ep > 1)
+      layout += "; expert parallel over " + std::to_string(ep) + " ranks (routed experts by all-to-all)";
     std::printf("%d ranks: mesh %s; %s\n", s.world->size(), s.mesh->str().c_str(), layout.c_str());
   }
 

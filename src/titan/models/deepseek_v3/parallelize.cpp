@@ -1,9 +1,10 @@
 // DeepSeek-V3 / V3.2's parallel plan.
 //
-// Data parallel (TorchTitan's deepseek_v3 parallelize.py, without expert parallelism): one FSDP /
-// DDP unit for the token embedding, one per transformer block (its MoE experts included), one
-// per MTP module (which also reuses the embedding and the head), one for the output head, in
-// the order the forward first runs them; the final norm is in the root unit.
+// Data parallel (TorchTitan's deepseek_v3 parallelize.py): one FSDP / DDP unit for the token
+// embedding, one per transformer block (its MoE experts included: under expert parallelism FSDP
+// shards them over the expert-FSDP group, distributed/expert_parallel.h), one per MTP module
+// (which also reuses the embedding and the head), one for the output head, in the order the
+// forward first runs them; the final norm is in the root unit.
 //
 // Tensor + sequence parallel (TorchTitan's MLA plan with torchtitan-npu's fixes): the residual
 // stream and the norms are sequence-parallel; MLA's down-projections (wq_a, wkv_a) and their
@@ -15,8 +16,9 @@
 // reduction of the index scores of every query and key). Dense FFNs are column / row parallel.
 // MoE follows the MoE TP fix (parallelism.moe_tp_scheme = "sequence", models/moe/moe.h): each
 // rank routes its own sequence piece to the replicated routed experts, the shared experts run
-// tensor-parallel; or TorchTitan's scheme ("gather"): all tokens gathered, every expert's hidden
-// units split. The embedding is vocabulary-parallel and the head column-parallel over the
+// tensor-parallel; under expert parallelism the TP ranks join the expert-parallel group (the
+// routed experts are then divided over them, not replicated); or TorchTitan's scheme ("gather"):
+// all tokens gathered, every expert's hidden units split. The embedding is vocabulary-parallel and the head column-parallel over the
 // vocabulary (loss parallel).
 #include "titan/distributed/tensor_parallel.h"
 #include "titan/models/deepseek_v3/model.h"
@@ -67,9 +69,9 @@ void Transformer::place_tensor_parallel() {
       if (moe->args().tp_gather) {       // TorchTitan: each expert's hidden units split
         shard_parameter(moe->experts.w1, 1, tp), shard_parameter(moe->experts.w3, 1, tp);
         shard_parameter(moe->experts.w2, 2, tp);
-      } else {  // the MoE TP fix: whole experts, this rank's tokens
+      } else if (moe->args().ep_degree() == 1) {  // the MoE TP fix: whole experts, this rank's tokens
         for (nn::Parameter* w : {&moe->experts.w1, &moe->experts.w2, &moe->experts.w3}) partial(*w);
-      }
+      }  // else the fix with EP: the TP ranks are in the expert-parallel group and hold different experts
       if (moe->shared_experts) {
         colwise(moe->shared_experts->w1), colwise(moe->shared_experts->w3), rowwise(moe->shared_experts->w2);
       }

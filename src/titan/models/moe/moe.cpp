@@ -1,8 +1,10 @@
 #include "titan/models/moe/moe.h"
 
 #include <algorithm>
+#include <memory>
 
 #include "titan/core/profiler.h"
+#include "titan/distributed/expert_parallel.h"
 #include "titan/distributed/tensor_parallel.h"
 #include "titan/kernels/activation.h"
 #include "titan/kernels/cast.h"
@@ -38,6 +40,8 @@ void accumulate(Tensor& dst, const Tensor& src) {
 const Tensor& gemm_operand(const nn::Parameter& p) { return p.compute.defined() ? p.compute : p.var.value(); }
 }  // namespace
 
+int64_t MoEArgs::ep_degree() const { return ep ? ep->size() : 1; }
+
 kernels::RouterParams MoEArgs::router_params() const {
   kernels::RouterParams p;
   p.experts = n_routed_experts;
@@ -70,6 +74,15 @@ void MoEArgs::validate() const {
               "parallelism.tensor_parallel_degree = " + std::to_string(degree) + " does not divide the shared experts' " +
                   std::to_string(moe_inter_dim * n_shared_experts) + " hidden units",
               "use a degree that divides moe_inter_dim x n_shared_experts");
+  const int64_t experts_over = ep_degree();
+  TITAN_CHECK(experts_over >= 1 && n_routed_experts % experts_over == 0,
+              "parallelism.expert_parallel_degree = " + std::to_string(experts_over) + " does not divide the " +
+                  std::to_string(n_routed_experts) + " routed experts",
+              "use a degree that divides " + std::to_string(n_routed_experts));
+  TITAN_CHECK(experts_over == 1 || !tp_gather || degree == 1,
+              "parallelism.moe_tp_scheme = \"gather\" with expert parallelism: TorchTitan's scheme splits every expert's "
+              "hidden units over TP, expert parallelism whole experts over ranks",
+              "use moe_tp_scheme = \"sequence\" (the MoE TP fix, whose routed experts take the TP ranks into EP)");
   kernels::check_router_params(router_params());
 }
 
@@ -98,10 +111,12 @@ MoE::MoE(const MoEArgs& a, double init_std)
     : router(register_module("router", std::make_unique<TokenChoiceTopKRouter>(a.dim, a.n_routed_experts, init_std))),
       experts(register_module("experts", std::make_unique<GroupedExperts>(
                                              a.dim, a.moe_inter_dim / (a.tp && a.tp_gather ? a.tp->size() : 1),
-                                             a.n_routed_experts, init_std))),
+                                             a.n_routed_experts / a.ep_degree(), init_std))),
       args_(a),
       stats_counts_(size_t(a.n_routed_experts), 0) {
   a.validate();
+  if (a.ep_degree() > 1)
+    for (nn::Parameter* w : {&experts.w1, &experts.w2, &experts.w3}) distributed::shard_experts(*w, *a.ep);
   if (a.n_shared_experts > 0) {
     const int64_t degree = a.tp ? a.tp->size() : 1;  // under TP: this rank's columns of the shared FFN
     shared_experts = &register_module(
@@ -178,15 +193,24 @@ MoE::Output MoE::routed(const Variable& x) {
   const Tensor &w1 = gemm_operand(experts.w1), &w2 = gemm_operand(experts.w2), &w3 = gemm_operand(experts.w3);
   Tensor xs = activations({m, d}, cd);  // [M, D] tokens sorted by expert
   kernels::moe_permute_forward(xs, xv, disp.pos);
-  Tensor h1 = activations({m, f}, cd), h3 = activations({m, f}, cd), act = activations({m, f}, cd);  // [M, F]
-  Tensor out = activations({m, d}, cd);  // [M, D] expert outputs
+  // The rows this rank's experts run: its own (xe = xs), or under EP those every rank of the
+  // group routed to them, [R, D] by local expert (offsets: per local expert).
+  const distributed::ProcessGroup* ep = args_.ep_degree() > 1 ? args_.ep : nullptr;
+  std::shared_ptr<const distributed::ExpertExchange> exchange;
+  if (ep) exchange = std::make_shared<const distributed::ExpertExchange>(disp.offsets, *ep);
+  const Tensor xe = ep ? exchange->dispatch(xs) : xs;
+  const std::vector<int64_t>& offsets = ep ? exchange->local_offsets() : disp.offsets;
+  const int64_t r = xe.shape()[0];
+  Tensor h1 = activations({r, f}, cd), h3 = activations({r, f}, cd), act = activations({r, f}, cd);  // [R, F]
+  Tensor out_e = activations({r, d}, cd);  // [R, D] expert outputs
   {
     ProfileScope prof_experts("moe.experts.fwd");  // the grouped GEMMs' share of the layer
-    kernels::grouped_matmul_forward(h1, xs, w1, disp.offsets);
-    kernels::grouped_matmul_forward(h3, xs, w3, disp.offsets);
+    kernels::grouped_matmul_forward(h1, xe, w1, offsets);
+    kernels::grouped_matmul_forward(h3, xe, w3, offsets);
     kernels::swiglu_forward(act, h1, h3);
-    kernels::grouped_matmul_forward(out, act, w2, disp.offsets);
+    kernels::grouped_matmul_forward(out_e, act, w2, offsets);
   }
+  const Tensor out = ep ? exchange->combine(out_e) : out_e;  // [M, D], by expert, at their tokens' rank
   Tensor y = activations({batch, x.shape()[1], d}, cd);  // [B, S, D]
   Tensor y2 = y.view({t, d});
   kernels::moe_unpermute_forward(y2, out, disp.pos, weights);
@@ -198,29 +222,34 @@ MoE::Output MoE::routed(const Variable& x) {
   }
   const std::vector<Variable> vars = autograd::record(
       "moe", {x, router.gate.weight.var, experts.w1.var, experts.w2.var, experts.w3.var}, outputs,
-      [=, pos = disp.pos, offsets = disp.offsets](std::span<const Tensor> dout, autograd::GradSink& g) {
+      [=, pos = disp.pos, offsets = offsets](std::span<const Tensor> dout, autograd::GradSink& g) {
         ProfileScope prof_bwd("moe.bwd");
         Tensor dweights = zeros({t, k}, DType::f32);  // [T, k]
-        if (dout[0].defined()) {
+        // Under EP every rank's backward runs the exchanges, in step with the others'.
+        const Tensor dy = dout[0].defined() || !ep ? dout[0] : zeros({t, d}, cd);
+        if (dy.defined()) {
           // Combine: d(expert outputs) [M, D] and the gate weights' gradient.
           Tensor d_out = Tensor::empty({m, d}, cd);  // [M, D]
-          kernels::moe_unpermute_backward(d_out, dweights, dout[0].view({t, d}), out, pos, weights);
+          kernels::moe_unpermute_backward(d_out, dweights, dy.view({t, d}), out, pos, weights);
+          const Tensor d_out_e = ep ? exchange->dispatch(d_out) : d_out;  // [R, D]
           // Fresh buffers, written before they are read: the first product into each writes.
-          Tensor dxs = g.needs(0) ? Tensor::empty({m, d}, cd, MemCategory::temporaries) : Tensor();  // [M, D]
+          // Under EP the rows' gradients go back to their ranks whatever this rank needs.
+          Tensor dxe = g.needs(0) || ep ? Tensor::empty({r, d}, cd, MemCategory::temporaries) : Tensor();  // [R, D]
           {
             ProfileScope prof_experts("moe.experts.bwd");
-            Tensor d_act = Tensor::empty({m, f}, cd, MemCategory::temporaries);  // [M, F]
+            Tensor d_act = Tensor::empty({r, f}, cd, MemCategory::temporaries);  // [R, F]
             // The expert weights' gradients are written outright after zero_grad (grad_to_write).
             bool acc_w1 = true, acc_w2 = true, acc_w3 = true;
             const Tensor dw1 = g.grad_to_write(2, &acc_w1), dw2 = g.grad_to_write(3, &acc_w2),
                          dw3 = g.grad_to_write(4, &acc_w3);
-            kernels::grouped_matmul_backward(d_act, dw2, d_out, act, w2, offsets, acc_w2, false);
-            Tensor dh1 = Tensor::empty({m, f}, cd, MemCategory::temporaries);  // [M, F]
-            Tensor dh3 = Tensor::empty({m, f}, cd, MemCategory::temporaries);
+            kernels::grouped_matmul_backward(d_act, dw2, d_out_e, act, w2, offsets, acc_w2, false);
+            Tensor dh1 = Tensor::empty({r, f}, cd, MemCategory::temporaries);  // [R, F]
+            Tensor dh3 = Tensor::empty({r, f}, cd, MemCategory::temporaries);
             kernels::swiglu_backward(dh1, dh3, d_act, h1, h3, false);
-            kernels::grouped_matmul_backward(dxs, dw1, dh1, xs, w1, offsets, acc_w1, false);
-            kernels::grouped_matmul_backward(dxs, dw3, dh3, xs, w3, offsets, acc_w3);
+            kernels::grouped_matmul_backward(dxe, dw1, dh1, xe, w1, offsets, acc_w1, false);
+            kernels::grouped_matmul_backward(dxe, dw3, dh3, xe, w3, offsets, acc_w3);
           }
+          const Tensor dxs = ep ? exchange->combine(dxe) : dxe;  // [M, D]
           if (g.needs(0)) {
             Tensor dx = g.grad(0).view({t, d});  // [T, D]
             if (dx.dtype() == cd) {

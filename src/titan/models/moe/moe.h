@@ -9,8 +9,8 @@
 // sequence-wise auxiliary loss.
 //
 // Parameter and buffer names match TorchTitan's deepseek_v3: router.gate.weight [E, D],
-// experts.w1 [E, F, D], experts.w2 [E, D, F], experts.w3 [E, F, D], shared_experts.w{1,2,3}.weight,
-// expert_bias [E], tokens_per_expert [E].
+// experts.w1 [E, F, D], experts.w2 [E, D, F], experts.w3 [E, F, D] (this rank's E / ep of them
+// under expert parallelism), shared_experts.w{1,2,3}.weight, expert_bias [E], tokens_per_expert [E].
 #pragma once
 
 #include <cstdint>
@@ -52,6 +52,11 @@ struct MoEArgs {
   // them (the same choices) through its 1/tp of every routed expert's hidden units (w1, w3 split
   // on dim 1, w2 on dim 2) and of the shared experts', and the partial sums are reduce-scattered.
   bool tp_gather = false;
+  // Expert parallelism (distributed/expert_parallel.h; null or one rank: none): this rank holds
+  // routed experts [r E/ep, (r+1) E/ep); the rows routed to other ranks' experts travel there and
+  // back by all-to-all. Composes with the MoE TP fix, not with tp_gather.
+  const distributed::ProcessGroup* ep = nullptr;
+  int64_t ep_degree() const;
   kernels::RouterParams router_params() const;
   void validate() const;  // throws with a hint on inconsistent sizes
 };
@@ -125,7 +130,7 @@ class MoE : public models::BlockFeedForward {
 
  private:
   // The router and the routed experts on x [B, S, D] (under TP with tp_gather: partial sums of
-  // this rank's hidden units).
+  // this rank's hidden units; under EP: through the experts of the group's ranks).
   Output routed(const Variable& x);
   MoEArgs args_;
   std::vector<int64_t> stats_counts_;  // [E], assignments since the last load_stats()

@@ -1,0 +1,243 @@
+// Expert parallelism against one rank: the row exchange on awkward counts (empty blocks, a rank
+// that routes nothing), a MoE layer with its routed experts divided over the ranks against the
+// whole layer (outputs, every gradient, and the all-to-all bytes against the rows that must
+// cross), 20 training steps of each EP layout against the 1-rank run (deepseek_v3 and the
+// deepseek_v32 sparse stage; with FSDP, HSDP and TP), checkpoints resharding between EP and one
+// rank, and the errors of degrees that do not fit.
+#include "distributed/common.h"
+#include "titan/autograd/ops.h"
+#include "titan/checkpoint/checkpoint.h"
+#include "titan/core/cpu_features.h"
+#include "titan/distributed/expert_parallel.h"
+#include "titan/models/moe/moe.h"
+
+using namespace titan;
+using namespace titan::test;
+using autograd::Variable;
+
+namespace {
+
+// Rows of member s for global expert e in the exchange test: some blocks empty, member 1 routes
+// nothing at all.
+int64_t rows_of(int s, int64_t e) { return s == 1 ? 0 : (s * 5 + e * 3) % 4; }
+
+// Row i of (member s, expert e): its three coordinates, then zeros.
+void tag_row(float* row, int64_t width, int s, int64_t e, int64_t i) {
+  for (int64_t c = 0; c < width; ++c) row[c] = 0;
+  row[0] = float(s), row[1] = float(e), row[2] = float(i);
+}
+
+TEST(ExpertExchange, DispatchGroupsRowsByLocalExpertAndCombineReturnsThem) {
+  const distributed::ProcessGroup& ep = world();
+  const int n = ep.size(), me = ep.rank();
+  const int64_t experts = 3 * n, local = 3, width = 5;
+  std::vector<int64_t> offsets = {0};
+  for (int64_t e = 0; e < experts; ++e) offsets.push_back(offsets.back() + rows_of(me, e));
+  Tensor rows = Tensor::empty({offsets.back(), width}, DType::f32);
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t i = 0; i < rows_of(me, e); ++i) tag_row(rows.data<float>() + (offsets[size_t(e)] + i) * width, width, me, e, i);
+
+  distributed::ExpertExchange ex(offsets, ep);
+  const Tensor mine = ex.dispatch(rows);
+  // Expected: local expert by local expert, every member's rows for it in member order.
+  int64_t at = 0;
+  for (int64_t l = 0; l < local; ++l) {
+    const int64_t e = me * local + l;
+    EXPECT_EQ(ex.local_offsets()[size_t(l)], at) << "local expert " << l;
+    for (int s = 0; s < n; ++s)
+      for (int64_t i = 0; i < rows_of(s, e); ++i, ++at) {
+        std::vector<float> want(static_cast<size_t>(width));
+        tag_row(want.data(), width, s, e, i);
+        for (int64_t c = 0; c < width; ++c)
+          ASSERT_EQ(mine.data<float>()[at * width + c], want[size_t(c)]) << "row " << at << " col " << c;
+      }
+  }
+  ASSERT_EQ(ex.received_rows(), at);
+  ASSERT_EQ(mine.shape()[0], at);
+  const Tensor back = ex.combine(mine);
+  expect_close(rows, back, 0, "combine(dispatch(rows))");
+}
+
+// A MoE layer (8 routed experts, top 3, a shared expert) on each rank's own tokens with its
+// experts divided over the ranks, against the whole layer on every rank's tokens.
+TEST(ExpertParallelMoE, EqualsTheWholeLayerWithTheAnalyticTraffic) {
+  flush_denormals(true);
+  auto ep_group = distributed::CommEngine::get().split(world(), 0, world().rank(), "ep_moe");
+  const distributed::ProcessGroup& ep = *ep_group;
+  const int n = ep.size(), me = ep.rank();
+  models::moe::MoEArgs a;
+  a.dim = 16, a.moe_inter_dim = 12, a.n_routed_experts = 8, a.n_shared_experts = 1, a.n_activated_experts = 3;
+  a.route_norm = true;
+  models::moe::MoE whole(a, 0.02);
+  whole.init_parameters(5);
+  a.ep = &ep;
+  models::moe::MoE split(a, 0.02);
+  split.init_parameters(5);
+  ASSERT_EQ(split.experts.w1.var.shape()[0], 8 / n);
+
+  const int64_t t = 37;  // tokens per rank (odd)
+  const Tensor x_all = random_normal({1, n * t, a.dim}, 9, "x"), dy_all = random_normal({1, n * t, a.dim}, 10, "dy");
+  Variable xw(x_all, true);
+  Variable yw = whole.forward(xw);
+  autograd::backward(yw, dy_all);
+
+  const auto my_rows = [&](const Tensor& all) { return all.slice(1, me * t, (me + 1) * t).contiguous(); };
+  distributed::CommEngine::get().reset_stats();
+  Variable xs(my_rows(x_all), true);
+  Variable ys = split.forward(xs);
+  autograd::backward(ys, my_rows(dy_all));
+  const auto stats = distributed::CommEngine::get().stats();
+
+  expect_close(my_rows(yw.value()), ys.value(), 1e-6, "y");
+  expect_close(my_rows(xw.grad()), xs.grad(), 1e-5, "dx");
+  const int64_t el = 8 / n;
+  const auto whole_params = whole.named_parameters(), split_params = split.named_parameters();
+  ASSERT_EQ(whole_params.size(), split_params.size());
+  for (size_t i = 0; i < whole_params.size(); ++i) {
+    const std::string& name = whole_params[i].first;
+    Tensor want = whole_params[i].second->var.grad();
+    Tensor got = split_params[i].second->var.grad().contiguous();
+    if (split_params[i].second->expert_sharded) {
+      want = want.slice(0, me * el, (me + 1) * el).contiguous();
+    } else {  // the router and the shared expert saw this rank's tokens only
+      ep.all_reduce(got).wait();
+    }
+    expect_close(want, got, 1e-5, "gradient of " + name);
+  }
+
+  // Traffic: each (token, choice) whose expert lives on another rank crosses once to it and once
+  // back, forward and backward alike; the counts cross once, forward.
+  Tensor counts = split.tokens_per_expert.contiguous();  // this rank's choices per global expert
+  Tensor all_counts = Tensor::empty({n * a.n_routed_experts}, DType::f32);
+  ep.all_gather(all_counts, counts).wait();
+  double leaving = 0, arriving = 0;
+  for (int s = 0; s < n; ++s)
+    for (int64_t e = 0; e < a.n_routed_experts; ++e) {
+      const double c = all_counts.data<float>()[s * a.n_routed_experts + e];
+      const int owner = int(e / el);
+      if (s == me && owner != me) leaving += c;
+      if (s != me && owner == me) arriving += c;
+    }
+  const double row_bytes = double(a.dim) * 4;
+  const std::map<distributed::CommOp, double> want_bytes = {
+      {distributed::CommOp::all_to_allv, 2 * (leaving + arriving) * row_bytes},
+      {distributed::CommOp::all_to_all, double(a.n_routed_experts) * 8 * (n - 1) / n}};
+  for (const auto& [op, bytes] : want_bytes) {
+    const auto it = stats.find({"ep_moe", op});
+    const double sent = it == stats.end() ? 0 : double(it->second.bytes);
+    EXPECT_NEAR(sent / bytes, 1.0, 1e-9) << distributed::comm_op_name(op) << ": " << sent << " bytes sent, " << bytes
+                                         << " analytic";
+  }
+}
+
+TEST(ExpertParallelMoE, DegreesThatDoNotDivideTheExpertsAreRefused) {
+  models::moe::MoEArgs a;
+  a.dim = 8, a.moe_inter_dim = 4, a.n_routed_experts = 3 * world().size() + 1, a.n_activated_experts = 2;
+  a.ep = &world();
+  if (world().size() == 1) GTEST_SKIP() << "one rank divides everything";
+  try {
+    models::moe::MoE m(a, 0.02);
+    FAIL() << a.n_routed_experts << " experts were divided over " << world().size() << " ranks";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("expert_parallel_degree = " + std::to_string(world().size()) + " does not divide the " +
+                               std::to_string(a.n_routed_experts) + " routed experts"),
+              std::string::npos)
+        << e.message();
+  }
+}
+
+// Training: every EP layout of this world size against one rank, 20 steps, f32, lr 3e-4 (as the
+// TP and CP layouts: MoE routing amplifies the last-bit differences of another summation order,
+// here the experts' weight gradients summed over all the group's rows in one GEMM).
+class EpLayouts : public TrainingSuite<EpLayouts, 260> {
+ public:
+  static constexpr const char* kTag = "ep_layouts";
+
+ protected:
+  struct Layout {
+    std::string name;
+    int64_t replicate = 1, shard = 1, tp = 1, ep = 1, cp = 1;
+  };
+  static train::JobConfig config(const std::string& model, const Layout& l, std::vector<std::string> extra = {}) {
+    std::string toml = base_toml(model, data(), root() / (model + "_" + l.name), 20);
+    toml += "[parallelism]\ndata_parallel_replicate_degree = " + std::to_string(l.replicate) +
+            "\ndata_parallel_shard_degree = " + std::to_string(l.shard) +
+            "\ntensor_parallel_degree = " + std::to_string(l.tp) + "\nexpert_parallel_degree = " + std::to_string(l.ep) +
+            "\ncontext_parallel_degree = " + std::to_string(l.cp) + "\n";
+    extra.insert(extra.begin(), "--optimizer.lr=3e-4");
+    if (model == "deepseek_v32") extra.insert(extra.begin(), "--model.converters=dsa_fused");
+    train::JobConfig cfg = train::parse_config(toml, l.name + ".toml", extra);
+    cfg.training.local_batch_size = 4 / (l.replicate * l.shard);
+    cfg.training.global_batch_size = 4;
+    return cfg;
+  }
+  static std::string describe(const Layout& l) {
+    std::string out;
+    for (const auto& [what, d] : {std::pair<const char*, int64_t>{"HSDP replicas", l.replicate}, {"FSDP", l.shard},
+                                  {"CP", l.cp}, {"TP", l.tp}, {"EP", l.ep}})
+      if (d > 1) out += (out.empty() ? "" : " x ") + std::string(what) + " " + std::to_string(d);
+    return out;
+  }
+};
+
+TEST_F(EpLayouts, DeepSeekReproducesOneRank) {
+  const int n = world().size();
+  for (const std::string model : {"deepseek_v3", "deepseek_v32"}) {
+    const auto one = reference_on_rank0(config(model, {"reference"}));
+    std::vector<Layout> layouts;
+    if (n == 2) layouts = {{"ep2", 1, 2, 1, 2}};
+    if (n == 4 && model == "deepseek_v3") layouts = {{"ep4", 1, 4, 1, 4}, {"fsdp4_ep2", 1, 4, 1, 2}, {"hsdp_ep2", 2, 2, 1, 2}};
+    if (n == 4 && model == "deepseek_v32") layouts = {{"fsdp2_tp2_ep4", 1, 2, 2, 4}, {"fsdp2_tp2_ep2", 1, 2, 2, 2}};
+    for (const Layout& l : layouts)
+      expect_same_losses(one, train_on(config(model, l), world()), 1e-5, model + " " + describe(l));
+  }
+}
+
+// EP borrowing context-parallel ranks: the deepseek_v32 sparse stage from step 1 (CP runs DSA
+// only), CP 2 x EP 2, and on 4 ranks FSDP 2 x CP 2 x EP 4.
+TEST_F(EpLayouts, DeepSeekV32UnderContextParallelReproducesOneRank) {
+  const int n = world().size();
+  const std::vector<std::string> sparse = {"--dsa.warmup_steps=0"};
+  const auto one = reference_on_rank0(config("deepseek_v32", {"sparse_reference"}, sparse));
+  const Layout l = n == 4 ? Layout{"fsdp2_cp2_ep4", 1, 2, 1, 4, 2} : Layout{"cp2_ep2", 1, 1, 1, 2, 2};
+  expect_same_losses(one, train_on(config("deepseek_v32", l, sparse), world()), 1e-5, "deepseek_v32 " + describe(l));
+}
+
+// A checkpoint saved under EP (each rank's experts, FSDP-sharded over the rest) resumes on one
+// rank, which continues the EP run's losses; the saved experts are whole [E, ...] tensors.
+TEST_F(EpLayouts, CheckpointsReshardBetweenEpAndOneRank) {
+  const int n = world().size();
+  const std::vector<std::string> save = {"--checkpoint.enable=true", "--checkpoint.interval=10",
+                                         "--checkpoint.keep_latest_k=0", "--checkpoint.last_save_model_only=false"};
+  const Layout ep = n == 4 ? Layout{"ckpt_ep", 1, 4, 1, 2} : Layout{"ckpt_ep", 1, 2, 1, 2};
+  const auto straight = train_on(config("deepseek_v3", ep, save), world());
+  ASSERT_EQ(straight.size(), 20u);
+  if (world().rank() == 0) {
+    const fs::path to = root() / "deepseek_v3_ckpt_one" / "checkpoint";
+    fs::create_directories(to);
+    fs::copy(root() / "deepseek_v3_ckpt_ep" / "checkpoint" / "step-10", to / "step-10", fs::copy_options::recursive);
+    const auto ckpt = checkpoint::load_checkpoint(to / "step-10");
+    EXPECT_EQ(ckpt.tensors.at("model.layers.1.moe.experts.w1").shape()[0], 8);
+  }
+  world().barrier().wait();
+  const auto one = reference_on_rank0(config("deepseek_v3", {"ckpt_one"}, save));
+  expect_same_losses(std::vector<double>(straight.begin() + 10, straight.end()), one, 1e-5, "EP checkpoint -> 1 rank");
+}
+
+TEST_F(EpLayouts, DegreesThatDoNotFitAreRefused) {
+  const int n = world().size();
+  const auto refused = [&](const train::JobConfig& cfg, const std::string& needle) {
+    try {
+      train::Trainer t(cfg, "bad_ep.toml", &world());
+      ADD_FAILURE() << "accepted; wanted an error with: " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(e.message().find(needle), std::string::npos) << e.message();
+    }
+  };
+  refused(config("deepseek_v3", {"bad_degree", 1, n, 1, n + 1}),
+          "parallelism.expert_parallel_degree = " + std::to_string(n + 1) + " cannot borrow its ranks");
+  std::vector<std::string> gather = {"--parallelism.moe_tp_scheme=gather"};
+  refused(config("deepseek_v3", {"bad_scheme", 1, 1, n, n}, gather), "moe_tp_scheme = \"gather\" with expert parallelism");
+}
+
+}  // namespace
