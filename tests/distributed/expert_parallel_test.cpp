@@ -1,9 +1,9 @@
 // Expert parallelism against one rank: the row exchange on awkward counts (empty blocks, a rank
 // that routes nothing), a MoE layer with its routed experts divided over the ranks against the
 // whole layer (outputs, every gradient, and the all-to-all bytes against the rows that must
-// cross), 20 training steps of each EP layout against the 1-rank run (deepseek_v3 and the
-// deepseek_v32 sparse stage; with FSDP, HSDP and TP), checkpoints resharding between EP and one
-// rank, and the errors of degrees that do not fit.
+// cross), 20 training steps of each EP layout against the 1-rank run (deepseek_v32, both DSA
+// stages; with FSDP, HSDP, TP and CP), checkpoints resharding between EP and one rank, and the
+// errors of degrees that do not fit.
 #include "distributed/common.h"
 #include "titan/autograd/ops.h"
 #include "titan/checkpoint/checkpoint.h"
@@ -180,17 +180,16 @@ class EpLayouts : public TrainingSuite<EpLayouts, 260> {
   }
 };
 
-TEST_F(EpLayouts, DeepSeekReproducesOneRank) {
+// deepseek_v32 through its dense warm-up (3 steps) and sparse stage: EP over all ranks, EP
+// 2 with the experts FSDP-sharded over 2, HSDP, and TP inside EP (the MoE TP fix).
+TEST_F(EpLayouts, DeepSeekV32ReproducesOneRank) {
   const int n = world().size();
-  for (const std::string model : {"deepseek_v3", "deepseek_v32"}) {
-    const auto one = reference_on_rank0(config(model, {"reference"}));
-    std::vector<Layout> layouts;
-    if (n == 2) layouts = {{"ep2", 1, 2, 1, 2}};
-    if (n == 4 && model == "deepseek_v3") layouts = {{"ep4", 1, 4, 1, 4}, {"fsdp4_ep2", 1, 4, 1, 2}, {"hsdp_ep2", 2, 2, 1, 2}};
-    if (n == 4 && model == "deepseek_v32") layouts = {{"fsdp2_tp2_ep4", 1, 2, 2, 4}, {"fsdp2_tp2_ep2", 1, 2, 2, 2}};
-    for (const Layout& l : layouts)
-      expect_same_losses(one, train_on(config(model, l), world()), 1e-5, model + " " + describe(l));
-  }
+  const auto one = reference_on_rank0(config("deepseek_v32", {"reference"}));
+  std::vector<Layout> layouts = {{"ep2", 1, 2, 1, 2}};
+  if (n == 4)
+    layouts = {{"ep4", 1, 4, 1, 4}, {"fsdp4_ep2", 1, 4, 1, 2}, {"hsdp_ep2", 2, 2, 1, 2}, {"fsdp2_tp2_ep4", 1, 2, 2, 4}};
+  for (const Layout& l : layouts)
+    expect_same_losses(one, train_on(config("deepseek_v32", l), world()), 1e-5, "deepseek_v32 " + describe(l));
 }
 
 // EP borrowing context-parallel ranks: the deepseek_v32 sparse stage from step 1 (CP runs DSA
@@ -210,17 +209,17 @@ TEST_F(EpLayouts, CheckpointsReshardBetweenEpAndOneRank) {
   const std::vector<std::string> save = {"--checkpoint.enable=true", "--checkpoint.interval=10",
                                          "--checkpoint.keep_latest_k=0", "--checkpoint.last_save_model_only=false"};
   const Layout ep = n == 4 ? Layout{"ckpt_ep", 1, 4, 1, 2} : Layout{"ckpt_ep", 1, 2, 1, 2};
-  const auto straight = train_on(config("deepseek_v3", ep, save), world());
+  const auto straight = train_on(config("deepseek_v32", ep, save), world());
   ASSERT_EQ(straight.size(), 20u);
   if (world().rank() == 0) {
-    const fs::path to = root() / "deepseek_v3_ckpt_one" / "checkpoint";
+    const fs::path to = root() / "deepseek_v32_ckpt_one" / "checkpoint";
     fs::create_directories(to);
-    fs::copy(root() / "deepseek_v3_ckpt_ep" / "checkpoint" / "step-10", to / "step-10", fs::copy_options::recursive);
+    fs::copy(root() / "deepseek_v32_ckpt_ep" / "checkpoint" / "step-10", to / "step-10", fs::copy_options::recursive);
     const auto ckpt = checkpoint::load_checkpoint(to / "step-10");
     EXPECT_EQ(ckpt.tensors.at("model.layers.1.moe.experts.w1").shape()[0], 8);
   }
   world().barrier().wait();
-  const auto one = reference_on_rank0(config("deepseek_v3", {"ckpt_one"}, save));
+  const auto one = reference_on_rank0(config("deepseek_v32", {"ckpt_one"}, save));
   expect_same_losses(std::vector<double>(straight.begin() + 10, straight.end()), one, 1e-5, "EP checkpoint -> 1 rank");
 }
 
