@@ -87,6 +87,37 @@ inline std::string base_toml(const std::string& model, const fs::path& data, con
   return toml;
 }
 
+// The [parallelism] degrees of a layout (1: that dimension not split).
+struct Degrees {
+  int64_t replicate = 1, shard = 1, cp = 1, tp = 1, ep = 1;
+};
+
+// The config of a `model` debug run of 20 steps into `run` laid out as `d`, with `extra`
+// overrides: a global batch of 4 sequences, each data-parallel rank's share of it per step.
+inline train::JobConfig layout_config(const std::string& model, const fs::path& data, const fs::path& run,
+                                      const Degrees& d, const std::vector<std::string>& extra = {}) {
+  std::string toml = base_toml(model, data, run, 20);
+  toml += "[parallelism]\ndata_parallel_replicate_degree = " + std::to_string(d.replicate) +
+          "\ndata_parallel_shard_degree = " + std::to_string(d.shard) + "\ncontext_parallel_degree = " +
+          std::to_string(d.cp) + "\ntensor_parallel_degree = " + std::to_string(d.tp) +
+          "\nexpert_parallel_degree = " + std::to_string(d.ep) + "\n";
+  train::JobConfig cfg = train::parse_config(toml, run.filename().string() + ".toml", extra);
+  cfg.training.global_batch_size = 4;
+  cfg.training.local_batch_size = 4 / (d.replicate * d.shard);
+  return cfg;
+}
+
+// What `f` throws: the Error's text (message, hint and site), or "(no error)".
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 // The per-step training losses of a run folder's metrics.jsonl (kind "validation": its
 // validation losses).
 inline std::vector<double> losses_of(const fs::path& run, const std::string& kind = "train") {

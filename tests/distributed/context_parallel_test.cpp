@@ -184,13 +184,9 @@ class CpLayouts : public TrainingSuite<CpLayouts> {
  protected:
   static train::JobConfig config(const std::string& name, int64_t shard, int64_t cp, int64_t local,
                                  std::vector<std::string> extra = {}) {
-    std::string toml = base_toml("deepseek_v32", data(), root() / name, 20);
-    toml += "[parallelism]\ndata_parallel_shard_degree = " + std::to_string(shard) +
-            "\ncontext_parallel_degree = " + std::to_string(cp) + "\n";
     extra.insert(extra.begin(), {"--dsa.warmup_steps=0", "--model.converters=dsa_fused", "--optimizer.lr=3e-4"});
-    train::JobConfig cfg = train::parse_config(toml, name + ".toml", extra);
+    train::JobConfig cfg = layout_config("deepseek_v32", data(), root() / name, {.shard = shard, .cp = cp}, extra);
     cfg.training.local_batch_size = local;
-    cfg.training.global_batch_size = 4;
     return cfg;
   }
 };

@@ -135,15 +135,11 @@ TEST(ExpertParallelMoE, DegreesThatDoNotDivideTheExpertsAreRefused) {
   a.dim = 8, a.moe_inter_dim = 4, a.n_routed_experts = 3 * world().size() + 1, a.n_activated_experts = 2;
   a.ep = &world();
   if (world().size() == 1) GTEST_SKIP() << "one rank divides everything";
-  try {
-    models::moe::MoE m(a, 0.02);
-    FAIL() << a.n_routed_experts << " experts were divided over " << world().size() << " ranks";
-  } catch (const Error& e) {
-    EXPECT_NE(e.message().find("expert_parallel_degree = " + std::to_string(world().size()) + " does not divide the " +
-                               std::to_string(a.n_routed_experts) + " routed experts"),
-              std::string::npos)
-        << e.message();
-  }
+  const std::string error = error_of([&] { models::moe::MoE m(a, 0.02); });
+  EXPECT_NE(error.find("expert_parallel_degree = " + std::to_string(world().size()) + " does not divide the " +
+                       std::to_string(a.n_routed_experts) + " routed experts"),
+            std::string::npos)
+      << error;
 }
 
 // Training: every EP layout of this world size against one rank, 20 steps, f32, lr 3e-4 (as the
@@ -156,40 +152,39 @@ class EpLayouts : public TrainingSuite<EpLayouts, 260> {
  protected:
   struct Layout {
     std::string name;
-    int64_t replicate = 1, shard = 1, tp = 1, ep = 1, cp = 1;
+    Degrees d;
+    std::vector<std::string> extra = {};  // more keys, as command-line overrides
   };
   static train::JobConfig config(const std::string& model, const Layout& l, std::vector<std::string> extra = {}) {
-    std::string toml = base_toml(model, data(), root() / (model + "_" + l.name), 20);
-    toml += "[parallelism]\ndata_parallel_replicate_degree = " + std::to_string(l.replicate) +
-            "\ndata_parallel_shard_degree = " + std::to_string(l.shard) +
-            "\ntensor_parallel_degree = " + std::to_string(l.tp) + "\nexpert_parallel_degree = " + std::to_string(l.ep) +
-            "\ncontext_parallel_degree = " + std::to_string(l.cp) + "\n";
     extra.insert(extra.begin(), "--optimizer.lr=3e-4");
     if (model == "deepseek_v32") extra.insert(extra.begin(), "--model.converters=dsa_fused");
-    train::JobConfig cfg = train::parse_config(toml, l.name + ".toml", extra);
-    cfg.training.local_batch_size = 4 / (l.replicate * l.shard);
-    cfg.training.global_batch_size = 4;
-    return cfg;
+    extra.insert(extra.end(), l.extra.begin(), l.extra.end());
+    return layout_config(model, data(), root() / (model + "_" + l.name), l.d, extra);
   }
   static std::string describe(const Layout& l) {
     std::string out;
-    for (const auto& [what, d] : {std::pair<const char*, int64_t>{"HSDP replicas", l.replicate}, {"FSDP", l.shard},
-                                  {"CP", l.cp}, {"TP", l.tp}, {"EP", l.ep}})
+    for (const auto& [what, d] : {std::pair<const char*, int64_t>{"HSDP replicas", l.d.replicate}, {"FSDP", l.d.shard},
+                                  {"CP", l.d.cp}, {"TP", l.d.tp}, {"EP", l.d.ep}})
       if (d > 1) out += (out.empty() ? "" : " x ") + std::string(what) + " " + std::to_string(d);
     return out;
   }
 };
 
 // deepseek_v32 through its dense warm-up (3 steps) and sparse stage: EP over all ranks, EP
-// 2 with the experts FSDP-sharded over 2, HSDP, and TP inside EP (the MoE TP fix).
+// 2 with the experts FSDP-sharded over 2, HSDP, and TP inside EP (the MoE TP fix); under
+// activation checkpointing the recomputed forward exchanges the rows again.
 TEST_F(EpLayouts, DeepSeekV32ReproducesOneRank) {
   const int n = world().size();
   const auto one = reference_on_rank0(config("deepseek_v32", {"reference"}));
-  std::vector<Layout> layouts = {{"ep2", 1, 2, 1, 2}};
+  std::vector<Layout> layouts = {{"ep2_ac", {.shard = 2, .ep = 2}, {"--activation_checkpoint.mode=selective"}}};
   if (n == 4)
-    layouts = {{"ep4", 1, 4, 1, 4}, {"fsdp4_ep2", 1, 4, 1, 2}, {"hsdp_ep2", 2, 2, 1, 2}, {"fsdp2_tp2_ep4", 1, 2, 2, 4}};
+    layouts = {{"ep4", {.shard = 4, .ep = 4}},
+               {"fsdp4_ep2_ac", {.shard = 4, .ep = 2}, {"--activation_checkpoint.mode=full"}},
+               {"hsdp_ep2", {.replicate = 2, .shard = 2, .ep = 2}},
+               {"fsdp2_tp2_ep4", {.shard = 2, .tp = 2, .ep = 4}}};
   for (const Layout& l : layouts)
-    expect_same_losses(one, train_on(config("deepseek_v32", l), world()), 1e-5, "deepseek_v32 " + describe(l));
+    expect_same_losses(one, train_on(config("deepseek_v32", l), world()), 1e-5,
+                       "deepseek_v32 " + describe(l) + (l.extra.empty() ? "" : ", " + l.extra[0]));
 }
 
 // EP borrowing context-parallel ranks: the deepseek_v32 sparse stage from step 1 (CP runs DSA
@@ -198,7 +193,8 @@ TEST_F(EpLayouts, DeepSeekV32UnderContextParallelReproducesOneRank) {
   const int n = world().size();
   const std::vector<std::string> sparse = {"--dsa.warmup_steps=0"};
   const auto one = reference_on_rank0(config("deepseek_v32", {"sparse_reference"}, sparse));
-  const Layout l = n == 4 ? Layout{"fsdp2_cp2_ep4", 1, 2, 1, 4, 2} : Layout{"cp2_ep2", 1, 1, 1, 2, 2};
+  const Layout l = n == 4 ? Layout{"fsdp2_cp2_ep4", {.shard = 2, .cp = 2, .ep = 4}}
+                           : Layout{"cp2_ep2", {.cp = 2, .ep = 2}};
   expect_same_losses(one, train_on(config("deepseek_v32", l, sparse), world()), 1e-5, "deepseek_v32 " + describe(l));
 }
 
@@ -208,7 +204,7 @@ TEST_F(EpLayouts, CheckpointsReshardBetweenEpAndOneRank) {
   const int n = world().size();
   const std::vector<std::string> save = {"--checkpoint.enable=true", "--checkpoint.interval=10",
                                          "--checkpoint.keep_latest_k=0", "--checkpoint.last_save_model_only=false"};
-  const Layout ep = n == 4 ? Layout{"ckpt_ep", 1, 4, 1, 2} : Layout{"ckpt_ep", 1, 2, 1, 2};
+  const Layout ep = n == 4 ? Layout{"ckpt_ep", {.shard = 4, .ep = 2}} : Layout{"ckpt_ep", {.shard = 2, .ep = 2}};
   const auto straight = train_on(config("deepseek_v32", ep, save), world());
   ASSERT_EQ(straight.size(), 20u);
   if (world().rank() == 0) {
@@ -226,17 +222,13 @@ TEST_F(EpLayouts, CheckpointsReshardBetweenEpAndOneRank) {
 TEST_F(EpLayouts, DegreesThatDoNotFitAreRefused) {
   const int n = world().size();
   const auto refused = [&](const train::JobConfig& cfg, const std::string& needle) {
-    try {
-      train::Trainer t(cfg, "bad_ep.toml", &world());
-      ADD_FAILURE() << "accepted; wanted an error with: " << needle;
-    } catch (const Error& e) {
-      EXPECT_NE(e.message().find(needle), std::string::npos) << e.message();
-    }
+    const std::string error = error_of([&] { train::Trainer t(cfg, "bad_ep.toml", &world()); });
+    EXPECT_NE(error.find(needle), std::string::npos) << error;
   };
-  refused(config("deepseek_v3", {"bad_degree", 1, n, 1, n + 1}),
+  refused(config("deepseek_v3", {"bad_degree", {.shard = n, .ep = n + 1}}),
           "parallelism.expert_parallel_degree = " + std::to_string(n + 1) + " cannot borrow its ranks");
   std::vector<std::string> gather = {"--parallelism.moe_tp_scheme=gather"};
-  refused(config("deepseek_v3", {"bad_scheme", 1, 1, n, n}, gather), "moe_tp_scheme = \"gather\" with expert parallelism");
+  refused(config("deepseek_v3", {"bad_scheme", {.tp = n, .ep = n}}, gather), "moe_tp_scheme = \"gather\" with expert parallelism");
 }
 
 }  // namespace

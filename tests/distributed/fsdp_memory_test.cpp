@@ -60,8 +60,9 @@ TEST(FsdpMemory, OnlyTheUnitsInFlightAreGathered) {
       EXPECT_EQ(fsdp.gathered_bytes(), 0) << "mtp " << mtp << ": gathered after the step";
       EXPECT_LE(fsdp.peak_gathered_bytes(), bound) << "mtp " << mtp;
       EXPECT_GT(fsdp.peak_gathered_bytes(), head + root) << "mtp " << mtp;
-      for (const nn::TrainableParam& p : fsdp.params())
+      for (const nn::TrainableParam& p : fsdp.params()) {
         if (p.var.value().numel() > 0) EXPECT_TRUE(p.var.grad().defined()) << p.name << " got no gradient, mtp " << mtp;
+      }
     }
   }
 }

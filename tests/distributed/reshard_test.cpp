@@ -37,16 +37,6 @@ std::vector<double> tail(const std::vector<double>& losses, size_t from) {
   return std::vector<double>(losses.begin() + long(std::min(from, losses.size())), losses.end());
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 }  // namespace
 
 TEST(Reshard, SavedOnAllRanksResumesOnFewerAndOnDdp) {

@@ -22,7 +22,7 @@ namespace {
 struct Case {
   std::string name;
   int64_t replicate = 1, shard = 1, local_batch = 2;
-  std::vector<std::string> extra;  // more keys, as command-line overrides
+  std::vector<std::string> extra = {};  // more keys, as command-line overrides
 };
 
 class Layouts : public TrainingSuite<Layouts> {
