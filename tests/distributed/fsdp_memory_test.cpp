@@ -61,7 +61,8 @@ TEST(FsdpMemory, OnlyTheUnitsInFlightAreGathered) {
       EXPECT_LE(fsdp.peak_gathered_bytes(), bound) << "mtp " << mtp;
       EXPECT_GT(fsdp.peak_gathered_bytes(), head + root) << "mtp " << mtp;
       for (const nn::TrainableParam& p : fsdp.params()) {
-        if (p.var.value().numel() > 0) EXPECT_TRUE(p.var.grad().defined()) << p.name << " got no gradient, mtp " << mtp;
+        if (p.var.value().numel() == 0) continue;  // a shard of padding rows only
+        EXPECT_TRUE(p.var.grad().defined()) << p.name << " got no gradient, mtp " << mtp;
       }
     }
   }
