@@ -177,15 +177,16 @@ TEST(DsaContextParallel, SettingsItCannotRunAreRefused) {
 // gradient spike makes the last-bit differences of CP's other summation order (weight
 // gradients summed over ranks, key gradients over chunks) grow through MoE routing and top-k
 // selection (TITAN_PRINT_LOSSES=1 prints every step's pair).
-class CpLayouts : public TrainingSuite<CpLayouts> {
+class CpLayouts : public TrainingSuite<CpLayouts, 260> {  // 260: TP 2 divides the vocabulary
  public:
   static constexpr const char* kTag = "cp_layouts";
 
  protected:
   static train::JobConfig config(const std::string& name, int64_t shard, int64_t cp, int64_t local,
-                                 std::vector<std::string> extra = {}) {
+                                 std::vector<std::string> extra = {}, int64_t tp = 1) {
     extra.insert(extra.begin(), {"--dsa.warmup_steps=0", "--model.converters=dsa_fused", "--optimizer.lr=3e-4"});
-    train::JobConfig cfg = layout_config("deepseek_v32", data(), root() / name, {.shard = shard, .cp = cp}, extra);
+    train::JobConfig cfg =
+        layout_config("deepseek_v32", data(), root() / name, {.shard = shard, .cp = cp, .tp = tp}, extra);
     cfg.training.local_batch_size = local;
     return cfg;
   }
@@ -202,6 +203,10 @@ TEST_F(CpLayouts, DeepSeekV32SparseStageReproducesOneRank) {
     expect_same_losses(one, train_on(config("fsdp_cp", 2, 2, 2, validation_every_10(2)), world()), 1e-5, "FSDP 2 x CP 2");
     expect_same_losses(one, train_on(config("fsdp_cp_ac", 2, 2, 2, {"--activation_checkpoint.mode=full"}), world()),
                        1e-5, "FSDP 2 x CP 2, full activation checkpointing");
+    // TP inside each CP rank's chunks: sequence-parallel pieces of them, heads split, loss parallel.
+    expect_same_losses(one, train_on(config("cp_tp", 1, 2, 4, validation_every_10(4), 2), world()), 1e-5, "CP 2 x TP 2");
+    expect_same_losses(losses_of(root() / "reference", "validation"), losses_of(root() / "cp_tp", "validation"), 1e-5,
+                       "CP 2 x TP 2, validation loss");
   }
 }
 
@@ -209,12 +214,18 @@ TEST_F(CpLayouts, ASequenceThatDoesNotSplitIsRefused) {
   const int n = world().size();
   train::JobConfig cfg = config("bad_seq", 1, n, 4);
   cfg.training.seq_len = 2 * n * 8 + 2;
-  try {
-    train::Trainer t(cfg, "bad_seq.toml", &world());
-    FAIL() << "seq_len " << cfg.training.seq_len << " was split over CP " << n;
-  } catch (const Error& e) {
-    EXPECT_NE(e.message().find("bad_seq.toml: training.seq_len"), std::string::npos) << e.message();
-  }
+  const std::string error = error_of([&] { train::Trainer t(cfg, "bad_seq.toml", &world()); });
+  EXPECT_NE(error.find("bad_seq.toml: training.seq_len = " + std::to_string(cfg.training.seq_len)), std::string::npos)
+      << error;
+  if (n != 4) return;
+  // CP 2 x TP 2: 68 tokens make 4 head-tail chunks of 17, which TP 2 cannot split.
+  train::JobConfig both = config("bad_seq_tp", 1, 2, 4, {}, 2);
+  both.training.seq_len = 68;
+  const std::string pieces = error_of([&] { train::Trainer t(both, "bad_seq_tp.toml", &world()); });
+  EXPECT_NE(pieces.find("training.seq_len = 68 does not split into 2 x context_parallel_degree x tensor_parallel_degree = 8"),
+            std::string::npos)
+      << pieces;
+  EXPECT_NE(pieces.find("make it a multiple of 8"), std::string::npos) << pieces;
 }
 
 }  // namespace

@@ -152,7 +152,7 @@ class EpLayouts : public TrainingSuite<EpLayouts, 260> {
  protected:
   struct Layout {
     std::string name;
-    Degrees d;
+    Degrees d = {};
     std::vector<std::string> extra = {};  // more keys, as command-line overrides
   };
   static train::JobConfig config(const std::string& model, const Layout& l, std::vector<std::string> extra = {}) {
@@ -188,12 +188,12 @@ TEST_F(EpLayouts, DeepSeekV32ReproducesOneRank) {
 }
 
 // EP borrowing context-parallel ranks: the deepseek_v32 sparse stage from step 1 (CP runs DSA
-// only), CP 2 x EP 2, and on 4 ranks FSDP 2 x CP 2 x EP 4.
+// only), CP 2 x EP 2, and on 4 ranks CP 2 x TP 2 x EP 4 (every rank its own experts).
 TEST_F(EpLayouts, DeepSeekV32UnderContextParallelReproducesOneRank) {
   const int n = world().size();
   const std::vector<std::string> sparse = {"--dsa.warmup_steps=0"};
   const auto one = reference_on_rank0(config("deepseek_v32", {"sparse_reference"}, sparse));
-  const Layout l = n == 4 ? Layout{"fsdp2_cp2_ep4", {.shard = 2, .cp = 2, .ep = 4}}
+  const Layout l = n == 4 ? Layout{"cp2_tp2_ep4", {.cp = 2, .tp = 2, .ep = 4}}
                            : Layout{"cp2_ep2", {.cp = 2, .ep = 2}};
   expect_same_losses(one, train_on(config("deepseek_v32", l, sparse), world()), 1e-5, "deepseek_v32 " + describe(l));
 }

@@ -58,6 +58,15 @@ void check_supported(const JobConfig& c, const std::string& source) {
                   ": this build parallelizes over data (DDP, FSDP, HSDP), tensors (TP), context (CP) and experts (EP) only",
               "set it to 1 and spread the ranks with data_parallel_shard_degree / data_parallel_replicate_degree");
   const int64_t tp = p.tensor_parallel_degree;
+  const int64_t cp = p.context_parallel_degree;
+  // Under CP each rank holds 2 head-tail chunks of every sequence, which TP then splits.
+  for (const auto& [key, len] : {std::pair<const char*, int64_t>{"training.seq_len", c.training.seq_len},
+                                 {"validation.seq_len", c.validation.enable ? c.validation.seq_len : 0}})
+    TITAN_CHECK(tp <= 1 || cp <= 1 || len % (2 * cp * tp) == 0,
+                source + ": " + key + " = " + std::to_string(len) + " does not split into 2 x context_parallel_degree x "
+                "tensor_parallel_degree = " + std::to_string(2 * cp * tp) + " pieces (each rank's two head-tail chunks, "
+                "split over its TP ranks)",
+                "make it a multiple of " + std::to_string(2 * cp * tp));
   TITAN_CHECK(tp < 1 || (c.training.local_batch_size * c.training.seq_len) % tp == 0,
               source + ": training.local_batch_size x training.seq_len = " +
                   std::to_string(c.training.local_batch_size * c.training.seq_len) +
@@ -69,7 +78,6 @@ void check_supported(const JobConfig& c, const std::string& source) {
               source + ": validation.local_batch_size x validation.seq_len do not split over parallelism."
                        "tensor_parallel_degree = " + std::to_string(tp) + " sequence-parallel ranks",
               "make validation.seq_len a multiple of tensor_parallel_degree");
-  const int64_t cp = p.context_parallel_degree;
   for (const auto& [key, len] : {std::pair<const char*, int64_t>{"training.seq_len", c.training.seq_len},
                                  {"validation.seq_len", c.validation.enable ? c.validation.seq_len : 0}})
     TITAN_CHECK(cp < 1 || len % (2 * cp) == 0,

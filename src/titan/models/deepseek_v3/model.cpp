@@ -167,8 +167,6 @@ Variable Transformer::forward(const Tensor& tokens) {
 
 void Transformer::set_context_parallel(const distributed::ProcessGroup* cp) {
   if (!cp || cp->size() == 1) return;
-  TITAN_CHECK(!tp_, "tensor and context parallelism together are not in this build",
-              "set tensor_parallel_degree = 1 or context_parallel_degree = 1");
   TITAN_CHECK(args_.has_indexer(), "parallelism.context_parallel_degree = " + std::to_string(cp->size()) +
                                        ": this build runs DeepSeek-V3's dense MLA on whole sequences (ring attention is not in it)",
               "set context_parallel_degree = 1, or train deepseek_v32 (DeepSeek Sparse Attention) in its sparse stage");
@@ -280,7 +278,7 @@ std::pair<Variable, double> Transformer::language_model_loss(const Tensor& token
   const distributed::CpLayout layout = distributed::cp_layout(*cp_, tokens.size(1));
   const Tensor mine = distributed::local_chunks(targets.view(tokens.shape()), layout);
   const Tensor mine_flat = mine.view({mine.numel()});
-  Variable ce = autograd::cross_entropy(forward(tokens), mine_flat);  // the mean over this rank's valid tokens
+  Variable ce = next_token_loss(forward(tokens), mine_flat);  // the mean over this rank's valid tokens
   double valid = 0;
   for (int64_t i = 0; i < mine_flat.numel(); ++i) valid += mine_flat.data<int32_t>()[i] != kernels::kIgnoreIndex;
   double sums[2] = {ce.value().item() * valid, valid};
