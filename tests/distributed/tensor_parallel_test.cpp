@@ -347,3 +347,14 @@ TEST_F(TpLayouts, AVocabularyTheDegreeDoesNotDivideIsRefused) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST_F(TpLayouts, AsyncTensorParallelIsRefusedByName) {
+  const train::JobConfig cfg = config("async_tp", 1, world().size(), 1, 4, {"--parallelism.enable_async_tensor_parallel=true"});
+  const std::string error = error_of([&] { train::Trainer t(cfg, "async_tp.toml", &world()); });
+  EXPECT_NE(error.find("async_tp.toml: parallelism.enable_async_tensor_parallel = true"), std::string::npos) << error;
+  EXPECT_NE(error.find("set parallelism.enable_async_tensor_parallel = false"), std::string::npos) << error;
+}
+
+}  // namespace

@@ -811,6 +811,10 @@ const std::vector<KeySpec>& config_schema() {
        "the embedding and every block but not the output head (whose backward follows at once)."},
       {"parallelism", "tensor_parallel_degree", member<&C::parallelism, &Parallelism::tensor_parallel_degree>,
        at_least(1), "Tensor- and sequence-parallel ranks."},
+      {"parallelism", "enable_async_tensor_parallel",
+       member<&C::parallelism, &Parallelism::enable_async_tensor_parallel>, anything(),
+       "TorchTitan's asynchronous TP (all-gather + matmul and matmul + reduce-scatter in overlapping chunks). Not "
+       "in this build: true is refused."},
       {"parallelism", "moe_tp_scheme", member<&C::parallelism, &Parallelism::moe_tp_scheme>, one_of({"sequence", "gather"}),
        "Mixture-of-experts layers under tensor parallelism. sequence (torchtitan-npu's MoE TP fix): each rank "
        "routes its own sequence piece to whole routed experts, with no TP communication around them. gather "

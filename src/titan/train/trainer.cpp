@@ -57,6 +57,10 @@ void check_supported(const JobConfig& c, const std::string& source) {
               source + ": parallelism.pipeline_parallel_degree = " + std::to_string(p.pipeline_parallel_degree) +
                   ": this build parallelizes over data (DDP, FSDP, HSDP), tensors (TP), context (CP) and experts (EP) only",
               "set it to 1 and spread the ranks with data_parallel_shard_degree / data_parallel_replicate_degree");
+  TITAN_CHECK(!p.enable_async_tensor_parallel,
+              source + ": parallelism.enable_async_tensor_parallel = true: asynchronous tensor parallelism is not in "
+                       "this build (TP's all-gathers and reduce-scatters run whole, not in chunks that overlap the GEMMs)",
+              "set parallelism.enable_async_tensor_parallel = false");
   const int64_t tp = p.tensor_parallel_degree;
   const int64_t cp = p.context_parallel_degree;
   // Under CP each rank holds 2 head-tail chunks of every sequence, which TP then splits.
