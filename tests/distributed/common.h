@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/byte_dataset.h"
+#include "common/error_of.h"
 #include "titan/core/rng.h"
 #include "titan/distributed/comm_engine.h"
 #include "titan/train/trainer.h"
@@ -105,17 +106,6 @@ inline train::JobConfig layout_config(const std::string& model, const fs::path& 
   cfg.training.global_batch_size = 4;
   cfg.training.local_batch_size = 4 / (d.replicate * d.shard);
   return cfg;
-}
-
-// What `f` throws: the Error's text (message, hint and site), or "(no error)".
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // The per-step training losses of a run folder's metrics.jsonl (kind "validation": its

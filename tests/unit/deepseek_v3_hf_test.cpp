@@ -11,6 +11,7 @@
 #include <fstream>
 #include <tuple>
 
+#include "common/error_of.h"
 #include "common/kernel_check.h"
 #include "titan/checkpoint/checkpoint.h"
 #include "titan/cli/ckpt_cli.h"
@@ -60,15 +61,7 @@ std::vector<std::pair<std::string, Tensor>> random_state(const DeepSeekV3Args& a
   return out;
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 void expect_contains(const std::string& text, const std::string& part) {
   EXPECT_NE(text.find(part), std::string::npos) << "'" << part << "' not in: " << text;
@@ -552,8 +545,10 @@ std::string no_mtp_note(const std::string& dir) {
 // Every tensor of `b` is in `a` with the same values, and the other way round.
 void expect_same_tensors(const checkpoint::HfFolder& a, const checkpoint::HfFolder& b) {
   EXPECT_EQ(a.names(), b.names());
-  for (const std::string& n : a.names())
-    if (b.contains(n)) EXPECT_EQ(test::to_doubles(b.load_f32(n)), test::to_doubles(a.load_f32(n))) << n;
+  for (const std::string& n : a.names()) {
+    if (!b.contains(n)) continue;
+    EXPECT_EQ(test::to_doubles(b.load_f32(n)), test::to_doubles(a.load_f32(n))) << n;
+  }
 }
 
 }  // namespace
