@@ -227,6 +227,10 @@ TEST_F(EpLayouts, DegreesThatDoNotFitAreRefused) {
   };
   refused(config("deepseek_v3", {"bad_degree", {.shard = n, .ep = n + 1}}),
           "parallelism.expert_parallel_degree = " + std::to_string(n + 1) + " cannot borrow its ranks");
+  models::ModelOptions dense;  // a model without experts refuses EP rather than ignoring it
+  dense.ep = &world();
+  const std::string llama3 = error_of([&] { models::build_model("llama3", "debugmodel", 260, 64, dense); });
+  EXPECT_NE(llama3.find("llama3 has no experts to divide"), std::string::npos) << llama3;
   std::vector<std::string> gather = {"--parallelism.moe_tp_scheme=gather"};
   refused(config("deepseek_v3", {"bad_scheme", {.tp = n, .ep = n}}, gather), "moe_tp_scheme = \"gather\" with expert parallelism");
 }

@@ -430,7 +430,9 @@ void CommEngine::start_request(Request& r) {
       break;
     case CommOp::all_gatherv: {
       std::vector<int> counts(static_cast<size_t>(n)), displs(static_cast<size_t>(n));
-      for (int i = 0, off = 0; i < n; ++i) counts[size_t(i)] = mpi_count(r.recv_counts[size_t(i)]), displs[size_t(i)] = off, off += counts[size_t(i)];
+      // Offsets are checked like counts: each fits an int only while the running total does.
+      for (int64_t i = 0, off = 0; i < n; ++i)
+        counts[size_t(i)] = mpi_count(r.recv_counts[size_t(i)]), displs[size_t(i)] = mpi_count(off), off += counts[size_t(i)];
       check_mpi(MPI_Iallgatherv(r.in, mpi_count(r.in_elems), t, r.out, counts.data(), displs.data(), t, g.comm, &h),
                 "MPI_Iallgatherv");
       break;
@@ -441,9 +443,9 @@ void CommEngine::start_request(Request& r) {
     case CommOp::all_to_allv: {
       const size_t members = static_cast<size_t>(n);
       std::vector<int> sc(members), sd(members), rc(members), rd(members);
-      for (int i = 0, so = 0, ro = 0; i < n; ++i) {
-        sc[size_t(i)] = mpi_count(r.send_counts[size_t(i)]), sd[size_t(i)] = so, so += sc[size_t(i)];
-        rc[size_t(i)] = mpi_count(r.recv_counts[size_t(i)]), rd[size_t(i)] = ro, ro += rc[size_t(i)];
+      for (int64_t i = 0, so = 0, ro = 0; i < n; ++i) {
+        sc[size_t(i)] = mpi_count(r.send_counts[size_t(i)]), sd[size_t(i)] = mpi_count(so), so += sc[size_t(i)];
+        rc[size_t(i)] = mpi_count(r.recv_counts[size_t(i)]), rd[size_t(i)] = mpi_count(ro), ro += rc[size_t(i)];
       }
       check_mpi(MPI_Ialltoallv(r.in, sc.data(), sd.data(), t, r.out, rc.data(), rd.data(), t, g.comm, &h), "MPI_Ialltoallv");
       break;

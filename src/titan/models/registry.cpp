@@ -73,7 +73,12 @@ void refuse_dsa_options(const std::string& name, const ModelOptions& options) {
 // DeepSeek-V3.2 trains on the [dsa] schedule with the converters' kernels.
 std::unique_ptr<CausalLM> with_training_options(std::unique_ptr<deepseek_v3::Transformer> m, const std::string& name,
                                                 const ModelOptions& options) {
-  if (m->args().has_indexer()) m->set_dsa_schedule(options.dsa, deepseek_v3::dsa_impl_from_converters(options.converters));
+  const deepseek_v3::DeepSeekV3Args& a = m->args();
+  TITAN_CHECK(!options.ep || options.ep->size() == 1 || a.n_dense_layers < a.n_layers + a.num_mtp_layers,
+              "parallelism.expert_parallel_degree = " + std::to_string(options.ep ? options.ep->size() : 1) +
+                  ": this " + name + " architecture has no MoE layer (n_dense_layers = " + std::to_string(a.n_dense_layers) + ")",
+              "set expert_parallel_degree = 1");
+  if (a.has_indexer()) m->set_dsa_schedule(options.dsa, deepseek_v3::dsa_impl_from_converters(options.converters));
   else refuse_dsa_options(name, options);
   m->set_context_parallel(options.cp);
   return m;
@@ -93,6 +98,10 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
                 "parallelism.context_parallel_degree = " + std::to_string(options.cp ? options.cp->size() : 1) +
                     ": llama3's dense attention would need ring attention, which is not in this build",
                 "set context_parallel_degree = 1 (context parallelism runs deepseek_v32's sparse attention)");
+    TITAN_CHECK(!options.ep || options.ep->size() == 1,
+                "parallelism.expert_parallel_degree = " + std::to_string(options.ep ? options.ep->size() : 1) +
+                    ": llama3 has no experts to divide",
+                "set expert_parallel_degree = 1 (expert parallelism splits deepseek_v3 / deepseek_v32's routed experts)");
     llama3::Llama3Args a = llama3::llama3_flavor(flavor, vocab_size);
     a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
     return std::make_unique<llama3::Transformer>(a, options.tp);

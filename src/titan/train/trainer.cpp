@@ -237,7 +237,7 @@ std::unique_ptr<distributed::DataParallel> make_data_parallel(models::CausalLM& 
     o.bf16_params = model.compute_dtype() == DType::bf16;
     o.seed = seed;
     return std::make_unique<distributed::Fsdp>(model, units, mesh.fsdp(), &mesh.group(MeshDim::dp_replicate), o,
-                                               &mesh.efsdp());
+                                               mesh.ep().size() > 1 ? &mesh.efsdp() : nullptr);
   }
   model.init_parameters(seed);
   model.refresh_compute_copies();
