@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -184,6 +185,18 @@ inline void expect_close(const Tensor& want, const Tensor& got, double tol, cons
   }
   if (w.numel() > 0) {
     EXPECT_NEAR(g.data<float>()[worst], w.data<float>()[worst], tol * std::max(scale, 1e-30)) << what << " at " << worst;
+  }
+}
+
+// The bytes this rank sent on `group` per collective type equal the analytic minimum (ratio 1
+// within 1e-9); an op the stats lack sent nothing.
+inline void expect_analytic_traffic(const std::map<std::pair<std::string, distributed::CommOp>, distributed::CommStats>& stats,
+                                    const std::string& group, const std::map<distributed::CommOp, double>& want_bytes) {
+  for (const auto& [op, bytes] : want_bytes) {
+    const auto it = stats.find({group, op});
+    const double sent = it == stats.end() ? 0 : double(it->second.bytes);
+    EXPECT_NEAR(sent / bytes, 1.0, 1e-9) << group << " " << distributed::comm_op_name(op) << ": " << sent
+                                         << " bytes sent, " << bytes << " analytic";
   }
 }
 

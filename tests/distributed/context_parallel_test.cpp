@@ -131,12 +131,9 @@ TEST(DsaContextParallel, SparseStageEqualsTheWholeModel) {
     const auto a = models::deepseek_v3::deepseek_v32_flavor("debugmodel", vocab);
     const double row_bytes = double(a.kv_lora_rank + a.qk_rope_head_dim + a.index_head_dim) * 4;
     const double per_op = double(a.n_layers) * double(c - 1) / c * double(b * s) * row_bytes;
-    for (distributed::CommOp op : {distributed::CommOp::all_gather, distributed::CommOp::reduce_scatter}) {
-      const auto it = stats.find({"cp_dsa", op});
-      const double sent = it == stats.end() ? 0 : double(it->second.bytes);
-      EXPECT_NEAR(sent / per_op, 1.0, 1e-9) << distributed::comm_op_name(op) << ": " << sent << " bytes sent, " << per_op
-                                            << " analytic (S " << s << ")";
-    }
+    SCOPED_TRACE("S " + std::to_string(s));
+    expect_analytic_traffic(stats, "cp_dsa", {{distributed::CommOp::all_gather, per_op},
+                                              {distributed::CommOp::reduce_scatter, per_op}});
   }
 }
 

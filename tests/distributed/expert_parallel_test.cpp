@@ -122,12 +122,7 @@ TEST(ExpertParallelMoE, EqualsTheWholeLayerWithTheAnalyticTraffic) {
   const std::map<distributed::CommOp, double> want_bytes = {
       {distributed::CommOp::all_to_allv, 2 * (leaving + arriving) * row_bytes},
       {distributed::CommOp::all_to_all, double(a.n_routed_experts) * 8 * (n - 1) / n}};
-  for (const auto& [op, bytes] : want_bytes) {
-    const auto it = stats.find({"ep_moe", op});
-    const double sent = it == stats.end() ? 0 : double(it->second.bytes);
-    EXPECT_NEAR(sent / bytes, 1.0, 1e-9) << distributed::comm_op_name(op) << ": " << sent << " bytes sent, " << bytes
-                                         << " analytic";
-  }
+  expect_analytic_traffic(stats, "ep_moe", want_bytes);
 }
 
 TEST(ExpertParallelMoE, DegreesThatDoNotDivideTheExpertsAreRefused) {

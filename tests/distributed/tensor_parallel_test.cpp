@@ -150,12 +150,7 @@ TEST(TensorParallelLlama3, OneStepEqualsTheWholeModelWithTheAnalyticTraffic) {
       {distributed::CommOp::all_gather, 2 * sublayer_pairs * share * x},
       {distributed::CommOp::reduce_scatter, 2 * sublayer_pairs * share * x},
       {distributed::CommOp::all_reduce, 2 * share * (3.0 * double(n) * 4 + double(replicated) * 4)}};
-  for (const auto& [op, bytes] : want_bytes) {
-    const auto it = stats.find({"tp_llama3", op});
-    const double sent = it == stats.end() ? 0 : double(it->second.bytes);
-    EXPECT_NEAR(sent / bytes, 1.0, 1e-9) << distributed::comm_op_name(op) << ": " << sent << " bytes sent, " << bytes
-                                         << " analytic";
-  }
+  expect_analytic_traffic(stats, "tp_llama3", want_bytes);
 }
 
 // DeepSeek-V3.2 (MLA with the lightning indexer, MoE with shared experts) and DeepSeek-V3 split

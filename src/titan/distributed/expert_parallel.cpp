@@ -28,6 +28,16 @@ void move_blocks(const Tensor& dst, const Tensor& src, const std::vector<int64_t
       std::memcpy(out + size_t(dst_at[i]) * row_bytes, in + size_t(src_at[i]) * row_bytes, size_t(rows[i]) * row_bytes);
 }
 
+// All-to-all-v of whole rows over `g`: send_rows[j] rows of `in` to member j, recv_rows[j] rows
+// from it into `out`; waits.
+void all_to_all_rows(const ProcessGroup& g, const Tensor& out, const Tensor& in, const std::vector<int64_t>& send_rows,
+                     const std::vector<int64_t>& recv_rows) {
+  const int64_t width = row_width(in);
+  std::vector<int64_t> send(send_rows.size()), recv(recv_rows.size());
+  for (size_t j = 0; j < send.size(); ++j) send[j] = send_rows[j] * width, recv[j] = recv_rows[j] * width;
+  g.all_to_allv(out, in, send, recv).wait();
+}
+
 Shape with_rows(const Tensor& t, int64_t rows) {
   std::vector<int64_t> d(t.shape().begin(), t.shape().end());
   d[0] = rows;
@@ -92,12 +102,8 @@ Tensor ExpertExchange::dispatch(const Tensor& rows) const {
   ProfileScope prof("ep.dispatch");
   TITAN_CHECK(rows.shape()[0] == sent_ && rows.is_contiguous(),
               "ExpertExchange::dispatch: " + rows.shape().str() + " rows for a plan of " + std::to_string(sent_));
-  const int n = ep_.size();
-  const int64_t width = row_width(rows);
   Tensor arrived = Tensor::empty(with_rows(rows, received_), rows.dtype(), MemCategory::temporaries);  // by source
-  std::vector<int64_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
-  for (int s = 0; s < n; ++s) send[size_t(s)] = send_rows_[size_t(s)] * width, recv[size_t(s)] = recv_rows_[size_t(s)] * width;
-  ep_.all_to_allv(arrived, rows, send, recv).wait();
+  all_to_all_rows(ep_, arrived, rows, send_rows_, recv_rows_);
   // Source-major [s: e0 e1 ..] -> expert-major [e: s0 s1 ..].
   Tensor out = Tensor::empty(arrived.shape(), rows.dtype(), MemCategory::activations);
   move_blocks(out, arrived, from_, at_source_, at_expert_);
@@ -108,14 +114,10 @@ Tensor ExpertExchange::combine(const Tensor& rows) const {
   ProfileScope prof("ep.combine");
   TITAN_CHECK(rows.shape()[0] == received_ && rows.is_contiguous(),
               "ExpertExchange::combine: " + rows.shape().str() + " rows for a plan of " + std::to_string(received_));
-  const int n = ep_.size();
-  const int64_t width = row_width(rows);
   Tensor leaving = Tensor::empty(rows.shape(), rows.dtype(), MemCategory::temporaries);  // by destination
   move_blocks(leaving, rows, from_, at_expert_, at_source_);
   Tensor out = Tensor::empty(with_rows(rows, sent_), rows.dtype(), MemCategory::activations);
-  std::vector<int64_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
-  for (int s = 0; s < n; ++s) send[size_t(s)] = recv_rows_[size_t(s)] * width, recv[size_t(s)] = send_rows_[size_t(s)] * width;
-  ep_.all_to_allv(out, leaving, send, recv).wait();
+  all_to_all_rows(ep_, out, leaving, recv_rows_, send_rows_);
   return out;
 }
 
