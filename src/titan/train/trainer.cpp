@@ -63,14 +63,6 @@ void check_supported(const JobConfig& c, const std::string& source) {
               "set parallelism.enable_async_tensor_parallel = false");
   const int64_t tp = p.tensor_parallel_degree;
   const int64_t cp = p.context_parallel_degree;
-  // Under CP each rank holds 2 head-tail chunks of every sequence, which TP then splits.
-  for (const auto& [key, len] : {std::pair<const char*, int64_t>{"training.seq_len", c.training.seq_len},
-                                 {"validation.seq_len", c.validation.enable ? c.validation.seq_len : 0}})
-    TITAN_CHECK(tp <= 1 || cp <= 1 || len % (2 * cp * tp) == 0,
-                source + ": " + key + " = " + std::to_string(len) + " does not split into 2 x context_parallel_degree x "
-                "tensor_parallel_degree = " + std::to_string(2 * cp * tp) + " pieces (each rank's two head-tail chunks, "
-                "split over its TP ranks)",
-                "make it a multiple of " + std::to_string(2 * cp * tp));
   TITAN_CHECK(tp < 1 || (c.training.local_batch_size * c.training.seq_len) % tp == 0,
               source + ": training.local_batch_size x training.seq_len = " +
                   std::to_string(c.training.local_batch_size * c.training.seq_len) +
@@ -83,12 +75,19 @@ void check_supported(const JobConfig& c, const std::string& source) {
                        "tensor_parallel_degree = " + std::to_string(tp) + " sequence-parallel ranks",
               "make validation.seq_len a multiple of tensor_parallel_degree");
   for (const auto& [key, len] : {std::pair<const char*, int64_t>{"training.seq_len", c.training.seq_len},
-                                 {"validation.seq_len", c.validation.enable ? c.validation.seq_len : 0}})
+                                 {"validation.seq_len", c.validation.enable ? c.validation.seq_len : 0}}) {
     TITAN_CHECK(cp < 1 || len % (2 * cp) == 0,
                 source + ": " + key + " = " + std::to_string(len) + " does not split into 2 x context_parallel_degree = " +
                     std::to_string(2 * cp) + " chunks (context-parallel rank r holds chunks r and " +
                     std::to_string(2 * cp - 1) + " - r)",
                 "make it a multiple of " + std::to_string(2 * cp) + ", e.g. " + std::to_string((len / (2 * cp) + 1) * (2 * cp)));
+    // Under CP each rank holds 2 head-tail chunks of every sequence, which TP then splits.
+    TITAN_CHECK(tp <= 1 || cp <= 1 || len % (2 * cp * tp) == 0,
+                source + ": " + key + " = " + std::to_string(len) + " does not split into 2 x context_parallel_degree x "
+                "tensor_parallel_degree = " + std::to_string(2 * cp * tp) + " pieces (each rank's two head-tail chunks, "
+                "split over its TP ranks)",
+                "make it a multiple of " + std::to_string(2 * cp * tp));
+  }
   TITAN_CHECK(c.training.dtype == "float32", source + ": training.dtype = \"" + c.training.dtype +
                                                  "\" (pure bf16 training) is not supported yet",
               "use training.dtype = \"float32\" with training.mixed_precision_param = \"bfloat16\"");
