@@ -10,6 +10,7 @@
 #include "titan/core/cpu_features.h"
 #include "titan/core/rng.h"
 #include "titan/distributed/context_parallel.h"
+#include "titan/distributed/ring_attention.h"
 #include "titan/models/deepseek_v3/args.h"
 #include "titan/models/deepseek_v3/model.h"
 
@@ -54,6 +55,49 @@ TEST(ContextParallel, HeadTailChunksAndTheSequenceGather) {
           want.data<float>()[(bi * 2 * chunk + i) * w + e] += dk.data<float>()[(bi * s + pos.data<int32_t>()[i]) * w + e];
   }
   expect_close(want, x.grad(), 1e-6, "gather backward");
+}
+
+// Ring attention on each rank's chunks against causal attention over the whole sequence, forward
+// and backward (dk, dv brought home around the ring), on chunks that cross the kernels' tiles or
+// are odd, with GQA and MQA, in f32 and bf16; and its sends against the schedule's bytes.
+TEST(RingAttention, EqualsDenseAttentionForwardAndBackward) {
+  auto cp_group = distributed::CommEngine::get().split(world(), 0, world().rank(), "cp_ring");
+  const distributed::ProcessGroup& cp = *cp_group;
+  const int c = cp.size();
+  struct Case {
+    int64_t b, chunk, h, hkv, dqk, dv;
+    DType dtype;
+  };
+  for (const Case& k : {Case{2, 5, 4, 2, 12, 8, DType::f32}, Case{1, 70, 2, 1, 24, 16, DType::f32},
+                        Case{1, 1, 3, 3, 8, 8, DType::f32}, Case{2, 9, 4, 2, 16, 16, DType::bf16}}) {
+    const int64_t s = 2 * c * k.chunk;
+    const std::string what = "chunk " + std::to_string(k.chunk) + " " + std::string(dtype_name(k.dtype));
+    SCOPED_TRACE(what);
+    const distributed::CpLayout layout = distributed::cp_layout(cp, s);
+    // f32 leaves cast to the dtype (bf16's gradients then arrive in f32 through the cast).
+    const Tensor q = random_normal({k.b, s, k.h, k.dqk}, 7, "q"), kk = random_normal({k.b, s, k.hkv, k.dqk}, 7, "k");
+    const Tensor v = random_normal({k.b, s, k.hkv, k.dv}, 7, "v");
+    const Tensor dout = random_normal({k.b, s, k.h, k.dv}, 7, "dout").to(k.dtype);
+    auto in = [&](const Variable& x) { return autograd::cast(x, k.dtype); };
+    Variable qw(q, true), kw(kk, true), vw(v, true);
+    Variable ow = autograd::attention(in(qw), in(kw), in(vw));
+    autograd::backward(ow, dout);
+    Variable ql(distributed::local_chunks(q, layout), true), kl(distributed::local_chunks(kk, layout), true);
+    Variable vl(distributed::local_chunks(v, layout), true);
+    distributed::CommEngine::get().reset_stats();
+    Variable ol = distributed::ring_attention(in(ql), in(kl), in(vl), cp);
+    autograd::backward(ol, distributed::local_chunks(dout, layout));
+    const auto stats = distributed::CommEngine::get().stats();
+    const double tol = k.dtype == DType::f32 ? 2e-5 : 2e-2;
+    expect_close(distributed::local_chunks(ow.value(), layout), ol.value(), tol, "o");
+    expect_close(distributed::local_chunks(qw.grad(), layout), ql.grad(), tol, "dq");
+    expect_close(distributed::local_chunks(kw.grad(), layout), kl.grad(), tol, "dk");
+    expect_close(distributed::local_chunks(vw.grad(), layout), vl.grad(), tol, "dv");
+    if (c == 1) continue;
+    const int64_t kv_bytes = (kl.value().numel() + vl.value().numel()) * dtype_bits(k.dtype) / 8;
+    const distributed::RingTraffic t = distributed::ring_attention_traffic(kv_bytes, c);
+    expect_analytic_traffic(stats, "cp_ring", {{distributed::CommOp::send, t.forward + t.backward}});
+  }
 }
 
 // DeepSeek-V3.2 debugmodel, sparse stage, fused kernels, top-16 of sequences of 48 / 40 (chunks

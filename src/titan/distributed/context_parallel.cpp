@@ -95,10 +95,10 @@ CpLayout cp_layout(const ProcessGroup& cp, int64_t seq_len) {
 }
 
 Tensor local_chunks(const Tensor& x, const CpLayout& layout) {
-  TITAN_CHECK(x.dim() == 2 && x.size(1) == layout.seq_len,
-              "context parallel: expected [B, " + std::to_string(layout.seq_len) + "], got " + x.str());
+  TITAN_CHECK(x.dim() >= 2 && x.size(1) == layout.seq_len,
+              "context parallel: expected [B, " + std::to_string(layout.seq_len) + ", ...], got " + x.str());
   const Tensor src = x.contiguous();
-  Tensor out = Tensor::empty({x.size(0), layout.local_len()}, x.dtype(), MemCategory::activations);
+  Tensor out = Tensor::empty(with_len(x.shape(), layout.local_len()), x.dtype(), MemCategory::activations);
   for (int j = 0; j < 2; ++j) copy_rows(out, j * layout.chunk(), src, layout.chunk_start(j), layout.chunk());
   return out;
 }

@@ -35,7 +35,8 @@ struct CpLayout {
 // seq_len does not split into 2 x degree chunks.
 CpLayout cp_layout(const ProcessGroup& cp, int64_t seq_len);
 
-// The local chunks of per-token values: x [B, S] (tokens, targets, ...; any dtype) -> [B, 2 S/2c].
+// The local chunks of per-token values: x [B, S, ...] (tokens, targets, ...; any dtype) ->
+// [B, 2 S/2c, ...].
 Tensor local_chunks(const Tensor& x, const CpLayout& layout);
 // The global positions of the local tokens, i32 [B, 2 S/2c].
 Tensor local_positions(int64_t batch, const CpLayout& layout);

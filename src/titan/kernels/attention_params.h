@@ -14,4 +14,12 @@ struct AttentionParams {
   double scale = 0;  // softmax scale applied to q.k; callers usually pass Dqk^-0.5
 };
 
+// Attention with no mask between Sq queries and Skv other keys (ring attention's blocks that lie
+// wholly before the queries): q [B, Sq, H, Dqk], k [B, Skv, Hkv, Dqk], v [B, Skv, Hkv, Dv],
+// o [B, Sq, H, Dv], lse [B, H, Sq]. Every query attends to every key.
+struct UnmaskedAttentionParams {
+  int64_t B = 0, Sq = 0, Skv = 0, H = 0, Hkv = 0, Dqk = 0, Dv = 0;
+  double scale = 0;
+};
+
 }  // namespace titan::kernels
