@@ -13,6 +13,7 @@
 #include "titan/distributed/ring_attention.h"
 #include "titan/models/deepseek_v3/args.h"
 #include "titan/models/deepseek_v3/model.h"
+#include "titan/models/llama3/args.h"
 
 using namespace titan;
 using namespace titan::test;
@@ -100,6 +101,76 @@ TEST(RingAttention, EqualsDenseAttentionForwardAndBackward) {
   }
 }
 
+// The dense models under CP (ring attention in every layer) against the whole model: each
+// rank's logits at its positions, the loss, the gradients summed over CP, and the ring's sends
+// per layer against the schedule's bytes. Sequences of 48 and 40 tokens: chunks of 12 / 10 on 2
+// ranks, 6 / 5 on 4.
+TEST(RingAttention, DenseModelsEqualTheWholeModel) {
+  flush_denormals(true);
+  auto cp_group = distributed::CommEngine::get().split(world(), 0, world().rank(), "cp_dense");
+  const distributed::ProcessGroup& cp = *cp_group;
+  const int c = cp.size();
+  const int64_t vocab = 257, b = 2;
+  for (const std::string model : {"llama3", "deepseek_v3"}) {
+    SCOPED_TRACE(model);
+    models::ModelOptions opts;
+    auto whole = models::build_model(model, "debugmodel", vocab, 48, opts);
+    opts.cp = &cp;
+    auto split = models::build_model(model, "debugmodel", vocab, 48, opts);
+    whole->init_parameters(5);
+    std::map<std::string, Tensor> state;
+    for (const auto& [name, t] : whole->state_dict()) state[name] = t;
+    split->load_state_dict(state);
+    for (int64_t s : {int64_t(48), int64_t(40)}) {
+      if (s % (2 * c) != 0) continue;
+      SCOPED_TRACE("S " + std::to_string(s));
+      whole->zero_grad();
+      split->zero_grad();
+      Tensor tokens = Tensor::empty({b, s}, DType::i32), targets = Tensor::empty({b * s}, DType::i32);
+      for (int64_t i = 0; i < b * s; ++i) {
+        tokens.data<int32_t>()[i] = int32_t((i * 37 + 11) % vocab);
+        targets.data<int32_t>()[i] = i % 7 == 2 ? -100 : int32_t((i * 13 + 1) % vocab);
+      }
+      const distributed::CpLayout layout = distributed::cp_layout(cp, s);
+      {
+        autograd::NoGradGuard no_grad;
+        const Tensor logits_whole = whole->forward(tokens).value().view({b, s, vocab});
+        const Tensor logits_mine = split->forward(tokens).value().view({b, layout.local_len(), vocab});
+        expect_close(distributed::local_chunks(logits_whole, layout), logits_mine, 1e-5, "logits");
+      }
+      models::TrainingLoss lw = whole->training_loss(tokens, targets);
+      autograd::backward(lw.total);
+      distributed::CommEngine::get().reset_stats();
+      models::TrainingLoss ls = split->training_loss(tokens, targets);
+      autograd::backward(ls.total);
+      const auto stats = distributed::CommEngine::get().stats();
+      EXPECT_NEAR(ls.cross_entropy, lw.cross_entropy, 1e-6 * lw.cross_entropy);
+      std::map<std::string, Tensor> whole_grads;
+      for (auto& [name, p] : whole->named_parameters()) whole_grads[name] = p->var.grad();
+      for (auto& [name, p] : split->named_parameters()) {
+        const Tensor want = whole_grads.at(name);
+        ASSERT_EQ(want.defined(), p->var.grad().defined()) << name;
+        if (!want.defined()) continue;
+        Tensor sum = p->var.grad().contiguous().clone();
+        cp.all_reduce(sum).wait();
+        expect_close(want, sum, 2e-4, "gradient of " + name);
+      }
+      if (c == 1) continue;
+      // Each layer's keys and values on this rank: [B, 2C, kv heads, key + value dims] f32.
+      int64_t layers = 0, kv_width = 0;
+      if (model == "llama3") {
+        const auto a = models::llama3::llama3_flavor("debugmodel", vocab);
+        layers = a.n_layers, kv_width = a.kv_heads() * 2 * a.head_dim();
+      } else {
+        const auto a = models::deepseek_v3::deepseek_v3_flavor("debugmodel", vocab);
+        layers = a.n_layers, kv_width = a.n_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim + a.v_head_dim);
+      }
+      const distributed::RingTraffic t = distributed::ring_attention_traffic(b * layout.local_len() * kv_width * 4, c);
+      expect_analytic_traffic(stats, "cp_dense", {{distributed::CommOp::send, double(layers) * (t.forward + t.backward)}});
+    }
+  }
+}
+
 // DeepSeek-V3.2 debugmodel, sparse stage, fused kernels, top-16 of sequences of 48 / 40 (chunks
 // of 12 or 6 / 10 or 5 positions: selections cross every chunk boundary): each rank's logits are
 // the whole model's at its positions, the loss is the whole model's, the parameters' gradients
@@ -181,7 +252,7 @@ TEST(DsaContextParallel, SparseStageEqualsTheWholeModel) {
   }
 }
 
-TEST(DsaContextParallel, SettingsItCannotRunAreRefused) {
+TEST(ContextParallel, SettingsItCannotRunAreRefused) {
   const distributed::ProcessGroup& cp = world();
   const int c = cp.size();
   models::ModelOptions opts;
@@ -194,8 +265,9 @@ TEST(DsaContextParallel, SettingsItCannotRunAreRefused) {
       EXPECT_NE((e.message() + e.hint()).find(says), std::string::npos) << e.message() << "\n" << e.hint();
     }
   };
-  refused("llama3", opts, "ring attention");
-  refused("deepseek_v3", opts, "ring attention");
+  opts.mtp_layers = 1;
+  refused("deepseek_v3", opts, "model.mtp_layers = 0");
+  opts.mtp_layers = 0;
   opts.converters = {"dsa_fused"};
   opts.dsa.warmup_steps = 3;
   refused("deepseek_v32", opts, "dsa.warmup_steps = 0");
@@ -249,6 +321,32 @@ TEST_F(CpLayouts, DeepSeekV32SparseStageReproducesOneRank) {
     expect_same_losses(losses_of(root() / "reference", "validation"), losses_of(root() / "cp_tp", "validation"), 1e-5,
                        "CP 2 x TP 2, validation loss");
   }
+}
+
+// llama3 and DeepSeek-V3 (dense MLA) by ring attention, 20 steps against one rank.
+TEST_F(CpLayouts, DenseModelsByRingAttentionReproduceOneRank) {
+  const int n = world().size();
+  auto dense = [&](const std::string& model, const std::string& name, const Degrees& d, std::vector<std::string> extra = {}) {
+    extra.insert(extra.begin(), "--optimizer.lr=3e-4");
+    train::JobConfig cfg = layout_config(model, data(), root() / name, d, extra);
+    cfg.training.local_batch_size = 4 / d.shard;
+    return cfg;
+  };
+  const auto one = reference_on_rank0(dense("llama3", "llama_reference", {}, validation_every_10(4)));
+  expect_same_losses(one, train_on(dense("llama3", "llama_cp", {.cp = n}, validation_every_10(4)), world()), 1e-5,
+                     "llama3 CP " + std::to_string(n));
+  expect_same_losses(losses_of(root() / "llama_reference", "validation"), losses_of(root() / "llama_cp", "validation"),
+                     1e-5, "llama3 CP " + std::to_string(n) + ", validation loss");
+  const auto v3 = reference_on_rank0(dense("deepseek_v3", "v3_reference", {}));
+  expect_same_losses(v3, train_on(dense("deepseek_v3", "v3_cp", {.cp = n}), world()), 1e-5,
+                     "deepseek_v3 CP " + std::to_string(n));
+  if (n != 4) return;
+  expect_same_losses(one, train_on(dense("llama3", "llama_fsdp_cp_ac", {.shard = 2, .cp = 2},
+                                         {"--activation_checkpoint.mode=full"}), world()),
+                     1e-5, "llama3 FSDP 2 x CP 2, full activation checkpointing");
+  expect_same_losses(one, train_on(dense("llama3", "llama_cp_tp", {.cp = 2, .tp = 2}, {"--activation_checkpoint.mode=selective"}),
+                                   world()),
+                     1e-5, "llama3 CP 2 x TP 2, selective activation checkpointing");
 }
 
 TEST_F(CpLayouts, ASequenceThatDoesNotSplitIsRefused) {

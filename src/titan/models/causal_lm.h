@@ -48,7 +48,7 @@ class CausalLM : public nn::Module {
   autograd::Variable next_token_loss(const autograd::Variable& logits, const Tensor& targets) const;
   // The mean next-token cross-entropy of a batch, tokens [B, S], targets [B*S], without
   // auxiliary losses (validation); over the whole sequences under context parallelism.
-  virtual double evaluation_loss(const Tensor& tokens, const Tensor& targets);
+  double evaluation_loss(const Tensor& tokens, const Tensor& targets);
   // The tensor- and context-parallel groups the model is split over (null: none).
   const distributed::ProcessGroup* tensor_parallel() const { return tp_; }
   const distributed::ProcessGroup* context_parallel() const { return cp_; }
@@ -83,6 +83,12 @@ class CausalLM : public nn::Module {
   virtual std::vector<nn::ShardingUnit> sharding_units() = 0;
 
  protected:
+  // next_token_loss of forward(tokens) against targets [B*S], and its value. Under context
+  // parallelism forward() returns this rank's chunks' logits: the loss is then this rank's mean
+  // scaled by its share of the valid targets, so that the cp ranks' losses (and gradients) sum
+  // to the mean over the whole sequences, which is the value returned (the same on every rank).
+  std::pair<autograd::Variable, double> language_model_loss(const Tensor& tokens, const Tensor& targets);
+
   const distributed::ProcessGroup* tp_ = nullptr;  // set by a model built for tensor parallelism
   const distributed::ProcessGroup* cp_ = nullptr;  // set by a model that runs context parallel
 };

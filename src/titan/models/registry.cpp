@@ -94,17 +94,15 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
               "set model.mtp_layers = 0 (only deepseek_v3 has MTP modules)");
   if (name == "llama3") {
     refuse_dsa_options(name, options);
-    TITAN_CHECK(!options.cp || options.cp->size() == 1,
-                "parallelism.context_parallel_degree = " + std::to_string(options.cp ? options.cp->size() : 1) +
-                    ": llama3's dense attention would need ring attention, which is not in this build",
-                "set context_parallel_degree = 1 (context parallelism runs deepseek_v32's sparse attention)");
     TITAN_CHECK(!options.ep || options.ep->size() == 1,
                 "parallelism.expert_parallel_degree = " + std::to_string(options.ep ? options.ep->size() : 1) +
                     ": llama3 has no experts to divide",
                 "set expert_parallel_degree = 1 (expert parallelism splits deepseek_v3 / deepseek_v32's routed experts)");
     llama3::Llama3Args a = llama3::llama3_flavor(flavor, vocab_size);
     a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
-    return std::make_unique<llama3::Transformer>(a, options.tp);
+    auto m = std::make_unique<llama3::Transformer>(a, options.tp);
+    m->set_context_parallel(options.cp);
+    return m;
   }
   const bool deepseek = name == "deepseek_v3" || name == "deepseek_v32";
   TITAN_CHECK(!options.hf_config || deepseek, "a Hugging Face architecture was given for model '" + name + "'",

@@ -829,7 +829,10 @@ const std::vector<KeySpec>& config_schema() {
        member<&C::parallelism, &Parallelism::pipeline_parallel_microbatch_size>, at_least(1),
        "Sequences per pipeline micro-batch; must divide training.local_batch_size."},
       {"parallelism", "context_parallel_degree", member<&C::parallelism, &Parallelism::context_parallel_degree>,
-       at_least(1), "Ranks that split each sequence."},
+       at_least(1),
+       "Ranks that split each sequence, into 2 x degree head-tail chunks (rank r holds chunks r and "
+       "2 x degree - 1 - r). Dense attention runs as ring attention; deepseek_v32's sparse stage "
+       "all-gathers the latent keys and indexer keys (DSA context parallel)."},
       {"parallelism", "expert_parallel_degree", member<&C::parallelism, &Parallelism::expert_parallel_degree>,
        at_least(1),
        "Ranks that split the routed experts of a mixture-of-experts model; borrowed from the "

@@ -2,6 +2,7 @@
 
 
 #include "titan/distributed/context_parallel.h"
+#include "titan/distributed/ring_attention.h"
 #include "titan/distributed/tensor_parallel.h"
 #include "titan/kernels/attention_decode.h"
 #include "titan/kernels/columns.h"
@@ -81,9 +82,6 @@ Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, 
 
 Variable Attention::forward_heads(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
   if (indexer) return forward_dsa(x, rope, positions);
-  TITAN_CHECK(!cp, "deepseek_v3: context parallelism runs DeepSeek Sparse Attention only (dense MLA would need ring "
-                   "attention, not in this build)",
-              "set parallelism.context_parallel_degree = 1, or train deepseek_v32 in its sparse stage");
   const int64_t b = x.shape()[0], s = x.shape()[1];
   Variable q = query(x, rope, positions);                                    // [B, S, H, d_qk]
   Variable kv = latent_kv(x, rope, positions);                               // [B, S, 1, d_c + d_r]
@@ -92,7 +90,13 @@ Variable Attention::forward_heads(const Variable& x, const kernels::RopeTables& 
   Variable kv_up = autograd::view(wkv_b.forward(c), {b, s, n_heads_, qk_nope_ + v_dim_});
   // Keys [kv_up nope | k_rope] and values (kv_up's tail) read in place: attention over
   // mla_keys_values' [B, S, H, d_qk] keys and [B, S, H, d_v] values, without building them.
-  Variable o = autograd::mla_attention(q, kv_up, k_rope, qk_nope_, scale_);  // [B, S, H, d_v]
+  Variable o;  // [B, S, H, d_v]
+  if (cp) {  // ring attention over the assembled per-head keys and values
+    const auto [k, v] = autograd::mla_keys_values(kv_up, k_rope, qk_nope_);
+    o = distributed::ring_attention(q, k, v, *cp, scale_);
+  } else {
+    o = autograd::mla_attention(q, kv_up, k_rope, qk_nope_, scale_);
+  }
   return wo.forward(autograd::view(o, {b, s, n_heads_ * v_dim_}));
 }
 

@@ -75,7 +75,8 @@ class Attention : public nn::Module {
 
   DsaConfig dsa;  // set by Transformer::set_dsa
   // Context parallelism (Transformer::set_context_parallel): x and positions hold this rank's
-  // chunks of each sequence (distributed/context_parallel.h); DSA's sparse stage gathers the keys.
+  // chunks of each sequence (distributed/context_parallel.h): dense MLA runs ring attention,
+  // DSA's sparse stage gathers the latent rows.
   const distributed::ProcessGroup* cp = nullptr;
   // One element: the mean over query rows of the indexer's KL, from the last forward in grad
   // mode (unweighted); undefined otherwise.

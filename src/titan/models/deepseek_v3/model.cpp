@@ -167,17 +167,15 @@ Variable Transformer::forward(const Tensor& tokens) {
 
 void Transformer::set_context_parallel(const distributed::ProcessGroup* cp) {
   if (!cp || cp->size() == 1) return;
-  TITAN_CHECK(args_.has_indexer(), "parallelism.context_parallel_degree = " + std::to_string(cp->size()) +
-                                       ": this build runs DeepSeek-V3's dense MLA on whole sequences (ring attention is not in it)",
-              "set context_parallel_degree = 1, or train deepseek_v32 (DeepSeek Sparse Attention) in its sparse stage");
   TITAN_CHECK(!mtp, "model.mtp_layers > 0 with context parallelism: the MTP modules read tokens past each chunk",
               "set model.mtp_layers = 0 or context_parallel_degree = 1");
   TITAN_CHECK(args_.aux_loss_alpha == 0, "model.moe_aux_loss_alpha > 0 with context parallelism: the sequence-wise "
                                          "balance loss needs whole sequences",
               "set model.moe_aux_loss_alpha = 0 (the aux-loss-free bias still balances) or context_parallel_degree = 1");
-  TITAN_CHECK(dsa_schedule_.warmup_steps == 0 && dsa_impl_ == DsaImpl::fused,
+  TITAN_CHECK(!args_.has_indexer() || (dsa_schedule_.warmup_steps == 0 && dsa_impl_ == DsaImpl::fused),
               "context parallelism runs DeepSeek-V3.2's sparse stage with the fused kernels (dsa.warmup_steps = " +
-                  std::to_string(dsa_schedule_.warmup_steps) + ")",
+                  std::to_string(dsa_schedule_.warmup_steps) + "); the dense warm-up's indexer loss needs every "
+                  "query's scores over the whole sequence, so it trains without context parallelism",
               "set dsa.warmup_steps = 0 (continue from a checkpoint past the dense warm-up) and model.converters = "
               "[\"dsa_fused\"]");
   cp_ = cp;
@@ -268,27 +266,6 @@ std::string Transformer::begin_step(int64_t step) {
   scheduled_stage_ = want;
   return std::string("DSA stage: ") + dsa_stage_name(want) + " from step " + std::to_string(step) +
          (dsa_impl_ == DsaImpl::fused ? " (fused kernels)" : " (small ops)");
-}
-
-std::pair<Variable, double> Transformer::language_model_loss(const Tensor& tokens, const Tensor& targets) {
-  if (!cp_) {
-    Variable ce = next_token_loss(forward(tokens), targets);  // loss parallel under TP
-    return {ce, ce.value().item()};
-  }
-  const distributed::CpLayout layout = distributed::cp_layout(*cp_, tokens.size(1));
-  const Tensor mine = distributed::local_chunks(targets.view(tokens.shape()), layout);
-  const Tensor mine_flat = mine.view({mine.numel()});
-  Variable ce = next_token_loss(forward(tokens), mine_flat);  // the mean over this rank's valid tokens
-  double valid = 0;
-  for (int64_t i = 0; i < mine_flat.numel(); ++i) valid += mine_flat.data<int32_t>()[i] != kernels::kIgnoreIndex;
-  double sums[2] = {ce.value().item() * valid, valid};
-  cp_->all_reduce(std::span<double>(sums, 2));
-  if (sums[1] == 0) return {autograd::scale(ce, 0.0), 0.0};
-  return {autograd::scale(ce, valid / sums[1]), sums[0] / sums[1]};
-}
-
-double Transformer::evaluation_loss(const Tensor& tokens, const Tensor& targets) {
-  return language_model_loss(tokens, targets).second;
 }
 
 TrainingLoss Transformer::training_loss(const Tensor& tokens, const Tensor& targets) {

@@ -118,9 +118,10 @@ class Transformer : public CausalLM {
   // The losses besides the main cross-entropy of the last forward: each MoE layer's balance loss,
   // V3.2's indexer losses times indexer_loss_coeff, the weighted MTP loss.
   std::vector<Variable> auxiliary_losses();
-  // Context parallelism over `cp` (null or one rank: none; distributed/context_parallel.h). Only
-  // DeepSeek-V3.2's sparse stage with the fused kernels runs context parallel; throws, naming
-  // the setting to change, for anything else (no MTP, no sequence-wise balance loss).
+  // Context parallelism over `cp` (null or one rank: none; distributed/context_parallel.h): dense
+  // MLA by ring attention (distributed/ring_attention.h), DeepSeek-V3.2's sparse stage (fused
+  // kernels only) by gathering the latent rows. Throws, naming the setting to change, for V3.2's
+  // dense warm-up, MTP and the sequence-wise balance loss.
   void set_context_parallel(const distributed::ProcessGroup* cp);
 
   // Training (CausalLM): begin_step switches the DSA stage by the schedule; training_loss adds
@@ -130,7 +131,6 @@ class Transformer : public CausalLM {
   // sparse step's update); step_stats reports the expert load.
   std::string begin_step(int64_t step) override;
   TrainingLoss training_loss(const Tensor& tokens, const Tensor& targets) override;
-  double evaluation_loss(const Tensor& tokens, const Tensor& targets) override;
   void end_step(const SumOverData& sum_over_data) override;
   StepStats step_stats() override;
 
@@ -144,10 +144,6 @@ class Transformer : public CausalLM {
   // Every MLA layer with DeepSeek Sparse Attention: the main layers', then the MTP blocks'.
   std::vector<Attention*> dsa_attentions();
   void place_tensor_parallel();  // parallelize.cpp: each parameter's TP placement
-  // The cross-entropy of forward(tokens): what backward differentiates, and the mean over the
-  // batch's tokens. Under CP the first is this rank's sum over the global count (the ranks' sum
-  // is the mean) and the second the mean over the whole sequences.
-  std::pair<Variable, double> language_model_loss(const Tensor& tokens, const Tensor& targets);
   DeepSeekV3Args args_;
   kernels::RopeTables rope_;
   DType compute_dtype_ = DType::f32;

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "titan/distributed/context_parallel.h"
+#include "titan/distributed/ring_attention.h"
 #include "titan/distributed/tensor_parallel.h"
 #include "titan/kernels/attention_decode.h"
 #include "titan/models/common.h"
@@ -69,7 +71,7 @@ Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, 
   // Hugging Face's rotate-half pairing, so HF Llama checkpoints load without permuting wq/wk.
   q = autograd::rope(q, rope, positions, kernels::RopeLayout::rotate_half);
   k = autograd::rope(k, rope, positions, kernels::RopeLayout::rotate_half);
-  Variable o = autograd::attention(q, k, v);  // [B, S, H, Dh]
+  Variable o = cp ? distributed::ring_attention(q, k, v, *cp) : autograd::attention(q, k, v);  // [B, S, H, Dh]
   return own_tokens(wo.forward(autograd::view(o, {b * s, n_heads_ * head_dim_})), tp_);
 }
 
@@ -142,7 +144,15 @@ void Transformer::set_compute_dtype(DType dtype) {
 }
 
 Variable Transformer::forward(const Tensor& tokens) {
-  return forward(tokens, default_positions(tokens.size(0), tokens.size(1)));
+  if (!cp_) return forward(tokens, default_positions(tokens.size(0), tokens.size(1)));
+  const distributed::CpLayout layout = distributed::cp_layout(*cp_, tokens.size(1));
+  return forward(distributed::local_chunks(tokens, layout), distributed::local_positions(tokens.size(0), layout));
+}
+
+void Transformer::set_context_parallel(const distributed::ProcessGroup* cp) {
+  if (!cp || cp->size() == 1) return;
+  cp_ = cp;
+  for (size_t l = 0; l < layers.size(); ++l) layers[l].attention.cp = cp;
 }
 
 Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) {
@@ -170,7 +180,7 @@ Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) {
 namespace titan::models::llama3 {
 
 void Transformer::start_generation(int64_t batch, int64_t max_len) {
-  TITAN_CHECK(!tp_, "llama3: generation runs on one rank, not under tensor parallelism",
+  TITAN_CHECK(!tp_ && !cp_, "llama3: generation runs on one rank, not tensor or context parallel",
               "generate from a checkpoint with `titan generate` (any layout's checkpoint loads whole)");
   TITAN_CHECK(max_len <= rope_.cos.size(0), "generation of " + std::to_string(max_len) +
                                                 " tokens exceeds the model's RoPE table (" +

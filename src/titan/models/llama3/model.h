@@ -22,6 +22,9 @@ class Attention : public nn::Module {
   Variable decode(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions, Tensor& k_cache,
                   Tensor& v_cache, int64_t past) const;
   nn::Linear &wq, &wk, &wv, &wo;
+  // Context parallelism (Transformer::set_context_parallel): x and positions hold this rank's
+  // chunks of each sequence, and attention runs as ring attention over this group.
+  const distributed::ProcessGroup* cp = nullptr;
 
  private:
   int64_t n_heads_, n_kv_heads_, head_dim_;  // this rank's heads
@@ -64,6 +67,10 @@ class Transformer : public CausalLM {
   Variable forward(const Tensor& tokens) override;
   // The same with explicit positions (i32 [B, S]), e.g. for decoding with a cache offset.
   Variable forward(const Tensor& tokens, const Tensor& positions);
+  // Context parallelism over `cp` (null or one rank: none; distributed/context_parallel.h):
+  // forward(tokens) then runs this rank's chunks of each sequence, with ring attention, and
+  // returns their logits, [B * 2 S/2cp, V].
+  void set_context_parallel(const distributed::ProcessGroup* cp);
 
   void set_compute_dtype(DType dtype) override;
   DType compute_dtype() const override { return compute_dtype_; }
