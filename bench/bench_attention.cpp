@@ -14,6 +14,7 @@
 #include "titan/core/parallel.h"
 #include "titan/core/rng.h"
 #include "titan/kernels/attention.h"
+#include "titan/kernels/attention_unmasked.h"
 #include "titan/kernels/cpu/peak.h"
 #include "titan/kernels/dispatch.h"
 
@@ -96,6 +97,27 @@ void run(Problem& p, int rounds) {
               (f + b) / t_both / 1e9, 100 * frac, bench::verdict(frac, 0.5));
 }
 
+// Ring attention's off-diagonal blocks (kernels/attention_unmasked.h: GEMM tiles) against the
+// causal flash kernel, GFLOP/s of fwd+bwd on a block of C queries x C keys and on a causal
+// sequence of 2C (about twice the pairs): the ring's cost per pair relative to one rank's.
+void ring_block_comparison(int64_t B, int64_t C, int64_t H, int64_t Hkv, int64_t D) {
+  Problem causal(B, 2 * C, H, Hkv, D, D, DType::f32);
+  Problem block(B, C, H, Hkv, D, D, DType::f32);  // q, k, v of C rows: the block's operands
+  const double scale = kernels::default_attention_scale(D);
+  const double t_causal = bench::time_best([&] { causal.forward(); causal.backward(); }, 3, 1);
+  const double t_block = bench::time_best([&] {
+    kernels::attention_unmasked_forward(block.o, block.lse, block.q, block.k, block.v, scale);
+    kernels::attention_unmasked_backward(block.dq, block.dk, block.dv, block.lse, block.dout, block.q, block.k,
+                                         block.v, block.o, scale);
+  }, 3, 1);
+  const double f_causal = 3.5 * causal.forward_flops();
+  const double f_block = 3.5 * double(B * H) * double(C) * double(C) * 2 * double(2 * D);
+  std::printf("ring block %s: unmasked C x C fwd+bwd %.2f ms (%.1f GFLOP/s), causal 2C %.2f ms (%.1f GFLOP/s): "
+              "%.2fx the causal kernel's rate\n",
+              block.name().c_str(), t_block * 1e3, f_block / t_block / 1e9, t_causal * 1e3, f_causal / t_causal / 1e9,
+              (f_block / t_block) / (f_causal / t_causal));
+}
+
 }  // namespace
 
 // `bench_attention B S H Hkv Dqk Dv f32|bf16` times that one shape only (when tuning a kernel for
@@ -147,6 +169,10 @@ int main(int argc, char** argv) {
     Problem mla(2, 512, 16, 16, 192, 128, DType::f32);
     run(mla, 3);
   }
+
+  std::printf("\n");
+  ring_block_comparison(1, 1024, 8, 2, 128);  // the S = 2048 target's heads
+  ring_block_comparison(1, 1024, 16, 16, 16);  // llama3 debugmodel's (1K chunks: CP 4 at 8K)
 
   // Reference twin on a smaller shape (it is a scalar per-row loop), same shape fast, as a ratio.
   Problem small(1, 256, 2, 1, 64, 64, DType::f32);

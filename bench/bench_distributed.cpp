@@ -29,6 +29,7 @@
 #include "titan/distributed/comm_engine.h"
 #include "titan/distributed/runtime.h"
 #include "titan/models/deepseek_v3/model.h"
+#include "titan/models/llama3/model.h"
 #include "titan/train/config.h"
 #include "titan/train/trainer.h"
 
@@ -105,7 +106,7 @@ int main(int argc, char** argv) {
   double exposed0 = 0;
   MemoryStats after_step;
   PlanBytes minimum;
-  json dims = json::object();  // DeepSeek's attention widths, for the DSA CP comparisons
+  json dims = json::object();  // the attention widths, for the CP traffic comparisons
   // The trainer's own log would bury the result: stdout goes to /dev/null while it runs.
   std::fflush(stdout);
   const int saved = dup(1), null = open("/dev/null", O_WRONLY);
@@ -119,6 +120,10 @@ int main(int argc, char** argv) {
               {"kv_lora_rank", a.kv_lora_rank},
               {"qk_rope_head_dim", a.qk_rope_head_dim}, {"qk_nope_head_dim", a.qk_nope_head_dim},
               {"v_head_dim", a.v_head_dim},     {"index_head_dim", a.index_head_dim}};
+    }
+    if (auto* ll = dynamic_cast<models::llama3::Transformer*>(&trainer.model())) {
+      const auto& a = ll->args();
+      dims = {{"n_layers", a.n_layers}, {"n_heads", a.n_heads}, {"n_kv_heads", a.kv_heads()}, {"head_dim", a.head_dim()}};
     }
     trainer.on_step_end = [&](int64_t step) {
       if (step == warmup) {

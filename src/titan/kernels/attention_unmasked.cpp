@@ -8,6 +8,7 @@
 
 #include "titan/core/parallel.h"
 #include "titan/kernels/attention_params.h"
+#include "titan/kernels/cpu/attention_rows.h"
 #include "titan/kernels/matmul.h"
 #include "titan/kernels/ref/attention_unmasked.h"
 #include "titan/kernels/tensor_checks.h"
@@ -80,7 +81,7 @@ void forward_tiles(T* o, float* lse, const T* q, const T* k, const T* v, const U
   const DType ab = dtype_of<T>::value;
   const int64_t group = d.H / d.Hkv, q_tiles = (d.Sq + kQueryTile - 1) / kQueryTile, items = d.B * d.H * q_tiles;
   const int threads = int(std::min<int64_t>(num_threads(), items));
-  const int64_t per_thread = kQueryTile * kKeyTile + kQueryTile * d.Dv + 2 * kQueryTile;
+  const int64_t per_thread = kQueryTile * kKeyTile + kQueryTile * d.Dv + 3 * kQueryTile;
   Tensor scratch = Tensor::empty({threads * per_thread}, DType::f32, MemCategory::temporaries);
   Tensor low = Tensor::empty({threads * kQueryTile * kKeyTile}, ab, MemCategory::temporaries);
 #pragma omp parallel num_threads(threads)
@@ -89,6 +90,7 @@ void forward_tiles(T* o, float* lse, const T* q, const T* k, const T* v, const U
     float* acc = s + kQueryTile * kKeyTile;                                 // [Tq, Dv] unnormalized o
     float* m = acc + kQueryTile * d.Dv;                                     // [Tq] running max
     float* l = m + kQueryTile;                                              // [Tq] running sum
+    float* alpha = l + kQueryTile;                                          // [Tq] rescale of this tile
     T* p_low = low.data<T>() + omp_get_thread_num() * kQueryTile * kKeyTile;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < items; ++t) {
@@ -102,15 +104,9 @@ void forward_tiles(T* o, float* lse, const T* q, const T* k, const T* v, const U
         const int64_t cols = std::min(kKeyTile, d.Skv - j0);
         tile_gemm(s, kKeyTile, q_rows, d.H * d.Dqk, k + ((b * d.Skv + j0) * d.Hkv + g) * d.Dqk, d.Hkv * d.Dqk, ab,
                   rows, cols, d.Dqk, false, true, float(d.scale), 0);
-        for (int64_t i = 0; i < rows; ++i) {  // online softmax, FlashAttention-2 style
-          float* si = s + i * kKeyTile;
-          const float m_new = std::max(m[i], *std::max_element(si, si + cols));
-          const float alpha = std::exp(m[i] - m_new);
-          float sum = 0;
-          for (int64_t j = 0; j < cols; ++j) sum += si[j] = std::exp(si[j] - m_new);
-          l[i] = l[i] * alpha + sum, m[i] = m_new;
-          for (int64_t c = 0; c < d.Dv; ++c) acc[i * d.Dv + c] *= alpha;
-        }
+        TITAN_CPU_KERNEL(online_softmax_rows)(s, kKeyTile, rows, cols, m, l, alpha);  // FlashAttention-2 style
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t c = 0; c < d.Dv; ++c) acc[i * d.Dv + c] *= alpha[i];
         tile_gemm(acc, d.Dv, operand(s, p_low, rows, cols), kKeyTile, v + ((b * d.Skv + j0) * d.Hkv + g) * d.Dv,
                   d.Hkv * d.Dv, ab, rows, d.Dv, cols, false, false, 1, 1);
       }
@@ -169,13 +165,7 @@ void backward_tiles(T* dq, T* dk, T* dv, const float* lse, const T* dout, const 
             tile_gemm(p, kKeyTile, q_rows, d.H * d.Dqk, k_rows, d.Hkv * d.Dqk, ab, rows, cols, d.Dqk, false, true,
                       float(d.scale), 0);
             tile_gemm(ds, kKeyTile, do_rows, d.H * d.Dv, v_rows, d.Hkv * d.Dv, ab, rows, cols, d.Dv, false, true, 1, 0);
-            for (int64_t i = 0; i < rows; ++i) {
-              for (int64_t j = 0; j < cols; ++j) {
-                const float pij = std::exp(p[i * kKeyTile + j] - lse_i[i]);
-                p[i * kKeyTile + j] = pij;
-                ds[i * kKeyTile + j] = pij * (ds[i * kKeyTile + j] - delta[i]);  // dS = P (dP - D)
-              }
-            }
+            TITAN_CPU_KERNEL(probability_rows)(p, ds, kKeyTile, rows, cols, lse_i, delta);  // P; dS = P (dP - D)
             const void* p_op = operand(p, p_low, rows, cols);
             const void* ds_op = operand(ds, ds_low, rows, cols);
             // dv += P^T dO;  dk += scale dS^T q;  dq += scale dS k
