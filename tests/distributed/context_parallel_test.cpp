@@ -102,8 +102,8 @@ TEST(RingAttention, EqualsDenseAttentionForwardAndBackward) {
 }
 
 // The dense models under CP (ring attention in every layer) against the whole model: each
-// rank's logits at its positions, the loss, the gradients summed over CP, and the ring's sends
-// per layer against the schedule's bytes. Sequences of 48 and 40 tokens: chunks of 12 / 10 on 2
+// rank's logits at its positions, the loss (DeepSeek-V3's with an MTP module: its loss too), the
+// gradients summed over CP, and the ring's sends per layer against the schedule's bytes. Sequences of 48 and 40 tokens: chunks of 12 / 10 on 2
 // ranks, 6 / 5 on 4.
 TEST(RingAttention, DenseModelsEqualTheWholeModel) {
   flush_denormals(true);
@@ -114,6 +114,7 @@ TEST(RingAttention, DenseModelsEqualTheWholeModel) {
   for (const std::string model : {"llama3", "deepseek_v3"}) {
     SCOPED_TRACE(model);
     models::ModelOptions opts;
+    opts.mtp_layers = model == "deepseek_v3" ? 1 : 0;  // MTP on each rank's chunks, its block by ring attention
     auto whole = models::build_model(model, "debugmodel", vocab, 48, opts);
     opts.cp = &cp;
     auto split = models::build_model(model, "debugmodel", vocab, 48, opts);
@@ -145,6 +146,9 @@ TEST(RingAttention, DenseModelsEqualTheWholeModel) {
       autograd::backward(ls.total);
       const auto stats = distributed::CommEngine::get().stats();
       EXPECT_NEAR(ls.cross_entropy, lw.cross_entropy, 1e-6 * lw.cross_entropy);
+      ASSERT_EQ(ls.terms.size(), lw.terms.size());
+      for (size_t i = 0; i < lw.terms.size(); ++i)
+        EXPECT_NEAR(ls.terms[i].second, lw.terms[i].second, 1e-5 * std::fabs(lw.terms[i].second)) << lw.terms[i].first;
       std::map<std::string, Tensor> whole_grads;
       for (auto& [name, p] : whole->named_parameters()) whole_grads[name] = p->var.grad();
       for (auto& [name, p] : split->named_parameters()) {
@@ -163,7 +167,8 @@ TEST(RingAttention, DenseModelsEqualTheWholeModel) {
         layers = a.n_layers, kv_width = a.kv_heads() * 2 * a.head_dim();
       } else {
         const auto a = models::deepseek_v3::deepseek_v3_flavor("debugmodel", vocab);
-        layers = a.n_layers, kv_width = a.n_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim + a.v_head_dim);
+        layers = a.n_layers + opts.mtp_layers;
+        kv_width = a.n_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim + a.v_head_dim);
       }
       const distributed::RingTraffic t = distributed::ring_attention_traffic(b * layout.local_len() * kv_width * 4, c);
       expect_analytic_traffic(stats, "cp_dense", {{distributed::CommOp::send, double(layers) * (t.forward + t.backward)}});
@@ -265,9 +270,9 @@ TEST(ContextParallel, SettingsItCannotRunAreRefused) {
       EXPECT_NE((e.message() + e.hint()).find(says), std::string::npos) << e.message() << "\n" << e.hint();
     }
   };
-  opts.mtp_layers = 1;
-  refused("deepseek_v3", opts, "model.mtp_layers = 0");
-  opts.mtp_layers = 0;
+  opts.moe_aux_loss_alpha = 1e-3;
+  refused("deepseek_v3", opts, "moe_aux_loss_alpha = 0");
+  opts.moe_aux_loss_alpha = 0;
   opts.converters = {"dsa_fused"};
   opts.dsa.warmup_steps = 3;
   refused("deepseek_v32", opts, "dsa.warmup_steps = 0");
@@ -323,7 +328,7 @@ TEST_F(CpLayouts, DeepSeekV32SparseStageReproducesOneRank) {
   }
 }
 
-// llama3 and DeepSeek-V3 (dense MLA) by ring attention, 20 steps against one rank.
+// llama3 and DeepSeek-V3 (dense MLA, an MTP module) by ring attention, 20 steps against one rank.
 TEST_F(CpLayouts, DenseModelsByRingAttentionReproduceOneRank) {
   const int n = world().size();
   auto dense = [&](const std::string& model, const std::string& name, const Degrees& d, std::vector<std::string> extra = {}) {
@@ -337,9 +342,9 @@ TEST_F(CpLayouts, DenseModelsByRingAttentionReproduceOneRank) {
                      "llama3 CP " + std::to_string(n));
   expect_same_losses(losses_of(root() / "llama_reference", "validation"), losses_of(root() / "llama_cp", "validation"),
                      1e-5, "llama3 CP " + std::to_string(n) + ", validation loss");
-  const auto v3 = reference_on_rank0(dense("deepseek_v3", "v3_reference", {}));
-  expect_same_losses(v3, train_on(dense("deepseek_v3", "v3_cp", {.cp = n}), world()), 1e-5,
-                     "deepseek_v3 CP " + std::to_string(n));
+  const auto v3 = reference_on_rank0(dense("deepseek_v3", "v3_reference", {}, {"--model.mtp_layers=1"}));
+  expect_same_losses(v3, train_on(dense("deepseek_v3", "v3_cp", {.cp = n}, {"--model.mtp_layers=1"}), world()), 1e-5,
+                     "deepseek_v3 with MTP, CP " + std::to_string(n));
   if (n != 4) return;
   expect_same_losses(one, train_on(dense("llama3", "llama_fsdp_cp_ac", {.shard = 2, .cp = 2},
                                          {"--activation_checkpoint.mode=full"}), world()),

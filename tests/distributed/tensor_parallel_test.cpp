@@ -157,7 +157,8 @@ TEST(TensorParallelLlama3, OneStepEqualsTheWholeModelWithTheAnalyticTraffic) {
 // over TP against the whole model: one step's loss, indexer loss and every gradient, in the
 // dense warm-up and the sparse stage. The routed experts see each rank's tokens only (the MoE
 // TP fix), so their gradients, like the replicated projections', are summed over TP; under
-// TorchTitan's scheme (deepseek_v3 gather) they are split by hidden units instead.
+// TorchTitan's scheme (deepseek_v3 gather) they are split by hidden units instead. DeepSeek-V3
+// runs with an MTP module (its loss and gradients too).
 TEST(TensorParallelDeepSeek, OneStepEqualsTheWholeModel) {
   flush_denormals(true);  // as training runs
   auto tp_group = distributed::CommEngine::get().split(world(), 0, world().rank(), "tp_deepseek");
@@ -171,6 +172,7 @@ TEST(TensorParallelDeepSeek, OneStepEqualsTheWholeModel) {
   for (const std::string model : {"deepseek_v32", "deepseek_v3", "deepseek_v3 gather"}) {
     models::ModelOptions opts;
     opts.moe_tp_gather = model == "deepseek_v3 gather";  // TorchTitan's MoE scheme
+    if (model == "deepseek_v3") opts.mtp_layers = 1;       // the MTP module split like the blocks
     if (model == "deepseek_v32") {  // step 1: the dense warm-up; step 2: the sparse stage
       opts.converters = {"dsa_fused"};
       opts.dsa.warmup_steps = 1;
@@ -198,7 +200,7 @@ TEST(TensorParallelDeepSeek, OneStepEqualsTheWholeModel) {
       EXPECT_NEAR(got.cross_entropy, want.cross_entropy, 1e-6 * want.cross_entropy) << what;
       std::map<std::string, double> want_terms(want.terms.begin(), want.terms.end());
       for (const auto& [term, v] : got.terms) {
-        if (term != "indexer_loss") continue;
+        if (term != "indexer_loss" && term != "mtp_loss") continue;
         EXPECT_NEAR(v, want_terms.at(term), 1e-5 * want_terms.at(term)) << what;
       }
       std::map<std::string, Tensor> whole_grads;

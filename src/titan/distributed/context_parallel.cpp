@@ -1,9 +1,12 @@
 #include "titan/distributed/context_parallel.h"
 
 #include <cstring>
+#include <span>
 
+#include "titan/autograd/ops.h"
 #include "titan/core/error.h"
 #include "titan/core/profiler.h"
+#include "titan/kernels/cross_entropy.h"
 
 namespace titan::distributed {
 
@@ -110,6 +113,18 @@ Tensor local_positions(int64_t batch, const CpLayout& layout) {
       for (int64_t i = 0; i < layout.chunk(); ++i)
         p.data<int32_t>()[b * layout.local_len() + j * layout.chunk() + i] = int32_t(layout.chunk_start(j) + i);
   return p;
+}
+
+std::pair<Variable, double> mean_over_sequences(const Variable& local_mean, const Tensor& local_targets,
+                                                const ProcessGroup& cp) {
+  const Tensor t = local_targets.contiguous();
+  TITAN_CHECK(t.dtype() == DType::i32, "mean_over_sequences: targets must be i32, got " + t.str());
+  double valid = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) valid += t.data<int32_t>()[i] != kernels::kIgnoreIndex;
+  double sums[2] = {local_mean.value().item() * valid, valid};
+  cp.all_reduce(std::span<double>(sums, 2));
+  if (sums[1] == 0) return {autograd::scale(local_mean, 0.0), 0.0};
+  return {autograd::scale(local_mean, valid / sums[1]), sums[0] / sums[1]};
 }
 
 Variable gather_sequence(const Variable& x, const ProcessGroup& cp, const CpLayout& layout) {

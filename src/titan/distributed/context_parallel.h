@@ -12,6 +12,8 @@
 // rule). Exact: a query's top-k, output and KL term depend only on keys up to its position.
 #pragma once
 
+#include <utility>
+
 #include "titan/autograd/variable.h"
 #include "titan/distributed/process_group.h"
 
@@ -40,6 +42,13 @@ CpLayout cp_layout(const ProcessGroup& cp, int64_t seq_len);
 Tensor local_chunks(const Tensor& x, const CpLayout& layout);
 // The global positions of the local tokens, i32 [B, 2 S/2c].
 Tensor local_positions(int64_t batch, const CpLayout& layout);
+
+// A loss that is the mean over this rank's valid targets (local_targets: the targets of its
+// chunks, -100 ignored), rescaled by its share of the valid targets over the cp ranks, so that
+// their losses and gradients sum to the mean over the whole sequences; with that mean (the same
+// on every rank; 0 when no target is valid). Blocks on one host all-reduce over cp.
+std::pair<Variable, double> mean_over_sequences(const Variable& local_mean, const Tensor& local_targets,
+                                                const ProcessGroup& cp);
 
 // x [B, 2 S/2c, ...] (this rank's chunks) -> [B, S, ...] in natural order (every rank's chunks in
 // place): an all-gather. Backward: the gradient reduce-scattered back to each rank's chunks.

@@ -118,12 +118,8 @@ Transformer::Transformer(const DeepSeekV3Args& a, const MoeFactory& moe, const d
       args_(as_built(a, moe)),
       rope_(kernels::rope_tables(a.rope(), a.max_seq_len)) {
   tp_ = degree(tp) > 1 ? tp : nullptr;
-  TITAN_CHECK(!tp_ || args_.num_mtp_layers == 0,
-              "model.mtp_layers > 0 with tensor parallelism: the MTP modules are not split over tensor-parallel ranks "
-              "in this build",
-              "set model.mtp_layers = 0 or tensor_parallel_degree = 1");
   for (int l = 0; l < args_.n_layers; ++l) layers.append(std::make_unique<TransformerBlock>(args_, l, moe, tp_));
-  if (args_.num_mtp_layers > 0) mtp = &register_module("mtp", std::make_unique<MultiTokenPrediction>(args_, moe));
+  if (args_.num_mtp_layers > 0) mtp = &register_module("mtp", std::make_unique<MultiTokenPrediction>(args_, moe, tp_));
   if (tp_) place_tensor_parallel();
 }
 
@@ -162,13 +158,11 @@ void Transformer::set_compute_dtype(DType dtype) {
 Variable Transformer::forward(const Tensor& tokens) {
   if (!cp_) return forward(tokens, default_positions(tokens.size(0), tokens.size(1)));
   const distributed::CpLayout layout = distributed::cp_layout(*cp_, tokens.size(1));
-  return forward(distributed::local_chunks(tokens, layout), distributed::local_positions(tokens.size(0), layout));
+  return run(distributed::local_chunks(tokens, layout), distributed::local_positions(tokens.size(0), layout), tokens);
 }
 
 void Transformer::set_context_parallel(const distributed::ProcessGroup* cp) {
   if (!cp || cp->size() == 1) return;
-  TITAN_CHECK(!mtp, "model.mtp_layers > 0 with context parallelism: the MTP modules read tokens past each chunk",
-              "set model.mtp_layers = 0 or context_parallel_degree = 1");
   TITAN_CHECK(args_.aux_loss_alpha == 0, "model.moe_aux_loss_alpha > 0 with context parallelism: the sequence-wise "
                                          "balance loss needs whole sequences",
               "set model.moe_aux_loss_alpha = 0 (the aux-loss-free bias still balances) or context_parallel_degree = 1");
@@ -180,27 +174,32 @@ void Transformer::set_context_parallel(const distributed::ProcessGroup* cp) {
               "[\"dsa_fused\"]");
   cp_ = cp;
   for (size_t l = 0; l < layers.size(); ++l) layers[l].attention.cp = cp;
+  if (mtp)
+    for (size_t k = 0; k < mtp->size(); ++k) (*mtp)[k].block.attention.cp = cp;
 }
 
-Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) {
+Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) { return run(tokens, positions, tokens); }
+
+Variable Transformer::embed(const Tensor& tokens) {
+  if (!tp_) return tok_embeddings.forward(tokens, compute_dtype_);  // [B, S, D]
+  nn::UnitScope unit(tok_embeddings);
+  return distributed::embedding_vocab_parallel(tokens, tok_embeddings.weight.var, compute_dtype_, *tp_);
+}
+
+Variable Transformer::head(const Variable& normed) {
+  if (tp_) return output.forward(distributed::gather_tokens(normed, *tp_));  // [B*S, V / tp]
+  return output.forward(autograd::view(normed, {normed.value().numel() / args_.dim, args_.dim}));
+}
+
+Variable Transformer::run(const Tensor& tokens, const Tensor& positions, const Tensor& whole) {
   TITAN_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::i32, "deepseek_v3: tokens must be i32 [B, S], got " + tokens.str());
   TITAN_CHECK(positions.shape() == tokens.shape() && positions.dtype() == DType::i32,
               "deepseek_v3: positions must be i32 " + tokens.shape().str() + ", got " + positions.str());
-  const int64_t b = tokens.size(0), s = tokens.size(1);
   check_rope_positions("deepseek_v3", positions, rope_.cos.size(0));
-  if (tp_) {  // the residual stream is this rank's piece [B*S / tp, D] of the flattened tokens
-    Variable h;
-    {
-      nn::UnitScope unit(tok_embeddings);
-      h = distributed::embedding_vocab_parallel(tokens, tok_embeddings.weight.var, compute_dtype_, *tp_);
-    }
-    for (size_t l = 0; l < layers.size(); ++l) h = layers[l].forward(h, rope_, positions, recompute_);
-    return output.forward(distributed::gather_tokens(norm.forward(h), *tp_));  // [B*S, V / tp]
-  }
-  Variable h = tok_embeddings.forward(tokens, compute_dtype_);  // [B, S, D]
+  Variable h = embed(tokens);  // under TP, this rank's piece [B*S / tp, D] of the flattened tokens
   for (size_t l = 0; l < layers.size(); ++l) h = layers[l].forward(h, rope_, positions, recompute_);
-  if (mtp) mtp->run(*this, h, tokens, positions);
-  return output.forward(autograd::view(norm.forward(h), {b * s, args_.dim}));
+  if (mtp) mtp->run(*this, h, whole, positions);
+  return head(norm.forward(h));
 }
 
 void Transformer::start_generation(int64_t batch, int64_t max_len) {

@@ -86,6 +86,12 @@ class Transformer : public CausalLM {
   // tensor parallelism: this rank's vocabulary slice, [B*S, V / tp].
   Variable forward(const Tensor& tokens) override;
   Variable forward(const Tensor& tokens, const Tensor& positions);  // positions i32 [B, S]
+  // The residual stream's start: Emb(tokens) [B, S, D], or this rank's piece [B*S / tp, D] of the
+  // flattened tokens under TP (vocabulary-parallel). MTP embeds its shifted tokens with it.
+  Variable embed(const Tensor& tokens);
+  // The shared output head on a normed residual stream (embed's layout) -> logits [B*S, V], or
+  // [B*S, V / tp] under TP (the pieces gathered first).
+  Variable head(const Variable& normed);
 
   void set_compute_dtype(DType dtype) override;
   DType compute_dtype() const override { return compute_dtype_; }
@@ -120,8 +126,8 @@ class Transformer : public CausalLM {
   std::vector<Variable> auxiliary_losses();
   // Context parallelism over `cp` (null or one rank: none; distributed/context_parallel.h): dense
   // MLA by ring attention (distributed/ring_attention.h), DeepSeek-V3.2's sparse stage (fused
-  // kernels only) by gathering the latent rows. Throws, naming the setting to change, for V3.2's
-  // dense warm-up, MTP and the sequence-wise balance loss.
+  // kernels only) by gathering the latent rows; MTP on each rank's chunks. Throws, naming the
+  // setting to change, for V3.2's dense warm-up and the sequence-wise balance loss.
   void set_context_parallel(const distributed::ProcessGroup* cp);
 
   // Training (CausalLM): begin_step switches the DSA stage by the schedule; training_loss adds
@@ -141,6 +147,9 @@ class Transformer : public CausalLM {
   MultiTokenPrediction* mtp = nullptr;  // "mtp", when num_mtp_layers > 0
 
  private:
+  // forward on tokens and positions [B, L] (this rank's chunks under CP) of the sequences `whole`
+  // [B, S] (tokens itself without CP), which MTP shifts.
+  Variable run(const Tensor& tokens, const Tensor& positions, const Tensor& whole);
   // Every MLA layer with DeepSeek Sparse Attention: the main layers', then the MTP blocks'.
   std::vector<Attention*> dsa_attentions();
   void place_tensor_parallel();  // parallelize.cpp: each parameter's TP placement

@@ -1,18 +1,22 @@
 #include "titan/models/deepseek_v3/mtp.h"
 
+#include <optional>
+#include <tuple>
+
 #include "titan/autograd/ops.h"
+#include "titan/distributed/context_parallel.h"
 #include "titan/nn/module.h"
 
 namespace titan::models::deepseek_v3 {
 
 using nn::Init;
 
-MtpModule::MtpModule(const DeepSeekV3Args& a, int depth, const MoeFactory& moe)
+MtpModule::MtpModule(const DeepSeekV3Args& a, int depth, const MoeFactory& moe, const distributed::ProcessGroup* tp)
     : enorm(register_module("enorm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps))),
       hnorm(register_module("hnorm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps))),
       eh_proj(register_module("eh_proj", std::make_unique<nn::Linear>(2 * a.dim, a.dim,
                                                                       Init::trunc_normal(DeepSeekV3Args::kInitStd)))),
-      block(register_module("block", std::make_unique<TransformerBlock>(a, int(a.n_layers) + depth, moe))),
+      block(register_module("block", std::make_unique<TransformerBlock>(a, int(a.n_layers) + depth, moe, tp))),
       norm(register_module("norm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps))) {}
 
 Variable MtpModule::forward(const Variable& h_prev, const Variable& emb, const kernels::RopeTables& rope,
@@ -21,8 +25,10 @@ Variable MtpModule::forward(const Variable& h_prev, const Variable& emb, const k
   return block.forward(x, rope, positions, recompute);
 }
 
-MultiTokenPrediction::MultiTokenPrediction(const DeepSeekV3Args& a, const MoeFactory& moe) : args_(a) {
-  for (int k = 0; k < a.num_mtp_layers; ++k) append(std::make_unique<MtpModule>(a, k, moe));
+MultiTokenPrediction::MultiTokenPrediction(const DeepSeekV3Args& a, const MoeFactory& moe,
+                                           const distributed::ProcessGroup* tp)
+    : args_(a) {
+  for (int k = 0; k < a.num_mtp_layers; ++k) append(std::make_unique<MtpModule>(a, k, moe, tp));
 }
 
 Tensor MultiTokenPrediction::shifted_tokens(const Tensor& tokens, int64_t k) {
@@ -60,6 +66,12 @@ void MultiTokenPrediction::run(Transformer& model, const Variable& h0, const Ten
   TITAN_CHECK(s > d, "deepseek_v3 MTP: a sequence of " + std::to_string(s) + " tokens leaves no target for module " +
                          std::to_string(d) + " (it predicts " + std::to_string(d + 1) + " tokens ahead)",
               "train with seq_len > num_mtp_layers");
+  // Under CP the shifted tokens and targets are cut into this rank's chunks (tokens[i + k] of a
+  // chunk's last positions lie in the next chunk, which every CP rank holds: it reads whole rows).
+  const distributed::ProcessGroup* cp = model.context_parallel();
+  const std::optional<distributed::CpLayout> layout =
+      cp ? std::optional(distributed::cp_layout(*cp, s)) : std::nullopt;
+  const auto mine = [&](const Tensor& x) { return layout ? distributed::local_chunks(x, *layout) : x; };  // [B, S] -> [B, L]
   const double weight = args_.mtp_loss_weight / double(d);
   Variable h = h0;
   Variable total(Tensor::zeros({1}, DType::f32));
@@ -67,11 +79,15 @@ void MultiTokenPrediction::run(Transformer& model, const Variable& h0, const Ten
   for (int64_t k = 1; k <= d; ++k) {
     MtpModule& m = (*this)[size_t(k - 1)];
     nn::UnitScope unit(m);  // a unit of the parallel plan: its block and norms, gathered while it runs
-    const Variable emb = model.tok_embeddings.forward(shifted_tokens(tokens, k), model.compute_dtype());  // [B, S, D]
+    const Variable emb = model.embed(mine(shifted_tokens(tokens, k)));
     h = m.forward(h, emb, model.rope_tables(), positions, model.recompute());
-    const Variable logits = model.output.forward(autograd::view(m.norm.forward(h), {b * s, args_.dim}));  // [B*S, V]
-    const Variable lk = autograd::cross_entropy(logits, shifted_targets(targets, b, s, k));
-    last_losses_[size_t(k - 1)] = lk.value().item();
+    const Tensor tk = mine(shifted_targets(targets, b, s, k).view({b, s}));
+    const Tensor tk_flat = tk.view({tk.numel()});
+    Variable lk = model.next_token_loss(model.head(m.norm.forward(h)), tk_flat);  // loss parallel under TP
+    double value = 0;
+    if (cp) std::tie(lk, value) = distributed::mean_over_sequences(lk, tk_flat, *cp);
+    else value = lk.value().item();
+    last_losses_[size_t(k - 1)] = value;
     total = autograd::add(total, lk, weight);
   }
   loss_ = total;

@@ -19,6 +19,12 @@
 // mtp_loss_weight / D * sum_k L_k (auxiliary_losses()); training_loss() logs "mtp_loss", the
 // unweighted mean of the L_k.
 //
+// Under tensor parallelism the modules run on this rank's sequence piece like the main blocks
+// (the embedding vocabulary-parallel, eh_proj and the norms replicated with their partial
+// gradients summed over TP, the block split as the main ones, loss parallel on the shared head).
+// Under context parallelism they run on this rank's chunks: the shifted tokens and targets are
+// taken from the whole sequences, then chunked, and each L_k is rescaled as the main loss is.
+//
 // Names: ours "mtp.K.{enorm,hnorm,eh_proj,block.<block names>,norm}" (K = k - 1) <-> Hugging
 // Face's "model.layers.<n_layers + K>.{enorm,hnorm,eh_proj,<layer names>,shared_head.norm}"
 // (hf_adapter.h). MTP only trains: generation does not use it (no speculative decoding here).
@@ -31,8 +37,9 @@ namespace titan::models::deepseek_v3 {
 // One MTP module ("mtp.K"): k = depth + 1, its block is layer n_layers + depth.
 class MtpModule : public nn::Module {
  public:
-  MtpModule(const DeepSeekV3Args& a, int depth, const MoeFactory& moe);
-  // h_prev [B, S, D] and emb [B, S, D] (Emb(t_{i+k})) -> h^k [B, S, D], before norm.
+  MtpModule(const DeepSeekV3Args& a, int depth, const MoeFactory& moe, const distributed::ProcessGroup* tp);
+  // h_prev and emb (Emb(t_{i+k})), both [B, S, D] or both this rank's [B*S / tp, D] under TP -> h^k
+  // in the same layout, before norm.
   Variable forward(const Variable& h_prev, const Variable& emb, const kernels::RopeTables& rope,
                    const Tensor& positions, Recompute recompute);
   nn::RMSNorm &enorm, &hnorm;
@@ -44,11 +51,12 @@ class MtpModule : public nn::Module {
 // The D modules (registered as "mtp") and the loss of the last forward.
 class MultiTokenPrediction : public nn::ModuleList<MtpModule> {
  public:
-  MultiTokenPrediction(const DeepSeekV3Args& a, const MoeFactory& moe);
+  MultiTokenPrediction(const DeepSeekV3Args& a, const MoeFactory& moe, const distributed::ProcessGroup* tp);
   // The targets [B*S] i32 of the next run() (kept until then; the trainer sets them per batch).
   void set_targets(const Tensor& targets) { targets_ = targets; }
-  // After the main model's blocks: h0 [B, S, D] (before the final norm), the input tokens [B, S].
-  // Computes the weighted MTP loss when targets were set (and clears them); otherwise none.
+  // After the main model's blocks: h0 (before the final norm, Transformer::embed's layout), the
+  // whole input sequences [B, S] and the positions [B, L] the model ran (this rank's chunks under
+  // CP, else L = S). Computes the weighted MTP loss when targets were set (and clears them).
   void run(Transformer& model, const Variable& h0, const Tensor& tokens, const Tensor& positions);
   // The weighted loss of the last run() and the MoE blocks' balance losses.
   void append_losses(std::vector<Variable>& out);

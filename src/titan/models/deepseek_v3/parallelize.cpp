@@ -44,8 +44,7 @@ void Transformer::place_tensor_parallel() {
   colwise(static_cast<nn::Linear&>(output));
   shard_parameter(tok_embeddings.weight, 0, tp);  // vocabulary rows
   partial(norm.weight);
-  for (size_t l = 0; l < layers.size(); ++l) {
-    TransformerBlock& b = layers[l];
+  const auto place_block = [&](TransformerBlock& b, const std::string& name) {
     Attention& at = b.attention;
     if (at.wq) {
       colwise(*at.wq);
@@ -59,7 +58,7 @@ void Transformer::place_tensor_parallel() {
     colwise(at.wkv_b);
     rowwise(at.wo);
     if (at.indexer)  // whole and identical on every rank, gradients included
-      for (auto& [name, p] : at.indexer->named_parameters()) replicate_parameter(*p, tp, /*partial_grad=*/false);
+      for (auto& [param_name, p] : at.indexer->named_parameters()) replicate_parameter(*p, tp, /*partial_grad=*/false);
     partial(b.attention_norm.weight);
     partial(b.ffn_norm.weight);
     if (auto* dense = dynamic_cast<FeedForward*>(&b.ffn)) {
@@ -76,7 +75,15 @@ void Transformer::place_tensor_parallel() {
         colwise(moe->shared_experts->w1), colwise(moe->shared_experts->w3), rowwise(moe->shared_experts->w2);
       }
     } else {
-      TITAN_FAIL("deepseek_v3: layer " + std::to_string(l) + "'s feed-forward has no tensor-parallel plan");
+      TITAN_FAIL("deepseek_v3: " + name + "'s feed-forward has no tensor-parallel plan");
+    }
+  };
+  for (size_t l = 0; l < layers.size(); ++l) place_block(layers[l], "layer " + std::to_string(l));
+  if (mtp) {  // MTP: the shifted embedding goes through the sharded table; the rest is replicated
+    for (size_t k = 0; k < mtp->size(); ++k) {
+      MtpModule& m = (*mtp)[k];
+      for (nn::Parameter* p : {&m.enorm.weight, &m.hnorm.weight, &m.eh_proj.weight, &m.norm.weight}) partial(*p);
+      place_block(m.block, "mtp." + std::to_string(k));
     }
   }
 }
