@@ -21,6 +21,20 @@ using autograd::Variable;
 
 namespace {
 
+// Every parameter's gradient summed over the CP ranks equals the whole model's.
+void expect_gradients_sum_to_whole(nn::Module& whole, nn::Module& split, const distributed::ProcessGroup& cp) {
+  std::map<std::string, Tensor> whole_grads;
+  for (auto& [name, p] : whole.named_parameters()) whole_grads[name] = p->var.grad();
+  for (auto& [name, p] : split.named_parameters()) {
+    const Tensor want = whole_grads.at(name);
+    ASSERT_EQ(want.defined(), p->var.grad().defined()) << name;
+    if (!want.defined()) continue;
+    Tensor sum = p->var.grad().contiguous().clone();
+    cp.all_reduce(sum).wait();
+    expect_close(want, sum, 2e-4, "gradient of " + name);
+  }
+}
+
 TEST(ContextParallel, HeadTailChunksAndTheSequenceGather) {
   const distributed::ProcessGroup& cp = world();
   const int c = cp.size(), r = cp.rank();
@@ -149,16 +163,7 @@ TEST(RingAttention, DenseModelsEqualTheWholeModel) {
       ASSERT_EQ(ls.terms.size(), lw.terms.size());
       for (size_t i = 0; i < lw.terms.size(); ++i)
         EXPECT_NEAR(ls.terms[i].second, lw.terms[i].second, 1e-5 * std::fabs(lw.terms[i].second)) << lw.terms[i].first;
-      std::map<std::string, Tensor> whole_grads;
-      for (auto& [name, p] : whole->named_parameters()) whole_grads[name] = p->var.grad();
-      for (auto& [name, p] : split->named_parameters()) {
-        const Tensor want = whole_grads.at(name);
-        ASSERT_EQ(want.defined(), p->var.grad().defined()) << name;
-        if (!want.defined()) continue;
-        Tensor sum = p->var.grad().contiguous().clone();
-        cp.all_reduce(sum).wait();
-        expect_close(want, sum, 2e-4, "gradient of " + name);
-      }
+      expect_gradients_sum_to_whole(*whole, *split, cp);
       if (c == 1) continue;
       // Each layer's keys and values on this rank: [B, 2C, kv heads, key + value dims] f32.
       int64_t layers = 0, kv_width = 0;
@@ -201,6 +206,7 @@ TEST(DsaContextParallel, SparseStageEqualsTheWholeModel) {
   for (auto* m : {whole.get(), split.get()}) m->begin_step(1);
   for (int64_t s : {int64_t(48), int64_t(40)}) {
     if (s % (2 * c) != 0) continue;
+    SCOPED_TRACE("S " + std::to_string(s));
     whole->zero_grad();
     split->zero_grad();
     Tensor tokens = Tensor::empty({b, s}, DType::i32), targets = Tensor::empty({b * s}, DType::i32);
@@ -237,21 +243,11 @@ TEST(DsaContextParallel, SparseStageEqualsTheWholeModel) {
     cp.all_reduce(std::span<double>(kl));  // each rank's mean over its rows; equal rows per rank
     EXPECT_NEAR(kl[0] / c, whole_terms.at("indexer_loss"), 1e-5 * whole_terms.at("indexer_loss")) << "S " << s;
 
-    std::map<std::string, Tensor> whole_grads;
-    for (auto& [name, p] : whole->named_parameters()) whole_grads[name] = p->var.grad();
-    for (auto& [name, p] : split->named_parameters()) {
-      const Tensor want = whole_grads.at(name);
-      ASSERT_EQ(want.defined(), p->var.grad().defined()) << name;
-      if (!want.defined()) continue;
-      Tensor sum = p->var.grad().contiguous().clone();
-      cp.all_reduce(sum).wait();
-      expect_close(want, sum, 2e-4, "gradient of " + name + ", S " + std::to_string(s));
-    }
+    expect_gradients_sum_to_whole(*whole, *split, cp);
 
     const auto a = models::deepseek_v3::deepseek_v32_flavor("debugmodel", vocab);
     const double row_bytes = double(a.kv_lora_rank + a.qk_rope_head_dim + a.index_head_dim) * 4;
     const double per_op = double(a.n_layers) * double(c - 1) / c * double(b * s) * row_bytes;
-    SCOPED_TRACE("S " + std::to_string(s));
     expect_analytic_traffic(stats, "cp_dsa", {{distributed::CommOp::all_gather, per_op},
                                               {distributed::CommOp::reduce_scatter, per_op}});
   }

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "common/gradcheck.h"
-#include "titan/kernels/ref/attention_unmasked.h"
+#include "titan/kernels/ref/attention.h"
 
 using namespace titan;
 using namespace titan::test;

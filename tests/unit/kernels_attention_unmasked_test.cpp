@@ -97,6 +97,35 @@ TEST(AttentionUnmasked, BlocksMergeIntoCausalAttention) {
   expect_close(dva, rows(dvv, 0, na), 1e-5, 1e-4, "dv of A");
 }
 
+// The merge at an offset into a longer running result, with a bf16 part: rows outside
+// [row0, row0 + Lp) keep their values; a running row with no keys yet (lse = -inf) takes the part.
+TEST(AttentionUnmasked, MergeAtAnOffsetLeavesOtherRows) {
+  const int64_t b = 2, l = 11, lp = 4, row0 = 5, h = 3, dv = 6;
+  Tensor o = random_tensor({b, l, h, dv}, DType::f32, 4, "o"), lse = random_tensor({b, h, l}, DType::f32, 4, "lse");
+  for (int64_t bi = 0; bi < b; ++bi) lse.data<float>()[(bi * h + 1) * l + row0 + 2] = -INFINITY;  // head 1, part row 2
+  const Tensor o_part = random_tensor({b, lp, h, dv}, DType::bf16, 4, "op"), lse_part = random_tensor({b, h, lp}, DType::f32, 4, "lp");
+  const Tensor o0 = o.clone(), lse0 = lse.clone();
+  kernels::attention_merge(o, lse, o_part, lse_part, row0);
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t hi = 0; hi < h; ++hi)
+      for (int64_t i = 0; i < l; ++i) {
+        const float a = lse0.data<float>()[(bi * h + hi) * l + i];
+        const bool part = i >= row0 && i < row0 + lp;
+        const float c = part ? lse_part.data<float>()[(bi * h + hi) * lp + i - row0] : 0;
+        const double merged = part ? std::log(std::exp(double(a)) + std::exp(double(c))) : a;
+        EXPECT_NEAR(lse.data<float>()[(bi * h + hi) * l + i], merged, 1e-5) << bi << " " << hi << " " << i;
+        for (int64_t col = 0; col < dv; ++col) {
+          const int64_t at = ((bi * l + i) * h + hi) * dv + col;
+          double want = o0.data<float>()[at];
+          if (part) {
+            const double pv = bf16_to_f32(o_part.data<bf16>()[((bi * lp + i - row0) * h + hi) * dv + col]);
+            want = std::exp(double(a) - merged) * want + std::exp(double(c) - merged) * pv;
+          }
+          EXPECT_NEAR(o.data<float>()[at], want, 1e-5) << bi << " " << hi << " " << i << " " << col;
+        }
+      }
+}
+
 TEST(AttentionUnmasked, RejectsBadArguments) {
   const Tensor q = random_tensor({1, 4, 3, 8}, DType::f32, 1, "q"), k = random_tensor({1, 6, 2, 8}, DType::f32, 1, "k");
   const Tensor v = random_tensor({1, 6, 2, 8}, DType::f32, 1, "v");

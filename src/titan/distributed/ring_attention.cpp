@@ -85,6 +85,29 @@ struct Exchange {
   }
 };
 
+// This rank's keys and values going around the ring, two blocks in flight: next(s) waits for
+// step s's block (rank owner(s)'s) and starts passing it on while the caller computes with it.
+class KvRotation {
+ public:
+  KvRotation(const Tensor& k, const Tensor& v, const Ring& ring)
+      : ring_(ring), blocks_{empty_chunks(k, v, false), empty_chunks(k, v, false)} {
+    pack_chunks(blocks_[0], k, v);
+    if (ring.c > 1) ex_.post(ring_, blocks_[0].flat, blocks_[1].flat, kKvTag);
+  }
+  const KvChunks& next(int s) {
+    ex_.wait();  // the block sent last step has left, the one received is here
+    cur_ = 1 - cur_;
+    if (s + 1 < ring_.c) ex_.post(ring_, blocks_[cur_].flat, blocks_[1 - cur_].flat, kKvTag);
+    return blocks_[cur_];
+  }
+
+ private:
+  const Ring& ring_;
+  KvChunks blocks_[2];
+  Exchange ex_;
+  int cur_ = 0;
+};
+
 struct ForwardResult {
   Tensor o, lse;  // o [B, L, H, Dv] in q's dtype, lse [B, H, L] f32
 };
@@ -98,19 +121,12 @@ ForwardResult ring_forward(const Tensor& q, const Tensor& k, const Tensor& v, co
   Tensor o = o_part.dtype() == DType::f32 ? o_part : Tensor::empty({b, l, h, dv}, DType::f32, MemCategory::activations);
   if (o.data_ptr() != o_part.data_ptr()) o.copy_(o_part);
 
-  KvChunks blocks[2] = {empty_chunks(k, v, false), empty_chunks(k, v, false)};
-  pack_chunks(blocks[0], k, v);
   const Tensor q_late = half(q, 1);
   Tensor part = Tensor::empty({b, c, h, dv}, q.dtype()), part_lse = Tensor::empty({b, h, c}, DType::f32);
   Tensor all_part = Tensor::empty({b, l, h, dv}, q.dtype()), all_lse = Tensor::empty({b, h, l}, DType::f32);
-  Exchange ex;
-  int cur = 0;
-  ex.post(ring, blocks[cur].flat, blocks[1 - cur].flat, kKvTag);
+  KvRotation rotation(k, v, ring);
   for (int s = 1; s < ring.c; ++s) {
-    ex.wait();
-    cur = 1 - cur;
-    if (s + 1 < ring.c) ex.post(ring, blocks[cur].flat, blocks[1 - cur].flat, kKvTag);
-    const KvChunks& kv = blocks[cur];
+    const KvChunks& kv = rotation.next(s);
     if (ring.owner(s) < ring.r) {  // every local query over the owner's early chunk
       kernels::attention_unmasked_forward(all_part, all_lse, q, kv.k[0], kv.v[0], scale);
       kernels::attention_merge(o, lse, all_part, all_lse, 0);
@@ -135,22 +151,15 @@ std::vector<Tensor> ring_backward(const Tensor& dout, const Tensor& q, const Ten
   Tensor dv = Tensor::zeros(v.shape(), v.dtype());
   kernels::attention_backward(dq, dk, dv, lse, dout, q, k, v, o, scale);  // step 0: the local causal block
 
-  KvChunks blocks[2] = {empty_chunks(k, v, false), empty_chunks(k, v, false)};
-  pack_chunks(blocks[0], k, v);
-  // The gradient buffers that travel: the one this rank adds into, the one arriving.
-  KvChunks grads[2] = {empty_chunks(k, v, true), empty_chunks(k, v, true)};
+  // The gradient buffers that travel: the two this rank adds into (by step parity), the one arriving.
+  KvChunks grads[2] = {empty_chunks(k, v, false), empty_chunks(k, v, false)};
   KvChunks incoming = empty_chunks(k, v, false);
   const Tensor q_late = half(q, 1), o_late = half(o, 1), dout_late = half(dout, 1), lse_late = late_lse(lse);
   Tensor dq_late = Tensor::zeros(q_late.shape(), q.dtype());
-  Exchange ex;
   Work grad_sends[2], grad_recv;
-  int cur = 0;
-  ex.post(ring, blocks[cur].flat, blocks[1 - cur].flat, kKvTag);
+  KvRotation rotation(k, v, ring);
   for (int s = 1; s < ring.c; ++s) {
-    ex.wait();
-    cur = 1 - cur;
-    if (s + 1 < ring.c) ex.post(ring, blocks[cur].flat, blocks[1 - cur].flat, kKvTag);
-    const KvChunks& kv = blocks[cur];
+    const KvChunks& kv = rotation.next(s);
     KvChunks& g = grads[s % 2];
     grad_sends[s % 2].wait();  // the send of two steps ago read g
     std::memset(g.flat.data_ptr(), 0, g.flat.nbytes());

@@ -4,13 +4,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <string>
+#include <type_traits>
 
 #include "titan/core/parallel.h"
 #include "titan/kernels/attention_params.h"
 #include "titan/kernels/cpu/attention_rows.h"
 #include "titan/kernels/matmul.h"
-#include "titan/kernels/ref/attention_unmasked.h"
+#include "titan/kernels/ref/attention.h"
 #include "titan/kernels/tensor_checks.h"
 
 namespace titan::kernels {
@@ -53,6 +55,22 @@ UnmaskedAttentionParams unmasked_dims(const Tensor& q, const Tensor& k, const Te
   return d;
 }
 
+// The first exception a worker thread caught, rethrown on the calling thread after the parallel
+// region (an exception must not leave an OpenMP region).
+class FirstFailure {
+ public:
+  void record() {
+#pragma omp critical(titan_attention_unmasked_failure)
+    if (!first_) first_ = std::current_exception();
+  }
+  void rethrow() const {
+    if (first_) std::rethrow_exception(first_);
+  }
+
+ private:
+  std::exception_ptr first_;
+};
+
 // One product of a tile: C = alpha op(A) op(B) + beta C on the calling thread (the caller runs one
 // tile per thread). Strides in elements.
 void tile_gemm(float* c, int64_t ldc, const void* a, int64_t lda, const void* b, int64_t ldb, DType ab, int64_t m,
@@ -83,7 +101,9 @@ void forward_tiles(T* o, float* lse, const T* q, const T* k, const T* v, const U
   const int threads = int(std::min<int64_t>(num_threads(), items));
   const int64_t per_thread = kQueryTile * kKeyTile + kQueryTile * d.Dv + 3 * kQueryTile;
   Tensor scratch = Tensor::empty({threads * per_thread}, DType::f32, MemCategory::temporaries);
-  Tensor low = Tensor::empty({threads * kQueryTile * kKeyTile}, ab, MemCategory::temporaries);
+  // bf16 rounds P for its product; f32 reads the f32 tile.
+  Tensor low = Tensor::empty({std::is_same_v<T, float> ? 0 : threads * kQueryTile * kKeyTile}, ab, MemCategory::temporaries);
+  FirstFailure failure;
 #pragma omp parallel num_threads(threads)
   {
     float* s = scratch.data<float>() + omp_get_thread_num() * per_thread;  // [Tq, Tk] scores, then P
@@ -91,32 +111,37 @@ void forward_tiles(T* o, float* lse, const T* q, const T* k, const T* v, const U
     float* m = acc + kQueryTile * d.Dv;                                     // [Tq] running max
     float* l = m + kQueryTile;                                              // [Tq] running sum
     float* alpha = l + kQueryTile;                                          // [Tq] rescale of this tile
-    T* p_low = low.data<T>() + omp_get_thread_num() * kQueryTile * kKeyTile;
+    T* p_low = std::is_same_v<T, float> ? nullptr : low.data<T>() + omp_get_thread_num() * kQueryTile * kKeyTile;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < items; ++t) {
-      const int64_t b = t / (d.H * q_tiles), h = t / q_tiles % d.H, i0 = t % q_tiles * kQueryTile;
-      const int64_t g = h / group, rows = std::min(kQueryTile, d.Sq - i0);
-      const T* q_rows = q + ((b * d.Sq + i0) * d.H + h) * d.Dqk;
-      std::fill(m, m + rows, -INFINITY);
-      std::fill(l, l + rows, 0.0f);
-      std::fill(acc, acc + rows * d.Dv, 0.0f);
-      for (int64_t j0 = 0; j0 < d.Skv; j0 += kKeyTile) {
-        const int64_t cols = std::min(kKeyTile, d.Skv - j0);
-        tile_gemm(s, kKeyTile, q_rows, d.H * d.Dqk, k + ((b * d.Skv + j0) * d.Hkv + g) * d.Dqk, d.Hkv * d.Dqk, ab,
-                  rows, cols, d.Dqk, false, true, float(d.scale), 0);
-        TITAN_CPU_KERNEL(online_softmax_rows)(s, kKeyTile, rows, cols, m, l, alpha);  // FlashAttention-2 style
-        for (int64_t i = 0; i < rows; ++i)
-          for (int64_t c = 0; c < d.Dv; ++c) acc[i * d.Dv + c] *= alpha[i];
-        tile_gemm(acc, d.Dv, operand(s, p_low, rows, cols), kKeyTile, v + ((b * d.Skv + j0) * d.Hkv + g) * d.Dv,
-                  d.Hkv * d.Dv, ab, rows, d.Dv, cols, false, false, 1, 1);
-      }
-      for (int64_t i = 0; i < rows; ++i) {
-        T* out = o + ((b * d.Sq + i0 + i) * d.H + h) * d.Dv;
-        for (int64_t c = 0; c < d.Dv; ++c) out[c] = store<T>(acc[i * d.Dv + c] / l[i]);
-        lse[(b * d.H + h) * d.Sq + i0 + i] = m[i] + std::log(l[i]);
+      try {
+        const int64_t b = t / (d.H * q_tiles), h = t / q_tiles % d.H, i0 = t % q_tiles * kQueryTile;
+        const int64_t g = h / group, rows = std::min(kQueryTile, d.Sq - i0);
+        const T* q_rows = q + ((b * d.Sq + i0) * d.H + h) * d.Dqk;
+        std::fill(m, m + rows, -INFINITY);
+        std::fill(l, l + rows, 0.0f);
+        std::fill(acc, acc + rows * d.Dv, 0.0f);
+        for (int64_t j0 = 0; j0 < d.Skv; j0 += kKeyTile) {
+          const int64_t cols = std::min(kKeyTile, d.Skv - j0);
+          tile_gemm(s, kKeyTile, q_rows, d.H * d.Dqk, k + ((b * d.Skv + j0) * d.Hkv + g) * d.Dqk, d.Hkv * d.Dqk, ab,
+                    rows, cols, d.Dqk, false, true, float(d.scale), 0);
+          TITAN_CPU_KERNEL(online_softmax_rows)(s, kKeyTile, rows, cols, m, l, alpha);  // FlashAttention-2 style
+          for (int64_t i = 0; i < rows; ++i)
+            for (int64_t c = 0; c < d.Dv; ++c) acc[i * d.Dv + c] *= alpha[i];
+          tile_gemm(acc, d.Dv, operand(s, p_low, rows, cols), kKeyTile, v + ((b * d.Skv + j0) * d.Hkv + g) * d.Dv,
+                    d.Hkv * d.Dv, ab, rows, d.Dv, cols, false, false, 1, 1);
+        }
+        for (int64_t i = 0; i < rows; ++i) {
+          T* out = o + ((b * d.Sq + i0 + i) * d.H + h) * d.Dv;
+          for (int64_t c = 0; c < d.Dv; ++c) out[c] = store<T>(acc[i * d.Dv + c] / l[i]);
+          lse[(b * d.H + h) * d.Sq + i0 + i] = m[i] + std::log(l[i]);
+        }
+      } catch (...) {
+        failure.record();
       }
     }
   }
+  failure.rethrow();
 }
 
 // One work item per (batch, kv head): its dk and dv rows collect every query of the group in
@@ -130,7 +155,8 @@ void backward_tiles(T* dq, T* dk, T* dv, const float* lse, const T* dout, const 
   const int64_t tile = kQueryTile * kKeyTile;
   const int64_t per_thread = 2 * tile + kQueryTile * d.Dqk + 2 * kQueryTile + d.Skv * (d.Dqk + d.Dv);
   Tensor scratch = Tensor::empty({threads * per_thread}, DType::f32, MemCategory::temporaries);
-  Tensor low = Tensor::empty({threads * 2 * tile}, ab, MemCategory::temporaries);
+  Tensor low = Tensor::empty({std::is_same_v<T, float> ? 0 : threads * 2 * tile}, ab, MemCategory::temporaries);
+  FirstFailure failure;
 #pragma omp parallel num_threads(threads)
   {
     float* p = scratch.data<float>() + omp_get_thread_num() * per_thread;  // [Tq, Tk] P
@@ -140,56 +166,61 @@ void backward_tiles(T* dq, T* dk, T* dv, const float* lse, const T* dout, const 
     float* delta = lse_i + kQueryTile;                                     // [Tq] D = rowsum(dO * O)
     float* dk_acc = delta + kQueryTile;                                    // [Skv, Dqk]
     float* dv_acc = dk_acc + d.Skv * d.Dqk;                                // [Skv, Dv]
-    T* p_low = low.data<T>() + omp_get_thread_num() * 2 * tile;
-    T* ds_low = p_low + tile;
+    T* p_low = std::is_same_v<T, float> ? nullptr : low.data<T>() + omp_get_thread_num() * 2 * tile;
+    T* ds_low = std::is_same_v<T, float> ? nullptr : p_low + tile;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < items; ++t) {
-      const int64_t b = t / d.Hkv, g = t % d.Hkv;
-      std::fill(dk_acc, dk_acc + d.Skv * (d.Dqk + d.Dv), 0.0f);
-      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        for (int64_t i0 = 0; i0 < d.Sq; i0 += kQueryTile) {
-          const int64_t rows = std::min(kQueryTile, d.Sq - i0);
-          const T* q_rows = q + ((b * d.Sq + i0) * d.H + h) * d.Dqk;
-          const T* do_rows = dout + ((b * d.Sq + i0) * d.H + h) * d.Dv;
-          for (int64_t i = 0; i < rows; ++i) {
-            const T* orow = o + ((b * d.Sq + i0 + i) * d.H + h) * d.Dv;
-            float sum = 0;
-            for (int64_t c = 0; c < d.Dv; ++c) sum += load(do_rows[i * d.H * d.Dv + c]) * load(orow[c]);
-            delta[i] = sum, lse_i[i] = lse[(b * d.H + h) * d.Sq + i0 + i];
-          }
-          std::fill(dq_acc, dq_acc + rows * d.Dqk, 0.0f);
-          for (int64_t j0 = 0; j0 < d.Skv; j0 += kKeyTile) {
-            const int64_t cols = std::min(kKeyTile, d.Skv - j0);
-            const T* k_rows = k + ((b * d.Skv + j0) * d.Hkv + g) * d.Dqk;
-            const T* v_rows = v + ((b * d.Skv + j0) * d.Hkv + g) * d.Dv;
-            tile_gemm(p, kKeyTile, q_rows, d.H * d.Dqk, k_rows, d.Hkv * d.Dqk, ab, rows, cols, d.Dqk, false, true,
-                      float(d.scale), 0);
-            tile_gemm(ds, kKeyTile, do_rows, d.H * d.Dv, v_rows, d.Hkv * d.Dv, ab, rows, cols, d.Dv, false, true, 1, 0);
-            TITAN_CPU_KERNEL(probability_rows)(p, ds, kKeyTile, rows, cols, lse_i, delta);  // P; dS = P (dP - D)
-            const void* p_op = operand(p, p_low, rows, cols);
-            const void* ds_op = operand(ds, ds_low, rows, cols);
-            // dv += P^T dO;  dk += scale dS^T q;  dq += scale dS k
-            tile_gemm(dv_acc + j0 * d.Dv, d.Dv, p_op, kKeyTile, do_rows, d.H * d.Dv, ab, cols, d.Dv, rows, true,
-                      false, 1, 1);
-            tile_gemm(dk_acc + j0 * d.Dqk, d.Dqk, ds_op, kKeyTile, q_rows, d.H * d.Dqk, ab, cols, d.Dqk, rows, true,
-                      false, float(d.scale), 1);
-            tile_gemm(dq_acc, d.Dqk, ds_op, kKeyTile, k_rows, d.Hkv * d.Dqk, ab, rows, d.Dqk, cols, false, false,
-                      float(d.scale), 1);
-          }
-          for (int64_t i = 0; i < rows; ++i) {
-            T* out = dq + ((b * d.Sq + i0 + i) * d.H + h) * d.Dqk;
-            for (int64_t c = 0; c < d.Dqk; ++c) out[c] = store<T>(load(out[c]) + dq_acc[i * d.Dqk + c]);
+      try {
+        const int64_t b = t / d.Hkv, g = t % d.Hkv;
+        std::fill(dk_acc, dk_acc + d.Skv * (d.Dqk + d.Dv), 0.0f);
+        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+          for (int64_t i0 = 0; i0 < d.Sq; i0 += kQueryTile) {
+            const int64_t rows = std::min(kQueryTile, d.Sq - i0);
+            const T* q_rows = q + ((b * d.Sq + i0) * d.H + h) * d.Dqk;
+            const T* do_rows = dout + ((b * d.Sq + i0) * d.H + h) * d.Dv;
+            for (int64_t i = 0; i < rows; ++i) {
+              const T* orow = o + ((b * d.Sq + i0 + i) * d.H + h) * d.Dv;
+              float sum = 0;
+              for (int64_t c = 0; c < d.Dv; ++c) sum += load(do_rows[i * d.H * d.Dv + c]) * load(orow[c]);
+              delta[i] = sum, lse_i[i] = lse[(b * d.H + h) * d.Sq + i0 + i];
+            }
+            std::fill(dq_acc, dq_acc + rows * d.Dqk, 0.0f);
+            for (int64_t j0 = 0; j0 < d.Skv; j0 += kKeyTile) {
+              const int64_t cols = std::min(kKeyTile, d.Skv - j0);
+              const T* k_rows = k + ((b * d.Skv + j0) * d.Hkv + g) * d.Dqk;
+              const T* v_rows = v + ((b * d.Skv + j0) * d.Hkv + g) * d.Dv;
+              tile_gemm(p, kKeyTile, q_rows, d.H * d.Dqk, k_rows, d.Hkv * d.Dqk, ab, rows, cols, d.Dqk, false, true,
+                        float(d.scale), 0);
+              tile_gemm(ds, kKeyTile, do_rows, d.H * d.Dv, v_rows, d.Hkv * d.Dv, ab, rows, cols, d.Dv, false, true, 1, 0);
+              TITAN_CPU_KERNEL(probability_rows)(p, ds, kKeyTile, rows, cols, lse_i, delta);  // P; dS = P (dP - D)
+              const void* p_op = operand(p, p_low, rows, cols);
+              const void* ds_op = operand(ds, ds_low, rows, cols);
+              // dv += P^T dO;  dk += scale dS^T q;  dq += scale dS k
+              tile_gemm(dv_acc + j0 * d.Dv, d.Dv, p_op, kKeyTile, do_rows, d.H * d.Dv, ab, cols, d.Dv, rows, true,
+                        false, 1, 1);
+              tile_gemm(dk_acc + j0 * d.Dqk, d.Dqk, ds_op, kKeyTile, q_rows, d.H * d.Dqk, ab, cols, d.Dqk, rows, true,
+                        false, float(d.scale), 1);
+              tile_gemm(dq_acc, d.Dqk, ds_op, kKeyTile, k_rows, d.Hkv * d.Dqk, ab, rows, d.Dqk, cols, false, false,
+                        float(d.scale), 1);
+            }
+            for (int64_t i = 0; i < rows; ++i) {
+              T* out = dq + ((b * d.Sq + i0 + i) * d.H + h) * d.Dqk;
+              for (int64_t c = 0; c < d.Dqk; ++c) out[c] = store<T>(load(out[c]) + dq_acc[i * d.Dqk + c]);
+            }
           }
         }
-      }
-      for (int64_t j = 0; j < d.Skv; ++j) {
-        T* dk_row = dk + ((b * d.Skv + j) * d.Hkv + g) * d.Dqk;
-        T* dv_row = dv + ((b * d.Skv + j) * d.Hkv + g) * d.Dv;
-        for (int64_t c = 0; c < d.Dqk; ++c) dk_row[c] = store<T>(load(dk_row[c]) + dk_acc[j * d.Dqk + c]);
-        for (int64_t c = 0; c < d.Dv; ++c) dv_row[c] = store<T>(load(dv_row[c]) + dv_acc[j * d.Dv + c]);
+        for (int64_t j = 0; j < d.Skv; ++j) {
+          T* dk_row = dk + ((b * d.Skv + j) * d.Hkv + g) * d.Dqk;
+          T* dv_row = dv + ((b * d.Skv + j) * d.Hkv + g) * d.Dv;
+          for (int64_t c = 0; c < d.Dqk; ++c) dk_row[c] = store<T>(load(dk_row[c]) + dk_acc[j * d.Dqk + c]);
+          for (int64_t c = 0; c < d.Dv; ++c) dv_row[c] = store<T>(load(dv_row[c]) + dv_acc[j * d.Dv + c]);
+        }
+      } catch (...) {
+        failure.record();
       }
     }
   }
+  failure.rethrow();
 }
 
 }  // namespace
