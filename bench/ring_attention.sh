@@ -2,9 +2,10 @@
 # Ring attention, measured (issue "Distributed training 2"): the llama3 debug model at one
 # sequence length on 1 rank x all threads and on CP 4 (4 ranks x 1 thread), one sequence per step.
 # Prints each run's JSON line (bench_distributed.cpp) and:
-#   the ring's bytes sent per rank and step against the schedule, n_layers x 3 (c-1) |KV| with
-#     |KV| = this rank's keys and values (2 S/2c tokens x n_kv_heads x 2 head_dim x bytes);
-#     x4/3 with full activation checkpointing (the forward runs twice);
+#   the ring's bytes sent per rank and step against the schedule, n_layers x (c-1) x n x
+#     (2 bytes + 4) with n = this rank's key and value elements (2 S/2c tokens x n_kv_heads x
+#     2 head_dim): forward and backward send the keys and values (activation dtype), backward
+#     their f32 gradients; with full activation checkpointing the forward runs twice;
 #   the per-rank activation peak of CP 4 against the 1-rank run's, and tokens/s of both.
 #   bench/ring_attention.sh [BUILD_DIR] [SEQ_LEN] [--section.key=value ...]   (default 8192)
 set -euo pipefail
@@ -27,9 +28,9 @@ import json, sys
 one, cp = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 d, c = cp["model_dims"], cp["cp"]
 local_tokens = cp["local_batch_size"] * cp["seq_len"] / c
-kv = local_tokens * d["n_kv_heads"] * 2 * d["head_dim"] * cp["compute_bytes"]
-passes = 4 if cp["activation_checkpoint"] == "full" else 3
-want = d["n_layers"] * passes * (c - 1) * kv
+n = local_tokens * d["n_kv_heads"] * 2 * d["head_dim"]
+forwards = 2 if cp["activation_checkpoint"] == "full" else 1
+want = d["n_layers"] * (c - 1) * n * ((forwards + 1) * cp["compute_bytes"] + 4)
 got = cp["traffic_by_group"].get("cp send", 0)
 print(f"ring sends {got / 1e6:.2f} MB/step per rank, schedule {want / 1e6:.2f}: ratio {got / want:.4f}")
 print(f"per-rank activation peak: CP {c} {cp['activation_peak_bytes_per_rank'] / 2**20:.1f} MiB, 1 rank "

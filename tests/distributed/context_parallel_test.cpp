@@ -109,8 +109,8 @@ TEST(RingAttention, EqualsDenseAttentionForwardAndBackward) {
     expect_close(distributed::local_chunks(kw.grad(), layout), kl.grad(), tol, "dk");
     expect_close(distributed::local_chunks(vw.grad(), layout), vl.grad(), tol, "dv");
     if (c == 1) continue;
-    const int64_t kv_bytes = (kl.value().numel() + vl.value().numel()) * dtype_bits(k.dtype) / 8;
-    const distributed::RingTraffic t = distributed::ring_attention_traffic(kv_bytes, c);
+    const distributed::RingTraffic t =
+        distributed::ring_attention_traffic(kl.value().numel() + vl.value().numel(), k.dtype, c);
     expect_analytic_traffic(stats, "cp_ring", {{distributed::CommOp::send, t.forward + t.backward}});
   }
 }
@@ -175,7 +175,7 @@ TEST(RingAttention, DenseModelsEqualTheWholeModel) {
         layers = a.n_layers + opts.mtp_layers;
         kv_width = a.n_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim + a.v_head_dim);
       }
-      const distributed::RingTraffic t = distributed::ring_attention_traffic(b * layout.local_len() * kv_width * 4, c);
+      const distributed::RingTraffic t = distributed::ring_attention_traffic(b * layout.local_len() * kv_width, DType::f32, c);
       expect_analytic_traffic(stats, "cp_dense", {{distributed::CommOp::send, double(layers) * (t.forward + t.backward)}});
     }
   }

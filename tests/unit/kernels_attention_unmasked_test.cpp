@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "common/backend_compare.h"
 #include "common/kernel_check.h"
@@ -24,9 +25,11 @@ void expect_close(const Tensor& got, const Tensor& want, double atol, double rto
   EXPECT_LE(e.max_scaled, 1.0) << what << ": max abs error " << e.max_abs << " at " << e.worst;
 }
 
-void check_fast_vs_reference(const Shapes& s, DType dt) {
+// grad_dt: the gradients' dtype (dt, or f32 under bf16).
+void check_fast_vs_reference(const Shapes& s, DType dt, DType grad_dt) {
   const std::string name = "B" + std::to_string(s.B) + " Sq" + std::to_string(s.Sq) + " Skv" + std::to_string(s.Skv) +
-                           " H" + std::to_string(s.H) + "/" + std::to_string(s.Hkv) + " " + std::string(dtype_name(dt));
+                           " H" + std::to_string(s.H) + "/" + std::to_string(s.Hkv) + " " + std::string(dtype_name(dt)) +
+                           " grads " + std::string(dtype_name(grad_dt));
   const Tensor q = random_tensor({s.B, s.Sq, s.H, s.Dqk}, dt, 5, name + "q", -2, 2);
   const Tensor k = random_tensor({s.B, s.Skv, s.Hkv, s.Dqk}, dt, 5, name + "k", -2, 2);
   const Tensor v = random_tensor({s.B, s.Skv, s.Hkv, s.Dv}, dt, 5, name + "v");
@@ -36,23 +39,27 @@ void check_fast_vs_reference(const Shapes& s, DType dt) {
     Tensor o = Tensor::empty({s.B, s.Sq, s.H, s.Dv}, dt), lse = Tensor::empty({s.B, s.H, s.Sq}, DType::f32);
     kernels::attention_unmasked_forward(o, lse, q, k, v, scale);
     // Gradients start from nonzero values: the backward adds to them.
-    Tensor dq = random_tensor(q.shape(), dt, 6, name + "dq"), dk = random_tensor(k.shape(), dt, 6, name + "dk");
-    Tensor dv = random_tensor(v.shape(), dt, 6, name + "dv");
+    Tensor dq = random_tensor(q.shape(), grad_dt, 6, name + "dq"), dk = random_tensor(k.shape(), grad_dt, 6, name + "dk");
+    Tensor dv = random_tensor(v.shape(), grad_dt, 6, name + "dv");
     kernels::attention_unmasked_backward(dq, dk, dv, lse, dout, q, k, v, o, scale);
     return std::vector<Tensor>{o, lse, dq, dk, dv};
   });
   const bool f32 = dt == DType::f32;
-  for (const OpOutput& x : out) expect_close(x.fast, x.ref, f32 ? 2e-5 : 3e-2, f32 ? 2e-4 : 3e-2, name + " " + x.name);
+  for (const OpOutput& x : out) {
+    ASSERT_EQ(x.name == "o" || x.name == "lse" ? x.ref.dtype() : grad_dt, x.fast.dtype()) << name << " " << x.name;
+    expect_close(x.fast, x.ref, f32 ? 2e-5 : 3e-2, f32 ? 2e-4 : 3e-2, name + " " + x.name);
+  }
 }
 
 }  // namespace
 
 TEST(AttentionUnmasked, FastMatchesReferenceOnAwkwardShapes) {
-  for (DType dt : {DType::f32, DType::bf16}) {
-    check_fast_vs_reference({1, 1, 1, 1, 1, 3, 2}, dt);
-    check_fast_vs_reference({2, 70, 300, 4, 2, 24, 16}, dt);  // partial query and key tiles, GQA
-    check_fast_vs_reference({1, 129, 17, 3, 1, 40, 24}, dt);  // MQA, Dqk != Dv
-    check_fast_vs_reference({2, 5, 513, 2, 2, 16, 32}, dt);   // keys over two full tiles and a tail
+  for (auto [dt, grad_dt] : {std::pair{DType::f32, DType::f32}, std::pair{DType::bf16, DType::bf16},
+                              std::pair{DType::bf16, DType::f32}}) {
+    check_fast_vs_reference({1, 1, 1, 1, 1, 3, 2}, dt, grad_dt);
+    check_fast_vs_reference({2, 70, 300, 4, 2, 24, 16}, dt, grad_dt);  // partial query and key tiles, GQA
+    check_fast_vs_reference({1, 129, 17, 3, 1, 40, 24}, dt, grad_dt);  // MQA, Dqk != Dv
+    check_fast_vs_reference({2, 5, 513, 2, 2, 16, 32}, dt, grad_dt);   // keys over two full tiles and a tail
   }
 }
 

@@ -38,10 +38,10 @@ KvChunks kv_chunks(const Tensor& flat, const Shape& k_chunk, const Shape& v_chun
 
 Shape chunk_shape(const Tensor& x) { return {x.size(0), x.size(1) / 2, x.size(2), x.size(3)}; }
 
-KvChunks empty_chunks(const Tensor& k, const Tensor& v, bool zeroed) {
+// Chunk buffers for keys and values shaped like k and v, in `dtype`.
+KvChunks empty_chunks(const Tensor& k, const Tensor& v, DType dtype) {
   const Shape ks = chunk_shape(k), vs = chunk_shape(v);
-  const int64_t n = 2 * (ks.numel() + vs.numel());
-  return kv_chunks(zeroed ? Tensor::zeros({n}, k.dtype()) : Tensor::empty({n}, k.dtype()), ks, vs);
+  return kv_chunks(Tensor::empty({2 * (ks.numel() + vs.numel())}, dtype), ks, vs);
 }
 
 // Copies this rank's keys and values [B, 2C, ...] into their chunks.
@@ -90,7 +90,7 @@ struct Exchange {
 class KvRotation {
  public:
   KvRotation(const Tensor& k, const Tensor& v, const Ring& ring)
-      : ring_(ring), blocks_{empty_chunks(k, v, false), empty_chunks(k, v, false)} {
+      : ring_(ring), blocks_{empty_chunks(k, v, k.dtype()), empty_chunks(k, v, k.dtype())} {
     pack_chunks(blocks_[0], k, v);
     if (ring.c > 1) ex_.post(ring_, blocks_[0].flat, blocks_[1].flat, kKvTag);
   }
@@ -142,7 +142,8 @@ ForwardResult ring_forward(const Tensor& q, const Tensor& k, const Tensor& v, co
   return {o_part, lse};
 }
 
-// dq, dk, dv (fresh, q's dtype) of the ring's attention given the final o and lse.
+// dq, dk, dv (fresh, q's dtype) of the ring's attention given the final o and lse. They sum in
+// f32 (the travelling key and value gradients too) and are rounded to q's dtype once at the end.
 std::vector<Tensor> ring_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& o, const Tensor& lse, const Ring& ring, double scale) {
   ProfileScope prof("cp.ring_attention.bwd");
@@ -150,12 +151,14 @@ std::vector<Tensor> ring_backward(const Tensor& dout, const Tensor& q, const Ten
   Tensor dq = Tensor::zeros(q.shape(), q.dtype()), dk = Tensor::zeros(k.shape(), k.dtype());
   Tensor dv = Tensor::zeros(v.shape(), v.dtype());
   kernels::attention_backward(dq, dk, dv, lse, dout, q, k, v, o, scale);  // step 0: the local causal block
+  if (ring.c == 1) return {dq, dk, dv};
+  dq = dq.to(DType::f32), dk = dk.to(DType::f32), dv = dv.to(DType::f32);
 
   // The gradient buffers that travel: the two this rank adds into (by step parity), the one arriving.
-  KvChunks grads[2] = {empty_chunks(k, v, false), empty_chunks(k, v, false)};
-  KvChunks incoming = empty_chunks(k, v, false);
+  KvChunks grads[2] = {empty_chunks(k, v, DType::f32), empty_chunks(k, v, DType::f32)};
+  KvChunks incoming = empty_chunks(k, v, DType::f32);
   const Tensor q_late = half(q, 1), o_late = half(o, 1), dout_late = half(dout, 1), lse_late = late_lse(lse);
-  Tensor dq_late = Tensor::zeros(q_late.shape(), q.dtype());
+  Tensor dq_late = Tensor::zeros(q_late.shape(), DType::f32);
   Work grad_sends[2], grad_recv;
   KvRotation rotation(k, v, ring);
   for (int s = 1; s < ring.c; ++s) {
@@ -179,19 +182,17 @@ std::vector<Tensor> ring_backward(const Tensor& dout, const Tensor& q, const Ten
   }
   grad_recv.wait();
   for (const Work& w : grad_sends) w.wait();
-  if (ring.c > 1) {
-    for (int j = 0; j < 2; ++j) {
-      Tensor dk_j = dk.slice(1, j * c, (j + 1) * c), dv_j = dv.slice(1, j * c, (j + 1) * c);
-      Tensor sum_k = dk_j.contiguous(), sum_v = dv_j.contiguous();
-      kernels::add(sum_k, sum_k, incoming.k[j]);
-      kernels::add(sum_v, sum_v, incoming.v[j]);
-      dk_j.copy_(sum_k), dv_j.copy_(sum_v);
-    }
-    Tensor dq_j = dq.slice(1, c, 2 * c), sum_q = dq_j.contiguous();
-    kernels::add(sum_q, sum_q, dq_late);
-    dq_j.copy_(sum_q);
+  for (int j = 0; j < 2; ++j) {  // the other ranks' share of this rank's key and value gradients
+    Tensor dk_j = dk.slice(1, j * c, (j + 1) * c), dv_j = dv.slice(1, j * c, (j + 1) * c);
+    Tensor sum_k = dk_j.contiguous(), sum_v = dv_j.contiguous();
+    kernels::add(sum_k, sum_k, incoming.k[j]);
+    kernels::add(sum_v, sum_v, incoming.v[j]);
+    dk_j.copy_(sum_k), dv_j.copy_(sum_v);
   }
-  return {dq, dk, dv};
+  Tensor dq_j = dq.slice(1, c, 2 * c), sum_q = dq_j.contiguous();
+  kernels::add(sum_q, sum_q, dq_late);
+  dq_j.copy_(sum_q);
+  return {dq.to(q.dtype()), dk.to(k.dtype()), dv.to(v.dtype())};
 }
 
 void give_gradient(GradSink& g, size_t i, const Tensor& value) {
@@ -224,9 +225,9 @@ Variable ring_attention(const Variable& q, const Variable& k, const Variable& v,
                           });
 }
 
-RingTraffic ring_attention_traffic(int64_t kv_bytes, int degree) {
-  const double hops = degree - 1;
-  return {hops * double(kv_bytes), 2 * hops * double(kv_bytes)};
+RingTraffic ring_attention_traffic(int64_t kv_elements, DType dtype, int degree) {
+  const double hops = degree - 1, n = double(kv_elements), bytes = dtype_bits(dtype) / 8.0;
+  return {hops * n * bytes, hops * n * (bytes + 4)};  // backward: keys and values, then their f32 gradients
 }
 
 }  // namespace titan::distributed

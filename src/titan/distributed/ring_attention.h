@@ -10,9 +10,10 @@
 // log-sum-exp (kernels/attention_unmasked.h). The next block's send and receive run while the
 // current one computes.
 // Backward: the keys and values go around again while each rank adds its share of their
-// gradients into a buffer that travels with them; after c - 1 hops that buffer arrives home and
-// joins the owner's own gradient. Per rank and call: forward (c-1) |KV|, backward 2 (c-1) |KV|,
-// in the activation dtype (|KV| = this rank's keys and values).
+// gradients into an f32 buffer that travels with them; after c - 1 hops that buffer arrives home
+// and joins the owner's own gradient. Gradients sum in f32 and round to the activation dtype once.
+// Per rank and call, with n = this rank's key and value elements: forward (c-1) n bytes of the
+// activation dtype, backward as much again plus (c-1) n x 4 bytes of gradients.
 #pragma once
 
 #include <optional>
@@ -29,11 +30,11 @@ autograd::Variable ring_attention(const autograd::Variable& q, const autograd::V
                                   const autograd::Variable& v, const ProcessGroup& cp,
                                   std::optional<double> scale = std::nullopt);
 
-// Bytes one rank sends for one call of ring_attention on its k and v (forward, backward), for
-// comparing measured traffic with the schedule.
+// Bytes one rank sends for one call of ring_attention on its k and v (kv_elements in all, of
+// `dtype`), forward and backward, for comparing measured traffic with the schedule.
 struct RingTraffic {
   double forward = 0, backward = 0;
 };
-RingTraffic ring_attention_traffic(int64_t kv_bytes, int degree);
+RingTraffic ring_attention_traffic(int64_t kv_elements, DType dtype, int degree);
 
 }  // namespace titan::distributed

@@ -146,8 +146,9 @@ void forward_tiles(T* o, float* lse, const T* q, const T* k, const T* v, const U
 
 // One work item per (batch, kv head): its dk and dv rows collect every query of the group in
 // per-thread f32 buffers, so no two items write the same memory and sums run in a fixed order.
-template <class T>
-void backward_tiles(T* dq, T* dk, T* dv, const float* lse, const T* dout, const T* q, const T* k, const T* v,
+// G: the gradients' type (T, or f32 with bf16 inputs).
+template <class T, class G>
+void backward_tiles(G* dq, G* dk, G* dv, const float* lse, const T* dout, const T* q, const T* k, const T* v,
                     const T* o, const UnmaskedAttentionParams& d) {
   const DType ab = dtype_of<T>::value;
   const int64_t group = d.H / d.Hkv, items = d.B * d.Hkv;
@@ -204,16 +205,16 @@ void backward_tiles(T* dq, T* dk, T* dv, const float* lse, const T* dout, const 
                         float(d.scale), 1);
             }
             for (int64_t i = 0; i < rows; ++i) {
-              T* out = dq + ((b * d.Sq + i0 + i) * d.H + h) * d.Dqk;
-              for (int64_t c = 0; c < d.Dqk; ++c) out[c] = store<T>(load(out[c]) + dq_acc[i * d.Dqk + c]);
+              G* out = dq + ((b * d.Sq + i0 + i) * d.H + h) * d.Dqk;
+              for (int64_t c = 0; c < d.Dqk; ++c) out[c] = store<G>(load(out[c]) + dq_acc[i * d.Dqk + c]);
             }
           }
         }
         for (int64_t j = 0; j < d.Skv; ++j) {
-          T* dk_row = dk + ((b * d.Skv + j) * d.Hkv + g) * d.Dqk;
-          T* dv_row = dv + ((b * d.Skv + j) * d.Hkv + g) * d.Dv;
-          for (int64_t c = 0; c < d.Dqk; ++c) dk_row[c] = store<T>(load(dk_row[c]) + dk_acc[j * d.Dqk + c]);
-          for (int64_t c = 0; c < d.Dv; ++c) dv_row[c] = store<T>(load(dv_row[c]) + dv_acc[j * d.Dv + c]);
+          G* dk_row = dk + ((b * d.Skv + j) * d.Hkv + g) * d.Dqk;
+          G* dv_row = dv + ((b * d.Skv + j) * d.Hkv + g) * d.Dv;
+          for (int64_t c = 0; c < d.Dqk; ++c) dk_row[c] = store<G>(load(dk_row[c]) + dk_acc[j * d.Dqk + c]);
+          for (int64_t c = 0; c < d.Dv; ++c) dv_row[c] = store<G>(load(dv_row[c]) + dv_acc[j * d.Dv + c]);
         }
       } catch (...) {
         failure.record();
@@ -242,13 +243,22 @@ void attention_unmasked_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tenso
   check_shape(o, "o", q.dtype(), {d.B, d.Sq, d.H, d.Dv});
   check_shape(dout, "dout", q.dtype(), {d.B, d.Sq, d.H, d.Dv});
   check_shape(lse, "lse", DType::f32, {d.B, d.H, d.Sq});
-  check_shape(dq, "dq", q.dtype(), q.shape());
-  check_shape(dk, "dk", q.dtype(), k.shape());
-  check_shape(dv, "dv", q.dtype(), v.shape());
+  const DType gt = dq.defined() ? dq.dtype() : q.dtype();  // q's dtype, or f32 under bf16
+  TITAN_CHECK(gt == q.dtype() || gt == DType::f32,
+              "attention_unmasked: gradients in " + std::string(dtype_name(gt)) + " for " +
+                  std::string(dtype_name(q.dtype())) + " inputs",
+              "pass dq, dk, dv in the inputs' dtype, or in f32");
+  check_shape(dq, "dq", gt, q.shape());
+  check_shape(dk, "dk", gt, k.shape());
+  check_shape(dv, "dv", gt, v.shape());
   detail::dispatch_activation(q.dtype(), [&]<class T>() {
-    (detail::use_fast() ? &backward_tiles<T> : &ref::attention_unmasked_backward<T>)(
-        dq.data<T>(), dk.data<T>(), dv.data<T>(), lse.data<float>(), dout.data<T>(), q.data<T>(), k.data<T>(),
-        v.data<T>(), o.data<T>(), d);
+    const auto run = [&]<class G>() {
+      (detail::use_fast() ? &backward_tiles<T, G> : &ref::attention_unmasked_backward<T, G>)(
+          dq.data<G>(), dk.data<G>(), dv.data<G>(), lse.data<float>(), dout.data<T>(), q.data<T>(), k.data<T>(),
+          v.data<T>(), o.data<T>(), d);
+    };
+    if (gt == DType::f32) run.template operator()<float>();
+    else run.template operator()<T>();
   });
 }
 

@@ -19,6 +19,8 @@ void attention_unmasked_forward(Tensor& o, Tensor& lse, const Tensor& q, const T
 
 // dq, dk, dv += this block's share of the gradients of sum(dout * o), where o [B, Sq, H, Dv] and
 // lse [B, H, Sq] are the final (merged) attention output over every block the queries attend to.
+// The gradients have the inputs' dtype, or f32 (bf16 inputs then add into f32 sums, rounding
+// once at the end of a ring rather than at every block).
 void attention_unmasked_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& lse, const Tensor& dout,
                                  const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, double scale);
 

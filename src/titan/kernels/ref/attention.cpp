@@ -70,8 +70,9 @@ void forward(T* o, acc_t<T>* lse, const T* q, const T* k, const T* v, const Dims
   }
 }
 
-template <class T>
-void backward(T* dq, T* dk, T* dv, const acc_t<T>* lse, const T* dout, const T* q, const T* k, const T* v, const T* o,
+// G: the gradients' type, T's or f32 (bf16 inputs accumulating into f32 gradients).
+template <class T, class G>
+void backward(G* dq, G* dk, G* dv, const acc_t<T>* lse, const T* dout, const T* q, const T* k, const T* v, const T* o,
               const Dims& d) {
   using A = acc_t<T>;
   const A scale = A(d.scale);
@@ -103,15 +104,15 @@ void backward(T* dq, T* dk, T* dv, const acc_t<T>* lse, const T* dout, const T* 
               dk_acc[size_t(j * d.Dqk + c)] += scale * ds * A(load(qi[c]));
             }
           }
-          T* dqi = dq + ((b * d.Sq + i) * d.H + h) * d.Dqk;
-          for (int64_t c = 0; c < d.Dqk; ++c) dqi[c] = store<T>(A(load(dqi[c])) + dq_acc[size_t(c)]);
+          G* dqi = dq + ((b * d.Sq + i) * d.H + h) * d.Dqk;
+          for (int64_t c = 0; c < d.Dqk; ++c) dqi[c] = store<G>(A(load(dqi[c])) + dq_acc[size_t(c)]);
         }
       }
       for (int64_t j = 0; j < d.Skv; ++j) {
-        T* dkj = dk + ((b * d.Skv + j) * d.Hkv + g) * d.Dqk;
-        T* dvj = dv + ((b * d.Skv + j) * d.Hkv + g) * d.Dv;
-        for (int64_t c = 0; c < d.Dqk; ++c) dkj[c] = store<T>(A(load(dkj[c])) + dk_acc[size_t(j * d.Dqk + c)]);
-        for (int64_t c = 0; c < d.Dv; ++c) dvj[c] = store<T>(A(load(dvj[c])) + dv_acc[size_t(j * d.Dv + c)]);
+        G* dkj = dk + ((b * d.Skv + j) * d.Hkv + g) * d.Dqk;
+        G* dvj = dv + ((b * d.Skv + j) * d.Hkv + g) * d.Dv;
+        for (int64_t c = 0; c < d.Dqk; ++c) dkj[c] = store<G>(A(load(dkj[c])) + dk_acc[size_t(j * d.Dqk + c)]);
+        for (int64_t c = 0; c < d.Dv; ++c) dvj[c] = store<G>(A(load(dvj[c])) + dv_acc[size_t(j * d.Dv + c)]);
       }
     }
   }
@@ -127,7 +128,7 @@ void attention_forward(T* o, acc_t<T>* lse, const T* q, const T* k, const T* v, 
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const acc_t<T>* lse, const T* dout, const T* q, const T* k, const T* v,
                         const T* o, const AttentionParams& d) {
-  backward(dq, dk, dv, lse, dout, q, k, v, o, causal_dims(d));
+  backward<T, T>(dq, dk, dv, lse, dout, q, k, v, o, causal_dims(d));
 }
 
 template <class T>
@@ -136,10 +137,10 @@ void attention_unmasked_forward(T* o, acc_t<T>* lse, const T* q, const T* k, con
   forward(o, lse, q, k, v, unmasked_dims(d));
 }
 
-template <class T>
-void attention_unmasked_backward(T* dq, T* dk, T* dv, const acc_t<T>* lse, const T* dout, const T* q, const T* k,
+template <class T, class G>
+void attention_unmasked_backward(G* dq, G* dk, G* dv, const acc_t<T>* lse, const T* dout, const T* q, const T* k,
                                  const T* v, const T* o, const UnmaskedAttentionParams& d) {
-  backward(dq, dk, dv, lse, dout, q, k, v, o, unmasked_dims(d));
+  backward<T, G>(dq, dk, dv, lse, dout, q, k, v, o, unmasked_dims(d));
 }
 
 #define TITAN_INSTANTIATE_ATTENTION(T)                                                                     \
@@ -148,8 +149,12 @@ void attention_unmasked_backward(T* dq, T* dk, T* dv, const acc_t<T>* lse, const
                                       const T*, const AttentionParams&);                                    \
   template void attention_unmasked_forward<T>(T*, acc_t<T>*, const T*, const T*, const T*,                 \
                                               const UnmaskedAttentionParams&);                             \
-  template void attention_unmasked_backward<T>(T*, T*, T*, const acc_t<T>*, const T*, const T*, const T*,  \
-                                               const T*, const T*, const UnmaskedAttentionParams&);
+  template void attention_unmasked_backward<T, T>(T*, T*, T*, const acc_t<T>*, const T*, const T*, const T*, \
+                                                  const T*, const T*, const UnmaskedAttentionParams&);
 TITAN_REF_FOR_EACH_TYPE(TITAN_INSTANTIATE_ATTENTION)
+// bf16 inputs with f32 gradients (ring attention accumulates in f32).
+template void attention_unmasked_backward<bf16, float>(float*, float*, float*, const float*, const bf16*, const bf16*,
+                                                       const bf16*, const bf16*, const bf16*,
+                                                       const UnmaskedAttentionParams&);
 
 }  // namespace titan::kernels::ref

@@ -41,9 +41,10 @@ void attention_unmasked_forward(T* o,           // [B, Sq, H, Dv]
 
 // dq, dk, dv += the gradients of sum(dout * o), where o and lse may be the merged result of
 // several blocks (ring attention): P = exp(scale q k^T - lse), dS = P (dout v^T - D) with
-// D = rowsum(dout * o), the standard flash-attention backward of this block's share.
-template <class T>
-void attention_unmasked_backward(T* dq, T* dk, T* dv, const acc_t<T>* lse, const T* dout, const T* q, const T* k,
+// D = rowsum(dout * o), the standard flash-attention backward of this block's share. The
+// gradients G are T, or float with bf16 inputs.
+template <class T, class G = T>
+void attention_unmasked_backward(G* dq, G* dk, G* dv, const acc_t<T>* lse, const T* dout, const T* q, const T* k,
                                  const T* v, const T* o, const UnmaskedAttentionParams& d);
 
 }  // namespace titan::kernels::ref
