@@ -112,9 +112,6 @@ TEST(TensorParallelLlama3, OneStepEqualsTheWholeModelWithTheAnalyticTraffic) {
   models::ModelOptions opts;
   auto whole = models::build_model("llama3", "debugmodel", vocab, s, opts);
   whole->init_parameters(7);
-  opts.tp = &tp;
-  auto split = models::build_model("llama3", "debugmodel", vocab, s, opts);
-  split->init_parameters(7);
   Tensor tokens = Tensor::empty({b, s}, DType::i32), targets = Tensor::empty({n}, DType::i32);
   for (int64_t i = 0; i < n; ++i) {
     tokens.data<int32_t>()[i] = int32_t((i * 31 + 7) % vocab);
@@ -122,35 +119,43 @@ TEST(TensorParallelLlama3, OneStepEqualsTheWholeModelWithTheAnalyticTraffic) {
   }
   models::TrainingLoss want = whole->training_loss(tokens, targets);
   autograd::backward(want.total);
-  distributed::CommEngine::get().reset_stats();
-  models::TrainingLoss got = split->training_loss(tokens, targets);
-  autograd::backward(got.total);
-  const auto params = nn::trainable_params(split->named_parameters());
-  distributed::sum_partial_gradients(params, tp);
-  const auto stats = distributed::CommEngine::get().stats();
+  // The synchronous plan, then async TP (the same bytes, overlapped with the projections).
+  for (const bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async TP" : "TP");
+    opts.tp = &tp;
+    opts.async_tp = async;
+    auto split = models::build_model("llama3", "debugmodel", vocab, s, opts);
+    split->init_parameters(7);
+    distributed::CommEngine::get().reset_stats();
+    models::TrainingLoss got = split->training_loss(tokens, targets);
+    autograd::backward(got.total);
+    const auto params = nn::trainable_params(split->named_parameters());
+    distributed::sum_partial_gradients(params, tp);
+    const auto stats = distributed::CommEngine::get().stats();
 
-  EXPECT_NEAR(got.cross_entropy, want.cross_entropy, 1e-6 * want.cross_entropy);
-  std::map<std::string, Tensor> whole_grads;
-  for (auto& [name, p] : whole->named_parameters()) whole_grads[name] = p->var.grad();
-  int64_t replicated = 0;
-  for (const nn::TrainableParam& p : params) {
-    Tensor w = whole_grads.at(p.name);
-    if (!p.slice.global_shape.empty())
-      for (int d = 0; d < p.slice.offsets.size(); ++d)
-        w = w.slice(d, p.slice.offsets[d], p.slice.offsets[d] + p.var.shape()[d]);
-    else
-      replicated += p.var.value().numel();
-    expect_close(w.contiguous(), p.var.grad(), 1e-4, "gradient of " + p.name);
+    EXPECT_NEAR(got.cross_entropy, want.cross_entropy, 1e-6 * want.cross_entropy);
+    std::map<std::string, Tensor> whole_grads;
+    for (auto& [name, p] : whole->named_parameters()) whole_grads[name] = p->var.grad();
+    int64_t replicated = 0;
+    for (const nn::TrainableParam& p : params) {
+      Tensor w = whole_grads.at(p.name);
+      if (!p.slice.global_shape.empty())
+        for (int d = 0; d < p.slice.offsets.size(); ++d)
+          w = w.slice(d, p.slice.offsets[d], p.slice.offsets[d] + p.var.shape()[d]);
+      else
+        replicated += p.var.value().numel();
+      expect_close(w.contiguous(), p.var.grad(), 1e-4, "gradient of " + p.name);
+    }
+
+    const auto a = models::llama3::llama3_flavor("debugmodel", vocab);
+    const double x = double(n * a.dim * 4), share = double(t - 1) / t;
+    const double sublayer_pairs = 2.0 * double(a.n_layers) + 1;  // attention, FFN; the embedding / final norm
+    const std::map<distributed::CommOp, double> want_bytes = {
+        {distributed::CommOp::all_gather, 2 * sublayer_pairs * share * x},
+        {distributed::CommOp::reduce_scatter, 2 * sublayer_pairs * share * x},
+        {distributed::CommOp::all_reduce, 2 * share * (3.0 * double(n) * 4 + double(replicated) * 4)}};
+    expect_analytic_traffic(stats, "tp_llama3", want_bytes);
   }
-
-  const auto a = models::llama3::llama3_flavor("debugmodel", vocab);
-  const double x = double(n * a.dim * 4), share = double(t - 1) / t;
-  const double sublayer_pairs = 2.0 * double(a.n_layers) + 1;  // attention, FFN; the embedding / final norm
-  const std::map<distributed::CommOp, double> want_bytes = {
-      {distributed::CommOp::all_gather, 2 * sublayer_pairs * share * x},
-      {distributed::CommOp::reduce_scatter, 2 * sublayer_pairs * share * x},
-      {distributed::CommOp::all_reduce, 2 * share * (3.0 * double(n) * 4 + double(replicated) * 4)}};
-  expect_analytic_traffic(stats, "tp_llama3", want_bytes);
 }
 
 // DeepSeek-V3.2 (MLA with the lightning indexer, MoE with shared experts) and DeepSeek-V3 split
@@ -347,10 +352,22 @@ TEST_F(TpLayouts, AVocabularyTheDegreeDoesNotDivideIsRefused) {
 
 namespace {
 
-TEST_F(TpLayouts, AsyncTensorParallelIsRefusedByName) {
-  const train::JobConfig cfg = config("async_tp", 1, world().size(), 1, 4, {"--parallelism.enable_async_tensor_parallel=true"});
-  const std::string error = error_of([&] { train::Trainer t(cfg, "async_tp.toml", &world()); });
-  EXPECT_NE(error.find("async_tp.toml: parallelism.enable_async_tensor_parallel = true"), std::string::npos) << error;
+// Async TP trains as one rank does (llama3, with activation checkpointing: the selective
+// recompute reuses its kept outputs, the full one runs its collectives again); DeepSeek refuses it.
+TEST_F(TpLayouts, AsyncTensorParallelReproducesOneRank) {
+  const int n = world().size();
+  const std::string async = "--parallelism.enable_async_tensor_parallel=true";
+  const auto one = reference_on_rank0(config("async_reference", 1, 1, 1, 4));
+  expect_same_losses(one, train_on(config("async_tp", 1, n, 1, 4, {async, "--activation_checkpoint.mode=selective"}), world()),
+                     1e-5, "async TP " + std::to_string(n) + ", selective activation checkpointing");
+  if (n == 4)
+    expect_same_losses(one, train_on(config("async_fsdp_tp", 2, 2, 1, 2, {async, "--activation_checkpoint.mode=full"}), world()),
+                       1e-5, "FSDP 2 x async TP 2, full activation checkpointing");
+  train::JobConfig ds = config("async_ds", 1, n, 1, 4, {async});
+  ds.model.name = "deepseek_v32";
+  const std::string error = error_of([&] { train::Trainer t(ds, "async_ds.toml", &world()); });
+  EXPECT_NE(error.find("parallelism.enable_async_tensor_parallel = true: model 'deepseek_v32' has no asynchronous"),
+            std::string::npos) << error;
   EXPECT_NE(error.find("set parallelism.enable_async_tensor_parallel = false"), std::string::npos) << error;
 }
 

@@ -813,8 +813,10 @@ const std::vector<KeySpec>& config_schema() {
        at_least(1), "Tensor- and sequence-parallel ranks."},
       {"parallelism", "enable_async_tensor_parallel",
        member<&C::parallelism, &Parallelism::enable_async_tensor_parallel>, anything(),
-       "TorchTitan's asynchronous TP (all-gather + matmul and matmul + reduce-scatter in overlapping chunks). Not "
-       "in this build: true is refused."},
+       "TorchTitan's asynchronous TP: each block's token all-gather overlaps its column-parallel projections "
+       "(this rank's piece is multiplied while the others arrive; backward, the gradient's reduce-scatter "
+       "overlaps the weight gradients), and its row-parallel projections' reduce-scatter runs in column "
+       "blocks behind their GEMMs. llama3 only (other models refuse it); no effect without TP."},
       {"parallelism", "moe_tp_scheme", member<&C::parallelism, &Parallelism::moe_tp_scheme>, one_of({"sequence", "gather"}),
        "Mixture-of-experts layers under tensor parallelism. sequence (torchtitan-npu's MoE TP fix): each rank "
        "routes its own sequence piece to whole routed experts, with no TP communication around them. gather "

@@ -76,7 +76,7 @@ struct Parallelism {
   int64_t data_parallel_shard_degree = -1;  // -1: the ranks the other dimensions leave
   std::string fsdp_reshard_after_forward = "default";
   int64_t tensor_parallel_degree = 1;
-  bool enable_async_tensor_parallel = false;  // TorchTitan's key; refused when true (not in this build)
+  bool enable_async_tensor_parallel = false;  // TorchTitan's key (llama3; distributed/async_tensor_parallel.h)
   std::string moe_tp_scheme = "sequence";  // MoE under TP: sequence (torchtitan-npu's fix) | gather (TorchTitan's)
   int64_t pipeline_parallel_degree = 1;
   std::string pipeline_parallel_schedule = "1F1B";

@@ -57,10 +57,6 @@ void check_supported(const JobConfig& c, const std::string& source) {
               source + ": parallelism.pipeline_parallel_degree = " + std::to_string(p.pipeline_parallel_degree) +
                   ": this build parallelizes over data (DDP, FSDP, HSDP), tensors (TP), context (CP) and experts (EP) only",
               "set it to 1 and spread the ranks with data_parallel_shard_degree / data_parallel_replicate_degree");
-  TITAN_CHECK(!p.enable_async_tensor_parallel,
-              source + ": parallelism.enable_async_tensor_parallel = true: asynchronous tensor parallelism is not in "
-                       "this build (TP's all-gathers and reduce-scatters run whole, not in chunks that overlap the GEMMs)",
-              "set parallelism.enable_async_tensor_parallel = false");
   const int64_t tp = p.tensor_parallel_degree;
   const int64_t cp = p.context_parallel_degree;
   TITAN_CHECK(tp < 1 || (c.training.local_batch_size * c.training.seq_len) % tp == 0,
@@ -191,6 +187,7 @@ models::ModelOptions model_options(const JobConfig& c, const json* hf_config, co
   models::ModelOptions mo;
   mo.tp = &mesh.group(distributed::MeshDim::tp);
   mo.moe_tp_gather = c.parallelism.moe_tp_scheme == "gather";
+  mo.async_tp = c.parallelism.enable_async_tensor_parallel;
   mo.cp = &mesh.group(distributed::MeshDim::cp);
   mo.ep = &mesh.ep();
   mo.mtp_layers = c.model.mtp_layers;

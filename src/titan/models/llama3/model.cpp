@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "titan/distributed/async_tensor_parallel.h"
 #include "titan/distributed/context_parallel.h"
 #include "titan/distributed/ring_attention.h"
 #include "titan/distributed/tensor_parallel.h"
@@ -45,6 +46,22 @@ Variable all_tokens(const Variable& x, const distributed::ProcessGroup* tp) {
 Variable own_tokens(const Variable& y, const distributed::ProcessGroup* tp) {
   return tp ? distributed::reduce_scatter_tokens(y, *tp) : y;
 }
+
+// Column-parallel projections of every rank's tokens: gathered first, or (async TP) while the
+// gather runs.
+std::vector<Variable> column_parallel(const Variable& x, const std::vector<const nn::Linear*>& layers,
+                                      const distributed::ProcessGroup* tp, bool async) {
+  if (tp && async) return distributed::gathered_linears(x, layers, *tp);
+  const Variable xs = all_tokens(x, tp);
+  std::vector<Variable> out;
+  for (const nn::Linear* l : layers) out.push_back(l->forward(xs));
+  return out;
+}
+// A row-parallel projection reduced to this rank's tokens: after its GEMM, or (async TP) during it.
+Variable row_parallel(const Variable& x, const nn::Linear& layer, const distributed::ProcessGroup* tp, bool async) {
+  if (tp && async) return distributed::linear_reduce_scatter(x, layer, *tp);
+  return own_tokens(layer.forward(x), tp);
+}
 }  // namespace
 
 Attention::Attention(const Llama3Args& a, int layer_id, const distributed::ProcessGroup* tp)
@@ -63,16 +80,16 @@ Attention::Attention(const Llama3Args& a, int layer_id, const distributed::Proce
 
 Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
   const int64_t b = positions.size(0), s = positions.size(1);
-  const Variable xs = all_tokens(x, tp_);  // [B*S, D]
-  // q [B, S, H, Dh]; k, v [B, S, Hkv, Dh] (this rank's heads)
-  Variable q = autograd::view(wq.forward(xs), {b, s, n_heads_, head_dim_});
-  Variable k = autograd::view(wk.forward(xs), {b, s, n_kv_heads_, head_dim_});
-  Variable v = autograd::view(wv.forward(xs), {b, s, n_kv_heads_, head_dim_});
+  // q [B, S, H, Dh]; k, v [B, S, Hkv, Dh] (this rank's heads, every rank's tokens)
+  const std::vector<Variable> qkv = column_parallel(x, {&wq, &wk, &wv}, tp_, async_tp);
+  Variable q = autograd::view(qkv[0], {b, s, n_heads_, head_dim_});
+  Variable k = autograd::view(qkv[1], {b, s, n_kv_heads_, head_dim_});
+  Variable v = autograd::view(qkv[2], {b, s, n_kv_heads_, head_dim_});
   // Hugging Face's rotate-half pairing, so HF Llama checkpoints load without permuting wq/wk.
   q = autograd::rope(q, rope, positions, kernels::RopeLayout::rotate_half);
   k = autograd::rope(k, rope, positions, kernels::RopeLayout::rotate_half);
   Variable o = cp ? distributed::ring_attention(q, k, v, *cp) : autograd::attention(q, k, v);  // [B, S, H, Dh]
-  return own_tokens(wo.forward(autograd::view(o, {b * s, n_heads_ * head_dim_})), tp_);
+  return row_parallel(autograd::view(o, {b * s, n_heads_ * head_dim_}), wo, tp_, async_tp);
 }
 
 Variable Attention::decode(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions,
@@ -97,8 +114,10 @@ FeedForward::FeedForward(int64_t dim, int64_t hidden, double out_std, const dist
       tp_(tp) {}
 
 Variable FeedForward::forward(const Variable& x) const {
-  const Variable xs = all_tokens(x, tp_);
-  return own_tokens(w2.forward(autograd::swiglu(w1.forward(xs), w3.forward(xs))), tp_);
+  // w3 before w1: the order the tape has always recorded them in, which fixes the order their
+  // input gradients add up in (bf16 results, and the golden tests, depend on it).
+  const std::vector<Variable> up = column_parallel(x, {&w3, &w1}, tp_, async_tp);
+  return row_parallel(autograd::swiglu(up[1], up[0]), w2, tp_, async_tp);
 }
 
 TransformerBlock::TransformerBlock(const Llama3Args& a, int layer_id, const distributed::ProcessGroup* tp)
@@ -147,6 +166,10 @@ Variable Transformer::forward(const Tensor& tokens) {
   if (!cp_) return forward(tokens, default_positions(tokens.size(0), tokens.size(1)));
   const distributed::CpLayout layout = distributed::cp_layout(*cp_, tokens.size(1));
   return forward(distributed::local_chunks(tokens, layout), distributed::local_positions(tokens.size(0), layout));
+}
+
+void Transformer::set_async_tensor_parallel(bool on) {
+  for (size_t l = 0; l < layers.size(); ++l) layers[l].attention.async_tp = layers[l].feed_forward.async_tp = on;
 }
 
 void Transformer::set_context_parallel(const distributed::ProcessGroup* cp) {

@@ -25,6 +25,7 @@ class Attention : public nn::Module {
   // Context parallelism (Transformer::set_context_parallel): x and positions hold this rank's
   // chunks of each sequence, and attention runs as ring attention over this group.
   const distributed::ProcessGroup* cp = nullptr;
+  bool async_tp = false;  // Transformer::set_async_tensor_parallel
 
  private:
   int64_t n_heads_, n_kv_heads_, head_dim_;  // this rank's heads
@@ -36,6 +37,7 @@ class FeedForward : public nn::Module {
   FeedForward(int64_t dim, int64_t hidden, double out_std, const distributed::ProcessGroup* tp);
   Variable forward(const Variable& x) const;  // w2(silu(w1 x) * w3 x); x [N, D] as Attention's
   nn::Linear &w1, &w2, &w3;
+  bool async_tp = false;  // Transformer::set_async_tensor_parallel
 
  private:
   const distributed::ProcessGroup* tp_;
@@ -71,6 +73,10 @@ class Transformer : public CausalLM {
   // forward(tokens) then runs this rank's chunks of each sequence, with ring attention, and
   // returns their logits, [B * 2 S/2cp, V].
   void set_context_parallel(const distributed::ProcessGroup* cp);
+  // Async TP (distributed/async_tensor_parallel.h): each block's token all-gather overlaps its
+  // column-parallel projections, and its row-parallel projections' reduce-scatter overlaps their
+  // GEMMs. No effect without TP.
+  void set_async_tensor_parallel(bool on);
 
   void set_compute_dtype(DType dtype) override;
   DType compute_dtype() const override { return compute_dtype_; }
