@@ -21,6 +21,29 @@ using autograd::Variable;
 
 namespace {
 
+// Rows of tokens and their targets (every 7th ignored) for a model of `vocab` tokens.
+std::pair<Tensor, Tensor> test_batch(int64_t b, int64_t s, int64_t vocab) {
+  Tensor tokens = Tensor::empty({b, s}, DType::i32), targets = Tensor::empty({b * s}, DType::i32);
+  for (int64_t i = 0; i < b * s; ++i) {
+    tokens.data<int32_t>()[i] = int32_t((i * 37 + 11) % vocab);
+    targets.data<int32_t>()[i] = i % 7 == 2 ? -100 : int32_t((i * 13 + 1) % vocab);
+  }
+  return {tokens, targets};
+}
+
+// The debug model whole, and split over cp with the same weights (sequences up to 48 tokens).
+std::pair<std::unique_ptr<models::CausalLM>, std::unique_ptr<models::CausalLM>> whole_and_split(
+    const std::string& model, models::ModelOptions opts, const distributed::ProcessGroup& cp, int64_t vocab) {
+  auto whole = models::build_model(model, "debugmodel", vocab, 48, opts);
+  opts.cp = &cp;
+  auto split = models::build_model(model, "debugmodel", vocab, 48, opts);
+  whole->init_parameters(5);
+  std::map<std::string, Tensor> state;
+  for (const auto& [name, t] : whole->state_dict()) state[name] = t;
+  split->load_state_dict(state);
+  return {std::move(whole), std::move(split)};
+}
+
 // Every parameter's gradient summed over the CP ranks equals the whole model's.
 void expect_gradients_sum_to_whole(nn::Module& whole, nn::Module& split, const distributed::ProcessGroup& cp) {
   std::map<std::string, Tensor> whole_grads;
@@ -129,23 +152,13 @@ TEST(RingAttention, DenseModelsEqualTheWholeModel) {
     SCOPED_TRACE(model);
     models::ModelOptions opts;
     opts.mtp_layers = model == "deepseek_v3" ? 1 : 0;  // MTP on each rank's chunks, its block by ring attention
-    auto whole = models::build_model(model, "debugmodel", vocab, 48, opts);
-    opts.cp = &cp;
-    auto split = models::build_model(model, "debugmodel", vocab, 48, opts);
-    whole->init_parameters(5);
-    std::map<std::string, Tensor> state;
-    for (const auto& [name, t] : whole->state_dict()) state[name] = t;
-    split->load_state_dict(state);
+    auto [whole, split] = whole_and_split(model, opts, cp, vocab);
     for (int64_t s : {int64_t(48), int64_t(40)}) {
       if (s % (2 * c) != 0) continue;
       SCOPED_TRACE("S " + std::to_string(s));
       whole->zero_grad();
       split->zero_grad();
-      Tensor tokens = Tensor::empty({b, s}, DType::i32), targets = Tensor::empty({b * s}, DType::i32);
-      for (int64_t i = 0; i < b * s; ++i) {
-        tokens.data<int32_t>()[i] = int32_t((i * 37 + 11) % vocab);
-        targets.data<int32_t>()[i] = i % 7 == 2 ? -100 : int32_t((i * 13 + 1) % vocab);
-      }
+      const auto [tokens, targets] = test_batch(b, s, vocab);
       const distributed::CpLayout layout = distributed::cp_layout(cp, s);
       {
         autograd::NoGradGuard no_grad;
@@ -196,24 +209,14 @@ TEST(DsaContextParallel, SparseStageEqualsTheWholeModel) {
   opts.converters = {"dsa_fused"};
   opts.dsa.warmup_steps = 0;
   opts.dsa.topk = 16;
-  auto whole = models::build_model("deepseek_v32", "debugmodel", vocab, 48, opts);
-  opts.cp = &cp;
-  auto split = models::build_model("deepseek_v32", "debugmodel", vocab, 48, opts);
-  whole->init_parameters(5);
-  std::map<std::string, Tensor> state;
-  for (const auto& [name, t] : whole->state_dict()) state[name] = t;
-  split->load_state_dict(state);
+  auto [whole, split] = whole_and_split("deepseek_v32", opts, cp, vocab);
   for (auto* m : {whole.get(), split.get()}) m->begin_step(1);
   for (int64_t s : {int64_t(48), int64_t(40)}) {
     if (s % (2 * c) != 0) continue;
     SCOPED_TRACE("S " + std::to_string(s));
     whole->zero_grad();
     split->zero_grad();
-    Tensor tokens = Tensor::empty({b, s}, DType::i32), targets = Tensor::empty({b * s}, DType::i32);
-    for (int64_t i = 0; i < b * s; ++i) {
-      tokens.data<int32_t>()[i] = int32_t((i * 37 + 11) % vocab);
-      targets.data<int32_t>()[i] = i % 7 == 2 ? -100 : int32_t((i * 13 + 1) % vocab);
-    }
+    const auto [tokens, targets] = test_batch(b, s, vocab);
     Tensor logits_whole, logits_mine;
     {
       autograd::NoGradGuard no_grad;

@@ -366,7 +366,7 @@ TEST_F(TpLayouts, AsyncTensorParallelReproducesOneRank) {
   train::JobConfig ds = config("async_ds", 1, n, 1, 4, {async});
   ds.model.name = "deepseek_v32";
   const std::string error = error_of([&] { train::Trainer t(ds, "async_ds.toml", &world()); });
-  EXPECT_NE(error.find("parallelism.enable_async_tensor_parallel = true: model 'deepseek_v32' has no asynchronous"),
+  EXPECT_NE(error.find("async_ds.toml: parallelism.enable_async_tensor_parallel = true: model 'deepseek_v32' has no asynchronous"),
             std::string::npos) << error;
   EXPECT_NE(error.find("set parallelism.enable_async_tensor_parallel = false"), std::string::npos) << error;
 }
