@@ -110,13 +110,14 @@ inline train::JobConfig layout_config(const std::string& model, const fs::path& 
 }
 
 // The per-step training losses of a run folder's metrics.jsonl (kind "validation": its
-// validation losses).
-inline std::vector<double> losses_of(const fs::path& run, const std::string& kind = "train") {
+// validation losses; key: another logged value, e.g. "indexer_loss", of the steps that log it).
+inline std::vector<double> losses_of(const fs::path& run, const std::string& kind = "train",
+                                     const std::string& key = "loss") {
   std::vector<double> out;
   std::ifstream f(run / "metrics.jsonl");
   for (std::string line; std::getline(f, line);) {
     const auto j = nlohmann::json::parse(line);
-    if (j["kind"] == kind) out.push_back(j["loss"].get<double>());
+    if (j["kind"] == kind && j.contains(key)) out.push_back(j[key].get<double>());
   }
   return out;
 }

@@ -63,9 +63,10 @@ struct DsaInputs {
   Tensor wkv_b_compute;  // its bf16 compute copy under mixed precision, else undefined
   Variable index_q;  // [B, S, HI, DI]  indexer query (RoPE and Hadamard applied)
   Variable index_k;  // [B, Skv, DI]  (Skv = S unless kv_keys is given)
-  // Context parallelism (fused sparse stage only): the keys are the latent rows [c | k_rope] of
-  // a gathered sequence prefix, [B, Skv, d_c + d_r], and the queries its last S positions; c and
-  // k_rope are then not read. Undefined: the keys are c and k_rope's own S rows.
+  // Context parallelism (fused only): the keys are the latent rows [c | k_rope] of a gathered
+  // sequence prefix, [B, Skv, d_c + d_r], and the queries its last S positions; c and k_rope are
+  // then not read (the dense warm-up then runs in the absorbed form too). Undefined: the keys are
+  // c and k_rope's own S rows.
   Variable kv_keys;
   Variable index_w;  // [B, S, HI] f32, H_I^-0.5 d_I^-0.5 included
   // q, c, k_rope, index_q, index_k share the compute dtype (f32 or bf16).

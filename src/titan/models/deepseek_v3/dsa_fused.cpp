@@ -13,6 +13,8 @@
 #include "titan/autograd/ops.h"
 #include "titan/core/profiler.h"
 #include "titan/distributed/process_group.h"
+#include "titan/kernels/attention.h"
+#include "titan/kernels/attention_unmasked.h"
 #include "titan/kernels/columns.h"
 #include "titan/kernels/elementwise.h"
 #include "titan/kernels/matmul.h"
@@ -190,6 +192,54 @@ Variable unabsorb_output(const Variable& o_lat, const Variable& wkv_b, const Ten
                   }
                 });
 }
+
+// Causal attention of the last S positions of a key prefix in MLA's absorbed (MQA) form: the
+// queries' own block (causal) merged by log-sum-exp with the block of the earlier keys (no mask).
+// q [B, S, H, d_c + d_r], kv [B, Skv, d_c + d_r] latent rows [c | k_rope] (key: the whole row,
+// value: its first d_c); o [B, S, H, d_c] in q's dtype, lse [B, H, S] f32.
+void prefix_attention(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& kv, int64_t dc, double scale) {
+  const int64_t b = q.size(0), s = q.size(1), width = kv.size(2), before = kv.size(1) - s;
+  const auto keys = [&](int64_t from, int64_t count) {
+    return kv.narrow(1, from, count).contiguous().view({b, count, 1, width});
+  };
+  const auto values = [dc](const Tensor& k) { return k.narrow(3, 0, dc).contiguous(); };
+  const Tensor own = keys(before, s);
+  kernels::attention_forward(o, lse, q, own, values(own), scale);
+  if (before == 0) return;
+  Tensor merged = o.dtype() == DType::f32 ? o : o.to(DType::f32);
+  Tensor part = Tensor::empty(o.shape(), o.dtype()), part_lse = Tensor::empty(lse.shape(), DType::f32);
+  const Tensor early = keys(0, before);
+  kernels::attention_unmasked_forward(part, part_lse, q, early, values(early), scale);
+  kernels::attention_merge(merged, lse, part, part_lse, 0);
+  if (merged.data_ptr() != o.data_ptr()) o.copy_(merged);
+}
+
+// The dense warm-up over a gathered key prefix (context parallel): dense attention in the
+// absorbed form over the latent rows every rank gathered, and the indexer's KL against its
+// head-mean probabilities over every causal key. The warm-up trains only the indexer, so the
+// attention output carries no gradient (the main model is frozen).
+DsaOutputs dense_warmup_over_prefix(const DsaInputs& in) {
+  TITAN_CHECK(!in.wkv_b.requires_grad() && !in.kv_keys.requires_grad(),
+              "DSA: the dense warm-up over gathered keys needs the main model frozen (set_dsa(dense_warmup))");
+  const int64_t b = in.q.shape()[0], s = in.q.shape()[1], h = in.n_heads, skv = in.kv_keys.shape()[1];
+  const int64_t dc = in.latent_dim, dr = in.rope_dim;
+  const Absorption absorb{h, in.nope_dim, dr, in.v_dim, dc};
+  const Tensor q = absorb_query(in.q, in.wkv_b, in.wkv_b_compute, absorb).value();  // [B, S, H, d_c + d_r]
+  const Tensor kv = in.kv_keys.value().contiguous();                                 // [B, Skv, d_c + d_r]
+  Tensor o_lat = Tensor::empty({b, s, h, dc}, q.dtype(), MemCategory::activations);
+  Tensor lse = Tensor::empty({b, h, s}, DType::f32, MemCategory::activations);
+  prefix_attention(o_lat, lse, q, kv, dc, in.scale);
+  DsaOutputs out;
+  out.o = unabsorb_output(Variable(o_lat), in.wkv_b, in.wkv_b_compute, absorb);  // [B, S, H, d_v]
+  if (!in.want_loss) return out;
+  Tensor mq = q, lse_rows = lse.transpose(1, 2).contiguous();  // [B, S, H], as the loss reads it
+  if (in.tp) {  // the target averages over every rank's heads; the latent key is shared by all
+    mq = gather_heads(mq, *in.tp);
+    lse_rows = gather_heads(lse_rows.view({b, s, h, 1}), *in.tp).view({b, s, h * in.tp->size()});
+  }
+  out.loss = indexer_kl(in.index_q, in.index_k, in.index_w, {mq, kv.view({b, skv, 1, dc + dr}), lse_rows, in.scale, {}, {}});
+  return out;
+}
 }  // namespace
 
 Variable hadamard_fused(const Variable& x) {
@@ -212,7 +262,7 @@ DsaOutputs dsa_attention_fused(const DsaInputs& in) {
   const int64_t dn = in.nope_dim, dr = in.rope_dim, dv = in.v_dim, dc = in.latent_dim;
   DsaOutputs out;
   if (in.stage == DsaStage::dense_warmup) {
-    TITAN_CHECK(!in.kv_keys.defined(), "DSA: the dense warm-up runs on whole sequences (no gathered keys)");
+    if (in.kv_keys.defined()) return dense_warmup_over_prefix(in);
     // Dense MLA (standard form); its lse gives the indexer's target p = head mean of its rows.
     Variable kv_up = view(linear(in.c, in.wkv_b, in.wkv_b_compute), {b, s, h, dn + dv});
     Variable k = concat_last(narrow_last(kv_up, 0, dn), in.k_rope);  // [B, S, H, d_qk]

@@ -128,10 +128,8 @@ Variable Attention::forward_dsa(const Variable& x, const kernels::RopeTables& ro
 }
 
 DsaOutputs Attention::dsa_context_parallel(const DsaInputs& in) const {
-  TITAN_CHECK(in.stage == DsaStage::sparse && dsa.impl == DsaImpl::fused,
-              "deepseek_v32: context parallelism runs the sparse stage with the fused DSA kernels",
-              "set dsa.warmup_steps = 0 (continue from a checkpoint past the warm-up) and model.converters = "
-              "[\"dsa_fused\"]");
+  TITAN_CHECK(dsa.impl == DsaImpl::fused, "deepseek_v32: context parallelism runs DSA with the fused kernels",
+              "set model.converters = [\"dsa_fused\"]");
   const int64_t b = in.q.shape()[0], s = in.q.shape()[1];
   const distributed::CpLayout layout{cp->size(), cp->rank(), s * cp->size()};
   // Every rank's latent rows [c | k_rope] and indexer keys, in sequence order.

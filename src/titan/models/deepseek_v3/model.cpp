@@ -166,12 +166,9 @@ void Transformer::set_context_parallel(const distributed::ProcessGroup* cp) {
   TITAN_CHECK(args_.aux_loss_alpha == 0, "model.moe_aux_loss_alpha > 0 with context parallelism: the sequence-wise "
                                          "balance loss needs whole sequences",
               "set model.moe_aux_loss_alpha = 0 (the aux-loss-free bias still balances) or context_parallel_degree = 1");
-  TITAN_CHECK(!args_.has_indexer() || (dsa_schedule_.warmup_steps == 0 && dsa_impl_ == DsaImpl::fused),
-              "context parallelism runs DeepSeek-V3.2's sparse stage with the fused kernels (dsa.warmup_steps = " +
-                  std::to_string(dsa_schedule_.warmup_steps) + "); the dense warm-up's indexer loss needs every "
-                  "query's scores over the whole sequence, so it trains without context parallelism",
-              "set dsa.warmup_steps = 0 (continue from a checkpoint past the dense warm-up) and model.converters = "
-              "[\"dsa_fused\"]");
+  TITAN_CHECK(!args_.has_indexer() || dsa_impl_ == DsaImpl::fused,
+              "context parallelism runs DeepSeek-V3.2's attention (both DSA stages) with the fused kernels",
+              "set model.converters = [\"dsa_fused\"]");
   cp_ = cp;
   for (size_t l = 0; l < layers.size(); ++l) layers[l].attention.cp = cp;
   if (mtp)
