@@ -163,7 +163,8 @@ TEST(TensorParallelLlama3, OneStepEqualsTheWholeModelWithTheAnalyticTraffic) {
 // dense warm-up and the sparse stage. The routed experts see each rank's tokens only (the MoE
 // TP fix), so their gradients, like the replicated projections', are summed over TP; under
 // TorchTitan's scheme (deepseek_v3 gather) they are split by hidden units instead. DeepSeek-V3
-// runs with an MTP module (its loss and gradients too).
+// runs with an MTP module (its loss and gradients too). Async TP ("async") equals the whole model
+// too, and moves the synchronous plan's bytes per collective type.
 TEST(TensorParallelDeepSeek, OneStepEqualsTheWholeModel) {
   flush_denormals(true);  // as training runs
   auto tp_group = distributed::CommEngine::get().split(world(), 0, world().rank(), "tp_deepseek");
@@ -174,11 +175,18 @@ TEST(TensorParallelDeepSeek, OneStepEqualsTheWholeModel) {
     tokens.data<int32_t>()[i] = int32_t((i * 31 + 7) % vocab);
     targets.data<int32_t>()[i] = i % 9 == 4 ? -100 : int32_t((i * 17 + 5) % vocab);
   }
-  for (const std::string model : {"deepseek_v32", "deepseek_v3", "deepseek_v3 gather"}) {
+  // The synchronous plan's bytes per (model, step), which async TP must move too.
+  std::map<std::pair<std::string, int64_t>, std::map<std::pair<std::string, distributed::CommOp>, distributed::CommStats>>
+      sync_bytes;
+  for (const std::string model : {"deepseek_v32", "deepseek_v32 async", "deepseek_v3", "deepseek_v3 async",
+                                  "deepseek_v3 gather", "deepseek_v3 gather async"}) {
+    const bool async = model.ends_with(" async");
+    const std::string plan = async ? model.substr(0, model.size() - 6) : model;
     models::ModelOptions opts;
-    opts.moe_tp_gather = model == "deepseek_v3 gather";  // TorchTitan's MoE scheme
-    if (model == "deepseek_v3") opts.mtp_layers = 1;       // the MTP module split like the blocks
-    if (model == "deepseek_v32") {  // step 1: the dense warm-up; step 2: the sparse stage
+    opts.async_tp = async;
+    opts.moe_tp_gather = model.starts_with("deepseek_v3 gather");  // TorchTitan's MoE scheme
+    if (plan == "deepseek_v3") opts.mtp_layers = 1;        // the MTP module split like the blocks
+    if (plan == "deepseek_v32") {  // step 1: the dense warm-up; step 2: the sparse stage
       opts.converters = {"dsa_fused"};
       opts.dsa.warmup_steps = 1;
       opts.dsa.topk = 16;
@@ -198,8 +206,13 @@ TEST(TensorParallelDeepSeek, OneStepEqualsTheWholeModel) {
       const std::string what = model + (name == "deepseek_v3" ? "" : step == 1 ? " dense warm-up" : " sparse stage");
       models::TrainingLoss want = whole->training_loss(tokens, targets);
       autograd::backward(want.total);
+      distributed::CommEngine::get().reset_stats();
       models::TrainingLoss got = split->training_loss(tokens, targets);
       autograd::backward(got.total);
+      const auto stats = distributed::CommEngine::get().stats();
+      if (!async) sync_bytes[{plan, step}] = stats;
+      for (const auto& [key, want_stats] : sync_bytes.at({plan, step}))
+        EXPECT_EQ(stats.at(key).bytes, want_stats.bytes) << what << ": " << distributed::comm_op_name(key.second);
       const auto params = nn::trainable_params(split->named_parameters());
       distributed::sum_partial_gradients(params, tp);
       EXPECT_NEAR(got.cross_entropy, want.cross_entropy, 1e-6 * want.cross_entropy) << what;
@@ -353,7 +366,8 @@ TEST_F(TpLayouts, AVocabularyTheDegreeDoesNotDivideIsRefused) {
 namespace {
 
 // Async TP trains as one rank does (llama3, with activation checkpointing: the selective
-// recompute reuses its kept outputs, the full one runs its collectives again); DeepSeek refuses it.
+// recompute reuses its kept outputs, the full one runs its collectives again; deepseek_v32
+// through its dense warm-up and sparse stage).
 TEST_F(TpLayouts, AsyncTensorParallelReproducesOneRank) {
   const int n = world().size();
   const std::string async = "--parallelism.enable_async_tensor_parallel=true";
@@ -363,12 +377,21 @@ TEST_F(TpLayouts, AsyncTensorParallelReproducesOneRank) {
   if (n == 4)
     expect_same_losses(one, train_on(config("async_fsdp_tp", 2, 2, 1, 2, {async, "--activation_checkpoint.mode=full"}), world()),
                        1e-5, "FSDP 2 x async TP 2, full activation checkpointing");
-  train::JobConfig ds = config("async_ds", 1, n, 1, 4, {async});
-  ds.model.name = "deepseek_v32";
-  const std::string error = error_of([&] { train::Trainer t(ds, "async_ds.toml", &world()); });
-  EXPECT_NE(error.find("async_ds.toml: parallelism.enable_async_tensor_parallel = true: model 'deepseek_v32' has no asynchronous"),
-            std::string::npos) << error;
-  EXPECT_NE(error.find("set parallelism.enable_async_tensor_parallel = false"), std::string::npos) << error;
+  const auto deepseek = [&](const std::string& name, int64_t shard, int64_t tp, int64_t local, std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--model.converters=dsa_fused", "--optimizer.lr=3e-4"});
+    train::JobConfig c = config(name, shard, tp, 1, local, extra);
+    c.model.name = "deepseek_v32";
+    c.dsa.warmup_steps = 3;
+    c.dsa.topk = 16;
+    return c;
+  };
+  const auto ds_one = reference_on_rank0(deepseek("async_ds_reference", 1, 1, 4, {}));
+  expect_same_losses(ds_one, train_on(deepseek("async_ds_tp", 1, n, 4, {async}), world()), 1e-5,
+                     "deepseek_v32 async TP " + std::to_string(n));
+  if (n == 4)
+    expect_same_losses(ds_one, train_on(deepseek("async_ds_fsdp_tp", 2, 2, 2, {async, "--activation_checkpoint.mode=full"}),
+                                        world()),
+                       1e-5, "deepseek_v32 FSDP 2 x async TP 2, full activation checkpointing");
 }
 
 }  // namespace

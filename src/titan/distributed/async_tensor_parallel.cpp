@@ -5,6 +5,7 @@
 #include "titan/autograd/ops.h"
 #include "titan/core/error.h"
 #include "titan/core/profiler.h"
+#include "titan/distributed/tensor_parallel.h"
 #include "titan/kernels/columns.h"
 #include "titan/kernels/elementwise.h"
 #include "titan/kernels/matmul.h"
@@ -39,10 +40,11 @@ int64_t column_blocks(int64_t out) { return out % 2 == 0 ? 2 : 1; }
 }  // namespace
 
 std::vector<Variable> gathered_linears(const Variable& x, const std::vector<const nn::Linear*>& layers,
-                                       const ProcessGroup& tp) {
+                                       const ProcessGroup& tp, Tensor* gathered) {
   std::vector<Variable> out;
   if (tp.size() == 1) {
     for (const nn::Linear* l : layers) out.push_back(l->forward(x));
+    if (gathered) *gathered = x.value();
     return out;
   }
   ProfileScope prof("tp.async.gathered_linears.fwd");
@@ -76,6 +78,7 @@ std::vector<Variable> gathered_linears(const Variable& x, const std::vector<cons
     return result;
   });
   const Tensor x_all = kept[0];
+  if (gathered) *gathered = x_all;
   const std::vector<Tensor> ys(kept.begin() + 1, kept.end());
   return autograd::record("tp.async.gathered_linears", inputs, ys,
                           [x_all, weights, &tp, n](std::span<const Tensor> dys, GradSink& g) {
@@ -154,6 +157,22 @@ Variable linear_reduce_scatter(const Variable& x, const nn::Linear& layer, const
                                accumulate_dx || b > 0, accumulate_dw);
     }
   });
+}
+
+std::vector<Variable> column_parallel(const Variable& x, const std::vector<const nn::Linear*>& layers,
+                                      const ProcessGroup* tp, bool async, Tensor* gathered) {
+  if (tp && async) return gathered_linears(x, layers, *tp, gathered);
+  const Variable xs = tp ? gather_tokens(x, *tp) : x;
+  if (gathered) *gathered = xs.value();
+  std::vector<Variable> out;
+  for (const nn::Linear* l : layers) out.push_back(l->forward(xs));
+  return out;
+}
+
+Variable row_parallel(const Variable& x, const nn::Linear& layer, const ProcessGroup* tp, bool async) {
+  if (tp && async) return linear_reduce_scatter(x, layer, *tp);
+  const Variable y = layer.forward(x);
+  return tp ? reduce_scatter_tokens(y, *tp) : y;
 }
 
 }  // namespace titan::distributed

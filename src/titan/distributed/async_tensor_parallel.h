@@ -22,10 +22,20 @@
 namespace titan::distributed {
 
 // x [n, D] (this rank's sequence piece) -> [tp n, out_i] = gather_tokens(x) W_i^T for each layer.
+// gathered (optional): set to the gathered tokens [tp n, D], for readers that take no gradient
+// back through them (DeepSeek-V3.2's indexer reads the attention's input detached).
 std::vector<autograd::Variable> gathered_linears(const autograd::Variable& x, const std::vector<const nn::Linear*>& layers,
-                                                 const ProcessGroup& tp);
+                                                 const ProcessGroup& tp, Tensor* gathered = nullptr);
 
 // x [tp n, in] (every token, this rank's heads or FFN columns) -> reduce_scatter_tokens(x W^T), [n, out].
 autograd::Variable linear_reduce_scatter(const autograd::Variable& x, const nn::Linear& layer, const ProcessGroup& tp);
+
+// A model's tensor-parallel projections, synchronous or asynchronous by a flag (tp null: no TP,
+// the plain projections of x). column_parallel: gather_tokens(x) then the projections, or
+// gathered_linears (gathered as there; x itself without TP); row_parallel: the projection then
+// reduce_scatter_tokens, or linear_reduce_scatter.
+std::vector<autograd::Variable> column_parallel(const autograd::Variable& x, const std::vector<const nn::Linear*>& layers,
+                                                const ProcessGroup* tp, bool async, Tensor* gathered = nullptr);
+autograd::Variable row_parallel(const autograd::Variable& x, const nn::Linear& layer, const ProcessGroup* tp, bool async);
 
 }  // namespace titan::distributed

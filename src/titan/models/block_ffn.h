@@ -21,6 +21,9 @@ class BlockFeedForward : public nn::Module {
   // Run after every optimizer step (e.g. MoE's load-balancing bias update from the step's
   // expert loads, summed over data-parallel ranks by sum_over_data).
   virtual void end_step(const SumOverData& sum_over_data) { (void)sum_over_data; }
+  // Async TP (distributed/async_tensor_parallel.h): its TP collectives overlap its projections'
+  // GEMMs. No effect without TP, or where the FFN has no asynchronous form.
+  virtual void set_async_tensor_parallel(bool on) { (void)on; }
   // Adds this block's statistics for the metrics (layer index given), e.g. MoE expert load.
   virtual void append_stats(StepStats& stats, int layer) {
     (void)stats;

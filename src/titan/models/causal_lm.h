@@ -124,7 +124,7 @@ struct ModelOptions {
   // MoE layers under TP: false, each rank routes its own tokens (the MoE TP fix); true,
   // TorchTitan's all-gather with every expert's hidden units split ([parallelism] moe_tp_scheme).
   bool moe_tp_gather = false;
-  // Async TP ([parallelism] enable_async_tensor_parallel; llama3): TP's collectives overlap the
+  // Async TP ([parallelism] enable_async_tensor_parallel): TP's collectives overlap the
   // projections' GEMMs (distributed/async_tensor_parallel.h).
   bool async_tp = false;
   // Expert parallelism over this group ([parallelism] expert_parallel_degree; null or one rank:

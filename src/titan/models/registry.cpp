@@ -81,6 +81,7 @@ std::unique_ptr<CausalLM> with_training_options(std::unique_ptr<deepseek_v3::Tra
   if (a.has_indexer()) m->set_dsa_schedule(options.dsa, deepseek_v3::dsa_impl_from_converters(options.converters));
   else refuse_dsa_options(name, options);
   m->set_context_parallel(options.cp);
+  m->set_async_tensor_parallel(options.async_tp);
   return m;
 }
 
@@ -105,10 +106,6 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
     m->set_async_tensor_parallel(options.async_tp);
     return m;
   }
-  TITAN_CHECK(!options.async_tp || !options.tp || options.tp->size() == 1,
-              "parallelism.enable_async_tensor_parallel = true: model '" + name +
-                  "' has no asynchronous tensor-parallel plan in this build (llama3 has)",
-              "set parallelism.enable_async_tensor_parallel = false");
   const bool deepseek = name == "deepseek_v3" || name == "deepseek_v32";
   TITAN_CHECK(!options.hf_config || deepseek, "a Hugging Face architecture was given for model '" + name + "'",
               "only DeepSeek checkpoints convert from Hugging Face; set [model] name = \"deepseek_v3\" or "

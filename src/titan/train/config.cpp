@@ -816,7 +816,8 @@ const std::vector<KeySpec>& config_schema() {
        "TorchTitan's asynchronous TP: each block's token all-gather overlaps its column-parallel projections "
        "(this rank's piece is multiplied while the others arrive; backward, the gradient's reduce-scatter "
        "overlaps the weight gradients), and its row-parallel projections' reduce-scatter runs in column "
-       "blocks behind their GEMMs. llama3 only (other models refuse it); no effect without TP."},
+       "blocks behind their GEMMs. llama3 and DeepSeek (whose MoE layers under moe_tp_scheme = \"gather\" stay "
+       "synchronous); no effect without TP."},
       {"parallelism", "moe_tp_scheme", member<&C::parallelism, &Parallelism::moe_tp_scheme>, one_of({"sequence", "gather"}),
        "Mixture-of-experts layers under tensor parallelism. sequence (torchtitan-npu's MoE TP fix): each rank "
        "routes its own sequence piece to whole routed experts, with no TP communication around them. gather "

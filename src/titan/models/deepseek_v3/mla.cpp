@@ -1,6 +1,7 @@
 #include "titan/models/deepseek_v3/mla.h"
 
 
+#include "titan/distributed/async_tensor_parallel.h"
 #include "titan/distributed/context_parallel.h"
 #include "titan/distributed/ring_attention.h"
 #include "titan/distributed/tensor_parallel.h"
@@ -51,10 +52,14 @@ Attention::Attention(const DeepSeekV3Args& a, int layer_id, const distributed::P
       scale_(a.softmax_scale()),
       tp_(degree(tp) > 1 ? tp : nullptr) {}
 
-Variable Attention::query(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
-  if (!wq) return query_from_latent(q_norm->forward(wq_a->forward(x)), rope, positions);
-  const int64_t b = x.shape()[0], s = x.shape()[1];
-  Variable q = autograd::view(wq->forward(x), {b, s, n_heads_, qk_nope_ + qk_rope_});
+Attention::Projections Attention::project(const Variable& x) const {
+  return {(wq ? wq : wq_a)->forward(x), wkv_a.forward(x), indexer ? x.value() : Tensor()};
+}
+
+Variable Attention::query(const Variable& q_proj, const kernels::RopeTables& rope, const Tensor& positions) const {
+  if (!wq) return query_from_latent(q_norm->forward(q_proj), rope, positions);
+  const int64_t b = q_proj.shape()[0], s = q_proj.shape()[1];
+  Variable q = autograd::view(q_proj, {b, s, n_heads_, qk_nope_ + qk_rope_});
   return autograd::rope(q, rope, positions, kernels::RopeLayout::interleaved, qk_nope_);
 }
 
@@ -65,26 +70,32 @@ Variable Attention::query_from_latent(const Variable& qr, const kernels::RopeTab
   return autograd::rope(q, rope, positions, kernels::RopeLayout::interleaved, qk_nope_);
 }
 
-Variable Attention::latent_kv(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
-  const int64_t b = x.shape()[0], s = x.shape()[1];
+Variable Attention::latent_kv(const Variable& kv_proj, const kernels::RopeTables& rope, const Tensor& positions) const {
+  const int64_t b = kv_proj.shape()[0], s = kv_proj.shape()[1];
   // One "head" of width d_c + d_r whose rotated dims are its d_r tail.
-  Variable kv = autograd::view(wkv_a.forward(x), {b, s, 1, kv_lora_rank_ + qk_rope_});
+  Variable kv = autograd::view(kv_proj, {b, s, 1, kv_lora_rank_ + qk_rope_});
   return autograd::rope(kv, rope, positions, kernels::RopeLayout::interleaved, kv_lora_rank_);
 }
 
 Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
-  if (!tp_) return forward_heads(x, rope, positions);
+  if (!tp_) return wo.forward(heads(project(x), rope, positions));
+  // Every rank's tokens through the first projections (async TP: while they are gathered).
   const int64_t b = positions.size(0), s = positions.size(1);
-  const Variable whole = autograd::view(distributed::gather_tokens(x, *tp_), {b, s, dim_});  // [B, S, D]
-  const Variable partial = forward_heads(whole, rope, positions);                            // wo's partial sums
-  return distributed::reduce_scatter_tokens(autograd::view(partial, {b * s, dim_}), *tp_);
+  Tensor x_all;
+  const std::vector<Variable> y =
+      distributed::column_parallel(x, {wq ? wq : wq_a, &wkv_a}, tp_, async_tp, indexer ? &x_all : nullptr);
+  const auto whole = [b, s](const Variable& v) { return autograd::view(v, {b, s, v.shape()[1]}); };
+  const Projections p{whole(y[0]), whole(y[1]), indexer ? x_all.view({b, s, dim_}) : Tensor()};
+  // wo's partial sums (this rank's heads) reduced to this rank's tokens (async TP: in column blocks).
+  const Variable o = autograd::view(heads(p, rope, positions), {b * s, n_heads_ * v_dim_});
+  return distributed::row_parallel(o, wo, tp_, async_tp);
 }
 
-Variable Attention::forward_heads(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
-  if (indexer) return forward_dsa(x, rope, positions);
-  const int64_t b = x.shape()[0], s = x.shape()[1];
-  Variable q = query(x, rope, positions);                                    // [B, S, H, d_qk]
-  Variable kv = latent_kv(x, rope, positions);                               // [B, S, 1, d_c + d_r]
+Variable Attention::heads(const Projections& p, const kernels::RopeTables& rope, const Tensor& positions) const {
+  if (indexer) return heads_dsa(p, rope, positions);
+  const int64_t b = p.q.shape()[0], s = p.q.shape()[1];
+  Variable q = query(p.q, rope, positions);                                  // [B, S, H, d_qk]
+  Variable kv = latent_kv(p.kv, rope, positions);                            // [B, S, 1, d_c + d_r]
   Variable c = kv_norm.forward(autograd::narrow_last(kv, 0, kv_lora_rank_));  // [B, S, 1, d_c]
   Variable k_rope = autograd::narrow_last(kv, kv_lora_rank_, qk_rope_);      // [B, S, 1, d_r]
   Variable kv_up = autograd::view(wkv_b.forward(c), {b, s, n_heads_, qk_nope_ + v_dim_});
@@ -97,21 +108,21 @@ Variable Attention::forward_heads(const Variable& x, const kernels::RopeTables& 
   } else {
     o = autograd::mla_attention(q, kv_up, k_rope, qk_nope_, scale_);
   }
-  return wo.forward(autograd::view(o, {b, s, n_heads_ * v_dim_}));
+  return autograd::view(o, {b, s, n_heads_ * v_dim_});
 }
 
-Variable Attention::forward_dsa(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
-  const int64_t b = x.shape()[0], s = x.shape()[1];
-  const Variable qr = q_norm->forward(wq_a->forward(x));  // [B, S, q_lora_rank]
+Variable Attention::heads_dsa(const Projections& p, const kernels::RopeTables& rope, const Tensor& positions) const {
+  const int64_t b = p.q.shape()[0], s = p.q.shape()[1];
+  const Variable qr = q_norm->forward(p.q);  // [B, S, q_lora_rank]
   DsaInputs in;
   in.q = query_from_latent(qr, rope, positions);
-  const Variable kv = latent_kv(x, rope, positions);  // [B, S, 1, d_c + d_r]
+  const Variable kv = latent_kv(p.kv, rope, positions);  // [B, S, 1, d_c + d_r]
   in.c = kv_norm.forward(autograd::narrow_last(kv, 0, kv_lora_rank_));
   in.k_rope = autograd::narrow_last(kv, kv_lora_rank_, qk_rope_);
   in.wkv_b = wkv_b.weight.var;
   in.wkv_b_compute = wkv_b.weight.compute;
   // The indexer reads detached copies: none of its loss reaches the main model.
-  const Indexer::Outputs idx = indexer->forward(Variable(x.value()), Variable(qr.value()), rope, positions, dsa.impl);
+  const Indexer::Outputs idx = indexer->forward(Variable(p.x), Variable(qr.value()), rope, positions, dsa.impl);
   in.index_q = idx.q, in.index_k = idx.k, in.index_w = idx.w;
   in.n_heads = n_heads_, in.nope_dim = qk_nope_, in.rope_dim = qk_rope_, in.v_dim = v_dim_;
   in.latent_dim = kv_lora_rank_;
@@ -124,7 +135,7 @@ Variable Attention::forward_dsa(const Variable& x, const kernels::RopeTables& ro
                          : dsa.impl == DsaImpl::fused ? dsa_attention_fused(in)
                                                       : dsa_attention_small_ops(in);
   last_indexer_loss = out.loss;
-  return wo.forward(autograd::view(out.o, {b, s, n_heads_ * v_dim_}));
+  return autograd::view(out.o, {b, s, n_heads_ * v_dim_});
 }
 
 DsaOutputs Attention::dsa_context_parallel(const DsaInputs& in) const {
@@ -167,9 +178,10 @@ Tensor Attention::forward_absorbed(const Tensor& x, const kernels::RopeTables& r
                   ") do not fit the latent cache " + cache.kv.str(),
               "allocate the cache (LatentCache::allocate) for this batch and the longest sequence");
   const Variable xv(x);
-  const Variable qr = wq ? Variable() : q_norm->forward(wq_a->forward(xv));  // [B, T, q_lora_rank]
-  const Tensor q = (wq ? query(xv, rope, positions) : query_from_latent(qr, rope, positions)).value();  // [B, T, H, d_qk]
-  const Variable kv = latent_kv(xv, rope, positions);         // [B, T, 1, d_c + d_r]
+  const Projections proj = project(xv);
+  const Variable qr = wq ? Variable() : q_norm->forward(proj.q);  // [B, T, q_lora_rank]
+  const Tensor q = (wq ? query(proj.q, rope, positions) : query_from_latent(qr, rope, positions)).value();  // [B, T, H, d_qk]
+  const Variable kv = latent_kv(proj.kv, rope, positions);    // [B, T, 1, d_c + d_r]
   const Tensor c = kv_norm.forward(autograd::narrow_last(kv, 0, dc)).value();  // [B, T, 1, d_c]
   for (int64_t bi = 0; bi < b; ++bi) {
     Tensor kv_rows = cache.kv.select(0, bi).slice(0, past, past + t);        // [T, 1, d_c + d_r]

@@ -78,22 +78,35 @@ class Attention : public nn::Module {
   // chunks of each sequence (distributed/context_parallel.h): dense MLA runs ring attention,
   // DSA's sparse stage gathers the latent rows.
   const distributed::ProcessGroup* cp = nullptr;
+  // Async TP (Transformer::set_async_tensor_parallel): the token gather overlaps the first
+  // projections' GEMMs and wo's reduce-scatter its own (distributed/async_tensor_parallel.h).
+  bool async_tp = false;
   // One element: the mean over query rows of the indexer's KL, from the last forward in grad
   // mode (unweighted); undefined otherwise.
   mutable Variable last_indexer_loss;
 
  private:
-  // The standard form on whole sequences x [B, S, D] (under TP: this rank's heads, wo's partial sums).
-  Variable forward_heads(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
-  Variable forward_dsa(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
-  // DSA's sparse stage on this rank's two chunks against the gathered keys (context parallel).
+  // What the attention reads of its input x [B, S, D] (every rank's tokens under TP): the first
+  // query projection (wq x, or wq_a x when q_lora_rank > 0), the latent projection wkv_a x, and
+  // x itself (V3.2's indexer reads it detached). Under async TP gathered_linears computes them
+  // while the tokens are gathered.
+  struct Projections {
+    Variable q, kv;  // [B, S, *]
+    Tensor x;        // [B, S, D]; undefined without an indexer
+  };
+  Projections project(const Variable& x) const;
+  // The standard form from the projections of whole sequences: the heads' outputs [B, S, H d_v]
+  // before wo (under TP: this rank's heads).
+  Variable heads(const Projections& p, const kernels::RopeTables& rope, const Tensor& positions) const;
+  Variable heads_dsa(const Projections& p, const kernels::RopeTables& rope, const Tensor& positions) const;
+  // DSA on this rank's two chunks against the gathered keys (context parallel).
   DsaOutputs dsa_context_parallel(const DsaInputs& in) const;
-  // q [B, S, H, d_qk] with RoPE applied to each head's d_r tail.
-  Variable query(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
+  // q [B, S, H, d_qk] with RoPE applied to each head's d_r tail, from the first query projection.
+  Variable query(const Variable& q_proj, const kernels::RopeTables& rope, const Tensor& positions) const;
   // The same from the query latent qr = q_norm(wq_a x) (q_lora_rank > 0).
   Variable query_from_latent(const Variable& qr, const kernels::RopeTables& rope, const Tensor& positions) const;
   // wkv_a x with RoPE on the k_r tail: [B, S, 1, d_c + d_r] (the latent is not normed yet).
-  Variable latent_kv(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
+  Variable latent_kv(const Variable& kv_proj, const kernels::RopeTables& rope, const Tensor& positions) const;
 
   int64_t n_heads_, kv_lora_rank_, qk_nope_, qk_rope_, v_dim_, index_topk_;  // n_heads_: this rank's
   int64_t dim_;

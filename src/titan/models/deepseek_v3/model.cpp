@@ -1,6 +1,7 @@
 #include "titan/models/deepseek_v3/model.h"
 
 #include "titan/autograd/ops.h"
+#include "titan/distributed/async_tensor_parallel.h"
 #include "titan/distributed/context_parallel.h"
 #include "titan/distributed/process_group.h"
 #include "titan/distributed/tensor_parallel.h"
@@ -52,9 +53,10 @@ FeedForward::FeedForward(int64_t dim, int64_t hidden, double out_std, const dist
       tp_(degree(tp) > 1 ? tp : nullptr) {}
 
 Variable FeedForward::forward(const Variable& x) {
-  if (!tp_) return w2.forward(autograd::swiglu(w1.forward(x), w3.forward(x)));
-  const Variable xs = distributed::gather_tokens(x, *tp_);  // every rank's tokens
-  return distributed::reduce_scatter_tokens(w2.forward(autograd::swiglu(w1.forward(xs), w3.forward(xs))), *tp_);
+  // Under TP every rank's tokens (gathered, or with async TP while they arrive); w3 is recorded
+  // before w1 in every form, so that bf16 gradients sum in one order.
+  const std::vector<Variable> up = distributed::column_parallel(x, {&w3, &w1}, tp_, async_tp_);
+  return distributed::row_parallel(autograd::swiglu(up[1], up[0]), w2, tp_, async_tp_);
 }
 
 TransformerBlock::TransformerBlock(const DeepSeekV3Args& a, int layer_id, const MoeFactory& moe,
@@ -159,6 +161,17 @@ Variable Transformer::forward(const Tensor& tokens) {
   if (!cp_) return forward(tokens, default_positions(tokens.size(0), tokens.size(1)));
   const distributed::CpLayout layout = distributed::cp_layout(*cp_, tokens.size(1));
   return run(distributed::local_chunks(tokens, layout), distributed::local_positions(tokens.size(0), layout), tokens);
+}
+
+void Transformer::set_async_tensor_parallel(bool on) {
+  std::vector<TransformerBlock*> blocks;
+  for (size_t l = 0; l < layers.size(); ++l) blocks.push_back(&layers[l]);
+  if (mtp)
+    for (size_t k = 0; k < mtp->size(); ++k) blocks.push_back(&(*mtp)[k].block);
+  for (TransformerBlock* b : blocks) {
+    b->attention.async_tp = on;
+    b->ffn.set_async_tensor_parallel(on);
+  }
 }
 
 void Transformer::set_context_parallel(const distributed::ProcessGroup* cp) {

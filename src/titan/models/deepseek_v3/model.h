@@ -37,10 +37,12 @@ class FeedForward : public BlockFeedForward {
  public:
   FeedForward(int64_t dim, int64_t hidden, double out_std, const distributed::ProcessGroup* tp = nullptr);
   Variable forward(const Variable& x) override;
+  void set_async_tensor_parallel(bool on) override { async_tp_ = on; }
   nn::Linear &w1, &w2, &w3;
 
  private:
   const distributed::ProcessGroup* tp_;
+  bool async_tp_ = false;
 };
 
 // Builds the FFN of MoE layer `layer_id` (registered under the name "moe"), for tensor
@@ -129,6 +131,11 @@ class Transformer : public CausalLM {
   // kernels only) by gathering the latent rows; MTP on each rank's chunks. Throws, naming the
   // setting to change, for V3.2's dense warm-up and the sequence-wise balance loss.
   void set_context_parallel(const distributed::ProcessGroup* cp);
+  // Async TP (distributed/async_tensor_parallel.h), every block and MTP module: the attention's
+  // token gather overlaps wq_a / wkv_a (or wq), wo's reduce-scatter its GEMM, and the dense FFNs
+  // and shared experts likewise; routed experts have no TP collective (the MoE TP fix). No
+  // effect without TP.
+  void set_async_tensor_parallel(bool on);
 
   // Training (CausalLM): begin_step switches the DSA stage by the schedule; training_loss adds
   // the auxiliary losses and logs "mtp_loss", "indexer_loss" (the unweighted mean over layers)

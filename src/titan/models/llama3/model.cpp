@@ -42,26 +42,6 @@ int64_t vocab_rows(const Llama3Args& a, const distributed::ProcessGroup* tp) {
 Variable all_tokens(const Variable& x, const distributed::ProcessGroup* tp) {
   return tp ? distributed::gather_tokens(x, *tp) : x;
 }
-// Under TP, a row-parallel projection's partial sums, reduced to this rank's tokens.
-Variable own_tokens(const Variable& y, const distributed::ProcessGroup* tp) {
-  return tp ? distributed::reduce_scatter_tokens(y, *tp) : y;
-}
-
-// Column-parallel projections of every rank's tokens: gathered first, or (async TP) while the
-// gather runs.
-std::vector<Variable> column_parallel(const Variable& x, const std::vector<const nn::Linear*>& layers,
-                                      const distributed::ProcessGroup* tp, bool async) {
-  if (tp && async) return distributed::gathered_linears(x, layers, *tp);
-  const Variable xs = all_tokens(x, tp);
-  std::vector<Variable> out;
-  for (const nn::Linear* l : layers) out.push_back(l->forward(xs));
-  return out;
-}
-// A row-parallel projection reduced to this rank's tokens: after its GEMM, or (async TP) during it.
-Variable row_parallel(const Variable& x, const nn::Linear& layer, const distributed::ProcessGroup* tp, bool async) {
-  if (tp && async) return distributed::linear_reduce_scatter(x, layer, *tp);
-  return own_tokens(layer.forward(x), tp);
-}
 }  // namespace
 
 Attention::Attention(const Llama3Args& a, int layer_id, const distributed::ProcessGroup* tp)
@@ -81,7 +61,7 @@ Attention::Attention(const Llama3Args& a, int layer_id, const distributed::Proce
 Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
   const int64_t b = positions.size(0), s = positions.size(1);
   // q [B, S, H, Dh]; k, v [B, S, Hkv, Dh] (this rank's heads, every rank's tokens)
-  const std::vector<Variable> qkv = column_parallel(x, {&wq, &wk, &wv}, tp_, async_tp);
+  const std::vector<Variable> qkv = distributed::column_parallel(x, {&wq, &wk, &wv}, tp_, async_tp);
   Variable q = autograd::view(qkv[0], {b, s, n_heads_, head_dim_});
   Variable k = autograd::view(qkv[1], {b, s, n_kv_heads_, head_dim_});
   Variable v = autograd::view(qkv[2], {b, s, n_kv_heads_, head_dim_});
@@ -89,7 +69,7 @@ Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, 
   q = autograd::rope(q, rope, positions, kernels::RopeLayout::rotate_half);
   k = autograd::rope(k, rope, positions, kernels::RopeLayout::rotate_half);
   Variable o = cp ? distributed::ring_attention(q, k, v, *cp) : autograd::attention(q, k, v);  // [B, S, H, Dh]
-  return row_parallel(autograd::view(o, {b * s, n_heads_ * head_dim_}), wo, tp_, async_tp);
+  return distributed::row_parallel(autograd::view(o, {b * s, n_heads_ * head_dim_}), wo, tp_, async_tp);
 }
 
 Variable Attention::decode(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions,
@@ -116,8 +96,8 @@ FeedForward::FeedForward(int64_t dim, int64_t hidden, double out_std, const dist
 Variable FeedForward::forward(const Variable& x) const {
   // w3 before w1: the order the tape has always recorded them in, which fixes the order their
   // input gradients add up in (bf16 results, and the golden tests, depend on it).
-  const std::vector<Variable> up = column_parallel(x, {&w3, &w1}, tp_, async_tp);
-  return row_parallel(autograd::swiglu(up[1], up[0]), w2, tp_, async_tp);
+  const std::vector<Variable> up = distributed::column_parallel(x, {&w3, &w1}, tp_, async_tp);
+  return distributed::row_parallel(autograd::swiglu(up[1], up[0]), w2, tp_, async_tp);
 }
 
 TransformerBlock::TransformerBlock(const Llama3Args& a, int layer_id, const distributed::ProcessGroup* tp)

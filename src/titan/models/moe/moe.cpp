@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "titan/core/profiler.h"
+#include "titan/distributed/async_tensor_parallel.h"
 #include "titan/distributed/expert_parallel.h"
 #include "titan/distributed/tensor_parallel.h"
 #include "titan/kernels/activation.h"
@@ -92,7 +93,8 @@ FeedForward::FeedForward(int64_t dim, int64_t hidden, double init_std)
       w3(register_module("w3", std::make_unique<nn::Linear>(dim, hidden, Init::trunc_normal(init_std)))) {}
 
 Variable FeedForward::forward(const Variable& x) const {
-  return w2.forward(autograd::swiglu(w1.forward(x), w3.forward(x)));
+  const Variable x3 = w3.forward(x);  // w3 first: the order the TP forms record too
+  return w2.forward(autograd::swiglu(w1.forward(x), x3));
 }
 
 TokenChoiceTopKRouter::TokenChoiceTopKRouter(int64_t dim, int64_t experts, double init_std)
@@ -150,9 +152,10 @@ MoE::Output MoE::forward_with_aux(const Variable& x) {
   // The MoE TP fix: this rank's piece, as one sequence, to whole experts; shared experts TP.
   Output o = routed(autograd::view(x, {1, n, d}));
   o.y = autograd::view(o.y, x.shape());
-  if (shared_experts) {
-    o.y = autograd::add(o.y, distributed::reduce_scatter_tokens(
-                                 shared_experts->forward(distributed::gather_tokens(x, *tp)), *tp));
+  if (shared_experts) {  // w3 recorded before w1, as shared_experts->forward does
+    const FeedForward& f = *shared_experts;
+    const std::vector<Variable> up = distributed::column_parallel(x, {&f.w3, &f.w1}, tp, async_tp_);
+    o.y = autograd::add(o.y, distributed::row_parallel(autograd::swiglu(up[1], up[0]), f.w2, tp, async_tp_));
   }
   return o;
 }

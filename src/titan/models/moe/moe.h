@@ -113,6 +113,10 @@ class MoE : public models::BlockFeedForward {
   // tokens_per_expert summed over data-parallel ranks, then update_load_balance().
   void end_step(const SumOverData& sum_over_data) override;
   void append_stats(StepStats& stats, int layer) override { append_load_stats(stats, layer, load_stats()); }
+  // Under the MoE TP fix the shared experts' gather and reduce-scatter overlap their GEMMs (the
+  // routed experts have no TP collective). TorchTitan's gather scheme stays synchronous: its
+  // one reduce-scatter sums the routed and shared experts' partial sums together.
+  void set_async_tensor_parallel(bool on) override { async_tp_ = on; }
 
   // After each optimizer step: expert_bias += coeff * sign(mean load - load), shifted to zero
   // mean, then the counts restart. A no-op for the bias when load_balance_coeff is 0.
@@ -135,6 +139,7 @@ class MoE : public models::BlockFeedForward {
   MoEArgs args_;
   std::vector<int64_t> stats_counts_;  // [E], assignments since the last load_stats()
   Variable last_aux_loss_;
+  bool async_tp_ = false;
 };
 
 }  // namespace titan::models::moe
