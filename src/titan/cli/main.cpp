@@ -12,6 +12,7 @@
 #include "titan/cli/data_cli.h"
 #include "titan/cli/fr_cli.h"
 #include "titan/cli/generate_cli.h"
+#include "titan/cli/plan_cli.h"
 #include "titan/cli/tokenizer_cli.h"
 #include "titan/cli/train_cli.h"
 #include "titan/core/cpu_features.h"
@@ -32,6 +33,7 @@ commands:
   data        prepare token shards from text or JSONL; inspect shards
   ckpt        convert checkpoints to and from Hugging Face folders (DeepSeek-V3)
   fr          analyze the flight-recorder dumps a watchdog timeout wrote: titan fr analyze DIR
+  plan        a parallel plan before it runs: titan plan --pp-schedule all --pp 4 --microbatches 8
   info        this machine: CPU capability in use, threads, measured peak FLOP/s and bandwidth
 
 Run `titan <command> --help` for a command's options.
@@ -114,6 +116,7 @@ int main(int argc, char** argv) {
     if (cmd == "ckpt") return titan::cli::ckpt_main(argc - 1, argv + 1);
     if (cmd == "data") return titan::cli::data_main(argc - 1, argv + 1, make_encoder);
     if (cmd == "fr") return titan::cli::fr_main(argc - 1, argv + 1);
+    if (cmd == "plan") return titan::cli::plan_main(argc - 1, argv + 1);
     std::fprintf(stderr, "titan: unknown command '%s'\n\n%s", argv[1], kUsage);
     return 2;
   } catch (const titan::Error& e) {
