@@ -136,6 +136,29 @@ TEST(TrainE2E, MissingDataOrTokenizerFailsFirst) {
   fs::remove_all(root);
 }
 
+// Pipeline parallelism: the schedule's own checks come first (here 1F1B over 2 ranks given one
+// micro-batch), then the refusal of what this build does not run yet, both naming the config.
+TEST(TrainE2E, PipelineParallelIsRefusedWithTheScheduleChecksFirst) {
+  train::JobConfig c = config("/nonexistent", "/nonexistent/run");
+  c.parallelism.pipeline_parallel_degree = 2;
+  c.parallelism.pipeline_parallel_microbatch_size = c.training.local_batch_size;  // one micro-batch
+  try {
+    train::Trainer t(c, "pp.toml");
+    FAIL() << "1F1B over 2 ranks with 1 micro-batch was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("pp.toml: 1F1B needs at least as many micro-batches as pipeline ranks (2), got 1"),
+              std::string::npos) << e.message();
+    EXPECT_NE(e.hint().find("pipeline_parallel_microbatch_size"), std::string::npos) << e.hint();
+  }
+  c.parallelism.pipeline_parallel_microbatch_size = 1;
+  try {
+    train::Trainer t(c, "pp.toml");
+    FAIL() << "pipeline parallelism was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("pp.toml: parallelism.pipeline_parallel_degree = 2"), std::string::npos) << e.message();
+  }
+}
+
 // job.print_config prints the resolved TOML at the start; checkpoint.async_mode = "async" is
 // refused up front (this build saves synchronously), naming the key and the value to use.
 TEST(TrainE2E, PrintConfigAndAsyncModeKeys) {

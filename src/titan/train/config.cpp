@@ -826,8 +826,9 @@ const std::vector<KeySpec>& config_schema() {
       {"parallelism", "pipeline_parallel_degree", member<&C::parallelism, &Parallelism::pipeline_parallel_degree>,
        at_least(1), "Pipeline ranks."},
       {"parallelism", "pipeline_parallel_schedule", member<&C::parallelism, &Parallelism::pipeline_parallel_schedule>,
-       one_of({"GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}),
-       "Pipeline schedule. Interleaved and V-shaped schedules put several stages on each rank."},
+       one_of({"GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble", "DualPipeV"}),  // pp::schedule_names()
+       "Pipeline schedule (distributed/pipeline_schedule.h; `titan plan --pp-schedule all` compares them). "
+       "Interleaved and V-shaped schedules put several stages on each rank."},
       {"parallelism", "pipeline_parallel_microbatch_size",
        member<&C::parallelism, &Parallelism::pipeline_parallel_microbatch_size>, at_least(1),
        "Sequences per pipeline micro-batch; must divide training.local_batch_size."},

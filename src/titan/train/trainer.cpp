@@ -20,6 +20,7 @@
 #include "titan/distributed/device_mesh.h"
 #include "titan/distributed/tensor_parallel.h"
 #include "titan/distributed/fsdp.h"
+#include "titan/distributed/pipeline_schedule.h"
 #include "titan/distributed/runtime.h"
 #include "titan/core/allocator.h"
 #include "titan/core/cpu_features.h"
@@ -53,6 +54,14 @@ double now_seconds() {
 // What this build does not do yet, refused up front with the key to change.
 void check_supported(const JobConfig& c, const std::string& source) {
   const Parallelism& p = c.parallelism;
+  if (p.pipeline_parallel_degree > 1) {  // the schedule's own checks first (e.g. too few micro-batches)
+    try {
+      distributed::pp::make_schedule(p.pipeline_parallel_schedule, int(p.pipeline_parallel_degree),
+                                     int(c.training.local_batch_size / p.pipeline_parallel_microbatch_size));
+    } catch (const Error& e) {
+      TITAN_FAIL(source + ": " + e.message(), e.hint());
+    }
+  }
   TITAN_CHECK(p.pipeline_parallel_degree == 1,
               source + ": parallelism.pipeline_parallel_degree = " + std::to_string(p.pipeline_parallel_degree) +
                   ": this build parallelizes over data (DDP, FSDP, HSDP), tensors (TP), context (CP) and experts (EP) only",
