@@ -1,8 +1,8 @@
 // Context parallelism against one rank: the sequence ops (head-tail chunks, the all-gather into
 // sequence order and its reduce-scatter backward), DeepSeek-V3.2's sparse attention split over
 // CP against the whole model (the logits of every local token, the loss, every gradient, and
-// the DSA all-gather's bytes against the analytic minimum), 20 training steps of each CP layout
-// against the 1-rank run, and the errors of settings CP cannot run.
+// the DSA all-gather's bytes against the analytic minimum), and the errors of settings CP cannot
+// run. Training runs of each CP layout: context_parallel_layouts_test.cpp.
 #include <cmath>
 
 #include "distributed/common.h"
@@ -297,107 +297,6 @@ TEST(ContextParallel, SettingsItCannotRunAreRefused) {
   } catch (const Error& e) {
     EXPECT_NE(e.hint().find(std::to_string(2 * c * 5)), std::string::npos) << e.hint();
   }
-}
-
-// Training: each CP layout of this world size against one rank, 20 steps of the sparse stage.
-// At lr 3e-4 the runs agree to ~1e-7 every step. At 3e-3 they agree to ~3e-7 for 9 steps, then a
-// gradient spike makes the last-bit differences of CP's other summation order (weight
-// gradients summed over ranks, key gradients over chunks) grow through MoE routing and top-k
-// selection (TITAN_PRINT_LOSSES=1 prints every step's pair).
-class CpLayouts : public TrainingSuite<CpLayouts, 260> {  // 260: TP 2 divides the vocabulary
- public:
-  static constexpr const char* kTag = "cp_layouts";
-
- protected:
-  static train::JobConfig config(const std::string& name, int64_t shard, int64_t cp, int64_t local,
-                                 std::vector<std::string> extra = {}, int64_t tp = 1) {
-    extra.insert(extra.begin(), {"--dsa.warmup_steps=0", "--model.converters=dsa_fused", "--optimizer.lr=3e-4"});
-    train::JobConfig cfg =
-        layout_config("deepseek_v32", data(), root() / name, {.shard = shard, .cp = cp, .tp = tp}, extra);
-    cfg.training.local_batch_size = local;
-    return cfg;
-  }
-};
-
-TEST_F(CpLayouts, DeepSeekV32SparseStageReproducesOneRank) {
-  const int n = world().size();
-
-  const auto one = reference_on_rank0(config("reference", 1, 1, 4, validation_every_10(4)));
-  expect_same_losses(one, train_on(config("cp", 1, n, 4, validation_every_10(4)), world()), 1e-5, "CP " + std::to_string(n));
-  expect_same_losses(losses_of(root() / "reference", "validation"), losses_of(root() / "cp", "validation"), 1e-5,
-                     "CP " + std::to_string(n) + ", validation loss");
-  if (n == 4) {
-    expect_same_losses(one, train_on(config("fsdp_cp", 2, 2, 2, validation_every_10(2)), world()), 1e-5, "FSDP 2 x CP 2");
-    expect_same_losses(one, train_on(config("fsdp_cp_ac", 2, 2, 2, {"--activation_checkpoint.mode=full"}), world()),
-                       1e-5, "FSDP 2 x CP 2, full activation checkpointing");
-    // TP inside each CP rank's chunks: sequence-parallel pieces of them, heads split, loss parallel.
-    expect_same_losses(one, train_on(config("cp_tp", 1, 2, 4, validation_every_10(4), 2), world()), 1e-5, "CP 2 x TP 2");
-    expect_same_losses(losses_of(root() / "reference", "validation"), losses_of(root() / "cp_tp", "validation"), 1e-5,
-                       "CP 2 x TP 2, validation loss");
-  }
-}
-
-// The dense warm-up (10 steps: the indexer alone learns, over the gathered latent rows), then the
-// sparse stage, against one rank: the LM loss and the indexer's KL loss of every step; under
-// CP 2 x TP 2 too (the KL target's heads gathered over TP). The KL (~5e-4) is the small
-// difference of two cross-entropies, so the f32 rounding of the other summation orders (the
-// absorbed form's scores) shows in it ~10x more: within 1e-4 relative (seen: 1e-5).
-TEST_F(CpLayouts, DeepSeekV32DenseWarmupThenSparseReproducesOneRank) {
-  const int n = world().size();
-  const std::vector<std::string> warmup = {"--dsa.warmup_steps=10"};
-  const auto one = reference_on_rank0(config("warmup_reference", 1, 1, 4, warmup));
-  const auto kl = [&](const std::string& run) { return losses_of(root() / run, "train", "indexer_loss"); };
-  ASSERT_EQ(kl("warmup_reference").size(), one.size());
-  const auto both = [&](const std::string& run, int64_t cp, int64_t tp, const std::string& what) {
-    expect_same_losses(one, train_on(config(run, 1, cp, 4, warmup, tp), world()), 1e-5, what);
-    expect_same_losses(kl("warmup_reference"), kl(run), 1e-4, what + ", indexer loss");
-  };
-  both("warmup_cp", n, 1, "dense warm-up, then sparse, CP " + std::to_string(n));
-  if (n == 4) both("warmup_cp_tp", 2, 2, "dense warm-up, then sparse, CP 2 x TP 2");
-}
-
-// llama3 and DeepSeek-V3 (dense MLA, an MTP module) by ring attention, 20 steps against one rank.
-TEST_F(CpLayouts, DenseModelsByRingAttentionReproduceOneRank) {
-  const int n = world().size();
-  auto dense = [&](const std::string& model, const std::string& name, const Degrees& d, std::vector<std::string> extra = {}) {
-    extra.insert(extra.begin(), "--optimizer.lr=3e-4");
-    train::JobConfig cfg = layout_config(model, data(), root() / name, d, extra);
-    cfg.training.local_batch_size = 4 / d.shard;
-    return cfg;
-  };
-  const auto one = reference_on_rank0(dense("llama3", "llama_reference", {}, validation_every_10(4)));
-  expect_same_losses(one, train_on(dense("llama3", "llama_cp", {.cp = n}, validation_every_10(4)), world()), 1e-5,
-                     "llama3 CP " + std::to_string(n));
-  expect_same_losses(losses_of(root() / "llama_reference", "validation"), losses_of(root() / "llama_cp", "validation"),
-                     1e-5, "llama3 CP " + std::to_string(n) + ", validation loss");
-  const auto v3 = reference_on_rank0(dense("deepseek_v3", "v3_reference", {}, {"--model.mtp_layers=1"}));
-  expect_same_losses(v3, train_on(dense("deepseek_v3", "v3_cp", {.cp = n}, {"--model.mtp_layers=1"}), world()), 1e-5,
-                     "deepseek_v3 with MTP, CP " + std::to_string(n));
-  if (n != 4) return;
-  expect_same_losses(one, train_on(dense("llama3", "llama_fsdp_cp_ac", {.shard = 2, .cp = 2},
-                                         {"--activation_checkpoint.mode=full"}), world()),
-                     1e-5, "llama3 FSDP 2 x CP 2, full activation checkpointing");
-  expect_same_losses(one, train_on(dense("llama3", "llama_cp_tp", {.cp = 2, .tp = 2}, {"--activation_checkpoint.mode=selective"}),
-                                   world()),
-                     1e-5, "llama3 CP 2 x TP 2, selective activation checkpointing");
-}
-
-TEST_F(CpLayouts, ASequenceThatDoesNotSplitIsRefused) {
-  const int n = world().size();
-  train::JobConfig cfg = config("bad_seq", 1, n, 4);
-  cfg.training.seq_len = 2 * n * 8 + 2;
-  const std::string error = error_of([&] { train::Trainer t(cfg, "bad_seq.toml", &world()); });
-  EXPECT_NE(error.find("bad_seq.toml: training.seq_len = " + std::to_string(cfg.training.seq_len)), std::string::npos)
-      << error;
-  if (n != 4) return;
-  // CP 2 x TP 2: 68 tokens make 4 head-tail chunks of 17, which TP 2 cannot split.
-  train::JobConfig both = config("bad_seq_tp", 1, 2, 4, {}, 2);
-  both.training.seq_len = 68;
-  const std::string pieces = error_of([&] { train::Trainer t(both, "bad_seq_tp.toml", &world()); });
-  EXPECT_NE(pieces.find("training.seq_len = 68 does not split into 2 x context_parallel_degree x tensor_parallel_degree = 8"),
-            std::string::npos)
-      << pieces;
-  EXPECT_NE(pieces.find("make it a multiple of 8"), std::string::npos) << pieces;
 }
 
 }  // namespace
