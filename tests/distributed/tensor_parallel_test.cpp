@@ -328,7 +328,7 @@ TEST_F(TpLayouts, CheckpointsReshardBetweenTpAndOneRank) {
 }
 
 // DeepSeek-V3.2 (3 dense warm-up steps, then the sparse stage) under TP and FSDP x TP against one
-// rank, 20 steps at lr 3e-4 (see context_parallel_test: at higher rates MoE routing and top-k
+// rank, 20 steps at lr 3e-4 (see context_parallel_layouts_test: at higher rates MoE routing and top-k
 // amplify the last-bit differences of another summation order after a gradient spike).
 TEST_F(TpLayouts, DeepSeekV32ReproducesOneRank) {
   const int n = world().size();
