@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "titan/core/error.h"
 #include "titan/core/allocator.h"
 #include "titan/core/parallel.h"
 #include "titan/distributed/comm_engine.h"
@@ -78,7 +79,7 @@ PlanBytes analytic_minimum(models::CausalLM& model, const train::JobConfig& c, i
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::string config_path = "configs/llama3_debug.toml";
   int steps = 12, warmup = 3;
   std::vector<std::string> overrides;
@@ -200,4 +201,17 @@ int main(int argc, char** argv) {
   }
   distributed::shutdown_runtime();
   return 0;
+}
+
+// A bad config or a missing dataset: the error and exit status 1, every rank ending (as titan does).
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "bench_distributed: error: %s\n", e.what());
+    distributed::CommEngine& engine = distributed::CommEngine::get();
+    if (engine.uses_mpi() && engine.world_size() > 1) engine.abort(1);
+    distributed::shutdown_runtime();
+    return 1;
+  }
 }
