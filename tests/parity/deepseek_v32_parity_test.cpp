@@ -144,7 +144,7 @@ TEST(DeepSeekV32Parity, IndexerSelectsTheReferenceTopK) {
     ASSERT_EQ(want.size(3), model->args().index_topk);
     autograd::NoGradGuard no_grad;
     const Tensor positions = positions_of(b, s);
-    Variable h = model->tok_embeddings.forward(tokens, DType::f32);  // [B, S, D]
+    Variable h = model->tok_embeddings->forward(tokens, DType::f32);  // [B, S, D]
     for (size_t l = 0; l < model->layers.size(); ++l) {
       TransformerBlock& block = model->layers[l];
       const Variable x = block.attention_norm.forward(h);

@@ -61,7 +61,7 @@ double composed_mtp_loss(Transformer& m, const Batch& b) {
   const int64_t rows = 2, s = 7, d = m.args().num_mtp_layers;
   Tensor pos = Tensor::empty({rows, s}, DType::i32);
   for (int64_t i = 0; i < rows * s; ++i) pos.data<int32_t>()[i] = int32_t(i % s);
-  Variable h = m.tok_embeddings.forward(b.tokens, DType::f32);
+  Variable h = m.tok_embeddings->forward(b.tokens, DType::f32);
   for (size_t l = 0; l < m.layers.size(); ++l) h = m.layers[l].forward(h, m.rope_tables(), pos);
   double total = 0;
   for (int64_t k = 1; k <= d; ++k) {
@@ -72,10 +72,10 @@ double composed_mtp_loss(Transformer& m, const Batch& b) {
         labels.data<int32_t>()[r * s + i] = b.targets.data<int32_t>()[r * s + i + k];       // t_{i+k+1}
       }
     MtpModule& mod = (*m.mtp)[size_t(k - 1)];
-    const Variable e = mod.enorm.forward(m.tok_embeddings.forward(ids, DType::f32));
+    const Variable e = mod.enorm.forward(m.tok_embeddings->forward(ids, DType::f32));
     const Variable x = mod.eh_proj.forward(autograd::concat_last(e, mod.hnorm.forward(h)));
     h = mod.block.forward(x, m.rope_tables(), pos);
-    const Variable logits = m.output.forward(autograd::view(mod.norm.forward(h), {rows * s, m.args().dim}));
+    const Variable logits = m.output->forward(autograd::view(mod.norm.forward(h), {rows * s, m.args().dim}));
     total += autograd::cross_entropy(logits, labels).value().item();
   }
   return m.args().mtp_loss_weight / double(d) * total;

@@ -46,8 +46,22 @@ Variable linear(const Variable& x, const Variable& w, const Tensor& w_compute) {
     ProfileScope prof_bwd("linear.bwd");
     // dx and dw written outright when they are still zero (grad_to_write), else added.
     bool accumulate_dx = true, accumulate_dw = true;
-    Tensor dx = g.grad_to_write(0, &accumulate_dx), dw = g.grad_to_write(1, &accumulate_dw), db;
-    kernels::linear_backward(dx, dw, db, dy, xv, wc, accumulate_dx, accumulate_dw);
+    Tensor none;
+    if (WeightGradQueue* later = deferred_weight_grads(); later && g.needs(1)) {
+      Tensor dx = g.grad_to_write(0, &accumulate_dx);
+      if (dx.defined()) kernels::linear_backward(dx, none, none, dy, xv, wc, accumulate_dx, true);
+      later->push([slot = g.slot(1), dy, xv, wc] {
+        ProfileScope prof_w("linear.bwd_weight");
+        const std::shared_ptr<GradSlot> slots[] = {slot};
+        GradSink sink(slots);
+        bool accumulate = true;
+        Tensor dw = sink.grad_to_write(0, &accumulate), nothing;
+        kernels::linear_backward(nothing, dw, nothing, dy, xv, wc, true, accumulate);
+      });
+      return;
+    }
+    Tensor dx = g.grad_to_write(0, &accumulate_dx), dw = g.grad_to_write(1, &accumulate_dw);
+    kernels::linear_backward(dx, dw, none, dy, xv, wc, accumulate_dx, accumulate_dw);
   });
 }
 

@@ -103,8 +103,22 @@ Tape& current_tape() {
   return g_tape ? *g_tape : root;
 }
 
-TapeScope::TapeScope() : previous_(g_tape) { g_tape = &tape_; }
+TapeScope::TapeScope() : active_(&tape_), previous_(g_tape) { g_tape = active_; }
+TapeScope::TapeScope(Tape& tape) : active_(&tape), previous_(g_tape) { g_tape = active_; }
 TapeScope::~TapeScope() { g_tape = previous_; }
+
+namespace {
+thread_local WeightGradQueue* g_weight_grads = nullptr;
+}  // namespace
+
+void WeightGradQueue::run() {
+  std::vector<std::function<void()>> work = std::move(work_);
+  work_.clear();
+  for (auto& w : work) w();
+}
+DeferWeightGrads::DeferWeightGrads(WeightGradQueue& queue) : previous_(g_weight_grads) { g_weight_grads = &queue; }
+DeferWeightGrads::~DeferWeightGrads() { g_weight_grads = previous_; }
+WeightGradQueue* deferred_weight_grads() { return g_weight_grads; }
 
 bool grad_enabled() { return g_grad_enabled; }
 bool in_checkpointed_forward() { return g_checkpoint_forward; }

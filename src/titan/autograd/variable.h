@@ -92,6 +92,8 @@ class GradSink {
   // Whether adopt(i, ...) would succeed now: a kernel can then write input i's gradient into a
   // fresh uninitialized buffer instead of adding to a zero-filled one.
   bool can_adopt(size_t i) const;
+  // Input i's gradient slot, for work that writes its gradient later (DeferWeightGrads).
+  const std::shared_ptr<GradSlot>& slot(size_t i) const { return inputs_[i]; }
 
  private:
   std::span<const std::shared_ptr<GradSlot>> inputs_;
@@ -126,13 +128,46 @@ Tape& current_tape();
 class TapeScope {
  public:
   TapeScope();
+  // Records on `tape` (which outlives the scope) instead: a pipeline stage's forward of one
+  // micro-batch, whose backward runs later, between other micro-batches'.
+  explicit TapeScope(Tape& tape);
   ~TapeScope();
-  Tape& tape() { return tape_; }
+  TapeScope(const TapeScope&) = delete;
+  TapeScope& operator=(const TapeScope&) = delete;
+  Tape& tape() { return *active_; }
 
  private:
   Tape tape_;
+  Tape* active_;
   Tape* previous_;
 };
+
+// Zero-bubble pipeline schedules split a backward into the inputs' gradients, needed now by the
+// previous stage, and the weights', which can wait (DualPipe's WeightGradStore). Inside a
+// DeferWeightGrads scope, ops that support it (linear, the bulk of the work) compute their
+// inputs' gradients and queue the GEMM of their weight's gradient; run() does the queued work,
+// adding exactly what the backward would have. Other parameters' gradients are computed at once.
+class WeightGradQueue {
+ public:
+  void push(std::function<void()> work) { work_.push_back(std::move(work)); }
+  void run();  // in the order queued, then empty
+  bool empty() const { return work_.empty(); }
+
+ private:
+  std::vector<std::function<void()>> work_;
+};
+class DeferWeightGrads {
+ public:
+  explicit DeferWeightGrads(WeightGradQueue& queue);
+  ~DeferWeightGrads();
+  DeferWeightGrads(const DeferWeightGrads&) = delete;
+  DeferWeightGrads& operator=(const DeferWeightGrads&) = delete;
+
+ private:
+  WeightGradQueue* previous_;
+};
+// The queue weight gradients go to on this thread (null: compute them now).
+WeightGradQueue* deferred_weight_grads();
 
 // Recording is off inside a NoGradGuard (evaluation, optimizer updates, recompute forwards).
 bool grad_enabled();
@@ -148,6 +183,11 @@ class NoGradGuard {
  private:
   bool previous_;
 };
+
+// A Variable that is not a leaf, as an op's output is: its gradient keeps the value's dtype
+// (bf16 under mixed precision) and lives in `temporaries`. It stands for a value another graph
+// produced: a checkpoint's input in its recompute, a pipeline stage's input.
+Variable make_output(Tensor value, bool requires_grad);
 
 // Records an op with inputs and already-computed outputs. Returns the outputs as Variables;
 // they require a gradient (and a node is recorded) only when grad mode is on and some input

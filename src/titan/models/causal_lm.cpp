@@ -40,4 +40,13 @@ void CausalLM::end_step(const SumOverData& /*sum_over_data*/) {}
 
 StepStats CausalLM::step_stats() { return {}; }
 
+StageOutput CausalLM::stage_forward(const distributed::pp::StageLayers&, const autograd::Variable&, const Tensor&,
+                                    const Tensor&) {
+  TITAN_FAIL("this model has no pipeline stages", "set parallelism.pipeline_parallel_degree = 1");
+}
+
+Shape CausalLM::stage_activation_shape(int64_t, int64_t) const {
+  TITAN_FAIL("this model has no pipeline stages", "set parallelism.pipeline_parallel_degree = 1");
+}
+
 }  // namespace titan::models

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "titan/distributed/pipeline_stages.h"
 #include "titan/nn/module.h"
 
 namespace titan::distributed {
@@ -33,6 +34,20 @@ struct TrainingLoss {
 struct StepStats {
   std::vector<std::pair<std::string, double>> summary;  // e.g. "moe_imbalance_max" (over layers)
   std::vector<std::pair<std::string, double>> detail;   // e.g. "moe_imbalance/layer3"
+};
+
+// What one micro-batch's forward through one pipeline stage produced.
+struct StageOutput {
+  autograd::Variable hidden;  // the next stage's input: the residual stream (not on the last stage)
+  // What the backward differentiates besides `hidden`: the last stage's loss plus the stage's own
+  // auxiliary losses, as training_loss's total would add them (undefined: none).
+  autograd::Variable loss;
+  double cross_entropy = 0;  // the last stage's next-token cross-entropy (else 0)
+  // The auxiliary losses' values on this stage, per name as TrainingLoss::terms: each a sum over
+  // the stage's layers (modules) and how many it summed; the step's value of a term is its sum
+  // over the stages divided by its count over the stages, or the sum alone when counts are 0.
+  std::vector<std::pair<std::string, double>> term_sums;
+  std::vector<int> term_counts;
 };
 
 // Sums a tensor in place over the data-parallel ranks (the identity on one rank).
@@ -82,6 +97,18 @@ class CausalLM : public nn::Module {
   // ---- parallelism (models/<model>/parallelize.cpp). The units of FSDP / DDP, in forward order.
   virtual std::vector<nn::ShardingUnit> sharding_units() = 0;
 
+  // ---- pipeline parallelism (ModelOptions::pipeline_stages; train/pipeline_step.h runs it). The
+  // model holds only its stages' parts. One micro-batch through `stage` (one of them): tokens
+  // [B, S] and targets [B*S] the micro-batch's, h the previous stage's output (undefined on the
+  // first stage, which embeds the tokens). The default refuses: the model has no stages.
+  virtual StageOutput stage_forward(const distributed::pp::StageLayers& stage, const autograd::Variable& h,
+                                    const Tensor& tokens, const Tensor& targets);
+  // The activation that passes between stages for a micro-batch [batch, seq]: [tokens, dim].
+  virtual Shape stage_activation_shape(int64_t batch, int64_t seq) const;
+  // The auxiliary losses a step can report (TrainingLoss::terms' names), in a fixed order: each
+  // pipeline rank reports all of them, 0 for those its stages lack.
+  virtual std::vector<std::string> loss_term_names() const { return {}; }
+
  protected:
   // next_token_loss of forward(tokens) against targets [B*S], and its value. Under context
   // parallelism forward() returns this rank's chunks' logits: the loss is then this rank's mean
@@ -127,6 +154,10 @@ struct ModelOptions {
   // Async TP ([parallelism] enable_async_tensor_parallel): TP's collectives overlap the
   // projections' GEMMs (distributed/async_tensor_parallel.h).
   bool async_tp = false;
+  // Pipeline parallelism: the stages this rank holds (distributed/pipeline_stages.h). The model
+  // builds only their blocks (each under its global name), the embedding if it holds the first
+  // and the final norm and output head (and MTP) if it holds the last. Empty: the whole model.
+  std::vector<distributed::pp::StageLayers> pipeline_stages;
   // Expert parallelism over this group ([parallelism] expert_parallel_degree; null or one rank:
   // none): each rank holds its share of every MoE layer's routed experts (distributed/expert_parallel.h).
   const distributed::ProcessGroup* ep = nullptr;
@@ -140,5 +171,8 @@ struct ModelOptions {
 std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string& flavor, int64_t vocab_size,
                                       int64_t max_seq_len, const ModelOptions& options = {});
 std::vector<std::string> model_names();
+// The number of transformer blocks build_model would give the model (for the pipeline's stage split).
+int64_t model_layers(const std::string& name, const std::string& flavor, int64_t vocab_size,
+                     const ModelOptions& options = {});
 
 }  // namespace titan::models

@@ -101,7 +101,7 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
                 "set expert_parallel_degree = 1 (expert parallelism splits deepseek_v3 / deepseek_v32's routed experts)");
     llama3::Llama3Args a = llama3::llama3_flavor(flavor, vocab_size);
     a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
-    auto m = std::make_unique<llama3::Transformer>(a, options.tp);
+    auto m = std::make_unique<llama3::Transformer>(a, options.tp, options.pipeline_stages);
     m->set_context_parallel(options.cp);
     m->set_async_tensor_parallel(options.async_tp);
     return m;
@@ -121,7 +121,7 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
     a.load_balance_coeff = options.moe_load_balance_coeff;
     a.aux_loss_alpha = options.moe_aux_loss_alpha;
     a.validate();
-    return with_training_options(std::make_unique<deepseek_v3::Transformer>(a, moe_factory(options), options.tp), name, options);
+    return with_training_options(std::make_unique<deepseek_v3::Transformer>(a, moe_factory(options), options.tp, options.pipeline_stages), name, options);
   }
   if (name == "deepseek_v3") {
     deepseek_v3::DeepSeekV3Args a = deepseek_v3::deepseek_v3_flavor(flavor, vocab_size);
@@ -131,14 +131,14 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
     a.load_balance_coeff = options.moe_load_balance_coeff;
     a.aux_loss_alpha = options.moe_aux_loss_alpha;
     a.validate();
-    return with_training_options(std::make_unique<deepseek_v3::Transformer>(a, moe_factory(options), options.tp), name, options);
+    return with_training_options(std::make_unique<deepseek_v3::Transformer>(a, moe_factory(options), options.tp, options.pipeline_stages), name, options);
   }
   if (name == "deepseek_v32") {
     deepseek_v3::DeepSeekV3Args a = deepseek_v3::deepseek_v32_flavor(flavor, vocab_size);
     a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
     a.load_balance_coeff = options.moe_load_balance_coeff;
     a.aux_loss_alpha = options.moe_aux_loss_alpha;
-    return with_training_options(std::make_unique<deepseek_v3::Transformer>(a, moe_factory(options), options.tp), name, options);
+    return with_training_options(std::make_unique<deepseek_v3::Transformer>(a, moe_factory(options), options.tp, options.pipeline_stages), name, options);
   }
   std::string names;
   for (const auto& n : model_names()) names += (names.empty() ? "" : ", ") + n;
@@ -146,5 +146,15 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
 }
 
 std::vector<std::string> model_names() { return {"llama3", "deepseek_v3", "deepseek_v32"}; }
+
+int64_t model_layers(const std::string& name, const std::string& flavor, int64_t vocab_size,
+                     const ModelOptions& options) {
+  if (name == "llama3") return llama3::llama3_flavor(flavor, vocab_size).n_layers;
+  if ((name == "deepseek_v3" || name == "deepseek_v32") && options.hf_config)
+    return deepseek_v3::args_from_hf_config(*options.hf_config, "the checkpoint's hf_config").n_layers;
+  if (name == "deepseek_v3") return deepseek_v3::deepseek_v3_flavor(flavor, vocab_size).n_layers;
+  if (name == "deepseek_v32") return deepseek_v3::deepseek_v32_flavor(flavor, vocab_size).n_layers;
+  TITAN_FAIL("model '" + name + "' is not implemented in this build");
+}
 
 }  // namespace titan::models

@@ -172,19 +172,25 @@ std::vector<TrainableParam> trainable_params(const std::vector<std::pair<std::st
 void init_parameter(Tensor& out, const std::string& name, const Init& init, uint64_t seed,
                     const GlobalSlice* slice = nullptr);
 
-// A list of child modules named "0", "1", ... (torch.nn.ModuleList).
+// A list of child modules named "0", "1", ... (torch.nn.ModuleList). A pipeline stage holds some
+// of a model's blocks: append_as keeps each one's global index as its name ("layers.5" stays
+// "layers.5"), and the list holds only those; index(i) tells item i's global index.
 template <class M>
 class ModuleList : public Module {
  public:
-  M& append(std::unique_ptr<M> m) {
-    items_.push_back(&register_module(std::to_string(items_.size()), std::move(m)));
+  M& append(std::unique_ptr<M> m) { return append_as(indices_.empty() ? 0 : indices_.back() + 1, std::move(m)); }
+  M& append_as(size_t index, std::unique_ptr<M> m) {
+    items_.push_back(&register_module(std::to_string(index), std::move(m)));
+    indices_.push_back(index);
     return *items_.back();
   }
   size_t size() const { return items_.size(); }
   M& operator[](size_t i) { return *items_[i]; }
+  size_t index(size_t i) const { return indices_[i]; }
 
  private:
   std::vector<M*> items_;
+  std::vector<size_t> indices_;
 };
 
 }  // namespace titan::nn

@@ -58,7 +58,7 @@ fs::path save_run_checkpoint(const fs::path& root, int64_t step, const RunParts&
       const Tensor& v = p.var.value();
       req.tensors.push_back({"model." + p.name, model_only && export_dtype != DType::f32 ? v.to(export_dtype) : v, p.slice});
     }
-  if (lead)
+  if (parts.writes_buffers)
     for (const auto& [name, b] : parts.model.named_buffers()) req.tensors.push_back({"model." + name, b, {}});
   if (!model_only) {
     const auto slices = slices_of(params);
@@ -95,7 +95,8 @@ json load_run_checkpoint(const fs::path& folder, const RunParts& parts, const Jo
   std::map<std::string, std::vector<std::string>> mtp_missing;  // module -> its tensors the checkpoint lacks
   std::map<std::string, size_t> mtp_size;
   for (const std::string& n : saved)
-    if (!own.count(n)) (is_mtp(n) ? dropped.insert(mtp_module(n)) : extra.insert(n));
+    if (!own.count(n) && !(parts.other_stages && parts.other_stages->count(n)))
+      (is_mtp(n) ? dropped.insert(mtp_module(n)) : extra.insert(n));
   for (const std::string& n : own) {
     if (is_run_statistic(n)) continue;
     if (is_mtp(n)) {

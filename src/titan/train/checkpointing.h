@@ -5,6 +5,7 @@
 #pragma once
 
 #include <filesystem>
+#include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -21,6 +22,10 @@ struct RunParts {
   distributed::DataParallel& data_parallel;
   optim::AdamW& optimizer;
   const distributed::ProcessGroup& world;
+  // Whether this rank writes the model's buffers (one rank per pipeline stage; rank 0 without PP).
+  bool writes_buffers = true;
+  // Names the other pipeline ranks hold (null: none): a checkpoint's tensors this rank lacks.
+  const std::set<std::string>* other_stages = nullptr;
 };
 
 // Saves step-<step>/ under root (collective over parts.world). model_only: the weights alone,

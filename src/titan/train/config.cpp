@@ -832,6 +832,14 @@ const std::vector<KeySpec>& config_schema() {
       {"parallelism", "pipeline_parallel_microbatch_size",
        member<&C::parallelism, &Parallelism::pipeline_parallel_microbatch_size>, at_least(1),
        "Sequences per pipeline micro-batch; must divide training.local_batch_size."},
+      {"parallelism", "pipeline_parallel_first_stage_less_layers",
+       member<&C::parallelism, &Parallelism::pipeline_parallel_first_stage_less_layers>, at_least(0),
+       "Blocks the first pipeline stage holds fewer than the others, for the embedding (TorchTitan's split, "
+       "distributed/pipeline_stages.h)."},
+      {"parallelism", "pipeline_parallel_last_stage_less_layers",
+       member<&C::parallelism, &Parallelism::pipeline_parallel_last_stage_less_layers>, at_least(0),
+       "Blocks the last pipeline stage holds fewer than the others, for the final norm, output and loss (and "
+       "DeepSeek-V3's MTP modules)."},
       {"parallelism", "context_parallel_degree", member<&C::parallelism, &Parallelism::context_parallel_degree>,
        at_least(1),
        "Ranks that split each sequence, into 2 x degree head-tail chunks (rank r holds chunks r and "

@@ -81,6 +81,9 @@ struct Parallelism {
   int64_t pipeline_parallel_degree = 1;
   std::string pipeline_parallel_schedule = "1F1B";
   int64_t pipeline_parallel_microbatch_size = 1;
+  // TorchTitan's stage split: the embedding and the output head count as this many blocks.
+  int64_t pipeline_parallel_first_stage_less_layers = 1;
+  int64_t pipeline_parallel_last_stage_less_layers = 1;
   int64_t context_parallel_degree = 1;
   int64_t expert_parallel_degree = 1;
   bool operator==(const Parallelism&) const = default;

@@ -35,6 +35,7 @@
 #include "titan/optim/clip_grad.h"
 #include "titan/train/checkpointing.h"
 #include "titan/train/metrics.h"
+#include "titan/train/pipeline_step.h"
 
 namespace titan::train {
 
@@ -54,18 +55,19 @@ double now_seconds() {
 // What this build does not do yet, refused up front with the key to change.
 void check_supported(const JobConfig& c, const std::string& source) {
   const Parallelism& p = c.parallelism;
-  if (p.pipeline_parallel_degree > 1) {  // the schedule's own checks first (e.g. too few micro-batches)
-    try {
+  if (p.pipeline_parallel_degree > 1) {
+    try {  // the schedule's own checks first (e.g. too few micro-batches), before the mesh's
       distributed::pp::make_schedule(p.pipeline_parallel_schedule, int(p.pipeline_parallel_degree),
                                      int(c.training.local_batch_size / p.pipeline_parallel_microbatch_size));
     } catch (const Error& e) {
       TITAN_FAIL(source + ": " + e.message(), e.hint());
     }
+    const bool others = p.data_parallel_replicate_degree > 1 || p.data_parallel_shard_degree > 1 ||
+                        p.context_parallel_degree > 1 || p.expert_parallel_degree > 1;
+    TITAN_CHECK(!others, source + ": parallelism.pipeline_parallel_degree = " + std::to_string(p.pipeline_parallel_degree) +
+                             " composes with tensor_parallel_degree only in this build",
+                "set the data-parallel, context- and expert-parallel degrees to 1 with pipeline parallelism");
   }
-  TITAN_CHECK(p.pipeline_parallel_degree == 1,
-              source + ": parallelism.pipeline_parallel_degree = " + std::to_string(p.pipeline_parallel_degree) +
-                  ": this build parallelizes over data (DDP, FSDP, HSDP), tensors (TP), context (CP) and experts (EP) only",
-              "set it to 1 and spread the ranks with data_parallel_shard_degree / data_parallel_replicate_degree");
   const int64_t tp = p.tensor_parallel_degree;
   const int64_t cp = p.context_parallel_degree;
   TITAN_CHECK(tp < 1 || (c.training.local_batch_size * c.training.seq_len) % tp == 0,
@@ -157,6 +159,8 @@ struct Trainer::State {
   std::unique_ptr<distributed::DataParallel> dp;
   std::unique_ptr<optim::AdamW> opt;
   std::unique_ptr<data::DataLoader> train_loader, val_loader;
+  std::unique_ptr<PipelineStep> pipeline;  // pipeline parallelism (null: none)
+  std::set<std::string> other_stages;      // what the other pipeline ranks hold (checkpoints)
   optim::LrSchedule schedule;
   int64_t accum = 1;
   int64_t step = 0;  // optimizer steps completed
@@ -171,7 +175,14 @@ struct Trainer::State {
   void save(bool final_save);
   void restore(const fs::path& folder, bool model_only);
   double validate();
-  RunParts parts() { return {*model, *dp, *opt, *world}; }
+  RunParts parts() { return {*model, *dp, *opt, *world, writes_buffers(), &other_stages}; }
+  // The first rank of each pipeline stage writes the stage's buffers (rank 0 without PP).
+  bool writes_buffers() const {
+    using distributed::MeshDim;
+    for (MeshDim d : {MeshDim::dp_replicate, MeshDim::dp_shard, MeshDim::cp, MeshDim::tp})
+      if (mesh->coordinate(d) != 0) return false;
+    return true;
+  }
   // The mean over the data-parallel ranks (the loss mesh) of each value.
   void mean_over_data(std::vector<double>& values);
   int64_t dp_degree() const { return mesh->dp().size(); }
@@ -313,9 +324,15 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
   if (config.checkpoint.enable && !config.checkpoint.initial_load_path.empty())
     s.hf_config = checkpoint::load_train_state(config.checkpoint.initial_load_path).value("hf_config", json());
   ProfileScope building("model build");  // the site of the parameters in memory snapshots
+  std::optional<PipelinePlan> pipeline_plan;
+  models::ModelOptions options = model_options(config, s.hf_config.is_null() ? nullptr : &s.hf_config, *s.mesh);
+  if (s.mesh->degree(distributed::MeshDim::pp) > 1) {  // its errors name the source
+    const int64_t n_layers = models::model_layers(config.model.name, config.model.flavor, vocab, options);
+    pipeline_plan = plan_pipeline(config, n_layers, s.mesh->coordinate(distributed::MeshDim::pp), source);
+    options.pipeline_stages = pipeline_plan->mine;
+  }
   try {
-    s.model = models::build_model(config.model.name, config.model.flavor, vocab, t.seq_len,
-                                  model_options(config, s.hf_config.is_null() ? nullptr : &s.hf_config, *s.mesh));
+    s.model = models::build_model(config.model.name, config.model.flavor, vocab, t.seq_len, options);
   } catch (const Error& e) {
     TITAN_FAIL(source + ": " + e.message(), e.hint());
   }
@@ -333,6 +350,23 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
     s.opt = std::make_unique<optim::AdamW>(s.dp->params(), adamw_params(config));
   }
   s.accum = gradient_accumulation_steps(config, s.dp_degree());
+  if (pipeline_plan) {
+    const distributed::ProcessGroup& pp = s.mesh->group(distributed::MeshDim::pp);
+    s.pipeline = std::make_unique<PipelineStep>(std::move(*pipeline_plan), *s.model, pp,
+                                                config.parallelism.pipeline_parallel_microbatch_size, t.seq_len,
+                                                s.model->compute_dtype());
+    // Checkpoints hold every stage's tensors: those of the other pipeline ranks are not "extra".
+    std::string mine;
+    for (const auto& [name, p] : s.model->named_parameters()) mine += name + "\n";
+    for (const auto& [name, b] : s.model->named_buffers()) mine += name + "\n";
+    for (const std::string& theirs : pp.all_gather(mine)) {
+      if (&theirs == &mine) continue;
+      size_t at = 0;
+      for (size_t nl; (nl = theirs.find('\n', at)) != std::string::npos; at = nl + 1) s.other_stages.insert(theirs.substr(at, nl - at));
+    }
+    for (const auto& [name, p] : s.model->named_parameters()) s.other_stages.erase(name);
+    for (const auto& [name, b] : s.model->named_buffers()) s.other_stages.erase(name);
+  }
   s.inputs = Tensor::empty({t.local_batch_size, t.seq_len}, DType::i32, MemCategory::activations);
   s.targets = Tensor::empty({t.local_batch_size * t.seq_len}, DType::i32, MemCategory::activations);
   if (s.lead && s.world->size() > 1) {
@@ -345,6 +379,11 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
                 " head-tail chunks; DSA keys all-gathered)";
     if (const int ep = s.mesh->ep().size(); ep > 1)
       layout += "; expert parallel over " + std::to_string(ep) + " ranks (routed experts by all-to-all)";
+    if (s.pipeline) {
+      const distributed::pp::Schedule& sc = s.pipeline->executor().schedule();
+      layout += "; pipeline parallel over " + std::to_string(sc.ranks) + " ranks (" + sc.name + ", " +
+                std::to_string(sc.stages()) + " stages, " + std::to_string(sc.microbatches) + " micro-batches)";
+    }
     std::printf("%d ranks: mesh %s; %s\n", s.world->size(), s.mesh->str().c_str(), layout.c_str());
   }
 
@@ -448,7 +487,7 @@ double Trainer::State::validate() {
   while (cfg.validation.steps < 0 || batches < cfg.validation.steps) {
     if (!val_loader->next_batch(in.data<int32_t>(), tg.data<int32_t>(), int(b), int(sl))) break;
     dp->begin_forward(false);
-    total += model->evaluation_loss(in, tg);
+    total += pipeline ? pipeline->evaluate(in, tg) : model->evaluation_loss(in, tg);
     dp->finish_forward();
     ++batches;
   }
@@ -468,7 +507,20 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
   // Gradients are reduced by summing over the data-parallel ranks, so each rank's backward is
   // seeded with 1 / (micro-batches x ranks): the sum is the mean over the global batch.
   const Tensor dloss = Tensor::full({1}, 1.0 / double(accum * dp_degree()), DType::f32);
+  if (pipeline) dp->begin_forward(/*sync_gradients=*/true);  // one pass of the schedule's micro-batches per accumulation step
   for (int64_t micro = 0; micro < accum; ++micro) {
+    if (pipeline) {
+      {
+        ProfileScope span("data loading");
+        const double d0 = train_loader->seconds_spent();
+        train_loader->next_batch(inputs.data<int32_t>(), targets.data<int32_t>(), int(t.local_batch_size), int(t.seq_len));
+        out.data_seconds += train_loader->seconds_spent() - d0;
+      }
+      const PipelineLosses l = pipeline->run(inputs, targets, 1.0 / double(accum * dp_degree()));
+      out.loss += l.cross_entropy / double(accum);
+      for (const auto& [name, v] : l.terms) out.terms[name] += v / double(accum);
+      continue;
+    }
     const double d0 = train_loader->seconds_spent();
     {
       ProfileScope span("data loading");
@@ -487,6 +539,7 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
     out.loss += loss.cross_entropy / double(accum);
     for (const auto& [name, v] : loss.terms) out.terms[name] += v / double(accum);
   }
+  if (pipeline) pipeline->finish_step();
   {
     ProfileScope span("gradient reduction");
     dp->finish_backward();
@@ -503,8 +556,8 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
   // Squares summed over the ranks holding distinct pieces: the FSDP shards, then the TP shards.
   const auto norm = optim::clip_grad_norm(dp->params(), t.max_norm, [this](double x) {
     double sum = dp->sum_over_shards(x);
-    const distributed::ProcessGroup& tp = mesh->group(distributed::MeshDim::tp);
-    if (tp.size() > 1) tp.all_reduce(std::span<double>(&sum, 1));
+    for (distributed::MeshDim d : {distributed::MeshDim::tp, distributed::MeshDim::pp})
+      if (const distributed::ProcessGroup& g = mesh->group(d); g.size() > 1) g.all_reduce(std::span<double>(&sum, 1));
     return sum;
   });
   out.grad_norm = norm.norm;
@@ -547,7 +600,8 @@ TrainResult Trainer::train() {
   result.run_folder = s.run_folder;
   const double start_time = now_seconds();
   const int64_t first_step = s.step;
-  const double tokens_per_step = double(s.accum * t.local_batch_size * t.seq_len);  // this rank's
+  const double tokens_per_step = double(s.accum * t.local_batch_size * t.seq_len);  // this rank's (its pipeline's)
+  const double pipeline_share = 1.0 / s.mesh->degree(distributed::MeshDim::pp);  // of each token's work
   // The FLOPs per token can change between steps (DeepSeek-V3.2's stages), so the window sums them.
   double window_start = now_seconds(), window_data = 0, window_flops = 0;
   double window_exposed = s.engine->exposed_seconds();
@@ -569,7 +623,7 @@ TrainResult Trainer::train() {
     result.last_loss = o.loss;
     ++window_steps;
     window_data += o.data_seconds;
-    window_flops += s.model->training_flops_per_token(t.seq_len) * tokens_per_step;
+    window_flops += s.model->training_flops_per_token(t.seq_len) * tokens_per_step * pipeline_share;
 
     if (s.step % c.metrics.log_freq == 0 || s.step == t.steps || s.step == first_step + 1) {
       const double window = now_seconds() - window_start;
@@ -581,7 +635,7 @@ TrainResult Trainer::train() {
       m.lr = o.lr;
       m.step_seconds = step_seconds;
       m.tokens_per_second = double(window_steps) * tokens_per_step * double(dp) / window;
-      m.tflops = window_flops * double(dp) / window / 1e12;
+      m.tflops = window_flops * double(dp) / pipeline_share / window / 1e12;
       m.mfu = window_flops / window / peak_flops;
       m.data_share = window_data / window;
       m.eta_seconds = (now_seconds() - start_time) / double(s.step - first_step) * double(t.steps - s.step);

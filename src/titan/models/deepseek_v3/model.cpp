@@ -27,6 +27,15 @@ Tensor default_positions(int64_t batch, int64_t seq, int64_t start = 0) {
   return p;
 }
 
+// Whether the pipeline stages a rank holds (all of the model when there are none) include a part.
+template <class Part>
+bool holds(const std::vector<distributed::pp::StageLayers>& stages, const Part& part) {
+  if (stages.empty()) return true;
+  for (const distributed::pp::StageLayers& st : stages)
+    if (part(st)) return true;
+  return false;
+}
+
 // Without a MoE factory every layer (the MTP blocks too) is dense: record that in the args the
 // model reports.
 DeepSeekV3Args as_built(DeepSeekV3Args a, const MoeFactory& moe) {
@@ -110,18 +119,35 @@ Tensor TransformerBlock::decode(const Tensor& x, const kernels::RopeTables& rope
   return autograd::add(h, ffn.forward(ffn_norm.forward(h))).value();
 }
 
-Transformer::Transformer(const DeepSeekV3Args& a, const MoeFactory& moe, const distributed::ProcessGroup* tp)
-    : tok_embeddings(register_module("tok_embeddings", std::make_unique<nn::Embedding>(vocab_rows(a, tp), a.dim,
-                                                                                           Init::normal(0, 1)))),
+Transformer::Transformer(const DeepSeekV3Args& a, const MoeFactory& moe, const distributed::ProcessGroup* tp,
+                         std::vector<distributed::pp::StageLayers> stages)
+    : tok_embeddings(holds(stages, [](const auto& st) { return st.embedding; }) ||
+                             (a.num_mtp_layers > 0 && holds(stages, [](const auto& st) { return st.head; }))
+                         ? &register_module("tok_embeddings", std::make_unique<nn::Embedding>(vocab_rows(a, tp), a.dim,
+                                                                                              Init::normal(0, 1)))
+                         : nullptr),
       layers(register_module("layers", std::make_unique<nn::ModuleList<TransformerBlock>>())),
-      norm(register_module("norm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps))),
-      output(register_module("output", std::make_unique<nn::Linear>(a.dim, a.vocab_size / degree(tp),
-                                                                     Init::trunc_normal(1.0 / std::sqrt(double(a.dim)), 3)))),
       args_(as_built(a, moe)),
       rope_(kernels::rope_tables(a.rope(), a.max_seq_len)) {
+  vocab_rows(a, tp);  // checks the shapes when no embedding was built
   tp_ = degree(tp) > 1 ? tp : nullptr;
-  for (int l = 0; l < args_.n_layers; ++l) layers.append(std::make_unique<TransformerBlock>(args_, l, moe, tp_));
-  if (args_.num_mtp_layers > 0) mtp = &register_module("mtp", std::make_unique<MultiTokenPrediction>(args_, moe, tp_));
+  const bool head = holds(stages, [](const auto& st) { return st.head; });
+  // MTP embeds with the main model's table: the last stage needs it, which only a V placement
+  // (the first and last stages on one rank) gives without a second copy.
+  TITAN_CHECK(args_.num_mtp_layers == 0 || !head || holds(stages, [](const auto& st) { return st.embedding; }),
+              "deepseek_v3: the MTP modules share the embedding table with the first pipeline stage, which this "
+              "schedule places on another rank than the last",
+              "use a V-shaped schedule (parallelism.pipeline_parallel_schedule = \"DualPipeV\" or \"ZBVZeroBubble\", "
+              "which put the first and last stages on one rank), or set model.mtp_layers = 0");
+  for (int l = 0; l < args_.n_layers; ++l)
+    if (holds(stages, [l](const auto& st) { return l >= st.begin && l < st.end; }))
+      layers.append_as(size_t(l), std::make_unique<TransformerBlock>(args_, l, moe, tp_));
+  if (head) {
+    norm = &register_module("norm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps));
+    output = &register_module("output", std::make_unique<nn::Linear>(a.dim, a.vocab_size / degree(tp_),
+                                                                      Init::trunc_normal(1.0 / std::sqrt(double(a.dim)), 3)));
+    if (args_.num_mtp_layers > 0) mtp = &register_module("mtp", std::make_unique<MultiTokenPrediction>(args_, moe, tp_));
+  }
   if (tp_) place_tensor_parallel();
 }
 
@@ -191,14 +217,16 @@ void Transformer::set_context_parallel(const distributed::ProcessGroup* cp) {
 Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) { return run(tokens, positions, tokens); }
 
 Variable Transformer::embed(const Tensor& tokens) {
-  if (!tp_) return tok_embeddings.forward(tokens, compute_dtype_);  // [B, S, D]
-  nn::UnitScope unit(tok_embeddings);
-  return distributed::embedding_vocab_parallel(tokens, tok_embeddings.weight.var, compute_dtype_, *tp_);
+  TITAN_CHECK(tok_embeddings != nullptr, "deepseek_v3: this pipeline rank does not hold the embedding");
+  if (!tp_) return tok_embeddings->forward(tokens, compute_dtype_);  // [B, S, D]
+  nn::UnitScope unit(*tok_embeddings);
+  return distributed::embedding_vocab_parallel(tokens, tok_embeddings->weight.var, compute_dtype_, *tp_);
 }
 
 Variable Transformer::head(const Variable& normed) {
-  if (tp_) return output.forward(distributed::gather_tokens(normed, *tp_));  // [B*S, V / tp]
-  return output.forward(autograd::view(normed, {normed.value().numel() / args_.dim, args_.dim}));
+  TITAN_CHECK(output != nullptr, "deepseek_v3: this pipeline rank does not hold the output head");
+  if (tp_) return output->forward(distributed::gather_tokens(normed, *tp_));  // [B*S, V / tp]
+  return output->forward(autograd::view(normed, {normed.value().numel() / args_.dim, args_.dim}));
 }
 
 Variable Transformer::run(const Tensor& tokens, const Tensor& positions, const Tensor& whole) {
@@ -209,11 +237,12 @@ Variable Transformer::run(const Tensor& tokens, const Tensor& positions, const T
   Variable h = embed(tokens);  // under TP, this rank's piece [B*S / tp, D] of the flattened tokens
   for (size_t l = 0; l < layers.size(); ++l) h = layers[l].forward(h, rope_, positions, recompute_);
   if (mtp) mtp->run(*this, h, whole, positions);
-  return head(norm.forward(h));
+  return head(norm->forward(h));
 }
 
 void Transformer::start_generation(int64_t batch, int64_t max_len) {
-  TITAN_CHECK(!tp_ && !cp_, "deepseek_v3: generation runs on one rank, not tensor or context parallel",
+  TITAN_CHECK(!tp_ && !cp_ && output && tok_embeddings && layers.size() == size_t(args_.n_layers),
+              "deepseek_v3: generation runs on one rank, not tensor, context or pipeline parallel",
               "generate from a checkpoint with `titan generate` (any layout's checkpoint loads whole)");
   TITAN_CHECK(max_len <= rope_.cos.size(0), "generation of " + std::to_string(max_len) +
                                                 " tokens exceeds the model's RoPE table (" +
@@ -232,22 +261,97 @@ Tensor Transformer::decode(const Tensor& tokens) {
   TITAN_CHECK(cache_len_ + t <= cache_[0].kv.size(1), "generation ran past the cache of " +
                                                           std::to_string(cache_[0].kv.size(1)) + " tokens");
   const Tensor positions = default_positions(b, t, cache_len_);
-  Tensor h = tok_embeddings.forward(tokens, DType::f32).value();  // [B, T, D]
+  Tensor h = tok_embeddings->forward(tokens, DType::f32).value();  // [B, T, D]
   for (size_t l = 0; l < layers.size(); ++l) h = layers[l].decode(h, rope_, positions, cache_[l], cache_len_);
   cache_len_ += t;
   // Only each row's last position is needed for the next token.
   const Tensor last = h.select(1, t - 1).contiguous();  // [B, D]
-  return output.forward(norm.forward(Variable(last))).value();
+  return output->forward(norm->forward(Variable(last))).value();
 }
 
-std::vector<Variable> Transformer::auxiliary_losses() {
+std::vector<Variable> Transformer::auxiliary_losses() { return auxiliary_losses_of(0, args_.n_layers, true, nullptr); }
+
+std::vector<Variable> Transformer::auxiliary_losses_of(int64_t begin, int64_t end, bool with_mtp, StageOutput* values) {
   std::vector<Variable> out;
-  for (size_t l = 0; l < layers.size(); ++l)
-    if (Variable a = layers[l].aux_loss(); a.defined()) out.push_back(a);
-  for (const Attention* at : dsa_attentions())
-    if (at->last_indexer_loss.defined())  // under CP each rank's mean over its rows: the ranks' sum / cp is the mean
-      out.push_back(autograd::scale(at->last_indexer_loss, at->dsa.indexer_loss_coeff / (cp_ ? cp_->size() : 1)));
-  if (mtp) mtp->append_losses(out);
+  double balance = 0, kl = 0;
+  int balanced = 0, counted = 0;
+  const auto indexer = [&](const Attention& at) {
+    if (!at.last_indexer_loss.defined()) return;
+    // under CP each rank's mean over its rows: the ranks' sum / cp is the mean
+    out.push_back(autograd::scale(at.last_indexer_loss, at.dsa.indexer_loss_coeff / (cp_ ? cp_->size() : 1)));
+    kl += at.last_indexer_loss.value().item(), ++counted;
+  };
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const int64_t index = int64_t(layers.index(l));
+    if (index < begin || index >= end) continue;
+    if (Variable a = layers[l].aux_loss(); a.defined()) out.push_back(a), balance += a.value().item(), ++balanced;
+  }
+  if (args_.has_indexer())
+    for (size_t l = 0; l < layers.size(); ++l)
+      if (const int64_t index = int64_t(layers.index(l)); index >= begin && index < end) indexer(layers[l].attention);
+  if (with_mtp && mtp) {
+    mtp->append_losses(out);  // the MTP loss and the MTP blocks' balance losses (logged with the main layers' only)
+    if (args_.has_indexer())
+      for (size_t k = 0; k < mtp->size(); ++k) indexer((*mtp)[k].block.attention);
+  }
+  if (values) {
+    if (balanced > 0) values->term_sums.emplace_back("moe_aux_loss", balance), values->term_counts.push_back(0);
+    if (counted > 0) values->term_sums.emplace_back("indexer_loss", kl), values->term_counts.push_back(counted);
+    if (with_mtp && mtp && !mtp->last_losses().empty()) {
+      double sum = 0;
+      for (double lk : mtp->last_losses()) sum += lk;
+      values->term_sums.emplace_back("mtp_loss", sum);
+      values->term_counts.push_back(int(mtp->last_losses().size()));
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> Transformer::loss_term_names() const {
+  std::vector<std::string> names;
+  if (args_.aux_loss_alpha > 0) names.push_back("moe_aux_loss");
+  if (args_.has_indexer()) names.push_back("indexer_loss");
+  if (args_.num_mtp_layers > 0) names.push_back("mtp_loss");
+  return names;
+}
+
+Shape Transformer::stage_activation_shape(int64_t batch, int64_t seq) const {
+  if (tp_) return {batch * seq / tp_->size(), args_.dim};  // embed's layout
+  return {batch, seq, args_.dim};
+}
+
+StageOutput Transformer::stage_forward(const distributed::pp::StageLayers& stage, const Variable& h_in,
+                                       const Tensor& tokens, const Tensor& targets) {
+  TITAN_CHECK(!cp_, "deepseek_v3: pipeline stages with context parallelism are not supported",
+              "set parallelism.context_parallel_degree = 1 or pipeline_parallel_degree = 1");
+  const Tensor positions = default_positions(tokens.size(0), tokens.size(1));
+  // DeepSeek-V3.2's warm-up trains only the indexers: no gradient crosses the stages (as none
+  // reaches the hidden states of the whole model), the input is a constant.
+  const bool frozen = args_.has_indexer() && layers.size() > 0 && layers[0].attention.dsa.stage == DsaStage::dense_warmup;
+  Variable h;
+  if (stage.embedding) {
+    h = embed(tokens);
+  } else {
+    h = frozen ? Variable(h_in.value()) : h_in;
+    h = autograd::view(h, stage_activation_shape(tokens.size(0), tokens.size(1)));
+  }
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const int64_t index = int64_t(layers.index(l));
+    if (index >= stage.begin && index < stage.end) h = layers[l].forward(h, rope_, positions, recompute_);
+  }
+  StageOutput out;
+  Variable ce;
+  if (stage.head) {
+    set_targets(targets);
+    if (mtp) mtp->run(*this, h, tokens, positions);
+    ce = next_token_loss(head(norm->forward(h)), targets);  // loss parallel under TP
+    out.cross_entropy = ce.value().item();
+  } else {
+    out.hidden = h;
+  }
+  std::vector<Variable> aux = auxiliary_losses_of(stage.begin, stage.end, stage.head, &out);
+  out.loss = ce;
+  for (const Variable& a : aux) out.loss = out.loss.defined() ? autograd::add(out.loss, a) : a;
   return out;
 }
 
@@ -281,22 +385,12 @@ TrainingLoss Transformer::training_loss(const Tensor& tokens, const Tensor& targ
   set_targets(targets);  // multi-token prediction scores tokens further ahead
   TrainingLoss out;
   std::tie(out.total, out.cross_entropy) = language_model_loss(tokens, targets);
-  for (const Variable& aux : auxiliary_losses()) out.total = autograd::add(out.total, aux);
-  double balance = 0;
-  bool has_balance = false;
-  for (size_t l = 0; l < layers.size(); ++l)
-    if (const Variable a = layers[l].aux_loss(); a.defined()) balance += a.value().item(), has_balance = true;
-  if (has_balance) out.terms.emplace_back("moe_aux_loss", balance);
-  double kl = 0;
-  int counted = 0;
-  for (const Attention* at : dsa_attentions())
-    if (const Variable& v = at->last_indexer_loss; v.defined()) kl += v.value().item(), ++counted;
-  if (counted > 0) out.terms.emplace_back("indexer_loss", kl / counted);
-  if (mtp && !mtp->last_losses().empty()) {
-    double mean = 0;
-    for (double lk : mtp->last_losses()) mean += lk / double(mtp->last_losses().size());
-    out.terms.emplace_back("mtp_loss", mean);
-  }
+  StageOutput values;
+  for (const Variable& aux : auxiliary_losses_of(0, args_.n_layers, true, &values)) out.total = autograd::add(out.total, aux);
+  // moe_aux_loss: the sum over layers; the others: the mean over layers (modules).
+  for (size_t k = 0; k < values.term_sums.size(); ++k)
+    out.terms.emplace_back(values.term_sums[k].first,
+                           values.term_sums[k].second / std::max(1, values.term_counts[k]));
   return out;
 }
 
@@ -311,7 +405,7 @@ void Transformer::end_step(const SumOverData& sum_over_data) {
 
 StepStats Transformer::step_stats() {
   StepStats stats;
-  for (size_t l = 0; l < layers.size(); ++l) layers[l].ffn.append_stats(stats, int(l));
+  for (size_t l = 0; l < layers.size(); ++l) layers[l].ffn.append_stats(stats, int(layers.index(l)));
   if (mtp)
     for (size_t k = 0; k < mtp->size(); ++k) (*mtp)[k].block.ffn.append_stats(stats, int(args_.n_layers) + int(k));
   return stats;

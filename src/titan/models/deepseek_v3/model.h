@@ -82,7 +82,9 @@ class TransformerBlock : public nn::Module {
 class Transformer : public CausalLM {
  public:
   // tp: tensor + sequence parallelism over this group (null or one rank: none; parallelize.cpp).
-  explicit Transformer(const DeepSeekV3Args& a, const MoeFactory& moe = {}, const distributed::ProcessGroup* tp = nullptr);
+  // stages: the pipeline stages this rank holds (empty: the whole model; CausalLM::stage_forward).
+  explicit Transformer(const DeepSeekV3Args& a, const MoeFactory& moe = {}, const distributed::ProcessGroup* tp = nullptr,
+                       std::vector<distributed::pp::StageLayers> stages = {});
   // tokens [B, S] i32 -> logits [B*S, V] in the compute dtype (positions 0..S-1 per row). Under
   // context parallelism: the logits of this rank's chunks of each row, [B * 2 S/2cp, V]; under
   // tensor parallelism: this rank's vocabulary slice, [B*S, V / tp].
@@ -147,10 +149,18 @@ class Transformer : public CausalLM {
   void end_step(const SumOverData& sum_over_data) override;
   StepStats step_stats() override;
 
-  nn::Embedding& tok_embeddings;
+  // Pipeline parallelism (CausalLM::stage_forward): the stages' blocks and each part they need,
+  // null where none does: the embedding for the first stage (and MTP), the final norm, output head
+  // and MTP modules for the last.
+  StageOutput stage_forward(const distributed::pp::StageLayers& stage, const Variable& h, const Tensor& tokens,
+                            const Tensor& targets) override;
+  Shape stage_activation_shape(int64_t batch, int64_t seq) const override;
+  std::vector<std::string> loss_term_names() const override;
+
+  nn::Embedding* tok_embeddings = nullptr;
   nn::ModuleList<TransformerBlock>& layers;
-  nn::RMSNorm& norm;
-  nn::Linear& output;
+  nn::RMSNorm* norm = nullptr;
+  nn::Linear* output = nullptr;
   MultiTokenPrediction* mtp = nullptr;  // "mtp", when num_mtp_layers > 0
 
  private:
@@ -159,6 +169,9 @@ class Transformer : public CausalLM {
   Variable run(const Tensor& tokens, const Tensor& positions, const Tensor& whole);
   // Every MLA layer with DeepSeek Sparse Attention: the main layers', then the MTP blocks'.
   std::vector<Attention*> dsa_attentions();
+  // The auxiliary losses (weighted, as auxiliary_losses) of the blocks whose layer index is in
+  // [begin, end), with MTP's when `with_mtp`, and their logged values (StageOutput's sums).
+  std::vector<Variable> auxiliary_losses_of(int64_t begin, int64_t end, bool with_mtp, StageOutput* values);
   void place_tensor_parallel();  // parallelize.cpp: each parameter's TP placement
   DeepSeekV3Args args_;
   kernels::RopeTables rope_;

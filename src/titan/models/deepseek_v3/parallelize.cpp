@@ -41,9 +41,9 @@ void Transformer::place_tensor_parallel() {
   const auto colwise = [&](nn::Linear& l) { shard_parameter(l.weight, 0, tp); };
   const auto rowwise = [&](nn::Linear& l) { shard_parameter(l.weight, 1, tp); };
   const auto partial = [&](nn::Parameter& p) { replicate_parameter(p, tp, /*partial_grad=*/true); };
-  colwise(static_cast<nn::Linear&>(output));
-  shard_parameter(tok_embeddings.weight, 0, tp);  // vocabulary rows
-  partial(norm.weight);
+  if (output) colwise(*output);
+  if (tok_embeddings) shard_parameter(tok_embeddings->weight, 0, tp);  // vocabulary rows
+  if (norm) partial(norm->weight);
   const auto place_block = [&](TransformerBlock& b, const std::string& name) {
     Attention& at = b.attention;
     if (at.wq) {
@@ -78,7 +78,7 @@ void Transformer::place_tensor_parallel() {
       TITAN_FAIL("deepseek_v3: " + name + "'s feed-forward has no tensor-parallel plan");
     }
   };
-  for (size_t l = 0; l < layers.size(); ++l) place_block(layers[l], "layer " + std::to_string(l));
+  for (size_t l = 0; l < layers.size(); ++l) place_block(layers[l], "layer " + std::to_string(layers.index(l)));
   if (mtp) {  // MTP: the shifted embedding goes through the sharded table; the rest is replicated
     for (size_t k = 0; k < mtp->size(); ++k) {
       MtpModule& m = (*mtp)[k];
@@ -89,11 +89,12 @@ void Transformer::place_tensor_parallel() {
 }
 
 std::vector<nn::ShardingUnit> Transformer::sharding_units() {
-  std::vector<nn::ShardingUnit> units = {{"tok_embeddings", &tok_embeddings, true}};
-  for (size_t l = 0; l < layers.size(); ++l) units.push_back({"layers." + std::to_string(l), &layers[l], true});
+  std::vector<nn::ShardingUnit> units;
+  if (tok_embeddings) units.push_back({"tok_embeddings", tok_embeddings, true});
+  for (size_t l = 0; l < layers.size(); ++l) units.push_back({"layers." + std::to_string(layers.index(l)), &layers[l], true});
   if (mtp)
     for (size_t k = 0; k < mtp->size(); ++k) units.push_back({"mtp." + std::to_string(k), &(*mtp)[k], true});
-  units.push_back({"output", &output, false});
+  if (output) units.push_back({"output", output, false});
   return units;
 }
 

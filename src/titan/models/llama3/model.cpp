@@ -38,6 +38,15 @@ int64_t vocab_rows(const Llama3Args& a, const distributed::ProcessGroup* tp) {
   return a.vocab_size / degree(tp);
 }
 
+// Whether the pipeline stages a rank holds (all of the model when there are none) include a part.
+template <class Part>
+bool holds(const std::vector<distributed::pp::StageLayers>& stages, const Part& part) {
+  if (stages.empty()) return true;
+  for (const distributed::pp::StageLayers& st : stages)
+    if (part(st)) return true;
+  return false;
+}
+
 // Under TP, a sublayer's input: every rank's tokens gathered.
 Variable all_tokens(const Variable& x, const distributed::ProcessGroup* tp) {
   return tp ? distributed::gather_tokens(x, *tp) : x;
@@ -118,21 +127,33 @@ Variable TransformerBlock::decode(const Variable& x, const kernels::RopeTables& 
   return autograd::add(h, feed_forward.forward(ffn_norm.forward(h)));
 }
 
-Transformer::Transformer(const Llama3Args& a, const distributed::ProcessGroup* tp)
-    : tok_embeddings(register_module("tok_embeddings", std::make_unique<nn::Embedding>(vocab_rows(a, tp), a.dim,
-                                                                                           Init::normal(0, 1)))),
+Transformer::Transformer(const Llama3Args& a, const distributed::ProcessGroup* tp,
+                         std::vector<distributed::pp::StageLayers> stages)
+    : tok_embeddings(holds(stages, [](const auto& st) { return st.embedding; })
+                         ? &register_module("tok_embeddings", std::make_unique<nn::Embedding>(vocab_rows(a, tp), a.dim,
+                                                                                              Init::normal(0, 1)))
+                         : nullptr),
       layers(register_module("layers", std::make_unique<nn::ModuleList<TransformerBlock>>())),
-      norm(register_module("norm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps))),
       args_(a),
+      stages_(std::move(stages)),
       rope_(kernels::rope_tables(a.rope(), a.max_seq_len)) {
+  vocab_rows(a, tp);  // checks the shapes when no embedding was built
   tp_ = degree(tp) > 1 ? tp : nullptr;
-  for (int l = 0; l < a.n_layers; ++l) layers.append(std::make_unique<TransformerBlock>(a, l, tp_));
-  if (a.tie_embeddings) {
-    tok_embeddings.weight.gemm_weight = true;
-  } else {
-    const double std = 1.0 / std::sqrt(double(a.dim));
-    output = &register_module("output", std::make_unique<nn::Linear>(a.dim, a.vocab_size / degree(tp_),
-                                                                      Init::trunc_normal(std, 3)));
+  TITAN_CHECK(!a.tie_embeddings || stages_.empty(), "llama3 with tied embeddings (tie_embeddings) cannot be split into "
+                                                    "pipeline stages: the first and last stage would share the table",
+              "train the flavor untied, or set parallelism.pipeline_parallel_degree = 1");
+  for (int l = 0; l < a.n_layers; ++l)
+    if (holds(stages_, [l](const auto& st) { return l >= st.begin && l < st.end; }))
+      layers.append_as(size_t(l), std::make_unique<TransformerBlock>(a, l, tp_));
+  if (holds(stages_, [](const auto& st) { return st.head; })) {
+    norm = &register_module("norm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps));
+    if (a.tie_embeddings) {
+      tok_embeddings->weight.gemm_weight = true;
+    } else {
+      const double std = 1.0 / std::sqrt(double(a.dim));
+      output = &register_module("output", std::make_unique<nn::Linear>(a.dim, a.vocab_size / degree(tp_),
+                                                                        Init::trunc_normal(std, 3)));
+    }
   }
   if (tp_) place_tensor_parallel();
 }
@@ -158,24 +179,66 @@ void Transformer::set_context_parallel(const distributed::ProcessGroup* cp) {
   for (size_t l = 0; l < layers.size(); ++l) layers[l].attention.cp = cp;
 }
 
+Variable Transformer::embed(const Tensor& tokens) {
+  TITAN_CHECK(tok_embeddings != nullptr, "llama3: this pipeline rank does not hold the embedding");
+  if (tp_) {
+    nn::UnitScope unit(*tok_embeddings);
+    return distributed::embedding_vocab_parallel(tokens, tok_embeddings->weight.var, compute_dtype_, *tp_);
+  }
+  return autograd::view(tok_embeddings->forward(tokens, compute_dtype_), {tokens.numel(), args_.dim});
+}
+
+Variable Transformer::head(const Variable& h) {
+  TITAN_CHECK(norm != nullptr, "llama3: this pipeline rank does not hold the output head");
+  const Variable normed = all_tokens(norm->forward(h), tp_);  // [B*S, D]
+  if (output) return output->forward(normed);
+  return autograd::linear(normed, tok_embeddings->weight.var, tok_embeddings->weight.compute);
+}
+
 Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) {
   TITAN_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::i32, "llama3: tokens must be i32 [B, S], got " + tokens.str());
-  const int64_t b = tokens.size(0), s = tokens.size(1);
   check_rope_positions("llama3", positions, rope_.cos.size(0));
   // The residual stream: [B*S, D], or this rank's [B*S / tp, D] piece under TP.
-  Variable h;
-  if (tp_) {
-    nn::UnitScope unit(tok_embeddings);
-    h = distributed::embedding_vocab_parallel(tokens, tok_embeddings.weight.var, compute_dtype_, *tp_);
-  } else {
-    h = autograd::view(tok_embeddings.forward(tokens, compute_dtype_), {b * s, args_.dim});
-  }
+  Variable h = embed(tokens);
   h = run_blocks<TransformerBlock>(layers, h, recompute_, [this, positions](TransformerBlock& block, const Variable& x) {
     return block.forward(x, rope_, positions);
   });
-  h = all_tokens(norm.forward(h), tp_);  // [B*S, D]
-  if (output) return output->forward(h);
-  return autograd::linear(h, tok_embeddings.weight.var, tok_embeddings.weight.compute);
+  return head(h);
+}
+
+StageOutput Transformer::stage_forward(const distributed::pp::StageLayers& stage, const Variable& h_in,
+                                       const Tensor& tokens, const Tensor& targets) {
+  TITAN_CHECK(!cp_, "llama3: pipeline stages with context parallelism are not supported",
+              "set parallelism.context_parallel_degree = 1 or pipeline_parallel_degree = 1");
+  const Tensor positions = default_positions(tokens.size(0), tokens.size(1));
+  Variable h = stage.embedding ? embed(tokens) : h_in;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const int l = int(layers.index(i));
+    if (l < stage.begin || l >= stage.end) continue;
+    TransformerBlock& block = layers[i];
+    nn::UnitScope unit(block);
+    if (recompute_ != Recompute::none) {
+      h = autograd::checkpoint(
+          [&block, this, positions](const std::vector<Variable>& in) {
+            return std::vector<Variable>{block.forward(in[0], rope_, positions)};
+          },
+          {h}, checkpoint_policy(recompute_))[0];
+    } else {
+      h = block.forward(h, rope_, positions);
+    }
+  }
+  StageOutput out;
+  if (!stage.head) {
+    out.hidden = h;
+    return out;
+  }
+  out.loss = next_token_loss(head(h), targets);
+  out.cross_entropy = out.loss.value().item();
+  return out;
+}
+
+Shape Transformer::stage_activation_shape(int64_t batch, int64_t seq) const {
+  return {batch * seq / (tp_ ? tp_->size() : 1), args_.dim};
 }
 
 }  // namespace titan::models::llama3
@@ -183,7 +246,7 @@ Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) {
 namespace titan::models::llama3 {
 
 void Transformer::start_generation(int64_t batch, int64_t max_len) {
-  TITAN_CHECK(!tp_ && !cp_, "llama3: generation runs on one rank, not tensor or context parallel",
+  TITAN_CHECK(!tp_ && !cp_ && stages_.empty(), "llama3: generation runs on one rank, not tensor, context or pipeline parallel",
               "generate from a checkpoint with `titan generate` (any layout's checkpoint loads whole)");
   TITAN_CHECK(max_len <= rope_.cos.size(0), "generation of " + std::to_string(max_len) +
                                                 " tokens exceeds the model's RoPE table (" +
@@ -207,13 +270,13 @@ Tensor Transformer::decode(const Tensor& tokens) {
                                                          std::to_string(k_cache_[0].size(1)) + " tokens");
   Tensor positions = Tensor::empty({b, t}, DType::i32);
   for (int64_t i = 0; i < b * t; ++i) positions.data<int32_t>()[i] = int32_t(cache_len_ + i % t);
-  Variable h = tok_embeddings.forward(tokens, DType::f32);
+  Variable h = tok_embeddings->forward(tokens, DType::f32);
   for (size_t l = 0; l < layers.size(); ++l) h = layers[l].decode(h, rope_, positions, k_cache_[l], v_cache_[l], cache_len_);
   cache_len_ += t;
   // Only each row's last position is needed for the next token.
   Tensor last = h.value().select(1, t - 1).contiguous();  // [B, D]
-  Variable hn = norm.forward(Variable(last));
-  Variable logits = output ? output->forward(hn) : autograd::linear(hn, tok_embeddings.weight.var);
+  Variable hn = norm->forward(Variable(last));
+  Variable logits = output ? output->forward(hn) : autograd::linear(hn, tok_embeddings->weight.var);
   return logits.value();
 }
 

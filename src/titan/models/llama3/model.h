@@ -62,8 +62,10 @@ void check_tensor_parallel(const Llama3Args& a, int64_t degree);
 
 class Transformer : public CausalLM {
  public:
-  // tp: tensor + sequence parallelism over this group (null or one rank: none).
-  explicit Transformer(const Llama3Args& a, const distributed::ProcessGroup* tp = nullptr);
+  // tp: tensor + sequence parallelism over this group (null or one rank: none). stages: the
+  // pipeline stages this rank holds (empty: the whole model; CausalLM::stage_forward).
+  explicit Transformer(const Llama3Args& a, const distributed::ProcessGroup* tp = nullptr,
+                       std::vector<distributed::pp::StageLayers> stages = {});
   // tokens [B, S] i32 -> logits [B*S, V] ([B*S, V / tp] under TP) in the compute dtype.
   // Positions are 0..S-1 per row.
   Variable forward(const Tensor& tokens) override;
@@ -89,15 +91,23 @@ class Transformer : public CausalLM {
   const kernels::RopeTables& rope_tables() const { return rope_; }
   void start_generation(int64_t batch, int64_t max_len) override;
   Tensor decode(const Tensor& tokens) override;
+  StageOutput stage_forward(const distributed::pp::StageLayers& stage, const Variable& h, const Tensor& tokens,
+                            const Tensor& targets) override;
+  Shape stage_activation_shape(int64_t batch, int64_t seq) const override;
 
-  nn::Embedding& tok_embeddings;
+  // Null on a pipeline rank whose stages do not include the first (the embedding) or the last
+  // (norm, output); layers holds the stages' blocks.
+  nn::Embedding* tok_embeddings = nullptr;
   nn::ModuleList<TransformerBlock>& layers;
-  nn::RMSNorm& norm;
+  nn::RMSNorm* norm = nullptr;
   nn::Linear* output = nullptr;  // null when the embedding is tied
 
  private:
   void place_tensor_parallel();  // parallelize.cpp: each parameter's TP placement
+  Variable embed(const Tensor& tokens);  // -> the residual stream [B*S, D] ([B*S / tp, D] under TP)
+  Variable head(const Variable& h);      // the final norm and output -> logits
   Llama3Args args_;
+  std::vector<distributed::pp::StageLayers> stages_;
   kernels::RopeTables rope_;
   DType compute_dtype_ = DType::f32;
   Recompute recompute_ = Recompute::none;

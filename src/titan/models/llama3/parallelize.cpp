@@ -25,7 +25,7 @@ void Transformer::place_tensor_parallel() {
   const distributed::ProcessGroup& tp = *tp_;
   using distributed::replicate_parameter;
   using distributed::shard_parameter;
-  shard_parameter(tok_embeddings.weight, 0, tp);  // vocabulary rows
+  if (tok_embeddings) shard_parameter(tok_embeddings->weight, 0, tp);  // vocabulary rows
   for (size_t l = 0; l < layers.size(); ++l) {
     TransformerBlock& b = layers[l];
     for (nn::Linear* colwise : {&b.attention.wq, &b.attention.wk, &b.attention.wv, &b.feed_forward.w1, &b.feed_forward.w3})
@@ -34,17 +34,18 @@ void Transformer::place_tensor_parallel() {
     replicate_parameter(b.attention_norm.weight, tp, /*partial_grad=*/true);
     replicate_parameter(b.ffn_norm.weight, tp, /*partial_grad=*/true);
   }
-  replicate_parameter(norm.weight, tp, /*partial_grad=*/true);
+  if (norm) replicate_parameter(norm->weight, tp, /*partial_grad=*/true);
   if (output) shard_parameter(output->weight, 0, tp);  // vocabulary columns of the logits
 }
 
 std::vector<nn::ShardingUnit> Transformer::sharding_units() {
-  TITAN_CHECK(output != nullptr, "llama3 with tied embeddings (tie_embeddings) cannot be sharded: the table is read "
+  TITAN_CHECK(output != nullptr || norm == nullptr, "llama3 with tied embeddings (tie_embeddings) cannot be sharded: the table is read "
                                  "both as the f32 embedding and as the bf16 output weight",
               "train the flavor untied, or on one rank");
-  std::vector<nn::ShardingUnit> units = {{"tok_embeddings", &tok_embeddings, true}};
-  for (size_t l = 0; l < layers.size(); ++l) units.push_back({"layers." + std::to_string(l), &layers[l], true});
-  units.push_back({"output", output, false});
+  std::vector<nn::ShardingUnit> units;
+  if (tok_embeddings) units.push_back({"tok_embeddings", tok_embeddings, true});
+  for (size_t i = 0; i < layers.size(); ++i) units.push_back({"layers." + std::to_string(layers.index(i)), &layers[i], true});
+  if (output) units.push_back({"output", output, false});
   return units;
 }
 

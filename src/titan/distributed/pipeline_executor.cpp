@@ -1,0 +1,200 @@
+#include "titan/distributed/pipeline_executor.h"
+
+#include <chrono>
+
+#include "titan/core/error.h"
+#include "titan/core/profiler.h"
+
+namespace titan::distributed::pp {
+
+namespace {
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+}  // namespace
+
+PipelineExecutor::PipelineExecutor(Schedule schedule, const ProcessGroup& pp, Shape activation_shape, DType dtype)
+    : schedule_(std::move(schedule)), pp_(pp), shape_(std::move(activation_shape)), dtype_(dtype) {
+  TITAN_CHECK(schedule_.ranks == pp_.size(), "pipeline schedule " + schedule_.name + " is for " +
+                                                 std::to_string(schedule_.ranks) + " ranks, the pipeline group has " +
+                                                 std::to_string(pp_.size()));
+  check_schedule(schedule_);
+  // MPI guarantees tags up to 32767: kinds x stages x micro-batches must fit.
+  TITAN_CHECK(2 * schedule_.stages() * schedule_.microbatches <= 32767,
+              "pipeline: " + std::to_string(schedule_.stages()) + " stages x " + std::to_string(schedule_.microbatches) +
+                  " micro-batches need more message tags than MPI guarantees",
+              "use fewer micro-batches per step (raise parallelism.pipeline_parallel_microbatch_size)");
+}
+
+int PipelineExecutor::tag(Op kind, int stage, int microbatch) const {
+  const int k = kind == Op::send_activation || kind == Op::recv_activation ? 0 : 1;
+  return (k * schedule_.stages() + stage) * schedule_.microbatches + microbatch;
+}
+
+PipelineExecutor::Slot& PipelineExecutor::slot(int stage, int microbatch) { return slots_[{stage, microbatch}]; }
+
+void PipelineExecutor::post_receive(const Action& a) {
+  // A message names its producing stage: an activation is the input of stage + 1, a gradient
+  // the output gradient of stage - 1.
+  if (a.op == Op::recv_activation) {
+    Slot& s = slot(a.stage + 1, a.microbatch);
+    if (s.activation_posted) return;
+    s.incoming_activation = Tensor::empty(shape_, dtype_, MemCategory::activations);
+    s.activation_arrived = pp_.recv(s.incoming_activation, a.peer, tag(a.op, a.stage, a.microbatch));
+    s.activation_posted = true;
+  } else if (a.op == Op::recv_gradient) {
+    Slot& s = slot(a.stage - 1, a.microbatch);
+    if (s.gradient_posted) return;
+    s.incoming_gradient = Tensor::empty(shape_, dtype_, MemCategory::temporaries);
+    s.gradient_arrived = pp_.recv(s.incoming_gradient, a.peer, tag(a.op, a.stage, a.microbatch));
+    s.gradient_posted = true;
+  }
+}
+
+void PipelineExecutor::forward(const Action& a, const StageForwardFn& fn) {
+  Slot& s = slot(a.stage, a.microbatch);
+  if (a.stage > 0) {
+    Tensor in;
+    if (schedule_.rank_of(a.stage - 1) == pp_.rank()) {  // the V turn: the other stage is ours
+      in = slot(a.stage - 1, a.microbatch).result.output.value();
+    } else {
+      TITAN_CHECK(s.activation_posted, "pipeline: " + action_str(a) + " has no receive for its input");
+      const double t0 = now();
+      s.activation_arrived.wait();
+      times_.waiting += now() - t0;
+      in = s.incoming_activation;
+      s.incoming_activation = Tensor();
+    }
+    s.input = autograd::make_output(in, true);
+  }
+  autograd::TapeScope scope(s.tape);
+  s.result = fn(a.stage, a.microbatch, s.input);
+  TITAN_CHECK(a.stage == schedule_.stages() - 1 || s.result.output.defined(),
+              "pipeline: stage " + std::to_string(a.stage) + " returned no output for the next stage");
+}
+
+Tensor PipelineExecutor::gradient_for(int stage, int microbatch) {
+  if (stage == schedule_.stages() - 1) return Tensor();
+  if (schedule_.rank_of(stage + 1) == pp_.rank()) {  // the V turn
+    Slot& next = slot(stage + 1, microbatch);
+    Tensor g = next.input.defined() && next.input.grad().defined() ? next.input.grad() : Tensor();
+    next.input = autograd::Variable();
+    return g;
+  }
+  Slot& s = slot(stage, microbatch);
+  TITAN_CHECK(s.gradient_posted, "pipeline: the backward of stage " + std::to_string(stage) + " micro-batch " +
+                                     std::to_string(microbatch) + " has no receive for its gradient");
+  const double t0 = now();
+  s.gradient_arrived.wait();
+  times_.waiting += now() - t0;
+  Tensor g = s.incoming_gradient;
+  s.incoming_gradient = Tensor();
+  return g;
+}
+
+void PipelineExecutor::backward(const Action& a, float loss_scale, bool defer_weights) {
+  Slot& s = slot(a.stage, a.microbatch);
+  const Tensor g = gradient_for(a.stage, a.microbatch);
+  bool seeded = false;
+  if (g.defined() && s.result.output.requires_grad()) {
+    s.result.output.ensure_grad().copy_(g.view(s.result.output.shape()));
+    seeded = true;
+  }
+  if (s.result.loss.defined() && s.result.loss.requires_grad()) {
+    s.result.loss.ensure_grad().fill_(double(loss_scale));
+    seeded = true;
+  }
+  if (seeded) {
+    if (defer_weights) {
+      autograd::DeferWeightGrads later(s.weight_grads);
+      s.tape.run_backward();
+    } else {
+      s.tape.run_backward();
+    }
+  }
+  s.tape.clear();  // a stage whose outputs need no gradient (e.g. frozen by a warm-up) recorded nothing useful
+  s.result = StageForward();
+}
+
+void PipelineExecutor::run_step(const StageForwardFn& fn, float loss_scale, const BackwardHooks& hooks) {
+  const std::vector<Action>& actions = schedule_.actions[size_t(pp_.rank())];
+  times_ = ExecutorTimes();
+  const double start = now();
+  slots_.clear();
+  // Posts the receives up to (and after) the compute action at `from`: one compute action ahead.
+  size_t posted_until = 0;
+  const auto post_ahead = [&](size_t from) {
+    bool passed_compute = false;
+    for (size_t j = std::max(from, posted_until); j < actions.size(); ++j) {
+      const Action& b = actions[j];
+      if (is_compute(b.op) && !b.overlapped) {
+        if (passed_compute) break;
+        passed_compute = true;
+      }
+      if (b.op == Op::recv_activation || b.op == Op::recv_gradient) post_receive(b);
+      posted_until = j + 1;
+    }
+  };
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    if (is_compute(a.op)) post_ahead(i);
+    // Compute time excludes the time spent waiting for the action's input.
+    const double t0 = now(), waited0 = times_.waiting;
+    const auto charge = [&](double& bucket) { bucket += now() - t0 - (times_.waiting - waited0); };
+    switch (a.op) {
+      case Op::forward: {
+        ProfileScope span("pipeline F");
+        forward(a, fn);
+        charge(times_.forward);
+        break;
+      }
+      case Op::backward:
+      case Op::backward_input: {
+        ProfileScope span(a.op == Op::backward ? "pipeline B" : "pipeline I");
+        if (hooks.before) hooks.before(a);
+        backward(a, loss_scale, a.op == Op::backward_input);
+        if (hooks.after) hooks.after(a);
+        charge(a.op == Op::backward ? times_.backward : times_.backward_input);
+        break;
+      }
+      case Op::backward_weight: {
+        ProfileScope span("pipeline W");
+        if (hooks.before) hooks.before(a);
+        slot(a.stage, a.microbatch).weight_grads.run();
+        if (hooks.after) hooks.after(a);
+        charge(times_.backward_weight);
+        break;
+      }
+      case Op::send_activation: {
+        const Tensor out = slot(a.stage, a.microbatch).result.output.value().contiguous();
+        TITAN_CHECK(out.numel() == shape_.numel() && out.dtype() == dtype_,
+                    "pipeline: stage " + std::to_string(a.stage) + " output " + out.str() + " is not the activation " +
+                        shape_.str() + " " + std::string(dtype_name(dtype_)) + " the next stage expects");
+        sends_.push_back(pp_.send(out, a.peer, tag(a.op, a.stage, a.microbatch)));
+        break;
+      }
+      case Op::send_gradient: {
+        Slot& s = slot(a.stage, a.microbatch);
+        // The input's gradient; zeros when nothing flowed into it (a frozen stage, e.g. DSA's warm-up).
+        Tensor g = s.input.defined() && s.input.grad().defined() ? s.input.grad().contiguous()
+                                                                 : Tensor::zeros(shape_, dtype_, MemCategory::temporaries);
+        sends_.push_back(pp_.send(g, a.peer, tag(a.op, a.stage, a.microbatch)));
+        s.input = autograd::Variable();
+        break;
+      }
+      case Op::recv_activation:
+      case Op::recv_gradient:
+        post_receive(a);  // already posted ahead, normally
+        break;
+    }
+  }
+  const double t0 = now();
+  for (const Work& w : sends_) w.wait();
+  sends_.clear();
+  times_.waiting += now() - t0;
+  for (auto& [key, s] : slots_)
+    TITAN_CHECK(s.weight_grads.empty(), "pipeline " + schedule_.name + ": stage " + std::to_string(key.first) +
+                                            " micro-batch " + std::to_string(key.second) + " has weight gradients left");
+  slots_.clear();
+  times_.total = now() - start;
+}
+
+}  // namespace titan::distributed::pp

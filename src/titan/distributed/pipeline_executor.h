@@ -1,0 +1,84 @@
+// Runs a pipeline schedule (pipeline_schedule.h): one rank's action list for one optimizer step,
+// whichever schedule made it. Each (stage, micro-batch) forward records on its own tape, so that
+// its backward can run later, between other micro-batches' work; B seeds that tape with the
+// gradient received from the next stage (and the stage's loss with the step's scale) and sends
+// the input's gradient back; I does the same with the weights' GEMMs queued
+// (autograd::DeferWeightGrads), and W runs the queue. Activations and gradients move by
+// point-to-point sends on the pipeline group (tagged by kind, producing stage and micro-batch),
+// or in memory between two stages of the same rank (the V turn). Receives are posted one compute
+// action ahead, sends complete in the background: waiting happens only where data is needed.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "titan/autograd/variable.h"
+#include "titan/distributed/pipeline_schedule.h"
+#include "titan/distributed/process_group.h"
+
+namespace titan::distributed::pp {
+
+// What one stage's forward of one micro-batch produced.
+struct StageForward {
+  autograd::Variable output;  // the next stage's input (undefined on the last stage)
+  // What the backward differentiates besides `output`: the last stage's loss, and any stage's
+  // auxiliary losses (e.g. DeepSeek-V3.2's indexer KL); undefined when none. Its gradient seed is
+  // the step's loss scale.
+  autograd::Variable loss;
+};
+
+// The model side: the forward of `stage` (held by this rank) on micro-batch `microbatch`; input
+// is the previous stage's output (undefined on stage 0). Called with recording on this
+// (stage, micro-batch)'s tape.
+using StageForwardFn = std::function<StageForward(int stage, int microbatch, const autograd::Variable& input)>;
+// Called around each backward action (B, I or W) with it, e.g. to keep each micro-batch's
+// gradients apart (train/pipeline_step.cpp).
+struct BackwardHooks {
+  std::function<void(const Action&)> before, after;
+};
+
+// Time spent per kind of action in the last step, for the bubble measurement (bench).
+struct ExecutorTimes {
+  double forward = 0, backward = 0, backward_input = 0, backward_weight = 0, waiting = 0, total = 0;
+};
+
+class PipelineExecutor {
+ public:
+  // schedule: every rank's lists; pp: the pipeline group (its rank r runs actions[r]);
+  // activation_shape / dtype: what a stage's input and output look like (every stage's the same:
+  // the residual stream of one micro-batch).
+  PipelineExecutor(Schedule schedule, const ProcessGroup& pp, Shape activation_shape, DType dtype);
+  // One step: every action of this rank in order. loss_scale seeds each loss's gradient (1 /
+  // (micro-batches x data-parallel ranks x accumulation) for the mean over the global batch).
+  void run_step(const StageForwardFn& forward, float loss_scale, const BackwardHooks& hooks = {});
+  const Schedule& schedule() const { return schedule_; }
+  const ExecutorTimes& times() const { return times_; }
+
+ private:
+  struct Slot {  // one (stage, micro-batch) on this rank
+    autograd::Tape tape;
+    autograd::Variable input;  // the stage's input leaf (undefined on stage 0)
+    StageForward result;
+    Tensor incoming_activation, incoming_gradient;  // receive buffers
+    Work activation_arrived, gradient_arrived;
+    bool activation_posted = false, gradient_posted = false;
+    autograd::WeightGradQueue weight_grads;
+  };
+  Slot& slot(int stage, int microbatch);
+  void post_receive(const Action& a);
+  void forward(const Action& a, const StageForwardFn& fn);
+  void backward(const Action& a, float loss_scale, bool defer_weights);
+  Tensor gradient_for(int stage, int microbatch);  // the gradient of stage's output (waits for it)
+  int tag(Op kind, int stage, int microbatch) const;
+
+  Schedule schedule_;
+  const ProcessGroup& pp_;
+  Shape shape_;
+  DType dtype_;
+  std::map<std::pair<int, int>, Slot> slots_;
+  std::vector<Work> sends_;
+  ExecutorTimes times_;
+};
+
+}  // namespace titan::distributed::pp

@@ -1,0 +1,68 @@
+// Pipeline parallelism in the trainer (parallelism.pipeline_parallel_degree > 1): the stage split,
+// one step's micro-batches through the schedule, and validation through the stages.
+//
+// Each pipeline rank builds only its stages' parts of the model (ModelOptions::pipeline_stages);
+// every rank of a pipeline loads the same batch, which the first stage embeds and the last scores.
+// A step splits the local batch into micro-batches of pipeline_parallel_microbatch_size sequences
+// and runs this rank's actions (distributed/pipeline_executor.h); the losses, known on the stages
+// that compute them, are then summed over the pipeline group so that every rank logs the same.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "titan/distributed/device_mesh.h"
+#include "titan/distributed/pipeline_executor.h"
+#include "titan/distributed/pipeline_stages.h"
+#include "titan/models/causal_lm.h"
+#include "titan/train/config.h"
+
+namespace titan::train {
+
+// The schedule and stage split a config asks for, before the model exists.
+struct PipelinePlan {
+  distributed::pp::Schedule schedule;
+  std::vector<distributed::pp::StageLayers> stages;  // every stage, by global index
+  std::vector<distributed::pp::StageLayers> mine;    // this rank's, in local order
+  std::vector<int> my_stages;                        // their global indices
+};
+// Throws, naming `source` and the key to change, for a schedule or split that cannot work.
+PipelinePlan plan_pipeline(const JobConfig& c, int64_t n_layers, int pp_rank, const std::string& source);
+
+// A step's losses as training_loss reports them, the means over its micro-batches.
+struct PipelineLosses {
+  double cross_entropy = 0;
+  std::map<std::string, double> terms;
+};
+
+class PipelineStep {
+ public:
+  PipelineStep(PipelinePlan plan, models::CausalLM& model, const distributed::ProcessGroup& pp, int64_t microbatch_size,
+               int64_t seq_len, DType compute_dtype);
+  ~PipelineStep();
+  // Every micro-batch of inputs [B, S] / targets [B*S] through this rank's actions; each loss's
+  // gradient is seeded with loss_scale / micro-batches (so loss_scale is what one micro-batch of
+  // the whole batch would be seeded with). Gradients accumulate into the parameters.
+  PipelineLosses run(const Tensor& inputs, const Tensor& targets, double loss_scale);
+  // After the step's last run(): the parameters' gradients become their sums over the step's
+  // micro-batches (see MicrobatchGradients in pipeline_step.cpp).
+  void finish_step();
+  // The mean next-token cross-entropy of a batch, forward only, through the stages in order (every
+  // pipeline rank returns it).
+  double evaluate(const Tensor& inputs, const Tensor& targets);
+  int microbatches() const { return plan_.schedule.microbatches; }
+  const distributed::pp::PipelineExecutor& executor() const { return executor_; }
+
+ private:
+  class MicrobatchGradients;
+  PipelinePlan plan_;
+  models::CausalLM& model_;
+  std::unique_ptr<MicrobatchGradients> gradients_;
+  const distributed::ProcessGroup& pp_;
+  int64_t microbatch_size_;
+  distributed::pp::PipelineExecutor executor_;
+};
+
+}  // namespace titan::train
