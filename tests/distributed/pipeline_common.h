@@ -1,0 +1,34 @@
+// The pipeline tests' runs: a debug model's 20 steps over `pp` pipeline ranks (x `tp`), micro-batches
+// of one sequence, and the same steps on rank 0 alone accumulating micro-batches of `local_batch`.
+//
+// Every pipeline schedule reproduces the 1-rank run to the last bit: each micro-batch computes the
+// same numbers on either, and the pipeline keeps each micro-batch's gradients apart and sums them
+// as one rank does (train/pipeline_step.cpp), the zero-bubble schedules' deferred weight
+// gradients included.
+#pragma once
+
+#include "distributed/common.h"
+#include "titan/distributed/pipeline_schedule.h"
+
+namespace titan::test {
+
+template <class Suite>
+class PipelineSuite : public TrainingSuite<Suite> {
+ protected:
+  using TrainingSuite<Suite>::data;
+  using TrainingSuite<Suite>::root;
+  static train::JobConfig config(const std::string& model, const std::string& name, int64_t pp, int64_t tp,
+                                 const std::string& schedule, int64_t batch, const std::vector<std::string>& extra = {},
+                                 int64_t local_batch = 0) {
+    std::string toml = base_toml(model, data(), root() / (model + "_" + name), 20);
+    toml += "[parallelism]\ndata_parallel_shard_degree = 1\npipeline_parallel_degree = " + std::to_string(pp) +
+            "\ntensor_parallel_degree = " + std::to_string(tp) + "\npipeline_parallel_schedule = \"" + schedule +
+            "\"\npipeline_parallel_microbatch_size = 1\n";
+    train::JobConfig cfg = train::parse_config(toml, name + ".toml", extra);
+    cfg.training.local_batch_size = local_batch > 0 ? local_batch : batch;
+    cfg.training.global_batch_size = batch;
+    return cfg;
+  }
+};
+
+}  // namespace titan::test
