@@ -6,7 +6,8 @@ using namespace titan::test;
 
 namespace {
 
-class PipelineLayouts : public PipelineSuite<PipelineLayouts> {
+// 260 byte-level tokens: a vocabulary TP 2 divides.
+class PipelineLayouts : public PipelineSuite<PipelineLayouts, 260> {
  public:
   static constexpr const char* kTag = "pipeline";
 };

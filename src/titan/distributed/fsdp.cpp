@@ -203,7 +203,7 @@ void Fsdp::after_forward(const nn::Module& m) {
   // Runs before the unit's backward (it is recorded after the unit's ops).
   if (training) autograd::record_hook("fsdp.pre_backward " + u.name, [this, &u] { pre_backward(u); });
   const std::string& policy = options_.reshard_after_forward;
-  const bool reshard = policy == "always" || (policy == "default" && u.reshard_after_forward);
+  const bool reshard = policy == "always" || (policy == "default" && u.reshard_after_forward && !options_.pipeline);
   if (!training || reshard) release(u);
 }
 
@@ -214,6 +214,11 @@ void Fsdp::pre_backward(Unit& u) {
 }
 
 void Fsdp::post_backward(Unit& u) {
+  if (options_.pipeline) {  // the gradients wait for finish_backward (the deferred W's write them later)
+    --u.uses;
+    if (options_.reshard_after_forward == "always") release(u);
+    return;
+  }
   if (--u.uses > 0) return;  // another forward of the unit (e.g. the MTP head) still has its backward to run
   reduce_gradients(u);
   release(u);
@@ -294,6 +299,9 @@ void Fsdp::finish_backward() {
   for (auto& u : units_)
     TITAN_CHECK(u->uses == 0, "FSDP: the backward of unit " + u->name + " did not finish (its hook never ran)",
                 "every forward of a unit must be part of the loss's backward");
+  if (options_.pipeline)  // one reduce-scatter per parameter per step, after the last W
+    for (auto& u : units_)
+      if (u.get() != units_.back().get()) reduce_gradients(*u);
   reduce_gradients(*units_.back());
   advance_reductions(true);
   for (auto& u : units_) release(*u);

@@ -14,6 +14,7 @@
 //             after: reduce-scatter its f32 gradients into the shards (per micro-batch, added to
 //             the shard's gradient), free the gathered parameters. HSDP then all-reduces each
 //             shard's gradient over the replicas.
+// Under pipeline parallelism (FsdpOptions::pipeline) every reduction waits for finish_backward.
 // The root unit is gathered by begin_forward and reduced by finish_backward. Gradients are sums
 // (the loss is normalized by the global token count), reduced as a binary tree over ranks and
 // then over micro-batches (tree_sum.h): FSDP over 2^k ranks gives the same gradients, bit for
@@ -31,6 +32,13 @@ struct FsdpOptions {
   std::string reshard_after_forward = "default";  // default | always | never
   bool bf16_params = false;  // GEMM weights gathered and computed in bf16 (the f32 shard stays the master)
   uint64_t seed = 0;         // the shards' initial values: exactly those of the whole parameters' init
+  // Under pipeline parallelism a unit's micro-batches run forward and backward between other
+  // stages' work, and a zero-bubble schedule computes weight gradients (W) after the unit's
+  // backward hook: gradients stay unsharded over the step (train/pipeline_step.cpp sums each
+  // micro-batch's) and are reduce-scattered once, by finish_backward, after the last W. Parameters
+  // stay gathered from their first use to the step's end (TorchTitan's default under PP), unless
+  // reshard_after_forward = "always" frees them after every forward and backward of a unit.
+  bool pipeline = false;
 };
 
 class Fsdp : public DataParallel, public nn::UnitHooks {

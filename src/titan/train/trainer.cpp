@@ -62,11 +62,15 @@ void check_supported(const JobConfig& c, const std::string& source) {
     } catch (const Error& e) {
       TITAN_FAIL(source + ": " + e.message(), e.hint());
     }
-    const bool others = p.data_parallel_replicate_degree > 1 || p.data_parallel_shard_degree > 1 ||
-                        p.context_parallel_degree > 1 || p.expert_parallel_degree > 1;
+    // DDP (replicas without sharding) would all-reduce per micro-batch; FSDP / HSDP wait for the
+    // step's last weight gradient (fsdp.h). CP and EP inside stages are not run here yet.
+    const bool ddp = p.data_parallel_replicate_degree > 1 && p.data_parallel_shard_degree == 1;
+    const bool others = ddp || p.context_parallel_degree > 1 || p.expert_parallel_degree > 1;
     TITAN_CHECK(!others, source + ": parallelism.pipeline_parallel_degree = " + std::to_string(p.pipeline_parallel_degree) +
-                             " composes with tensor_parallel_degree only in this build",
-                "set the data-parallel, context- and expert-parallel degrees to 1 with pipeline parallelism");
+                             " composes with FSDP / HSDP (data_parallel_shard_degree) and tensor_parallel_degree in "
+                             "this build, not with DDP, context or expert parallelism",
+                "shard the data-parallel ranks (data_parallel_shard_degree > 1), and set context_parallel_degree and "
+                "expert_parallel_degree to 1");
   }
   const int64_t tp = p.tensor_parallel_degree;
   const int64_t cp = p.context_parallel_degree;
@@ -252,6 +256,7 @@ std::unique_ptr<distributed::DataParallel> make_data_parallel(models::CausalLM& 
     o.reshard_after_forward = c.parallelism.fsdp_reshard_after_forward;
     o.bf16_params = model.compute_dtype() == DType::bf16;
     o.seed = seed;
+    o.pipeline = mesh.degree(MeshDim::pp) > 1;
     return std::make_unique<distributed::Fsdp>(model, units, mesh.fsdp(), &mesh.group(MeshDim::dp_replicate), o,
                                                mesh.ep().size() > 1 ? &mesh.efsdp() : nullptr);
   }

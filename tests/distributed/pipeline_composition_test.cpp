@@ -1,0 +1,54 @@
+// Pipeline parallelism composed with FSDP and TP on 4 ranks (llama3).
+#include "distributed/pipeline_common.h"
+
+#include <array>
+#include <map>
+
+#include "titan/distributed/comm_engine.h"
+
+using namespace titan;
+using namespace titan::test;
+
+namespace {
+
+// 260 byte-level tokens: a vocabulary TP 2 divides.
+class PipelineComposition : public PipelineSuite<PipelineComposition, 260> {
+ public:
+  static constexpr const char* kTag = "pipeline_composition";
+};
+
+// PP 2 x FSDP 2 (ZeRO-3 inside each stage) and PP 2 x TP 2, on 4 ranks: the schedules with the
+// full backward and the split one. Under FSDP the gradients stay unsharded through the step and are
+// reduce-scattered once after the last W (fsdp.h); the parameters stay gathered from their first
+// use (TorchTitan's default under PP) or, with reshard_after_forward = "always", are gathered again
+// for every micro-batch's forward and backward: the same losses, 2 x micro-batches as many
+// all-gather bytes, one reduce-scatter either way.
+TEST_F(PipelineComposition, ComposesWithFsdpAndTensorParallel) {
+  if (world().size() != 4) GTEST_SKIP() << "PP 2 x FSDP 2 and PP 2 x TP 2 on 4 ranks";
+  const int64_t batch = 8;
+  const auto one = reference_on_rank0(config("llama3", "reference_fsdp", 1, 1, "1F1B", batch, {}, 1));
+  auto& engine = distributed::CommEngine::get();
+  for (const std::string schedule : {"1F1B", "ZBVZeroBubble", "DualPipeV"}) {
+    std::map<std::string, std::array<int64_t, 2>> bytes;  // policy -> all-gather, reduce-scatter bytes sent
+    for (const std::string policy : {"default", "always"}) {
+      engine.reset_stats();
+      const auto got = train_on(config("llama3", schedule + "_fsdp_" + policy, 2, 1, schedule, batch,
+                                       {"--parallelism.fsdp_reshard_after_forward=" + policy}, 0, 2),
+                                world());
+      expect_same_losses(one, got, 0, "PP 2 x FSDP 2, " + schedule + ", reshard " + policy);
+      for (const auto& [key, st] : engine.stats()) {
+        if (key.second == distributed::CommOp::all_gather) bytes[policy][0] += st.bytes;
+        if (key.second == distributed::CommOp::reduce_scatter) bytes[policy][1] += st.bytes;
+      }
+    }
+    EXPECT_GT(bytes["always"][0], 2 * bytes["default"][0]) << schedule;
+    EXPECT_EQ(bytes["always"][1], bytes["default"][1]) << schedule;
+    std::printf("PP 2 x FSDP 2, %s: all-gather bytes always / default = %.2f, reduce-scatter bytes equal (%lld)\n",
+                schedule.c_str(), double(bytes["always"][0]) / double(bytes["default"][0]),
+                static_cast<long long>(bytes["default"][1]));
+    const auto tp = train_on(config("llama3", schedule + "_tp", 2, 2, schedule, batch), world());
+    expect_same_losses(one, tp, 1e-5, "PP 2 x TP 2, " + schedule);
+  }
+}
+
+}  // namespace
