@@ -138,7 +138,14 @@ void PipelineExecutor::run_step(const StageForwardFn& fn, float loss_scale, cons
     if (is_compute(a.op)) post_ahead(i);
     // Compute time excludes the time spent waiting for the action's input.
     const double t0 = now(), waited0 = times_.waiting;
-    const auto charge = [&](double& bucket) { bucket += now() - t0 - (times_.waiting - waited0); };
+    const auto charge = [&](double& bucket) {
+      const double seconds = now() - t0 - (times_.waiting - waited0);
+      bucket += seconds;
+      const int kind = a.op == Op::forward ? 0 : a.op == Op::backward ? 1 : a.op == Op::backward_input ? 2 : 3;
+      ExecutorTimes::Stage& st = times_.stages[a.stage];
+      st.seconds[kind] += seconds;
+      ++st.count[kind];
+    };
     switch (a.op) {
       case Op::forward: {
         ProfileScope span("pipeline F");

@@ -38,9 +38,16 @@ struct BackwardHooks {
   std::function<void(const Action&)> before, after;
 };
 
-// Time spent per kind of action in the last step, for the bubble measurement (bench).
+// Time spent per kind of action in the last step (compute only: waits for data are `waiting`),
+// and per stage the seconds and counts of each kind, for the bubble measurement (bench_pipeline).
 struct ExecutorTimes {
   double forward = 0, backward = 0, backward_input = 0, backward_weight = 0, waiting = 0, total = 0;
+  struct Stage {
+    double seconds[4] = {0, 0, 0, 0};  // F, B, I, W
+    int count[4] = {0, 0, 0, 0};
+  };
+  std::map<int, Stage> stages;
+  double busy() const { return forward + backward + backward_input + backward_weight; }
 };
 
 class PipelineExecutor {

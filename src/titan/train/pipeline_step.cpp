@@ -55,7 +55,8 @@ class PipelineStep::MicrobatchGradients {
     bool mtp = false;
     for (const auto& [name, p] : params) mtp = mtp || name.starts_with("mtp.");
     for (const auto& [name, p] : params) {
-      Param q{p->var.slot(), {}, {}, 0};
+      Param q;
+      q.slot = p->var.slot();
       if (name.starts_with("layers.")) {
         const int layer = std::stoi(name.substr(7));
         for (int st : mine)

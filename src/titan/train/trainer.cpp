@@ -415,6 +415,9 @@ Trainer::~Trainer() = default;
 
 models::CausalLM& Trainer::model() { return *s_->model; }
 const optim::AdamW& Trainer::optimizer() const { return *s_->opt; }
+const distributed::pp::PipelineExecutor* Trainer::pipeline_executor() const {
+  return s_->pipeline ? &s_->pipeline->executor() : nullptr;
+}
 
 void Trainer::State::restore(const fs::path& folder, bool model_only) {
   const json train_state = load_run_checkpoint(folder, parts(), cfg, model_only);

@@ -11,6 +11,10 @@
 #include "titan/optim/adamw.h"
 #include "titan/train/config.h"
 
+namespace titan::distributed::pp {
+class PipelineExecutor;
+}
+
 namespace titan::train {
 
 struct TrainResult {
@@ -37,6 +41,8 @@ class Trainer {
   models::CausalLM& model();
   // Its optimizer (e.g. for a test to inspect per-parameter update counts).
   const optim::AdamW& optimizer() const;
+  // Under pipeline parallelism, the schedule's executor (its last step's times); else null.
+  const distributed::pp::PipelineExecutor* pipeline_executor() const;
 
  private:
   struct State;
