@@ -26,6 +26,24 @@ TEST_F(PipelineLayouts, EveryScheduleReproducesOneRankLlama3) {
   }
 }
 
+// A pipeline run's checkpoint holds every stage's tensors (each rank writes its own): resumed
+// under the same layout, or on one rank whole, training continues exactly as the run did.
+TEST_F(PipelineLayouts, CheckpointsResumeUnderThePipelineAndOnOneRank) {
+  if (world().size() != 2) GTEST_SKIP() << "on 2 ranks";
+  const std::vector<std::string> ckpt = {"--checkpoint.enable=true", "--checkpoint.interval=10",
+                                         "--checkpoint.keep_latest_k=0", "--checkpoint.last_save_model_only=false"};
+  const auto whole = train_on(config("llama3", "ckpt_run", 2, 1, "DualPipeV", 4, ckpt), world());
+  const fs::path step10 = root() / "llama3_ckpt_run" / "checkpoint" / "step-10";
+  ASSERT_TRUE(fs::exists(step10)) << step10;
+  std::vector<std::string> resume = {"--checkpoint.enable=true", "--checkpoint.initial_load_path=" + step10.string(),
+                                     "--checkpoint.initial_load_model_only=false"};
+  const auto later = [&](const std::vector<double>& l) { return std::vector<double>(l.end() - 10, l.end()); };
+  const auto pp = train_on(config("llama3", "ckpt_resumed_pp", 2, 1, "1F1B", 4, resume), world());
+  expect_same_losses(later(whole), pp, 0, "resumed under PP 2 (1F1B) from DualPipeV's step 10");
+  const auto one = reference_on_rank0(config("llama3", "ckpt_resumed_one", 1, 1, "1F1B", 4, resume, 1));
+  expect_same_losses(later(whole), one, 0, "resumed on one rank from PP 2's step 10");
+}
+
 // More stages than effective layers is refused on every rank alike, naming the config and the
 // most stages that work (llama3 debug: 6 blocks, and no allowance for the embedding or head here).
 TEST_F(PipelineLayouts, MoreStagesThanLayersIsAClearError) {
