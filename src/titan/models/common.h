@@ -14,6 +14,16 @@ namespace titan::models {
 // Throws unless every position (i32) indexes the model's RoPE table of `table_rows` rows.
 void check_rope_positions(const std::string& model, const Tensor& positions, int64_t table_rows);
 
+// Whether the pipeline stages a rank holds (the whole model when there are none) include a part
+// (ModelOptions::pipeline_stages): part(stage) says whether that stage needs it.
+template <class Part>
+bool holds(const std::vector<distributed::pp::StageLayers>& stages, const Part& part) {
+  if (stages.empty()) return true;
+  for (const distributed::pp::StageLayers& st : stages)
+    if (part(st)) return true;
+  return false;
+}
+
 // The checkpoint policy of a recompute mode other than none.
 inline autograd::CheckpointPolicy checkpoint_policy(Recompute r) {
   return r == Recompute::selective ? autograd::CheckpointPolicy::save_expensive

@@ -27,15 +27,6 @@ Tensor default_positions(int64_t batch, int64_t seq, int64_t start = 0) {
   return p;
 }
 
-// Whether the pipeline stages a rank holds (all of the model when there are none) include a part.
-template <class Part>
-bool holds(const std::vector<distributed::pp::StageLayers>& stages, const Part& part) {
-  if (stages.empty()) return true;
-  for (const distributed::pp::StageLayers& st : stages)
-    if (part(st)) return true;
-  return false;
-}
-
 // Without a MoE factory every layer (the MTP blocks too) is dense: record that in the args the
 // model reports.
 DeepSeekV3Args as_built(DeepSeekV3Args a, const MoeFactory& moe) {

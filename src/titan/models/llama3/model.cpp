@@ -38,15 +38,6 @@ int64_t vocab_rows(const Llama3Args& a, const distributed::ProcessGroup* tp) {
   return a.vocab_size / degree(tp);
 }
 
-// Whether the pipeline stages a rank holds (all of the model when there are none) include a part.
-template <class Part>
-bool holds(const std::vector<distributed::pp::StageLayers>& stages, const Part& part) {
-  if (stages.empty()) return true;
-  for (const distributed::pp::StageLayers& st : stages)
-    if (part(st)) return true;
-  return false;
-}
-
 // Under TP, a sublayer's input: every rank's tokens gathered.
 Variable all_tokens(const Variable& x, const distributed::ProcessGroup* tp) {
   return tp ? distributed::gather_tokens(x, *tp) : x;
