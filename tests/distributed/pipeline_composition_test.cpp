@@ -30,12 +30,16 @@ TEST_F(PipelineComposition, ComposesWithFsdpAndTensorParallel) {
   auto& engine = distributed::CommEngine::get();
   for (const std::string schedule : {"1F1B", "ZBVZeroBubble", "DualPipeV"}) {
     std::map<std::string, std::array<int64_t, 2>> bytes;  // policy -> all-gather, reduce-scatter bytes sent
+    std::map<std::string, nlohmann::json> peak;            // policy -> the last step's peak memory by category
     for (const std::string policy : {"default", "always"}) {
       engine.reset_stats();
       const auto got = train_on(config("llama3", schedule + "_fsdp_" + policy, 2, 1, schedule, batch,
                                        {"--parallelism.fsdp_reshard_after_forward=" + policy}, 0, 2),
                                 world());
       expect_same_losses(one, got, 0, "PP 2 x FSDP 2, " + schedule + ", reshard " + policy);
+      std::ifstream metrics(root() / ("llama3_" + schedule + "_fsdp_" + policy) / "metrics.jsonl");
+      for (std::string line; std::getline(metrics, line);)
+        if (const auto j = nlohmann::json::parse(line); j.contains("peak_memory_bytes")) peak[policy] = j["peak_memory_bytes"];
       for (const auto& [key, st] : engine.stats()) {
         if (key.second == distributed::CommOp::all_gather) bytes[policy][0] += st.bytes;
         if (key.second == distributed::CommOp::reduce_scatter) bytes[policy][1] += st.bytes;
@@ -46,6 +50,11 @@ TEST_F(PipelineComposition, ComposesWithFsdpAndTensorParallel) {
     std::printf("PP 2 x FSDP 2, %s: all-gather bytes always / default = %.2f, reduce-scatter bytes equal (%lld)\n",
                 schedule.c_str(), double(bytes["always"][0]) / double(bytes["default"][0]),
                 static_cast<long long>(bytes["default"][1]));
+    std::printf("PP 2 x FSDP 2, %s: peak memory (largest rank) default %.2f MB (parameters %.2f, gradients %.2f), "
+                "always %.2f MB (parameters %.2f, gradients %.2f)\n",
+                schedule.c_str(), peak["default"].value("total", 0) / 1e6, peak["default"].value("params", 0) / 1e6,
+                peak["default"].value("grads", 0) / 1e6, peak["always"].value("total", 0) / 1e6,
+                peak["always"].value("params", 0) / 1e6, peak["always"].value("grads", 0) / 1e6);
     const auto tp = train_on(config("llama3", schedule + "_tp", 2, 2, schedule, batch), world());
     expect_same_losses(one, tp, 1e-5, "PP 2 x TP 2, " + schedule);
   }
