@@ -5,16 +5,19 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}; shift || true
+cd "$root"
+echo "host: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc --all) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE OMP_PROC_BIND=false
-cd "$root"
-echo "host: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
 mpirun -np 2 "$build/bench/bench_pipeline" --steps 8 --warmup 2 --training.seq_len=256 --training.local_batch_size=8 \
-  --training.mixed_precision_param=float32 --lr_scheduler.warmup_steps=2 "$@" | python3 -c '
+  --training.mixed_precision_param=float32 --lr_scheduler.warmup_steps=2 "$@" | grep '^{' > "$out"
+python3 - "$out" <<'PY'
 import json, sys
-rows = [json.loads(l) for l in sys.stdin if l.startswith("{")]
-print(f"{\"schedule\":16} {\"step ms\":>8} {\"measured\":>9} {\"simulated\":>9} {\"ratio\":>6} {\"closed\":>7} {\"in flight\":>9}")
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(f"{'schedule':16} {'step ms':>8} {'measured':>9} {'simulated':>9} {'ratio':>6} {'closed':>7} {'in flight':>9}")
 for r in rows:
-    print(f"{r[\"schedule\"]:16} {r[\"step_ms\"]:8.0f} {r[\"bubble_measured\"]:9.3f} {r[\"bubble_simulated\"]:9.3f} "
-          f"{r[\"measured_over_simulated\"]:6.2f} {r[\"bubble_closed_form\"]:7.3f} {r[\"peak_in_flight\"]:9d}")
-'
+    print(f"{r['schedule']:16} {r['step_ms']:8.0f} {r['bubble_measured']:9.3f} {r['bubble_simulated']:9.3f} "
+          f"{r['measured_over_simulated']:6.2f} {r['bubble_closed_form']:7.3f} {r['peak_in_flight']:9d}")
+PY
