@@ -106,16 +106,28 @@ class PipelineStep::MicrobatchGradients {
     }
   }
 
-  void begin_run() { done_.clear(); for (Param& q : params_) q.next = 0; }
+  void begin_run() {
+    done_.clear();
+    for (Param& q : params_) {
+      q.next = 0;
+      if (!in_step_) q.had_gradient = q.slot->grad.defined();  // zero_grad keeps the buffer, stale
+    }
+    in_step_ = true;
+  }
 
-  // The step's sums into the gradients (a parameter no gradient reached keeps none).
+  // The step's sums into the gradients. A parameter no gradient reached ends as one rank leaves
+  // it: a zero gradient if it had a (stale) buffer, else none.
   void finish() {
     for (Param& q : params_) {
       TITAN_CHECK(q.aside.empty(), "pipeline: a micro-batch's gradient was never summed");
-      if (q.sum.empty()) continue;
-      q.slot->grad = q.sum.take().view(q.slot->shape);
+      if (!q.sum.empty()) {
+        q.slot->grad = q.sum.take().view(q.slot->shape);
+      } else if (q.had_gradient && q.slot->requires_grad) {
+        q.slot->grad = Tensor::zeros(q.slot->shape, DType::f32, MemCategory::gradients);
+      }
       q.slot->stale = false;
     }
+    in_step_ = false;
   }
 
  private:
@@ -124,11 +136,13 @@ class PipelineStep::MicrobatchGradients {
     std::vector<int> stages;          // this rank's stages that use it
     std::map<int, Tensor> aside;      // micro-batch -> its gradient so far
     int next = 0;                     // the micro-batch to sum next
+    bool had_gradient = false;        // a gradient buffer when the step began
     distributed::TreeSum sum;
   };
   std::vector<Param> params_;
   std::map<int, std::vector<size_t>> by_stage_;
   std::map<std::pair<int, int>, bool> done_;  // (stage, micro-batch) whose backward finished
+  bool in_step_ = false;                      // between the step's first run and finish()
 };
 
 PipelineStep::~PipelineStep() = default;
