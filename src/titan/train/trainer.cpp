@@ -592,10 +592,13 @@ TrainResult Trainer::train() {
   const auto peak = kernels::measure_machine_peak(0.2);
   const double peak_flops = s.model->compute_dtype() == DType::bf16 ? peak.bf16_flops : peak.f32_flops;
   const int64_t dp = s.dp_degree();
+  std::vector<double> parameters = {double(global_parameters(*s.model))};
+  if (const distributed::ProcessGroup& pp = s.mesh->group(distributed::MeshDim::pp); pp.size() > 1)
+    pp.all_reduce(std::span<double>(parameters));  // each pipeline rank holds its stages' parameters
   if (s.lead) {
     std::printf("model %s/%s: %.2fM parameters, %s compute, %lld steps of %lld x %lld tokens x %lld data-parallel "
                 "ranks (x%lld accumulation)\n",
-                c.model.name.c_str(), c.model.flavor.c_str(), double(global_parameters(*s.model)) / 1e6,
+                c.model.name.c_str(), c.model.flavor.c_str(), parameters[0] / 1e6,
                 s.model->compute_dtype() == DType::bf16 ? "bf16" : "f32", static_cast<long long>(t.steps),
                 static_cast<long long>(t.local_batch_size), static_cast<long long>(t.seq_len),
                 static_cast<long long>(dp), static_cast<long long>(s.accum));
