@@ -47,7 +47,8 @@ Variable linear(const Variable& x, const Variable& w, const Tensor& w_compute) {
     // dx and dw written outright when they are still zero (grad_to_write), else added.
     bool accumulate_dx = true, accumulate_dw = true;
     Tensor none;
-    if (WeightGradQueue* later = deferred_weight_grads(); later && g.needs(1)) {
+    // Only a parameter's (a leaf's) gradient can wait: an activation's producer needs it now.
+    if (WeightGradQueue* later = deferred_weight_grads(); later && g.needs(1) && g.slot(1)->is_leaf) {
       Tensor dx = g.grad_to_write(0, &accumulate_dx);
       if (dx.defined()) kernels::linear_backward(dx, none, none, dy, xv, wc, accumulate_dx, true);
       later->push([slot = g.slot(1), dy, xv, wc] {

@@ -93,24 +93,16 @@ Tensor PipelineExecutor::gradient_for(int stage, int microbatch) {
 void PipelineExecutor::backward(const Action& a, float loss_scale, bool defer_weights) {
   Slot& s = slot(a.stage, a.microbatch);
   const Tensor g = gradient_for(a.stage, a.microbatch);
-  bool seeded = false;
-  if (g.defined() && s.result.output.requires_grad()) {
-    s.result.output.ensure_grad().copy_(g.view(s.result.output.shape()));
-    seeded = true;
+  if (g.defined() && s.result.output.requires_grad()) s.result.output.ensure_grad().copy_(g.view(s.result.output.shape()));
+  if (s.result.loss.defined() && s.result.loss.requires_grad()) s.result.loss.ensure_grad().fill_(double(loss_scale));
+  // Run even when nothing was seeded (a stage frozen by a warm-up): ops without a gradient are
+  // skipped, but hooks (FSDP's post-backward) still run, as on one rank.
+  if (defer_weights) {
+    autograd::DeferWeightGrads later(s.weight_grads);
+    s.tape.run_backward();
+  } else {
+    s.tape.run_backward();
   }
-  if (s.result.loss.defined() && s.result.loss.requires_grad()) {
-    s.result.loss.ensure_grad().fill_(double(loss_scale));
-    seeded = true;
-  }
-  if (seeded) {
-    if (defer_weights) {
-      autograd::DeferWeightGrads later(s.weight_grads);
-      s.tape.run_backward();
-    } else {
-      s.tape.run_backward();
-    }
-  }
-  s.tape.clear();  // a stage whose outputs need no gradient (e.g. frozen by a warm-up) recorded nothing useful
   s.result = StageForward();
 }
 
@@ -183,6 +175,9 @@ void PipelineExecutor::run_step(const StageForwardFn& fn, float loss_scale, cons
         // The input's gradient; zeros when nothing flowed into it (a frozen stage, e.g. DSA's warm-up).
         Tensor g = s.input.defined() && s.input.grad().defined() ? s.input.grad().contiguous()
                                                                  : Tensor::zeros(shape_, dtype_, MemCategory::temporaries);
+        TITAN_CHECK(g.numel() == shape_.numel() && g.dtype() == dtype_,
+                    "pipeline: stage " + std::to_string(a.stage) + "'s input gradient " + g.str() +
+                        " is not the activation " + shape_.str() + " " + std::string(dtype_name(dtype_)) + " expected");
         sends_.push_back(pp_.send(g, a.peer, tag(a.op, a.stage, a.microbatch)));
         s.input = autograd::Variable();
         break;
