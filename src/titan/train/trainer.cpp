@@ -517,30 +517,23 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
   const Tensor dloss = Tensor::full({1}, 1.0 / double(accum * dp_degree()), DType::f32);
   if (pipeline) dp->begin_forward(/*sync_gradients=*/true);  // one pass of the schedule's micro-batches per accumulation step
   for (int64_t micro = 0; micro < accum; ++micro) {
-    if (pipeline) {
-      {
-        ProfileScope span("data loading");
-        const double d0 = train_loader->seconds_spent();
-        train_loader->next_batch(inputs.data<int32_t>(), targets.data<int32_t>(), int(t.local_batch_size), int(t.seq_len));
-        out.data_seconds += train_loader->seconds_spent() - d0;
-      }
-      const PipelineLosses l = pipeline->run(inputs, targets, 1.0 / double(accum * dp_degree()));
-      out.loss += l.cross_entropy / double(accum);
-      for (const auto& [name, v] : l.terms) out.terms[name] += v / double(accum);
-      continue;
-    }
     const double d0 = train_loader->seconds_spent();
     {
       ProfileScope span("data loading");
       train_loader->next_batch(inputs.data<int32_t>(), targets.data<int32_t>(), int(t.local_batch_size), int(t.seq_len));
     }
     out.data_seconds += train_loader->seconds_spent() - d0;
-    dp->begin_forward(/*sync_gradients=*/micro + 1 == accum);
-    models::TrainingLoss loss = [&] {
-      ProfileScope span("forward");
-      return model->training_loss(inputs, targets);
-    }();
-    {
+    models::TrainingLoss loss;
+    if (pipeline) {  // the batch's micro-batches through the schedule, forward and backward
+      const PipelineLosses l = pipeline->run(inputs, targets, 1.0 / double(accum * dp_degree()));
+      loss.cross_entropy = l.cross_entropy;
+      loss.terms.assign(l.terms.begin(), l.terms.end());
+    } else {
+      dp->begin_forward(/*sync_gradients=*/micro + 1 == accum);
+      loss = [&] {
+        ProfileScope span("forward");
+        return model->training_loss(inputs, targets);
+      }();
       ProfileScope span("backward");
       autograd::backward(loss.total, dloss);
     }
