@@ -32,6 +32,19 @@ PipelinePlan plan_pipeline(const JobConfig& c, int64_t n_layers, int pp_rank, co
   return plan;
 }
 
+std::set<std::string> names_on_other_stages(models::CausalLM& model, const distributed::ProcessGroup& pp) {
+  std::set<std::string> mine;
+  for (const auto& [name, p] : model.named_parameters()) mine.insert(name);
+  for (const auto& [name, b] : model.named_buffers()) mine.insert(name);
+  std::string listed;
+  for (const std::string& name : mine) listed += name + "\n";
+  std::set<std::string> others;
+  for (const std::string& theirs : pp.all_gather(listed))
+    for (size_t at = 0, nl; (nl = theirs.find('\n', at)) != std::string::npos; at = nl + 1)
+      if (std::string name = theirs.substr(at, nl - at); !mine.count(name)) others.insert(std::move(name));
+  return others;
+}
+
 // Each micro-batch's parameter gradients, kept apart while its backward actions run between other
 // micro-batches' and summed over the step as a binary tree in micro-batch order (tree_sum.h), as
 // one rank accumulating micro-batches of the same shape does (data_parallel.h's SingleRank): the

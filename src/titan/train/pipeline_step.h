@@ -10,6 +10,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,10 @@ struct PipelinePlan {
 };
 // Throws, naming `source` and the key to change, for a schedule or split that cannot work.
 PipelinePlan plan_pipeline(const JobConfig& c, int64_t n_layers, int pp_rank, const std::string& source);
+
+// The parameter and buffer names the other ranks of the pipeline group hold and this one does
+// not (collective over pp): what a checkpoint has beyond this rank's stages.
+std::set<std::string> names_on_other_stages(models::CausalLM& model, const distributed::ProcessGroup& pp);
 
 // A step's losses as training_loss reports them, the means over its micro-batches.
 struct PipelineLosses {

@@ -361,16 +361,7 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
                                                 config.parallelism.pipeline_parallel_microbatch_size, t.seq_len,
                                                 s.model->compute_dtype());
     // Checkpoints hold every stage's tensors: those of the other pipeline ranks are not "extra".
-    std::string mine;
-    for (const auto& [name, p] : s.model->named_parameters()) mine += name + "\n";
-    for (const auto& [name, b] : s.model->named_buffers()) mine += name + "\n";
-    for (const std::string& theirs : pp.all_gather(mine)) {
-      if (&theirs == &mine) continue;
-      size_t at = 0;
-      for (size_t nl; (nl = theirs.find('\n', at)) != std::string::npos; at = nl + 1) s.other_stages.insert(theirs.substr(at, nl - at));
-    }
-    for (const auto& [name, p] : s.model->named_parameters()) s.other_stages.erase(name);
-    for (const auto& [name, b] : s.model->named_buffers()) s.other_stages.erase(name);
+    s.other_stages = names_on_other_stages(*s.model, pp);
   }
   s.inputs = Tensor::empty({t.local_batch_size, t.seq_len}, DType::i32, MemCategory::activations);
   s.targets = Tensor::empty({t.local_batch_size * t.seq_len}, DType::i32, MemCategory::activations);
