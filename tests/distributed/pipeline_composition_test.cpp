@@ -60,4 +60,48 @@ TEST_F(PipelineComposition, ComposesWithFsdpAndTensorParallel) {
   }
 }
 
+// PP 2 x EP 2 for deepseek_v32 on 4 ranks: each stage's routed experts divided over the 2 ranks of
+// its data-parallel group (all-to-all dispatch and combine inside every micro-batch's forward and
+// backward, the dense parameters FSDP-sharded over the same 2), through the dense warm-up and the
+// sparse stage, under DualPipeV (overlapped pairs, deferred weight gradients). The experts' weight gradients sum their rows in another order than one rank's
+// GEMM (as every EP layout: expert_parallel_test.cpp), so the losses agree to 1e-5, not bit for bit.
+TEST_F(PipelineComposition, DeepSeekV32WithExpertParallel) {
+  if (world().size() != 4) GTEST_SKIP() << "PP 2 x EP 2 on 4 ranks";
+  const int64_t batch = 8;  // 4 micro-batches per data-parallel rank: what DualPipeV needs at PP 2
+  const std::vector<std::string> lr = {"--optimizer.lr=3e-4"};
+  const auto one = reference_on_rank0(config("deepseek_v32", "reference_ep", 1, 1, "1F1B", batch, lr, 1));
+  for (const std::string schedule : {"DualPipeV"}) {  // (1F1B measured alike: <= 5e-8 relative)
+    std::vector<std::string> extra = lr;
+    extra.push_back("--parallelism.expert_parallel_degree=2");
+    auto& engine = distributed::CommEngine::get();
+    engine.reset_stats();
+    const auto got = train_on(config("deepseek_v32", schedule + "_ep", 2, 1, schedule, batch, extra, 0, 2), world());
+    expect_same_losses(one, got, 1e-5, "PP 2 x EP 2, deepseek_v32, " + schedule);
+    int64_t exchanged = 0;  // the tokens' rows dispatched and combined between the EP ranks
+    for (const auto& [key, st] : engine.stats())
+      if (key.second == distributed::CommOp::all_to_allv) exchanged += st.bytes;
+    EXPECT_GT(exchanged, 0) << schedule << ": no expert all-to-all ran";
+  }
+}
+
+// PP 2 x DDP 2: the replicas all-reduce each stage's gradients once, after the step's last
+// weight gradient (ddp.h), and reproduce one rank bit for bit.
+TEST_F(PipelineComposition, ComposesWithDdp) {
+  if (world().size() != 4) GTEST_SKIP() << "PP 2 x DDP 2 on 4 ranks";
+  const int64_t batch = 8;
+  const auto one = reference_on_rank0(config("llama3", "reference_ddp", 1, 1, "1F1B", batch, {}, 1));
+  for (const std::string schedule : {"1F1B", "DualPipeV"}) {
+    auto& engine = distributed::CommEngine::get();
+    engine.reset_stats();
+    const auto got = train_on(config("llama3", schedule + "_ddp", 2, 1, schedule, batch,
+                                     {"--parallelism.data_parallel_replicate_degree=2"}, batch / 2),
+                              world());
+    expect_same_losses(one, got, 0, "PP 2 x DDP 2, " + schedule);
+    int64_t calls = 0;
+    for (const auto& [key, st] : engine.stats())
+      if (key.second == distributed::CommOp::all_reduce && key.first.find("dp_replicate") != std::string::npos) calls += st.calls;
+    EXPECT_GT(calls, 0) << schedule << ": the replicas never all-reduced";
+  }
+}
+
 }  // namespace

@@ -8,8 +8,9 @@
 
 namespace titan::distributed {
 
-Ddp::Ddp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const ProcessGroup& group, int64_t bucket_bytes)
-    : model_(model), group_(group) {
+Ddp::Ddp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const ProcessGroup& group, int64_t bucket_bytes,
+         bool pipeline)
+    : model_(model), group_(group), pipeline_(pipeline) {
   const auto named = model.named_parameters();
   trainables_ = nn::trainable_params(named);
   // Each parameter's unit, by name prefix (the root unit: none).
@@ -83,8 +84,21 @@ void Ddp::before_forward(const nn::Module& m) {
 }
 
 void Ddp::post_backward(Unit& u) {
-  if (--u.uses > 0 || !sync_) return;
+  if (--u.uses > 0 || !sync_ || pipeline_) return;
   for (size_t b : u.buckets) reduce(buckets_[b]);
+}
+
+void Ddp::attach(Bucket& b) {
+  // A gradient summed elsewhere (a fresh tensor) is copied into its place in the bucket and
+  // becomes a view of it again.
+  for (size_t i = 0; i < b.params.size(); ++i) {
+    const std::shared_ptr<autograd::GradSlot>& slot = b.params[i]->var.slot();
+    if (!slot->grad.defined() || slot->grad.shares_storage(b.flat)) continue;
+    const int64_t n = b.params[i]->var.value().numel();
+    Tensor place = b.flat.slice(0, b.offsets[i], b.offsets[i] + n);
+    std::memcpy(place.data_ptr(), slot->grad.contiguous().data_ptr(), size_t(n) * 4);
+    slot->grad = place.view(b.params[i]->var.shape());
+  }
 }
 
 void Ddp::reduce(Bucket& b) {
@@ -108,8 +122,10 @@ void Ddp::finish_backward() {
   }
   if (!sync_) return;
   // The root's bucket, and any whose unit took no part this step, in bucket order on every rank.
-  for (Bucket& b : buckets_)
+  for (Bucket& b : buckets_) {
+    if (pipeline_) attach(b);
     if (!b.reduced) reduce(b);
+  }
   for (Bucket& b : buckets_) {
     b.reduce.wait();
     b.reduced = false;

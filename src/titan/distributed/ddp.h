@@ -7,6 +7,10 @@
 // is a view into its bucket's flat buffer, so backward writes straight into what is sent. A
 // bucket is all-reduced when the backward of its last unit ends, on the micro-batch that ends
 // the step (earlier micro-batches only accumulate: PyTorch's no_sync).
+//
+// Under pipeline parallelism (`pipeline`) a unit's micro-batches run backward between other
+// micro-batches' and the gradients are summed outside the buckets (train/pipeline_step.cpp), so
+// every bucket waits for finish_backward, which copies the step's gradients in and reduces them.
 #pragma once
 
 #include <map>
@@ -18,7 +22,7 @@ namespace titan::distributed {
 class Ddp : public DataParallel, public nn::UnitHooks {
  public:
   Ddp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const ProcessGroup& group,
-      int64_t bucket_bytes = 25 << 20);
+      int64_t bucket_bytes = 25 << 20, bool pipeline = false);
   ~Ddp() override;
 
   const std::vector<nn::TrainableParam>& params() const override { return trainables_; }
@@ -49,6 +53,7 @@ class Ddp : public DataParallel, public nn::UnitHooks {
   };
   void post_backward(Unit& u);
   void reduce(Bucket& b);
+  void attach(Bucket& b);
 
   nn::Module& model_;
   const ProcessGroup& group_;
@@ -58,6 +63,7 @@ class Ddp : public DataParallel, public nn::UnitHooks {
   std::map<const nn::Module*, Unit*> by_module_;
   std::vector<nn::Module*> hooked_;
   bool sync_ = true;
+  bool pipeline_ = false;
 };
 
 }  // namespace titan::distributed

@@ -62,15 +62,13 @@ void check_supported(const JobConfig& c, const std::string& source) {
     } catch (const Error& e) {
       TITAN_FAIL(source + ": " + e.message(), e.hint());
     }
-    // DDP (replicas without sharding) would all-reduce per micro-batch; FSDP / HSDP wait for the
-    // step's last weight gradient (fsdp.h). CP and EP inside stages are not run here yet.
-    const bool ddp = p.data_parallel_replicate_degree > 1 && p.data_parallel_shard_degree == 1;
-    const bool others = ddp || p.context_parallel_degree > 1 || p.expert_parallel_degree > 1;
-    TITAN_CHECK(!others, source + ": parallelism.pipeline_parallel_degree = " + std::to_string(p.pipeline_parallel_degree) +
-                             " composes with FSDP / HSDP (data_parallel_shard_degree) and tensor_parallel_degree in "
-                             "this build, not with DDP, context or expert parallelism",
-                "shard the data-parallel ranks (data_parallel_shard_degree > 1), and set context_parallel_degree and "
-                "expert_parallel_degree to 1");
+    // DDP, FSDP and HSDP reduce the step's gradients after its last weight gradient (ddp.h,
+    // fsdp.h). CP inside stages is not run here yet.
+    TITAN_CHECK(p.context_parallel_degree <= 1,
+                source + ": parallelism.pipeline_parallel_degree = " + std::to_string(p.pipeline_parallel_degree) +
+                    " composes with data parallelism (DDP, FSDP, HSDP), tensor and expert parallelism in this build, "
+                    "not with context_parallel_degree = " + std::to_string(p.context_parallel_degree),
+                "set parallelism.context_parallel_degree = 1");
   }
   const int64_t tp = p.tensor_parallel_degree;
   const int64_t cp = p.context_parallel_degree;
@@ -263,7 +261,8 @@ std::unique_ptr<distributed::DataParallel> make_data_parallel(models::CausalLM& 
   model.init_parameters(seed);
   model.refresh_compute_copies();
   if (mesh.degree(MeshDim::dp_replicate) > 1)
-    return std::make_unique<distributed::Ddp>(model, units, mesh.group(MeshDim::dp_replicate));
+    return std::make_unique<distributed::Ddp>(model, units, mesh.group(MeshDim::dp_replicate), int64_t(25) << 20,
+                                              /*pipeline=*/mesh.degree(MeshDim::pp) > 1);
   return std::make_unique<distributed::SingleRank>(model);
 }
 
