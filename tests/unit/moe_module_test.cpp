@@ -199,7 +199,7 @@ TEST(MoeModule, ParameterNames) {
   EXPECT_EQ(names, want);
   std::vector<std::string> buffers;
   for (auto& [n, t] : moe.named_buffers()) buffers.push_back(n);
-  EXPECT_EQ(buffers, (std::vector<std::string>{"expert_bias", "tokens_per_expert"}));
+  EXPECT_EQ(buffers, (std::vector<std::string>{"expert_bias", "tokens_per_expert", "warmup_tokens_per_expert"}));
 }
 
 // bf16 compute with f32 masters: the same routed layer within bf16 tolerance of f32, with the

@@ -21,6 +21,8 @@ class BlockFeedForward : public nn::Module {
   // Run after every optimizer step (e.g. MoE's load-balancing bias update from the step's
   // expert loads, summed over data-parallel ranks by sum_over_data).
   virtual void end_step(const SumOverData& sum_over_data) { (void)sum_over_data; }
+  // Run instead of end_step after a step that froze this block (no update of its own).
+  virtual void end_frozen_step(const SumOverData& sum_over_data) { (void)sum_over_data; }
   // Async TP (distributed/async_tensor_parallel.h): its TP collectives overlap its projections'
   // GEMMs. No effect without TP, or where the FFN has no asynchronous form.
   virtual void set_async_tensor_parallel(bool on) { (void)on; }

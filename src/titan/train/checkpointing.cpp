@@ -15,7 +15,11 @@ namespace {
 
 bool is_mtp(const std::string& n) { return n.starts_with("mtp."); }
 std::string mtp_module(const std::string& n) { return n.substr(0, n.find('.', 4)); }  // "mtp.K"
+// MoE token counts: a checkpoint may lack them (one from Hugging Face, or an older build), which
+// then leaves zeros. This rank's own counts since the step began are zero at every save and are
+// not loaded; the frozen steps' counts (the same on every rank) are.
 bool is_run_statistic(const std::string& n) { return n.ends_with("tokens_per_expert"); }
+bool is_loaded_statistic(const std::string& n) { return n.ends_with("warmup_tokens_per_expert"); }
 
 // The optimizer state key's parameter: "<param>.exp_avg" -> "<param>"; "" for the step counters.
 std::string moment_param(const std::string& key) {
@@ -38,8 +42,8 @@ std::string joined(const std::set<std::string>& names) {
 
 }  // namespace
 
-fs::path save_run_checkpoint(const fs::path& root, int64_t step, const RunParts& parts, const JobConfig& config,
-                             const json& train_state, bool model_only, DType export_dtype) {
+checkpoint::SaveRequest run_checkpoint_request(int64_t step, const RunParts& parts, const JobConfig& config,
+                                               const json& train_state, bool model_only, DType export_dtype) {
   checkpoint::SaveRequest req;
   req.step = step;
   req.config_toml = to_toml(config);
@@ -72,7 +76,13 @@ fs::path save_run_checkpoint(const fs::path& root, int64_t step, const RunParts&
       }
     }
   }
-  return checkpoint::save_checkpoint(root, req, &parts.world);
+  return req;
+}
+
+fs::path save_run_checkpoint(const fs::path& root, int64_t step, const RunParts& parts, const JobConfig& config,
+                             const json& train_state, bool model_only, DType export_dtype) {
+  return checkpoint::save_checkpoint(root, run_checkpoint_request(step, parts, config, train_state, model_only, export_dtype),
+                                     &parts.world);
 }
 
 json load_run_checkpoint(const fs::path& folder, const RunParts& parts, const JobConfig& config, bool model_only) {
@@ -129,7 +139,7 @@ json load_run_checkpoint(const fs::path& folder, const RunParts& parts, const Jo
   for (const nn::TrainableParam& p : params)
     if (saved.count(p.name)) reader.read("model." + p.name, p.var.value(), p.slice.global_shape.empty() ? nullptr : &p.slice);
   for (const auto& [name, b] : buffers)
-    if (saved.count(name) && !is_run_statistic(name)) reader.read("model." + name, b);
+    if (saved.count(name) && (!is_run_statistic(name) || is_loaded_statistic(name))) reader.read("model." + name, b);
   parts.data_parallel.refresh_compute_copies();
 
   if (!model_only) {

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "titan/checkpoint/checkpoint.h"
 #include "titan/distributed/data_parallel.h"
 #include "titan/models/causal_lm.h"
 #include "titan/optim/adamw.h"
@@ -28,6 +29,11 @@ struct RunParts {
   const std::set<std::string>* other_stages = nullptr;
 };
 
+// What this rank saves of step-<step>: its pieces of the weights (converted to export_dtype when
+// model_only: the final export) and, unless model_only, of the optimizer state, with train_state.
+checkpoint::SaveRequest run_checkpoint_request(int64_t step, const RunParts& parts, const JobConfig& config,
+                                               const nlohmann::json& train_state, bool model_only, DType export_dtype);
+
 // Saves step-<step>/ under root (collective over parts.world). model_only: the weights alone,
 // converted to export_dtype (the final export); otherwise also the optimizer state and
 // train_state. Returns the step folder.
@@ -38,7 +44,8 @@ std::filesystem::path save_run_checkpoint(const std::filesystem::path& root, int
 // Loads the step folder into this run's parameters (and, unless model_only, the optimizer state).
 // MTP modules the checkpoint has beyond model.mtp_layers are dropped, those it lacks keep their
 // initialization (each said in one line), a module it has only part of is an error; MoE token
-// counts keep their run-time values. Returns the checkpoint's train_state.json.
+// counts of the current step keep their run-time values (those
+// waiting from DeepSeek-V3.2's frozen warm-up steps load). Returns the checkpoint's train_state.json.
 nlohmann::json load_run_checkpoint(const std::filesystem::path& folder, const RunParts& parts, const JobConfig& config,
                                    bool model_only);
 

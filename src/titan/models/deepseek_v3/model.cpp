@@ -388,10 +388,11 @@ TrainingLoss Transformer::training_loss(const Tensor& tokens, const Tensor& targ
 void Transformer::end_step(const SumOverData& sum_over_data) {
   // The dense warm-up trains only the indexers: MoE's balancing bias stays frozen with the rest
   // (the warm-up's token counts then join the first sparse step's update, which uses their signs).
-  if (args_.has_indexer() && layers.size() > 0 && layers[0].attention.dsa.stage == DsaStage::dense_warmup) return;
-  for (size_t l = 0; l < layers.size(); ++l) layers[l].ffn.end_step(sum_over_data);
+  const bool frozen = args_.has_indexer() && layers.size() > 0 && layers[0].attention.dsa.stage == DsaStage::dense_warmup;
+  const auto end = [&](BlockFeedForward& ffn) { frozen ? ffn.end_frozen_step(sum_over_data) : ffn.end_step(sum_over_data); };
+  for (size_t l = 0; l < layers.size(); ++l) end(layers[l].ffn);
   if (mtp)
-    for (size_t k = 0; k < mtp->size(); ++k) (*mtp)[k].block.ffn.end_step(sum_over_data);
+    for (size_t k = 0; k < mtp->size(); ++k) end((*mtp)[k].block.ffn);
 }
 
 StepStats Transformer::step_stats() {

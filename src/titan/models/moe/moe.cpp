@@ -128,6 +128,8 @@ MoE::MoE(const MoEArgs& a, double init_std)
   tokens_per_expert = Tensor::zeros({a.n_routed_experts}, DType::f32, MemCategory::parameters);
   register_buffer("expert_bias", expert_bias);
   register_buffer("tokens_per_expert", tokens_per_expert);
+  warmup_tokens_per_expert = Tensor::zeros({a.n_routed_experts}, DType::f32, MemCategory::parameters);
+  register_buffer("warmup_tokens_per_expert", warmup_tokens_per_expert);
 }
 
 MoE::Output MoE::forward_with_aux(const Variable& x) {
@@ -318,9 +320,27 @@ ExpertLoad MoE::load_stats() {
   return s;
 }
 
+namespace {
+void add_into(Tensor& dst, const Tensor& src) {
+  float* d = dst.data<float>();
+  const float* x = src.data<float>();
+  for (int64_t i = 0; i < dst.numel(); ++i) d[i] += x[i];
+}
+}  // namespace
+
+// Counts are whole numbers below 2^24, so summing each step over the ranks and then over the steps
+// gives the same floats as the other order.
 void MoE::end_step(const SumOverData& sum_over_data) {
   sum_over_data(tokens_per_expert);
+  add_into(tokens_per_expert, warmup_tokens_per_expert);
+  warmup_tokens_per_expert.zero_();
   update_load_balance();
+}
+
+void MoE::end_frozen_step(const SumOverData& sum_over_data) {
+  sum_over_data(tokens_per_expert);
+  add_into(warmup_tokens_per_expert, tokens_per_expert);
+  tokens_per_expert.zero_();
 }
 
 void append_load_stats(StepStats& stats, int layer, const ExpertLoad& load) {

@@ -110,8 +110,12 @@ class MoE : public models::BlockFeedForward {
   // As a block's FFN: the output, with the auxiliary loss kept for aux_loss().
   Variable forward(const Variable& x) override;
   Variable aux_loss() const override { return last_aux_loss_; }
-  // tokens_per_expert summed over data-parallel ranks, then update_load_balance().
+  // tokens_per_expert summed over data-parallel ranks (plus the frozen steps' loads), then
+  // update_load_balance().
   void end_step(const SumOverData& sum_over_data) override;
+  // A step that trained nothing of this block (DeepSeek-V3.2's dense warm-up): its loads, summed
+  // over data-parallel ranks, wait in warmup_tokens_per_expert for the next update.
+  void end_frozen_step(const SumOverData& sum_over_data) override;
   void append_stats(StepStats& stats, int layer) override { append_load_stats(stats, layer, load_stats()); }
   // Under the MoE TP fix the shared experts' gather and reduce-scatter overlap their GEMMs (the
   // routed experts have no TP collective). TorchTitan's gather scheme stays synchronous: its
@@ -130,7 +134,11 @@ class MoE : public models::BlockFeedForward {
   GroupedExperts& experts;
   FeedForward* shared_experts = nullptr;  // null when n_shared_experts is 0
   Tensor expert_bias;        // [E] f32 buffer, only steers the choice
-  Tensor tokens_per_expert;  // [E] f32 buffer, assignments since the last bias update
+  Tensor tokens_per_expert;  // [E] f32 buffer, this rank's assignments since the last end of step
+  // [E] f32 buffer: the frozen steps' assignments since the last bias update, summed over the
+  // data-parallel ranks (the same on every rank, so checkpoints keep it; a checkpoint without it
+  // leaves zeros).
+  Tensor warmup_tokens_per_expert;
 
  private:
   // The router and the routed experts on x [B, S, D] (under TP with tp_gather: partial sums of
