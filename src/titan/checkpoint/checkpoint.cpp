@@ -1,5 +1,7 @@
 #include "titan/checkpoint/checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -28,10 +30,23 @@ uint64_t checksum(const Tensor& t) {
   return XXH64(c.data_ptr(), c.nbytes(), 0);
 }
 
+// Flushes a file's (or a folder's entries') writes to the disk, so a commit marker never reaches
+// it before what it vouches for.
+void sync_path(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY);
+  TITAN_CHECK(fd >= 0, "cannot open " + p.string() + " to sync it", "check the folder's permissions");
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  TITAN_CHECK(rc == 0, "cannot sync " + p.string() + " to disk", "check free disk space");
+}
+
 void write_text(const fs::path& p, const std::string& text) {
-  std::ofstream f(p, std::ios::binary);
-  f << text;
-  TITAN_CHECK(f.good(), "cannot write " + p.string(), "check free disk space and permissions");
+  {
+    std::ofstream f(p, std::ios::binary);
+    f << text;
+    TITAN_CHECK(f.good(), "cannot write " + p.string(), "check free disk space and permissions");
+  }
+  sync_path(p);
 }
 
 std::string read_text(const fs::path& p) {
@@ -42,11 +57,16 @@ std::string read_text(const fs::path& p) {
   return ss.str();
 }
 
+[[noreturn]] void corrupt(const std::string& message, const std::string& hint, int line) {
+  throw CorruptCheckpoint(message, hint, __FILE__, line);
+}
+
 json parse_json(const fs::path& p) {
+  if (!fs::exists(p)) corrupt(p.string() + " is missing", "the checkpoint is incomplete; load an earlier step", __LINE__);
   try {
     return json::parse(read_text(p));
   } catch (const json::exception& e) {
-    TITAN_FAIL(p.string() + " is not valid JSON: " + e.what(), "the checkpoint is corrupt; load an earlier step");
+    corrupt(p.string() + " is not valid JSON: " + e.what(), "the checkpoint is corrupt; load an earlier step", __LINE__);
   }
 }
 
@@ -123,63 +143,86 @@ void check_tiling(const std::string& name, const Shape& global, const json& piec
 
 }  // namespace
 
+fs::path staging_folder(const fs::path& root, int64_t step) { return step_folder(root, step).string() + ".tmp"; }
+
+std::string write_shard(const fs::path& tmp, const SaveRequest& req, int rank) {
+  std::vector<std::pair<std::string, Tensor>> items;
+  for (const ShardedTensor& st : req.tensors)
+    if (st.local.numel() > 0) items.emplace_back(st.name, st.local);
+  const std::string file = shard_file(rank);
+  SaveRequest mine;
+  for (const ShardedTensor& st : req.tensors)
+    if (st.local.numel() > 0) mine.tensors.push_back(st);
+  if (!items.empty()) save_safetensors(tmp / file, items, {{"format", "pt"}});
+  return describe_pieces(mine, file).dump();
+}
+
+fs::path commit_checkpoint(const fs::path& root, const SaveRequest& req, const std::vector<std::string>& pieces,
+                           int world_size) {
+  const fs::path final_dir = step_folder(root, req.step), tmp = staging_folder(root, req.step);
+  json tensors = json::object();
+  for (const std::string& text : pieces) {
+    const json rank_pieces = json::parse(text);
+    for (const auto& [name, e] : rank_pieces.items()) {
+      if (!tensors.contains(name)) tensors[name] = {{"dtype", e["dtype"]}, {"shape", e["shape"]}, {"shards", json::array()}};
+      TITAN_CHECK(tensors[name]["shape"] == e["shape"] && tensors[name]["dtype"] == e["dtype"],
+                  "save_checkpoint: ranks disagree on the shape or dtype of '" + name + "'");
+      tensors[name]["shards"].push_back(e["piece"]);
+    }
+  }
+  // The pieces of every tensor tile it: a checkpoint that could not be loaded is never committed.
+  for (const auto& [name, t] : tensors.items()) check_tiling(name, shape_of(t["shape"]), t["shards"]);
+  write_text(tmp / "train_state.json", req.train_state.dump(1));
+  write_text(tmp / "config.toml", req.config_toml);
+  const json meta = {{"format", kFormat}, {"version", kVersion}, {"step", req.step}, {"world_size", world_size},
+                     {"tensors", tensors}};
+  sync_path(tmp);                                     // every rank's file entry, before the marker
+  write_text(tmp / "metadata.json", meta.dump(1));  // last: the commit marker
+  sync_path(tmp);
+  fs::remove_all(final_dir);
+  fs::rename(tmp, final_dir);
+  sync_path(root);
+  return final_dir;
+}
+
 fs::path save_checkpoint(const fs::path& root, const SaveRequest& req, const distributed::ProcessGroup* group) {
   const int rank = group ? group->rank() : 0, size = group ? group->size() : 1;
-  const fs::path final_dir = step_folder(root, req.step);
-  const fs::path tmp = final_dir.string() + ".tmp";
+  const fs::path tmp = staging_folder(root, req.step);
   if (rank == 0) {
     fs::remove_all(tmp);
     fs::create_directories(tmp);
   }
   if (group) group->barrier().wait();
-  std::vector<std::pair<std::string, Tensor>> items;
-  for (const ShardedTensor& st : req.tensors)
-    if (st.local.numel() > 0) items.emplace_back(st.name, st.local);
-  const std::string file = shard_file(rank);
-  SaveRequest mine = req;
-  std::erase_if(mine.tensors, [](const ShardedTensor& st) { return st.local.numel() == 0; });
-  if (!items.empty()) save_safetensors(tmp / file, items, {{"format", "pt"}});
-  const std::string pieces = describe_pieces(mine, file).dump();
+  const std::string pieces = write_shard(tmp, req, rank);
   const std::vector<std::string> all = group ? group->all_gather(pieces) : std::vector<std::string>{pieces};
-  if (rank == 0) {
-    json tensors = json::object();
-    for (const std::string& text : all) {
-      const json rank_pieces = json::parse(text);
-      for (const auto& [name, e] : rank_pieces.items()) {
-        if (!tensors.contains(name)) tensors[name] = {{"dtype", e["dtype"]}, {"shape", e["shape"]}, {"shards", json::array()}};
-        TITAN_CHECK(tensors[name]["shape"] == e["shape"] && tensors[name]["dtype"] == e["dtype"],
-                    "save_checkpoint: ranks disagree on the shape or dtype of '" + name + "'");
-        tensors[name]["shards"].push_back(e["piece"]);
-      }
-    }
-    // The pieces of every tensor tile it: a checkpoint that could not be loaded is never committed.
-    for (const auto& [name, t] : tensors.items()) check_tiling(name, shape_of(t["shape"]), t["shards"]);
-    write_text(tmp / "train_state.json", req.train_state.dump(1));
-    write_text(tmp / "config.toml", req.config_toml);
-    const json meta = {{"format", kFormat}, {"version", kVersion}, {"step", req.step}, {"world_size", size},
-                       {"tensors", tensors}};
-    write_text(tmp / "metadata.json", meta.dump(1));  // last: the commit marker
-    fs::remove_all(final_dir);
-    fs::rename(tmp, final_dir);
-  }
+  if (rank == 0) commit_checkpoint(root, req, all, size);
   if (group) group->barrier().wait();
-  return final_dir;
+  return step_folder(root, req.step);
 }
 
 CheckpointReader::CheckpointReader(const fs::path& folder) : folder_(folder) {
   TITAN_CHECK(fs::is_directory(folder), "checkpoint folder " + folder.string() + " does not exist",
               "pass a step-<N> folder (or set checkpoint.load_step to an existing step)");
   const fs::path meta_path = folder / "metadata.json";
-  TITAN_CHECK(fs::exists(meta_path), folder.string() + " has no metadata.json",
-              "this is not a complete titan checkpoint; load an earlier step");
+  if (!fs::exists(meta_path))
+    corrupt(folder.string() + " has no metadata.json", "this is not a complete titan checkpoint; load an earlier step",
+            __LINE__);
   const json meta = parse_json(meta_path);
-  TITAN_CHECK(meta.value("format", "") == kFormat, meta_path.string() + ": not a titan checkpoint (format field)");
+  if (!meta.is_object() || meta.value("format", "") != kFormat)
+    corrupt(meta_path.string() + ": not a titan checkpoint (format field)", "the metadata is damaged; load an earlier step",
+            __LINE__);
   TITAN_CHECK(meta.value("version", 0) == kVersion, meta_path.string() + ": checkpoint version " +
                                                          std::to_string(meta.value("version", 0)) + " is not supported",
               "this build reads version " + std::to_string(kVersion));
-  step_ = meta.value("step", int64_t(0));
-  world_size_ = meta.value("world_size", 1);
-  tensors_ = meta.at("tensors");
+  try {
+    step_ = meta.value("step", int64_t(0));
+    world_size_ = meta.value("world_size", 1);
+    tensors_ = meta.at("tensors");
+  } catch (const json::exception& e) {
+    corrupt(meta_path.string() + ": " + e.what(), "the metadata is damaged; load an earlier step", __LINE__);
+  }
+  if (!tensors_.is_object())
+    corrupt(meta_path.string() + ": \"tensors\" is not an object", "the metadata is damaged; load an earlier step", __LINE__);
 }
 
 std::vector<std::string> CheckpointReader::names() const {
@@ -200,12 +243,28 @@ const SafetensorsFile& CheckpointReader::file(const std::string& name) {
   auto it = files_.find(name);
   if (it != files_.end()) return *it->second;
   const fs::path path = folder_ / name;
-  TITAN_CHECK(fs::exists(path), "checkpoint " + folder_.string() + " lists " + name + " but the file is missing",
-              "the checkpoint is incomplete (a rank's file was lost); load an earlier step");
-  return *files_.emplace(name, std::make_unique<SafetensorsFile>(SafetensorsFile::open(path))).first->second;
+  if (!fs::exists(path))
+    corrupt("checkpoint " + folder_.string() + " lists " + name + " but the file is missing",
+            "the checkpoint is incomplete (a rank's file was lost); load an earlier step", __LINE__);
+  try {
+    return *files_.emplace(name, std::make_unique<SafetensorsFile>(SafetensorsFile::open(path))).first->second;
+  } catch (const CorruptCheckpoint&) {
+    throw;
+  } catch (const Error& e) {  // a truncated or garbled shard
+    corrupt(e.message(), "the checkpoint's file is damaged; load an earlier step", __LINE__);
+  }
 }
 
 void CheckpointReader::read(const std::string& name, const Tensor& dst, const GlobalSlice* slice) {
+  try {
+    read_pieces(name, dst, slice);
+  } catch (const json::exception& e) {  // a damaged metadata.json whose JSON still parses
+    corrupt(folder_.string() + "/metadata.json, tensor '" + name + "': " + e.what(),
+            "the metadata is damaged; load an earlier step", __LINE__);
+  }
+}
+
+void CheckpointReader::read_pieces(const std::string& name, const Tensor& dst, const GlobalSlice* slice) {
   const Shape global = shape(name);
   std::vector<int64_t> lo(size_t(global.size()), 0);
   if (slice && !slice->offsets.empty()) lo.assign(slice->offsets.begin(), slice->offsets.end());
@@ -236,9 +295,9 @@ void CheckpointReader::read(const std::string& name, const Tensor& dst, const Gl
     Tensor part = f.get(name);
     const std::string key = fname + "/" + name;
     if (!verified_[key]) {
-      TITAN_CHECK(hex64(checksum(part)) == piece.at("xxh64").get<std::string>(),
-                  "checksum mismatch for tensor '" + name + "' in " + (folder_ / fname).string(),
-                  "the file is corrupt (disk or copy error); load an earlier step");
+      if (hex64(checksum(part)) != piece.at("xxh64").get<std::string>())
+        corrupt("checksum mismatch for tensor '" + name + "' in " + (folder_ / fname).string(),
+                "the file is corrupt (disk or copy error); load an earlier step", __LINE__);
       verified_[key] = true;
     }
     src_view = part;
@@ -249,10 +308,10 @@ void CheckpointReader::read(const std::string& name, const Tensor& dst, const Gl
     dst_view.copy_(src_view);
     covered += dst_view.numel();
   }
-  TITAN_CHECK(covered == dst.numel(), "tensor '" + name + "' in " + folder_.string() + ": its pieces cover " +
-                                          std::to_string(covered) + " of the " + std::to_string(dst.numel()) +
-                                          " elements needed",
-              "a shard file is missing from the checkpoint or its metadata.json is damaged; load an earlier step");
+  if (covered != dst.numel())
+    corrupt("tensor '" + name + "' in " + folder_.string() + ": its pieces cover " + std::to_string(covered) + " of the " +
+                std::to_string(dst.numel()) + " elements needed",
+            "a shard file is missing from the checkpoint or its metadata.json is damaged; load an earlier step", __LINE__);
 }
 
 Tensor CheckpointReader::read_full(const std::string& name) {

@@ -6,10 +6,12 @@
 //                             shape, and every piece's file, offsets, shape and xxh64 checksum
 //   train_state.json          step, data-loader position, ... (free JSON owned by the trainer)
 //   config.toml               the resolved run configuration
-// Every rank writes its file into step-<N>.tmp; rank 0 then writes the metadata of all pieces
-// (last: it is the commit marker) and renames the folder, so a crash never leaves a half
-// checkpoint that looks valid. Loading reads, for each tensor a rank needs, the pieces that
-// overlap its slice, checking their checksums: a checkpoint of any mesh loads on any other.
+// Every rank writes its file into step-<N>.tmp and syncs it; rank 0 then writes the metadata of
+// all pieces (last: it is the commit marker), syncs it and renames the folder, so a crash never
+// leaves a half checkpoint that looks valid. Loading reads, for each tensor a rank needs, the
+// pieces that overlap its slice, checking their checksums: a checkpoint of any mesh loads on any
+// other. A damaged one (checksum, truncated or missing file, unreadable metadata) throws
+// CorruptCheckpoint, from which a trainer falls back to the step before.
 #pragma once
 
 #include <filesystem>
@@ -28,6 +30,13 @@
 #include "titan/distributed/process_group.h"
 
 namespace titan::checkpoint {
+
+// A checkpoint whose files are damaged or incomplete; the message names the folder, the file and
+// the tensor.
+class CorruptCheckpoint : public Error {
+ public:
+  using Error::Error;
+};
 
 struct ShardedTensor {
   std::string name;
@@ -48,6 +57,16 @@ struct SaveRequest {
 std::filesystem::path save_checkpoint(const std::filesystem::path& root, const SaveRequest& request,
                                       const distributed::ProcessGroup* group = nullptr);
 
+// The two halves of save_checkpoint, for a save that writes in the background (async_save.h).
+// write_shard writes this rank's pieces into the staging folder `tmp` (step-<N>.tmp, which must
+// exist), syncs the file, and returns the pieces' description; commit_checkpoint (one rank,
+// given every rank's description) checks that the pieces tile each tensor, writes train_state,
+// config and metadata.json last, syncs them and renames tmp to step-<N>.
+std::filesystem::path staging_folder(const std::filesystem::path& root, int64_t step);
+std::string write_shard(const std::filesystem::path& tmp, const SaveRequest& request, int rank);
+std::filesystem::path commit_checkpoint(const std::filesystem::path& root, const SaveRequest& request,
+                                        const std::vector<std::string>& pieces, int world_size);
+
 // Reads a step folder's tensors, whole or by slices. Opening reads metadata.json; shard files
 // open when first read. Every error names the folder, the file and the tensor.
 class CheckpointReader {
@@ -66,6 +85,7 @@ class CheckpointReader {
 
  private:
   const SafetensorsFile& file(const std::string& name);
+  void read_pieces(const std::string& name, const Tensor& dst, const GlobalSlice* slice);
   std::filesystem::path folder_;
   int64_t step_ = 0;
   int world_size_ = 1;

@@ -11,6 +11,7 @@
 #include "titan/cli/ckpt_cli.h"
 #include "titan/cli/data_cli.h"
 #include "titan/cli/fr_cli.h"
+#include "titan/cli/launch_cli.h"
 #include "titan/cli/generate_cli.h"
 #include "titan/cli/plan_cli.h"
 #include "titan/cli/tokenizer_cli.h"
@@ -32,6 +33,8 @@ commands:
   tokenizer   train / use a byte-level BPE tokenizer (Hugging Face tokenizer.json)
   data        prepare token shards from text or JSONL; inspect shards
   ckpt        convert checkpoints to and from Hugging Face folders (DeepSeek-V3)
+  launch      run a training job under mpirun and restart it from its last checkpoint when a rank dies:
+              titan launch -np 4 --max-restarts 3 -- train --config configs/llama3_debug.toml
   fr          analyze the flight-recorder dumps a watchdog timeout wrote: titan fr analyze DIR
   plan        a parallel plan before it runs: titan plan --pp-schedule all --pp 4 --microbatches 8
   info        this machine: CPU capability in use, threads, measured peak FLOP/s and bandwidth
@@ -115,6 +118,7 @@ int main(int argc, char** argv) {
     if (cmd == "tokenizer") return titan::cli::tokenizer_main(argc - 1, argv + 1);
     if (cmd == "ckpt") return titan::cli::ckpt_main(argc - 1, argv + 1);
     if (cmd == "data") return titan::cli::data_main(argc - 1, argv + 1, make_encoder);
+    if (cmd == "launch") return titan::cli::launch_main(argc - 1, argv + 1);
     if (cmd == "fr") return titan::cli::fr_main(argc - 1, argv + 1);
     if (cmd == "plan") return titan::cli::plan_main(argc - 1, argv + 1);
     std::fprintf(stderr, "titan: unknown command '%s'\n\n%s", argv[1], kUsage);

@@ -12,29 +12,39 @@ namespace titan::cli {
 
 using namespace train;
 
-int train_main(int argc, char** argv) {
-  std::string config_path;
-  std::vector<std::string> overrides;
+TrainArgs parse_train_args(int argc, char** argv) {
+  TrainArgs out;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
-      std::printf("usage: titan train --config FILE.toml [--section.key=value ...]\n\n%s", config_help().c_str());
-      return 0;
+      out.help = true;
+      return out;
     }
     if (a == "--config" || a == "--job.config_file") {
       TITAN_CHECK(i + 1 < argc, a + " needs a file name", "e.g. titan train --config configs/llama3_debug.toml");
-      config_path = argv[++i];
+      out.config_path = argv[++i];
     } else if (a.rfind("--config=", 0) == 0) {
-      config_path = a.substr(9);
+      out.config_path = a.substr(9);
     } else {
-      overrides.push_back(a);
+      out.overrides.push_back(a);
       // "--section.key value": the value travels with its key.
       if (a.find('=') == std::string::npos && i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0)
-        overrides.push_back(argv[++i]);
+        out.overrides.push_back(argv[++i]);
     }
   }
-  TITAN_CHECK(!config_path.empty(), "titan train needs --config FILE.toml", "e.g. titan train --config configs/llama3_debug.toml");
-  const JobConfig config = load_config(config_path, overrides);
+  TITAN_CHECK(!out.config_path.empty(), "titan train needs --config FILE.toml",
+              "e.g. titan train --config configs/llama3_debug.toml");
+  return out;
+}
+
+int train_main(int argc, char** argv) {
+  const TrainArgs args = parse_train_args(argc, argv);
+  if (args.help) {
+    std::printf("usage: titan train --config FILE.toml [--section.key=value ...]\n\n%s", config_help().c_str());
+    return 0;
+  }
+  const std::string& config_path = args.config_path;
+  const JobConfig config = load_config(config_path, args.overrides);
   Trainer trainer(config, config_path);
   const TrainResult r = trainer.train();
   if (distributed::CommEngine::get().world_rank() == 0)

@@ -7,7 +7,10 @@
 namespace titan::optim {
 
 GradNorm clip_grad_norm(const std::vector<std::pair<std::string, nn::Parameter*>>& params, double max_norm) {
-  return clip_grad_norm(nn::trainable_params(params), max_norm, [](double x) { return x; });
+  GradNorm out = clip_grad_norm(nn::trainable_params(params), max_norm, [](double x) { return x; });
+  TITAN_CHECK(std::isfinite(out.norm), "the gradient of '" + out.nonfinite + "' is not finite (inf or NaN)",
+              "lower optimizer.lr, raise lr_scheduler.warmup_steps, or set training.max_norm");
+  return out;
 }
 
 GradNorm clip_grad_norm(const std::vector<nn::TrainableParam>& params, double max_norm,
@@ -22,12 +25,12 @@ GradNorm clip_grad_norm(const std::vector<nn::TrainableParam>& params, double ma
     for (const nn::TrainableParam& p : params) {
       if (!p.var.grad().defined()) continue;
       const Tensor g = p.var.grad();
-      TITAN_CHECK(std::isfinite(kernels::sum_squares(std::span<const Tensor>(&g, 1))),
-                  "the gradient of '" + p.name + "' is not finite (inf or NaN)",
-                  "lower optimizer.lr, raise lr_scheduler.warmup_steps, or set training.max_norm");
+      if (!std::isfinite(kernels::sum_squares(std::span<const Tensor>(&g, 1)))) {
+        out.nonfinite = p.name;
+        break;
+      }
     }
-    TITAN_FAIL("the global gradient norm is not finite (another rank's shard holds the inf or NaN)",
-               "lower optimizer.lr, raise lr_scheduler.warmup_steps, or set training.max_norm");
+    return out;
   }
   if (max_norm > 0) out.scale = float(std::min(1.0, max_norm / (out.norm + 1e-6)));
   return out;

@@ -13,6 +13,9 @@ namespace titan::optim {
 struct GradNorm {
   double norm = 0;   // global L2 norm of all gradients before clipping
   float scale = 1;   // min(1, max_norm / (norm + 1e-6)): pass to the optimizer as grad_scale
+  // When the norm is not finite: the first parameter whose gradient on this rank is not ("" when
+  // this rank's are all finite: another rank's shard holds the inf or NaN).
+  std::string nonfinite;
 };
 
 // Computes the norm in a fixed order (bit-identical across runs and thread counts). The scale is
@@ -25,7 +28,8 @@ GradNorm clip_grad_norm(const std::vector<std::pair<std::string, nn::Parameter*>
 // of squares goes through sum_over_shards (the sum over the ranks that split the parameters; the
 // identity when every rank holds whole, identical gradients), so every rank gets the global norm.
 // Gradients marked tp_duplicate (another tensor-parallel rank holds the same) are left out.
-// A non-finite norm throws on every rank, naming a parameter where this rank's shard is not finite.
+// A non-finite norm does not throw: `nonfinite` names where this rank's gradient is not finite,
+// and the caller (the trainer's fault policy) decides.
 GradNorm clip_grad_norm(const std::vector<nn::TrainableParam>& params, double max_norm,
                         const std::function<double(double)>& sum_over_shards);
 

@@ -706,6 +706,9 @@ const std::vector<SectionSpec>& config_sections() {
        "DeepSeek Sparse Attention training (model deepseek_v32): a dense warm-up that trains only the "
        "lightning indexers, then sparse training of everything. `[model] converters = [\"dsa_fused\"]` picks "
        "the fused kernels; without it the small-op reference path runs."},
+      {"fault",
+       "What a numerical fault does: a loss or gradient norm that is NaN or infinite on any rank is seen by all "
+       "before the optimizer step."},
       {"debug", "Reproducibility."},
   };
   return sections;
@@ -871,8 +874,10 @@ const std::vector<KeySpec>& config_schema() {
       {"checkpoint", "interval", member<&C::checkpoint, &Checkpoint::interval>, at_least(1),
        "Steps between checkpoints."},
       {"checkpoint", "async_mode", member<&C::checkpoint, &Checkpoint::async_mode>, one_of({"disabled", "async"}),
-       "disabled: training waits while a checkpoint is written. async (writing in the background while "
-       "training goes on) is refused by this build until asynchronous saves land."},
+       "disabled: training waits while a checkpoint is written. async: each rank copies its state into staging "
+       "buffers and a background thread writes it while training goes on; the checkpoint counts once every "
+       "rank's file is written and rank 0 has committed it (metadata.json last). At most one save is in flight; "
+       "the final save is synchronous."},
       {"checkpoint", "keep_latest_k", member<&C::checkpoint, &Checkpoint::keep_latest_k>,
        or_sentinel(at_least(2), 0),
        "Checkpoints kept; older ones are deleted. 0 keeps all. 1 is refused: the newest may still be being "
@@ -958,6 +963,17 @@ const std::vector<KeySpec>& config_schema() {
        "It reaches only the indexers, whose inputs are detached."},
       {"dsa", "topk", member<&C::dsa, &Dsa::topk>, at_least(0),
        "Keys each query attends to in the sparse stage. 0: the model flavor's index_topk."},
+      // [fault]
+      {"fault", "on_nonfinite", member<&C::fault, &Fault::on_nonfinite>, one_of({"abort", "skip", "rollback"}),
+       "A non-finite loss or gradient norm. abort: end the run, naming the step and the ranks. skip: drop the "
+       "step's update (the batch is consumed; the step counts). rollback: reload the last committed checkpoint and "
+       "train on from there, skipping the step's batch (a run that skipped it from the start ends the same, bit "
+       "for bit); with no checkpoint to return to, abort."},
+      {"fault", "inject_nonfinite_at_step", member<&C::fault, &Fault::inject_nonfinite_at_step>, at_least(0),
+       "Testing: make one gradient element NaN on rank fault.inject_rank at this step (its first attempt only). "
+       "0: never."},
+      {"fault", "inject_rank", member<&C::fault, &Fault::inject_rank>, at_least(0),
+       "Testing: the rank fault.inject_nonfinite_at_step poisons."},
       // [debug]
       {"debug", "seed", member<&C::debug, &Debug::seed>, at_least(0),
        "Seed of every random stream (initialization, data order); the same seed and config reproduce a run."},

@@ -160,6 +160,13 @@ struct Dsa {
   bool operator==(const Dsa&) const = default;
 };
 
+struct Fault {
+  std::string on_nonfinite = "abort";
+  int64_t inject_nonfinite_at_step = 0;  // 0: never (testing the handling)
+  int64_t inject_rank = 0;
+  bool operator==(const Fault&) const = default;
+};
+
 struct Debug {
   int64_t seed = 0;
   bool operator==(const Debug&) const = default;
@@ -179,6 +186,7 @@ struct JobConfig {
   Profiling profiling;
   Validation validation;
   Dsa dsa;
+  Fault fault;
   Debug debug;
   bool operator==(const JobConfig&) const = default;
 };

@@ -36,6 +36,7 @@
 #include "titan/train/checkpointing.h"
 #include "titan/train/metrics.h"
 #include "titan/train/pipeline_step.h"
+#include "titan/checkpoint/async_save.h"
 
 namespace titan::train {
 
@@ -50,6 +51,18 @@ extern "C" void on_sigint(int) { g_stop.store(true); }
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// <run>/progress.json: the last step finished (and the step this process resumed from), for a supervisor (`titan launch`) to see how far a run
+// got and when a restarted one trains again. Replaced whole (rename), never seen half written.
+void write_progress(const fs::path& run, int64_t step, double loss, int64_t resumed_from) {
+  const fs::path tmp = run / "progress.json.tmp";
+  std::ofstream(tmp) << json{{"step", step}, {"loss", loss}, {"resumed_from", resumed_from}, {"time", std::chrono::duration<double>(
+                                                                          std::chrono::system_clock::now().time_since_epoch())
+                                                                          .count()}}
+                            .dump();
+  std::error_code ec;
+  fs::rename(tmp, run / "progress.json", ec);
 }
 
 // What this build does not do yet, refused up front with the key to change.
@@ -100,9 +113,6 @@ void check_supported(const JobConfig& c, const std::string& source) {
   TITAN_CHECK(c.training.dtype == "float32", source + ": training.dtype = \"" + c.training.dtype +
                                                  "\" (pure bf16 training) is not supported yet",
               "use training.dtype = \"float32\" with training.mixed_precision_param = \"bfloat16\"");
-  TITAN_CHECK(c.checkpoint.async_mode == "disabled",
-              source + ": checkpoint.async_mode = \"" + c.checkpoint.async_mode + "\": asynchronous saves are not in this build yet",
-              "set checkpoint.async_mode = \"disabled\" (saves then pause training while they write)");
   TITAN_CHECK(!c.checkpoint.initial_load_in_hf && !c.checkpoint.last_save_in_hf,
               source + ": Hugging Face checkpoint import/export is not in this build yet",
               "set checkpoint.initial_load_in_hf and checkpoint.last_save_in_hf to false");
@@ -147,6 +157,10 @@ struct StepOutcome {
   double grad_norm = 0;
   double lr = 0;
   double data_seconds = 0;  // spent waiting for the loader
+  // A non-finite loss or gradient norm (fault.on_nonfinite "skip" or "rollback"): what happened,
+  // and whether the update was skipped or the run must roll back.
+  std::string fault;
+  bool skipped = false, rollback = false;
 };
 
 struct Trainer::State {
@@ -163,6 +177,8 @@ struct Trainer::State {
   std::unique_ptr<data::DataLoader> train_loader, val_loader;
   std::unique_ptr<PipelineStep> pipeline;  // pipeline parallelism (null: none)
   std::set<std::string> other_stages;      // what the other pipeline ranks hold (checkpoints)
+  std::unique_ptr<checkpoint::AsyncSaver> saver;  // checkpoint.async_mode = "async"
+  std::set<int64_t> skipped_steps;                // steps whose batch a rollback skips
   optim::LrSchedule schedule;
   int64_t accum = 1;
   int64_t step = 0;  // optimizer steps completed
@@ -175,7 +191,18 @@ struct Trainer::State {
   // optimizer and the model's own end-of-step updates.
   StepOutcome train_step(MetricsLogger& log);
   void save(bool final_save);
+  // A committed checkpoint: old ones purged (keep_latest_k), the folder named.
+  void on_committed(const fs::path& dir, bool model_only = false);
   void restore(const fs::path& folder, bool model_only);
+  // Resume from the newest committed checkpoint that loads: a damaged one (checksum, truncated or
+  // missing file) is reported, renamed step-<N>.corrupt and the one before it tried. Collective.
+  std::optional<fs::path> resume_from_latest();
+  // Back to the newest committed checkpoint after a non-finite step, which is then skipped.
+  void roll_back(int64_t bad_step, MetricsLogger& log);
+  // Collective: "" when the step's loss and gradient norm are finite on every rank, else what is
+  // not and on which ranks.
+  std::string nonfinite(bool local_bad, double loss, double norm, const std::string& where);
+  void inject_fault();
   double validate();
   RunParts parts() { return {*model, *dp, *opt, *world, writes_buffers(), &other_stages}; }
   // The first rank of each pipeline stage writes the stage's buffers (rank 0 without PP).
@@ -382,17 +409,19 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
     std::printf("%d ranks: mesh %s; %s\n", s.world->size(), s.mesh->str().c_str(), layout.c_str());
   }
 
-  // Resume: the newest checkpoint of this run, else the configured initial weights.
+  if (config.checkpoint.enable && config.checkpoint.async_mode == "async")
+    s.saver = std::make_unique<checkpoint::AsyncSaver>(*s.world, double(config.comm.init_timeout_seconds));
+  // Resume: the newest usable checkpoint of this run (or the step asked for), else the configured
+  // initial weights.
   if (config.checkpoint.enable) {
     std::optional<fs::path> from;
     if (config.checkpoint.load_step >= 0) {
       from = checkpoint::step_folder(s.checkpoint_root, config.checkpoint.load_step);
+      s.restore(*from, !checkpoint::load_train_state(*from).contains("step"));
     } else {
-      from = checkpoint::latest_checkpoint(s.checkpoint_root);
+      from = s.resume_from_latest();
     }
     if (from) {
-      const bool model_only = !checkpoint::load_train_state(*from).contains("step");
-      s.restore(*from, model_only);
       if (s.lead) std::printf("resumed from %s (step %lld)\n", from->string().c_str(), static_cast<long long>(s.step));
     } else if (!config.checkpoint.initial_load_path.empty()) {
       s.restore(config.checkpoint.initial_load_path, config.checkpoint.initial_load_model_only);
@@ -418,9 +447,6 @@ void Trainer::State::restore(const fs::path& folder, bool model_only) {
 
 void Trainer::State::save(bool final_save) {
   ProfileScope span("checkpoint");
-  // A rank still writing its file (or rank 0 merging the metadata and purging old steps) can keep
-  // the others waiting in the save's collectives far longer than a step: the long deadline.
-  engine->set_timeout(double(cfg.comm.init_timeout_seconds));
   const bool model_only = final_save && cfg.checkpoint.last_save_model_only;
   const DType export_dtype = cfg.checkpoint.export_dtype == "bfloat16" ? DType::bf16
                              : cfg.checkpoint.export_dtype == "float16" ? DType::f16
@@ -428,13 +454,106 @@ void Trainer::State::save(bool final_save) {
   json train_state = json::object();
   if (!model_only) train_state = {{"step", step}, {"data", train_loader->state()}, {"seed", cfg.debug.seed}};
   if (!hf_config.is_null()) train_state["hf_config"] = hf_config;  // for generate and convert --to-hf
-  const fs::path dir = save_run_checkpoint(checkpoint_root, step, parts(), cfg, train_state, model_only, export_dtype);
-  if (lead) {
-    checkpoint::keep_latest(checkpoint_root, int(cfg.checkpoint.keep_latest_k));
-    std::printf("checkpoint saved: %s%s\n", dir.string().c_str(), model_only ? " (model only)" : "");
+  const checkpoint::SaveRequest request = run_checkpoint_request(step, parts(), cfg, train_state, model_only, export_dtype);
+  // A rank still writing its file (or rank 0 merging the metadata and purging old steps) can keep
+  // the others waiting in the save's collectives far longer than a step: the long deadline.
+  engine->set_timeout(double(cfg.comm.init_timeout_seconds));
+  if (saver && !final_save) {  // staged now, written in the background, committed by a later poll
+    std::optional<fs::path> previous;
+    saver->start(checkpoint_root, request, &previous);
+    if (previous) on_committed(*previous);
+    if (lead)
+      std::printf("checkpoint step %lld staged in %.3f s, writing in the background\n", static_cast<long long>(step),
+                  saver->staging_seconds());
+  } else {
+    if (saver)
+      if (const auto previous = saver->finish()) on_committed(*previous);
+    on_committed(checkpoint::save_checkpoint(checkpoint_root, request, world), model_only);
+    world->barrier().wait();  // the purge done before anyone moves on under the short deadline
   }
-  world->barrier().wait();  // the purge done before anyone moves on under the short deadline
   engine->set_timeout(double(cfg.comm.timeout_seconds));
+}
+
+void Trainer::State::on_committed(const fs::path& dir, bool model_only) {
+  if (!lead) return;
+  checkpoint::keep_latest(checkpoint_root, int(cfg.checkpoint.keep_latest_k));
+  std::printf("checkpoint saved: %s%s\n", dir.string().c_str(), model_only ? " (model only)" : "");
+}
+
+std::optional<fs::path> Trainer::State::resume_from_latest() {
+  std::string set_aside;  // the damaged checkpoints
+  while (const auto from = checkpoint::latest_checkpoint(checkpoint_root)) {
+    std::string damage;
+    try {
+      restore(*from, !checkpoint::load_train_state(*from).contains("step"));
+    } catch (const checkpoint::CorruptCheckpoint& e) {
+      damage = e.message();
+    }
+    // Every rank read its own pieces: the checkpoint is usable only if it was for all of them.
+    const std::vector<std::string> damages = world->all_gather(damage);
+    std::string report;
+    for (size_t r = 0; r < damages.size(); ++r)
+      if (!damages[r].empty()) report += "\n  rank " + std::to_string(r) + ": " + damages[r];
+    if (report.empty()) return from;
+    set_aside += (set_aside.empty() ? "" : ", ") + from->filename().string();
+    if (lead) {
+      const fs::path aside = from->string() + ".corrupt";
+      fs::remove_all(aside);
+      fs::rename(*from, aside);
+      std::printf("checkpoint %s is damaged, set aside as %s; trying the one before it:%s\n", from->string().c_str(),
+                  aside.filename().string().c_str(), report.c_str());
+    }
+    world->barrier().wait();
+  }
+  // Loading a damaged checkpoint changed some state on some ranks: a fresh start needs a fresh process.
+  TITAN_CHECK(set_aside.empty(), "no usable checkpoint is left in " + checkpoint_root.string() + ": " + set_aside +
+                                     " were damaged and set aside (*.corrupt)",
+              "run the same command again to start from step 0 (`titan launch` does so itself), or put back a good copy");
+  return std::nullopt;
+}
+
+void Trainer::State::roll_back(int64_t bad_step, MetricsLogger& log) {
+  if (saver)
+    if (const auto previous = saver->finish()) on_committed(*previous);
+  world->barrier().wait();  // rank 0's commit is visible before anyone looks for the newest
+  const auto from = checkpoint::latest_checkpoint(checkpoint_root);
+  TITAN_CHECK(from.has_value(), "step " + std::to_string(bad_step) + " was not finite and fault.on_nonfinite = \"rollback\", "
+                                    "but " + checkpoint_root.string() + " holds no committed checkpoint to return to",
+              "enable checkpoint.enable with a checkpoint.interval below the step, or set fault.on_nonfinite = \"skip\"");
+  // As a fresh process would: the MoE token counts (kept across loads as run statistics) restart
+  // from zero, so the replayed steps equal a run resumed from that checkpoint.
+  for (auto& [name, b] : model->named_buffers())
+    if (name.ends_with("tokens_per_expert")) b.zero_();
+  skipped_steps.insert(bad_step);
+  restore(*from, false);
+  log.log_event("rolled back to " + from->string() + " (step " + std::to_string(step) + "); step " +
+                std::to_string(bad_step) + "'s batch will be skipped");
+}
+
+std::string Trainer::State::nonfinite(bool local_bad, double loss, double norm, const std::string& where) {
+  double flag = local_bad ? 1 : 0;
+  if (world->size() > 1) world->all_reduce(std::span<double>(&flag, 1), distributed::ReduceOp::max);
+  if (flag == 0) return {};
+  std::vector<std::string> all = world->size() > 1 ? world->all_gather(local_bad ? where : std::string())
+                                                   : std::vector<std::string>{where};
+  std::string ranks;
+  for (size_t r = 0; r < all.size(); ++r)
+    if (!all[r].empty()) ranks += (ranks.empty() ? "rank " : ", rank ") + std::to_string(r) + " (" + all[r] + ")";
+  char values[96];
+  std::snprintf(values, sizeof values, "loss %g, gradient norm %g", loss, norm);
+  return "step " + std::to_string(step) + " is not finite (" + values + ") on " + ranks;
+}
+
+void Trainer::State::inject_fault() {
+  const Fault& f = cfg.fault;
+  const char* restart = std::getenv("TITAN_RESTART");  // set by `titan launch`: a restart replays no injection
+  if (f.inject_nonfinite_at_step != step + 1 || world->rank() != f.inject_rank || (restart && std::string(restart) != "0"))
+    return;
+  for (const nn::TrainableParam& p : dp->params())
+    if (p.var.grad().defined() && p.var.grad().numel() > 0) {
+      p.var.grad().data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+      return;
+    }
 }
 
 void Trainer::State::write_trace(MetricsLogger& log) {
@@ -536,7 +655,9 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
     dp->finish_backward();
     distributed::sum_partial_gradients(dp->params(), mesh->group(distributed::MeshDim::tp));
   }
+  inject_fault();
   ProfileScope optimizer_span("optimizer");
+  const double local_loss = out.loss;
   // The step's losses, the means over all data-parallel ranks.
   std::vector<double> scalars = {out.loss};
   for (const auto& [name, v] : out.terms) scalars.push_back(v);
@@ -554,6 +675,24 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
   out.grad_norm = norm.norm;
   ++step;
   out.lr = cfg.optimizer.lr * schedule.lr_factor(step);
+  // A non-finite loss or gradient on any rank: every rank knows before any update (fault.on_nonfinite).
+  const std::string where = !std::isfinite(local_loss) ? "its loss" : norm.nonfinite.empty() ? "" : "the gradient of " + norm.nonfinite;
+  out.fault = nonfinite(!where.empty(), out.loss, out.grad_norm, where);
+  if (!out.fault.empty()) {
+    const std::string& policy = cfg.fault.on_nonfinite;
+    TITAN_CHECK(policy != "abort", "training diverged: " + out.fault,
+                "lower optimizer.lr or raise lr_scheduler.warmup_steps and resume from the last checkpoint; or set "
+                "fault.on_nonfinite = \"skip\" (drop the step's update) or \"rollback\" (reload the last checkpoint, "
+                "skipping the step's batch)");
+    out.rollback = policy == "rollback" && !skipped_steps.count(step);
+    out.skipped = !out.rollback;
+    return out;
+  }
+  if (skipped_steps.count(step)) {  // the batch a rollback skips: its step counts, its update does not
+    out.skipped = true;
+    out.fault = "step " + std::to_string(step) + " skipped: its batch was not finite before the rollback";
+    return out;
+  }
   opt->step(float(out.lr), norm.scale);
   // MoE's expert loads: summed over the data (and context) ranks, and over TP, whose ranks route
   // their own sequence pieces.
@@ -562,8 +701,6 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
     const distributed::ProcessGroup& tp = mesh->group(distributed::MeshDim::tp);
     if (tp.size() > 1) tp.all_reduce(x).wait();
   });
-  TITAN_CHECK(std::isfinite(out.loss), "training diverged: the loss at step " + std::to_string(step) + " is not finite",
-              "lower optimizer.lr or raise lr_scheduler.warmup_steps; resume from the last checkpoint");
   return out;
 }
 
@@ -607,6 +744,14 @@ TrainResult Trainer::train() {
     if (profiled && c.profiling.enable_profiling) trace_start();
     if (profiled && c.profiling.enable_memory_snapshot) memory_snapshot_start();
     const StepOutcome o = s.train_step(log);
+    if (o.rollback) {
+      log.log_event(o.fault);
+      s.roll_back(s.step, log);
+      continue;
+    }
+    if (o.skipped) log.log_event(o.fault + "; its update skipped (fault.on_nonfinite = \"" + c.fault.on_nonfinite + "\")");
+    if (s.saver)  // an asynchronous save whose files every rank has written is committed
+      if (const auto dir = s.saver->poll()) s.on_committed(*dir);
     if (profiled && c.profiling.enable_memory_snapshot) s.write_memory_snapshot(log);
     if (s.step == first_step + 1) {  // start-up is over: every rank lowers the deadline together
       s.world->barrier().wait();
@@ -658,6 +803,7 @@ TrainResult Trainer::train() {
       log.log_validation(s.step, result.last_val_loss, std::exp(result.last_val_loss));
     }
     if (on_step_end) on_step_end(s.step);
+    if (s.lead) write_progress(s.run_folder, s.step, o.loss, first_step);
     const bool stop = s.any_rank_stopped();
     if (c.checkpoint.enable) {
       const bool periodic = s.step % c.checkpoint.interval == 0 || (s.step == 1 && c.checkpoint.enable_first_step_checkpoint);
@@ -674,6 +820,8 @@ TrainResult Trainer::train() {
       break;
     }
   }
+  if (s.saver)
+    if (const auto dir = s.saver->finish()) s.on_committed(*dir);
   std::signal(SIGINT, previous);
   return result;
 }

@@ -1,0 +1,116 @@
+#include "titan/checkpoint/async_save.h"
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+namespace titan::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path pieces_file(const fs::path& tmp, int rank) {
+  char name[32];
+  std::snprintf(name, sizeof name, "pieces-%05d.json", rank);
+  return tmp / name;
+}
+
+}  // namespace
+
+AsyncSaver::~AsyncSaver() {
+  abandon_ = true;
+  if (writer_.joinable()) writer_.join();
+}
+
+void AsyncSaver::start(const fs::path& root, const SaveRequest& request, std::optional<fs::path>* previous) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::optional<fs::path> last = finish();
+  if (previous) *previous = last;
+  // Stage: the same pieces in the same shapes as the last save reuse its buffers.
+  bool same = buffers_.size() == request.tensors.size();
+  for (size_t i = 0; same && i < buffers_.size(); ++i)
+    same = buffers_[i].shape() == request.tensors[i].local.shape() && buffers_[i].dtype() == request.tensors[i].local.dtype();
+  if (!same) {
+    buffers_.clear();
+    for (const ShardedTensor& st : request.tensors)
+      buffers_.push_back(Tensor::empty(st.local.shape(), st.local.dtype(), MemCategory::temporaries));
+  }
+  staged_ = request;
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    buffers_[i].copy_(request.tensors[i].local);
+    staged_.tensors[i].local = buffers_[i];
+  }
+  root_ = root;
+  const fs::path tmp = staging_folder(root, request.step);
+  if (group_.rank() == 0) {  // a folder left by a save that never committed goes first
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+  }
+  group_.barrier().wait();
+  written_ = false;
+  failure_ = nullptr;
+  in_flight_ = true;
+  writer_ = std::thread([this, tmp] {
+    try {
+      write(tmp);
+    } catch (...) {
+      failure_ = std::current_exception();
+    }
+    written_ = true;
+  });
+  staging_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The writer thread: this rank's file and description; on rank 0 then the commit.
+void AsyncSaver::write(const fs::path& tmp) {
+  const int rank = group_.rank(), size = group_.size();
+  const std::string pieces = write_shard(tmp, staged_, rank);
+  const fs::path mine = pieces_file(tmp, rank);
+  {
+    std::ofstream f(mine.string() + ".part");
+    f << pieces;
+    TITAN_CHECK(f.good(), "cannot write " + mine.string(), "check free disk space and permissions");
+  }
+  fs::rename(mine.string() + ".part", mine);
+  if (rank != 0) return;
+  std::vector<std::string> all(static_cast<size_t>(size));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_);
+  for (int r = 0; r < size; ++r) {
+    const fs::path theirs = pieces_file(tmp, r);
+    while (!fs::exists(theirs)) {
+      if (abandon_) return;
+      TITAN_CHECK(std::chrono::steady_clock::now() < deadline,
+                  "checkpoint step " + std::to_string(staged_.step) + ": rank " + std::to_string(r) +
+                      " did not write its file within " + std::to_string(int(timeout_)) + " s",
+                  "check that rank's output for an error, and free disk space under " + root_.string());
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::ifstream f(theirs);
+    std::stringstream text;
+    text << f.rdbuf();
+    all[size_t(r)] = text.str();
+  }
+  for (int r = 0; r < size; ++r) fs::remove(pieces_file(tmp, r));  // metadata.json holds them all
+  commit_checkpoint(root_, staged_, all, size);
+}
+
+fs::path AsyncSaver::done() {
+  writer_.join();
+  in_flight_ = false;
+  if (failure_) std::rethrow_exception(failure_);
+  return step_folder(root_, staged_.step);
+}
+
+std::optional<fs::path> AsyncSaver::poll() {
+  if (!in_flight_ || !written_) return std::nullopt;
+  return done();
+}
+
+std::optional<fs::path> AsyncSaver::finish() {
+  if (!in_flight_) return std::nullopt;
+  return done();
+}
+
+}  // namespace titan::checkpoint

@@ -1,0 +1,191 @@
+#include "titan/cli/launch_cli.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "titan/cli/train_cli.h"
+#include "titan/core/error.h"
+#include "titan/train/config.h"
+
+namespace titan::cli {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: titan launch -np N [--max-restarts K] -- train --config FILE.toml [--section.key=value ...]\n\n"
+    "Runs `mpirun -np N titan train ...` and restarts it from the last committed checkpoint when a\n"
+    "rank dies (a signal, an error, the watchdog's abort on a hang), at most K times (default 3).\n"
+    "checkpoint.enable must be true. The environment variable TITAN_MPIRUN names another mpirun.\n"
+    "Each restart is logged with its cause, the steps lost and the seconds until training runs\n"
+    "again, here and in <job.dump_folder>/restarts.jsonl.\n";
+
+volatile std::sig_atomic_t g_signal = 0;  // SIGINT / SIGTERM reached the supervisor
+extern "C" void on_signal(int sig) { g_signal = sig; }
+
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// The run's progress.json (rank 0 writes it after each step: the step, the step its process
+// resumed from), or an empty object before the first step.
+json progress(const fs::path& run) {
+  std::ifstream f(run / "progress.json");
+  if (!f) return json::object();
+  try {
+    return json::parse(f);
+  } catch (const json::exception&) {
+    return json::object();
+  }
+}
+int64_t progress_step(const fs::path& run) { return progress(run).value("step", int64_t(0)); }
+
+size_t count_files(const fs::path& dir) {
+  if (!fs::is_directory(dir)) return 0;
+  size_t n = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) n += e.is_regular_file();
+  return n;
+}
+
+std::string describe_exit(int status) {
+  if (WIFSIGNALED(status)) return "mpirun killed by signal " + std::to_string(WTERMSIG(status));
+  return "mpirun exited with status " + std::to_string(WEXITSTATUS(status)) + " (a rank died or failed)";
+}
+
+// Runs mpirun; returns its wait status. While it runs, `on_poll` is called every 50 ms.
+template <class Poll>
+int run_job(const std::vector<std::string>& argv, int attempt, pid_t& child, Poll on_poll) {
+  child = ::fork();
+  TITAN_CHECK(child >= 0, "titan launch: cannot fork", "check the process limits");
+  if (child == 0) {
+    ::setenv("TITAN_RESTART", std::to_string(attempt).c_str(), 1);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    std::fprintf(stderr, "titan launch: cannot run %s\n", args[0]);
+    std::_Exit(127);
+  }
+  int status = 0;
+  while (true) {
+    const pid_t r = ::waitpid(child, &status, WNOHANG);
+    if (r == child) break;
+    if (g_signal) ::kill(child, g_signal);  // mpirun passes it on: the ranks save and stop
+    on_poll();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  child = -1;
+  return status;
+}
+
+}  // namespace
+
+int launch_main(int argc, char** argv) {
+  int np = 0, max_restarts = 3, sep = -1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") {
+      sep = i;
+      break;
+    }
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    TITAN_CHECK(i + 1 < argc, "titan launch: " + a + " needs a value", kUsage);
+    if (a == "-np" || a == "-n" || a == "--np") np = std::atoi(argv[++i]);
+    else if (a == "--max-restarts") max_restarts = std::atoi(argv[++i]);
+    else TITAN_FAIL("titan launch: unknown option " + a, kUsage);
+  }
+  TITAN_CHECK(np >= 1, "titan launch needs -np N (the number of ranks)", kUsage);
+  TITAN_CHECK(max_restarts >= 0, "titan launch: --max-restarts must be >= 0", kUsage);
+  TITAN_CHECK(sep > 0 && sep + 1 < argc && std::string(argv[sep + 1]) == "train",
+              "titan launch runs `titan train`: put `-- train --config FILE.toml ...` after its own options", kUsage);
+  const TrainArgs t = parse_train_args(argc - sep - 1, argv + sep + 1);
+  const train::JobConfig config = train::load_config(t.config_path, t.overrides);
+  TITAN_CHECK(config.checkpoint.enable,
+              t.config_path + ": checkpoint.enable = false, so a restart would start the run over",
+              "set checkpoint.enable = true (and a checkpoint.interval: the most steps a failure can cost)");
+  const fs::path run = config.job.dump_folder;
+  const fs::path traces = run / config.comm.save_traces_folder;
+  fs::create_directories(run);
+
+  const char* mpirun = std::getenv("TITAN_MPIRUN");
+  std::vector<std::string> cmd = {mpirun ? mpirun : "mpirun", "--bind-to", "none", "-np", std::to_string(np),
+                                  fs::read_symlink("/proc/self/exe").string()};
+  for (int i = sep + 1; i < argc; ++i) cmd.emplace_back(argv[i]);
+  if (::getuid() == 0) {  // what Open MPI needs as root (containers, CI)
+    ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+    ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  }
+  ::setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+
+  std::ofstream journal(run / "restarts.jsonl", std::ios::app);
+  json pending;  // the restart under way, written once training runs again
+  pid_t child = -1;
+  for (int attempt = 0;; ++attempt) {
+    const size_t dumps_before = count_files(traces);
+    fs::remove(run / "progress.json");  // rank 0 writes it again after each step it finishes
+    const int status = run_job(cmd, attempt, child, [&] {
+      const json now_at = progress(run);
+      if (pending.is_null() || !now_at.contains("step")) return;
+      const double now = unix_seconds();
+      const int64_t from = now_at.value("resumed_from", int64_t(0));
+      pending["resumed_step"] = from;
+      pending["steps_lost"] = std::max<int64_t>(0, pending["last_step"].get<int64_t>() - from);
+      pending["training_again_at"] = now;
+      pending["seconds_to_recover"] = now - pending["failed_at"].get<double>();
+      journal << pending.dump() << std::endl;
+      std::printf("[launch] restart %d: resumed from step %lld (%lld steps lost), training again %.1f s after the failure\n",
+                  attempt, static_cast<long long>(from), static_cast<long long>(pending["steps_lost"].get<int64_t>()),
+                  pending["seconds_to_recover"].get<double>());
+      std::fflush(stdout);
+      pending = json();
+    });
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+      std::printf("[launch] the job finished after %d restart%s\n", attempt, attempt == 1 ? "" : "s");
+      return 0;
+    }
+    if (g_signal) {
+      std::printf("[launch] stopped by signal %d; not restarting\n", int(g_signal));
+      return 128 + int(g_signal);
+    }
+    const double failed_at = unix_seconds();
+    std::string cause = describe_exit(status);
+    if (count_files(traces) > dumps_before)
+      cause += "; the watchdog found a stalled collective (flight-recorder dumps in " + traces.string() +
+               ", read them with `titan fr analyze`)";
+    // The last step finished before the failure (a job that failed again before its first step
+    // keeps the one before).
+    const int64_t last = pending.is_null() ? progress_step(run) : pending["last_step"].get<int64_t>();
+    if (!pending.is_null()) journal << pending.dump() << std::endl;  // failed again before training
+    if (attempt == max_restarts) {
+      std::printf("[launch] %s after step %lld; %d restarts used up, giving up\n", cause.c_str(),
+                  static_cast<long long>(last), max_restarts);
+      return 1;
+    }
+    std::printf("[launch] %s after step %lld; restart %d of %d from the last committed checkpoint\n", cause.c_str(),
+                static_cast<long long>(last), attempt + 1, max_restarts);
+    std::fflush(stdout);
+    pending = {{"restart", attempt + 1}, {"cause", cause}, {"last_step", last}, {"failed_at", failed_at}};
+  }
+}
+
+}  // namespace titan::cli
