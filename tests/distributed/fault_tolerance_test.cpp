@@ -133,4 +133,25 @@ TEST_F(FaultTolerance, NonFiniteStepsAreSkippedRolledBackOrAborted) {
   EXPECT_NE(none.find("no committed checkpoint"), std::string::npos) << none;
 }
 
+// A rank slower than the others (here: sleeping 0.3 s in every step) is named in the metrics: the
+// spread of the ranks' busy seconds per step (not blocked on communication) and an event.
+TEST_F(FaultTolerance, AStragglerIsNamed) {
+  const int slow = world().size() - 1;
+  train_on(config("straggler", {"--training.steps=4", "--fault.inject_step_delay_seconds=0.3",
+                                "--fault.inject_rank=" + std::to_string(slow)}),
+           world());
+  const auto ev = events("straggler");
+  const std::string needle = "straggler: rank " + std::to_string(slow) + " worked";
+  EXPECT_TRUE(std::any_of(ev.begin(), ev.end(), [&](const std::string& e) { return e.find(needle) != std::string::npos; }))
+      << "no event names rank " << slow;
+  std::ifstream f(root() / "straggler" / "metrics.jsonl");
+  int named = 0;
+  for (std::string line; std::getline(f, line);)
+    if (const auto j = nlohmann::json::parse(line); j["kind"] == "train") {
+      EXPECT_GT(j["rank_busy_spread"].get<double>(), 1.25) << line;
+      named += j["slowest_rank"].get<int>() == slow;
+    }
+  EXPECT_EQ(named, 4);
+}
+
 }  // namespace

@@ -973,7 +973,9 @@ const std::vector<KeySpec>& config_schema() {
        "Testing: make one gradient element NaN on rank fault.inject_rank at this step (its first attempt only). "
        "0: never."},
       {"fault", "inject_rank", member<&C::fault, &Fault::inject_rank>, at_least(0),
-       "Testing: the rank fault.inject_nonfinite_at_step poisons."},
+       "Testing: the rank fault.inject_nonfinite_at_step poisons and fault.inject_step_delay_seconds slows."},
+      {"fault", "inject_step_delay_seconds", member<&C::fault, &Fault::inject_step_delay_seconds>, at_least(0),
+       "Testing: rank fault.inject_rank sleeps this long in every step (a straggler, which the metrics name)."},
       // [debug]
       {"debug", "seed", member<&C::debug, &Debug::seed>, at_least(0),
        "Seed of every random stream (initialization, data order); the same seed and config reproduce a run."},

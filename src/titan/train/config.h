@@ -164,6 +164,7 @@ struct Fault {
   std::string on_nonfinite = "abort";
   int64_t inject_nonfinite_at_step = 0;  // 0: never (testing the handling)
   int64_t inject_rank = 0;
+  double inject_step_delay_seconds = 0;  // testing: a straggler
   bool operator==(const Fault&) const = default;
 };
 

@@ -1,5 +1,6 @@
 #include "titan/train/trainer.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -10,6 +11,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -47,6 +49,8 @@ using nlohmann::json;
 namespace {
 
 std::atomic<bool> g_stop{false};
+// A rank that works this much longer per step than the median rank is named a straggler.
+constexpr double kStragglerRatio = 1.25;
 extern "C" void on_sigint(int) { g_stop.store(true); }
 
 double now_seconds() {
@@ -63,6 +67,26 @@ void write_progress(const fs::path& run, int64_t step, double loss, int64_t resu
                             .dump();
   std::error_code ec;
   fs::rename(tmp, run / "progress.json", ec);
+}
+
+// How unevenly the ranks work: each rank's seconds of a window not spent blocked waiting for
+// communication (compute, data, optimizer). The rank the others wait for has the most.
+struct BusySpread {
+  double ratio = 1;  // the slowest rank's busy seconds / the median rank's
+  int slowest = 0;
+  double slowest_seconds = 0, median_seconds = 0;
+};
+BusySpread busy_spread(const distributed::ProcessGroup& world, double busy) {
+  std::vector<double> all(size_t(world.size()), 0.0);
+  all[size_t(world.rank())] = busy;
+  world.all_reduce(std::span<double>(all));
+  BusySpread s;
+  s.slowest = int(std::max_element(all.begin(), all.end()) - all.begin());
+  s.slowest_seconds = all[size_t(s.slowest)];
+  std::sort(all.begin(), all.end());
+  s.median_seconds = all[(all.size() - 1) / 2];
+  s.ratio = s.median_seconds > 0 ? s.slowest_seconds / s.median_seconds : 1;
+  return s;
 }
 
 // What this build does not do yet, refused up front with the key to change.
@@ -546,6 +570,8 @@ std::string Trainer::State::nonfinite(bool local_bad, double loss, double norm, 
 
 void Trainer::State::inject_fault() {
   const Fault& f = cfg.fault;
+  if (f.inject_step_delay_seconds > 0 && world->rank() == f.inject_rank)
+    std::this_thread::sleep_for(std::chrono::duration<double>(f.inject_step_delay_seconds));
   const char* restart = std::getenv("TITAN_RESTART");  // set by `titan launch`: a restart replays no injection
   if (f.inject_nonfinite_at_step != step + 1 || world->rank() != f.inject_rank || (restart && std::string(restart) != "0"))
     return;
@@ -737,6 +763,7 @@ TrainResult Trainer::train() {
   double window_start = now_seconds(), window_data = 0, window_flops = 0;
   double window_exposed = s.engine->exposed_seconds();
   int64_t window_steps = 0;
+  double save_seconds = 0;  // training blocked in checkpoint saves since the last metrics line
   while (s.step < t.steps) {
     const double t0 = now_seconds();
     memory_reset_peak();
@@ -787,7 +814,24 @@ TrainResult Trainer::train() {
       s.world->all_reduce(std::span<double>(worst), distributed::ReduceOp::max);
       m.memory.peak_total = int64_t(worst[0]);
       for (size_t i = 0; i < m.memory.peak.size(); ++i) m.memory.peak[i] = int64_t(worst[2 + i]);
-      if (s.world->size() > 1) m.detail.emplace_back("comm_exposed_share", worst[1]);
+      if (save_seconds > 0) m.detail.emplace_back("checkpoint_seconds", save_seconds);
+      save_seconds = 0;
+      if (s.world->size() > 1) {
+        m.detail.emplace_back("comm_exposed_share", worst[1]);
+        const double busy = window - (s.engine->exposed_seconds() - window_exposed);
+        const BusySpread spread = busy_spread(*s.world, busy / double(window_steps));
+        m.detail.emplace_back("rank_busy_spread", spread.ratio);
+        m.detail.emplace_back("slowest_rank", spread.slowest);
+        if (spread.ratio > kStragglerRatio) {
+          char text[256];
+          std::snprintf(text, sizeof text,
+                        "straggler: rank %d worked %.3f s per step over the last %lld steps, the median rank %.3f s "
+                        "(%.2fx); the others wait for it",
+                        spread.slowest, spread.slowest_seconds, static_cast<long long>(window_steps),
+                        spread.median_seconds, spread.ratio);
+          log.log_event(text);
+        }
+      }
       for (const auto& [k, v] : o.terms) m.summary.emplace_back(k, v);
       const models::StepStats stats = s.model->step_stats();
       m.summary.insert(m.summary.end(), stats.summary.begin(), stats.summary.end());
@@ -808,7 +852,9 @@ TrainResult Trainer::train() {
     if (c.checkpoint.enable) {
       const bool periodic = s.step % c.checkpoint.interval == 0 || (s.step == 1 && c.checkpoint.enable_first_step_checkpoint);
       if (s.step == t.steps || stop || periodic) {
+        const double t_save = now_seconds();
         s.save(/*final_save=*/s.step == t.steps);
+        save_seconds += now_seconds() - t_save;
         result.last_checkpoint = checkpoint::step_folder(s.checkpoint_root, s.step);
       }
     }
