@@ -1,5 +1,7 @@
 // Pipeline parallelism for llama3: every schedule against one rank, and the stage split's errors.
 #include "distributed/pipeline_common.h"
+#include "titan/distributed/comm_engine.h"
+#include "titan/distributed/pipeline_executor.h"
 
 using namespace titan;
 using namespace titan::test;
@@ -68,6 +70,39 @@ TEST_F(PipelineLayouts, ContextParallelInsideStagesIsRefused) {
   });
   EXPECT_NE(e.find("pp_cp.toml"), std::string::npos) << e;
   EXPECT_NE(e.find("context_parallel_degree = 2"), std::string::npos) << e;
+}
+
+// Point to point, each activation and each gradient crosses between ranks once: per step a rank
+// sends, for every stage boundary whose two stages sit on different ranks, m activations (the
+// boundary's first stage is its own) or m input gradients (the second is), and nothing for the
+// V turn, which passes in memory. Measured against that minimum for every schedule.
+TEST_F(PipelineLayouts, PointToPointBytesAreTheAnalyticMinimum) {
+  if (world().size() != 2) GTEST_SKIP() << "on 2 ranks";
+  auto& engine = distributed::CommEngine::get();
+  for (const std::string& schedule : distributed::pp::schedule_names()) {
+    train::JobConfig cfg = config("llama3", schedule + "_p2p", 2, 1, schedule, 4);
+    engine.reset_stats();
+    int64_t want = 0;
+    {
+      train::Trainer t(cfg, "test", &world());
+      t.train();
+      const distributed::pp::Schedule& sc = t.pipeline_executor()->schedule();
+      int64_t dim = 0;
+      for (const auto& [name, p] : t.model().named_parameters())
+        if (name.ends_with("attention_norm.weight")) dim = p->var.value().numel();
+      const int64_t activation = cfg.parallelism.pipeline_parallel_microbatch_size * cfg.training.seq_len * dim * 4;
+      for (int s = 0; s + 1 < sc.stages(); ++s) {
+        const int from = sc.rank_of(s), to = sc.rank_of(s + 1);
+        if (from == to) continue;
+        want += (from == world().rank()) + (to == world().rank());  // the activation, the gradient back
+      }
+      want *= int64_t(sc.microbatches) * cfg.training.steps * activation;
+    }
+    int64_t sent = 0;
+    for (const auto& [key, st] : engine.stats())
+      if (key.first == "pp" && key.second == distributed::CommOp::send) sent += st.bytes;
+    EXPECT_EQ(sent, want) << schedule << " on rank " << world().rank();
+  }
 }
 
 }  // namespace
