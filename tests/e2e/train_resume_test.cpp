@@ -152,7 +152,7 @@ TEST(TrainE2E, PipelineParallelChecksTheScheduleFirst) {
   }
 }
 
-// job.print_config prints the resolved TOML at the start.
+// job.print_config prints the resolved TOML at the start; metrics.enable_tensorboard is refused.
 TEST(TrainE2E, PrintConfigKey) {
   const fs::path root = fs::temp_directory_path() / ("titan_e2e_keys_" + std::to_string(::getpid()));
   fs::remove_all(root);
@@ -173,6 +173,14 @@ TEST(TrainE2E, PrintConfigKey) {
     EXPECT_EQ(out.find("the resolved configuration") != std::string::npos, print) << out;
     EXPECT_EQ(out.find("\n[training]\n") != std::string::npos, print) << out;
     EXPECT_EQ(out.find("\nlocal_batch_size = 4\n") != std::string::npos, print) << out;
+  }
+  // A key this build does not act on is refused, not ignored.
+  c.metrics.enable_tensorboard = true;
+  try {
+    train::Trainer t(c, "keys.toml");
+    FAIL() << "enable_tensorboard = true was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("keys.toml: metrics.enable_tensorboard = true"), std::string::npos) << e.message();
   }
   fs::remove_all(root);
 }

@@ -921,7 +921,7 @@ const std::vector<KeySpec>& config_schema() {
       {"metrics", "enable_tensorboard", member<&C::metrics, &Metrics::enable_tensorboard>, anything(),
        "Also write every logged scalar (losses, grad norm, lr, tokens/s, MFU, memory by category, MoE load per "
        "layer, validation) as TensorBoard event files in {job.dump_folder}/{metrics.save_tb_folder}: "
-       "`tensorboard --logdir <that folder>`."},
+       "`tensorboard --logdir <that folder>`. Refused by this build until the event writer lands."},
       {"metrics", "save_tb_folder", member<&C::metrics, &Metrics::save_tb_folder>, non_empty(),
        "TensorBoard folder, relative to job.dump_folder (with save_for_all_ranks, rank r writes rank_<r>/ in it)."},
       // [profiling]
@@ -936,7 +936,7 @@ const std::vector<KeySpec>& config_schema() {
       {"profiling", "enable_memory_snapshot", member<&C::profiling, &Profiling::enable_memory_snapshot>, anything(),
        "At every profile_freq-th step, record the memory blocks live at the step's peak (size, category, the op that "
        "allocated it) as {job.dump_folder}/{profiling.save_memory_snapshot_folder}/iteration_<step>/"
-       "rank<r>_memory_snapshot.json and a bar chart .png by category."},
+       "rank<r>_memory_snapshot.json (by category, by allocating op, and every block)."},
       {"profiling", "save_memory_snapshot_folder", member<&C::profiling, &Profiling::save_memory_snapshot_folder>,
        non_empty(), "Memory snapshot folder, relative to job.dump_folder."},
       // [validation]

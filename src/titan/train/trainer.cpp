@@ -137,6 +137,9 @@ void check_supported(const JobConfig& c, const std::string& source) {
   TITAN_CHECK(c.training.dtype == "float32", source + ": training.dtype = \"" + c.training.dtype +
                                                  "\" (pure bf16 training) is not supported yet",
               "use training.dtype = \"float32\" with training.mixed_precision_param = \"bfloat16\"");
+  TITAN_CHECK(!c.metrics.enable_tensorboard,
+              source + ": metrics.enable_tensorboard = true: TensorBoard event files are not written by this build yet",
+              "set metrics.enable_tensorboard = false; every scalar is in {job.dump_folder}/metrics.jsonl");
   TITAN_CHECK(!c.checkpoint.initial_load_in_hf && !c.checkpoint.last_save_in_hf,
               source + ": Hugging Face checkpoint import/export is not in this build yet",
               "set checkpoint.initial_load_in_hf and checkpoint.last_save_in_hf to false");
