@@ -3,6 +3,7 @@
 set -euo pipefail
 packages=(
   build-essential cmake ccache pkg-config
+  clang libclang-rt-14-dev  # libFuzzer and its sanitizers (scripts/fuzz.sh)
   libdnnl-dev libopenmpi-dev openmpi-bin
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
   libxxhash-dev libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev

@@ -11,3 +11,5 @@ export OMP_PROC_BIND=close OMP_PLACES=cores
 BUILD_TYPE=RelWithDebInfo TARGET=sanitizer_tests "$root/scripts/build.sh" "$root/build-asan" -DTITAN_SANITIZE=ON \
   -DTITAN_BUILD_BENCH=OFF
 (cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 -L "unit|gradcheck")
+# A short fuzz run of every input parser (tests/fuzz/: clang + libFuzzer, its own build folder).
+"$root/scripts/fuzz.sh" 10

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 
 #include "titan/checkpoint/checkpoint.h"
 
@@ -116,5 +117,85 @@ TEST(Checkpoint, CorruptionIsDetectedAndNamed) {
   fs::remove(dir / "metadata.json");
   EXPECT_THROW(load_checkpoint(dir), Error);
   EXPECT_FALSE(latest_checkpoint(root).has_value());
+  fs::remove_all(root);
+}
+
+// A metadata.json whose JSON parses but whose entries are damaged is CorruptCheckpoint on open,
+// naming the tensor (the trainer falls back from it to the step before), never nlohmann's
+// exception from a later read nor an overflow. fuzz_checkpoint_metadata found the first case: a
+// tensor whose "dtype" key lost its name threw json::out_of_range from read_full().
+TEST(Checkpoint, DamagedMetadataIsCorruptCheckpointOnOpen) {
+  const fs::path root = fresh_dir("damaged_meta");
+  const fs::path dir = save_checkpoint(root, request(5));
+  const nlohmann::json good = nlohmann::json::parse(std::ifstream(dir / "metadata.json"));
+  const auto message_opening = [&](const std::function<void(nlohmann::json&)>& damage) {
+    nlohmann::json meta = good;
+    damage(meta);
+    std::ofstream(dir / "metadata.json") << meta.dump();
+    try {
+      CheckpointReader reader(dir);
+      for (const std::string& name : reader.names()) reader.read_full(name);
+    } catch (const CorruptCheckpoint& e) {
+      return e.message();
+    }
+    return std::string("(no CorruptCheckpoint)");
+  };
+  const auto w = [](nlohmann::json& m) -> nlohmann::json& { return m["tensors"]["model.w"]; };
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> cases = {
+      {[&](nlohmann::json& m) {
+         w(m)[""] = w(m)["dtype"];
+         w(m).erase("dtype");
+       },
+       "tensor 'model.w' has no dtype"},
+      {[&](nlohmann::json& m) { w(m)["dtype"] = "f31"; }, "tensor 'model.w' has an unknown dtype \"f31\""},
+      {[&](nlohmann::json& m) { w(m)["shape"] = {4, "5"}; }, "tensor 'model.w' has a bad shape"},
+      {[&](nlohmann::json& m) { w(m)["shape"] = {4, -5}; }, "tensor 'model.w' has a bad shape"},
+      {[&](nlohmann::json& m) { w(m)["shape"] = {int64_t(1) << 40, int64_t(1) << 40}; }, "tensor 'model.w' has a bad shape"},
+      {[&](nlohmann::json& m) { w(m)["shards"] = nlohmann::json::object(); }, "tensor 'model.w' lists no pieces"},
+      {[&](nlohmann::json& m) { w(m)["shards"][0].erase("xxh64"); }, "tensor 'model.w' has a malformed piece"},
+      {[&](nlohmann::json& m) { w(m)["shards"][0]["offsets"] = {0}; }, "has a piece of another rank than its [4, 5]"},
+      {[&](nlohmann::json& m) { w(m)["shards"][0]["offsets"] = {1, 0}; }, "has a piece outside its [4, 5]"},
+      {[&](nlohmann::json& m) { w(m)["shards"][0]["file"] = "../shard-00000.safetensors"; }, "outside the step folder"},
+      {[&](nlohmann::json& m) { m["step"] = 1.5; }, "\"step\" is 1.5"},
+      {[&](nlohmann::json& m) { m["world_size"] = "2"; }, "\"world_size\" is \"2\""},
+      {[&](nlohmann::json& m) { m["format"] = 7; }, "not a titan checkpoint (format field)"},
+      {[&](nlohmann::json& m) { m["tensors"] = nlohmann::json::array(); }, "\"tensors\" is not an object"},
+  };
+  for (const auto& [damage, expected] : cases) {
+    const std::string message = message_opening(damage);
+    EXPECT_NE(message.find(expected), std::string::npos) << "expected \"" << expected << "\", got: " << message;
+    EXPECT_NE(message.find("metadata.json"), std::string::npos) << message;
+  }
+  // Another version is not damage but a format this build does not read: an Error all the same.
+  nlohmann::json other = good;
+  other["version"] = "1";
+  std::ofstream(dir / "metadata.json") << other.dump();
+  EXPECT_THROW(CheckpointReader{dir}, Error);
+  std::ofstream(dir / "metadata.json") << good.dump();
+  EXPECT_EQ(load_checkpoint(dir).tensors.at("model.w").at({3, 4}), 19 + 5);
+  fs::remove_all(root);
+}
+
+// train_state.json is an object its readers look fields up in: anything else is CorruptCheckpoint
+// (null, a save without a train state, reads as {}).
+TEST(Checkpoint, TrainStateThatIsNotAnObjectIsCorrupt) {
+  const fs::path root = fresh_dir("train_state");
+  const fs::path dir = save_checkpoint(root, request(5));
+  std::ofstream(dir / "train_state.json") << "[1, 2]";
+  EXPECT_THROW(load_train_state(dir), CorruptCheckpoint);
+  std::ofstream(dir / "train_state.json") << "null";
+  EXPECT_EQ(load_train_state(dir), nlohmann::json::object());
+  fs::remove_all(root);
+}
+
+// A folder named like a step beyond int64 is not a step (it threw std::out_of_range from stoll).
+TEST(Checkpoint, StepFolderNumberBeyondInt64IsIgnored) {
+  const fs::path root = fresh_dir("huge_step");
+  save_checkpoint(root, request(5));
+  fs::create_directories(root / "step-99999999999999999999");
+  std::ofstream(root / "step-99999999999999999999" / "metadata.json") << "{}";
+  ASSERT_TRUE(latest_checkpoint(root).has_value());
+  EXPECT_EQ(latest_checkpoint(root)->filename(), "step-5");
+  keep_latest(root, 1);
   fs::remove_all(root);
 }

@@ -261,6 +261,36 @@ TEST(DataLoader, RestoreOntoOtherDataIsRefused) {
   }
 }
 
+// A damaged train_state.json whose JSON still parses (fuzz_train_state found the first: a key
+// renamed by one byte): a titan::Error naming the key, never nlohmann's exception nor a fraction
+// or huge number cast into an integer that cannot hold it.
+TEST(DataLoader, DamagedSavedStateIsAClearError) {
+  const nlohmann::json good = DataLoaderState{7, 0, 0, 7, 8};
+  const auto message_of = [](const nlohmann::json& j) {
+    try {
+      (void)j.get<DataLoaderState>();
+    } catch (const Error& e) {
+      EXPECT_FALSE(e.hint().empty());
+      return e.message();
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_EQ(message_of(good), "(no error)");
+  nlohmann::json renamed = good;
+  renamed.erase("num_samples");
+  renamed["num_sa1mples"] = 7;
+  EXPECT_EQ(message_of(renamed),
+            "data loader state: \"num_samples\" is missing, not an integer in [-9223372036854775808, 9223372036854775807]");
+  for (const auto& [key, value] : std::vector<std::pair<const char*, nlohmann::json>>{
+           {"seq_len", 1e300}, {"seq_len", 4294967304}, {"epoch", 2.5}, {"position", "3"}, {"seed", -1}}) {
+    nlohmann::json bad = good;
+    bad[key] = value;
+    EXPECT_NE(message_of(bad).find(fmt::format("\"{}\" is {}, not an integer", key, value.dump())), std::string::npos)
+        << key << " = " << value.dump();
+  }
+  EXPECT_EQ(message_of(nlohmann::json::array()), "data loader state: [] is not an object");
+}
+
 TEST(DataLoader, ValidationPassIsSequentialAndResets) {
   ScratchDir dir;
   const Corpus corpus = write_corpus(dir / "val");

@@ -109,6 +109,14 @@ TEST(DataPrepare, MalformedJsonlLineNamesFileAndLine) {
     EXPECT_FALSE(e.hint().empty());
   }
   EXPECT_FALSE(std::filesystem::exists(dir / "out"));
+  // A number beyond double is nlohmann's out_of_range, not parse_error (it escaped the loop).
+  write_file(path, "{\"text\": \"fine\", \"score\": 1e400}\n");
+  try {
+    prepare_dataset(options, byte_encoder());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_TRUE(e.message().starts_with(path + ":1: not valid JSON (")) << e.message();
+  }
 }
 
 TEST(DataPrepare, JsonlFieldIsConfigurableAndMissingFieldNamesTheLine) {

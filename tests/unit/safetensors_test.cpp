@@ -76,3 +76,29 @@ TEST(Safetensors, BadFilesNameTheFileAndTheProblem) {
   EXPECT_NE(error_of(p).find("overlap"), std::string::npos);
   fs::remove_all(dir);
 }
+
+// Header values of the wrong JSON type or out of range are a titan::Error naming the tensor, not
+// nlohmann's exception, a fraction cast to size_t, or an element count that overflows int64.
+// Found by running fuzz_safetensors's target on inputs written for it (fuzz/corpus/
+// fuzz_safetensors/regression_*).
+TEST(Safetensors, HeaderValuesOfTheWrongTypeOrRangeAreClearErrors) {
+  const fs::path dir = temp_dir();
+  const fs::path p = dir / "typed.safetensors";
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"w": {"dtype": 1, "shape": [1], "data_offsets": [0, 4]}})", "tensor 'w' has unsupported dtype 1"},
+      {R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 1e300]}})", "tensor 'w' has bad data_offsets [0,1e+300]"},
+      {R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, "4"]}})", "tensor 'w' has bad data_offsets [0,\"4\"]"},
+      {R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [-4, 0]}})", "tensor 'w' has bad data_offsets [-4,0]"},
+      {R"({"w": {"dtype": "F32", "shape": [1099511627776, 1099511627776], "data_offsets": [0, 4]}})",
+       "tensor 'w' has a bad shape [1099511627776,1099511627776]"},
+      {R"({"w": {"dtype": "F32", "shape": [2.5], "data_offsets": [0, 4]}})", "tensor 'w' has a bad shape [2.5]"},
+      {R"({"w": {"dtype": "F32", "shape": 1, "data_offsets": [0, 4]}})", "tensor 'w' has a bad shape 1"},
+      {R"({"w": {"dtype": "F32", "shape": [1,1,1,1,1,1,1,1,1], "data_offsets": [0, 4]}})", "tensor 'w' has a bad shape"},
+  };
+  for (const auto& [header, expected] : cases) {
+    write_raw(p, header, 4);
+    const std::string e = error_of(p);
+    EXPECT_NE(e.find(expected), std::string::npos) << header << "\n" << e;
+  }
+  fs::remove_all(dir);
+}

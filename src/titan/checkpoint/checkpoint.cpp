@@ -5,6 +5,8 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 
@@ -75,7 +77,10 @@ std::optional<int64_t> step_of(const fs::path& p) {
   if (n.rfind("step-", 0) != 0) return std::nullopt;
   const std::string digits = n.substr(5);
   if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return std::nullopt;
-  return std::stoll(digits);
+  // from_chars, not stoll: a folder "step-99999999999999999999" is not a step, and no exception.
+  int64_t step = 0;
+  if (std::from_chars(digits.data(), digits.data() + digits.size(), step).ec != std::errc()) return std::nullopt;
+  return step;
 }
 
 }  // namespace
@@ -200,6 +205,71 @@ fs::path save_checkpoint(const fs::path& root, const SaveRequest& req, const dis
   return step_folder(root, req.step);
 }
 
+namespace {
+
+// metadata.json is checked whole when a reader opens it, so that reading it later can trust it:
+// a damaged file whose JSON still parses fails here as CorruptCheckpoint naming the field or the
+// tensor, not as nlohmann's exception (which the fallback to an earlier step does not catch) or
+// as an overflow deep inside a read.
+[[noreturn]] void damaged(const fs::path& meta, const std::string& what, int line) {
+  corrupt(meta.string() + ": " + what, "the metadata is damaged; load an earlier step", line);
+}
+
+const json* field(const json& object, const char* key) {
+  const auto it = object.find(key);
+  return it == object.end() ? nullptr : &*it;
+}
+
+// An integer in [lo, hi]; a fraction, a string or an integer out of range is not.
+bool is_int_in(const json* j, int64_t lo, int64_t hi) {
+  if (j && j->is_number_unsigned()) return j->get<uint64_t>() <= uint64_t(hi) && int64_t(j->get<uint64_t>()) >= lo;
+  return j && j->is_number_integer() && j->get<int64_t>() >= lo && j->get<int64_t>() <= hi;
+}
+
+// Up to kMaxDims sizes or offsets, each small enough that sums of two never overflow, and their
+// product (the element count) neither.
+bool is_extents(const json* j) {
+  if (!j || !j->is_array() || j->size() > size_t(kMaxDims)) return false;
+  int64_t numel = 1;
+  for (const json& d : *j)
+    if (!is_int_in(&d, 0, int64_t(1) << 62) || __builtin_mul_overflow(numel, d.get<int64_t>(), &numel)) return false;
+  return true;
+}
+
+void check_tensor_entry(const fs::path& meta, const std::string& name, const json& t) {
+  const auto bad = [&](const std::string& why, int line) { damaged(meta, "tensor '" + name + "' " + why, line); };
+  if (!t.is_object()) bad("is not an object", __LINE__);
+  const json* dtype = field(t, "dtype");
+  if (!dtype || !dtype->is_string()) bad("has no dtype", __LINE__);
+  try {
+    dtype_from_name(dtype->get<std::string>());
+  } catch (const Error&) {
+    bad("has an unknown dtype " + dtype->dump(), __LINE__);
+  }
+  if (!is_extents(field(t, "shape"))) bad("has a bad shape", __LINE__);
+  const Shape global = shape_of(t.at("shape"));
+  const json* shards = field(t, "shards");
+  if (!shards || !shards->is_array()) bad("lists no pieces (\"shards\")", __LINE__);
+  for (const json& piece : *shards) {
+    const json* file = piece.is_object() ? field(piece, "file") : nullptr;
+    const json* xxh64 = piece.is_object() ? field(piece, "xxh64") : nullptr;
+    if (!file || !file->is_string() || !xxh64 || !xxh64->is_string() || !is_extents(field(piece, "offsets")) ||
+        !is_extents(field(piece, "shape")))
+      bad("has a malformed piece " + piece.dump().substr(0, 200), __LINE__);
+    // A piece's file lies in the step folder: a name, not a path.
+    const std::string f = file->get<std::string>();
+    if (f.empty() || f == "." || f == ".." || f.find('/') != std::string::npos)
+      bad("names a piece file \"" + f + "\" outside the step folder", __LINE__);
+    const Shape off = shape_of(piece.at("offsets")), ps = shape_of(piece.at("shape"));
+    if (off.size() != global.size() || ps.size() != global.size())
+      bad("has a piece of another rank than its " + global.str(), __LINE__);
+    for (int d = 0; d < global.size(); ++d)
+      if (off[d] + ps[d] > global[d]) bad("has a piece outside its " + global.str(), __LINE__);
+  }
+}
+
+}  // namespace
+
 CheckpointReader::CheckpointReader(const fs::path& folder) : folder_(folder) {
   TITAN_CHECK(fs::is_directory(folder), "checkpoint folder " + folder.string() + " does not exist",
               "pass a step-<N> folder (or set checkpoint.load_step to an existing step)");
@@ -208,21 +278,23 @@ CheckpointReader::CheckpointReader(const fs::path& folder) : folder_(folder) {
     corrupt(folder.string() + " has no metadata.json", "this is not a complete titan checkpoint; load an earlier step",
             __LINE__);
   const json meta = parse_json(meta_path);
-  if (!meta.is_object() || meta.value("format", "") != kFormat)
-    corrupt(meta_path.string() + ": not a titan checkpoint (format field)", "the metadata is damaged; load an earlier step",
-            __LINE__);
-  TITAN_CHECK(meta.value("version", 0) == kVersion, meta_path.string() + ": checkpoint version " +
-                                                         std::to_string(meta.value("version", 0)) + " is not supported",
+  const json* format = meta.is_object() ? field(meta, "format") : nullptr;
+  if (!format || *format != kFormat) damaged(meta_path, "not a titan checkpoint (format field)", __LINE__);
+  const json* version = field(meta, "version");
+  TITAN_CHECK(is_int_in(version, kVersion, kVersion), meta_path.string() + ": checkpoint version " +
+                                                          (version ? version->dump() : "(none)") + " is not supported",
               "this build reads version " + std::to_string(kVersion));
-  try {
-    step_ = meta.value("step", int64_t(0));
-    world_size_ = meta.value("world_size", 1);
-    tensors_ = meta.at("tensors");
-  } catch (const json::exception& e) {
-    corrupt(meta_path.string() + ": " + e.what(), "the metadata is damaged; load an earlier step", __LINE__);
-  }
-  if (!tensors_.is_object())
-    corrupt(meta_path.string() + ": \"tensors\" is not an object", "the metadata is damaged; load an earlier step", __LINE__);
+  const json* step = field(meta, "step");
+  const json* world_size = field(meta, "world_size");
+  if (step && !is_int_in(step, 0, INT64_MAX)) damaged(meta_path, "\"step\" is " + step->dump(), __LINE__);
+  if (world_size && !is_int_in(world_size, 1, INT32_MAX))
+    damaged(meta_path, "\"world_size\" is " + world_size->dump(), __LINE__);
+  step_ = step ? step->get<int64_t>() : 0;
+  world_size_ = world_size ? world_size->get<int>() : 1;
+  const json* tensors = field(meta, "tensors");
+  if (!tensors || !tensors->is_object()) damaged(meta_path, "\"tensors\" is not an object", __LINE__);
+  for (const auto& [name, entry] : tensors->items()) check_tensor_entry(meta_path, name, entry);
+  tensors_ = *tensors;
 }
 
 std::vector<std::string> CheckpointReader::names() const {
@@ -292,7 +364,14 @@ void CheckpointReader::read_pieces(const std::string& name, const Tensor& dst, c
     if (!overlaps) continue;
     const std::string fname = piece.at("file").get<std::string>();
     const SafetensorsFile& f = file(fname);
-    Tensor part = f.get(name);
+    Tensor part;
+    try {
+      part = f.get(name);
+      if (part.shape() != ps) TITAN_FAIL("is " + part.shape().str() + ", its metadata says " + ps.str());
+    } catch (const Error& e) {  // the file's header and the metadata disagree: one of them is damaged
+      corrupt("tensor '" + name + "' in " + (folder_ / fname).string() + ": " + e.message(),
+              "the checkpoint is damaged; load an earlier step", __LINE__);
+    }
     const std::string key = fname + "/" + name;
     if (!verified_[key]) {
       if (hex64(checksum(part)) != piece.at("xxh64").get<std::string>())
@@ -333,7 +412,17 @@ LoadedCheckpoint load_checkpoint(const fs::path& folder, const std::function<boo
   return out;
 }
 
-nlohmann::json load_train_state(const fs::path& folder) { return parse_json(folder / "train_state.json"); }
+nlohmann::json load_train_state(const fs::path& folder) {
+  const fs::path path = folder / "train_state.json";
+  const json state = parse_json(path);
+  // Readers look fields up in it (trainer, generate, convert): anything but an object is damage.
+  // null is a save without a train state (SaveRequest's default), the same as {}.
+  if (state.is_null()) return json::object();
+  if (!state.is_object())
+    corrupt(path.string() + " holds " + state.type_name() + ", not an object", "the checkpoint is corrupt; load an earlier step",
+            __LINE__);
+  return state;
+}
 
 std::string load_config_toml(const fs::path& folder) {
   return fs::exists(folder / "config.toml") ? read_text(folder / "config.toml") : std::string();
@@ -347,12 +436,12 @@ fs::path resolve_step_folder(const fs::path& path) {
   return *latest;
 }
 
-std::optional<fs::path> latest_checkpoint(const fs::path& root) {
+std::optional<fs::path> latest_checkpoint(const fs::path& root, int64_t at_most) {
   if (!fs::is_directory(root)) return std::nullopt;
   std::optional<std::pair<int64_t, fs::path>> best;
   for (const auto& e : fs::directory_iterator(root)) {
     const auto step = step_of(e.path());
-    if (!step || !fs::exists(e.path() / "metadata.json")) continue;
+    if (!step || *step > at_most || !fs::exists(e.path() / "metadata.json")) continue;
     if (!best || *step > best->first) best = {*step, e.path()};
   }
   if (!best) return std::nullopt;

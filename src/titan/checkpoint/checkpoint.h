@@ -16,6 +16,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -116,8 +117,10 @@ std::string load_config_toml(const std::filesystem::path& folder);
 // under it; throws naming the path when it is neither.
 std::filesystem::path resolve_step_folder(const std::filesystem::path& path);
 
-// The newest complete step folder under root, if any (ignores *.tmp folders).
-std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& root);
+// The newest complete step folder under root, if any (ignores *.tmp folders), of a step no later
+// than at_most.
+std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& root,
+                                                       int64_t at_most = std::numeric_limits<int64_t>::max());
 
 // Deletes all but the newest k complete step folders (k <= 0 keeps everything).
 void keep_latest(const std::filesystem::path& root, int k);

@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 namespace titan::checkpoint {
@@ -72,6 +74,19 @@ void save_safetensors(const fs::path& path, const std::vector<std::pair<std::str
   fs::rename(tmp, path);
 }
 
+namespace {
+
+// A size or offset of the header: a JSON integer >= 0 that int64 holds, not a fraction, a string
+// or a negative or huge number (nlohmann's get<size_t>() would throw or cast those).
+std::optional<int64_t> non_negative(const json& j) {
+  if (j.is_number_unsigned())
+    return j.get<uint64_t>() <= uint64_t(INT64_MAX) ? std::optional<int64_t>(int64_t(j.get<uint64_t>())) : std::nullopt;
+  if (j.is_number_integer() && j.get<int64_t>() >= 0) return j.get<int64_t>();
+  return std::nullopt;
+}
+
+}  // namespace
+
 SafetensorsFile SafetensorsFile::open(const fs::path& path) {
   const std::string where = path.string();
   const int fd = ::open(path.c_str(), O_RDONLY);
@@ -116,20 +131,32 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
     TITAN_CHECK(spec.is_object() && spec.contains("dtype") && spec.contains("shape") && spec.contains("data_offsets"),
                 what + " lacks dtype, shape or data_offsets");
     Entry e;
+    const json& dtype = spec.at("dtype");
+    std::optional<DType> known;
     try {
-      e.dtype = dtype_from_name(spec["dtype"].get<std::string>());
-    } catch (const Error&) {
-      TITAN_FAIL(what + " has unsupported dtype " + spec["dtype"].dump(),
-                 "supported: F32, BF16, F16, F8_E4M3, F8_E5M2, F4_E2M1, F8_E8M0, I32, I64, U8; convert the file");
+      if (dtype.is_string()) known = dtype_from_name(dtype.get<std::string>());
+    } catch (const Error&) {  // an unknown name: the check below says which are known
     }
-    for (const auto& d : spec["shape"]) {
-      TITAN_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0, what + " has a bad shape " + spec["shape"].dump());
-      e.shape.push_back(d.get<int64_t>());
+    TITAN_CHECK(known.has_value(), what + " has unsupported dtype " + dtype.dump(),
+                "supported: F32, BF16, F16, F8_E4M3, F8_E5M2, F4_E2M1, F8_E8M0, I32, I64, U8; convert the file");
+    e.dtype = *known;
+    const json& shape = spec.at("shape");
+    TITAN_CHECK(shape.is_array() && shape.size() <= size_t(kMaxDims), what + " has a bad shape " + shape.dump());
+    int64_t numel = 1;
+    for (const auto& d : shape) {
+      const std::optional<int64_t> n = non_negative(d);
+      // numel times the bits per element (at most 64) below must not overflow either.
+      TITAN_CHECK(n && !__builtin_mul_overflow(numel, *n, &numel) && numel <= INT64_MAX / 64,
+                  what + " has a bad shape " + shape.dump());
+      e.shape.push_back(*n);
     }
-    const auto& off = spec["data_offsets"];
-    TITAN_CHECK(off.is_array() && off.size() == 2, what + " has bad data_offsets " + off.dump());
-    e.begin = off[0].get<size_t>();
-    e.end = off[1].get<size_t>();
+    const json& off = spec.at("data_offsets");
+    const bool pair = off.is_array() && off.size() == 2;
+    const std::optional<int64_t> begin = pair ? non_negative(off[0]) : std::nullopt;
+    const std::optional<int64_t> end = pair ? non_negative(off[1]) : std::nullopt;
+    TITAN_CHECK(begin && end, what + " has bad data_offsets " + off.dump());
+    e.begin = size_t(*begin);
+    e.end = size_t(*end);
     const size_t expected = size_t((e.shape.numel() * dtype_bits(e.dtype) + 7) / 8);
     TITAN_CHECK(e.begin <= e.end && e.end - e.begin == expected,
                 what + " shape " + e.shape.str() + " needs " + std::to_string(expected) + " bytes but data_offsets span " +

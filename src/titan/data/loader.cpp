@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <limits>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -23,12 +25,35 @@ void to_json(nlohmann::json& j, const DataLoaderState& state) {
        {"seq_len", state.seq_len}};
 }
 
+namespace {
+
+// One integer field of a saved state. A damaged train_state.json fails with a message naming the
+// key, not with nlohmann's exception (which a resume does not expect) or with a fraction or a
+// huge number cast to an integer that cannot hold it.
+template <class T>
+void read_integer(const nlohmann::json& j, const char* key, T& out) {
+  const auto it = j.find(key);
+  const bool found = it != j.end() && it->is_number_integer();
+  const bool fits = found && (it->is_number_unsigned() ? std::in_range<T>(it->get<uint64_t>())
+                                                       : std::in_range<T>(it->get<int64_t>()));
+  TITAN_CHECK(fits,
+              fmt::format("data loader state: \"{}\" is {}, not an integer in [{}, {}]", key,
+                          it == j.end() ? std::string("missing") : it->dump(), std::numeric_limits<T>::min(),
+                          std::numeric_limits<T>::max()),
+              "the checkpoint's train_state.json is damaged; resume from an earlier checkpoint");
+  out = it->is_number_unsigned() ? T(it->get<uint64_t>()) : T(it->get<int64_t>());
+}
+
+}  // namespace
+
 void from_json(const nlohmann::json& j, DataLoaderState& state) {
-  j.at("seed").get_to(state.seed);
-  j.at("epoch").get_to(state.epoch);
-  j.at("position").get_to(state.position);
-  j.at("num_samples").get_to(state.num_samples);
-  j.at("seq_len").get_to(state.seq_len);
+  TITAN_CHECK(j.is_object(), fmt::format("data loader state: {} is not an object", j.dump().substr(0, 200)),
+              "the checkpoint's train_state.json is damaged; resume from an earlier checkpoint");
+  read_integer(j, "seed", state.seed);
+  read_integer(j, "epoch", state.epoch);
+  read_integer(j, "position", state.position);
+  read_integer(j, "num_samples", state.num_samples);
+  read_integer(j, "seq_len", state.seq_len);
 }
 
 DataLoader::DataLoader(DataLoaderOptions options) : options_(std::move(options)) {

@@ -97,7 +97,7 @@ void read_jsonl_documents(const fs::path& file, const std::string& field, Emit&&
     nlohmann::json record;
     try {
       record = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for "1e400"
       TITAN_FAIL(fmt::format("{}: not valid JSON ({})", where, e.what()),
                  "each line of a .jsonl file must be one complete JSON object; fix or remove that line");
     }

@@ -544,7 +544,7 @@ Tokenizer Tokenizer::load(const std::string& path, const SpecialTokenNames& name
   Json root;
   try {
     root = Json::parse(text);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse_error, or out_of_range for a number beyond double ("1e400")
     TITAN_FAIL("tokenizer file '" + path + "' is not valid JSON: " + e.what(),
                "the file is truncated or is not a tokenizer.json (a failed download often saves an HTML page); "
                "fetch it again");
