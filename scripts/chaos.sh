@@ -36,12 +36,19 @@ scripts/prepare_data.sh "$titan" >/dev/null
 export OMP_NUM_THREADS=1 OMP_PROC_BIND=false
 work=$(mktemp -d /tmp/titan_chaos.XXXXXX)
 cleanup() {
+  [[ -n ${launcher:-} ]] && kill -KILL "$launcher" 2>/dev/null || true
   pkill -KILL -f "titan train --config configs/${model}_debug.toml --job.dump_folder=$work" 2>/dev/null || true
   [[ $keep == 1 ]] || rm -rf "$work"
 }
 trap cleanup EXIT
 RANDOM=$seed
 IFS=, read -r -a kinds <<<"$faults"
+# A fault at step 2..steps-2; a damaged checkpoint needs two committed ones before it, a NaN one.
+max_at=$((steps - 2))
+if ((max_at < 2 * interval + 1)); then
+  echo "chaos: --steps $steps is too short for --interval $interval (needs >= $((2 * interval + 3)))" >&2
+  exit 2
+fi
 
 # A short run of the debug model: 128-token sequences, DeepSeek-V3.2's dense warm-up for 3 steps
 # then sparse training of everything, asynchronous checkpoints every `interval` steps, the
@@ -81,32 +88,40 @@ recovered=0 differing=0 worst_lost=0
 recoveries=()
 for ((i = 0; i < runs; i++)); do
   kind=${kinds[$((i % ${#kinds[@]}))]}
-  at=$((2 + RANDOM % (steps - 3)))
+  at=$((2 + RANDOM % (max_at - 1)))
   victim=$((RANDOM % ranks))
   run=$work/run$i
   expect=$want
   if [[ $kind == nan ]]; then  # its own reference: the same batch skipped from the start
-    [[ $at -le $interval ]] && at=$((interval + 1 + RANDOM % interval))  # a checkpoint to roll back to
+    [[ $at -le $interval ]] && at=$((interval + 1 + RANDOM % (max_at - interval)))  # a checkpoint to roll back to
     launch "$run.skip" --fault.on_nonfinite=skip --fault.inject_nonfinite_at_step=$at --fault.inject_rank=$victim
-    wait "$launcher"
+    wait "$launcher" || true
     expect=$(json_field "$run.skip/progress.json" loss)
     launch "$run" --fault.on_nonfinite=rollback --fault.inject_nonfinite_at_step=$at --fault.inject_rank=$victim
   else
     # two committed checkpoints by then, so that the one before the damaged one exists
-    [[ $kind == corrupt && $at -le $((2 * interval)) ]] && at=$((2 * interval + 1 + RANDOM % interval))
+    [[ $kind == corrupt && $at -le $((2 * interval)) ]] && at=$((2 * interval + 1 + RANDOM % (max_at - 2 * interval)))
     launch "$run"
   fi
   fault_time=""
   if [[ $kind != nan ]] && wait_for_step "$run" "$at"; then
-    if [[ $kind == corrupt ]]; then  # the newest committed checkpoint loses a byte of one rank's file
-      newest=$(ls -d "$run"/checkpoint/step-* 2>/dev/null | grep -E 'step-[0-9]+$' | sort -t- -k2 -n | tail -1)
-      file=$(ls "$newest"/shard-*.safetensors | head -1)
-      printf '\x5a' | dd of="$file" bs=1 seek=$(($(stat -c %s "$file") - 64)) conv=notrunc status=none
-    fi
     pids=($(rank_pids "$run"))
-    pid=${pids[$((victim % ${#pids[@]}))]}
-    fault_time=$(date +%s.%N)
-    if [[ $kind == stop ]]; then kill -STOP "$pid"; else kill -KILL "$pid"; fi
+    if ((${#pids[@]} > 0)); then  # (none: the run ended first, and the fault counts as not recovered)
+      pid=${pids[$((victim % ${#pids[@]}))]}
+      if [[ $kind == corrupt ]]; then
+        # Every rank stopped (no commit can land meanwhile), one byte of the newest committed
+        # checkpoint's first file flipped, then the victim killed and the others let go.
+        kill -STOP "${pids[@]}" 2>/dev/null || true
+        newest=$(ls -d "$run"/checkpoint/step-* | grep -E '/step-[0-9]+$' | sed 's/.*step-//' | sort -n | tail -1)
+        file=$(ls "$run/checkpoint/step-$newest"/shard-*.safetensors | head -1)
+        offset=$(($(stat -c %s "$file") - 64))
+        byte=$(od -An -tu1 -j "$offset" -N1 "$file" | tr -d ' ')
+        printf "\\x$(printf %02x $((byte ^ 0x5a)))" | dd of="$file" bs=1 seek="$offset" conv=notrunc status=none
+      fi
+      fault_time=$(date +%s.%N)
+      if [[ $kind == stop ]]; then kill -STOP "$pid"; else kill -KILL "$pid"; fi
+      [[ $kind == corrupt ]] && { kill -CONT "${pids[@]}" 2>/dev/null || true; }
+    fi
   fi
   wait "$launcher" && ok=1 || ok=0
   got=$(json_field "$run/progress.json" loss)
@@ -118,14 +133,16 @@ for ((i = 0; i < runs; i++)); do
   else
     again=$(json_field "$run/restarts.jsonl" training_again_at | head -1)
     lost=$(json_field "$run/restarts.jsonl" steps_lost | head -1)
-    if [[ $ok == 1 && ${restarts:-0} -ge 1 && -n $again && -n $fault_time ]]; then
+    fell_back=1
+    [[ $kind == corrupt ]] && { grep -q "is damaged, set aside" "$run.log" || fell_back=0; }
+    if [[ $ok == 1 && ${restarts:-0} -ge 1 && -n $again && -n $fault_time && $fell_back == 1 ]]; then
       recovered=$((recovered + 1))
       seconds=$(awk -v a="$again" -v f="$fault_time" 'BEGIN { printf "%.1f", a - f }')
       recoveries+=("$seconds")
       [[ ${lost:-0} -gt $worst_lost ]] && worst_lost=$lost
       detail="$restarts restart(s), ${lost:-?} steps lost, training again after ${seconds} s"
     else
-      detail="NOT RECOVERED (launcher ok=$ok, restarts ${restarts:-0}); see $run.log"
+      detail="NOT RECOVERED (launcher ok=$ok, restarts ${restarts:-0}, fell back $fell_back); see $run.log"
     fi
   fi
   verdict="same final loss"

@@ -17,10 +17,15 @@ fs::path pieces_file(const fs::path& tmp, int rank) {
   return tmp / name;
 }
 
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 }  // namespace
 
 AsyncSaver::~AsyncSaver() {
-  abandon_ = true;
+  abandon_at_ = now_ns() + int64_t(30e9);
   if (writer_.joinable()) writer_.join();
 }
 
@@ -71,7 +76,8 @@ void AsyncSaver::write(const fs::path& tmp) {
   {
     std::ofstream f(mine.string() + ".part");
     f << pieces;
-    TITAN_CHECK(f.good(), "cannot write " + mine.string(), "check free disk space and permissions");
+    f.close();  // a write that fails while flushing shows only here
+    TITAN_CHECK(!f.fail(), "cannot write " + mine.string(), "check free disk space and permissions");
   }
   fs::rename(mine.string() + ".part", mine);
   if (rank != 0) return;
@@ -80,7 +86,7 @@ void AsyncSaver::write(const fs::path& tmp) {
   for (int r = 0; r < size; ++r) {
     const fs::path theirs = pieces_file(tmp, r);
     while (!fs::exists(theirs)) {
-      if (abandon_) return;
+      if (now_ns() > abandon_at_) return;
       TITAN_CHECK(std::chrono::steady_clock::now() < deadline,
                   "checkpoint step " + std::to_string(staged_.step) + ": rank " + std::to_string(r) +
                       " did not write its file within " + std::to_string(int(timeout_)) + " s",

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <exception>
+#include <limits>
 #include <filesystem>
 #include <optional>
 #include <thread>
@@ -28,7 +29,10 @@ class AsyncSaver {
   // commit_timeout_seconds: how long rank 0 waits for the other ranks' files.
   AsyncSaver(const distributed::ProcessGroup& group, double commit_timeout_seconds)
       : group_(group), timeout_(commit_timeout_seconds) {}
-  ~AsyncSaver();  // abandons a commit still waiting and joins the writer: the save stays a .tmp folder
+  // Joins the writer. A commit still waiting for other ranks' files gets 30 s more (their savers
+  // finish too when the whole job ends, e.g. on an error every rank throws), then it is
+  // abandoned and the save stays a .tmp folder.
+  ~AsyncSaver();
   AsyncSaver(const AsyncSaver&) = delete;
   AsyncSaver& operator=(const AsyncSaver&) = delete;
 
@@ -55,7 +59,8 @@ class AsyncSaver {
   SaveRequest staged_;           // the pieces as copied (tensors: the staging buffers)
   std::vector<Tensor> buffers_;  // the staging buffers, reused while the pieces keep their shapes
   std::thread writer_;
-  std::atomic<bool> written_{false}, abandon_{false};
+  std::atomic<bool> written_{false};
+  std::atomic<int64_t> abandon_at_{std::numeric_limits<int64_t>::max()};  // steady_clock ns
   std::exception_ptr failure_;
   bool in_flight_ = false;
   double staging_seconds_ = 0;

@@ -1,6 +1,7 @@
 #include "titan/cli/launch_cli.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,8 +36,12 @@ constexpr const char* kUsage =
     "Each restart is logged with its cause, the steps lost and the seconds until training runs\n"
     "again, here and in <job.dump_folder>/restarts.jsonl.\n";
 
-volatile std::sig_atomic_t g_signal = 0;  // SIGINT / SIGTERM reached the supervisor
-extern "C" void on_signal(int sig) { g_signal = sig; }
+volatile std::sig_atomic_t g_signal = 0;   // SIGINT / SIGTERM reached the supervisor
+volatile std::sig_atomic_t g_signals = 0;  // how many times
+extern "C" void on_signal(int sig) {
+  g_signal = sig;
+  g_signals = g_signals + 1;
+}
 
 double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -69,10 +74,11 @@ std::string describe_exit(int status) {
 
 // Runs mpirun; returns its wait status. While it runs, `on_poll` is called every 50 ms.
 template <class Poll>
-int run_job(const std::vector<std::string>& argv, int attempt, pid_t& child, Poll on_poll) {
-  child = ::fork();
+int run_job(const std::vector<std::string>& argv, int attempt, Poll on_poll) {
+  const pid_t child = ::fork();
   TITAN_CHECK(child >= 0, "titan launch: cannot fork", "check the process limits");
   if (child == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // a supervisor killed outright takes its job along
     ::setenv("TITAN_RESTART", std::to_string(attempt).c_str(), 1);
     std::vector<char*> args;
     for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -81,15 +87,17 @@ int run_job(const std::vector<std::string>& argv, int attempt, pid_t& child, Pol
     std::fprintf(stderr, "titan launch: cannot run %s\n", args[0]);
     std::_Exit(127);
   }
-  int status = 0;
+  int status = 0, forwarded = 0;
   while (true) {
     const pid_t r = ::waitpid(child, &status, WNOHANG);
     if (r == child) break;
-    if (g_signal) ::kill(child, g_signal);  // mpirun passes it on: the ranks save and stop
+    // The first signal asks the ranks to save and stop (mpirun passes SIGUSR1 on as it is); a
+    // second one ends the job at once.
+    if (g_signal && forwarded < g_signals) ::kill(child, ++forwarded == 1 ? SIGUSR1 : SIGTERM);
     on_poll();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  child = -1;
+  on_poll();  // a last look: the job may have trained and ended within the last 50 ms
   return status;
 }
 
@@ -138,12 +146,12 @@ int launch_main(int argc, char** argv) {
   std::signal(SIGTERM, on_signal);
 
   std::ofstream journal(run / "restarts.jsonl", std::ios::app);
-  json pending;  // the restart under way, written once training runs again
-  pid_t child = -1;
+  json pending;            // the restart under way, written once training runs again
+  int64_t last_known = 0;  // the last step any attempt finished
   for (int attempt = 0;; ++attempt) {
     const size_t dumps_before = count_files(traces);
     fs::remove(run / "progress.json");  // rank 0 writes it again after each step it finishes
-    const int status = run_job(cmd, attempt, child, [&] {
+    const int status = run_job(cmd, attempt, [&] {
       const json now_at = progress(run);
       if (pending.is_null() || !now_at.contains("step")) return;
       const double now = unix_seconds();
@@ -159,8 +167,15 @@ int launch_main(int argc, char** argv) {
       std::fflush(stdout);
       pending = json();
     });
+    if (!pending.is_null()) journal << pending.dump() << std::endl;  // ended (or failed) before a step
+    pending = json();
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 127) {
+      std::printf("[launch] %s could not be run (exit status 127); not restarting\n", cmd[0].c_str());
+      return 127;
+    }
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-      std::printf("[launch] the job finished after %d restart%s\n", attempt, attempt == 1 ? "" : "s");
+      if (g_signal) std::printf("[launch] the job stopped on request, with a checkpoint: the same command resumes it\n");
+      else std::printf("[launch] the job finished after %d restart%s\n", attempt, attempt == 1 ? "" : "s");
       return 0;
     }
     if (g_signal) {
@@ -174,8 +189,8 @@ int launch_main(int argc, char** argv) {
                ", read them with `titan fr analyze`)";
     // The last step finished before the failure (a job that failed again before its first step
     // keeps the one before).
-    const int64_t last = pending.is_null() ? progress_step(run) : pending["last_step"].get<int64_t>();
-    if (!pending.is_null()) journal << pending.dump() << std::endl;  // failed again before training
+    const int64_t last = progress_step(run) > 0 ? progress_step(run) : last_known;
+    last_known = last;
     if (attempt == max_restarts) {
       std::printf("[launch] %s after step %lld; %d restarts used up, giving up\n", cause.c_str(),
                   static_cast<long long>(last), max_restarts);

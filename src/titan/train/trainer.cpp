@@ -230,6 +230,11 @@ struct Trainer::State {
   // not and on which ranks.
   std::string nonfinite(bool local_bad, double loss, double norm, const std::string& where);
   void inject_fault();
+  // A step whose update is dropped drops its MoE routing counts too (they never join an update).
+  void discard_step_counts() {
+    for (auto& [name, b] : model->named_buffers())
+      if (name.ends_with("tokens_per_expert") && !name.ends_with("warmup_tokens_per_expert")) b.zero_();
+  }
   double validate();
   RunParts parts() { return {*model, *dp, *opt, *world, writes_buffers(), &other_stages}; }
   // The first rank of each pipeline stage writes the stage's buffers (rank 0 without PP).
@@ -468,8 +473,18 @@ const distributed::pp::PipelineExecutor* Trainer::pipeline_executor() const {
 void Trainer::State::restore(const fs::path& folder, bool model_only) {
   const json train_state = load_run_checkpoint(folder, parts(), cfg, model_only);
   if (model_only) return;
-  step = train_state.at("step").get<int64_t>();
-  train_loader->restore(train_state.at("data").get<data::DataLoaderState>());
+  data::DataLoaderState data;
+  try {  // what every save writes, damaged (a data position of another dataset is not damage)
+    step = train_state.at("step").get<int64_t>();
+    data = train_state.at("data").get<data::DataLoaderState>();
+  } catch (const json::exception& e) {
+    throw checkpoint::CorruptCheckpoint((folder / "train_state.json").string() + ": " + e.what(),
+                                        "the checkpoint is damaged; load an earlier step", __FILE__, __LINE__);
+  } catch (const Error& e) {
+    throw checkpoint::CorruptCheckpoint((folder / "train_state.json").string() + ": " + e.message(),
+                                        "the checkpoint is damaged; load an earlier step", __FILE__, __LINE__);
+  }
+  train_loader->restore(data);
 }
 
 void Trainer::State::save(bool final_save) {
@@ -510,17 +525,24 @@ void Trainer::State::on_committed(const fs::path& dir, bool model_only) {
 std::optional<fs::path> Trainer::State::resume_from_latest() {
   std::string set_aside;  // the damaged checkpoints
   while (const auto from = checkpoint::latest_checkpoint(checkpoint_root)) {
-    std::string damage;
+    // "": loaded; "C<message>": damaged; "E<message>": another error (a model that does not fit).
+    std::string outcome;
     try {
       restore(*from, !checkpoint::load_train_state(*from).contains("step"));
     } catch (const checkpoint::CorruptCheckpoint& e) {
-      damage = e.message();
+      outcome = "C" + e.message();
+    } catch (const std::exception& e) {
+      outcome = "E" + std::string(e.what());
     }
-    // Every rank read its own pieces: the checkpoint is usable only if it was for all of them.
-    const std::vector<std::string> damages = world->all_gather(damage);
+    // Every rank read its own pieces: the checkpoint is usable only if it was for all of them, and
+    // every rank fails alike when one could not use it for another reason.
+    const std::vector<std::string> outcomes = world->all_gather(outcome);
     std::string report;
-    for (size_t r = 0; r < damages.size(); ++r)
-      if (!damages[r].empty()) report += "\n  rank " + std::to_string(r) + ": " + damages[r];
+    for (size_t r = 0; r < outcomes.size(); ++r) {
+      if (outcomes[r].starts_with("E"))
+        TITAN_FAIL("loading " + from->string() + " failed on rank " + std::to_string(r) + ": " + outcomes[r].substr(1));
+      if (outcomes[r].starts_with("C")) report += "\n  rank " + std::to_string(r) + ": " + outcomes[r].substr(1);
+    }
     if (report.empty()) return from;
     set_aside += (set_aside.empty() ? "" : ", ") + from->filename().string();
     if (lead) {
@@ -540,19 +562,26 @@ std::optional<fs::path> Trainer::State::resume_from_latest() {
 }
 
 void Trainer::State::roll_back(int64_t bad_step, MetricsLogger& log) {
+  const std::string hint =
+      "set checkpoint.enable = true with a checkpoint.interval below the step, or fault.on_nonfinite = \"skip\"";
+  TITAN_CHECK(cfg.checkpoint.enable, "step " + std::to_string(bad_step) + " was not finite and fault.on_nonfinite = "
+                                         "\"rollback\", but checkpoints are off: no committed checkpoint to return to", hint);
+  // Waiting for the slowest rank's write and reading the checkpoint back: the long deadline.
+  engine->set_timeout(double(cfg.comm.init_timeout_seconds));
   if (saver)
     if (const auto previous = saver->finish()) on_committed(*previous);
   world->barrier().wait();  // rank 0's commit is visible before anyone looks for the newest
-  const auto from = checkpoint::latest_checkpoint(checkpoint_root);
+  // The newest full checkpoint before the bad step (a later one may be left from another attempt).
+  std::optional<fs::path> from = checkpoint::latest_checkpoint(checkpoint_root, bad_step - 1);
+  if (from && !checkpoint::load_train_state(*from).contains("step")) from.reset();  // a weights-only export
   TITAN_CHECK(from.has_value(), "step " + std::to_string(bad_step) + " was not finite and fault.on_nonfinite = \"rollback\", "
-                                    "but " + checkpoint_root.string() + " holds no committed checkpoint to return to",
-              "enable checkpoint.enable with a checkpoint.interval below the step, or set fault.on_nonfinite = \"skip\"");
-  // As a fresh process would: the MoE token counts (kept across loads as run statistics) restart
-  // from zero, so the replayed steps equal a run resumed from that checkpoint.
+                                    "but " + checkpoint_root.string() + " holds no committed checkpoint to return to", hint);
+  // As a fresh process would: MoE token counts start from zero (the frozen steps' ones load).
   for (auto& [name, b] : model->named_buffers())
     if (name.ends_with("tokens_per_expert")) b.zero_();
   skipped_steps.insert(bad_step);
   restore(*from, false);
+  engine->set_timeout(double(cfg.comm.timeout_seconds));
   log.log_event("rolled back to " + from->string() + " (step " + std::to_string(step) + "); step " +
                 std::to_string(bad_step) + "'s batch will be skipped");
 }
@@ -715,11 +744,13 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
                 "skipping the step's batch)");
     out.rollback = policy == "rollback" && !skipped_steps.count(step);
     out.skipped = !out.rollback;
+    if (out.skipped) discard_step_counts();
     return out;
   }
   if (skipped_steps.count(step)) {  // the batch a rollback skips: its step counts, its update does not
     out.skipped = true;
     out.fault = "step " + std::to_string(step) + " skipped: its batch was not finite before the rollback";
+    discard_step_counts();
     return out;
   }
   opt->step(float(out.lr), norm.scale);
@@ -755,7 +786,11 @@ TrainResult Trainer::train() {
                 s.train_loader->unigram_entropy());
   }
   g_stop.store(false);
+  // Ctrl-C, or SIGUSR1 (which `titan launch` sends through mpirun, and a batch system can be told
+  // to send before the time limit): save a checkpoint and stop. Not SIGTERM: mpirun sends it to the
+  // survivors when a rank dies, and they should end at once, not wait for the dead rank.
   auto previous = std::signal(SIGINT, on_sigint);
+  auto previous_usr1 = std::signal(SIGUSR1, on_sigint);
   TrainResult result;
   result.run_folder = s.run_folder;
   const double start_time = now_seconds();
@@ -872,6 +907,7 @@ TrainResult Trainer::train() {
   if (s.saver)
     if (const auto dir = s.saver->finish()) s.on_committed(*dir);
   std::signal(SIGINT, previous);
+  std::signal(SIGUSR1, previous_usr1);
   return result;
 }
 
