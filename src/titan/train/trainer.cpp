@@ -523,7 +523,7 @@ void Trainer::State::on_committed(const fs::path& dir, bool model_only) {
 }
 
 std::optional<fs::path> Trainer::State::resume_from_latest() {
-  std::string set_aside;  // the damaged checkpoints
+  std::string set_aside;  // the damaged checkpoints, each with what was wrong with it
   while (const auto from = checkpoint::latest_checkpoint(checkpoint_root)) {
     // "": loaded; "C<message>": damaged; "E<message>": another error (a model that does not fit).
     std::string outcome;
@@ -544,7 +544,7 @@ std::optional<fs::path> Trainer::State::resume_from_latest() {
       if (outcomes[r].starts_with("C")) report += "\n  rank " + std::to_string(r) + ": " + outcomes[r].substr(1);
     }
     if (report.empty()) return from;
-    set_aside += (set_aside.empty() ? "" : ", ") + from->filename().string();
+    set_aside += "\n  " + from->filename().string() + ":" + report;
     if (lead) {
       const fs::path aside = from->string() + ".corrupt";
       fs::remove_all(aside);
@@ -555,8 +555,8 @@ std::optional<fs::path> Trainer::State::resume_from_latest() {
     world->barrier().wait();
   }
   // Loading a damaged checkpoint changed some state on some ranks: a fresh start needs a fresh process.
-  TITAN_CHECK(set_aside.empty(), "no usable checkpoint is left in " + checkpoint_root.string() + ": " + set_aside +
-                                     " were damaged and set aside (*.corrupt)",
+  TITAN_CHECK(set_aside.empty(), "no usable checkpoint is left in " + checkpoint_root.string() +
+                                     "; these were damaged and set aside (*.corrupt):" + set_aside,
               "run the same command again to start from step 0 (`titan launch` does so itself), or put back a good copy");
   return std::nullopt;
 }
