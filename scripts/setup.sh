@@ -7,7 +7,7 @@ packages=(
   libdnnl-dev libopenmpi-dev openmpi-bin
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
   libxxhash-dev libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libprotobuf-dev protobuf-compiler libboost-dev libcairo2-dev
+  libprotobuf-dev protobuf-compiler libboost-dev libcairo2-dev fonts-dejavu-core  # TensorBoard events, plots
   bible-kjv
 )
 missing=()

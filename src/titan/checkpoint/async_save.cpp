@@ -5,6 +5,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "titan/core/profiler.h"
+#include "titan/core/trace.h"
+
 namespace titan::checkpoint {
 
 namespace fs = std::filesystem;
@@ -31,6 +34,7 @@ AsyncSaver::~AsyncSaver() {
 
 void AsyncSaver::start(const fs::path& root, const SaveRequest& request, std::optional<fs::path>* previous) {
   const auto t0 = std::chrono::steady_clock::now();
+  ProfileScope span("checkpoint staging");
   const std::optional<fs::path> last = finish();
   if (previous) *previous = last;
   // Stage: the same pieces in the same shapes as the last save reuse its buffers.
@@ -58,7 +62,9 @@ void AsyncSaver::start(const fs::path& root, const SaveRequest& request, std::op
   failure_ = nullptr;
   in_flight_ = true;
   writer_ = std::thread([this, tmp] {
+    trace_name_thread("checkpoint writer");
     try {
+      ProfileScope write_span("checkpoint write");
       write(tmp);
     } catch (...) {
       failure_ = std::current_exception();

@@ -14,6 +14,7 @@
 #include "titan/cli/launch_cli.h"
 #include "titan/cli/generate_cli.h"
 #include "titan/cli/plan_cli.h"
+#include "titan/cli/plot_cli.h"
 #include "titan/cli/tokenizer_cli.h"
 #include "titan/cli/train_cli.h"
 #include "titan/core/cpu_features.h"
@@ -37,6 +38,7 @@ commands:
               titan launch -np 4 --max-restarts 3 -- train --config configs/llama3_debug.toml
   fr          analyze the flight-recorder dumps a watchdog timeout wrote: titan fr analyze DIR
   plan        a parallel plan before it runs: titan plan --pp-schedule all --pp 4 --microbatches 8
+  plot        draw a run's plots (loss, speed, memory, expert load) from its metrics: titan plot RUN_DIR
   info        this machine: CPU capability in use, threads, measured peak FLOP/s and bandwidth
 
 Run `titan <command> --help` for a command's options.
@@ -121,6 +123,7 @@ int main(int argc, char** argv) {
     if (cmd == "launch") return titan::cli::launch_main(argc - 1, argv + 1);
     if (cmd == "fr") return titan::cli::fr_main(argc - 1, argv + 1);
     if (cmd == "plan") return titan::cli::plan_main(argc - 1, argv + 1);
+    if (cmd == "plot") return titan::cli::plot_main(argc - 1, argv + 1);
     std::fprintf(stderr, "titan: unknown command '%s'\n\n%s", argv[1], kUsage);
     return 2;
   } catch (const titan::Error& e) {

@@ -921,9 +921,13 @@ const std::vector<KeySpec>& config_schema() {
       {"metrics", "enable_tensorboard", member<&C::metrics, &Metrics::enable_tensorboard>, anything(),
        "Also write every logged scalar (losses, grad norm, lr, tokens/s, MFU, memory by category, MoE load per "
        "layer, validation) as TensorBoard event files in {job.dump_folder}/{metrics.save_tb_folder}: "
-       "`tensorboard --logdir <that folder>`. Refused by this build until the event writer lands."},
+       "`tensorboard --logdir <that folder>`."},
       {"metrics", "save_tb_folder", member<&C::metrics, &Metrics::save_tb_folder>, non_empty(),
        "TensorBoard folder, relative to job.dump_folder (with save_for_all_ranks, rank r writes rank_<r>/ in it)."},
+      {"metrics", "enable_plots", member<&C::metrics, &Metrics::enable_plots>, anything(),
+       "At the end of training, draw {job.dump_folder}/plots/*.png from the metrics file: loss, speed, memory by "
+       "category and (MoE) expert load per layer; `titan plot <job.dump_folder>` draws them any time. Needs "
+       "metrics.enable_jsonl."},
       // [profiling]
       {"profiling", "enable_profiling", member<&C::profiling, &Profiling::enable_profiling>, anything(),
        "Trace every profile_freq-th step: each rank writes "

@@ -128,6 +128,7 @@ struct Metrics {
   bool disable_color_printing = false;
   bool enable_tensorboard = false;
   std::string save_tb_folder = "tb";
+  bool enable_plots = true;
   bool operator==(const Metrics&) const = default;
 };
 

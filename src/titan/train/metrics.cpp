@@ -7,6 +7,7 @@
 
 #include "titan/core/error.h"
 #include "titan/distributed/runtime.h"
+#include "titan/train/tensorboard.h"
 
 namespace titan::train {
 
@@ -73,13 +74,36 @@ MetricsOptions metrics_options(const JobConfig& config, const fs::path& run_fold
                                       : file.parent_path() / (file.stem().string() + "_rank" + std::to_string(rank) +
                                                               file.extension().string()));
   }
+  if (k.enable_tensorboard && (rank == 0 || k.save_for_all_ranks)) {
+    o.tensorboard = run_folder / k.save_tb_folder;
+    if (rank != 0) o.tensorboard /= "rank_" + std::to_string(rank);
+  }
   return o;
 }
 
+std::vector<std::pair<std::string, double>> tensorboard_scalars(const StepMetrics& m) {
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  std::vector<std::pair<std::string, double>> s = {{"loss_metrics/global_avg_loss", m.loss},
+                                                   {"grad_norm", m.grad_norm},
+                                                   {"lr", m.lr},
+                                                   {"throughput(tps)", m.tokens_per_second},
+                                                   {"tflops", m.tflops},
+                                                   {"mfu(%)", 100 * m.mfu},
+                                                   {"time_metrics/end_to_end(s)", m.step_seconds},
+                                                   {"time_metrics/data_loading(%)", 100 * m.data_share},
+                                                   {"memory/peak_total(GiB)", double(m.memory.peak_total) / kGiB}};
+  for (int c = 0; c < kNumMemCategories; ++c)
+    s.emplace_back("memory/" + std::string(mem_category_name(MemCategory(c))) + "(GiB)", double(m.memory.peak[c]) / kGiB);
+  for (const auto& [k, v] : m.summary) s.emplace_back((k.ends_with("_loss") ? "loss_metrics/" : "") + k, v);
+  for (const auto& [k, v] : m.detail) s.emplace_back(k, v);
+  return s;
+}
+
 MetricsLogger::MetricsLogger(const fs::path& run_folder, std::FILE* console)
-    : MetricsLogger(MetricsOptions{run_folder / "metrics.jsonl", console, false}) {}
+    : MetricsLogger(MetricsOptions{.jsonl = run_folder / "metrics.jsonl", .tensorboard = {}, .console = console, .color = false}) {}
 
 MetricsLogger::MetricsLogger(const MetricsOptions& o) : console_(o.console), color_(o.color) {
+  if (!o.tensorboard.empty()) tensorboard_ = std::make_unique<TensorBoardWriter>(o.tensorboard);
   if (o.jsonl.empty()) return;
   if (o.jsonl.has_parent_path()) fs::create_directories(o.jsonl.parent_path());
   jsonl_ = std::fopen(o.jsonl.c_str(), "a");
@@ -116,6 +140,7 @@ void MetricsLogger::log_step(const StepMetrics& m) {
   for (const auto& [k, v] : m.summary) j[k] = v;
   for (const auto& [k, v] : m.detail) j[k] = v;
   write_json(j.dump());
+  if (tensorboard_) tensorboard_->add_scalars(m.step, tensorboard_scalars(m));
   if (console_) {
     std::fprintf(console_, "%s\n", format_step_line(m, color_).c_str());
     std::fflush(console_);
@@ -124,6 +149,8 @@ void MetricsLogger::log_step(const StepMetrics& m) {
 
 void MetricsLogger::log_validation(int64_t step, double loss, double perplexity) {
   write_json(nlohmann::json{{"kind", "validation"}, {"step", step}, {"loss", loss}, {"perplexity", perplexity}}.dump());
+  if (tensorboard_)
+    tensorboard_->add_scalars(step, {{"validation_metrics/loss", loss}, {"validation_metrics/perplexity", perplexity}});
   if (console_) std::fprintf(console_, "validation step %lld | loss %.4f | perplexity %.2f\n",
                              static_cast<long long>(step), loss, perplexity);
 }

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,8 +35,11 @@ struct StepMetrics {
   std::vector<std::pair<std::string, double>> detail;
 };
 
+class TensorBoardWriter;
+
 struct MetricsOptions {
   std::filesystem::path jsonl;    // the JSON-lines file to append to; empty: none
+  std::filesystem::path tensorboard;  // the folder of TensorBoard event files to write; empty: none
   std::FILE* console = stdout;    // null: quiet
   bool color = false;             // ANSI colours on the console line
 };
@@ -55,6 +59,7 @@ class MetricsLogger {
  private:
   void write_json(const std::string& line);
   std::FILE* jsonl_ = nullptr;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
   std::FILE* console_;
   bool color_;
 };
@@ -62,7 +67,13 @@ class MetricsLogger {
 // The [metrics] keys for rank `rank` of a run writing to `run_folder`: rank 0 prints the console
 // (coloured on a terminal unless disable_color_printing) and writes jsonl_file (when enable_jsonl);
 // other ranks print nothing and, with save_for_all_ranks, write <jsonl_file stem>_rank<r><ext>.
+// With enable_tensorboard, rank 0 writes event files in save_tb_folder (and, with save_for_all_ranks,
+// rank r in save_tb_folder/rank_<r>).
 MetricsOptions metrics_options(const JobConfig& config, const std::filesystem::path& run_folder, int rank = 0);
+
+// The TensorBoard scalars of a step: TorchTitan's tags (loss_metrics/global_avg_loss, grad_norm,
+// lr, throughput(tps), tflops, mfu(%), memory/...) and every summary and detail entry.
+std::vector<std::pair<std::string, double>> tensorboard_scalars(const StepMetrics& m);
 
 // "1.23 GiB" style.
 std::string format_bytes(double bytes);

@@ -37,6 +37,7 @@
 #include "titan/optim/clip_grad.h"
 #include "titan/train/checkpointing.h"
 #include "titan/train/metrics.h"
+#include "titan/train/plots.h"
 #include "titan/train/pipeline_step.h"
 #include "titan/checkpoint/async_save.h"
 
@@ -137,9 +138,6 @@ void check_supported(const JobConfig& c, const std::string& source) {
   TITAN_CHECK(c.training.dtype == "float32", source + ": training.dtype = \"" + c.training.dtype +
                                                  "\" (pure bf16 training) is not supported yet",
               "use training.dtype = \"float32\" with training.mixed_precision_param = \"bfloat16\"");
-  TITAN_CHECK(!c.metrics.enable_tensorboard,
-              source + ": metrics.enable_tensorboard = true: TensorBoard event files are not written by this build yet",
-              "set metrics.enable_tensorboard = false; every scalar is in {job.dump_folder}/metrics.jsonl");
   TITAN_CHECK(!c.checkpoint.initial_load_in_hf && !c.checkpoint.last_save_in_hf,
               source + ": Hugging Face checkpoint import/export is not in this build yet",
               "set checkpoint.initial_load_in_hf and checkpoint.last_save_in_hf to false");
@@ -250,6 +248,7 @@ struct Trainer::State {
   // The trace of the step just done / the memory live at its peak, into the run folder.
   void write_trace(MetricsLogger& log);
   void write_memory_snapshot(MetricsLogger& log);
+  void draw_plots(MetricsLogger& log) const;
   fs::path profile_file(const std::string& folder, const std::string& suffix) const {
     return run_folder / folder / ("iteration_" + std::to_string(step)) / ("rank" + std::to_string(world->rank()) + suffix);
   }
@@ -642,7 +641,20 @@ void Trainer::State::write_memory_snapshot(MetricsLogger& log) {
                               {"blocks", blocks}}
                              .dump(1);
   log.log_event("memory at the peak of step " + std::to_string(step) + " (" + format_bytes(double(snap.peak_total)) +
-                "): " + file.string());
+                "): " + file.string() + ", chart " + plot_memory_snapshot(file).filename().string());
+}
+
+// The run's plots: a finished training is not failed by a plot that could not be drawn.
+void Trainer::State::draw_plots(MetricsLogger& log) const {
+  const fs::path folder = run_folder / "plots";
+  try {
+    std::string names;
+    for (const fs::path& png : write_run_plots(run_folder / cfg.metrics.jsonl_file, folder))
+      names += (names.empty() ? "" : ", ") + png.filename().string();
+    log.log_event("plots: " + names + " in " + folder.string());
+  } catch (const Error& e) {
+    log.log_event(std::string("plots not drawn: ") + e.what());
+  }
 }
 
 void Trainer::State::mean_over_data(std::vector<double>& values) {
@@ -906,6 +918,7 @@ TrainResult Trainer::train() {
   }
   if (s.saver)
     if (const auto dir = s.saver->finish()) s.on_committed(*dir);
+  if (s.lead && c.metrics.enable_plots && c.metrics.enable_jsonl) s.draw_plots(log);
   std::signal(SIGINT, previous);
   std::signal(SIGUSR1, previous_usr1);
   return result;
