@@ -189,6 +189,10 @@ TEST(Collectives, CountersMatchTheFormulas) {
   EXPECT_EQ(ar.bytes, 2 * (size - 1) * n * 4 / size);  // 2 (N-1)/N x bytes
   EXPECT_EQ(ag.bytes, (size - 1) * n * 4);             // (N-1) x the input
   EXPECT_GT(ag.busy_seconds, 0);
+  // One host here (tests/multihost/ checks ranks on two): nothing crossed hosts.
+  EXPECT_EQ(CommEngine::get().hosts(), 1);
+  EXPECT_EQ(ar.cross_host_bytes, 0);
+  EXPECT_EQ(ag.cross_host_bytes, 0);
 }
 
 TEST(DeviceMesh, GroupsFollowTheRowMajorLayout) {

@@ -290,9 +290,16 @@ std::map<std::pair<std::string, CommOp>, CommStats> CommEngine::stats() const {
   for (const auto& g : groups_)
     for (const auto& [op, s] : g->stats) {
       CommStats& o = out[{g->name, op}];
-      o.calls += s.calls, o.bytes += s.bytes, o.busy_seconds += s.busy_seconds;
+      o.calls += s.calls, o.bytes += s.bytes, o.cross_host_bytes += s.cross_host_bytes;
+      o.busy_seconds += s.busy_seconds;
     }
   return out;
+}
+
+int CommEngine::hosts() const {
+  std::vector<int> distinct = host_of_;
+  std::sort(distinct.begin(), distinct.end());
+  return std::max(1, int(std::unique(distinct.begin(), distinct.end()) - distinct.begin()));
 }
 
 void CommEngine::reset_stats() {
@@ -308,6 +315,14 @@ void CommEngine::init_mpi() {
   comm_thread_ = std::this_thread::get_id();
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+  // Hosts: the ranks that share memory (Open MPI's node), each named by its smallest world rank.
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank_, MPI_INFO_NULL, &node);
+  int host = world_rank_;
+  MPI_Allreduce(MPI_IN_PLACE, &host, 1, MPI_INT, MPI_MIN, node);
+  MPI_Comm_free(&node);
+  host_of_.assign(size_t(world_size_), 0);
+  MPI_Allgather(&host, 1, MPI_INT, host_of_.data(), 1, MPI_INT, MPI_COMM_WORLD);
   auto g = std::make_unique<CommGroup>();
   g->name = "world";
   for (int r = 0; r < world_size_; ++r) g->world_ranks.push_back(r);
@@ -554,6 +569,19 @@ void CommEngine::finish_request(Request& r) {
     case CommOp::send: bytes = double(r.in_elems) * eb; break;
     case CommOp::recv: case CommOp::barrier: case CommOp::split: break;
   }
+  // The part that left this host.
+  const auto remote = [&](int i) { return host_of(g.world_ranks[size_t(i)]) != host_of(world_rank_); };
+  double crossing = 0;
+  if (r.op == CommOp::send) {
+    crossing = remote(r.peer) ? bytes : 0;
+  } else if (r.op == CommOp::all_to_allv) {
+    for (int i = 0; i < n; ++i)
+      if (remote(i)) crossing += double(r.send_counts[size_t(i)]) * eb;
+  } else if (n > 1) {
+    int others = 0;
+    for (int i = 0; i < n; ++i) others += remote(i);
+    crossing = bytes * others / (n - 1);
+  }
   const double end = now_seconds();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -561,13 +589,15 @@ void CommEngine::finish_request(Request& r) {
       CommStats& s = g.stats[r.op];
       ++s.calls;
       s.bytes += int64_t(bytes + 0.5);
+      s.cross_host_bytes += int64_t(crossing + 0.5);
       s.busy_seconds += end - r.started;
     }
   }
   recorder_.set_state(r.record, OpState::completed, recorder_.now());
   if (tracing())
     trace_span(fmt::format("{} {}", comm_op_name(r.op), g.name), "collective", r.started, end,
-               json{{"group", g.key()}, {"seq", r.seq}, {"bytes_sent", int64_t(bytes + 0.5)}, {"elements", std::max(r.in_elems, r.out_elems)},
+               json{{"group", g.key()}, {"seq", r.seq}, {"bytes_sent", int64_t(bytes + 0.5)},
+                    {"cross_host_bytes", int64_t(crossing + 0.5)}, {"elements", std::max(r.in_elems, r.out_elems)},
                     {"dtype", elem_name(r.elem)}}.dump());
   r.keep_in = Tensor();
   r.keep_out = Tensor();

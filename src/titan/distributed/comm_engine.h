@@ -35,9 +35,14 @@ const char* comm_op_name(CommOp op);
 
 // One group's traffic for one kind of collective: calls, the bytes this rank sent (the payload
 // handed to MPI, e.g. (N-1)/N of a reduce-scatter's input), and the time from issue to completion.
+// cross_host_bytes: the part of `bytes` sent to ranks on other hosts (hosts as MPI sees them:
+// the ranks that share memory). Exact for send and all-to-all(v); for the other collectives the
+// bytes are taken as spread evenly over the other members (exact for pairwise algorithms, the
+// average for rings and trees).
 struct CommStats {
   int64_t calls = 0;
   int64_t bytes = 0;
+  int64_t cross_host_bytes = 0;
   double busy_seconds = 0;
 };
 
@@ -92,6 +97,10 @@ class CommEngine {
   int world_rank() const { return world_rank_; }
   int world_size() const { return world_size_; }
   ProcessGroup& world();
+  // The host of a world rank (the smallest world rank sharing its memory), and how many hosts the
+  // job spans.
+  int host_of(int world_rank) const { return host_of_.empty() ? 0 : host_of_[size_t(world_rank)]; }
+  int hosts() const;
 
   // The sub-group of `parent` whose members passed the same color, ordered by key (MPI_Comm_split,
   // collective over parent: every member calls it, in the same order).
@@ -137,6 +146,7 @@ class CommEngine {
   bool dumped_ = false;           // this rank's watchdog dumped its recorder (keep its reason)
   std::thread::id comm_thread_;
   int world_rank_ = 0, world_size_ = 1;
+  std::vector<int> host_of_;  // per world rank; empty without MPI (one host)
   std::vector<std::unique_ptr<CommGroup>> groups_;
   std::unique_ptr<ProcessGroup> world_;
   std::atomic<double> timeout_{300.0};
