@@ -77,10 +77,14 @@ struct BusySpread {
   int slowest = 0;
   double slowest_seconds = 0, median_seconds = 0;
 };
-BusySpread busy_spread(const distributed::ProcessGroup& world, double busy) {
+// Also sums `totals` over the ranks, in the same reduction (one collective per metrics line).
+BusySpread busy_spread(const distributed::ProcessGroup& world, double busy, std::vector<double>& totals) {
   std::vector<double> all(size_t(world.size()), 0.0);
   all[size_t(world.rank())] = busy;
+  all.insert(all.end(), totals.begin(), totals.end());
   world.all_reduce(std::span<double>(all));
+  std::copy(all.end() - std::ptrdiff_t(totals.size()), all.end(), totals.begin());
+  all.resize(size_t(world.size()));
   BusySpread s;
   s.slowest = int(std::max_element(all.begin(), all.end()) - all.begin());
   s.slowest_seconds = all[size_t(s.slowest)];
@@ -812,6 +816,9 @@ TrainResult Trainer::train() {
   // The FLOPs per token can change between steps (DeepSeek-V3.2's stages), so the window sums them.
   double window_start = now_seconds(), window_data = 0, window_flops = 0;
   double window_exposed = s.engine->exposed_seconds();
+  std::vector<double> window_bytes = {0, 0};  // bytes sent (all, cross-host) by this rank before the window
+  for (const auto& [key, st] : s.engine->stats())
+    window_bytes[0] += double(st.bytes), window_bytes[1] += double(st.cross_host_bytes);
   int64_t window_steps = 0;
   double save_seconds = 0;  // training blocked in checkpoint saves since the last metrics line
   while (s.step < t.steps) {
@@ -868,8 +875,15 @@ TrainResult Trainer::train() {
       save_seconds = 0;
       if (s.world->size() > 1) {
         m.detail.emplace_back("comm_exposed_share", worst[1]);
+        // Bytes all ranks sent per step over the window: those that crossed hosts, those that stayed.
+        std::vector<double> sent = {0, 0};
+        for (const auto& [key, st] : s.engine->stats()) sent[0] += double(st.bytes), sent[1] += double(st.cross_host_bytes);
+        std::vector<double> window_sent = {sent[0] - window_bytes[0], sent[1] - window_bytes[1]};
+        window_bytes = sent;
         const double busy = window - (s.engine->exposed_seconds() - window_exposed);
-        const BusySpread spread = busy_spread(*s.world, busy / double(window_steps));
+        const BusySpread spread = busy_spread(*s.world, busy / double(window_steps), window_sent);
+        m.detail.emplace_back("comm_bytes_cross_host", window_sent[1] / double(window_steps));
+        m.detail.emplace_back("comm_bytes_local", (window_sent[0] - window_sent[1]) / double(window_steps));
         m.detail.emplace_back("rank_busy_spread", spread.ratio);
         m.detail.emplace_back("slowest_rank", spread.slowest);
         if (spread.ratio > kStragglerRatio) {
