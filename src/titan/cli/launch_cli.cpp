@@ -72,7 +72,8 @@ std::string describe_exit(int status) {
   return "mpirun exited with status " + std::to_string(WEXITSTATUS(status)) + " (a rank died or failed)";
 }
 
-// Runs mpirun; returns its wait status. While it runs, `on_poll` is called every 50 ms.
+// Runs mpirun; returns its wait status. While it runs, `on_poll` is called every 50 ms; when it
+// returns true, mpirun is ended (SIGTERM, then SIGKILL 5 s later).
 template <class Poll>
 int run_job(const std::vector<std::string>& argv, int attempt, Poll on_poll) {
   const pid_t child = ::fork();
@@ -88,13 +89,18 @@ int run_job(const std::vector<std::string>& argv, int attempt, Poll on_poll) {
     std::_Exit(127);
   }
   int status = 0, forwarded = 0;
+  double ending_since = 0;
   while (true) {
     const pid_t r = ::waitpid(child, &status, WNOHANG);
     if (r == child) break;
     // The first signal asks the ranks to save and stop (mpirun passes SIGUSR1 on as it is); a
     // second one ends the job at once.
     if (g_signal && forwarded < g_signals) ::kill(child, ++forwarded == 1 ? SIGUSR1 : SIGTERM);
-    on_poll();
+    if (on_poll() && ending_since == 0) {
+      ending_since = unix_seconds();
+      ::kill(child, SIGTERM);
+    }
+    if (ending_since > 0 && unix_seconds() - ending_since > 5) ::kill(child, SIGKILL);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   on_poll();  // a last look: the job may have trained and ended within the last 50 ms
@@ -148,13 +154,26 @@ int launch_main(int argc, char** argv) {
   std::ofstream journal(run / "restarts.jsonl", std::ios::app);
   json pending;            // the restart under way, written once training runs again
   int64_t last_known = 0;  // the last step any attempt finished
+  // After a watchdog's dumps the ranks abort within its grace period (<= 10 s); an mpirun still
+  // running well after that waits for a host it cannot reach (Open MPI 4.1 waits for that host's
+  // daemon forever), and is ended so that the job can restart.
+  const double stuck_after = 20;
   for (int attempt = 0;; ++attempt) {
     const size_t dumps_before = count_files(traces);
+    double dumps_seen = 0;
+    bool ended_stuck = false;
     fs::remove(run / "progress.json");  // rank 0 writes it again after each step it finishes
     const int status = run_job(cmd, attempt, [&] {
-      const json now_at = progress(run);
-      if (pending.is_null() || !now_at.contains("step")) return;
       const double now = unix_seconds();
+      if (dumps_seen == 0 && count_files(traces) > dumps_before) dumps_seen = now;
+      if (dumps_seen > 0 && now - dumps_seen > stuck_after) {
+        if (!ended_stuck) std::printf("[launch] mpirun is still running %.0f s after the watchdog's flight-recorder dumps "
+                                      "(a host it cannot reach?); ending it\n", stuck_after);
+        std::fflush(stdout);
+        ended_stuck = true;
+      }
+      const json now_at = progress(run);
+      if (pending.is_null() || !now_at.contains("step")) return ended_stuck;
       const int64_t from = now_at.value("resumed_from", int64_t(0));
       pending["resumed_step"] = from;
       pending["steps_lost"] = std::max<int64_t>(0, pending["last_step"].get<int64_t>() - from);
@@ -166,6 +185,7 @@ int launch_main(int argc, char** argv) {
                   pending["seconds_to_recover"].get<double>());
       std::fflush(stdout);
       pending = json();
+      return ended_stuck;
     });
     if (!pending.is_null()) journal << pending.dump() << std::endl;  // ended (or failed) before a step
     pending = json();
@@ -183,7 +203,8 @@ int launch_main(int argc, char** argv) {
       return 128 + int(g_signal);
     }
     const double failed_at = unix_seconds();
-    std::string cause = describe_exit(status);
+    std::string cause = ended_stuck ? std::string("mpirun ended by titan launch after the ranks' watchdog fired")
+                                    : describe_exit(status);
     if (count_files(traces) > dumps_before)
       cause += "; the watchdog found a stalled collective (flight-recorder dumps in " + traces.string() +
                ", read them with `titan fr analyze`)";
