@@ -8,6 +8,7 @@ packages=(
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
   libxxhash-dev libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev
   libprotobuf-dev protobuf-compiler libboost-dev libcairo2-dev fonts-dejavu-core  # TensorBoard events, plots
+  iproute2 util-linux  # network-namespace hosts for the multi-host test (ip, unshare)
   bible-kjv
 )
 missing=()
