@@ -8,12 +8,14 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/error_of.h"
 #include "titan/core/error.h"
 #include "titan/train/chart.h"
 #include "titan/train/plots.h"
 
 using namespace titan;
 using namespace titan::train;
+using titan::test::error_of;
 namespace fs = std::filesystem;
 
 namespace {
@@ -75,14 +77,6 @@ void write_metrics(const fs::path& file, bool moe) {
   f << R"({"kind":"train","step":20,"lo)" << "\n";
 }
 
-std::string error_of(const auto& body) {
-  try {
-    body();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 }  // namespace
 

@@ -6,12 +6,14 @@
 #include <iterator>
 #include <string>
 
+#include "common/error_of.h"
 #include "titan/core/error.h"
 #include "titan/train/metrics.h"
 #include "titan/train/tensorboard.h"
 
 using namespace titan;
 using namespace titan::train;
+using titan::test::error_of;
 namespace fs = std::filesystem;
 
 namespace {
@@ -29,14 +31,6 @@ std::string read_all(const fs::path& f) {
 
 void write_all(const fs::path& f, const std::string& bytes) { std::ofstream(f, std::ios::binary) << bytes; }
 
-std::string error_of(const auto& body) {
-  try {
-    body();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 }  // namespace
 
