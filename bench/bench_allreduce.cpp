@@ -24,6 +24,10 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--max-mib") == 0) max_mib = std::atoll(argv[i + 1]);
     else if (std::strcmp(argv[i], "--repeats") == 0) repeats = std::atoll(argv[i + 1]);
   }
+  if (repeats < 1 || max_mib < 1) {
+    std::fprintf(stderr, "bench_allreduce: --repeats and --max-mib must be >= 1\n");
+    return 2;
+  }
   distributed::CommEngine& engine = distributed::init_runtime();
   const distributed::ProcessGroup& world = engine.world();
   const int n = world.size();

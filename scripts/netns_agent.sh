@@ -63,7 +63,7 @@ state=${TITAN_NETNS_STATE:-/run/titan_netns_hosts}
 ns='' name=''
 if ip netns list 2>/dev/null | awk '{print $1}' | grep -qxF -- "$host"; then
   ns=$host
-  name=$(cat "$state"/*.map 2>/dev/null | awk -v h="$host" '$2 == h { print $3; exit }')
+  name=$(cat "$state"/*.map 2>/dev/null | awk -v h="$host" '$2 == h { print $3; exit }' || true)
 fi
 if [[ -z $ns ]]; then
   for map in "$state"/*.map; do

@@ -220,11 +220,22 @@ finish() {
   exit "$rc"
 }
 # shellcheck disable=SC2317
+process_tree() {  # a process and all its descendants
+  local p
+  echo "$1"
+  for p in $(ps -o pid= --ppid "$1" 2>/dev/null); do process_tree "$p"; done
+}
+# shellcheck disable=SC2317
 on_signal() {
   local sig=$1 rc=$2
   echo "netns_hosts: SIG$sig: stopping the command, then down" >&2
   if [[ -n ${child:-} ]]; then
-    kill -"$sig" "$child" 2>/dev/null || true
+    # The whole tree under the command, mpirun and its ranks included: a background child of a
+    # script ignores SIGINT, and its own children would not see a signal sent to it alone.
+    local pids
+    pids=$(process_tree "$child")                   # before any of them ends and its children move
+    # shellcheck disable=SC2086
+    kill -TERM $pids 2>/dev/null || true
     wait "$child" 2>/dev/null || true
   fi
   exit "$rc"                                        # the EXIT trap runs down

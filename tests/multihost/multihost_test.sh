@@ -24,7 +24,7 @@ if [[ -z ${TITAN_NETNS_HOSTS:-} ]]; then
   exec scripts/netns_hosts.sh run --hosts 2 --prefix titanmh -- "$0" "$titan"
 fi
 IFS=, read -r host_a host_b <<<"$TITAN_NETNS_HOSTS"
-IFS=, read -r veth_a veth_b <<<"$TITAN_NETNS_VETHS"
+IFS=, read -r _ veth_b <<<"$TITAN_NETNS_VETHS"
 # shellcheck disable=SC2206  # the harness's options have no spaces
 mpi=(mpirun $TITAN_NETNS_MPI_ARGS)
 scripts/prepare_data.sh "$titan" >/dev/null
@@ -99,10 +99,11 @@ export OMPI_MCA_plm_rsh_agent=$TITAN_NETNS_AGENT OMPI_MCA_orte_default_hostfile=
   OMPI_MCA_pml=ob1 OMPI_MCA_btl=tcp,vader,self OMPI_MCA_btl_tcp_if_include=$TITAN_NETNS_SUBNET \
   OMPI_MCA_oob_tcp_if_include=$TITAN_NETNS_SUBNET
 "$titan" launch -np 2 --max-restarts 3 -- "${llama[@]}" --job.dump_folder="$work/cut" \
-  --parallelism.data_parallel_shard_degree=2 --training.steps=10 --comm.timeout_seconds=5 >"$work/cut.log" 2>&1 &
+  --parallelism.data_parallel_shard_degree=2 --training.steps=60 --comm.timeout_seconds=5 >"$work/cut.log" 2>&1 &
 job=$!
 for _ in $(seq 900); do grep -q '"step":4,' "$work/cut/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
 grep -q '"step":4,' "$work/cut/metrics.jsonl" || { kill "$job"; cat "$work/cut.log"; fail "the run never reached step 4"; }
+grep -q '"step":60,' "$work/cut/metrics.jsonl" && { cat "$work/cut.log"; fail "the run ended before the link could be cut"; }
 ip link set "$veth_b" down
 cut_at=$(date +%s.%N)
 for _ in $(seq 900); do grep -q "restart 1 of 3" "$work/cut.log" && break; sleep 0.1; done

@@ -130,7 +130,7 @@ TEST(TensorBoard, MetricsLoggerWritesEveryStepScalarAndValidation) {
     m.mfu = 0.25;
     m.memory.peak[int(MemCategory::activations)] = int64_t(1) << 30;
     m.summary = {{"indexer_loss", 0.125}, {"moe_imbalance_max", 1.5}};
-    m.detail = {{"moe_imbalance/layer1", 1.25}};
+    m.detail = {{"moe_imbalance/layer1", 1.25}, {"comm_bytes_local", 0.0}};
     log.log_step(m);
     log.log_validation(7, 2.75, 15.6);
   }
@@ -150,6 +150,9 @@ TEST(TensorBoard, MetricsLoggerWritesEveryStepScalarAndValidation) {
   EXPECT_EQ(value("loss_metrics/indexer_loss"), std::make_pair(int64_t(7), 0.125));
   EXPECT_EQ(value("moe_imbalance_max"), std::make_pair(int64_t(7), 1.5));
   EXPECT_EQ(value("moe_imbalance/layer1"), std::make_pair(int64_t(7), 1.25));
+  // A zero is a value like any other (proto3 would drop it outside the oneof).
+  EXPECT_EQ(value("comm_bytes_local"), std::make_pair(int64_t(7), 0.0));
+  EXPECT_EQ(value("throughput_all_ranks(tps)"), std::make_pair(int64_t(7), 0.0));
   EXPECT_EQ(value("validation_metrics/loss"), std::make_pair(int64_t(7), 2.75));
   EXPECT_EQ(float(value("lr").second), 1e-3f);
   fs::remove_all(dir);

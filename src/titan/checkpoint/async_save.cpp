@@ -34,9 +34,9 @@ AsyncSaver::~AsyncSaver() {
 
 void AsyncSaver::start(const fs::path& root, const SaveRequest& request, std::optional<fs::path>* previous) {
   const auto t0 = std::chrono::steady_clock::now();
-  ProfileScope span("checkpoint staging");
   const std::optional<fs::path> last = finish();
   if (previous) *previous = last;
+  ProfileScope span("checkpoint staging");
   // Stage: the same pieces in the same shapes as the last save reuse its buffers.
   bool same = buffers_.size() == request.tensors.size();
   for (size_t i = 0; same && i < buffers_.size(); ++i)
@@ -62,7 +62,7 @@ void AsyncSaver::start(const fs::path& root, const SaveRequest& request, std::op
   failure_ = nullptr;
   in_flight_ = true;
   writer_ = std::thread([this, tmp] {
-    trace_name_thread("checkpoint writer");
+    if (tracing()) trace_name_thread("checkpoint writer");  // a track only in traces it can appear in
     try {
       ProfileScope write_span("checkpoint write");
       write(tmp);

@@ -60,11 +60,16 @@ json progress(const fs::path& run) {
 }
 int64_t progress_step(const fs::path& run) { return progress(run).value("step", int64_t(0)); }
 
-size_t count_files(const fs::path& dir) {
-  if (!fs::is_directory(dir)) return 0;
-  size_t n = 0;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) n += e.is_regular_file();
-  return n;
+// Whether the watchdog wrote flight-recorder dumps into `dir` since `since`: dumps keep their
+// names (rank<r>.json) from one failure to the next, so their times tell, not their number.
+bool dumps_since(const fs::path& dir, fs::file_time_type since) {
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    std::error_code time_ec;
+    if (it->is_regular_file(time_ec) && it->last_write_time(time_ec) >= since && !time_ec) return true;
+  }
+  return false;
 }
 
 std::string describe_exit(int status) {
@@ -73,9 +78,9 @@ std::string describe_exit(int status) {
 }
 
 // Runs mpirun; returns its wait status. While it runs, `on_poll` is called every 50 ms; when it
-// returns true, mpirun is ended (SIGTERM, then SIGKILL 5 s later).
+// returns true, mpirun is ended (SIGTERM, then SIGKILL 5 s later) and *ended_it is set.
 template <class Poll>
-int run_job(const std::vector<std::string>& argv, int attempt, Poll on_poll) {
+int run_job(const std::vector<std::string>& argv, int attempt, Poll on_poll, bool* ended_it) {
   const pid_t child = ::fork();
   TITAN_CHECK(child >= 0, "titan launch: cannot fork", "check the process limits");
   if (child == 0) {
@@ -98,6 +103,7 @@ int run_job(const std::vector<std::string>& argv, int attempt, Poll on_poll) {
     if (g_signal && forwarded < g_signals) ::kill(child, ++forwarded == 1 ? SIGUSR1 : SIGTERM);
     if (on_poll() && ending_since == 0) {
       ending_since = unix_seconds();
+      *ended_it = true;
       ::kill(child, SIGTERM);
     }
     if (ending_since > 0 && unix_seconds() - ending_since > 5) ::kill(child, SIGKILL);
@@ -159,21 +165,21 @@ int launch_main(int argc, char** argv) {
   // daemon forever), and is ended so that the job can restart.
   const double stuck_after = 20;
   for (int attempt = 0;; ++attempt) {
-    const size_t dumps_before = count_files(traces);
+    const fs::file_time_type started = fs::file_time_type::clock::now();
     double dumps_seen = 0;
-    bool ended_stuck = false;
+    bool stuck = false, ended_stuck = false;
     fs::remove(run / "progress.json");  // rank 0 writes it again after each step it finishes
     const int status = run_job(cmd, attempt, [&] {
       const double now = unix_seconds();
-      if (dumps_seen == 0 && count_files(traces) > dumps_before) dumps_seen = now;
-      if (dumps_seen > 0 && now - dumps_seen > stuck_after) {
-        if (!ended_stuck) std::printf("[launch] mpirun is still running %.0f s after the watchdog's flight-recorder dumps "
-                                      "(a host it cannot reach?); ending it\n", stuck_after);
+      if (dumps_seen == 0 && dumps_since(traces, started)) dumps_seen = now;
+      if (!stuck && dumps_seen > 0 && now - dumps_seen > stuck_after) {
+        std::printf("[launch] mpirun is still running %.0f s after the watchdog's flight-recorder dumps "
+                    "(a host it cannot reach?); ending it\n", stuck_after);
         std::fflush(stdout);
-        ended_stuck = true;
+        stuck = true;
       }
       const json now_at = progress(run);
-      if (pending.is_null() || !now_at.contains("step")) return ended_stuck;
+      if (pending.is_null() || !now_at.contains("step")) return stuck;
       const int64_t from = now_at.value("resumed_from", int64_t(0));
       pending["resumed_step"] = from;
       pending["steps_lost"] = std::max<int64_t>(0, pending["last_step"].get<int64_t>() - from);
@@ -185,8 +191,8 @@ int launch_main(int argc, char** argv) {
                   pending["seconds_to_recover"].get<double>());
       std::fflush(stdout);
       pending = json();
-      return ended_stuck;
-    });
+      return stuck;
+    }, &ended_stuck);
     if (!pending.is_null()) journal << pending.dump() << std::endl;  // ended (or failed) before a step
     pending = json();
     if (WIFEXITED(status) && WEXITSTATUS(status) == 127) {
@@ -205,7 +211,7 @@ int launch_main(int argc, char** argv) {
     const double failed_at = unix_seconds();
     std::string cause = ended_stuck ? std::string("mpirun ended by titan launch after the ranks' watchdog fired")
                                     : describe_exit(status);
-    if (count_files(traces) > dumps_before)
+    if (dumps_since(traces, started))
       cause += "; the watchdog found a stalled collective (flight-recorder dumps in " + traces.string() +
                ", read them with `titan fr analyze`)";
     // The last step finished before the failure (a job that failed again before its first step

@@ -183,12 +183,14 @@ void draw_panel(const Canvas& c, const ChartPanel& p, double top, double height)
     }
     cairo_stroke(cr);
     dash(cr, false);
-    if (n <= 60)  // few points: each one marked, so a single point shows too
-      for (size_t i = 0; i < n; ++i)
-        if (std::isfinite(s.y[i]) && std::isfinite(s.x[i])) {
-          cairo_arc(cr, ax.at(s.x[i], left, right), ay.at(s.y[i], y1, y0), 3, 0, 2 * std::numbers::pi);
-          cairo_fill(cr);
-        }
+    // Markers: on every point of a short series, and on a point no line reaches (its neighbours
+    // missing), so that a value logged only now and then still shows.
+    const auto finite = [&](size_t i) { return std::isfinite(s.y[i]) && std::isfinite(s.x[i]); };
+    for (size_t i = 0; i < n; ++i)
+      if (finite(i) && (n <= 60 || ((i == 0 || !finite(i - 1)) && (i + 1 == n || !finite(i + 1))))) {
+        cairo_arc(cr, ax.at(s.x[i], left, right), ay.at(s.y[i], y1, y0), 3, 0, 2 * std::numbers::pi);
+        cairo_fill(cr);
+      }
   }
   cairo_restore(cr);
   // The legend, beside the plot.

@@ -71,8 +71,10 @@ class MetricsLogger {
 // rank r in save_tb_folder/rank_<r>).
 MetricsOptions metrics_options(const JobConfig& config, const std::filesystem::path& run_folder, int rank = 0);
 
-// The TensorBoard scalars of a step: TorchTitan's tags (loss_metrics/global_avg_loss, grad_norm,
-// lr, throughput(tps), tflops, mfu(%), memory/...) and every summary and detail entry.
+// The TensorBoard scalars of a step: TorchTitan's tags where the value is the same
+// (loss_metrics/global_avg_loss, grad_norm, lr, mfu(%), memory/...), throughput_all_ranks(tps)
+// and tflops_all_ranks (over every data-parallel rank, where TorchTitan's are per device), and
+// every summary and detail entry.
 std::vector<std::pair<std::string, double>> tensorboard_scalars(const StepMetrics& m);
 
 // "1.23 GiB" style.

@@ -95,7 +95,7 @@ fs::path loss_plot(const RunMetrics& m, const fs::path& folder) {
 
 fs::path throughput_plot(const RunMetrics& m, const fs::path& folder) {
   const std::vector<ChartPanel> panels{
-      {"Throughput", "step", "tokens / s (this rank)", {series(m, "tokens/s", "tokens_per_second")}},
+      {"Throughput", "step", "tokens / s (all data-parallel ranks)", {series(m, "tokens/s", "tokens_per_second")}},
       {"Model FLOPs utilization", "step", "MFU (%)", {series(m, "MFU", "mfu", 100)}},
       {"Step time", "step", "seconds",
        {series(m, "step", "step_seconds"), series(m, "checkpoint save (blocking)", "checkpoint_seconds")}}};

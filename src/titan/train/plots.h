@@ -1,6 +1,6 @@
 // The plots of a run, drawn from its metrics.jsonl at the end of training (and by `titan plot`):
 //   loss.png          training and validation loss, extra losses, grad norm and lr against step
-//   throughput.png    tokens/s, MFU and the step's data-loading share
+//   throughput.png    tokens/s, MFU, step time and the time training was blocked in saves
 //   memory.png        peak memory by category per step
 //   expert_load.png   MoE models: per layer, the busiest expert's load over the mean, and the
 //                     busiest and idlest expert's tokens

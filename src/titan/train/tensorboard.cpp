@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <boost/crc.hpp>
 #include <chrono>
 #include <cstring>
@@ -51,19 +52,17 @@ TensorBoardWriter::TensorBoardWriter(const fs::path& folder, const std::string& 
   fs::create_directories(folder, ec);
   char host[256] = "localhost";
   gethostname(host, sizeof host - 1);
-  file_ = folder / ("events.out.tfevents." + std::to_string(int64_t(now_seconds())) + "." + host +
-                    (suffix.empty() ? "" : "." + suffix));
-  out_ = std::fopen(file_.c_str(), "wb");
-  TITAN_CHECK(out_, "cannot create the TensorBoard event file " + file_.string(),
+  // Seconds, host, process and a counter: writers started in the same second never share a file.
+  static std::atomic<int> writers{0};
+  file_ = folder / ("events.out.tfevents." + std::to_string(int64_t(now_seconds())) + "." + host + "." +
+                    std::to_string(::getpid()) + "." + std::to_string(writers++) + (suffix.empty() ? "" : "." + suffix));
+  out_.reset(std::fopen(file_.c_str(), "wbx"));
+  TITAN_CHECK(out_ != nullptr, "cannot create the TensorBoard event file " + file_.string(),
               "check that job.dump_folder is writable, or set metrics.enable_tensorboard = false");
   tensorboard::Event first;
   first.set_wall_time(now_seconds());
   first.set_file_version("brain.Event:2");
   write_record(first.SerializeAsString());
-}
-
-TensorBoardWriter::~TensorBoardWriter() {
-  if (out_) std::fclose(out_);
 }
 
 void TensorBoardWriter::write_record(const std::string& bytes) {
@@ -72,9 +71,9 @@ void TensorBoardWriter::write_record(const std::string& bytes) {
   put_le(head.data() + 8, masked_crc32c({head.data(), 8}), 4);
   std::array<unsigned char, 4> tail{};
   put_le(tail.data(), masked_crc32c(as_bytes(bytes)), 4);
-  const bool ok = std::fwrite(head.data(), 1, head.size(), out_) == head.size() &&
-                  std::fwrite(bytes.data(), 1, bytes.size(), out_) == bytes.size() &&
-                  std::fwrite(tail.data(), 1, tail.size(), out_) == tail.size() && std::fflush(out_) == 0;
+  const bool ok = std::fwrite(head.data(), 1, head.size(), out_.get()) == head.size() &&
+                  std::fwrite(bytes.data(), 1, bytes.size(), out_.get()) == bytes.size() &&
+                  std::fwrite(tail.data(), 1, tail.size(), out_.get()) == tail.size() && std::fflush(out_.get()) == 0;
   TITAN_CHECK(ok, "writing the TensorBoard event file " + file_.string() + " failed: " + std::strerror(errno),
               "free space on that disk, or set metrics.enable_tensorboard = false");
 }
@@ -116,7 +115,7 @@ std::vector<TensorBoardScalar> read_tensorboard_scalars(const fs::path& file) {
     TITAN_CHECK(event.ParseFromArray(body.data(), int(body.size())), where + ": not an Event message", hint);
     if (event.has_summary())
       for (const tensorboard::SummaryValue& v : event.summary().value())
-        out.push_back({v.tag(), event.step(), v.simple_value(), event.wall_time()});
+        if (v.has_simple_value()) out.push_back({v.tag(), event.step(), v.simple_value(), event.wall_time()});
     at += 12 + length + 4;
   }
   return out;

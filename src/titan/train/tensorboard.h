@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -20,10 +21,9 @@ uint32_t masked_crc32c(std::span<const unsigned char> bytes);
 
 class TensorBoardWriter {
  public:
-  // Creates `folder` and in it events.out.tfevents.<seconds>.<host>[.<suffix>], starting with
+  // Creates `folder` and in it events.out.tfevents.<seconds>.<host>.<pid>.<n>[.<suffix>], starting with
   // the file-version record TensorBoard expects.
   explicit TensorBoardWriter(const std::filesystem::path& folder, const std::string& suffix = {});
-  ~TensorBoardWriter();
   TensorBoardWriter(const TensorBoardWriter&) = delete;
   TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;
 
@@ -33,8 +33,11 @@ class TensorBoardWriter {
 
  private:
   void write_record(const std::string& bytes);
+  struct Close {
+    void operator()(std::FILE* f) const { std::fclose(f); }
+  };
   std::filesystem::path file_;
-  std::FILE* out_ = nullptr;
+  std::unique_ptr<std::FILE, Close> out_;
 };
 
 struct TensorBoardScalar {

@@ -644,8 +644,16 @@ void Trainer::State::write_memory_snapshot(MetricsLogger& log) {
                               {"by_site", sites},
                               {"blocks", blocks}}
                              .dump(1);
+  std::string chart;
+  if (cfg.metrics.enable_plots) {
+    try {  // a chart that cannot be drawn does not end the run
+      chart = ", chart " + plot_memory_snapshot(file).filename().string();
+    } catch (const std::exception& e) {
+      chart = " (no chart: " + std::string(e.what()) + ")";
+    }
+  }
   log.log_event("memory at the peak of step " + std::to_string(step) + " (" + format_bytes(double(snap.peak_total)) +
-                "): " + file.string() + ", chart " + plot_memory_snapshot(file).filename().string());
+                "): " + file.string() + chart);
 }
 
 // The run's plots: a finished training is not failed by a plot that could not be drawn.
@@ -656,7 +664,7 @@ void Trainer::State::draw_plots(MetricsLogger& log) const {
     for (const fs::path& png : write_run_plots(run_folder / cfg.metrics.jsonl_file, folder))
       names += (names.empty() ? "" : ", ") + png.filename().string();
     log.log_event("plots: " + names + " in " + folder.string());
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     log.log_event(std::string("plots not drawn: ") + e.what());
   }
 }
