@@ -72,6 +72,27 @@ bool dumps_since(const fs::path& dir, fs::file_time_type since) {
   return false;
 }
 
+// An attempt's mpirun that outlives the watchdog's dumps by `after` seconds: the ranks abort
+// within the watchdog's grace period (<= 10 s), so such an mpirun waits for a host it cannot reach
+// (Open MPI 4.1 waits for that host's daemon forever) and is ended so that the job can restart.
+struct StuckJob {
+  fs::path traces;
+  fs::file_time_type started = fs::file_time_type::clock::now();
+  double after = 20, seen = 0;
+  bool stuck = false;
+  bool operator()() {
+    const double now = unix_seconds();
+    if (seen == 0 && dumps_since(traces, started)) seen = now;
+    if (!stuck && seen > 0 && now - seen > after) {
+      std::printf("[launch] mpirun is still running %.0f s after the watchdog's flight-recorder dumps (a host it "
+                  "cannot reach?); ending it\n", after);
+      std::fflush(stdout);
+      stuck = true;
+    }
+    return stuck;
+  }
+};
+
 std::string describe_exit(int status) {
   if (WIFSIGNALED(status)) return "mpirun killed by signal " + std::to_string(WTERMSIG(status));
   return "mpirun exited with status " + std::to_string(WEXITSTATUS(status)) + " (a rank died or failed)";
@@ -160,26 +181,16 @@ int launch_main(int argc, char** argv) {
   std::ofstream journal(run / "restarts.jsonl", std::ios::app);
   json pending;            // the restart under way, written once training runs again
   int64_t last_known = 0;  // the last step any attempt finished
-  // After a watchdog's dumps the ranks abort within its grace period (<= 10 s); an mpirun still
-  // running well after that waits for a host it cannot reach (Open MPI 4.1 waits for that host's
-  // daemon forever), and is ended so that the job can restart.
-  const double stuck_after = 20;
   for (int attempt = 0;; ++attempt) {
-    const fs::file_time_type started = fs::file_time_type::clock::now();
-    double dumps_seen = 0;
-    bool stuck = false, ended_stuck = false;
+    StuckJob stuck;  // from now: this attempt's dumps
+    stuck.traces = traces;
+    bool ended_stuck = false;
     fs::remove(run / "progress.json");  // rank 0 writes it again after each step it finishes
-    const int status = run_job(cmd, attempt, [&] {
-      const double now = unix_seconds();
-      if (dumps_seen == 0 && dumps_since(traces, started)) dumps_seen = now;
-      if (!stuck && dumps_seen > 0 && now - dumps_seen > stuck_after) {
-        std::printf("[launch] mpirun is still running %.0f s after the watchdog's flight-recorder dumps "
-                    "(a host it cannot reach?); ending it\n", stuck_after);
-        std::fflush(stdout);
-        stuck = true;
-      }
+    // A restart under way is recorded once its job has finished a step.
+    const auto record_recovery = [&] {
       const json now_at = progress(run);
-      if (pending.is_null() || !now_at.contains("step")) return stuck;
+      if (pending.is_null() || !now_at.contains("step")) return;
+      const double now = unix_seconds();
       const int64_t from = now_at.value("resumed_from", int64_t(0));
       pending["resumed_step"] = from;
       pending["steps_lost"] = std::max<int64_t>(0, pending["last_step"].get<int64_t>() - from);
@@ -191,7 +202,10 @@ int launch_main(int argc, char** argv) {
                   pending["seconds_to_recover"].get<double>());
       std::fflush(stdout);
       pending = json();
-      return stuck;
+    };
+    const int status = run_job(cmd, attempt, [&] {
+      record_recovery();
+      return stuck();
     }, &ended_stuck);
     if (!pending.is_null()) journal << pending.dump() << std::endl;  // ended (or failed) before a step
     pending = json();
@@ -211,7 +225,7 @@ int launch_main(int argc, char** argv) {
     const double failed_at = unix_seconds();
     std::string cause = ended_stuck ? std::string("mpirun ended by titan launch after the ranks' watchdog fired")
                                     : describe_exit(status);
-    if (dumps_since(traces, started))
+    if (dumps_since(traces, stuck.started))
       cause += "; the watchdog found a stalled collective (flight-recorder dumps in " + traces.string() +
                ", read them with `titan fr analyze`)";
     // The last step finished before the failure (a job that failed again before its first step

@@ -296,6 +296,15 @@ std::map<std::pair<std::string, CommOp>, CommStats> CommEngine::stats() const {
   return out;
 }
 
+CommStats CommEngine::total() const {
+  CommStats t;
+  for (const auto& [key, s] : stats()) {
+    t.calls += s.calls, t.bytes += s.bytes, t.cross_host_bytes += s.cross_host_bytes;
+    t.busy_seconds += s.busy_seconds;
+  }
+  return t;
+}
+
 int CommEngine::hosts() const {
   std::vector<int> distinct = host_of_;
   std::sort(distinct.begin(), distinct.end());

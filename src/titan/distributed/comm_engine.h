@@ -115,6 +115,8 @@ class CommEngine {
 
   // Traffic since start or the last reset, by (group name, op).
   std::map<std::pair<std::string, CommOp>, CommStats> stats() const;
+  // The same summed over every group and op.
+  CommStats total() const;
   void reset_stats();
   // Seconds callers spent blocked in Work::wait (exposed communication) since start.
   double exposed_seconds() const { return exposed_ns_.load() * 1e-9; }

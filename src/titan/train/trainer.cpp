@@ -824,9 +824,7 @@ TrainResult Trainer::train() {
   // The FLOPs per token can change between steps (DeepSeek-V3.2's stages), so the window sums them.
   double window_start = now_seconds(), window_data = 0, window_flops = 0;
   double window_exposed = s.engine->exposed_seconds();
-  std::vector<double> window_bytes = {0, 0};  // bytes sent (all, cross-host) by this rank before the window
-  for (const auto& [key, st] : s.engine->stats())
-    window_bytes[0] += double(st.bytes), window_bytes[1] += double(st.cross_host_bytes);
+  distributed::CommStats window_sent = s.engine->total();  // this rank's traffic before the window
   int64_t window_steps = 0;
   double save_seconds = 0;  // training blocked in checkpoint saves since the last metrics line
   while (s.step < t.steps) {
@@ -884,14 +882,14 @@ TrainResult Trainer::train() {
       if (s.world->size() > 1) {
         m.detail.emplace_back("comm_exposed_share", worst[1]);
         // Bytes all ranks sent per step over the window: those that crossed hosts, those that stayed.
-        std::vector<double> sent = {0, 0};
-        for (const auto& [key, st] : s.engine->stats()) sent[0] += double(st.bytes), sent[1] += double(st.cross_host_bytes);
-        std::vector<double> window_sent = {sent[0] - window_bytes[0], sent[1] - window_bytes[1]};
-        window_bytes = sent;
+        const distributed::CommStats sent = s.engine->total();
+        std::vector<double> bytes = {double(sent.bytes - window_sent.bytes),
+                                     double(sent.cross_host_bytes - window_sent.cross_host_bytes)};
+        window_sent = sent;
         const double busy = window - (s.engine->exposed_seconds() - window_exposed);
-        const BusySpread spread = busy_spread(*s.world, busy / double(window_steps), window_sent);
-        m.detail.emplace_back("comm_bytes_cross_host", window_sent[1] / double(window_steps));
-        m.detail.emplace_back("comm_bytes_local", (window_sent[0] - window_sent[1]) / double(window_steps));
+        const BusySpread spread = busy_spread(*s.world, busy / double(window_steps), bytes);
+        m.detail.emplace_back("comm_bytes_cross_host", bytes[1] / double(window_steps));
+        m.detail.emplace_back("comm_bytes_local", (bytes[0] - bytes[1]) / double(window_steps));
         m.detail.emplace_back("rank_busy_spread", spread.ratio);
         m.detail.emplace_back("slowest_rank", spread.slowest);
         if (spread.ratio > kStragglerRatio) {
