@@ -105,3 +105,15 @@ TEST_F(Layouts, GradientAccumulation) {
   expect_same_losses(llama3, layout("llama3", {"ddp_accum", 2, 1, 1}), 1e-5,
                      "llama3: DDP 2 accumulating 2 micro-batches");
 }
+
+// The swap optimizer under FSDP (each rank streams its own shard's moments through 1 MiB chunks
+// of a file) trains as one rank with AdamW in memory, to the last bit.
+TEST_F(Layouts, SwapOptimizerUnderFsdp) {
+  if (world().size() != 2) GTEST_SKIP() << "FSDP 2";
+  for (const std::string model : {"llama3", "deepseek_v32"}) {
+    const std::vector<std::string> swap = {"--optimizer.swap=file", "--optimizer.swap_chunk_mb=1"};
+    expect_same_losses(reference(model, "f32_memory", 2), layout(model, {"fsdp_swap", 1, 2, 2, swap}), 0,
+                       model + ": FSDP 2 with swapped optimizer state");
+  }
+}
+

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "titan/data/prepare.h"
+#include "titan/optim/swapped_moments.h"
 #include "titan/train/trainer.h"
 
 using namespace titan;
@@ -19,7 +20,7 @@ namespace {
 
 fs::path make_dataset(const fs::path& dir) { return test::prepare_templated_dataset(dir); }
 
-train::JobConfig config(const fs::path& data, const fs::path& run) {
+train::JobConfig config(const fs::path& data, const fs::path& run, const std::vector<std::string>& extra = {}) {
   const std::string toml = R"(
 [job]
 dump_folder = ")" + run.string() + R"("
@@ -54,7 +55,7 @@ seq_len = 64
 freq = 10
 steps = 4
 )";
-  return train::parse_config(toml, "train_resume_test.toml");
+  return train::parse_config(toml, "train_resume_test.toml", extra);
 }
 
 std::vector<double> losses(const fs::path& run) {
@@ -99,6 +100,63 @@ TEST(TrainE2E, LearnsAndResumesBitIdentically) {
   ASSERT_EQ(lb.size(), 20u);
   for (size_t i = 0; i < 20; ++i) EXPECT_EQ(la[i], lb[i]) << "step " << i + 1;
   EXPECT_EQ(a.last_val_loss, b.last_val_loss);
+  fs::remove_all(root);
+}
+
+// The swap optimizer (moments in a file, streamed in 1 MiB chunks: the debug model's state spans
+// several) trains bit for bit as AdamW in memory, straight and interrupted + resumed, and its
+// checkpoints are the in-memory optimizer's: a run saved with swap resumes without it.
+TEST(TrainE2E, SwapOptimizerTrainsAndResumesBitIdentically) {
+  const fs::path root = fs::temp_directory_path() / ("titan_e2e_swap_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const fs::path data = make_dataset(root / "data");
+  const std::vector<std::string> swap = {"--optimizer.swap=file", "--optimizer.swap_chunk_mb=1",
+                                         "--optimizer.swap_path=" + (root / "swap").string()};
+  train::Trainer memory(config(data, root / "memory"), "in memory");
+  const train::TrainResult a = memory.train();
+  const std::vector<double> la = losses(root / "memory");
+  ASSERT_EQ(la.size(), 20u);
+
+  train::Trainer swapped(config(data, root / "swapped", swap), "swapped");
+  ASSERT_NE(swapped.optimizer().swapped(), nullptr);
+  EXPECT_GT(swapped.optimizer().swapped()->chunk_count(), 2);
+  const train::TrainResult b = swapped.train();
+  EXPECT_EQ(losses(root / "swapped"), la);
+  EXPECT_EQ(a.last_val_loss, b.last_val_loss);
+  EXPECT_TRUE(fs::is_empty(root / "swap")) << "swap files are unlinked once open";
+
+  for (const bool resume_swapped : {true, false}) {
+    const fs::path run = root / (resume_swapped ? "resumed_swapped" : "resumed_in_memory");
+    {
+      train::Trainer first(config(data, run, swap), "first half");
+      first.on_step_end = [](int64_t step) {
+        if (step == 10) std::raise(SIGINT);
+      };
+      EXPECT_TRUE(first.train().interrupted);
+    }
+    train::Trainer second(config(data, run, resume_swapped ? swap : std::vector<std::string>{}), "second half");
+    EXPECT_EQ(second.train().last_step, 20);
+    EXPECT_EQ(losses(run), la) << (resume_swapped ? "resumed with swap" : "saved with swap, resumed in memory");
+  }
+  fs::remove_all(root);
+}
+
+// A swap folder that cannot be created fails at the start, naming the file and the key to change.
+TEST(TrainE2E, UnwritableSwapPathIsAClearError) {
+  const fs::path root = fs::temp_directory_path() / ("titan_e2e_swap_error_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const fs::path data = make_dataset(root / "data");
+  std::ofstream(root / "a_file") << "not a folder";
+  // Even root cannot make a folder inside a file.
+  const std::string swap_path = (root / "a_file" / "swap").string();
+  try {
+    train::Trainer t(config(data, root / "run", {"--optimizer.swap=file", "--optimizer.swap_path=" + swap_path}), "x");
+    t.train();
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.message()).find(swap_path), std::string::npos) << e.what();
+    EXPECT_NE(e.hint().find("[optimizer] swap_path"), std::string::npos) << e.what();
+  }
   fs::remove_all(root);
 }
 

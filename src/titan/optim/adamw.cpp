@@ -1,33 +1,71 @@
 #include "titan/optim/adamw.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "titan/kernels/adamw.h"
+#include "titan/optim/swapped_moments.h"
 
 namespace titan::optim {
 
-AdamW::AdamW(std::vector<nn::TrainableParam> params, const kernels::AdamWParams& config) : config_(config) {
+AdamW::AdamW(std::vector<nn::TrainableParam> params, const kernels::AdamWParams& config, const std::optional<Swap>& swap)
+    : config_(config) {
+  std::vector<int64_t> sizes;
   for (nn::TrainableParam& p : params) {
     const Shape s = p.var.value().shape();
-    slots_.push_back({std::move(p), Tensor::zeros(s, DType::f32, MemCategory::optimizer_state),
-                      Tensor::zeros(s, DType::f32, MemCategory::optimizer_state)});
+    Slot slot;
+    slot.param = std::move(p);
+    if (!swap) {
+      slot.exp_avg = Tensor::zeros(s, DType::f32, MemCategory::optimizer_state);
+      slot.exp_avg_sq = Tensor::zeros(s, DType::f32, MemCategory::optimizer_state);
+    }
+    sizes.push_back(s.numel());
+    slots_.push_back(std::move(slot));
   }
+  if (swap)
+    swapped_ = std::make_unique<SwappedMoments>(std::move(sizes), swap->chunk_bytes,
+                                                std::make_unique<FileSwapStore>(swap->file));
+}
+
+AdamW::~AdamW() = default;
+
+bool AdamW::prepare(Slot& s, float lr, float grad_scale) {
+  s.updating = s.param.var.grad().defined();
+  if (!s.updating) return false;
+  ++s.steps;
+  kernels::AdamWParams& a = s.step;
+  a = config_;
+  a.lr = lr;
+  a.grad_scale = grad_scale;
+  a.bias_correction1 = float(1 - std::pow(double(config_.beta1), double(s.steps)));
+  a.bias_correction2 = float(1 - std::pow(double(config_.beta2), double(s.steps)));
+  a.weight_decay = s.param.weight_decay ? config_.weight_decay : 0.0f;
+  return true;
+}
+
+void AdamW::update(Slot& s, int64_t begin, int64_t n, float* exp_avg, float* exp_avg_sq) {
+  // The bf16 compute copy (mixed precision) is refreshed in the same pass over memory.
+  Tensor* compute = s.param.compute && s.param.compute->defined() ? s.param.compute : nullptr;
+  kernels::adamw_step(s.param.var.mutable_value().data<float>() + begin, exp_avg, exp_avg_sq,
+                      compute ? compute->data<bf16>() + begin : nullptr, s.param.var.grad().data<float>() + begin, n,
+                      s.step);
 }
 
 void AdamW::step(float lr, float grad_scale) {
   ++step_;
-  kernels::AdamWParams a = config_;
-  a.lr = lr;
-  a.grad_scale = grad_scale;
+  for (Slot& s : slots_) prepare(s, lr, grad_scale);
+  if (swapped_) {
+    swapped_->for_each(SwappedMoments::Access::update, [this](const SwappedMoments::Piece& p) {
+      Slot& s = slots_[size_t(p.tensor)];
+      if (s.updating) update(s, p.begin, p.n, p.exp_avg, p.exp_avg_sq);
+    });
+    return;
+  }
   for (Slot& s : slots_) {
-    if (!s.param.var.grad().defined()) continue;
-    ++s.steps;
-    a.bias_correction1 = float(1 - std::pow(double(config_.beta1), double(s.steps)));
-    a.bias_correction2 = float(1 - std::pow(double(config_.beta2), double(s.steps)));
-    a.weight_decay = s.param.weight_decay ? config_.weight_decay : 0.0f;
-    // The bf16 compute copy (mixed precision) is refreshed in the same pass over memory.
-    Tensor* compute = s.param.compute && s.param.compute->defined() ? s.param.compute : nullptr;
-    kernels::adamw_step(s.param.var.mutable_value(), s.exp_avg, s.exp_avg_sq, compute, s.param.var.grad(), a);
+    if (!s.updating) continue;
+    kernels::adamw_step(s.param.var.mutable_value(), s.exp_avg, s.exp_avg_sq,
+                        s.param.compute && s.param.compute->defined() ? s.param.compute : nullptr, s.param.var.grad(),
+                        s.step);
   }
 }
 
@@ -38,11 +76,39 @@ int64_t AdamW::param_steps(const std::string& name) const {
              "pass a name from the model's named_parameters()");
 }
 
-std::vector<std::pair<std::string, Tensor>> AdamW::state_dict() const {
-  std::vector<std::pair<std::string, Tensor>> out;
+std::vector<std::pair<std::string, Shape>> AdamW::state_shapes() const {
+  std::vector<std::pair<std::string, Shape>> out;
   for (const Slot& s : slots_) {
-    out.emplace_back(s.param.name + ".exp_avg", s.exp_avg);
-    out.emplace_back(s.param.name + ".exp_avg_sq", s.exp_avg_sq);
+    const Shape shape = s.param.var.value().shape();
+    out.emplace_back(s.param.name + ".exp_avg", shape);
+    out.emplace_back(s.param.name + ".exp_avg_sq", shape);
+    out.emplace_back(s.param.name + ".step", Shape{1});
+  }
+  out.emplace_back("step", Shape{1});
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> AdamW::state_dict() const {
+  std::vector<Tensor> m, v;
+  for (const Slot& s : slots_) {
+    if (!swapped_) {
+      m.push_back(s.exp_avg);
+      v.push_back(s.exp_avg_sq);
+      continue;
+    }
+    m.push_back(Tensor::empty(s.param.var.value().shape(), DType::f32, MemCategory::temporaries));
+    v.push_back(Tensor::empty(s.param.var.value().shape(), DType::f32, MemCategory::temporaries));
+  }
+  if (swapped_)
+    swapped_->for_each(SwappedMoments::Access::read, [&](const SwappedMoments::Piece& p) {
+      std::memcpy(m[size_t(p.tensor)].data<float>() + p.begin, p.exp_avg, size_t(p.n) * sizeof(float));
+      std::memcpy(v[size_t(p.tensor)].data<float>() + p.begin, p.exp_avg_sq, size_t(p.n) * sizeof(float));
+    });
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    out.emplace_back(s.param.name + ".exp_avg", m[i]);
+    out.emplace_back(s.param.name + ".exp_avg_sq", v[i]);
     out.emplace_back(s.param.name + ".step", Tensor::full({1}, double(s.steps), DType::i64));
   }
   out.emplace_back("step", Tensor::full({1}, double(step_), DType::i64));
@@ -58,12 +124,33 @@ void AdamW::load_state_dict(const std::map<std::string, Tensor>& state, const st
                                                  it->second.shape().str() + ", expected " + shape.str());
     return it->second;
   };
+  // Every tensor is checked before anything changes: a bad state leaves the optimizer as it was.
+  std::vector<const Tensor*> m, v;
+  for (const Slot& s : slots_) {
+    const Shape shape = s.param.var.value().shape();
+    m.push_back(&get(s.param.name + ".exp_avg", shape));
+    v.push_back(&get(s.param.name + ".exp_avg_sq", shape));
+  }
   step_ = int64_t(get("step", {1}).item());
-  for (Slot& s : slots_) {
-    s.exp_avg.copy_(get(s.param.name + ".exp_avg", s.exp_avg.shape()));
-    s.exp_avg_sq.copy_(get(s.param.name + ".exp_avg_sq", s.exp_avg_sq.shape()));
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    if (!swapped_) {
+      s.exp_avg.copy_(*m[i]);
+      s.exp_avg_sq.copy_(*v[i]);
+    }
     // Checkpoints from before per-parameter counts: the global count is the best available.
     s.steps = state.count(s.param.name + ".step") ? int64_t(get(s.param.name + ".step", {1}).item()) : step_;
+  }
+  if (swapped_) {
+    std::vector<Tensor> mc, vc;  // contiguous f32 views of what was loaded
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      for (auto [from, to] : {std::pair{m[i], &mc}, std::pair{v[i], &vc}})
+        to->push_back(from->dtype() == DType::f32 ? from->contiguous() : from->to(DType::f32));
+    }
+    swapped_->for_each(SwappedMoments::Access::overwrite, [&](const SwappedMoments::Piece& p) {
+      std::memcpy(p.exp_avg, mc[size_t(p.tensor)].data<float>() + p.begin, size_t(p.n) * sizeof(float));
+      std::memcpy(p.exp_avg_sq, vc[size_t(p.tensor)].data<float>() + p.begin, size_t(p.n) * sizeof(float));
+    });
   }
 }
 

@@ -145,13 +145,13 @@ json load_run_checkpoint(const fs::path& folder, const RunParts& parts, const Jo
   if (!model_only) {
     const auto slices = slices_of(params);
     std::map<std::string, Tensor> state;
-    for (const auto& [key, t] : parts.optimizer.state_dict()) {
+    for (const auto& [key, shape] : parts.optimizer.state_shapes()) {
       if (!reader.contains("optim." + key)) continue;  // load_state_dict names what is missing
       const std::string param = moment_param(key);
       if (param.empty()) {
         state[key] = reader.read_full("optim." + key);
       } else {
-        Tensor dst = Tensor::empty(t.shape(), DType::f32, MemCategory::temporaries);
+        Tensor dst = Tensor::empty(shape, DType::f32, MemCategory::temporaries);
         reader.read("optim." + key, dst, slices.at(param));
         state[key] = dst;
       }

@@ -785,6 +785,17 @@ const std::vector<KeySpec>& config_schema() {
        "Added to the square root of the second moment, keeping the update finite."},
       {"optimizer", "weight_decay", member<&C::optimizer, &Optimizer::weight_decay>, at_least(0),
        "Decoupled weight decay (AdamW), scaled by the scheduled learning rate."},
+      {"optimizer", "swap", member<&C::optimizer, &Optimizer::swap>, one_of({"none", "file"}),
+       "Where AdamW's two moments live between steps. none: in memory. file: in a file in swap_path, one per "
+       "rank (under FSDP each rank's shard), streamed through two chunk buffers during the step (read chunk "
+       "i+1, update chunk i, write chunk i-1), with direct I/O where the filesystem has it; training is bit "
+       "for bit the same."},
+      {"optimizer", "swap_path", member<&C::optimizer, &Optimizer::swap_path>, non_empty(),
+       "Folder for the swap files, relative to job.dump_folder or absolute: a local disk (NVMe, SSD). Each "
+       "file is removed from the folder as soon as it is open and its space reserved; the space returns "
+       "when the run ends."},
+      {"optimizer", "swap_chunk_mb", member<&C::optimizer, &Optimizer::swap_chunk_mb>, at_least(1),
+       "MiB of optimizer state (both moments) per swap chunk; two chunks are in memory during the step."},
       // [lr_scheduler]
       {"lr_scheduler", "warmup_steps", member<&C::lr_scheduler, &LrScheduler::warmup_steps>, at_least(0),
        "Steps of linear warmup: step s of the warmup trains at lr x s / warmup_steps. A warmup longer than "

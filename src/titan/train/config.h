@@ -47,6 +47,9 @@ struct Optimizer {
   double beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.1;
+  std::string swap = "none";  // "file": the moments live in a file between steps
+  std::string swap_path = "optimizer_swap";
+  int64_t swap_chunk_mb = 64;
   bool operator==(const Optimizer&) const = default;
 };
 

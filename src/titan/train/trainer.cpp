@@ -35,6 +35,7 @@
 #include "titan/models/causal_lm.h"
 #include "titan/optim/adamw.h"
 #include "titan/optim/clip_grad.h"
+#include "titan/optim/swapped_moments.h"
 #include "titan/train/checkpointing.h"
 #include "titan/train/metrics.h"
 #include "titan/train/plots.h"
@@ -413,7 +414,18 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
   s.dp = make_data_parallel(*s.model, *s.mesh, config, source);
   {
     ProfileScope state("optimizer state");
-    s.opt = std::make_unique<optim::AdamW>(s.dp->params(), adamw_params(config));
+    std::optional<optim::Swap> swap;
+    if (config.optimizer.swap == "file")
+      swap = optim::Swap{(s.run_folder / config.optimizer.swap_path /
+                          ("optimizer.rank" + std::to_string(s.world->rank()) + ".swap")).string(),
+                         config.optimizer.swap_chunk_mb << 20};
+    s.opt = std::make_unique<optim::AdamW>(s.dp->params(), adamw_params(config), swap);
+    if (s.lead && s.opt->swapped()) {
+      const optim::SwappedMoments& m = *s.opt->swapped();
+      std::printf("optimizer state swapped to %s: %.1f MiB on disk per rank, %lld chunks, %.1f MiB in memory\n",
+                  m.store().describe().c_str(), double(m.stored_bytes()) / (1 << 20), (long long)m.chunk_count(),
+                  double(m.resident_bytes()) / (1 << 20));
+    }
   }
   s.accum = gradient_accumulation_steps(config, s.dp_degree());
   if (pipeline_plan) {

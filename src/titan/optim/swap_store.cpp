@@ -1,0 +1,78 @@
+#include "titan/optim/swap_store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "titan/core/error.h"
+
+namespace titan::optim {
+
+namespace {
+
+constexpr const char* kHint = "set [optimizer] swap_path to a folder on a local disk with room for it, or swap = \"none\"";
+
+std::string reason(int err) { return std::strerror(err); }
+
+}  // namespace
+
+FileSwapStore::FileSwapStore(std::string path) : path_(std::move(path)) {
+  const std::filesystem::path folder = std::filesystem::path(path_).parent_path();
+  std::error_code ec;
+  if (!folder.empty()) std::filesystem::create_directories(folder, ec);
+  TITAN_CHECK(!ec, "optimizer swap file " + path_ + ": cannot create its folder: " + ec.message(), kHint);
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0600);
+  direct_ = fd_ >= 0;
+  if (fd_ < 0 && errno == EINVAL) fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  TITAN_CHECK(fd_ >= 0, "optimizer swap file " + path_ + ": cannot create it: " + reason(errno), kHint);
+  ::unlink(path_.c_str());
+}
+
+void FileSwapStore::reserve(int64_t bytes) {
+  // posix_fallocate returns the error instead of setting errno; filesystems without it
+  // (EOPNOTSUPP) get a sparse file, whose holes read as zeros too.
+  int err = ::posix_fallocate(fd_, 0, bytes);
+  if (err == EOPNOTSUPP || err == EINVAL) err = ::ftruncate(fd_, bytes) == 0 ? 0 : errno;
+  if (err != 0) {
+    TITAN_FAIL("optimizer swap file " + path_ + ": cannot reserve " + std::to_string(bytes >> 20) +
+                   " MiB for the optimizer state: " + reason(err),
+               kHint);
+  }
+}
+
+FileSwapStore::~FileSwapStore() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void FileSwapStore::read(int64_t offset, std::span<std::byte> dst) {
+  size_t done = 0;
+  while (done < dst.size()) {
+    const ssize_t n = ::pread(fd_, dst.data() + done, dst.size() - done, off_t(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    TITAN_CHECK(n > 0, "optimizer swap file " + path_ + ": reading " + std::to_string(dst.size()) + " bytes at " +
+                           std::to_string(offset) + " failed: " + (n < 0 ? reason(errno) : std::string("end of file")),
+                kHint);
+    done += size_t(n);
+  }
+}
+
+void FileSwapStore::write(int64_t offset, std::span<const std::byte> src) {
+  size_t done = 0;
+  while (done < src.size()) {
+    const ssize_t n = ::pwrite(fd_, src.data() + done, src.size() - done, off_t(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    TITAN_CHECK(n > 0, "optimizer swap file " + path_ + ": writing " + std::to_string(src.size()) + " bytes at " +
+                           std::to_string(offset) + " failed: " + (n < 0 ? reason(errno) : std::string("nothing written")),
+                kHint);
+    done += size_t(n);
+  }
+}
+
+std::string FileSwapStore::describe() const {
+  return path_ + (direct_ ? " (direct I/O)" : " (buffered I/O: the filesystem has no direct I/O, the page cache holds it)");
+}
+
+}  // namespace titan::optim
