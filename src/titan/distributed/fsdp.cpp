@@ -220,6 +220,10 @@ void Fsdp::post_backward(Unit& u) {
     return;
   }
   if (--u.uses > 0) return;  // another forward of the unit (e.g. the MTP head) still has its backward to run
+  // FSDP2's bound on gradient memory: the reduce-scatters issued after the previous unit's
+  // backward (which overlapped this unit's) finish before this unit's are issued, so at most two
+  // units' unsharded gradients exist at once, however slowly the engine sends.
+  for (auto& rd : reductions_) rd->reduce_scatter.wait();
   reduce_gradients(u);
   release(u);
   advance_reductions(false);
@@ -273,10 +277,11 @@ void Fsdp::advance_reductions(bool wait) {
 void Fsdp::zero_grad() {
   in_step_ = true;
   micro_batches_ = 0;
+  // No shard gradient is held while the step runs: finish_backward gives each its sum (a zero one
+  // to a trainable parameter no gradient reached, which still steps; none to a frozen one, which
+  // the optimizer skips).
   for (auto& q : params_) {
-    autograd::Variable& v = trainables_[q->trainable].var;
-    if (q->p->var.requires_grad()) v.zero_grad();  // kept, zero: a parameter no gradient reaches still steps
-    else v.clear_grad();                           // frozen: the optimizer skips it
+    trainables_[q->trainable].var.clear_grad();
     q->p->var.clear_grad();
   }
 }
@@ -305,11 +310,12 @@ void Fsdp::finish_backward() {
   reduce_gradients(*units_.back());
   advance_reductions(true);
   for (auto& u : units_) release(*u);
-  // The step's shard gradients; a parameter no gradient reached keeps its zero (stale) one.
-  for (size_t i = 0; i < trainables_.size(); ++i) {
-    if (sums_[i].empty()) continue;
+  // The step's shard gradients; a trainable parameter no gradient reached gets a zero one.
+  for (auto& q : params_) {
+    const size_t i = q->trainable;
     const std::shared_ptr<autograd::GradSlot>& slot = trainables_[i].var.slot();
-    slot->grad = sums_[i].take().view(trainables_[i].var.shape());
+    if (!sums_[i].empty()) slot->grad = sums_[i].take().view(trainables_[i].var.shape());
+    else if (q->p->var.requires_grad()) slot->grad = Tensor::zeros(trainables_[i].var.shape(), DType::f32, MemCategory::gradients);
     slot->stale = false;
   }
   in_step_ = false;

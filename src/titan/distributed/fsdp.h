@@ -13,7 +13,8 @@
 //   backward  before the unit's backward: gather it again if freed, prefetch the unit before it;
 //             after: reduce-scatter its f32 gradients into the shards (per micro-batch, added to
 //             the shard's gradient), free the gathered parameters. HSDP then all-reduces each
-//             shard's gradient over the replicas.
+//             shard's gradient over the replicas. The previous unit's reduce-scatters finish
+//             first: at most two units' unsharded gradients are ever held.
 // Under pipeline parallelism (FsdpOptions::pipeline) every reduction waits for finish_backward.
 // The root unit is gathered by begin_forward and reduced by finish_backward. Gradients are sums
 // (the loss is normalized by the global token count), reduced as a binary tree over ranks and
