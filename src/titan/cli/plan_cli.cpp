@@ -1,20 +1,36 @@
 #include "titan/cli/plan_cli.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "titan/cli/args.h"
 #include "titan/core/error.h"
+#include "titan/data/tokenizer.h"
 #include "titan/distributed/pipeline_schedule.h"
 #include "titan/distributed/pipeline_simulator.h"
+#include "titan/train/config.h"
+#include "titan/train/memory_plan.h"
 
 namespace titan::cli {
 
 namespace {
 
 constexpr const char* kUsage =
-    "usage: titan plan --pp-schedule NAME|all --pp N --microbatches M [options]\n"
+    "usage: titan plan --config C.toml [--world-size N] [--device-memory GiB] [--vocab V] [--section.key=value ...]\n"
+    "       titan plan --pp-schedule NAME|all --pp N --microbatches M [options]\n"
     "\n"
+    "With --config: the job's memory and communication plan, without allocating anything: per rank\n"
+    "(the busiest pipeline rank) the peak bytes by category (parameters, gradients, optimizer state,\n"
+    "resident or swapped, activations for the checkpointing mode and the micro-batches in flight,\n"
+    "temporaries) with the terms behind them, and the bytes each collective sends per step.\n"
+    "  --world-size N          ranks (default: the product of the configured degrees, dp_shard 1 if -1)\n"
+    "  --device-memory GiB     also print the smallest world size (dp_shard grown) whose peak fits\n"
+    "  --vocab V               vocabulary size (default: the tokenizer's, else the flavor's own)\n"
+    "  --json                  the plan as JSON (bytes per category and term, traffic per collective)\n"
+    "  --section.key=value     config overrides, as titan train takes them\n"
+    "\n"
+    "With --pp-schedule:"
     "Replays the pipeline schedule's per-rank action lists (each checked: every forward before its\n"
     "backward, every send received, no deadlock) and prints its bubble fraction, the closed form where\n"
     "one is known, and the peak number of micro-batches in flight on each rank.\n"
@@ -80,6 +96,75 @@ void print_schedule(const std::string& name, const Options& o) {
 
 }  // namespace
 
+struct ConfigOptions {
+  std::string config;
+  int world = 0;
+  double device_gib = 0;
+  int64_t vocab = 0;
+  bool json = false;
+  std::vector<std::string> overrides;
+};
+
+ConfigOptions parse_config_mode(const std::vector<std::string_view>& args) {
+  ConfigOptions o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string_view flag = args[i];
+    if (flag.starts_with("--") && flag.find('=') != std::string_view::npos && flag.find('.') < flag.find('=')) {
+      o.overrides.emplace_back(flag);
+      continue;
+    }
+    if (flag == "--json") {
+      o.json = true;
+      continue;
+    }
+    if (i + 1 >= args.size()) throw UsageError{fmt::format("{} needs a value", flag)};
+    const std::string_view value = args[++i];
+    if (flag == "--config") o.config = std::string(value);
+    else if (flag == "--world-size") o.world = parse_number<int>(flag, value);
+    else if (flag == "--device-memory") o.device_gib = parse_number<double>(flag, value);
+    else if (flag == "--vocab") o.vocab = parse_number<int64_t>(flag, value);
+    else throw UsageError{fmt::format("unknown option '{}'", flag)};
+  }
+  return o;
+}
+
+// The tokenizer's vocabulary where the config names one that exists, else 0 (the flavor's).
+int64_t config_vocab(const train::JobConfig& c) {
+  std::string file = c.model.tokenizer_path;
+  if (file.empty() && !c.model.hf_assets_path.empty()) file = (std::filesystem::path(c.model.hf_assets_path) / "tokenizer.json").string();
+  if (file.empty() || !std::filesystem::exists(file)) return 0;
+  return data::Tokenizer::load(file).vocab_size();
+}
+
+int plan_config(const std::vector<std::string_view>& args) {
+  const ConfigOptions o = parse_config_mode(args);
+  const train::JobConfig c = train::load_config(o.config, o.overrides);
+  const train::Parallelism& p = c.parallelism;
+  const int world = o.world > 0 ? o.world
+                                : int(p.pipeline_parallel_degree * p.data_parallel_replicate_degree *
+                                      std::max<int64_t>(1, p.data_parallel_shard_degree) * p.context_parallel_degree *
+                                      p.tensor_parallel_degree);
+  const int64_t vocab = o.vocab > 0 ? o.vocab : config_vocab(c);
+  if (o.json) {
+    std::printf("%s\n", train::plan_json(train::plan_memory(c, world, vocab, o.config)).dump(1).c_str());
+    return 0;
+  }
+  std::printf("%s: %s %s, %lld x %lld tokens per rank, %s, activation checkpointing %s%s\n", o.config.c_str(),
+              c.model.name.c_str(), c.model.flavor.c_str(), (long long)c.training.local_batch_size,
+              (long long)c.training.seq_len,
+              c.training.mixed_precision_param == "bfloat16" ? "bf16 mixed precision" : "f32",
+              c.activation_checkpoint.mode.c_str(), c.optimizer.swap == "file" ? ", optimizer state swapped to a file" : "");
+  const train::MemoryPlan plan = train::plan_memory(c, world, vocab, o.config);
+  std::fputs(train::plan_str(plan).c_str(), stdout);
+  if (o.device_gib > 0) {
+    const double bytes = o.device_gib * double(int64_t(1) << 30);
+    const int fits = train::smallest_world(c, vocab, bytes, o.config);
+    if (fits > 0) std::printf("\nsmallest world size that fits %.1f GiB per rank: %d ranks (dp_shard grown)\n", o.device_gib, fits);
+    else std::printf("\nno world size fits %.1f GiB per rank by growing dp_shard: raise tp, pp, cp or ep, checkpoint activations, or swap the optimizer\n", o.device_gib);
+  }
+  return 0;
+}
+
 int plan_main(int argc, char** argv) {
   const std::vector<std::string_view> args = arguments(argc, argv, 1);
   return run_command("plan", kUsage, [&] {
@@ -87,6 +172,8 @@ int plan_main(int argc, char** argv) {
       std::fputs(kUsage, stdout);
       return 0;
     }
+    for (const std::string_view a : args)
+      if (a == "--config") return plan_config(args);
     const Options o = parse(args);
     std::printf("pipeline schedules: %d ranks, %d micro-batches; per rank-sized stage F %g, I %g, W %g, transfer %g\n",
                 o.ranks, o.microbatches, o.cost.forward, o.cost.backward_input, o.cost.backward_weight, o.transfer);

@@ -1,0 +1,105 @@
+// The memory planner (train/memory_plan.h) against the peaks real runs measure (metrics.jsonl's
+// peak_memory_bytes, rank 0 of each run), per category, for nine runs on 4 ranks side by
+// side: FSDP 4; TP 2 and CP 2; PP 2 and EP 2 (deepseek_v32 with FSDP 2); and one rank each of
+// llama3 (f32, and bf16 with selective checkpointing) and deepseek_v32 (f32, and bf16 with full
+// checkpointing). Parameters, gradients, optimizer state and activations must be within 10%
+// (under FSDP the gradients between the plan's bound and one unit less, see below).
+// Temporaries (activation gradients in backward, collective buffers) depend on when the
+// communication engine frees its buffers: the plan's figure is an upper bound held to 0.85x-1.6x.
+#include <memory>
+
+#include "distributed/common.h"
+#include "titan/train/memory_plan.h"
+
+using namespace titan;
+using namespace titan::test;
+
+namespace {
+
+struct PlannedRun {
+  std::string name, model;
+  std::vector<std::string> overrides;
+};
+
+class PlanMeasured : public TrainingSuite<PlanMeasured, 260> {  // 260: TP 2 divides the vocabulary
+ public:
+  static constexpr const char* kTag = "plan_measured";
+
+ protected:
+  static train::JobConfig config(const PlannedRun& r) {
+    std::string toml = base_toml(r.model, data(), root() / r.name, 3);
+    std::vector<std::string> o = {"--training.seq_len=256", "--training.local_batch_size=2", "--metrics.enable_plots=false",
+                                  "--lr_scheduler.warmup_steps=1"};
+    if (r.model == "deepseek_v32")  // the sparse stage from the first step, with the fused kernels
+      o.insert(o.end(), {"--dsa.warmup_steps=0", "--dsa.topk=64", "--model.converters=dsa_fused"});
+    o.insert(o.end(), r.overrides.begin(), r.overrides.end());
+    return train::parse_config(toml, r.name + ".toml", o);
+  }
+  // Trains `r` on `group`; its rank 0 compares the measured peaks with the plan.
+  static void check(const PlannedRun& r, const distributed::ProcessGroup& group) {
+    const train::JobConfig c = config(r);
+    train_on(c, group);
+    if (group.rank() != 0) return;
+    std::map<std::string, double> peak;
+    std::ifstream f(c.job.dump_folder + "/metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j["kind"] != "train") continue;
+      for (const auto& [k, v] : j["peak_memory_bytes"].items()) peak[k] = std::max(peak[k], v.get<double>());
+    }
+    const train::MemoryPlan plan = train::plan_memory(c, group.size(), 260, r.name);
+    const std::pair<const char*, double> cats[] = {{"params", plan.peak.parameters},
+                                                   {"grads", plan.peak.gradients},
+                                                   {"optim", plan.peak.optimizer},
+                                                   {"activations", plan.peak.activations}};
+    // Under FSDP the plan counts two units' unsharded gradients, the most fsdp.cpp lets exist;
+    // how much of the second is still held depends on when the engine sends it: between one and two.
+    double second_unit = 0;
+    for (const auto& [what, bytes] : plan.terms)
+      if (what.starts_with("gradients: unsharded")) second_unit = bytes / 2;
+    for (const auto& [key, planned] : cats) {
+      const std::string what = r.name + " " + key + ": planned " + std::to_string(planned) + ", measured " +
+                               std::to_string(peak.at(key));
+      if (std::string(key) == "grads" && second_unit > 0) {
+        EXPECT_LE(peak.at(key), 1.1 * planned) << what;
+        EXPECT_GE(peak.at(key), 0.9 * (planned - second_unit)) << what;
+      } else {
+        EXPECT_NEAR(planned / peak.at(key), 1.0, 0.10) << what;
+      }
+    }
+    std::printf("plan / measured, %s: parameters %.3f, gradients %.3f, optimizer %.3f, activations %.3f, temporaries %.3f\n",
+                r.name.c_str(), plan.peak.parameters / peak.at("params"), plan.peak.gradients / peak.at("grads"),
+                plan.peak.optimizer / peak.at("optim"), plan.peak.activations / peak.at("activations"),
+                plan.peak.temporaries / peak.at("temp"));
+    const double temp = plan.peak.temporaries / peak.at("temp");
+    EXPECT_GT(temp, 0.85) << r.name << " temporaries: planned " << plan.peak.temporaries << ", measured " << peak.at("temp");
+    EXPECT_LT(temp, 1.6) << r.name << " temporaries: planned " << plan.peak.temporaries << ", measured " << peak.at("temp");
+  }
+  // The world split into groups of `size` consecutive ranks; each runs runs[its index].
+  static void side_by_side(int size, const std::vector<PlannedRun>& runs) {
+    const int color = world().rank() / size;
+    std::unique_ptr<distributed::ProcessGroup> g =
+        distributed::CommEngine::get().split(world(), color, world().rank(), "plan_group_" + std::to_string(size));
+    check(runs.at(size_t(color)), *g);
+    world().barrier().wait();
+  }
+};
+
+}  // namespace
+
+TEST_F(PlanMeasured, NineRunsWithinTenPercent) {
+  if (world().size() != 4) GTEST_SKIP() << "4 ranks";
+  check({"fsdp4", "llama3", {"--parallelism.data_parallel_shard_degree=4"}}, world());
+  side_by_side(2, {{"tp2", "llama3", {"--parallelism.tensor_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1"}},
+                   {"cp2", "llama3", {"--parallelism.context_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1"}}});
+  side_by_side(2, {{"pp2", "llama3",
+                    {"--parallelism.pipeline_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1",
+                     "--training.local_batch_size=4", "--parallelism.pipeline_parallel_microbatch_size=1"}},
+                   {"ep2", "deepseek_v32", {"--parallelism.data_parallel_shard_degree=2", "--parallelism.expert_parallel_degree=2"}}});
+  side_by_side(1, {{"one_llama3", "llama3", {}},
+                   {"one_deepseek_v32", "deepseek_v32", {}},
+                   {"one_llama3_bf16_selective", "llama3",
+                    {"--training.mixed_precision_param=bfloat16", "--activation_checkpoint.mode=selective"}},
+                   {"one_deepseek_v32_bf16_full", "deepseek_v32",
+                    {"--training.mixed_precision_param=bfloat16", "--activation_checkpoint.mode=full"}}});
+}

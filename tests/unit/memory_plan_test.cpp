@@ -1,0 +1,148 @@
+// The memory planner without running anything: its parameter inventory is the built models'
+// parameters (names and shapes, TP layouts included), its counts are the flavors' analytic ones,
+// and it reproduces the seed's 671B arithmetic (torchtitan-npu's write-up: f32 weights + gradients
+// of 671B parameters = 5,368 GB; PP 2 x TP 4 leaves ~18 GB of non-expert weights + gradients per
+// card before FSDP). Its figures against measured runs: distributed/memory_plan_measured_test.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "common/error_of.h"
+#include "titan/models/causal_lm.h"
+#include "titan/models/deepseek_v3/args.h"
+#include "titan/models/llama3/args.h"
+#include "titan/train/memory_plan.h"
+
+using namespace titan;
+
+namespace {
+
+std::map<std::string, Shape> planned(const train::ModelShape& m) {
+  std::map<std::string, Shape> out;
+  for (const train::PlannedParam& p : m.params) out[p.name] = p.shape;
+  return out;
+}
+
+train::JobConfig config(const std::string& toml, const std::vector<std::string>& overrides = {}) {
+  return train::parse_config(toml, "plan.toml", overrides);
+}
+
+const char* k671B = R"(
+[model]
+name = "deepseek_v3"
+flavor = "671B"
+[training]
+local_batch_size = 4
+seq_len = 4096
+mixed_precision_param = "bfloat16"
+[parallelism]
+tensor_parallel_degree = 4
+pipeline_parallel_degree = 2
+pipeline_parallel_microbatch_size = 1
+expert_parallel_degree = 32
+[activation_checkpoint]
+mode = "full"
+)";
+
+}  // namespace
+
+// Every parameter the planner lists is the built model's, with its shape, and nothing is missing.
+TEST(ParamInventory, MatchesTheBuiltDebugModels) {
+  for (const auto& [name, mtp] : {std::pair{"llama3", 0}, std::pair{"deepseek_v3", 1}, std::pair{"deepseek_v32", 0}}) {
+    models::ModelOptions o;
+    o.mtp_layers = mtp;
+    const auto model = models::build_model(name, "debugmodel", 2048, 64, o);
+    std::map<std::string, Shape> built;
+    for (const auto& [n, p] : model->named_parameters()) built[n] = p->var.shape();
+    EXPECT_EQ(planned(train::model_shape(name, "debugmodel", 2048, 64, mtp)), built) << name;
+  }
+}
+
+// The counts are the flavors' analytic ones (DeepSeek's 671B excludes its MTP module).
+TEST(ParamInventory, CountsMatchTheFlavors) {
+  for (const std::string flavor : {"16B", "671B"}) {
+    const auto a = models::deepseek_v3::deepseek_v3_flavor(flavor);
+    double n = 0;
+    for (const auto& p : train::model_shape("deepseek_v3", flavor, 0).params) n += double(p.shape.numel());
+    EXPECT_EQ(n, double(a.parameters().total)) << flavor;
+  }
+  const auto l8 = models::llama3::llama3_flavor("8B");
+  double n = 0;
+  for (const auto& p : train::model_shape("llama3", "8B", 0).params) n += double(p.shape.numel());
+  EXPECT_EQ(n, double(l8.num_parameters()));
+}
+
+// The seed's figures: 671B parameters, 5,368 GB of f32 weights + gradients (more than 32 cards of
+// 128 GB hold), ~18 GB of non-expert weights + gradients per card under PP 2 x TP 4.
+TEST(MemoryPlan, ReproducesTheSeeds671BArithmetic) {
+  const train::MemoryPlan p = train::plan_memory(config(k671B), 64, 0, "671B");
+  EXPECT_EQ(p.mesh.dp_shard, 8);
+  EXPECT_NEAR(p.total_params / 1e9, 671.0, 0.5);
+  EXPECT_NEAR(p.total_params * 8 / 1e9, 5368, 5);
+  EXPECT_GT(p.total_params * 8, 32 * 128e9) << "more than 32 cards of 128 GB";
+  EXPECT_NEAR(p.non_expert_weights_grads_before_fsdp / 1e9, 18, 1.8);
+  // DeepSeek-V3.2 adds the lightning indexers (0.85B, replicated over TP).
+  const train::MemoryPlan v32 = train::plan_memory(config(k671B, {"--model.name=deepseek_v32"}), 64, 0, "671B");
+  EXPECT_NEAR((v32.total_params - p.total_params) / 1e9, 0.85, 0.01);
+  EXPECT_NEAR((v32.non_expert_weights_grads_before_fsdp - v32.indexer_weights_grads_before_fsdp) / 1e9,
+              p.non_expert_weights_grads_before_fsdp / 1e9, 0.01);
+  // Each rank of a stage holds 256 / 32 routed experts of its 29-31 MoE layers, FSDP-sharded over
+  // the 8 ranks holding the same ones: about 1/64 of the experts' f32 weights in master shards.
+  EXPECT_NEAR(p.expert_params / p.total_params, 0.974, 0.001);
+}
+
+TEST(MemoryPlan, SwapMovesTheMomentsToDisk) {
+  const std::string toml = std::string(k671B) + "[optimizer]\nswap = \"file\"\nswap_chunk_mb = 128\n";
+  const train::MemoryPlan resident = train::plan_memory(config(k671B), 64, 0, "671B");
+  const train::MemoryPlan swapped = train::plan_memory(config(toml), 64, 0, "671B");
+  EXPECT_EQ(swapped.peak.optimizer, 2.0 * 128 * (1 << 20));
+  EXPECT_EQ(swapped.swapped_bytes, resident.peak.optimizer);
+  EXPECT_EQ(swapped.peak.parameters, resident.peak.parameters);
+}
+
+// The communication terms scale as the plans say: FSDP's all-gather with (n - 1) / n of the
+// parameters, TP's activations with the layers, EP's all-to-all with the routed rows.
+TEST(MemoryPlan, TrafficFollowsTheAnalyticMinimum) {
+  const std::string llama = "[model]\nname = \"llama3\"\nflavor = \"debugmodel\"\n[training]\nlocal_batch_size = 2\nseq_len = 256\n"
+                            "mixed_precision_param = \"float32\"\n";
+  auto bytes = [](const train::MemoryPlan& p, const std::string& group, const std::string& op) {
+    for (const auto& c : p.traffic)
+      if (c.group == group && c.op == op) return c.bytes;
+    return -1.0;
+  };
+  const train::MemoryPlan f2 = train::plan_memory(config(llama), 2, 2048, "x");
+  const train::MemoryPlan f4 = train::plan_memory(config(llama), 4, 2048, "x");
+  const double params = f2.total_params * 4;
+  // Every unit gathered twice (forward, backward) but the output head (kept) and the root (once).
+  EXPECT_GT(bytes(f2, "fsdp", "all_gather"), 1.5 * params * 0.5);
+  EXPECT_LT(bytes(f2, "fsdp", "all_gather"), 2.0 * params * 0.5);
+  EXPECT_NEAR(bytes(f2, "fsdp", "reduce_scatter"), params * 0.5, 1e-6 * params);
+  EXPECT_NEAR(bytes(f4, "fsdp", "reduce_scatter"), params * 0.75, 1e-6 * params);
+  EXPECT_EQ(bytes(f2, "tp", "all_gather"), -1.0);
+  const train::MemoryPlan tp = train::plan_memory(config(llama, {"--parallelism.tensor_parallel_degree=2"}), 2, 2048, "x");
+  // 2 x (2 layers x 6 + 1) all-gathers of half of 512 tokens x 256 wide f32 activations.
+  EXPECT_DOUBLE_EQ(bytes(tp, "tp", "all_gather"), 2 * 13 * 0.5 * 512 * 256 * 4);
+}
+
+// A mesh that does not divide the world fails as the trainer does, naming the keys.
+TEST(MemoryPlan, AMeshThatDoesNotDivideTheWorldIsAClearError) {
+  const std::string toml = "[model]\nname = \"llama3\"\n[parallelism]\ntensor_parallel_degree = 4\n";
+  const std::string e = test::error_of([&] { train::plan_memory(config(toml), 6, 2048, "job.toml"); });
+  EXPECT_NE(e.find("job.toml"), std::string::npos) << e;
+  EXPECT_NE(e.find("tensor_parallel_degree"), std::string::npos) << e;
+}
+
+// The smallest world whose busiest rank fits: FSDP's shards shrink as dp_shard grows (in steps
+// that keep EP 32 dividing dp_shard x tp).
+TEST(MemoryPlan, SmallestWorldFitsAndOneLessDoesNot) {
+  const train::JobConfig c = config(k671B, {"--parallelism.pipeline_parallel_degree=1", "--training.local_batch_size=1"});
+  const double device = 64.0 * (int64_t(1) << 30);
+  const int world = train::smallest_world(c, 0, device, "671B");
+  ASSERT_GT(world, 32);
+  train::JobConfig at = c;
+  at.parallelism.data_parallel_shard_degree = world / 4;
+  EXPECT_LE(train::plan_memory(at, world, 0, "671B").peak.total(), device);
+  at.parallelism.data_parallel_shard_degree = world / 4 - 8;
+  EXPECT_GT(train::plan_memory(at, world - 32, 0, "671B").peak.total(), device);
+  EXPECT_EQ(train::smallest_world(c, 0, 1e9, "671B", 1024), 0) << "1 GB holds no rank's share";
+}
