@@ -32,6 +32,7 @@
 #include "titan/models/deepseek_v3/model.h"
 #include "titan/models/llama3/model.h"
 #include "titan/train/config.h"
+#include "titan/train/memory_plan.h"
 #include "titan/train/trainer.h"
 
 using namespace titan;
@@ -45,34 +46,13 @@ struct PlanBytes {
   double all_gather = 0, reduce_scatter = 0, replicate_all_reduce = 0, ddp_all_reduce = 0;
 };
 
-// The plan's minimum bytes per step this rank must send, from the model's parameters by unit.
-PlanBytes analytic_minimum(models::CausalLM& model, const train::JobConfig& c, int replicate, int shard, int64_t accum) {
+// The plan's minimum bytes per step this rank must send (train/memory_plan.h, `titan plan`).
+PlanBytes analytic_minimum(const train::JobConfig& c, int world, const std::string& source) {
   PlanBytes out;
-  const bool bf16 = c.training.mixed_precision_param == "bfloat16";
-  const std::string& policy = c.parallelism.fsdp_reshard_after_forward;
-  const auto units = shard * replicate > 1 ? model.sharding_units() : std::vector<nn::ShardingUnit>{};
-  double grads = 0;
-  for (auto& [name, p] : model.named_parameters()) {
-    const double n = double(p->var.shape().numel());
-    grads += n * 4;
-    // Which unit gathers it, and how often per micro-batch (twice when freed after forward).
-    int gathers = 0;  // the root unit: once per step
-    for (const nn::ShardingUnit& u : units)
-      if (name.starts_with(u.name + "."))
-        gathers = policy == "always" || (policy == "default" && u.reshard_after_forward) ? 2 : 1;
-    const double bytes = n * (bf16 && p->gemm_weight ? 2 : 4);
-    out.all_gather += bytes * (gathers ? double(gathers * accum) : 1.0);
-  }
-  if (shard > 1) {
-    out.all_gather *= double(shard - 1) / shard;
-    out.reduce_scatter = grads * double(accum) * (shard - 1) / shard;
-    // Once per step (distributed.md section 9); HSDP here reduces every micro-batch's shard (the
-    // tree over ranks, then micro-batches, that keeps it exact), so with accumulation the ratio
-    // is the accumulation count.
-    if (replicate > 1) out.replicate_all_reduce = 2.0 * (replicate - 1) / replicate * grads / shard;
-  } else {
-    out.all_gather = 0;
-    if (replicate > 1) out.ddp_all_reduce = 2.0 * (replicate - 1) / replicate * grads;
+  for (const train::PlanCollective& t : train::plan_memory(c, world, train::tokenizer_vocab(c), source).traffic) {
+    if (t.group == "fsdp" && t.op == "all_gather") out.all_gather = t.bytes;
+    if (t.group == "fsdp" && t.op == "reduce_scatter") out.reduce_scatter = t.bytes;
+    if (t.group == "dp_replicate" && t.op == "all_reduce") (t.what.starts_with("HSDP") ? out.replicate_all_reduce : out.ddp_all_reduce) = t.bytes;
   }
   return out;
 }
@@ -114,7 +94,7 @@ int run(int argc, char** argv) {
   dup2(null, 1);
   {
     train::Trainer trainer(c, config_path);
-    minimum = analytic_minimum(trainer.model(), c, replicate, fsdp, accum);
+    minimum = analytic_minimum(c, world, config_path);
     if (auto* ds = dynamic_cast<models::deepseek_v3::Transformer*>(&trainer.model())) {
       const auto& a = ds->args();
       dims = {{"n_layers", a.n_layers},         {"n_dense_layers", a.n_dense_layers}, {"n_heads", a.n_heads},

@@ -1,12 +1,10 @@
 #include "titan/cli/plan_cli.h"
 
 #include <cstdio>
-#include <filesystem>
 #include <string>
 
 #include "titan/cli/args.h"
 #include "titan/core/error.h"
-#include "titan/data/tokenizer.h"
 #include "titan/distributed/pipeline_schedule.h"
 #include "titan/distributed/pipeline_simulator.h"
 #include "titan/train/config.h"
@@ -128,14 +126,6 @@ ConfigOptions parse_config_mode(const std::vector<std::string_view>& args) {
   return o;
 }
 
-// The tokenizer's vocabulary where the config names one that exists, else 0 (the flavor's).
-int64_t config_vocab(const train::JobConfig& c) {
-  std::string file = c.model.tokenizer_path;
-  if (file.empty() && !c.model.hf_assets_path.empty()) file = (std::filesystem::path(c.model.hf_assets_path) / "tokenizer.json").string();
-  if (file.empty() || !std::filesystem::exists(file)) return 0;
-  return data::Tokenizer::load(file).vocab_size();
-}
-
 int plan_config(const std::vector<std::string_view>& args) {
   const ConfigOptions o = parse_config_mode(args);
   const train::JobConfig c = train::load_config(o.config, o.overrides);
@@ -144,7 +134,7 @@ int plan_config(const std::vector<std::string_view>& args) {
                                 : int(p.pipeline_parallel_degree * p.data_parallel_replicate_degree *
                                       std::max<int64_t>(1, p.data_parallel_shard_degree) * p.context_parallel_degree *
                                       p.tensor_parallel_degree);
-  const int64_t vocab = o.vocab > 0 ? o.vocab : config_vocab(c);
+  const int64_t vocab = o.vocab > 0 ? o.vocab : train::tokenizer_vocab(c);
   if (o.json) {
     std::printf("%s\n", train::plan_json(train::plan_memory(c, world, vocab, o.config)).dump(1).c_str());
     return 0;

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <filesystem>
 #include <map>
 
 #include <fmt/format.h>
 
 #include "titan/core/error.h"
+#include "titan/data/tokenizer.h"
 #include "titan/distributed/device_mesh.h"
 #include "titan/distributed/pipeline_schedule.h"
 #include "titan/distributed/pipeline_simulator.h"
@@ -217,9 +219,11 @@ std::vector<PlanCollective> plan_traffic(const PlanJob& j, const RankPlan& r, co
     }
     out.push_back({"fsdp", "all_gather", gather * share, "parameters before forward (and backward, resharded units)"});
     out.push_back({"fsdp", "reduce_scatter", grads * share * (m.pp > 1 ? 1 : mb), "f32 gradients into the shards"});
+    // The minimum: once per step (this implementation reduces each micro-batch's shards, which
+    // keeps HSDP bit-identical to one rank: accumulation times this).
     if (m.dp_replicate > 1)
-      out.push_back({"dp_replicate", "all_reduce", 2.0 * (m.dp_replicate - 1) / m.dp_replicate * grads / n * mb,
-                     "HSDP: each shard's gradients over the replicas"});
+      out.push_back({"dp_replicate", "all_reduce", 2.0 * (m.dp_replicate - 1) / m.dp_replicate * grads / n,
+                     "HSDP: each shard's gradients over the replicas, once per step"});
   } else if (m.dp_replicate > 1) {
     double grads = 0;
     for (const Local& l : r.params) grads += l.elems * 4;
@@ -274,6 +278,14 @@ std::vector<PlanCollective> plan_traffic(const PlanJob& j, const RankPlan& r, co
 }
 
 }  // namespace
+
+int64_t tokenizer_vocab(const JobConfig& c) {
+  std::string file = c.model.tokenizer_path;
+  if (file.empty() && !c.model.hf_assets_path.empty())
+    file = (std::filesystem::path(c.model.hf_assets_path) / "tokenizer.json").string();
+  if (file.empty() || !std::filesystem::exists(file)) return 0;
+  return data::Tokenizer::load(file).vocab_size();
+}
 
 PlanMesh plan_mesh(const JobConfig& c, int world, const std::string& source) {
   const Parallelism& p = c.parallelism;

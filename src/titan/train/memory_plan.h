@@ -68,6 +68,10 @@ struct MemoryPlan {
 // when it does not divide the world.
 PlanMesh plan_mesh(const JobConfig& c, int world, const std::string& source);
 
+// The vocabulary of the tokenizer the config names (model.tokenizer_path, or tokenizer.json in
+// model.hf_assets_path) when the file exists, else 0.
+int64_t tokenizer_vocab(const JobConfig& c);
+
 // `vocab` <= 0: the flavor's own vocabulary (the tokenizer's is what a run uses).
 MemoryPlan plan_memory(const JobConfig& c, int world, int64_t vocab, const std::string& source);
 
