@@ -105,13 +105,17 @@ TEST(TrainE2E, LearnsAndResumesBitIdentically) {
 
 // The swap optimizer (moments in a file, streamed in 1 MiB chunks: the debug model's state spans
 // several) trains bit for bit as AdamW in memory, straight and interrupted + resumed, and its
-// checkpoints are the in-memory optimizer's: a run saved with swap resumes without it.
+// checkpoints (async ones included) are the in-memory optimizer's: a run saved with swap resumes
+// without it.
 TEST(TrainE2E, SwapOptimizerTrainsAndResumesBitIdentically) {
   const fs::path root = fs::temp_directory_path() / ("titan_e2e_swap_" + std::to_string(::getpid()));
   fs::remove_all(root);
   const fs::path data = make_dataset(root / "data");
+  // Async saves every 5 steps too: the swapped moments go to the background writer as tensors
+  // the save owns (no staging copy).
   const std::vector<std::string> swap = {"--optimizer.swap=file", "--optimizer.swap_chunk_mb=1",
-                                         "--optimizer.swap_path=" + (root / "swap").string()};
+                                         "--optimizer.swap_path=" + (root / "swap").string(),
+                                         "--checkpoint.async_mode=async", "--checkpoint.interval=5"};
   train::Trainer memory(config(data, root / "memory"), "in memory");
   const train::TrainResult a = memory.train();
   const std::vector<double> la = losses(root / "memory");

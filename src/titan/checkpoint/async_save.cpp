@@ -37,17 +37,24 @@ void AsyncSaver::start(const fs::path& root, const SaveRequest& request, std::op
   const std::optional<fs::path> last = finish();
   if (previous) *previous = last;
   ProfileScope span("checkpoint staging");
-  // Stage: the same pieces in the same shapes as the last save reuse its buffers.
+  // Stage: the same pieces in the same shapes as the last save reuse its buffers; an owned piece
+  // (a private copy already) is written as it is.
+  const auto needs_buffer = [&](size_t i) { return !request.tensors[i].owned; };
   bool same = buffers_.size() == request.tensors.size();
   for (size_t i = 0; same && i < buffers_.size(); ++i)
-    same = buffers_[i].shape() == request.tensors[i].local.shape() && buffers_[i].dtype() == request.tensors[i].local.dtype();
+    same = needs_buffer(i) ? buffers_[i].defined() && buffers_[i].shape() == request.tensors[i].local.shape() &&
+                                 buffers_[i].dtype() == request.tensors[i].local.dtype()
+                           : !buffers_[i].defined();
   if (!same) {
     buffers_.clear();
-    for (const ShardedTensor& st : request.tensors)
-      buffers_.push_back(Tensor::empty(st.local.shape(), st.local.dtype(), MemCategory::temporaries));
+    for (size_t i = 0; i < request.tensors.size(); ++i) {
+      const Tensor& t = request.tensors[i].local;
+      buffers_.push_back(needs_buffer(i) ? Tensor::empty(t.shape(), t.dtype(), MemCategory::temporaries) : Tensor());
+    }
   }
   staged_ = request;
   for (size_t i = 0; i < buffers_.size(); ++i) {
+    if (!needs_buffer(i)) continue;
     buffers_[i].copy_(request.tensors[i].local);
     staged_.tensors[i].local = buffers_[i];
   }
@@ -111,6 +118,8 @@ void AsyncSaver::write(const fs::path& tmp) {
 fs::path AsyncSaver::done() {
   writer_.join();
   in_flight_ = false;
+  for (ShardedTensor& st : staged_.tensors)
+    if (st.owned) st.local = Tensor();  // written: the private copies go
   if (failure_) std::rethrow_exception(failure_);
   return step_folder(root_, staged_.step);
 }

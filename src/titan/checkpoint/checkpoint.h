@@ -43,6 +43,9 @@ struct ShardedTensor {
   std::string name;
   Tensor local;        // this rank's part
   GlobalSlice slice;   // where it sits in the global tensor (default: the whole tensor)
+  // `local` is a private copy, not live state (e.g. swapped optimizer moments read back for the
+  // save): an async save writes it as it is, without a staging copy, and lets it go once written.
+  bool owned = false;
 };
 
 struct SaveRequest {

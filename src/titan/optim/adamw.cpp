@@ -32,8 +32,16 @@ AdamW::~AdamW() = default;
 bool AdamW::prepare(Slot& s, float lr, float grad_scale) {
   s.updating = s.param.var.grad().defined();
   if (!s.updating) return false;
+  if (swapped_) {  // update() reads them by pointer: what kernels::adamw_step checks for tensors
+    const Tensor& g = s.param.var.grad();
+    const Tensor& v = s.param.var.value();
+    TITAN_CHECK(g.is_contiguous() && g.dtype() == DType::f32 && g.numel() == v.numel() && v.is_contiguous() &&
+                    v.dtype() == DType::f32,
+                "AdamW: parameter " + s.param.name + " and its gradient must be contiguous f32 of one size; got " +
+                    v.str() + " and " + g.str());
+  }
   ++s.steps;
-  kernels::AdamWParams& a = s.step;
+  kernels::AdamWParams& a = s.constants;
   a = config_;
   a.lr = lr;
   a.grad_scale = grad_scale;
@@ -48,24 +56,29 @@ void AdamW::update(Slot& s, int64_t begin, int64_t n, float* exp_avg, float* exp
   Tensor* compute = s.param.compute && s.param.compute->defined() ? s.param.compute : nullptr;
   kernels::adamw_step(s.param.var.mutable_value().data<float>() + begin, exp_avg, exp_avg_sq,
                       compute ? compute->data<bf16>() + begin : nullptr, s.param.var.grad().data<float>() + begin, n,
-                      s.step);
+                      s.constants);
 }
 
 void AdamW::step(float lr, float grad_scale) {
+  check_usable();
   ++step_;
   for (Slot& s : slots_) prepare(s, lr, grad_scale);
   if (swapped_) {
+    // A step that fails midway (a write error) has updated some chunks and not others: the state
+    // is no longer one step's, and every later use says so.
+    broken_ = true;
     swapped_->for_each(SwappedMoments::Access::update, [this](const SwappedMoments::Piece& p) {
       Slot& s = slots_[size_t(p.tensor)];
       if (s.updating) update(s, p.begin, p.n, p.exp_avg, p.exp_avg_sq);
     });
+    broken_ = false;
     return;
   }
   for (Slot& s : slots_) {
     if (!s.updating) continue;
     kernels::adamw_step(s.param.var.mutable_value(), s.exp_avg, s.exp_avg_sq,
                         s.param.compute && s.param.compute->defined() ? s.param.compute : nullptr, s.param.var.grad(),
-                        s.step);
+                        s.constants);
   }
 }
 
@@ -88,7 +101,14 @@ std::vector<std::pair<std::string, Shape>> AdamW::state_shapes() const {
   return out;
 }
 
+void AdamW::check_usable() const {
+  TITAN_CHECK(!broken_, "AdamW: a swapped optimizer step failed midway (" + swapped_->store().describe() +
+                            "): the parameters and moments are no longer one step's",
+              "restart from the last checkpoint once the swap file can be written (see [optimizer] swap_path)");
+}
+
 std::vector<std::pair<std::string, Tensor>> AdamW::state_dict() const {
+  check_usable();
   std::vector<Tensor> m, v;
   for (const Slot& s : slots_) {
     if (!swapped_) {
@@ -126,20 +146,24 @@ void AdamW::load_state_dict(const std::map<std::string, Tensor>& state, const st
   };
   // Every tensor is checked before anything changes: a bad state leaves the optimizer as it was.
   std::vector<const Tensor*> m, v;
+  std::vector<int64_t> steps;
+  const int64_t step = int64_t(get("step", {1}).item());
   for (const Slot& s : slots_) {
     const Shape shape = s.param.var.value().shape();
     m.push_back(&get(s.param.name + ".exp_avg", shape));
     v.push_back(&get(s.param.name + ".exp_avg_sq", shape));
+    // Checkpoints from before per-parameter counts: the global count is the best available.
+    steps.push_back(state.count(s.param.name + ".step") ? int64_t(get(s.param.name + ".step", {1}).item()) : step);
   }
-  step_ = int64_t(get("step", {1}).item());
+  step_ = step;
+  broken_ = false;
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     if (!swapped_) {
       s.exp_avg.copy_(*m[i]);
       s.exp_avg_sq.copy_(*v[i]);
     }
-    // Checkpoints from before per-parameter counts: the global count is the best available.
-    s.steps = state.count(s.param.name + ".step") ? int64_t(get(s.param.name + ".step", {1}).item()) : step_;
+    s.steps = steps[i];
   }
   if (swapped_) {
     std::vector<Tensor> mc, vc;  // contiguous f32 views of what was loaded

@@ -66,7 +66,7 @@ class AdamW {
     nn::TrainableParam param;
     Tensor exp_avg, exp_avg_sq;  // undefined when swapped
     int64_t steps = 0;           // updates this parameter has received
-    kernels::AdamWParams step;   // this step's constants
+    kernels::AdamWParams constants;  // this step's
     bool updating = false;       // has a gradient this step
   };
   // Fills in each slot's constants for this step; false for a slot without a gradient.
@@ -76,6 +76,8 @@ class AdamW {
   kernels::AdamWParams config_;
   int64_t step_ = 0;
   std::unique_ptr<SwappedMoments> swapped_;
+  bool broken_ = false;  // a swapped step failed midway; a load_state_dict repairs it
+  void check_usable() const;
 };
 
 }  // namespace titan::optim

@@ -35,6 +35,7 @@ void FileSwapStore::reserve(int64_t bytes) {
   // posix_fallocate returns the error instead of setting errno; filesystems without it
   // (EOPNOTSUPP) get a sparse file, whose holes read as zeros too.
   int err = ::posix_fallocate(fd_, 0, bytes);
+  reserved_ = err == 0;
   if (err == EOPNOTSUPP || err == EINVAL) err = ::ftruncate(fd_, bytes) == 0 ? 0 : errno;
   if (err != 0) {
     TITAN_FAIL("optimizer swap file " + path_ + ": cannot reserve " + std::to_string(bytes >> 20) +
@@ -72,7 +73,9 @@ void FileSwapStore::write(int64_t offset, std::span<const std::byte> src) {
 }
 
 std::string FileSwapStore::describe() const {
-  return path_ + (direct_ ? " (direct I/O)" : " (buffered I/O: the filesystem has no direct I/O, the page cache holds it)");
+  std::string s = path_ + (direct_ ? " (direct I/O" : " (buffered I/O: the filesystem has no direct I/O, the page cache holds it");
+  // Without fallocate the file is sparse: a disk that fills up fails at a write, mid-run.
+  return s + (reserved_ ? ")" : "; its space could not be reserved in advance)");
 }
 
 }  // namespace titan::optim

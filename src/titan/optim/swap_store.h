@@ -26,7 +26,8 @@ class SwapStore {
 };
 
 // A file at `path` (its folder is created). reserve() allocates its blocks, so a disk too small
-// fails before training rather than in the middle of a run, and the file is unlinked as soon as
+// fails before training rather than in the middle of a run (where the filesystem has no
+// fallocate, the file is sparse and describe() says so), and the file is unlinked as soon as
 // it is open: it holds nothing worth keeping (checkpoints hold the state), and no run, however
 // it ends, leaves one behind. Direct I/O (O_DIRECT) keeps the state out of the page cache, and so
 // out of the machine's memory, where the filesystem supports it; elsewhere (tmpfs) buffered I/O.
@@ -49,6 +50,7 @@ class FileSwapStore final : public SwapStore {
   std::string path_;
   int fd_ = -1;
   bool direct_ = false;
+  bool reserved_ = false;  // posix_fallocate allocated the blocks (else the file is sparse)
 };
 
 }  // namespace titan::optim

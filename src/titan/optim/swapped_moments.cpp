@@ -42,12 +42,31 @@ SwappedMoments::SwappedMoments(std::vector<int64_t> sizes, int64_t chunk_bytes, 
   buffer_bytes_ = chunks_.empty() ? 0 : 2 * chunk_elems * int64_t(sizeof(float));
   if (chunks_.size() == 1) buffer_bytes_ = 2 * chunks_[0].padded * int64_t(sizeof(float));
   const int n_buffers = chunks_.size() > 1 ? 2 : chunks_.size() == 1 ? 1 : 0;
-  for (int b = 0; b < n_buffers; ++b) {
-    allocations_[b] = memory_alloc(size_t(buffer_bytes_) + store_->alignment(), MemCategory::optimizer_state);
-    const uintptr_t a = reinterpret_cast<uintptr_t>(allocations_[b]);
-    buffers_[b] = reinterpret_cast<std::byte*>(round_up(int64_t(a), int64_t(store_->alignment())));
+  try {
+    for (int b = 0; b < n_buffers; ++b) {
+      allocations_[b] = memory_alloc(size_t(buffer_bytes_) + store_->alignment(), MemCategory::optimizer_state);
+      const uintptr_t a = reinterpret_cast<uintptr_t>(allocations_[b]);
+      buffers_[b] = reinterpret_cast<std::byte*>(round_up(int64_t(a), int64_t(store_->alignment())));
+    }
+    if (n_buffers == 2) io_ = std::thread([this] { io_loop(); });
+  } catch (...) {  // the destructor does not run for a constructor that throws
+    free_buffers();
+    throw;
   }
-  if (n_buffers == 2) io_ = std::thread([this] { io_loop(); });
+}
+
+void SwappedMoments::free_buffers() {
+  for (void*& a : allocations_) {
+    if (a) memory_free(a, size_t(buffer_bytes_) + store_->alignment(), MemCategory::optimizer_state);
+    a = nullptr;
+  }
+}
+
+int64_t SwappedMoments::resident_bytes() const {
+  int64_t n = 0;
+  for (void* a : allocations_)
+    if (a) n += buffer_bytes_ + int64_t(store_->alignment());
+  return n;
 }
 
 SwappedMoments::~SwappedMoments() {
@@ -59,8 +78,7 @@ SwappedMoments::~SwappedMoments() {
     cv_.notify_all();
     io_.join();
   }
-  for (void* a : allocations_)
-    if (a) memory_free(a, size_t(buffer_bytes_) + store_->alignment(), MemCategory::optimizer_state);
+  free_buffers();
 }
 
 int64_t SwappedMoments::stored_bytes() const {

@@ -47,8 +47,8 @@ class SwappedMoments {
   void for_each(Access access, const std::function<void(const Piece&)>& visit);
 
   int64_t chunk_count() const { return int64_t(chunks_.size()); }
-  // Working memory the moments take: the chunk buffers.
-  int64_t resident_bytes() const { return buffer_bytes_ * 2; }
+  // Working memory the moments take: the chunk buffers (two, or one when one chunk holds all).
+  int64_t resident_bytes() const;
   int64_t stored_bytes() const;
   const SwapStore& store() const { return *store_; }
 
@@ -71,6 +71,7 @@ class SwappedMoments {
   void submit(const Job& job);
   void wait();
   void io_loop();
+  void free_buffers();
 
   std::unique_ptr<SwapStore> store_;
   std::vector<Chunk> chunks_;

@@ -66,13 +66,15 @@ checkpoint::SaveRequest run_checkpoint_request(int64_t step, const RunParts& par
     for (const auto& [name, b] : parts.model.named_buffers()) req.tensors.push_back({"model." + name, b, {}});
   if (!model_only) {
     const auto slices = slices_of(params);
+    // Swapped moments come back from their file as fresh tensors: the save owns them.
+    const bool owned = parts.optimizer.swapped() != nullptr;
     for (const auto& [key, t] : parts.optimizer.state_dict()) {
       const std::string param = moment_param(key);
       if (param.empty()) {
-        if (lead) req.tensors.push_back({"optim." + key, t, {}});
+        if (lead) req.tensors.push_back({"optim." + key, t, {}, owned});
       } else if (parts.data_parallel.writes_params() && !duplicates.count(param)) {
         const GlobalSlice* s = slices.at(param);
-        req.tensors.push_back({"optim." + key, t, s ? *s : GlobalSlice{}});
+        req.tensors.push_back({"optim." + key, t, s ? *s : GlobalSlice{}, owned});
       }
     }
   }
