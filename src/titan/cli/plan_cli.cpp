@@ -1,6 +1,7 @@
 #include "titan/cli/plan_cli.h"
 
 #include <cstdio>
+#include <numeric>
 #include <string>
 
 #include "titan/cli/args.h"
@@ -28,7 +29,7 @@ constexpr const char* kUsage =
     "  --json                  the plan as JSON (bytes per category and term, traffic per collective)\n"
     "  --section.key=value     config overrides, as titan train takes them\n"
     "\n"
-    "With --pp-schedule:"
+    "With --pp-schedule:\n"
     "Replays the pipeline schedule's per-rank action lists (each checked: every forward before its\n"
     "backward, every send received, no deadlock) and prints its bubble fraction, the closed form where\n"
     "one is known, and the peak number of micro-batches in flight on each rank.\n"
@@ -92,8 +93,6 @@ void print_schedule(const std::string& name, const Options& o) {
   if (o.actions) std::fputs(pp::schedule_str(s).c_str(), stdout);
 }
 
-}  // namespace
-
 struct ConfigOptions {
   std::string config;
   int world = 0;
@@ -130,13 +129,18 @@ int plan_config(const std::vector<std::string_view>& args) {
   const ConfigOptions o = parse_config_mode(args);
   const train::JobConfig c = train::load_config(o.config, o.overrides);
   const train::Parallelism& p = c.parallelism;
-  const int world = o.world > 0 ? o.world
-                                : int(p.pipeline_parallel_degree * p.data_parallel_replicate_degree *
-                                      std::max<int64_t>(1, p.data_parallel_shard_degree) * p.context_parallel_degree *
-                                      p.tensor_parallel_degree);
+  // Default: the configured degrees, dp_shard = -1 read as the fewest ranks expert parallelism
+  // can borrow its ranks from (dp_shard x cp x tp a multiple of ep).
+  const int64_t others = p.context_parallel_degree * p.tensor_parallel_degree;
+  const int64_t shard = p.data_parallel_shard_degree > 0 ? p.data_parallel_shard_degree
+                                                         : p.expert_parallel_degree / std::gcd(p.expert_parallel_degree, others);
+  const int world = o.world > 0 ? o.world : int(p.pipeline_parallel_degree * p.data_parallel_replicate_degree * shard * others);
   const int64_t vocab = o.vocab > 0 ? o.vocab : train::tokenizer_vocab(c);
   if (o.json) {
-    std::printf("%s\n", train::plan_json(train::plan_memory(c, world, vocab, o.config)).dump(1).c_str());
+    nlohmann::json j = train::plan_json(train::plan_memory(c, world, vocab, o.config));
+    if (o.device_gib > 0)
+      j["smallest_world"] = train::smallest_world(c, vocab, o.device_gib * double(int64_t(1) << 30), o.config);
+    std::printf("%s\n", j.dump(1).c_str());
     return 0;
   }
   std::printf("%s: %s %s, %lld x %lld tokens per rank, %s, activation checkpointing %s%s\n", o.config.c_str(),
@@ -154,6 +158,8 @@ int plan_config(const std::vector<std::string_view>& args) {
   }
   return 0;
 }
+
+}  // namespace
 
 int plan_main(int argc, char** argv) {
   const std::vector<std::string_view> args = arguments(argc, argv, 1);

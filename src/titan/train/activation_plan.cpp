@@ -128,19 +128,22 @@ BlockActivations deepseek_block(const models::deepseek_v3::DeepSeekV3Args& a, co
   double replay = 0;              // alive at a replayed block's peak, beyond what it holds
   double backward = 0;
   if (moe) {
-    // The MoE TP fix: each TP rank routes its own tokens; the shared experts run tensor-parallel.
-    const double k = double(a.n_activated_experts), F = double(a.moe_inter_dim), E = double(a.n_routed_experts);
-    const double Fs = double(a.n_shared_experts) * F / t;
-    if (j.bf16) x.add(D * f32 / t, true);          // the router's f32 input
-    x.add((E + k) * f32 / t + 2 * k * 4 / t, true);  // scores, gate weights; top-k ids, positions (i32)
-    x.add(k * D * c / t, true);                      // tokens sorted by expert
-    x.add(3 * k * F * c / t, true);                  // w1, w3 outputs and their SwiGLU product
-    x.add(k * D * c / t, true);                      // expert outputs
-    x.add(2 * Fs * c, true, true);                   // shared experts' w1, w3 outputs
-    x.add(Fs * c, true);                             // their SwiGLU product
-    x.add(D / t * c, false, true);                   // shared experts' w2 output
-    replay = 2 * D / t * c;                          // the routed output and the MoE's sum
-    backward = ((3 * D + k * (2 * D + 3 * F)) * c + 4 * k) / t;
+    // The MoE TP fix: each TP rank routes its own tokens (1/tp of them) through whole experts;
+    // TorchTitan's scheme: every rank routes every token through its 1/tp of each expert's hidden
+    // units. The shared experts run tensor-parallel either way.
+    const double k = double(a.n_activated_experts), E = double(a.n_routed_experts);
+    const double share = j.moe_tp_gather ? 1 : 1 / t, F = double(a.moe_inter_dim) / (j.moe_tp_gather ? t : 1);
+    const double Fs = double(a.n_shared_experts * a.moe_inter_dim) / t;
+    if (j.bf16) x.add(D * f32 * share, true);           // the router's f32 input
+    x.add(((E + k) * f32 + 2 * k * 4) * share, true);   // scores, gate weights; top-k ids, positions (i32)
+    x.add(k * D * c * share, true);                     // tokens sorted by expert
+    x.add(3 * k * F * c * share, true);                 // w1, w3 outputs and their SwiGLU product
+    x.add(k * D * c * share, true);                     // expert outputs
+    x.add(2 * Fs * c, true, true);                      // shared experts' w1, w3 outputs
+    x.add(Fs * c, true);                                // their SwiGLU product
+    x.add(D / t * c, false, true);                      // shared experts' w2 output
+    replay = 2 * D / t * c;                             // the routed output and the MoE's sum
+    backward = ((3 * D + k * (2 * D + 3 * F)) * c + 4 * k) * share;
   } else {
     const double I = double(a.inter_dim) / t;
     x.add(2 * I * c, true, true);  // w1, w3 outputs

@@ -33,7 +33,8 @@ struct ActivationJob {
   std::string model, flavor;
   int64_t vocab = 0, seq_len = 0, topk = 0, mtp_layers = 0;
   int tp = 1, cp = 1;
-  bool bf16 = false;  // bf16 mixed precision: activations in bf16
+  bool bf16 = false;           // bf16 mixed precision: activations in bf16
+  bool moe_tp_gather = false;  // MoE under TP: TorchTitan's all-gather scheme instead of the fix
 };
 
 ActivationModel activation_model(const ActivationJob& job);

@@ -95,7 +95,23 @@ BusySpread busy_spread(const distributed::ProcessGroup& world, double busy, std:
   return s;
 }
 
-// What this build does not do yet, refused up front with the key to change.
+
+// The model's parameters, counting each tensor-parallel shard's whole parameter once.
+int64_t global_parameters(nn::Module& model) {
+  int64_t n = 0;
+  for (const auto& [name, p] : model.named_parameters())
+    n += p->slice.global_shape.empty() ? p->var.value().numel() : p->slice.global_shape.numel();
+  return n;
+}
+
+std::string tokenizer_file(const JobConfig& c) {
+  if (!c.model.tokenizer_path.empty()) return c.model.tokenizer_path;
+  if (!c.model.hf_assets_path.empty()) return (fs::path(c.model.hf_assets_path) / "tokenizer.json").string();
+  return {};
+}
+
+}  // namespace
+
 void check_supported(const JobConfig& c, const std::string& source) {
   const Parallelism& p = c.parallelism;
   if (p.pipeline_parallel_degree > 1) {
@@ -146,6 +162,12 @@ void check_supported(const JobConfig& c, const std::string& source) {
   TITAN_CHECK(!c.checkpoint.initial_load_in_hf && !c.checkpoint.last_save_in_hf,
               source + ": Hugging Face checkpoint import/export is not in this build yet",
               "set checkpoint.initial_load_in_hf and checkpoint.last_save_in_hf to false");
+}
+
+namespace {
+
+// The dataset folders and the tokenizer file the config names exist.
+void check_inputs(const JobConfig& c, const std::string& source) {
   TITAN_CHECK(!c.training.dataset_path.empty(), source + ": training.dataset_path is empty",
               "point it at a folder made by `titan data prepare` (it holds train/ and val/)");
   const auto check_folder = [&](const std::string& key, const std::string& path) {
@@ -162,20 +184,6 @@ void check_supported(const JobConfig& c, const std::string& source) {
               source + ": model.tokenizer_path = \"" + tok + "\" is not a file",
               "run scripts/prepare_data.sh to make ./data/kjv_tokenizer.json (with the ./data/kjv it prepared), or "
               "point model.tokenizer_path at the tokenizer.json the dataset was prepared with");
-}
-
-// The model's parameters, counting each tensor-parallel shard's whole parameter once.
-int64_t global_parameters(nn::Module& model) {
-  int64_t n = 0;
-  for (const auto& [name, p] : model.named_parameters())
-    n += p->slice.global_shape.empty() ? p->var.value().numel() : p->slice.global_shape.numel();
-  return n;
-}
-
-std::string tokenizer_file(const JobConfig& c) {
-  if (!c.model.tokenizer_path.empty()) return c.model.tokenizer_path;
-  if (!c.model.hf_assets_path.empty()) return (fs::path(c.model.hf_assets_path) / "tokenizer.json").string();
-  return {};
 }
 
 }  // namespace
@@ -336,6 +344,7 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
   State& s = *s_;
   s.source = source;
   check_supported(config, source);
+  check_inputs(config, source);
   flush_denormals(true);  // see core/cpu_features.h: sharpening attention makes denormals
   // Memory snapshots name the op behind every block: track them from before the model exists.
   if (config.profiling.enable_memory_snapshot) memory_track_blocks(true);

@@ -1,0 +1,82 @@
+// The memory planner's view of one rank (memory_plan.cpp, comm_plan.cpp): which parameters it
+// holds and how much of each, after the TP, EP, FSDP and PP plans have divided them.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "titan/distributed/pipeline_stages.h"
+#include "titan/train/config.h"
+#include "titan/train/memory_plan.h"
+#include "titan/train/param_inventory.h"
+
+namespace titan::train::plan {
+
+inline constexpr int kRootUnit = -2;  // FSDP's root unit (the final norm): gathered for the whole step
+
+// The job as the planner reads it.
+struct PlanJob {
+  const JobConfig& c;
+  PlanMesh m;
+  ModelShape model;
+  bool bf16 = false;
+  int64_t micro_tokens = 0;  // tokens of one micro-batch on one rank (CP's share)
+  int64_t microbatches = 1;  // per step on this rank (accumulation times the pipeline's)
+};
+
+// Routed experts under expert parallelism: divided over EP, sharded over the expert-FSDP group.
+inline bool is_expert(const PlannedParam& p, const PlanMesh& m) { return p.routed_expert && m.ep > 1; }
+
+// One parameter as a rank holds it.
+struct Local {
+  const PlannedParam* p;
+  double elems = 0;     // this rank's piece before FSDP (after TP and EP)
+  double shard = 0;     // what FSDP leaves it (rows padded), or elems without FSDP
+  double gathered = 0;  // FSDP: the unsharded piece, rows padded (elems without FSDP)
+  int unit = 0;         // FSDP unit, keys in the order the units run: embedding, blocks, MTP, head; or kRootUnit
+};
+
+inline Local local_param(const PlannedParam& p, const PlanMesh& m) {
+  Shape s = p.shape;
+  if (m.tp > 1 && p.tp_dim >= 0) s[size_t(p.tp_dim)] /= m.tp;
+  if (is_expert(p, m)) s[0] /= m.ep;
+  Local l{&p, double(s.numel())};
+  const double rest = s[0] > 0 ? l.elems / double(s[0]) : 0;
+  if (m.fsdp() > 1) {
+    const int n = is_expert(p, m) ? m.efsdp() : m.fsdp();
+    const double rows = std::ceil(double(s[0]) / n);
+    l.shard = rows * rest;
+    l.gathered = rows * n * rest;
+  } else {
+    l.shard = l.gathered = l.elems;
+  }
+  l.unit = p.name == "norm.weight"        ? kRootUnit
+           : p.name.starts_with("mtp.") ? PlannedParam::kHead - 1024 + std::stoi(p.name.substr(4))
+                                          : p.layer;
+  return l;
+}
+
+// What one pipeline rank (or, without PP, the whole model) holds.
+struct StagePart {
+  std::vector<distributed::pp::StageLayers> stages;  // the rank's stages
+  bool holds(const PlannedParam& p) const {
+    for (const distributed::pp::StageLayers& st : stages) {
+      if (p.layer == PlannedParam::kEmbedding && st.embedding) return true;
+      if (p.layer >= PlannedParam::kHead && st.head) return true;
+      if (p.layer >= st.begin && p.layer < st.end) return true;
+    }
+    return false;
+  }
+  std::vector<int> blocks() const {
+    std::vector<int> ids;
+    for (const distributed::pp::StageLayers& st : stages)
+      for (int l = st.begin; l < st.end; ++l) ids.push_back(l);
+    return ids;
+  }
+  bool embedding() const { return std::any_of(stages.begin(), stages.end(), [](auto& s) { return s.embedding; }); }
+  bool head() const { return std::any_of(stages.begin(), stages.end(), [](auto& s) { return s.head; }); }
+};
+
+}  // namespace titan::train::plan
