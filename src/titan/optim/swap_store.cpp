@@ -48,28 +48,29 @@ FileSwapStore::~FileSwapStore() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void FileSwapStore::read(int64_t offset, std::span<std::byte> dst) {
-  size_t done = 0;
-  while (done < dst.size()) {
-    const ssize_t n = ::pread(fd_, dst.data() + done, dst.size() - done, off_t(offset + done));
+// Repeats `transfer` (pread or pwrite: bytes moved, or -1 with errno) until all `bytes` moved.
+template <class Transfer>
+void FileSwapStore::transfer_all(const char* verb, int64_t offset, size_t bytes, Transfer transfer) {
+  for (size_t done = 0; done < bytes;) {
+    const ssize_t n = transfer(done, off_t(offset + int64_t(done)));
     if (n < 0 && errno == EINTR) continue;
-    TITAN_CHECK(n > 0, "optimizer swap file " + path_ + ": reading " + std::to_string(dst.size()) + " bytes at " +
-                           std::to_string(offset) + " failed: " + (n < 0 ? reason(errno) : std::string("end of file")),
+    TITAN_CHECK(n > 0, "optimizer swap file " + path_ + ": " + verb + " " + std::to_string(bytes) + " bytes at " +
+                           std::to_string(offset) + " failed: " + (n < 0 ? reason(errno) : std::string("nothing moved")),
                 kHint);
     done += size_t(n);
   }
 }
 
+void FileSwapStore::read(int64_t offset, std::span<std::byte> dst) {
+  transfer_all("reading", offset, dst.size(), [&](size_t done, off_t at) {
+    return ::pread(fd_, dst.data() + done, dst.size() - done, at);
+  });
+}
+
 void FileSwapStore::write(int64_t offset, std::span<const std::byte> src) {
-  size_t done = 0;
-  while (done < src.size()) {
-    const ssize_t n = ::pwrite(fd_, src.data() + done, src.size() - done, off_t(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    TITAN_CHECK(n > 0, "optimizer swap file " + path_ + ": writing " + std::to_string(src.size()) + " bytes at " +
-                           std::to_string(offset) + " failed: " + (n < 0 ? reason(errno) : std::string("nothing written")),
-                kHint);
-    done += size_t(n);
-  }
+  transfer_all("writing", offset, src.size(), [&](size_t done, off_t at) {
+    return ::pwrite(fd_, src.data() + done, src.size() - done, at);
+  });
 }
 
 std::string FileSwapStore::describe() const {

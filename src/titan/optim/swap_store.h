@@ -47,6 +47,9 @@ class FileSwapStore final : public SwapStore {
   bool direct_io() const { return direct_; }
 
  private:
+  template <class Transfer>
+  void transfer_all(const char* verb, int64_t offset, size_t bytes, Transfer transfer);
+
   std::string path_;
   int fd_ = -1;
   bool direct_ = false;

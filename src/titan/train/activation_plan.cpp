@@ -164,7 +164,7 @@ BlockActivations deepseek_block(const models::deepseek_v3::DeepSeekV3Args& a, co
 
 ActivationModel deepseek_model(const ActivationJob& j) {
   namespace ds = models::deepseek_v3;
-  ds::DeepSeekV3Args a = j.model == "deepseek_v32" ? ds::deepseek_v32_flavor(j.flavor, j.vocab) : ds::deepseek_v3_flavor(j.flavor, j.vocab);
+  const ds::DeepSeekV3Args a = ds::deepseek_flavor(j.model, j.flavor, j.vocab);
   const double c = j.bf16 ? 2 : 4, t = j.tp;
   ActivationModel m;
   for (int64_t l = 0; l < a.n_layers + j.mtp_layers; ++l) m.blocks.push_back(deepseek_block(a, j, a.is_moe_layer(l)));

@@ -8,9 +8,7 @@ namespace titan::train::plan {
 namespace {
 
 models::deepseek_v3::DeepSeekV3Args deepseek_args(const PlanJob& j) {
-  namespace ds = models::deepseek_v3;
-  return j.model.model == "deepseek_v32" ? ds::deepseek_v32_flavor(j.c.model.flavor, j.model.vocab)
-                                         : ds::deepseek_v3_flavor(j.c.model.flavor, j.model.vocab);
+  return models::deepseek_v3::deepseek_flavor(j.model.model, j.c.model.flavor, j.model.vocab);
 }
 
 // FSDP: each unit's all-gather before forward (and again before backward when freed after

@@ -1131,4 +1131,10 @@ optim::LrSchedule make_lr_schedule(const JobConfig& config) {
                            optim::lr_decay_from_name(s.decay_type), s.min_lr_factor);
 }
 
+std::string tokenizer_file(const JobConfig& c) {
+  if (!c.model.tokenizer_path.empty()) return c.model.tokenizer_path;
+  if (!c.model.hf_assets_path.empty()) return (std::filesystem::path(c.model.hf_assets_path) / "tokenizer.json").string();
+  return {};
+}
+
 }  // namespace titan::train

@@ -268,6 +268,10 @@ std::string config_reference_markdown();
 // when the global batch is not a multiple of one micro-batch step over all data-parallel ranks.
 int64_t gradient_accumulation_steps(const JobConfig& config, int64_t dp_degree);
 
+// The tokenizer file the config names: model.tokenizer_path, else tokenizer.json in
+// model.hf_assets_path, else "".
+std::string tokenizer_file(const JobConfig& c);
+
 // The learning-rate schedule [lr_scheduler] and training.steps describe.
 optim::LrSchedule make_lr_schedule(const JobConfig& config);
 

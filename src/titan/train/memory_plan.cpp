@@ -190,9 +190,7 @@ RankPlan plan_rank(const PlanJob& j, const StagePart& part, int in_flight) {
 }  // namespace
 
 int64_t tokenizer_vocab(const JobConfig& c) {
-  std::string file = c.model.tokenizer_path;
-  if (file.empty() && !c.model.hf_assets_path.empty())
-    file = (std::filesystem::path(c.model.hf_assets_path) / "tokenizer.json").string();
+  const std::string file = tokenizer_file(c);
   if (file.empty() || !std::filesystem::exists(file)) return 0;
   return data::Tokenizer::load(file).vocab_size();
 }

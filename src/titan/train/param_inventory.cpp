@@ -107,7 +107,7 @@ void deepseek_block(const models::deepseek_v3::DeepSeekV3Args& a, int64_t layer_
 ModelShape deepseek_shape(const std::string& model, const std::string& flavor, int64_t vocab, int64_t seq_len,
                           int64_t mtp_layers, bool moe_tp_gather) {
   namespace ds = models::deepseek_v3;
-  ds::DeepSeekV3Args a = model == "deepseek_v32" ? ds::deepseek_v32_flavor(flavor, vocab) : ds::deepseek_v3_flavor(flavor, vocab);
+  ds::DeepSeekV3Args a = ds::deepseek_flavor(model, flavor, vocab);
   a.num_mtp_layers = mtp_layers;
   ModelShape m{model, a.n_layers, a.dim, a.vocab_size, {}, rope_bytes(std::max(a.max_seq_len, seq_len), a.qk_rope_head_dim)};
   auto& p = m.params;

@@ -104,12 +104,6 @@ int64_t global_parameters(nn::Module& model) {
   return n;
 }
 
-std::string tokenizer_file(const JobConfig& c) {
-  if (!c.model.tokenizer_path.empty()) return c.model.tokenizer_path;
-  if (!c.model.hf_assets_path.empty()) return (fs::path(c.model.hf_assets_path) / "tokenizer.json").string();
-  return {};
-}
-
 }  // namespace
 
 void check_supported(const JobConfig& c, const std::string& source) {
