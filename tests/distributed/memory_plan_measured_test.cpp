@@ -2,11 +2,10 @@
 // peak_memory_bytes, rank 0 of each run), per category, for nine runs on 4 ranks side by
 // side: FSDP 4; TP 2 and CP 2; PP 2 and EP 2 (deepseek_v32 with FSDP 2); and one rank each of
 // llama3 (f32, and bf16 with selective checkpointing) and deepseek_v32 (f32, and bf16 with full
-// checkpointing). Parameters, gradients, optimizer state and activations must be within 10%
-// (under FSDP the gradients between the plan's bound and one unit less, see below).
-// Temporaries (activation gradients in backward, collective buffers) depend on when the
-// communication engine frees its buffers (and kernels' scratch on the machine's ISA): the plan's
-// figure is an upper bound, held to 0.85x-2x of the measurement.
+// checkpointing). Every category must be within 10%, except what depends on when the
+// communication engine finishes a unit's reduce-scatter under FSDP: there the gradients lie
+// between the plan's two unsharded units and one, and the temporaries between the plan with and
+// without a unit's reduce-scatter receive buffers (each within 10%).
 #include <memory>
 
 #include "distributed/common.h"
@@ -52,29 +51,25 @@ class PlanMeasured : public TrainingSuite<PlanMeasured, 260> {  // 260: TP 2 div
     const std::pair<const char*, double> cats[] = {{"params", plan.peak.parameters},
                                                    {"grads", plan.peak.gradients},
                                                    {"optim", plan.peak.optimizer},
-                                                   {"activations", plan.peak.activations}};
-    // Under FSDP the plan counts two units' unsharded gradients, the most fsdp.cpp lets exist;
-    // how much of the second is still held depends on when the engine sends it: between one and two.
-    double second_unit = 0;
-    for (const auto& [what, bytes] : plan.terms)
-      if (what.starts_with("gradients: unsharded")) second_unit = bytes / 2;
+                                                   {"activations", plan.peak.activations},
+                                                   {"temp", plan.peak.temporaries}};
+    // What FSDP's timing may or may not have alive at the peak: half of the two units' unsharded
+    // gradients the plan counts, and the reduce-scatter receive buffers of one unit.
+    std::map<std::string, double> timing;
+    for (const auto& [what, bytes] : plan.terms) {
+      if (what.starts_with("gradients: unsharded")) timing["grads"] = bytes / 2;
+      if (what.starts_with("temporaries: a unit's reduce-scatter")) timing["temp"] = bytes;
+    }
     for (const auto& [key, planned] : cats) {
       const std::string what = r.name + " " + key + ": planned " + std::to_string(planned) + ", measured " +
                                std::to_string(peak.at(key));
-      if (std::string(key) == "grads" && second_unit > 0) {
-        EXPECT_LE(peak.at(key), 1.1 * planned) << what;
-        EXPECT_GE(peak.at(key), 0.9 * (planned - second_unit)) << what;
-      } else {
-        EXPECT_NEAR(planned / peak.at(key), 1.0, 0.10) << what;
-      }
+      EXPECT_LE(peak.at(key), 1.1 * planned) << what;
+      EXPECT_GE(peak.at(key), 0.9 * (planned - timing[key])) << what;
     }
     std::printf("plan / measured, %s: parameters %.3f, gradients %.3f, optimizer %.3f, activations %.3f, temporaries %.3f\n",
                 r.name.c_str(), plan.peak.parameters / peak.at("params"), plan.peak.gradients / peak.at("grads"),
                 plan.peak.optimizer / peak.at("optim"), plan.peak.activations / peak.at("activations"),
                 plan.peak.temporaries / peak.at("temp"));
-    const double temp = plan.peak.temporaries / peak.at("temp");
-    EXPECT_GT(temp, 0.85) << r.name << " temporaries: planned " << plan.peak.temporaries << ", measured " << peak.at("temp");
-    EXPECT_LT(temp, 2.0) << r.name << " temporaries: planned " << plan.peak.temporaries << ", measured " << peak.at("temp");
   }
   // The world split into groups of `size` consecutive ranks; each runs runs[its index].
   static void side_by_side(int size, const std::vector<PlannedRun>& runs) {

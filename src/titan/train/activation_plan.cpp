@@ -49,9 +49,9 @@ ActivationModel llama3_model(const ActivationJob& j) {
   x.add(q / t * c, true, true);            // attention output
   x.add(2 * f / t * c, true, true);        // w1, w3 outputs
   x.add(f / t * c, true);                  // SwiGLU product
-  // Backward: the FFN's activation gradients; under CP ring attention's K/V buffers (arriving,
-  // next, and dK/dV travelling home).
-  const double backward = 3 * f / t * c + (j.cp > 1 ? 3 * 2 * kv / t * c : 0);
+  // Backward: the FFN's activation gradients and the residual stream's; under CP ring attention's
+  // K/V buffers (arriving, next, and dK/dV travelling home).
+  const double backward = (3 * f + d) / t * c + (j.cp > 1 ? 3 * 2 * kv / t * c : 0);
   const BlockActivations b = block_of(x, d / t * c, 0, 0, backward);
   ActivationModel m;
   m.blocks.assign(size_t(a.n_layers), b);
@@ -150,7 +150,7 @@ BlockActivations deepseek_block(const models::deepseek_v3::DeepSeekV3Args& a, co
     x.add(I * c, true);            // SwiGLU product
     x.add(D / t * c, false, true); // w2 output
     replay = D / t * c;            // the block's output
-    backward = 3 * I * c;
+    backward = (3 * I + D / t) * c;  // and the residual stream's gradient
   }
   if (a.has_indexer()) {
     // The sparse attention's backward: dq, the latent output's gradient, dkv, the indexer's
