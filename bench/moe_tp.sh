@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# MoE under tensor parallelism, the two schemes in one run (issue "Distributed training 2"): the
-# DeepSeek-V3 debug model at TP 2 x 1 thread, the same batch,
-#   sequence  torchtitan-npu's MoE TP fix: each rank routes its own sequence piece to whole routed
-#             experts; only the shared experts communicate (one all-gather, one reduce-scatter);
-#   gather    TorchTitan v0.2's scheme: the tokens all-gathered at the MoE input, every rank routes
-#             all of them through its half of every expert's hidden units, the sum reduce-scattered;
-#   sequence + EP 2  the fix with the two TP ranks as an expert-parallel group (each holds half the
-#             routed experts, rows exchanged by all-to-all; no expert gradient all-reduced over TP).
-# Prints each run's JSON line (bench_distributed.cpp), then per run the bytes per step by
-# collective and the step time, and the ratios against TorchTitan's scheme.
+# MoE under tensor parallelism, the two schemes side by side (issue "Distributed training 2"): the
+# DeepSeek-V3 debug model, 1 thread per rank, the same batch per TP group, f32.
+#   fix         torchtitan-npu's MoE TP fix (moe_tp_scheme = "sequence"): each TP rank routes its own
+#               sequence piece to whole routed experts; only the shared experts communicate over TP
+#               (one all-gather, one reduce-scatter);
+#   TorchTitan  v0.2's scheme ("gather"): the tokens all-gathered at the MoE input, every TP rank
+#               routes all of them through its slice of every expert's hidden units, the partial
+#               sums reduce-scattered.
+# Two settings:
+#   TP 2 on 2 ranks, no EP: the fix keeps the routed experts whole on both TP ranks and all-reduces
+#     their gradients over TP once per step; TorchTitan's scheme splits them. Also the fix + EP 2
+#     (the TP pair as expert-parallel group).
+#   FSDP 2 x TP 2 on 4 ranks with expert parallelism, each rank holding a quarter of the routed
+#     experts in both (the setting torchtitan-npu's fix is for, "TP extends EP"): the fix with EP 4
+#     (every rank whole experts, each TP rank dispatching its own tokens) against TorchTitan's
+#     expert-tensor parallelism, EP 2 over the FSDP pair x each expert's hidden units over TP 2
+#     (every TP rank dispatching all the gathered tokens).
+# Prints each run's JSON line (bench_distributed.cpp), then per run the MoE layers' bytes per step
+# by collective (rank 0's) and the step time, and the ratios against TorchTitan's scheme.
 #   bench/moe_tp.sh [BUILD_DIR] [--section.key=value ...]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,38 +25,63 @@ build=${1:-$root/build}; shift || true
 bench=$build/bench/bench_distributed
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 common=(--config "$root/configs/deepseek_v3_debug.toml" --steps 6 --warmup 2 --training.seq_len=256
-        --training.local_batch_size=4 --training.mixed_precision_param=float32 --parallelism.tensor_parallel_degree=2
-        --parallelism.data_parallel_shard_degree=1 "$@")
+        --training.mixed_precision_param=float32 --parallelism.tensor_parallel_degree=2 "$@")
 cd "$root"
 echo "host: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
-declare -A out
-for run in sequence gather sequence_ep; do
-  scheme=${run%_ep}; ep=1; [ "$run" = sequence_ep ] && ep=2
-  out[$run]=$(OMP_NUM_THREADS=1 mpirun --bind-to none -np 2 "$bench" "${common[@]}" --parallelism.moe_tp_scheme=$scheme \
-              --parallelism.expert_parallel_degree=$ep | tail -1)
-  echo "$run: ${out[$run]}"
+# run NAME RANKS SCHEME EP SHARD LOCAL_BATCH: one JSON line
+run() {
+  local line
+  line=$(OMP_NUM_THREADS=1 mpirun --bind-to none -np "$2" "$bench" "${common[@]}" --parallelism.moe_tp_scheme="$3" \
+         --parallelism.expert_parallel_degree="$4" --parallelism.data_parallel_shard_degree="$5" \
+         --training.local_batch_size="$6" | tail -1)
+  echo "$1: $line" >&2
+  echo "$line"
+}
+# Step times move by 10-15% from one run to the next on a shared 2-core machine: the runs of each
+# setting alternate, ROUNDS times (default 3), and each configuration's median is reported.
+rounds=${ROUNDS:-3}
+lines=()
+for ((i = 0; i < rounds; ++i)); do
+  lines+=("$(run "TP 2, fix" 2 sequence 1 1 4)" "$(run "TP 2, TorchTitan" 2 gather 1 1 4)"
+          "$(run "TP 2, fix + EP 2" 2 sequence 2 1 4)" "$(run "FSDP 2 x TP 2, fix + EP 4" 4 sequence 4 2 2)"
+          "$(run "FSDP 2 x TP 2, TorchTitan EP 2 x expert TP 2" 4 gather 2 2 2)")
 done
-python3 - "${out[sequence]}" "${out[gather]}" "${out[sequence_ep]}" <<'PY'
-import json, sys
-runs = {"fix": json.loads(sys.argv[1]), "TorchTitan": json.loads(sys.argv[2]), "fix + EP 2": json.loads(sys.argv[3])}
-layers = runs["fix"]["model_dims"]["n_layers"] - runs["fix"]["model_dims"]["n_dense_layers"]
-# The runs differ only in the MoE layers: activations move per layer and micro-batch (TP's
-# all-gather + reduce-scatter, EP's all-to-alls), the replicated weights' gradients once per step
-# (without EP the fix keeps the routed experts whole on every TP rank, so their gradients are
-# all-reduced over TP; with EP each rank holds its own experts).
-def parts(r):
-    t = r["traffic_by_group"]
+python3 - "$rounds" "${lines[@]}" <<'PY'
+import json, statistics, sys
+rounds, runs = int(sys.argv[1]), [json.loads(a) for a in sys.argv[2:]]
+r = []
+for k in range(5):  # per configuration: the first run's traffic (the same every run), the median step time
+    mine = runs[k::5]
+    x = dict(mine[0])
+    x["seconds_per_step"] = statistics.median(m["seconds_per_step"] for m in mine)
+    x["tokens_per_second"] = statistics.median(m["tokens_per_second"] for m in mine)
+    x["all_seconds"] = [round(m["seconds_per_step"], 3) for m in mine]
+    r.append(x)
+layers = r[0]["model_dims"]["n_layers"] - r[0]["model_dims"]["n_dense_layers"]
+# The runs of a setting differ only in the MoE layers: TP's all-gather + reduce-scatter around
+# them (per layer and micro-batch; the attention's pairs are the same in both), EP's all-to-alls,
+# the replicated weights' gradients over TP, and FSDP (the experts' shards, where any).
+def parts(x):
+    t = x["traffic_by_group"]
     act = t.get("tp all_gather", 0) + t.get("tp reduce_scatter", 0)
     a2a = sum(v for k, v in t.items() if k.startswith("ep "))
     grad = t.get("tp all_reduce", 0)
-    return act, a2a, grad
-base = runs["TorchTitan"]
-for name, r in runs.items():
-    act, a2a, grad = parts(r)
-    total = act + a2a + grad
+    fsdp = sum(v for k, v in t.items() if k.startswith("fsdp ") or k.startswith("efsdp "))
+    return act, a2a, grad, fsdp
+def report(title, runs):
+    print(title)
+    base = runs["TorchTitan"]
     bt = sum(parts(base))
-    print(f"{name}: {r['seconds_per_step']:.3f} s/step ({r['seconds_per_step'] / base['seconds_per_step']:.3f}x TorchTitan's), "
-          f"{r['tokens_per_second']:.0f} tokens/s; bytes/step {total / 1e6:.2f} MB ({total / bt:.3f}x): TP activations "
-          f"{act / 1e6:.2f} (every layer's), EP all-to-all {a2a / 1e6:.2f} ({a2a / layers / 1e6:.2f} per MoE layer), "
-          f"TP gradient all-reduce {grad / 1e6:.2f}")
+    for name, x in runs.items():
+        act, a2a, grad, fsdp = parts(x)
+        total = act + a2a + grad + fsdp
+        print(f"  {name}: {x['seconds_per_step']:.3f} s/step ({x['seconds_per_step'] / base['seconds_per_step']:.3f}x "
+              f"TorchTitan's), {x['tokens_per_second']:.0f} tokens/s; bytes/step {total / 1e6:.2f} MB "
+              f"({total / bt:.3f}x): TP activations {act / 1e6:.2f}, EP all-to-all {a2a / 1e6:.2f} "
+              f"({a2a / layers / 1e6:.2f} per MoE layer), TP gradient all-reduce {grad / 1e6:.2f}, FSDP {fsdp / 1e6:.2f}; "
+              f"step times {x['all_seconds']}")
+print(f"median of {rounds} alternating runs per configuration")
+report("TP 2 (2 ranks, 4 x 256 tokens per step):", {"fix": r[0], "TorchTitan": r[1], "fix + EP 2": r[2]})
+report("FSDP 2 x TP 2 with EP, a quarter of the experts per rank (4 ranks, 4 x 256 tokens per step):",
+       {"fix + EP 4": r[3], "TorchTitan": r[4]})
 PY

@@ -7,6 +7,7 @@
 
 #include "titan/distributed/comm_engine.h"
 #include "titan/distributed/device_mesh.h"
+#include "common/error_of.h"
 
 using namespace titan;
 using namespace titan::distributed;
@@ -193,6 +194,28 @@ TEST(Collectives, CountersMatchTheFormulas) {
   EXPECT_EQ(CommEngine::get().hosts(), 1);
   EXPECT_EQ(ar.cross_host_bytes, 0);
   EXPECT_EQ(ag.cross_host_bytes, 0);
+}
+
+// FSDP 2 x TP 2 (rank = shard * 2 + tp) with EP 2: the MoE TP fix takes the TP pair as its EP
+// group (experts FSDP-sharded over the shard pair); TorchTitan's expert-tensor parallelism
+// (expert_tp) keeps TP peers apart: EP over the shard pair, each TP rank its own, and nothing
+// left for expert FSDP.
+TEST(DeviceMesh, ExpertGroupsBorrowTensorParallelRanksOrNot) {
+  const ProcessGroup& w = world();
+  if (w.size() != 4) GTEST_SKIP() << "the layout test needs 4 ranks";
+  const int shard = w.rank() / 2, tp = w.rank() % 2;
+  const DeviceMesh fix(w, {1, 1, 2, 1, 2}, 2);
+  EXPECT_EQ(fix.ep().world_ranks(), (std::vector<int>{shard * 2, shard * 2 + 1}));
+  EXPECT_EQ(fix.efsdp().world_ranks(), (std::vector<int>{tp, tp + 2}));
+  const DeviceMesh etp(w, {1, 1, 2, 1, 2}, 2, /*expert_tp=*/true);
+  EXPECT_EQ(etp.ep().world_ranks(), (std::vector<int>{tp, tp + 2}));
+  EXPECT_EQ(etp.ep().rank(), shard);
+  EXPECT_EQ(etp.efsdp().world_ranks(), (std::vector<int>{w.rank()}));
+  const std::string error = test::error_of([&] { check_expert_degree({1, 1, 1, 1, 4}, 2, "mesh.toml", true); });
+  EXPECT_NE(error.find("mesh.toml: parallelism.expert_parallel_degree = 2 cannot borrow its ranks from "
+                       "data_parallel_shard_degree x context_parallel_degree = 1 x 1 = 1"),
+            std::string::npos)
+      << error;
 }
 
 TEST(DeviceMesh, GroupsFollowTheRowMajorLayout) {

@@ -166,8 +166,9 @@ class EpLayouts : public TrainingSuite<EpLayouts, 260> {
 };
 
 // deepseek_v32 through its dense warm-up (3 steps) and sparse stage: EP over all ranks, EP
-// 2 with the experts FSDP-sharded over 2, HSDP, and TP inside EP (the MoE TP fix); under
-// activation checkpointing the recomputed forward exchanges the rows again.
+// 2 with the experts FSDP-sharded over 2, HSDP, TP inside EP (the MoE TP fix), and TorchTitan's
+// expert-tensor parallelism (the gather scheme: each expert's hidden units over TP, EP over the
+// FSDP ranks); under activation checkpointing the recomputed forward exchanges the rows again.
 TEST_F(EpLayouts, DeepSeekV32ReproducesOneRank) {
   const int n = world().size();
   const auto one = reference_on_rank0(config("deepseek_v32", {"reference"}));
@@ -176,7 +177,8 @@ TEST_F(EpLayouts, DeepSeekV32ReproducesOneRank) {
     layouts = {{"ep4", {.shard = 4, .ep = 4}},
                {"fsdp4_ep2_ac", {.shard = 4, .ep = 2}, {"--activation_checkpoint.mode=full"}},
                {"hsdp_ep2", {.replicate = 2, .shard = 2, .ep = 2}},
-               {"fsdp2_tp2_ep4", {.shard = 2, .tp = 2, .ep = 4}}};
+               {"fsdp2_tp2_ep4", {.shard = 2, .tp = 2, .ep = 4}},
+               {"fsdp2_tp2_ep2_gather", {.shard = 2, .tp = 2, .ep = 2}, {"--parallelism.moe_tp_scheme=gather"}}};
   for (const Layout& l : layouts)
     expect_same_losses(one, train_on(config("deepseek_v32", l), world()), 1e-5,
                        "deepseek_v32 " + describe(l) + (l.extra.empty() ? "" : ", " + l.extra[0]));
@@ -226,8 +228,11 @@ TEST_F(EpLayouts, DegreesThatDoNotFitAreRefused) {
   dense.ep = &world();
   const std::string llama3 = error_of([&] { models::build_model("llama3", "debugmodel", 260, 64, dense); });
   EXPECT_NE(llama3.find("llama3 has no experts to divide"), std::string::npos) << llama3;
+  // TorchTitan's scheme splits the experts over TP: EP cannot borrow the TP ranks.
   std::vector<std::string> gather = {"--parallelism.moe_tp_scheme=gather"};
-  refused(config("deepseek_v3", {"bad_scheme", {.tp = n, .ep = n}}, gather), "moe_tp_scheme = \"gather\" with expert parallelism");
+  refused(config("deepseek_v3", {"bad_scheme", {.tp = n, .ep = n}}, gather),
+          "expert_parallel_degree = " + std::to_string(n) + " cannot borrow its ranks from data_parallel_shard_degree x "
+          "context_parallel_degree = 1 x 1 = 1 (under moe_tp_scheme = \"gather\"");
 }
 
 }  // namespace

@@ -56,4 +56,15 @@ GlobalSlice nested_slice(const GlobalSlice& outer, const Shape& local_shape, con
   return {outer.global_shape, Shape(o)};
 }
 
+GlobalSlice split_slice(const GlobalSlice& slice, const Shape& local, int dim, int64_t parts, int64_t index) {
+  std::vector<int64_t> global(local.begin(), local.end()), offsets(local.size(), 0);
+  if (!slice.global_shape.empty()) {
+    global.assign(slice.global_shape.begin(), slice.global_shape.end());
+    offsets.assign(slice.offsets.begin(), slice.offsets.end());
+  }
+  global[size_t(dim)] = local[dim] * parts;
+  offsets[size_t(dim)] = local[dim] * index;
+  return {Shape(global), Shape(offsets)};
+}
+
 }  // namespace titan

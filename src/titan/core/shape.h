@@ -49,4 +49,10 @@ struct GlobalSlice {
 // the global one). E.g. an FSDP shard (rows of the local tensor) of a tensor-parallel shard.
 GlobalSlice nested_slice(const GlobalSlice& outer, const Shape& local_shape, const Shape& offsets);
 
+// A local tensor of `local` shape that sits at `slice` (empty: it was the whole tensor), when its
+// dimension `dim` is piece `index` of `parts` equal pieces of the global one: the slice it then
+// covers. E.g. a rank's routed experts (dim 0 over EP) that also hold 1/tp of each expert's
+// hidden units (dim 1 over TP).
+GlobalSlice split_slice(const GlobalSlice& slice, const Shape& local, int dim, int64_t parts, int64_t index);
+
 }  // namespace titan

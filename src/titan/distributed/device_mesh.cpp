@@ -66,21 +66,28 @@ std::array<int, kMeshDims> resolve_mesh(const MeshShape& s, int world, const std
   return out;
 }
 
-void check_expert_degree(const std::array<int, kMeshDims>& degrees, int64_t ep, const std::string& source) {
+void check_expert_degree(const std::array<int, kMeshDims>& degrees, int64_t ep, const std::string& source,
+                         bool expert_tp) {
   const int tp = degrees[size_t(MeshDim::tp)];
-  const int block = degrees[size_t(MeshDim::dp_shard)] * degrees[size_t(MeshDim::cp)] * tp;
-  if (ep >= 1 && block % ep == 0 && (ep == 1 || ep % tp == 0)) return;
+  const int block = degrees[size_t(MeshDim::dp_shard)] * degrees[size_t(MeshDim::cp)] * (expert_tp ? 1 : tp);
+  const auto fits = [&](int64_t d) { return d >= 1 && block % d == 0 && (expert_tp || d == 1 || d % tp == 0); };
+  if (fits(ep)) return;
   std::string works;
   for (int d = 1; d <= block; ++d)
-    if (block % d == 0 && (d == 1 || d % tp == 0)) works += (works.empty() ? "" : ", ") + std::to_string(d);
-  TITAN_FAIL(fmt::format("{}: parallelism.expert_parallel_degree = {} cannot borrow its ranks from data_parallel_shard_degree "
-                         "x context_parallel_degree x tensor_parallel_degree = {} x {} x {} = {} (it must divide them and "
-                         "be a multiple of tensor_parallel_degree)",
-                         source, ep, degrees[size_t(MeshDim::dp_shard)], degrees[size_t(MeshDim::cp)], tp, block),
+    if (fits(d)) works += (works.empty() ? "" : ", ") + std::to_string(d);
+  const std::string from =
+      expert_tp ? fmt::format("data_parallel_shard_degree x context_parallel_degree = {} x {} = {} (under "
+                              "moe_tp_scheme = \"gather\" the routed experts are split over TP, so EP borrows no TP "
+                              "ranks and must divide the rest)",
+                              degrees[size_t(MeshDim::dp_shard)], degrees[size_t(MeshDim::cp)], block)
+                : fmt::format("data_parallel_shard_degree x context_parallel_degree x tensor_parallel_degree = {} x {} "
+                              "x {} = {} (it must divide them and be a multiple of tensor_parallel_degree)",
+                              degrees[size_t(MeshDim::dp_shard)], degrees[size_t(MeshDim::cp)], tp, block);
+  TITAN_FAIL(fmt::format("{}: parallelism.expert_parallel_degree = {} cannot borrow its ranks from {}", source, ep, from),
              "use one of " + works + ", or give data_parallel_shard_degree more ranks");
 }
 
-DeviceMesh::DeviceMesh(const ProcessGroup& world, const std::array<int, kMeshDims>& degrees, int ep)
+DeviceMesh::DeviceMesh(const ProcessGroup& world, const std::array<int, kMeshDims>& degrees, int ep, bool expert_tp)
     : degrees_(degrees), world_size_(world.size()), ep_degree_(ep) {
   int64_t product = 1;
   for (int d : degrees_) product *= d;
@@ -99,13 +106,17 @@ DeviceMesh::DeviceMesh(const ProcessGroup& world, const std::array<int, kMeshDim
   dp_ = make_group(world, {false, true, true, false, false}, "dp");
   fsdp_ = make_group(world, {false, false, true, true, false}, "fsdp");
   loss_ = make_group(world, {false, true, true, true, false}, "loss");
-  check_expert_degree(degrees_, ep, "DeviceMesh");
-  // Expert parallelism: runs of ep consecutive ranks of dp_shard x cp x tp, and across them the
-  // ranks at the same place in their run.
+  check_expert_degree(degrees_, ep, "DeviceMesh", expert_tp);
+  // Expert parallelism: runs of ep consecutive ranks of dp_shard x cp x tp (with expert_tp: of
+  // dp_shard x cp at this rank's TP coordinate), and across them the ranks at the same place in
+  // their run.
   const auto at = [&](MeshDim d) { return int64_t(coords_[size_t(d)]); };
-  const int64_t outer = at(MeshDim::pp) * degree(MeshDim::dp_replicate) + at(MeshDim::dp_replicate);
-  const int64_t block = int64_t(degree(MeshDim::dp_shard)) * degree(MeshDim::cp) * degree(MeshDim::tp);
-  const int64_t index = (at(MeshDim::dp_shard) * degree(MeshDim::cp) + at(MeshDim::cp)) * degree(MeshDim::tp) + at(MeshDim::tp);
+  const int64_t tp = expert_tp ? 1 : degree(MeshDim::tp);
+  const int64_t outer = (at(MeshDim::pp) * degree(MeshDim::dp_replicate) + at(MeshDim::dp_replicate)) *
+                            (expert_tp ? degree(MeshDim::tp) : 1) +
+                        (expert_tp ? at(MeshDim::tp) : 0);
+  const int64_t block = int64_t(degree(MeshDim::dp_shard)) * degree(MeshDim::cp) * tp;
+  const int64_t index = (at(MeshDim::dp_shard) * degree(MeshDim::cp) + at(MeshDim::cp)) * tp + (expert_tp ? 0 : at(MeshDim::tp));
   CommEngine& engine = CommEngine::get();
   ep_ = engine.split(world, int(outer * (block / ep) + index / ep), int(index % ep), "ep");
   efsdp_ = engine.split(world, int(outer * ep + index % ep), int(index / ep), "efsdp");

@@ -27,14 +27,16 @@ std::array<int, kMeshDims> resolve_mesh(const MeshShape& shape, int world_size, 
 
 // Throws unless expert parallelism of degree `ep` can borrow its ranks from dp_shard x cp x tp
 // (it must divide their product and take whole TP groups: a multiple of tp), naming the keys and
-// the degrees that would work.
-void check_expert_degree(const std::array<int, kMeshDims>& degrees, int64_t ep, const std::string& source);
+// the degrees that would work. expert_tp: the routed experts are themselves tensor-parallel
+// (TorchTitan's gather scheme, its "ETP"): EP borrows from dp_shard x cp only and must divide it.
+void check_expert_degree(const std::array<int, kMeshDims>& degrees, int64_t ep, const std::string& source,
+                         bool expert_tp = false);
 
 class DeviceMesh {
  public:
-  // Collective over `world`: every rank builds the same mesh, in the same order. ep: expert
-  // parallelism's degree (check_expert_degree).
-  DeviceMesh(const ProcessGroup& world, const std::array<int, kMeshDims>& degrees, int ep = 1);
+  // Collective over `world`: every rank builds the same mesh, in the same order. ep, expert_tp:
+  // expert parallelism's degree and where it borrows from (check_expert_degree).
+  DeviceMesh(const ProcessGroup& world, const std::array<int, kMeshDims>& degrees, int ep = 1, bool expert_tp = false);
   int degree(MeshDim d) const { return degrees_[size_t(d)]; }
   int coordinate(MeshDim d) const { return coords_[size_t(d)]; }  // this rank's index along d
   const ProcessGroup& group(MeshDim d) const { return *groups_[size_t(d)]; }
@@ -47,6 +49,8 @@ class DeviceMesh {
   // Expert parallelism (TorchTitan's ep / efsdp): the ranks of dp_shard x cp x tp (row-major, so
   // TP peers stay together) in consecutive runs of ep, each run dividing the routed experts; and
   // the ranks holding the same experts (the same place in their run), over which FSDP shards them.
+  // With expert_tp the runs are of dp_shard x cp at one TP coordinate: TP peers hold the same
+  // experts' different hidden units, each in its own EP group.
   const ProcessGroup& ep() const { return *ep_; }
   const ProcessGroup& efsdp() const { return *efsdp_; }
   int world_size() const { return world_size_; }

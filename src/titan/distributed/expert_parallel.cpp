@@ -47,12 +47,7 @@ Shape with_rows(const Tensor& t, int64_t rows) {
 }  // namespace
 
 void shard_experts(nn::Parameter& p, const ProcessGroup& ep) {
-  const Shape local = p.var.shape();
-  Shape global = local, offsets = local;
-  for (int d = 0; d < offsets.size(); ++d) offsets[d] = 0;
-  global[0] = local[0] * ep.size();
-  offsets[0] = local[0] * ep.rank();
-  p.slice = {global, offsets};
+  p.slice = split_slice(p.slice, p.var.shape(), 0, ep.size(), ep.rank());
   p.expert_sharded = true;
 }
 

@@ -12,7 +12,9 @@
 //
 // The mesh (device_mesh.h) takes the ep ranks from dp_shard x cp x tp, whole TP groups at a time:
 // under TP each rank routes its own sequence piece (the MoE TP fix), so the routed experts see no
-// TP communication and are not replicated over TP. The ranks holding the same experts form the
+// TP communication and are not replicated over TP. Under TorchTitan's gather scheme the experts'
+// hidden units are split over TP instead, and each TP coordinate has its own EP groups over
+// dp_shard x cp (expert-tensor parallelism). The ranks holding the same experts form the
 // expert-FSDP group, over which FSDP shards and reduces them.
 #pragma once
 

@@ -88,11 +88,7 @@ void check_tensor_parallel_degree(int64_t degree, const std::string& model,
 void shard_parameter(nn::Parameter& p, int dim, const ProcessGroup& tp) {
   const Shape local = p.var.shape();
   TITAN_CHECK(dim >= 0 && dim < int(local.size()), "shard_parameter: dim " + std::to_string(dim) + " of " + local.str());
-  Shape global = local, offsets = local;
-  for (int d = 0; d < offsets.size(); ++d) offsets[d] = 0;
-  global[dim] = local[dim] * tp.size();
-  offsets[dim] = local[dim] * tp.rank();
-  p.slice = {global, offsets};
+  p.slice = split_slice(p.slice, local, dim, tp.size(), tp.rank());  // composes with expert parallelism's
   p.tp_partial_grad = false;
   p.tp_duplicate = false;
 }

@@ -63,13 +63,14 @@ void tensor_parallel(const PlanJob& j, const std::vector<Local>& params, const S
                  "replicated weights' partial gradients, loss parallel"});
 }
 
-// EP: each rank routes its tokens (its sequence piece under TP) to top-k experts; uniform routing
-// sends (ep - 1) / ep of the rows away, in dispatch and combine, forward and backward.
+// EP: each rank routes its tokens (its sequence piece under TP's MoE fix, every token under the
+// gather scheme) to top-k experts; uniform routing sends (ep - 1) / ep of the rows away, in
+// dispatch and combine, forward and backward.
 void expert_parallel(const PlanJob& j, const StagePart& part, std::vector<PlanCollective>& out) {
   const auto a = deepseek_args(j);
   int moe_layers = 0;
   for (const int l : part.blocks()) moe_layers += a.is_moe_layer(l);
-  const double rows = double(j.micro_tokens) / j.m.tp * double(a.n_activated_experts);
+  const double rows = double(j.micro_tokens) / (j.m.expert_tp ? 1 : j.m.tp) * double(a.n_activated_experts);
   out.push_back({"ep", "all_to_all",
                  4.0 * moe_layers * rows * double(a.dim) * (j.bf16 ? 2 : 4) * (j.m.ep - 1) / j.m.ep * double(j.microbatches),
                  "token dispatch and combine (uniform routing)"});

@@ -836,7 +836,8 @@ const std::vector<KeySpec>& config_schema() {
        "Mixture-of-experts layers under tensor parallelism. sequence (torchtitan-npu's MoE TP fix): each rank "
        "routes its own sequence piece to whole routed experts, with no TP communication around them. gather "
        "(TorchTitan v0.2's): the tokens are all-gathered, every rank routes all of them through its slice of "
-       "every expert's hidden units, and the partial outputs are reduce-scattered."},
+       "every expert's hidden units, and the partial outputs are reduce-scattered; with expert parallelism "
+       "(TorchTitan's expert-tensor parallelism) every TP rank dispatches all the tokens over its own EP group."},
       {"parallelism", "pipeline_parallel_degree", member<&C::parallelism, &Parallelism::pipeline_parallel_degree>,
        at_least(1), "Pipeline ranks."},
       {"parallelism", "pipeline_parallel_schedule", member<&C::parallelism, &Parallelism::pipeline_parallel_schedule>,
@@ -863,8 +864,9 @@ const std::vector<KeySpec>& config_schema() {
        at_least(1),
        "Ranks that split the routed experts of a mixture-of-experts model; borrowed from the "
        "data_parallel_shard x context_parallel x tensor_parallel ranks (whole TP groups: a multiple of "
-       "tensor_parallel_degree). Tokens reach their experts by all-to-all; FSDP shards the experts over "
-       "the ranks left over."},
+       "tensor_parallel_degree), or under moe_tp_scheme = \"gather\" (whose experts are split over TP) from "
+       "data_parallel_shard x context_parallel alone. Tokens reach their experts by all-to-all; FSDP shards "
+       "the experts over the ranks left over."},
       // [comm]
       {"comm", "init_timeout_seconds", member<&C::comm, &Comm::init_timeout_seconds>, at_least(1),
        "Watchdog deadline, in seconds, for each collective until the first step ends (start-up, first "

@@ -200,8 +200,9 @@ PlanMesh plan_mesh(const JobConfig& c, int world, const std::string& source) {
   const auto d = distributed::resolve_mesh({p.pipeline_parallel_degree, p.data_parallel_replicate_degree,
                                             p.data_parallel_shard_degree, p.context_parallel_degree, p.tensor_parallel_degree},
                                            world, source);
-  distributed::check_expert_degree(d, p.expert_parallel_degree, source);
-  return {world, d[0], d[1], d[2], d[3], d[4], int(p.expert_parallel_degree)};
+  const bool expert_tp = p.moe_tp_scheme == "gather";
+  distributed::check_expert_degree(d, p.expert_parallel_degree, source, expert_tp);
+  return {world, d[0], d[1], d[2], d[3], d[4], int(p.expert_parallel_degree), expert_tp};
 }
 
 MemoryPlan plan_memory(const JobConfig& c, int world, int64_t vocab, const std::string& source) {

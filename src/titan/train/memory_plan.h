@@ -29,8 +29,9 @@ namespace titan::train {
 
 struct PlanMesh {
   int world = 1, pp = 1, dp_replicate = 1, dp_shard = 1, cp = 1, tp = 1, ep = 1;
-  int fsdp() const { return dp_shard * cp; }        // shards non-expert parameters
-  int efsdp() const { return dp_shard * cp * tp / ep; }  // shards routed experts (with EP)
+  bool expert_tp = false;  // routed experts split over TP (moe_tp_scheme "gather"): EP borrows no TP ranks
+  int fsdp() const { return dp_shard * cp; }  // shards non-expert parameters
+  int efsdp() const { return dp_shard * cp * (expert_tp ? 1 : tp) / ep; }  // shards routed experts (with EP)
 };
 
 struct PlanCategories {

@@ -355,8 +355,9 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
                                                   par.data_parallel_shard_degree, par.context_parallel_degree,
                                                   par.tensor_parallel_degree},
                                                  s.world->size(), source);
-  distributed::check_expert_degree(degrees, par.expert_parallel_degree, source);
-  s.mesh = std::make_unique<distributed::DeviceMesh>(*s.world, degrees, int(par.expert_parallel_degree));
+  const bool expert_tp = par.moe_tp_scheme == "gather";  // TorchTitan's scheme splits the experts over TP
+  distributed::check_expert_degree(degrees, par.expert_parallel_degree, source, expert_tp);
+  s.mesh = std::make_unique<distributed::DeviceMesh>(*s.world, degrees, int(par.expert_parallel_degree), expert_tp);
   fs::create_directories(s.run_folder);
   if (s.lead) std::ofstream(s.run_folder / "config.toml") << to_toml(config);
   if (s.lead && config.job.print_config)
@@ -450,7 +451,10 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
       layout += "; context parallel over " + std::to_string(cp) + " ranks (" + std::to_string(2 * cp) +
                 " head-tail chunks; DSA keys all-gathered)";
     if (const int ep = s.mesh->ep().size(); ep > 1)
-      layout += "; expert parallel over " + std::to_string(ep) + " ranks (routed experts by all-to-all)";
+      layout += "; expert parallel over " + std::to_string(ep) + " ranks (routed experts by all-to-all" +
+                (config.parallelism.moe_tp_scheme == "gather" && s.mesh->degree(MeshDim::tp) > 1
+                     ? ", each expert's hidden units over TP)"
+                     : ")");
     if (s.pipeline) {
       const distributed::pp::Schedule& sc = s.pipeline->executor().schedule();
       layout += "; pipeline parallel over " + std::to_string(sc.ranks) + " ranks (" + sc.name + ", " +

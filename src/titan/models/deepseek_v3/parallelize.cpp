@@ -18,7 +18,8 @@
 // rank routes its own sequence piece to the replicated routed experts, the shared experts run
 // tensor-parallel; under expert parallelism the TP ranks join the expert-parallel group (the
 // routed experts are then divided over them, not replicated); or TorchTitan's scheme ("gather"):
-// all tokens gathered, every expert's hidden units split. The embedding is vocabulary-parallel and the head column-parallel over the
+// all tokens gathered, every expert's hidden units split (under expert parallelism too: each TP
+// rank then exchanges all the tokens within its own EP group). The embedding is vocabulary-parallel and the head column-parallel over the
 // vocabulary (loss parallel).
 #include "titan/distributed/tensor_parallel.h"
 #include "titan/models/deepseek_v3/model.h"
@@ -65,7 +66,7 @@ void Transformer::place_tensor_parallel() {
       colwise(dense->w1), colwise(dense->w3), rowwise(dense->w2);
     } else if (auto* moe = dynamic_cast<moe::MoE*>(&b.ffn)) {
       partial(moe->router.gate.weight);  // its gradient: from this rank's tokens, or its hidden units' outputs
-      if (moe->args().tp_gather) {       // TorchTitan: each expert's hidden units split
+      if (moe->args().tp_gather) {       // TorchTitan: each expert's hidden units split (of its EP experts)
         shard_parameter(moe->experts.w1, 1, tp), shard_parameter(moe->experts.w3, 1, tp);
         shard_parameter(moe->experts.w2, 2, tp);
       } else if (moe->args().ep_degree() == 1) {  // the MoE TP fix: whole experts, this rank's tokens

@@ -80,10 +80,6 @@ void MoEArgs::validate() const {
               "parallelism.expert_parallel_degree = " + std::to_string(experts_over) + " does not divide the " +
                   std::to_string(n_routed_experts) + " routed experts",
               "use a degree that divides " + std::to_string(n_routed_experts));
-  TITAN_CHECK(experts_over == 1 || !tp_gather || degree == 1,
-              "parallelism.moe_tp_scheme = \"gather\" with expert parallelism: TorchTitan's scheme splits every expert's "
-              "hidden units over TP, expert parallelism whole experts over ranks",
-              "use moe_tp_scheme = \"sequence\" (the MoE TP fix, whose routed experts take the TP ranks into EP)");
   kernels::check_router_params(router_params());
 }
 

@@ -54,7 +54,9 @@ struct MoEArgs {
   bool tp_gather = false;
   // Expert parallelism (distributed/expert_parallel.h; null or one rank: none): this rank holds
   // routed experts [r E/ep, (r+1) E/ep); the rows routed to other ranks' experts travel there and
-  // back by all-to-all. Composes with the MoE TP fix, not with tp_gather.
+  // back by all-to-all. With the MoE TP fix the TP ranks are in the group (each routes its own
+  // tokens); with tp_gather (TorchTitan's expert-tensor parallelism) they are not: each TP rank
+  // dispatches all the tokens over its own group, to its slice of the experts' hidden units.
   const distributed::ProcessGroup* ep = nullptr;
   int64_t ep_degree() const;
   kernels::RouterParams router_params() const;
