@@ -61,17 +61,6 @@ TEST_F(PipelineLayouts, MoreStagesThanLayersIsAClearError) {
   EXPECT_EQ(e.find("stages.toml: stages.toml"), std::string::npos) << e;
 }
 
-// Context parallelism inside pipeline stages is not in this build: refused up front, naming the key.
-TEST_F(PipelineLayouts, ContextParallelInsideStagesIsRefused) {
-  if (world().size() != 4) GTEST_SKIP() << "PP 2 x CP 2 on 4 ranks";
-  const std::string e = error_of([&] {
-    train::Trainer t(config("llama3", "pp_cp", 2, 1, "1F1B", 4, {"--parallelism.context_parallel_degree=2"}),
-                     "pp_cp.toml", &world());
-  });
-  EXPECT_NE(e.find("pp_cp.toml"), std::string::npos) << e;
-  EXPECT_NE(e.find("context_parallel_degree = 2"), std::string::npos) << e;
-}
-
 // Point to point, each activation and each gradient crosses between ranks once: per step a rank
 // sends, for every stage boundary whose two stages sit on different ranks, m activations (the
 // boundary's first stage is its own) or m input gradients (the second is), and nothing for the

@@ -5,6 +5,7 @@
 #include "titan/autograd/ops.h"
 #include "titan/distributed/context_parallel.h"
 #include "titan/distributed/tensor_parallel.h"
+#include "titan/models/common.h"
 
 namespace titan::models {
 
@@ -17,14 +18,25 @@ TrainingLoss CausalLM::training_loss(const Tensor& tokens, const Tensor& targets
 }
 
 std::pair<autograd::Variable, double> CausalLM::language_model_loss(const Tensor& tokens, const Tensor& targets) {
+  return sequence_loss(forward(tokens), tokens, targets);  // loss parallel under TP
+}
+
+std::pair<autograd::Variable, double> CausalLM::sequence_loss(const autograd::Variable& logits, const Tensor& tokens,
+                                                               const Tensor& targets) const {
   if (!cp_) {
-    autograd::Variable ce = next_token_loss(forward(tokens), targets);  // loss parallel under TP
+    autograd::Variable ce = next_token_loss(logits, targets);
     return {ce, ce.value().item()};
   }
   const distributed::CpLayout layout = distributed::cp_layout(*cp_, tokens.size(1));
   const Tensor mine = distributed::local_chunks(targets.view(tokens.shape()), layout);
   const Tensor mine_flat = mine.view({mine.numel()});
-  return distributed::mean_over_sequences(next_token_loss(forward(tokens), mine_flat), mine_flat, *cp_);
+  return distributed::mean_over_sequences(next_token_loss(logits, mine_flat), mine_flat, *cp_);
+}
+
+std::pair<Tensor, Tensor> CausalLM::local_sequences(const Tensor& tokens) const {
+  if (!cp_) return {tokens, default_positions(tokens.size(0), tokens.size(1))};
+  const distributed::CpLayout layout = distributed::cp_layout(*cp_, tokens.size(1));
+  return {distributed::local_chunks(tokens, layout), distributed::local_positions(tokens.size(0), layout)};
 }
 
 autograd::Variable CausalLM::next_token_loss(const autograd::Variable& logits, const Tensor& targets) const {

@@ -115,6 +115,13 @@ class CausalLM : public nn::Module {
   // scaled by its share of the valid targets, so that the cp ranks' losses (and gradients) sum
   // to the mean over the whole sequences, which is the value returned (the same on every rank).
   std::pair<autograd::Variable, double> language_model_loss(const Tensor& tokens, const Tensor& targets);
+  // The same from logits already computed for whole sequences of `tokens` [B, S] (this rank's
+  // chunks of them under context parallelism): a pipeline's last stage.
+  std::pair<autograd::Variable, double> sequence_loss(const autograd::Variable& logits, const Tensor& tokens,
+                                                      const Tensor& targets) const;
+  // The tokens [B, S] this rank runs and their positions: the whole sequences at 0..S-1, or under
+  // context parallelism this rank's two chunks of each (distributed/context_parallel.h).
+  std::pair<Tensor, Tensor> local_sequences(const Tensor& tokens) const;
 
   const distributed::ProcessGroup* tp_ = nullptr;  // set by a model built for tensor parallelism
   const distributed::ProcessGroup* cp_ = nullptr;  // set by a model that runs context parallel

@@ -14,6 +14,9 @@ namespace titan::models {
 // Throws unless every position (i32) indexes the model's RoPE table of `table_rows` rows.
 void check_rope_positions(const std::string& model, const Tensor& positions, int64_t table_rows);
 
+// i32 [batch, seq]: start, start + 1, ... in every row.
+Tensor default_positions(int64_t batch, int64_t seq, int64_t start = 0);
+
 // Whether the pipeline stages a rank holds (the whole model when there are none) include a part
 // (ModelOptions::pipeline_stages): part(stage) says whether that stage needs it.
 template <class Part>

@@ -115,13 +115,6 @@ void check_supported(const JobConfig& c, const std::string& source) {
     } catch (const Error& e) {
       TITAN_FAIL(source + ": " + e.message(), e.hint());
     }
-    // DDP, FSDP and HSDP reduce the step's gradients after its last weight gradient (ddp.h,
-    // fsdp.h). CP inside stages is not run here yet.
-    TITAN_CHECK(p.context_parallel_degree <= 1,
-                source + ": parallelism.pipeline_parallel_degree = " + std::to_string(p.pipeline_parallel_degree) +
-                    " composes with data parallelism (DDP, FSDP, HSDP), tensor and expert parallelism in this build, "
-                    "not with context_parallel_degree = " + std::to_string(p.context_parallel_degree),
-                "set parallelism.context_parallel_degree = 1");
   }
   const int64_t tp = p.tensor_parallel_degree;
   const int64_t cp = p.context_parallel_degree;

@@ -19,14 +19,6 @@ namespace titan::models::deepseek_v3 {
 using nn::Init;
 
 namespace {
-Tensor default_positions(int64_t batch, int64_t seq, int64_t start = 0) {
-  Tensor p = Tensor::empty({batch, seq}, DType::i32, MemCategory::activations);
-  int32_t* d = p.data<int32_t>();
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t s = 0; s < seq; ++s) d[b * seq + s] = int32_t(start + s);
-  return p;
-}
-
 // Without a MoE factory every layer (the MTP blocks too) is dense: record that in the args the
 // model reports.
 DeepSeekV3Args as_built(DeepSeekV3Args a, const MoeFactory& moe) {
@@ -175,9 +167,8 @@ void Transformer::set_compute_dtype(DType dtype) {
 }
 
 Variable Transformer::forward(const Tensor& tokens) {
-  if (!cp_) return forward(tokens, default_positions(tokens.size(0), tokens.size(1)));
-  const distributed::CpLayout layout = distributed::cp_layout(*cp_, tokens.size(1));
-  return run(distributed::local_chunks(tokens, layout), distributed::local_positions(tokens.size(0), layout), tokens);
+  const auto [mine, positions] = local_sequences(tokens);
+  return run(mine, positions, tokens);
 }
 
 void Transformer::set_async_tensor_parallel(bool on) {
@@ -307,21 +298,23 @@ std::vector<std::string> Transformer::loss_term_names() const {
 }
 
 Shape Transformer::stage_activation_shape(int64_t batch, int64_t seq) const {
-  if (tp_) return {batch * seq / tp_->size(), args_.dim};  // embed's layout
-  return {batch, seq, args_.dim};
+  const int64_t local = seq / (cp_ ? cp_->size() : 1);  // this rank's chunks under CP
+  if (tp_) return {batch * local / tp_->size(), args_.dim};  // embed's layout
+  return {batch, local, args_.dim};
 }
 
 StageOutput Transformer::stage_forward(const distributed::pp::StageLayers& stage, const Variable& h_in,
                                        const Tensor& tokens, const Tensor& targets) {
-  TITAN_CHECK(!cp_, "deepseek_v3: pipeline stages with context parallelism are not supported",
-              "set parallelism.context_parallel_degree = 1 or pipeline_parallel_degree = 1");
-  const Tensor positions = default_positions(tokens.size(0), tokens.size(1));
+  // Under context parallelism every stage runs this rank's chunks of the sequences (the other
+  // ranks of its cp group the rest); the last averages the loss over the group.
+  Tensor mine, positions;
+  std::tie(mine, positions) = local_sequences(tokens);
   // DeepSeek-V3.2's warm-up trains only the indexers: no gradient crosses the stages (as none
   // reaches the hidden states of the whole model), the input is a constant.
   const bool frozen = args_.has_indexer() && layers.size() > 0 && layers[0].attention.dsa.stage == DsaStage::dense_warmup;
   Variable h;
   if (stage.embedding) {
-    h = embed(tokens);
+    h = embed(mine);
   } else {
     h = frozen ? Variable(h_in.value()) : h_in;
     h = autograd::view(h, stage_activation_shape(tokens.size(0), tokens.size(1)));
@@ -335,8 +328,7 @@ StageOutput Transformer::stage_forward(const distributed::pp::StageLayers& stage
   if (stage.head) {
     set_targets(targets);
     if (mtp) mtp->run(*this, h, tokens, positions);
-    ce = next_token_loss(head(norm->forward(h)), targets);  // loss parallel under TP
-    out.cross_entropy = ce.value().item();
+    std::tie(ce, out.cross_entropy) = sequence_loss(head(norm->forward(h)), tokens, targets);  // loss parallel under TP
   } else {
     out.hidden = h;
   }

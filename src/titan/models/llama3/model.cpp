@@ -1,6 +1,7 @@
 #include "titan/models/llama3/model.h"
 
 #include <cmath>
+#include <tuple>
 
 #include "titan/distributed/async_tensor_parallel.h"
 #include "titan/distributed/context_parallel.h"
@@ -19,14 +20,6 @@ constexpr double kInitStd = 0.02;
 // TorchTitan's depth init: output projections of layer l get std 0.02 / sqrt(2 (l + 1)).
 double out_proj_std(const Llama3Args& a, int layer_id) {
   return a.depth_init ? kInitStd / std::sqrt(2.0 * (layer_id + 1)) : kInitStd / std::sqrt(2.0 * a.n_layers);
-}
-
-Tensor default_positions(int64_t batch, int64_t seq) {
-  Tensor p = Tensor::empty({batch, seq}, DType::i32, MemCategory::activations);
-  int32_t* d = p.data<int32_t>();
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t s = 0; s < seq; ++s) d[b * seq + s] = int32_t(s);
-  return p;
 }
 
 int64_t degree(const distributed::ProcessGroup* tp) { return tp ? tp->size() : 1; }
@@ -155,9 +148,8 @@ void Transformer::set_compute_dtype(DType dtype) {
 }
 
 Variable Transformer::forward(const Tensor& tokens) {
-  if (!cp_) return forward(tokens, default_positions(tokens.size(0), tokens.size(1)));
-  const distributed::CpLayout layout = distributed::cp_layout(*cp_, tokens.size(1));
-  return forward(distributed::local_chunks(tokens, layout), distributed::local_positions(tokens.size(0), layout));
+  const auto [mine, positions] = local_sequences(tokens);
+  return forward(mine, positions);
 }
 
 void Transformer::set_async_tensor_parallel(bool on) {
@@ -199,10 +191,11 @@ Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) {
 
 StageOutput Transformer::stage_forward(const distributed::pp::StageLayers& stage, const Variable& h_in,
                                        const Tensor& tokens, const Tensor& targets) {
-  TITAN_CHECK(!cp_, "llama3: pipeline stages with context parallelism are not supported",
-              "set parallelism.context_parallel_degree = 1 or pipeline_parallel_degree = 1");
-  const Tensor positions = default_positions(tokens.size(0), tokens.size(1));
-  Variable h = stage.embedding ? embed(tokens) : h_in;
+  // Under context parallelism every stage runs this rank's chunks of the sequences (the other
+  // ranks of its cp group the rest, by ring attention); the last averages the loss over the group.
+  Tensor mine, positions;
+  std::tie(mine, positions) = local_sequences(tokens);
+  Variable h = stage.embedding ? embed(mine) : h_in;
   for (size_t i = 0; i < layers.size(); ++i) {
     const int l = int(layers.index(i));
     if (l < stage.begin || l >= stage.end) continue;
@@ -223,13 +216,12 @@ StageOutput Transformer::stage_forward(const distributed::pp::StageLayers& stage
     out.hidden = h;
     return out;
   }
-  out.loss = next_token_loss(head(h), targets);
-  out.cross_entropy = out.loss.value().item();
+  std::tie(out.loss, out.cross_entropy) = sequence_loss(head(h), tokens, targets);
   return out;
 }
 
 Shape Transformer::stage_activation_shape(int64_t batch, int64_t seq) const {
-  return {batch * seq / (tp_ ? tp_->size() : 1), args_.dim};
+  return {batch * seq / (tp_ ? tp_->size() : 1) / (cp_ ? cp_->size() : 1), args_.dim};
 }
 
 }  // namespace titan::models::llama3
