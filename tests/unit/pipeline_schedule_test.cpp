@@ -57,6 +57,33 @@ TEST(PipelineSchedule, GPipeAnd1F1BBubblesEqualTheClosedForm) {
       }
 }
 
+// A replay of per-action costs equal to the stage costs gives the same timeline; doubling one
+// action's cost moves the makespan; each send's hand-over delays its sender, not its compute.
+TEST(PipelineSchedule, PerActionCostsReplayTheTimeline) {
+  const Schedule s = make_schedule("1F1B", 2, 4);
+  Costs replay = unit_costs();
+  for (int r = 0; r < 2; ++r) {
+    std::vector<double> costs;
+    for (const Action& a : s.actions[size_t(r)])
+      costs.push_back(a.op == Op::forward ? 1 : a.op == Op::backward ? 2 : a.op == Op::backward_input || a.op == Op::backward_weight ? 1 : 0);
+    replay.per_action.push_back(costs);
+  }
+  const Simulation same = simulate(s, replay);
+  EXPECT_DOUBLE_EQ(same.makespan, simulate(s, unit_costs()).makespan);
+  EXPECT_DOUBLE_EQ(same.bubble_fraction, simulate(s, unit_costs()).bubble_fraction);
+  // Rank 1's (the last stage's) first backward twice as long: the whole step waits for it.
+  const auto first_b = std::find_if(s.actions[1].begin(), s.actions[1].end(), [](const Action& a) { return a.op == Op::backward; });
+  replay.per_action[1][size_t(first_b - s.actions[1].begin())] = 4;
+  EXPECT_DOUBLE_EQ(simulate(s, replay).makespan, same.makespan + 2);
+  Costs sending = unit_costs();
+  sending.send = 0.5;
+  const Simulation slow = simulate(s, sending);
+  EXPECT_GT(slow.makespan, same.makespan);
+  EXPECT_DOUBLE_EQ(slow.busy[0], same.busy[0]);  // hand-overs are not compute
+  replay.per_action[0].pop_back();
+  EXPECT_NE(error_of([&] { simulate(s, replay); }).find("per-action costs do not match"), std::string::npos);
+}
+
 TEST(PipelineSchedule, InterleavedBubbleShrinksByTheStagesPerRank) {
   for (int p : {2, 4})
     for (int v : {2, 3})

@@ -9,6 +9,14 @@ namespace titan::distributed::pp {
 
 namespace {
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Charges a send action's time (the copy into a contiguous buffer, the hand-over) to `sending`.
+struct SendTimer {
+  explicit SendTimer(ExecutorTimes& t) : times(t), start(now()) {}
+  ~SendTimer() { times.sending += now() - start, ++times.sends; }
+  ExecutorTimes& times;
+  double start;
+};
 }  // namespace
 
 PipelineExecutor::PipelineExecutor(Schedule schedule, const ProcessGroup& pp, Shape activation_shape, DType dtype)
@@ -109,6 +117,7 @@ void PipelineExecutor::backward(const Action& a, float loss_scale, bool defer_we
 void PipelineExecutor::run_step(const StageForwardFn& fn, float loss_scale, const BackwardHooks& hooks) {
   const std::vector<Action>& actions = schedule_.actions[size_t(pp_.rank())];
   times_ = ExecutorTimes();
+  times_.action_seconds.assign(actions.size(), 0.0);
   const double start = now();
   slots_.clear();
   // Posts the receives up to (and after) the compute action at `from`: one compute action ahead.
@@ -133,6 +142,7 @@ void PipelineExecutor::run_step(const StageForwardFn& fn, float loss_scale, cons
     const auto charge = [&](double& bucket) {
       const double seconds = now() - t0 - (times_.waiting - waited0);
       bucket += seconds;
+      times_.action_seconds[i] = seconds;
       const int kind = a.op == Op::forward ? 0 : a.op == Op::backward ? 1 : a.op == Op::backward_input ? 2 : 3;
       ExecutorTimes::Stage& st = times_.stages[a.stage];
       st.seconds[kind] += seconds;
@@ -163,6 +173,7 @@ void PipelineExecutor::run_step(const StageForwardFn& fn, float loss_scale, cons
         break;
       }
       case Op::send_activation: {
+        const SendTimer timer(times_);
         const Tensor out = slot(a.stage, a.microbatch).result.output.value().contiguous();
         TITAN_CHECK(out.numel() == shape_.numel() && out.dtype() == dtype_,
                     "pipeline: stage " + std::to_string(a.stage) + " output " + out.str() + " is not the activation " +
@@ -171,6 +182,7 @@ void PipelineExecutor::run_step(const StageForwardFn& fn, float loss_scale, cons
         break;
       }
       case Op::send_gradient: {
+        const SendTimer timer(times_);
         Slot& s = slot(a.stage, a.microbatch);
         // The input's gradient; zeros when nothing flowed into it (a frozen stage, e.g. DSA's warm-up).
         Tensor g = s.input.defined() && s.input.grad().defined() ? s.input.grad().contiguous()

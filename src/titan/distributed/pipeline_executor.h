@@ -41,7 +41,11 @@ struct BackwardHooks {
 // Time spent per kind of action in the last step (compute only: waits for data are `waiting`),
 // and per stage the seconds and counts of each kind, for the bubble measurement (bench_pipeline).
 struct ExecutorTimes {
-  double forward = 0, backward = 0, backward_input = 0, backward_weight = 0, waiting = 0, total = 0;
+  // Seconds of one step: compute by kind, waiting for inputs and for sends to finish, handing
+  // activations and gradients to the engine (send actions), and in all.
+  double forward = 0, backward = 0, backward_input = 0, backward_weight = 0, waiting = 0, sending = 0, total = 0;
+  int sends = 0;
+  std::vector<double> action_seconds;  // per action of this rank's list: a compute action's seconds, else 0
   struct Stage {
     double seconds[4] = {0, 0, 0, 0};  // F, B, I, W
     int count[4] = {0, 0, 0, 0};

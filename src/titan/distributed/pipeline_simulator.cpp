@@ -28,6 +28,11 @@ class Replay {
                 "pipeline simulation: costs for " + std::to_string(costs.stages.size()) + " stages, the schedule has " +
                     std::to_string(s.stages()),
                 "give one cost per stage, or one for all");
+    bool lists_match = costs.per_action.empty() || int(costs.per_action.size()) == s.ranks;
+    for (size_t r = 0; lists_match && r < costs.per_action.size(); ++r)
+      lists_match = costs.per_action[r].size() == s.actions[r].size();
+    TITAN_CHECK(lists_match, "pipeline simulation: per-action costs do not match " + s.name + "'s action lists",
+                "give one cost per action of every rank's list, or none");
     out_.busy.assign(size_t(s.ranks), 0);
     out_.peak_in_flight.assign(size_t(s.ranks), 0);
     in_flight_.assign(size_t(s.ranks), 0);
@@ -63,6 +68,7 @@ class Replay {
         const auto& produced = a.op == Op::send_activation ? p_.forward_done : p_.input_grad_done;
         TITAN_CHECK(produced.count(key), s_.name + ": rank " + std::to_string(r) + " runs " + action_str(a) +
                                              " before computing what it sends");
+        t += costs_.send;
         p_.arrivals[{a.op, a.stage, a.microbatch}] = t + costs_.transfer;
         break;
       }
@@ -105,6 +111,7 @@ class Replay {
       if (!after(p_.forward_done, key) || (a.stage < last && !after(p_.output_grad, key))) return false;
       cost = a.op == Op::backward ? c.backward_input + c.backward_weight : c.backward_input;
     }
+    if (!costs_.per_action.empty()) cost = costs_.per_action[size_t(r)][pos_[size_t(r)]];
     const double end = start + cost;
     clock_[size_t(r)] = end;
     out_.busy[size_t(r)] += cost;

@@ -1,6 +1,7 @@
 // Replays a pipeline schedule's action lists (pipeline_schedule.h) with a cost per compute action
 // and per transfer, as the ranks would run them: each rank in its order, a receive waiting for its
-// send plus the transfer time, sends not waiting, an overlapped action after its partner. Gives the
+// send plus the transfer time, sends not waiting (beyond the sender's own hand-over time), an
+// overlapped action after its partner. Gives the
 // step's makespan, each rank's busy time, the bubble fraction and the peak number of micro-batches
 // in flight (forward done, backward for inputs not yet) per rank; throws when the lists cannot run
 // to the end (a deadlock or a dependency a rank never receives), naming what each rank waits for.
@@ -20,6 +21,10 @@ struct StageCosts {
 struct Costs {
   std::vector<StageCosts> stages;  // one per stage, or one for every stage
   double transfer = 0;             // one activation or gradient between ranks
+  double send = 0;                 // the sender's own time to hand one over (not compute: not busy)
+  // Optional, a replay of measured times: per rank, per action of its list, each compute action's
+  // own cost (the others' ignored). Empty: every action costs its stage's.
+  std::vector<std::vector<double>> per_action;
   const StageCosts& of(int stage) const { return stages.size() == 1 ? stages[0] : stages.at(size_t(stage)); }
 };
 

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Pipeline memory per rank (issue "Distributed training 3"): PP 2 x FSDP 2 under DualPipeV against
+# 1F1B, and against PP 2 without FSDP, on the llama3 debug model (f32, 8 micro-batches of 1 x 256
+# tokens per pipeline). Each run's peak is the busiest rank's (bench_distributed.cpp): in all,
+# parameters + gradients + optimizer state after a step, and activations. Under PP, FSDP keeps
+# the stage's gradients unsharded until the step's last weight gradient (and, by default, its
+# parameters gathered from first use): the shards only shrink what lives between steps.
+#   bench/pipeline_memory.sh [BUILD_DIR] [--section.key=value ...]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build}; shift || true
+bench=$build/bench/bench_distributed
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE OMP_PROC_BIND=false
+common=(--config "$root/configs/llama3_debug.toml" --steps 3 --warmup 2 --training.seq_len=256
+        --training.local_batch_size=8 --training.mixed_precision_param=float32 --lr_scheduler.warmup_steps=2
+        --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_microbatch_size=1 "$@")
+cd "$root"
+echo "host: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc --all) cores"
+# run RANKS SCHEDULE SHARD [more overrides]: one JSON line
+run() {
+  mpirun --bind-to none -np "$1" "$bench" "${common[@]}" --parallelism.pipeline_parallel_schedule="$2" \
+    --parallelism.data_parallel_shard_degree="$3" "${@:4}" | tail -1
+}
+pp_1f1b=$(run 2 1F1B 1)
+pp_dualpipev=$(run 2 DualPipeV 1)
+fsdp_1f1b=$(run 4 1F1B 2)
+fsdp_dualpipev=$(run 4 DualPipeV 2)
+fsdp_dualpipev_always=$(run 4 DualPipeV 2 --parallelism.fsdp_reshard_after_forward=always)
+python3 - "$pp_1f1b" "$pp_dualpipev" "$fsdp_1f1b" "$fsdp_dualpipev" "$fsdp_dualpipev_always" <<'PY'
+import json, sys
+names = ["PP 2, 1F1B", "PP 2, DualPipeV", "PP 2 x FSDP 2, 1F1B", "PP 2 x FSDP 2, DualPipeV",
+         "  the same, reshard always"]
+runs = dict(zip(names, (json.loads(a) for a in sys.argv[1:])))
+mb = lambda b: b / 2**20
+print(f"{'layout':26} {'peak MiB':>9} {'params+grads+optim':>19} {'activations':>12}")
+for name, r in runs.items():
+    print(f"{name:26} {mb(r['peak_bytes_per_rank']):9.1f} {mb(r['params_grads_optimizer_bytes_per_rank']):19.1f} "
+          f"{mb(r['activation_peak_bytes_per_rank']):12.1f}")
+d = runs["PP 2 x FSDP 2, DualPipeV"]["peak_bytes_per_rank"]
+for other in ["PP 2 x FSDP 2, 1F1B", "PP 2, DualPipeV", "PP 2, 1F1B"]:
+    print(f"PP 2 x FSDP 2 DualPipeV peak / {other}: {d / runs[other]['peak_bytes_per_rank']:.3f}")
+PY
