@@ -195,13 +195,16 @@ TEST_F(EpLayouts, DeepSeekV32UnderContextParallelReproducesOneRank) {
   expect_same_losses(one, train_on(config("deepseek_v32", l, sparse), world()), 1e-5, "deepseek_v32 " + describe(l));
 }
 
-// A checkpoint saved under EP (each rank's experts, FSDP-sharded over the rest) resumes on one
-// rank, which continues the EP run's losses; the saved experts are whole [E, ...] tensors.
+// A checkpoint saved under EP (each rank's experts, FSDP-sharded over the rest; on 4 ranks under
+// TorchTitan's expert-tensor parallelism, each rank's experts' half of the hidden units: a slice
+// in two dimensions) resumes on one rank, which continues the EP run's losses; the saved experts
+// are whole [E, ...] tensors.
 TEST_F(EpLayouts, CheckpointsReshardBetweenEpAndOneRank) {
   const int n = world().size();
   const std::vector<std::string> save = {"--checkpoint.enable=true", "--checkpoint.interval=10",
                                          "--checkpoint.keep_latest_k=0", "--checkpoint.last_save_model_only=false"};
-  const Layout ep = n == 4 ? Layout{"ckpt_ep", {.shard = 4, .ep = 2}} : Layout{"ckpt_ep", {.shard = 2, .ep = 2}};
+  const Layout ep = n == 4 ? Layout{"ckpt_ep", {.shard = 2, .tp = 2, .ep = 2}, {"--parallelism.moe_tp_scheme=gather"}}
+                           : Layout{"ckpt_ep", {.shard = 2, .ep = 2}};
   const auto straight = train_on(config("deepseek_v32", ep, save), world());
   ASSERT_EQ(straight.size(), 20u);
   if (world().rank() == 0) {
@@ -209,7 +212,8 @@ TEST_F(EpLayouts, CheckpointsReshardBetweenEpAndOneRank) {
     fs::create_directories(to);
     fs::copy(root() / "deepseek_v32_ckpt_ep" / "checkpoint" / "step-10", to / "step-10", fs::copy_options::recursive);
     const auto ckpt = checkpoint::load_checkpoint(to / "step-10");
-    EXPECT_EQ(ckpt.tensors.at("model.layers.1.moe.experts.w1").shape()[0], 8);
+    EXPECT_EQ(ckpt.tensors.at("model.layers.1.moe.experts.w1").shape(), Shape({8, 256, 256}));  // [E, moe_inter_dim, dim]
+    EXPECT_EQ(ckpt.tensors.at("model.layers.1.moe.experts.w2").shape(), Shape({8, 256, 256}));
   }
   world().barrier().wait();
   const auto one = reference_on_rank0(config("deepseek_v32", {"ckpt_one"}, save));

@@ -122,6 +122,24 @@ TEST(MemoryPlan, TrafficFollowsTheAnalyticMinimum) {
   const train::MemoryPlan tp = train::plan_memory(config(llama, {"--parallelism.tensor_parallel_degree=2"}), 2, 2048, "x");
   // 2 x (2 layers x 6 + 1) all-gathers of half of 512 tokens x 256 wide f32 activations.
   EXPECT_DOUBLE_EQ(bytes(tp, "tp", "all_gather"), 2 * 13 * 0.5 * 512 * 256 * 4);
+  // deepseek_v3 at TP 2, a quarter of the experts per rank: the MoE TP fix with EP 4 (each TP rank
+  // dispatches its own half of the tokens) sends 3/4 x 1/2 of the all-to-all rows that TorchTitan's
+  // scheme with EP 2 does (every TP rank dispatching all of them, half of them away).
+  const std::string ds = "[model]\nname = \"deepseek_v3\"\nflavor = \"debugmodel\"\n[training]\nlocal_batch_size = 2\n"
+                         "seq_len = 256\nmixed_precision_param = \"float32\"\n[parallelism]\ntensor_parallel_degree = 2\n"
+                         "data_parallel_shard_degree = 2\n";
+  const train::MemoryPlan fix = train::plan_memory(
+      config(ds, {"--parallelism.expert_parallel_degree=4"}), 4, 2048, "x");
+  const train::MemoryPlan etp = train::plan_memory(
+      config(ds, {"--parallelism.expert_parallel_degree=2", "--parallelism.moe_tp_scheme=gather"}), 4, 2048, "x");
+  EXPECT_DOUBLE_EQ(bytes(fix, "ep", "all_to_all") / bytes(etp, "ep", "all_to_all"), 0.75);
+  EXPECT_EQ(fix.mesh.efsdp(), 1);
+  EXPECT_EQ(etp.mesh.efsdp(), 1);
+  // ... and the smallest world under the gather scheme skips a dp_shard that EP cannot borrow from.
+  EXPECT_EQ(train::smallest_world(config(ds, {"--parallelism.expert_parallel_degree=2", "--parallelism.moe_tp_scheme=gather",
+                                              "--parallelism.data_parallel_shard_degree=-1"}),
+                                  2048, 1e12, "x"),
+            4);
 }
 
 // A mesh that does not divide the world fails as the trainer does, naming the keys.

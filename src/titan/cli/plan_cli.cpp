@@ -130,10 +130,12 @@ int plan_config(const std::vector<std::string_view>& args) {
   const train::JobConfig c = train::load_config(o.config, o.overrides);
   const train::Parallelism& p = c.parallelism;
   // Default: the configured degrees, dp_shard = -1 read as the fewest ranks expert parallelism
-  // can borrow its ranks from (dp_shard x cp x tp a multiple of ep).
+  // can borrow its ranks from (dp_shard x cp x tp a multiple of ep; dp_shard x cp under the
+  // gather scheme, whose experts are split over TP).
   const int64_t others = p.context_parallel_degree * p.tensor_parallel_degree;
+  const int64_t borrowed = p.moe_tp_scheme == "gather" ? p.context_parallel_degree : others;
   const int64_t shard = p.data_parallel_shard_degree > 0 ? p.data_parallel_shard_degree
-                                                         : p.expert_parallel_degree / std::gcd(p.expert_parallel_degree, others);
+                                                         : p.expert_parallel_degree / std::gcd(p.expert_parallel_degree, borrowed);
   const int world = o.world > 0 ? o.world : int(p.pipeline_parallel_degree * p.data_parallel_replicate_degree * shard * others);
   const int64_t vocab = o.vocab > 0 ? o.vocab : train::tokenizer_vocab(c);
   if (o.json) {

@@ -24,7 +24,7 @@ struct Costs {
   double send = 0;                 // the sender's own time to hand one over (not compute: not busy)
   // Optional, a replay of measured times: per rank, per action of its list, each compute action's
   // own cost (the others' ignored). Empty: every action costs its stage's.
-  std::vector<std::vector<double>> per_action;
+  std::vector<std::vector<double>> per_action = {};
   const StageCosts& of(int stage) const { return stages.size() == 1 ? stages[0] : stages.at(size_t(stage)); }
 };
 

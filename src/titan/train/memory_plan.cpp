@@ -271,8 +271,11 @@ int smallest_world(const JobConfig& c, int64_t vocab, double device_bytes, const
   for (int64_t shard = 1; shard * fixed <= max_world; ++shard) {
     grown.parallelism.data_parallel_shard_degree = shard;
     const int world = int(shard * fixed);
-    if (p.expert_parallel_degree > 1 && (shard * p.context_parallel_degree * p.tensor_parallel_degree) % p.expert_parallel_degree)
+    try {  // the degrees expert parallelism can borrow from (check_expert_degree)
+      plan_mesh(grown, world, source);
+    } catch (const Error&) {
       continue;
+    }
     if (grown.training.global_batch_size > 0 &&
         grown.training.global_batch_size % (grown.training.local_batch_size * p.data_parallel_replicate_degree * shard))
       continue;

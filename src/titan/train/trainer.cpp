@@ -790,12 +790,13 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
     return out;
   }
   opt->step(float(out.lr), norm.scale);
-  // MoE's expert loads: summed over the data (and context) ranks, and over TP, whose ranks route
-  // their own sequence pieces.
+  // MoE's expert loads: summed over the data (and context) ranks, and under the MoE TP fix over
+  // TP, whose ranks route their own sequence pieces (under the gather scheme every TP rank counts
+  // the same gathered tokens: one rank's count is the group's).
   model->end_step([this](Tensor& x) {
     mesh->loss().all_reduce(x).wait();
     const distributed::ProcessGroup& tp = mesh->group(distributed::MeshDim::tp);
-    if (tp.size() > 1) tp.all_reduce(x).wait();
+    if (tp.size() > 1 && cfg.parallelism.moe_tp_scheme == "sequence") tp.all_reduce(x).wait();
   });
   return out;
 }

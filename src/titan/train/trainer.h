@@ -18,7 +18,7 @@ class PipelineExecutor;
 namespace titan::train {
 
 // Throws, naming `source`, the key and a fix, for a layout this build does not run (a pipeline
-// schedule with too few micro-batches, PP with CP, sequences that do not split over TP or CP, ...):
+// schedule with too few micro-batches, sequences that do not split over TP or CP, ...):
 // the trainer's first check (then that the data and tokenizer exist), and `titan plan`'s.
 void check_supported(const JobConfig& c, const std::string& source);
 
