@@ -116,8 +116,10 @@ void PipelineExecutor::backward(const Action& a, float loss_scale, bool defer_we
 
 void PipelineExecutor::run_step(const StageForwardFn& fn, float loss_scale, const BackwardHooks& hooks) {
   const std::vector<Action>& actions = schedule_.actions[size_t(pp_.rank())];
+  std::vector<double> seconds = std::move(times_.action_seconds);  // its buffer kept from step to step
   times_ = ExecutorTimes();
-  times_.action_seconds.assign(actions.size(), 0.0);
+  seconds.assign(actions.size(), 0.0);
+  times_.action_seconds = std::move(seconds);
   const double start = now();
   slots_.clear();
   // Posts the receives up to (and after) the compute action at `from`: one compute action ahead.
