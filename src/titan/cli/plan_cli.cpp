@@ -133,7 +133,7 @@ int plan_config(const std::vector<std::string_view>& args) {
   // can borrow its ranks from (dp_shard x cp x tp a multiple of ep; dp_shard x cp under the
   // gather scheme, whose experts are split over TP).
   const int64_t others = p.context_parallel_degree * p.tensor_parallel_degree;
-  const int64_t borrowed = p.moe_tp_scheme == "gather" ? p.context_parallel_degree : others;
+  const int64_t borrowed = p.experts_split_over_tp() ? p.context_parallel_degree : others;
   const int64_t shard = p.data_parallel_shard_degree > 0 ? p.data_parallel_shard_degree
                                                          : p.expert_parallel_degree / std::gcd(p.expert_parallel_degree, borrowed);
   const int world = o.world > 0 ? o.world : int(p.pipeline_parallel_degree * p.data_parallel_replicate_degree * shard * others);

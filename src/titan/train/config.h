@@ -81,6 +81,9 @@ struct Parallelism {
   int64_t tensor_parallel_degree = 1;
   bool enable_async_tensor_parallel = false;  // TorchTitan's key (llama3; distributed/async_tensor_parallel.h)
   std::string moe_tp_scheme = "sequence";  // MoE under TP: sequence (torchtitan-npu's fix) | gather (TorchTitan's)
+  // TorchTitan's scheme splits each routed expert's hidden units over TP (its "etp = tp"), so
+  // expert parallelism borrows no TP ranks and every TP rank counts the same tokens.
+  bool experts_split_over_tp() const { return moe_tp_scheme == "gather"; }
   int64_t pipeline_parallel_degree = 1;
   std::string pipeline_parallel_schedule = "1F1B";
   int64_t pipeline_parallel_microbatch_size = 1;

@@ -147,7 +147,7 @@ void optimizer_terms(const PlanJob& j, RankPlan& r) {
 // unit's reduce-scatter receive buffers (every rank's piece of its f32 gradients, comm_engine.cpp).
 void activation_terms(const PlanJob& j, const StagePart& part, int in_flight, RankPlan& r) {
   const ActivationJob aj{j.c.model.name, j.c.model.flavor, j.model.vocab, j.c.training.seq_len, j.c.dsa.topk,
-                         j.c.model.mtp_layers, j.m.tp, j.m.cp, j.bf16, j.c.parallelism.moe_tp_scheme == "gather"};
+                         j.c.model.mtp_layers, j.m.tp, j.m.cp, j.bf16, j.c.parallelism.experts_split_over_tp()};
   const ActivationModel m = activation_model(aj);
   std::vector<int> blocks = part.blocks();
   if (part.head())
@@ -200,7 +200,7 @@ PlanMesh plan_mesh(const JobConfig& c, int world, const std::string& source) {
   const auto d = distributed::resolve_mesh({p.pipeline_parallel_degree, p.data_parallel_replicate_degree,
                                             p.data_parallel_shard_degree, p.context_parallel_degree, p.tensor_parallel_degree},
                                            world, source);
-  const bool expert_tp = p.moe_tp_scheme == "gather";
+  const bool expert_tp = p.experts_split_over_tp();
   distributed::check_expert_degree(d, p.expert_parallel_degree, source, expert_tp);
   return {world, d[0], d[1], d[2], d[3], d[4], int(p.expert_parallel_degree), expert_tp};
 }
@@ -215,7 +215,7 @@ MemoryPlan plan_memory(const JobConfig& c, int world, int64_t vocab, const std::
   plan.mesh = plan_mesh(c, world, source);
   const PlanMesh& m = plan.mesh;
   plan.model = model_shape(c.model.name, c.model.flavor, vocab, c.training.seq_len, c.model.mtp_layers,
-                           c.parallelism.moe_tp_scheme == "gather");
+                           c.parallelism.experts_split_over_tp());
   plan.vocab = plan.model.vocab;
   for (const PlannedParam& p : plan.model.params) {
     plan.total_params += double(p.shape.numel());

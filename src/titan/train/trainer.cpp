@@ -266,7 +266,7 @@ namespace {
 models::ModelOptions model_options(const JobConfig& c, const json* hf_config, const distributed::DeviceMesh& mesh) {
   models::ModelOptions mo;
   mo.tp = &mesh.group(distributed::MeshDim::tp);
-  mo.moe_tp_gather = c.parallelism.moe_tp_scheme == "gather";
+  mo.moe_tp_gather = c.parallelism.experts_split_over_tp();
   mo.async_tp = c.parallelism.enable_async_tensor_parallel;
   mo.cp = &mesh.group(distributed::MeshDim::cp);
   mo.ep = &mesh.ep();
@@ -348,7 +348,7 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
                                                   par.data_parallel_shard_degree, par.context_parallel_degree,
                                                   par.tensor_parallel_degree},
                                                  s.world->size(), source);
-  const bool expert_tp = par.moe_tp_scheme == "gather";  // TorchTitan's scheme splits the experts over TP
+  const bool expert_tp = par.experts_split_over_tp();
   distributed::check_expert_degree(degrees, par.expert_parallel_degree, source, expert_tp);
   s.mesh = std::make_unique<distributed::DeviceMesh>(*s.world, degrees, int(par.expert_parallel_degree), expert_tp);
   fs::create_directories(s.run_folder);
@@ -445,7 +445,7 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
                 " head-tail chunks; DSA keys all-gathered)";
     if (const int ep = s.mesh->ep().size(); ep > 1)
       layout += "; expert parallel over " + std::to_string(ep) + " ranks (routed experts by all-to-all" +
-                (config.parallelism.moe_tp_scheme == "gather" && s.mesh->degree(MeshDim::tp) > 1
+                (par.experts_split_over_tp() && s.mesh->degree(MeshDim::tp) > 1
                      ? ", each expert's hidden units over TP)"
                      : ")");
     if (s.pipeline) {
@@ -796,7 +796,7 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
   model->end_step([this](Tensor& x) {
     mesh->loss().all_reduce(x).wait();
     const distributed::ProcessGroup& tp = mesh->group(distributed::MeshDim::tp);
-    if (tp.size() > 1 && cfg.parallelism.moe_tp_scheme == "sequence") tp.all_reduce(x).wait();
+    if (tp.size() > 1 && !cfg.parallelism.experts_split_over_tp()) tp.all_reduce(x).wait();
   });
   return out;
 }
