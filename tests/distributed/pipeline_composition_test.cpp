@@ -5,6 +5,7 @@
 #include <map>
 
 #include "titan/distributed/comm_engine.h"
+#include "titan/distributed/pipeline_executor.h"
 
 using namespace titan;
 using namespace titan::test;
@@ -63,25 +64,43 @@ TEST_F(PipelineComposition, ComposesWithFsdpAndTensorParallel) {
 // PP 2 x EP 2 for deepseek_v32 on 4 ranks: each stage's routed experts divided over the 2 ranks of
 // its data-parallel group (all-to-all dispatch and combine inside every micro-batch's forward and
 // backward, the dense parameters FSDP-sharded over the same 2), through the dense warm-up and the
-// sparse stage, under DualPipeV (overlapped pairs, deferred weight gradients). The experts' weight gradients sum their rows in another order than one rank's
-// GEMM (as every EP layout: expert_parallel_test.cpp), so the losses agree to 1e-5, not bit for bit.
+// sparse stage, under DualPipeV (deferred weight gradients, and overlapped pairs run as compute
+// pairs: the forward and the backward take turns at every all-to-all). The experts' weight
+// gradients sum their rows in another order than one rank's GEMM (as every EP layout:
+// expert_parallel_test.cpp), so the losses agree to 1e-5, not bit for bit. Taking turns changes
+// no number: the same run with the pairs one action after the other gives the same bits.
 TEST_F(PipelineComposition, DeepSeekV32WithExpertParallel) {
   if (world().size() != 4) GTEST_SKIP() << "PP 2 x EP 2 on 4 ranks";
   const int64_t batch = 8;  // 4 micro-batches per data-parallel rank: what DualPipeV needs at PP 2
   const std::vector<std::string> lr = {"--optimizer.lr=3e-4"};
   const auto one = reference_on_rank0(config("deepseek_v32", "reference_ep", 1, 1, "1F1B", batch, lr, 1));
-  for (const std::string schedule : {"DualPipeV"}) {  // (1F1B measured alike: <= 5e-8 relative)
-    std::vector<std::string> extra = lr;
-    extra.push_back("--parallelism.expert_parallel_degree=2");
-    auto& engine = distributed::CommEngine::get();
-    engine.reset_stats();
-    const auto got = train_on(config("deepseek_v32", schedule + "_ep", 2, 1, schedule, batch, extra, 0, 2), world());
-    expect_same_losses(one, got, 1e-5, "PP 2 x EP 2, deepseek_v32, " + schedule);
-    int64_t exchanged = 0;  // the tokens' rows dispatched and combined between the EP ranks
-    for (const auto& [key, st] : engine.stats())
-      if (key.second == distributed::CommOp::all_to_allv) exchanged += st.bytes;
-    EXPECT_GT(exchanged, 0) << schedule << ": no expert all-to-all ran";
+  std::vector<std::string> extra = lr;
+  extra.push_back("--parallelism.expert_parallel_degree=2");
+  auto& engine = distributed::CommEngine::get();
+  engine.reset_stats();
+  int handoffs = 0;
+  const train::JobConfig paired = config("deepseek_v32", "dualpipev_ep", 2, 1, "DualPipeV", batch, extra, 0, 2);
+  {
+    train::Trainer t(paired, "test", &world());
+    t.train();
+    handoffs = t.pipeline_executor()->times().handoffs;
   }
+  world().barrier().wait();
+  const auto got = losses_of(paired.job.dump_folder);
+  expect_same_losses(one, got, 1e-5, "PP 2 x EP 2, deepseek_v32, DualPipeV");
+  int64_t exchanged = 0;  // the tokens' rows dispatched and combined between the EP ranks
+  for (const auto& [key, st] : engine.stats())
+    if (key.second == distributed::CommOp::all_to_allv) exchanged += st.bytes;
+  EXPECT_GT(exchanged, 0) << "no expert all-to-all ran";
+  // Every rank runs pairs (DualPipeV at PP 2, 4 micro-batches); each pair's pieces pass the turn at
+  // their all-to-alls (3 per MoE layer forward, 2 backward).
+  EXPECT_GT(handoffs, 0) << "the pairs never took turns on rank " << world().rank();
+  extra.push_back("--parallelism.pipeline_parallel_expert_parallel_overlap=false");
+  extra.push_back("--training.steps=5");  // the learning rate is the same as the 20 steps' through step 5's loss
+  const auto sequential = train_on(config("deepseek_v32", "dualpipev_ep_sequential", 2, 1, "DualPipeV", batch, extra, 0, 2),
+                                   world());
+  expect_same_losses(std::vector<double>(got.begin(), got.begin() + 5), sequential, 0,
+                     "PP 2 x EP 2, DualPipeV pairs one action after the other");
 }
 
 // PP 2 x CP 2: every stage on the two ranks of its cp group, each running its head-tail chunks of

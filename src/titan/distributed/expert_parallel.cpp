@@ -4,6 +4,7 @@
 
 #include "titan/core/error.h"
 #include "titan/core/profiler.h"
+#include "titan/distributed/compute_pair.h"
 
 namespace titan::distributed {
 
@@ -29,13 +30,15 @@ void move_blocks(const Tensor& dst, const Tensor& src, const std::vector<int64_t
 }
 
 // All-to-all-v of whole rows over `g`: send_rows[j] rows of `in` to member j, recv_rows[j] rows
-// from it into `out`; waits.
+// from it into `out`; waits (inside a compute pair, after letting the other piece compute).
 void all_to_all_rows(const ProcessGroup& g, const Tensor& out, const Tensor& in, const std::vector<int64_t>& send_rows,
                      const std::vector<int64_t>& recv_rows) {
   const int64_t width = row_width(in);
   std::vector<int64_t> send(send_rows.size()), recv(recv_rows.size());
   for (size_t j = 0; j < send.size(); ++j) send[j] = send_rows[j] * width, recv[j] = recv_rows[j] * width;
-  g.all_to_allv(out, in, send, recv).wait();
+  const Work sent = g.all_to_allv(out, in, send, recv);
+  handoff();
+  sent.wait();
 }
 
 Shape with_rows(const Tensor& t, int64_t rows) {
@@ -65,7 +68,9 @@ ExpertExchange::ExpertExchange(std::span<const int64_t> offsets, const ProcessGr
   Tensor theirs = Tensor::empty({experts}, DType::i64, MemCategory::temporaries);
   {
     ProfileScope prof("ep.counts");
-    ep.all_to_all(theirs, mine).wait();
+    const Work counted = ep.all_to_all(theirs, mine);
+    handoff();
+    counted.wait();
   }
   const int64_t el = local_experts_;
   send_rows_.assign(size_t(n), 0);

@@ -19,7 +19,8 @@ struct SendTimer {
 };
 }  // namespace
 
-PipelineExecutor::PipelineExecutor(Schedule schedule, const ProcessGroup& pp, Shape activation_shape, DType dtype)
+PipelineExecutor::PipelineExecutor(Schedule schedule, const ProcessGroup& pp, Shape activation_shape, DType dtype,
+                                   bool overlap_pairs)
     : schedule_(std::move(schedule)), pp_(pp), shape_(std::move(activation_shape)), dtype_(dtype) {
   TITAN_CHECK(schedule_.ranks == pp_.size(), "pipeline schedule " + schedule_.name + " is for " +
                                                  std::to_string(schedule_.ranks) + " ranks, the pipeline group has " +
@@ -30,6 +31,9 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, const ProcessGroup& pp, Sh
               "pipeline: " + std::to_string(schedule_.stages()) + " stages x " + std::to_string(schedule_.microbatches) +
                   " micro-batches need more message tags than MPI guarantees",
               "use fewer micro-batches per step (raise parallelism.pipeline_parallel_microbatch_size)");
+  bool has_pairs = false;
+  for (const Action& a : schedule_.actions[size_t(pp_.rank())]) has_pairs = has_pairs || a.overlapped;
+  if (overlap_pairs && has_pairs) pair_ = std::make_unique<ComputePair>();
 }
 
 int PipelineExecutor::tag(Op kind, int stage, int microbatch) const {
@@ -57,8 +61,9 @@ void PipelineExecutor::post_receive(const Action& a) {
   }
 }
 
-void PipelineExecutor::forward(const Action& a, const StageForwardFn& fn) {
+double PipelineExecutor::forward(const Action& a, const StageForwardFn& fn) {
   Slot& s = slot(a.stage, a.microbatch);
+  double waited = 0;
   if (a.stage > 0) {
     Tensor in;
     if (schedule_.rank_of(a.stage - 1) == pp_.rank()) {  // the V turn: the other stage is ours
@@ -67,7 +72,7 @@ void PipelineExecutor::forward(const Action& a, const StageForwardFn& fn) {
       TITAN_CHECK(s.activation_posted, "pipeline: " + action_str(a) + " has no receive for its input");
       const double t0 = now();
       s.activation_arrived.wait();
-      times_.waiting += now() - t0;
+      waited = now() - t0;
       in = s.incoming_activation;
       s.incoming_activation = Tensor();
     }
@@ -77,9 +82,10 @@ void PipelineExecutor::forward(const Action& a, const StageForwardFn& fn) {
   s.result = fn(a.stage, a.microbatch, s.input);
   TITAN_CHECK(a.stage == schedule_.stages() - 1 || s.result.output.defined(),
               "pipeline: stage " + std::to_string(a.stage) + " returned no output for the next stage");
+  return waited;
 }
 
-Tensor PipelineExecutor::gradient_for(int stage, int microbatch) {
+Tensor PipelineExecutor::gradient_for(int stage, int microbatch, double& waited) {
   if (stage == schedule_.stages() - 1) return Tensor();
   if (schedule_.rank_of(stage + 1) == pp_.rank()) {  // the V turn
     Slot& next = slot(stage + 1, microbatch);
@@ -92,15 +98,16 @@ Tensor PipelineExecutor::gradient_for(int stage, int microbatch) {
                                      std::to_string(microbatch) + " has no receive for its gradient");
   const double t0 = now();
   s.gradient_arrived.wait();
-  times_.waiting += now() - t0;
+  waited += now() - t0;
   Tensor g = s.incoming_gradient;
   s.incoming_gradient = Tensor();
   return g;
 }
 
-void PipelineExecutor::backward(const Action& a, float loss_scale, bool defer_weights) {
+double PipelineExecutor::backward(const Action& a, float loss_scale, bool defer_weights) {
   Slot& s = slot(a.stage, a.microbatch);
-  const Tensor g = gradient_for(a.stage, a.microbatch);
+  double waited = 0;
+  const Tensor g = gradient_for(a.stage, a.microbatch, waited);
   if (g.defined() && s.result.output.requires_grad()) s.result.output.ensure_grad().copy_(g.view(s.result.output.shape()));
   if (s.result.loss.defined() && s.result.loss.requires_grad()) s.result.loss.ensure_grad().fill_(double(loss_scale));
   // Run even when nothing was seeded (a stage frozen by a warm-up): ops without a gradient are
@@ -112,6 +119,65 @@ void PipelineExecutor::backward(const Action& a, float loss_scale, bool defer_we
     s.tape.run_backward();
   }
   s.result = StageForward();
+  return waited;
+}
+
+double PipelineExecutor::compute(const Action& a, const StageForwardFn& fn, float loss_scale,
+                                 const BackwardHooks& hooks) {
+  switch (a.op) {
+    case Op::forward: {
+      ProfileScope span("pipeline F");
+      return forward(a, fn);
+    }
+    case Op::backward:
+    case Op::backward_input: {
+      ProfileScope span(a.op == Op::backward ? "pipeline B" : "pipeline I");
+      if (hooks.before) hooks.before(a);
+      const double waited = backward(a, loss_scale, a.op == Op::backward_input);
+      if (hooks.after) hooks.after(a);
+      return waited;
+    }
+    case Op::backward_weight: {
+      ProfileScope span("pipeline W");
+      if (hooks.before) hooks.before(a);
+      slot(a.stage, a.microbatch).weight_grads.run();
+      if (hooks.after) hooks.after(a);
+      return 0;
+    }
+    default:
+      TITAN_FAIL("pipeline: " + action_str(a) + " is not a compute action");
+  }
+}
+
+void PipelineExecutor::charge(size_t index, const Action& a, double seconds) {
+  const int kind = a.op == Op::forward ? 0 : a.op == Op::backward ? 1 : a.op == Op::backward_input ? 2 : 3;
+  double* const by_kind[] = {&times_.forward, &times_.backward, &times_.backward_input, &times_.backward_weight};
+  *by_kind[kind] += seconds;
+  times_.action_seconds[index] = seconds;
+  ExecutorTimes::Stage& st = times_.stages[a.stage];
+  st.seconds[kind] += seconds;
+  ++st.count[kind];
+}
+
+void PipelineExecutor::send(const Action& a) {
+  const SendTimer timer(times_);
+  Slot& s = slot(a.stage, a.microbatch);
+  if (a.op == Op::send_activation) {
+    const Tensor out = s.result.output.value().contiguous();
+    TITAN_CHECK(out.numel() == shape_.numel() && out.dtype() == dtype_,
+                "pipeline: stage " + std::to_string(a.stage) + " output " + out.str() + " is not the activation " +
+                    shape_.str() + " " + std::string(dtype_name(dtype_)) + " the next stage expects");
+    sends_.push_back(pp_.send(out, a.peer, tag(a.op, a.stage, a.microbatch)));
+    return;
+  }
+  // The input's gradient; zeros when nothing flowed into it (a frozen stage, e.g. DSA's warm-up).
+  Tensor g = s.input.defined() && s.input.grad().defined() ? s.input.grad().contiguous()
+                                                           : Tensor::zeros(shape_, dtype_, MemCategory::temporaries);
+  TITAN_CHECK(g.numel() == shape_.numel() && g.dtype() == dtype_,
+              "pipeline: stage " + std::to_string(a.stage) + "'s input gradient " + g.str() +
+                  " is not the activation " + shape_.str() + " " + std::string(dtype_name(dtype_)) + " expected");
+  sends_.push_back(pp_.send(g, a.peer, tag(a.op, a.stage, a.microbatch)));
+  s.input = autograd::Variable();
 }
 
 void PipelineExecutor::run_step(const StageForwardFn& fn, float loss_scale, const BackwardHooks& hooks) {
@@ -138,69 +204,30 @@ void PipelineExecutor::run_step(const StageForwardFn& fn, float loss_scale, cons
   };
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& a = actions[i];
-    if (is_compute(a.op)) post_ahead(i);
-    // Compute time excludes the time spent waiting for the action's input.
-    const double t0 = now(), waited0 = times_.waiting;
-    const auto charge = [&](double& bucket) {
-      const double seconds = now() - t0 - (times_.waiting - waited0);
-      bucket += seconds;
-      times_.action_seconds[i] = seconds;
-      const int kind = a.op == Op::forward ? 0 : a.op == Op::backward ? 1 : a.op == Op::backward_input ? 2 : 3;
-      ExecutorTimes::Stage& st = times_.stages[a.stage];
-      st.seconds[kind] += seconds;
-      ++st.count[kind];
-    };
-    switch (a.op) {
-      case Op::forward: {
-        ProfileScope span("pipeline F");
-        forward(a, fn);
-        charge(times_.forward);
-        break;
-      }
-      case Op::backward:
-      case Op::backward_input: {
-        ProfileScope span(a.op == Op::backward ? "pipeline B" : "pipeline I");
-        if (hooks.before) hooks.before(a);
-        backward(a, loss_scale, a.op == Op::backward_input);
-        if (hooks.after) hooks.after(a);
-        charge(a.op == Op::backward ? times_.backward : times_.backward_input);
-        break;
-      }
-      case Op::backward_weight: {
-        ProfileScope span("pipeline W");
-        if (hooks.before) hooks.before(a);
-        slot(a.stage, a.microbatch).weight_grads.run();
-        if (hooks.after) hooks.after(a);
-        charge(times_.backward_weight);
-        break;
-      }
-      case Op::send_activation: {
-        const SendTimer timer(times_);
-        const Tensor out = slot(a.stage, a.microbatch).result.output.value().contiguous();
-        TITAN_CHECK(out.numel() == shape_.numel() && out.dtype() == dtype_,
-                    "pipeline: stage " + std::to_string(a.stage) + " output " + out.str() + " is not the activation " +
-                        shape_.str() + " " + std::string(dtype_name(dtype_)) + " the next stage expects");
-        sends_.push_back(pp_.send(out, a.peer, tag(a.op, a.stage, a.microbatch)));
-        break;
-      }
-      case Op::send_gradient: {
-        const SendTimer timer(times_);
-        Slot& s = slot(a.stage, a.microbatch);
-        // The input's gradient; zeros when nothing flowed into it (a frozen stage, e.g. DSA's warm-up).
-        Tensor g = s.input.defined() && s.input.grad().defined() ? s.input.grad().contiguous()
-                                                                 : Tensor::zeros(shape_, dtype_, MemCategory::temporaries);
-        TITAN_CHECK(g.numel() == shape_.numel() && g.dtype() == dtype_,
-                    "pipeline: stage " + std::to_string(a.stage) + "'s input gradient " + g.str() +
-                        " is not the activation " + shape_.str() + " " + std::string(dtype_name(dtype_)) + " expected");
-        sends_.push_back(pp_.send(g, a.peer, tag(a.op, a.stage, a.microbatch)));
-        s.input = autograd::Variable();
-        break;
-      }
-      case Op::recv_activation:
-      case Op::recv_gradient:
-        post_receive(a);  // already posted ahead, normally
-        break;
+    if (!is_compute(a.op)) {
+      if (a.op == Op::send_activation || a.op == Op::send_gradient) send(a);
+      else post_receive(a);  // already posted ahead, normally
+      continue;
     }
+    post_ahead(i);
+    if (pair_ && i + 1 < actions.size() && actions[i + 1].overlapped) {
+      // The pair: this action on this thread, its partner on the pair's, taking turns.
+      const Action& b = actions[i + 1];
+      double waited[2] = {0, 0};
+      pair_->run([&] { waited[0] = compute(a, fn, loss_scale, hooks); },
+                 [&] { waited[1] = compute(b, fn, loss_scale, hooks); });
+      charge(i, a, pair_->held_seconds(0) - waited[0]);
+      charge(i + 1, b, pair_->held_seconds(1) - waited[1]);
+      times_.waiting += waited[0] + waited[1];
+      times_.handoffs += pair_->handoffs();
+      ++i;
+      continue;
+    }
+    // Compute time excludes the time spent waiting for the action's input.
+    const double t0 = now();
+    const double waited = compute(a, fn, loss_scale, hooks);
+    times_.waiting += waited;
+    charge(i, a, now() - t0 - waited);
   }
   const double t0 = now();
   for (const Work& w : sends_) w.wait();

@@ -7,13 +7,18 @@
 // point-to-point sends on the pipeline group (tagged by kind, producing stage and micro-batch),
 // or in memory between two stages of the same rank (the V turn). Receives are posted one compute
 // action ahead, sends complete in the background: waiting happens only where data is needed.
+// An overlapped pair (DualPipeV's F&B) runs as a ComputePair when asked (compute_pair.h): the
+// forward on this thread, the backward on the pair's, taking turns at each expert-parallel
+// all-to-all, so that each one's exchange hides under the other's compute.
 #pragma once
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "titan/autograd/variable.h"
+#include "titan/distributed/compute_pair.h"
 #include "titan/distributed/pipeline_schedule.h"
 #include "titan/distributed/process_group.h"
 
@@ -45,7 +50,10 @@ struct ExecutorTimes {
   // activations and gradients to the engine (send actions), and in all.
   double forward = 0, backward = 0, backward_input = 0, backward_weight = 0, waiting = 0, sending = 0, total = 0;
   int sends = 0;
-  std::vector<double> action_seconds;  // per action of this rank's list: a compute action's seconds, else 0
+  int handoffs = 0;  // turns passed inside overlapped pairs (0 unless they run as compute pairs)
+  // Per action of this rank's list: a compute action's seconds (in a compute pair, the seconds its
+  // piece held the turn), else 0.
+  std::vector<double> action_seconds;
   struct Stage {
     double seconds[4] = {0, 0, 0, 0};  // F, B, I, W
     int count[4] = {0, 0, 0, 0};
@@ -58,8 +66,10 @@ class PipelineExecutor {
  public:
   // schedule: every rank's lists; pp: the pipeline group (its rank r runs actions[r]);
   // activation_shape / dtype: what a stage's input and output look like (every stage's the same:
-  // the residual stream of one micro-batch).
-  PipelineExecutor(Schedule schedule, const ProcessGroup& pp, Shape activation_shape, DType dtype);
+  // the residual stream of one micro-batch). overlap_pairs: run each overlapped pair as a
+  // ComputePair (else one action after the other).
+  PipelineExecutor(Schedule schedule, const ProcessGroup& pp, Shape activation_shape, DType dtype,
+                   bool overlap_pairs = false);
   // One step: every action of this rank in order. loss_scale seeds each loss's gradient (1 /
   // (micro-batches x data-parallel ranks x accumulation) for the mean over the global batch).
   void run_step(const StageForwardFn& forward, float loss_scale, const BackwardHooks& hooks = {});
@@ -78,9 +88,14 @@ class PipelineExecutor {
   };
   Slot& slot(int stage, int microbatch);
   void post_receive(const Action& a);
-  void forward(const Action& a, const StageForwardFn& fn);
-  void backward(const Action& a, float loss_scale, bool defer_weights);
-  Tensor gradient_for(int stage, int microbatch);  // the gradient of stage's output (waits for it)
+  // The compute actions; each returns the seconds it waited for its input.
+  double compute(const Action& a, const StageForwardFn& fn, float loss_scale, const BackwardHooks& hooks);
+  double forward(const Action& a, const StageForwardFn& fn);
+  double backward(const Action& a, float loss_scale, bool defer_weights);
+  // The gradient of stage's output (waiting for it, adding the seconds to `waited`).
+  Tensor gradient_for(int stage, int microbatch, double& waited);
+  void charge(size_t index, const Action& a, double seconds);  // a compute action's time, by kind
+  void send(const Action& a);
   int tag(Op kind, int stage, int microbatch) const;
 
   Schedule schedule_;
@@ -90,6 +105,7 @@ class PipelineExecutor {
   std::map<std::pair<int, int>, Slot> slots_;
   std::vector<Work> sends_;
   ExecutorTimes times_;
+  std::unique_ptr<ComputePair> pair_;  // with overlap_pairs, for a schedule that has pairs
 };
 
 }  // namespace titan::distributed::pp

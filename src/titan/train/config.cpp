@@ -855,6 +855,12 @@ const std::vector<KeySpec>& config_schema() {
        member<&C::parallelism, &Parallelism::pipeline_parallel_last_stage_less_layers>, at_least(0),
        "Blocks the last pipeline stage holds fewer than the others, for the final norm, output and loss (and "
        "DeepSeek-V3's MTP modules)."},
+      {"parallelism", "pipeline_parallel_expert_parallel_overlap",
+       member<&C::parallelism, &Parallelism::pipeline_parallel_expert_parallel_overlap>, anything(),
+       "With expert parallelism, run each of DualPipeV's overlapped pairs (a forward of one micro-batch, a "
+       "backward of another) as two pieces taking turns at every expert all-to-all, so that each one's exchange "
+       "hides under the other's compute (TorchTitan's key); false runs the pair one after the other. No effect "
+       "without EP or under other schedules."},
       {"parallelism", "context_parallel_degree", member<&C::parallelism, &Parallelism::context_parallel_degree>,
        at_least(1),
        "Ranks that split each sequence, into 2 x degree head-tail chunks (rank r holds chunks r and "

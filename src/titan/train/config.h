@@ -90,6 +90,8 @@ struct Parallelism {
   // TorchTitan's stage split: the embedding and the output head count as this many blocks.
   int64_t pipeline_parallel_first_stage_less_layers = 1;
   int64_t pipeline_parallel_last_stage_less_layers = 1;
+  // DualPipeV's F&B pairs take turns at expert-parallel all-to-alls (distributed/compute_pair.h).
+  bool pipeline_parallel_expert_parallel_overlap = true;
   int64_t context_parallel_degree = 1;
   int64_t expert_parallel_degree = 1;
   bool operator==(const Parallelism&) const = default;

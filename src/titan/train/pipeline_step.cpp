@@ -161,12 +161,13 @@ class PipelineStep::MicrobatchGradients {
 PipelineStep::~PipelineStep() = default;
 
 PipelineStep::PipelineStep(PipelinePlan plan, models::CausalLM& model, const distributed::ProcessGroup& pp,
-                           int64_t microbatch_size, int64_t seq_len, DType compute_dtype)
+                           int64_t microbatch_size, int64_t seq_len, DType compute_dtype, bool overlap_pairs)
     : plan_(std::move(plan)),
       model_(model),
       pp_(pp),
       microbatch_size_(microbatch_size),
-      executor_(plan_.schedule, pp, model.stage_activation_shape(microbatch_size, seq_len), compute_dtype) {
+      executor_(plan_.schedule, pp, model.stage_activation_shape(microbatch_size, seq_len), compute_dtype,
+                overlap_pairs) {
   gradients_ = std::make_unique<MicrobatchGradients>(model_, plan_);
 }
 

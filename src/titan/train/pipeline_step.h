@@ -44,8 +44,9 @@ struct PipelineLosses {
 
 class PipelineStep {
  public:
+  // overlap_pairs: run the schedule's overlapped pairs as compute pairs (pipeline_executor.h).
   PipelineStep(PipelinePlan plan, models::CausalLM& model, const distributed::ProcessGroup& pp, int64_t microbatch_size,
-               int64_t seq_len, DType compute_dtype);
+               int64_t seq_len, DType compute_dtype, bool overlap_pairs = false);
   ~PipelineStep();
   // Every micro-batch of inputs [B, S] / targets [B*S] through this rank's actions; each loss's
   // gradient is seeded with loss_scale / micro-batches (so loss_scale is what one micro-batch of

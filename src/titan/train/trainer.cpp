@@ -429,7 +429,9 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
     const distributed::ProcessGroup& pp = s.mesh->group(distributed::MeshDim::pp);
     s.pipeline = std::make_unique<PipelineStep>(std::move(*pipeline_plan), *s.model, pp,
                                                 config.parallelism.pipeline_parallel_microbatch_size, t.seq_len,
-                                                s.model->compute_dtype());
+                                                s.model->compute_dtype(),
+                                                config.parallelism.pipeline_parallel_expert_parallel_overlap &&
+                                                    config.parallelism.expert_parallel_degree > 1);
     // Checkpoints hold every stage's tensors: those of the other pipeline ranks are not "extra".
     s.other_stages = names_on_other_stages(*s.model, pp);
   }
