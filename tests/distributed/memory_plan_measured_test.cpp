@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "distributed/common.h"
+#include "titan/kernels/onednn/matmul.h"
 #include "titan/train/memory_plan.h"
 
 using namespace titan;
@@ -60,16 +61,21 @@ class PlanMeasured : public TrainingSuite<PlanMeasured, 260> {  // 260: TP 2 div
       if (what.starts_with("gradients: unsharded")) timing["grads"] = bytes / 2;
       if (what.starts_with("temporaries: a unit's reduce-scatter")) timing["temp"] = bytes;
     }
+    // The GEMM library's scratchpads are temporaries the plan does not count: oneDNN sizes them by the
+    // implementation it picks for the CPU (none on AVX2 here, ~0.5 MiB with AVX-512's brgemm).
+    std::map<std::string, double> unplanned;
+    unplanned["temp"] = double(kernels::onednn::matmul_cache_stats().scratchpad_bytes);
     for (const auto& [key, planned] : cats) {
       const std::string what = r.name + " " + key + ": planned " + std::to_string(planned) + ", measured " +
                                std::to_string(peak.at(key));
-      EXPECT_LE(peak.at(key), 1.1 * planned) << what;
+      EXPECT_LE(peak.at(key), 1.1 * planned + unplanned[key]) << what;
       EXPECT_GE(peak.at(key), 0.9 * (planned - timing[key])) << what;
     }
-    std::printf("plan / measured, %s: parameters %.3f, gradients %.3f, optimizer %.3f, activations %.3f, temporaries %.3f\n",
+    std::printf("plan / measured, %s: parameters %.3f, gradients %.3f, optimizer %.3f, activations %.3f, temporaries %.3f "
+                "(%.0f KiB of GEMM scratchpads unplanned)\n",
                 r.name.c_str(), plan.peak.parameters / peak.at("params"), plan.peak.gradients / peak.at("grads"),
                 plan.peak.optimizer / peak.at("optim"), plan.peak.activations / peak.at("activations"),
-                plan.peak.temporaries / peak.at("temp"));
+                plan.peak.temporaries / peak.at("temp"), unplanned["temp"] / 1024);
   }
   // The world split into groups of `size` consecutive ranks; each runs runs[its index].
   static void side_by_side(int size, const std::vector<PlannedRun>& runs) {

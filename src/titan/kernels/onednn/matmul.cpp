@@ -344,7 +344,9 @@ std::string matmul_impl_name(DType c_type, DType ab_type, bool has_bias, const M
 MatmulCacheStats matmul_cache_stats() {
   State& s = state();
   std::lock_guard lock(s.mu);
-  return {int64_t(s.cache.size()), s.created, s.scratchpad_bytes};
+  int64_t scratchpads = s.scratchpad_bytes;
+  for (const auto& lane : s.lanes) scratchpads += lane->scratchpad_bytes;
+  return {int64_t(s.cache.size()), s.created, scratchpads};
 }
 
 }  // namespace titan::kernels::onednn

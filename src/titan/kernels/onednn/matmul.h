@@ -37,7 +37,9 @@ std::string matmul_impl_name(DType c_type, DType ab_type, bool has_bias, const M
 struct MatmulCacheStats {
   int64_t primitives = 0;        // cached primitives
   int64_t created = 0;           // primitives created since start (a steady state adds none)
-  int64_t scratchpad_bytes = 0;  // the shared scratchpad's size (largest any primitive needs)
+  // The scratchpads' sizes (temporaries): the shared one's (the largest any primitive needs) and
+  // each thread's own. oneDNN's choice of implementation sets them, so they depend on the CPU.
+  int64_t scratchpad_bytes = 0;
 };
 MatmulCacheStats matmul_cache_stats();
 
