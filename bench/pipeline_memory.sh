@@ -3,8 +3,9 @@
 # 1F1B, and against PP 2 without FSDP, on the llama3 debug model (f32, 8 micro-batches of 1 x 256
 # tokens per pipeline). Each run's peak is the busiest rank's (bench_distributed.cpp): in all,
 # parameters + gradients + optimizer state after a step, and activations. Under PP, FSDP keeps
-# the stage's gradients unsharded until the step's last weight gradient (and, by default, its
-# parameters gathered from first use): the shards only shrink what lives between steps.
+# the stage's gradients unsharded until the step's last weight gradient (once with the default
+# in-place sum; as the tree's partial sums with pipeline_parallel_gradient_sum = "tree") and, by
+# default, its parameters gathered from first use.
 #   bench/pipeline_memory.sh [BUILD_DIR] [--section.key=value ...]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,10 +28,11 @@ pp_dualpipev=$(run 2 DualPipeV 1)
 fsdp_1f1b=$(run 4 1F1B 2)
 fsdp_dualpipev=$(run 4 DualPipeV 2)
 fsdp_dualpipev_always=$(run 4 DualPipeV 2 --parallelism.fsdp_reshard_after_forward=always)
-python3 - "$pp_1f1b" "$pp_dualpipev" "$fsdp_1f1b" "$fsdp_dualpipev" "$fsdp_dualpipev_always" <<'PY'
+fsdp_dualpipev_tree=$(run 4 DualPipeV 2 --parallelism.pipeline_parallel_gradient_sum=tree)
+python3 - "$pp_1f1b" "$pp_dualpipev" "$fsdp_1f1b" "$fsdp_dualpipev" "$fsdp_dualpipev_always" "$fsdp_dualpipev_tree" <<'PY'
 import json, sys
 names = ["PP 2, 1F1B", "PP 2, DualPipeV", "PP 2 x FSDP 2, 1F1B", "PP 2 x FSDP 2, DualPipeV",
-         "  the same, reshard always"]
+         "  the same, reshard always", "  the same, tree sum"]
 runs = dict(zip(names, (json.loads(a) for a in sys.argv[1:])))
 mb = lambda b: b / 2**20
 print(f"{'layout':26} {'peak MiB':>9} {'params+grads+optim':>19} {'activations':>12}")

@@ -2,9 +2,10 @@
 // of one sequence, and the same steps on rank 0 alone accumulating micro-batches of `local_batch`.
 //
 // Every pipeline schedule reproduces the 1-rank run to the last bit: each micro-batch computes the
-// same numbers on either, and the pipeline keeps each micro-batch's gradients apart and sums them
-// as one rank does (train/pipeline_step.cpp), the zero-bubble schedules' deferred weight
-// gradients included.
+// same numbers on either, and under the tree sum these runs use the pipeline keeps each
+// micro-batch's gradients apart and sums them as one rank does (train/pipeline_step.cpp), the
+// zero-bubble schedules' deferred weight gradients included. (The default in-place sum adds them
+// in the schedule's order: tests pass --parallelism.pipeline_parallel_gradient_sum=in_place.)
 #pragma once
 
 #include "distributed/common.h"
@@ -25,7 +26,7 @@ class PipelineSuite : public TrainingSuite<Suite, vocab> {
     std::string toml = base_toml(model, data(), root() / (model + "_" + name), 20);
     toml += "[parallelism]\ndata_parallel_shard_degree = " + std::to_string(shard) + "\npipeline_parallel_degree = " + std::to_string(pp) +
             "\ntensor_parallel_degree = " + std::to_string(tp) + "\npipeline_parallel_schedule = \"" + schedule +
-            "\"\npipeline_parallel_microbatch_size = 1\n";
+            "\"\npipeline_parallel_microbatch_size = 1\npipeline_parallel_gradient_sum = \"tree\"\n";
     train::JobConfig cfg = train::parse_config(toml, name + ".toml", extra);
     cfg.training.local_batch_size = local_batch > 0 ? local_batch : batch / shard;
     cfg.training.global_batch_size = batch;

@@ -48,6 +48,25 @@ TEST_F(PipelineComposition, ComposesWithFsdpAndTensorParallel) {
     }
     EXPECT_GT(bytes["always"][0], 2 * bytes["default"][0]) << schedule;
     EXPECT_EQ(bytes["always"][1], bytes["default"][1]) << schedule;
+    // The default in-place gradient sum: one unsharded gradient per parameter through the step
+    // instead of the tree's partial sums, the same single reduce-scatter, one rank's losses to rounding.
+    {
+      engine.reset_stats();
+      const std::string name = schedule + "_fsdp_in_place";
+      const auto got = train_on(config("llama3", name, 2, 1, schedule, batch,
+                                       {"--parallelism.pipeline_parallel_gradient_sum=in_place"}, 0, 2),
+                                world());
+      expect_same_losses(one, got, 1e-5, "PP 2 x FSDP 2, " + schedule + ", gradients summed in place");
+      std::ifstream metrics(root() / ("llama3_" + name) / "metrics.jsonl");
+      for (std::string line; std::getline(metrics, line);)
+        if (const auto j = nlohmann::json::parse(line); j.contains("peak_memory_bytes")) peak["in_place"] = j["peak_memory_bytes"];
+      for (const auto& [key, st] : engine.stats())
+        if (key.second == distributed::CommOp::reduce_scatter) bytes["in_place"][1] += st.bytes;
+      EXPECT_EQ(bytes["in_place"][1], bytes["default"][1]) << schedule;
+      EXPECT_LT(peak["in_place"].value("grads", 0), peak["default"].value("grads", 0)) << schedule;
+      std::printf("PP 2 x FSDP 2, %s: peak gradients (largest rank) in place %.2f MB, tree %.2f MB\n", schedule.c_str(),
+                  peak["in_place"].value("grads", 0) / 1e6, peak["default"].value("grads", 0) / 1e6);
+    }
     std::printf("PP 2 x FSDP 2, %s: all-gather bytes always / default = %.2f, reduce-scatter bytes equal (%lld)\n",
                 schedule.c_str(), double(bytes["always"][0]) / double(bytes["default"][0]),
                 static_cast<long long>(bytes["default"][1]));

@@ -28,6 +28,20 @@ TEST_F(PipelineLayouts, EveryScheduleReproducesOneRankLlama3) {
   }
 }
 
+// The default in-place sum (each backward adding into one gradient per parameter, in the schedule's
+// order) reproduces one rank to rounding, every schedule.
+TEST_F(PipelineLayouts, InPlaceGradientSumReproducesOneRankLlama3) {
+  if (world().size() != 2) GTEST_SKIP() << "on 2 ranks (the schedules' orders are the same kind on 4)";
+  const int64_t batch = 4;
+  const auto one = reference_on_rank0(config("llama3", "reference_in_place", 1, 1, "1F1B", batch, {}, 1));
+  for (const std::string& schedule : distributed::pp::schedule_names()) {
+    const auto got = train_on(config("llama3", schedule + "_in_place", 2, 1, schedule, batch,
+                                     {"--parallelism.pipeline_parallel_gradient_sum=in_place"}),
+                              world());
+    expect_same_losses(one, got, 1e-5, schedule + ", gradients summed in place");
+  }
+}
+
 // A pipeline run's checkpoint holds every stage's tensors (each rank writes its own): resumed
 // under the same layout, or on one rank whole, training continues exactly as the run did.
 TEST_F(PipelineLayouts, CheckpointsResumeUnderThePipelineAndOnOneRank) {

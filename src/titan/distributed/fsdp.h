@@ -35,8 +35,8 @@ struct FsdpOptions {
   uint64_t seed = 0;         // the shards' initial values: exactly those of the whole parameters' init
   // Under pipeline parallelism a unit's micro-batches run forward and backward between other
   // stages' work, and a zero-bubble schedule computes weight gradients (W) after the unit's
-  // backward hook: gradients stay unsharded over the step (train/pipeline_step.cpp sums each
-  // micro-batch's) and are reduce-scattered once, by finish_backward, after the last W. Parameters
+  // backward hook: gradients stay unsharded over the step (summed over the micro-batches as
+  // train/pipeline_step.h says) and are reduce-scattered once, by finish_backward, after the last W. Parameters
   // stay gathered from their first use to the step's end (TorchTitan's default under PP), unless
   // reshard_after_forward = "always" frees them after every forward and backward of a unit.
   bool pipeline = false;

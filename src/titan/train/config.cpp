@@ -861,6 +861,14 @@ const std::vector<KeySpec>& config_schema() {
        "backward of another) as two pieces taking turns at every expert all-to-all, so that each one's exchange "
        "hides under the other's compute (TorchTitan's key); false runs the pair one after the other. No effect "
        "without EP or under other schedules."},
+      {"parallelism", "pipeline_parallel_gradient_sum",
+       member<&C::parallelism, &Parallelism::pipeline_parallel_gradient_sum>, one_of({"in_place", "tree"}),
+       "How a pipeline rank sums its micro-batches' gradients. in_place (TorchTitan's): each backward adds into "
+       "one gradient buffer per parameter, so a step holds one unsharded gradient of its stages (FSDP "
+       "reduce-scatters it once, after the last weight gradient); the sum's order follows the schedule, so the "
+       "losses match one rank's to rounding. tree: each micro-batch's gradients are kept apart and summed as a "
+       "binary tree in micro-batch order, as one rank accumulating does: the same gradients as one rank, bit for "
+       "bit, at the cost of up to log2(micro-batches) + 1 unsharded gradients (titan plan shows both)."},
       {"parallelism", "context_parallel_degree", member<&C::parallelism, &Parallelism::context_parallel_degree>,
        at_least(1),
        "Ranks that split each sequence, into 2 x degree head-tail chunks (rank r holds chunks r and "

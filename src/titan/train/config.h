@@ -92,6 +92,9 @@ struct Parallelism {
   int64_t pipeline_parallel_last_stage_less_layers = 1;
   // DualPipeV's F&B pairs take turns at expert-parallel all-to-alls (distributed/compute_pair.h).
   bool pipeline_parallel_expert_parallel_overlap = true;
+  // How a pipeline rank sums its micro-batches' gradients (train/pipeline_step.h): in_place | tree.
+  std::string pipeline_parallel_gradient_sum = "in_place";
+  bool pipeline_tree_sum() const { return pipeline_parallel_gradient_sum == "tree"; }
   int64_t context_parallel_degree = 1;
   int64_t expert_parallel_degree = 1;
   bool operator==(const Parallelism&) const = default;

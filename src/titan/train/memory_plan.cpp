@@ -104,13 +104,13 @@ void parameter_terms(const PlanJob& j, RankPlan& r) {
 // (tree_sum.h: its partial sums), plus under FSDP the unsharded gradients of the unit in backward
 // and of the previous one while its reduce-scatter runs: at most two units (fsdp.cpp waits for the
 // previous unit's before issuing the next), the bound the plan counts; how much of the second is
-// still held depends on how soon the engine sends it (measured: 0.1 to 0.7). Under PP each
-// micro-batch's gradients stay apart until its stages finish and join the tree unsharded
-// (pipeline_step.cpp); FSDP reduce-scatters the sum once, at the step's end.
+// still held depends on how soon the engine sends it (measured: 0.1 to 0.7). Under PP the
+// micro-batches' gradients are summed unsharded (pipeline_step.h): in place, one gradient per
+// parameter; as a tree, the tree's partial sums. FSDP reduce-scatters the sum once, at the step's end.
 void gradient_terms(const PlanJob& j, RankPlan& r) {
   using C = PlanCategories;
   const bool fsdp = j.m.fsdp() > 1;
-  const int trees = tree_sum_buffers(j.microbatches);
+  const int trees = j.m.pp > 1 && !j.c.parallelism.pipeline_tree_sum() ? 1 : tree_sum_buffers(j.microbatches);
   const std::string tree = trees > 1 ? fmt::format(" x {} (tree sum over micro-batches)", trees) : "";
   double all_units = 0;
   for (const auto& [unit, bytes] : r.unit_grads) all_units += bytes;

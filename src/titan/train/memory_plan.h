@@ -9,7 +9,8 @@
 //                compute copies under mixed precision, FSDP units gathered at once (the one
 //                running and the one prefetched; under PP every unit of the stage stays gathered)
 //   gradients    f32, the masters' size (FSDP: shards, plus at most two units unsharded); with
-//                micro-batches, the binary tree sum's partial sums (tree_sum.h)
+//                micro-batches, the binary tree sum's partial sums (tree_sum.h); under PP the
+//                stage's unsharded gradients, once in place or as the tree's partial sums
 //   optimizer    AdamW's two f32 moments of the masters; swapped: two chunk buffers (the rest on disk)
 //   activations  what forward keeps for backward, per activation-checkpointing mode, times the
 //                micro-batches a pipeline rank holds at once

@@ -45,6 +45,7 @@ std::set<std::string> names_on_other_stages(models::CausalLM& model, const distr
   return others;
 }
 
+// The tree sum (parallelism.pipeline_parallel_gradient_sum = "tree").
 // Each micro-batch's parameter gradients, kept apart while its backward actions run between other
 // micro-batches' and summed over the step as a binary tree in micro-batch order (tree_sum.h), as
 // one rank accumulating micro-batches of the same shape does (data_parallel.h's SingleRank): the
@@ -161,17 +162,20 @@ class PipelineStep::MicrobatchGradients {
 PipelineStep::~PipelineStep() = default;
 
 PipelineStep::PipelineStep(PipelinePlan plan, models::CausalLM& model, const distributed::ProcessGroup& pp,
-                           int64_t microbatch_size, int64_t seq_len, DType compute_dtype, bool overlap_pairs)
+                           int64_t microbatch_size, int64_t seq_len, DType compute_dtype, bool overlap_pairs,
+                           bool tree_sum)
     : plan_(std::move(plan)),
       model_(model),
       pp_(pp),
       microbatch_size_(microbatch_size),
       executor_(plan_.schedule, pp, model.stage_activation_shape(microbatch_size, seq_len), compute_dtype,
                 overlap_pairs) {
-  gradients_ = std::make_unique<MicrobatchGradients>(model_, plan_);
+  if (tree_sum) gradients_ = std::make_unique<MicrobatchGradients>(model_, plan_);
 }
 
-void PipelineStep::finish_step() { gradients_->finish(); }
+void PipelineStep::finish_step() {
+  if (gradients_) gradients_->finish();
+}
 
 PipelineLosses PipelineStep::run(const Tensor& inputs, const Tensor& targets, double loss_scale) {
   const int m = microbatches();
@@ -195,9 +199,11 @@ PipelineLosses PipelineStep::run(const Tensor& inputs, const Tensor& targets, do
     }
     return pp::StageForward{o.hidden, o.loss};
   };
-  gradients_->begin_run();
-  pp::BackwardHooks hooks{[this](const pp::Action& a) { gradients_->before(a); },
-                          [this](const pp::Action& a) { gradients_->after(a); }};
+  pp::BackwardHooks hooks;
+  if (gradients_) {
+    gradients_->begin_run();
+    hooks = {[this](const pp::Action& a) { gradients_->before(a); }, [this](const pp::Action& a) { gradients_->after(a); }};
+  }
   executor_.run_step(forward, float(loss_scale / m), hooks);
   if (pp_.size() > 1) pp_.all_reduce(std::span<double>(sums));
   PipelineLosses out;

@@ -6,6 +6,14 @@
 // A step splits the local batch into micro-batches of pipeline_parallel_microbatch_size sequences
 // and runs this rank's actions (distributed/pipeline_executor.h); the losses, known on the stages
 // that compute them, are then summed over the pipeline group so that every rank logs the same.
+//
+// The micro-batches' gradients are summed one of two ways (parallelism.pipeline_parallel_gradient_sum):
+//   in_place  each backward action adds into the parameters' gradients as autograd does, so a step
+//             holds one gradient per parameter (TorchTitan's); the order of the additions is the
+//             schedule's, so the result matches one rank's to rounding;
+//   tree      each micro-batch's gradients are kept apart and summed as one rank accumulating
+//             micro-batches does (MicrobatchGradients in pipeline_step.cpp): the same bits as one
+//             rank, holding up to log2(micro-batches) + 1 gradients per parameter.
 #pragma once
 
 #include <map>
@@ -44,16 +52,17 @@ struct PipelineLosses {
 
 class PipelineStep {
  public:
-  // overlap_pairs: run the schedule's overlapped pairs as compute pairs (pipeline_executor.h).
+  // overlap_pairs: run the schedule's overlapped pairs as compute pairs (pipeline_executor.h);
+  // tree_sum: sum the micro-batches' gradients as one rank does (above).
   PipelineStep(PipelinePlan plan, models::CausalLM& model, const distributed::ProcessGroup& pp, int64_t microbatch_size,
-               int64_t seq_len, DType compute_dtype, bool overlap_pairs = false);
+               int64_t seq_len, DType compute_dtype, bool overlap_pairs = false, bool tree_sum = false);
   ~PipelineStep();
   // Every micro-batch of inputs [B, S] / targets [B*S] through this rank's actions; each loss's
   // gradient is seeded with loss_scale / micro-batches (so loss_scale is what one micro-batch of
   // the whole batch would be seeded with). Gradients accumulate into the parameters.
   PipelineLosses run(const Tensor& inputs, const Tensor& targets, double loss_scale);
-  // After the step's last run(): the parameters' gradients become their sums over the step's
-  // micro-batches (see MicrobatchGradients in pipeline_step.cpp).
+  // After the step's last run(): under the tree sum, the parameters' gradients become their sums
+  // over the step's micro-batches (in place, they already are).
   void finish_step();
   // The mean next-token cross-entropy of a batch, forward only, through the stages in order (every
   // pipeline rank returns it).
@@ -65,7 +74,7 @@ class PipelineStep {
   class MicrobatchGradients;
   PipelinePlan plan_;
   models::CausalLM& model_;
-  std::unique_ptr<MicrobatchGradients> gradients_;
+  std::unique_ptr<MicrobatchGradients> gradients_;  // under the tree sum
   const distributed::ProcessGroup& pp_;
   int64_t microbatch_size_;
   distributed::pp::PipelineExecutor executor_;

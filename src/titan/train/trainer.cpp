@@ -431,7 +431,8 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
                                                 config.parallelism.pipeline_parallel_microbatch_size, t.seq_len,
                                                 s.model->compute_dtype(),
                                                 config.parallelism.pipeline_parallel_expert_parallel_overlap &&
-                                                    config.parallelism.expert_parallel_degree > 1);
+                                                    config.parallelism.expert_parallel_degree > 1,
+                                                config.parallelism.pipeline_tree_sum());
     // Checkpoints hold every stage's tensors: those of the other pipeline ranks are not "extra".
     s.other_stages = names_on_other_stages(*s.model, pp);
   }
