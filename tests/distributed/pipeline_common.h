@@ -2,10 +2,10 @@
 // of one sequence, and the same steps on rank 0 alone accumulating micro-batches of `local_batch`.
 //
 // Every pipeline schedule reproduces the 1-rank run to the last bit: each micro-batch computes the
-// same numbers on either, and under the tree sum these runs use the pipeline keeps each
-// micro-batch's gradients apart and sums them as one rank does (train/pipeline_step.cpp), the
-// zero-bubble schedules' deferred weight gradients included. (The default in-place sum adds them
-// in the schedule's order: tests pass --parallelism.pipeline_parallel_gradient_sum=in_place.)
+// same numbers on either, and these runs use the tree sum, which keeps each micro-batch's gradients
+// apart and sums them as one rank does (train/pipeline_step.cpp), the zero-bubble schedules'
+// deferred weight gradients included. The default in-place sum adds them in the schedule's order,
+// matching one rank to rounding: tests of it pass --parallelism.pipeline_parallel_gradient_sum=in_place.
 #pragma once
 
 #include "distributed/common.h"

@@ -93,8 +93,10 @@ TEST_F(PipelineComposition, DeepSeekV32WithExpertParallel) {
   const int64_t batch = 8;  // 4 micro-batches per data-parallel rank: what DualPipeV needs at PP 2
   const std::vector<std::string> lr = {"--optimizer.lr=3e-4"};
   const auto one = reference_on_rank0(config("deepseek_v32", "reference_ep", 1, 1, "1F1B", batch, lr, 1));
+  // The defaults a user gets: the in-place gradient sum (the losses are within 1e-5 either way).
   std::vector<std::string> extra = lr;
   extra.push_back("--parallelism.expert_parallel_degree=2");
+  extra.push_back("--parallelism.pipeline_parallel_gradient_sum=in_place");
   auto& engine = distributed::CommEngine::get();
   engine.reset_stats();
   int handoffs = 0;
@@ -160,7 +162,7 @@ TEST_F(PipelineComposition, ComposesWithContextParallel) {
 }
 
 // PP 2 x DDP 2: the replicas all-reduce each stage's gradients once, after the step's last
-// weight gradient (ddp.h), and reproduce one rank bit for bit.
+// weight gradient (ddp.h), and reproduce one rank bit for bit with the tree sum, to rounding in place.
 TEST_F(PipelineComposition, ComposesWithDdp) {
   if (world().size() != 4) GTEST_SKIP() << "PP 2 x DDP 2 on 4 ranks";
   const int64_t batch = 8;
@@ -177,6 +179,13 @@ TEST_F(PipelineComposition, ComposesWithDdp) {
       if (key.second == distributed::CommOp::all_reduce && key.first.find("dp_replicate") != std::string::npos) calls += st.calls;
     EXPECT_GT(calls, 0) << schedule << ": the replicas never all-reduced";
   }
+  // The default in-place sum adds each micro-batch into the buckets' views directly.
+  const auto in_place = train_on(config("llama3", "dualpipev_ddp_in_place", 2, 1, "DualPipeV", batch,
+                                        {"--parallelism.data_parallel_replicate_degree=2",
+                                         "--parallelism.pipeline_parallel_gradient_sum=in_place"},
+                                        batch / 2),
+                                 world());
+  expect_same_losses(one, in_place, 1e-5, "PP 2 x DDP 2, DualPipeV, gradients summed in place");
 }
 
 }  // namespace

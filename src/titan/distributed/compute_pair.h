@@ -9,9 +9,14 @@
 // gets it back, by which time its collective has usually arrived. A piece that finishes passes the
 // turn for good, and the other runs to its end. So a rank's collectives are issued in an order fixed
 // by the program alone (each piece's order, interleaved at its handoffs), the same on every member
-// of a group running the same pair, as MPI needs; and no two threads touch the model, the autograd
-// state or the allocator at once (the turn's mutex orders everything they do). With no handoff in
-// the first piece, the pair is the two run one after the other.
+// of a group running the same pair, as MPI needs; and the two pieces never touch the model, the
+// autograd state or the allocator at once (the turn's mutex orders everything they do). With no
+// handoff in the first piece, the pair is the two run one after the other.
+//
+// What this costs: the pair's thread has its own OpenMP team once it runs a parallel region, on
+// the same cores as the rank's (only one team computes at a time; with OMP_WAIT_POLICY=PASSIVE the
+// idle one sleeps at once, otherwise it spins for libgomp's spin count first). Profiler scopes
+// around an exchange (ep.dispatch, ...) include the other piece's turn.
 #pragma once
 
 #include <condition_variable>
@@ -30,7 +35,7 @@ class ComputePair {
   ComputePair& operator=(const ComputePair&) = delete;
 
   // Runs first on this thread and second on the pair's thread, first holding the turn at the
-  // start; returns when both finished, rethrowing the first exception either threw.
+  // start; returns when both finished, rethrowing first's exception if it threw, else second's.
   void run(const std::function<void()>& first, const std::function<void()>& second);
 
   // Of the last run: how many times the turn passed at a handoff, and the seconds each piece

@@ -868,7 +868,8 @@ const std::vector<KeySpec>& config_schema() {
        "reduce-scatters it once, after the last weight gradient); the sum's order follows the schedule, so the "
        "losses match one rank's to rounding. tree: each micro-batch's gradients are kept apart and summed as a "
        "binary tree in micro-batch order, as one rank accumulating does: the same gradients as one rank, bit for "
-       "bit, at the cost of up to log2(micro-batches) + 1 unsharded gradients (titan plan shows both)."},
+       "bit, at the cost of up to log2(micro-batches) + 1 unsharded gradients (titan plan counts the one "
+       "configured)."},
       {"parallelism", "context_parallel_degree", member<&C::parallelism, &Parallelism::context_parallel_degree>,
        at_least(1),
        "Ranks that split each sequence, into 2 x degree head-tail chunks (rank r holds chunks r and "
