@@ -192,7 +192,8 @@ TEST_F(EpLayouts, DeepSeekV32UnderContextParallelReproducesOneRank) {
   const auto one = reference_on_rank0(config("deepseek_v32", {"sparse_reference"}, sparse));
   const Layout l = n == 4 ? Layout{"cp2_tp2_ep4", {.cp = 2, .tp = 2, .ep = 4}}
                            : Layout{"cp2_ep2", {.cp = 2, .ep = 2}};
-  expect_same_losses(one, train_on(config("deepseek_v32", l, sparse), world()), 1e-5, "deepseek_v32 " + describe(l));
+  expect_same_losses_through_flips(one, train_on(config("deepseek_v32", l, sparse), world()), 1e-3,
+                                   "deepseek_v32 " + describe(l));
 }
 
 // A checkpoint saved under EP (each rank's experts, FSDP-sharded over the rest; on 4 ranks under

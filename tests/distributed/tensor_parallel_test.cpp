@@ -50,7 +50,10 @@ TEST(LossParallel, EqualsTheGatheredCrossEntropy) {
     const double tol = dt == DType::f32 ? 1e-6 : 1e-3;
     EXPECT_NEAR(got.value().item(), want, tol * std::fabs(want)) << dtype_name(dt);
     autograd::backward(got);
-    expect_close(columns(whole.grad(), r * cols, (r + 1) * cols), mine.grad(), dt == DType::f32 ? 1e-6 : 1e-2,
+    // f32: the two softmaxes take their exponentials over rows of other widths (13 columns against
+    // 13 x t), so the vector and tail paths differ by a few ulps (measured 1.006e-6 of the largest
+    // gradient on the AMD EPYC with AVX-512; under 1e-6 on the AVX2 machines before it).
+    expect_close(columns(whole.grad(), r * cols, (r + 1) * cols), mine.grad(), dt == DType::f32 ? 4e-6 : 1e-2,
                  std::string("dlogits ") + std::string(dtype_name(dt)));
   }
 }
