@@ -8,18 +8,14 @@
 # bench_distributed.cpp), the runs alternating ROUNDS times (default 3), and the ratios.
 #   bench/dualpipev_overlap.sh [BUILD_DIR] [--section.key=value ...]
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-build=${1:-$root/build}; shift || true
+source "$(dirname "$0")/ranks_one_thread.sh"
+shift || true
 bench=$build/bench/bench_distributed
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE OMP_PROC_BIND=false
 common=(--config "$root/configs/deepseek_v3_debug.toml" --steps 4 --warmup 2 --training.seq_len=256
         --training.local_batch_size=4 --training.mixed_precision_param=float32 --lr_scheduler.warmup_steps=2
         --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=DualPipeV
         --parallelism.pipeline_parallel_microbatch_size=1 --parallelism.data_parallel_shard_degree=2
         --parallelism.expert_parallel_degree=2 "$@")
-cd "$root"
-echo "host: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc --all) cores"
 run() {
   local line
   line=$(mpirun --bind-to none -np 4 "$bench" "${common[@]}" \

@@ -3,12 +3,8 @@
 # measured against the simulator fed with this run's per-stage costs, and the closed form.
 #   bench/pipeline.sh [BUILD_DIR] [--section.key=value ...]   (default: llama3 debug, f32, 8 micro-batches of 1 x 256 tokens)
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-build=${1:-$root/build}; shift || true
-cd "$root"
-echo "host: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc --all) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE OMP_PROC_BIND=false
+source "$(dirname "$0")/ranks_one_thread.sh"
+shift || true
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 mpirun -np 2 "$build/bench/bench_pipeline" --steps 8 --warmup 2 --training.seq_len=256 --training.local_batch_size=8 \

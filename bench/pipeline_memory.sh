@@ -8,16 +8,12 @@
 # default, its parameters gathered from first use.
 #   bench/pipeline_memory.sh [BUILD_DIR] [--section.key=value ...]
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-build=${1:-$root/build}; shift || true
+source "$(dirname "$0")/ranks_one_thread.sh"
+shift || true
 bench=$build/bench/bench_distributed
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE OMP_PROC_BIND=false
 common=(--config "$root/configs/llama3_debug.toml" --steps 3 --warmup 2 --training.seq_len=256
         --training.local_batch_size=8 --training.mixed_precision_param=float32 --lr_scheduler.warmup_steps=2
         --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_microbatch_size=1 "$@")
-cd "$root"
-echo "host: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc --all) cores"
 # run RANKS SCHEDULE SHARD [more overrides]: one JSON line
 run() {
   mpirun --bind-to none -np "$1" "$bench" "${common[@]}" --parallelism.pipeline_parallel_schedule="$2" \
