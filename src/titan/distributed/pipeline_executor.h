@@ -74,6 +74,7 @@ class PipelineExecutor {
   // (micro-batches x data-parallel ranks x accumulation) for the mean over the global batch).
   void run_step(const StageForwardFn& forward, float loss_scale, const BackwardHooks& hooks = {});
   const Schedule& schedule() const { return schedule_; }
+  bool runs_compute_pairs() const { return pair_ != nullptr; }
   const ExecutorTimes& times() const { return times_; }
 
  private:

@@ -454,7 +454,9 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
     if (s.pipeline) {
       const distributed::pp::Schedule& sc = s.pipeline->executor().schedule();
       layout += "; pipeline parallel over " + std::to_string(sc.ranks) + " ranks (" + sc.name + ", " +
-                std::to_string(sc.stages()) + " stages, " + std::to_string(sc.microbatches) + " micro-batches)";
+                std::to_string(sc.stages()) + " stages, " + std::to_string(sc.microbatches) + " micro-batches" +
+                (s.pipeline->executor().runs_compute_pairs() ? ", F&B pairs taking turns at expert all-to-alls" : "") +
+                ", gradients summed " + (config.parallelism.pipeline_tree_sum() ? "as a tree" : "in place") + ")";
     }
     std::printf("%d ranks: mesh %s; %s\n", s.world->size(), s.mesh->str().c_str(), layout.c_str());
   }
