@@ -1,3 +1,4 @@
+#include "titan/core/clock.h"
 #include "titan/core/trace.h"
 
 #include <algorithm>
@@ -42,9 +43,7 @@ int thread_index() {
 
 bool tracing() { return tracer().on.load(std::memory_order_relaxed); }
 
-double trace_clock() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double trace_clock() { return steady_seconds(); }
 
 void trace_start() {
   Tracer& t = tracer();

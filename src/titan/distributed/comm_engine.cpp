@@ -1,3 +1,4 @@
+#include "titan/core/clock.h"
 #include "titan/distributed/comm_engine.h"
 
 #include <mpi.h>
@@ -73,9 +74,6 @@ bool two_stage_all_reduce(int64_t count, Elem e, int members) {
   return !(size_t(count) * elem_bytes(e) <= kSmallAllReduceBytes || count < members);
 }
 
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 MPI_Datatype mpi_type(Elem e) {
   switch (e) {
@@ -213,9 +211,9 @@ void Work::wait() const {
   if (!state_) return;
   std::unique_lock<std::mutex> lock(state_->mu);
   if (state_->done) return;
-  const double t0 = now_seconds();
+  const double t0 = steady_seconds();
   state_->cv.wait(lock, [&] { return state_->done; });
-  const double t1 = now_seconds();
+  const double t1 = steady_seconds();
   CommEngine::get().add_exposed(t1 - t0);
   trace_span("wait for communication", "wait", t0, t1);
 }
@@ -434,7 +432,7 @@ Work CommEngine::enqueue(std::unique_ptr<Request> r) {
 void CommEngine::start_request(Request& r) {
   CommGroup& g = *r.g;
   r.mpi = std::make_unique<MpiHandles>();
-  r.started = now_seconds();
+  r.started = steady_seconds();
   r.deadline = r.started + timeout_.load();
   recorder_.set_state(r.record, OpState::started, recorder_.now());
   const MPI_Datatype t = mpi_type(r.elem);
@@ -591,7 +589,7 @@ void CommEngine::finish_request(Request& r) {
     for (int i = 0; i < n; ++i) others += remote(i);
     crossing = bytes * others / (n - 1);
   }
-  const double end = now_seconds();
+  const double end = steady_seconds();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (r.op != CommOp::split) {
@@ -674,7 +672,7 @@ void CommEngine::loop() {
 }
 
 void CommEngine::check_deadlines() {
-  const double now = now_seconds();
+  const double now = steady_seconds();
   for (const auto& r : active_)
     if (now > r->deadline) fire(*r);
 }
@@ -733,8 +731,8 @@ void CommEngine::fire(const Request& r) {
   dump_recorder(reason);
   dumped_ = true;
   std::map<int, uint64_t> reached;  // world rank -> its last sequence id on g
-  const double grace_end = now_seconds() + std::min(10.0, std::max(2.0, timeout));
-  while (int(reached.size()) < world_size_ - 1 && now_seconds() < grace_end) {
+  const double grace_end = steady_seconds() + std::min(10.0, std::max(2.0, timeout));
+  while (int(reached.size()) < world_size_ - 1 && steady_seconds() < grace_end) {
     int flag = 0;
     MPI_Status st;
     MPI_Iprobe(MPI_ANY_SOURCE, kReplyTag, control_->comm, &flag, &st);

@@ -1,12 +1,10 @@
 #include "titan/distributed/compute_pair.h"
 
-#include <chrono>
+#include "titan/core/clock.h"
 
 namespace titan::distributed {
 
 namespace {
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
 // The pair and piece this thread runs, while it runs one.
 thread_local ComputePair* t_pair = nullptr;
 thread_local int t_piece = 0;
@@ -24,7 +22,7 @@ ComputePair::~ComputePair() {
 }
 
 void ComputePair::pass_turn(int from, bool finished) {
-  const double t = now();
+  const double t = steady_seconds();
   held_[from] += t - held_since_[from];
   if (finished) finished_[from] = true;
   const int other = 1 - from;
@@ -39,7 +37,7 @@ void ComputePair::run_piece(int piece, const std::function<void()>& work) {
   {
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return turn_ == piece; });
-    held_since_[piece] = now();
+    held_since_[piece] = steady_seconds();
   }
   t_pair = this, t_piece = piece;
   try {

@@ -1,3 +1,4 @@
+#include "titan/core/clock.h"
 #include "titan/distributed/flight_recorder.h"
 
 #include <algorithm>
@@ -15,12 +16,6 @@ namespace titan::distributed {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-namespace {
-double steady_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
 
 const char* op_state_name(OpState s) {
   switch (s) {

@@ -1,6 +1,5 @@
+#include "titan/core/clock.h"
 #include "titan/distributed/pipeline_executor.h"
-
-#include <chrono>
 
 #include "titan/core/error.h"
 #include "titan/core/profiler.h"
@@ -8,12 +7,11 @@
 namespace titan::distributed::pp {
 
 namespace {
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // Charges a send action's time (the copy into a contiguous buffer, the hand-over) to `sending`.
 struct SendTimer {
-  explicit SendTimer(ExecutorTimes& t) : times(t), start(now()) {}
-  ~SendTimer() { times.sending += now() - start, ++times.sends; }
+  explicit SendTimer(ExecutorTimes& t) : times(t), start(steady_seconds()) {}
+  ~SendTimer() { times.sending += steady_seconds() - start, ++times.sends; }
   ExecutorTimes& times;
   double start;
 };
@@ -70,9 +68,9 @@ double PipelineExecutor::forward(const Action& a, const StageForwardFn& fn) {
       in = slot(a.stage - 1, a.microbatch).result.output.value();
     } else {
       TITAN_CHECK(s.activation_posted, "pipeline: " + action_str(a) + " has no receive for its input");
-      const double t0 = now();
+      const double t0 = steady_seconds();
       s.activation_arrived.wait();
-      waited = now() - t0;
+      waited = steady_seconds() - t0;
       in = s.incoming_activation;
       s.incoming_activation = Tensor();
     }
@@ -96,9 +94,9 @@ Tensor PipelineExecutor::gradient_for(int stage, int microbatch, double& waited)
   Slot& s = slot(stage, microbatch);
   TITAN_CHECK(s.gradient_posted, "pipeline: the backward of stage " + std::to_string(stage) + " micro-batch " +
                                      std::to_string(microbatch) + " has no receive for its gradient");
-  const double t0 = now();
+  const double t0 = steady_seconds();
   s.gradient_arrived.wait();
-  waited += now() - t0;
+  waited += steady_seconds() - t0;
   Tensor g = s.incoming_gradient;
   s.incoming_gradient = Tensor();
   return g;
@@ -186,7 +184,7 @@ void PipelineExecutor::run_step(const StageForwardFn& fn, float loss_scale, cons
   times_ = ExecutorTimes();
   seconds.assign(actions.size(), 0.0);
   times_.action_seconds = std::move(seconds);
-  const double start = now();
+  const double start = steady_seconds();
   slots_.clear();
   // Posts the receives up to (and after) the compute action at `from`: one compute action ahead.
   size_t posted_until = 0;
@@ -224,20 +222,20 @@ void PipelineExecutor::run_step(const StageForwardFn& fn, float loss_scale, cons
       continue;
     }
     // Compute time excludes the time spent waiting for the action's input.
-    const double t0 = now();
+    const double t0 = steady_seconds();
     const double waited = compute(a, fn, loss_scale, hooks);
     times_.waiting += waited;
-    charge(i, a, now() - t0 - waited);
+    charge(i, a, steady_seconds() - t0 - waited);
   }
-  const double t0 = now();
+  const double t0 = steady_seconds();
   for (const Work& w : sends_) w.wait();
   sends_.clear();
-  times_.waiting += now() - t0;
+  times_.waiting += steady_seconds() - t0;
   for (auto& [key, s] : slots_)
     TITAN_CHECK(s.weight_grads.empty(), "pipeline " + schedule_.name + ": stage " + std::to_string(key.first) +
                                             " micro-batch " + std::to_string(key.second) + " has weight gradients left");
   slots_.clear();
-  times_.total = now() - start;
+  times_.total = steady_seconds() - start;
 }
 
 }  // namespace titan::distributed::pp

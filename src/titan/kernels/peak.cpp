@@ -1,3 +1,4 @@
+#include "titan/core/clock.h"
 #include "titan/kernels/peak.h"
 
 #include <omp.h>
@@ -15,7 +16,6 @@
 namespace titan::kernels {
 namespace {
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // Best rate of `kernel` over many short rounds (10-20 ms, or seconds/20 if shorter), all threads
 // running it at once. Short rounds matter on a shared machine: the best round is one where no
@@ -24,13 +24,13 @@ template <class Kernel>
 double best_rate(Kernel kernel, double seconds) {
   int64_t iters = 1 << 16;
   double best = 0;
-  const double deadline = now() + seconds;
-  while (now() < deadline) {
+  const double deadline = steady_seconds() + seconds;
+  while (steady_seconds() < deadline) {
     double work = 0;
-    const double t0 = now();
+    const double t0 = steady_seconds();
 #pragma omp parallel reduction(+ : work)
     work += kernel(iters);
-    const double dt = now() - t0;
+    const double dt = steady_seconds() - t0;
     best = std::max(best, work / dt);
     if (dt < std::min(seconds / 20, 0.01)) iters *= 2;
   }
@@ -40,10 +40,10 @@ double best_rate(Kernel kernel, double seconds) {
 double memcpy_rate(double seconds) {
   MemcpyProbe probe;
   double best = 0;
-  const double deadline = now() + seconds;
+  const double deadline = steady_seconds() + seconds;
   do {
     best = std::max(best, probe.pass());
-  } while (now() < deadline);
+  } while (steady_seconds() < deadline);
   return best;
 }
 
@@ -63,14 +63,14 @@ MemcpyProbe::~MemcpyProbe() {
 }
 
 double MemcpyProbe::pass() {
-  const double t0 = now();
+  const double t0 = steady_seconds();
 #pragma omp parallel
   {
     const size_t nt = size_t(omp_get_num_threads()), t = size_t(omp_get_thread_num());
     const size_t lo = bytes_ * t / nt, hi = bytes_ * (t + 1) / nt;
     std::memcpy(dst_ + lo, src_ + lo, hi - lo);
   }
-  return 2.0 * double(bytes_) / (now() - t0);
+  return 2.0 * double(bytes_) / (steady_seconds() - t0);
 }
 
 MachinePeak measure_machine_peak(double seconds) {

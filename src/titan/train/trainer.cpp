@@ -1,3 +1,4 @@
+#include "titan/core/clock.h"
 #include "titan/train/trainer.h"
 
 #include <algorithm>
@@ -55,9 +56,6 @@ std::atomic<bool> g_stop{false};
 constexpr double kStragglerRatio = 1.25;
 extern "C" void on_sigint(int) { g_stop.store(true); }
 
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // <run>/progress.json: the last step finished (and the step this process resumed from), for a supervisor (`titan launch`) to see how far a run
 // got and when a restarted one trains again. Replaced whole (rename), never seen half written.
@@ -835,18 +833,18 @@ TrainResult Trainer::train() {
   auto previous_usr1 = std::signal(SIGUSR1, on_sigint);
   TrainResult result;
   result.run_folder = s.run_folder;
-  const double start_time = now_seconds();
+  const double start_time = steady_seconds();
   const int64_t first_step = s.step;
   const double tokens_per_step = double(s.accum * t.local_batch_size * t.seq_len);  // this rank's (its pipeline's)
   const double pipeline_share = 1.0 / s.mesh->degree(distributed::MeshDim::pp);  // of each token's work
   // The FLOPs per token can change between steps (DeepSeek-V3.2's stages), so the window sums them.
-  double window_start = now_seconds(), window_data = 0, window_flops = 0;
+  double window_start = steady_seconds(), window_data = 0, window_flops = 0;
   double window_exposed = s.engine->exposed_seconds();
   distributed::CommStats window_sent = s.engine->total();  // this rank's traffic before the window
   int64_t window_steps = 0;
   double save_seconds = 0;  // training blocked in checkpoint saves since the last metrics line
   while (s.step < t.steps) {
-    const double t0 = now_seconds();
+    const double t0 = steady_seconds();
     memory_reset_peak();
     const bool profiled = (s.step + 1) % c.profiling.profile_freq == 0;
     if (profiled && c.profiling.enable_profiling) trace_start();
@@ -865,7 +863,7 @@ TrainResult Trainer::train() {
       s.world->barrier().wait();
       s.engine->set_timeout(double(c.comm.timeout_seconds));
     }
-    const double step_seconds = now_seconds() - t0;
+    const double step_seconds = steady_seconds() - t0;
     result.last_step = s.step;
     result.last_loss = o.loss;
     ++window_steps;
@@ -873,7 +871,7 @@ TrainResult Trainer::train() {
     window_flops += s.model->training_flops_per_token(t.seq_len) * tokens_per_step * pipeline_share;
 
     if (s.step % c.metrics.log_freq == 0 || s.step == t.steps || s.step == first_step + 1) {
-      const double window = now_seconds() - window_start;
+      const double window = steady_seconds() - window_start;
       StepMetrics m;
       m.step = s.step;
       m.total_steps = t.steps;
@@ -885,7 +883,7 @@ TrainResult Trainer::train() {
       m.tflops = window_flops * double(dp) / pipeline_share / window / 1e12;
       m.mfu = window_flops / window / peak_flops;
       m.data_share = window_data / window;
-      m.eta_seconds = (now_seconds() - start_time) / double(s.step - first_step) * double(t.steps - s.step);
+      m.eta_seconds = (steady_seconds() - start_time) / double(s.step - first_step) * double(t.steps - s.step);
       // Memory: the largest peak of any rank, per category; communication: the largest share of
       // the window any rank spent blocked waiting for it.
       m.memory = memory_stats();
@@ -925,7 +923,7 @@ TrainResult Trainer::train() {
       m.summary.insert(m.summary.end(), stats.summary.begin(), stats.summary.end());
       m.detail.insert(m.detail.end(), stats.detail.begin(), stats.detail.end());
       log.log_step(m);
-      window_start = now_seconds();
+      window_start = steady_seconds();
       window_exposed = s.engine->exposed_seconds();
       window_data = 0, window_flops = 0;
       window_steps = 0;
@@ -940,9 +938,9 @@ TrainResult Trainer::train() {
     if (c.checkpoint.enable) {
       const bool periodic = s.step % c.checkpoint.interval == 0 || (s.step == 1 && c.checkpoint.enable_first_step_checkpoint);
       if (s.step == t.steps || stop || periodic) {
-        const double t_save = now_seconds();
+        const double t_save = steady_seconds();
         s.save(/*final_save=*/s.step == t.steps);
-        save_seconds += now_seconds() - t_save;
+        save_seconds += steady_seconds() - t_save;
         result.last_checkpoint = checkpoint::step_folder(s.checkpoint_root, s.step);
       }
     }
