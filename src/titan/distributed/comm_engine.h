@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -121,6 +122,8 @@ class CommEngine {
   // Seconds callers spent blocked in Work::wait (exposed communication) since start.
   double exposed_seconds() const { return exposed_ns_.load() * 1e-9; }
   void add_exposed(double seconds) { exposed_ns_ += int64_t(seconds * 1e9); }
+  // Work::wait brackets its blocking with these: the thread polls faster while a caller waits.
+  void caller_waits(bool starts);
 
   // Used by ProcessGroup: assigns the group's next sequence id, records the request and queues it
   // (or completes it at once for a one-rank group). Returns its Work.
@@ -135,6 +138,7 @@ class CommEngine {
   void finish_request(Request& r);
   void check_deadlines();
   void serve_control();
+  static std::chrono::microseconds poll_pause(int idle_polls, bool caller_waiting);
   [[noreturn]] void fire(const Request& r);
   void dump_recorder(const std::string& reason);
 
@@ -144,6 +148,7 @@ class CommEngine {
   std::vector<std::unique_ptr<Request>> active_;  // started, in start order
   std::thread thread_;
   bool started_ = false, stopping_ = false, mpi_ = false, ready_ = false;
+  int waiters_ = 0;               // callers blocked in Work::wait
   bool thread_multiple_ = false;  // MPI may be called from any thread (MPI_Abort from main)
   bool dumped_ = false;           // this rank's watchdog dumped its recorder (keep its reason)
   std::thread::id comm_thread_;
