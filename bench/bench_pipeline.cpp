@@ -9,13 +9,20 @@
 //   both with the transfer measured by a ping-pong of one activation and each send's hand-over time
 //   closed     the closed form with equal stages (distributed.md section 6), where one exists
 // and the peak micro-batches in flight per rank. One JSON line per schedule on rank 0.
-//   mpirun -np 2 bench_pipeline [--config C] [--steps N] [--warmup K] [--schedules A,B] [--section.key=value ...]
+// Each schedule runs with each stage split of --splits (first/last_stage_less_layers pairs; by
+// default 1/1, the embedding and the head each counted as a block, and 0/0, an even split):
+// which balances the ranks best depends on the model and on the schedule's placement (a V puts
+// the first and the last stage on one rank). Each line also gives the steal share: the CPU time
+// the hypervisor gave other guests during the measured steps, which disturbs every figure.
+//   mpirun -np 2 bench_pipeline [--config C] [--steps N] [--warmup K] [--schedules A,B] [--splits F/L,F/L]
+//                               [--section.key=value ...]
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -36,13 +43,38 @@ namespace pp = distributed::pp;
 
 namespace {
 
+// The host's CPU time stolen by other guests of the hypervisor, as a share of all CPU time between
+// two readings of /proc/stat (its "steal" column): a run with a large share was disturbed.
+struct StealClock {
+  double steal = 0, total = 0;
+  static StealClock now() {
+    StealClock c;
+    std::ifstream stat("/proc/stat");
+    std::string cpu;
+    stat >> cpu;
+    for (int field = 0; field < 10 && stat; ++field) {
+      double v = 0;
+      stat >> v;
+      c.total += v;
+      if (field == 7) c.steal = v;
+    }
+    return c;
+  }
+};
+struct StealShare {
+  StealClock start, end;
+  double share() const { return end.total > start.total ? (end.steal - start.steal) / (end.total - start.total) : 0; }
+};
+
 struct Measured {
   double busy = 0, makespan = 0;     // summed over the measured steps: all ranks' compute, the slowest rank's step
   double waiting = 0, sending = 0;   // ... all ranks' waits for inputs, hand-overs of sends
   double sends = 0;                  // ... all ranks' send actions
   std::vector<double> stage_sums;    // per stage x {F, B, I, W}: seconds, then counts
   std::vector<double> action_sums;   // every rank's list one after the other: each action's seconds
+  StealShare steal;                  // over the measured steps
 };
+
 
 // One-way time of an activation between pipeline ranks 0 and 1 through the engine: the median of
 // 20 round trips' halves.
@@ -63,6 +95,14 @@ double transfer_seconds(const distributed::ProcessGroup& world, const Shape& sha
   }
   std::sort(halves.begin(), halves.end());
   return halves[halves.size() / 2];
+}
+
+// Each stage's mean forward / input-gradient / weight-gradient milliseconds, for reading a split's balance.
+json stage_ms(const pp::Costs& costs) {
+  json out = json::array();
+  for (const pp::StageCosts& sc : costs.stages)
+    out.push_back({1e3 * sc.forward, 1e3 * sc.backward_input, 1e3 * sc.backward_weight});
+  return out;
 }
 
 json run_schedule(const std::string& config_path, const std::string& schedule, int steps, int warmup,
@@ -95,7 +135,9 @@ json run_schedule(const std::string& config_path, const std::string& schedule, i
                                            c.parallelism.pipeline_parallel_microbatch_size, c.training.seq_len),
                                 trainer.model().compute_dtype());
     trainer.on_step_end = [&](int64_t step) {
+      if (step == warmup) m.steal.start = StealClock::now();
       if (step <= warmup) return;
+      m.steal.end = StealClock::now();
       const pp::ExecutorTimes& t = ex.times();
       std::vector<double> sums = {t.busy(), t.waiting, t.sending, double(t.sends)}, total = {t.total};
       world.all_reduce(std::span<double>(sums));
@@ -164,37 +206,51 @@ json run_schedule(const std::string& config_path, const std::string& schedule, i
           {"sending_share", m.sending / (double(p) * m.makespan)},
           {"other_share", 1 - (m.busy + m.waiting + m.sending) / (double(p) * m.makespan)},
           {"transfer_ms", 1e3 * costs.transfer},
-          {"send_ms", 1e3 * costs.send}};
+          {"send_ms", 1e3 * costs.send},
+          {"stage_ms", stage_ms(costs)},
+          {"steal_share", m.steal.share()}};
 }
 
 int run(int argc, char** argv) {
   std::string config_path = "configs/llama3_debug.toml";
   int steps = 8, warmup = 2;
-  std::vector<std::string> schedules = pp::schedule_names(), overrides;
+  std::vector<std::string> schedules = pp::schedule_names(), splits = {"1/1", "0/0"}, overrides;
+  const auto list = [](const std::string& text) {
+    std::vector<std::string> out;
+    std::stringstream in(text);
+    for (std::string s; std::getline(in, s, ',');) out.push_back(s);
+    return out;
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--config" && i + 1 < argc) config_path = argv[++i];
     else if (a == "--steps" && i + 1 < argc) steps = std::stoi(argv[++i]);
     else if (a == "--warmup" && i + 1 < argc) warmup = std::stoi(argv[++i]);
-    else if (a == "--schedules" && i + 1 < argc) {
-      schedules.clear();
-      std::stringstream list(argv[++i]);
-      for (std::string s; std::getline(list, s, ',');) schedules.push_back(s);
-    } else overrides.push_back(a);
+    else if (a == "--schedules" && i + 1 < argc) schedules = list(argv[++i]);
+    else if (a == "--splits" && i + 1 < argc) splits = list(argv[++i]);
+    else overrides.push_back(a);
   }
   distributed::CommEngine& engine = distributed::init_runtime();
-  std::vector<json> results;
-  for (const std::string& schedule : schedules) {
-    std::fflush(stdout);  // the trainer's log would bury the results
-    const int saved = dup(1), null = open("/dev/null", O_WRONLY);
-    dup2(null, 1);
-    const json r = run_schedule(config_path, schedule, steps, warmup, overrides);
-    std::fflush(stdout);
-    dup2(saved, 1);
-    close(null), close(saved);
-    if (engine.world_rank() == 0) std::printf("%s\n", r.dump().c_str());
-    std::fflush(stdout);
-  }
+  for (const std::string& schedule : schedules)
+    for (const std::string& split : splits) {
+      const size_t slash = split.find('/');
+      TITAN_CHECK(slash != std::string::npos, "bench_pipeline: --splits takes FIRST/LAST less-layers pairs, got " + split,
+                  "e.g. --splits 1/1,0/0");
+      std::vector<std::string> with = {
+          "--parallelism.pipeline_parallel_first_stage_less_layers=" + split.substr(0, slash),
+          "--parallelism.pipeline_parallel_last_stage_less_layers=" + split.substr(slash + 1)};
+      with.insert(with.end(), overrides.begin(), overrides.end());  // the caller's keys win
+      std::fflush(stdout);  // the trainer's log would bury the results
+      const int saved = dup(1), null = open("/dev/null", O_WRONLY);
+      dup2(null, 1);
+      json r = run_schedule(config_path, schedule, steps, warmup, with);
+      std::fflush(stdout);
+      dup2(saved, 1);
+      close(null), close(saved);
+      r["split"] = split;
+      if (engine.world_rank() == 0) std::printf("%s\n", r.dump().c_str());
+      std::fflush(stdout);
+    }
   distributed::shutdown_runtime();
   return 0;
 }
