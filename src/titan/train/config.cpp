@@ -854,7 +854,8 @@ const std::vector<KeySpec>& config_schema() {
       {"parallelism", "pipeline_parallel_last_stage_less_layers",
        member<&C::parallelism, &Parallelism::pipeline_parallel_last_stage_less_layers>, at_least(0),
        "Blocks the last pipeline stage holds fewer than the others, for the final norm, output and loss (and "
-       "DeepSeek-V3's MTP modules)."},
+       "DeepSeek-V3's MTP modules). V-shaped schedules put the first and the last stage on rank 0: there 0 and 0 "
+       "balance the ranks better when the head costs less than a block (bench/pipeline.sh compares splits)."},
       {"parallelism", "pipeline_parallel_expert_parallel_overlap",
        member<&C::parallelism, &Parallelism::pipeline_parallel_expert_parallel_overlap>, anything(),
        "With expert parallelism, run each of DualPipeV's overlapped pairs (a forward of one micro-batch, a "
