@@ -52,7 +52,7 @@ struct StealClock {
     std::ifstream stat("/proc/stat");
     std::string cpu;
     stat >> cpu;
-    for (int field = 0; field < 10 && stat; ++field) {
+    for (int field = 0; field < 8 && stat; ++field) {  // user .. steal (guest is inside user)
       double v = 0;
       stat >> v;
       c.total += v;
@@ -154,6 +154,7 @@ json run_schedule(const std::string& config_path, const std::string& schedule, i
           m.stage_sums[size_t(stage) * 8 + 4 + size_t(k)] += st.count[k];
         }
     };
+    if (warmup == 0) m.steal.start = StealClock::now();
     trainer.train();
   }
   world.all_reduce(std::span<double>(m.stage_sums));

@@ -641,12 +641,12 @@ void CommEngine::caller_waits(bool starts) {
 
 void CommEngine::loop() {
   prctl(PR_SET_TIMERSLACK, 1000UL);  // sleeps of tens of microseconds between polls, not the default 50 us slack
-  // A higher priority than compute (nice -10), so that a wake-up runs at once rather than behind a
-  // compute thread on a busy core: each hop of a pipeline waits for one. Without CAP_SYS_NICE (or
-  // RLIMIT_NICE) the request fails and the thread keeps the default.
-  setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), -10);
   trace_name_thread("communication");
   init_mpi();
+  // A higher priority than compute (nice -10), so that a wake-up runs at once rather than behind a
+  // compute thread on a busy core: each hop of a pipeline waits for one. Set after MPI's start, so
+  // threads it spawns keep the default. Without CAP_SYS_NICE (or RLIMIT_NICE) it fails quietly.
+  setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), -10);
   {
     std::lock_guard<std::mutex> lock(mu_);
     ready_ = true;
@@ -666,7 +666,7 @@ void CommEngine::loop() {
         // wait, ends the pause at once (a caller's wait restarts the fast polls).
         const int waiters = waiters_;
         cv_.wait_for(lock, poll_pause(idle_polls, waiters > 0),
-                     [&] { return !queue_.empty() || stopping_ || waiters_ > waiters; });
+                     [&] { return !queue_.empty() || waiters_ > waiters; });
         if (waiters_ > waiters) idle_polls = 0;
       }
       incoming.swap(queue_);
