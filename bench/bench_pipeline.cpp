@@ -75,7 +75,6 @@ struct Measured {
   StealShare steal;                  // over the measured steps
 };
 
-
 // One-way time of an activation between pipeline ranks 0 and 1 through the engine: the median of
 // 20 round trips' halves.
 double transfer_seconds(const distributed::ProcessGroup& world, const Shape& shape, DType dtype) {
@@ -231,16 +230,21 @@ int run(int argc, char** argv) {
     else if (a == "--splits" && i + 1 < argc) splits = list(argv[++i]);
     else overrides.push_back(a);
   }
+  // A split the caller gives as keys replaces --splits (it would win over every one of them).
+  for (const std::string& o : overrides)
+    if (o.find("_stage_less_layers=") != std::string::npos) splits = {"given"};
   distributed::CommEngine& engine = distributed::init_runtime();
   for (const std::string& schedule : schedules)
     for (const std::string& split : splits) {
-      const size_t slash = split.find('/');
-      TITAN_CHECK(slash != std::string::npos, "bench_pipeline: --splits takes FIRST/LAST less-layers pairs, got " + split,
-                  "e.g. --splits 1/1,0/0");
-      std::vector<std::string> with = {
-          "--parallelism.pipeline_parallel_first_stage_less_layers=" + split.substr(0, slash),
-          "--parallelism.pipeline_parallel_last_stage_less_layers=" + split.substr(slash + 1)};
-      with.insert(with.end(), overrides.begin(), overrides.end());  // the caller's keys win
+      std::vector<std::string> with;
+      if (split != "given") {
+        const size_t slash = split.find('/');
+        TITAN_CHECK(slash != std::string::npos,
+                    "bench_pipeline: --splits takes FIRST/LAST less-layers pairs, got " + split, "e.g. --splits 1/1,0/0");
+        with = {"--parallelism.pipeline_parallel_first_stage_less_layers=" + split.substr(0, slash),
+                "--parallelism.pipeline_parallel_last_stage_less_layers=" + split.substr(slash + 1)};
+      }
+      with.insert(with.end(), overrides.begin(), overrides.end());
       std::fflush(stdout);  // the trainer's log would bury the results
       const int saved = dup(1), null = open("/dev/null", O_WRONLY);
       dup2(null, 1);

@@ -625,7 +625,7 @@ void CommEngine::finish_request(Request& r) {
 // is free and someone needs the result: pauses grow slowly, to 100 us. While every caller
 // computes, each wake-up of this thread preempts one of them (on a VM, with a timer interrupt's
 // exit): pauses double, to 1 ms. On 2 ranks x 1 thread sharing 2 cores, polling at the waiting
-// pace all the time took about 10k wake-ups a second and slowed DualPipeV's compute by 20%.
+// pace all the time took about 10k wake-ups a second and slowed pipeline compute by about 12%.
 std::chrono::microseconds CommEngine::poll_pause(int idle_polls, bool caller_waiting) {
   if (caller_waiting) return std::chrono::microseconds(std::min(5 * idle_polls, 100));
   return std::chrono::microseconds(std::min(5 << std::min(idle_polls, 8), 1000));
