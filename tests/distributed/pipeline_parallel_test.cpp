@@ -100,6 +100,13 @@ TEST_F(PipelineLayouts, PointToPointBytesAreTheAnalyticMinimum) {
         want += (from == world().rank()) + (to == world().rank());  // the activation, the gradient back
       }
       want *= int64_t(sc.microbatches) * cfg.training.steps * activation;
+      // The last step's timeline (what bench_pipeline --timeline reads): actions in order, in the step.
+      const distributed::pp::ExecutorTimes& times = t.pipeline_executor()->times();
+      ASSERT_EQ(times.action_start.size(), sc.actions[size_t(world().rank())].size()) << schedule;
+      for (size_t i = 1; i < times.action_start.size(); ++i)
+        EXPECT_GE(times.action_start[i], times.action_start[i - 1]) << schedule << " action " << i;
+      EXPECT_GE(times.action_start.front(), 0.0) << schedule;
+      EXPECT_LE(times.action_start.back() + times.action_seconds.back(), times.total) << schedule;
     }
     int64_t sent = 0;
     for (const auto& [key, st] : engine.stats())

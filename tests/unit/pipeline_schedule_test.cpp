@@ -57,6 +57,23 @@ TEST(PipelineSchedule, GPipeAnd1F1BBubblesEqualTheClosedForm) {
       }
 }
 
+// Each action's start on the replay's timeline: GPipe with F = 1 runs rank r's forward of
+// micro-batch k at k + r; a receive starts when its message is in, a send right after its forward.
+TEST(PipelineSchedule, StartTimesFollowTheTimeline) {
+  const int p = 3, m = 4;
+  const Schedule s = make_schedule("GPipe", p, m);
+  const Simulation sim = simulate(s, unit_costs());
+  for (int r = 0; r < p; ++r) {
+    ASSERT_EQ(sim.start[size_t(r)].size(), s.actions[size_t(r)].size());
+    for (size_t i = 0; i < s.actions[size_t(r)].size(); ++i) {
+      const Action& a = s.actions[size_t(r)][i];
+      if (a.op != Op::forward && a.op != Op::recv_activation && a.op != Op::send_activation) continue;
+      const double expected = a.microbatch + r + (a.op == Op::send_activation ? 1 : 0);
+      EXPECT_DOUBLE_EQ(sim.start[size_t(r)][i], expected) << action_str(a);
+    }
+  }
+}
+
 // A replay of per-action costs equal to the stage costs gives the same timeline; doubling one
 // action's cost moves the makespan; each send's hand-over delays its sender, not its compute.
 TEST(PipelineSchedule, PerActionCostsReplayTheTimeline) {

@@ -180,11 +180,14 @@ void PipelineExecutor::send(const Action& a) {
 
 void PipelineExecutor::run_step(const StageForwardFn& fn, float loss_scale, const BackwardHooks& hooks) {
   const std::vector<Action>& actions = schedule_.actions[size_t(pp_.rank())];
-  std::vector<double> seconds = std::move(times_.action_seconds);  // its buffer kept from step to step
-  times_ = ExecutorTimes();
+  std::vector<double> seconds = std::move(times_.action_seconds), starts = std::move(times_.action_start);
+  times_ = ExecutorTimes();  // the two buffers kept from step to step
   seconds.assign(actions.size(), 0.0);
+  starts.assign(actions.size(), 0.0);
   times_.action_seconds = std::move(seconds);
+  times_.action_start = std::move(starts);
   const double start = steady_seconds();
+  times_.started = start;
   slots_.clear();
   // Posts the receives up to (and after) the compute action at `from`: one compute action ahead.
   size_t posted_until = 0;
@@ -202,6 +205,7 @@ void PipelineExecutor::run_step(const StageForwardFn& fn, float loss_scale, cons
   };
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& a = actions[i];
+    times_.action_start[i] = steady_seconds() - start;
     if (!is_compute(a.op)) {
       if (a.op == Op::send_activation || a.op == Op::send_gradient) send(a);
       else post_receive(a);  // already posted ahead, normally
@@ -216,6 +220,7 @@ void PipelineExecutor::run_step(const StageForwardFn& fn, float loss_scale, cons
                  [&] { waited[1] = compute(b, fn, loss_scale, hooks); });
       charge(i, a, pair_->held_seconds(0) - waited[0]);
       charge(i + 1, b, pair_->held_seconds(1) - waited[1]);
+      times_.action_start[i + 1] = times_.action_start[i];
       times_.waiting += waited[0] + waited[1];
       times_.handoffs += pair_->handoffs();
       ++i;
@@ -224,6 +229,7 @@ void PipelineExecutor::run_step(const StageForwardFn& fn, float loss_scale, cons
     // Compute time excludes the time spent waiting for the action's input.
     const double t0 = steady_seconds();
     const double waited = compute(a, fn, loss_scale, hooks);
+    times_.action_start[i] = t0 + waited - start;  // the wait for its input comes first
     times_.waiting += waited;
     charge(i, a, steady_seconds() - t0 - waited);
   }

@@ -35,6 +35,7 @@ class Replay {
                 "give one cost per action of every rank's list, or none");
     out_.busy.assign(size_t(s.ranks), 0);
     out_.peak_in_flight.assign(size_t(s.ranks), 0);
+    for (const std::vector<Action>& list : s.actions) out_.start.emplace_back(list.size(), 0.0);
     in_flight_.assign(size_t(s.ranks), 0);
   }
 
@@ -68,6 +69,7 @@ class Replay {
         const auto& produced = a.op == Op::send_activation ? p_.forward_done : p_.input_grad_done;
         TITAN_CHECK(produced.count(key), s_.name + ": rank " + std::to_string(r) + " runs " + action_str(a) +
                                              " before computing what it sends");
+        out_.start[size_t(r)][pos_[size_t(r)]] = t;
         t += costs_.send;
         p_.arrivals[{a.op, a.stage, a.microbatch}] = t + costs_.transfer;
         break;
@@ -78,6 +80,7 @@ class Replay {
         const auto it = p_.arrivals.find({send, a.stage, a.microbatch});
         if (it == p_.arrivals.end()) return false;
         t = std::max(t, it->second);
+        out_.start[size_t(r)][pos_[size_t(r)]] = t;
         if (a.op == Op::recv_activation) p_.input[{a.stage + 1, a.microbatch}] = t;
         else p_.output_grad[{a.stage - 1, a.microbatch}] = t;
         p_.arrivals.erase(it);
@@ -113,6 +116,7 @@ class Replay {
     }
     if (!costs_.per_action.empty()) cost = costs_.per_action[size_t(r)][pos_[size_t(r)]];
     const double end = start + cost;
+    out_.start[size_t(r)][pos_[size_t(r)]] = start;
     clock_[size_t(r)] = end;
     out_.busy[size_t(r)] += cost;
     int& flight = in_flight_[size_t(r)];

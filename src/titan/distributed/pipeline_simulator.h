@@ -32,6 +32,7 @@ struct Simulation {
   double makespan = 0;
   std::vector<double> busy;          // per rank: time spent in compute actions
   std::vector<int> peak_in_flight;   // per rank
+  std::vector<std::vector<double>> start;  // per rank, per action of its list: when it began
   double bubble_fraction = 0;        // 1 - sum(busy) / (ranks x makespan)
 };
 
