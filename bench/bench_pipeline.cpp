@@ -4,18 +4,22 @@
 //   measured   1 - sum of the ranks' compute time / (ranks x the step's time), the executor's times
 //   simulated  the simulator's bubble for the same action lists with each stage's F, I, W costs
 //              measured in this run (B-only schedules: I = W = B / 2, which leaves B's sum as measured)
-//   replayed   the simulator's bubble with each action's own cost measured in this run (its mean
-//              over the steps): what the "per-action costs measured on the real model" asks
+//   replayed   the simulator's bubble with each action's own cost measured in this run, step by
+//              step (what the "per-action costs measured on the real model" asks): a step
+//              replayed with its own costs has its own jitter, so what the measured bubble has on
+//              top is the executor's and the transfers' (a replay at each action's mean over the
+//              steps, also given, misses that a step waits for whichever rank was slower in it)
 //   both with the transfer measured by a ping-pong of one activation and each send's hand-over time
 //   closed     the closed form with equal stages (distributed.md section 6), where one exists
-// and the peak micro-batches in flight per rank. One JSON line per schedule on rank 0.
+// and the peak micro-batches in flight per rank. One JSON line per schedule on rank 0. With
+// --timeline, rank 0 also prints every action's mean measured start against the mean replay's.
 // Each schedule runs with each stage split of --splits (first/last_stage_less_layers pairs; by
 // default 1/1, the embedding and the head each counted as a block, and 0/0, an even split):
 // which balances the ranks best depends on the model and on the schedule's placement (a V puts
 // the first and the last stage on one rank). Each line also gives the steal share: the CPU time
 // the hypervisor gave other guests during the measured steps, which disturbs every figure.
 //   mpirun -np 2 bench_pipeline [--config C] [--steps N] [--warmup K] [--schedules A,B] [--splits F/L,F/L]
-//                               [--section.key=value ...]
+//                               [--timeline] [--section.key=value ...]
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -23,6 +27,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <numeric>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -71,7 +76,10 @@ struct Measured {
   double waiting = 0, sending = 0;   // ... all ranks' waits for inputs, hand-overs of sends
   double sends = 0;                  // ... all ranks' send actions
   std::vector<double> stage_sums;    // per stage x {F, B, I, W}: seconds, then counts
-  std::vector<double> action_sums;   // every rank's list one after the other: each action's seconds
+  // Per measured step: every rank's list one after the other, each action's seconds.
+  std::vector<std::vector<double>> step_actions;
+  std::vector<double> start_sums;    // ... each action's start after the first rank's step began
+  double skew = 0;                   // summed over the measured steps: the last rank's step start after the first's
   StealShare steal;                  // over the measured steps
 };
 
@@ -104,8 +112,33 @@ json stage_ms(const pp::Costs& costs) {
   return out;
 }
 
+// Every rank's actions with their mean measured start against the replay's (ms after the first
+// rank's step began), and how far the measured run has fallen behind: where latency the replay does
+// not model comes in.
+void print_timeline(const pp::Schedule& sched, const pp::Costs& replay, const pp::Simulation& replayed,
+                    const Measured& m, int steps) {
+  for (size_t r = 0, at = 0; r < size_t(sched.ranks); at += sched.actions[r].size(), ++r) {
+    std::fprintf(stderr, "%s rank %zu: action, measured start, replayed start, behind, cost (ms)\n", sched.name.c_str(), r);
+    for (size_t i = 0; i < sched.actions[r].size(); ++i) {
+      const double measured = 1e3 * m.start_sums[at + i] / steps, simulated = 1e3 * replayed.start[r][i];
+      std::fprintf(stderr, "  %-28s %8.2f %8.2f %7.2f %7.2f\n", pp::action_str(sched.actions[r][i]).c_str(), measured,
+                   simulated, measured - simulated, 1e3 * replay.per_action[r][i]);
+    }
+  }
+  std::fprintf(stderr, "%s: the last rank's step began %.2f ms after the first's (mean)\n", sched.name.c_str(),
+               1e3 * m.skew / steps);
+}
+
+// `costs` with each action of every rank's list at its cost in `flat` (the lists one after the other).
+pp::Costs with_action_costs(const pp::Costs& costs, const pp::Schedule& sched, const std::vector<double>& flat) {
+  pp::Costs out = costs;
+  for (size_t r = 0, at = 0; r < size_t(sched.ranks); at += sched.actions[r].size(), ++r)
+    out.per_action.emplace_back(flat.begin() + long(at), flat.begin() + long(at + sched.actions[r].size()));
+  return out;
+}
+
 json run_schedule(const std::string& config_path, const std::string& schedule, int steps, int warmup,
-                  std::vector<std::string> overrides) {
+                  std::vector<std::string> overrides, bool timeline) {
   distributed::CommEngine& engine = distributed::CommEngine::get();
   const distributed::ProcessGroup& world = engine.world();
   const int p = world.size();
@@ -124,12 +157,12 @@ json run_schedule(const std::string& config_path, const std::string& schedule, i
     const pp::PipelineExecutor& ex = *trainer.pipeline_executor();
     sched = ex.schedule();
     m.stage_sums.assign(size_t(sched.stages()) * 8, 0.0);
-    size_t offset = 0, actions = 0;  // where this rank's list starts in action_sums; all lists' length
+    size_t offset = 0, actions = 0;  // where this rank's list starts in step_actions; all lists' length
     for (int r = 0; r < p; ++r) {
       if (r == world.rank()) offset = actions;
       actions += sched.actions[size_t(r)].size();
     }
-    m.action_sums.assign(actions, 0.0);
+    m.start_sums.assign(actions, 0.0);
     transfer = transfer_seconds(world, trainer.model().stage_activation_shape(
                                            c.parallelism.pipeline_parallel_microbatch_size, c.training.seq_len),
                                 trainer.model().compute_dtype());
@@ -138,15 +171,23 @@ json run_schedule(const std::string& config_path, const std::string& schedule, i
       if (step <= warmup) return;
       m.steal.end = StealClock::now();
       const pp::ExecutorTimes& t = ex.times();
-      std::vector<double> sums = {t.busy(), t.waiting, t.sending, double(t.sends)}, total = {t.total};
+      std::vector<double> sums = {t.busy(), t.waiting, t.sending, double(t.sends)}, total = {t.total},
+                          first = {-t.started}, last = {t.started};
       world.all_reduce(std::span<double>(sums));
       world.all_reduce(std::span<double>(total), distributed::ReduceOp::max);
+      world.all_reduce(std::span<double>(first), distributed::ReduceOp::max);
+      world.all_reduce(std::span<double>(last), distributed::ReduceOp::max);
+      m.skew += last[0] + first[0];
+      for (size_t i = 0; i < t.action_start.size(); ++i) m.start_sums[offset + i] += t.started + first[0] + t.action_start[i];
       m.busy += sums[0];
       m.waiting += sums[1];
       m.sending += sums[2];
       m.sends += sums[3];
       m.makespan += total[0];
-      for (size_t i = 0; i < t.action_seconds.size(); ++i) m.action_sums[offset + i] += t.action_seconds[i];
+      std::vector<double> seconds(actions, 0.0);
+      std::copy(t.action_seconds.begin(), t.action_seconds.end(), seconds.begin() + long(offset));
+      world.all_reduce(std::span<double>(seconds));
+      m.step_actions.push_back(std::move(seconds));
       for (const auto& [stage, st] : t.stages)
         for (int k = 0; k < 4; ++k) {
           m.stage_sums[size_t(stage) * 8 + size_t(k)] += st.seconds[k];
@@ -157,7 +198,7 @@ json run_schedule(const std::string& config_path, const std::string& schedule, i
     trainer.train();
   }
   world.all_reduce(std::span<double>(m.stage_sums));
-  world.all_reduce(std::span<double>(m.action_sums));
+  world.all_reduce(std::span<double>(m.start_sums));
   pp::Costs costs;
   for (int s = 0; s < sched.stages(); ++s) {
     const double* sec = &m.stage_sums[size_t(s) * 8];
@@ -178,13 +219,20 @@ json run_schedule(const std::string& config_path, const std::string& schedule, i
   costs.transfer = shared[0];
   costs.send = m.sends > 0 ? m.sending / m.sends : 0;
   const pp::Simulation sim = pp::simulate(sched, costs);
-  // The replay: every action at its own mean measured time (the per-action costs).
-  pp::Costs replay = costs;
-  for (size_t r = 0, at = 0; r < size_t(p); at += sched.actions[r].size(), ++r) {
-    replay.per_action.emplace_back(m.action_sums.begin() + long(at), m.action_sums.begin() + long(at + sched.actions[r].size()));
-    for (double& x : replay.per_action.back()) x /= steps;
+  // The replays: every action at its own measured time (the per-action costs), step by
+  // step, and once more at each action's mean over the steps.
+  std::vector<double> mean(m.step_actions.front().size(), 0.0);
+  double replay_busy = 0, replay_makespan = 0;
+  for (const std::vector<double>& step : m.step_actions) {
+    const pp::Simulation one = pp::simulate(sched, with_action_costs(costs, sched, step));
+    replay_busy += std::accumulate(one.busy.begin(), one.busy.end(), 0.0);
+    replay_makespan += one.makespan;
+    for (size_t i = 0; i < step.size(); ++i) mean[i] += step[i] / double(m.step_actions.size());
   }
-  const pp::Simulation replayed = pp::simulate(sched, replay);
+  const double replayed = 1 - replay_busy / (double(p) * replay_makespan);
+  const pp::Costs replay_mean = with_action_costs(costs, sched, mean);
+  const pp::Simulation replayed_mean = pp::simulate(sched, replay_mean);
+  if (timeline && world.rank() == 0) print_timeline(sched, replay_mean, replayed_mean, m, steps);
   int peak = 0;
   for (int v : sim.peak_in_flight) peak = std::max(peak, v);
   const double measured = 1 - m.busy / (double(p) * m.makespan);
@@ -195,8 +243,9 @@ json run_schedule(const std::string& config_path, const std::string& schedule, i
           {"step_ms", 1e3 * m.makespan / steps},
           {"bubble_measured", measured},
           {"bubble_simulated", sim.bubble_fraction},
-          {"bubble_replayed", replayed.bubble_fraction},
-          {"measured_over_replayed", measured / replayed.bubble_fraction},
+          {"bubble_replayed", replayed},
+          {"measured_over_replayed", measured / replayed},
+          {"bubble_replayed_mean", replayed_mean.bubble_fraction},
           {"bubble_closed_form", pp::closed_form_bubble_fraction(schedule, p, sched.microbatches, sched.stages_per_rank)},
           {"measured_over_simulated", measured / sim.bubble_fraction},
           {"peak_in_flight", peak},
@@ -208,12 +257,14 @@ json run_schedule(const std::string& config_path, const std::string& schedule, i
           {"transfer_ms", 1e3 * costs.transfer},
           {"send_ms", 1e3 * costs.send},
           {"stage_ms", stage_ms(costs)},
+          {"start_skew_ms", 1e3 * m.skew / steps},
           {"steal_share", m.steal.share()}};
 }
 
 int run(int argc, char** argv) {
   std::string config_path = "configs/llama3_debug.toml";
   int steps = 8, warmup = 2;
+  bool timeline = false;
   std::vector<std::string> schedules = pp::schedule_names(), splits = {"1/1", "0/0"}, overrides;
   const auto list = [](const std::string& text) {
     std::vector<std::string> out;
@@ -228,6 +279,7 @@ int run(int argc, char** argv) {
     else if (a == "--warmup" && i + 1 < argc) warmup = std::stoi(argv[++i]);
     else if (a == "--schedules" && i + 1 < argc) schedules = list(argv[++i]);
     else if (a == "--splits" && i + 1 < argc) splits = list(argv[++i]);
+    else if (a == "--timeline") timeline = true;
     else overrides.push_back(a);
   }
   // A split the caller gives as keys replaces --splits (it would win over every one of them).
@@ -248,7 +300,7 @@ int run(int argc, char** argv) {
       std::fflush(stdout);  // the trainer's log would bury the results
       const int saved = dup(1), null = open("/dev/null", O_WRONLY);
       dup2(null, 1);
-      json r = run_schedule(config_path, schedule, steps, warmup, with);
+      json r = run_schedule(config_path, schedule, steps, warmup, with, timeline);
       std::fflush(stdout);
       dup2(saved, 1);
       close(null), close(saved);

@@ -23,14 +23,14 @@ for line in open(sys.argv[1]):
     if key not in rows or r['steal_share'] < rows[key]['steal_share']:
         rows[key] = r
 rows = list(rows.values())
-print(f"{'schedule':16} {'split':>5} {'step ms':>8} {'measured':>9} {'replayed':>9} {'ratio':>6}"
+print(f"{'schedule':16} {'split':>5} {'step ms':>8} {'measured':>9} {'replayed':>9} {'ratio':>6} {'at means':>8}"
       f" {'stage means':>11} {'ratio':>6} {'closed':>7} {'in flight':>9} {'waiting':>8} {'sending':>8} {'other':>6} {'steal':>6}")
 for r in rows:
     print(f"{r['schedule']:16} {r['split']:>5} {r['step_ms']:8.0f} {r['bubble_measured']:9.3f} {r['bubble_replayed']:9.3f} "
-          f"{r['measured_over_replayed']:6.2f} {r['bubble_simulated']:11.3f} {r['measured_over_simulated']:6.2f} "
+          f"{r['measured_over_replayed']:6.2f} {r['bubble_replayed_mean']:8.3f} {r['bubble_simulated']:11.3f} {r['measured_over_simulated']:6.2f} "
           f"{r['bubble_closed_form']:7.3f} {r['peak_in_flight']:9d}"
           f" {r['waiting_share']:8.3f} {r['sending_share']:8.3f} {r['other_share']:6.3f} {r['steal_share']:6.3f}")
-print(f"replayed: each action at its measured cost, each transfer at a ping-pong's {rows[0]['transfer_ms']:.3f} ms on the "
+print(f"replayed: each step with each action at its measured cost in that step (at means: at its mean over the steps), each transfer at a ping-pong's {rows[0]['transfer_ms']:.3f} ms on the "
       f"wire + {rows[0]['send_ms']:.3f} ms of the sender's hand-over (measured); stage means: each stage's mean F, I, W")
 print("split: first/last_stage_less_layers; steal: the share of CPU time the hypervisor gave other guests (each row the "
       "least disturbed of 3 runs)")
