@@ -209,15 +209,27 @@ const char* comm_op_name(CommOp op) {
 
 // ---- Work ---------------------------------------------------------------------------------------
 
+namespace {
+// Tells the engine a caller blocks on a result for as long as it lives (it polls faster then).
+struct BlockedCaller {
+  explicit BlockedCaller(CommEngine& e) : engine(e) { engine.caller_waits(true); }
+  ~BlockedCaller() { engine.caller_waits(false); }
+  BlockedCaller(const BlockedCaller&) = delete;
+  BlockedCaller& operator=(const BlockedCaller&) = delete;
+  CommEngine& engine;
+};
+}  // namespace
+
 void Work::wait() const {
   if (!state_) return;
   std::unique_lock<std::mutex> lock(state_->mu);
   if (state_->done) return;
   const double t0 = steady_seconds();
   CommEngine& engine = CommEngine::get();
-  engine.caller_waits(true);
-  state_->cv.wait(lock, [&] { return state_->done; });
-  engine.caller_waits(false);
+  {
+    const BlockedCaller blocked(engine);
+    state_->cv.wait(lock, [&] { return state_->done; });
+  }
   const double t1 = steady_seconds();
   engine.add_exposed(t1 - t0);
   trace_span("wait for communication", "wait", t0, t1);

@@ -122,7 +122,8 @@ class CommEngine {
   // Seconds callers spent blocked in Work::wait (exposed communication) since start.
   double exposed_seconds() const { return exposed_ns_.load() * 1e-9; }
   void add_exposed(double seconds) { exposed_ns_ += int64_t(seconds * 1e9); }
-  // Work::wait brackets its blocking with these: the thread polls faster while a caller waits.
+  // Work::wait brackets its blocking with these (a guard's two ends): the thread polls faster
+  // while a caller waits.
   void caller_waits(bool starts);
 
   // Used by ProcessGroup: assigns the group's next sequence id, records the request and queues it
