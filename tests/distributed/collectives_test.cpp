@@ -107,7 +107,9 @@ TEST(Collectives, ReductionsSumAsABinaryTree) {
   for (int r = 0; r < g.size(); ++r) vals.push_back(mine[r % 4]);
   EXPECT_EQ(t.data<float>()[0], tree_sum(vals));
   EXPECT_EQ(big.data<float>()[8191], tree_sum(vals));
-  if (g.size() == 4) EXPECT_EQ(t.data<float>()[0], 0.0f) << "a tree, not rank order (which gives 1)";
+  if (g.size() == 4) {
+    EXPECT_EQ(t.data<float>()[0], 0.0f) << "a tree, not rank order (which gives 1)";
+  }
 }
 
 TEST(Collectives, AllReduceIsTheTreeSum) {

@@ -100,6 +100,36 @@ TEST(MemoryPlan, SwapMovesTheMomentsToDisk) {
   EXPECT_EQ(swapped.peak.parameters, resident.peak.parameters);
 }
 
+// A rank of v pipeline stages holds v stage micro-batches per micro-batch of its activations: the
+// simulator's 5 stage micro-batches in flight under DualPipeV (PP 2, 4 micro-batches) are 2.5 of
+// the rank's, ZB-V's 4 are 2, and both place the same stages on a rank (measured under DualPipeV on
+// deepseek_v32 debug, PP 2 x FSDP 2 x EP 2: 301.9 MiB of activations against 300.4 planned).
+TEST(MemoryPlan, VSchedulesCountHalfMicroBatchesInFlight) {
+  const char* toml = R"(
+[model]
+name = "llama3"
+flavor = "debugmodel"
+[training]
+local_batch_size = 4
+seq_len = 256
+[parallelism]
+pipeline_parallel_degree = 2
+pipeline_parallel_microbatch_size = 1
+)";
+  const auto activations = [&](const std::string& schedule, std::string& term) {
+    const train::MemoryPlan p =
+        train::plan_memory(config(toml, {"--parallelism.pipeline_parallel_schedule=" + schedule}), 2, 0, schedule);
+    for (const auto& [what, bytes] : p.terms)
+      if (what.starts_with("activations:")) term = what;
+    return p.peak.activations;
+  };
+  std::string dualpipev_term, zbv_term;
+  const double dualpipev = activations("DualPipeV", dualpipev_term), zbv = activations("ZBVZeroBubble", zbv_term);
+  EXPECT_NE(dualpipev_term.find("x 2.5 micro-batches in flight"), std::string::npos) << dualpipev_term;
+  EXPECT_NE(zbv_term.find("x 2 micro-batches in flight"), std::string::npos) << zbv_term;
+  EXPECT_DOUBLE_EQ(dualpipev / zbv, 1.25);
+}
+
 // The communication terms scale as the plans say: FSDP's all-gather with (n - 1) / n of the
 // parameters, TP's activations with the layers, EP's all-to-all with the routed rows.
 TEST(MemoryPlan, TrafficFollowsTheAnalyticMinimum) {

@@ -145,7 +145,7 @@ void optimizer_terms(const PlanJob& j, RankPlan& r) {
 // Activations of the micro-batches in flight (activation_plan.h) and the temporaries of one
 // backward, plus the pipeline's buffers to and from the neighbouring stages and, under FSDP, a
 // unit's reduce-scatter receive buffers (every rank's piece of its f32 gradients, comm_engine.cpp).
-void activation_terms(const PlanJob& j, const StagePart& part, int in_flight, RankPlan& r) {
+void activation_terms(const PlanJob& j, const StagePart& part, double in_flight, RankPlan& r) {
   const ActivationJob aj{j.c.model.name, j.c.model.flavor, j.model.vocab, j.c.training.seq_len, j.c.dsa.topk,
                          j.c.model.mtp_layers, j.m.tp, j.m.cp, j.bf16, j.c.parallelism.experts_split_over_tp()};
   const ActivationModel m = activation_model(aj);
@@ -154,8 +154,8 @@ void activation_terms(const PlanJob& j, const StagePart& part, int in_flight, Ra
     for (int d = 0; d < j.c.model.mtp_layers; ++d) blocks.push_back(int(j.model.n_layers) + d);
   const std::string& mode = j.c.activation_checkpoint.mode;
   const double tokens = double(j.micro_tokens);
-  r.term(fmt::format("activations: {} tokens x {} micro-batch{} in flight, checkpointing {}", j.micro_tokens, in_flight,
-                     in_flight > 1 ? "es" : "", mode),
+  r.term(fmt::format("activations: {} tokens x {:g} micro-batch{} in flight, checkpointing {}", j.micro_tokens, in_flight,
+                     in_flight != 1 ? "es" : "", mode),
          activation_peak(m, blocks, part.embedding(), part.head(), mode) * tokens * in_flight, &PlanCategories::activations);
   const double pipe = j.m.pp > 1 ? 2 * double(j.model.dim) / j.m.tp * (j.bf16 ? 2 : 4) : 0;
   r.term("temporaries: activation gradients (the loss's or a block's backward)",
@@ -176,7 +176,7 @@ void checkpoint_terms(const PlanJob& j, RankPlan& r) {
   if (swapped) r.term("temporaries: a checkpoint save's copy of the swapped moments", r.master * 8, &PlanCategories::temporaries);
 }
 
-RankPlan plan_rank(const PlanJob& j, const StagePart& part, int in_flight) {
+RankPlan plan_rank(const PlanJob& j, const StagePart& part, double in_flight) {
   RankPlan r;
   collect_params(j, part, r);
   parameter_terms(j, r);
@@ -224,7 +224,7 @@ MemoryPlan plan_memory(const JobConfig& c, int world, int64_t vocab, const std::
   PlanJob j{c, m, plan.model, c.training.mixed_precision_param == "bfloat16" && c.training.dtype == "float32"};
   const int64_t seq_tokens = c.training.seq_len / m.cp;
   std::vector<StagePart> parts;
-  std::vector<int> in_flight;
+  std::vector<double> in_flight;
   const int64_t accumulation = gradient_accumulation_steps(c, m.dp_replicate * m.dp_shard);
   if (m.pp > 1) {
     const PipelinePlan pipeline = plan_pipeline(c, plan.model.n_layers, 0, source);
@@ -234,14 +234,15 @@ MemoryPlan plan_memory(const JobConfig& c, int world, int64_t vocab, const std::
       StagePart part;
       for (int st : s.stages_of(r)) part.stages.push_back(pipeline.stages[size_t(st)]);
       parts.push_back(part);
-      // The simulator counts stage-sized forwards in flight; a rank of v stages holds v of them per micro-batch.
-      in_flight.push_back(std::max(1, sim.peak_in_flight[size_t(r)] / s.stages_per_rank));
+      // The simulator counts stage-sized forwards in flight; a rank of v stages holds v of them per
+      // micro-batch, so 5 of them are 2.5 micro-batches of the rank's activations (not 2).
+      in_flight.push_back(std::max(1.0, double(sim.peak_in_flight[size_t(r)]) / s.stages_per_rank));
     }
     j.micro_tokens = c.parallelism.pipeline_parallel_microbatch_size * seq_tokens;
     j.microbatches = s.microbatches * accumulation;  // the schedule runs once per accumulation step
   } else {
     parts.push_back({{{0, int(plan.model.n_layers), true, true}}});
-    in_flight.push_back(1);
+    in_flight.push_back(1.0);
     j.micro_tokens = c.training.local_batch_size * seq_tokens;
     j.microbatches = accumulation;
   }
