@@ -130,6 +130,38 @@ pipeline_parallel_microbatch_size = 1
   EXPECT_DOUBLE_EQ(dualpipev / zbv, 1.25);
 }
 
+// Under PP the step's end issues every FSDP unit's reduce-scatter at once: the engine's receive
+// buffers are the stage's unsharded gradients, less the routed experts' when EP leaves them no
+// expert-FSDP group to reduce-scatter over (EP 2 of dp_shard 2).
+TEST(MemoryPlan, PipelineReduceScattersEveryUnitAtTheStepsEnd) {
+  const char* toml = R"(
+[model]
+name = "deepseek_v32"
+flavor = "debugmodel"
+[training]
+local_batch_size = 4
+seq_len = 256
+[parallelism]
+pipeline_parallel_degree = 2
+pipeline_parallel_microbatch_size = 1
+data_parallel_shard_degree = 2
+)";
+  const auto terms = [&](int ep) {
+    std::map<std::string, double> out;
+    const train::MemoryPlan p =
+        train::plan_memory(config(toml, {"--parallelism.expert_parallel_degree=" + std::to_string(ep)}), 4, 0, "pp");
+    for (const auto& [what, bytes] : p.terms) out[what] += bytes;
+    return out;
+  };
+  const std::string buffers = "temporaries: every unit's reduce-scatter receive buffers (the step's end)";
+  const std::string unsharded = "gradients: f32 unsharded gradients";
+  auto no_ep = terms(1), ep = terms(2);
+  ASSERT_GT(no_ep[buffers], 0);
+  EXPECT_DOUBLE_EQ(no_ep[buffers], no_ep[unsharded]);
+  EXPECT_LT(ep[buffers], ep[unsharded]);
+  EXPECT_GT(ep[buffers], 0.5 * ep[unsharded]);
+}
+
 // The communication terms scale as the plans say: FSDP's all-gather with (n - 1) / n of the
 // parameters, TP's activations with the layers, EP's all-to-all with the routed rows.
 TEST(MemoryPlan, TrafficFollowsTheAnalyticMinimum) {

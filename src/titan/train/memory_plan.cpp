@@ -46,6 +46,7 @@ struct RankPlan {
   std::vector<Local> params;
   double master = 0, compute = 0;                   // elements: f32 masters (shards), bf16 copies
   std::map<int, double> unit_gathered, unit_grads;  // bytes by FSDP unit, in the order they run
+  std::map<int, double> unit_reduced;  // ... of its gradients that a reduce-scatter sends (group > 1)
   void term(std::string name, double bytes, double PlanCategories::*category) {
     if (bytes <= 0) return;
     peak.*category += bytes;
@@ -72,6 +73,7 @@ void collect_params(const PlanJob& j, const StagePart& part, RankPlan& r) {
     if (bf16) r.compute += j.m.fsdp() > 1 ? l.shard : l.elems;
     r.unit_gathered[l.unit] += l.gathered * (bf16 ? 2 : 4);
     r.unit_grads[l.unit] += l.gathered * 4;
+    if (j.m.fsdp() > 1 && (!plan::is_expert(p, j.m) || j.m.efsdp() > 1)) r.unit_reduced[l.unit] += l.gathered * 4;
   }
   r.non_expert_before_fsdp = (all_elems - expert_elems) * 8;
 }
@@ -160,8 +162,12 @@ void activation_terms(const PlanJob& j, const StagePart& part, double in_flight,
   const double pipe = j.m.pp > 1 ? 2 * double(j.model.dim) / j.m.tp * (j.bf16 ? 2 : 4) : 0;
   r.term("temporaries: activation gradients (the loss's or a block's backward)",
          (backward_temporaries(m, blocks, part.head(), mode) + pipe) * tokens, &PlanCategories::temporaries);
-  if (j.m.fsdp() > 1)
-    r.term("temporaries: a unit's reduce-scatter receive buffers", r.largest_unit_grads(), &PlanCategories::temporaries);
+  // The engine receives every rank's piece of a reduce-scattered gradient before it sums them. Without
+  // PP one unit's are in flight at a time; under PP the step's end issues every unit's at once.
+  double largest = 0, every = 0;
+  for (const auto& [unit, bytes] : r.unit_reduced) largest = std::max(largest, bytes), every += bytes;
+  if (j.m.pp > 1) r.term("temporaries: every unit's reduce-scatter receive buffers (the step's end)", every, &PlanCategories::temporaries);
+  else r.term("temporaries: a unit's reduce-scatter receive buffers", largest, &PlanCategories::temporaries);
 }
 
 // Checkpoints: an async save copies this rank's masters and moments into staging buffers it keeps
