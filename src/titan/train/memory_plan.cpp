@@ -45,6 +45,7 @@ struct RankPlan {
   double swapped = 0, non_expert_before_fsdp = 0, indexer_before_fsdp = 0;
   std::vector<Local> params;
   double master = 0, compute = 0;                   // elements: f32 masters (shards), bf16 copies
+  double reduced_master = 0;                        // ... the masters whose gradients a reduce-scatter makes
   std::map<int, double> unit_gathered, unit_grads;  // bytes by FSDP unit, in the order they run
   std::map<int, double> unit_reduced;  // ... of its gradients that a reduce-scatter sends (group > 1)
   void term(std::string name, double bytes, double PlanCategories::*category) {
@@ -73,7 +74,10 @@ void collect_params(const PlanJob& j, const StagePart& part, RankPlan& r) {
     if (bf16) r.compute += j.m.fsdp() > 1 ? l.shard : l.elems;
     r.unit_gathered[l.unit] += l.gathered * (bf16 ? 2 : 4);
     r.unit_grads[l.unit] += l.gathered * 4;
-    if (j.m.fsdp() > 1 && (!plan::is_expert(p, j.m) || j.m.efsdp() > 1)) r.unit_reduced[l.unit] += l.gathered * 4;
+    if (j.m.fsdp() > 1 && (!plan::is_expert(p, j.m) || j.m.efsdp() > 1)) {
+      r.unit_reduced[l.unit] += l.gathered * 4;
+      r.reduced_master += l.shard;
+    }
   }
   r.non_expert_before_fsdp = (all_elems - expert_elems) * 8;
 }
@@ -119,7 +123,8 @@ void gradient_terms(const PlanJob& j, RankPlan& r) {
   if (j.m.pp > 1) {
     r.term("gradients: f32 " + std::string(fsdp ? "unsharded gradients" : "gradients") + tree,
            (fsdp ? all_units : r.master * 4) * trees, &C::gradients);
-    if (fsdp) r.term("gradients: f32 shards (the step's reduce-scatter)", r.master * 4, &C::gradients);
+    // A gradient no reduce-scatter divides (routed experts with no expert-FSDP group) is its own shard.
+    if (fsdp) r.term("gradients: f32 shards (the step's reduce-scatter)", r.reduced_master * 4, &C::gradients);
   } else {
     r.term("gradients: f32 " + std::string(fsdp ? "shards" : "gradients") + tree, r.master * 4 * trees, &C::gradients);
     if (fsdp)
@@ -160,14 +165,18 @@ void activation_terms(const PlanJob& j, const StagePart& part, double in_flight,
                      in_flight != 1 ? "es" : "", mode),
          activation_peak(m, blocks, part.embedding(), part.head(), mode) * tokens * in_flight, &PlanCategories::activations);
   const double pipe = j.m.pp > 1 ? 2 * double(j.model.dim) / j.m.tp * (j.bf16 ? 2 : 4) : 0;
-  r.term("temporaries: activation gradients (the loss's or a block's backward)",
-         (backward_temporaries(m, blocks, part.head(), mode) + pipe) * tokens, &PlanCategories::temporaries);
-  // The engine receives every rank's piece of a reduce-scattered gradient before it sums them. Without
-  // PP one unit's are in flight at a time; under PP the step's end issues every unit's at once.
+  const double backward = (backward_temporaries(m, blocks, part.head(), mode) + pipe) * tokens;
+  r.term("temporaries: activation gradients (the loss's or a block's backward)", backward, &PlanCategories::temporaries);
+  // The engine receives every rank's piece of a reduce-scattered gradient before it sums them.
+  // Without PP one unit's are in flight at a time, during the next unit's backward. Under PP the
+  // step's end issues every unit's at once, after the last backward: only what exceeds it adds.
   double largest = 0, every = 0;
   for (const auto& [unit, bytes] : r.unit_reduced) largest = std::max(largest, bytes), every += bytes;
-  if (j.m.pp > 1) r.term("temporaries: every unit's reduce-scatter receive buffers (the step's end)", every, &PlanCategories::temporaries);
-  else r.term("temporaries: a unit's reduce-scatter receive buffers", largest, &PlanCategories::temporaries);
+  if (j.m.pp > 1)
+    r.term("temporaries: every unit's reduce-scatter receive buffers at the step's end, beyond the backward's",
+           every - backward, &PlanCategories::temporaries);
+  else
+    r.term("temporaries: a unit's reduce-scatter receive buffers", largest, &PlanCategories::temporaries);
 }
 
 // Checkpoints: an async save copies this rank's masters and moments into staging buffers it keeps
@@ -256,6 +265,7 @@ MemoryPlan plan_memory(const JobConfig& c, int world, int64_t vocab, const std::
   RankPlan best;
   for (size_t r = 0; r < parts.size(); ++r) {
     RankPlan rp = plan_rank(j, parts[r], in_flight[r]);
+    plan.pipeline_ranks.push_back({rp.peak, rp.terms});
     if (r == 0 || rp.peak.total() > best.peak.total()) {
       best = std::move(rp);
       plan.stage = int(r);

@@ -64,6 +64,13 @@ struct MemoryPlan {
   double non_expert_weights_grads_before_fsdp = 0;
   double indexer_weights_grads_before_fsdp = 0;  // the part of it in DSA's lightning indexers
   std::vector<PlanCollective> traffic;
+  // Every pipeline rank's peaks and terms (one entry without PP), for comparing with metrics that
+  // report each category's largest peak over the ranks.
+  struct Rank {
+    PlanCategories peak;
+    std::vector<std::pair<std::string, double>> terms;
+  };
+  std::vector<Rank> pipeline_ranks;
 };
 
 // The mesh a config asks for on `world` ranks (dp_shard = -1 resolved); throws as the trainer does
