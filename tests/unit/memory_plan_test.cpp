@@ -44,6 +44,13 @@ expert_parallel_degree = 32
 mode = "full"
 )";
 
+// A debug model at PP 2: 4 micro-batches of 1 x 256 tokens.
+std::string pipeline_toml(const std::string& model) {
+  return "[model]\nname = \"" + model +
+         "\"\nflavor = \"debugmodel\"\n[training]\nlocal_batch_size = 4\nseq_len = 256\n[parallelism]\n"
+         "pipeline_parallel_degree = 2\npipeline_parallel_microbatch_size = 1\n";
+}
+
 }  // namespace
 
 // Every parameter the planner lists is the built model's, with its shape, and nothing is missing.
@@ -105,17 +112,7 @@ TEST(MemoryPlan, SwapMovesTheMomentsToDisk) {
 // the rank's, ZB-V's 4 are 2, and both place the same stages on a rank (measured under DualPipeV on
 // deepseek_v32 debug, PP 2 x FSDP 2 x EP 2: 301.9 MiB of activations against 300.4 planned).
 TEST(MemoryPlan, VSchedulesCountHalfMicroBatchesInFlight) {
-  const char* toml = R"(
-[model]
-name = "llama3"
-flavor = "debugmodel"
-[training]
-local_batch_size = 4
-seq_len = 256
-[parallelism]
-pipeline_parallel_degree = 2
-pipeline_parallel_microbatch_size = 1
-)";
+  const std::string toml = pipeline_toml("llama3");
   const auto activations = [&](const std::string& schedule, std::string& term) {
     const train::MemoryPlan p =
         train::plan_memory(config(toml, {"--parallelism.pipeline_parallel_schedule=" + schedule}), 2, 0, schedule);
@@ -134,22 +131,13 @@ pipeline_parallel_microbatch_size = 1
 // buffers are the stage's unsharded gradients, less the routed experts' when EP leaves them no
 // expert-FSDP group to reduce-scatter over (EP 2 of dp_shard 2).
 TEST(MemoryPlan, PipelineReduceScattersEveryUnitAtTheStepsEnd) {
-  const char* toml = R"(
-[model]
-name = "deepseek_v32"
-flavor = "debugmodel"
-[training]
-local_batch_size = 4
-seq_len = 256
-[parallelism]
-pipeline_parallel_degree = 2
-pipeline_parallel_microbatch_size = 1
-data_parallel_shard_degree = 2
-)";
+  const std::string toml = pipeline_toml("deepseek_v32");
   const auto terms = [&](int ep) {
     std::map<std::string, double> out;
     const train::MemoryPlan p =
-        train::plan_memory(config(toml, {"--parallelism.expert_parallel_degree=" + std::to_string(ep)}), 4, 0, "pp");
+        train::plan_memory(config(toml, {"--parallelism.data_parallel_shard_degree=2",
+                                         "--parallelism.expert_parallel_degree=" + std::to_string(ep)}),
+                           4, 0, "pp");
     for (const auto& [what, bytes] : p.terms) out[what] += bytes;
     return out;
   };
