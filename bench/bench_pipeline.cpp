@@ -114,7 +114,8 @@ json stage_ms(const pp::Costs& costs) {
 
 // Every rank's actions with their mean measured start against the replay's (ms after the first
 // rank's step began), and how far the measured run has fallen behind: where latency the replay does
-// not model comes in.
+// not model comes in. Compare compute and send rows: a measured receive is when the loop passed it
+// (posted ahead), a replayed one when its message arrived.
 void print_timeline(const pp::Schedule& sched, const pp::Costs& replay, const pp::Simulation& replayed,
                     const Measured& m, int steps) {
   for (size_t r = 0, at = 0; r < size_t(sched.ranks); at += sched.actions[r].size(), ++r) {
@@ -135,6 +136,18 @@ pp::Costs with_action_costs(const pp::Costs& costs, const pp::Schedule& sched, c
   for (size_t r = 0, at = 0; r < size_t(sched.ranks); at += sched.actions[r].size(), ++r)
     out.per_action.emplace_back(flat.begin() + long(at), flat.begin() + long(at + sched.actions[r].size()));
   return out;
+}
+
+// The bubble of every step replayed with its own action costs, over all of them (as the measured
+// bubble is: 1 - the ranks' compute / (ranks x the steps' makespans)).
+double replay_each_step(const pp::Schedule& sched, const pp::Costs& costs, const std::vector<std::vector<double>>& steps) {
+  double busy = 0, makespan = 0;
+  for (const std::vector<double>& step : steps) {
+    const pp::Simulation one = pp::simulate(sched, with_action_costs(costs, sched, step));
+    busy += std::accumulate(one.busy.begin(), one.busy.end(), 0.0);
+    makespan += one.makespan;
+  }
+  return 1 - busy / (double(sched.ranks) * makespan);
 }
 
 json run_schedule(const std::string& config_path, const std::string& schedule, int steps, int warmup,
@@ -221,15 +234,10 @@ json run_schedule(const std::string& config_path, const std::string& schedule, i
   const pp::Simulation sim = pp::simulate(sched, costs);
   // The replays: every action at its own measured time (the per-action costs), step by
   // step, and once more at each action's mean over the steps.
+  const double replayed = replay_each_step(sched, costs, m.step_actions);
   std::vector<double> mean(m.step_actions.front().size(), 0.0);
-  double replay_busy = 0, replay_makespan = 0;
-  for (const std::vector<double>& step : m.step_actions) {
-    const pp::Simulation one = pp::simulate(sched, with_action_costs(costs, sched, step));
-    replay_busy += std::accumulate(one.busy.begin(), one.busy.end(), 0.0);
-    replay_makespan += one.makespan;
+  for (const std::vector<double>& step : m.step_actions)
     for (size_t i = 0; i < step.size(); ++i) mean[i] += step[i] / double(m.step_actions.size());
-  }
-  const double replayed = 1 - replay_busy / (double(p) * replay_makespan);
   const pp::Costs replay_mean = with_action_costs(costs, sched, mean);
   const pp::Simulation replayed_mean = pp::simulate(sched, replay_mean);
   if (timeline && world.rank() == 0) print_timeline(sched, replay_mean, replayed_mean, m, steps);
@@ -285,6 +293,7 @@ int run(int argc, char** argv) {
   // A split the caller gives as keys replaces --splits (it would win over every one of them).
   for (const std::string& o : overrides)
     if (o.find("_stage_less_layers=") != std::string::npos) splits = {"given"};
+  TITAN_CHECK(steps > 0, "--steps " + std::to_string(steps) + " measures nothing", "give --steps 1 or more");
   distributed::CommEngine& engine = distributed::init_runtime();
   for (const std::string& schedule : schedules)
     for (const std::string& split : splits) {

@@ -109,10 +109,10 @@ TEST_F(PlanMeasured, ElevenRunsWithinTenPercent) {
                     {"--parallelism.pipeline_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1",
                      "--training.local_batch_size=4", "--parallelism.pipeline_parallel_microbatch_size=1"}},
                    {"ep2", "deepseek_v32", {"--parallelism.data_parallel_shard_degree=2", "--parallelism.expert_parallel_degree=2"}}});
-  for (const std::string schedule : {"1F1B", "DualPipeV"})
-    check({"pp2_fsdp2_ep2_" + schedule, "deepseek_v32",
+  for (const char* schedule : {"1F1B", "DualPipeV"})
+    check({std::string("pp2_fsdp2_ep2_") + schedule, "deepseek_v32",
            {"--parallelism.pipeline_parallel_degree=2", "--parallelism.data_parallel_shard_degree=2",
-            "--parallelism.expert_parallel_degree=2", "--parallelism.pipeline_parallel_schedule=" + schedule,
+            "--parallelism.expert_parallel_degree=2", std::string("--parallelism.pipeline_parallel_schedule=") + schedule,
             "--training.local_batch_size=4", "--parallelism.pipeline_parallel_microbatch_size=1"}},
           world());
   side_by_side(1, {{"one_llama3", "llama3", {}},

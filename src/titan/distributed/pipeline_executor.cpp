@@ -220,7 +220,10 @@ void PipelineExecutor::run_step(const StageForwardFn& fn, float loss_scale, cons
                  [&] { waited[1] = compute(b, fn, loss_scale, hooks); });
       charge(i, a, pair_->held_seconds(0) - waited[0]);
       charge(i + 1, b, pair_->held_seconds(1) - waited[1]);
-      times_.action_start[i + 1] = times_.action_start[i];
+      // Taking turns, the two overlap; read as one after the other (each after its input's wait).
+      const double top = times_.action_start[i];
+      times_.action_start[i] = top + waited[0];
+      times_.action_start[i + 1] = top + pair_->held_seconds(0) + waited[1];
       times_.waiting += waited[0] + waited[1];
       times_.handoffs += pair_->handoffs();
       ++i;

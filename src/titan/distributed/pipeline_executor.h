@@ -54,7 +54,8 @@ struct ExecutorTimes {
   // Per action of this rank's list: a compute action's seconds (in a compute pair, the seconds its
   // piece held the turn), else 0.
   std::vector<double> action_seconds;
-  // Per action of this rank's list: when it began, in seconds after the step's start (diagnostics).
+  // Per action of this rank's list: when it began, in seconds after the step's start (diagnostics;
+  // a compute action after the wait for its input, a send or receive when the loop reached it).
   std::vector<double> action_start;
   double started = 0;  // the step's start on the steady clock (one machine's ranks share it)
   struct Stage {

@@ -150,8 +150,9 @@ void optimizer_terms(const PlanJob& j, RankPlan& r) {
 }
 
 // Activations of the micro-batches in flight (activation_plan.h) and the temporaries of one
-// backward, plus the pipeline's buffers to and from the neighbouring stages and, under FSDP, a
-// unit's reduce-scatter receive buffers (every rank's piece of its f32 gradients, comm_engine.cpp).
+// backward, plus the pipeline's buffers to and from the neighbouring stages and, under FSDP, the
+// reduce-scatter receive buffers (every rank's piece of the f32 gradients, comm_engine.cpp): one
+// unit's without PP, at most every unit's under PP.
 void activation_terms(const PlanJob& j, const StagePart& part, double in_flight, RankPlan& r) {
   const ActivationJob aj{j.c.model.name, j.c.model.flavor, j.model.vocab, j.c.training.seq_len, j.c.dsa.topk,
                          j.c.model.mtp_layers, j.m.tp, j.m.cp, j.bf16, j.c.parallelism.experts_split_over_tp()};
@@ -169,7 +170,9 @@ void activation_terms(const PlanJob& j, const StagePart& part, double in_flight,
   r.term("temporaries: activation gradients (the loss's or a block's backward)", backward, &PlanCategories::temporaries);
   // The engine receives every rank's piece of a reduce-scattered gradient before it sums them.
   // Without PP one unit's are in flight at a time, during the next unit's backward. Under PP the
-  // step's end issues every unit's at once, after the last backward: only what exceeds it adds.
+  // step's end issues every unit's, one after the other, after the last backward: at most all of
+  // them at once (the engine may finish early ones first), and only what exceeds the backward's adds.
+  // Either way a routed expert with no expert-FSDP group sends nothing.
   double largest = 0, every = 0;
   for (const auto& [unit, bytes] : r.unit_reduced) largest = std::max(largest, bytes), every += bytes;
   if (j.m.pp > 1)
