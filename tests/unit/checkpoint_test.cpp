@@ -3,7 +3,12 @@
 #include <fstream>
 #include <functional>
 
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include "titan/checkpoint/checkpoint.h"
+#include "titan/train/checkpointing.h"
 
 using namespace titan;
 using namespace titan::checkpoint;
@@ -76,14 +81,28 @@ TEST(Checkpoint, PiecesAssembleIntoGlobalTensorsAndSlicesReadAcrossThem) {
   reader.read("a", middle, &slice);
   EXPECT_EQ(middle.at({0, 0}), 1);
   EXPECT_EQ(middle.at({1, 1}), 2);
-  // A piece whose file is gone is named.
+  // Overlapping pieces are damage on open: moved one row up, the second piece overlaps the first
+  // and leaves row 3 unread (the sum of the overlaps used to pass for coverage).
+  nlohmann::json overlapping = meta;
+  overlapping["tensors"]["a"]["shards"][1]["offsets"] = {1, 0};
+  std::ofstream(dir / "metadata.json") << overlapping.dump();
+  try {
+    CheckpointReader reader2(dir);
+    FAIL() << "overlapping pieces were not noticed";
+  } catch (const CorruptCheckpoint& e) {
+    EXPECT_NE(e.message().find("tensor 'a' has two pieces that overlap"), std::string::npos) << e.what();
+  }
+  std::ofstream(dir / "metadata.json") << meta.dump();
+  // A piece whose file is gone is named, as an I/O error (it may be hidden from this process
+  // only), with the file: the trainer asks rank 0 whether it is lost.
   fs::remove(dir / "shard-00001.safetensors");
   CheckpointReader broken(dir);
   try {
     broken.read_full("a");
     FAIL() << "a missing shard file was not noticed";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("shard-00001.safetensors but the file is missing"), std::string::npos) << e.what();
+  } catch (const CheckpointIOError& e) {
+    EXPECT_NE(e.message().find("shard-00001.safetensors: No such file"), std::string::npos) << e.what();
+    EXPECT_EQ(e.missing(), dir / "shard-00001.safetensors");
   }
   // Saving pieces that do not tile their tensor is refused before anything is committed.
   SaveRequest partial = request(3);
@@ -197,5 +216,151 @@ TEST(Checkpoint, StepFolderNumberBeyondInt64IsIgnored) {
   ASSERT_TRUE(latest_checkpoint(root).has_value());
   EXPECT_EQ(latest_checkpoint(root)->filename(), "step-5");
   keep_latest(root, 1);
+  fs::remove_all(root);
+}
+
+// Shapes from metadata.json whose bytes overflow are damage on open (an F32 [2^59 + 1] wrapped to a
+// 4-byte allocation that a piece then overran), and one that fits int64 but that no file holds
+// (terabytes) fails before anything is allocated.
+TEST(Checkpoint, HugeShapesFailBeforeAnyAllocation) {
+  const fs::path root = fresh_dir("huge");
+  const fs::path dir = save_checkpoint(root, request(5));
+  const nlohmann::json good = nlohmann::json::parse(std::ifstream(dir / "metadata.json"));
+  nlohmann::json meta = good;
+  meta["tensors"]["model.w"]["shape"] = {(int64_t(1) << 59) + 1};
+  meta["tensors"]["model.w"]["shards"][0]["shape"] = {(int64_t(1) << 59) + 1};
+  meta["tensors"]["model.w"]["shards"][0]["offsets"] = {0};
+  std::ofstream(dir / "metadata.json") << meta.dump();
+  EXPECT_THROW(CheckpointReader{dir}, CorruptCheckpoint);
+  meta = good;
+  meta["tensors"]["model.w"]["shape"] = {int64_t(1) << 40};
+  meta["tensors"]["model.w"]["shards"][0]["shape"] = {int64_t(1) << 40};
+  meta["tensors"]["model.w"]["shards"][0]["offsets"] = {0};
+  std::ofstream(dir / "metadata.json") << meta.dump();
+  CheckpointReader reader(dir);
+  try {
+    reader.read_full("model.w");
+    FAIL() << "a 4 TiB tensor no file holds was read";
+  } catch (const CorruptCheckpoint& e) {
+    EXPECT_NE(e.message().find("the file does not hold the [1099511627776] piece"), std::string::npos) << e.what();
+  }
+  fs::remove_all(root);
+}
+
+// What the operating system refuses is retried and then a CheckpointIOError, never damage: here
+// no file descriptor is left (EMFILE) while the shard opens. With descriptors back, it loads.
+TEST(Checkpoint, RefusedOpensAreIOErrorsNotDamage) {
+  const fs::path root = fresh_dir("emfile");
+  const fs::path dir = save_checkpoint(root, request(5));
+  CheckpointReader reader(dir);  // metadata read; the shard opens on the first read
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  const int lowest_free = ::open("/dev/null", O_RDONLY);  // the next open would get this one
+  ASSERT_GE(lowest_free, 0);
+  ::close(lowest_free);
+  rlimit tight = saved;
+  tight.rlim_cur = rlim_t(lowest_free);  // no descriptor below the limit is free
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+  std::string outcome;
+  try {
+    reader.read_full("model.w");
+  } catch (const CheckpointIOError& e) {
+    outcome = "io: " + e.message();
+  } catch (const CorruptCheckpoint& e) {
+    outcome = "corrupt: " + e.message();
+  }
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  EXPECT_NE(outcome.find("io: "), std::string::npos) << outcome;
+  EXPECT_NE(outcome.find("Too many open files (4 tries)"), std::string::npos) << outcome;
+  EXPECT_EQ(reader.read_full("model.w").at({3, 4}), 19 + 5);
+  fs::remove_all(root);
+}
+
+// Rank 0 judges what every rank's load came to: a file that no rank can see is damage; one that
+// rank 0 sees but another rank did not (a stale cache there), or any other I/O error, fails the
+// run and leaves the checkpoint in place; another error fails it naming the rank.
+TEST(Checkpoint, LoadVerdictsTellDamageFromIOErrors) {
+  using train::LoadVerdict;
+  const fs::path root = fresh_dir("verdict");
+  const fs::path dir = save_checkpoint(root, request(5));
+  const fs::path present = dir / "shard-00000.safetensors", lost = dir / "shard-00001.safetensors";
+  EXPECT_EQ(train::judge_load(dir, {"", ""}).kind, LoadVerdict::Kind::loaded);
+  const LoadVerdict corrupt = train::judge_load(dir, {"", "Cchecksum mismatch"});
+  EXPECT_EQ(corrupt.kind, LoadVerdict::Kind::damaged);
+  EXPECT_NE(corrupt.report.find("rank 1: checksum mismatch"), std::string::npos) << corrupt.report;
+  EXPECT_EQ(train::judge_load(dir, {"M" + lost.string() + "\nmissing", ""}).kind, LoadVerdict::Kind::damaged);
+  const LoadVerdict hidden = train::judge_load(dir, {"", "M" + present.string() + "\nmissing"});
+  EXPECT_EQ(hidden.kind, LoadVerdict::Kind::failed);
+  EXPECT_NE(hidden.report.find("left in place"), std::string::npos) << hidden.report;
+  EXPECT_NE(hidden.report.find("stale cache"), std::string::npos) << hidden.report;
+  EXPECT_EQ(train::judge_load(dir, {"IInput/output error", "Cchecksum mismatch"}).kind, LoadVerdict::Kind::failed);
+  const LoadVerdict other = train::judge_load(dir, {"", "Eshapes differ"});
+  EXPECT_EQ(other.kind, LoadVerdict::Kind::failed);
+  EXPECT_NE(other.report.find("failed on rank 1: shapes differ"), std::string::npos) << other.report;
+  // What each kind of failure is, as a rank reports it.
+  EXPECT_EQ(train::load_outcome([] {}), "");
+  EXPECT_EQ(train::load_outcome([&] { CheckpointReader{dir / "nothing"}; })[0], 'E');
+  EXPECT_EQ(train::load_outcome([&] { throw CorruptCheckpoint("bad", "", __FILE__, __LINE__); }), "Cbad");
+  EXPECT_EQ(train::load_outcome([&] { throw CheckpointIOError("gone", "", __FILE__, __LINE__, lost); }),
+            "M" + lost.string() + "\ngone");
+  EXPECT_EQ(train::load_outcome([&] { throw IOError("EIO", "", __FILE__, __LINE__); }), "IEIO");
+  fs::remove_all(root);
+}
+
+// A weights-only export (the final save of last_save_model_only) is no place to resume from: the
+// newest full checkpoint before it is, and the exports newer than it are named.
+TEST(Checkpoint, ResumeSkipsWeightsOnlyExports) {
+  const fs::path root = fresh_dir("weights_only");
+  for (int64_t s : {2, 4}) save_checkpoint(root, request(s));
+  SaveRequest export_request = request(6);
+  export_request.train_state = nlohmann::json::object();
+  save_checkpoint(root, export_request);
+  std::vector<fs::path> skipped;
+  const auto full = train::newest_full_checkpoint(root, std::numeric_limits<int64_t>::max(), &skipped);
+  ASSERT_TRUE(full.has_value());
+  EXPECT_EQ(full->filename(), "step-4");
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_EQ(skipped[0].filename(), "step-6");
+  EXPECT_TRUE(train::is_weights_only(root / "step-6"));
+  EXPECT_EQ(train::newest_full_checkpoint(root, 3)->filename(), "step-2");
+  EXPECT_FALSE(train::newest_full_checkpoint(root, 1).has_value());
+  fs::remove_all(root);
+}
+
+// Saving a step again (after a rollback) replaces its folder, never leaving a moment without one,
+// and what failed saves left behind is purged down to the newest few.
+TEST(Checkpoint, SavingAStepAgainReplacesItAndAbandonedFoldersArePurged) {
+  const fs::path root = fresh_dir("replace");
+  save_checkpoint(root, request(5));
+  SaveRequest again = request(5);
+  again.tensors[0].local.data<float>()[0] = 42;
+  save_checkpoint(root, again);
+  EXPECT_EQ(load_checkpoint(root / "step-5").tensors.at("model.w").at({0, 0}), 42);
+  for (const auto& e : fs::directory_iterator(root)) EXPECT_EQ(e.path().filename(), "step-5");
+  for (int s : {1, 7, 12}) fs::create_directories(root / ("step-" + std::to_string(s) + ".tmp"));
+  for (int s : {3, 9}) fs::create_directories(root / ("step-" + std::to_string(s) + ".corrupt"));
+  const std::vector<fs::path> removed = purge_abandoned(root, 1);
+  EXPECT_EQ(removed.size(), 3u);
+  for (const char* kept : {"step-5", "step-12.tmp", "step-9.corrupt"}) EXPECT_TRUE(fs::exists(root / kept)) << kept;
+  for (const char* gone : {"step-1.tmp", "step-7.tmp", "step-3.corrupt"}) EXPECT_FALSE(fs::exists(root / gone)) << gone;
+  fs::remove_all(root);
+}
+
+// A write that fails when the file is flushed (a full disk) fails the commit: here train_state.json
+// is a link to /dev/full, whose writes all fail.
+TEST(Checkpoint, AWriteThatFailsOnFlushFailsTheCommit) {
+  const fs::path root = fresh_dir("full");
+  const SaveRequest r = request(5);
+  const fs::path tmp = staging_folder(root, 5);
+  make_staging_folder(tmp);
+  const std::string pieces = write_shard(tmp, r, 0);
+  fs::create_symlink("/dev/full", tmp / "train_state.json");
+  try {
+    commit_checkpoint(root, r, {pieces}, 1);
+    FAIL() << "the failed write was not noticed";
+  } catch (const IOError& e) {
+    EXPECT_NE(e.message().find("cannot write " + (tmp / "train_state.json").string()), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(root / "step-5"));
   fs::remove_all(root);
 }

@@ -60,10 +60,7 @@ void AsyncSaver::start(const fs::path& root, const SaveRequest& request, std::op
   }
   root_ = root;
   const fs::path tmp = staging_folder(root, request.step);
-  if (group_.rank() == 0) {  // a folder left by a save that never committed goes first
-    fs::remove_all(tmp);
-    fs::create_directories(tmp);
-  }
+  if (group_.rank() == 0) make_staging_folder(tmp);
   group_.barrier().wait();
   written_ = false;
   failure_ = nullptr;
@@ -73,6 +70,13 @@ void AsyncSaver::start(const fs::path& root, const SaveRequest& request, std::op
     try {
       ProfileScope write_span("checkpoint write");
       write(tmp);
+    } catch (const Error&) {
+      failure_ = std::current_exception();
+    } catch (const std::exception& e) {  // a filesystem_error, bad_alloc, JSON's: rethrown as what it is, named
+      failure_ = std::make_exception_ptr(Error("checkpoint step " + std::to_string(staged_.step) + ": writing " +
+                                                   tmp.string() + " failed: " + e.what(),
+                                               "check free disk space and memory; the previous checkpoint is intact",
+                                               __FILE__, __LINE__));
     } catch (...) {
       failure_ = std::current_exception();
     }

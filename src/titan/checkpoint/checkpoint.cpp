@@ -6,6 +6,11 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <thread>
 #include <cstdint>
 #include <fstream>
 #include <sstream>
@@ -36,24 +41,32 @@ uint64_t checksum(const Tensor& t) {
 // it before what it vouches for.
 void sync_path(const fs::path& p) {
   const int fd = ::open(p.c_str(), O_RDONLY);
-  TITAN_CHECK(fd >= 0, "cannot open " + p.string() + " to sync it", "check the folder's permissions");
-  const int rc = ::fsync(fd);
+  if (fd < 0)
+    throw IOError("cannot open " + p.string() + " to sync it: " + std::strerror(errno), "check the folder's permissions",
+                  __FILE__, __LINE__);
+  const int rc = ::fsync(fd), err = errno;
   ::close(fd);
-  TITAN_CHECK(rc == 0, "cannot sync " + p.string() + " to disk", "check free disk space");
+  if (rc != 0)
+    throw IOError("cannot sync " + p.string() + " to disk: " + std::strerror(err), "check free disk space", __FILE__, __LINE__);
+}
+
+[[noreturn]] void io_failed(const std::string& what, const std::error_code& ec, int line) {
+  throw IOError(what + ": " + ec.message(), "check free disk space, permissions and the file system", __FILE__, line);
 }
 
 void write_text(const fs::path& p, const std::string& text) {
-  {
-    std::ofstream f(p, std::ios::binary);
-    f << text;
-    TITAN_CHECK(f.good(), "cannot write " + p.string(), "check free disk space and permissions");
-  }
+  std::ofstream f(p, std::ios::binary);
+  f << text;
+  f.close();  // a small file's write fails only when it is flushed, here
+  if (f.fail()) throw IOError("cannot write " + p.string(), "check free disk space and permissions", __FILE__, __LINE__);
   sync_path(p);
 }
 
 std::string read_text(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
-  TITAN_CHECK(f.good(), "cannot read " + p.string(), "the checkpoint folder is incomplete; pick another step");
+  if (!f.good())
+    throw IOError("cannot read " + p.string() + ": " + std::strerror(errno), "check the file system and rerun", __FILE__,
+                  __LINE__);
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
@@ -64,7 +77,11 @@ std::string read_text(const fs::path& p) {
 }
 
 json parse_json(const fs::path& p) {
-  if (!fs::exists(p)) corrupt(p.string() + " is missing", "the checkpoint is incomplete; load an earlier step", __LINE__);
+  std::error_code ec;
+  if (!fs::exists(p, ec)) {
+    if (ec) io_failed("cannot look for " + p.string(), ec, __LINE__);
+    corrupt(p.string() + " is missing", "the checkpoint is incomplete; load an earlier step", __LINE__);
+  }
   try {
     return json::parse(read_text(p));
   } catch (const json::exception& e) {
@@ -123,32 +140,69 @@ json describe_pieces(const SaveRequest& req, const std::string& file) {
   return out;
 }
 
-// Throws unless `pieces` (each {offsets, shape}) lie inside `global`, do not overlap, and cover it.
-void check_tiling(const std::string& name, const Shape& global, const json& pieces) {
+// "" when `pieces` (each {offsets, shape}, sizes that is_extents accepted) lie inside `global`, do
+// not overlap and cover it (then every element is read from exactly one piece), else what is wrong.
+std::string tiling_error(const Shape& global, const json& pieces) {
   int64_t covered = 0;
   std::vector<std::pair<Shape, Shape>> boxes;
   for (const auto& piece : pieces) {
     const Shape off = shape_of(piece["offsets"]), ps = shape_of(piece["shape"]);
-    TITAN_CHECK(off.size() == global.size() && ps.size() == global.size(),
-                "save_checkpoint: a piece of '" + name + "' has another rank than " + global.str());
+    if (off.size() != global.size() || ps.size() != global.size()) return "has a piece of another rank than " + global.str();
     for (int d = 0; d < global.size(); ++d)
-      TITAN_CHECK(off[d] >= 0 && off[d] + ps[d] <= global[d],
-                  "save_checkpoint: a piece of '" + name + "' lies outside its " + global.str());
+      if (off[d] < 0 || off[d] + ps[d] > global[d]) return "has a piece outside its " + global.str();
+    if (ps.numel() == 0) continue;
     for (const auto& [o, s] : boxes) {
       bool disjoint = false;
       for (int d = 0; d < global.size(); ++d) disjoint |= off[d] >= o[d] + s[d] || o[d] >= off[d] + ps[d];
-      TITAN_CHECK(disjoint, "save_checkpoint: two ranks' pieces of '" + name + "' overlap");
+      if (!disjoint) return "has two pieces that overlap, at offsets " + o.str() + " and " + off.str();
     }
     boxes.emplace_back(off, ps);
     covered += ps.numel();
   }
-  TITAN_CHECK(covered == global.numel(), "save_checkpoint: the ranks' pieces of '" + name + "' cover " +
-                                             std::to_string(covered) + " of " + std::to_string(global.numel()) + " elements");
+  if (covered != global.numel())
+    return "has pieces that cover " + std::to_string(covered) + " of its " + std::to_string(global.numel()) + " elements";
+  return {};
+}
+
+void check_tiling(const std::string& name, const Shape& global, const json& pieces) {
+  const std::string error = tiling_error(global, pieces);
+  TITAN_CHECK(error.empty(), "save_checkpoint: tensor '" + name + "' " + error + " (the ranks' pieces do not tile it)");
 }
 
 }  // namespace
 
 fs::path staging_folder(const fs::path& root, int64_t step) { return step_folder(root, step).string() + ".tmp"; }
+
+namespace {
+
+// Moves the folder `from` to `to`, replacing a `to` that exists (a step saved again after a
+// rollback) without a moment in which no `to` exists: the two are exchanged atomically where the
+// file system can (RENAME_EXCHANGE), else the old one is renamed aside first. The old one is then
+// removed.
+void replace_folder(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  const bool exists = fs::exists(to, ec);
+  if (ec) io_failed("cannot look for " + to.string(), ec, __LINE__);
+  if (!exists) {
+    fs::rename(from, to, ec);
+    if (ec) io_failed("cannot rename " + from.string() + " to " + to.filename().string(), ec, __LINE__);
+    return;
+  }
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_EXCHANGE) != 0) {
+    // No exchange on this file system (e.g. NFS): the old folder goes aside, then the new one in.
+    const fs::path aside = to.string() + ".replaced";
+    fs::remove_all(aside, ec);
+    if (!ec) fs::rename(to, aside, ec);
+    if (!ec) fs::rename(from, to, ec);
+    if (ec) io_failed("cannot replace " + to.string() + " by " + from.filename().string(), ec, __LINE__);
+    fs::remove_all(aside, ec);
+  } else {
+    fs::remove_all(from, ec);  // holds the old folder now
+  }
+  if (ec) io_failed("cannot remove the replaced checkpoint folder", ec, __LINE__);
+}
+
+}  // namespace
 
 std::string write_shard(const fs::path& tmp, const SaveRequest& req, int rank) {
   std::vector<std::pair<std::string, Tensor>> items;
@@ -184,19 +238,22 @@ fs::path commit_checkpoint(const fs::path& root, const SaveRequest& req, const s
   sync_path(tmp);                                     // every rank's file entry, before the marker
   write_text(tmp / "metadata.json", meta.dump(1));  // last: the commit marker
   sync_path(tmp);
-  fs::remove_all(final_dir);
-  fs::rename(tmp, final_dir);
+  replace_folder(tmp, final_dir);
   sync_path(root);
   return final_dir;
+}
+
+void make_staging_folder(const fs::path& tmp) {
+  std::error_code ec;
+  fs::remove_all(tmp, ec);  // one a save that never committed left
+  if (!ec) fs::create_directories(tmp, ec);
+  if (ec) io_failed("cannot create the checkpoint staging folder " + tmp.string(), ec, __LINE__);
 }
 
 fs::path save_checkpoint(const fs::path& root, const SaveRequest& req, const distributed::ProcessGroup* group) {
   const int rank = group ? group->rank() : 0, size = group ? group->size() : 1;
   const fs::path tmp = staging_folder(root, req.step);
-  if (rank == 0) {
-    fs::remove_all(tmp);
-    fs::create_directories(tmp);
-  }
+  if (rank == 0) make_staging_folder(tmp);
   if (group) group->barrier().wait();
   const std::string pieces = write_shard(tmp, req, rank);
   const std::vector<std::string> all = group ? group->all_gather(pieces) : std::vector<std::string>{pieces};
@@ -206,6 +263,10 @@ fs::path save_checkpoint(const fs::path& root, const SaveRequest& req, const dis
 }
 
 namespace {
+
+// Pauses between the tries of an open the operating system refused (about 2.5 s in all): enough
+// for a file descriptor or memory to be freed, or a network file system's cache to catch up.
+constexpr int kOpenRetryMs[] = {100, 400, 2000};
 
 // metadata.json is checked whole when a reader opens it, so that reading it later can trust it:
 // a damaged file whose JSON still parses fails here as CorruptCheckpoint naming the field or the
@@ -227,12 +288,14 @@ bool is_int_in(const json* j, int64_t lo, int64_t hi) {
 }
 
 // Up to kMaxDims sizes or offsets, each small enough that sums of two never overflow, and their
-// product (the element count) neither.
+// product (the element count) neither, nor that count's bits (at most 64 per element).
 bool is_extents(const json* j) {
   if (!j || !j->is_array() || j->size() > size_t(kMaxDims)) return false;
   int64_t numel = 1;
   for (const json& d : *j)
-    if (!is_int_in(&d, 0, int64_t(1) << 62) || __builtin_mul_overflow(numel, d.get<int64_t>(), &numel)) return false;
+    if (!is_int_in(&d, 0, int64_t(1) << 62) || __builtin_mul_overflow(numel, d.get<int64_t>(), &numel) ||
+        numel > INT64_MAX / 64)
+      return false;
   return true;
 }
 
@@ -266,17 +329,27 @@ void check_tensor_entry(const fs::path& meta, const std::string& name, const jso
     for (int d = 0; d < global.size(); ++d)
       if (off[d] + ps[d] > global[d]) bad("has a piece outside its " + global.str(), __LINE__);
   }
+  // Every element read from exactly one piece: overlapping pieces would leave a gap unread.
+  if (const std::string error = tiling_error(global, *shards); !error.empty()) bad(error, __LINE__);
 }
 
 }  // namespace
 
 CheckpointReader::CheckpointReader(const fs::path& folder) : folder_(folder) {
-  TITAN_CHECK(fs::is_directory(folder), "checkpoint folder " + folder.string() + " does not exist",
+  std::error_code ec;
+  const bool is_folder = fs::is_directory(folder, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) io_failed("cannot look at " + folder.string(), ec, __LINE__);
+  TITAN_CHECK(is_folder, "checkpoint folder " + folder.string() + " does not exist",
               "pass a step-<N> folder (or set checkpoint.load_step to an existing step)");
   const fs::path meta_path = folder / "metadata.json";
-  if (!fs::exists(meta_path))
-    corrupt(folder.string() + " has no metadata.json", "this is not a complete titan checkpoint; load an earlier step",
-            __LINE__);
+  for (size_t attempt = 0; !fs::exists(meta_path); ++attempt) {
+    // Missing from this rank's view: lost, or hidden by a stale cache; the caller tells which.
+    if (attempt == std::size(kOpenRetryMs))
+      throw CheckpointIOError(folder.string() + " has no metadata.json (" + std::to_string(attempt + 1) + " looks)",
+                              "pass a complete step-<N> folder (a save that was cut short has none)", __FILE__, __LINE__,
+                              meta_path);
+    std::this_thread::sleep_for(std::chrono::milliseconds(kOpenRetryMs[attempt]));
+  }
   const json meta = parse_json(meta_path);
   const json* format = meta.is_object() ? field(meta, "format") : nullptr;
   if (!format || *format != kFormat) damaged(meta_path, "not a titan checkpoint (format field)", __LINE__);
@@ -315,15 +388,22 @@ const SafetensorsFile& CheckpointReader::file(const std::string& name) {
   auto it = files_.find(name);
   if (it != files_.end()) return *it->second;
   const fs::path path = folder_ / name;
-  if (!fs::exists(path))
-    corrupt("checkpoint " + folder_.string() + " lists " + name + " but the file is missing",
-            "the checkpoint is incomplete (a rank's file was lost); load an earlier step", __LINE__);
-  try {
-    return *files_.emplace(name, std::make_unique<SafetensorsFile>(SafetensorsFile::open(path))).first->second;
-  } catch (const CorruptCheckpoint&) {
-    throw;
-  } catch (const Error& e) {  // a truncated or garbled shard
-    corrupt(e.message(), "the checkpoint's file is damaged; load an earlier step", __LINE__);
+  const std::string hint = "the checkpoint stays in place: fix the file system (or free file descriptors or memory) and "
+                           "rerun; `titan launch` retries by itself";
+  for (size_t attempt = 0;; ++attempt) {
+    try {
+      return *files_.emplace(name, std::make_unique<SafetensorsFile>(SafetensorsFile::open(path))).first->second;
+    } catch (const IOError& e) {  // refused by the OS (missing included): retried, never damage
+      if (attempt == std::size(kOpenRetryMs)) {
+        const bool missing = !fs::exists(path);
+        throw CheckpointIOError("checkpoint " + folder_.string() + ": " + e.message() + " (" +
+                                    std::to_string(attempt + 1) + " tries)",
+                                hint, __FILE__, __LINE__, missing ? path : fs::path());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(kOpenRetryMs[attempt]));
+    } catch (const Error& e) {  // a truncated or garbled shard
+      corrupt(e.message(), "the checkpoint's file is damaged; load an earlier step", __LINE__);
+    }
   }
 }
 
@@ -396,6 +476,18 @@ void CheckpointReader::read_pieces(const std::string& name, const Tensor& dst, c
 Tensor CheckpointReader::read_full(const std::string& name) {
   const Shape global = shape(name);
   const DType dt = dtype_from_name(tensors_.at(name).at("dtype").get<std::string>());
+  // The pieces tile the tensor (checked on open); the files must hold them before the whole is
+  // allocated, so that a metadata.json claiming terabytes fails here, not in the allocator.
+  for (const auto& piece : tensors_.at(name).at("shards")) {
+    const std::string fname = piece.at("file").get<std::string>();
+    const SafetensorsFile& f = file(fname);
+    const auto entry = f.entries().find(name);
+    const Shape ps = shape_of(piece.at("shape"));
+    if (ps.numel() > 0 && (entry == f.entries().end() || entry->second.shape != ps))
+      corrupt("tensor '" + name + "' in " + (folder_ / fname).string() + ": the file does not hold the " + ps.str() +
+                  " piece its metadata lists",
+              "the checkpoint is damaged; load an earlier step", __LINE__);
+  }
   Tensor full = Tensor::empty(global, dt, MemCategory::temporaries);
   read(name, full);
   return full;
@@ -436,25 +528,71 @@ fs::path resolve_step_folder(const fs::path& path) {
   return *latest;
 }
 
-std::optional<fs::path> latest_checkpoint(const fs::path& root, int64_t at_most) {
-  if (!fs::is_directory(root)) return std::nullopt;
-  std::optional<std::pair<int64_t, fs::path>> best;
-  for (const auto& e : fs::directory_iterator(root)) {
-    const auto step = step_of(e.path());
-    if (!step || *step > at_most || !fs::exists(e.path() / "metadata.json")) continue;
-    if (!best || *step > best->first) best = {*step, e.path()};
+namespace {
+
+// The folders of `root` as (step, path) for names "step-<N><suffix>" (the committed ones, with
+// metadata.json, for suffix ""), oldest first; none when root does not exist. An error listing
+// them is an IOError.
+std::vector<std::pair<int64_t, fs::path>> step_folders(const fs::path& root, const std::string& suffix) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) {
+    if (ec && ec != std::errc::no_such_file_or_directory) io_failed("cannot look at " + root.string(), ec, __LINE__);
+    return out;
   }
-  if (!best) return std::nullopt;
-  return best->second;
+  for (auto it = fs::directory_iterator(root, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    if (!name.ends_with(suffix)) continue;
+    name.resize(name.size() - suffix.size());
+    const auto step = step_of(name);
+    if (!step) continue;
+    if (suffix.empty()) {
+      std::error_code exists_ec;
+      if (!fs::exists(it->path() / "metadata.json", exists_ec)) {
+        if (exists_ec) io_failed("cannot look at " + it->path().string(), exists_ec, __LINE__);
+        continue;
+      }
+    }
+    out.emplace_back(*step, it->path());
+  }
+  if (ec) io_failed("cannot list " + root.string(), ec, __LINE__);
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
+}  // namespace
+
+std::optional<fs::path> latest_checkpoint(const fs::path& root, int64_t at_most) {
+  std::optional<fs::path> best;
+  for (const auto& [step, path] : step_folders(root, ""))
+    if (step <= at_most) best = path;
+  return best;
+}
+
+std::vector<std::pair<int64_t, fs::path>> committed_checkpoints(const fs::path& root) { return step_folders(root, ""); }
+
 void keep_latest(const fs::path& root, int k) {
-  if (k <= 0 || !fs::is_directory(root)) return;
-  std::vector<std::pair<int64_t, fs::path>> steps;
-  for (const auto& e : fs::directory_iterator(root))
-    if (auto s = step_of(e.path()); s && fs::exists(e.path() / "metadata.json")) steps.emplace_back(*s, e.path());
-  std::sort(steps.begin(), steps.end());
-  for (size_t i = 0; i + size_t(k) < steps.size(); ++i) fs::remove_all(steps[i].second);
+  if (k <= 0) return;
+  const auto steps = step_folders(root, "");
+  for (size_t i = 0; i + size_t(k) < steps.size(); ++i) {
+    std::error_code ec;
+    fs::remove_all(steps[i].second, ec);
+    if (ec) io_failed("cannot remove the old checkpoint " + steps[i].second.string(), ec, __LINE__);
+  }
+}
+
+std::vector<fs::path> purge_abandoned(const fs::path& root, int keep) {
+  std::vector<fs::path> removed;
+  for (const char* suffix : {".tmp", ".corrupt", ".replaced"}) {
+    const auto folders = step_folders(root, suffix);
+    for (size_t i = 0; i + size_t(std::max(keep, 0)) < folders.size(); ++i) {
+      std::error_code ec;
+      fs::remove_all(folders[i].second, ec);
+      if (ec) io_failed("cannot remove " + folders[i].second.string(), ec, __LINE__);
+      removed.push_back(folders[i].second);
+    }
+  }
+  return removed;
 }
 
 }  // namespace titan::checkpoint

@@ -10,8 +10,10 @@
 // all pieces (last: it is the commit marker), syncs it and renames the folder, so a crash never
 // leaves a half checkpoint that looks valid. Loading reads, for each tensor a rank needs, the
 // pieces that overlap its slice, checking their checksums: a checkpoint of any mesh loads on any
-// other. A damaged one (checksum, truncated or missing file, unreadable metadata) throws
-// CorruptCheckpoint, from which a trainer falls back to the step before.
+// other; opening checks that the pieces of every tensor tile it (no overlap, no gap). A damaged one
+// (checksum, format, unreadable metadata) throws CorruptCheckpoint, from which a trainer falls back
+// to the step before. What the operating system refuses (EIO, EMFILE, ENOMEM, a file missing from
+// this rank's view) is retried, then thrown as CheckpointIOError: not damage, the checkpoint stays.
 #pragma once
 
 #include <filesystem>
@@ -37,6 +39,19 @@ namespace titan::checkpoint {
 class CorruptCheckpoint : public Error {
  public:
   using Error::Error;
+};
+
+// Reading a checkpoint failed for a reason outside it (the OS refused, after retries). `missing`
+// names the file this rank could not find, when that was the failure: whether it is lost or only
+// hidden from this rank (a stale cache) is for a rank that can see the folder to tell.
+class CheckpointIOError : public IOError {
+ public:
+  CheckpointIOError(std::string message, std::string hint, const char* file, int line, std::filesystem::path missing = {})
+      : IOError(std::move(message), std::move(hint), file, line), missing_(std::move(missing)) {}
+  const std::filesystem::path& missing() const { return missing_; }
+
+ private:
+  std::filesystem::path missing_;
 };
 
 struct ShardedTensor {
@@ -67,6 +82,8 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& root, const S
 // given every rank's description) checks that the pieces tile each tensor, writes train_state,
 // config and metadata.json last, syncs them and renames tmp to step-<N>.
 std::filesystem::path staging_folder(const std::filesystem::path& root, int64_t step);
+// Creates `tmp` empty (removing what a save that never committed left there).
+void make_staging_folder(const std::filesystem::path& tmp);
 std::string write_shard(const std::filesystem::path& tmp, const SaveRequest& request, int rank);
 std::filesystem::path commit_checkpoint(const std::filesystem::path& root, const SaveRequest& request,
                                         const std::vector<std::string>& pieces, int world_size);
@@ -125,8 +142,17 @@ std::filesystem::path resolve_step_folder(const std::filesystem::path& path);
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& root,
                                                        int64_t at_most = std::numeric_limits<int64_t>::max());
 
+// Every complete step folder under root as (step, folder), oldest first; none when root does not
+// exist.
+std::vector<std::pair<int64_t, std::filesystem::path>> committed_checkpoints(const std::filesystem::path& root);
+
 // Deletes all but the newest k complete step folders (k <= 0 keeps everything).
 void keep_latest(const std::filesystem::path& root, int k);
+
+// Deletes what failed saves and damaged checkpoints left under root (step-N.tmp, step-N.corrupt,
+// step-N.replaced) but the newest `keep` of each kind, so that a crash loop cannot fill the disk;
+// returns the folders deleted. Call it only while no save of this run is in flight.
+std::vector<std::filesystem::path> purge_abandoned(const std::filesystem::path& root, int keep);
 
 std::filesystem::path step_folder(const std::filesystem::path& root, int64_t step);
 

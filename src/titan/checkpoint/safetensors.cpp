@@ -36,8 +36,9 @@ std::string safetensors_dtype(DType t) {
 namespace {
 
 void write_all(std::FILE* f, const void* data, size_t n, const fs::path& path) {
-  TITAN_CHECK(std::fwrite(data, 1, n, f) == n, "write failed for " + path.string() + ": " + std::strerror(errno),
-              "check free disk space and permissions");
+  if (std::fwrite(data, 1, n, f) != n)
+    throw IOError("write failed for " + path.string() + ": " + std::strerror(errno), "check free disk space and permissions",
+                  __FILE__, __LINE__);
 }
 
 }  // namespace
@@ -62,19 +63,29 @@ void save_safetensors(const fs::path& path, const std::vector<std::pair<std::str
   std::string text = header.dump();
   text.resize((text.size() + 7) / 8 * 8, ' ');  // pad so the data section is 8-byte aligned
   const fs::path tmp = path.string() + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  TITAN_CHECK(f, "cannot create " + tmp.string() + ": " + std::strerror(errno), "check the folder exists and is writable");
+  // Closed on every path out, an error's included.
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(tmp.c_str(), "wb"), &std::fclose);
+  if (!f) throw IOError("cannot create " + tmp.string() + ": " + std::strerror(errno),
+                        "check the folder exists and is writable", __FILE__, __LINE__);
   const uint64_t len = text.size();
-  write_all(f, &len, 8, tmp);
-  write_all(f, text.data(), text.size(), tmp);
+  write_all(f.get(), &len, 8, tmp);
+  write_all(f.get(), text.data(), text.size(), tmp);
   for (const Tensor& t : contiguous)
-    if (t.nbytes()) write_all(f, t.data_ptr(), t.nbytes(), tmp);
-  TITAN_CHECK(std::fflush(f) == 0 && fsync(fileno(f)) == 0, "cannot flush " + tmp.string() + ": " + std::strerror(errno));
-  std::fclose(f);
-  fs::rename(tmp, path);
+    if (t.nbytes()) write_all(f.get(), t.data_ptr(), t.nbytes(), tmp);
+  if (std::fflush(f.get()) != 0 || fsync(fileno(f.get())) != 0)
+    throw IOError("cannot flush " + tmp.string() + ": " + std::strerror(errno), "check free disk space", __FILE__, __LINE__);
+  if (std::fclose(f.release()) != 0)
+    throw IOError("cannot close " + tmp.string() + ": " + std::strerror(errno), "check free disk space", __FILE__, __LINE__);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw IOError("cannot rename " + tmp.string() + " to " + path.filename().string() + ": " + ec.message(),
+                        "check the folder's permissions", __FILE__, __LINE__);
 }
 
 namespace {
+
+// The safetensors reference implementation refuses longer headers (MAX_HEADER_SIZE).
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
 // A size or offset of the header: a JSON integer >= 0 that int64 holds, not a fraction, a string
 // or a negative or huge number (nlohmann's get<size_t>() would throw or cast those).
@@ -89,11 +100,18 @@ std::optional<int64_t> non_negative(const json& j) {
 
 SafetensorsFile SafetensorsFile::open(const fs::path& path) {
   const std::string where = path.string();
+  // What the operating system refuses is an IOError (a caller may retry it); what the file holds
+  // that is not safetensors is an Error.
   const int fd = ::open(path.c_str(), O_RDONLY);
-  TITAN_CHECK(fd >= 0, "cannot open safetensors file " + where + ": " + std::strerror(errno),
-              "check the path (a checkpoint folder holds model.safetensors or *.safetensors shards)");
+  if (fd < 0)
+    throw IOError("cannot open safetensors file " + where + ": " + std::strerror(errno),
+                  "check the path (a checkpoint folder holds model.safetensors or *.safetensors shards)", __FILE__, __LINE__);
   struct stat st {};
-  ::fstat(fd, &st);
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw IOError("cannot stat " + where + ": " + std::strerror(err), "check the file system", __FILE__, __LINE__);
+  }
   const size_t size = size_t(st.st_size);
   if (size < 8) {
     ::close(fd);
@@ -101,14 +119,20 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
                "the file is truncated or not safetensors; re-export or re-download it");
   }
   void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_errno = errno;
   ::close(fd);
-  TITAN_CHECK(map != MAP_FAILED, "cannot mmap " + where + ": " + std::strerror(errno));
+  if (map == MAP_FAILED)
+    throw IOError("cannot mmap " + where + ": " + std::strerror(map_errno), "check free memory and the file system",
+                  __FILE__, __LINE__);
   SafetensorsFile file;
   file.path_ = path;
   file.mapping_ = std::shared_ptr<void>(map, [size](void* p) { ::munmap(p, size); });
   const auto* bytes = static_cast<const uint8_t*>(map);
   uint64_t header_len = 0;
   std::memcpy(&header_len, bytes, 8);
+  TITAN_CHECK(header_len <= kMaxHeaderBytes, where + ": header length " + std::to_string(header_len) +
+                                                " exceeds the 100 MB that safetensors allows",
+              "the file is corrupt or not safetensors");
   TITAN_CHECK(header_len <= size - 8, where + ": header length " + std::to_string(header_len) +
                                           " runs past the end of the " + std::to_string(size) + "-byte file",
               "the file is truncated or not safetensors");

@@ -23,6 +23,14 @@ class Error : public std::runtime_error {
   int line_;
 };
 
+// The operating system refused an I/O operation (open, read, map, rename: EIO, EMFILE, ENOMEM, a
+// file a stale network-file-system cache does not show). Not a sign that the file's content is
+// bad: a caller may retry it, and must not treat the file as damaged.
+class IOError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 [[noreturn]] void throw_error(const char* file, int line, std::string message, std::string hint = {});
 }  // namespace detail

@@ -49,8 +49,15 @@ void check_shape(const Shape& shape) {
   for (int64_t d : shape)
     TITAN_CHECK(d >= 0, "negative dimension in shape " + shape.str());
 }
+// Every product checked: a shape from a file (a checkpoint's metadata, a safetensors header) whose
+// byte count wraps around would otherwise allocate a few bytes that later writes overrun.
 size_t storage_bytes(const Shape& shape, DType dtype) {
-  return size_t((shape.numel() * dtype_bits(dtype) + 7) / 8);
+  int64_t numel = 1, bits = 0;
+  for (int64_t d : shape)
+    TITAN_CHECK(!__builtin_mul_overflow(numel, d, &numel), "shape " + shape.str() + " has more elements than int64 holds");
+  TITAN_CHECK(!__builtin_mul_overflow(numel, int64_t(dtype_bits(dtype)), &bits) && bits <= INT64_MAX - 7,
+              "a " + std::string(dtype_name(dtype)) + " tensor of shape " + shape.str() + " needs more bytes than int64 holds");
+  return size_t((bits + 7) / 8);
 }
 }  // namespace
 

@@ -160,7 +160,76 @@ json load_run_checkpoint(const fs::path& folder, const RunParts& parts, const Jo
     }
     parts.optimizer.load_state_dict(state, what);
   }
-  return checkpoint::load_train_state(folder);
+  json train_state = checkpoint::load_train_state(folder);
+  // The step the run goes on from: the one the folder's metadata commits, nothing else.
+  if (const auto it = train_state.find("step");
+      it != train_state.end() && !(it->is_number_integer() && it->get<int64_t>() == reader.step()))
+    throw checkpoint::CorruptCheckpoint((folder / "train_state.json").string() + ": step " + it->dump() +
+                                            ", but metadata.json commits step " + std::to_string(reader.step()),
+                                        "the checkpoint is damaged; load an earlier step", __FILE__, __LINE__);
+  return train_state;
+}
+
+bool is_weights_only(const fs::path& folder) {
+  try {
+    return !checkpoint::load_train_state(folder).contains("step");
+  } catch (const checkpoint::CorruptCheckpoint&) {
+    return false;
+  }
+}
+
+std::optional<fs::path> newest_full_checkpoint(const fs::path& root, int64_t at_most, std::vector<fs::path>* weights_only) {
+  const auto all = checkpoint::committed_checkpoints(root);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (it->first > at_most) continue;
+    if (!is_weights_only(it->second)) return it->second;
+    if (weights_only) weights_only->push_back(it->second);
+  }
+  return std::nullopt;
+}
+
+std::string load_outcome(const std::function<void()>& load) {
+  try {
+    load();
+    return {};
+  } catch (const checkpoint::CorruptCheckpoint& e) {
+    return "C" + e.message();
+  } catch (const checkpoint::CheckpointIOError& e) {
+    return e.missing().empty() ? "I" + e.message() : "M" + e.missing().string() + "\n" + e.message();
+  } catch (const IOError& e) {
+    return "I" + e.message();
+  } catch (const std::exception& e) {
+    return "E" + std::string(e.what());
+  }
+}
+
+LoadVerdict judge_load(const fs::path& folder, const std::vector<std::string>& outcomes) {
+  LoadVerdict v;
+  std::string damage, io;
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    const std::string& o = outcomes[r];
+    if (o.empty()) continue;
+    const std::string rank = "\n  rank " + std::to_string(r) + ": ";
+    if (o[0] == 'E') {
+      return {LoadVerdict::Kind::failed, "loading " + folder.string() + " failed on rank " + std::to_string(r) + ": " +
+                                             o.substr(1)};
+    } else if (o[0] == 'C') {
+      damage += rank + o.substr(1);
+    } else if (o[0] == 'M') {
+      const size_t nl = o.find('\n');
+      const fs::path file = o.substr(1, nl - 1);
+      std::error_code ec;
+      if (fs::exists(file, ec) || ec) io += rank + o.substr(nl + 1) + " (this rank sees the file: a stale cache there?)";
+      else damage += rank + o.substr(nl + 1);
+    } else {
+      io += rank + o.substr(1);
+    }
+  }
+  if (!io.empty())
+    return {LoadVerdict::Kind::failed, "reading " + folder.string() + " failed with an I/O error, not damage; the "
+                                           "checkpoint is left in place:" + io};
+  if (!damage.empty()) return {LoadVerdict::Kind::damaged, damage};
+  return v;
 }
 
 }  // namespace titan::train

@@ -5,6 +5,9 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
+#include <optional>
+#include <vector>
 #include <set>
 #include <string>
 
@@ -48,5 +51,30 @@ std::filesystem::path save_run_checkpoint(const std::filesystem::path& root, int
 // waiting from DeepSeek-V3.2's frozen warm-up steps load). Returns the checkpoint's train_state.json.
 nlohmann::json load_run_checkpoint(const std::filesystem::path& folder, const RunParts& parts, const JobConfig& config,
                                    bool model_only);
+
+// Whether a step folder holds the weights alone (checkpoint.last_save_model_only's final save, an
+// export): a run cannot resume from it, having no optimizer or data state. A train_state.json
+// that does not read counts as a full checkpoint, for loading to find it damaged.
+bool is_weights_only(const std::filesystem::path& folder);
+
+// The newest committed checkpoint under root, of a step no later than at_most, that a run can
+// resume from; the weights-only ones newer than it are appended to *weights_only (when given).
+std::optional<std::filesystem::path> newest_full_checkpoint(const std::filesystem::path& root, int64_t at_most,
+                                                            std::vector<std::filesystem::path>* weights_only = nullptr);
+
+// One rank's result of loading a checkpoint, in the form the ranks exchange: "" loaded,
+// "C<message>" damaged (checksum, format), "M<file>\n<message>" a file it could not find,
+// "I<message>" another I/O error (not damage), "E<message>" any other error.
+std::string load_outcome(const std::function<void()>& load);
+
+// What a load of `folder` came to over every rank's outcome, judged on one rank (rank 0): any other
+// error fails the run; a file no rank can see (this one looks again) is damage, as is a checksum
+// or format failure; an I/O error, or a file hidden from some rank only (a stale cache), fails
+// the run and leaves the checkpoint in place.
+struct LoadVerdict {
+  enum class Kind { loaded, damaged, failed } kind = Kind::loaded;
+  std::string report;  // per rank, what was wrong (damaged, failed)
+};
+LoadVerdict judge_load(const std::filesystem::path& folder, const std::vector<std::string>& outcomes);
 
 }  // namespace titan::train
