@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -331,4 +333,49 @@ TEST(DataLoader, ErrorsSayWhatToChange) {
   stranger.add_document(std::vector<int32_t>{1, 2});
   stranger.finish();
   EXPECT_THROW(DataLoader mixed(options_for(dir / "train")), Error);
+}
+
+// A token id outside the vocabulary (a damaged shard, or one written for another tokenizer) is a
+// clear error naming the shard and the token's position, from the batches and from the corpus
+// statistics alike; it used to index past the counts' end.
+TEST(DataLoader, OutOfRangeTokenIdIsAClearError) {
+  ScratchDir dir;
+  const std::string shards = dir / "bad";
+  write_corpus(shards);
+  const std::string file = shards + "/shard_000001.bin";
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    const uint32_t bad = 80000;  // >= kVocab; token 3 of the shard (u32 tokens after the 128-byte header)
+    f.seekp(std::streamoff(kShardHeaderBytes + 3 * sizeof(uint32_t)));
+    f.write(reinterpret_cast<const char*>(&bad), sizeof bad);
+  }
+  const std::string expected = file + ": token 3 holds id 80000, outside the vocabulary of 70000";
+  DataLoaderOptions o = options_for(shards);
+  o.shuffle = false;
+  DataLoader loader(o);
+  try {
+    (void)loader.unigram_entropy();
+    ADD_FAILURE() << "the statistics read the bad id";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+  }
+  std::vector<int32_t> inputs(12 * kSeq), targets(12 * kSeq);
+  try {
+    loader.next_batch(inputs.data(), targets.data(), 12, kSeq);  // the whole stream
+    ADD_FAILURE() << "a batch carried the bad id";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+  }
+}
+
+// The unigram entropy of a small corpus counts every token and separator: here 7 documents of
+// distinct ids, one EOS each (7 of 61 stream tokens), the rest once.
+TEST(DataLoader, UnigramEntropyOfASmallCorpusIsExact) {
+  ScratchDir dir;
+  const Corpus corpus = write_corpus(dir / "c");
+  DataLoader loader(options_for(dir / "c"));
+  const double n = double(corpus.stream.size());  // 54 distinct tokens + 7 EOS
+  const double eos = 7 / n;
+  const double expected = -eos * std::log(eos) - (n - 7) * (1 / n) * std::log(1 / n);
+  EXPECT_NEAR(loader.unigram_entropy(), expected, 1e-12);
 }

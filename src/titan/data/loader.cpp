@@ -177,6 +177,7 @@ void DataLoader::read_stream(int64_t position, int64_t count, int32_t* out) cons
     } else if (at < head + length) {
       const int64_t n = std::min(count, head + length - at);
       shards_[s].copy_tokens(int64_t(offsets[doc]) + at - head, n, out);
+      check_ids(shards_[s], int64_t(offsets[doc]) + at - head, n, out);
       out += n, count -= n, at += n;
     } else {
       *out++ = eos_id_;
@@ -225,25 +226,61 @@ bool DataLoader::next_batch(int32_t* inputs, int32_t* targets, int batch_size, i
   return true;
 }
 
+void DataLoader::check_ids(const ShardReader& shard, int64_t begin, int64_t count, const int32_t* ids) const {
+  // One comparison per token (ids widened from u32 may be negative): a bad one is found before
+  // an embedding lookup or a count runs past the vocabulary.
+  bool bad = false;
+  for (int64_t i = 0; i < count; ++i) bad |= uint32_t(ids[i]) >= uint64_t(vocab_size_);
+  if (!bad) [[likely]] return;
+  for (int64_t i = 0; i < count; ++i)
+    TITAN_CHECK(uint32_t(ids[i]) < uint64_t(vocab_size_),
+                fmt::format("{}: token {} holds id {}, outside the vocabulary of {} its header declares", shard.path(),
+                            begin + i, uint32_t(ids[i]), vocab_size_),
+                "the shard is damaged or was written for another tokenizer: run `titan data prepare` again "
+                "(`titan data inspect --verify DIR` checks every shard)");
+}
+
 double DataLoader::unigram_entropy() const {
+  // A sample of the corpus, not all of it: this runs on rank 0 before step 1 while the other
+  // ranks wait under the start-up deadline, and a corpus of hundreds of GB would outlast it.
+  // Up to kSampleChunks chunks at evenly spaced points of the token stream (all of a small corpus).
+  constexpr int64_t kChunk = int64_t(1) << 16, kSampleChunks = 256;
   std::vector<int64_t> counts(size_t(vocab_size_), 0);
-  std::vector<int32_t> chunk(1 << 16);
-  int64_t total = 0;
-  for (const ShardReader& shard : shards_) {
-    for (int64_t begin = 0; begin < shard.num_tokens(); begin += int64_t(chunk.size())) {
-      const int64_t n = std::min<int64_t>(int64_t(chunk.size()), shard.num_tokens() - begin);
-      shard.copy_tokens(begin, n, chunk.data());
-      for (int64_t i = 0; i < n; ++i) ++counts[size_t(chunk[size_t(i)])];
-      total += n;
+  std::vector<int32_t> chunk(static_cast<size_t>(kChunk));
+  int64_t total_tokens = 0, documents = 0;
+  for (const ShardReader& shard : shards_) total_tokens += shard.num_tokens(), documents += shard.num_documents();
+  // Counts up to one chunk of `shard` from `begin` (cut at its end).
+  int64_t sampled = 0;
+  const auto count = [&](const ShardReader& shard, int64_t begin) {
+    const int64_t n = std::min(kChunk, shard.num_tokens() - begin);
+    shard.copy_tokens(begin, n, chunk.data());
+    check_ids(shard, begin, n, chunk.data());
+    for (int64_t i = 0; i < n; ++i) ++counts[size_t(chunk[size_t(i)])];
+    sampled += n;
+  };
+  if (total_tokens <= kChunk * kSampleChunks) {
+    for (const ShardReader& shard : shards_)
+      for (int64_t begin = 0; begin < shard.num_tokens(); begin += kChunk) count(shard, begin);
+  } else {
+    size_t s = 0;
+    int64_t shard_start = 0;  // the first token of shards_[s] among all shards' tokens
+    for (int64_t c = 0; c < kSampleChunks; ++c) {
+      const int64_t at = total_tokens / kSampleChunks * c;
+      while (at >= shard_start + shards_[s].num_tokens()) shard_start += shards_[s++].num_tokens();
+      count(shards_[s], at - shard_start);
     }
-    // The packer adds one EOS (and one BOS, when the tokenizer has it) per document.
-    if (eos_id_ >= 0) counts[size_t(eos_id_)] += shard.num_documents();
-    if (bos_id_ >= 0) counts[size_t(bos_id_)] += shard.num_documents();
-    total += shard.num_documents() * separators_;
   }
+  if (sampled == 0) return 0;
+  // The packer adds one EOS (and one BOS, when the tokenizer has it) per document: as many per
+  // sampled token as the whole corpus has.
+  const double per_token = double(documents) / double(total_tokens);
+  double total = double(sampled) + double(sampled) * per_token * double(separators_);
+  std::vector<double> weights(counts.begin(), counts.end());
+  if (eos_id_ >= 0) weights[size_t(eos_id_)] += double(sampled) * per_token;
+  if (bos_id_ >= 0) weights[size_t(bos_id_)] += double(sampled) * per_token;
   double h = 0;
-  for (int64_t c : counts)
-    if (c > 0) h -= double(c) / double(total) * std::log(double(c) / double(total));
+  for (double c : weights)
+    if (c > 0) h -= c / total * std::log(c / total);
   return h;
 }
 
