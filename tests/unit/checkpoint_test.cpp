@@ -364,3 +364,20 @@ TEST(Checkpoint, AWriteThatFailsOnFlushFailsTheCommit) {
   EXPECT_FALSE(fs::exists(root / "step-5"));
   fs::remove_all(root);
 }
+
+// A safetensors header longer than the reference implementation's 100 MB cap is refused before it
+// is parsed (a sparse file of 101 MB whose header claims all of it).
+TEST(Safetensors, HeaderOver100MBIsRefused) {
+  const fs::path root = fresh_dir("header");
+  const fs::path file = root / "big.safetensors";
+  const uint64_t claimed = 101'000'000;
+  std::ofstream(file, std::ios::binary).write(reinterpret_cast<const char*>(&claimed), 8);
+  fs::resize_file(file, 8 + claimed);
+  try {
+    SafetensorsFile::open(file);
+    FAIL() << "a 101 MB header was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("header length 101000000 exceeds the 100 MB"), std::string::npos) << e.what();
+  }
+  fs::remove_all(root);
+}

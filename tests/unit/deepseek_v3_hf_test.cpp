@@ -315,6 +315,11 @@ TEST(HfAdapter, ErrorsNameTheKeyTensorAndFile) {
   // No weights at all.
   fs::remove(odd / "model.safetensors");
   expect_contains(error_of([&] { checkpoint::HfFolder::open(odd); }), "no model.safetensors");
+  // An index whose weight_map names a path out of the folder, not a file beside it.
+  for (const char* outside : {"../model.safetensors", "/etc/passwd", "sub/model.safetensors", ".."}) {
+    write_json(odd / "model.safetensors.index.json", json{{"weight_map", {{"model.norm.weight", outside}}}});
+    expect_contains(error_of([&] { checkpoint::HfFolder::open(odd); }), "which is not a file in the folder");
+  }
 }
 
 TEST(CkptCli, ConvertsTheFixtureToOurCheckpointAndBack) {

@@ -5,6 +5,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -264,9 +265,15 @@ fs::path save_checkpoint(const fs::path& root, const SaveRequest& req, const dis
 
 namespace {
 
-// Pauses between the tries of an open the operating system refused (about 2.5 s in all): enough
-// for a file descriptor or memory to be freed, or a network file system's cache to catch up.
-constexpr int kOpenRetryMs[] = {100, 400, 2000};
+// Pauses between the tries of an open the operating system refused, as shares of the retry time
+// (set_io_retry_seconds: 2.5 s unless set): enough for a file descriptor or memory to be freed,
+// or a network file system's cache to catch up.
+constexpr double kRetryShares[] = {0.04, 0.16, 0.8};
+std::atomic<double> g_retry_seconds{2.5};
+
+void pause_before_retry(size_t attempt) {
+  std::this_thread::sleep_for(std::chrono::duration<double>(kRetryShares[attempt] * g_retry_seconds.load()));
+}
 
 // metadata.json is checked whole when a reader opens it, so that reading it later can trust it:
 // a damaged file whose JSON still parses fails here as CorruptCheckpoint naming the field or the
@@ -335,6 +342,8 @@ void check_tensor_entry(const fs::path& meta, const std::string& name, const jso
 
 }  // namespace
 
+void set_io_retry_seconds(double seconds) { g_retry_seconds.store(std::max(seconds, 0.0)); }
+
 CheckpointReader::CheckpointReader(const fs::path& folder) : folder_(folder) {
   std::error_code ec;
   const bool is_folder = fs::is_directory(folder, ec);
@@ -344,11 +353,11 @@ CheckpointReader::CheckpointReader(const fs::path& folder) : folder_(folder) {
   const fs::path meta_path = folder / "metadata.json";
   for (size_t attempt = 0; !fs::exists(meta_path); ++attempt) {
     // Missing from this rank's view: lost, or hidden by a stale cache; the caller tells which.
-    if (attempt == std::size(kOpenRetryMs))
+    if (attempt == std::size(kRetryShares))
       throw CheckpointIOError(folder.string() + " has no metadata.json (" + std::to_string(attempt + 1) + " looks)",
                               "pass a complete step-<N> folder (a save that was cut short has none)", __FILE__, __LINE__,
                               meta_path);
-    std::this_thread::sleep_for(std::chrono::milliseconds(kOpenRetryMs[attempt]));
+    pause_before_retry(attempt);
   }
   const json meta = parse_json(meta_path);
   const json* format = meta.is_object() ? field(meta, "format") : nullptr;
@@ -394,13 +403,13 @@ const SafetensorsFile& CheckpointReader::file(const std::string& name) {
     try {
       return *files_.emplace(name, std::make_unique<SafetensorsFile>(SafetensorsFile::open(path))).first->second;
     } catch (const IOError& e) {  // refused by the OS (missing included): retried, never damage
-      if (attempt == std::size(kOpenRetryMs)) {
+      if (attempt == std::size(kRetryShares)) {
         const bool missing = !fs::exists(path);
         throw CheckpointIOError("checkpoint " + folder_.string() + ": " + e.message() + " (" +
                                     std::to_string(attempt + 1) + " tries)",
                                 hint, __FILE__, __LINE__, missing ? path : fs::path());
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(kOpenRetryMs[attempt]));
+      pause_before_retry(attempt);
     } catch (const Error& e) {  // a truncated or garbled shard
       corrupt(e.message(), "the checkpoint's file is damaged; load an earlier step", __LINE__);
     }

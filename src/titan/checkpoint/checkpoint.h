@@ -54,6 +54,10 @@ class CheckpointIOError : public IOError {
   std::filesystem::path missing_;
 };
 
+// How long a reader keeps retrying an open the OS refused before CheckpointIOError: 2.5 s over
+// three retries unless set (0: no retry, e.g. a fuzz target). Process-wide.
+void set_io_retry_seconds(double seconds);
+
 struct ShardedTensor {
   std::string name;
   Tensor local;        // this rank's part

@@ -68,7 +68,13 @@ HfFolder HfFolder::open(const fs::path& dir) {
                 (dir / kIndexName).string() + " has no \"weight_map\" object", "the index file is corrupt");
     for (const auto& [name, file] : index["weight_map"].items()) {
       TITAN_CHECK(file.is_string(), (dir / kIndexName).string() + ": weight_map entry '" + name + "' is not a file name");
-      h.file_of_[name] = file.get<std::string>();
+      // A file beside the index, never a path out of the folder ("../x", "/etc/x", "a/b").
+      const std::string f = file.get<std::string>();
+      TITAN_CHECK(!f.empty() && f != "." && f != ".." && f.find('/') == std::string::npos && f.find('\0') == std::string::npos,
+                  (dir / kIndexName).string() + ": weight_map entry '" + name + "' names \"" + f +
+                      "\", which is not a file in the folder",
+                  "an index lists file names beside it (e.g. model-00001-of-00002.safetensors); the index is corrupt");
+      h.file_of_[name] = f;
     }
   } else {
     TITAN_CHECK(fs::exists(dir / kSingleName), "no " + std::string(kSingleName) + " or " + kIndexName + " in " + dir.string(),
