@@ -1,15 +1,29 @@
-// `titan launch`: what it refuses before starting anything. (Restarts themselves run in the chaos
-// suite, e2e.chaos: scripts/chaos.sh under ctest.)
+// `titan launch`: what it refuses before starting anything; a stop request (SIGUSR1 from a batch
+// system to the job's process group, Ctrl-C from the terminal) saves a checkpoint, exits 0 and the
+// same command resumes; a `titan train` rank asked to stop during its start-up stops cleanly; a
+// supervisor started with SIGCHLD ignored still sees its job end. (Restarts themselves run in the
+// chaos suite, e2e.chaos: scripts/chaos.sh under ctest.)
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "common/byte_dataset.h"
 #include "common/error_of.h"
+#include "titan/checkpoint/checkpoint.h"
 #include "titan/cli/launch_cli.h"
 
 namespace fs = std::filesystem;
@@ -50,4 +64,170 @@ TEST(Launch, RefusesWhatCannotRestart) {
   EXPECT_NE(e.find("fault.on_nonfinite"), std::string::npos) << e;
   EXPECT_FALSE(fs::exists(dir / "run" / "restarts.jsonl"));
   fs::remove_all(dir);
+}
+
+namespace {
+
+// A process in a process group of its own (a shell's job, a batch system's job step), writing
+// stdout and stderr to `log`. `env`: NAME=VALUE pairs added to its environment.
+pid_t start_job(const std::vector<std::string>& args, const fs::path& log, const std::vector<std::string>& env = {},
+                bool ignore_sigchld = false) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    ::dup2(fd, STDOUT_FILENO);
+    ::dup2(fd, STDERR_FILENO);
+    for (const std::string& e : env) ::putenv(const_cast<char*>(e.c_str()));
+    if (ignore_sigchld) ::signal(SIGCHLD, SIG_IGN);  // inherited through exec
+    std::vector<char*> argv;
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    std::_Exit(127);
+  }
+  ::setpgid(pid, pid);
+  return pid;
+}
+
+// The job's wait status, or -1 after `seconds` (its group then killed).
+int wait_job(pid_t pid, double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int status = 0;
+  while (std::chrono::steady_clock::now() < end) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) return status;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(-pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  return -1;
+}
+
+std::string describe(int status) {
+  if (status == -1) return "still running at the deadline (killed)";
+  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
+  return "exit status " + std::to_string(WEXITSTATUS(status));
+}
+
+bool exited_ok(int status) { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+std::string read(const fs::path& f) {
+  std::ifstream in(f);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The last step a run reported finished (progress.json), 0 before its first.
+int64_t progress_step(const fs::path& run) {
+  std::ifstream f(run / "progress.json");
+  if (!f) return 0;
+  const auto j = nlohmann::json::parse(f, nullptr, false);
+  return j.is_discarded() ? 0 : j.value("step", int64_t(0));
+}
+
+// Waits until `pred` holds, the job ended, or `seconds` passed; returns pred().
+template <class Pred>
+bool wait_until(pid_t job, double seconds, Pred pred) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end && !pred()) {
+    siginfo_t info{};
+    if (::waitid(P_PID, id_t(job), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == job) break;  // (wait_job reaps it)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pred();
+}
+
+// The smallest training that runs a few steps a second on one core per rank: the llama3 debug
+// model on 64-token byte sequences, checkpoints at the end only (or on a stop request).
+struct TinyRun {
+  fs::path dir, data, run, config;
+  explicit TinyRun(const std::string& name, int steps) {
+    dir = fs::temp_directory_path() / ("titan_launch_" + name + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    data = titan::test::prepare_templated_dataset(dir / "data");
+    run = dir / "run";
+    config = dir / "run.toml";
+    std::ofstream(config) << "[job]\ndump_folder = \"" << run.string() << "\"\n"
+                          << "[model]\nname = \"llama3\"\nflavor = \"debugmodel\"\n"
+                          << "[training]\nlocal_batch_size = 2\nseq_len = 64\nsteps = " << steps
+                          << "\ndataset_path = \"" << data.string() << "\"\nmixed_precision_param = \"float32\"\n"
+                          << "[checkpoint]\nenable = true\ninterval = 1000\nlast_save_model_only = false\n"
+                          << "[metrics]\nlog_freq = 1\nenable_plots = false\n[validation]\nenable = false\n";
+  }
+  ~TinyRun() { fs::remove_all(dir); }
+  std::vector<std::string> launch(int np) const {
+    return {TITAN_BIN, "launch", "-np", std::to_string(np), "--", "train", "--config", config.string()};
+  }
+};
+
+const std::vector<std::string> kJobEnv = {"OMP_NUM_THREADS=1", "OMP_PROC_BIND=false", "OMP_WAIT_POLICY=PASSIVE",
+                                          "TITAN_MPIRUN=" TITAN_MPIEXEC};
+
+// A stop request `sig` sent to the supervisor's process group mid-run: the job saves a checkpoint
+// and the supervisor exits 0 saying so; the same command then resumes from that checkpoint and
+// finishes.
+void stop_and_resume(const std::string& name, int sig) {
+  constexpr int kSteps = 60;
+  const TinyRun t(name, kSteps);
+  const fs::path log = t.dir / "first.log";
+  const pid_t job = start_job(t.launch(2), log, kJobEnv);
+  ASSERT_TRUE(wait_until(job, 120, [&] { return progress_step(t.run) >= 2; })) << read(log);
+  ::kill(-job, sig);
+  const int status = wait_job(job, 120);
+  const std::string out = read(log);
+  ASSERT_TRUE(exited_ok(status)) << describe(status) << "\n" << out;
+  EXPECT_NE(out.find("[launch] the job stopped on request, with a checkpoint"), std::string::npos) << out;
+  EXPECT_EQ(out.find("[launch] restart"), std::string::npos) << out;  // a stop, not a failure
+  const auto saved = titan::checkpoint::committed_checkpoints(t.run / "checkpoint");
+  ASSERT_EQ(saved.size(), 1u) << out;
+  const int64_t stopped_at = saved.back().first;
+  EXPECT_GE(stopped_at, 2);
+  EXPECT_LT(stopped_at, kSteps) << "the run ended before the stop request reached it\n" << out;
+
+  const fs::path again = t.dir / "again.log";
+  const int status2 = wait_job(start_job(t.launch(2), again, kJobEnv), 180);
+  const std::string out2 = read(again);
+  ASSERT_TRUE(exited_ok(status2)) << describe(status2) << "\n" << out2;
+  EXPECT_NE(out2.find("[launch] the job finished after 0 restarts"), std::string::npos) << out2;
+  const auto j = nlohmann::json::parse(std::ifstream(t.run / "progress.json"));
+  EXPECT_EQ(j["resumed_from"].get<int64_t>(), stopped_at) << out2;
+  EXPECT_EQ(j["step"].get<int64_t>(), kSteps) << out2;
+}
+
+}  // namespace
+
+// A batch system's warning before its time limit: SIGUSR1 to the whole job step's process group.
+TEST(Launch, Sigusr1ToTheProcessGroupSavesStopsAndResumes) { stop_and_resume("usr1", SIGUSR1); }
+
+// Ctrl-C: the terminal sends SIGINT to its foreground process group, the supervisor's. Only the
+// supervisor gets it (the job has a group of its own), and asks for a save and stop, rather than
+// Open MPI aborting the job.
+TEST(Launch, CtrlCSavesStopsAndResumes) { stop_and_resume("int", SIGINT); }
+
+// A rank asked to stop while it starts (here: after it wrote the run's config.toml, while it builds
+// the model) stops cleanly before its first step, rather than being killed by the signal.
+TEST(Launch, TrainStopsCleanlyOnSigusr1DuringStartUp) {
+  const TinyRun t("startup", 20);
+  const fs::path log = t.dir / "train.log";
+  const pid_t job = start_job({TITAN_BIN, "train", "--config", t.config.string()}, log, kJobEnv);
+  ASSERT_TRUE(wait_until(job, 60, [&] { return fs::exists(t.run / "config.toml"); })) << read(log);
+  ::kill(job, SIGUSR1);
+  const int status = wait_job(job, 60);
+  const std::string out = read(log);
+  ASSERT_TRUE(exited_ok(status)) << describe(status) << "\n" << out;
+  EXPECT_NE(out.find("stop requested during start-up, before step 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("stopped at step 0"), std::string::npos) << out;
+}
+
+// A supervisor started with SIGCHLD ignored (inherited from its parent through exec) would never
+// see its job's exit status (waitpid: ECHILD) and spin; it restores the default and sees the end.
+TEST(Launch, SeesItsJobEndWithSigchldIgnored) {
+  const TinyRun t("sigchld", 1);
+  const fs::path log = t.dir / "launch.log";
+  const pid_t job = start_job(t.launch(1), log, {"TITAN_MPIRUN=/bin/true"}, /*ignore_sigchld=*/true);
+  const int status = wait_job(job, 20);
+  const std::string out = read(log);
+  ASSERT_TRUE(exited_ok(status)) << describe(status) << "\n" << out;
+  EXPECT_NE(out.find("[launch] the job finished after 0 restarts"), std::string::npos) << out;
 }

@@ -1,14 +1,17 @@
 #include "titan/cli/launch_cli.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -34,13 +37,27 @@ constexpr const char* kUsage =
     "rank dies (a signal, an error, the watchdog's abort on a hang), at most K times (default 3).\n"
     "checkpoint.enable must be true. The environment variable TITAN_MPIRUN names another mpirun.\n"
     "Each restart is logged with its cause, the steps lost and the seconds until training runs\n"
-    "again, here and in <job.dump_folder>/restarts.jsonl.\n";
+    "again, here and in <job.dump_folder>/restarts.jsonl.\n\n"
+    "SIGUSR1 (a batch system's warning before its time limit), Ctrl-C or SIGTERM asks the job to save a\n"
+    "checkpoint and stop; it then exits 0, and the same command resumes the run. A second Ctrl-C or\n"
+    "SIGTERM ends the job at once. The job runs in its own process group: Ctrl-C reaches it only this way.\n";
 
-volatile std::sig_atomic_t g_signal = 0;   // SIGINT / SIGTERM reached the supervisor
-volatile std::sig_atomic_t g_signals = 0;  // how many times
+// The first stop request (SIGUSR1, SIGINT or SIGTERM) asks the job to save and stop; a later SIGINT
+// or SIGTERM ends it at once (a later SIGUSR1 asks again for what is under way).
+volatile std::sig_atomic_t g_signal = 0;  // the first request's signal
+volatile std::sig_atomic_t g_end = 0;     // a second SIGINT / SIGTERM
 extern "C" void on_signal(int sig) {
-  g_signal = sig;
-  g_signals = g_signals + 1;
+  if (g_signal == 0) g_signal = sig;
+  else if (sig != SIGUSR1) g_end = 1;
+}
+
+// Whether process `pid` has a handler for `sig` (/proc/PID/status, SigCgt): mpirun installs its
+// SIGUSR1 forwarding some time after it starts, and until then the signal would kill it.
+bool catches(pid_t pid, int sig) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("SigCgt:", 0) == 0) return (std::stoull(line.substr(7), nullptr, 16) >> (sig - 1)) & 1;
+  return true;  // cannot tell: send it
 }
 
 double unix_seconds() {
@@ -98,14 +115,21 @@ std::string describe_exit(int status) {
   return "mpirun exited with status " + std::to_string(WEXITSTATUS(status)) + " (a rank died or failed)";
 }
 
-// Runs mpirun; returns its wait status. While it runs, `on_poll` is called every 50 ms; when it
-// returns true, mpirun is ended (SIGTERM, then SIGKILL 5 s later) and *ended_it is set.
+// Runs mpirun in a process group of its own (so that the terminal's Ctrl-C reaches only this
+// supervisor, which asks for a save and stop; Open MPI would abort the job on it); returns its wait
+// status. While it runs, `on_poll` is called every 50 ms; when it returns true, the job's group is
+// ended (SIGTERM, then SIGKILL 5 s later) and *ended_it is set.
 template <class Poll>
 int run_job(const std::vector<std::string>& argv, int attempt, Poll on_poll, bool* ended_it) {
+  const pid_t supervisor = ::getpid();
   const pid_t child = ::fork();
   TITAN_CHECK(child >= 0, "titan launch: cannot fork", "check the process limits");
   if (child == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // a supervisor killed outright takes its job along
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);            // a supervisor killed outright takes its job along...
+    if (::getppid() != supervisor) std::_Exit(1);  // ... also one killed before that line
+    // Training reads no input; a job outside the terminal's foreground group that read it would stop.
+    if (const int null = ::open("/dev/null", O_RDONLY); null >= 0) ::dup2(null, STDIN_FILENO);
     ::setenv("TITAN_RESTART", std::to_string(attempt).c_str(), 1);
     std::vector<char*> args;
     for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -114,20 +138,39 @@ int run_job(const std::vector<std::string>& argv, int attempt, Poll on_poll, boo
     std::fprintf(stderr, "titan launch: cannot run %s\n", args[0]);
     std::_Exit(127);
   }
-  int status = 0, forwarded = 0;
+  ::setpgid(child, child);  // (both sides set it: whichever runs first)
+  const double started = unix_seconds();
+  int status = 0;
+  bool forwarded = false;
   double ending_since = 0;
+  const auto end_job = [&] {  // the whole group: mpirun and the ranks it started here
+    if (ending_since == 0) ending_since = unix_seconds(), ::kill(-child, SIGTERM);
+  };
   while (true) {
     const pid_t r = ::waitpid(child, &status, WNOHANG);
     if (r == child) break;
-    // The first signal asks the ranks to save and stop (mpirun passes SIGUSR1 on as it is); a
-    // second one ends the job at once.
-    if (g_signal && forwarded < g_signals) ::kill(child, ++forwarded == 1 ? SIGUSR1 : SIGTERM);
-    if (on_poll() && ending_since == 0) {
-      ending_since = unix_seconds();
-      *ended_it = true;
-      ::kill(child, SIGTERM);
+    if (r < 0 && errno != EINTR) {
+      // ECHILD: the job is no longer this process's child to wait for (a parent that ignores
+      // SIGCHLD would make it so; launch_main restores the default). Nothing left to supervise.
+      const int e = errno;
+      end_job();
+      TITAN_FAIL("titan launch: waitpid on mpirun (pid " + std::to_string(child) + ") failed: " + std::strerror(e) +
+                     "; its exit status is lost, so the job's end cannot be told from a failure",
+                 "the job was ended; see its output and <job.dump_folder>/progress.json for how far it got, and "
+                 "rerun the same command to resume from its last checkpoint");
     }
-    if (ending_since > 0 && unix_seconds() - ending_since > 5) ::kill(child, SIGKILL);
+    // The first request asks the ranks to save and stop: SIGUSR1 to mpirun, which passes it on to
+    // every rank, once it listens for it (within 10 s of its start, else it is sent anyway).
+    if (g_signal && !forwarded && (catches(child, SIGUSR1) || unix_seconds() - started > 10)) {
+      forwarded = true;
+      ::kill(child, SIGUSR1);
+    }
+    if (g_end) end_job();  // a second Ctrl-C: at once
+    if (on_poll() && ending_since == 0) {
+      *ended_it = true;
+      end_job();
+    }
+    if (ending_since > 0 && unix_seconds() - ending_since > 5) ::kill(-child, SIGKILL);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   on_poll();  // a last look: the job may have trained and ended within the last 50 ms
@@ -177,6 +220,8 @@ int launch_main(int argc, char** argv) {
   ::setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
+  std::signal(SIGUSR1, on_signal);
+  std::signal(SIGCHLD, SIG_DFL);  // inherited as ignored, mpirun's exit status would be lost
 
   std::ofstream journal(run / "restarts.jsonl", std::ios::app);
   json pending;            // the restart under way, written once training runs again

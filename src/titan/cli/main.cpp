@@ -23,6 +23,7 @@
 #include "titan/data/tokenizer.h"
 #include "titan/kernels/cpu/isa_info.h"
 #include "titan/kernels/peak.h"
+#include "titan/train/stop_request.h"
 
 namespace {
 
@@ -98,7 +99,13 @@ int info_main() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // `titan train`: a stop request (SIGUSR1 from `titan launch` or a batch system, Ctrl-C) during
+  // start-up must not kill the rank. Held from here (the mask and a pending signal survive the
+  // re-exec), recorded once the handlers are in, before MPI starts (train/stop_request.h).
+  const bool training = argc >= 2 && std::strcmp(argv[1], "train") == 0;
+  if (training) titan::train::hold_stop_signals();
   bind_threads(argv);
+  if (training) titan::train::install_stop_handlers();
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

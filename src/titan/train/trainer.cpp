@@ -2,9 +2,7 @@
 #include "titan/train/trainer.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -40,6 +38,7 @@
 #include "titan/train/checkpointing.h"
 #include "titan/train/metrics.h"
 #include "titan/train/plots.h"
+#include "titan/train/stop_request.h"
 #include "titan/train/pipeline_step.h"
 #include "titan/checkpoint/async_save.h"
 
@@ -51,10 +50,8 @@ using nlohmann::json;
 
 namespace {
 
-std::atomic<bool> g_stop{false};
 // A rank that works this much longer per step than the median rank is named a straggler.
 constexpr double kStragglerRatio = 1.25;
-extern "C" void on_sigint(int) { g_stop.store(true); }
 
 
 // <run>/progress.json: the last step finished (and the step this process resumed from), for a supervisor (`titan launch`) to see how far a run
@@ -253,7 +250,7 @@ struct Trainer::State {
   // Whether Ctrl-C reached any rank: they reach the ranks at different moments, and all must
   // agree on the step that saves and ends the run.
   bool any_rank_stopped() {
-    double stop = g_stop.load() ? 1 : 0;
+    double stop = stop_requested() ? 1 : 0;
     if (world->size() > 1) world->all_reduce(std::span<double>(&stop, 1), distributed::ReduceOp::max);
     return stop > 0;
   }
@@ -825,12 +822,9 @@ TrainResult Trainer::train() {
     std::printf("unigram entropy of the training corpus: %.3f nats/token (the loss of a model that ignores context)\n",
                 s.train_loader->unigram_entropy());
   }
-  g_stop.store(false);
-  // Ctrl-C, or SIGUSR1 (which `titan launch` sends through mpirun, and a batch system can be told
-  // to send before the time limit): save a checkpoint and stop. Not SIGTERM: mpirun sends it to the
-  // survivors when a rank dies, and they should end at once, not wait for the dead rank.
-  auto previous = std::signal(SIGINT, on_sigint);
-  auto previous_usr1 = std::signal(SIGUSR1, on_sigint);
+  // Ctrl-C, or SIGUSR1 (stop_request.h): save a checkpoint and stop. `titan train` listens from its
+  // start; a request that came during start-up is honoured here, before the first step.
+  const StopScope listening;
   TrainResult result;
   result.run_folder = s.run_folder;
   const double start_time = steady_seconds();
@@ -843,7 +837,13 @@ TrainResult Trainer::train() {
   distributed::CommStats window_sent = s.engine->total();  // this rank's traffic before the window
   int64_t window_steps = 0;
   double save_seconds = 0;  // training blocked in checkpoint saves since the last metrics line
-  while (s.step < t.steps) {
+  if (s.step < t.steps && s.any_rank_stopped()) {  // nothing trained since the start or the checkpoint resumed
+    result.interrupted = true;
+    result.last_step = s.step;
+    log.log_event("stop requested during start-up, before step " + std::to_string(s.step + 1) +
+                  ": nothing to save; rerun the same command to " + (s.step > 0 ? "resume" : "start"));
+  }
+  while (s.step < t.steps && !result.interrupted) {
     const double t0 = steady_seconds();
     memory_reset_peak();
     const bool profiled = (s.step + 1) % c.profiling.profile_freq == 0;
@@ -955,8 +955,7 @@ TrainResult Trainer::train() {
   if (s.saver)
     if (const auto dir = s.saver->finish()) s.on_committed(*dir);
   if (s.lead && c.metrics.enable_plots && c.metrics.enable_jsonl) s.draw_plots(log);
-  std::signal(SIGINT, previous);
-  std::signal(SIGUSR1, previous_usr1);
+  clear_stop_request();  // honoured: a Trainer made next in this process starts afresh
   return result;
 }
 
