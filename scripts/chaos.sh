@@ -2,7 +2,7 @@
 # The chaos suite: trainings under `titan launch` with a fault each, every one of which must end
 # with the final loss of the run without a fault, bit for bit.
 #   scripts/chaos.sh [--runs 20] [--ranks 2] [--steps 16] [--interval 4] [--seed 1]
-#                    [--faults kill,stop,corrupt,nan] [--model deepseek_v32] [--keep]
+#                    [--faults kill,stop,corrupt,nan,usr1] [--model deepseek_v32] [--keep]
 # Faults, taken in turn (each at a random step >= 2, on a random rank):
 #   kill     SIGKILL one rank: the supervisor restarts the job from the last committed checkpoint
 #   stop     SIGSTOP one rank (a hang): the others' watchdog aborts after comm.timeout_seconds
@@ -11,12 +11,15 @@
 #            it damaged and falls back to the one before (so up to 2 intervals are lost)
 #   nan      a NaN in one rank's gradient with fault.on_nonfinite = "rollback": the run reloads its
 #            last checkpoint and skips the batch, ending as a run that skipped it from the start
+#   usr1     SIGUSR1 to the launcher's process group (a batch system's warning before its time
+#            limit): the job saves a checkpoint and the launcher exits 0; the same command, run
+#            again, resumes from it
 # Prints recoveries / runs, the losses that differ, and the median and max seconds from the
 # fault to training again (the restarted run's first finished step). Exits 1 unless all pass.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-runs=20 ranks=2 steps=16 interval=4 seed=1 faults=kill,stop,corrupt,nan model=deepseek_v32 keep=0
+runs=20 ranks=2 steps=16 interval=4 seed=1 faults=kill,stop,corrupt,nan,usr1 model=deepseek_v32 keep=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --runs) runs=$2; shift 2 ;;
@@ -63,8 +66,9 @@ train_args() {  # $1: run folder
 json_field() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1" 2>/dev/null; }
 step_of() { json_field "$1/progress.json" step; }
 launch() {  # $1: run folder, rest: more train args; runs in the background, sets $launcher
+  # setsid: the launcher leads a process group of its own, as a batch system's job step does
   # shellcheck disable=SC2046
-  "$titan" launch -np "$ranks" --max-restarts 3 -- $(train_args "$1") "${@:2}" >"$1.log" 2>&1 &
+  setsid "$titan" launch -np "$ranks" --max-restarts 3 -- $(train_args "$1") "${@:2}" >"$1.log" 2>&1 &
   launcher=$!
 }
 rank_pids() { pgrep -f "^[^ ]*titan train --config configs/${model}_debug.toml --job.dump_folder=$1 " || true; }
@@ -103,8 +107,17 @@ for ((i = 0; i < runs; i++)); do
     [[ $kind == corrupt && $at -le $((2 * interval)) ]] && at=$((2 * interval + 1 + RANDOM % (max_at - 2 * interval)))
     launch "$run"
   fi
-  fault_time=""
-  if [[ $kind != nan ]] && wait_for_step "$run" "$at"; then
+  fault_time="" stopped=0 stopped_at=""
+  if [[ $kind == usr1 ]] && wait_for_step "$run" "$at"; then  # save and stop, then the same command again
+    fault_time=$(date +%s.%N)
+    kill -USR1 -- "-$launcher"
+    wait "$launcher" && stopped=1 || stopped=0
+    grep -q "stopped on request, with a checkpoint" "$run.log" || stopped=0
+    stopped_at=$(step_of "$run")
+    mv "$run.log" "$run.stopped.log"
+    launch "$run"
+  fi
+  if [[ $kind != nan && $kind != usr1 ]] && wait_for_step "$run" "$at"; then
     pids=($(rank_pids "$run"))
     if ((${#pids[@]} > 0)); then  # (none: the run ended first, and the fault counts as not recovered)
       pid=${pids[$((victim % ${#pids[@]}))]}
@@ -130,6 +143,14 @@ for ((i = 0; i < runs; i++)); do
     rolled=$(grep -c "rolled back to" "$run.log" || true)
     [[ $ok == 1 && $rolled -ge 1 ]] && recovered=$((recovered + 1))
     detail="rolled back $rolled time(s)"
+  elif [[ $kind == usr1 ]]; then
+    resumed=$(json_field "$run/progress.json" resumed_from)
+    if [[ $ok == 1 && ${stopped:-0} == 1 && -n ${stopped_at:-} && ${resumed:-} == "$stopped_at" && ${restarts:-0} == 0 ]]; then
+      recovered=$((recovered + 1))
+      detail="stopped with a checkpoint at step $stopped_at, resumed from it by the same command"
+    else
+      detail="NOT RECOVERED (stopped ${stopped:-0}, at step ${stopped_at:-?}, resumed from ${resumed:-?}, restarts ${restarts:-0}); see $run.stopped.log and $run.log"
+    fi
   else
     again=$(json_field "$run/restarts.jsonl" training_again_at | head -1)
     lost=$(json_field "$run/restarts.jsonl" steps_lost | head -1)
