@@ -73,8 +73,8 @@ TEST_F(FaultTolerance, AsyncSavesWriteWhatSyncSavesWrite) {
   for (size_t i = 20; i < 30; ++i) EXPECT_EQ(again[i], plain[i - 10]) << "step " << i - 9;
 }
 
-// The newest checkpoint damaged (a flipped byte in one rank's file), the one before truncated:
-// both are reported and set aside, and the run resumes from the one before them, continuing the
+// The newest checkpoint damaged (a flipped byte in one rank's file), the one before truncated and
+// missing a file: both are reported and set aside, and the run resumes from the one before them, continuing the
 // losses of the run that wrote them.
 TEST_F(FaultTolerance, DamagedCheckpointsFallBackToTheStepBefore) {
   const auto straight = train_on(config("straight", saving("disabled")), world());
@@ -92,6 +92,8 @@ TEST_F(FaultTolerance, DamagedCheckpointsFallBackToTheStepBefore) {
     f.close();
     const fs::path truncated = ckpt("damaged", 15) / "shard-00000.safetensors";
     fs::resize_file(truncated, fs::file_size(truncated) / 2);
+    // ... and its other file lost: no rank sees it, so rank 0 judges it damage, not an I/O error.
+    fs::remove(ckpt("damaged", 15) / ("shard-0000" + std::to_string(world().size() - 1) + ".safetensors"));
   }
   world().barrier().wait();
   train_on(config("damaged", saving("disabled")), world());

@@ -11,6 +11,7 @@
 
 #include "titan/data/prepare.h"
 #include "titan/optim/swapped_moments.h"
+#include "titan/train/checkpointing.h"
 #include "titan/train/trainer.h"
 
 using namespace titan;
@@ -245,5 +246,56 @@ TEST(TrainE2E, PrintConfigKey) {
     EXPECT_NE(e.message().find("keys.toml: Hugging Face checkpoint import/export is not in this build yet"),
               std::string::npos) << e.message();
   }
+  fs::remove_all(root);
+}
+
+// The final save of checkpoint.last_save_model_only holds the weights alone: a rerun with more
+// steps resumes from the newest full checkpoint before it (never from step 0 with a fresh
+// optimizer), leaving the earlier checkpoints as they were; with no full checkpoint at all, or
+// load_step naming an export, the run refuses and says how to start from the weights.
+TEST(TrainE2E, AWeightsOnlyFinalSaveIsNeverAResumePoint) {
+  const fs::path root = fs::temp_directory_path() / ("titan_e2e_weights_only_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const fs::path data = make_dataset(root / "data");
+  const std::vector<std::string> saving = {"--checkpoint.interval=2", "--checkpoint.last_save_model_only=true",
+                                           "--validation.enable=false"};
+  const auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), saving.begin(), saving.end());
+    return extra;
+  };
+  const fs::path run = root / "run", ckpt = run / "checkpoint";
+  train::Trainer(config(data, run, with({"--training.steps=6"})), "first").train();
+  ASSERT_TRUE(train::is_weights_only(ckpt / "step-6"));
+  ASSERT_FALSE(train::is_weights_only(ckpt / "step-4"));
+  const auto bytes = [](const fs::path& file) {
+    std::ifstream f(file, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  const std::string step2 = bytes(ckpt / "step-2" / "shard-00000.safetensors");
+  const train::TrainResult again = train::Trainer(config(data, run, with({"--training.steps=8"})), "again").train();
+  EXPECT_EQ(again.last_step, 8);
+  std::vector<int64_t> steps;
+  std::ifstream f(run / "metrics.jsonl");
+  for (std::string line; std::getline(f, line);)
+    if (const auto j = nlohmann::json::parse(line); j["kind"] == "train") steps.push_back(j["step"].get<int64_t>());
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 5, 6, 7, 8})) << "the rerun goes on from step 4";
+  EXPECT_EQ(bytes(ckpt / "step-2" / "shard-00000.safetensors"), step2) << "an earlier checkpoint was overwritten";
+  EXPECT_FALSE(train::is_weights_only(ckpt / "step-6"));  // saved again by the rerun, whole
+
+  const fs::path only = root / "only";
+  train::Trainer(config(data, only, with({"--training.steps=1"})), "export").train();
+  const std::string refused = [&] {
+    try {
+      train::Trainer(config(data, only, with({"--training.steps=3"})), "rerun").train();
+    } catch (const Error& e) {
+      return e.message() + " " + e.hint();
+    }
+    return std::string("(no error)");
+  }();
+  EXPECT_NE(refused.find("holds the weights alone"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("checkpoint.initial_load_path = \"" + (only / "checkpoint" / "step-1").string()), std::string::npos)
+      << refused;
+  EXPECT_THROW(train::Trainer(config(data, run, with({"--training.steps=8", "--checkpoint.load_step=8"})), "pinned"),
+               Error);
   fs::remove_all(root);
 }

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <new>
 #include <string>
 #include <string_view>
 
@@ -133,10 +135,17 @@ int main(int argc, char** argv) {
     if (cmd == "plot") return titan::cli::plot_main(argc - 1, argv + 1);
     std::fprintf(stderr, "titan: unknown command '%s'\n\n%s", argv[1], kUsage);
     return 2;
-  } catch (const titan::Error& e) {
+  } catch (const std::exception& e) {
+    // titan::Error says what failed and how to fix it; anything else (a filesystem_error, JSON's,
+    // bad_alloc) is named by its type's own message, never left to std::terminate.
+    const bool ours = dynamic_cast<const titan::Error*>(&e) != nullptr;
+    const std::string what = ours ? e.what() : std::string(e.what()) + (dynamic_cast<const std::bad_alloc*>(&e)
+                                                                           ? " (out of memory)"
+                                                                           : " (an unexpected error)");
     const auto& engine = titan::distributed::CommEngine::get();
-    if (engine.world_size() > 1) std::fprintf(stderr, "titan %s: rank %d: error: %s\n", argv[1], engine.world_rank(), e.what());
-    else std::fprintf(stderr, "titan %s: error: %s\n", argv[1], e.what());
+    if (engine.world_size() > 1)
+      std::fprintf(stderr, "titan %s: rank %d: error: %s\n", argv[1], engine.world_rank(), what.c_str());
+    else std::fprintf(stderr, "titan %s: error: %s\n", argv[1], what.c_str());
     return finish(1);
   }
 }

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -52,15 +54,19 @@ namespace {
 
 // A rank that works this much longer per step than the median rank is named a straggler.
 constexpr double kStragglerRatio = 1.25;
+// How many of each kind of abandoned checkpoint folder (step-N.tmp, .corrupt) a start keeps.
+constexpr int kAbandonedKept = 2;
 
 
-// <run>/progress.json: the last step finished (and the step this process resumed from), for a supervisor (`titan launch`) to see how far a run
-// got and when a restarted one trains again. Replaced whole (rename), never seen half written.
-void write_progress(const fs::path& run, int64_t step, double loss, int64_t resumed_from) {
+// <run>/progress.json: the last step finished, the step this process resumed from and the newest
+// full checkpoint it committed (-1: none yet), for a supervisor (`titan launch`) to see how far a
+// run got, when a restarted one trains again, and where a restart resumes. Replaced whole
+// (rename), never seen half written.
+void write_progress(const fs::path& run, int64_t step, double loss, int64_t resumed_from, int64_t checkpoint) {
   const fs::path tmp = run / "progress.json.tmp";
-  std::ofstream(tmp) << json{{"step", step}, {"loss", loss}, {"resumed_from", resumed_from}, {"time", std::chrono::duration<double>(
-                                                                          std::chrono::system_clock::now().time_since_epoch())
-                                                                          .count()}}
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::ofstream(tmp) << json{{"step", step}, {"loss", loss}, {"resumed_from", resumed_from}, {"checkpoint", checkpoint},
+                             {"time", now}}
                             .dump();
   std::error_code ec;
   fs::rename(tmp, run / "progress.json", ec);
@@ -202,6 +208,7 @@ struct Trainer::State {
   optim::LrSchedule schedule;
   int64_t accum = 1;
   int64_t step = 0;  // optimizer steps completed
+  int64_t committed_step = -1;  // the newest full checkpoint this process committed
   Tensor inputs, targets;  // [B, S] i32, reused every micro-batch
   json hf_config;  // the architecture, when it comes from a checkpoint converted from Hugging Face
 
@@ -214,9 +221,13 @@ struct Trainer::State {
   // A committed checkpoint: old ones purged (keep_latest_k), the folder named.
   void on_committed(const fs::path& dir, bool model_only = false);
   void restore(const fs::path& folder, bool model_only);
-  // Resume from the newest committed checkpoint that loads: a damaged one (checksum, truncated or
-  // missing file) is reported, renamed step-<N>.corrupt and the one before it tried. Collective.
+  // Resume from the newest full checkpoint (not a weights-only export) that loads: a damaged one
+  // (checksum, format, a file no rank sees) is reported, renamed step-<N>.corrupt and the one
+  // before it tried; an I/O error ends the run, leaving it in place. Rank 0 chooses. Collective.
   std::optional<fs::path> resume_from_latest();
+  // Rank 0's answer (its error, every rank's): ranks never choose a checkpoint each on their own,
+  // since on a shared file system one rank's directory listing can lag. Collective.
+  std::string from_rank0(const std::function<std::string()>& answer);
   // Back to the newest committed checkpoint after a non-finite step, which is then skipped.
   void roll_back(int64_t bad_step, MetricsLogger& log);
   // Collective: "" when the step's loss and gradient norm are finite on every rank, else what is
@@ -330,6 +341,10 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
   flush_denormals(true);  // see core/cpu_features.h: sharpening attention makes denormals
   // Memory snapshots name the op behind every block: track them from before the model exists.
   if (config.profiling.enable_memory_snapshot) memory_track_blocks(true);
+  // MPI's start-up and the mesh's splits block the communication thread: they have the start-up
+  // deadline, and a dump goes where the watchdog's do.
+  distributed::CommEngine::get().set_init_timeout(double(config.comm.init_timeout_seconds));
+  distributed::CommEngine::get().set_trace_folder(fs::path(config.job.dump_folder) / config.comm.save_traces_folder);
   s.engine = &distributed::init_runtime();
   s.world = world ? world : &s.engine->world();
   s.lead = s.world->rank() == 0;
@@ -461,10 +476,24 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
   // Resume: the newest usable checkpoint of this run (or the step asked for), else the configured
   // initial weights.
   if (config.checkpoint.enable) {
+    // What failed saves and damaged checkpoints left (a crash loop could fill the disk), before
+    // this run saves anything.
+    if (s.lead) {
+      const auto removed = checkpoint::purge_abandoned(s.checkpoint_root, kAbandonedKept);
+      for (const fs::path& p : removed)
+        std::printf("removed %s, left by a save that never committed or set aside as damaged (the newest %d of each "
+                    "kind are kept)\n", p.string().c_str(), kAbandonedKept);
+    }
     std::optional<fs::path> from;
     if (config.checkpoint.load_step >= 0) {
       from = checkpoint::step_folder(s.checkpoint_root, config.checkpoint.load_step);
-      s.restore(*from, !checkpoint::load_train_state(*from).contains("step"));
+      TITAN_CHECK(!is_weights_only(*from),
+                  source + ": checkpoint.load_step = " + std::to_string(config.checkpoint.load_step) + " names " +
+                      from->string() + ", which holds the weights alone (a model-only save): no optimizer or data state "
+                      "to resume",
+                  "to start a run from these weights, set checkpoint.initial_load_path = \"" + from->string() +
+                      "\" and checkpoint.initial_load_model_only = true instead");
+      s.restore(*from, false);
     } else {
       from = s.resume_from_latest();
     }
@@ -533,39 +562,67 @@ void Trainer::State::save(bool final_save) {
 
 void Trainer::State::on_committed(const fs::path& dir, bool model_only) {
   if (!lead) return;
+  if (!model_only) committed_step = std::stoll(dir.filename().string().substr(5));  // "step-<N>"
   checkpoint::keep_latest(checkpoint_root, int(cfg.checkpoint.keep_latest_k));
   std::printf("checkpoint saved: %s%s\n", dir.string().c_str(), model_only ? " (model only)" : "");
 }
 
+std::string Trainer::State::from_rank0(const std::function<std::string()>& answer) {
+  std::string text;
+  if (lead) {
+    try {
+      text = "+" + answer();
+    } catch (const std::exception& e) {
+      text = "!" + std::string(e.what());
+    }
+  }
+  if (world->size() > 1) text = world->all_gather(text)[0];
+  if (text[0] == '!') TITAN_FAIL(text.substr(1));
+  return text.substr(1);
+}
+
 std::optional<fs::path> Trainer::State::resume_from_latest() {
   std::string set_aside;  // the damaged checkpoints, each with what was wrong with it
-  while (const auto from = checkpoint::latest_checkpoint(checkpoint_root)) {
-    // "": loaded; "C<message>": damaged; "E<message>": another error (a model that does not fit).
-    std::string outcome;
-    try {
-      restore(*from, !checkpoint::load_train_state(*from).contains("step"));
-    } catch (const checkpoint::CorruptCheckpoint& e) {
-      outcome = "C" + e.message();
-    } catch (const std::exception& e) {
-      outcome = "E" + std::string(e.what());
-    }
-    // Every rank read its own pieces: the checkpoint is usable only if it was for all of them, and
-    // every rank fails alike when one could not use it for another reason.
-    const std::vector<std::string> outcomes = world->all_gather(outcome);
-    std::string report;
-    for (size_t r = 0; r < outcomes.size(); ++r) {
-      if (outcomes[r].starts_with("E"))
-        TITAN_FAIL("loading " + from->string() + " failed on rank " + std::to_string(r) + ": " + outcomes[r].substr(1));
-      if (outcomes[r].starts_with("C")) report += "\n  rank " + std::to_string(r) + ": " + outcomes[r].substr(1);
-    }
-    if (report.empty()) return from;
-    set_aside += "\n  " + from->filename().string() + ":" + report;
+  while (true) {
+    const std::string chosen = from_rank0([&] {
+      std::vector<fs::path> weights_only;
+      const auto full = newest_full_checkpoint(checkpoint_root, std::numeric_limits<int64_t>::max(), &weights_only);
+      const std::string export_name = weights_only.empty() ? "" : weights_only.front().string();
+      TITAN_CHECK(full || weights_only.empty(),
+                  "no checkpoint to resume from in " + checkpoint_root.string() + ": " + export_name +
+                      " holds the weights alone (the final save of checkpoint.last_save_model_only = true), without "
+                      "the optimizer and data state",
+                  "to train on from those weights, set checkpoint.initial_load_path = \"" + export_name +
+                      "\" and checkpoint.initial_load_model_only = true with another job.dump_folder; to start over, "
+                      "remove " + checkpoint_root.string());
+      if (full && !weights_only.empty())
+        std::printf("%s holds the weights alone (a model-only final save); resuming from %s, the newest checkpoint with "
+                    "the optimizer and data state\n", export_name.c_str(), full->filename().string().c_str());
+      return full ? full->string() : std::string();
+    });
+    if (chosen.empty()) break;
+    const fs::path from = chosen;
+    // Every rank reads its own pieces: rank 0 judges all their outcomes.
+    const std::string outcome = load_outcome([&] { restore(from, false); });
+    const std::vector<std::string> outcomes = world->size() > 1 ? world->all_gather(outcome) : std::vector{outcome};
+    const std::string verdict = from_rank0([&] {
+      const LoadVerdict v = judge_load(from, outcomes);
+      return std::string(1, "ldf"[int(v.kind)]) + v.report;
+    });
+    if (verdict[0] == 'l') return from;
+    TITAN_CHECK(verdict[0] == 'd', verdict.substr(1),
+                "fix what the message names and rerun the same command (`titan launch` retries by itself)");
+    set_aside += "\n  " + from.filename().string() + ":" + verdict.substr(1);
     if (lead) {
-      const fs::path aside = from->string() + ".corrupt";
-      fs::remove_all(aside);
-      fs::rename(*from, aside);
-      std::printf("checkpoint %s is damaged, set aside as %s; trying the one before it:%s\n", from->string().c_str(),
-                  aside.filename().string().c_str(), report.c_str());
+      const fs::path aside = from.string() + ".corrupt";
+      std::error_code ec;
+      fs::remove_all(aside, ec);
+      if (!ec) fs::rename(from, aside, ec);
+      if (ec)
+        throw IOError("cannot set the damaged checkpoint " + from.string() + " aside: " + ec.message(),
+                      "check the folder's permissions, or move it away by hand", __FILE__, __LINE__);
+      std::printf("checkpoint %s is damaged, set aside as %s; trying the one before it:%s\n", from.string().c_str(),
+                  aside.filename().string().c_str(), verdict.substr(1).c_str());
     }
     world->barrier().wait();
   }
@@ -586,9 +643,13 @@ void Trainer::State::roll_back(int64_t bad_step, MetricsLogger& log) {
   if (saver)
     if (const auto previous = saver->finish()) on_committed(*previous);
   world->barrier().wait();  // rank 0's commit is visible before anyone looks for the newest
-  // The newest full checkpoint before the bad step (a later one may be left from another attempt).
-  std::optional<fs::path> from = checkpoint::latest_checkpoint(checkpoint_root, bad_step - 1);
-  if (from && !checkpoint::load_train_state(*from).contains("step")) from.reset();  // a weights-only export
+  // The newest full checkpoint before the bad step (a later one may be left from another attempt),
+  // as rank 0 sees it.
+  const std::string chosen = from_rank0([&] {
+    const auto full = newest_full_checkpoint(checkpoint_root, bad_step - 1);
+    return full ? full->string() : std::string();
+  });
+  const std::optional<fs::path> from = chosen.empty() ? std::nullopt : std::optional<fs::path>(chosen);
   TITAN_CHECK(from.has_value(), "step " + std::to_string(bad_step) + " was not finite and fault.on_nonfinite = \"rollback\", "
                                     "but " + checkpoint_root.string() + " holds no committed checkpoint to return to", hint);
   // As a fresh process would: MoE token counts start from zero (the frozen steps' ones load).
@@ -933,7 +994,7 @@ TrainResult Trainer::train() {
       log.log_validation(s.step, result.last_val_loss, std::exp(result.last_val_loss));
     }
     if (on_step_end) on_step_end(s.step);
-    if (s.lead) write_progress(s.run_folder, s.step, o.loss, first_step);
+    if (s.lead) write_progress(s.run_folder, s.step, o.loss, first_step, s.committed_step);
     const bool stop = s.any_rank_stopped();
     if (c.checkpoint.enable) {
       const bool periodic = s.step % c.checkpoint.interval == 0 || (s.step == 1 && c.checkpoint.enable_first_step_checkpoint);
