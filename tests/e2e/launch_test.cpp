@@ -25,6 +25,7 @@
 #include "common/error_of.h"
 #include "titan/checkpoint/checkpoint.h"
 #include "titan/cli/launch_cli.h"
+#include "titan/train/config.h"
 
 namespace fs = std::filesystem;
 using titan::test::error_of;
@@ -230,4 +231,35 @@ TEST(Launch, SeesItsJobEndWithSigchldIgnored) {
   const std::string out = read(log);
   ASSERT_TRUE(exited_ok(status)) << describe(status) << "\n" << out;
   EXPECT_NE(out.find("[launch] the job finished after 0 restarts"), std::string::npos) << out;
+}
+
+// checkpoint.load_step pins where the first attempt starts, not every restart: a restart goes on
+// from the newest checkpoint the job committed (it used to reload the pinned step each time, losing
+// the work since and failing once keep_latest_k had removed it). A stand-in mpirun records each
+// attempt's command; the first reports a checkpoint at step 4 in progress.json and fails.
+TEST(Launch, ARestartGoesOnFromTheNewestCommitNotLoadStep) {
+  const TinyRun t("load_step", 10);
+  const fs::path fake = t.dir / "fake_mpirun.sh", calls = t.dir / "calls.txt";
+  std::ofstream(fake) << "#!/bin/sh\necho \"$@\" >> " << calls.string() << "\n"
+                      << "if [ ! -f " << (t.dir / "failed").string() << " ]; then\n"
+                      << "  touch " << (t.dir / "failed").string() << "\n"
+                      << "  echo '{\"step\": 5, \"resumed_from\": 2, \"checkpoint\": 4}' > " << (t.run / "progress.json").string()
+                      << "\n  exit 1\nfi\nexit 0\n";
+  fs::permissions(fake, fs::perms::owner_all);
+  std::vector<std::string> cmd = t.launch(1);
+  cmd.push_back("--checkpoint.load_step=2");
+  const fs::path log = t.dir / "launch.log";
+  const int status = wait_job(start_job(cmd, log, {"TITAN_MPIRUN=" + fake.string()}), 20);
+  const std::string out = read(log);
+  ASSERT_TRUE(exited_ok(status)) << describe(status) << "\n" << out;
+  std::ifstream f(calls);
+  std::string first, second;
+  std::getline(f, first);
+  std::getline(f, second);
+  EXPECT_EQ(first.find("--checkpoint.load_step=4"), std::string::npos) << first;
+  ASSERT_NE(second.find("--checkpoint.load_step=2 --checkpoint.load_step=4"), std::string::npos) << second;
+  // The later of two overrides of a key is the one in force.
+  const titan::train::JobConfig c = titan::train::load_config(
+      t.config.string(), {"--checkpoint.load_step=2", "--checkpoint.load_step=4"});
+  EXPECT_EQ(c.checkpoint.load_step, 4);
 }

@@ -37,7 +37,8 @@ constexpr const char* kUsage =
     "rank dies (a signal, an error, the watchdog's abort on a hang), at most K times (default 3).\n"
     "checkpoint.enable must be true. The environment variable TITAN_MPIRUN names another mpirun.\n"
     "Each restart is logged with its cause, the steps lost and the seconds until training runs\n"
-    "again, here and in <job.dump_folder>/restarts.jsonl.\n\n"
+    "again, here and in <job.dump_folder>/restarts.jsonl. checkpoint.load_step sets where the first\n"
+    "attempt starts; a restart goes on from the newest checkpoint the job has committed since.\n\n"
     "SIGUSR1 (a batch system's warning before its time limit), Ctrl-C or SIGTERM asks the job to save a\n"
     "checkpoint and stop; it then exits 0, and the same command resumes the run. A second Ctrl-C or\n"
     "SIGTERM ends the job at once. The job runs in its own process group: Ctrl-C reaches it only this way.\n";
@@ -226,6 +227,8 @@ int launch_main(int argc, char** argv) {
   std::ofstream journal(run / "restarts.jsonl", std::ios::app);
   json pending;            // the restart under way, written once training runs again
   int64_t last_known = 0;  // the last step any attempt finished
+  int64_t committed = -1;  // the newest full checkpoint an attempt committed (progress.json)
+  const std::vector<std::string> first_cmd = cmd;
   for (int attempt = 0;; ++attempt) {
     StuckJob stuck;  // from now: this attempt's dumps
     stuck.traces = traces;
@@ -234,6 +237,7 @@ int launch_main(int argc, char** argv) {
     // A restart under way is recorded once its job has finished a step.
     const auto record_recovery = [&] {
       const json now_at = progress(run);
+      committed = std::max(committed, now_at.value("checkpoint", int64_t(-1)));
       if (pending.is_null() || !now_at.contains("step")) return;
       const double now = unix_seconds();
       const int64_t from = now_at.value("resumed_from", int64_t(0));
@@ -277,6 +281,13 @@ int launch_main(int argc, char** argv) {
     // keeps the one before).
     const int64_t last = progress_step(run) > 0 ? progress_step(run) : last_known;
     last_known = last;
+    committed = std::max(committed, progress(run).value("checkpoint", int64_t(-1)));
+    // checkpoint.load_step pins where the first attempt starts, not every restart: a restart goes
+    // on from the newest checkpoint this launch committed (the pinned one again while there is
+    // none). Without load_step, the trainer resumes from the newest committed checkpoint itself.
+    cmd = first_cmd;
+    if (config.checkpoint.load_step >= 0 && committed >= 0)
+      cmd.push_back("--checkpoint.load_step=" + std::to_string(committed));
     if (attempt == max_restarts) {
       std::printf("[launch] %s after step %lld; %d restarts used up, giving up\n", cause.c_str(),
                   static_cast<long long>(last), max_restarts);
