@@ -2,7 +2,7 @@
 # The chaos suite: trainings under `titan launch` with a fault each, every one of which must end
 # with the final loss of the run without a fault, bit for bit.
 #   scripts/chaos.sh [--runs 20] [--ranks 2] [--steps 16] [--interval 4] [--seed 1]
-#                    [--faults kill,stop,corrupt,nan,usr1] [--model deepseek_v32] [--keep]
+#                    [--faults kill,stop,corrupt,nan,usr1,modelonly] [--model deepseek_v32] [--keep]
 # Faults, taken in turn (each at a random step >= 2, on a random rank):
 #   kill     SIGKILL one rank: the supervisor restarts the job from the last committed checkpoint
 #   stop     SIGSTOP one rank (a hang): the others' watchdog aborts after comm.timeout_seconds
@@ -14,12 +14,16 @@
 #   usr1     SIGUSR1 to the launcher's process group (a batch system's warning before its time
 #            limit): the job saves a checkpoint and the launcher exits 0; the same command, run
 #            again, resumes from it
+#   modelonly a run that ends at that step with checkpoint.last_save_model_only = true (its final
+#            save holds the weights alone), then the full run's command: it resumes from the newest
+#            full checkpoint before the export, never from step 0; with its own reference, both
+#            without LR decay, so that a shorter first run trains the same steps
 # Prints recoveries / runs, the losses that differ, and the median and max seconds from the
 # fault to training again (the restarted run's first finished step). Exits 1 unless all pass.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-runs=20 ranks=2 steps=16 interval=4 seed=1 faults=kill,stop,corrupt,nan,usr1 model=deepseek_v32 keep=0
+runs=20 ranks=2 steps=16 interval=4 seed=1 faults=kill,stop,corrupt,nan,usr1,modelonly model=deepseek_v32 keep=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --runs) runs=$2; shift 2 ;;
@@ -102,6 +106,16 @@ for ((i = 0; i < runs; i++)); do
     wait "$launcher" || true
     expect=$(json_field "$run.skip/progress.json" loss)
     launch "$run" --fault.on_nonfinite=rollback --fault.inject_nonfinite_at_step=$at --fault.inject_rank=$victim
+  elif [[ $kind == modelonly ]]; then
+    [[ $at -le $interval ]] && at=$((interval + 1 + RANDOM % (max_at - interval)))  # a full checkpoint before it
+    launch "$run.ref" --lr_scheduler.decay_ratio=0
+    wait "$launcher" || true
+    expect=$(json_field "$run.ref/progress.json" loss)
+    launch "$run" --lr_scheduler.decay_ratio=0 --training.steps=$at --checkpoint.last_save_model_only=true
+    wait "$launcher" && exported=1 || exported=0
+    mv "$run.log" "$run.export.log"
+    full=$(((at - 1) / interval * interval))  # the newest full checkpoint before the export at step $at
+    launch "$run" --lr_scheduler.decay_ratio=0
   else
     # two committed checkpoints by then, so that the one before the damaged one exists
     [[ $kind == corrupt && $at -le $((2 * interval)) ]] && at=$((2 * interval + 1 + RANDOM % (max_at - 2 * interval)))
@@ -117,7 +131,7 @@ for ((i = 0; i < runs; i++)); do
     mv "$run.log" "$run.stopped.log"
     launch "$run"
   fi
-  if [[ $kind != nan && $kind != usr1 ]] && wait_for_step "$run" "$at"; then
+  if [[ $kind != nan && $kind != usr1 && $kind != modelonly ]] && wait_for_step "$run" "$at"; then
     pids=($(rank_pids "$run"))
     if ((${#pids[@]} > 0)); then  # (none: the run ended first, and the fault counts as not recovered)
       pid=${pids[$((victim % ${#pids[@]}))]}
@@ -150,6 +164,14 @@ for ((i = 0; i < runs; i++)); do
       detail="stopped with a checkpoint at step $stopped_at, resumed from it by the same command"
     else
       detail="NOT RECOVERED (stopped ${stopped:-0}, at step ${stopped_at:-?}, resumed from ${resumed:-?}, restarts ${restarts:-0}); see $run.stopped.log and $run.log"
+    fi
+  elif [[ $kind == modelonly ]]; then
+    resumed=$(json_field "$run/progress.json" resumed_from)
+    if [[ $ok == 1 && $exported == 1 && ${resumed:-} == "$full" ]] && grep -q "holds the weights alone" "$run.log"; then
+      recovered=$((recovered + 1))
+      detail="weights-only export at step $at; the rerun resumed from step $full, the newest full checkpoint"
+    else
+      detail="NOT RECOVERED (export ok $exported, resumed from ${resumed:-?}, expected $full); see $run.export.log and $run.log"
     fi
   else
     again=$(json_field "$run/restarts.jsonl" training_again_at | head -1)
