@@ -21,6 +21,8 @@
 #include "titan/core/dtype.h"
 #include "titan/core/error.h"
 #include "titan/core/trace.h"
+#include "titan/distributed/deadline.h"
+#include "titan/distributed/runtime.h"
 
 namespace titan::distributed {
 
@@ -31,6 +33,7 @@ struct WorkState {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
+  std::string error;  // set when the request failed (the communication thread stopped): wait() throws it
 };
 
 struct MpiHandles {
@@ -47,6 +50,8 @@ struct CommGroup {
   MPI_Comm comm = MPI_COMM_NULL;   // every request's first stage
   MPI_Comm comm2 = MPI_COMM_NULL;  // all-reduce's all-gather stage, started in all-reduce order
   uint64_t next_seq = 0, next_all_reduce = 0, all_reduce_stage2_started = 0;
+  // Point-to-point sequence ids per channel: (sender, receiver, tag), in group ranks.
+  std::map<std::tuple<int, int, int>, uint64_t> p2p_seq;
   int recorder_group = 0;
   std::map<CommOp, CommStats> stats;
   int size() const { return int(world_ranks.size()); }
@@ -223,16 +228,21 @@ struct BlockedCaller {
 void Work::wait() const {
   if (!state_) return;
   std::unique_lock<std::mutex> lock(state_->mu);
-  if (state_->done) return;
-  const double t0 = steady_seconds();
-  CommEngine& engine = CommEngine::get();
-  {
-    const BlockedCaller blocked(engine);
-    state_->cv.wait(lock, [&] { return state_->done; });
+  if (!state_->done) {
+    const double t0 = steady_seconds();
+    CommEngine& engine = CommEngine::get();
+    {
+      const BlockedCaller blocked(engine);
+      state_->cv.wait(lock, [&] { return state_->done; });
+    }
+    const double t1 = steady_seconds();
+    engine.add_exposed(t1 - t0);
+    trace_span("wait for communication", "wait", t0, t1);
   }
-  const double t1 = steady_seconds();
-  engine.add_exposed(t1 - t0);
-  trace_span("wait for communication", "wait", t0, t1);
+  if (!state_->error.empty()) [[unlikely]]
+    TITAN_FAIL(state_->error, "the communication thread of this rank stopped after that failure and its flight "
+                              "recorder was dumped; the job cannot go on: fix what it names and rerun (`titan launch` "
+                              "restarts from the last committed checkpoint)");
 }
 
 bool Work::completed() const {
@@ -293,6 +303,13 @@ ProcessGroup& CommEngine::world() {
 }
 
 void CommEngine::set_timeout(double seconds) { timeout_ = seconds; }
+void CommEngine::set_init_timeout(double seconds) { init_timeout_ = seconds; }
+
+void CommEngine::fail_next_request_for_test(const std::string& what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  injected_failure_ = what;
+  inject_failure_ = true;
+}
 void CommEngine::set_trace_folder(const fs::path& folder) {
   std::lock_guard<std::mutex> lock(mu_);
   trace_folder_ = folder;
@@ -333,31 +350,48 @@ void CommEngine::reset_stats() {
 
 void CommEngine::init_mpi() {
   // Every call is made here but one: MPI_Abort, which a failing main thread must be able to make.
+  // Each blocking call has the start-up deadline: a rank that never starts, or dies before one of
+  // these, would otherwise leave the others inside it for good (the watchdog polls only requests).
+  const double limit = init_timeout_.load();
+  const auto expire = [this](bool dump) {
+    return [this, dump](const std::string& what, double seconds) { expire_blocking(what, seconds, dump); };
+  };
   int provided = 0;
-  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  {
+    const Deadline d("MPI_Init", limit, expire(false));
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  }
   thread_multiple_ = provided >= MPI_THREAD_MULTIPLE;
   comm_thread_ = std::this_thread::get_id();
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
-  // Hosts: the ranks that share memory (Open MPI's node), each named by its smallest world rank.
-  MPI_Comm node = MPI_COMM_NULL;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank_, MPI_INFO_NULL, &node);
-  int host = world_rank_;
-  MPI_Allreduce(MPI_IN_PLACE, &host, 1, MPI_INT, MPI_MIN, node);
-  MPI_Comm_free(&node);
-  host_of_.assign(size_t(world_size_), 0);
-  MPI_Allgather(&host, 1, MPI_INT, host_of_.data(), 1, MPI_INT, MPI_COMM_WORLD);
   auto g = std::make_unique<CommGroup>();
   g->name = "world";
   for (int r = 0; r < world_size_; ++r) g->world_ranks.push_back(r);
   g->rank = world_rank_;
-  MPI_Comm_dup(MPI_COMM_WORLD, &g->comm);
-  MPI_Comm_dup(MPI_COMM_WORLD, &g->comm2);
   g->recorder_group = recorder_.add_group(g->name, g->world_ranks);
+  {
+    const Deadline d("MPI start-up: the hosts' MPI_Comm_split_type, MPI_Allreduce and MPI_Allgather over the world",
+                     limit, expire(true));
+    // Hosts: the ranks that share memory (Open MPI's node), each named by its smallest world rank.
+    MPI_Comm node = MPI_COMM_NULL;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank_, MPI_INFO_NULL, &node);
+    int host = world_rank_;
+    MPI_Allreduce(MPI_IN_PLACE, &host, 1, MPI_INT, MPI_MIN, node);
+    MPI_Comm_free(&node);
+    host_of_.assign(size_t(world_size_), 0);
+    MPI_Allgather(&host, 1, MPI_INT, host_of_.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  }
+  control_ = std::make_unique<Control>();
+  {
+    const Deadline d("MPI start-up: MPI_Comm_dup of the world (its communicators and the control channel)", limit,
+                     expire(true));
+    MPI_Comm_dup(MPI_COMM_WORLD, &g->comm);
+    MPI_Comm_dup(MPI_COMM_WORLD, &g->comm2);
+    MPI_Comm_dup(MPI_COMM_WORLD, &control_->comm);
+  }
   world_ = std::make_unique<ProcessGroup>(0, "world", world_rank_, g->world_ranks);
   groups_.push_back(std::move(g));
-  control_ = std::make_unique<Control>();
-  MPI_Comm_dup(MPI_COMM_WORLD, &control_->comm);
   MPI_Irecv(control_->incoming, 2, MPI_INT, MPI_ANY_SOURCE, kDumpTag, control_->comm, &control_->recv);
 }
 
@@ -415,14 +449,16 @@ Work CommEngine::enqueue(std::unique_ptr<Request> r) {
   CommGroup& g = *groups_.at(size_t(r->group));
   r->g = &g;
   const bool p2p = r->op == CommOp::send || r->op == CommOp::recv;
-  if (!p2p) r->seq = ++g.next_seq;
+  const int sender = r->op == CommOp::send ? g.rank : r->peer, receiver = r->op == CommOp::send ? r->peer : g.rank;
+  // A transfer's id counts its channel, as MPI matches them (in order per sender, receiver and tag).
+  if (p2p) r->seq = ++g.p2p_seq[{sender, receiver, r->tag}];
+  else r->seq = ++g.next_seq;
   if (r->op == CommOp::all_reduce && two_stage_all_reduce(r->in_elems, r->elem, g.size())) r->ar_index = g.next_all_reduce++;
   FlightEntry e;
   e.group = g.recorder_group;
   e.seq = r->seq;
-  e.op = p2p ? fmt::format("{} {}->{}", comm_op_name(r->op), r->op == CommOp::send ? g.rank : r->peer,
-                           r->op == CommOp::send ? r->peer : g.rank)
-             : comm_op_name(r->op);
+  e.op = p2p ? fmt::format("{} {}->{}", comm_op_name(r->op), sender, receiver) : comm_op_name(r->op);
+  if (p2p) e.tag = r->tag;
   e.dtype = elem_name(r->elem);
   e.in_elems = r->in_elems;
   e.out_elems = r->out_elems;
@@ -440,6 +476,12 @@ Work CommEngine::enqueue(std::unique_ptr<Request> r) {
     return work;
   }
   TITAN_CHECK(mpi_, "a collective on group " + g.name + " of " + std::to_string(g.size()) + " ranks without MPI");
+  if (!failed_.empty()) [[unlikely]] {  // the thread stopped serving: this one fails at once
+    const std::string error = fmt::format("{} #{} on group {} was not started: {}", e.op, r->seq, g.key(), failed_);
+    lock.unlock();
+    fail_work(*r, error);
+    return work;
+  }
   queue_.push_back(std::move(r));
   lock.unlock();
   cv_.notify_one();
@@ -447,6 +489,15 @@ Work CommEngine::enqueue(std::unique_ptr<Request> r) {
 }
 
 void CommEngine::start_request(Request& r) {
+  if (inject_failure_.load(std::memory_order_relaxed)) [[unlikely]] {
+    std::string what;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      what = injected_failure_;
+      inject_failure_ = false;
+    }
+    throw std::runtime_error(what);
+  }
   CommGroup& g = *r.g;
   r.mpi = std::make_unique<MpiHandles>();
   r.started = steady_seconds();
@@ -457,10 +508,15 @@ void CommEngine::start_request(Request& r) {
   const int n = g.size();
   MPI_Request h = MPI_REQUEST_NULL;
   switch (r.op) {
-    case CommOp::split:  // blocking, collective over the parent
+    case CommOp::split: {  // blocking, collective over the parent: a member that never calls it holds the others
+      const Deadline d(fmt::format("MPI_Comm_split of group {} (#{}, making group {})",
+                                   g.key(), r.seq, r.split_child->name),
+                       init_timeout_.load(),
+                       [this](const std::string& what, double seconds) { expire_blocking(what, seconds, true); });
       MPI_Comm_split(g.comm, r.peer, r.tag, &r.split_child->comm);
       MPI_Comm_dup(r.split_child->comm, &r.split_child->comm2);
       return;
+    }
     case CommOp::barrier:
       check_mpi(MPI_Ibarrier(g.comm, &h), "MPI_Ibarrier");
       break;
@@ -684,21 +740,35 @@ void CommEngine::loop() {
       incoming.swap(queue_);
     }
     bool moved = !incoming.empty();
-    for (auto& r : incoming) {
-      start_request(*r);
-      active_.push_back(std::move(r));
-    }
-    for (size_t i = 0; i < active_.size();) {
-      if (progress(*active_[i])) {
-        finish_request(*active_[i]);
-        active_.erase(active_.begin() + long(i));
-        moved = true;
-      } else {
-        ++i;
+    // What the thread works on, for the error should it throw (named only then: nothing formatted here).
+    const Request* current = nullptr;
+    const char* phase = "";
+    try {
+      while (!incoming.empty()) {
+        current = incoming.front().get(), phase = "starting";
+        start_request(*incoming.front());
+        active_.push_back(std::move(incoming.front()));
+        incoming.pop_front();
       }
+      for (size_t i = 0; i < active_.size();) {
+        current = active_[i].get(), phase = "driving";
+        if (progress(*active_[i])) {
+          phase = "completing";
+          finish_request(*active_[i]);
+          active_.erase(active_.begin() + long(i));
+          moved = true;
+        } else {
+          ++i;
+        }
+      }
+      current = nullptr, phase = "";
+      check_deadlines();
+      serve_control();
+    } catch (const std::exception& e) {
+      fail_thread(current, phase, e.what(), incoming);
+    } catch (...) {
+      fail_thread(current, phase, "an exception of unknown type", incoming);
     }
-    check_deadlines();
-    serve_control();
     if (!active_.empty()) idle_polls = moved ? 0 : std::min(idle_polls + 1, 50);
   }
   // Stop: cancel the control receive, finalize.
@@ -709,8 +779,83 @@ void CommEngine::loop() {
     }
     for (auto& [req, buf] : control_->replies) MPI_Wait(&req, MPI_STATUS_IGNORE);
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  bool failed = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed = !failed_.empty();
+  }
+  // After a failure, transfers may still be in flight and other ranks may never come: leave
+  // without the barrier (the launcher sees a rank end without MPI_Finalize and ends the job).
+  if (failed) return;
+  // Every rank reaches the end together; a rank that died or hangs before it would hold the others
+  // here for good without a deadline.
+  const auto expire = [this](const std::string& what, double seconds) { expire_blocking(what, seconds, true); };
+  {
+    const Deadline d("the barrier at the job's end (every rank finishing)", init_timeout_.load(),
+                     expire);
+    MPI_Request barrier = MPI_REQUEST_NULL;
+    check_mpi(MPI_Ibarrier(MPI_COMM_WORLD, &barrier), "MPI_Ibarrier");
+    for (int done = 0; !done;) {
+      check_mpi(MPI_Test(&barrier, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  const Deadline d("MPI_Finalize", init_timeout_.load(), expire);
   MPI_Finalize();
+}
+
+void CommEngine::fail_work(Request& r, const std::string& error) {
+  std::lock_guard<std::mutex> lock(r.work->mu);
+  r.work->error = error;
+  r.work->done = true;
+  r.work->cv.notify_all();
+}
+
+void CommEngine::fail_thread(const Request* current, const char* phase, const std::string& what,
+                             std::deque<std::unique_ptr<Request>>& incoming) {
+  const std::string where =
+      current ? fmt::format(" while {} {} #{} on group {}", phase, comm_op_name(current->op), current->seq, current->g->key())
+              : std::string();
+  const std::string cause = fmt::format("the communication thread of rank {} failed{}: {}", world_rank_, where, what);
+  std::vector<std::unique_ptr<Request>> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_ = cause;
+    for (auto& r : queue_) pending.push_back(std::move(r));
+    queue_.clear();
+  }
+  for (auto& r : active_) pending.push_back(std::move(r));
+  active_.clear();
+  for (auto& r : incoming) pending.push_back(std::move(r));
+  incoming.clear();
+  std::fputs(fmt::format("titan: rank {}: {}\n", world_rank_, cause).c_str(), stderr);
+  dump_recorder("communication thread failed: " + cause);
+  dumped_ = true;
+  for (auto& r : pending) {
+    fail_work(*r, fmt::format("{} #{} on group {} failed: {}", comm_op_name(r->op), r->seq, r->g->key(), cause));
+    failed_requests_.push_back(std::move(r));  // MPI may still read or write their buffers
+  }
+}
+
+void CommEngine::expire_blocking(const std::string& what, double seconds, bool dump) {
+  const int rank = dump ? world_rank_ : launch_info().rank;  // (before MPI is up: as the launcher said)
+  fs::path folder;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    folder = trace_folder_;
+  }
+  std::string message = fmt::format(
+      "titan: rank {}: {} did not finish within {:g} s (comm.init_timeout_seconds): a rank of the job did not reach it "
+      "(it died, hangs, or is still starting: raise comm.init_timeout_seconds if start-up is that slow)",
+      rank, what, seconds);
+  if (dump) {
+    dump_recorder(fmt::format("deadline: {} did not finish within {:g} s", what, seconds));
+    dumped_ = true;
+    message += fmt::format(". Flight recorder: {} (read the dumps with `titan fr analyze {}`)", folder.string(),
+                           folder.string());
+  }
+  std::fputs((message + "\n").c_str(), stderr);
+  abort(3);
 }
 
 void CommEngine::check_deadlines() {
@@ -739,13 +884,18 @@ void CommEngine::serve_control() {
     const int requester = control_->incoming[1];
     // A rank whose own watchdog fired keeps its dump (and its reason).
     if (!dumped_) dump_recorder(fmt::format("dump requested by rank {}, whose watchdog fired", requester));
-    json last = json::object();
+    json last = json::object(), p2p = json::object();
     const std::vector<uint64_t> seqs = recorder_.last_seq();
+    const std::vector<std::map<std::string, uint64_t>> channels = recorder_.last_p2p_seq();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (const auto& g : groups_) last[g->key()] = seqs.at(size_t(g->recorder_group));
+      for (const auto& g : groups_) {
+        last[g->key()] = seqs.at(size_t(g->recorder_group));
+        if (!channels.at(size_t(g->recorder_group)).empty()) p2p[g->key()] = channels.at(size_t(g->recorder_group));
+      }
     }
-    control_->replies.emplace_back(MPI_REQUEST_NULL, json{{"rank", world_rank_}, {"last_seq", last}}.dump());
+    control_->replies.emplace_back(MPI_REQUEST_NULL,
+                                   json{{"rank", world_rank_}, {"last_seq", last}, {"last_p2p_seq", p2p}}.dump());
     auto& [req, buf] = control_->replies.back();
     MPI_Isend(buf.data(), int(buf.size()), MPI_CHAR, requester, kReplyTag, control_->comm, &req);
     MPI_Irecv(control_->incoming, 2, MPI_INT, MPI_ANY_SOURCE, kDumpTag, control_->comm, &control_->recv);
@@ -757,9 +907,32 @@ void CommEngine::serve_control() {
   });
 }
 
+std::string CommEngine::who_missed_p2p(const Request& r, const std::map<int, json>& replies) const {
+  const CommGroup& g = *r.g;
+  const bool sends = r.op == CommOp::send;
+  const int peer = g.world_ranks[size_t(r.peer)];
+  const int sender = sends ? g.rank : r.peer, receiver = sends ? r.peer : g.rank;
+  // The peer's half of the channel: the receive of this send, or the send of this receive.
+  const std::string other = fmt::format("{} {}->{}", sends ? "recv" : "send", sender, receiver);
+  const std::string channel = fmt::format("{} tag {}", other, r.tag);
+  auto it = replies.find(peer);
+  if (it == replies.end()) return fmt::format("did not answer (hung or dead): rank {}", peer);
+  uint64_t reached = 0;
+  if (const auto p2p = it->second.find("last_p2p_seq"); p2p != it->second.end())
+    if (const auto group = p2p->find(g.key()); group != p2p->end()) reached = group->value(channel, uint64_t(0));
+  if (reached < r.seq)
+    return fmt::format("never arrived: rank {} (its last {} with tag {} on the group is #{})", peer, other, r.tag, reached);
+  return fmt::format("rank {} posted its {} #{} with tag {} (the transfer may be stuck inside MPI)", peer, other, r.seq,
+                     r.tag);
+}
+
 void CommEngine::fire(const Request& r) {
   CommGroup& g = *r.g;
-  const std::string what = fmt::format("{} #{} on group {}", comm_op_name(r.op), r.seq, g.key());
+  const bool p2p = r.op == CommOp::send || r.op == CommOp::recv;
+  const std::string what =
+      p2p ? fmt::format("{} {}->{} #{} (tag {}) on group {}", comm_op_name(r.op), r.op == CommOp::send ? g.rank : r.peer,
+                        r.op == CommOp::send ? r.peer : g.rank, r.seq, r.tag, g.key())
+          : fmt::format("{} #{} on group {}", comm_op_name(r.op), r.seq, g.key());
   const double timeout = r.deadline - r.started;
   const std::string reason = fmt::format("watchdog: {} did not finish within {:g} s", what, timeout);
   // Ask every other rank to dump its recorder and say how far it got on each group.
@@ -772,9 +945,10 @@ void CommEngine::fire(const Request& r) {
   }
   dump_recorder(reason);
   dumped_ = true;
+  std::map<int, json> replies;      // world rank -> its reply
   std::map<int, uint64_t> reached;  // world rank -> its last sequence id on g
   const double grace_end = steady_seconds() + std::min(10.0, std::max(2.0, timeout));
-  while (int(reached.size()) < world_size_ - 1 && steady_seconds() < grace_end) {
+  while (int(replies.size()) < world_size_ - 1 && steady_seconds() < grace_end) {
     int flag = 0;
     MPI_Status st;
     MPI_Iprobe(MPI_ANY_SOURCE, kReplyTag, control_->comm, &flag, &st);
@@ -784,7 +958,10 @@ void CommEngine::fire(const Request& r) {
       std::string buf(size_t(len), '\0');
       MPI_Recv(buf.data(), len, MPI_CHAR, st.MPI_SOURCE, kReplyTag, control_->comm, MPI_STATUS_IGNORE);
       const json j = json::parse(buf, nullptr, false);
-      if (!j.is_discarded()) reached[st.MPI_SOURCE] = j["last_seq"].value(g.key(), uint64_t(0));
+      if (!j.is_discarded()) {
+        reached[st.MPI_SOURCE] = j["last_seq"].value(g.key(), uint64_t(0));
+        replies[st.MPI_SOURCE] = j;
+      }
     } else {
       serve_control();  // another rank's watchdog may be asking us at the same time
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -792,7 +969,7 @@ void CommEngine::fire(const Request& r) {
   }
   std::vector<std::string> never, silent;
   for (int q : g.world_ranks) {
-    if (q == world_rank_) continue;
+    if (q == world_rank_ || p2p) continue;
     auto it = reached.find(q);
     if (it == reached.end()) silent.push_back(std::to_string(q));
     else if (it->second < r.seq) never.push_back(fmt::format("rank {} (its last on the group is #{})", q, it->second));
@@ -808,6 +985,7 @@ void CommEngine::fire(const Request& r) {
     who += silent.size() > 1 ? "s " : " ";
     for (size_t i = 0; i < silent.size(); ++i) who += (i ? ", " : "") + silent[i];
   }
+  if (p2p) who = who_missed_p2p(r, replies);
   if (who.empty()) who = "every member reached it (a member may be stuck inside it)";
   fs::path folder;
   {

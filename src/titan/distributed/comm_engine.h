@@ -4,7 +4,13 @@
 // drives their progress with MPI_Test, sums reductions in rank order, counts each group's traffic
 // per collective, records every request in the flight recorder, and is the watchdog: a request
 // not finished within the timeout makes every rank dump its recorder and ends the job with one
-// message naming the collective, its sequence id and the ranks that never arrived.
+// message naming the collective, its sequence id and the ranks that never arrived. A point-to-point
+// transfer has its own sequence id, counted per (group, sender, receiver, tag): the n-th send of a
+// channel is the n-th receive of its peer, so a stuck receive is reported against its send.
+// The blocking MPI calls the thread makes (start-up, splits, the final barrier) have a deadline of
+// their own (deadline.h), the start-up timeout. An exception on the thread (bad_alloc, a failed
+// check) does not end the process: the thread dumps its flight recorder and fails every pending and
+// later request with an error naming what failed, which their Work::wait throws.
 //
 // Without a launcher the engine runs without MPI: the world is one rank and every collective
 // completes at once.
@@ -22,6 +28,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "titan/distributed/flight_recorder.h"
 #include "titan/distributed/process_group.h"
@@ -110,6 +118,11 @@ class CommEngine {
   // Watchdog and flight-recorder settings (TorchTitan's [comm] keys). The timeout applies to
   // requests issued from now on.
   void set_timeout(double seconds);
+  // The deadline of the calls that block the communication thread (MPI_Init and the start-up
+  // collectives, MPI_Comm_split / MPI_Comm_dup, the barrier and MPI_Finalize in stop()): the
+  // start-up timeout (comm.init_timeout_seconds). Set it before start() to cover MPI's start-up.
+  void set_init_timeout(double seconds);
+  double init_timeout() const { return init_timeout_.load(); }
   void set_trace_folder(const std::filesystem::path& folder);
   void set_trace_buffer(size_t entries);
   FlightRecorder& recorder() { return recorder_; }
@@ -130,6 +143,10 @@ class CommEngine {
   // (or completes it at once for a one-rank group). Returns its Work.
   Work enqueue(std::unique_ptr<Request> request);
 
+  // Test hook: the communication thread throws std::runtime_error(what) when it starts its next
+  // request, as a real failure there (bad_alloc, a failed check) would.
+  void fail_next_request_for_test(const std::string& what);
+
  private:
   CommEngine() = default;
   void loop();
@@ -141,7 +158,17 @@ class CommEngine {
   void serve_control();
   static std::chrono::microseconds poll_pause(int idle_polls, bool caller_waiting);
   [[noreturn]] void fire(const Request& r);
+  // The watchdog's message about a point-to-point request: its peer's progress on the channel.
+  std::string who_missed_p2p(const Request& r, const std::map<int, nlohmann::json>& replies) const;
   void dump_recorder(const std::string& reason);
+  // A blocking call that overran init_timeout(): says so, naming it, dumps the recorder when
+  // `dump` (MPI is up) and ends the job.
+  [[noreturn]] void expire_blocking(const std::string& what, double seconds, bool dump);
+  // An exception escaped the thread's work on `current` (null: between requests): every pending
+  // request fails with `what`, and so does every later one.
+  void fail_thread(const Request* current, const char* phase, const std::string& what,
+                   std::deque<std::unique_ptr<Request>>& incoming);
+  void fail_work(Request& r, const std::string& error);
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -158,6 +185,11 @@ class CommEngine {
   std::vector<std::unique_ptr<CommGroup>> groups_;
   std::unique_ptr<ProcessGroup> world_;
   std::atomic<double> timeout_{300.0};
+  std::atomic<double> init_timeout_{300.0};
+  std::string failed_;  // why the thread stopped serving requests (empty while it serves them)
+  std::vector<std::unique_ptr<Request>> failed_requests_;  // kept: MPI may still use their buffers
+  std::atomic<bool> inject_failure_{false};
+  std::string injected_failure_;
   std::filesystem::path trace_folder_ = "comm_traces";
   FlightRecorder recorder_;
   std::atomic<int64_t> exposed_ns_{0};

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <set>
@@ -41,13 +42,17 @@ int FlightRecorder::add_group(const std::string& name, const std::vector<int>& r
   std::lock_guard<std::mutex> lock(mu_);
   groups_.push_back({name, ranks});
   last_seq_.push_back(0);
+  last_p2p_seq_.emplace_back();
   return int(groups_.size()) - 1;
 }
 
 uint64_t FlightRecorder::record(FlightEntry e) {
   std::lock_guard<std::mutex> lock(mu_);
   e.record_id = next_id_++;
-  if (e.group >= 0 && size_t(e.group) < last_seq_.size()) last_seq_[size_t(e.group)] = e.seq;
+  if (e.group >= 0 && size_t(e.group) < last_seq_.size()) {
+    if (e.tag < 0) last_seq_[size_t(e.group)] = e.seq;
+    else last_p2p_seq_[size_t(e.group)][fmt::format("{} tag {}", e.op, e.tag)] = e.seq;
+  }
   if (ring_.size() < capacity_) ring_.push_back(std::move(e));
   else ring_[e.record_id % capacity_] = std::move(e);
   return next_id_ - 1;
@@ -67,6 +72,11 @@ std::vector<uint64_t> FlightRecorder::last_seq() const {
   return last_seq_;
 }
 
+std::vector<std::map<std::string, uint64_t>> FlightRecorder::last_p2p_seq() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_p2p_seq_;
+}
+
 json FlightRecorder::dump(int rank, int world_size, const std::string& reason) const {
   std::lock_guard<std::mutex> lock(mu_);
   json groups = json::array();
@@ -75,11 +85,13 @@ json FlightRecorder::dump(int rank, int world_size, const std::string& reason) c
   for (const FlightEntry& e : ring_) order.push_back(&e);
   std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->record_id < b->record_id; });
   json entries = json::array();
-  for (const FlightEntry* e : order)
+  for (const FlightEntry* e : order) {
     entries.push_back({{"record_id", e->record_id}, {"group", groups_.at(size_t(e->group)).name},
                        {"seq", e->seq}, {"op", e->op}, {"dtype", e->dtype}, {"in_elems", e->in_elems},
                        {"out_elems", e->out_elems}, {"state", op_state_name(e->state)},
                        {"enqueued_s", e->enqueued}, {"started_s", e->started}, {"completed_s", e->completed}});
+    if (e->tag >= 0) entries.back()["tag"] = e->tag;
+  }
   return {{"format", "titan-flight-recorder"}, {"version", 1}, {"rank", rank}, {"world_size", world_size},
           {"reason", reason}, {"groups", groups}, {"entries", entries}};
 }
@@ -94,7 +106,9 @@ struct RankDump {
   int rank = 0;
   std::string reason;
   std::map<std::string, std::vector<int>> groups;         // name -> world ranks
-  std::map<std::string, std::map<uint64_t, json>> entries;  // group -> seq -> entry
+  std::map<std::string, std::map<uint64_t, json>> entries;  // group -> seq -> entry (collectives)
+  // group -> channel ("0->1 tag 3", group ranks) -> seq -> entry (this rank's sends or receives on it)
+  std::map<std::string, std::map<std::string, std::map<uint64_t, json>>> p2p;
 };
 
 std::string describe(const json& e) {
@@ -107,6 +121,60 @@ std::string rank_list(const std::vector<int>& ranks) {
   std::string out;
   for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
   return out;
+}
+
+// A point-to-point channel's report line: its first transfer one side never posted, or posted with
+// another size or dtype, or that did not complete; empty when the two sides agree. `channel` is
+// "S->R tag T" in group ranks; its sends are in S's dump, its receives in R's.
+std::string analyze_channel(const std::string& group, const std::string& channel, const std::vector<int>& members,
+                            const std::map<int, RankDump>& dumps) {
+  int src = -1, dst = -1, tag = 0;
+  if (std::sscanf(channel.c_str(), "%d->%d tag %d", &src, &dst, &tag) != 3 || src < 0 || dst < 0 ||
+      size_t(src) >= members.size() || size_t(dst) >= members.size())
+    return {};
+  const int sender = members[size_t(src)], receiver = members[size_t(dst)];
+  const auto side = [&](int rank) -> const std::map<uint64_t, json>* {
+    auto d = dumps.find(rank);
+    if (d == dumps.end()) return nullptr;
+    auto g = d->second.p2p.find(group);
+    if (g == d->second.p2p.end()) return nullptr;
+    auto c = g->second.find(channel);
+    return c == g->second.end() ? nullptr : &c->second;
+  };
+  const auto* sends = side(sender);
+  const auto* recvs = side(receiver);
+  if (!dumps.count(sender) || !dumps.count(receiver)) return {};  // the group's line names the missing dump
+  uint64_t first = 1, last = 0;
+  for (const auto* s : {sends, recvs})
+    if (s && !s->empty()) first = std::max(first, s->begin()->first), last = std::max(last, s->rbegin()->first);
+  const auto last_of = [](const std::map<uint64_t, json>* s) {
+    return !s || s->empty() ? std::string("none") : describe(s->rbegin()->second);
+  };
+  for (uint64_t q = first; q <= last; ++q) {
+    const json* snd = nullptr;
+    const json* rcv = nullptr;
+    if (sends)
+      if (auto it = sends->find(q); it != sends->end()) snd = &it->second;
+    if (recvs)
+      if (auto it = recvs->find(q); it != recvs->end()) rcv = &it->second;
+    if (!snd && !rcv) continue;  // fell off both rings
+    const std::string head = fmt::format("group {}: transfer {} #{}: ", group, channel, q);
+    if (!snd)
+      return head + fmt::format("rank {} never posted the send that rank {}'s {} waits for; rank {}'s last send on "
+                                "the channel is {}\n",
+                                sender, receiver, describe(*rcv), sender, last_of(sends));
+    if (!rcv)
+      return head + fmt::format("rank {} never posted the receive of rank {}'s {}; rank {}'s last receive on the "
+                                "channel is {}\n",
+                                receiver, sender, describe(*snd), receiver, last_of(recvs));
+    if ((*snd)["dtype"] != (*rcv)["dtype"] || (*snd)["in_elems"] != (*rcv)["out_elems"])
+      return head + fmt::format("rank {} sends {} but rank {} receives {}\n", sender, describe(*snd), receiver,
+                                describe(*rcv));
+    if ((*snd)["state"] != "completed" || (*rcv)["state"] != "completed")
+      return head + fmt::format("posted on both sides but not completed: rank {} {}, rank {} {}\n", sender,
+                                describe(*snd), receiver, describe(*rcv));
+  }
+  return {};
 }
 
 // The report lines for one group: its first divergence, or that its ranks agree.
@@ -170,6 +238,22 @@ std::string analyze_group(const std::string& name, const std::vector<int>& membe
   return head + fmt::format("ranks agree on collectives #{}..#{}, all completed\n", first, last);
 }
 
+// The report lines of a group's point-to-point channels: each divergent one, or how many agree.
+std::string analyze_p2p(const std::string& name, const std::vector<int>& members, const std::map<int, RankDump>& dumps) {
+  std::set<std::string> channels;
+  for (int r : members)
+    if (auto d = dumps.find(r); d != dumps.end())
+      if (auto g = d->second.p2p.find(name); g != d->second.p2p.end())
+        for (const auto& [channel, entries] : g->second) channels.insert(channel);
+  if (channels.empty()) return {};
+  std::string out;
+  for (const std::string& channel : channels) out += analyze_channel(name, channel, members, dumps);
+  if (out.empty())
+    out = fmt::format("group {}: point-to-point transfers agree on {} channel(s) (sender->receiver tag), all completed\n",
+                      name, channels.size());
+  return out;
+}
+
 }  // namespace
 
 std::string analyze_flight_dumps(const fs::path& folder) {
@@ -199,7 +283,18 @@ std::string analyze_flight_dumps(const fs::path& folder) {
       key_of[g.at("name").get<std::string>()] = key;
       d.groups[key] = ranks;
     }
-    for (const auto& e : j.at("entries")) d.entries[key_of.at(e.at("group").get<std::string>())][e.at("seq").get<uint64_t>()] = e;
+    for (const auto& e : j.at("entries")) {
+      const std::string& group = key_of.at(e.at("group").get<std::string>());
+      const uint64_t seq = e.at("seq").get<uint64_t>();
+      if (!e.contains("tag")) {
+        d.entries[group][seq] = e;
+        continue;
+      }
+      // "send 0->1" -> channel "0->1 tag T"
+      const std::string op = e.at("op").get<std::string>();
+      const std::string channel = op.substr(op.find(' ') + 1) + " tag " + std::to_string(e.at("tag").get<int>());
+      d.p2p[group][channel][seq] = e;
+    }
     dumps[d.rank] = std::move(d);
   }
   TITAN_CHECK(!dumps.empty(), folder.string() + " holds no rank*.json dump",
@@ -211,7 +306,7 @@ std::string analyze_flight_dumps(const fs::path& folder) {
   std::map<std::string, std::vector<int>> groups;
   for (const auto& [r, d] : dumps)
     for (const auto& [name, ranks] : d.groups) groups.emplace(name, ranks);
-  for (const auto& [name, ranks] : groups) out += analyze_group(name, ranks, dumps);
+  for (const auto& [name, ranks] : groups) out += analyze_group(name, ranks, dumps) + analyze_p2p(name, ranks, dumps);
   return out;
 }
 
