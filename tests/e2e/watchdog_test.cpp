@@ -177,6 +177,8 @@ TEST(Watchdog, ACommunicationThreadFailureReachesTheCallers) {
                                      failed)),
               std::string::npos)
         << j.out;
+    EXPECT_NE(j.out.find(fmt::format("rank {}: a failed request settles without throwing", r)), std::string::npos)
+        << j.out;
     ASSERT_TRUE(fs::exists(titan::distributed::flight_dump_path(dir, r))) << j.out;
     const auto dump = nlohmann::json::parse(std::ifstream(titan::distributed::flight_dump_path(dir, r)));
     EXPECT_NE(dump["reason"].get<std::string>().find("communication thread failed"), std::string::npos) << dump;

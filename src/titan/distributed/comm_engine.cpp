@@ -245,6 +245,12 @@ void Work::wait() const {
                               "restarts from the last committed checkpoint)");
 }
 
+void Work::settle() const noexcept {
+  if (!state_) return;
+  std::unique_lock<std::mutex> lock(state_->mu);
+  state_->cv.wait(lock, [&] { return state_->done; });
+}
+
 bool Work::completed() const {
   if (!state_) return true;
   std::lock_guard<std::mutex> lock(state_->mu);

@@ -51,7 +51,7 @@ Ddp::Ddp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const Pr
 
 Ddp::~Ddp() {
   for (nn::Module* m : hooked_) m->set_unit_hooks(nullptr);
-  for (Bucket& b : buckets_) b.reduce.wait();
+  for (Bucket& b : buckets_) b.reduce.settle();
 }
 
 std::string Ddp::describe() const {

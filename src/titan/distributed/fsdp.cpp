@@ -137,10 +137,10 @@ Fsdp::Fsdp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const 
 
 Fsdp::~Fsdp() {
   for (auto& u : units_) {
-    for (const Work& w : u->gathers) w.wait();
+    for (const Work& w : u->gathers) w.settle();
     if (u->module) const_cast<nn::Module*>(u->module)->set_unit_hooks(nullptr);
   }
-  for (auto& rd : reductions_) rd->reduce_scatter.wait(), rd->all_reduce.wait();
+  for (auto& rd : reductions_) rd->reduce_scatter.settle(), rd->all_reduce.settle();
 }
 
 std::string Fsdp::describe() const {

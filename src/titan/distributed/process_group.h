@@ -31,11 +31,15 @@ struct WorkState;
 
 // A handle on one enqueued collective. wait() blocks until it completed; the time spent blocked
 // counts as exposed communication (comm_engine.h: exposed_seconds). Default: already complete.
+// A request the communication thread could not complete (it failed: comm_engine.h) makes wait()
+// throw a titan::Error naming what failed; settle() waits the same way without throwing, for
+// destructors, which only need the request to be done with their buffers.
 class Work {
  public:
   Work() = default;
   explicit Work(std::shared_ptr<WorkState> state) : state_(std::move(state)) {}
   void wait() const;
+  void settle() const noexcept;
   bool completed() const;
 
  private:

@@ -9,7 +9,8 @@
 //   stop   rank 1 never reaches the end: rank 0's barrier in stop() ends the job
 //   init   rank 1 sleeps before MPI starts: rank 0's MPI_Init deadline ends the job
 //   throw  the communication thread of every rank throws on its next request: the caller's wait()
-//          throws an error naming it (printed as "caught: ..."), later requests fail the same way
+//          throws an error naming it (printed as "caught: ..."), later requests fail the same way;
+//          settle() (destructors' wait) returns without throwing
 #include <unistd.h>
 
 #include <cstdio>
@@ -61,6 +62,9 @@ int main(int argc, char** argv) {
       }
       std::fflush(stdout);
     }
+    world.all_reduce(t).settle();  // as a destructor waits: no throw
+    std::printf("rank %d: a failed request settles without throwing\n", world.rank());
+    std::fflush(stdout);
     sleep(1);  // the other rank prints too (nothing can wait for it: communication is down)
     engine.abort(1);  // the job cannot go on; as `titan train` ends after an error
   }
