@@ -887,7 +887,9 @@ const std::vector<KeySpec>& config_schema() {
       {"comm", "init_timeout_seconds", member<&C::comm, &Comm::init_timeout_seconds>, at_least(1),
        "Watchdog deadline, in seconds, for each collective until the first step ends (start-up, first "
        "checkpoint load): a collective that has not finished by then dumps every rank's flight recorder and "
-       "ends the job, naming the collective and the ranks that never arrived."},
+       "ends the job, naming the collective and the ranks that never arrived. Also the deadline of the MPI "
+       "calls that block the communication thread (MPI_Init and the start-up collectives, communicator "
+       "splits, the barrier and MPI_Finalize at the end), which end the job naming the call."},
       {"comm", "timeout_seconds", member<&C::comm, &Comm::timeout_seconds>, at_least(1),
        "Watchdog deadline, in seconds, for each collective from the second step on."},
       {"comm", "trace_buf_size", member<&C::comm, &Comm::trace_buf_size>, at_least(1),
