@@ -153,6 +153,7 @@ struct TinyRun {
                           << "[model]\nname = \"llama3\"\nflavor = \"debugmodel\"\n"
                           << "[training]\nlocal_batch_size = 2\nseq_len = 64\nsteps = " << steps
                           << "\ndataset_path = \"" << data.string() << "\"\nmixed_precision_param = \"float32\"\n"
+                          << "[lr_scheduler]\nwarmup_steps = 2\n"
                           << "[checkpoint]\nenable = true\ninterval = 1000\nlast_save_model_only = false\n"
                           << "[metrics]\nlog_freq = 1\nenable_plots = false\n[validation]\nenable = false\n";
   }
