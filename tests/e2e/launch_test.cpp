@@ -1,7 +1,8 @@
 // `titan launch`: what it refuses before starting anything; a stop request (SIGUSR1 from a batch
 // system to the job's process group, Ctrl-C from the terminal) saves a checkpoint, exits 0 and the
 // same command resumes; a `titan train` rank asked to stop during its start-up stops cleanly; a
-// supervisor started with SIGCHLD ignored still sees its job end. (Restarts themselves run in the
+// supervisor started with SIGCHLD ignored still sees its job end; one killed takes its job along;
+// a second Ctrl-C ends every process of the job. (Restarts themselves run in the
 // chaos suite, e2e.chaos: scripts/chaos.sh under ctest.)
 #include <gtest/gtest.h>
 
@@ -10,7 +11,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -163,6 +166,31 @@ struct TinyRun {
   }
 };
 
+// The live processes (zombies aside) whose parent is `id` (or, with by_group, whose process group
+// is `id`), from /proc/PID/stat.
+std::vector<pid_t> processes(pid_t id, bool by_group) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = read(e.path() / "stat");
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    long ppid = 0, pgrp = 0;
+    if (std::sscanf(stat.c_str() + close + 1, " %c %ld %ld", &state, &ppid, &pgrp) != 3) continue;
+    if (state != 'Z' && state != 'X' && (by_group ? pgrp : ppid) == id) out.push_back(pid_t(std::stol(name)));
+  }
+  return out;
+}
+
+// Whether process `pid` runs (exited but not yet reaped counts as ended).
+bool alive(pid_t pid) {
+  const std::string stat = read("/proc/" + std::to_string(pid) + "/stat");
+  const size_t close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z' && stat[close + 2] != 'X';
+}
+
 const std::vector<std::string> kJobEnv = {"OMP_NUM_THREADS=1", "OMP_PROC_BIND=false", "OMP_WAIT_POLICY=PASSIVE",
                                           "TITAN_MPIRUN=" TITAN_MPIEXEC};
 
@@ -263,4 +291,56 @@ TEST(Launch, ARestartGoesOnFromTheNewestCommitNotLoadStep) {
   const titan::train::JobConfig c = titan::train::load_config(
       t.config.string(), {"--checkpoint.load_step=2", "--checkpoint.load_step=4"});
   EXPECT_EQ(c.checkpoint.load_step, 4);
+}
+
+// A supervisor killed outright (SIGKILL: no handler runs) still takes its job along, although the
+// job has a process group of its own: mpirun gets SIGTERM (PR_SET_PDEATHSIG) and ends its ranks.
+TEST(Launch, AKilledSupervisorTakesItsJobAlong) {
+  const TinyRun t("kill", 5000);  // far from ending by itself
+  const fs::path log = t.dir / "launch.log";
+  const pid_t supervisor = start_job(t.launch(2), log, kJobEnv);
+  ASSERT_TRUE(wait_until(supervisor, 120, [&] { return progress_step(t.run) >= 1; })) << read(log);
+  const std::vector<pid_t> children = processes(supervisor, /*by_group=*/false);
+  ASSERT_EQ(children.size(), 1u) << read(log);
+  const pid_t mpirun = children[0];
+  EXPECT_EQ(::getpgid(mpirun), mpirun) << "mpirun is not in a process group of its own";
+  std::vector<pid_t> job = processes(mpirun, /*by_group=*/false);  // its ranks (Open MPI gives each a group)
+  EXPECT_EQ(job.size(), 2u);
+  job.push_back(mpirun);
+  const auto running = [&] { return std::count_if(job.begin(), job.end(), alive); };
+  ::kill(supervisor, SIGKILL);
+  ::waitpid(supervisor, nullptr, 0);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (running() > 0 && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(running(), 0) << "the job outlived its supervisor by 30 s\n" << read(log);
+  for (pid_t p : job) ::kill(p, SIGKILL);  // (whatever is left)
+}
+
+// A second Ctrl-C ends the job at once: SIGTERM to it, and 5 s later SIGKILL to mpirun and every
+// process below it, although a rank has a process group of its own (as Open MPI gives each) and
+// ignores SIGTERM. The job here is a stand-in mpirun that ignores SIGTERM too.
+TEST(Launch, ASecondCtrlCEndsTheWholeJob) {
+  const TinyRun t("end", 1);
+  const fs::path fake = t.dir / "mpirun.sh", rank_pid = t.dir / "rank.pid";
+  std::ofstream(fake) << "#!/bin/sh\ntrap '' TERM\nsetsid sleep 1000 &\necho $! > " << rank_pid.string()
+                      << "\nwhile true; do sleep 1; done\n";
+  fs::permissions(fake, fs::perms::owner_all);
+  const fs::path log = t.dir / "launch.log";
+  const pid_t supervisor = start_job(t.launch(2), log, {"TITAN_MPIRUN=" + fake.string()});
+  ASSERT_TRUE(wait_until(supervisor, 20, [&] { return fs::exists(rank_pid) && fs::file_size(rank_pid) > 0; }))
+      << read(log);
+  const pid_t rank = pid_t(std::stol(read(rank_pid)));
+  ::kill(-supervisor, SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ::kill(-supervisor, SIGINT);
+  const int status = wait_job(supervisor, 20);
+  const std::string out = read(log);
+  EXPECT_TRUE(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGINT) << describe(status) << "\n"
+                                                                                        << out;
+  EXPECT_NE(out.find("[launch] stopped by signal 2; not restarting"), std::string::npos) << out;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (alive(rank) && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(alive(rank)) << "the rank (pid " << rank << ") outlived its job";
+  ::kill(rank, SIGKILL);
 }

@@ -111,6 +111,30 @@ struct StuckJob {
   }
 };
 
+// `root` and every process below it (/proc: parents), children after their parents. Open MPI puts
+// each rank it starts in a process group of its own, so the job's group alone is mpirun.
+std::vector<pid_t> process_tree(pid_t root) {
+  std::vector<std::pair<pid_t, pid_t>> parent_of;  // (pid, ppid)
+  std::error_code ec;
+  for (auto it = fs::directory_iterator("/proc", ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(it->path() / "stat");
+    std::string stat;
+    std::getline(f, stat);
+    const size_t close = stat.rfind(')');
+    char state = 0;
+    long ppid = 0;
+    if (close != std::string::npos && std::sscanf(stat.c_str() + close + 1, " %c %ld", &state, &ppid) == 2)
+      parent_of.emplace_back(pid_t(std::stol(name)), pid_t(ppid));
+  }
+  std::vector<pid_t> tree = {root};
+  for (size_t i = 0; i < tree.size(); ++i)
+    for (const auto& [pid, ppid] : parent_of)
+      if (ppid == tree[i]) tree.push_back(pid);
+  return tree;
+}
+
 std::string describe_exit(int status) {
   if (WIFSIGNALED(status)) return "mpirun killed by signal " + std::to_string(WTERMSIG(status));
   return "mpirun exited with status " + std::to_string(WEXITSTATUS(status)) + " (a rank died or failed)";
@@ -118,8 +142,9 @@ std::string describe_exit(int status) {
 
 // Runs mpirun in a process group of its own (so that the terminal's Ctrl-C reaches only this
 // supervisor, which asks for a save and stop; Open MPI would abort the job on it); returns its wait
-// status. While it runs, `on_poll` is called every 50 ms; when it returns true, the job's group is
-// ended (SIGTERM, then SIGKILL 5 s later) and *ended_it is set.
+// status. While it runs, `on_poll` is called every 50 ms; when it returns true, the job is ended
+// (SIGTERM to its group, which ends its ranks; 5 s later SIGKILL to its group and every process
+// below mpirun) and *ended_it is set.
 template <class Poll>
 int run_job(const std::vector<std::string>& argv, int attempt, Poll on_poll, bool* ended_it) {
   const pid_t supervisor = ::getpid();
@@ -171,7 +196,10 @@ int run_job(const std::vector<std::string>& argv, int attempt, Poll on_poll, boo
       *ended_it = true;
       end_job();
     }
-    if (ending_since > 0 && unix_seconds() - ending_since > 5) ::kill(-child, SIGKILL);
+    if (ending_since > 0 && unix_seconds() - ending_since > 5) {
+      for (const pid_t p : process_tree(child)) ::kill(p, SIGKILL);  // (mpirun first: it starts no more)
+      ::kill(-child, SIGKILL);
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   on_poll();  // a last look: the job may have trained and ended within the last 50 ms
