@@ -148,9 +148,14 @@ std::string describe_exit(int status) {
 template <class Poll>
 int run_job(const std::vector<std::string>& argv, int attempt, Poll on_poll, bool* ended_it) {
   const pid_t supervisor = ::getpid();
+  // Closed by the child's exec: until then the child is a copy of this process, whose SIGUSR1
+  // handler a forwarded request would reach instead of mpirun's.
+  int exec_pipe[2];
+  TITAN_CHECK(::pipe2(exec_pipe, O_CLOEXEC) == 0, "titan launch: cannot create a pipe", "check the open-file limit");
   const pid_t child = ::fork();
   TITAN_CHECK(child >= 0, "titan launch: cannot fork", "check the process limits");
   if (child == 0) {
+    ::close(exec_pipe[0]);
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);            // a supervisor killed outright takes its job along...
     if (::getppid() != supervisor) std::_Exit(1);  // ... also one killed before that line
@@ -165,6 +170,9 @@ int run_job(const std::vector<std::string>& argv, int attempt, Poll on_poll, boo
     std::_Exit(127);
   }
   ::setpgid(child, child);  // (both sides set it: whichever runs first)
+  ::close(exec_pipe[1]);
+  ::fcntl(exec_pipe[0], F_SETFL, O_NONBLOCK);
+  bool execed = false;
   const double started = unix_seconds();
   int status = 0;
   bool forwarded = false;
@@ -180,14 +188,19 @@ int run_job(const std::vector<std::string>& argv, int attempt, Poll on_poll, boo
       // SIGCHLD would make it so; launch_main restores the default). Nothing left to supervise.
       const int e = errno;
       end_job();
+      ::close(exec_pipe[0]);
       TITAN_FAIL("titan launch: waitpid on mpirun (pid " + std::to_string(child) + ") failed: " + std::strerror(e) +
                      "; its exit status is lost, so the job's end cannot be told from a failure",
                  "the job was ended; see its output and <job.dump_folder>/progress.json for how far it got, and "
                  "rerun the same command to resume from its last checkpoint");
     }
+    if (!execed) {
+      char c = 0;
+      execed = ::read(exec_pipe[0], &c, 1) == 0;  // end of file: the child ran exec (or ended)
+    }
     // The first request asks the ranks to save and stop: SIGUSR1 to mpirun, which passes it on to
     // every rank, once it listens for it (within 10 s of its start, else it is sent anyway).
-    if (g_signal && !forwarded && (catches(child, SIGUSR1) || unix_seconds() - started > 10)) {
+    if (g_signal && !forwarded && execed && (catches(child, SIGUSR1) || unix_seconds() - started > 10)) {
       forwarded = true;
       ::kill(child, SIGUSR1);
     }
@@ -202,6 +215,7 @@ int run_job(const std::vector<std::string>& argv, int attempt, Poll on_poll, boo
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  ::close(exec_pipe[0]);
   on_poll();  // a last look: the job may have trained and ended within the last 50 ms
   return status;
 }
