@@ -345,10 +345,6 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
   // deadline, and a dump goes where the watchdog's do.
   distributed::CommEngine::get().set_init_timeout(double(config.comm.init_timeout_seconds));
   distributed::CommEngine::get().set_trace_folder(fs::path(config.job.dump_folder) / config.comm.save_traces_folder);
-  // MPI's start-up and the mesh's splits block the communication thread: they have the start-up
-  // deadline, and a dump goes where the watchdog's do.
-  distributed::CommEngine::get().set_init_timeout(double(config.comm.init_timeout_seconds));
-  distributed::CommEngine::get().set_trace_folder(fs::path(config.job.dump_folder) / config.comm.save_traces_folder);
   s.engine = &distributed::init_runtime();
   s.world = world ? world : &s.engine->world();
   s.lead = s.world->rank() == 0;
