@@ -98,18 +98,24 @@ TEST(Reshard, SavedOnAllRanksResumesOnFewerAndOnDdp) {
   // Errors, on rank 0 alone (the others have nothing to do and wait).
   if (world().rank() == 0) {
     const distributed::ProcessGroup& one_rank = solo();
-    // A rank's file lost: named, before training starts.
+    // A rank's file lost (no rank sees it: damage, set aside): named, before training starts.
     const fs::path broken = root / "broken";
     seed_run(root / "straight", broken);
     fs::remove(broken / "checkpoint" / "step-10" / "shard-00001.safetensors");
     const std::string missing = error_of([&] { train::Trainer t(config(data, broken, 1, 1, 1), "broken.toml", &one_rank); });
-    EXPECT_NE(missing.find("shard-00001.safetensors but the file is missing"), std::string::npos) << missing;
-    // Metadata that does not match the model: a tensor of another shape.
+    EXPECT_NE(missing.find("shard-00001.safetensors: No such file or directory"), std::string::npos) << missing;
+    // Metadata that does not match the model: a tensor of another shape (its pieces tile it: the
+    // saved pieces twice over).
     const fs::path other = root / "other_shape";
     seed_run(root / "straight", other);
     const fs::path meta = other / "checkpoint" / "step-10" / "metadata.json";
     nlohmann::json m = nlohmann::json::parse(std::ifstream(meta));
-    m["tensors"]["model.norm.weight"]["shape"] = {512};
+    nlohmann::json& norm = m["tensors"]["model.norm.weight"];
+    norm["shape"] = {512};
+    for (nlohmann::json piece : nlohmann::json(norm["shards"])) {
+      piece["offsets"][0] = piece["offsets"][0].get<int64_t>() + 256;
+      norm["shards"].push_back(piece);
+    }
     std::ofstream(meta) << m.dump();
     const std::string shape = error_of([&] { train::Trainer t(config(data, other, 1, 1, 1), "other.toml", &one_rank); });
     EXPECT_NE(shape.find("checkpoint tensor 'model.norm.weight' is [512] but the model's is [256]"), std::string::npos)

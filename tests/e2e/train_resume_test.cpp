@@ -281,6 +281,11 @@ TEST(TrainE2E, AWeightsOnlyFinalSaveIsNeverAResumePoint) {
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 5, 6, 7, 8})) << "the rerun goes on from step 4";
   EXPECT_EQ(bytes(ckpt / "step-2" / "shard-00000.safetensors"), step2) << "an earlier checkpoint was overwritten";
   EXPECT_FALSE(train::is_weights_only(ckpt / "step-6"));  // saved again by the rerun, whole
+  // load_at_most (what `titan launch` sets on a restart of a run that pinned load_step) bounds the
+  // step resumed from, over load_step: here the newest full checkpoint up to 5 is step 4.
+  train::Trainer(config(data, run, with({"--training.steps=8", "--checkpoint.load_step=2",
+                                         "--checkpoint.load_at_most=5"})), "bounded").train();
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(run / "progress.json"))["resumed_from"], 4);
 
   const fs::path only = root / "only";
   train::Trainer(config(data, only, with({"--training.steps=1"})), "export").train();

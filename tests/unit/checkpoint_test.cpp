@@ -276,25 +276,27 @@ TEST(Checkpoint, RefusedOpensAreIOErrorsNotDamage) {
   fs::remove_all(root);
 }
 
-// Rank 0 judges what every rank's load came to: a file that no rank can see is damage; one that
-// rank 0 sees but another rank did not (a stale cache there), or any other I/O error, fails the
-// run and leaves the checkpoint in place; another error fails it naming the rank.
+// Rank 0 judges what every rank's load came to: a file that no rank sees is damage; one that some
+// rank sees but another did not (a stale cache there), or any other I/O error, fails the run and
+// leaves the checkpoint in place; another error fails it naming the rank.
 TEST(Checkpoint, LoadVerdictsTellDamageFromIOErrors) {
   using train::LoadVerdict;
   const fs::path root = fresh_dir("verdict");
   const fs::path dir = save_checkpoint(root, request(5));
   const fs::path present = dir / "shard-00000.safetensors", lost = dir / "shard-00001.safetensors";
-  EXPECT_EQ(train::judge_load(dir, {"", ""}).kind, LoadVerdict::Kind::loaded);
-  const LoadVerdict corrupt = train::judge_load(dir, {"", "Cchecksum mismatch"});
+  // As every rank's look says: here, the files that exist.
+  const auto seen = [](const fs::path& file) { return fs::exists(file); };
+  EXPECT_EQ(train::judge_load(dir, {"", ""}, seen).kind, LoadVerdict::Kind::loaded);
+  const LoadVerdict corrupt = train::judge_load(dir, {"", "Cchecksum mismatch"}, seen);
   EXPECT_EQ(corrupt.kind, LoadVerdict::Kind::damaged);
   EXPECT_NE(corrupt.report.find("rank 1: checksum mismatch"), std::string::npos) << corrupt.report;
-  EXPECT_EQ(train::judge_load(dir, {"M" + lost.string() + "\nmissing", ""}).kind, LoadVerdict::Kind::damaged);
-  const LoadVerdict hidden = train::judge_load(dir, {"", "M" + present.string() + "\nmissing"});
+  EXPECT_EQ(train::judge_load(dir, {"M" + lost.string() + "\nmissing", ""}, seen).kind, LoadVerdict::Kind::damaged);
+  const LoadVerdict hidden = train::judge_load(dir, {"", "M" + present.string() + "\nmissing"}, seen);
   EXPECT_EQ(hidden.kind, LoadVerdict::Kind::failed);
   EXPECT_NE(hidden.report.find("left in place"), std::string::npos) << hidden.report;
   EXPECT_NE(hidden.report.find("stale cache"), std::string::npos) << hidden.report;
-  EXPECT_EQ(train::judge_load(dir, {"IInput/output error", "Cchecksum mismatch"}).kind, LoadVerdict::Kind::failed);
-  const LoadVerdict other = train::judge_load(dir, {"", "Eshapes differ"});
+  EXPECT_EQ(train::judge_load(dir, {"IInput/output error", "Cchecksum mismatch"}, seen).kind, LoadVerdict::Kind::failed);
+  const LoadVerdict other = train::judge_load(dir, {"", "Eshapes differ"}, seen);
   EXPECT_EQ(other.kind, LoadVerdict::Kind::failed);
   EXPECT_NE(other.report.find("failed on rank 1: shapes differ"), std::string::npos) << other.report;
   // What each kind of failure is, as a rank reports it.
@@ -339,9 +341,12 @@ TEST(Checkpoint, SavingAStepAgainReplacesItAndAbandonedFoldersArePurged) {
   for (const auto& e : fs::directory_iterator(root)) EXPECT_EQ(e.path().filename(), "step-5");
   for (int s : {1, 7, 12}) fs::create_directories(root / ("step-" + std::to_string(s) + ".tmp"));
   for (int s : {3, 9}) fs::create_directories(root / ("step-" + std::to_string(s) + ".corrupt"));
+  // A replacement cut short between its two renames left step-8 only as step-8.replaced.
+  fs::copy(root / "step-5", root / "step-8.replaced");
   const std::vector<fs::path> removed = purge_abandoned(root, 1);
   EXPECT_EQ(removed.size(), 3u);
-  for (const char* kept : {"step-5", "step-12.tmp", "step-9.corrupt"}) EXPECT_TRUE(fs::exists(root / kept)) << kept;
+  for (const char* kept : {"step-5", "step-8", "step-12.tmp", "step-9.corrupt"}) EXPECT_TRUE(fs::exists(root / kept)) << kept;
+  EXPECT_FALSE(fs::exists(root / "step-8.replaced"));
   for (const char* gone : {"step-1.tmp", "step-7.tmp", "step-3.corrupt"}) EXPECT_FALSE(fs::exists(root / gone)) << gone;
   fs::remove_all(root);
 }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -189,18 +190,23 @@ void replace_folder(const fs::path& from, const fs::path& to) {
     if (ec) io_failed("cannot rename " + from.string() + " to " + to.filename().string(), ec, __LINE__);
     return;
   }
+  fs::path old = from;  // after the exchange, `from` holds the old folder
   if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_EXCHANGE) != 0) {
-    // No exchange on this file system (e.g. NFS): the old folder goes aside, then the new one in.
-    const fs::path aside = to.string() + ".replaced";
-    fs::remove_all(aside, ec);
-    if (!ec) fs::rename(to, aside, ec);
+    if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
+      io_failed("cannot exchange " + from.string() + " and " + to.filename().string(),
+                std::error_code(errno, std::generic_category()), __LINE__);
+    // No exchange on this file system (e.g. NFS): the old folder goes aside, then the new one in
+    // (a crash between the two leaves step-N.replaced, which a start puts back: purge_abandoned).
+    old = to.string() + ".replaced";
+    fs::remove_all(old, ec);
+    if (!ec) fs::rename(to, old, ec);
     if (!ec) fs::rename(from, to, ec);
     if (ec) io_failed("cannot replace " + to.string() + " by " + from.filename().string(), ec, __LINE__);
-    fs::remove_all(aside, ec);
-  } else {
-    fs::remove_all(from, ec);  // holds the old folder now
   }
-  if (ec) io_failed("cannot remove the replaced checkpoint folder", ec, __LINE__);
+  // The new folder is in place, committed: an old one that will not go is only worth a warning.
+  fs::remove_all(old, ec);
+  if (ec) std::fprintf(stderr, "warning: cannot remove the replaced checkpoint folder %s: %s\n", old.c_str(),
+                       ec.message().c_str());
 }
 
 }  // namespace
@@ -591,6 +597,16 @@ void keep_latest(const fs::path& root, int k) {
 }
 
 std::vector<fs::path> purge_abandoned(const fs::path& root, int keep) {
+  // A save that replaced step-N without an atomic exchange and was cut short between its two
+  // renames left the old step-N only as step-N.replaced: it goes back first.
+  for (const auto& [step, path] : step_folders(root, ".replaced")) {
+    const fs::path folder = step_folder(root, step);
+    std::error_code ec;
+    if (!fs::exists(folder, ec) && !ec && fs::exists(path / "metadata.json", ec)) {
+      fs::rename(path, folder, ec);
+      if (ec) io_failed("cannot put " + path.string() + " back as " + folder.filename().string(), ec, __LINE__);
+    }
+  }
   std::vector<fs::path> removed;
   for (const char* suffix : {".tmp", ".corrupt", ".replaced"}) {
     const auto folders = step_folders(root, suffix);

@@ -155,7 +155,8 @@ void keep_latest(const std::filesystem::path& root, int k);
 
 // Deletes what failed saves and damaged checkpoints left under root (step-N.tmp, step-N.corrupt,
 // step-N.replaced) but the newest `keep` of each kind, so that a crash loop cannot fill the disk;
-// returns the folders deleted. Call it only while no save of this run is in flight.
+// returns the folders deleted. A step-N.replaced whose step-N is missing (a save cut short while
+// it replaced the folder) is put back first. Call it only while no save of this run is in flight.
 std::vector<std::filesystem::path> purge_abandoned(const std::filesystem::path& root, int keep);
 
 std::filesystem::path step_folder(const std::filesystem::path& root, int64_t step);

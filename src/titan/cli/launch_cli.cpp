@@ -325,11 +325,12 @@ int launch_main(int argc, char** argv) {
     last_known = last;
     committed = std::max(committed, progress(run).value("checkpoint", int64_t(-1)));
     // checkpoint.load_step pins where the first attempt starts, not every restart: a restart goes
-    // on from the newest checkpoint this launch committed (the pinned one again while there is
-    // none). Without load_step, the trainer resumes from the newest committed checkpoint itself.
+    // on from the newest full checkpoint no later than the newest this launch committed (passing
+    // over a damaged one; the pinned one again while there is none). Without load_step, the
+    // trainer resumes from the newest committed checkpoint itself.
     cmd = first_cmd;
     if (config.checkpoint.load_step >= 0 && committed >= 0)
-      cmd.push_back("--checkpoint.load_step=" + std::to_string(committed));
+      cmd.push_back("--checkpoint.load_at_most=" + std::to_string(std::max(committed, config.checkpoint.load_step)));
     if (attempt == max_restarts) {
       std::printf("[launch] %s after step %lld; %d restarts used up, giving up\n", cause.c_str(),
                   static_cast<long long>(last), max_restarts);

@@ -200,10 +200,13 @@ std::string load_outcome(const std::function<void()>& load) {
     return "I" + e.message();
   } catch (const std::exception& e) {
     return "E" + std::string(e.what());
+  } catch (...) {
+    return "Ean exception that is not a std::exception";
   }
 }
 
-LoadVerdict judge_load(const fs::path& folder, const std::vector<std::string>& outcomes) {
+LoadVerdict judge_load(const fs::path& folder, const std::vector<std::string>& outcomes,
+                       const std::function<bool(const fs::path&)>& seen_by_some_rank) {
   LoadVerdict v;
   std::string damage, io;
   for (size_t r = 0; r < outcomes.size(); ++r) {
@@ -217,10 +220,10 @@ LoadVerdict judge_load(const fs::path& folder, const std::vector<std::string>& o
       damage += rank + o.substr(1);
     } else if (o[0] == 'M') {
       const size_t nl = o.find('\n');
-      const fs::path file = o.substr(1, nl - 1);
-      std::error_code ec;
-      if (fs::exists(file, ec) || ec) io += rank + o.substr(nl + 1) + " (this rank sees the file: a stale cache there?)";
-      else damage += rank + o.substr(nl + 1);
+      if (seen_by_some_rank(o.substr(1, nl - 1)))
+        io += rank + o.substr(nl + 1) + " (another rank sees the file: a stale cache here?)";
+      else
+        damage += rank + o.substr(nl + 1);
     } else {
       io += rank + o.substr(1);
     }

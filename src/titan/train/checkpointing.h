@@ -68,13 +68,14 @@ std::optional<std::filesystem::path> newest_full_checkpoint(const std::filesyste
 std::string load_outcome(const std::function<void()>& load);
 
 // What a load of `folder` came to over every rank's outcome, judged on one rank (rank 0): any other
-// error fails the run; a file no rank can see (this one looks again) is damage, as is a checksum
-// or format failure; an I/O error, or a file hidden from some rank only (a stale cache), fails
-// the run and leaves the checkpoint in place.
+// error fails the run; a file that no rank sees (seen_by_some_rank: every rank looked) is damage,
+// as is a checksum or format failure; an I/O error, or a file hidden from some ranks only (a stale
+// cache), fails the run and leaves the checkpoint in place.
 struct LoadVerdict {
   enum class Kind { loaded, damaged, failed } kind = Kind::loaded;
   std::string report;  // per rank, what was wrong (damaged, failed)
 };
-LoadVerdict judge_load(const std::filesystem::path& folder, const std::vector<std::string>& outcomes);
+LoadVerdict judge_load(const std::filesystem::path& folder, const std::vector<std::string>& outcomes,
+                       const std::function<bool(const std::filesystem::path&)>& seen_by_some_rank);
 
 }  // namespace titan::train

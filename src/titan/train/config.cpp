@@ -915,6 +915,10 @@ const std::vector<KeySpec>& config_schema() {
        "written when the one before it would be deleted."},
       {"checkpoint", "load_step", member<&C::checkpoint, &Checkpoint::load_step>, or_sentinel(at_least(0), -1),
        "Step to resume from. -1: the latest."},
+      {"checkpoint", "load_at_most", member<&C::checkpoint, &Checkpoint::load_at_most>, or_sentinel(at_least(0), -1),
+       "Resume from the newest full checkpoint of a step no later than this, passing over damaged ones as load_step = "
+       "-1 does; -1: no bound. Set over load_step. `titan launch` sets it when it restarts a run that pinned "
+       "load_step: to the newest checkpoint the job committed since."},
       {"checkpoint", "last_save_model_only", member<&C::checkpoint, &Checkpoint::last_save_model_only>, anything(),
        "The checkpoint written at the end holds the model weights only (no optimizer or train state)."},
       {"checkpoint", "export_dtype", member<&C::checkpoint, &Checkpoint::export_dtype>,

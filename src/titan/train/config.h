@@ -116,6 +116,7 @@ struct Checkpoint {
   std::string async_mode = "disabled";
   int64_t keep_latest_k = 10;
   int64_t load_step = -1;  // -1: the latest
+  int64_t load_at_most = -1;  // the newest step resume considers (-1: no bound); titan launch's restarts
   bool last_save_model_only = true;
   std::string export_dtype = "float32";
   std::string initial_load_path;

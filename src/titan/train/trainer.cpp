@@ -224,7 +224,9 @@ struct Trainer::State {
   // Resume from the newest full checkpoint (not a weights-only export) that loads: a damaged one
   // (checksum, format, a file no rank sees) is reported, renamed step-<N>.corrupt and the one
   // before it tried; an I/O error ends the run, leaving it in place. Rank 0 chooses. Collective.
-  std::optional<fs::path> resume_from_latest();
+  // at_most: the newest step to consider (a restart under `titan launch` of a run that pinned
+  // checkpoint.load_step: what the job committed since).
+  std::optional<fs::path> resume_from_latest(int64_t at_most = std::numeric_limits<int64_t>::max());
   // Rank 0's answer (its error, every rank's): ranks never choose a checkpoint each on their own,
   // since on a shared file system one rank's directory listing can lag. Collective.
   std::string from_rank0(const std::function<std::string()>& answer);
@@ -478,14 +480,22 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
   if (config.checkpoint.enable) {
     // What failed saves and damaged checkpoints left (a crash loop could fill the disk), before
     // this run saves anything.
+    // Housekeeping: a folder that cannot go now (a file an old process holds open on NFS) goes at
+    // a later start, and never stops this one.
     if (s.lead) {
-      const auto removed = checkpoint::purge_abandoned(s.checkpoint_root, kAbandonedKept);
-      for (const fs::path& p : removed)
-        std::printf("removed %s, left by a save that never committed or set aside as damaged (the newest %d of each "
-                    "kind are kept)\n", p.string().c_str(), kAbandonedKept);
+      try {
+        const auto removed = checkpoint::purge_abandoned(s.checkpoint_root, kAbandonedKept);
+        for (const fs::path& p : removed)
+          std::printf("removed %s, left by a save that never committed or set aside as damaged (the newest %d of "
+                      "each kind are kept)\n", p.string().c_str(), kAbandonedKept);
+      } catch (const std::exception& e) {
+        std::printf("warning: abandoned checkpoint folders stay for now: %s\n", e.what());
+      }
     }
     std::optional<fs::path> from;
-    if (config.checkpoint.load_step >= 0) {
+    if (config.checkpoint.load_at_most >= 0) {  // (`titan launch` restarting a run that pinned load_step)
+      from = s.resume_from_latest(config.checkpoint.load_at_most);
+    } else if (config.checkpoint.load_step >= 0) {
       from = checkpoint::step_folder(s.checkpoint_root, config.checkpoint.load_step);
       TITAN_CHECK(!is_weights_only(*from),
                   source + ": checkpoint.load_step = " + std::to_string(config.checkpoint.load_step) + " names " +
@@ -581,14 +591,15 @@ std::string Trainer::State::from_rank0(const std::function<std::string()>& answe
   return text.substr(1);
 }
 
-std::optional<fs::path> Trainer::State::resume_from_latest() {
+std::optional<fs::path> Trainer::State::resume_from_latest(int64_t at_most) {
   std::string set_aside;  // the damaged checkpoints, each with what was wrong with it
   while (true) {
     const std::string chosen = from_rank0([&] {
       std::vector<fs::path> weights_only;
-      const auto full = newest_full_checkpoint(checkpoint_root, std::numeric_limits<int64_t>::max(), &weights_only);
+      const auto full = newest_full_checkpoint(checkpoint_root, at_most, &weights_only);
       const std::string export_name = weights_only.empty() ? "" : weights_only.front().string();
-      TITAN_CHECK(full || weights_only.empty(),
+      // Damaged checkpoints set aside are the first thing to say (below); then a lone export.
+      TITAN_CHECK(full || weights_only.empty() || !set_aside.empty(),
                   "no checkpoint to resume from in " + checkpoint_root.string() + ": " + export_name +
                       " holds the weights alone (the final save of checkpoint.last_save_model_only = true), without "
                       "the optimizer and data state",
@@ -605,26 +616,40 @@ std::optional<fs::path> Trainer::State::resume_from_latest() {
     // Every rank reads its own pieces: rank 0 judges all their outcomes.
     const std::string outcome = load_outcome([&] { restore(from, false); });
     const std::vector<std::string> outcomes = world->size() > 1 ? world->all_gather(outcome) : std::vector{outcome};
+    // A file some rank could not find is lost only when no rank sees it (rank 0's own view may be
+    // the stale one): every rank looks.
+    std::vector<std::string> missing;
+    for (const std::string& o : outcomes)
+      if (o.starts_with("M")) missing.push_back(o.substr(1, o.find('\n') - 1));
+    std::string seen;
+    for (const std::string& f : missing) seen += fs::exists(f) ? '1' : '0';
+    const std::vector<std::string> views = world->size() > 1 ? world->all_gather(seen) : std::vector{seen};
+    const auto seen_by_some_rank = [&](const fs::path& file) {
+      for (size_t i = 0; i < missing.size(); ++i)
+        if (missing[i] == file.string())
+          for (const std::string& v : views)
+            if (v[i] == '1') return true;
+      return false;
+    };
     const std::string verdict = from_rank0([&] {
-      const LoadVerdict v = judge_load(from, outcomes);
+      const LoadVerdict v = judge_load(from, outcomes, seen_by_some_rank);
+      if (v.kind == LoadVerdict::Kind::damaged) {  // set aside here, so that a failure is every rank's
+        const fs::path aside = from.string() + ".corrupt";
+        std::error_code ec;
+        fs::remove_all(aside, ec);
+        if (!ec) fs::rename(from, aside, ec);
+        if (ec)
+          throw IOError("cannot set the damaged checkpoint " + from.string() + " aside: " + ec.message(),
+                        "check the folder's permissions, or move it away by hand", __FILE__, __LINE__);
+        std::printf("checkpoint %s is damaged, set aside as %s; trying the one before it:%s\n", from.string().c_str(),
+                    aside.filename().string().c_str(), v.report.c_str());
+      }
       return std::string(1, "ldf"[int(v.kind)]) + v.report;
     });
     if (verdict[0] == 'l') return from;
     TITAN_CHECK(verdict[0] == 'd', verdict.substr(1),
                 "fix what the message names and rerun the same command (`titan launch` retries by itself)");
     set_aside += "\n  " + from.filename().string() + ":" + verdict.substr(1);
-    if (lead) {
-      const fs::path aside = from.string() + ".corrupt";
-      std::error_code ec;
-      fs::remove_all(aside, ec);
-      if (!ec) fs::rename(from, aside, ec);
-      if (ec)
-        throw IOError("cannot set the damaged checkpoint " + from.string() + " aside: " + ec.message(),
-                      "check the folder's permissions, or move it away by hand", __FILE__, __LINE__);
-      std::printf("checkpoint %s is damaged, set aside as %s; trying the one before it:%s\n", from.string().c_str(),
-                  aside.filename().string().c_str(), verdict.substr(1).c_str());
-    }
-    world->barrier().wait();
   }
   // Loading a damaged checkpoint changed some state on some ranks: a fresh start needs a fresh process.
   TITAN_CHECK(set_aside.empty(), "no usable checkpoint is left in " + checkpoint_root.string() +
@@ -994,7 +1019,6 @@ TrainResult Trainer::train() {
       log.log_validation(s.step, result.last_val_loss, std::exp(result.last_val_loss));
     }
     if (on_step_end) on_step_end(s.step);
-    if (s.lead) write_progress(s.run_folder, s.step, o.loss, first_step, s.committed_step);
     const bool stop = s.any_rank_stopped();
     if (c.checkpoint.enable) {
       const bool periodic = s.step % c.checkpoint.interval == 0 || (s.step == 1 && c.checkpoint.enable_first_step_checkpoint);
@@ -1005,6 +1029,8 @@ TrainResult Trainer::train() {
         result.last_checkpoint = checkpoint::step_folder(s.checkpoint_root, s.step);
       }
     }
+    // After the save: a supervisor reading it knows the checkpoint this step committed.
+    if (s.lead) write_progress(s.run_folder, s.step, o.loss, first_step, s.committed_step);
     if (tracing()) s.write_trace(log);
     if (stop) {
       result.interrupted = true;
