@@ -1,7 +1,10 @@
 // The `titan` command: one binary, one subcommand per job.
 #include <omp.h>
+#include <sched.h>
+#include <strings.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -9,6 +12,7 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "titan/cli/ckpt_cli.h"
 #include "titan/cli/data_cli.h"
@@ -47,28 +51,81 @@ commands:
 Run `titan <command> --help` for a command's options.
 )";
 
+// The CPUs the launcher let this process run on. With OMP_PROC_BIND set, the OpenMP runtime has
+// already bound this thread to its first place when main runs, so the process's affinity says
+// nothing of the launcher's: its places (made from the affinity it started with) do.
+std::vector<int> launcher_cpus(bool openmp_bound_us) {
+  if (!openmp_bound_us || omp_get_num_places() == 0) return titan::distributed::allowed_cpus();
+  std::vector<int> cpus;
+  for (int p = 0; p < omp_get_num_places(); ++p) {
+    std::vector<int> ids(size_t(omp_get_place_num_procs(p)));
+    omp_get_place_proc_ids(p, ids.data());
+    cpus.insert(cpus.end(), ids.begin(), ids.end());
+  }
+  std::sort(cpus.begin(), cpus.end());
+  cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
+  return cpus;
+}
+
 // OpenMP reads its binding settings once at start-up, before main can set them; unbound threads
 // can land on one core (measured here: half the FLOP/s). So the binary re-executes itself once
-// with OMP_PROC_BIND/OMP_PLACES set unless the user chose their own. Under a launcher the ranks
-// on one host split its CPUs: each takes its share (distributed/runtime.h) unless
-// OMP_NUM_THREADS or OMP_PLACES is set.
+// with OMP_PROC_BIND/OMP_PLACES set. Under a launcher the ranks on one host split its CPUs: each
+// binds its threads to its own share (distributed/runtime.h), also when OMP_NUM_THREADS is set
+// (then that many threads on the share, with a warning when they outnumber it), unless a binding
+// was already made: OMP_PLACES as an explicit list ("{0},{1}"), or OMP_PROC_BIND=false.
 void bind_threads(char** argv) {
   if (std::getenv("TITAN_NO_REEXEC")) return;
   const titan::distributed::LaunchInfo launch = titan::distributed::launch_info();
-  const bool user_threads = std::getenv("OMP_NUM_THREADS") || std::getenv("OMP_PLACES");
-  if (launch.local_size > 1 && !user_threads) {
-    const auto [threads, places] =
-        titan::distributed::thread_share(launch, titan::distributed::allowed_cpus(), int(sysconf(_SC_NPROCESSORS_ONLN)));
+  const char* places_env = std::getenv("OMP_PLACES");
+  const char* bind_env = std::getenv("OMP_PROC_BIND");
+  const bool bound_already = (places_env && std::strchr(places_env, '{')) || (bind_env && strcasecmp(bind_env, "false") == 0);
+  if (launch.local_size > 1 && !bound_already) {
+    const std::vector<int> cpus = launcher_cpus(bind_env != nullptr);
+    // The affinity survives execv: give the next process the launcher's CPUs back, for its
+    // OpenMP runtime to place this rank's threads on its share of them.
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : cpus) CPU_SET(c, &set);
+    sched_setaffinity(0, sizeof set, &set);
+    const auto [share, places] = titan::distributed::thread_share(launch, cpus, int(sysconf(_SC_NPROCESSORS_ONLN)));
+    const char* user_threads = std::getenv("OMP_NUM_THREADS");
+    const int threads = user_threads ? std::max(1, std::atoi(user_threads)) : share;
+    if (threads > share)
+      std::fprintf(stderr,
+                   "titan: warning: rank %d: OMP_NUM_THREADS=%d, but its share of this host is %d CPU%s (%d ranks here "
+                   "on %ld CPUs): its threads will share cores. Set OMP_NUM_THREADS <= %d, or run fewer ranks per host\n",
+                   launch.rank, threads, share, share == 1 ? "" : "s", launch.local_size, sysconf(_SC_NPROCESSORS_ONLN),
+                   share);
     setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
     if (!places.empty()) setenv("OMP_PLACES", places.c_str(), 1);
     setenv("OMP_PROC_BIND", "close", 1);
   } else {
-    if (std::getenv("OMP_PROC_BIND")) return;
+    if (bind_env) return;
     setenv("OMP_PROC_BIND", "close", 0);
     setenv("OMP_PLACES", "cores", 0);
   }
   setenv("TITAN_NO_REEXEC", "1", 1);
   execv("/proc/self/exe", argv);  // returns only on failure: then run unbound
+}
+
+// The CPUs the OpenMP threads may run on, as "0,1,5" (each thread's affinity, joined).
+std::string thread_cpus() {
+  std::vector<int> seen(CPU_SETSIZE, 0);
+#pragma omp parallel
+  {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+      for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &set)) {
+#pragma omp atomic write
+          seen[size_t(c)] = 1;
+        }
+  }
+  std::string out;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (seen[size_t(c)]) out += (out.empty() ? "" : ",") + std::to_string(c);
+  return out;
 }
 
 // The data CLI tokenizes through our Tokenizer (data/ itself does not depend on it).
@@ -90,8 +147,8 @@ int info_main() {
               std::string(titan::cpu_capability_name(isa)).c_str(),
               std::string(titan::cpu_capability_name(titan::cpu_capability_detected())).c_str(),
               TITAN_CPU_KERNEL(isa_variant_name)());
-  std::printf("threads: %d (OMP_PROC_BIND=%s)\n", omp_get_max_threads(),
-              std::getenv("OMP_PROC_BIND") ? std::getenv("OMP_PROC_BIND") : "unset");
+  std::printf("threads: %d (OMP_PROC_BIND=%s), on CPUs %s\n", omp_get_max_threads(),
+              std::getenv("OMP_PROC_BIND") ? std::getenv("OMP_PROC_BIND") : "unset", thread_cpus().c_str());
   const auto peak = titan::kernels::measure_machine_peak(0.3);
   std::printf("measured peak: f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s, memcpy %.1f GB/s\n", peak.f32_flops / 1e9,
               peak.bf16_flops / 1e9, peak.memcpy_bytes / 1e9);

@@ -771,7 +771,7 @@ void CommEngine::loop() {
       check_deadlines();
       serve_control();
     } catch (const std::exception& e) {
-      fail_thread(current, phase, e.what(), incoming);
+      fail_thread(current, phase, e.what(), incoming);  // (takes the char*: nothing allocated here)
     } catch (...) {
       fail_thread(current, phase, "an exception of unknown type", incoming);
     }
@@ -810,37 +810,83 @@ void CommEngine::loop() {
   MPI_Finalize();
 }
 
-void CommEngine::fail_work(Request& r, const std::string& error) {
+void CommEngine::fail_work(Request& r, std::string error) noexcept {
   std::lock_guard<std::mutex> lock(r.work->mu);
-  r.work->error = error;
+  r.work->error = std::move(error);
   r.work->done = true;
   r.work->cv.notify_all();
 }
 
-void CommEngine::fail_thread(const Request* current, const char* phase, const std::string& what,
-                             std::deque<std::unique_ptr<Request>>& incoming) {
-  const std::string where =
-      current ? fmt::format(" while {} {} #{} on group {}", phase, comm_op_name(current->op), current->seq, current->g->key())
-              : std::string();
-  const std::string cause = fmt::format("the communication thread of rank {} failed{}: {}", world_rank_, where, what);
-  std::vector<std::unique_ptr<Request>> pending;
+namespace {
+
+// make(), or when building it throws (the failure being reported may be bad_alloc), `fallback`,
+// or at worst a text short enough for the string's inline buffer: never throws, never empty.
+template <class Make>
+std::string text_or(Make make, const char* fallback) noexcept {
+  try {
+    return make();
+  } catch (...) {
+  }
+  try {
+    return std::string(fallback);
+  } catch (...) {
+  }
+  std::string shortest;
+  shortest = "out of memory";  // 13 characters: within the inline buffer, nothing allocated
+  return shortest;
+}
+
+}  // namespace
+
+// Runs inside the loop's catch handlers: nothing may escape it (std::terminate). Each step that
+// allocates has a fallback, and every pending request fails whatever else fails.
+void CommEngine::fail_thread(const Request* current, const char* phase, const char* what,
+                             std::deque<std::unique_ptr<Request>>& incoming) noexcept {
+  std::string cause = text_or(
+      [&] {
+        const std::string where = current ? fmt::format(" while {} {} #{} on group {}", phase, comm_op_name(current->op),
+                                                        current->seq, current->g->key())
+                                          : std::string();
+        return fmt::format("the communication thread of rank {} failed{}: {}", world_rank_, where, what);
+      },
+      "the communication thread failed (out of memory while describing the failure)");
   {
     std::lock_guard<std::mutex> lock(mu_);
-    failed_ = cause;
-    for (auto& r : queue_) pending.push_back(std::move(r));
+    try {
+      failed_ = cause;  // a copy: `cause` names the failure below too
+    } catch (...) {
+      failed_ = "out of memory";  // (fits any string's inline buffer: nothing allocated)
+    }
+  }
+  // From here enqueue() fails each new request at once, so queue_ is this thread's alone. A waiting
+  // caller takes a request's lock before mu_: requests are failed without holding mu_.
+  std::fprintf(stderr, "titan: rank %d: %s\n", world_rank_, cause.c_str());
+  try {
+    dump_recorder("communication thread failed: " + cause);
+    dumped_ = true;
+  } catch (...) {
+    std::fprintf(stderr, "titan: rank %d: its flight recorder could not be dumped\n", world_rank_);
+  }
+  const auto fail = [&](std::unique_ptr<Request>& r) {
+    if (!r) return;
+    fail_work(*r, text_or([&] { return fmt::format("{} #{} on group {} failed: {}", comm_op_name(r->op), r->seq,
+                                                   r->g->key(), cause); },
+                          cause.c_str()));
+    try {
+      failed_requests_.push_back(std::move(r));  // MPI may still read or write their buffers
+    } catch (...) {
+      (void)r.release();  // (push_back left it in r): leaked on purpose, for the same reason
+    }
+  };
+  for (auto& r : queue_) fail(r);
+  for (auto& r : active_) fail(r);
+  for (auto& r : incoming) fail(r);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
     queue_.clear();
   }
-  for (auto& r : active_) pending.push_back(std::move(r));
   active_.clear();
-  for (auto& r : incoming) pending.push_back(std::move(r));
   incoming.clear();
-  std::fputs(fmt::format("titan: rank {}: {}\n", world_rank_, cause).c_str(), stderr);
-  dump_recorder("communication thread failed: " + cause);
-  dumped_ = true;
-  for (auto& r : pending) {
-    fail_work(*r, fmt::format("{} #{} on group {} failed: {}", comm_op_name(r->op), r->seq, r->g->key(), cause));
-    failed_requests_.push_back(std::move(r));  // MPI may still read or write their buffers
-  }
 }
 
 void CommEngine::expire_blocking(const std::string& what, double seconds, bool dump) {

@@ -165,10 +165,11 @@ class CommEngine {
   // `dump` (MPI is up) and ends the job.
   [[noreturn]] void expire_blocking(const std::string& what, double seconds, bool dump);
   // An exception escaped the thread's work on `current` (null: between requests): every pending
-  // request fails with `what`, and so does every later one.
-  void fail_thread(const Request* current, const char* phase, const std::string& what,
-                   std::deque<std::unique_ptr<Request>>& incoming);
-  void fail_work(Request& r, const std::string& error);
+  // request fails with `what`, and so does every later one. Called from a catch handler, it throws
+  // nothing, also when describing the failure or dumping the recorder fails (out of memory).
+  void fail_thread(const Request* current, const char* phase, const char* what,
+                   std::deque<std::unique_ptr<Request>>& incoming) noexcept;
+  void fail_work(Request& r, std::string error) noexcept;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
