@@ -316,6 +316,12 @@ void CommEngine::fail_next_request_for_test(const std::string& what) {
   injected_failure_ = what;
   inject_failure_ = true;
 }
+fs::path CommEngine::default_trace_folder() {
+  std::error_code ec;
+  const fs::path tmp = fs::temp_directory_path(ec);
+  return (ec ? fs::path("/tmp") : tmp) / "titan_comm_traces";
+}
+
 void CommEngine::set_trace_folder(const fs::path& folder) {
   std::lock_guard<std::mutex> lock(mu_);
   trace_folder_ = folder;

@@ -123,7 +123,10 @@ class CommEngine {
   // start-up timeout (comm.init_timeout_seconds). Set it before start() to cover MPI's start-up.
   void set_init_timeout(double seconds);
   double init_timeout() const { return init_timeout_.load(); }
+  // Where flight-recorder dumps go; default_trace_folder() until set.
   void set_trace_folder(const std::filesystem::path& folder);
+  // <temp dir>/titan_comm_traces: for processes that are not a run (tests, tools).
+  static std::filesystem::path default_trace_folder();
   void set_trace_buffer(size_t entries);
   FlightRecorder& recorder() { return recorder_; }
 
@@ -191,7 +194,9 @@ class CommEngine {
   std::vector<std::unique_ptr<Request>> failed_requests_;  // kept: MPI may still use their buffers
   std::atomic<bool> inject_failure_{false};
   std::string injected_failure_;
-  std::filesystem::path trace_folder_ = "comm_traces";
+  // Until a run sets its own (<job.dump_folder>/comm_traces): never the working directory, where
+  // dumps of tests and tools would land in a checkout.
+  std::filesystem::path trace_folder_ = default_trace_folder();
   FlightRecorder recorder_;
   std::atomic<int64_t> exposed_ns_{0};
   // The control channel (a duplicate of MPI_COMM_WORLD): dump requests and their replies.
