@@ -2,8 +2,8 @@
 // system to the job's process group, Ctrl-C from the terminal) saves a checkpoint, exits 0 and the
 // same command resumes; a `titan train` rank asked to stop during its start-up stops cleanly; a
 // supervisor started with SIGCHLD ignored still sees its job end; one killed takes its job along;
-// a second Ctrl-C ends every process of the job. (Restarts themselves run in the
-// chaos suite, e2e.chaos: scripts/chaos.sh under ctest.)
+// a second Ctrl-C ends every process of the job, and a `titan train` run directly. (Restarts
+// themselves run in the chaos suite, e2e.chaos: scripts/chaos.sh under ctest.)
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -281,6 +281,26 @@ TEST(Launch, TrainStopsCleanlyOnSigusr1DuringStartUp) {
     EXPECT_NE(out.find("interrupted at step " + step + "; checkpoint saved"), std::string::npos) << out;
     EXPECT_NE(out.find("stopped at step " + step), std::string::npos) << out;
   }
+}
+
+// Ctrl-C to a `titan train` still starting (a long dataset load, a hung MPI_Init) asks it to stop;
+// a second one ends it at once, by SIGINT, as when no handler is installed.
+TEST(Launch, ASecondCtrlCEndsATrainDuringStartUp) {
+  const TinyRun t("ctrl_c_twice", 20);
+  const fs::path log = t.dir / "train.log";
+  const pid_t job = start_job({TITAN_BIN, "train", "--config", t.config.string()}, log, kJobEnv);
+  // Its handlers are in (it holds the signals from its first instruction and installs them before
+  // anything slow: the two signals land early in start-up).
+  ASSERT_TRUE(wait_until(job, 60, [&] {
+    return read("/proc/" + std::to_string(job) + "/comm") == "titan\n" && catches(job, SIGINT);
+  })) << read(log);
+  ASSERT_TRUE(send_and_wait_delivered(job, job, SIGINT)) << read(log);
+  ::kill(job, SIGINT);
+  const int status = wait_job(job, 60);
+  const std::string out = read(log);
+  EXPECT_TRUE(status >= 0 && WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << describe(status) << "\n" << out;
+  EXPECT_NE(out.find("titan: stop requested (Ctrl-C again to quit at once)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("stopped at step"), std::string::npos) << "it ran to its stop before the second Ctrl-C\n" << out;
 }
 
 // A supervisor started with SIGCHLD ignored (inherited from its parent through exec) would never

@@ -1,8 +1,10 @@
 #include "titan/train/stop_request.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 
 namespace titan::train {
 
@@ -12,7 +14,25 @@ std::atomic<bool> g_stop{false};
 std::atomic<bool> g_installed_for_good{false};
 static_assert(std::atomic<bool>::is_always_lock_free, "the signal handler stores into it");
 
-extern "C" void on_stop_signal(int) { g_stop.store(true); }
+// The first request is recorded; a Ctrl-C while one is pending (the run did not honour it yet: it
+// is still starting, or saves its checkpoint) ends the process as Ctrl-C does by default. A repeated
+// SIGUSR1 (a batch system's warning) is only recorded. Async-signal-safe calls only.
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop.exchange(true) && sig == SIGINT) {
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(SIGINT, &dfl, nullptr);
+    raise(SIGINT);  // delivered as the handler returns (blocked until then): the process ends by it
+    return;
+  }
+  if (sig == SIGINT) {
+    const int saved = errno;
+    static constexpr char kNote[] = "titan: stop requested (Ctrl-C again to quit at once)\n";
+    [[maybe_unused]] const ssize_t n = write(STDERR_FILENO, kNote, sizeof kNote - 1);
+    errno = saved;
+  }
+}
 
 sigset_t stop_signals() {
   sigset_t set;

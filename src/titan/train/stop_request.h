@@ -7,6 +7,9 @@
 // and installs the handlers before MPI starts or the model is built (install_stop_handlers), so
 // that a request during start-up is recorded, not fatal; the trainer honours it before its first
 // step. A Trainer used on its own (tests) installs them for the length of its run (StopScope).
+// A second Ctrl-C while the first is pending (until the run stopped on it: a long or hung
+// start-up, a slow save) restores the default action and ends the process by SIGINT, as an
+// unhandled Ctrl-C would.
 #pragma once
 
 #include <csignal>
