@@ -304,3 +304,38 @@ TEST(TrainE2E, AWeightsOnlyFinalSaveIsNeverAResumePoint) {
                Error);
   fs::remove_all(root);
 }
+
+// MFU divides by the best peak this machine measured, kept from run to run: a real run never
+// reports more than 100%, even when its own measurement at start comes out low. The cache here
+// holds a figure far below the truth, as a contended measurement would: it is replaced.
+TEST(TrainE2E, MfuStaysAtMost100Percent) {
+  const fs::path root = fs::temp_directory_path() / ("titan_e2e_mfu_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const fs::path data = make_dataset(root / "data");
+  ::setenv("TITAN_CACHE_DIR", (root / "cache").c_str(), 1);
+  train::Trainer(config(data, root / "run", {"--training.steps=4", "--checkpoint.enable=false", "--validation.enable=false"}),
+                 "mfu")
+      .train();
+  const nlohmann::json cached = nlohmann::json::parse(std::ifstream(root / "cache" / "machine_peak.json"));
+  ASSERT_EQ(cached.size(), 1u);
+  nlohmann::json low = cached;
+  for (auto& [key, entry] : low.items()) entry["f32_flops"] = 1e6;  // 1 MFLOP/s
+  std::ofstream(root / "cache" / "machine_peak.json") << low.dump();
+  train::Trainer(config(data, root / "run2", {"--training.steps=4", "--checkpoint.enable=false",
+                                              "--validation.enable=false"}), "mfu again")
+      .train();
+  std::ifstream f(root / "run2" / "metrics.jsonl");
+  int steps = 0;
+  for (std::string line; std::getline(f, line);)
+    if (const auto j = nlohmann::json::parse(line); j["kind"] == "train") {
+      ++steps;
+      EXPECT_GT(j["mfu"].get<double>(), 0) << line;
+      EXPECT_LE(j["mfu"].get<double>(), 1.0) << line;
+    }
+  EXPECT_EQ(steps, 4);
+  const nlohmann::json after = nlohmann::json::parse(std::ifstream(root / "cache" / "machine_peak.json"));
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_GT(after.begin()->at("f32_flops").get<double>(), 1e9) << "the low figure was kept";
+  ::unsetenv("TITAN_CACHE_DIR");
+  fs::remove_all(root);
+}

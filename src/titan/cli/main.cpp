@@ -29,6 +29,7 @@
 #include "titan/data/tokenizer.h"
 #include "titan/kernels/cpu/isa_info.h"
 #include "titan/kernels/peak.h"
+#include "titan/train/machine_peak.h"
 #include "titan/train/stop_request.h"
 
 namespace {
@@ -149,9 +150,13 @@ int info_main() {
               TITAN_CPU_KERNEL(isa_variant_name)());
   std::printf("threads: %d (OMP_PROC_BIND=%s), on CPUs %s\n", omp_get_max_threads(),
               std::getenv("OMP_PROC_BIND") ? std::getenv("OMP_PROC_BIND") : "unset", thread_cpus().c_str());
-  const auto peak = titan::kernels::measure_machine_peak(0.3);
+  const titan::train::StablePeak stable = titan::train::stable_machine_peak(0.3);
+  const auto& peak = stable.measured;
   std::printf("measured peak: f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s, memcpy %.1f GB/s\n", peak.f32_flops / 1e9,
               peak.bf16_flops / 1e9, peak.memcpy_bytes / 1e9);
+  std::printf("best measured on this machine (what MFU divides by): f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s%s\n",
+              stable.peak.f32_flops / 1e9, stable.peak.bf16_flops / 1e9,
+              stable.cache.empty() ? "" : (", kept in " + stable.cache.string()).c_str());
   return 0;
 }
 

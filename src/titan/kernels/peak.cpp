@@ -80,6 +80,8 @@ MachinePeak measure_machine_peak(double seconds) {
   const int threads = omp_get_max_threads();
   if (auto it = cache.find(threads); it != cache.end()) return it->second;
   MachinePeak p;
+  // Threads started and cores at speed before anything counts.
+  best_rate(TITAN_CPU_KERNEL(peak_fma_f32), std::min(seconds, 0.1));
   p.f32_flops = best_rate(TITAN_CPU_KERNEL(peak_fma_f32), seconds);
   p.bf16_flops = best_rate(TITAN_CPU_KERNEL(peak_dot_bf16), seconds);
   // AMX tiles, where usable, outrun the vector units on bf16 by far, and oneDNN's bf16 GEMMs use

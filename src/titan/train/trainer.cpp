@@ -38,6 +38,7 @@
 #include "titan/optim/clip_grad.h"
 #include "titan/optim/swapped_moments.h"
 #include "titan/train/checkpointing.h"
+#include "titan/train/machine_peak.h"
 #include "titan/train/metrics.h"
 #include "titan/train/plots.h"
 #include "titan/train/stop_request.h"
@@ -892,8 +893,9 @@ TrainResult Trainer::train() {
   const JobConfig& c = s.cfg;
   const Training& t = c.training;
   MetricsLogger log(metrics_options(c, s.run_folder, s.world->rank()));
-  const auto peak = kernels::measure_machine_peak(0.2);
-  const double peak_flops = s.model->compute_dtype() == DType::bf16 ? peak.bf16_flops : peak.f32_flops;
+  const StablePeak stable = stable_machine_peak(0.2);
+  const bool bf16 = s.model->compute_dtype() == DType::bf16;
+  const double peak_flops = bf16 ? stable.peak.bf16_flops : stable.peak.f32_flops;
   const int64_t dp = s.dp_degree();
   std::vector<double> parameters = {double(global_parameters(*s.model))};
   if (const distributed::ProcessGroup& pp = s.mesh->group(distributed::MeshDim::pp); pp.size() > 1)
@@ -907,6 +909,7 @@ TrainResult Trainer::train() {
                 static_cast<long long>(dp), static_cast<long long>(s.accum));
     std::printf("unigram entropy of the training corpus: %.3f nats/token (the loss of a model that ignores context)\n",
                 s.train_loader->unigram_entropy());
+    std::printf("%s\n", stable.describe(bf16).c_str());
   }
   // Ctrl-C, or SIGUSR1 (stop_request.h): save a checkpoint and stop. `titan train` listens from its
   // start; a request that came during start-up is honoured here, before the first step.
