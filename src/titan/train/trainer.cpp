@@ -39,6 +39,7 @@
 #include "titan/optim/swapped_moments.h"
 #include "titan/train/checkpointing.h"
 #include "titan/train/machine_peak.h"
+#include "titan/train/metrics_window.h"
 #include "titan/train/metrics.h"
 #include "titan/train/plots.h"
 #include "titan/train/stop_request.h"
@@ -53,8 +54,6 @@ using nlohmann::json;
 
 namespace {
 
-// A rank that works this much longer per step than the median rank is named a straggler.
-constexpr double kStragglerRatio = 1.25;
 // How many of each kind of abandoned checkpoint folder (step-N.tmp, .corrupt) a start keeps.
 constexpr int kAbandonedKept = 2;
 
@@ -72,31 +71,6 @@ void write_progress(const fs::path& run, int64_t step, double loss, int64_t resu
   std::error_code ec;
   fs::rename(tmp, run / "progress.json", ec);
 }
-
-// How unevenly the ranks work: each rank's seconds of a window not spent blocked waiting for
-// communication (compute, data, optimizer). The rank the others wait for has the most.
-struct BusySpread {
-  double ratio = 1;  // the slowest rank's busy seconds / the median rank's
-  int slowest = 0;
-  double slowest_seconds = 0, median_seconds = 0;
-};
-// Also sums `totals` over the ranks, in the same reduction (one collective per metrics line).
-BusySpread busy_spread(const distributed::ProcessGroup& world, double busy, std::vector<double>& totals) {
-  std::vector<double> all(size_t(world.size()), 0.0);
-  all[size_t(world.rank())] = busy;
-  all.insert(all.end(), totals.begin(), totals.end());
-  world.all_reduce(std::span<double>(all));
-  std::copy(all.end() - std::ptrdiff_t(totals.size()), all.end(), totals.begin());
-  all.resize(size_t(world.size()));
-  BusySpread s;
-  s.slowest = int(std::max_element(all.begin(), all.end()) - all.begin());
-  s.slowest_seconds = all[size_t(s.slowest)];
-  std::sort(all.begin(), all.end());
-  s.median_seconds = all[(all.size() - 1) / 2];
-  s.ratio = s.median_seconds > 0 ? s.slowest_seconds / s.median_seconds : 1;
-  return s;
-}
-
 
 // The model's parameters, counting each tensor-parallel shard's whole parameter once.
 int64_t global_parameters(nn::Module& model) {
@@ -918,14 +892,11 @@ TrainResult Trainer::train() {
   result.run_folder = s.run_folder;
   const double start_time = steady_seconds();
   const int64_t first_step = s.step;
-  const double tokens_per_step = double(s.accum * t.local_batch_size * t.seq_len);  // this rank's (its pipeline's)
-  const double pipeline_share = 1.0 / s.mesh->degree(distributed::MeshDim::pp);  // of each token's work
-  // The FLOPs per token can change between steps (DeepSeek-V3.2's stages), so the window sums them.
-  double window_start = steady_seconds(), window_data = 0, window_flops = 0;
-  double window_exposed = s.engine->exposed_seconds();
-  distributed::CommStats window_sent = s.engine->total();  // this rank's traffic before the window
-  int64_t window_steps = 0;
-  double save_seconds = 0;  // training blocked in checkpoint saves since the last metrics line
+  MetricsWindow window(*s.world, *s.engine,
+                       {.tokens_per_step = double(s.accum * t.local_batch_size * t.seq_len),
+                        .pipeline_share = 1.0 / s.mesh->degree(distributed::MeshDim::pp),
+                        .dp = dp,
+                        .peak_flops = peak_flops});
   if (s.step < t.steps && s.any_rank_stopped()) {  // nothing trained since the start or the checkpoint resumed
     result.interrupted = true;
     result.last_step = s.step;
@@ -955,12 +926,9 @@ TrainResult Trainer::train() {
     const double step_seconds = steady_seconds() - t0;
     result.last_step = s.step;
     result.last_loss = o.loss;
-    ++window_steps;
-    window_data += o.data_seconds;
-    window_flops += s.model->training_flops_per_token(t.seq_len) * tokens_per_step * pipeline_share;
+    window.add_step(o.data_seconds, s.model->training_flops_per_token(t.seq_len));
 
     if (s.step % c.metrics.log_freq == 0 || s.step == t.steps || s.step == first_step + 1) {
-      const double window = steady_seconds() - window_start;
       StepMetrics m;
       m.step = s.step;
       m.total_steps = t.steps;
@@ -968,54 +936,13 @@ TrainResult Trainer::train() {
       m.grad_norm = o.grad_norm;
       m.lr = o.lr;
       m.step_seconds = step_seconds;
-      m.tokens_per_second = double(window_steps) * tokens_per_step * double(dp) / window;
-      m.tflops = window_flops * double(dp) / pipeline_share / window / 1e12;
-      m.mfu = window_flops / window / peak_flops;
-      m.data_share = window_data / window;
       m.eta_seconds = (steady_seconds() - start_time) / double(s.step - first_step) * double(t.steps - s.step);
-      // Memory: the largest peak of any rank, per category; communication: the largest share of
-      // the window any rank spent blocked waiting for it.
-      m.memory = memory_stats();
-      std::vector<double> worst = {double(m.memory.peak_total),
-                                   (s.engine->exposed_seconds() - window_exposed) / window};
-      for (int64_t p : m.memory.peak) worst.push_back(double(p));
-      s.world->all_reduce(std::span<double>(worst), distributed::ReduceOp::max);
-      m.memory.peak_total = int64_t(worst[0]);
-      for (size_t i = 0; i < m.memory.peak.size(); ++i) m.memory.peak[i] = int64_t(worst[2 + i]);
-      if (save_seconds > 0) m.detail.emplace_back("checkpoint_seconds", save_seconds);
-      save_seconds = 0;
-      if (s.world->size() > 1) {
-        m.detail.emplace_back("comm_exposed_share", worst[1]);
-        // Bytes all ranks sent per step over the window: those that crossed hosts, those that stayed.
-        const distributed::CommStats sent = s.engine->total();
-        std::vector<double> bytes = {double(sent.bytes - window_sent.bytes),
-                                     double(sent.cross_host_bytes - window_sent.cross_host_bytes)};
-        window_sent = sent;
-        const double busy = window - (s.engine->exposed_seconds() - window_exposed);
-        const BusySpread spread = busy_spread(*s.world, busy / double(window_steps), bytes);
-        m.detail.emplace_back("comm_bytes_cross_host", bytes[1] / double(window_steps));
-        m.detail.emplace_back("comm_bytes_local", (bytes[0] - bytes[1]) / double(window_steps));
-        m.detail.emplace_back("rank_busy_spread", spread.ratio);
-        m.detail.emplace_back("slowest_rank", spread.slowest);
-        if (spread.ratio > kStragglerRatio) {
-          char text[256];
-          std::snprintf(text, sizeof text,
-                        "straggler: rank %d worked %.3f s per step over the last %lld steps, the median rank %.3f s "
-                        "(%.2fx); the others wait for it",
-                        spread.slowest, spread.slowest_seconds, static_cast<long long>(window_steps),
-                        spread.median_seconds, spread.ratio);
-          log.log_event(text);
-        }
-      }
+      if (const std::string straggler = window.close(m); !straggler.empty()) log.log_event(straggler);
       for (const auto& [k, v] : o.terms) m.summary.emplace_back(k, v);
       const models::StepStats stats = s.model->step_stats();
       m.summary.insert(m.summary.end(), stats.summary.begin(), stats.summary.end());
       m.detail.insert(m.detail.end(), stats.detail.begin(), stats.detail.end());
       log.log_step(m);
-      window_start = steady_seconds();
-      window_exposed = s.engine->exposed_seconds();
-      window_data = 0, window_flops = 0;
-      window_steps = 0;
     }
     if (s.val_loader && (s.step % c.validation.freq == 0 || s.step == t.steps)) {
       result.last_val_loss = s.validate();
@@ -1028,7 +955,7 @@ TrainResult Trainer::train() {
       if (s.step == t.steps || stop || periodic) {
         const double t_save = steady_seconds();
         s.save(/*final_save=*/s.step == t.steps);
-        save_seconds += steady_seconds() - t_save;
+        window.add_save_seconds(steady_seconds() - t_save);
         result.last_checkpoint = checkpoint::step_folder(s.checkpoint_root, s.step);
       }
     }
