@@ -121,43 +121,40 @@ TEST(Watchdog, AStuckReceiveIsNamedAgainstItsSend) {
   fs::remove_all(dir);
 }
 
+namespace {
+
+// The worker in `mode` has rank 1 sleep 60 s where rank 0 blocks: the deadline ends the job well
+// before, with `message` (and, if `dumps`, rank 0's flight-recorder dump).
+void expect_deadline_ends_the_job(const std::string& mode, const std::string& message, bool dumps = false) {
+  const fs::path dir = temp_dir(mode);
+  const Job j = run_worker(dir, mode);
+  EXPECT_NE(j.status, 0) << j.out;
+  EXPECT_LT(j.seconds, 40) << "the job hung instead of ending (rank 1 sleeps 60 s)\n" << j.out;
+  EXPECT_NE(j.out.find(message), std::string::npos) << j.out;
+  if (dumps) EXPECT_TRUE(fs::exists(titan::distributed::flight_dump_path(dir, 0))) << j.out;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+
 // A member that never calls MPI_Comm_split holds the others inside it, where the watchdog cannot
 // see them: the start-up deadline ends the job naming the split and dumps the recorder.
 TEST(Watchdog, ASplitARankNeverReachesEndsTheJob) {
-  const fs::path dir = temp_dir("split");
-  const Job j = run_worker(dir, "split");
-  EXPECT_NE(j.status, 0) << j.out;
-  EXPECT_LT(j.seconds, 40) << "the job hung instead of ending (rank 1 sleeps 60 s)\n" << j.out;
-  EXPECT_NE(j.out.find("titan: rank 0: MPI_Comm_split of group world [0, 1] (#4, making group half) did not finish "
-                       "within 2 s (comm.init_timeout_seconds): a rank of the job did not reach it"),
-            std::string::npos)
-      << j.out;
-  EXPECT_TRUE(fs::exists(titan::distributed::flight_dump_path(dir, 0))) << j.out;
-  fs::remove_all(dir);
+  expect_deadline_ends_the_job("split", "titan: rank 0: MPI_Comm_split of group world [0, 1] (#4, making group half) did "
+                                        "not finish within 2 s (comm.init_timeout_seconds): a rank of the job did not "
+                                        "reach it",
+                               /*dumps=*/true);
 }
 
 // A rank that never reaches the end holds the others in the final barrier: its deadline ends the job.
 TEST(Watchdog, TheFinalBarrierHasADeadline) {
-  const fs::path dir = temp_dir("stop");
-  const Job j = run_worker(dir, "stop");
-  EXPECT_NE(j.status, 0) << j.out;
-  EXPECT_LT(j.seconds, 40) << "the job hung instead of ending (rank 1 sleeps 60 s)\n" << j.out;
-  EXPECT_NE(j.out.find("titan: rank 0: the barrier at the job's end (every rank finishing) did not finish within 2 s"),
-            std::string::npos)
-      << j.out;
-  fs::remove_all(dir);
+  expect_deadline_ends_the_job("stop", "titan: rank 0: the barrier at the job's end (every rank finishing) did not "
+                                       "finish within 2 s");
 }
 
 // A rank that never starts MPI holds the others in MPI_Init: its deadline ends the job.
 TEST(Watchdog, MpiInitHasADeadline) {
-  const fs::path dir = temp_dir("init");
-  const Job j = run_worker(dir, "init");
-  EXPECT_NE(j.status, 0) << j.out;
-  EXPECT_LT(j.seconds, 40) << "the job hung instead of ending (rank 1 sleeps 60 s)\n" << j.out;
-  EXPECT_NE(j.out.find("titan: rank 0: MPI_Init did not finish within 2 s (comm.init_timeout_seconds)"),
-            std::string::npos)
-      << j.out;
-  fs::remove_all(dir);
+  expect_deadline_ends_the_job("init", "titan: rank 0: MPI_Init did not finish within 2 s (comm.init_timeout_seconds)");
 }
 
 // An exception on the communication thread (here injected) fails the request it worked on and every
