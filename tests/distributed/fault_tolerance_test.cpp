@@ -105,6 +105,23 @@ TEST_F(FaultTolerance, DamagedCheckpointsFallBackToTheStepBefore) {
   EXPECT_TRUE(fs::exists(ckpt("damaged", 20) / "metadata.json"));  // written again by the resumed run
 }
 
+// Ranks never choose the checkpoint to resume each on their own: rank 0 lists the folder and every
+// rank loads its choice. Here rank 0's listing lags (it does not show steps 15 and 20 yet, as on a
+// shared file system right after a commit) while the other ranks see them: all resume from step
+// 10, rank 0's newest, rather than each from its own.
+TEST_F(FaultTolerance, EveryRankResumesFromRankZerosChoice) {
+  train_on(config("chosen", saving("disabled")), world());
+  if (world().rank() == 0) {
+    fs::copy(root() / "chosen" / "checkpoint", root() / "chosen" / "lagging", fs::copy_options::recursive);
+    for (int step : {15, 20}) fs::remove_all(root() / "chosen" / "lagging" / ("step-" + std::to_string(step)));
+  }
+  world().barrier().wait();
+  std::vector<std::string> view = saving("disabled");
+  view.push_back(std::string("--checkpoint.folder=") + (world().rank() == 0 ? "lagging" : "checkpoint"));
+  const train::Trainer resumed(config("chosen", view), "test", &world());
+  EXPECT_EQ(resumed.optimizer().steps_taken(), 10) << "rank " << world().rank() << " resumed from its own listing";
+}
+
 // A NaN in one rank's gradient at step 7: every rank sees it before the update. "skip" drops the
 // step's update; "rollback" reloads step 5 and replays, skipping step 7's batch, and ends the
 // same to the last bit; "abort" ends the run naming the step and the rank.
