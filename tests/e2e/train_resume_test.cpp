@@ -286,6 +286,17 @@ TEST(TrainE2E, AWeightsOnlyFinalSaveIsNeverAResumePoint) {
   train::Trainer(config(data, run, with({"--training.steps=8", "--checkpoint.load_step=2",
                                          "--checkpoint.load_at_most=5"})), "bounded").train();
   EXPECT_EQ(nlohmann::json::parse(std::ifstream(run / "progress.json"))["resumed_from"], 4);
+  // A train_state.json whose step is not the one its metadata commits is damage, not a place to
+  // go on from.
+  nlohmann::json state = nlohmann::json::parse(std::ifstream(ckpt / "step-6" / "train_state.json"));
+  state["step"] = -5;
+  std::ofstream(ckpt / "step-6" / "train_state.json") << state.dump();
+  try {
+    train::Trainer(config(data, run, with({"--training.steps=8", "--checkpoint.load_step=6"})), "bad step");
+    ADD_FAILURE() << "a train_state.json of step -5 was loaded";
+  } catch (const checkpoint::CorruptCheckpoint& e) {
+    EXPECT_NE(e.message().find("step -5, but metadata.json commits step 6"), std::string::npos) << e.what();
+  }
 
   const fs::path only = root / "only";
   train::Trainer(config(data, only, with({"--training.steps=1"})), "export").train();
