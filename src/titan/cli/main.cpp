@@ -113,15 +113,9 @@ void bind_threads(char** argv) {
 std::string thread_cpus() {
   std::vector<int> seen(CPU_SETSIZE, 0);
 #pragma omp parallel
-  {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof set, &set) == 0)
-      for (int c = 0; c < CPU_SETSIZE; ++c)
-        if (CPU_ISSET(c, &set)) {
+  for (int c : titan::distributed::allowed_cpus()) {  // this thread's
 #pragma omp atomic write
-          seen[size_t(c)] = 1;
-        }
+    seen[size_t(c)] = 1;
   }
   std::string out;
   for (int c = 0; c < CPU_SETSIZE; ++c)

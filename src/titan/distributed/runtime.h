@@ -27,7 +27,7 @@ LaunchInfo launch_info();
 // a launcher that binds several ranks to one socket oversubscribes it: launch with
 // `--bind-to none` (scripts/mpirun.sh does) or set OMP_NUM_THREADS.
 std::pair<int, std::string> thread_share(const LaunchInfo& launch, const std::vector<int>& cpus, int host_cpus);
-// The CPUs this process may run on (sched_getaffinity).
+// The CPUs the calling thread may run on (sched_getaffinity; the process's before any thread is bound).
 std::vector<int> allowed_cpus();
 
 // Starts the communication engine, with MPI when a launcher started this process; the world's
