@@ -72,8 +72,9 @@ std::unique_ptr<models::CausalLM> load_model(const fs::path& folder, const data:
   auto model = models::build_model(cfg.model.name, cfg.model.flavor, tok.vocab_size(), cfg.training.seq_len, options);
   std::map<std::string, Tensor> state;
   for (const auto& [name, t] : ck.tensors) state[name.substr(6)] = t;
-  for (const auto& [name, t] : model->state_dict())  // MoE token counts: run-time, not in a converted checkpoint
-    if (name.ends_with("tokens_per_expert")) state.try_emplace(name, t);
+  // Routing statistics (MoE token counts): run-time, not in a converted checkpoint.
+  for (const nn::BufferKind kind : {nn::BufferKind::step_statistic, nn::BufferKind::saved_statistic})
+    for (const auto& [name, t] : model->named_buffers(kind)) state.try_emplace(name, t);
   model->load_state_dict(state, true, folder.string());
   model->set_compute_dtype(DType::f32);
   return model;

@@ -10,6 +10,8 @@ namespace titan {
 Storage::Storage(size_t bytes, MemCategory category)
     : data_(memory_alloc(bytes, category)), bytes_(bytes), category_(category) {}
 
+Storage::Storage(size_t bytes, MemCategory category, Deferred) : data_(nullptr), bytes_(bytes), category_(category) {}
+
 Storage::Storage(void* data, size_t bytes, std::function<void(void*)> deleter)
     : data_(data), bytes_(bytes), category_(MemCategory::temporaries), deleter_(std::move(deleter)) {
   if (!deleter_) deleter_ = [](void*) {};
@@ -65,6 +67,16 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, MemCategory category) {
   check_shape(shape);
   Tensor t;
   t.storage_ = std::make_shared<Storage>(storage_bytes(shape, dtype), category);
+  t.shape_ = shape;
+  t.strides_ = contiguous_strides(shape);
+  t.dtype_ = dtype;
+  return t;
+}
+
+Tensor Tensor::unallocated(const Shape& shape, DType dtype, MemCategory category) {
+  check_shape(shape);
+  Tensor t;
+  t.storage_ = std::make_shared<Storage>(storage_bytes(shape, dtype), category, Storage::Deferred{});
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);
   t.dtype_ = dtype;

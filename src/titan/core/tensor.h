@@ -20,6 +20,9 @@ class Storage {
  public:
   Storage(size_t bytes, MemCategory category);
   Storage(void* data, size_t bytes, std::function<void(void*)> deleter);
+  // Owned storage that holds no memory yet (as after release()): reallocate() takes it.
+  struct Deferred {};
+  Storage(size_t bytes, MemCategory category, Deferred);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -48,6 +51,9 @@ class Tensor {
   static Tensor zeros(const Shape& shape, DType dtype, MemCategory category = MemCategory::temporaries);
   static Tensor full(const Shape& shape, double value, DType dtype,
                      MemCategory category = MemCategory::temporaries);
+  // Shape and dtype with no memory yet (storage_allocated() is false; reallocate_storage() takes
+  // it): a model built for the memory planner holds its parameters so (nn::ParametersWithoutStorage).
+  static Tensor unallocated(const Shape& shape, DType dtype, MemCategory category);
   // Wraps memory the tensor does not own; `deleter` (may be empty) runs when the last view dies.
   static Tensor from_blob(void* data, const Shape& shape, DType dtype, std::function<void(void*)> deleter = {});
 

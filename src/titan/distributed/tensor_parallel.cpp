@@ -85,17 +85,19 @@ void check_tensor_parallel_degree(int64_t degree, const std::string& model,
   }
 }
 
-void shard_parameter(nn::Parameter& p, int dim, const ProcessGroup& tp) {
+void shard_parameter(nn::Parameter& p, int dim, const ProcessGroup* tp) {
   const Shape local = p.var.shape();
   TITAN_CHECK(dim >= 0 && dim < int(local.size()), "shard_parameter: dim " + std::to_string(dim) + " of " + local.str());
-  p.slice = split_slice(p.slice, local, dim, tp.size(), tp.rank());  // composes with expert parallelism's
+  p.tp_plan = {dim, false};
   p.tp_partial_grad = false;
   p.tp_duplicate = false;
+  if (tp && tp->size() > 1) p.slice = split_slice(p.slice, local, dim, tp->size(), tp->rank());  // composes with EP's
 }
 
-void replicate_parameter(nn::Parameter& p, const ProcessGroup& tp, bool partial_grad) {
-  p.tp_partial_grad = partial_grad && tp.size() > 1;
-  p.tp_duplicate = tp.rank() != 0;
+void replicate_parameter(nn::Parameter& p, const ProcessGroup* tp, bool partial_grad) {
+  p.tp_plan = {-1, partial_grad};
+  p.tp_partial_grad = partial_grad && tp && tp->size() > 1;
+  p.tp_duplicate = tp && tp->rank() != 0;
 }
 
 Variable gather_tokens(const Variable& x, const ProcessGroup& tp) {

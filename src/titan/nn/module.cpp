@@ -4,27 +4,38 @@
 
 namespace titan::nn {
 
+namespace {
+thread_local bool parameters_without_storage = false;
+}
+
+ParametersWithoutStorage::ParametersWithoutStorage() : outer_(parameters_without_storage) {
+  parameters_without_storage = true;
+}
+ParametersWithoutStorage::~ParametersWithoutStorage() { parameters_without_storage = outer_; }
+
 void Module::check_new_name(const std::string& name) const {
   TITAN_CHECK(!name.empty() && name.find('.') == std::string::npos, "bad module member name '" + name + "'",
               "names are non-empty and contain no '.'");
   for (const auto& [n, p] : params_) TITAN_CHECK(n != name, "duplicate member name '" + name + "'");
-  for (const auto& [n, b] : buffers_) TITAN_CHECK(n != name, "duplicate member name '" + name + "'");
+  for (const Buffer& b : buffers_) TITAN_CHECK(b.name != name, "duplicate member name '" + name + "'");
   for (const auto& [n, c] : children_) TITAN_CHECK(n != name, "duplicate member name '" + name + "'");
 }
 
 Parameter& Module::register_parameter(const std::string& name, const Shape& shape, Init init, bool weight_decay) {
   check_new_name(name);
   auto p = std::make_unique<Parameter>();
-  p->var = Variable(Tensor::zeros(shape, DType::f32, MemCategory::parameters), true, name);
+  p->var = Variable(parameters_without_storage ? Tensor::unallocated(shape, DType::f32, MemCategory::parameters)
+                                               : Tensor::zeros(shape, DType::f32, MemCategory::parameters),
+                    true, name);
   p->init = init;
   p->weight_decay = weight_decay;
   params_.emplace_back(name, std::move(p));
   return *params_.back().second;
 }
 
-void Module::register_buffer(const std::string& name, Tensor t) {
+void Module::register_buffer(const std::string& name, Tensor t, BufferKind kind) {
   check_new_name(name);
-  buffers_.emplace_back(name, std::move(t));
+  buffers_.push_back({name, std::move(t), kind});
 }
 
 void Module::add_child(const std::string& name, std::unique_ptr<Module> m) {
@@ -43,9 +54,11 @@ void Module::collect_parameters(const std::string& prefix, std::vector<std::pair
   for (auto& [n, c] : children_) c->collect_parameters(prefix + n + ".", out);
 }
 
-void Module::collect_buffers(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) {
-  for (auto& [n, b] : buffers_) out.emplace_back(prefix + n, b);
-  for (auto& [n, c] : children_) c->collect_buffers(prefix + n + ".", out);
+void Module::collect_buffers(const std::string& prefix, const BufferKind* kind,
+                             std::vector<std::pair<std::string, Tensor>>& out) {
+  for (const Buffer& b : buffers_)
+    if (!kind || b.kind == *kind) out.emplace_back(prefix + b.name, b.tensor);
+  for (auto& [n, c] : children_) c->collect_buffers(prefix + n + ".", kind, out);
 }
 
 std::vector<std::pair<std::string, Parameter*>> Module::named_parameters() {
@@ -56,7 +69,13 @@ std::vector<std::pair<std::string, Parameter*>> Module::named_parameters() {
 
 std::vector<std::pair<std::string, Tensor>> Module::named_buffers() {
   std::vector<std::pair<std::string, Tensor>> out;
-  collect_buffers("", out);
+  collect_buffers("", nullptr, out);
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_buffers(BufferKind kind) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  collect_buffers("", &kind, out);
   return out;
 }
 

@@ -35,6 +35,15 @@ struct Parameter {
   Init init;
   bool weight_decay = true;   // no-decay group: norms' weights, biases (set by the module)
   bool gemm_weight = false;   // read by a GEMM: gets a compute copy under mixed precision
+  // One of an MoE layer's routed experts' weights ([E, ...]): what expert parallelism divides.
+  bool routed_expert = false;
+  // Tensor parallelism as the model's plan declares it, at any degree (one rank included): the
+  // dimension it divides (-1: whole on every TP rank) and, for a whole one, whether each rank's
+  // gradient is a partial sum. The memory planner reads it from a model built without storage.
+  struct TensorParallelPlan {
+    int dim = -1;
+    bool partial_grad = false;
+  } tp_plan;
   Tensor compute;             // bf16 copy of the master the GEMMs read (mixed precision), else undefined
   // Where this rank's tensor sits in the global parameter (an empty global_shape: it is the whole
   // parameter): a tensor-parallel shard (distributed/tensor_parallel.h) or a rank's routed experts
@@ -52,6 +61,26 @@ struct Parameter {
 };
 
 class Module;
+
+// What a buffer is to a checkpoint. state: saved, and a checkpoint must hold it. The others are
+// routing statistics a checkpoint may lack (one from Hugging Face: zeros then): step_statistic
+// is this rank's count since the step began (zero at every save, never loaded, dropped with a
+// discarded step); saved_statistic is loaded like state when the checkpoint has it.
+enum class BufferKind { state, step_statistic, saved_statistic };
+
+// While one lives (on this thread), register_parameter gives each parameter its shape and no
+// memory (PyTorch's meta device): a model built so shows the memory planner its parameters and
+// their declared plans without holding them, and cannot run.
+class ParametersWithoutStorage {
+ public:
+  ParametersWithoutStorage();
+  ~ParametersWithoutStorage();
+  ParametersWithoutStorage(const ParametersWithoutStorage&) = delete;
+  ParametersWithoutStorage& operator=(const ParametersWithoutStorage&) = delete;
+
+ private:
+  bool outer_;
+};
 
 // A parallel wrapper's hooks on one unit of a model's plan (an FSDP unit: the embedding, a block,
 // the output head): before_forward gathers the unit's parameters, after_forward may release them.
@@ -89,6 +118,7 @@ class Module {
   // dotted names.
   std::vector<std::pair<std::string, Parameter*>> named_parameters();
   std::vector<std::pair<std::string, Tensor>> named_buffers();
+  std::vector<std::pair<std::string, Tensor>> named_buffers(BufferKind kind);  // those of one kind
   int64_t num_parameters();
 
   // Parameters and buffers by name (views of the live tensors, not copies).
@@ -116,7 +146,7 @@ class Module {
 
  protected:
   Parameter& register_parameter(const std::string& name, const Shape& shape, Init init, bool weight_decay = true);
-  void register_buffer(const std::string& name, Tensor t);
+  void register_buffer(const std::string& name, Tensor t, BufferKind kind = BufferKind::state);
   template <class M>
   M& register_module(const std::string& name, std::unique_ptr<M> m) {
     M& ref = *m;
@@ -128,10 +158,15 @@ class Module {
   void add_child(const std::string& name, std::unique_ptr<Module> m);
   void check_new_name(const std::string& name) const;
   void collect_parameters(const std::string& prefix, std::vector<std::pair<std::string, Parameter*>>& out);
-  void collect_buffers(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out);
+  void collect_buffers(const std::string& prefix, const BufferKind* kind, std::vector<std::pair<std::string, Tensor>>& out);
 
   std::vector<std::pair<std::string, std::unique_ptr<Parameter>>> params_;
-  std::vector<std::pair<std::string, Tensor>> buffers_;
+  struct Buffer {
+    std::string name;
+    Tensor tensor;
+    BufferKind kind;
+  };
+  std::vector<Buffer> buffers_;
   std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
   UnitHooks* unit_hooks_ = nullptr;
 };

@@ -15,11 +15,6 @@ namespace {
 
 bool is_mtp(const std::string& n) { return n.starts_with("mtp."); }
 std::string mtp_module(const std::string& n) { return n.substr(0, n.find('.', 4)); }  // "mtp.K"
-// MoE token counts: a checkpoint may lack them (one from Hugging Face, or an older build), which
-// then leaves zeros. This rank's own counts since the step began are zero at every save and are
-// not loaded; the frozen steps' counts (the same on every rank) are.
-bool is_run_statistic(const std::string& n) { return n.ends_with("tokens_per_expert"); }
-bool is_loaded_statistic(const std::string& n) { return n.ends_with("warmup_tokens_per_expert"); }
 
 // The optimizer state key's parameter: "<param>.exp_avg" -> "<param>"; "" for the step counters.
 std::string moment_param(const std::string& key) {
@@ -93,6 +88,12 @@ json load_run_checkpoint(const fs::path& folder, const RunParts& parts, const Jo
   const bool lead = parts.world.rank() == 0;
   const auto& params = parts.data_parallel.params();
   const auto buffers = parts.model.named_buffers();
+  // Statistics (nn::BufferKind) a checkpoint may lack (one from Hugging Face, or an older build):
+  // zeros then. This rank's counts since the step began are zero at every save and never loaded.
+  std::set<std::string> step_counts, statistics;
+  for (const auto& [name, b] : parts.model.named_buffers(nn::BufferKind::step_statistic)) step_counts.insert(name);
+  for (const auto& [name, b] : parts.model.named_buffers(nn::BufferKind::saved_statistic)) statistics.insert(name);
+  statistics.insert(step_counts.begin(), step_counts.end());
   std::set<std::string> own, saved;
   for (const nn::TrainableParam& p : params) own.insert(p.name);
   for (const auto& [name, b] : buffers) own.insert(name);
@@ -110,7 +111,7 @@ json load_run_checkpoint(const fs::path& folder, const RunParts& parts, const Jo
     if (!own.count(n) && !(parts.other_stages && parts.other_stages->count(n)))
       (is_mtp(n) ? dropped.insert(mtp_module(n)) : extra.insert(n));
   for (const std::string& n : own) {
-    if (is_run_statistic(n)) continue;
+    if (statistics.count(n)) continue;
     if (is_mtp(n)) {
       ++mtp_size[mtp_module(n)];
       if (!saved.count(n)) mtp_missing[mtp_module(n)].push_back(n);
@@ -141,7 +142,7 @@ json load_run_checkpoint(const fs::path& folder, const RunParts& parts, const Jo
   for (const nn::TrainableParam& p : params)
     if (saved.count(p.name)) reader.read("model." + p.name, p.var.value(), p.slice.global_shape.empty() ? nullptr : &p.slice);
   for (const auto& [name, b] : buffers)
-    if (saved.count(name) && (!is_run_statistic(name) || is_loaded_statistic(name))) reader.read("model." + name, b);
+    if (saved.count(name) && !step_counts.count(name)) reader.read("model." + name, b);
   parts.data_parallel.refresh_compute_copies();
 
   if (!model_only) {

@@ -213,8 +213,7 @@ struct Trainer::State {
   void inject_fault();
   // A step whose update is dropped drops its MoE routing counts too (they never join an update).
   void discard_step_counts() {
-    for (auto& [name, b] : model->named_buffers())
-      if (name.ends_with("tokens_per_expert") && !name.ends_with("warmup_tokens_per_expert")) b.zero_();
+    for (auto& [name, b] : model->named_buffers(nn::BufferKind::step_statistic)) b.zero_();
   }
   double validate();
   RunParts parts() { return {*model, *dp, *opt, *world, writes_buffers(), &other_stages}; }
@@ -653,8 +652,8 @@ void Trainer::State::roll_back(int64_t bad_step, MetricsLogger& log) {
   TITAN_CHECK(from.has_value(), "step " + std::to_string(bad_step) + " was not finite and fault.on_nonfinite = \"rollback\", "
                                     "but " + checkpoint_root.string() + " holds no committed checkpoint to return to", hint);
   // As a fresh process would: MoE token counts start from zero (the frozen steps' ones load).
-  for (auto& [name, b] : model->named_buffers())
-    if (name.ends_with("tokens_per_expert")) b.zero_();
+  for (const nn::BufferKind kind : {nn::BufferKind::step_statistic, nn::BufferKind::saved_statistic})
+    for (auto& [name, b] : model->named_buffers(kind)) b.zero_();
   skipped_steps.insert(bad_step);
   restore(*from, false);
   engine->set_timeout(double(cfg.comm.timeout_seconds));

@@ -22,7 +22,7 @@ void check_tensor_parallel(const Llama3Args& a, int64_t degree) {
 }
 
 void Transformer::place_tensor_parallel() {
-  const distributed::ProcessGroup& tp = *tp_;
+  const distributed::ProcessGroup* tp = tp_;  // null: declare the plan only
   using distributed::replicate_parameter;
   using distributed::shard_parameter;
   if (tok_embeddings) shard_parameter(tok_embeddings->weight, 0, tp);  // vocabulary rows

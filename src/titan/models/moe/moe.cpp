@@ -102,7 +102,7 @@ GroupedExperts::GroupedExperts(int64_t dim, int64_t hidden, int64_t experts, dou
     : w1(register_parameter("w1", {experts, hidden, dim}, Init::trunc_normal(kInitStd))),
       w2(register_parameter("w2", {experts, dim, hidden}, Init::trunc_normal(init_std))),
       w3(register_parameter("w3", {experts, hidden, dim}, Init::trunc_normal(init_std))) {
-  for (nn::Parameter* p : {&w1, &w2, &w3}) p->gemm_weight = true;
+  for (nn::Parameter* p : {&w1, &w2, &w3}) p->gemm_weight = p->routed_expert = true;
 }
 
 MoE::MoE(const MoEArgs& a, double init_std)
@@ -123,9 +123,9 @@ MoE::MoE(const MoEArgs& a, double init_std)
   expert_bias = Tensor::zeros({a.n_routed_experts}, DType::f32, MemCategory::parameters);
   tokens_per_expert = Tensor::zeros({a.n_routed_experts}, DType::f32, MemCategory::parameters);
   register_buffer("expert_bias", expert_bias);
-  register_buffer("tokens_per_expert", tokens_per_expert);
+  register_buffer("tokens_per_expert", tokens_per_expert, nn::BufferKind::step_statistic);
   warmup_tokens_per_expert = Tensor::zeros({a.n_routed_experts}, DType::f32, MemCategory::parameters);
-  register_buffer("warmup_tokens_per_expert", warmup_tokens_per_expert);
+  register_buffer("warmup_tokens_per_expert", warmup_tokens_per_expert, nn::BufferKind::saved_statistic);
 }
 
 MoE::Output MoE::forward_with_aux(const Variable& x) {
