@@ -8,6 +8,7 @@
 #include <map>
 
 #include "common/error_of.h"
+#include "titan/core/allocator.h"
 #include "titan/models/causal_lm.h"
 #include "titan/models/deepseek_v3/args.h"
 #include "titan/models/llama3/args.h"
@@ -53,8 +54,9 @@ std::string pipeline_toml(const std::string& model) {
 
 }  // namespace
 
-// Every parameter the planner lists is the built model's, with its shape, and nothing is missing.
-TEST(ParamInventory, MatchesTheBuiltDebugModels) {
+// The planner's model is the family's, built without storage: the same parameters as a real
+// build, none of their memory (671B in a few MiB: RoPE tables and routing buffers).
+TEST(ParamInventory, IsTheModelBuiltWithoutStorage) {
   for (const auto& [name, mtp] : {std::pair{"llama3", 0}, std::pair{"deepseek_v3", 1}, std::pair{"deepseek_v32", 0}}) {
     models::ModelOptions o;
     o.mtp_layers = mtp;
@@ -63,6 +65,45 @@ TEST(ParamInventory, MatchesTheBuiltDebugModels) {
     for (const auto& [n, p] : model->named_parameters()) built[n] = p->var.shape();
     EXPECT_EQ(planned(train::model_shape(name, "debugmodel", 2048, 64, mtp)), built) << name;
   }
+  const int64_t before = memory_stats().live[size_t(MemCategory::parameters)];
+  const train::ModelShape big = train::model_shape("deepseek_v32", "671B", 0, 4096);
+  EXPECT_EQ(memory_stats().live[size_t(MemCategory::parameters)], before) << "the planner's model is freed";
+  EXPECT_GT(big.params.size(), 1000u);
+  EXPECT_GT(big.buffer_bytes, 0);
+  EXPECT_LT(big.buffer_bytes, 64.0 * (1 << 20)) << "parameters were allocated";
+}
+
+// What the planner divides is what each model's parallel plan declares (Parameter::tp_plan).
+TEST(ParamInventory, ReadsTheDeclaredParallelPlan) {
+  const auto find = [](const train::ModelShape& m, const std::string& n) {
+    for (const train::PlannedParam& p : m.params)
+      if (p.name == n) return p;
+    ADD_FAILURE() << n << " is not planned";
+    return train::PlannedParam{};
+  };
+  const train::ModelShape llama = train::model_shape("llama3", "debugmodel", 2048);
+  EXPECT_EQ(find(llama, "tok_embeddings.weight").tp_dim, 0);
+  EXPECT_EQ(find(llama, "tok_embeddings.weight").layer, train::PlannedParam::kEmbedding);
+  EXPECT_EQ(find(llama, "layers.2.attention.wq.weight").tp_dim, 0);
+  EXPECT_EQ(find(llama, "layers.2.attention.wq.weight").layer, 2);
+  EXPECT_EQ(find(llama, "layers.2.feed_forward.w2.weight").tp_dim, 1);
+  EXPECT_EQ(find(llama, "layers.2.ffn_norm.weight").tp_dim, -1);
+  EXPECT_TRUE(find(llama, "layers.2.ffn_norm.weight").tp_partial_grad);
+  EXPECT_EQ(find(llama, "norm.weight").layer, train::PlannedParam::kHead);
+  const train::ModelShape v32 = train::model_shape("deepseek_v32", "debugmodel", 2048);
+  const train::PlannedParam indexer = find(v32, "layers.1.attention.indexer.wk.weight");
+  EXPECT_EQ(indexer.tp_dim, -1);
+  EXPECT_FALSE(indexer.tp_partial_grad) << "the indexer is computed whole on every TP rank";
+  const train::PlannedParam experts = find(v32, "layers.1.moe.experts.w2");
+  EXPECT_TRUE(experts.routed_expert);
+  EXPECT_TRUE(experts.gemm);
+  EXPECT_EQ(experts.tp_dim, -1) << "the MoE TP fix: whole experts";
+  EXPECT_FALSE(find(v32, "layers.1.moe.router.gate.weight").gemm);
+  const train::ModelShape gather = train::model_shape("deepseek_v32", "debugmodel", 2048, 0, 0, /*moe_tp_gather=*/true);
+  EXPECT_EQ(find(gather, "layers.1.moe.experts.w2").tp_dim, 2) << "TorchTitan's scheme: hidden units split";
+  EXPECT_EQ(find(gather, "layers.1.moe.experts.w1").tp_dim, 1);
+  const train::ModelShape mtp = train::model_shape("deepseek_v3", "debugmodel", 2048, 0, 1);
+  EXPECT_EQ(find(mtp, "mtp.0.eh_proj.weight").layer, train::PlannedParam::kMtp);
 }
 
 // The counts are the flavors' analytic ones (DeepSeek's 671B excludes its MTP module).
@@ -91,7 +132,7 @@ TEST(MemoryPlan, ReproducesTheSeeds671BArithmetic) {
   // DeepSeek-V3.2 adds the lightning indexers (0.85B, replicated over TP).
   const train::MemoryPlan v32 = train::plan_memory(config(k671B, {"--model.name=deepseek_v32"}), 64, 0, "671B");
   EXPECT_NEAR((v32.total_params - p.total_params) / 1e9, 0.85, 0.01);
-  EXPECT_NEAR((v32.non_expert_weights_grads_before_fsdp - v32.indexer_weights_grads_before_fsdp) / 1e9,
+  EXPECT_NEAR((v32.non_expert_weights_grads_before_fsdp - v32.tp_whole_weights_grads_before_fsdp) / 1e9,
               p.non_expert_weights_grads_before_fsdp / 1e9, 0.01);
   // Each rank of a stage holds 256 / 32 routed experts of its 29-31 MoE layers, FSDP-sharded over
   // the 8 ranks holding the same ones: about 1/64 of the experts' f32 weights in master shards.

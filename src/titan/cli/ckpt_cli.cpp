@@ -15,14 +15,13 @@
 #include "titan/checkpoint/hf.h"
 #include "titan/cli/args.h"
 #include "titan/core/error.h"
-#include "titan/models/deepseek_v3/hf_adapter.h"
+#include "titan/models/family.h"
 
 namespace titan::cli {
 
 using namespace checkpoint;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-namespace ds = models::deepseek_v3;
 
 namespace {
 
@@ -47,87 +46,77 @@ int64_t parse_count(std::string_view flag, std::string_view text) {
   return v;
 }
 
+// The families that convert Hugging Face folders, each once (two names may share a conversion).
+std::vector<const models::HfConversion*> conversions() {
+  std::vector<const models::HfConversion*> out;
+  for (const models::ModelFamily* f : models::model_families())
+    if (f->hf && std::find(out.begin(), out.end(), f->hf) == out.end()) out.push_back(f->hf);
+  return out;
+}
+
 int convert_from_hf(const fs::path& hf_dir, const fs::path& root, int64_t step) {
   const HfFolder folder = HfFolder::open(hf_dir);
-  // The MTP layers the folder has weights for: transformers' save_pretrained writes none though
-  // its config.json says num_nextn_predict_layers 1; the note says so (and what training does).
-  std::string note;
-  const ds::DeepSeekV3Args a = ds::args_from_hf_folder(folder, &note);
-  if (!note.empty()) std::printf("%s\n", note.c_str());
-  const std::map<std::string, Tensor> state = ds::load_hf_state(folder, a, ds::state_shapes(a));
+  const models::HfConversion* conversion = nullptr;
+  for (const models::HfConversion* c : conversions())
+    if (c->reads(folder.config())) conversion = c;
+  TITAN_CHECK(conversion != nullptr,
+              (hf_dir / "config.json").string() + ": model_type '" + folder.config().value("model_type", std::string("?")) +
+                  "' is not an architecture any model of this build converts",
+              "convert a DeepSeek-V3 or V3.2 folder");
+  const models::HfImport imported = conversion->import_folder(folder);
+  if (!imported.note.empty()) std::printf("%s\n", imported.note.c_str());
   SaveRequest req;
   req.step = step;
-  for (const auto& [name, shape] : ds::state_shapes(a)) req.tensors.push_back({"model." + name, state.at(name), {}});
+  for (const auto& [name, t] : imported.state) req.tensors.push_back({"model." + name, t, {}});
   // The HF config travels with the weights, so --to-hf can restore the exact architecture.
-  req.train_state = {{"converted_from", hf_dir.string()}, {"hf_config", folder.config()}};
-  // The registry's name: DeepSeek-V3.2 (an indexer in every layer) is its own model.
-  req.config_toml = fmt::format("[model]\nname = \"{}\"\n", a.has_indexer() ? "deepseek_v32" : "deepseek_v3");
+  req.train_state = {{"converted_from", hf_dir.string()}, {"hf_config", imported.hf_config}};
+  req.config_toml = fmt::format("[model]\nname = \"{}\"\n", imported.model);
   const fs::path out = save_checkpoint(root, req);
   std::printf("wrote %s (%zu tensors, MTP layers: %lld)\n", out.c_str(), req.tensors.size(),
-              static_cast<long long>(a.num_mtp_layers));
+              static_cast<long long>(imported.mtp_layers));
   return 0;
 }
 
 int convert_to_hf(const fs::path& ckpt, const fs::path& hf_dir, const std::string& flavor, const HfWriteOptions& options) {
   const fs::path folder = resolve_step_folder(ckpt);
   const LoadedCheckpoint ck = load_checkpoint(folder, [](const std::string& name) { return name.starts_with("model."); });
-  std::map<std::string, Tensor> model_tensors;
+  models::HfExport job;
   for (const auto& [name, t] : ck.tensors)
-    if (name.rfind("model.", 0) == 0) model_tensors[name.substr(6)] = t;
-  TITAN_CHECK(!model_tensors.empty(), folder.string() + " holds no model tensors (\"model.*\")",
+    if (name.rfind("model.", 0) == 0) job.tensors[name.substr(6)] = t;
+  TITAN_CHECK(!job.tensors.empty(), folder.string() + " holds no model tensors (\"model.*\")",
               "pass a training checkpoint written by titan train or titan ckpt convert");
-  ds::DeepSeekV3Args a;
-  if (ck.train_state.contains("hf_config")) {
-    a = ds::args_from_hf_config(ck.train_state["hf_config"], (folder / "train_state.json").string());
-    // A run continued from it may have trained fewer MTP modules than the original had (mtp_layers).
-    int64_t mtp = 0;
-    while (model_tensors.count("mtp." + std::to_string(mtp) + ".eh_proj.weight")) ++mtp;
-    a.num_mtp_layers = mtp;
-    a.n_dense_layers = std::min(a.n_dense_layers, a.n_layers + mtp);
-  } else {
-    std::string name = "deepseek_v3", from_config = flavor;
-    int64_t mtp_layers = 0;
-    try {
-      const toml::table t = toml::parse(ck.config_toml);
-      name = t["model"]["name"].value_or(name);
-      mtp_layers = t["model"]["mtp_layers"].value_or(int64_t(0));
-      if (from_config.empty()) from_config = t["model"]["flavor"].value_or(std::string());
-    } catch (const toml::parse_error& e) {
-      TITAN_FAIL((folder / "config.toml").string() + " does not parse: " + std::string(e.description()),
-                 "pass --flavor to name the architecture");
-    }
-    const bool v32 = name == "deepseek_v32";
-    TITAN_CHECK(name == "deepseek_v3" || v32,
-                "HF export supports models deepseek_v3 and deepseek_v32, the checkpoint holds '" + name + "'",
-                "export other models with their own adapter");
-    std::string flavors;
-    for (const std::string& f : v32 ? ds::deepseek_v32_flavor_names() : ds::deepseek_v3_flavor_names())
-      flavors += (flavors.empty() ? "" : ", ") + f;
-    TITAN_CHECK(!from_config.empty(), "cannot tell the architecture of " + folder.string(),
-                "pass --flavor (" + name + ": " + flavors + ")");
-    const auto embedding = model_tensors.find("tok_embeddings.weight");
-    const int64_t vocab = embedding == model_tensors.end() ? 0 : embedding->second.size(0);
-    a = v32 ? ds::deepseek_v32_flavor(from_config, vocab) : ds::deepseek_v3_flavor(from_config, vocab);
-    a.num_mtp_layers = mtp_layers;  // trained with [model] mtp_layers: its MTP modules export too
-    // A model trained without the MoE layer is all-dense (see deepseek_v3/model.h).
-    bool has_moe = false;
-    for (const auto& [n, t] : model_tensors) has_moe |= n.find(".moe.") != std::string::npos;
-    if (!has_moe) a.n_dense_layers = a.n_layers + a.num_mtp_layers;
+  // The model, flavor and MTP depth it was trained with (its config.toml); --flavor wins.
+  job.flavor = flavor;
+  try {
+    const toml::table t = toml::parse(ck.config_toml);
+    job.model = t["model"]["name"].value_or(std::string());
+    job.mtp_layers = t["model"]["mtp_layers"].value_or(int64_t(0));
+    if (job.flavor.empty()) job.flavor = t["model"]["flavor"].value_or(std::string());
+  } catch (const toml::parse_error& e) {
+    TITAN_FAIL((folder / "config.toml").string() + " does not parse: " + std::string(e.description()),
+               "pass --flavor to name the architecture");
   }
-  // Exactly the architecture's weights, in its order; run-time buffers (e.g. MoE token counts)
-  // have no place in an HF folder.
-  std::vector<std::pair<std::string, Tensor>> state;
-  for (const auto& [name, shape] : ds::state_shapes(a)) {
-    const auto it = model_tensors.find(name);
-    TITAN_CHECK(it != model_tensors.end() && it->second.shape() == shape,
-                "checkpoint " + folder.string() + ": model tensor '" + name + "' is " +
-                    (it == model_tensors.end() ? std::string("missing") : it->second.shape().str()) + ", the architecture needs " +
-                    shape.str(),
-                "pass the --flavor the checkpoint was trained with");
-    state.emplace_back(name, it->second);
+  if (ck.train_state.contains("hf_config")) job.hf_config = &ck.train_state["hf_config"];
+  // The model's family converts it; a checkpoint whose config names no model, by the
+  // architecture it was imported with.
+  const models::HfConversion* conversion = nullptr;
+  if (!job.model.empty()) {
+    conversion = models::model_family(job.model).hf;
+    std::string names;
+    for (const models::ModelFamily* f : models::model_families())
+      if (f->hf) names += (names.empty() ? "" : ", ") + f->name;
+    TITAN_CHECK(conversion != nullptr, "the checkpoint holds model '" + job.model + "', which has no Hugging Face export",
+                "export a model with a Hugging Face conversion (" + names + ")");
+  } else if (job.hf_config) {
+    for (const models::HfConversion* c : conversions())
+      if (c->reads(*job.hf_config)) conversion = c;
   }
-  ds::save_hf(hf_dir, a, state, options);
-  std::printf("wrote %s (%zu tensors from %s)\n", hf_dir.c_str(), state.size(), folder.c_str());
+  TITAN_CHECK(conversion != nullptr, (folder / "config.toml").string() + " names no model ([model] name)",
+              "pass a checkpoint written by titan train or titan ckpt convert");
+  job.source = folder.string();
+  job.options = options;
+  const size_t written = conversion->export_folder(job, hf_dir);
+  std::printf("wrote %s (%zu tensors from %s)\n", hf_dir.c_str(), written, folder.c_str());
   return 0;
 }
 

@@ -1,5 +1,7 @@
 #include "titan/models/causal_lm.h"
 
+#include <algorithm>
+#include <limits>
 #include <tuple>
 
 #include "titan/autograd/ops.h"
@@ -12,8 +14,14 @@ namespace titan::models {
 std::string CausalLM::begin_step(int64_t /*step*/) { return {}; }
 
 TrainingLoss CausalLM::training_loss(const Tensor& tokens, const Tensor& targets) {
+  // One stage holding every block, the embedding and the head: the path a pipeline runs.
+  const distributed::pp::StageLayers whole{0, std::numeric_limits<int>::max(), true, true};
+  StageOutput stage = stage_forward(whole, {}, tokens, targets);
   TrainingLoss out;
-  std::tie(out.total, out.cross_entropy) = language_model_loss(tokens, targets);
+  out.total = stage.loss;
+  out.cross_entropy = stage.cross_entropy;
+  for (size_t k = 0; k < stage.term_sums.size(); ++k)  // a sum alone (count 0), else the mean
+    out.terms.emplace_back(stage.term_sums[k].first, stage.term_sums[k].second / std::max(1, stage.term_counts[k]));
   return out;
 }
 
@@ -51,11 +59,6 @@ double CausalLM::evaluation_loss(const Tensor& tokens, const Tensor& targets) {
 void CausalLM::end_step(const SumOverData& /*sum_over_data*/) {}
 
 StepStats CausalLM::step_stats() { return {}; }
-
-StageOutput CausalLM::stage_forward(const distributed::pp::StageLayers&, const autograd::Variable&, const Tensor&,
-                                    const Tensor&) {
-  TITAN_FAIL("this model has no pipeline stages", "set parallelism.pipeline_parallel_degree = 1");
-}
 
 Shape CausalLM::stage_activation_shape(int64_t, int64_t) const {
   TITAN_FAIL("this model has no pipeline stages", "set parallelism.pipeline_parallel_degree = 1");

@@ -87,7 +87,9 @@ class CausalLM : public nn::Module {
   // stage; returns a line for the log when that state changed, else "".
   virtual std::string begin_step(int64_t step);
   // One micro-batch: tokens [B, S] i32, targets [B*S] i32 (the tokens shifted by one; -100 ignored).
-  virtual TrainingLoss training_loss(const Tensor& tokens, const Tensor& targets);
+  // stage_forward over one stage that holds the whole model: training runs one path, with
+  // pipeline parallelism or without.
+  TrainingLoss training_loss(const Tensor& tokens, const Tensor& targets);
   // State updated outside autograd once the optimizer has stepped (MoE's balancing bias from
   // the step's expert loads); sum_over_data sums a tensor over the data-parallel ranks in place.
   virtual void end_step(const SumOverData& sum_over_data);
@@ -97,12 +99,13 @@ class CausalLM : public nn::Module {
   // ---- parallelism (models/<model>/parallelize.cpp). The units of FSDP / DDP, in forward order.
   virtual std::vector<nn::ShardingUnit> sharding_units() = 0;
 
-  // ---- pipeline parallelism (ModelOptions::pipeline_stages; train/pipeline_step.h runs it). The
-  // model holds only its stages' parts. One micro-batch through `stage` (one of them): tokens
+  // ---- the training forward, also pipeline parallelism's (ModelOptions::pipeline_stages;
+  // train/pipeline_step.h runs it; the model then holds only its stages' parts). One micro-batch
+  // through `stage` (one the model holds, or every block with the embedding and the head): tokens
   // [B, S] and targets [B*S] the micro-batch's, h the previous stage's output (undefined on the
-  // first stage, which embeds the tokens). The default refuses: the model has no stages.
+  // first stage, which embeds the tokens); the stage's loss with its auxiliary terms returned.
   virtual StageOutput stage_forward(const distributed::pp::StageLayers& stage, const autograd::Variable& h,
-                                    const Tensor& tokens, const Tensor& targets);
+                                    const Tensor& tokens, const Tensor& targets) = 0;
   // The activation that passes between stages for a micro-batch [batch, seq]: [tokens, dim].
   virtual Shape stage_activation_shape(int64_t batch, int64_t seq) const;
   // The auxiliary losses a step can report (TrainingLoss::terms' names), in a fixed order: each
@@ -173,11 +176,11 @@ struct ModelOptions {
   const distributed::ProcessGroup* cp = nullptr;
 };
 
-// Builds `name` ("llama3", ...) at `flavor` with the tokenizer's vocabulary size. The
-// parameters are uninitialized: call init_parameters(seed) or load a checkpoint.
+// Builds `name` (a registered family, models/family.h) at `flavor` with the tokenizer's
+// vocabulary size, refusing options the family has no use for. The parameters are
+// uninitialized: call init_parameters(seed) or load a checkpoint.
 std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string& flavor, int64_t vocab_size,
                                       int64_t max_seq_len, const ModelOptions& options = {});
-std::vector<std::string> model_names();
 // The number of transformer blocks build_model would give the model (for the pipeline's stage split).
 int64_t model_layers(const std::string& name, const std::string& flavor, int64_t vocab_size,
                      const ModelOptions& options = {});

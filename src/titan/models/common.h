@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -36,10 +37,13 @@ inline autograd::CheckpointPolicy checkpoint_policy(Recompute r) {
 // h = f(block, h) for each block in order; under Recompute::full / selective each block is one
 // activation checkpoint region (its inner activations, all or the cheap ones, are recomputed in
 // backward instead of kept).
+// Only the blocks whose index is in [begin, end) run (a pipeline stage's).
 template <class Block>
 autograd::Variable run_blocks(nn::ModuleList<Block>& blocks, autograd::Variable h, Recompute recompute,
-                              const std::function<autograd::Variable(Block&, const autograd::Variable&)>& f) {
+                              const std::function<autograd::Variable(Block&, const autograd::Variable&)>& f,
+                              int begin = 0, int end = std::numeric_limits<int>::max()) {
   for (size_t l = 0; l < blocks.size(); ++l) {
+    if (const auto index = int64_t(blocks.index(l)); index < begin || index >= end) continue;
     Block& block = blocks[l];
     nn::UnitScope unit(block);  // each block is a unit of the parallel plan (outside its checkpoint region)
     if (recompute != Recompute::none) {

@@ -1,15 +1,8 @@
 #include "titan/train/comm_plan.h"
 
-#include "titan/models/deepseek_v3/args.h"
-#include "titan/models/llama3/args.h"
-
 namespace titan::train::plan {
 
 namespace {
-
-models::deepseek_v3::DeepSeekV3Args deepseek_args(const PlanJob& j) {
-  return models::deepseek_v3::deepseek_flavor(j.model.model, j.c.model.flavor, j.model.vocab);
-}
 
 // FSDP: each unit's all-gather before forward (and again before backward when freed after
 // forward) and its gradients' reduce-scatter, per micro-batch (under PP once per step: units stay
@@ -56,8 +49,9 @@ void tensor_parallel(const PlanJob& j, const std::vector<Local>& params, const S
   out.push_back({"tp", "reduce_scatter", 2 * pairs * share * x * mb, "outputs of row-parallel GEMMs"});
   double replicated = 0;
   for (const Local& l : params)
-    // The indexer is computed whole on every TP rank, gradients included: nothing to sum.
-    if (l.p->tp_dim < 0 && !is_expert(*l.p, m) && l.p->name.find(".indexer.") == std::string::npos)
+    // Whole parameters whose gradients are partial sums (a replicated one computed the same on
+    // every rank, as DeepSeek's indexer, has nothing to sum).
+    if (l.p->tp_partial_grad && !is_expert(*l.p, m))
       replicated += l.elems * 4;
   out.push_back({"tp", "all_reduce", 2 * share * (replicated + 3 * tokens * 4 * mb),
                  "replicated weights' partial gradients, loss parallel"});
@@ -67,30 +61,21 @@ void tensor_parallel(const PlanJob& j, const std::vector<Local>& params, const S
 // gather scheme) to top-k experts; uniform routing sends (ep - 1) / ep of the rows away, in
 // dispatch and combine, forward and backward.
 void expert_parallel(const PlanJob& j, const StagePart& part, std::vector<PlanCollective>& out) {
-  const auto a = deepseek_args(j);
-  int moe_layers = 0;
-  for (const int l : part.blocks()) moe_layers += a.is_moe_layer(l);
-  const double rows = double(j.micro_tokens) / (j.m.expert_tp ? 1 : j.m.tp) * double(a.n_activated_experts);
+  const std::vector<int64_t> experts = j.model.family->experts_per_token(j.query());
+  double visits = 0;  // routed experts per token, summed over the stage's blocks
+  for (const int l : part.blocks()) visits += double(experts.at(size_t(l)));
+  const double tokens = double(j.micro_tokens) / (j.m.expert_tp ? 1 : j.m.tp);
   out.push_back({"ep", "all_to_all",
-                 4.0 * moe_layers * rows * double(a.dim) * (j.bf16 ? 2 : 4) * (j.m.ep - 1) / j.m.ep * double(j.microbatches),
+                 4.0 * visits * tokens * double(j.model.dim) * (j.bf16 ? 2 : 4) * (j.m.ep - 1) / j.m.ep * double(j.microbatches),
                  "token dispatch and combine (uniform routing)"});
 }
 
-// CP: llama3's ring passes K/V around (and K/V again plus dK/dV in backward); DSA all-gathers the
-// latent KV and indexer keys along the sequence and reduce-scatters their gradients.
+// CP: what the family exchanges per token and block (llama3's ring passes K/V around; DSA
+// all-gathers the latent KV and indexer keys and reduce-scatters their gradients).
 void context_parallel(const PlanJob& j, const StagePart& part, std::vector<PlanCollective>& out) {
-  const double share = double(j.m.cp - 1), tokens = double(j.micro_tokens), eb = j.bf16 ? 2 : 4;
-  const double per_step = double(part.blocks().size()) * double(j.microbatches);
-  if (j.model.model == "llama3") {
-    const auto a = models::llama3::llama3_flavor(j.c.model.flavor, j.model.vocab);
-    const double kv = tokens * 2.0 * double(a.kv_heads() * a.head_dim()) / j.m.tp * eb;
-    out.push_back({"cp", "send", 3 * share * kv * per_step, "ring attention: K/V forward, K/V and dK/dV backward"});
-    return;
-  }
-  const auto a = deepseek_args(j);
-  const double rows = tokens * double(a.kv_lora_rank + a.qk_rope_head_dim + (a.has_indexer() ? a.index_head_dim : 0));
-  out.push_back({"cp", "all_gather", share * rows * eb * per_step, "latent KV and indexer keys along the sequence"});
-  out.push_back({"cp", "reduce_scatter", share * rows * 4 * per_step, "their gradients back"});
+  const double scale = double(j.m.cp - 1) * double(j.micro_tokens) * double(part.blocks().size()) * double(j.microbatches);
+  for (const models::ContextParallelTraffic& t : j.model.family->context_parallel_traffic(j.query()))
+    out.push_back({"cp", t.op, scale * t.bytes_per_token, t.note});
 }
 
 }  // namespace
@@ -99,7 +84,7 @@ std::vector<PlanCollective> plan_traffic(const PlanJob& j, const std::vector<Loc
   std::vector<PlanCollective> out;
   data_parallel(j, params, out);
   if (j.m.tp > 1) tensor_parallel(j, params, part, out);
-  if (j.m.ep > 1 && j.model.model != "llama3") expert_parallel(j, part, out);
+  if (j.m.ep > 1 && j.model.family->routed_experts) expert_parallel(j, part, out);
   if (j.m.cp > 1) context_parallel(j, part, out);
   if (j.m.pp > 1) {  // each stage boundary: the activations forward, their gradients backward
     const double x = double(j.micro_tokens) * double(j.model.dim) / j.m.tp * (j.bf16 ? 2 : 4);

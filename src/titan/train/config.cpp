@@ -14,6 +14,7 @@
 
 #include "titan/core/error.h"
 #include "titan/distributed/runtime.h"
+#include "titan/models/family.h"
 
 namespace titan::train {
 namespace {
@@ -52,6 +53,13 @@ Rule or_sentinel(Rule r, int64_t sentinel) {
 Rule one_of(std::initializer_list<std::string_view> choices) {
   Rule r;
   r.choices = choices;
+  return r;
+}
+// The registered model families' names (models/family.h), kept for the rule's views.
+Rule one_of_models() {
+  static const std::vector<std::string> names = models::model_names();
+  Rule r;
+  for (const std::string& n : names) r.choices.push_back(n);
   return r;
 }
 Rule non_empty() {
@@ -518,10 +526,13 @@ void check_relations(const Context& ctx, JobConfig& c) {
 
   const KeySpec& ep = spec("parallelism", "expert_parallel_degree");
   const KeySpec& name = spec("model", "name");
-  const bool mixture_of_experts = c.model.name == "deepseek_v3" || c.model.name == "deepseek_v32";
-  if (c.parallelism.expert_parallel_degree > 1 && !mixture_of_experts)
+  if (c.parallelism.expert_parallel_degree > 1 && !models::model_family(c.model.name).routed_experts) {
+    std::string moe;
+    for (const models::ModelFamily* f : models::model_families())
+      if (f->routed_experts) moe += (moe.empty() ? "" : " / ") + f->name;
     fail(ep, fmt::format("{} needs a mixture-of-experts model, but {} is dense", show(ep), show(name)),
-         "set parallelism.expert_parallel_degree = 1, or train deepseek_v3 / deepseek_v32");
+         "set parallelism.expert_parallel_degree = 1, or train " + moe);
+  }
 
   const KeySpec& hf_load = spec("checkpoint", "initial_load_in_hf");
   const KeySpec& model_only_load = spec("checkpoint", "initial_load_model_only");
@@ -725,7 +736,7 @@ const std::vector<KeySpec>& config_schema() {
       {"job", "print_config", member<&C::job, &Job::print_config>, anything(),
        "Print the resolved config (as TOML, as written to {job.dump_folder}/config.toml) when the run starts."},
       // [model]
-      {"model", "name", member<&C::model, &Model::name>, one_of({"llama3", "deepseek_v3", "deepseek_v32"}),
+      {"model", "name", member<&C::model, &Model::name>, one_of_models(),
        "Model family to train."},
       {"model", "flavor", member<&C::model, &Model::flavor>, non_empty(),
        "Size or variant within the family (e.g. debugmodel, 8B, 16B); the family's registry checks the name."},

@@ -17,6 +17,10 @@
 
 #include "titan/optim/lr_scheduler.h"
 
+namespace titan::models {
+const std::string& default_model_name();  // models/family.h: the first registered family
+}
+
 namespace titan::train {
 
 // Defaults follow TorchTitan's where it has the key, so its users find what they expect.
@@ -28,7 +32,7 @@ struct Job {
 };
 
 struct Model {
-  std::string name = "llama3";
+  std::string name = models::default_model_name();
   std::string flavor = "debugmodel";
   std::string hf_assets_path;
   std::string tokenizer_path;

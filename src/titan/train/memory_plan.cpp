@@ -14,8 +14,6 @@
 #include "titan/distributed/pipeline_schedule.h"
 #include "titan/distributed/pipeline_simulator.h"
 #include "titan/distributed/pipeline_stages.h"
-#include "titan/models/deepseek_v3/args.h"
-#include "titan/models/llama3/args.h"
 #include "titan/train/activation_plan.h"
 #include "titan/train/comm_plan.h"
 #include "titan/train/pipeline_step.h"
@@ -42,7 +40,7 @@ int tree_sum_buffers(int64_t m) {
 struct RankPlan {
   PlanCategories peak;
   std::vector<std::pair<std::string, double>> terms;
-  double swapped = 0, non_expert_before_fsdp = 0, indexer_before_fsdp = 0;
+  double swapped = 0, non_expert_before_fsdp = 0, tp_whole_before_fsdp = 0;
   std::vector<Local> params;
   double master = 0, compute = 0;                   // elements: f32 masters (shards), bf16 copies
   double reduced_master = 0;                        // ... the masters whose gradients a reduce-scatter makes
@@ -69,7 +67,8 @@ void collect_params(const PlanJob& j, const StagePart& part, RankPlan& r) {
     r.master += l.shard;
     all_elems += l.elems;
     if (p.routed_expert) expert_elems += l.elems;
-    if (p.name.find(".indexer.") != std::string::npos) r.indexer_before_fsdp += l.elems * 8;
+    // Whole on every TP rank and computed whole there (no partial gradients): TP saves none of it.
+    if (p.tp_dim < 0 && !p.tp_partial_grad && !p.routed_expert) r.tp_whole_before_fsdp += l.elems * 8;
     const bool bf16 = j.bf16 && p.gemm;
     if (bf16) r.compute += j.m.fsdp() > 1 ? l.shard : l.elems;
     r.unit_gathered[l.unit] += l.gathered * (bf16 ? 2 : 4);
@@ -90,7 +89,7 @@ void parameter_terms(const PlanJob& j, RankPlan& r) {
   const bool fsdp = j.m.fsdp() > 1;
   r.term(fsdp ? "parameters: f32 master shards" : "parameters: f32 masters", r.master * 4, &C::parameters);
   r.term("parameters: bf16 compute copies", r.compute * 2, &C::parameters);
-  r.term("parameters: RoPE tables", j.model.rope_table_bytes, &C::parameters);
+  r.term("parameters: RoPE tables and routing buffers", j.model.buffer_bytes, &C::parameters);
   if (!fsdp) return;
   std::vector<double> order;
   double root = 0, all = 0;
@@ -154,9 +153,7 @@ void optimizer_terms(const PlanJob& j, RankPlan& r) {
 // reduce-scatter receive buffers (every rank's piece of the f32 gradients, comm_engine.cpp): one
 // unit's without PP, at most every unit's under PP.
 void activation_terms(const PlanJob& j, const StagePart& part, double in_flight, RankPlan& r) {
-  const ActivationJob aj{j.c.model.name, j.c.model.flavor, j.model.vocab, j.c.training.seq_len, j.c.dsa.topk,
-                         j.c.model.mtp_layers, j.m.tp, j.m.cp, j.bf16, j.c.parallelism.experts_split_over_tp()};
-  const ActivationModel m = activation_model(aj);
+  const ActivationModel m = activation_model(*j.model.family, j.query());
   std::vector<int> blocks = part.blocks();
   if (part.head())
     for (int d = 0; d < j.c.model.mtp_layers; ++d) blocks.push_back(int(j.model.n_layers) + d);
@@ -225,10 +222,10 @@ PlanMesh plan_mesh(const JobConfig& c, int world, const std::string& source) {
 
 MemoryPlan plan_memory(const JobConfig& c, int world, int64_t vocab, const std::string& source) {
   check_supported(c, source);
-  TITAN_CHECK(c.model.mtp_layers == 0 || c.model.name == "deepseek_v3",
+  TITAN_CHECK(c.model.mtp_layers == 0 || models::model_family(c.model.name).multi_token_prediction,
               source + ": model.mtp_layers = " + std::to_string(c.model.mtp_layers) + ": model '" + c.model.name +
                   "' has no multi-token prediction",
-              "set model.mtp_layers = 0 (only deepseek_v3 has MTP modules)");
+              "set model.mtp_layers = 0");
   MemoryPlan plan;
   plan.mesh = plan_mesh(c, world, source);
   const PlanMesh& m = plan.mesh;
@@ -278,7 +275,7 @@ MemoryPlan plan_memory(const JobConfig& c, int world, int64_t vocab, const std::
   plan.terms = best.terms;
   plan.swapped_bytes = best.swapped;
   plan.non_expert_weights_grads_before_fsdp = best.non_expert_before_fsdp;
-  plan.indexer_weights_grads_before_fsdp = best.indexer_before_fsdp;
+  plan.tp_whole_weights_grads_before_fsdp = best.tp_whole_before_fsdp;
   plan.traffic = plan::plan_traffic(j, best.params, parts[size_t(plan.stage)]);
   return plan;
 }
@@ -318,9 +315,9 @@ std::string plan_str(const MemoryPlan& p) {
   s += fmt::format("per rank of pipeline rank {} (the busiest): f32 weights + gradients of all but the routed experts, "
                    "before FSDP: {:.1f} GB{}\n",
                    p.stage, p.non_expert_weights_grads_before_fsdp / 1e9,
-                   p.indexer_weights_grads_before_fsdp > 0
-                       ? fmt::format(" ({:.1f} GB of it the lightning indexers, whole on every TP rank)",
-                                     p.indexer_weights_grads_before_fsdp / 1e9)
+                   p.tp_whole_weights_grads_before_fsdp > 0
+                       ? fmt::format(" ({:.1f} GB of it computed whole on every TP rank, as DeepSeek-V3.2's lightning indexers)",
+                                     p.tp_whole_weights_grads_before_fsdp / 1e9)
                        : "");
   s += fmt::format("\npeak memory per rank by category ({} micro-batch{} per step)\n", p.accumulation,
                    p.accumulation > 1 ? "es" : "");
@@ -351,7 +348,7 @@ nlohmann::json plan_json(const MemoryPlan& p) {
   j["vocab"] = p.vocab;
   j["stage"] = p.stage;
   j["non_expert_weights_grads_before_fsdp"] = p.non_expert_weights_grads_before_fsdp;
-  j["indexer_weights_grads_before_fsdp"] = p.indexer_weights_grads_before_fsdp;
+  j["tp_whole_weights_grads_before_fsdp"] = p.tp_whole_weights_grads_before_fsdp;
   j["peak"] = {{"parameters", p.peak.parameters},   {"gradients", p.peak.gradients},
                {"optimizer", p.peak.optimizer},     {"activations", p.peak.activations},
                {"temporaries", p.peak.temporaries}, {"total", p.peak.total()}};

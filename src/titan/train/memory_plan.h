@@ -62,7 +62,7 @@ struct MemoryPlan {
   // Per rank of the busiest stage, before FSDP divides anything: the f32 weights + gradients of
   // everything but the routed experts (the seed's "non-MoE weights + gradients per card").
   double non_expert_weights_grads_before_fsdp = 0;
-  double indexer_weights_grads_before_fsdp = 0;  // the part of it in DSA's lightning indexers
+  double tp_whole_weights_grads_before_fsdp = 0;  // the part of it computed whole on every TP rank
   std::vector<PlanCollective> traffic;
   // Every pipeline rank's peaks and terms (one entry without PP), for comparing with metrics that
   // report each category's largest peak over the ranks.

@@ -24,6 +24,11 @@ struct PlanJob {
   bool bf16 = false;
   int64_t micro_tokens = 0;  // tokens of one micro-batch on one rank (CP's share)
   int64_t microbatches = 1;  // per step on this rank (accumulation times the pipeline's)
+  // The job as the model's family is asked about it (activations, routing, CP traffic).
+  models::PlanQuery query() const {
+    return {c.model.flavor, model.vocab, c.training.seq_len, c.dsa.topk, c.model.mtp_layers, m.tp, m.cp, bf16,
+            c.parallelism.experts_split_over_tp()};
+  }
 };
 
 // Routed experts under expert parallelism: divided over EP, sharded over the expert-FSDP group.

@@ -208,10 +208,6 @@ DeepSeekV3Args deepseek_v32_flavor(const std::string& flavor, int64_t vocab_size
   return pick_flavor(v32_flavors(), "deepseek_v32", flavor, vocab_size);
 }
 
-DeepSeekV3Args deepseek_flavor(const std::string& model, const std::string& flavor, int64_t vocab_size) {
-  return model == "deepseek_v32" ? deepseek_v32_flavor(flavor, vocab_size) : deepseek_v3_flavor(flavor, vocab_size);
-}
-
 std::vector<std::string> deepseek_v32_flavor_names() { return flavor_names(v32_flavors()); }
 
 }  // namespace titan::models::deepseek_v3

@@ -117,8 +117,6 @@ std::vector<std::string> deepseek_v3_flavor_names();
 // DeepSeek-V3.2 flavors ("debugmodel", "671B"): the V3 flavor of the same name plus the lightning
 // indexer of every layer (q_lora_rank > 0, which the indexer's query reads).
 DeepSeekV3Args deepseek_v32_flavor(const std::string& flavor, int64_t vocab_size = 0);
-// The flavor of `model`: deepseek_v32's for "deepseek_v32", else deepseek_v3's.
-DeepSeekV3Args deepseek_flavor(const std::string& model, const std::string& flavor, int64_t vocab_size = 0);
 std::vector<std::string> deepseek_v32_flavor_names();
 
 }  // namespace titan::models::deepseek_v3

@@ -131,7 +131,7 @@ Transformer::Transformer(const DeepSeekV3Args& a, const MoeFactory& moe, const d
                                                                       Init::trunc_normal(1.0 / std::sqrt(double(a.dim)), 3)));
     if (args_.num_mtp_layers > 0) mtp = &register_module("mtp", std::make_unique<MultiTokenPrediction>(args_, moe, tp_));
   }
-  if (tp_) place_tensor_parallel();
+  place_tensor_parallel();  // declares the plan; places the parameters under TP
 }
 
 void Transformer::set_targets(const Tensor& targets) {
@@ -307,8 +307,10 @@ StageOutput Transformer::stage_forward(const distributed::pp::StageLayers& stage
                                        const Tensor& tokens, const Tensor& targets) {
   // Under context parallelism every stage runs this rank's chunks of the sequences (the other
   // ranks of its cp group the rest); the last averages the loss over the group.
+  TITAN_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::i32, "deepseek_v3: tokens must be i32 [B, S], got " + tokens.str());
   Tensor mine, positions;
   std::tie(mine, positions) = local_sequences(tokens);
+  check_rope_positions("deepseek_v3", positions, rope_.cos.size(0));
   // DeepSeek-V3.2's warm-up trains only the indexers: no gradient crosses the stages (as none
   // reaches the hidden states of the whole model), the input is a constant.
   const bool frozen = args_.has_indexer() && layers.size() > 0 && layers[0].attention.dsa.stage == DsaStage::dense_warmup;
@@ -362,19 +364,6 @@ std::string Transformer::begin_step(int64_t step) {
   scheduled_stage_ = want;
   return std::string("DSA stage: ") + dsa_stage_name(want) + " from step " + std::to_string(step) +
          (dsa_impl_ == DsaImpl::fused ? " (fused kernels)" : " (small ops)");
-}
-
-TrainingLoss Transformer::training_loss(const Tensor& tokens, const Tensor& targets) {
-  set_targets(targets);  // multi-token prediction scores tokens further ahead
-  TrainingLoss out;
-  std::tie(out.total, out.cross_entropy) = language_model_loss(tokens, targets);
-  StageOutput values;
-  for (const Variable& aux : auxiliary_losses_of(0, args_.n_layers, true, &values)) out.total = autograd::add(out.total, aux);
-  // moe_aux_loss: the sum over layers; the others: the mean over layers (modules).
-  for (size_t k = 0; k < values.term_sums.size(); ++k)
-    out.terms.emplace_back(values.term_sums[k].first,
-                           values.term_sums[k].second / std::max(1, values.term_counts[k]));
-  return out;
 }
 
 void Transformer::end_step(const SumOverData& sum_over_data) {

@@ -139,13 +139,12 @@ class Transformer : public CausalLM {
   // effect without TP.
   void set_async_tensor_parallel(bool on);
 
-  // Training (CausalLM): begin_step switches the DSA stage by the schedule; training_loss adds
-  // the auxiliary losses and logs "mtp_loss", "indexer_loss" (the unweighted mean over layers)
+  // Training (CausalLM): begin_step switches the DSA stage by the schedule; stage_forward adds
+  // the auxiliary losses and reports "mtp_loss", "indexer_loss" (the unweighted mean over layers)
   // and "moe_aux_loss"; end_step updates the MoE balancing biases from the step's expert loads
   // summed over data-parallel ranks (not during the dense warm-up: those loads join the first
   // sparse step's update); step_stats reports the expert load.
   std::string begin_step(int64_t step) override;
-  TrainingLoss training_loss(const Tensor& tokens, const Tensor& targets) override;
   void end_step(const SumOverData& sum_over_data) override;
   StepStats step_stats() override;
 

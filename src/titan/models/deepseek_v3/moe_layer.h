@@ -1,6 +1,6 @@
 // DeepSeek-V3's MoE layer as the model's MoeFactory: routed + shared SwiGLU experts from
-// models/moe, sized and routed by the args. Defined with the model registry (models/registry.cpp),
-// which gives it to every deepseek_v3 the trainer builds; tests and tools that load Hugging Face
+// models/moe, sized and routed by the args. Defined with the family's spec (family.cpp), which
+// gives it to every deepseek_v3 the trainer builds; tests and tools that load Hugging Face
 // checkpoints with MoE layers pass it to load_hf_model.
 #pragma once
 

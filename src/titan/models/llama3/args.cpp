@@ -81,8 +81,14 @@ Llama3Args llama3_flavor(const std::string& flavor, int64_t vocab_size) {
     return a;
   }
   std::string names;
-  for (const Flavor& f : flavors()) names += (names.empty() ? "" : ", ") + std::string(f.name);
+  for (const std::string& f : llama3_flavor_names()) names += (names.empty() ? "" : ", ") + f;
   TITAN_FAIL("unknown llama3 flavor '" + flavor + "'", "set [model] flavor to one of: " + names);
+}
+
+std::vector<std::string> llama3_flavor_names() {
+  std::vector<std::string> names;
+  for (const Flavor& f : flavors()) names.emplace_back(f.name);
+  return names;
 }
 
 }  // namespace titan::models::llama3

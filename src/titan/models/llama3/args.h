@@ -3,6 +3,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "titan/kernels/rope.h"
 
@@ -38,5 +39,6 @@ struct Llama3Args {
 // Flavors: "debugmodel", "125M", "8B", "70B", "405B". vocab_size comes from the tokenizer (the
 // flavor's own is used when vocab_size <= 0). Throws, listing the flavors, for an unknown name.
 Llama3Args llama3_flavor(const std::string& flavor, int64_t vocab_size = 0);
+std::vector<std::string> llama3_flavor_names();
 
 }  // namespace titan::models::llama3

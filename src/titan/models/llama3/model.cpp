@@ -139,7 +139,7 @@ Transformer::Transformer(const Llama3Args& a, const distributed::ProcessGroup* t
                                                                         Init::trunc_normal(std, 3)));
     }
   }
-  if (tp_) place_tensor_parallel();
+  place_tensor_parallel();  // declares the plan; places the parameters under TP
 }
 
 void Transformer::set_compute_dtype(DType dtype) {
@@ -193,24 +193,15 @@ StageOutput Transformer::stage_forward(const distributed::pp::StageLayers& stage
                                        const Tensor& tokens, const Tensor& targets) {
   // Under context parallelism every stage runs this rank's chunks of the sequences (the other
   // ranks of its cp group the rest, by ring attention); the last averages the loss over the group.
+  TITAN_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::i32, "llama3: tokens must be i32 [B, S], got " + tokens.str());
   Tensor mine, positions;
   std::tie(mine, positions) = local_sequences(tokens);
+  check_rope_positions("llama3", positions, rope_.cos.size(0));
   Variable h = stage.embedding ? embed(mine) : h_in;
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const int l = int(layers.index(i));
-    if (l < stage.begin || l >= stage.end) continue;
-    TransformerBlock& block = layers[i];
-    nn::UnitScope unit(block);
-    if (recompute_ != Recompute::none) {
-      h = autograd::checkpoint(
-          [&block, this, positions](const std::vector<Variable>& in) {
-            return std::vector<Variable>{block.forward(in[0], rope_, positions)};
-          },
-          {h}, checkpoint_policy(recompute_))[0];
-    } else {
-      h = block.forward(h, rope_, positions);
-    }
-  }
+  h = run_blocks<TransformerBlock>(
+      layers, h, recompute_,
+      [this, positions](TransformerBlock& block, const Variable& x) { return block.forward(x, rope_, positions); },
+      stage.begin, stage.end);
   StageOutput out;
   if (!stage.head) {
     out.hidden = h;

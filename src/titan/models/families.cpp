@@ -1,0 +1,81 @@
+// The model registry: one line per family (models/family.h), and the checks every family's
+// build shares (an option the family has no use for is refused, naming the key).
+#include "titan/core/error.h"
+#include "titan/distributed/process_group.h"
+#include "titan/models/deepseek_v3/family.h"
+#include "titan/models/family.h"
+#include "titan/models/llama3/family.h"
+
+namespace titan::models {
+
+const std::vector<const ModelFamily*>& model_families() {
+  static const std::vector<const ModelFamily*> all = {
+      &llama3::family(),
+      &deepseek_v3::v3_family(),
+      &deepseek_v3::v32_family(),
+  };
+  return all;
+}
+
+std::vector<std::string> model_names() {
+  std::vector<std::string> names;
+  for (const ModelFamily* f : model_families()) names.push_back(f->name);
+  return names;
+}
+
+const std::string& default_model_name() { return model_families().front()->name; }
+
+const ModelFamily& model_family(const std::string& name) {
+  for (const ModelFamily* f : model_families())
+    if (f->name == name) return *f;
+  std::string names;
+  for (const std::string& n : model_names()) names += (names.empty() ? "" : ", ") + n;
+  TITAN_FAIL("model '" + name + "' is not implemented in this build", "set [model] name to one of: " + names);
+}
+
+namespace {
+
+std::string names_with(bool ModelFamily::*trait) {
+  std::string names;
+  for (const ModelFamily* f : model_families())
+    if (f->*trait) names += (names.empty() ? "" : " / ") + f->name;
+  return names;
+}
+
+// The options a family has no use for are refused, each naming its key.
+void check_options(const ModelFamily& f, const ModelOptions& options) {
+  const std::string& name = f.name;
+  TITAN_CHECK(options.mtp_layers == 0 || f.multi_token_prediction,
+              "model.mtp_layers = " + std::to_string(options.mtp_layers) + ": model '" + name + "' has no multi-token prediction",
+              "set model.mtp_layers = 0 (models with MTP modules: " + names_with(&ModelFamily::multi_token_prediction) + ")");
+  TITAN_CHECK(!options.ep || options.ep->size() == 1 || f.routed_experts,
+              "parallelism.expert_parallel_degree = " + std::to_string(options.ep ? options.ep->size() : 1) + ": " + name +
+                  " has no experts to divide",
+              "set expert_parallel_degree = 1 (expert parallelism splits the routed experts of " +
+                  names_with(&ModelFamily::routed_experts) + ")");
+  TITAN_CHECK(f.sparse_attention || options.converters.empty(),
+              "model.converters " + (options.converters.empty() ? std::string() : options.converters.front()) +
+                  " is not known to model " + name,
+              "remove model.converters (only " + names_with(&ModelFamily::sparse_attention) + " has one: dsa_fused)");
+  TITAN_CHECK(f.sparse_attention || options.dsa == DsaSchedule{},
+              "the [dsa] section is set, but model " + name + " has no DeepSeek Sparse Attention",
+              "remove the [dsa] keys, or train model.name = \"" + names_with(&ModelFamily::sparse_attention) + "\"");
+  TITAN_CHECK(!options.hf_config || f.hf, "a Hugging Face architecture was given for model '" + name + "'",
+              "only models with a Hugging Face conversion load one: set [model] name to a model `titan ckpt convert "
+              "--from-hf` wrote");
+}
+
+}  // namespace
+
+std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string& flavor, int64_t vocab_size,
+                                      int64_t max_seq_len, const ModelOptions& options) {
+  const ModelFamily& f = model_family(name);
+  check_options(f, options);
+  return f.build(flavor, vocab_size, max_seq_len, options);
+}
+
+int64_t model_layers(const std::string& name, const std::string& flavor, int64_t vocab_size, const ModelOptions& options) {
+  return model_family(name).n_layers(flavor, vocab_size, options);
+}
+
+}  // namespace titan::models

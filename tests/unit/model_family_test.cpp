@@ -1,0 +1,109 @@
+// The model registry (models/family.h): every family's spec is complete and self-consistent,
+// options a family has no use for are refused by name, and no source outside src/titan/models/
+// names a model (the check ARCHITECTURE.md asks for: a new family is a folder and one line).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <string>
+
+#include "common/error_of.h"
+#include "titan/core/allocator.h"
+#include "titan/models/family.h"
+#include "titan/nn/module.h"
+
+using namespace titan;
+using test::error_of;
+namespace fs = std::filesystem;
+
+TEST(ModelFamily, EverySpecIsCompleteAndItsFlavorsBuild) {
+  std::set<std::string> names;
+  ASSERT_GE(models::model_families().size(), 3u);
+  for (const models::ModelFamily* f : models::model_families()) {
+    SCOPED_TRACE(f->name);
+    EXPECT_TRUE(names.insert(f->name).second) << "registered twice";
+    ASSERT_TRUE(f->flavors && f->build && f->n_layers && f->activations && f->context_parallel_traffic);
+    EXPECT_EQ(f->routed_experts, f->experts_per_token != nullptr);
+    EXPECT_EQ(&models::model_family(f->name), f);
+    for (const std::string& flavor : f->flavors()) {
+      SCOPED_TRACE(flavor);
+      // Every flavor, the largest included, builds without storage; its blocks are what
+      // n_layers says (the pipeline splits by it), and the activation model covers each.
+      const int64_t before = memory_stats().live[size_t(MemCategory::parameters)];
+      std::unique_ptr<models::CausalLM> m;
+      {
+        nn::ParametersWithoutStorage no_storage;
+        m = f->build(flavor, 0, 0, {});
+      }
+      std::set<std::string> blocks;
+      for (const auto& [name, p] : m->named_parameters()) {
+        EXPECT_FALSE(p->var.value().storage_allocated()) << name;
+        if (name.starts_with("layers.")) blocks.insert(name.substr(0, name.find('.', 7)));
+      }
+      const int64_t layers = f->n_layers(flavor, 0, {});
+      EXPECT_EQ(int64_t(blocks.size()), layers);
+      models::PlanQuery q;
+      q.flavor = flavor;
+      q.seq_len = 128;
+      EXPECT_EQ(int64_t(f->activations(q).blocks.size()), layers);
+      if (f->experts_per_token) EXPECT_EQ(int64_t(f->experts_per_token(q).size()), layers);
+      m.reset();
+      EXPECT_EQ(memory_stats().live[size_t(MemCategory::parameters)], before);
+    }
+  }
+}
+
+TEST(ModelFamily, AnUnknownNameListsTheRegisteredOnes) {
+  const std::string e = error_of([] { models::model_family("gpt2"); });
+  for (const std::string& n : models::model_names()) EXPECT_NE(e.find(n), std::string::npos) << e;
+}
+
+TEST(ModelFamily, OptionsTheFamilyLacksAreRefusedByKey) {
+  for (const models::ModelFamily* f : models::model_families()) {
+    SCOPED_TRACE(f->name);
+    models::ModelOptions mtp;
+    mtp.mtp_layers = 1;
+    models::ModelOptions dsa;
+    dsa.dsa.warmup_steps = 3;
+    models::ModelOptions converters;
+    converters.converters = {"dsa_fused"};
+    if (!f->multi_token_prediction)
+      EXPECT_NE(error_of([&] { models::build_model(f->name, "debugmodel", 256, 32, mtp); }).find("model.mtp_layers"),
+                std::string::npos);
+    if (!f->sparse_attention) {
+      EXPECT_NE(error_of([&] { models::build_model(f->name, "debugmodel", 256, 32, dsa); }).find("[dsa]"), std::string::npos);
+      EXPECT_NE(error_of([&] { models::build_model(f->name, "debugmodel", 256, 32, converters); }).find("model.converters"),
+                std::string::npos);
+    }
+  }
+}
+
+// "Nothing outside models/ compares a model's name": no source file outside src/titan/models/
+// holds a registered name as a string literal. The one exception is the tokenizer's
+// pre-tokenizer styles, which Hugging Face names after model families (PreTokenizerStyle).
+TEST(ModelFamily, NoSourceOutsideModelsNamesAModel) {
+  const fs::path root = fs::path("src") / "titan";
+  ASSERT_TRUE(fs::is_directory(root)) << "run from the repository root (ctest sets the working directory)";
+  std::vector<std::string> found;
+  int files = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(root)) {
+    const std::string ext = entry.path().extension().string();
+    if (!entry.is_regular_file() || (ext != ".h" && ext != ".cpp" && ext != ".cu")) continue;
+    if (fs::relative(entry.path(), root).begin()->string() == "models") continue;
+    ++files;
+    std::ifstream in(entry.path());
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n) {
+      if (line.find("PreTokenizerStyle::") != std::string::npos) continue;
+      for (const std::string& name : models::model_names())
+        if (line.find('"' + name + '"') != std::string::npos)
+          found.push_back(entry.path().string() + ":" + std::to_string(n) + ": " + line);
+    }
+  }
+  EXPECT_GT(files, 50);
+  std::string all;
+  for (const std::string& f : found) all += f + "\n";
+  EXPECT_TRUE(found.empty()) << all;
+}
