@@ -91,7 +91,7 @@ expert_parallel_degree = 4
   EXPECT_EQ(c.training.seq_len, 512);
   EXPECT_EQ(c.training.max_norm, 2.0);
   EXPECT_EQ(c.lr_scheduler.decay_ratio, 0.25);
-  EXPECT_EQ(c.lr_scheduler.decay_type, "sqrt");
+  EXPECT_EQ(c.lr_scheduler.decay_type, optim::LrDecay::sqrt);
   EXPECT_EQ(c.parallelism.expert_parallel_degree, 4);
 }
 
@@ -359,7 +359,7 @@ TEST(Config, RoundTripThroughToml) {
   c.optimizer.weight_decay = 0.0;
   c.lr_scheduler.warmup_steps = 7;
   c.lr_scheduler.decay_ratio = 0.1;
-  c.lr_scheduler.decay_type = "cosine";
+  c.lr_scheduler.decay_type = optim::LrDecay::cosine;
   c.parallelism.expert_parallel_degree = 8;
   c.checkpoint.keep_latest_k = 0;
   c.debug.seed = 1234567890123;
