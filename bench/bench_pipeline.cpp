@@ -254,7 +254,7 @@ json run_schedule(const std::string& config_path, const std::string& schedule, i
           {"bubble_replayed", replayed},
           {"measured_over_replayed", measured / replayed},
           {"bubble_replayed_mean", replayed_mean.bubble_fraction},
-          {"bubble_closed_form", pp::closed_form_bubble_fraction(schedule, p, sched.microbatches, sched.stages_per_rank)},
+          {"bubble_closed_form", pp::closed_form_bubble_fraction(sched.kind, p, sched.microbatches, sched.stages_per_rank)},
           {"measured_over_simulated", measured / sim.bubble_fraction},
           {"peak_in_flight", peak},
           // Shares of the ranks' time (p x makespan): waiting for inputs, handing sends over, the rest

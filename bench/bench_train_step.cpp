@@ -36,6 +36,7 @@
 #include "titan/autograd/ops.h"
 #include "titan/core/allocator.h"
 #include "titan/core/cpu_features.h"
+#include "titan/core/dtype_torch_names.h"
 #include "titan/core/rng.h"
 #include "titan/models/causal_lm.h"
 #include "titan/models/deepseek_v3/hf_adapter.h"
@@ -54,11 +55,11 @@ struct Setup {
   std::string model = "llama3", flavor;
   int64_t batch = 0, seq = 0;
   int steps = 0;  // 0: the model's default (main)
-  std::string recompute = "none";  // activation checkpointing: none, selective or full
+  models::Recompute recompute = models::Recompute::none;  // activation checkpointing
   bool deepseek() const { return model == "deepseek_v3"; }
   std::string args() const {
     return " --model " + model + " --flavor " + flavor + " --batch " + std::to_string(batch) + " --seq " +
-           std::to_string(seq) + " --steps " + std::to_string(steps) + " --recompute " + recompute;
+           std::to_string(seq) + " --steps " + std::to_string(steps) + " --recompute " + std::string(name_of(recompute));
   }
 };
 
@@ -108,9 +109,7 @@ Result run_ours_here(const Setup& s, DType compute) {
   std::unique_ptr<models::CausalLM> model = models::build_model(s.model, s.flavor, kVocab, s.seq);
   model->init_parameters(0);
   model->set_compute_dtype(compute);
-  model->set_recompute(s.recompute == "selective" ? models::Recompute::selective
-                       : s.recompute == "full"    ? models::Recompute::full
-                                                  : models::Recompute::none);
+  model->set_recompute(s.recompute);
   optim::AdamW opt(model->named_parameters(), {});
   Tensor tokens = Tensor::empty({s.batch, s.seq}, DType::i32), targets = Tensor::empty({s.batch * s.seq}, DType::i32);
   Generator g(0);
@@ -158,11 +157,11 @@ Result run_ours(const Setup& s, DType compute) {
 }
 
 // The PyTorch twin's JSON line, or nothing when reference/.venv is missing or the script failed.
-std::optional<nlohmann::json> run_torch(const Setup& s, const char* dtype, const char* mode) {
+std::optional<nlohmann::json> run_torch(const Setup& s, DType dtype, const char* mode) {
   const char* py = "reference/.venv/bin/python";
   if (!std::filesystem::exists(py)) return std::nullopt;
   const std::string common = " --batch " + std::to_string(s.batch) + " --seq " + std::to_string(s.seq) +
-                             " --steps " + std::to_string(s.steps) + " --dtype " + dtype;
+                             " --steps " + std::to_string(s.steps) + " --dtype " + std::string(name_of(dtype));  // PyTorch's name
   std::string cmd;
   std::filesystem::path config;
   if (s.deepseek()) {
@@ -205,7 +204,7 @@ void bench_flavor(const Setup& s, bool torch) {
   Result sel_f32, sel_bf;
   if (!s.deepseek()) {
     Setup sel = s;
-    sel.recompute = "selective";
+    sel.recompute = models::Recompute::selective;
     sel_f32 = run_ours(sel, DType::f32), sel_bf = run_ours(sel, DType::bf16);
     for (const Result* r : {&sel_f32, &sel_bf})
       std::printf("titan %-4s selective AC: %8.0f tok/s  MFU %5.1f%%  tensors peak %s, RSS growth %s\n",
@@ -217,12 +216,13 @@ void bench_flavor(const Setup& s, bool torch) {
   const double target = s.deepseek() ? 2.0 : 1.5;
   const std::vector<const char*> modes = s.deepseek() ? std::vector<const char*>{"eager"}
                                                       : std::vector<const char*>{"eager", "compile"};
-  for (const char* dtype : {"float32", "bfloat16"}) {
-    const Result& ours = std::string(dtype) == "float32" ? f32 : bf;
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    const Result& ours = dtype == DType::f32 ? f32 : bf;
+    const std::string torch_name(name_of(dtype));  // PyTorch's name, as the reference script takes it
     for (const char* mode : modes) {
       const auto t = run_torch(s, dtype, mode);
       if (!t) {
-        std::printf("pytorch %s %s: not run (reference/.venv with torch missing, or it failed)\n", mode, dtype);
+        std::printf("pytorch %s %s: not run (reference/.venv with torch missing, or it failed)\n", mode, torch_name.c_str());
         continue;
       }
       const double tps = (*t)["tokens_per_second"];
@@ -230,7 +230,7 @@ void bench_flavor(const Setup& s, bool torch) {
       const double speed = ours.tokens_per_second / tps, memory = double(ours.rss_growth) / rss;
       std::string verdicts;
       if (std::string(mode) == "compile") {
-        const Result& sel = std::string(dtype) == "float32" ? sel_f32 : sel_bf;
+        const Result& sel = dtype == DType::f32 ? sel_f32 : sel_bf;
         char buf[96];
         std::snprintf(buf, sizeof buf, "; with selective AC %.2fx tokens/s, %.2fx memory",
                       sel.tokens_per_second / tps, double(sel.rss_growth) / rss);
@@ -244,7 +244,7 @@ void bench_flavor(const Setup& s, bool torch) {
       }
       std::printf("pytorch %-7s %-8s: %8.0f tok/s, training memory (RSS growth) %s -> titan/pytorch tokens/s %.2fx, "
                   "memory (RSS growth) %.2fx%s\n",
-                  mode, dtype, tps, train::format_bytes(rss).c_str(), speed, memory, verdicts.c_str());
+                  mode, torch_name.c_str(), tps, train::format_bytes(rss).c_str(), speed, memory, verdicts.c_str());
       if (t->contains("parameters") && (*t)["parameters"].get<int64_t>() != shape.parameters)
         std::printf("  note: the PyTorch model has %lld parameters, ours %lld\n",
                     static_cast<long long>((*t)["parameters"].get<int64_t>()), static_cast<long long>(shape.parameters));
@@ -267,7 +267,12 @@ int main(int argc, char** argv) {
     else if (a == "--batch" && i + 1 < argc) s.batch = std::atoll(argv[++i]);
     else if (a == "--seq" && i + 1 < argc) s.seq = std::atoll(argv[++i]);
     else if (a == "--steps" && i + 1 < argc) s.steps = std::atoi(argv[++i]);
-    else if (a == "--recompute" && i + 1 < argc) s.recompute = argv[++i];
+    else if (a == "--recompute" && i + 1 < argc) {
+      const std::optional<models::Recompute> r = enum_named<models::Recompute>(argv[++i]);
+      TITAN_CHECK(r.has_value(), std::string("bench_train_step: unknown --recompute '") + argv[i] + "'",
+                  "use --recompute none, selective or full");
+      s.recompute = *r;
+    }
     else if (a == "--no-torch") torch = false;
   }
   TITAN_CHECK(s.model == "llama3" || s.deepseek(), "bench_train_step: unknown --model '" + s.model + "'",

@@ -31,16 +31,17 @@ std::string error_of(const std::function<void()>& f) {
 
 TEST(PipelineSchedule, EveryScheduleIsValidForManyDegreesAndMicroBatchCounts) {
   int checked = 0;
-  for (const std::string& name : schedule_names())
+  for (const auto& [kind, name] : kScheduleNames)
     for (int p = 1; p <= 6; ++p)
       for (int m = 1; m <= 3 * p + 2; ++m)
         for (int v : {0, 3}) {
-          if (v == 3 && name != "Interleaved1F1B") continue;
-          if ((name == "1F1B" || name == "Interleaved1F1B") && m < p) continue;
-          if (name == "Interleaved1F1B" && m % std::max(1, m / p) != 0) continue;
-          if (name == "DualPipeV" && m < 2 * p) continue;
-          SCOPED_TRACE(name + " p " + std::to_string(p) + " m " + std::to_string(m) + " v " + std::to_string(v));
-          const Schedule s = make_schedule(name, p, m, v);
+          const bool interleaved = kind == ScheduleKind::interleaved_1f1b;
+          if (v == 3 && !interleaved) continue;
+          if ((kind == ScheduleKind::one_f_one_b || interleaved) && m < p) continue;
+          if (interleaved && m % std::max(1, m / p) != 0) continue;
+          if (kind == ScheduleKind::dual_pipe_v && m < 2 * p) continue;
+          SCOPED_TRACE(std::string(name) + " p " + std::to_string(p) + " m " + std::to_string(m) + " v " + std::to_string(v));
+          const Schedule s = make_schedule(kind, p, m, v);
           ASSERT_NO_THROW(check_schedule(s)) << schedule_str(s);
           ++checked;
         }
@@ -48,12 +49,13 @@ TEST(PipelineSchedule, EveryScheduleIsValidForManyDegreesAndMicroBatchCounts) {
 }
 
 TEST(PipelineSchedule, GPipeAnd1F1BBubblesEqualTheClosedForm) {
-  for (const std::string name : {"GPipe", "1F1B"})
+  for (const ScheduleKind kind : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b})
     for (int p : {2, 3, 4, 8})
       for (int m : {p, 2 * p, 3 * p + 1}) {
-        const Simulation sim = simulate(make_schedule(name, p, m), unit_costs());
-        EXPECT_NEAR(sim.bubble_fraction, closed_form_bubble_fraction(name, p, m, 1), 1e-12) << name << " p " << p << " m " << m;
-        EXPECT_DOUBLE_EQ(sim.makespan, 3.0 * (m + p - 1)) << name;  // (m + p - 1)(F + B)
+        const Simulation sim = simulate(make_schedule(kind, p, m), unit_costs());
+        EXPECT_NEAR(sim.bubble_fraction, closed_form_bubble_fraction(kind, p, m, 1), 1e-12)
+            << name_of(kind) << " p " << p << " m " << m;
+        EXPECT_DOUBLE_EQ(sim.makespan, 3.0 * (m + p - 1)) << name_of(kind);  // (m + p - 1)(F + B)
       }
 }
 
@@ -61,7 +63,7 @@ TEST(PipelineSchedule, GPipeAnd1F1BBubblesEqualTheClosedForm) {
 // micro-batch k at k + r; a receive starts when its message is in, a send right after its forward.
 TEST(PipelineSchedule, StartTimesFollowTheTimeline) {
   const int p = 3, m = 4;
-  const Schedule s = make_schedule("GPipe", p, m);
+  const Schedule s = make_schedule(ScheduleKind::gpipe, p, m);
   const Simulation sim = simulate(s, unit_costs());
   for (int r = 0; r < p; ++r) {
     ASSERT_EQ(sim.start[size_t(r)].size(), s.actions[size_t(r)].size());
@@ -77,7 +79,7 @@ TEST(PipelineSchedule, StartTimesFollowTheTimeline) {
 // A replay of per-action costs equal to the stage costs gives the same timeline; doubling one
 // action's cost moves the makespan; each send's hand-over delays its sender, not its compute.
 TEST(PipelineSchedule, PerActionCostsReplayTheTimeline) {
-  const Schedule s = make_schedule("1F1B", 2, 4);
+  const Schedule s = make_schedule(ScheduleKind::one_f_one_b, 2, 4);
   Costs replay = unit_costs();
   for (int r = 0; r < 2; ++r) {
     std::vector<double> costs;
@@ -105,8 +107,8 @@ TEST(PipelineSchedule, InterleavedBubbleShrinksByTheStagesPerRank) {
   for (int p : {2, 4})
     for (int v : {2, 3})
       for (int m : {p, 2 * p, 4 * p}) {
-        const Simulation sim = simulate(make_schedule("Interleaved1F1B", p, m, v), unit_costs());
-        EXPECT_NEAR(sim.bubble_fraction, closed_form_bubble_fraction("Interleaved1F1B", p, m, v), 1e-12)
+        const Simulation sim = simulate(make_schedule(ScheduleKind::interleaved_1f1b, p, m, v), unit_costs());
+        EXPECT_NEAR(sim.bubble_fraction, closed_form_bubble_fraction(ScheduleKind::interleaved_1f1b, p, m, v), 1e-12)
             << "p " << p << " v " << v << " m " << m;
       }
 }
@@ -114,15 +116,15 @@ TEST(PipelineSchedule, InterleavedBubbleShrinksByTheStagesPerRank) {
 // The V schedules against their closed forms (DualPipe's README; ZB-H1's for ZB-V), which hold
 // for F = I = W (with other costs the critical path decides: no closed form).
 TEST(PipelineSchedule, VScheduleBubblesEqualTheirClosedForms) {
-  EXPECT_LT(closed_form_bubble_fraction("DualPipeV", 2, 8, 2, StageCosts{1, 1.5, 0.7}), 0);
+  EXPECT_LT(closed_form_bubble_fraction(ScheduleKind::dual_pipe_v, 2, 8, 2, StageCosts{1, 1.5, 0.7}), 0);
   for (const StageCosts rank_stage : {StageCosts{1, 1, 1}, StageCosts{0.4, 0.4, 0.4}})
-    for (const std::string name : {"ZBVZeroBubble", "DualPipeV"})
+    for (const ScheduleKind kind : {ScheduleKind::zbv_zero_bubble, ScheduleKind::dual_pipe_v})
       for (int p : {1, 2, 3, 4, 6})
         for (int m = 2 * p; m <= 4 * p + 1; ++m) {
           Costs chunk{{StageCosts{rank_stage.forward / 2, rank_stage.backward_input / 2, rank_stage.backward_weight / 2}}, 0};
-          const Simulation sim = simulate(make_schedule(name, p, m), chunk);
-          EXPECT_NEAR(sim.bubble_fraction, closed_form_bubble_fraction(name, p, m, 2, rank_stage), 1e-12)
-              << name << " p " << p << " m " << m << " F " << rank_stage.forward << " I " << rank_stage.backward_input
+          const Simulation sim = simulate(make_schedule(kind, p, m), chunk);
+          EXPECT_NEAR(sim.bubble_fraction, closed_form_bubble_fraction(kind, p, m, 2, rank_stage), 1e-12)
+              << name_of(kind) << " p " << p << " m " << m << " F " << rank_stage.forward << " I " << rank_stage.backward_input
               << " W " << rank_stage.backward_weight;
         }
 }
@@ -133,9 +135,9 @@ TEST(PipelineSchedule, ZeroBubbleSchedulesBeat1F1B) {
     for (int m : {2 * p, 4 * p}) {
       // The V schedules hold two stages per rank, each half of a 1F1B stage's work.
       Costs half{{StageCosts{rank_stage.forward / 2, rank_stage.backward_input / 2, rank_stage.backward_weight / 2}}, 0};
-      const double one_f_one_b = simulate(make_schedule("1F1B", p, m), Costs{{rank_stage}, 0}).bubble_fraction;
-      const double zbv = simulate(make_schedule("ZBVZeroBubble", p, m), half).bubble_fraction;
-      const double dualpipev = simulate(make_schedule("DualPipeV", p, m), half).bubble_fraction;
+      const double one_f_one_b = simulate(make_schedule(ScheduleKind::one_f_one_b, p, m), Costs{{rank_stage}, 0}).bubble_fraction;
+      const double zbv = simulate(make_schedule(ScheduleKind::zbv_zero_bubble, p, m), half).bubble_fraction;
+      const double dualpipev = simulate(make_schedule(ScheduleKind::dual_pipe_v, p, m), half).bubble_fraction;
       EXPECT_LT(zbv, one_f_one_b) << "p " << p << " m " << m;
       EXPECT_LT(dualpipev, one_f_one_b) << "p " << p << " m " << m;
     }
@@ -143,19 +145,19 @@ TEST(PipelineSchedule, ZeroBubbleSchedulesBeat1F1B) {
 
 TEST(PipelineSchedule, PeakInFlightMicroBatchesFollowTheSchedule) {
   const int p = 4, m = 12;
-  const Simulation gpipe = simulate(make_schedule("GPipe", p, m), unit_costs());
-  const Simulation ofob = simulate(make_schedule("1F1B", p, m), unit_costs());
+  const Simulation gpipe = simulate(make_schedule(ScheduleKind::gpipe, p, m), unit_costs());
+  const Simulation ofob = simulate(make_schedule(ScheduleKind::one_f_one_b, p, m), unit_costs());
   for (int r = 0; r < p; ++r) {
     EXPECT_EQ(gpipe.peak_in_flight[size_t(r)], m) << "GPipe holds every micro-batch, rank " << r;
     EXPECT_EQ(ofob.peak_in_flight[size_t(r)], p - r) << "1F1B holds p - r, rank " << r;
   }
   // DualPipeV's first rank holds two stages' worth: at most 2p + 1 stage-micro-batches.
-  const Simulation dual = simulate(make_schedule("DualPipeV", p, m), unit_costs());
+  const Simulation dual = simulate(make_schedule(ScheduleKind::dual_pipe_v, p, m), unit_costs());
   EXPECT_LE(*std::max_element(dual.peak_in_flight.begin(), dual.peak_in_flight.end()), 2 * p + 1);
 }
 
 TEST(PipelineSchedule, TransfersConnectTheRanksOfAdjacentStages) {
-  const Schedule s = make_schedule("DualPipeV", 2, 4);
+  const Schedule s = make_schedule(ScheduleKind::dual_pipe_v, 2, 4);
   // Rank 1 holds stages 1 and 2: the turn of the V passes in memory, so rank 1 never sends
   // stage 1's activations.
   for (const Action& a : s.actions[1]) EXPECT_FALSE(a.op == Op::send_activation && a.stage == 1) << action_str(a);
@@ -163,25 +165,25 @@ TEST(PipelineSchedule, TransfersConnectTheRanksOfAdjacentStages) {
   for (const auto& rank : s.actions)
     for (const Action& a : rank) overlapped += a.overlapped;
   EXPECT_GT(overlapped, 0) << "DualPipeV pairs forwards with backwards";
-  const Schedule g = make_schedule("GPipe", 3, 2);
+  const Schedule g = make_schedule(ScheduleKind::gpipe, 3, 2);
   EXPECT_EQ(action_str(g.actions[1][0]), "RECV_F0.0<-0");
   EXPECT_EQ(action_str(g.actions[1][1]), "F1.0");
   EXPECT_EQ(action_str(g.actions[1][2]), "SEND_F1.0->2");
 }
 
 TEST(PipelineSchedule, BadInputIsRefusedWithWhatWouldWork) {
-  EXPECT_NE(error_of([] { make_schedule("PipeDream", 2, 4); }).find("use one of: GPipe, 1F1B"), std::string::npos);
-  const std::string few = error_of([] { make_schedule("1F1B", 4, 3); });
+  EXPECT_NE(error_of([] { schedule_named("PipeDream"); }).find("use one of: GPipe, 1F1B"), std::string::npos);
+  const std::string few = error_of([] { make_schedule(ScheduleKind::one_f_one_b, 4, 3); });
   EXPECT_NE(few.find("at least as many micro-batches as pipeline ranks (4), got 3"), std::string::npos) << few;
-  const std::string dual = error_of([] { make_schedule("DualPipeV", 3, 5); });
+  const std::string dual = error_of([] { make_schedule(ScheduleKind::dual_pipe_v, 3, 5); });
   EXPECT_NE(dual.find("at least 2 x pipeline ranks = 6 micro-batches, got 5"), std::string::npos) << dual;
-  const std::string rounds = error_of([] { make_schedule("Interleaved1F1B", 4, 9); });
+  const std::string rounds = error_of([] { make_schedule(ScheduleKind::interleaved_1f1b, 4, 9); });
   EXPECT_NE(rounds.find("use a multiple of 4"), std::string::npos) << rounds;
-  EXPECT_NE(error_of([] { make_schedule("ZBVZeroBubble", 2, 4, 3); }).find("exactly 2 stages per rank"), std::string::npos);
+  EXPECT_NE(error_of([] { make_schedule(ScheduleKind::zbv_zero_bubble, 2, 4, 3); }).find("exactly 2 stages per rank"), std::string::npos);
 }
 
 TEST(PipelineSchedule, TheCheckerCatchesBrokenLists) {
-  Schedule s = make_schedule("1F1B", 2, 2);
+  Schedule s = make_schedule(ScheduleKind::one_f_one_b, 2, 2);
   {  // a backward before its forward: rank 1 would wait forever
     Schedule bad = s;
     auto& r1 = bad.actions[1];
@@ -203,7 +205,7 @@ TEST(PipelineSchedule, TheCheckerCatchesBrokenLists) {
     EXPECT_NE(error_of([&] { check_schedule(bad); }).find("2 B"), std::string::npos);
   }
   {  // receives in an order that deadlocks: rank 0 waits for a gradient rank 1 sends after waiting on rank 0
-    Schedule bad = make_schedule("GPipe", 2, 1);
+    Schedule bad = make_schedule(ScheduleKind::gpipe, 2, 1);
     std::swap(bad.actions[0][0], bad.actions[0][2]);  // RECV_B before F0.0 and its send
     const std::string e = error_of([&] { check_schedule(bad); });
     EXPECT_NE(e.find("rank 0 waits at RECV_B1.0<-1"), std::string::npos) << e << schedule_str(bad);

@@ -91,7 +91,7 @@ expert_parallel_degree = 4
   EXPECT_EQ(c.training.seq_len, 512);
   EXPECT_EQ(c.training.max_norm, 2.0);
   EXPECT_EQ(c.lr_scheduler.decay_ratio, 0.25);
-  EXPECT_EQ(c.lr_scheduler.decay_type, "sqrt");
+  EXPECT_EQ(c.lr_scheduler.decay_type, optim::LrDecay::sqrt);
   EXPECT_EQ(c.parallelism.expert_parallel_degree, 4);
 }
 
@@ -279,6 +279,48 @@ TEST(ConfigErrors, ChoiceTypoSuggestsTheChoice) {
   EXPECT_HAS(e.hint(), "set `decay_type = \"cosine\"` under [lr_scheduler]");
 }
 
+// An enum-valued key holds its enum once parsed, yet reads and fails as the string it is spelled
+// with: a name its enum lacks is reported by validation (so an override may still replace it), in
+// the override's words when it came from one.
+TEST(ConfigChoices, ParseToEnumsAndKeepTheirErrorsUntilValidation) {
+  const JobConfig c = load_config(write_toml("[parallelism]\nfsdp_reshard_after_forward = \"never\"\n"
+                                             "[activation_checkpoint]\nmode = \"full\"\n"),
+                                  {"--parallelism.pipeline_parallel_schedule=DualPipeV", "--optimizer.swap=file",
+                                   "--checkpoint.export_dtype=float16"});
+  EXPECT_EQ(c.parallelism.fsdp_reshard_after_forward, distributed::ReshardAfterForward::never);
+  EXPECT_EQ(c.activation_checkpoint.mode, models::Recompute::full);
+  EXPECT_EQ(c.parallelism.pipeline_parallel_schedule, distributed::pp::ScheduleKind::dual_pipe_v);
+  EXPECT_EQ(c.optimizer.swap, OptimizerSwap::file);
+  EXPECT_EQ(c.checkpoint.export_dtype, DType::f16);
+  EXPECT_HAS(to_toml(c), "fsdp_reshard_after_forward = \"never\"\n");
+  EXPECT_HAS(to_toml(c), "pipeline_parallel_schedule = \"DualPipeV\"\n");
+  EXPECT_HAS(to_toml(c), "export_dtype = \"float16\"\n");
+
+  // A bad value in the file that an override replaces is no error.
+  EXPECT_EQ(load_config(write_toml("[fault]\non_nonfinite = \"retry\"\n"), {"--fault.on_nonfinite=skip"})
+                .fault.on_nonfinite,
+            NonFinitePolicy::skip);
+  const Error e = load_error("", {"--fault.on_nonfinite=retry"});
+  EXPECT_HAS(e.message(), "override --fault.on_nonfinite=retry: fault.on_nonfinite = \"retry\" is not accepted");
+  EXPECT_HAS(e.message(), "one of: abort, skip, rollback");
+  EXPECT_HAS(e.hint(), "pass --fault.on_nonfinite=");
+}
+
+// A key that takes a subset of its enum (training.dtype: float32 or bfloat16 of every DType)
+// refuses the rest, whether spelled in the file or set in code.
+TEST(ConfigChoices, SubsetOfAnEnumRefusesTheRest) {
+  const Error e = load_error("[training]\ndtype = \"float16\"\n");
+  EXPECT_HAS(e.message(), "training.dtype = \"float16\" is not accepted; it must be one of: float32, bfloat16");
+  JobConfig c;
+  c.training.mixed_precision_param = DType::f16;
+  try {
+    validate(c);
+    ADD_FAILURE() << "validate accepted training.mixed_precision_param = float16";
+  } catch (const Error& v) {
+    EXPECT_HAS(v.message(), "training.mixed_precision_param = \"float16\" is not accepted");
+  }
+}
+
 // A file's warmup longer than its run shrinks to the run with one warning naming both keys and
 // their sources (a smoke run: --training.steps=2 against the default warmup of 200).
 TEST(Config, WarmupLongerThanTheRunIsClampedWithAWarning) {
@@ -359,7 +401,7 @@ TEST(Config, RoundTripThroughToml) {
   c.optimizer.weight_decay = 0.0;
   c.lr_scheduler.warmup_steps = 7;
   c.lr_scheduler.decay_ratio = 0.1;
-  c.lr_scheduler.decay_type = "cosine";
+  c.lr_scheduler.decay_type = optim::LrDecay::cosine;
   c.parallelism.expert_parallel_degree = 8;
   c.checkpoint.keep_latest_k = 0;
   c.debug.seed = 1234567890123;

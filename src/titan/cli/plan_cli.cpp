@@ -78,17 +78,19 @@ Options parse(const std::vector<std::string_view>& args) {
   return o;
 }
 
-void print_schedule(const std::string& name, const Options& o) {
+void print_schedule(distributed::pp::ScheduleKind kind, const Options& o) {
   namespace pp = distributed::pp;
-  const pp::Schedule s = pp::make_schedule(name, o.ranks, o.microbatches, name == "Interleaved1F1B" ? o.stages_per_rank : 0);
+  // --stages-per-rank chooses only for the one schedule whose stage count is free.
+  const pp::Schedule s =
+      pp::make_schedule(kind, o.ranks, o.microbatches, kind == pp::ScheduleKind::interleaved_1f1b ? o.stages_per_rank : 0);
   pp::check_schedule(s);
   const double v = s.stages_per_rank;
   const pp::Costs costs{{{o.cost.forward / v, o.cost.backward_input / v, o.cost.backward_weight / v}}, o.transfer};
   const pp::Simulation sim = pp::simulate(s, costs);
-  const double closed = pp::closed_form_bubble_fraction(name, s.ranks, s.microbatches, s.stages_per_rank, o.cost);
+  const double closed = pp::closed_form_bubble_fraction(kind, s.ranks, s.microbatches, s.stages_per_rank, o.cost);
   std::string peaks;
   for (const int n : sim.peak_in_flight) peaks.append(" ").append(std::to_string(n));
-  std::printf("%-16s %5d %10.4f %12s %11.3f  %s\n", name.c_str(), s.stages_per_rank, sim.bubble_fraction,
+  std::printf("%-16s %5d %10.4f %12s %11.3f  %s\n", s.name.c_str(), s.stages_per_rank, sim.bubble_fraction,
               closed >= 0 ? fmt::format("{:.4f}", closed).c_str() : "-", sim.makespan, peaks.c_str());
   if (o.actions) std::fputs(pp::schedule_str(s).c_str(), stdout);
 }
@@ -148,8 +150,9 @@ int plan_config(const std::vector<std::string_view>& args) {
   std::printf("%s: %s %s, %lld x %lld tokens per rank, %s, activation checkpointing %s%s\n", o.config.c_str(),
               c.model.name.c_str(), c.model.flavor.c_str(), (long long)c.training.local_batch_size,
               (long long)c.training.seq_len,
-              c.training.mixed_precision_param == "bfloat16" ? "bf16 mixed precision" : "f32",
-              c.activation_checkpoint.mode.c_str(), c.optimizer.swap == "file" ? ", optimizer state swapped to a file" : "");
+              c.training.mixed_precision_param == DType::bf16 ? "bf16 mixed precision" : "f32",
+              std::string(name_of(c.activation_checkpoint.mode)).c_str(),
+              c.optimizer.swap == train::OptimizerSwap::file ? ", optimizer state swapped to a file" : "");
   const train::MemoryPlan plan = train::plan_memory(c, world, vocab, o.config);
   std::fputs(train::plan_str(plan).c_str(), stdout);
   if (o.device_gib > 0) {
@@ -178,14 +181,14 @@ int plan_main(int argc, char** argv) {
     std::printf("%-16s %5s %10s %12s %11s  %s\n", "schedule", "v", "bubble", "closed form", "makespan",
                 "peak micro-batches in flight per rank");
     if (o.schedule != "all") {
-      print_schedule(o.schedule, o);
+      print_schedule(distributed::pp::schedule_named(o.schedule), o);
       return 0;
     }
-    for (const std::string& name : distributed::pp::schedule_names()) {
+    for (const auto& [kind, name] : distributed::pp::kScheduleNames) {
       try {
-        print_schedule(name, o);
+        print_schedule(kind, o);
       } catch (const Error& e) {  // e.g. too few micro-batches for this one: say so, go on
-        std::printf("%-16s %s\n", name.c_str(), e.message().c_str());
+        std::printf("%-16s %s\n", std::string(name).c_str(), e.message().c_str());
       }
     }
     return 0;

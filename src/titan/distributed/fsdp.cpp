@@ -58,10 +58,6 @@ Fsdp::Fsdp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const 
       expert_shard_(expert_shard ? expert_shard : &shard),
       replicate_(replicate && replicate->size() > 1 ? replicate : nullptr),
       options_(options) {
-  TITAN_CHECK(options.reshard_after_forward == "default" || options.reshard_after_forward == "always" ||
-                  options.reshard_after_forward == "never",
-              "parallelism.fsdp_reshard_after_forward = \"" + options.reshard_after_forward + "\" is not a policy",
-              "use default, always or never");
   for (const nn::ShardingUnit& su : units) {
     auto u = std::make_unique<Unit>();
     u->name = su.name;
@@ -149,7 +145,7 @@ std::string Fsdp::describe() const {
   if (expert_shard_ != &shard_)
     out += fmt::format(", routed experts over {} {}", expert_shard_->size(), expert_shard_->size() == 1 ? "rank" : "ranks");
   out += fmt::format(" ({} units + root; reshard after forward: {}; parameters gathered in {})", units_.size() - 1,
-                     options_.reshard_after_forward, options_.bf16_params ? "bf16 for GEMM weights" : "f32");
+                     name_of(options_.reshard_after_forward), options_.bf16_params ? "bf16 for GEMM weights" : "f32");
   return out;
 }
 
@@ -197,14 +193,22 @@ void Fsdp::before_forward(const nn::Module& m) {
   autograd::record_hook("fsdp.post_backward " + u.name, [this, &u] { post_backward(u); });
 }
 
+bool Fsdp::reshards_after_forward(const Unit& u) const {
+  switch (options_.reshard_after_forward) {
+    case ReshardAfterForward::always: return true;
+    case ReshardAfterForward::never: return false;
+    // Under pipeline parallelism a unit's parameters stay gathered over the step (FsdpOptions::pipeline).
+    case ReshardAfterForward::per_unit: return u.reshard_after_forward && !options_.pipeline;
+  }
+  return true;
+}
+
 void Fsdp::after_forward(const nn::Module& m) {
   Unit& u = unit_of(m);
   const bool training = autograd::grad_enabled();
   // Runs before the unit's backward (it is recorded after the unit's ops).
   if (training) autograd::record_hook("fsdp.pre_backward " + u.name, [this, &u] { pre_backward(u); });
-  const std::string& policy = options_.reshard_after_forward;
-  const bool reshard = policy == "always" || (policy == "default" && u.reshard_after_forward && !options_.pipeline);
-  if (!training || reshard) release(u);
+  if (!training || reshards_after_forward(u)) release(u);
 }
 
 void Fsdp::pre_backward(Unit& u) {
@@ -216,7 +220,7 @@ void Fsdp::pre_backward(Unit& u) {
 void Fsdp::post_backward(Unit& u) {
   if (options_.pipeline) {  // the gradients wait for finish_backward (the deferred W's write them later)
     --u.uses;
-    if (options_.reshard_after_forward == "always") release(u);
+    if (options_.reshard_after_forward == ReshardAfterForward::always) release(u);
     return;
   }
   if (--u.uses > 0) return;  // another forward of the unit (e.g. the MTP head) still has its backward to run

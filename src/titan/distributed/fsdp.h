@@ -9,7 +9,7 @@
 // is the root unit):
 //   forward   before the unit: wait for its all-gather (issued earlier as a prefetch), issue the
 //             next unit's; after it: free the gathered parameters unless reshard_after_forward
-//             keeps them (default: all but the output head; "always": all; "never": none).
+//             keeps them (per_unit: all but the output head; always: all; never: none).
 //   backward  before the unit's backward: gather it again if freed, prefetch the unit before it;
 //             after: reduce-scatter its f32 gradients into the shards (per micro-batch, added to
 //             the shard's gradient), free the gathered parameters. HSDP then all-reduces each
@@ -25,12 +25,13 @@
 #include <map>
 
 #include "titan/distributed/data_parallel.h"
+#include "titan/distributed/fsdp_reshard.h"
 #include "titan/distributed/tree_sum.h"
 
 namespace titan::distributed {
 
 struct FsdpOptions {
-  std::string reshard_after_forward = "default";  // default | always | never
+  ReshardAfterForward reshard_after_forward = ReshardAfterForward::per_unit;
   bool bf16_params = false;  // GEMM weights gathered and computed in bf16 (the f32 shard stays the master)
   uint64_t seed = 0;         // the shards' initial values: exactly those of the whole parameters' init
   // Under pipeline parallelism a unit's micro-batches run forward and backward between other
@@ -38,7 +39,7 @@ struct FsdpOptions {
   // backward hook: gradients stay unsharded over the step (summed over the micro-batches as
   // train/pipeline_step.h says) and are reduce-scattered once, by finish_backward, after the last W. Parameters
   // stay gathered from their first use to the step's end (TorchTitan's default under PP), unless
-  // reshard_after_forward = "always" frees them after every forward and backward of a unit.
+  // reshard_after_forward = always frees them after every forward and backward of a unit.
   bool pipeline = false;
 };
 
@@ -76,6 +77,7 @@ class Fsdp : public DataParallel, public nn::UnitHooks {
   struct Unit;
   struct Reduction;
   Unit& unit_of(const nn::Module& m);
+  bool reshards_after_forward(const Unit& u) const;  // frees the unit's gathered parameters after its forward
   void gather(Unit& u);        // issues the unit's all-gathers unless gathered or in flight
   void wait_gathered(Unit& u);
   void release(Unit& u);

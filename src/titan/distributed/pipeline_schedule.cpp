@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <deque>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "titan/core/error.h"
@@ -196,9 +197,21 @@ std::vector<Action> with_transfers(const Schedule& s, int rank, const std::vecto
   return out;
 }
 
+// Rank r's compute actions under `kind`, in the order it runs them.
+std::vector<Action> compute_actions(ScheduleKind kind, int r, int p, int m, int v) {
+  switch (kind) {
+    case ScheduleKind::gpipe: return gpipe(r, m);
+    case ScheduleKind::one_f_one_b: return one_f_one_b(r, p, m);
+    case ScheduleKind::interleaved_1f1b: return interleaved(r, p, m, v);
+    case ScheduleKind::zbv_zero_bubble: return zbv(r, p, m);
+    case ScheduleKind::dual_pipe_v: return dualpipev(r, p, m);
+  }
+  return {};
+}
+
 std::string names_list() {
   std::string out;
-  for (const std::string& n : schedule_names()) out += (out.empty() ? "" : ", ") + n;
+  for (const std::string_view n : enum_name_list<ScheduleKind>()) out += (out.empty() ? "" : ", ") + std::string(n);
   return out;
 }
 
@@ -242,57 +255,73 @@ std::vector<int> Schedule::stages_of(int rank) const {
   return out;
 }
 
-std::vector<std::string> schedule_names() { return {"GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble", "DualPipeV"}; }
+std::vector<std::string> schedule_names() {
+  std::vector<std::string> out;
+  for (const std::string_view n : enum_name_list<ScheduleKind>()) out.emplace_back(n);
+  return out;
+}
 
-int default_stages_per_rank(const std::string& name) {
-  if (name == "Interleaved1F1B" || name == "ZBVZeroBubble" || name == "DualPipeV") return 2;
+ScheduleKind schedule_named(std::string_view name) {
+  const std::optional<ScheduleKind> kind = enum_named<ScheduleKind>(name);
+  TITAN_CHECK(kind.has_value(),
+              "parallelism.pipeline_parallel_schedule = \"" + std::string(name) + "\" is not a schedule of this build",
+              "use one of: " + names_list());
+  return *kind;
+}
+
+int default_stages_per_rank(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::gpipe:
+    case ScheduleKind::one_f_one_b: return 1;
+    case ScheduleKind::interleaved_1f1b:
+    case ScheduleKind::zbv_zero_bubble:
+    case ScheduleKind::dual_pipe_v: return 2;
+  }
   return 1;
 }
 
-Schedule make_schedule(const std::string& name, int ranks, int microbatches, int stages_per_rank) {
-  const auto names = schedule_names();
-  TITAN_CHECK(std::find(names.begin(), names.end(), name) != names.end(),
-              "parallelism.pipeline_parallel_schedule = \"" + name + "\" is not a schedule of this build",
-              "use one of: " + names_list());
+Schedule make_schedule(ScheduleKind kind, int ranks, int microbatches, int stages_per_rank) {
+  const std::string name(name_of(kind));
   TITAN_CHECK(ranks >= 1 && microbatches >= 1, "pipeline schedule " + name + ": " + std::to_string(ranks) + " ranks, " +
                                                    std::to_string(microbatches) + " micro-batches",
               "both must be >= 1");
   Schedule s;
+  s.kind = kind;
   s.name = name;
   s.ranks = ranks;
   s.microbatches = microbatches;
-  s.stages_per_rank = stages_per_rank > 0 ? stages_per_rank : default_stages_per_rank(name);
-  s.placement = name == "ZBVZeroBubble" || name == "DualPipeV" ? Placement::v : Placement::loop;
+  s.stages_per_rank = stages_per_rank > 0 ? stages_per_rank : default_stages_per_rank(kind);
   const int p = ranks, m = microbatches, v = s.stages_per_rank;
   const std::string mb = std::to_string(m) + " micro-batches per step";
   const std::string fix = "raise training.local_batch_size or lower parallelism.pipeline_parallel_microbatch_size";
-  if (name == "GPipe" || name == "1F1B")
-    TITAN_CHECK(v == 1, name + " runs one stage per rank, not " + std::to_string(v), "use Interleaved1F1B for more");
-  else if (name == "Interleaved1F1B")
-    TITAN_CHECK(v >= 2, "Interleaved1F1B runs >= 2 stages per rank, not " + std::to_string(v), "use 1F1B for one");
-  else
-    TITAN_CHECK(v == 2, name + " runs exactly 2 stages per rank (the V placement), not " + std::to_string(v),
-                "set 2 stages per rank");
-  if (name == "1F1B" || name == "Interleaved1F1B")
+  switch (kind) {
+    case ScheduleKind::gpipe:
+    case ScheduleKind::one_f_one_b:
+      TITAN_CHECK(v == 1, name + " runs one stage per rank, not " + std::to_string(v), "use Interleaved1F1B for more");
+      break;
+    case ScheduleKind::interleaved_1f1b:
+      TITAN_CHECK(v >= 2, "Interleaved1F1B runs >= 2 stages per rank, not " + std::to_string(v), "use 1F1B for one");
+      break;
+    case ScheduleKind::zbv_zero_bubble:
+    case ScheduleKind::dual_pipe_v:
+      s.placement = Placement::v;
+      TITAN_CHECK(v == 2, name + " runs exactly 2 stages per rank (the V placement), not " + std::to_string(v),
+                  "set 2 stages per rank");
+      break;
+  }
+  if (kind == ScheduleKind::one_f_one_b || kind == ScheduleKind::interleaved_1f1b)
     TITAN_CHECK(m >= p, name + " needs at least as many micro-batches as pipeline ranks (" + std::to_string(p) +
                             "), got " + mb, fix);
-  if (name == "Interleaved1F1B") {
+  if (kind == ScheduleKind::interleaved_1f1b) {
     const int rounds = std::max(1, m / p);
     TITAN_CHECK(m % rounds == 0, "Interleaved1F1B runs micro-batches in " + std::to_string(rounds) +
                                      " rounds, which do not divide " + mb,
                 "use a multiple of " + std::to_string(p) + " micro-batches");
   }
-  if (name == "DualPipeV")
+  if (kind == ScheduleKind::dual_pipe_v)
     TITAN_CHECK(m >= 2 * p, "DualPipeV needs at least 2 x pipeline ranks = " + std::to_string(2 * p) +
                                 " micro-batches, got " + mb, fix);
-  for (int r = 0; r < p; ++r) {
-    std::vector<Action> compute = name == "GPipe"             ? gpipe(r, m)
-                                  : name == "1F1B"            ? one_f_one_b(r, p, m)
-                                  : name == "Interleaved1F1B" ? interleaved(r, p, m, v)
-                                  : name == "ZBVZeroBubble"   ? zbv(r, p, m)
-                                                              : dualpipev(r, p, m);
-    s.actions.push_back(with_transfers(s, r, compute));
-  }
+  for (int r = 0; r < p; ++r) s.actions.push_back(with_transfers(s, r, compute_actions(kind, r, p, m, v)));
   return s;
 }
 

@@ -15,10 +15,27 @@
 // Sources and closed forms: shared/reference/distributed.md section 6, docs/distributed.md.
 #pragma once
 
+#include <array>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "titan/core/enum_names.h"
+
 namespace titan::distributed::pp {
+
+// The schedules, named as TorchTitan names them (what [parallelism] pipeline_parallel_schedule
+// and `titan plan --pp-schedule` accept).
+enum class ScheduleKind { gpipe, one_f_one_b, interleaved_1f1b, zbv_zero_bubble, dual_pipe_v };
+inline constexpr std::array<EnumName<ScheduleKind>, 5> kScheduleNames = {{
+    {ScheduleKind::gpipe, "GPipe"},
+    {ScheduleKind::one_f_one_b, "1F1B"},
+    {ScheduleKind::interleaved_1f1b, "Interleaved1F1B"},
+    {ScheduleKind::zbv_zero_bubble, "ZBVZeroBubble"},
+    {ScheduleKind::dual_pipe_v, "DualPipeV"},
+}};
+constexpr std::span<const EnumName<ScheduleKind>> enum_names(ScheduleKind) { return kScheduleNames; }
 
 enum class Op { forward, backward, backward_input, backward_weight, send_activation, recv_activation,
                 send_gradient, recv_gradient };
@@ -37,7 +54,8 @@ std::string action_str(const Action& a);  // e.g. "F3.1" (stage 3, micro-batch 1
 enum class Placement { loop, v };
 
 struct Schedule {
-  std::string name;
+  ScheduleKind kind = ScheduleKind::one_f_one_b;
+  std::string name;  // name_of(kind), for messages
   int ranks = 1, microbatches = 1, stages_per_rank = 1;
   Placement placement = Placement::loop;
   std::vector<std::vector<Action>> actions;  // per rank, in the order it runs them
@@ -49,15 +67,17 @@ struct Schedule {
 
 // The schedules by their TorchTitan names: GPipe, 1F1B, Interleaved1F1B, ZBVZeroBubble, DualPipeV.
 std::vector<std::string> schedule_names();
+// The schedule a command line names; throws, listing the names, on an unknown one.
+ScheduleKind schedule_named(std::string_view name);
 // The stages per rank a schedule runs (1, or 2 for the V schedules); for Interleaved1F1B the
 // caller's choice (>= 2), given here as its default.
-int default_stages_per_rank(const std::string& name);
+int default_stages_per_rank(ScheduleKind kind);
 
-// The action lists of `name` for `ranks` pipeline ranks and `microbatches` micro-batches per step
-// (stages_per_rank 0: the default). Throws, naming the key and the values that would work, on an
-// unknown name, too few micro-batches (1F1B and Interleaved1F1B need >= ranks, DualPipeV
-// >= 2 x ranks), or micro-batches Interleaved1F1B cannot group in rounds.
-Schedule make_schedule(const std::string& name, int ranks, int microbatches, int stages_per_rank = 0);
+// The action lists of `kind` for `ranks` pipeline ranks and `microbatches` micro-batches per step
+// (stages_per_rank 0: the default). Throws, naming the key and the values that would work, on
+// too few micro-batches (1F1B and Interleaved1F1B need >= ranks, DualPipeV >= 2 x ranks), or
+// micro-batches Interleaved1F1B cannot group in rounds.
+Schedule make_schedule(ScheduleKind kind, int ranks, int microbatches, int stages_per_rank = 0);
 
 // Checks what every generated list must satisfy, throwing with the first violation: every stage
 // runs each micro-batch's forward once and its backward once (B, or I then W), on the rank that

@@ -145,18 +145,25 @@ class Replay {
 
 Simulation simulate(const Schedule& s, const Costs& costs) { return Replay(s, costs).run(); }
 
-double closed_form_bubble_fraction(const std::string& name, int ranks, int microbatches, int stages_per_rank,
+double closed_form_bubble_fraction(ScheduleKind kind, int ranks, int microbatches, int stages_per_rank,
                                    const StageCosts& rank_stage) {
   const double p = ranks, m = microbatches, v = stages_per_rank;
-  if (name == "GPipe" || name == "1F1B") return (p - 1) / (m + p - 1);
-  if (name == "Interleaved1F1B" && microbatches % ranks == 0) return (p - 1) / (v * m + p - 1);
   // The V schedules: two stages per rank, each half of a rank's share.
   const double f = rank_stage.forward / 2, w = rank_stage.backward_weight / 2, b = rank_stage.backward_input / 2 + w;
   const double busy = 2 * m * (f + b);
-  if (rank_stage.forward != rank_stage.backward_input || rank_stage.forward != rank_stage.backward_weight) return -1;
+  const bool equal_costs = rank_stage.forward == rank_stage.backward_input && rank_stage.forward == rank_stage.backward_weight;
   double bubble = -1;
-  if (name == "DualPipeV" && microbatches >= 2 * ranks) bubble = (p - 1) * ((f + b) + b - 3 * w);
-  if (name == "ZBVZeroBubble" && microbatches >= 2 * ranks - 1) bubble = (p - 1) * (f + b - 2 * w);
+  switch (kind) {
+    case ScheduleKind::gpipe:
+    case ScheduleKind::one_f_one_b: return (p - 1) / (m + p - 1);
+    case ScheduleKind::interleaved_1f1b: return microbatches % ranks == 0 ? (p - 1) / (v * m + p - 1) : -1;
+    case ScheduleKind::dual_pipe_v:
+      if (equal_costs && microbatches >= 2 * ranks) bubble = (p - 1) * ((f + b) + b - 3 * w);
+      break;
+    case ScheduleKind::zbv_zero_bubble:
+      if (equal_costs && microbatches >= 2 * ranks - 1) bubble = (p - 1) * (f + b - 2 * w);
+      break;
+  }
   return bubble < 0 ? -1 : bubble / (busy + bubble);
 }
 

@@ -45,7 +45,7 @@ Simulation simulate(const Schedule& s, const Costs& costs);
 // with F&B = F + B: on a CPU the pair's compute does not overlap, only its transfers would);
 // ZBVZeroBubble (p-1)(F + B - 2W), the zero-bubble paper's ZB-H1 bubble (m >= 2p - 1); both
 // for F = I = W, their papers' assumption (otherwise the critical path decides; < 0 here). Else < 0.
-double closed_form_bubble_fraction(const std::string& name, int ranks, int microbatches, int stages_per_rank,
+double closed_form_bubble_fraction(ScheduleKind kind, int ranks, int microbatches, int stages_per_rank,
                                    const StageCosts& rank_stage = {});
 
 }  // namespace titan::distributed::pp

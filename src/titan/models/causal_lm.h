@@ -10,6 +10,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "titan/distributed/pipeline_stages.h"
+#include "titan/models/recompute.h"
 #include "titan/nn/module.h"
 
 namespace titan::distributed {
@@ -17,10 +18,6 @@ class ProcessGroup;
 }
 
 namespace titan::models {
-
-// Activation checkpointing per transformer block: full recomputes the whole block in backward;
-// selective keeps its GEMM and attention outputs and recomputes only the cheap ops between them.
-enum class Recompute { none, full, selective };
 
 // One micro-batch's training loss, as the model computes it.
 struct TrainingLoss {

@@ -8,14 +8,6 @@
 
 namespace titan::optim {
 
-LrDecay lr_decay_from_name(std::string_view name) {
-  if (name == "linear") return LrDecay::linear;
-  if (name == "sqrt") return LrDecay::sqrt;
-  if (name == "cosine") return LrDecay::cosine;
-  TITAN_FAIL("unknown learning-rate decay type '" + std::string(name) + "'",
-             "use one of: linear, sqrt, cosine");
-}
-
 LrSchedule::LrSchedule(int64_t total_steps, int64_t warmup_steps, std::optional<double> decay_ratio,
                        LrDecay decay, double min_lr_factor)
     : total_steps_(total_steps), warmup_steps_(warmup_steps), decay_(decay), min_lr_factor_(min_lr_factor) {

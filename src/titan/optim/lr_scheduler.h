@@ -3,16 +3,24 @@
 // from TorchTitan sees the same learning rate at every step.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
-#include <string_view>
+#include <span>
+
+#include "titan/core/enum_names.h"
 
 namespace titan::optim {
 
 enum class LrDecay { linear, sqrt, cosine };
 
-// "linear" | "sqrt" | "cosine" (the names [lr_scheduler] decay_type accepts). Throws on others.
-LrDecay lr_decay_from_name(std::string_view name);
+// The names [lr_scheduler] decay_type accepts.
+inline constexpr std::array<EnumName<LrDecay>, 3> kLrDecayNames = {{
+    {LrDecay::linear, "linear"},
+    {LrDecay::sqrt, "sqrt"},
+    {LrDecay::cosine, "cosine"},
+}};
+constexpr std::span<const EnumName<LrDecay>> enum_names(LrDecay) { return kLrDecayNames; }
 
 // The multiplier applied to the peak learning rate at each optimizer step.
 //

@@ -13,23 +13,32 @@ ActivationModel activation_model(const models::ModelFamily& family, const models
 }
 
 double activation_peak(const ActivationModel& m, const std::vector<int>& blocks, bool embedding, bool head,
-                       const std::string& mode) {
+                       models::Recompute mode) {
   double kept = m.io + (embedding ? m.embedding : 0), replay = 0;
   for (const int id : blocks) {
     const BlockActivations& b = m.blocks.at(size_t(id));
-    const double k = mode == "full" ? b.kept_full : mode == "selective" ? b.kept_selective : b.held;
-    kept += k;
-    if (mode != "none") replay = std::max(replay, (mode == "full" ? b.replay_full : b.replay_selective) - k);
+    switch (mode) {
+      case models::Recompute::none: kept += b.held; break;
+      case models::Recompute::full:
+        kept += b.kept_full;
+        replay = std::max(replay, b.replay_full - b.kept_full);
+        break;
+      case models::Recompute::selective:
+        kept += b.kept_selective;
+        replay = std::max(replay, b.replay_selective - b.kept_selective);
+        break;
+    }
   }
   return kept + std::max(head ? m.head : 0.0, replay);
 }
 
-double backward_temporaries(const ActivationModel& m, const std::vector<int>& blocks, bool head, const std::string& mode) {
+double backward_temporaries(const ActivationModel& m, const std::vector<int>& blocks, bool head,
+                            models::Recompute mode) {
   double most = head ? m.head_backward : 0;
   for (const int id : blocks) {
     const BlockActivations& b = m.blocks.at(size_t(id));
     // A replayed block's output gradient is copied into the replay (autograd/variable.cpp).
-    most = std::max(most, b.backward + (mode == "none" ? 0 : b.kept_full));
+    most = std::max(most, b.backward + (mode == models::Recompute::none ? 0 : b.kept_full));
   }
   return most;
 }

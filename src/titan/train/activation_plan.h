@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "titan/models/family.h"
+#include "titan/models/recompute.h"
 
 namespace titan::train {
 
@@ -19,11 +20,12 @@ using models::BlockActivations;
 ActivationModel activation_model(const models::ModelFamily& family, const models::PlanQuery& query);
 
 // Peak activation bytes per token of a stage holding `blocks` (ids), with or without the
-// embedding and the head, under `mode` (none, full, selective): every block's kept bytes, then at
-// the peak either the head's (end of forward) or one block replayed in backward.
+// embedding and the head, under `mode`: every block's kept bytes, then at the peak either the
+// head's (end of forward) or one block replayed in backward.
 double activation_peak(const ActivationModel& m, const std::vector<int>& blocks, bool embedding, bool head,
-                       const std::string& mode);
+                       models::Recompute mode);
 // Temporaries' peak bytes per token: the loss's backward or a block's, whichever is larger.
-double backward_temporaries(const ActivationModel& m, const std::vector<int>& blocks, bool head, const std::string& mode);
+double backward_temporaries(const ActivationModel& m, const std::vector<int>& blocks, bool head,
+                            models::Recompute mode);
 
 }  // namespace titan::train

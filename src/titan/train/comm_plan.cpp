@@ -4,6 +4,16 @@ namespace titan::train::plan {
 
 namespace {
 
+// Whether FSDP gathers a unit again for its backward, as distributed/fsdp.cpp decides it.
+bool reshards_after_forward(distributed::ReshardAfterForward policy, bool output_head, bool pipeline) {
+  switch (policy) {
+    case distributed::ReshardAfterForward::always: return true;
+    case distributed::ReshardAfterForward::never: return false;
+    case distributed::ReshardAfterForward::per_unit: return !output_head && !pipeline;
+  }
+  return true;
+}
+
 // FSDP: each unit's all-gather before forward (and again before backward when freed after
 // forward) and its gradients' reduce-scatter, per micro-batch (under PP once per step: units stay
 // gathered and gradients are reduced after the last micro-batch); routed experts under EP over the
@@ -13,12 +23,11 @@ void data_parallel(const PlanJob& j, const std::vector<Local>& params, std::vect
   const double mb = double(j.microbatches);
   if (m.fsdp() > 1) {
     double gather = 0, grads = 0, shard_grads = 0;
-    const std::string& policy = j.c.parallelism.fsdp_reshard_after_forward;
     for (const Local& l : params) {
       const double n = is_expert(*l.p, m) ? m.efsdp() : m.fsdp(), share = (n - 1) / n;  // a group of one sends nothing
       const double bytes = l.gathered * (j.bf16 && l.p->gemm ? 2 : 4);
       const bool output = l.unit == PlannedParam::kHead;
-      const bool reshard = policy == "always" || (policy == "default" && !output && m.pp == 1);
+      const bool reshard = reshards_after_forward(j.c.parallelism.fsdp_reshard_after_forward, output, m.pp > 1);
       gather += share * (l.unit == kRootUnit ? bytes : bytes * (reshard ? 2 : 1) * (m.pp > 1 ? 1 : mb));
       grads += share * l.gathered * 4;
       shard_grads += l.shard * 4;

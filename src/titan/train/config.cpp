@@ -21,9 +21,23 @@ namespace {
 
 // ---- schema construction helpers ----------------------------------------------------------------
 
+template <NamedEnum E>
+EnumRef enum_ref(E* field) {
+  return EnumRef{field, [](const void* f) { return name_of(*static_cast<const E*>(f)); },
+                 [](void* f, std::string_view name) {
+                   const std::optional<E> value = enum_named<E>(name);
+                   if (value) *static_cast<E*>(f) = *value;
+                   return value.has_value();
+                 }};
+}
+
 template <auto Section, auto Member>
 FieldRef member(JobConfig& c) {
-  return &((c.*Section).*Member);
+  auto* field = &((c.*Section).*Member);
+  if constexpr (std::is_enum_v<std::remove_pointer_t<decltype(field)>>)
+    return enum_ref(field);
+  else
+    return field;
 }
 
 Rule at_least(double v) {
@@ -60,6 +74,20 @@ Rule one_of_models() {
   static const std::vector<std::string> names = models::model_names();
   Rule r;
   for (const std::string& n : names) r.choices.push_back(n);
+  return r;
+}
+// An enum-valued key that takes every value of its enum, in the order of its names table.
+template <NamedEnum E>
+Rule one_of() {
+  Rule r;
+  r.choices = enum_name_list<E>();
+  return r;
+}
+// An enum-valued key that takes only `values` (e.g. the element types training supports).
+template <NamedEnum E>
+Rule one_of(std::initializer_list<E> values) {
+  Rule r;
+  for (const E v : values) r.choices.push_back(name_of(v));
   return r;
 }
 Rule non_empty() {
@@ -152,6 +180,7 @@ std::string format_value(FieldRef ref) {
                           return s + "]";
                         },
                         [](std::optional<double>* p) { return *p ? format_number(**p) : std::string("unset"); },
+                        [](const EnumRef& e) { return quote(e.name(e.field)); },
                     },
                     ref);
 }
@@ -164,6 +193,7 @@ std::string type_name(FieldRef ref) {
                         [](std::string*) { return "string"; },
                         [](std::vector<std::string>*) { return "list of strings"; },
                         [](std::optional<double>*) { return "number (optional)"; },
+                        [](const EnumRef&) { return "string"; },  // as TOML and the command line spell it
                     },
                     ref);
 }
@@ -263,6 +293,9 @@ struct Origin {
 struct Context {
   std::string source;                     // the config file (empty: a JobConfig built in code)
   std::map<std::string, Origin> origins;  // "section.key" -> where it was last set
+  // "section.key" -> a string its enum has no value for, as last set. Validation reports it, so
+  // that a bad value a later override replaces is no error, and errors come in schema order.
+  std::map<std::string, std::string> unknown_choices;
 
   std::string file() const { return source.empty() ? std::string("config") : "config " + source; }
 
@@ -293,10 +326,10 @@ struct Context {
   }
 };
 
-[[noreturn]] void fail_value(const Context& ctx, const KeySpec& spec, FieldRef ref, std::string_view problem,
-                             std::string hint) {
-  TITAN_FAIL(fmt::format("{}: {} = {} {}", ctx.locate(spec), full_name(spec), format_value(ref), problem),
-             std::move(hint));
+// `shown`: the key's value as TOML writes it.
+[[noreturn]] void fail_value(const Context& ctx, const KeySpec& spec, const std::string& shown,
+                             std::string_view problem, std::string hint) {
+  TITAN_FAIL(fmt::format("{}: {} = {} {}", ctx.locate(spec), full_name(spec), shown, problem), std::move(hint));
 }
 
 // ---- reading values -----------------------------------------------------------------------------
@@ -324,7 +357,16 @@ std::string location(const std::string& source, const toml::source_region& regio
                          ctx.source));
 }
 
-void set_from_toml(const Context& ctx, const KeySpec& spec, FieldRef ref, const toml::node& node,
+// An enum-valued key set to `text`: its value, or, when no value has that name, the text kept
+// for validation to report.
+void set_choice(Context& ctx, const KeySpec& spec, const EnumRef& e, std::string_view text) {
+  if (e.assign(e.field, text))
+    ctx.unknown_choices.erase(full_name(spec));
+  else
+    ctx.unknown_choices[full_name(spec)] = std::string(text);
+}
+
+void set_from_toml(Context& ctx, const KeySpec& spec, FieldRef ref, const toml::node& node,
                    const std::string& where) {
   auto wrong_type = [&](const std::string& got) { fail_type(ctx, spec, where, got); };
   std::visit(overloaded{
@@ -361,6 +403,10 @@ void set_from_toml(const Context& ctx, const KeySpec& spec, FieldRef ref, const 
                    else if (auto i = node.as_integer()) *p = double(i->get());
                    else wrong_type(node_description(node));
                  },
+                 [&](const EnumRef& e) {
+                   if (auto v = node.as_string()) set_choice(ctx, spec, e, v->get());
+                   else wrong_type(node_description(node));
+                 },
              },
              ref);
 }
@@ -392,7 +438,7 @@ std::string_view trim(std::string_view s) {
 }
 
 // Sets the key from command-line text: the same types as TOML, lists comma-separated.
-void set_from_text(const Context& ctx, const KeySpec& spec, FieldRef ref, std::string_view text,
+void set_from_text(Context& ctx, const KeySpec& spec, FieldRef ref, std::string_view text,
                    const std::string& override_text) {
   auto wrong_type = [&] {
     TITAN_FAIL(fmt::format("{}, override {}: {} must be {}, got '{}'", ctx.file(), override_text,
@@ -431,6 +477,7 @@ void set_from_text(const Context& ctx, const KeySpec& spec, FieldRef ref, std::s
                    else if (auto v = parse_double(text)) *p = *v;
                    else wrong_type();
                  },
+                 [&](const EnumRef& e) { set_choice(ctx, spec, e, text); },
              },
              ref);
 }
@@ -454,24 +501,34 @@ std::string_view closest_choice(const Rule& rule, std::string_view value) {
   return close_enough(value, best_distance) ? best : std::string_view();
 }
 
-void check_string(const Context& ctx, const KeySpec& spec, FieldRef ref, const std::string& value) {
+// `value` against the key's rule; `shown` is how the message shows the key's value (the whole
+// list for a list element).
+void check_string(const Context& ctx, const KeySpec& spec, std::string_view value, const std::string& shown) {
   const Rule& rule = spec.rule;
   if (rule.non_empty && value.empty())
-    fail_value(ctx, spec, ref, "is not accepted; it must be " + accepted_values(spec),
+    fail_value(ctx, spec, shown, "is not accepted; it must be " + accepted_values(spec),
                ctx.how_to_set(spec, example_text(spec)));
   if (rule.choices.empty() || std::find(rule.choices.begin(), rule.choices.end(), value) != rule.choices.end())
     return;
   const std::string_view guess = closest_choice(rule, value);
   const std::string fix = ctx.how_to_set(spec, quote(guess.empty() ? rule.choices.front() : guess));
-  fail_value(ctx, spec, ref, fmt::format("is not accepted; it must be {}", accepted_values(spec)),
+  fail_value(ctx, spec, shown, fmt::format("is not accepted; it must be {}", accepted_values(spec)),
              guess.empty() ? fix : fmt::format("did you mean \"{}\"? {}", guess, fix));
+}
+
+// An enum-valued key: a name its enum lacks, as the config spelled it, or a value (set in code)
+// outside the key's choices, is refused as a string outside the choices would be.
+void check_choice(const Context& ctx, const KeySpec& spec, const EnumRef& e) {
+  const auto unknown = ctx.unknown_choices.find(full_name(spec));
+  const std::string_view value = unknown != ctx.unknown_choices.end() ? unknown->second : e.name(e.field);
+  check_string(ctx, spec, value, quote(value));
 }
 
 void check_key(const Context& ctx, const KeySpec& spec, JobConfig& config) {
   const FieldRef ref = spec.field(config);
   const Rule& rule = spec.rule;
   auto out_of_range = [&] {
-    fail_value(ctx, spec, ref, "is not accepted; it must be " + accepted_values(spec),
+    fail_value(ctx, spec, format_value(ref), "is not accepted; it must be " + accepted_values(spec),
                ctx.how_to_set(spec, example_text(spec)));
   };
   auto check_number = [&](double v) {
@@ -483,13 +540,14 @@ void check_key(const Context& ctx, const KeySpec& spec, JobConfig& config) {
                  },
                  [&](double* p) { check_number(*p); },
                  [&](bool*) {},
-                 [&](std::string* p) { check_string(ctx, spec, ref, *p); },
+                 [&](std::string* p) { check_string(ctx, spec, *p, format_value(ref)); },
                  [&](std::vector<std::string>* p) {
-                   for (const auto& item : *p) check_string(ctx, spec, ref, item);
+                   for (const auto& item : *p) check_string(ctx, spec, item, format_value(ref));
                  },
                  [&](std::optional<double>* p) {
                    if (*p) check_number(**p);
                  },
+                 [&](const EnumRef& e) { check_choice(ctx, spec, e); },
              },
              ref);
 }
@@ -777,15 +835,15 @@ const std::vector<KeySpec>& config_schema() {
       {"training", "max_norm", member<&C::training, &Training::max_norm>, greater_than(0),
        "Gradients are clipped to this global L2 norm."},
       {"training", "steps", member<&C::training, &Training::steps>, at_least(1), "Optimizer steps to train."},
-      {"training", "dtype", member<&C::training, &Training::dtype>, one_of({"float32", "bfloat16"}),
+      {"training", "dtype", member<&C::training, &Training::dtype>, one_of({DType::f32, DType::bf16}),
        "Storage type of parameters, gradients and optimizer state. bfloat16 trains fully in bf16 with no "
        "float32 master weights."},
       {"training", "mixed_precision_param", member<&C::training, &Training::mixed_precision_param>,
-       one_of({"bfloat16", "float32"}),
+       one_of({DType::bf16, DType::f32}),
        "Type parameters are cast to for forward and backward when training.dtype is float32; gradient "
        "reductions stay in float32."},
       // [optimizer]
-      {"optimizer", "name", member<&C::optimizer, &Optimizer::name>, one_of({"AdamW"}), "The optimizer."},
+      {"optimizer", "name", member<&C::optimizer, &Optimizer::name>, one_of<OptimizerKind>(), "The optimizer."},
       {"optimizer", "lr", member<&C::optimizer, &Optimizer::lr>, greater_than(0),
        "Peak learning rate; [lr_scheduler] scales it at every step."},
       {"optimizer", "beta1", member<&C::optimizer, &Optimizer::beta1>, half_open_interval(0, 1),
@@ -796,7 +854,7 @@ const std::vector<KeySpec>& config_schema() {
        "Added to the square root of the second moment, keeping the update finite."},
       {"optimizer", "weight_decay", member<&C::optimizer, &Optimizer::weight_decay>, at_least(0),
        "Decoupled weight decay (AdamW), scaled by the scheduled learning rate."},
-      {"optimizer", "swap", member<&C::optimizer, &Optimizer::swap>, one_of({"none", "file"}),
+      {"optimizer", "swap", member<&C::optimizer, &Optimizer::swap>, one_of<OptimizerSwap>(),
        "Where AdamW's two moments live between steps. none: in memory. file: in a file in swap_path, one per "
        "rank (under FSDP each rank's shard), streamed through two chunk buffers during the step (read chunk "
        "i+1, update chunk i, write chunk i-1), with direct I/O where the filesystem has it; training is bit "
@@ -817,7 +875,7 @@ const std::vector<KeySpec>& config_schema() {
        "stays at lr. Unset: the decay starts right after warmup. A decay that would overlap the warmup starts "
        "after it instead."},
       {"lr_scheduler", "decay_type", member<&C::lr_scheduler, &LrScheduler::decay_type>,
-       one_of({"linear", "sqrt", "cosine"}),
+       one_of<optim::LrDecay>(),
        "Shape of the decay at progress p: linear 1 - p, sqrt 1 - sqrt(p), cosine (1 + cos(pi p)) / 2."},
       {"lr_scheduler", "min_lr_factor", member<&C::lr_scheduler, &LrScheduler::min_lr_factor>,
        closed_interval(0, 1), "The decay ends at lr x min_lr_factor."},
@@ -830,7 +888,7 @@ const std::vector<KeySpec>& config_schema() {
        "Ranks that shard parameters, gradients and optimizer state (FSDP). -1: the ranks the other degrees "
        "leave."},
       {"parallelism", "fsdp_reshard_after_forward", member<&C::parallelism, &Parallelism::fsdp_reshard_after_forward>,
-       one_of({"default", "always", "never"}),
+       one_of<distributed::ReshardAfterForward>(),
        "Whether FSDP frees a unit's gathered parameters after its forward and gathers them again for its "
        "backward: always saves memory (every unit), never saves communication (ZeRO-2), default does it for "
        "the embedding and every block but not the output head (whose backward follows at once)."},
@@ -843,7 +901,7 @@ const std::vector<KeySpec>& config_schema() {
        "overlaps the weight gradients), and its row-parallel projections' reduce-scatter runs in column "
        "blocks behind their GEMMs. llama3 and DeepSeek (whose MoE layers under moe_tp_scheme = \"gather\" stay "
        "synchronous); no effect without TP."},
-      {"parallelism", "moe_tp_scheme", member<&C::parallelism, &Parallelism::moe_tp_scheme>, one_of({"sequence", "gather"}),
+      {"parallelism", "moe_tp_scheme", member<&C::parallelism, &Parallelism::moe_tp_scheme>, one_of<MoeTpScheme>(),
        "Mixture-of-experts layers under tensor parallelism. sequence (torchtitan-npu's MoE TP fix): each rank "
        "routes its own sequence piece to whole routed experts, with no TP communication around them. gather "
        "(TorchTitan v0.2's): the tokens are all-gathered, every rank routes all of them through its slice of "
@@ -852,7 +910,7 @@ const std::vector<KeySpec>& config_schema() {
       {"parallelism", "pipeline_parallel_degree", member<&C::parallelism, &Parallelism::pipeline_parallel_degree>,
        at_least(1), "Pipeline ranks."},
       {"parallelism", "pipeline_parallel_schedule", member<&C::parallelism, &Parallelism::pipeline_parallel_schedule>,
-       one_of({"GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble", "DualPipeV"}),  // pp::schedule_names()
+       one_of<distributed::pp::ScheduleKind>(),
        "Pipeline schedule (distributed/pipeline_schedule.h; `titan plan --pp-schedule all` compares them). "
        "Interleaved and V-shaped schedules put several stages on each rank."},
       {"parallelism", "pipeline_parallel_microbatch_size",
@@ -874,7 +932,7 @@ const std::vector<KeySpec>& config_schema() {
        "hides under the other's compute (TorchTitan's key); false runs the pair one after the other. No effect "
        "without EP or under other schedules."},
       {"parallelism", "pipeline_parallel_gradient_sum",
-       member<&C::parallelism, &Parallelism::pipeline_parallel_gradient_sum>, one_of({"in_place", "tree"}),
+       member<&C::parallelism, &Parallelism::pipeline_parallel_gradient_sum>, one_of<GradientSum>(),
        "How a pipeline rank sums its micro-batches' gradients. in_place (TorchTitan's): each backward adds into "
        "one gradient buffer per parameter, so a step holds one unsharded gradient of its stages (FSDP "
        "reduce-scatters it once, after the last weight gradient); the sum's order follows the schedule, so the "
@@ -915,7 +973,7 @@ const std::vector<KeySpec>& config_schema() {
        "Checkpoint folder, relative to job.dump_folder."},
       {"checkpoint", "interval", member<&C::checkpoint, &Checkpoint::interval>, at_least(1),
        "Steps between checkpoints."},
-      {"checkpoint", "async_mode", member<&C::checkpoint, &Checkpoint::async_mode>, one_of({"disabled", "async"}),
+      {"checkpoint", "async_mode", member<&C::checkpoint, &Checkpoint::async_mode>, one_of<CheckpointAsyncMode>(),
        "disabled: training waits while a checkpoint is written. async: each rank copies its state into staging "
        "buffers and a background thread writes it while training goes on; the checkpoint counts once every "
        "rank's file is written and rank 0 has committed it (metadata.json last). At most one save is in flight; "
@@ -933,7 +991,7 @@ const std::vector<KeySpec>& config_schema() {
       {"checkpoint", "last_save_model_only", member<&C::checkpoint, &Checkpoint::last_save_model_only>, anything(),
        "The checkpoint written at the end holds the model weights only (no optimizer or train state)."},
       {"checkpoint", "export_dtype", member<&C::checkpoint, &Checkpoint::export_dtype>,
-       one_of({"float16", "bfloat16", "float32"}), "Type of the weights in a model-only final checkpoint."},
+       one_of({DType::f16, DType::bf16, DType::f32}), "Type of the weights in a model-only final checkpoint."},
       {"checkpoint", "initial_load_path", member<&C::checkpoint, &Checkpoint::initial_load_path>, anything(),
        "Checkpoint to start from when the checkpoint folder holds none (e.g. pretrained weights). Empty: none. "
        "One converted by `titan ckpt convert --from-hf` also sets the architecture (its config.json; "
@@ -949,7 +1007,7 @@ const std::vector<KeySpec>& config_schema() {
        "Also save right after step 1, proving that checkpoints work before a long run depends on them."},
       // [activation_checkpoint]
       {"activation_checkpoint", "mode", member<&C::activation_checkpoint, &ActivationCheckpoint::mode>,
-       one_of({"none", "full", "selective"}),
+       one_of<models::Recompute>(),
        "none keeps every activation; full recomputes each transformer block in backward; selective keeps the "
        "outputs the model's plan marks as expensive (matmuls, attention) and recomputes the rest."},
       // [metrics]
@@ -1014,7 +1072,7 @@ const std::vector<KeySpec>& config_schema() {
       {"dsa", "topk", member<&C::dsa, &Dsa::topk>, at_least(0),
        "Keys each query attends to in the sparse stage. 0: the model flavor's index_topk."},
       // [fault]
-      {"fault", "on_nonfinite", member<&C::fault, &Fault::on_nonfinite>, one_of({"abort", "skip", "rollback"}),
+      {"fault", "on_nonfinite", member<&C::fault, &Fault::on_nonfinite>, one_of<NonFinitePolicy>(),
        "A non-finite loss or gradient norm. abort: end the run, naming the step and the ranks. skip: drop the "
        "step's update (the batch is consumed; the step counts). rollback: reload the last committed checkpoint and "
        "train on from there, skipping the step's batch (a run that skipped it from the start ends the same, bit "
@@ -1056,6 +1114,7 @@ std::string accepted_values(const KeySpec& spec) {
           [&](std::optional<double>*) {
             return (range.empty() ? std::string("a number") : "a number " + range) + ", or unset";
           },
+          [&](const EnumRef&) { return "one of: " + join(rule.choices, ", "); },
       },
       spec.field(scratch));
 }
@@ -1163,7 +1222,7 @@ int64_t gradient_accumulation_steps(const JobConfig& config, int64_t dp_degree) 
 optim::LrSchedule make_lr_schedule(const JobConfig& config) {
   const LrScheduler& s = config.lr_scheduler;
   return optim::LrSchedule(config.training.steps, s.warmup_steps, s.decay_ratio,
-                           optim::lr_decay_from_name(s.decay_type), s.min_lr_factor);
+                           s.decay_type, s.min_lr_factor);
 }
 
 std::string tokenizer_file(const JobConfig& c) {

@@ -5,6 +5,10 @@
 // fills, the values it accepts and its documentation. Parsing, validation, the --help listing,
 // docs/config.md and the resolved TOML written next to a run all come from that table, so a
 // key added there is parsed, checked, listed and documented at once.
+//
+// A key with a closed set of values holds an enum class once parsed (config_choices.h and the
+// enums of the layers below), so that code switches on it instead of comparing strings; the
+// TOML, the command line, messages and the resolved TOML spell it by the enum's names.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +19,12 @@
 #include <variant>
 #include <vector>
 
+#include "titan/core/dtype_torch_names.h"
+#include "titan/distributed/fsdp_reshard.h"
+#include "titan/distributed/pipeline_schedule.h"
+#include "titan/models/recompute.h"
 #include "titan/optim/lr_scheduler.h"
+#include "titan/train/config_choices.h"
 
 namespace titan::models {
 const std::string& default_model_name();  // models/family.h: the first registered family
@@ -45,13 +54,13 @@ struct Model {
 };
 
 struct Optimizer {
-  std::string name = "AdamW";
+  OptimizerKind name = OptimizerKind::adamw;
   double lr = 8e-4;
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.1;
-  std::string swap = "none";  // "file": the moments live in a file between steps
+  OptimizerSwap swap = OptimizerSwap::none;
   std::string swap_path = "optimizer_swap";
   int64_t swap_chunk_mb = 64;
   bool operator==(const Optimizer&) const = default;
@@ -60,7 +69,7 @@ struct Optimizer {
 struct LrScheduler {
   int64_t warmup_steps = 200;
   std::optional<double> decay_ratio;  // unset: decay starts right after warmup
-  std::string decay_type = "linear";
+  optim::LrDecay decay_type = optim::LrDecay::linear;
   double min_lr_factor = 0.0;
   bool operator==(const LrScheduler&) const = default;
 };
@@ -73,23 +82,23 @@ struct Training {
   int64_t seq_len = 2048;
   double max_norm = 1.0;
   int64_t steps = 10000;
-  std::string dtype = "float32";
-  std::string mixed_precision_param = "bfloat16";
+  DType dtype = DType::f32;
+  DType mixed_precision_param = DType::bf16;
   bool operator==(const Training&) const = default;
 };
 
 struct Parallelism {
   int64_t data_parallel_replicate_degree = 1;
   int64_t data_parallel_shard_degree = -1;  // -1: the ranks the other dimensions leave
-  std::string fsdp_reshard_after_forward = "default";
+  distributed::ReshardAfterForward fsdp_reshard_after_forward = distributed::ReshardAfterForward::per_unit;
   int64_t tensor_parallel_degree = 1;
   bool enable_async_tensor_parallel = false;  // TorchTitan's key (llama3; distributed/async_tensor_parallel.h)
-  std::string moe_tp_scheme = "sequence";  // MoE under TP: sequence (torchtitan-npu's fix) | gather (TorchTitan's)
+  MoeTpScheme moe_tp_scheme = MoeTpScheme::sequence;
   // TorchTitan's scheme splits each routed expert's hidden units over TP (its "etp = tp"), so
   // expert parallelism borrows no TP ranks and every TP rank counts the same tokens.
-  bool experts_split_over_tp() const { return moe_tp_scheme == "gather"; }
+  bool experts_split_over_tp() const { return moe_tp_scheme == MoeTpScheme::gather; }
   int64_t pipeline_parallel_degree = 1;
-  std::string pipeline_parallel_schedule = "1F1B";
+  distributed::pp::ScheduleKind pipeline_parallel_schedule = distributed::pp::ScheduleKind::one_f_one_b;
   int64_t pipeline_parallel_microbatch_size = 1;
   // TorchTitan's stage split: the embedding and the output head count as this many blocks.
   int64_t pipeline_parallel_first_stage_less_layers = 1;
@@ -97,8 +106,8 @@ struct Parallelism {
   // DualPipeV's F&B pairs take turns at expert-parallel all-to-alls (distributed/compute_pair.h).
   bool pipeline_parallel_expert_parallel_overlap = true;
   // How a pipeline rank sums its micro-batches' gradients (train/pipeline_step.h): in_place | tree.
-  std::string pipeline_parallel_gradient_sum = "in_place";
-  bool pipeline_tree_sum() const { return pipeline_parallel_gradient_sum == "tree"; }
+  GradientSum pipeline_parallel_gradient_sum = GradientSum::in_place;
+  bool pipeline_tree_sum() const { return pipeline_parallel_gradient_sum == GradientSum::tree; }
   int64_t context_parallel_degree = 1;
   int64_t expert_parallel_degree = 1;
   bool operator==(const Parallelism&) const = default;
@@ -117,12 +126,12 @@ struct Checkpoint {
   bool enable = false;
   std::string folder = "checkpoint";
   int64_t interval = 500;
-  std::string async_mode = "disabled";
+  CheckpointAsyncMode async_mode = CheckpointAsyncMode::disabled;
   int64_t keep_latest_k = 10;
   int64_t load_step = -1;  // -1: the latest
   int64_t load_at_most = -1;  // the newest step resume considers (-1: no bound); titan launch's restarts
   bool last_save_model_only = true;
-  std::string export_dtype = "float32";
+  DType export_dtype = DType::f32;
   std::string initial_load_path;
   bool initial_load_model_only = true;
   bool initial_load_in_hf = false;
@@ -132,7 +141,7 @@ struct Checkpoint {
 };
 
 struct ActivationCheckpoint {
-  std::string mode = "selective";
+  models::Recompute mode = models::Recompute::selective;
   bool operator==(const ActivationCheckpoint&) const = default;
 };
 
@@ -178,7 +187,7 @@ struct Dsa {
 };
 
 struct Fault {
-  std::string on_nonfinite = "abort";
+  NonFinitePolicy on_nonfinite = NonFinitePolicy::abort;
   int64_t inject_nonfinite_at_step = 0;  // 0: never (testing the handling)
   int64_t inject_rank = 0;
   double inject_step_delay_seconds = 0;  // testing: a straggler
@@ -211,13 +220,22 @@ struct JobConfig {
 
 // ---- the schema -------------------------------------------------------------------------------
 
+// An enum-valued key's field seen through its enum's names (core/enum_names.h), so that one code
+// path parses, checks, prints and documents every closed-choice key whatever its enum.
+struct EnumRef {
+  void* field;
+  std::string_view (*name)(const void* field);         // the name of the value held
+  bool (*assign)(void* field, std::string_view name);  // sets the value called `name`; false if none is
+};
+
 // Where one key's value lives inside a JobConfig; the alternative held is the key's type.
 using FieldRef = std::variant<int64_t*, double*, bool*, std::string*, std::vector<std::string>*,
-                              std::optional<double>*>;
+                              std::optional<double>*, EnumRef>;
 
 // The values a key accepts beyond its type. Numbers: the range [min, max] (each end open when
 // its flag says so) plus one sentinel integer with a special meaning (e.g. -1 = "derive it").
-// Strings and list elements: `choices` when non-empty; `non_empty` forbids "".
+// Strings, list elements and enum-valued keys: `choices` when non-empty (an enum-valued key's
+// names, in the order messages list them); `non_empty` forbids "".
 struct Rule {
   std::optional<double> min, max;
   bool min_open = false, max_open = false;

@@ -100,7 +100,7 @@ void parameter_terms(const PlanJob& j, RankPlan& r) {
   }
   double pair = 0;
   for (size_t i = 0; i < order.size(); ++i) pair = std::max(pair, order[i] + (i + 1 < order.size() ? order[i + 1] : 0));
-  const bool every = j.m.pp > 1 || j.c.parallelism.fsdp_reshard_after_forward == "never";
+  const bool every = j.m.pp > 1 || j.c.parallelism.fsdp_reshard_after_forward == distributed::ReshardAfterForward::never;
   r.term(every ? "parameters: every FSDP unit gathered" : "parameters: FSDP units gathered (running + prefetched)",
          every ? all : root + pair, &C::parameters);
 }
@@ -137,7 +137,7 @@ void gradient_terms(const PlanJob& j, RankPlan& r) {
 // each with a page of alignment slack), and the moments on disk.
 void optimizer_terms(const PlanJob& j, RankPlan& r) {
   const double moments = r.master * 8;
-  if (j.c.optimizer.swap != "file") {
+  if (j.c.optimizer.swap == OptimizerSwap::none) {
     r.term("optimizer: AdamW exp_avg + exp_avg_sq (f32)", moments, &PlanCategories::optimizer);
     return;
   }
@@ -157,10 +157,10 @@ void activation_terms(const PlanJob& j, const StagePart& part, double in_flight,
   std::vector<int> blocks = part.blocks();
   if (part.head())
     for (int d = 0; d < j.c.model.mtp_layers; ++d) blocks.push_back(int(j.model.n_layers) + d);
-  const std::string& mode = j.c.activation_checkpoint.mode;
+  const models::Recompute mode = j.c.activation_checkpoint.mode;
   const double tokens = double(j.micro_tokens);
   r.term(fmt::format("activations: {} tokens x {:g} micro-batch{} in flight, checkpointing {}", j.micro_tokens, in_flight,
-                     in_flight != 1 ? "es" : "", mode),
+                     in_flight != 1 ? "es" : "", name_of(mode)),
          activation_peak(m, blocks, part.embedding(), part.head(), mode) * tokens * in_flight, &PlanCategories::activations);
   const double pipe = j.m.pp > 1 ? 2 * double(j.model.dim) / j.m.tp * (j.bf16 ? 2 : 4) : 0;
   const double backward = (backward_temporaries(m, blocks, part.head(), mode) + pipe) * tokens;
@@ -184,8 +184,8 @@ void activation_terms(const PlanJob& j, const StagePart& part, double in_flight,
 // for the save (the save owns them: no staging copy) and let go once written.
 void checkpoint_terms(const PlanJob& j, RankPlan& r) {
   if (!j.c.checkpoint.enable) return;
-  const bool swapped = j.c.optimizer.swap == "file";
-  if (j.c.checkpoint.async_mode == "async")
+  const bool swapped = j.c.optimizer.swap == OptimizerSwap::file;
+  if (j.c.checkpoint.async_mode == CheckpointAsyncMode::async)
     r.term("temporaries: async checkpoint staging (masters" + std::string(swapped ? ")" : " and moments)"),
            r.master * 4 + (swapped ? 0 : r.master * 8), &PlanCategories::temporaries);
   if (swapped) r.term("temporaries: a checkpoint save's copy of the swapped moments", r.master * 8, &PlanCategories::temporaries);
@@ -236,7 +236,7 @@ MemoryPlan plan_memory(const JobConfig& c, int world, int64_t vocab, const std::
     plan.total_params += double(p.shape.numel());
     if (p.routed_expert) plan.expert_params += double(p.shape.numel());
   }
-  PlanJob j{c, m, plan.model, c.training.mixed_precision_param == "bfloat16" && c.training.dtype == "float32"};
+  PlanJob j{c, m, plan.model, c.training.mixed_precision_param == DType::bf16 && c.training.dtype == DType::f32};
   const int64_t seq_tokens = c.training.seq_len / m.cp;
   std::vector<StagePart> parts;
   std::vector<double> in_flight;

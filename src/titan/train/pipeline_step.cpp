@@ -22,7 +22,7 @@ PipelinePlan plan_pipeline(const JobConfig& c, int64_t n_layers, int pp_rank, co
   // Checked here, on every rank alike (the model's own check fires only on the last stage's rank).
   TITAN_CHECK(c.model.mtp_layers == 0 || plan.schedule.placement == pp::Placement::v,
               source + ": model.mtp_layers = " + std::to_string(c.model.mtp_layers) +
-                  " with parallelism.pipeline_parallel_schedule = \"" + p.pipeline_parallel_schedule +
+                  " with parallelism.pipeline_parallel_schedule = \"" + plan.schedule.name +
                   "\": the MTP modules on the last stage share the first stage's embedding, which this schedule "
                   "places on another rank",
               "use a V-shaped schedule, \"DualPipeV\" or \"ZBVZeroBubble\" (the first and last stages on one rank), "

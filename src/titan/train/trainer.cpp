@@ -119,8 +119,8 @@ void check_supported(const JobConfig& c, const std::string& source) {
                 "split over its TP ranks)",
                 "make it a multiple of " + std::to_string(2 * cp * tp));
   }
-  TITAN_CHECK(c.training.dtype == "float32", source + ": training.dtype = \"" + c.training.dtype +
-                                                 "\" (pure bf16 training) is not supported yet",
+  TITAN_CHECK(c.training.dtype == DType::f32, source + ": training.dtype = \"" + std::string(name_of(c.training.dtype)) +
+                                                   "\" (pure bf16 training) is not supported yet",
               "use training.dtype = \"float32\" with training.mixed_precision_param = \"bfloat16\"");
   TITAN_CHECK(!c.checkpoint.initial_load_in_hf && !c.checkpoint.last_save_in_hf,
               source + ": Hugging Face checkpoint import/export is not in this build yet",
@@ -389,16 +389,13 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
   if (s.lead && !s.hf_config.is_null())
     std::printf("architecture from the Hugging Face config recorded in %s (model.flavor is not used)\n",
                 config.checkpoint.initial_load_path.c_str());
-  s.model->set_compute_dtype(t.mixed_precision_param == "bfloat16" ? DType::bf16 : DType::f32);
-  const std::string& ac = config.activation_checkpoint.mode;
-  s.model->set_recompute(ac == "full"        ? models::Recompute::full
-                         : ac == "selective" ? models::Recompute::selective
-                                             : models::Recompute::none);
+  s.model->set_compute_dtype(t.mixed_precision_param);
+  s.model->set_recompute(config.activation_checkpoint.mode);
   s.dp = make_data_parallel(*s.model, *s.mesh, config, source);
   {
     ProfileScope state("optimizer state");
     std::optional<optim::Swap> swap;
-    if (config.optimizer.swap == "file")
+    if (config.optimizer.swap == OptimizerSwap::file)
       swap = optim::Swap{(s.run_folder / config.optimizer.swap_path /
                           ("optimizer.rank" + std::to_string(s.world->rank()) + ".swap")).string(),
                          config.optimizer.swap_chunk_mb << 20};
@@ -447,7 +444,7 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
     std::printf("%d ranks: mesh %s; %s\n", s.world->size(), s.mesh->str().c_str(), layout.c_str());
   }
 
-  if (config.checkpoint.enable && config.checkpoint.async_mode == "async")
+  if (config.checkpoint.enable && config.checkpoint.async_mode == CheckpointAsyncMode::async)
     s.saver = std::make_unique<checkpoint::AsyncSaver>(*s.world, double(config.comm.init_timeout_seconds));
   // Resume: the newest usable checkpoint of this run (or the step asked for), else the configured
   // initial weights.
@@ -518,9 +515,7 @@ void Trainer::State::restore(const fs::path& folder, bool model_only) {
 void Trainer::State::save(bool final_save) {
   ProfileScope span("checkpoint");
   const bool model_only = final_save && cfg.checkpoint.last_save_model_only;
-  const DType export_dtype = cfg.checkpoint.export_dtype == "bfloat16" ? DType::bf16
-                             : cfg.checkpoint.export_dtype == "float16" ? DType::f16
-                                                                        : DType::f32;
+  const DType export_dtype = cfg.checkpoint.export_dtype;
   json train_state = json::object();
   if (!model_only) train_state = {{"step", step}, {"data", train_loader->state()}, {"seed", cfg.debug.seed}};
   if (!hf_config.is_null()) train_state["hf_config"] = hf_config;  // for generate and convert --to-hf
@@ -833,12 +828,17 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
   const std::string where = !std::isfinite(local_loss) ? "its loss" : norm.nonfinite.empty() ? "" : "the gradient of " + norm.nonfinite;
   out.fault = nonfinite(!where.empty(), out.loss, out.grad_norm, where);
   if (!out.fault.empty()) {
-    const std::string& policy = cfg.fault.on_nonfinite;
-    TITAN_CHECK(policy != "abort", "training diverged: " + out.fault,
-                "lower optimizer.lr or raise lr_scheduler.warmup_steps and resume from the last checkpoint; or set "
-                "fault.on_nonfinite = \"skip\" (drop the step's update) or \"rollback\" (reload the last checkpoint, "
-                "skipping the step's batch)");
-    out.rollback = policy == "rollback" && !skipped_steps.count(step);
+    switch (cfg.fault.on_nonfinite) {
+      case NonFinitePolicy::abort:
+        TITAN_FAIL("training diverged: " + out.fault,
+                   "lower optimizer.lr or raise lr_scheduler.warmup_steps and resume from the last checkpoint; or set "
+                   "fault.on_nonfinite = \"skip\" (drop the step's update) or \"rollback\" (reload the last "
+                   "checkpoint, skipping the step's batch)");
+      case NonFinitePolicy::rollback:  // once per step: a step rolled back before is skipped this time
+        out.rollback = !skipped_steps.count(step);
+        break;
+      case NonFinitePolicy::skip: break;
+    }
     out.skipped = !out.rollback;
     if (out.skipped) discard_step_counts();
     return out;
@@ -914,7 +914,7 @@ TrainResult Trainer::train() {
       s.roll_back(s.step, log);
       continue;
     }
-    if (o.skipped) log.log_event(o.fault + "; its update skipped (fault.on_nonfinite = \"" + c.fault.on_nonfinite + "\")");
+    if (o.skipped) log.log_event(o.fault + "; its update skipped (fault.on_nonfinite = \"" + std::string(name_of(c.fault.on_nonfinite)) + "\")");
     if (s.saver)  // an asynchronous save whose files every rank has written is committed
       if (const auto dir = s.saver->poll()) s.on_committed(*dir);
     if (profiled && c.profiling.enable_memory_snapshot) s.write_memory_snapshot(log);
