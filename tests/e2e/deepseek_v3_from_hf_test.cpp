@@ -355,3 +355,46 @@ TEST(DeepSeekV3FromHf, FolderTransformersSavedTrainsWithFreshOrNoMtp) {
   }
   fs::remove_all(root);
 }
+
+// checkpoint.initial_load_in_hf / last_save_in_hf: `titan train` reads a Hugging Face folder
+// directly (rank 0 converts it into the run's hf_import/step-0) and writes its final weights as
+// one beside the final checkpoint, which holds the same tensors.
+TEST(DeepSeekV3FromHf, TrainReadsAndWritesHuggingFaceFolders) {
+  const fs::path root = fs::temp_directory_path() / ("titan_train_hf_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  ds::DeepSeekV3Args a = tiny_args();
+  a.num_mtp_layers = 0;
+  {
+    ds::Transformer m(a, ds::moe_layer);
+    m.init_parameters(23);
+    std::vector<std::pair<std::string, Tensor>> state;
+    for (auto& [name, t] : m.state_dict())
+      if (!name.ends_with("tokens_per_expert")) state.emplace_back(name, t);
+    checkpoint::HfWriteOptions opt;
+    opt.dtype = DType::f32;
+    ds::save_hf(root / "hf", a, state, opt);
+  }
+  const fs::path data = make_dataset(root / "data");
+  train::JobConfig c = config(data, root / "run", root / "hf", 2, 0);
+  c.checkpoint.initial_load_in_hf = true;
+  c.checkpoint.initial_load_model_only = true;
+  c.checkpoint.last_save_model_only = true;
+  c.checkpoint.last_save_in_hf = true;
+  {
+    train::Trainer t(c, "train_hf");
+    EXPECT_EQ(t.train().last_step, 2);
+  }
+  EXPECT_TRUE(fs::exists(root / "run/hf_import/step-0/metadata.json"));
+  const checkpoint::HfFolder original = checkpoint::HfFolder::open(root / "hf");
+  const checkpoint::HfFolder exported = checkpoint::HfFolder::open(root / "run/checkpoint/step-2-hf");
+  EXPECT_EQ(exported.config().value("model_type", ""), "deepseek_v3");
+  const checkpoint::LoadedCheckpoint final_ck = checkpoint::load_checkpoint(root / "run/checkpoint/step-2");
+  // Started from the HF weights (within what 2 steps of lr 1e-4 move), and the export is exactly
+  // the final checkpoint's weights, under HF's names.
+  const std::string hf_name = "model.layers.0.self_attn.kv_a_proj_with_mqa.weight";
+  EXPECT_LT(max_diff(exported.load_f32(hf_name), original.load_f32(hf_name)), 5e-4);
+  EXPECT_GT(max_diff(exported.load_f32(hf_name), original.load_f32(hf_name)), 0) << "it trained";
+  EXPECT_EQ(max_diff(exported.load_f32(hf_name), final_ck.tensors.at("model.layers.0.attention.wkv_a.weight")), 0);
+  EXPECT_EQ(max_diff(exported.load_f32("lm_head.weight"), final_ck.tensors.at("model.output.weight")), 0);
+  fs::remove_all(root);
+}

@@ -1,6 +1,5 @@
 #include "titan/cli/ckpt_cli.h"
 
-#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -9,19 +8,17 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <toml++/toml.h>
 
 #include "titan/checkpoint/checkpoint.h"
 #include "titan/checkpoint/hf.h"
 #include "titan/cli/args.h"
 #include "titan/core/error.h"
-#include "titan/models/family.h"
+#include "titan/train/hf_checkpoint.h"
 
 namespace titan::cli {
 
 using namespace checkpoint;
 namespace fs = std::filesystem;
-using json = nlohmann::json;
 
 namespace {
 
@@ -46,76 +43,17 @@ int64_t parse_count(std::string_view flag, std::string_view text) {
   return v;
 }
 
-// The families that convert Hugging Face folders, each once (two names may share a conversion).
-std::vector<const models::HfConversion*> conversions() {
-  std::vector<const models::HfConversion*> out;
-  for (const models::ModelFamily* f : models::model_families())
-    if (f->hf && std::find(out.begin(), out.end(), f->hf) == out.end()) out.push_back(f->hf);
-  return out;
-}
-
 int convert_from_hf(const fs::path& hf_dir, const fs::path& root, int64_t step) {
-  const HfFolder folder = HfFolder::open(hf_dir);
-  const models::HfConversion* conversion = nullptr;
-  for (const models::HfConversion* c : conversions())
-    if (c->reads(folder.config())) conversion = c;
-  TITAN_CHECK(conversion != nullptr,
-              (hf_dir / "config.json").string() + ": model_type '" + folder.config().value("model_type", std::string("?")) +
-                  "' is not an architecture any model of this build converts",
-              "convert a DeepSeek-V3 or V3.2 folder");
-  const models::HfImport imported = conversion->import_folder(folder);
+  const train::HfImported imported = train::import_hf_folder(hf_dir, root, step);
   if (!imported.note.empty()) std::printf("%s\n", imported.note.c_str());
-  SaveRequest req;
-  req.step = step;
-  for (const auto& [name, t] : imported.state) req.tensors.push_back({"model." + name, t, {}});
-  // The HF config travels with the weights, so --to-hf can restore the exact architecture.
-  req.train_state = {{"converted_from", hf_dir.string()}, {"hf_config", imported.hf_config}};
-  req.config_toml = fmt::format("[model]\nname = \"{}\"\n", imported.model);
-  const fs::path out = save_checkpoint(root, req);
-  std::printf("wrote %s (%zu tensors, MTP layers: %lld)\n", out.c_str(), req.tensors.size(),
+  std::printf("wrote %s (%zu tensors, MTP layers: %lld)\n", imported.folder.c_str(), imported.tensors,
               static_cast<long long>(imported.mtp_layers));
   return 0;
 }
 
 int convert_to_hf(const fs::path& ckpt, const fs::path& hf_dir, const std::string& flavor, const HfWriteOptions& options) {
   const fs::path folder = resolve_step_folder(ckpt);
-  const LoadedCheckpoint ck = load_checkpoint(folder, [](const std::string& name) { return name.starts_with("model."); });
-  models::HfExport job;
-  for (const auto& [name, t] : ck.tensors)
-    if (name.rfind("model.", 0) == 0) job.tensors[name.substr(6)] = t;
-  TITAN_CHECK(!job.tensors.empty(), folder.string() + " holds no model tensors (\"model.*\")",
-              "pass a training checkpoint written by titan train or titan ckpt convert");
-  // The model, flavor and MTP depth it was trained with (its config.toml); --flavor wins.
-  job.flavor = flavor;
-  try {
-    const toml::table t = toml::parse(ck.config_toml);
-    job.model = t["model"]["name"].value_or(std::string());
-    job.mtp_layers = t["model"]["mtp_layers"].value_or(int64_t(0));
-    if (job.flavor.empty()) job.flavor = t["model"]["flavor"].value_or(std::string());
-  } catch (const toml::parse_error& e) {
-    TITAN_FAIL((folder / "config.toml").string() + " does not parse: " + std::string(e.description()),
-               "pass --flavor to name the architecture");
-  }
-  if (ck.train_state.contains("hf_config")) job.hf_config = &ck.train_state["hf_config"];
-  // The model's family converts it; a checkpoint whose config names no model, by the
-  // architecture it was imported with.
-  const models::HfConversion* conversion = nullptr;
-  if (!job.model.empty()) {
-    conversion = models::model_family(job.model).hf;
-    std::string names;
-    for (const models::ModelFamily* f : models::model_families())
-      if (f->hf) names += (names.empty() ? "" : ", ") + f->name;
-    TITAN_CHECK(conversion != nullptr, "the checkpoint holds model '" + job.model + "', which has no Hugging Face export",
-                "export a model with a Hugging Face conversion (" + names + ")");
-  } else if (job.hf_config) {
-    for (const models::HfConversion* c : conversions())
-      if (c->reads(*job.hf_config)) conversion = c;
-  }
-  TITAN_CHECK(conversion != nullptr, (folder / "config.toml").string() + " names no model ([model] name)",
-              "pass a checkpoint written by titan train or titan ckpt convert");
-  job.source = folder.string();
-  job.options = options;
-  const size_t written = conversion->export_folder(job, hf_dir);
+  const size_t written = train::export_hf_folder(folder, hf_dir, flavor, options);
   std::printf("wrote %s (%zu tensors from %s)\n", hf_dir.c_str(), written, folder.c_str());
   return 0;
 }

@@ -835,9 +835,10 @@ const std::vector<KeySpec>& config_schema() {
       {"training", "max_norm", member<&C::training, &Training::max_norm>, greater_than(0),
        "Gradients are clipped to this global L2 norm."},
       {"training", "steps", member<&C::training, &Training::steps>, at_least(1), "Optimizer steps to train."},
-      {"training", "dtype", member<&C::training, &Training::dtype>, one_of({DType::f32, DType::bf16}),
-       "Storage type of parameters, gradients and optimizer state. bfloat16 trains fully in bf16 with no "
-       "float32 master weights."},
+      {"training", "dtype", member<&C::training, &Training::dtype>, one_of({DType::f32}),
+       "Storage type of parameters, gradients and optimizer state: float32 (TorchTitan's default). Its "
+       "full-bf16 mode (no float32 masters) is not carried: bf16 compute comes from "
+       "training.mixed_precision_param, with float32 masters and optimizer state."},
       {"training", "mixed_precision_param", member<&C::training, &Training::mixed_precision_param>,
        one_of({DType::bf16, DType::f32}),
        "Type parameters are cast to for forward and backward when training.dtype is float32; gradient "
@@ -999,9 +1000,13 @@ const std::vector<KeySpec>& config_schema() {
       {"checkpoint", "initial_load_model_only", member<&C::checkpoint, &Checkpoint::initial_load_model_only>,
        anything(), "Load only the model weights from initial_load_path: a fresh optimizer, starting at step 0."},
       {"checkpoint", "initial_load_in_hf", member<&C::checkpoint, &Checkpoint::initial_load_in_hf>, anything(),
-       "initial_load_path is a Hugging Face safetensors folder; needs initial_load_model_only."},
+       "initial_load_path is a Hugging Face safetensors folder (a DeepSeek-V3 / V3.2 one; FP8 weights are "
+       "dequantized): rank 0 converts it once into {job.dump_folder}/hf_import/step-0, as `titan ckpt convert "
+       "--from-hf` would, and every rank loads that. Needs initial_load_model_only."},
       {"checkpoint", "last_save_in_hf", member<&C::checkpoint, &Checkpoint::last_save_in_hf>, anything(),
-       "Write the final checkpoint as Hugging Face safetensors; needs last_save_model_only."},
+       "Also write the final (model-only) checkpoint as a Hugging Face folder, {checkpoint.folder}/step-<N>-hf "
+       "(safetensors in checkpoint.export_dtype, config.json), as `titan ckpt convert --to-hf` would. Needs "
+       "last_save_model_only."},
       {"checkpoint", "enable_first_step_checkpoint",
        member<&C::checkpoint, &Checkpoint::enable_first_step_checkpoint>, anything(),
        "Also save right after step 1, proving that checkpoints work before a long run depends on them."},

@@ -34,10 +34,12 @@
 #include "titan/data/tokenizer.h"
 #include "titan/kernels/peak.h"
 #include "titan/models/causal_lm.h"
+#include "titan/models/family.h"
 #include "titan/optim/adamw.h"
 #include "titan/optim/clip_grad.h"
 #include "titan/optim/swapped_moments.h"
 #include "titan/train/checkpointing.h"
+#include "titan/train/hf_checkpoint.h"
 #include "titan/train/machine_peak.h"
 #include "titan/train/metrics_window.h"
 #include "titan/train/metrics.h"
@@ -119,12 +121,11 @@ void check_supported(const JobConfig& c, const std::string& source) {
                 "split over its TP ranks)",
                 "make it a multiple of " + std::to_string(2 * cp * tp));
   }
-  TITAN_CHECK(c.training.dtype == DType::f32, source + ": training.dtype = \"" + std::string(name_of(c.training.dtype)) +
-                                                   "\" (pure bf16 training) is not supported yet",
-              "use training.dtype = \"float32\" with training.mixed_precision_param = \"bfloat16\"");
-  TITAN_CHECK(!c.checkpoint.initial_load_in_hf && !c.checkpoint.last_save_in_hf,
-              source + ": Hugging Face checkpoint import/export is not in this build yet",
-              "set checkpoint.initial_load_in_hf and checkpoint.last_save_in_hf to false");
+  for (const auto& [key, on] : {std::pair{"checkpoint.initial_load_in_hf", c.checkpoint.initial_load_in_hf},
+                                {"checkpoint.last_save_in_hf", c.checkpoint.last_save_in_hf}})
+    TITAN_CHECK(!on || models::model_family(c.model.name).hf != nullptr,
+                source + ": " + key + " = true, but model " + c.model.name + " has no Hugging Face conversion",
+                std::string("set ") + key + " = false");
 }
 
 namespace {
@@ -168,6 +169,8 @@ struct Trainer::State {
   JobConfig cfg;
   std::string source;
   fs::path run_folder, checkpoint_root;
+  // checkpoint.initial_load_path, or where rank 0 converted it (checkpoint.initial_load_in_hf).
+  fs::path initial_load;
   distributed::CommEngine* engine = nullptr;
   const distributed::ProcessGroup* world = nullptr;  // the ranks of this run
   std::unique_ptr<distributed::DeviceMesh> mesh;
@@ -211,6 +214,12 @@ struct Trainer::State {
   // not and on which ranks.
   std::string nonfinite(bool local_bad, double loss, double norm, const std::string& where);
   void inject_fault();
+  // checkpoint.initial_load_in_hf (rank 0): the Hugging Face folder as a checkpoint,
+  // <run>/hf_import/step-0, converted once (a restart reuses it) as `titan ckpt convert --from-hf`.
+  fs::path import_hf(const fs::path& hf_dir);
+  // checkpoint.last_save_in_hf (rank 0): the final save's weights as a Hugging Face folder beside
+  // it, <checkpoint>/step-<N>-hf (not a step folder: never resumed from, never purged).
+  void export_hf(const fs::path& saved);
   // A step whose update is dropped drops its MoE routing counts too (they never join an update).
   void discard_step_counts() {
     for (auto& [name, b] : model->named_buffers(nn::BufferKind::step_statistic)) b.zero_();
@@ -371,8 +380,11 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
   }
   // A checkpoint converted from Hugging Face (`titan ckpt convert --from-hf`) records its
   // architecture, which then replaces the flavor's; the run's own checkpoints record it again.
-  if (config.checkpoint.enable && !config.checkpoint.initial_load_path.empty())
-    s.hf_config = checkpoint::load_train_state(config.checkpoint.initial_load_path).value("hf_config", json());
+  s.initial_load = config.checkpoint.initial_load_path;
+  if (config.checkpoint.enable && config.checkpoint.initial_load_in_hf && !s.initial_load.empty())
+    s.initial_load = s.from_rank0([&] { return s.import_hf(config.checkpoint.initial_load_path).string(); });
+  if (config.checkpoint.enable && !s.initial_load.empty())
+    s.hf_config = checkpoint::load_train_state(s.initial_load).value("hf_config", json());
   ProfileScope building("model build");  // the site of the parameters in memory snapshots
   std::optional<PipelinePlan> pipeline_plan;
   models::ModelOptions options = model_options(config, s.hf_config.is_null() ? nullptr : &s.hf_config, *s.mesh);
@@ -388,7 +400,7 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
   }
   if (s.lead && !s.hf_config.is_null())
     std::printf("architecture from the Hugging Face config recorded in %s (model.flavor is not used)\n",
-                config.checkpoint.initial_load_path.c_str());
+                s.initial_load.c_str());
   s.model->set_compute_dtype(t.mixed_precision_param);
   s.model->set_recompute(config.activation_checkpoint.mode);
   s.dp = make_data_parallel(*s.model, *s.mesh, config, source);
@@ -480,9 +492,9 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
     }
     if (from) {
       if (s.lead) std::printf("resumed from %s (step %lld)\n", from->string().c_str(), static_cast<long long>(s.step));
-    } else if (!config.checkpoint.initial_load_path.empty()) {
-      s.restore(config.checkpoint.initial_load_path, config.checkpoint.initial_load_model_only);
-      if (s.lead) std::printf("initialized from %s\n", config.checkpoint.initial_load_path.c_str());
+    } else if (!s.initial_load.empty()) {
+      s.restore(s.initial_load, config.checkpoint.initial_load_model_only);
+      if (s.lead) std::printf("initialized from %s\n", s.initial_load.c_str());
     }
   }
 }
@@ -533,10 +545,41 @@ void Trainer::State::save(bool final_save) {
   } else {
     if (saver)
       if (const auto previous = saver->finish()) on_committed(*previous);
-    on_committed(checkpoint::save_checkpoint(checkpoint_root, request, world), model_only);
+    const fs::path saved = checkpoint::save_checkpoint(checkpoint_root, request, world);
+    on_committed(saved, model_only);
+    if (final_save && cfg.checkpoint.last_save_in_hf) from_rank0([&] { return export_hf(saved), std::string(); });
     world->barrier().wait();  // the purge done before anyone moves on under the short deadline
   }
   engine->set_timeout(double(cfg.comm.timeout_seconds));
+}
+
+fs::path Trainer::State::import_hf(const fs::path& hf_dir) {
+  const fs::path root = run_folder / "hf_import", done = checkpoint::step_folder(root, 0);
+  const fs::path source = fs::absolute(hf_dir).lexically_normal();
+  std::error_code ec;
+  if (fs::exists(done / "metadata.json", ec) &&
+      checkpoint::load_train_state(done).value("converted_from", std::string()) == source.string()) {
+    std::printf("checkpoint.initial_load_in_hf: %s, converted before\n", done.c_str());
+    return done;
+  }
+  const HfImported imported = import_hf_folder(source, root, 0);
+  TITAN_CHECK(imported.model == cfg.model.name,
+              "checkpoint.initial_load_path " + source.string() + " holds a " + imported.model + " model, but model.name = " +
+                  cfg.model.name,
+              "set model.name = \"" + imported.model + "\"");
+  if (!imported.note.empty()) std::printf("%s\n", imported.note.c_str());
+  std::printf("checkpoint.initial_load_in_hf: converted %s into %s (%zu tensors)\n", source.c_str(),
+              imported.folder.c_str(), imported.tensors);
+  return imported.folder;
+}
+
+void Trainer::State::export_hf(const fs::path& saved) {
+  const fs::path dir = saved.parent_path() / (saved.filename().string() + "-hf");
+  checkpoint::HfWriteOptions options;
+  options.dtype = cfg.checkpoint.export_dtype;
+  const size_t written = export_hf_folder(saved, dir, cfg.model.flavor, options);
+  std::printf("checkpoint.last_save_in_hf: wrote %s (%zu tensors, %s)\n", dir.c_str(), written,
+              std::string(name_of(options.dtype)).c_str());
 }
 
 void Trainer::State::on_committed(const fs::path& dir, bool model_only) {
