@@ -14,6 +14,7 @@
 #include "titan/kernels/embedding.h"
 #include "titan/kernels/matmul.h"
 #include "titan/kernels/norm.h"
+#include "titan/kernels/sinkhorn.h"
 #include "titan/kernels/softmax.h"
 
 namespace titan::autograd {
@@ -513,6 +514,19 @@ Variable softmax(const Variable& x) {
     ProfileScope prof_bwd("softmax.bwd");
     Tensor dx = g.grad(0);
     kernels::softmax_backward(dx, dy.contiguous(), y);
+  });
+}
+
+Variable sinkhorn(const Variable& logits, int iters, double eps) {
+  ProfileScope prof("sinkhorn.fwd");
+  check_f32("sinkhorn", {&logits});
+  const Tensor l = logits.value().contiguous();
+  Tensor p = activation_like(l.shape(), DType::f32);
+  kernels::sinkhorn_forward(p, l, iters, eps);
+  return record("sinkhorn", {logits}, p, [l, iters, eps](const Tensor& dp, GradSink& g) {
+    ProfileScope prof_bwd("sinkhorn.bwd");
+    Tensor dl = g.grad(0);
+    if (dl.defined()) kernels::sinkhorn_backward(dl, dp.contiguous(), l, iters, eps);
   });
 }
 

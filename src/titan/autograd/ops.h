@@ -98,6 +98,10 @@ Variable masked_fill(const Variable& x, const Tensor& keep, double value);
 // with zero gradient; -inf entries of other rows get probability 0.
 Variable softmax(const Variable& x);
 Variable log_softmax(const Variable& x);
+// mHC's Sinkhorn projection (kernels/sinkhorn.h): logits [..., N, N] f32 -> each matrix made
+// nearly doubly stochastic (row softmax, then iters column and iters - 1 row normalisations).
+// Saves only the logits: backward recomputes the iterations.
+Variable sinkhorn(const Variable& logits, int iters, double eps);
 
 // The sum of all elements: a one-element f32 Variable.
 Variable sum(const Variable& x);
