@@ -555,20 +555,20 @@ void Trainer::State::save(bool final_save) {
 
 fs::path Trainer::State::import_hf(const fs::path& hf_dir) {
   const fs::path root = run_folder / "hf_import", done = checkpoint::step_folder(root, 0);
-  const fs::path source = fs::absolute(hf_dir).lexically_normal();
+  const fs::path folder = fs::absolute(hf_dir).lexically_normal();
   std::error_code ec;
   if (fs::exists(done / "metadata.json", ec) &&
-      checkpoint::load_train_state(done).value("converted_from", std::string()) == source.string()) {
+      checkpoint::load_train_state(done).value("converted_from", std::string()) == folder.string()) {
     std::printf("checkpoint.initial_load_in_hf: %s, converted before\n", done.c_str());
     return done;
   }
-  const HfImported imported = import_hf_folder(source, root, 0);
+  const HfImported imported = import_hf_folder(folder, root, 0);
   TITAN_CHECK(imported.model == cfg.model.name,
-              "checkpoint.initial_load_path " + source.string() + " holds a " + imported.model + " model, but model.name = " +
+              "checkpoint.initial_load_path " + folder.string() + " holds a " + imported.model + " model, but model.name = " +
                   cfg.model.name,
               "set model.name = \"" + imported.model + "\"");
   if (!imported.note.empty()) std::printf("%s\n", imported.note.c_str());
-  std::printf("checkpoint.initial_load_in_hf: converted %s into %s (%zu tensors)\n", source.c_str(),
+  std::printf("checkpoint.initial_load_in_hf: converted %s into %s (%zu tensors)\n", folder.c_str(),
               imported.folder.c_str(), imported.tensors);
   return imported.folder;
 }
