@@ -92,6 +92,45 @@ TEST_P(LightningIndexer, TopkMatchesDenseOracle) {
   }
 }
 
+// DeepSeek-V4's CSA: the keys are compressed entries of m raw positions, visible to query t once
+// their last position s m + m - 1 <= t; early queries see none (all -1). The oracle ranks the
+// visible entries by the dense scores, from that definition.
+TEST_P(LightningIndexer, TopkOverCompressedEntriesSeesOnlyCompleteWindows) {
+  for (const int64_t K : {3, 16}) {
+    const int64_t m = 4;
+    TopkCase c = topk_case(2, 37, 9, 3, 16, K, DType::f32, "csa");
+    c.d.ratio = m;
+    // Unmasked scores (naive_scores masks by the raw-key rule): every query against every entry.
+    IndexerParams all = c.d;
+    all.ratio = 1, all.S = 1;
+    Doubles scores;
+    const Doubles q = to_doubles(c.q), k = to_doubles(c.k), w = to_doubles(c.w);
+    for (int64_t r = 0; r < c.d.B * c.d.S; ++r) {
+      const int64_t b = r / c.d.S;
+      all.B = 1;
+      const Doubles row = naive_scores(all, Doubles(q.begin() + r * c.d.HI * c.d.DI, q.begin() + (r + 1) * c.d.HI * c.d.DI),
+                                       Doubles(k.begin() + b * c.d.Skv * c.d.DI, k.begin() + (b + 1) * c.d.Skv * c.d.DI),
+                                       Doubles(w.begin() + r * c.d.HI, w.begin() + (r + 1) * c.d.HI));
+      scores.insert(scores.end(), row.begin(), row.end());
+    }
+    Tensor idx = Tensor::empty({c.d.B, c.d.S, K}, DType::i32);
+    indexer_topk(idx, c.q, c.k, c.w, m);
+    for (int64_t r = 0; r < c.d.B * c.d.S; ++r) {
+      const int64_t t = r % c.d.S;
+      std::vector<int32_t> visible;
+      for (int32_t e = 0; e < c.d.Skv; ++e)
+        if (e * m + m - 1 <= t) visible.push_back(e);
+      const double* row_scores = &scores[size_t(r * c.d.Skv)];
+      std::stable_sort(visible.begin(), visible.end(), [&](int32_t a, int32_t b) { return row_scores[a] > row_scores[b]; });
+      visible.resize(std::min(visible.size(), size_t(K)));
+      std::sort(visible.begin(), visible.end());
+      visible.resize(size_t(K), -1);
+      const std::vector<int32_t> row(idx.data<int32_t>() + r * K, idx.data<int32_t>() + (r + 1) * K);
+      ASSERT_EQ(row, visible) << "K " << K << " row " << r;
+    }
+  }
+}
+
 // Rows with fewer valid keys than K select all of them, in order, then exactly -1.
 TEST_P(LightningIndexer, TopkPadsShortRowsWithMinusOne) {
   const TopkCase c = topk_case(1, 6, 6, 2, 4, 4, DType::f32, "pad");

@@ -15,11 +15,22 @@ namespace titan::kernels {
 // Key s is a valid candidate for query t when 0 <= s <= t + (Skv - S) (causal). A selected index
 // idx[b, t, i] is valid when it is a valid candidate; anything else (-1 padding, >= Skv, a
 // future key) contributes nothing.
+//
+// With ratio m > 1 the keys are compressed entries (DeepSeek-V4's CSA: entry s pools raw
+// positions s m .. s m + m - 1) and the queries sit at positions 0 .. S - 1: key s is valid for
+// query t once its last position is, s < floor((t + 1) / m); early queries may have none.
 struct IndexerParams {
   int64_t B = 0, S = 0, Skv = 0;
   int64_t HI = 0, DI = 0;
-  int64_t K = 0;  // slots per query row in idx
+  int64_t K = 0;      // slots per query row in idx
+  int64_t ratio = 1;  // raw positions per key
 };
+
+// The number of valid keys of query t: keys 0 .. valid_keys(d, t) - 1.
+inline int64_t valid_keys(const IndexerParams& d, int64_t t) {
+  const int64_t n = d.ratio > 1 ? (t + 1) / d.ratio : t + d.Skv - d.S + 1;
+  return n < 0 ? 0 : n < d.Skv ? n : d.Skv;
+}
 
 struct SparseMlaParams {
   int64_t B = 0, S = 0, Skv = 0;

@@ -335,9 +335,7 @@ void write_selection(int32_t* out, const uint64_t* cand, int64_t n, int64_t K, u
   for (; pos < K; ++pos) out[pos] = -1;
 }
 
-// Keys 0 <= s < valid_keys(t) are the candidates of query t (dsa_params.h).
-TITAN_INLINE int64_t valid_keys(const IndexerParams& d, int64_t t) { return min_i64(d.Skv, t + d.Skv - d.S + 1); }
-
+// Keys 0 <= s < valid_keys(d, t) are the candidates of query t (dsa_params.h).
 // Packs k [B, Skv, DI] into transposed key blocks kt [B, nkb, DI, kKeys] (zero-padded keys).
 template <class T>
 void pack_key_blocks(float* kt, const T* k, int64_t B, int64_t Skv, int64_t width, int64_t ld, int64_t nkb) {

@@ -10,11 +10,6 @@ namespace titan::kernels::ref {
 
 namespace {
 
-// Number of valid keys of query t: 0 <= s < valid_keys(t) (dsa_params.h), at most Skv.
-int64_t valid_keys(const IndexerParams& d, int64_t t) {
-  return std::min(d.Skv, std::max<int64_t>(t + d.Skv - d.S + 1, 0));
-}
-
 // I(t, s) of one query row; dots [HI] receives q[t, j] . k[s] for the gradient.
 template <class T>
 acc_t<T> index_score(acc_t<T>* dots, const T* qt, const T* ks, const acc_t<T>* wt, const IndexerParams& d) {
