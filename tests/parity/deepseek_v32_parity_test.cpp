@@ -69,24 +69,27 @@ void check_stage(DsaStage stage, DsaImpl impl) {
   const Tensor tokens = golden().get("tokens").clone(), targets = golden().get("targets").clone();
 
   autograd::TapeScope tape;
-  Variable logits = model->forward(tokens);
+  models::AuxLosses aux;
+  Variable logits = model->forward(tokens, targets, aux);
   expect_close(logits.value(), golden().get(prefix + "logits"), 1e-4, what + " logits");
   Variable loss = autograd::cross_entropy(logits, targets);
   EXPECT_NEAR(loss.value().item(), golden().get(prefix + "loss").item(), 1e-5) << what;
 
   const Tensor want_kl = golden().get(prefix + "indexer_loss");  // [L], unweighted
   double mean_kl = 0;
+  std::vector<double> kl;  // each layer's, in order
+  for (const models::AuxLoss& a : aux)
+    if (a.name == "indexer_loss") kl.push_back(a.value);
+  ASSERT_EQ(kl.size(), model->layers.size()) << what;
   for (size_t l = 0; l < model->layers.size(); ++l) {
-    const Variable& kl = model->layers[l].attention.last_indexer_loss;
-    ASSERT_TRUE(kl.defined()) << what << " layer " << l;
     const double want = want_kl.data<float>()[l];
-    EXPECT_NEAR(kl.value().item(), want, 1e-4 * want + 1e-7) << what << " indexer loss of layer " << l;
+    EXPECT_NEAR(kl[l], want, 1e-4 * want + 1e-7) << what << " indexer loss of layer " << l;
     mean_kl += want / double(model->layers.size());
   }
 
   // The warm-up freezes the LM path: only the indexer losses have a gradient to carry.
   Variable total = stage == DsaStage::sparse ? loss : Variable();
-  for (const Variable& aux : model->auxiliary_losses()) total = total.defined() ? autograd::add(total, aux) : aux;
+  for (const models::AuxLoss& a : aux) total = total.defined() ? autograd::add(total, a.weighted) : a.weighted;
   ASSERT_TRUE(total.defined()) << what;
   autograd::backward(total);
 

@@ -82,7 +82,7 @@ namespace {
 class FakeMoe : public BlockFeedForward {
  public:
   explicit FakeMoe(int64_t dim) : inner(register_module("shared_experts", std::make_unique<FeedForward>(dim, 8, 0.02))) {}
-  autograd::Variable forward(const autograd::Variable& x) override { return inner.forward(x); }
+  autograd::Variable forward(const autograd::Variable& x, models::AuxLosses* = nullptr) override { return inner.forward(x); }
   FeedForward& inner;
 };
 }  // namespace

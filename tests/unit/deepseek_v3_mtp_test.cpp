@@ -81,13 +81,22 @@ double composed_mtp_loss(Transformer& m, const Batch& b) {
   return m.args().mtp_loss_weight / double(d) * total;
 }
 
-// The weighted MTP loss of one forward (the first auxiliary loss: no MoE balance loss is on).
-Variable mtp_loss(Transformer& m, const Batch& b) {
-  m.set_targets(b.targets);
-  m.forward(b.tokens);
-  const std::vector<Variable> aux = m.auxiliary_losses();
-  EXPECT_EQ(aux.size(), 1u);
-  return aux.at(0);
+// The weighted MTP loss of one training forward (its auxiliary losses are the modules' "mtp_loss"
+// terms alone: no MoE balance loss is on) and each module's L_k.
+struct MtpLoss {
+  Variable weighted;
+  std::vector<double> per_module;
+};
+MtpLoss mtp_loss(Transformer& m, const Batch& b) {
+  models::AuxLosses aux;
+  m.forward(b.tokens, b.targets, aux);
+  MtpLoss out;
+  for (const models::AuxLoss& a : aux) {
+    EXPECT_EQ(a.name, "mtp_loss");
+    out.weighted = out.weighted.defined() ? autograd::add(out.weighted, a.weighted) : a.weighted;
+    out.per_module.push_back(a.value);
+  }
+  return out;
 }
 
 }  // namespace
@@ -97,11 +106,11 @@ TEST(DeepSeekV3Mtp, LossMatchesTheComposition) {
     Transformer m(tiny_args(d), moe_layer);
     m.init_parameters(7);
     const Batch b;
-    const double got = mtp_loss(m, b).value().item();
+    const MtpLoss got = mtp_loss(m, b);
     autograd::NoGradGuard no_grad;
-    EXPECT_NEAR(got, composed_mtp_loss(m, b), 1e-5) << "D = " << d;
-    EXPECT_EQ(m.mtp->last_losses().size(), size_t(d));
-    EXPECT_NEAR(m.mtp->last_losses()[0], std::log(24.0), 0.5);  // an untrained head: about chance
+    EXPECT_NEAR(got.weighted.value().item(), composed_mtp_loss(m, b), 1e-5) << "D = " << d;
+    EXPECT_EQ(got.per_module.size(), size_t(d));
+    EXPECT_NEAR(got.per_module[0], std::log(24.0), 0.5);  // an untrained head: about chance
   }
 }
 
@@ -113,7 +122,7 @@ TEST(DeepSeekV3Mtp, RecomputeGivesTheSameGradients) {
     Transformer m(tiny_args(2), moe_layer);
     m.init_parameters(9);
     m.set_recompute(rc);
-    Variable loss = mtp_loss(m, b);
+    Variable loss = mtp_loss(m, b).weighted;
     autograd::backward(loss);
     grads.emplace_back();
     for (auto& [name, p] : m.named_parameters())
@@ -125,21 +134,18 @@ TEST(DeepSeekV3Mtp, RecomputeGivesTheSameGradients) {
   }
 }
 
-TEST(DeepSeekV3Mtp, OnlyTheForwardAfterSetTargetsComputesIt) {
+TEST(DeepSeekV3Mtp, OnlyATrainingForwardComputesIt) {
   Transformer m(tiny_args(1), moe_layer);
   m.init_parameters(3);
   const Batch b;
-  const Tensor main_logits = m.forward(b.tokens).value().clone();
-  EXPECT_TRUE(m.auxiliary_losses().empty());  // no targets: no MTP loss
-  m.set_targets(b.targets);
+  const Tensor main_logits = m.forward(b.tokens).value().clone();  // no targets: no MTP at all
   // The main logits do not depend on the MTP modules.
-  EXPECT_EQ(test::to_doubles(m.forward(b.tokens).value()), test::to_doubles(main_logits));
-  EXPECT_EQ(m.auxiliary_losses().size(), 1u);
-  m.forward(b.tokens);  // the targets fed one forward only
-  EXPECT_TRUE(m.auxiliary_losses().empty());
+  models::AuxLosses aux;
+  EXPECT_EQ(test::to_doubles(m.forward(b.tokens, b.targets, aux).value()), test::to_doubles(main_logits));
+  ASSERT_EQ(aux.size(), 1u);
   // A training step logs the unweighted loss and differentiates the weighted one.
   const models::TrainingLoss loss = m.training_loss(b.tokens, b.targets);
-  const double l1 = m.mtp->last_losses()[0];
+  const double l1 = aux[0].value;
   bool logged = false;
   for (const auto& [name, v] : loss.terms) {
     if (name != "mtp_loss") continue;
@@ -172,7 +178,7 @@ TEST(DeepSeekV3Mtp, GradientMatchesFiniteDifferences) {
   m.init_parameters(13);
   const Batch b;
   m.zero_grad();
-  Variable loss = mtp_loss(m, b);
+  Variable loss = mtp_loss(m, b).weighted;
   autograd::backward(loss);
   const std::vector<std::string> names = {
       "mtp.0.enorm.weight",         "mtp.0.hnorm.weight",           "mtp.0.eh_proj.weight",
@@ -199,10 +205,10 @@ TEST(DeepSeekV3Mtp, GradientMatchesFiniteDifferences) {
       autograd::NoGradGuard no_grad;
       w[j] = keep + float(eps);
       m.refresh_compute_copies();
-      const double up = mtp_loss(m, b).value().item();
+      const double up = mtp_loss(m, b).weighted.value().item();
       w[j] = keep - float(eps);
       m.refresh_compute_copies();
-      const double down = mtp_loss(m, b).value().item();
+      const double down = mtp_loss(m, b).weighted.value().item();
       w[j] = keep;
       m.refresh_compute_copies();
       const double fd = (up - down) / (2 * eps), an = grad.data<float>()[j];
@@ -233,9 +239,9 @@ TEST(DeepSeekV3Mtp, ArgsAndErrors) {
   Transformer deep(tiny_args(2), moe_layer);
   deep.init_parameters(1);
   Tensor tokens = Tensor::zeros({1, 2}, DType::i32), targets = Tensor::zeros({2}, DType::i32);
-  deep.set_targets(targets);
   try {
-    deep.forward(tokens);
+    models::AuxLosses deep_aux;
+    deep.forward(tokens, targets, deep_aux);
     FAIL() << "a 2-token sequence with 2 MTP modules was accepted";
   } catch (const Error& e) {
     EXPECT_NE(e.hint().find("seq_len"), std::string::npos) << e.what();

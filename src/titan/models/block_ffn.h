@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "titan/models/aux_loss.h"
 #include "titan/models/causal_lm.h"
 #include "titan/nn/module.h"
 
@@ -13,11 +14,9 @@ namespace titan::models {
 
 class BlockFeedForward : public nn::Module {
  public:
-  // x [B, S, D] -> [B, S, D]
-  virtual autograd::Variable forward(const autograd::Variable& x) = 0;
-  // The auxiliary loss of the last forward (e.g. MoE's sequence-wise balance loss, already
-  // weighted), to add to the training loss; undefined when there is none.
-  virtual autograd::Variable aux_loss() const { return {}; }
+  // x [B, S, D] -> [B, S, D]; an auxiliary loss (e.g. MoE's sequence-wise balance loss) is
+  // appended to `aux` when given.
+  virtual autograd::Variable forward(const autograd::Variable& x, AuxLosses* aux = nullptr) = 0;
   // Run after every optimizer step (e.g. MoE's load-balancing bias update from the step's
   // expert loads, summed over data-parallel ranks by sum_over_data).
   virtual void end_step(const SumOverData& sum_over_data) { (void)sum_over_data; }

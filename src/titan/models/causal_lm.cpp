@@ -20,9 +20,22 @@ TrainingLoss CausalLM::training_loss(const Tensor& tokens, const Tensor& targets
   TrainingLoss out;
   out.total = stage.loss;
   out.cross_entropy = stage.cross_entropy;
-  for (size_t k = 0; k < stage.term_sums.size(); ++k)  // a sum alone (count 0), else the mean
-    out.terms.emplace_back(stage.term_sums[k].first, stage.term_sums[k].second / std::max(1, stage.term_counts[k]));
+  for (const std::string& name : loss_term_names())  // in the model's order
+    for (size_t k = 0; k < stage.term_sums.size(); ++k)
+      if (stage.term_sums[k].first == name)  // a sum alone (count 0), else the mean
+        out.terms.emplace_back(name, stage.term_sums[k].second / std::max(1, stage.term_counts[k]));
   return out;
+}
+
+void CausalLM::add_auxiliary_losses(StageOutput& out, const AuxLosses& aux) {
+  for (const AuxLoss& a : aux) {
+    out.loss = out.loss.defined() ? autograd::add(out.loss, a.weighted) : a.weighted;
+    size_t k = 0;
+    while (k < out.term_sums.size() && out.term_sums[k].first != a.name) ++k;
+    if (k == out.term_sums.size()) out.term_sums.emplace_back(a.name, 0.0), out.term_counts.push_back(0);
+    out.term_sums[k].second += a.value;
+    if (a.averaged) ++out.term_counts[k];
+  }
 }
 
 std::pair<autograd::Variable, double> CausalLM::language_model_loss(const Tensor& tokens, const Tensor& targets) {

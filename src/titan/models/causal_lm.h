@@ -10,6 +10,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "titan/distributed/pipeline_stages.h"
+#include "titan/models/aux_loss.h"
 #include "titan/models/recompute.h"
 #include "titan/nn/module.h"
 
@@ -119,6 +120,9 @@ class CausalLM : public nn::Module {
   // chunks of them under context parallelism): a pipeline's last stage.
   std::pair<autograd::Variable, double> sequence_loss(const autograd::Variable& logits, const Tensor& tokens,
                                                       const Tensor& targets) const;
+  // Adds a stage's auxiliary losses to out.loss (in their order) and their values to its term sums
+  // (per name: the values' sum, and their count for a name averaged over its terms, else 0).
+  static void add_auxiliary_losses(StageOutput& out, const AuxLosses& aux);
   // The tokens [B, S] this rank runs and their positions: the whole sequences at 0..S-1, or under
   // context parallelism this rank's two chunks of each (distributed/context_parallel.h).
   std::pair<Tensor, Tensor> local_sequences(const Tensor& tokens) const;

@@ -77,8 +77,9 @@ Variable Attention::latent_kv(const Variable& kv_proj, const kernels::RopeTables
   return autograd::rope(kv, rope, positions, kernels::RopeLayout::interleaved, kv_lora_rank_);
 }
 
-Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const {
-  if (!tp_) return wo.forward(heads(project(x), rope, positions));
+Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions,
+                            AuxLosses* aux) const {
+  if (!tp_) return wo.forward(heads(project(x), rope, positions, aux));
   // Every rank's tokens through the first projections (async TP: while they are gathered).
   const int64_t b = positions.size(0), s = positions.size(1);
   Tensor x_all;
@@ -87,12 +88,13 @@ Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, 
   const auto whole = [b, s](const Variable& v) { return autograd::view(v, {b, s, v.shape()[1]}); };
   const Projections p{whole(y[0]), whole(y[1]), indexer ? x_all.view({b, s, dim_}) : Tensor()};
   // wo's partial sums (this rank's heads) reduced to this rank's tokens (async TP: in column blocks).
-  const Variable o = autograd::view(heads(p, rope, positions), {b * s, n_heads_ * v_dim_});
+  const Variable o = autograd::view(heads(p, rope, positions, aux), {b * s, n_heads_ * v_dim_});
   return distributed::row_parallel(o, wo, tp_, async_tp);
 }
 
-Variable Attention::heads(const Projections& p, const kernels::RopeTables& rope, const Tensor& positions) const {
-  if (indexer) return heads_dsa(p, rope, positions);
+Variable Attention::heads(const Projections& p, const kernels::RopeTables& rope, const Tensor& positions,
+                          AuxLosses* aux) const {
+  if (indexer) return heads_dsa(p, rope, positions, aux);
   const int64_t b = p.q.shape()[0], s = p.q.shape()[1];
   Variable q = query(p.q, rope, positions);                                  // [B, S, H, d_qk]
   Variable kv = latent_kv(p.kv, rope, positions);                            // [B, S, 1, d_c + d_r]
@@ -111,7 +113,8 @@ Variable Attention::heads(const Projections& p, const kernels::RopeTables& rope,
   return autograd::view(o, {b, s, n_heads_ * v_dim_});
 }
 
-Variable Attention::heads_dsa(const Projections& p, const kernels::RopeTables& rope, const Tensor& positions) const {
+Variable Attention::heads_dsa(const Projections& p, const kernels::RopeTables& rope, const Tensor& positions,
+                              AuxLosses* aux) const {
   const int64_t b = p.q.shape()[0], s = p.q.shape()[1];
   const Variable qr = q_norm->forward(p.q);  // [B, S, q_lora_rank]
   DsaInputs in;
@@ -134,7 +137,11 @@ Variable Attention::heads_dsa(const Projections& p, const kernels::RopeTables& r
   const DsaOutputs out = cp                          ? dsa_context_parallel(in)
                          : dsa.impl == DsaImpl::fused ? dsa_attention_fused(in)
                                                       : dsa_attention_small_ops(in);
-  last_indexer_loss = out.loss;
+  // The indexer's KL (the mean over this rank's query rows; under CP the ranks' sum / cp is the
+  // mean), weighted as the training loss adds it; the metric is its mean over layers.
+  if (aux && out.loss.defined())
+    aux->push_back({"indexer_loss", autograd::scale(out.loss, dsa.indexer_loss_coeff / (cp ? cp->size() : 1)),
+                    out.loss.value().item(), true});
   return autograd::view(out.o, {b, s, n_heads_ * v_dim_});
 }
 

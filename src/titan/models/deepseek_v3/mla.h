@@ -19,6 +19,7 @@
 //   KV head). This is what the KV cache, decoding and DeepSeek Sparse Attention use.
 #pragma once
 
+#include "titan/models/aux_loss.h"
 #include "titan/models/deepseek_v3/args.h"
 #include "titan/models/deepseek_v3/dsa.h"
 #include "titan/models/deepseek_v3/indexer.h"
@@ -47,11 +48,13 @@ class Attention : public nn::Module {
   Attention(const DeepSeekV3Args& a, int layer_id, const distributed::ProcessGroup* tp = nullptr);
 
   // Standard form: x [B, S, D] -> [B, S, D]; positions i32 [B, S]. With an indexer (V3.2) this is
-  // DeepSeek Sparse Attention in the stage and implementation of `dsa` (dsa.h), and the indexer
-  // loss of the call is left in last_indexer_loss (when grad mode is on). Under TP x and the
-  // result are this rank's sequence piece [B*S / tp, D]: the tokens are gathered first and the
-  // row-parallel wo's partial sums reduce-scattered back.
-  Variable forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) const;
+  // DeepSeek Sparse Attention in the stage and implementation of `dsa` (dsa.h), and the indexer's
+  // KL loss of the call (when grad mode is on) is appended to aux as "indexer_loss", times
+  // dsa.indexer_loss_coeff. Under TP x and the result are this rank's sequence piece
+  // [B*S / tp, D]: the tokens are gathered first and the row-parallel wo's partial sums
+  // reduce-scattered back.
+  Variable forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions,
+                   AuxLosses* aux = nullptr) const;
 
   // Absorbed form (inference: f32, no autograd). x [B, T, D] holds the tokens at positions
   // past .. past + T - 1 (positions i32 [B, T]); their latent rows are written into the cache at
@@ -81,9 +84,6 @@ class Attention : public nn::Module {
   // Async TP (Transformer::set_async_tensor_parallel): the token gather overlaps the first
   // projections' GEMMs and wo's reduce-scatter its own (distributed/async_tensor_parallel.h).
   bool async_tp = false;
-  // One element: the mean over query rows of the indexer's KL, from the last forward in grad
-  // mode (unweighted); undefined otherwise.
-  mutable Variable last_indexer_loss;
 
  private:
   // What the attention reads of its input x [B, S, D] (every rank's tokens under TP): the first
@@ -97,8 +97,9 @@ class Attention : public nn::Module {
   Projections project(const Variable& x) const;
   // The standard form from the projections of whole sequences: the heads' outputs [B, S, H d_v]
   // before wo (under TP: this rank's heads).
-  Variable heads(const Projections& p, const kernels::RopeTables& rope, const Tensor& positions) const;
-  Variable heads_dsa(const Projections& p, const kernels::RopeTables& rope, const Tensor& positions) const;
+  Variable heads(const Projections& p, const kernels::RopeTables& rope, const Tensor& positions, AuxLosses* aux) const;
+  Variable heads_dsa(const Projections& p, const kernels::RopeTables& rope, const Tensor& positions,
+                     AuxLosses* aux) const;
   // DSA on this rank's two chunks against the gathered keys (context parallel).
   DsaOutputs dsa_context_parallel(const DsaInputs& in) const;
   // q [B, S, H, d_qk] with RoPE applied to each head's d_r tail, from the first query projection.

@@ -44,7 +44,7 @@ FeedForward::FeedForward(int64_t dim, int64_t hidden, double out_std, const dist
       w3(register_module("w3", std::make_unique<nn::Linear>(dim, hidden / degree(tp), Init::trunc_normal(out_std)))),
       tp_(degree(tp) > 1 ? tp : nullptr) {}
 
-Variable FeedForward::forward(const Variable& x) {
+Variable FeedForward::forward(const Variable& x, AuxLosses* /*aux: none*/) {
   // Under TP every rank's tokens (gathered, or with async TP while they arrive); w3 is recorded
   // before w1 in every form, so that bf16 gradients sum in one order.
   const std::vector<Variable> up = distributed::column_parallel(x, {&w3, &w1}, tp_, async_tp_);
@@ -69,26 +69,29 @@ BlockFeedForward& TransformerBlock::build_ffn(const DeepSeekV3Args& a, int layer
   return register_module("moe", std::move(m));
 }
 
-Variable TransformerBlock::forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions) {
-  Variable h = autograd::add(x, attention.forward(attention_norm.forward(x), rope, positions));
-  return autograd::add(h, ffn.forward(ffn_norm.forward(h)));
+Variable TransformerBlock::forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions,
+                                   AuxLosses* aux) {
+  Variable h = autograd::add(x, attention.forward(attention_norm.forward(x), rope, positions, aux));
+  return autograd::add(h, ffn.forward(ffn_norm.forward(h), aux));
 }
 
 Variable TransformerBlock::forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions,
-                                   Recompute recompute) {
+                                   Recompute recompute, AuxLosses* aux) {
   nn::UnitScope unit(*this);  // each block is a unit of the parallel plan (outside its checkpoint region)
-  checkpointed_ = recompute != Recompute::none;
-  if (!checkpointed_) return forward(x, rope, positions);
-  auto region = [this, &rope, positions](const std::vector<Variable>& in) {
-    std::vector<Variable> out{forward(in[0], rope, positions)};
-    if (attention.last_indexer_loss.defined()) out.push_back(attention.last_indexer_loss);
-    if (Variable a = ffn.aux_loss(); a.defined()) out.push_back(a);
+  if (recompute == Recompute::none) return forward(x, rope, positions, aux);
+  // The region returns the block's output and its auxiliary losses; `made` keeps what they are
+  // (names, values) from the first pass. The recompute in backward fills it again, harmlessly:
+  // it is the region's own, shared with the autograd record that outlives this call.
+  auto made = std::make_shared<AuxLosses>();
+  auto region = [this, &rope, positions, made](const std::vector<Variable>& in) {
+    made->clear();
+    std::vector<Variable> out{forward(in[0], rope, positions, made.get())};
+    for (const AuxLoss& a : *made) out.push_back(a.weighted);
     return out;
   };
   std::vector<Variable> out = autograd::checkpoint(region, {x}, checkpoint_policy(recompute));
-  size_t k = 1;
-  if (attention.last_indexer_loss.defined()) attention.last_indexer_loss = out[k++];
-  checkpointed_aux_ = ffn.aux_loss().defined() ? out[k++] : Variable();
+  if (aux)
+    for (size_t k = 0; k < made->size(); ++k) aux->push_back({(*made)[k].name, out[k + 1], (*made)[k].value, (*made)[k].averaged});
   // DeepSeek-V3.2's warm-up trains only the indexers: the LM loss must not backpropagate
   // (uselessly, through recomputed frozen blocks) into the hidden states.
   return attention.dsa.stage == DsaStage::dense_warmup ? Variable(out[0].value()) : out[0];
@@ -134,9 +137,6 @@ Transformer::Transformer(const DeepSeekV3Args& a, const MoeFactory& moe, const d
   place_tensor_parallel();  // declares the plan; places the parameters under TP
 }
 
-void Transformer::set_targets(const Tensor& targets) {
-  if (mtp) mtp->set_targets(targets);
-}
 
 void Transformer::set_recompute(Recompute r) { recompute_ = r; }
 
@@ -168,7 +168,12 @@ void Transformer::set_compute_dtype(DType dtype) {
 
 Variable Transformer::forward(const Tensor& tokens) {
   const auto [mine, positions] = local_sequences(tokens);
-  return run(mine, positions, tokens);
+  return run(mine, positions, tokens, nullptr, nullptr);
+}
+
+Variable Transformer::forward(const Tensor& tokens, const Tensor& targets, AuxLosses& aux) {
+  const auto [mine, positions] = local_sequences(tokens);
+  return run(mine, positions, tokens, &targets, &aux);
 }
 
 void Transformer::set_async_tensor_parallel(bool on) {
@@ -196,7 +201,9 @@ void Transformer::set_context_parallel(const distributed::ProcessGroup* cp) {
     for (size_t k = 0; k < mtp->size(); ++k) (*mtp)[k].block.attention.cp = cp;
 }
 
-Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) { return run(tokens, positions, tokens); }
+Variable Transformer::forward(const Tensor& tokens, const Tensor& positions) {
+  return run(tokens, positions, tokens, nullptr, nullptr);
+}
 
 Variable Transformer::embed(const Tensor& tokens) {
   TITAN_CHECK(tok_embeddings != nullptr, "deepseek_v3: this pipeline rank does not hold the embedding");
@@ -211,14 +218,15 @@ Variable Transformer::head(const Variable& normed) {
   return output->forward(autograd::view(normed, {normed.value().numel() / args_.dim, args_.dim}));
 }
 
-Variable Transformer::run(const Tensor& tokens, const Tensor& positions, const Tensor& whole) {
+Variable Transformer::run(const Tensor& tokens, const Tensor& positions, const Tensor& whole, const Tensor* targets,
+                          AuxLosses* aux) {
   TITAN_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::i32, "deepseek_v3: tokens must be i32 [B, S], got " + tokens.str());
   TITAN_CHECK(positions.shape() == tokens.shape() && positions.dtype() == DType::i32,
               "deepseek_v3: positions must be i32 " + tokens.shape().str() + ", got " + positions.str());
   check_rope_positions("deepseek_v3", positions, rope_.cos.size(0));
   Variable h = embed(tokens);  // under TP, this rank's piece [B*S / tp, D] of the flattened tokens
-  for (size_t l = 0; l < layers.size(); ++l) h = layers[l].forward(h, rope_, positions, recompute_);
-  if (mtp) mtp->run(*this, h, whole, positions);
+  for (size_t l = 0; l < layers.size(); ++l) h = layers[l].forward(h, rope_, positions, recompute_, aux);
+  if (mtp && targets) mtp->run(*this, h, whole, positions, *targets, *aux);
   return head(norm->forward(h));
 }
 
@@ -249,44 +257,6 @@ Tensor Transformer::decode(const Tensor& tokens) {
   // Only each row's last position is needed for the next token.
   const Tensor last = h.select(1, t - 1).contiguous();  // [B, D]
   return output->forward(norm->forward(Variable(last))).value();
-}
-
-std::vector<Variable> Transformer::auxiliary_losses() { return auxiliary_losses_of(0, args_.n_layers, true, nullptr); }
-
-std::vector<Variable> Transformer::auxiliary_losses_of(int64_t begin, int64_t end, bool with_mtp, StageOutput* values) {
-  std::vector<Variable> out;
-  double balance = 0, kl = 0;
-  int balanced = 0, counted = 0;
-  const auto indexer = [&](const Attention& at) {
-    if (!at.last_indexer_loss.defined()) return;
-    // under CP each rank's mean over its rows: the ranks' sum / cp is the mean
-    out.push_back(autograd::scale(at.last_indexer_loss, at.dsa.indexer_loss_coeff / (cp_ ? cp_->size() : 1)));
-    kl += at.last_indexer_loss.value().item(), ++counted;
-  };
-  for (size_t l = 0; l < layers.size(); ++l) {
-    const int64_t index = int64_t(layers.index(l));
-    if (index < begin || index >= end) continue;
-    if (Variable a = layers[l].aux_loss(); a.defined()) out.push_back(a), balance += a.value().item(), ++balanced;
-  }
-  if (args_.has_indexer())
-    for (size_t l = 0; l < layers.size(); ++l)
-      if (const int64_t index = int64_t(layers.index(l)); index >= begin && index < end) indexer(layers[l].attention);
-  if (with_mtp && mtp) {
-    mtp->append_losses(out);  // the MTP loss and the MTP blocks' balance losses (logged with the main layers' only)
-    if (args_.has_indexer())
-      for (size_t k = 0; k < mtp->size(); ++k) indexer((*mtp)[k].block.attention);
-  }
-  if (values) {
-    if (balanced > 0) values->term_sums.emplace_back("moe_aux_loss", balance), values->term_counts.push_back(0);
-    if (counted > 0) values->term_sums.emplace_back("indexer_loss", kl), values->term_counts.push_back(counted);
-    if (with_mtp && mtp && !mtp->last_losses().empty()) {
-      double sum = 0;
-      for (double lk : mtp->last_losses()) sum += lk;
-      values->term_sums.emplace_back("mtp_loss", sum);
-      values->term_counts.push_back(int(mtp->last_losses().size()));
-    }
-  }
-  return out;
 }
 
 std::vector<std::string> Transformer::loss_term_names() const {
@@ -321,22 +291,19 @@ StageOutput Transformer::stage_forward(const distributed::pp::StageLayers& stage
     h = frozen ? Variable(h_in.value()) : h_in;
     h = autograd::view(h, stage_activation_shape(tokens.size(0), tokens.size(1)));
   }
+  AuxLosses aux;
   for (size_t l = 0; l < layers.size(); ++l) {
     const int64_t index = int64_t(layers.index(l));
-    if (index >= stage.begin && index < stage.end) h = layers[l].forward(h, rope_, positions, recompute_);
+    if (index >= stage.begin && index < stage.end) h = layers[l].forward(h, rope_, positions, recompute_, &aux);
   }
   StageOutput out;
-  Variable ce;
   if (stage.head) {
-    set_targets(targets);
-    if (mtp) mtp->run(*this, h, tokens, positions);
-    std::tie(ce, out.cross_entropy) = sequence_loss(head(norm->forward(h)), tokens, targets);  // loss parallel under TP
+    if (mtp) mtp->run(*this, h, tokens, positions, targets, aux);
+    std::tie(out.loss, out.cross_entropy) = sequence_loss(head(norm->forward(h)), tokens, targets);  // loss parallel under TP
   } else {
     out.hidden = h;
   }
-  std::vector<Variable> aux = auxiliary_losses_of(stage.begin, stage.end, stage.head, &out);
-  out.loss = ce;
-  for (const Variable& a : aux) out.loss = out.loss.defined() ? autograd::add(out.loss, a) : a;
+  add_auxiliary_losses(out, aux);
   return out;
 }
 

@@ -10,7 +10,7 @@
 // all-dense DeepSeek-V3 that args() then describes (n_dense_layers = n_layers + num_mtp_layers).
 //
 // With num_mtp_layers > 0 the model also holds the multi-token prediction modules ("mtp", mtp.h):
-// a forward after set_targets() computes their loss, which auxiliary_losses() returns.
+// a training forward (given the targets) appends their losses to its auxiliary losses.
 #pragma once
 
 #include <functional>
@@ -36,7 +36,7 @@ void check_tensor_parallel(const DeepSeekV3Args& a, int64_t degree);
 class FeedForward : public BlockFeedForward {
  public:
   FeedForward(int64_t dim, int64_t hidden, double out_std, const distributed::ProcessGroup* tp = nullptr);
-  Variable forward(const Variable& x) override;
+  Variable forward(const Variable& x, AuxLosses* aux = nullptr) override;
   void set_async_tensor_parallel(bool on) override { async_tp_ = on; }
   nn::Linear &w1, &w2, &w3;
 
@@ -57,14 +57,14 @@ class TransformerBlock : public nn::Module {
   // tp: tensor + sequence parallelism (parallelize.cpp); x is then this rank's piece [N / tp, D].
   TransformerBlock(const DeepSeekV3Args& a, int layer_id, const MoeFactory& moe,
                    const distributed::ProcessGroup* tp = nullptr);
-  Variable forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions);
+  // The block's auxiliary losses (the indexer's KL, MoE's balance loss) are appended to aux.
+  Variable forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions,
+                   AuxLosses* aux = nullptr);
   // The same under activation checkpointing when recompute is not none: one region that also
-  // returns the block's training losses (the indexer KL, MoE's balance loss; formed in its first,
-  // no-grad pass too, see autograd::in_checkpointed_forward), so that they keep their graph through
-  // the recompute; attention.last_indexer_loss and aux_loss() then hold those outputs.
-  Variable forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions, Recompute recompute);
-  // The feed-forward's auxiliary loss (MoE balance) of the last forward; undefined without one.
-  Variable aux_loss() const { return checkpointed_ ? checkpointed_aux_ : ffn.aux_loss(); }
+  // returns the block's auxiliary losses (formed in its first, no-grad pass too, see
+  // autograd::in_checkpointed_forward), so that they keep their graph through the recompute.
+  Variable forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions, Recompute recompute,
+                   AuxLosses* aux);
   // Inference through MLA's absorbed form and its latent cache (see Attention::forward_absorbed).
   Tensor decode(const Tensor& x, const kernels::RopeTables& rope, const Tensor& positions, LatentCache& cache,
                 int64_t past);
@@ -75,8 +75,6 @@ class TransformerBlock : public nn::Module {
  private:
   BlockFeedForward& build_ffn(const DeepSeekV3Args& a, int layer_id, const MoeFactory& moe,
                               const distributed::ProcessGroup* tp);
-  bool checkpointed_ = false;  // the last forward ran as a checkpoint region
-  Variable checkpointed_aux_;
 };
 
 class Transformer : public CausalLM {
@@ -102,8 +100,6 @@ class Transformer : public CausalLM {
   void set_recompute(Recompute r) override;
   std::vector<nn::ShardingUnit> sharding_units() override;  // parallelize.cpp
   Recompute recompute() const { return recompute_; }
-  // MTP: the targets [B*S] of the next forward (a no-op without MTP modules).
-  void set_targets(const Tensor& targets);
   // TorchTitan's count; with DSA, that of the stage in force (top-k keys per query in the sparse
   // stage; the dense warm-up trains only the indexers, the rest runs forward).
   double training_flops_per_token(int64_t seq_len) const override;
@@ -125,9 +121,10 @@ class Transformer : public CausalLM {
   // The schedule begin_step follows (V3.2 only): the dense warm-up for the first
   // schedule.warmup_steps steps, then sparse, both with `impl`.
   void set_dsa_schedule(const DsaSchedule& schedule, DsaImpl impl);
-  // The losses besides the main cross-entropy of the last forward: each MoE layer's balance loss,
-  // V3.2's indexer losses times indexer_loss_coeff, the weighted MTP loss.
-  std::vector<Variable> auxiliary_losses();
+  // forward(tokens) for training: the logits, and the losses besides the main cross-entropy
+  // appended to aux in forward order (each layer's indexer KL and MoE balance loss, then MTP's
+  // per-module losses against targets [B*S], their MTP blocks' among them).
+  Variable forward(const Tensor& tokens, const Tensor& targets, AuxLosses& aux);
   // Context parallelism over `cp` (null or one rank: none; distributed/context_parallel.h): dense
   // MLA by ring attention (distributed/ring_attention.h), DeepSeek-V3.2's sparse stage (fused
   // kernels only) by gathering the latent rows; MTP on each rank's chunks. Throws, naming the
@@ -164,13 +161,12 @@ class Transformer : public CausalLM {
 
  private:
   // forward on tokens and positions [B, L] (this rank's chunks under CP) of the sequences `whole`
-  // [B, S] (tokens itself without CP), which MTP shifts.
-  Variable run(const Tensor& tokens, const Tensor& positions, const Tensor& whole);
+  // [B, S] (tokens itself without CP), which MTP shifts; with targets and aux (both or neither)
+  // the auxiliary losses, MTP's included, are appended to aux.
+  Variable run(const Tensor& tokens, const Tensor& positions, const Tensor& whole, const Tensor* targets,
+               AuxLosses* aux);
   // Every MLA layer with DeepSeek Sparse Attention: the main layers', then the MTP blocks'.
   std::vector<Attention*> dsa_attentions();
-  // The auxiliary losses (weighted, as auxiliary_losses) of the blocks whose layer index is in
-  // [begin, end), with MTP's when `with_mtp`, and their logged values (StageOutput's sums).
-  std::vector<Variable> auxiliary_losses_of(int64_t begin, int64_t end, bool with_mtp, StageOutput* values);
   void place_tensor_parallel();  // parallelize.cpp: each parameter's TP placement
   DeepSeekV3Args args_;
   kernels::RopeTables rope_;

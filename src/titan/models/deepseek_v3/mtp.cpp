@@ -20,9 +20,9 @@ MtpModule::MtpModule(const DeepSeekV3Args& a, int depth, const MoeFactory& moe, 
       norm(register_module("norm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps))) {}
 
 Variable MtpModule::forward(const Variable& h_prev, const Variable& emb, const kernels::RopeTables& rope,
-                            const Tensor& positions, Recompute recompute) {
+                            const Tensor& positions, Recompute recompute, AuxLosses* aux) {
   const Variable x = eh_proj.forward(autograd::concat_last(enorm.forward(emb), hnorm.forward(h_prev)));  // [B, S, D]
-  return block.forward(x, rope, positions, recompute);
+  return block.forward(x, rope, positions, recompute, aux);
 }
 
 MultiTokenPrediction::MultiTokenPrediction(const DeepSeekV3Args& a, const MoeFactory& moe,
@@ -52,17 +52,13 @@ Tensor MultiTokenPrediction::shifted_targets(const Tensor& targets, int64_t batc
   return out;
 }
 
-void MultiTokenPrediction::run(Transformer& model, const Variable& h0, const Tensor& tokens, const Tensor& positions) {
-  loss_ = Variable();
-  last_losses_.clear();
-  if (!targets_.defined()) return;
-  const Tensor targets = targets_;
-  targets_ = Tensor();  // one forward only: a later forward (validation, generation) has none
+void MultiTokenPrediction::run(Transformer& model, const Variable& h0, const Tensor& tokens, const Tensor& positions,
+                               const Tensor& targets, AuxLosses& aux) {
   const int64_t b = tokens.size(0), s = tokens.size(1), d = int64_t(size());
   TITAN_CHECK(targets.dtype() == DType::i32 && targets.numel() == b * s,
               "deepseek_v3 MTP: the targets must be i32 with one entry per token (" + std::to_string(b * s) +
                   "), got " + targets.str(),
-              "pass set_targets() the [B*S] targets of the tokens given to forward()");
+              "pass the [B*S] targets of the tokens given to the forward");
   TITAN_CHECK(s > d, "deepseek_v3 MTP: a sequence of " + std::to_string(s) + " tokens leaves no target for module " +
                          std::to_string(d) + " (it predicts " + std::to_string(d + 1) + " tokens ahead)",
               "train with seq_len > num_mtp_layers");
@@ -74,29 +70,19 @@ void MultiTokenPrediction::run(Transformer& model, const Variable& h0, const Ten
   const auto mine = [&](const Tensor& x) { return layout ? distributed::local_chunks(x, *layout) : x; };  // [B, S] -> [B, L]
   const double weight = args_.mtp_loss_weight / double(d);
   Variable h = h0;
-  Variable total(Tensor::zeros({1}, DType::f32));
-  last_losses_.assign(size_t(d), 0);
   for (int64_t k = 1; k <= d; ++k) {
     MtpModule& m = (*this)[size_t(k - 1)];
     nn::UnitScope unit(m);  // a unit of the parallel plan: its block and norms, gathered while it runs
     const Variable emb = model.embed(mine(shifted_tokens(tokens, k)));
-    h = m.forward(h, emb, model.rope_tables(), positions, model.recompute());
+    h = m.forward(h, emb, model.rope_tables(), positions, model.recompute(), &aux);
     const Tensor tk = mine(shifted_targets(targets, b, s, k).view({b, s}));
     const Tensor tk_flat = tk.view({tk.numel()});
     Variable lk = model.next_token_loss(model.head(m.norm.forward(h)), tk_flat);  // loss parallel under TP
     double value = 0;
     if (cp) std::tie(lk, value) = distributed::mean_over_sequences(lk, tk_flat, *cp);
     else value = lk.value().item();
-    last_losses_[size_t(k - 1)] = value;
-    total = autograd::add(total, lk, weight);
+    aux.push_back({"mtp_loss", autograd::scale(lk, weight), value, true});  // the metric: the mean of the L_k
   }
-  loss_ = total;
-}
-
-void MultiTokenPrediction::append_losses(std::vector<Variable>& out) {
-  if (loss_.defined()) out.push_back(loss_);
-  for (size_t k = 0; k < size(); ++k)
-    if (Variable a = (*this)[k].block.aux_loss(); a.defined()) out.push_back(a);
 }
 
 }  // namespace titan::models::deepseek_v3

@@ -12,12 +12,12 @@
 // DeepSeek's released eh_proj weights take [enorm(emb); hnorm(h)] (as vLLM and SGLang run them),
 // and loading those weights is what the order must serve.
 //
-// The tokens: for a row of inputs t_0..t_{S-1} and targets t_1..t_S (the trainer's, passed by
-// set_targets()), module k at position i embeds the input tokens[i + k] (i + k < S) and is scored
+// The tokens: for a row of inputs t_0..t_{S-1} and targets t_1..t_S (the trainer's, passed to the
+// training forward), module k at position i embeds the input tokens[i + k] (i + k < S) and is scored
 // against targets[i + k] (i + k < S); the last k positions of every row have no target (-100),
 // and an ignored target (-100) stays ignored. The training loss adds
-// mtp_loss_weight / D * sum_k L_k (auxiliary_losses()); training_loss() logs "mtp_loss", the
-// unweighted mean of the L_k.
+// mtp_loss_weight / D * sum_k L_k (each L_k an auxiliary loss the forward returns); training logs
+// "mtp_loss", the unweighted mean of the L_k.
 //
 // Under tensor parallelism the modules run on this rank's sequence piece like the main blocks
 // (the embedding vocabulary-parallel, eh_proj and the norms replicated with their partial
@@ -41,7 +41,7 @@ class MtpModule : public nn::Module {
   // h_prev and emb (Emb(t_{i+k})), both [B, S, D] or both this rank's [B*S / tp, D] under TP -> h^k
   // in the same layout, before norm.
   Variable forward(const Variable& h_prev, const Variable& emb, const kernels::RopeTables& rope,
-                   const Tensor& positions, Recompute recompute);
+                   const Tensor& positions, Recompute recompute, AuxLosses* aux);
   nn::RMSNorm &enorm, &hnorm;
   nn::Linear& eh_proj;  // [D, 2D]
   TransformerBlock& block;
@@ -52,28 +52,21 @@ class MtpModule : public nn::Module {
 class MultiTokenPrediction : public nn::ModuleList<MtpModule> {
  public:
   MultiTokenPrediction(const DeepSeekV3Args& a, const MoeFactory& moe, const distributed::ProcessGroup* tp);
-  // The targets [B*S] i32 of the next run() (kept until then; the trainer sets them per batch).
-  void set_targets(const Tensor& targets) { targets_ = targets; }
   // After the main model's blocks: h0 (before the final norm, Transformer::embed's layout), the
-  // whole input sequences [B, S] and the positions [B, L] the model ran (this rank's chunks under
-  // CP, else L = S). Computes the weighted MTP loss when targets were set (and clears them).
-  void run(Transformer& model, const Variable& h0, const Tensor& tokens, const Tensor& positions);
-  // The weighted loss of the last run() and the MoE blocks' balance losses.
-  void append_losses(std::vector<Variable>& out);
+  // whole input sequences [B, S], the positions [B, L] the model ran (this rank's chunks under CP,
+  // else L = S) and the targets [B*S]. Appends each module's loss L_k, weighted by
+  // mtp_loss_weight / D, to aux as "mtp_loss" (the metric: the mean of the L_k), its block's
+  // auxiliary losses before it.
+  void run(Transformer& model, const Variable& h0, const Tensor& tokens, const Tensor& positions, const Tensor& targets,
+           AuxLosses& aux);
 
   // Module k's input ids (tokens shifted left by k, 0 past the row) and targets (the trainer's
   // shifted left by k, -100 past the row): [B, S] i32 and [B*S] i32.
   static Tensor shifted_tokens(const Tensor& tokens, int64_t k);
   static Tensor shifted_targets(const Tensor& targets, int64_t batch, int64_t seq, int64_t k);
 
-  // The per-module losses L_k of the last run() (unweighted).
-  const std::vector<double>& last_losses() const { return last_losses_; }
-
  private:
   DeepSeekV3Args args_;
-  Tensor targets_;
-  Variable loss_;  // lambda / D * sum_k L_k, [1] f32; undefined when the last forward had no targets
-  std::vector<double> last_losses_;  // empty when the last run() had no targets
 };
 
 }  // namespace titan::models::deepseek_v3

@@ -350,9 +350,9 @@ void append_load_stats(StepStats& stats, int layer, const ExpertLoad& load) {
   else max->second = std::max(max->second, load.imbalance);
 }
 
-Variable MoE::forward(const Variable& x) {
+Variable MoE::forward(const Variable& x, AuxLosses* aux) {
   Output o = forward_with_aux(x);
-  last_aux_loss_ = o.aux_loss;
+  if (aux && o.aux_loss.defined()) aux->push_back({"moe_aux_loss", o.aux_loss, o.aux_loss.value().item(), false});
   return o.y;
 }
 

@@ -109,9 +109,9 @@ class MoE : public models::BlockFeedForward {
   // x [B, S, D] ([N / tp, D] under TP) -> routed + shared experts. Counts the tokens each expert
   // receives (for the bias update and load_stats) when grad mode is on.
   Output forward_with_aux(const Variable& x);
-  // As a block's FFN: the output, with the auxiliary loss kept for aux_loss().
-  Variable forward(const Variable& x) override;
-  Variable aux_loss() const override { return last_aux_loss_; }
+  // As a block's FFN: the output; the balance loss, when on, appended to aux as "moe_aux_loss"
+  // (the step's metric sums the layers').
+  Variable forward(const Variable& x, AuxLosses* aux = nullptr) override;
   // tokens_per_expert summed over data-parallel ranks (plus the frozen steps' loads), then
   // update_load_balance().
   void end_step(const SumOverData& sum_over_data) override;
@@ -148,7 +148,6 @@ class MoE : public models::BlockFeedForward {
   Output routed(const Variable& x);
   MoEArgs args_;
   std::vector<int64_t> stats_counts_;  // [E], assignments since the last load_stats()
-  Variable last_aux_loss_;
   bool async_tp_ = false;
 };
 
