@@ -6,12 +6,16 @@
 // They run in f32: a bf16 input is cast to f32 and the result back (the generic ops are f32).
 #pragma once
 
+#include <cstdint>
 #include <span>
 
 #include "titan/autograd/variable.h"
 #include "titan/kernels/rope.h"
 
 namespace titan::autograd {
+
+// Which form of such an op runs.
+enum class OpForm : uint8_t { fused, small_ops };
 
 // rmsnorm: x * rsqrt(mean(x * x, -1, keepdim) + eps) * w, x [..., D], w [D].
 Variable rmsnorm_small_ops(const Variable& x, const Variable& w, double eps);
