@@ -1,5 +1,7 @@
 // Gradient checks of the generic small autograd ops (autograd/ops.h: matmul, relu, scale, mul,
-// transpose, masked_fill, softmax, log_softmax, sum, layernorm) through the tape: the analytic
+// transpose, masked_fill, softmax, log_softmax, sum, layernorm; the building blocks of the
+// converters' small-op forms: broadcast mul, add_scalar, rsqrt, mean_last, narrow, concat,
+// index_select, index_add) through the tape: the analytic
 // backward of L = sum(y * probe) against central differences. The ops are f32, so the
 // differences use a 1e-3 step and a 2e-3 tolerance (f32 rounding over the step).
 #include <gtest/gtest.h>
@@ -100,6 +102,39 @@ TEST(SmallOpsGradcheck, ElementWise) {
         [](const std::vector<Variable>& v) { return autograd::transpose(v[0], 1, 0); });
   check("transpose last", {random_tensor({3, 4, 5}, 24)},
         [](const std::vector<Variable>& v) { return autograd::transpose(v[0], 1, 2); });
+}
+
+TEST(SmallOpsGradcheck, BroadcastAndReductions) {
+  check("mul broadcast last", {random_tensor({2, 3, 5}, 30), random_tensor({5}, 31)},
+        [](const std::vector<Variable>& v) { return autograd::mul(v[0], v[1]); });
+  check("mul broadcast rows", {random_tensor({4, 3, 5}, 32), random_tensor({4, 1, 5}, 33)},
+        [](const std::vector<Variable>& v) { return autograd::mul(v[0], v[1]); });
+  check("mul broadcast columns", {random_tensor({4, 7}, 34), random_tensor({4, 1}, 35)},
+        [](const std::vector<Variable>& v) { return autograd::mul(v[0], v[1]); });
+  check("mul broadcast both", {random_tensor({3, 2, 4, 2}, 36), random_tensor({3, 1, 4, 1}, 37)},
+        [](const std::vector<Variable>& v) { return autograd::mul(v[0], v[1]); });
+  check("add_scalar", {random_tensor({3, 5}, 38)},
+        [](const std::vector<Variable>& v) { return autograd::add_scalar(v[0], 0.25); });
+  check("rsqrt", {random_tensor({3, 5}, 39, 0.5, 2.0)}, [](const std::vector<Variable>& v) { return autograd::rsqrt(v[0]); });
+  check("mean_last", {random_tensor({3, 2, 7}, 40)},
+        [](const std::vector<Variable>& v) { return autograd::mean_last(v[0]); });
+}
+
+TEST(SmallOpsGradcheck, NarrowConcatIndex) {
+  for (int dim : {0, 1, 2, -1})
+    check("narrow dim " + std::to_string(dim), {random_tensor({4, 5, 6}, 41)},
+          [dim](const std::vector<Variable>& v) { return autograd::narrow(v[0], dim, 1, 3); });
+  check("concat dim 1", {random_tensor({2, 3, 4}, 42), random_tensor({2, 1, 4}, 43), random_tensor({2, 2, 4}, 44)},
+        [](const std::vector<Variable>& v) { return autograd::concat({v[0], v[1], v[2]}, 1); });
+  check("concat last, one input twice", {random_tensor({3, 2}, 45)},
+        [](const std::vector<Variable>& v) { return autograd::concat({v[0], v[0]}, -1); });
+  Tensor index = Tensor::empty({7}, DType::i32);
+  const int32_t rows[] = {2, 0, 2, 4, 1, 2, 0};  // repeats (sums in backward) and row 3 unused
+  for (int i = 0; i < 7; ++i) index.data<int32_t>()[i] = rows[i];
+  check("index_select", {random_tensor({5, 3}, 46)},
+        [&](const std::vector<Variable>& v) { return autograd::index_select(v[0], index); });
+  check("index_add", {random_tensor({7, 2, 3}, 47)},
+        [&](const std::vector<Variable>& v) { return autograd::index_add(5, index, v[0]); });
 }
 
 TEST(SmallOpsGradcheck, MaskedFillSoftmaxLogSoftmax) {

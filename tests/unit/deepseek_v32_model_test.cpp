@@ -167,15 +167,15 @@ TEST(DeepSeekV32Args, BadConfigsFail) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("q_lora_rank"), std::string::npos) << e.what();
   }
+  models::ModelOptions npu;
+  npu.converters = {"npu_dsa"};
   try {
-    dsa_impl_from_converters({"npu_dsa"});
+    models::build_model("deepseek_v32", "debugmodel", 100, 64, npu);
     FAIL() << "an unknown converter was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("npu_dsa"), std::string::npos) << e.what();
     EXPECT_NE(e.hint().find("dsa_fused"), std::string::npos) << e.hint();
   }
-  EXPECT_EQ(dsa_impl_from_converters({}), DsaImpl::small_ops);
-  EXPECT_EQ(dsa_impl_from_converters({"dsa_fused"}), DsaImpl::fused);
   EXPECT_THROW(models::build_model("deepseek_v32", "16B", 100, 64), Error);
   EXPECT_NO_THROW(models::build_model("deepseek_v32", "debugmodel", 100, 64));
 }

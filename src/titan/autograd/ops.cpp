@@ -4,6 +4,8 @@
 #include <cstring>
 #include <limits>
 
+#include <omp.h>
+
 #include "titan/core/profiler.h"
 
 #include "titan/kernels/activation.h"
@@ -12,7 +14,9 @@
 #include "titan/kernels/cross_entropy.h"
 #include "titan/kernels/elementwise.h"
 #include "titan/kernels/embedding.h"
+#include "titan/kernels/grouped_matmul.h"
 #include "titan/kernels/matmul.h"
+#include "titan/kernels/moe_permute.h"
 #include "titan/kernels/norm.h"
 #include "titan/kernels/sinkhorn.h"
 #include "titan/kernels/softmax.h"
@@ -339,6 +343,51 @@ Variable cross_entropy(const Variable& logits, const Tensor& targets) {
                 });
 }
 
+Variable moe_permute(const Variable& x, const Tensor& pos) {
+  ProfileScope prof("moe_permute.fwd");
+  Tensor xs = activation_like({pos.numel(), x.shape()[1]}, x.dtype());  // [N k, D]
+  kernels::moe_permute_forward(xs, x.value(), pos);
+  return record("moe_permute", {x}, xs, [pos](const Tensor& dxs, GradSink& g) {
+    ProfileScope prof_bwd("moe_permute.bwd");
+    Tensor dx = g.grad(0);
+    kernels::moe_permute_backward(dx, dxs.contiguous(), pos);
+  });
+}
+
+Variable moe_unpermute(const Variable& out, const Tensor& pos, const Variable& weights) {
+  ProfileScope prof("moe_unpermute.fwd");
+  Tensor y = activation_like({pos.size(0), out.shape()[1]}, out.dtype());  // [N, D]
+  kernels::moe_unpermute_forward(y, out.value(), pos, weights.value());
+  return record("moe_unpermute", {out, weights}, y,
+                [ov = out.value(), pos, wv = weights.value()](const Tensor& dy, GradSink& g) {
+                  ProfileScope prof_bwd("moe_unpermute.bwd");
+                  // The kernel writes every row of dout (each has one source): into a fresh
+                  // buffer the gradient adopts, or a temporary added to the existing one.
+                  Tensor dout;
+                  if (g.needs(0)) dout = Tensor::empty(ov.shape(), ov.dtype(), MemCategory::temporaries);
+                  kernels::moe_unpermute_backward(dout, g.grad(1), dy.contiguous(), ov, pos, wv);
+                  if (g.needs(0) && !g.adopt(0, dout)) {
+                    Tensor acc = g.grad(0);
+                    kernels::axpby(acc, dout, 1.0, 1.0);
+                  }
+                });
+}
+
+Variable grouped_matmul(const Variable& a, const Variable& w, std::span<const int64_t> offsets, const Tensor& w_compute) {
+  ProfileScope prof("grouped_matmul.fwd");
+  const Tensor& wc = w_compute.defined() ? w_compute : w.value();
+  Tensor c = activation_like({a.shape()[0], wc.size(1)}, a.dtype());  // [M, N]
+  kernels::grouped_matmul_forward(c, a.value(), wc, offsets);
+  return record("grouped_matmul", {a, w}, c,
+                [av = a.value(), wc, offs = std::vector<int64_t>(offsets.begin(), offsets.end())](const Tensor& dc,
+                                                                                                   GradSink& g) {
+                  ProfileScope prof_bwd("grouped_matmul.bwd");
+                  bool accumulate_da = true, accumulate_dw = true;
+                  const Tensor da = g.grad_to_write(0, &accumulate_da), dw = g.grad_to_write(1, &accumulate_dw);
+                  kernels::grouped_matmul_backward(da, dw, dc.contiguous(), av, wc, offs, accumulate_dw, accumulate_da);
+                });
+}
+
 // ---- generic small ops ----------------------------------------------------------------------
 // Their element-wise loops are plain f32 loops written here: these ops make up reference paths
 // (what fused kernels are checked against), so they favour obviousness over speed.
@@ -416,16 +465,342 @@ Variable scale(const Variable& x, double alpha) {
   });
 }
 
+namespace {
+// Where each row of a (its last dim) finds b under mul's broadcast: b's offset of a's row r and
+// b's stride along the last dim (0: broadcast).
+struct Broadcast {
+  std::vector<int64_t> a_dims, b_strides;  // a's leading dims and b's strides over them (0: broadcast)
+  int64_t last_stride = 1;
+  int64_t b_row(int64_t r) const {
+    int64_t off = 0;
+    for (int d = int(a_dims.size()) - 1; d >= 0; --d) {
+      off += (r % a_dims[size_t(d)]) * b_strides[size_t(d)];
+      r /= a_dims[size_t(d)];
+    }
+    return off;
+  }
+};
+
+Broadcast broadcast_of(const Shape& as, const Shape& bs) {
+  const int n = int(as.size()), nb = int(bs.size());
+  bool fits = nb <= n && n >= 1;
+  for (int i = 1; fits && i <= nb; ++i) fits = bs[nb - i] == 1 || bs[nb - i] == as[n - i];
+  TITAN_CHECK(fits, "mul: " + bs.str() + " does not broadcast to " + as.str(),
+              "b's dims, aligned right, must be 1 or equal to a's");
+  Broadcast br;
+  std::vector<int64_t> full(static_cast<size_t>(n), 1);  // b's shape padded on the left to a's rank
+  for (int i = 0; i < nb; ++i) full[size_t(n - nb + i)] = bs[i];
+  int64_t stride = 1;
+  std::vector<int64_t> strides(static_cast<size_t>(n));
+  for (int d = n - 1; d >= 0; --d) {
+    strides[size_t(d)] = full[size_t(d)] == 1 ? 0 : stride;
+    stride *= full[size_t(d)];
+  }
+  br.a_dims.assign(as.begin(), as.begin() + (n - 1));
+  br.b_strides.assign(strides.begin(), strides.end() - 1);
+  br.last_stride = strides[size_t(n - 1)];
+  return br;
+}
+}  // namespace
+
 Variable mul(const Variable& a, const Variable& b) {
   ProfileScope prof("mul.fwd");
   check_f32("mul", {&a, &b});
-  TITAN_CHECK(a.shape() == b.shape(), "mul: shapes " + a.shape().str() + " and " + b.shape().str() + " differ");
   Tensor y = activation_like(a.shape(), DType::f32);
-  kernels::mul(y, a.value(), b.value());
-  return record("mul", {a, b}, y, [av = a.value(), bv = b.value()](const Tensor& dy, GradSink& g) {
+  if (a.shape() == b.shape()) {
+    kernels::mul(y, a.value(), b.value());
+    return record("mul", {a, b}, y, [av = a.value(), bv = b.value()](const Tensor& dy, GradSink& g) {
+      ProfileScope prof_bwd("mul.bwd");
+      Tensor da = g.grad(0), db = g.grad(1);
+      kernels::mul_backward(da, db, dy, av, bv);
+    });
+  }
+  const Broadcast br = broadcast_of(a.shape(), b.shape());
+  const int64_t d = a.shape().back(), rows = a.value().numel() / std::max<int64_t>(d, 1);
+  const float *ap = a.value().data<float>(), *bp = b.value().data<float>();
+  float* yp = y.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* br_row = bp + br.b_row(r);
+    for (int64_t i = 0; i < d; ++i) yp[r * d + i] = ap[r * d + i] * br_row[i * br.last_stride];
+  }
+  return record("mul", {a, b}, y, [av = a.value(), bv = b.value(), br, d, rows](const Tensor& dy, GradSink& g) {
     ProfileScope prof_bwd("mul.bwd");
-    Tensor da = g.grad(0), db = g.grad(1);
-    kernels::mul_backward(da, db, dy, av, bv);
+    const Tensor dyc = dy.contiguous();
+    const float *dp = dyc.data<float>(), *a_in = av.data<float>(), *b_in = bv.data<float>();
+    if (g.needs(0)) {
+      Tensor da = g.grad(0);
+      float* dap = da.data<float>();
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* b_row = b_in + br.b_row(r);
+        for (int64_t i = 0; i < d; ++i) dap[r * d + i] += dp[r * d + i] * b_row[i * br.last_stride];
+      }
+    }
+    if (g.needs(1)) {
+      // db sums dy * a over the broadcast dims: per-thread partial sums in double, then added in
+      // thread order (the same on every run with the same thread count).
+      const int64_t nb = bv.numel();
+      const int threads = omp_get_max_threads();
+      std::vector<double> partial(size_t(threads) * size_t(nb), 0.0);
+#pragma omp parallel num_threads(threads)
+      {
+        double* mine = partial.data() + size_t(omp_get_thread_num()) * size_t(nb);
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+          double* acc = mine + br.b_row(r);
+          for (int64_t i = 0; i < d; ++i) acc[i * br.last_stride] += double(dp[r * d + i]) * a_in[r * d + i];
+        }
+      }
+      Tensor db = g.grad(1);
+      float* dbp = db.data<float>();
+      for (int64_t j = 0; j < nb; ++j) {
+        double total = 0;
+        for (int t = 0; t < threads; ++t) total += partial[size_t(t) * size_t(nb) + size_t(j)];
+        dbp[j] += float(total);
+      }
+    }
+  });
+}
+
+Variable add_scalar(const Variable& x, double c) {
+  ProfileScope prof("add_scalar.fwd");
+  check_f32("add_scalar", {&x});
+  Tensor y = activation_like(x.shape(), DType::f32);
+  const float* xp = x.value().data<float>();
+  float* yp = y.data<float>();
+  const int64_t n = y.numel();
+  const float cf = float(c);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) yp[i] = xp[i] + cf;
+  return record("add_scalar", {x}, y, [](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("add_scalar.bwd");
+    if (g.adopt(0, dy)) return;
+    Tensor dx = g.grad(0);
+    accumulate(dx, dy);
+  });
+}
+
+Variable rsqrt(const Variable& x) {
+  ProfileScope prof("rsqrt.fwd");
+  check_f32("rsqrt", {&x});
+  Tensor y = activation_like(x.shape(), DType::f32);
+  const float* xp = x.value().data<float>();
+  float* yp = y.data<float>();
+  const int64_t n = y.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) yp[i] = 1.0f / std::sqrt(xp[i]);
+  return record("rsqrt", {x}, y, [y](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("rsqrt.bwd");
+    // d/dx x^(-1/2) = -1/2 x^(-3/2) = -1/2 y^3
+    Tensor dx = g.grad(0);
+    const Tensor dyc = dy.contiguous();
+    const float *dp = dyc.data<float>(), *out = y.data<float>();
+    float* dxp = dx.data<float>();
+    const int64_t count = dx.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < count; ++i) dxp[i] += -0.5f * out[i] * out[i] * out[i] * dp[i];
+  });
+}
+
+Variable mean_last(const Variable& x) {
+  ProfileScope prof("mean_last.fwd");
+  check_f32("mean_last", {&x});
+  Shape ys = x.shape();
+  const int64_t d = ys.back(), rows = x.value().numel() / d;
+  ys[ys.size() - 1] = 1;
+  Tensor y = activation_like(ys, DType::f32);
+  const float* xp = x.value().data<float>();
+  float* yp = y.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    double total = 0;
+    for (int64_t i = 0; i < d; ++i) total += xp[r * d + i];
+    yp[r] = float(total / double(d));
+  }
+  return record("mean_last", {x}, y, [d, rows](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("mean_last.bwd");
+    Tensor dx = g.grad(0);
+    const Tensor dyc = dy.contiguous();
+    const float* dp = dyc.data<float>();
+    float* dxp = dx.data<float>();
+    const float inv = 1.0f / float(d);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < d; ++i) dxp[r * d + i] += dp[r] * inv;
+  });
+}
+
+namespace {
+// x viewed as [outer, size, inner] around dim (negative: from the end).
+struct AroundDim {
+  int dim = 0;
+  int64_t outer = 1, size = 0, inner = 1;
+};
+AroundDim around_dim(const Shape& s, int dim, const char* op) {
+  const int n = int(s.size());
+  if (dim < 0) dim += n;
+  TITAN_CHECK(dim >= 0 && dim < n, std::string(op) + ": dim out of range for " + s.str(), "pass a dim in [-rank, rank)");
+  AroundDim a;
+  a.dim = dim;
+  a.size = s[dim];
+  for (int d = 0; d < dim; ++d) a.outer *= s[d];
+  for (int d = dim + 1; d < n; ++d) a.inner *= s[d];
+  return a;
+}
+
+// dst [outer, dst_size, inner] at [dst_start, +length) (+)= src [outer, src_size, inner] at
+// [src_start, +length).
+void copy_along(float* dst, const AroundDim& dst_at, int64_t dst_start, const float* src, const AroundDim& src_at,
+                int64_t src_start, int64_t length, bool add) {
+  const int64_t run = length * dst_at.inner;
+#pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < dst_at.outer; ++o) {
+    float* d = dst + (o * dst_at.size + dst_start) * dst_at.inner;
+    const float* s = src + (o * src_at.size + src_start) * src_at.inner;
+    if (add)
+      for (int64_t i = 0; i < run; ++i) d[i] += s[i];
+    else
+      std::memcpy(d, s, size_t(run) * sizeof(float));
+  }
+}
+}  // namespace
+
+Variable narrow(const Variable& x, int dim, int64_t start, int64_t length) {
+  ProfileScope prof("narrow.fwd");
+  check_f32("narrow", {&x});
+  const AroundDim xa = around_dim(x.shape(), dim, "narrow");
+  TITAN_CHECK(start >= 0 && length >= 0 && start + length <= xa.size,
+              "narrow: [" + std::to_string(start) + ", " + std::to_string(start + length) + ") of dim " +
+                  std::to_string(xa.dim) + " of " + x.shape().str(),
+              "pick a range inside the dim");
+  Shape ys = x.shape();
+  ys[xa.dim] = length;
+  Tensor y = activation_like(ys, DType::f32);
+  AroundDim ya = xa;
+  ya.size = length;
+  copy_along(y.data<float>(), ya, 0, x.value().data<float>(), xa, start, length, false);
+  return record("narrow", {x}, y, [xa, ya, start, length](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("narrow.bwd");
+    Tensor dx = g.grad(0);
+    const Tensor dyc = dy.contiguous();
+    copy_along(dx.data<float>(), xa, start, dyc.data<float>(), ya, 0, length, true);
+  });
+}
+
+Variable concat(const std::vector<Variable>& parts, int dim) {
+  ProfileScope prof("concat.fwd");
+  TITAN_CHECK(!parts.empty(), "concat: no parts", "pass at least one tensor");
+  const AroundDim first = around_dim(parts[0].shape(), dim, "concat");
+  int64_t total = 0;
+  for (const Variable& p : parts) {
+    check_f32("concat", {&p});
+    Shape expect = parts[0].shape();
+    expect[first.dim] = p.shape().size() == expect.size() ? p.shape()[first.dim] : -1;
+    TITAN_CHECK(p.shape() == expect, "concat: " + p.shape().str() + " does not join " + parts[0].shape().str(),
+                "all dims but the joined one must be equal");
+    total += p.shape()[first.dim];
+  }
+  Shape ys = parts[0].shape();
+  ys[first.dim] = total;
+  Tensor y = activation_like(ys, DType::f32);
+  AroundDim ya = first;
+  ya.size = total;
+  std::vector<AroundDim> pa;
+  int64_t at = 0;
+  for (const Variable& p : parts) {
+    pa.push_back(first);
+    pa.back().size = p.shape()[first.dim];
+    copy_along(y.data<float>(), ya, at, p.value().data<float>(), pa.back(), 0, pa.back().size, false);
+    at += pa.back().size;
+  }
+  return record("concat", parts, {y}, [ya, pa](std::span<const Tensor> dys, GradSink& g) {
+    ProfileScope prof_bwd("concat.bwd");
+    const Tensor dyc = dys[0].contiguous();
+    int64_t from = 0;
+    for (size_t i = 0; i < pa.size(); ++i) {
+      if (g.needs(i)) {
+        Tensor dp = g.grad(i);
+        copy_along(dp.data<float>(), pa[i], 0, dyc.data<float>(), ya, from, pa[i].size, true);
+      }
+      from += pa[i].size;
+    }
+  })[0];
+}
+
+namespace {
+// dst rows [rows, width] += src rows [M, width] by index (i32 [M]): each destination row sums its
+// sources in index order (a CSR of sources per row), so the result does not depend on threads.
+void add_rows_by_index(float* dst, int64_t rows, const float* src, const Tensor& index, int64_t width) {
+  const int32_t* idx = index.data<int32_t>();
+  const int64_t m = index.numel();
+  std::vector<int64_t> start(static_cast<size_t>(rows) + 1, 0), sources(static_cast<size_t>(m));
+  for (int64_t i = 0; i < m; ++i) {
+    TITAN_CHECK(idx[i] >= 0 && idx[i] < rows, "index_add: index " + std::to_string(idx[i]) + " outside [0, " +
+                                                   std::to_string(rows) + ")", "indices address rows of the result");
+    ++start[size_t(idx[i]) + 1];
+  }
+  for (int64_t r = 0; r < rows; ++r) start[size_t(r) + 1] += start[size_t(r)];
+  std::vector<int64_t> fill(start.begin(), start.end() - 1);
+  for (int64_t i = 0; i < m; ++i) sources[size_t(fill[size_t(idx[i])]++)] = i;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t s = start[size_t(r)]; s < start[size_t(r) + 1]; ++s) {
+      const float* from = src + sources[size_t(s)] * width;
+      float* to = dst + r * width;
+      for (int64_t i = 0; i < width; ++i) to[i] += from[i];
+    }
+}
+
+// dst [M, width] = src rows [rows, width] at index (i32 [M]).
+void select_rows(float* dst, const float* src, int64_t rows, const Tensor& index, int64_t width) {
+  const int32_t* idx = index.data<int32_t>();
+  const int64_t m = index.numel();
+  for (int64_t i = 0; i < m; ++i)
+    TITAN_CHECK(idx[i] >= 0 && idx[i] < rows, "index_select: index " + std::to_string(idx[i]) + " outside [0, " +
+                                                   std::to_string(rows) + ")", "indices address rows of x");
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < m; ++i) std::memcpy(dst + i * width, src + int64_t(idx[i]) * width, size_t(width) * sizeof(float));
+}
+}  // namespace
+
+Variable index_select(const Variable& x, const Tensor& index) {
+  ProfileScope prof("index_select.fwd");
+  check_f32("index_select", {&x});
+  TITAN_CHECK(index.dtype() == DType::i32 && index.is_contiguous(), "index_select: index " + index.str(),
+              "pass contiguous i32 indices");
+  const int64_t rows = x.shape()[0], width = x.value().numel() / std::max<int64_t>(rows, 1);
+  Shape ys = x.shape();
+  ys[0] = index.numel();
+  Tensor y = activation_like(ys, DType::f32);
+  select_rows(y.data<float>(), x.value().data<float>(), rows, index, width);
+  return record("index_select", {x}, y, [index, rows, width](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("index_select.bwd");
+    Tensor dx = g.grad(0);
+    const Tensor dyc = dy.contiguous();
+    add_rows_by_index(dx.data<float>(), rows, dyc.data<float>(), index, width);
+  });
+}
+
+Variable index_add(int64_t rows, const Tensor& index, const Variable& src) {
+  ProfileScope prof("index_add.fwd");
+  check_f32("index_add", {&src});
+  TITAN_CHECK(index.dtype() == DType::i32 && index.is_contiguous() && index.numel() == src.shape()[0],
+              "index_add: index " + index.str() + " for source " + src.value().str(),
+              "pass contiguous i32 indices, one per source row");
+  const int64_t width = src.value().numel() / std::max<int64_t>(src.shape()[0], 1);
+  Shape ys = src.shape();
+  ys[0] = rows;
+  Tensor y = Tensor::zeros(ys, DType::f32, MemCategory::activations);
+  add_rows_by_index(y.data<float>(), rows, src.value().data<float>(), index, width);
+  return record("index_add", {src}, y, [index, rows, width](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("index_add.bwd");
+    const Tensor dyc = dy.contiguous();
+    Tensor picked = Tensor::empty({index.numel(), width}, DType::f32, MemCategory::temporaries);
+    select_rows(picked.data<float>(), dyc.data<float>(), rows, index, width);
+    Tensor dsrc = g.grad(0);
+    Tensor flat = dsrc.view({index.numel(), width});
+    accumulate(flat, picked);
   });
 }
 

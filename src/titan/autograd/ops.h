@@ -4,7 +4,9 @@
 #pragma once
 
 #include <optional>
+#include <span>
 #include <utility>
+#include <vector>
 
 #include "titan/autograd/variable.h"
 #include "titan/kernels/rope.h"
@@ -68,6 +70,20 @@ Variable mla_attention(const Variable& q, const Variable& kv, const Variable& k_
 // gradient in backward (it is not needed after), so no [N, V] gradient is allocated.
 Variable cross_entropy(const Variable& logits, const Tensor& targets);
 
+// ---- MoE dispatch and expert GEMMs (kernels/moe_permute.h, kernels/grouped_matmul.h) as
+// single ops: the fused forms `[model] converters` can swap for small ops (small_op_forms.h).
+
+// xs [N k, D] rows pos[t, j] = x [N, D] row t (pos [N, k] i32, a permutation of [0, N k)).
+Variable moe_permute(const Variable& x, const Tensor& pos);
+
+// y [N, D] = sum over j of weights [N, k] (t, j) * out [N k, D] row pos[t, j]; weights f32.
+Variable moe_unpermute(const Variable& out, const Tensor& pos, const Variable& weights);
+
+// c [M, N] = per expert e: a rows [offsets[e], offsets[e + 1]) @ w[e]^T, w [E, N, K]. The GEMM
+// reads w_compute when given (w's bf16 copy); dw accumulates into w's f32 gradient.
+Variable grouped_matmul(const Variable& a, const Variable& w, std::span<const int64_t> offsets,
+                        const Tensor& w_compute = Tensor());
+
 // ---- generic small ops ----------------------------------------------------------------------
 // The building blocks of reference paths written from small differentiable ops (e.g. DeepSeek
 // Sparse Attention's "small_ops" implementation, the oracle its fused kernels are checked
@@ -83,8 +99,32 @@ Variable relu(const Variable& x);
 // alpha * x.
 Variable scale(const Variable& x, double alpha);
 
-// a * b element-wise (same shape).
+// a * b element-wise, b the same shape as a or broadcast to it (numpy rules: b's dims, aligned
+// right, are 1 or a's; e.g. x [N, H, D] * w [D], x [N, D] * r [N, 1]).
 Variable mul(const Variable& a, const Variable& b);
+
+// x + c element-wise.
+Variable add_scalar(const Variable& x, double c);
+
+// 1 / sqrt(x) element-wise.
+Variable rsqrt(const Variable& x);
+
+// y [..., 1] = the mean of x [..., D] over its last dim (keepdim).
+Variable mean_last(const Variable& x);
+
+// y = x[..., start : start + length, ...] along `dim`, a contiguous copy.
+Variable narrow(const Variable& x, int dim, int64_t start, int64_t length);
+
+// The parts joined along `dim` (torch.cat); all other dims equal.
+Variable concat(const std::vector<Variable>& parts, int dim);
+
+// y [M, ...] = x [R, ...] rows at index (i32, M entries in [0, R), any shape read flat)
+// (torch.index_select(x, 0, index)). Gradient: index_add.
+Variable index_select(const Variable& x, const Tensor& index);
+
+// y [rows, ...] = zeros, then y[index[i]] += src [M, ...] row i for each i in order
+// (torch.zeros(rows, ...).index_add_(0, index, src)). Gradient: index_select.
+Variable index_add(int64_t rows, const Tensor& index, const Variable& src);
 
 // x with dims d0 and d1 swapped, as a contiguous copy.
 Variable transpose(const Variable& x, int d0, int d1);

@@ -152,7 +152,7 @@ struct ModelOptions {
   // load_balance_coeff) and the sequence-wise auxiliary loss weight (DeepSeek-V3's alpha; 0: off).
   double moe_load_balance_coeff = 1e-3;
   double moe_aux_loss_alpha = 0;
-  // [model] converters: module swaps (deepseek_v32: "dsa_fused", the fused DSA kernels).
+  // [model] converters: the fused or small-op form of each op that has both (models/converters.h).
   std::vector<std::string> converters;
   // DeepSeek-V3.2's sparse-attention training ([dsa]); only deepseek_v32 accepts a non-default one.
   DsaSchedule dsa;

@@ -2,6 +2,7 @@
 // build shares (an option the family has no use for is refused, naming the key).
 #include "titan/core/error.h"
 #include "titan/distributed/process_group.h"
+#include "titan/models/converters.h"
 #include "titan/models/deepseek_v3/family.h"
 #include "titan/models/family.h"
 #include "titan/models/llama3/family.h"
@@ -53,10 +54,7 @@ void check_options(const ModelFamily& f, const ModelOptions& options) {
                   " has no experts to divide",
               "set expert_parallel_degree = 1 (expert parallelism splits the routed experts of " +
                   names_with(&ModelFamily::routed_experts) + ")");
-  TITAN_CHECK(f.sparse_attention || options.converters.empty(),
-              "model.converters " + (options.converters.empty() ? std::string() : options.converters.front()) +
-                  " is not known to model " + name,
-              "remove model.converters (only " + names_with(&ModelFamily::sparse_attention) + " has one: dsa_fused)");
+  converters_from_names(options.converters, name, f.converters);  // throws for a converter f lacks
   TITAN_CHECK(f.sparse_attention || options.dsa == DsaSchedule{},
               "the [dsa] section is set, but model " + name + " has no DeepSeek Sparse Attention",
               "remove the [dsa] keys, or train model.name = \"" + names_with(&ModelFamily::sparse_attention) + "\"");
@@ -71,7 +69,9 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
                                       int64_t max_seq_len, const ModelOptions& options) {
   const ModelFamily& f = model_family(name);
   check_options(f, options);
-  return f.build(flavor, vocab_size, max_seq_len, options);
+  std::unique_ptr<CausalLM> model = f.build(flavor, vocab_size, max_seq_len, options);
+  apply_converters(*model, converters_from_names(options.converters, name, f.converters));
+  return model;
 }
 
 int64_t model_layers(const std::string& name, const std::string& flavor, int64_t vocab_size, const ModelOptions& options) {

@@ -94,7 +94,10 @@ struct ModelFamily {
   std::vector<std::string> (*flavors)();
   bool routed_experts = false;          // MoE layers: expert parallelism and the [model] moe_* keys apply
   bool multi_token_prediction = false;  // [model] mtp_layers
-  bool sparse_attention = false;        // the [dsa] schedule and the dsa_fused converter
+  bool sparse_attention = false;        // the [dsa] schedule
+  // The ops [model] converters may switch between their fused and small-op forms
+  // (models/converters.h: kConverterRmsNorm, ...); empty: the key is refused.
+  std::vector<std::string> converters;
   // The model at `flavor` with the tokenizer's vocabulary; parameters uninitialized. The options
   // are the ones the traits above allow (model_family's build_model checks the rest).
   std::unique_ptr<CausalLM> (*build)(const std::string& flavor, int64_t vocab, int64_t max_seq_len,

@@ -21,7 +21,10 @@ Variable Embedding::forward(const Tensor& ids, DType dtype) const {
 RMSNorm::RMSNorm(int64_t dim, double eps_)
     : weight(register_parameter("weight", {dim}, Init::ones(), /*weight_decay=*/false)), eps(eps_) {}
 
-Variable RMSNorm::forward(const Variable& x) const { return autograd::rmsnorm(x, weight.var, eps); }
+Variable RMSNorm::forward(const Variable& x) const {
+  return form == autograd::OpForm::fused ? autograd::rmsnorm(x, weight.var, eps)
+                                         : autograd::rmsnorm_small_ops(x, weight.var, eps);
+}
 
 LayerNorm::LayerNorm(int64_t dim, double eps_)
     : weight(register_parameter("weight", {dim}, Init::ones(), /*weight_decay=*/false)),

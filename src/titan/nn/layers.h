@@ -2,6 +2,7 @@
 #pragma once
 
 #include "titan/autograd/ops.h"
+#include "titan/autograd/small_op_forms.h"
 #include "titan/nn/module.h"
 
 namespace titan::nn {
@@ -22,13 +23,14 @@ class Embedding : public Module {
   Parameter& weight;
 };
 
-// y = x * rstd(x) * weight.
+// y = x * rstd(x) * weight: the fused kernel, or its small-op form ([model] converters).
 class RMSNorm : public Module {
  public:
   explicit RMSNorm(int64_t dim, double eps = 1e-5);
   Variable forward(const Variable& x) const;
   Parameter& weight;
   double eps;
+  autograd::OpForm form = autograd::OpForm::fused;
 };
 
 // y = (x - mean) * rstd * weight + bias (torch.nn.LayerNorm with its affine parameters).

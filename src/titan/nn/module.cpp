@@ -49,6 +49,11 @@ Module* Module::child(const std::string& name) const {
   return nullptr;
 }
 
+void Module::apply(const std::function<void(Module&)>& fn) {
+  for (auto& [n, c] : children_) c->apply(fn);
+  fn(*this);
+}
+
 void Module::collect_parameters(const std::string& prefix, std::vector<std::pair<std::string, Parameter*>>& out) {
   for (auto& [n, p] : params_) out.emplace_back(prefix + n, p.get());
   for (auto& [n, c] : children_) c->collect_parameters(prefix + n + ".", out);

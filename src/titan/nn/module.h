@@ -4,6 +4,7 @@
 // so a parameter gets the same values however it is later sharded.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -139,6 +140,9 @@ class Module {
   void refresh_compute_copies();
 
   Module* child(const std::string& name) const;
+  // fn on every module of the tree, children first, then this one (torch.nn.Module.apply): how
+  // model converters (models/converters.h) reach the layers they swap.
+  void apply(const std::function<void(Module&)>& fn);
 
   // The parallel wrapper's hooks on this module as a unit (null: none); see UnitScope.
   UnitHooks* unit_hooks() const { return unit_hooks_; }

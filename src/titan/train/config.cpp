@@ -774,7 +774,7 @@ const std::vector<SectionSpec>& config_sections() {
       {"dsa",
        "DeepSeek Sparse Attention training (model deepseek_v32): a dense warm-up that trains only the "
        "lightning indexers, then sparse training of everything. `[model] converters = [\"dsa_fused\"]` picks "
-       "the fused kernels; without it the small-op reference path runs."},
+       "the fused kernels; without it the small-op reference path runs (docs/converters.md)."},
       {"fault",
        "What a numerical fault does: a loss or gradient norm that is NaN or infinite on any rank is seen by all "
        "before the optimizer step."},
@@ -803,8 +803,12 @@ const std::vector<KeySpec>& config_schema() {
       {"model", "tokenizer_path", member<&C::model, &Model::tokenizer_path>, anything(),
        "A Hugging Face tokenizer.json. Empty: {model.hf_assets_path}/tokenizer.json."},
       {"model", "converters", member<&C::model, &Model::converters>, non_empty(),
-       "Module swaps applied, in order, after the model is built (e.g. a fused kernel path in place of its "
-       "small-op reference); the model checks the names."},
+       "Which form of each op with a fused kernel runs: the fused kernel or its small-op form (the same math "
+       "from basic autograd ops, as PyTorch code would write it). `<op>_fused` or `<op>_small_ops` picks one op, "
+       "`small_ops` every op not named `_fused`; ops: rms_norm and rope (every model), grouped_mm and permute "
+       "(MoE experts and their token permute/unpermute; deepseek_v3, deepseek_v32), dsa (deepseek_v32). Unnamed "
+       "ops keep their default: fused, except DSA, whose fused kernels run only with dsa_fused. The model refuses "
+       "other names, listing its own. Measured pairs: docs/converters.md."},
       {"model", "mtp_layers", member<&C::model, &Model::mtp_layers>, at_least(0),
        "Multi-token prediction modules (DeepSeek-V3 report, section 2.2; deepseek_v3 only): module k adds a block "
        "that predicts the token k + 1 ahead, through the shared embedding and output head. 0: none; DeepSeek-V3 "

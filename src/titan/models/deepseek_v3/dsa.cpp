@@ -1,4 +1,4 @@
-// DSA: the converter switch and the small-op implementation (see dsa.h).
+// DSA: the small-op implementation (see dsa.h).
 #include "titan/models/deepseek_v3/dsa.h"
 
 #include <algorithm>
@@ -12,16 +12,6 @@
 namespace titan::models::deepseek_v3 {
 
 using namespace autograd;
-
-DsaImpl dsa_impl_from_converters(const std::vector<std::string>& converters) {
-  DsaImpl impl = DsaImpl::small_ops;
-  for (const std::string& c : converters) {
-    TITAN_CHECK(c == "dsa_fused", "model.converters: unknown converter '" + c + "' for deepseek_v32",
-                "accepted converters: dsa_fused (fused DSA kernels); leave the list empty for the small-op path");
-    impl = DsaImpl::fused;
-  }
-  return impl;
-}
 
 const char* dsa_stage_name(DsaStage s) { return s == DsaStage::dense_warmup ? "dense_warmup" : "sparse"; }
 

@@ -12,11 +12,11 @@
 // Indexer loss of one layer: the mean over the B * S query rows of KL(p || softmax(I)) over the
 // row's valid keys; the model's auxiliary loss is indexer_loss_coeff times its sum over layers.
 //
-// Implementations, chosen by `[model] converters` (TorchTitan's module converters):
+// Implementations, chosen by `[model] converters` (models/converters.h):
 // - fused ("dsa_fused"): kernels::indexer_topk, sparse_mla_forward/backward and the indexer's
 //   KL loss (dense stage: indexer_kl_loss, the flash attention's lse feeds the recomputed target;
 //   sparse stage: indexer_kl_loss_sparse, fed the sparse forward's per-slot head_mean).
-// - small_ops (default): the same math from generic differentiable ops (autograd/ops.h): the
+// - small_ops (default, or "dsa_small_ops" / "small_ops"): the same math from generic differentiable ops (autograd/ops.h): the
 //   [B, S, S] index scores and [B, H, S, S] probabilities are materialized, top-k runs on the
 //   masked scores, and the sparse attention is dense standard-form MLA with an additive -inf mask
 //   built from the selection (what DeepSeek's V3.2 reference does in prefill). The oracle the
@@ -25,9 +25,6 @@
 // master in f32), and the small-op path casts its inputs to f32 and its output back. Generation
 // decodes sparse in the absorbed form with the fused kernels (Attention::forward_absorbed).
 #pragma once
-
-#include <string>
-#include <vector>
 
 #include "titan/autograd/variable.h"
 
@@ -42,9 +39,6 @@ using autograd::Variable;
 enum class DsaStage { dense_warmup, sparse };
 enum class DsaImpl { fused, small_ops };
 
-// The implementation `[model] converters` asks for: "dsa_fused" -> fused, none -> small_ops.
-// Throws for an unknown name, listing the accepted ones.
-DsaImpl dsa_impl_from_converters(const std::vector<std::string>& converters);
 const char* dsa_stage_name(DsaStage s);
 
 struct DsaConfig {

@@ -7,6 +7,7 @@
 
 #include "titan/core/error.h"
 #include "titan/distributed/process_group.h"
+#include "titan/models/converters.h"
 #include "titan/models/deepseek_v3/hf_adapter.h"
 #include "titan/models/deepseek_v3/moe_layer.h"
 #include "titan/models/deepseek_v3/plan.h"
@@ -79,11 +80,15 @@ std::unique_ptr<CausalLM> build(const std::string& flavor, int64_t vocab, int64_
                   ": this architecture has no MoE layer (n_dense_layers = " + std::to_string(a.n_dense_layers) + ")",
               "set expert_parallel_degree = 1");
   auto m = std::make_unique<Transformer>(a, moe_factory(options), options.tp, options.pipeline_stages);
+  const ModelFamily& family = v32 ? v32_family() : v3_family();
+  const Converters converters = converters_from_names(options.converters, family.name, family.converters);
+  const bool names_dsa = std::any_of(options.converters.begin(), options.converters.end(),
+                                     [](const std::string& c) { return c.rfind("dsa_", 0) == 0; });
   if (a.has_indexer())
-    m->set_dsa_schedule(options.dsa, dsa_impl_from_converters(options.converters));
+    m->set_dsa_schedule(options.dsa, converters.dsa == OpForm::fused ? DsaImpl::fused : DsaImpl::small_ops);
   else
-    TITAN_CHECK(options.dsa == DsaSchedule{} && options.converters.empty(),
-                "[dsa] keys or model.converters are set, but this architecture has no lightning indexer",
+    TITAN_CHECK(options.dsa == DsaSchedule{} && !names_dsa,
+                "[dsa] keys or a dsa_ converter are set, but this architecture has no lightning indexer",
                 "remove them, or load a DeepSeek-V3.2 checkpoint");
   m->set_context_parallel(options.cp);
   m->set_async_tensor_parallel(options.async_tp);
@@ -196,6 +201,7 @@ const ModelFamily& v3_family() {
       .routed_experts = true,
       .multi_token_prediction = true,
       .sparse_attention = false,
+      .converters = {kConverterRmsNorm, kConverterRope, kConverterGroupedMm, kConverterPermute},
       .build = build<false>,
       .n_layers = n_layers<false>,
       .activations = activations<false>,
@@ -213,6 +219,7 @@ const ModelFamily& v32_family() {
       .routed_experts = true,
       .multi_token_prediction = false,
       .sparse_attention = true,
+      .converters = {kConverterRmsNorm, kConverterRope, kConverterGroupedMm, kConverterPermute, kConverterDsa},
       .build = build<true>,
       .n_layers = n_layers<true>,
       .activations = activations<true>,

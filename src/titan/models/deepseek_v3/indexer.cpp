@@ -25,8 +25,8 @@ Indexer::Outputs Indexer::forward(const Variable& x, const Variable& qr, const k
   Variable q = autograd::view(wq_b.forward(qr), {b, s, n_heads_, head_dim_});           // [B, S, HI, DI]
   Variable k = autograd::view(k_norm.forward(wk.forward(x)), {b, s, 1, head_dim_});    // [B, S, 1, DI]
   // The rope part is the head's first d_r dims, paired rotate-half (DeepSeek's "fix indexer rope").
-  q = autograd::rope(q, rope, positions, kernels::RopeLayout::rotate_half, 0);
-  k = autograd::rope(k, rope, positions, kernels::RopeLayout::rotate_half, 0);
+  q = apply_rope(q, rope, positions, kernels::RopeLayout::rotate_half, 0);
+  k = apply_rope(k, rope, positions, kernels::RopeLayout::rotate_half, 0);
   if (hadamard_) {
     q = impl == DsaImpl::fused ? hadamard_fused(q) : hadamard_small_ops(q);
     k = impl == DsaImpl::fused ? hadamard_fused(k) : hadamard_small_ops(k);

@@ -4,13 +4,14 @@
 // Registered as "attention.indexer" with TorchTitan/DeepSeek names: wq_b, wk, k_norm, weights_proj.
 #pragma once
 
+#include "titan/models/converters.h"
 #include "titan/models/deepseek_v3/args.h"
 #include "titan/models/deepseek_v3/dsa.h"
 #include "titan/nn/layers.h"
 
 namespace titan::models::deepseek_v3 {
 
-class Indexer : public nn::Module {
+class Indexer : public nn::Module, public AppliesRope {
  public:
   explicit Indexer(const DeepSeekV3Args& a);
 

@@ -60,21 +60,21 @@ Variable Attention::query(const Variable& q_proj, const kernels::RopeTables& rop
   if (!wq) return query_from_latent(q_norm->forward(q_proj), rope, positions);
   const int64_t b = q_proj.shape()[0], s = q_proj.shape()[1];
   Variable q = autograd::view(q_proj, {b, s, n_heads_, qk_nope_ + qk_rope_});
-  return autograd::rope(q, rope, positions, kernels::RopeLayout::interleaved, qk_nope_);
+  return apply_rope(q, rope, positions, kernels::RopeLayout::interleaved, qk_nope_);
 }
 
 Variable Attention::query_from_latent(const Variable& qr, const kernels::RopeTables& rope,
                                       const Tensor& positions) const {
   const int64_t b = qr.shape()[0], s = qr.shape()[1];
   Variable q = autograd::view(wq_b->forward(qr), {b, s, n_heads_, qk_nope_ + qk_rope_});  // [B, S, H, d_qk]
-  return autograd::rope(q, rope, positions, kernels::RopeLayout::interleaved, qk_nope_);
+  return apply_rope(q, rope, positions, kernels::RopeLayout::interleaved, qk_nope_);
 }
 
 Variable Attention::latent_kv(const Variable& kv_proj, const kernels::RopeTables& rope, const Tensor& positions) const {
   const int64_t b = kv_proj.shape()[0], s = kv_proj.shape()[1];
   // One "head" of width d_c + d_r whose rotated dims are its d_r tail.
   Variable kv = autograd::view(kv_proj, {b, s, 1, kv_lora_rank_ + qk_rope_});
-  return autograd::rope(kv, rope, positions, kernels::RopeLayout::interleaved, kv_lora_rank_);
+  return apply_rope(kv, rope, positions, kernels::RopeLayout::interleaved, kv_lora_rank_);
 }
 
 Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions,

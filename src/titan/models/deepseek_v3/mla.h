@@ -41,7 +41,7 @@ struct LatentCache {
   static LatentCache allocate(const DeepSeekV3Args& a, int64_t batch, int64_t capacity);
 };
 
-class Attention : public nn::Module {
+class Attention : public nn::Module, public AppliesRope {
  public:
   // tp: tensor parallelism (null: none): this rank holds heads [r H/tp, (r+1) H/tp) of wq / wq_b,
   // wkv_b and wo; the latent projections, their norms and the indexer are whole on every rank.

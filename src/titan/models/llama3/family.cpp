@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "titan/models/activation_terms.h"
+#include "titan/models/converters.h"
 #include "titan/models/llama3/model.h"
 
 namespace titan::models::llama3 {
@@ -65,6 +66,7 @@ const ModelFamily& family() {
   static const ModelFamily f{
       .name = "llama3",
       .flavors = llama3_flavor_names,
+      .converters = {kConverterRmsNorm, kConverterRope},
       .build = build,
       .n_layers = n_layers,
       .activations = activations,

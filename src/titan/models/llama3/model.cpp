@@ -59,8 +59,8 @@ Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, 
   Variable k = autograd::view(qkv[1], {b, s, n_kv_heads_, head_dim_});
   Variable v = autograd::view(qkv[2], {b, s, n_kv_heads_, head_dim_});
   // Hugging Face's rotate-half pairing, so HF Llama checkpoints load without permuting wq/wk.
-  q = autograd::rope(q, rope, positions, kernels::RopeLayout::rotate_half);
-  k = autograd::rope(k, rope, positions, kernels::RopeLayout::rotate_half);
+  q = apply_rope(q, rope, positions, kernels::RopeLayout::rotate_half);
+  k = apply_rope(k, rope, positions, kernels::RopeLayout::rotate_half);
   Variable o = cp ? distributed::ring_attention(q, k, v, *cp) : autograd::attention(q, k, v);  // [B, S, H, Dh]
   return distributed::row_parallel(autograd::view(o, {b * s, n_heads_ * head_dim_}), wo, tp_, async_tp);
 }
@@ -71,8 +71,8 @@ Variable Attention::decode(const Variable& x, const kernels::RopeTables& rope, c
   Variable q = autograd::view(wq.forward(x), {b, t, n_heads_, head_dim_});
   Variable k = autograd::view(wk.forward(x), {b, t, n_kv_heads_, head_dim_});
   Variable v = autograd::view(wv.forward(x), {b, t, n_kv_heads_, head_dim_});
-  q = autograd::rope(q, rope, positions, kernels::RopeLayout::rotate_half);
-  k = autograd::rope(k, rope, positions, kernels::RopeLayout::rotate_half);
+  q = apply_rope(q, rope, positions, kernels::RopeLayout::rotate_half);
+  k = apply_rope(k, rope, positions, kernels::RopeLayout::rotate_half);
   k_cache.slice(1, past, past + t).copy_(k.value());
   v_cache.slice(1, past, past + t).copy_(v.value());
   Tensor o = Tensor::empty({b, t, n_heads_, head_dim_}, DType::f32, MemCategory::activations);

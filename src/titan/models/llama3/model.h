@@ -4,6 +4,7 @@
 #pragma once
 
 #include "titan/models/causal_lm.h"
+#include "titan/models/converters.h"
 #include "titan/models/llama3/args.h"
 #include "titan/nn/layers.h"
 
@@ -13,7 +14,7 @@ using autograd::Variable;
 
 // Under tensor parallelism (tp, null: none) a module holds this rank's heads / FFN columns and
 // its forward takes and returns this rank's sequence piece of the tokens (parallelize.cpp).
-class Attention : public nn::Module {
+class Attention : public nn::Module, public AppliesRope {
  public:
   Attention(const Llama3Args& a, int layer_id, const distributed::ProcessGroup* tp);
   // x [N, D] (N = B*S tokens, or this rank's N / tp under TP), positions [B, S] -> [N, D]

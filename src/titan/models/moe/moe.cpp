@@ -158,9 +158,76 @@ MoE::Output MoE::forward_with_aux(const Variable& x) {
   return o;
 }
 
+void MoE::set_forms(autograd::OpForm grouped_mm, autograd::OpForm permute) {
+  const bool fused = grouped_mm == autograd::OpForm::fused && permute == autograd::OpForm::fused;
+  TITAN_CHECK(fused || args_.ep_degree() == 1,
+              "model.converters asks for the small-op grouped GEMM or permute with expert parallelism",
+              "drop grouped_mm_small_ops / permute_small_ops / small_ops, or set expert_parallel_degree = 1");
+  grouped_mm_form_ = grouped_mm;
+  permute_form_ = permute;
+}
+
+void MoE::count_tokens(const kernels::ExpertDispatch& disp) {
+  // Training forwards only: evaluation runs without grad, and under activation checkpointing
+  // the first pass does too, so its recompute (the same choice: the bias has not moved yet)
+  // counts each step once.
+  if (!autograd::grad_enabled()) return;
+  float* tpe = tokens_per_expert.data<float>();
+  for (int64_t i = 0; i < int64_t(stats_counts_.size()); ++i)
+    tpe[i] += float(disp.tokens_of(i)), stats_counts_[size_t(i)] += disp.tokens_of(i);
+}
+
+MoE::Output MoE::routed_composed(const Variable& x) {
+  using autograd::OpForm;
+  const int64_t batch = x.shape()[0], t = x.shape()[0] * x.shape()[1], d = args_.dim;
+  const kernels::RouterParams rp = args_.router_params();
+  const int64_t e = rp.experts, k = rp.top_k;
+  const double alpha = args_.aux_loss_alpha;
+  // The router, as routed() runs it, as one op: x [T, D] f32 -> the gate weights [T, k] (and the
+  // balance loss); the choice itself (idx, the dispatch) has no gradient.
+  const Variable xf = autograd::cast(autograd::view(x, {t, d}), DType::f32);  // [T, D]
+  const Tensor& gate_w = router.gate.weight.var.value();                      // [E, D] f32
+  Tensor logits = Tensor::empty({t, e}, DType::f32);
+  kernels::linear_forward(logits, xf.value(), gate_w);
+  Tensor scores = activations({t, e}, DType::f32), idx = activations({t, k}, DType::i32),
+         gate_weights = activations({t, k}, DType::f32);
+  kernels::moe_router_forward(scores, idx, gate_weights, logits, expert_bias, rp);
+  const kernels::ExpertDispatch disp = kernels::moe_sort_by_expert(idx, e);
+  count_tokens(disp);
+  std::vector<Tensor> router_out = {gate_weights};
+  if (alpha > 0) router_out.push_back(Tensor::full({1}, alpha * kernels::moe_aux_loss_forward(scores, idx, batch, rp), DType::f32));
+  const std::vector<Variable> routing = autograd::record(
+      "moe_router", {xf, router.gate.weight.var}, router_out,
+      [=, xv = xf.value()](std::span<const Tensor> dout, autograd::GradSink& g) {
+        const Tensor dweights = dout[0].defined() ? dout[0].contiguous() : zeros({t, k}, DType::f32);
+        Tensor dscores;
+        if (alpha > 0 && dout.size() > 1 && dout[1].defined()) {
+          dscores = zeros({t, e}, DType::f32);
+          kernels::moe_aux_loss_backward(dscores, alpha * dout[1].item(), scores, idx, batch, rp);
+        }
+        Tensor dlogits = zeros({t, e}, DType::f32);  // [T, E]
+        kernels::moe_router_backward(dlogits, dweights, dscores, scores, idx, rp);
+        Tensor dx = g.grad(0), dgate = g.grad(1), no_bias;
+        kernels::linear_backward(dx, dgate, no_bias, dlogits, xv, gate_w);
+      });
+
+  const bool small_permute = permute_form_ == OpForm::small_ops;
+  auto gemm = [&](const Variable& a, const nn::Parameter& w) {
+    return grouped_mm_form_ == OpForm::fused ? autograd::grouped_matmul(a, w.var, disp.offsets)
+                                             : autograd::grouped_matmul_small_ops(a, w.var, disp.offsets);
+  };
+  const Variable xs = small_permute ? autograd::moe_permute_small_ops(xf, disp.pos) : autograd::moe_permute(xf, disp.pos);  // [M, D]
+  const Variable act = autograd::swiglu(gemm(xs, experts.w1), gemm(xs, experts.w3));  // [M, F]
+  const Variable out = gemm(act, experts.w2);                                        // [M, D]
+  const Variable y = small_permute ? autograd::moe_unpermute_small_ops(out, disp.pos, routing[0])
+                                   : autograd::moe_unpermute(out, disp.pos, routing[0]);  // [T, D]
+  return {autograd::cast(autograd::view(y, x.shape()), x.dtype()), alpha > 0 ? routing[1] : Variable()};
+}
+
 MoE::Output MoE::routed(const Variable& x) {
   TITAN_CHECK(x.shape().size() == 3 && x.shape()[2] == args_.dim,
               "moe: input " + x.shape().str() + " for dim " + std::to_string(args_.dim), "pass x as [B, S, D]");
+  if (grouped_mm_form_ != autograd::OpForm::fused || permute_form_ != autograd::OpForm::fused) return routed_composed(x);
   // f: the experts' hidden units this rank holds (a 1/tp slice under TP's gather scheme).
   const int64_t batch = x.shape()[0], t = x.shape()[0] * x.shape()[1], d = args_.dim, f = experts.w1.var.shape()[1];
   const DType cd = x.dtype();
@@ -183,13 +250,7 @@ MoE::Output MoE::routed(const Variable& x) {
   kernels::moe_router_forward(scores, idx, weights, logits, expert_bias, rp);
 
   kernels::ExpertDispatch disp = kernels::moe_sort_by_expert(idx, e);
-  if (autograd::grad_enabled()) {
-    // Training forwards only: evaluation runs without grad, and under activation checkpointing
-    // the first pass does too, so its recompute (the same choice: the bias has not moved yet)
-    // counts each step once.
-    float* tpe = tokens_per_expert.data<float>();
-    for (int64_t i = 0; i < e; ++i) tpe[i] += float(disp.tokens_of(i)), stats_counts_[size_t(i)] += disp.tokens_of(i);
-  }
+  count_tokens(disp);
 
   const Tensor &w1 = gemm_operand(experts.w1), &w2 = gemm_operand(experts.w2), &w3 = gemm_operand(experts.w3);
   Tensor xs = activations({m, d}, cd);  // [M, D] tokens sorted by expert

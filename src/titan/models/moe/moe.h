@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "titan/autograd/small_op_forms.h"
+#include "titan/kernels/moe_permute.h"
 #include "titan/kernels/moe_router_params.h"
 #include "titan/models/block_ffn.h"
 #include "titan/nn/layers.h"
@@ -124,6 +126,12 @@ class MoE : public models::BlockFeedForward {
   // one reduce-scatter sums the routed and shared experts' partial sums together.
   void set_async_tensor_parallel(bool on) override { async_tp_ = on; }
 
+  // [model] converters (models/converters.h): the routed experts' grouped GEMMs and the token
+  // permute / unpermute, each fused (the default: the whole routed path is one recorded op over
+  // the kernels) or small-op (the path is then composed of autograd ops, each pair of forms
+  // choosable apart, in f32; not under expert parallelism, whose exchanges sit inside the op).
+  void set_forms(autograd::OpForm grouped_mm, autograd::OpForm permute);
+
   // After each optimizer step: expert_bias += coeff * sign(mean load - load), shifted to zero
   // mean, then the counts restart. A no-op for the bias when load_balance_coeff is 0.
   void update_load_balance();
@@ -146,7 +154,13 @@ class MoE : public models::BlockFeedForward {
   // The router and the routed experts on x [B, S, D] (under TP with tp_gather: partial sums of
   // this rank's hidden units; under EP: through the experts of the group's ranks).
   Output routed(const Variable& x);
+  // routed() as autograd ops, in the forms set_forms chose: the router (one op), permute, the
+  // experts' grouped GEMMs and SwiGLU, unpermute.
+  Output routed_composed(const Variable& x);
+  // Counts each expert's tokens of a training forward (tokens_per_expert, load_stats).
+  void count_tokens(const kernels::ExpertDispatch& disp);
   MoEArgs args_;
+  autograd::OpForm grouped_mm_form_ = autograd::OpForm::fused, permute_form_ = autograd::OpForm::fused;
   std::vector<int64_t> stats_counts_;  // [E], assignments since the last load_stats()
   bool async_tp_ = false;
 };
