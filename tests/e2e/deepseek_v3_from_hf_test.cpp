@@ -16,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -168,22 +169,29 @@ std::string generate_output(const std::vector<std::string>& args) {
   return out;
 }
 
+// A freshly initialized model of architecture `a` (seed) as a Hugging Face folder in f32: its
+// weights and state buffers, not the routing statistics.
+void write_hf_folder(const fs::path& dir, const ds::DeepSeekV3Args& a, uint64_t seed) {
+  ds::Transformer m(a, ds::moe_layer);
+  m.init_parameters(seed);
+  std::set<std::string> statistics;
+  for (const nn::BufferKind kind : {nn::BufferKind::step_statistic, nn::BufferKind::saved_statistic})
+    for (const auto& [name, t] : m.named_buffers(kind)) statistics.insert(name);
+  std::vector<std::pair<std::string, Tensor>> state;
+  for (auto& [name, t] : m.state_dict())
+    if (!statistics.count(name)) state.emplace_back(name, t);
+  checkpoint::HfWriteOptions opt;
+  opt.dtype = DType::f32;
+  ds::save_hf(dir, a, state, opt);
+}
+
 }  // namespace
 
 TEST(DeepSeekV3FromHf, ConvertedCheckpointContinuesTraining) {
   const fs::path root = fs::temp_directory_path() / ("titan_from_hf_" + std::to_string(::getpid()));
   fs::remove_all(root);
   const ds::DeepSeekV3Args a = tiny_args();
-  {
-    ds::Transformer m(a, ds::moe_layer);
-    m.init_parameters(17);
-    std::vector<std::pair<std::string, Tensor>> state;
-    for (auto& [name, t] : m.state_dict())
-      if (!name.ends_with("tokens_per_expert")) state.emplace_back(name, t);
-    checkpoint::HfWriteOptions opt;
-    opt.dtype = DType::f32;
-    ds::save_hf(root / "hf", a, state, opt);
-  }
+  write_hf_folder(root / "hf", a, 17);
   ASSERT_EQ(run_cli({"ckpt", "convert", "--from-hf", (root / "hf").string(), "--to", (root / "ckpt").string()},
                     cli::ckpt_main),
             0);
@@ -364,16 +372,7 @@ TEST(DeepSeekV3FromHf, TrainReadsAndWritesHuggingFaceFolders) {
   fs::remove_all(root);
   ds::DeepSeekV3Args a = tiny_args();
   a.num_mtp_layers = 0;
-  {
-    ds::Transformer m(a, ds::moe_layer);
-    m.init_parameters(23);
-    std::vector<std::pair<std::string, Tensor>> state;
-    for (auto& [name, t] : m.state_dict())
-      if (!name.ends_with("tokens_per_expert")) state.emplace_back(name, t);
-    checkpoint::HfWriteOptions opt;
-    opt.dtype = DType::f32;
-    ds::save_hf(root / "hf", a, state, opt);
-  }
+  write_hf_folder(root / "hf", a, 23);
   const fs::path data = make_dataset(root / "data");
   train::JobConfig c = config(data, root / "run", root / "hf", 2, 0);
   c.checkpoint.initial_load_in_hf = true;

@@ -66,54 +66,54 @@ void pool(float* p, float* o, const Geometry& g, const float* kv, const float* g
   }
 }
 
+// Every entry of every sequence, channel block by channel block (a thread owns whole blocks and
+// walks them in one order): pools the entry into p (slot weights) and o (outputs), then calls
+// f(p, o, b, w, c0, n) for channels [c0, c0 + n).
+template <class F>
+void for_each_entry(const Geometry& g, const float* kv, const float* gate, const float* bias, F&& f) {
+  const int64_t blocks = (g.D + kBlock - 1) / kBlock;
+  parallel_for(0, blocks, 1, [&](int64_t k0, int64_t k1) {
+    Scratch<float> p(g.slots * kBlock);
+    float o[kBlock];
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t c0 = k * kBlock, n = std::min(kBlock, g.D - c0);
+      for (int64_t b = 0; b < g.B; ++b)
+        for (int64_t w = 0; w < g.entries; ++w) {
+          pool(p.data(), o, g, kv, gate, bias, b, w, c0, n);
+          f(p.data(), o, b, w, c0, n);
+        }
+    }
+  });
+}
+
 }  // namespace
 
 void compressor_forward(float* out, const float* kv, const float* gate, const float* bias, int64_t B, int64_t S,
                         int64_t D, int64_t m, CompressorKind kind) {
   const Geometry g = geometry(B, S, D, m, kind);
-  const int64_t blocks = (D + kBlock - 1) / kBlock;
-  parallel_for(0, blocks, 1, [&](int64_t k0, int64_t k1) {
-    Scratch<float> p(g.slots * kBlock);
-    float o[kBlock];
-    for (int64_t k = k0; k < k1; ++k) {
-      const int64_t c0 = k * kBlock, n = std::min(kBlock, D - c0);
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t w = 0; w < g.entries; ++w) {
-          pool(p.data(), o, g, kv, gate, bias, b, w, c0, n);
-          std::copy(o, o + n, out + (b * g.entries + w) * D + c0);
-        }
-    }
+  for_each_entry(g, kv, gate, bias, [&](const float*, const float* o, int64_t b, int64_t w, int64_t c0, int64_t n) {
+    std::copy(o, o + n, out + (b * g.entries + w) * D + c0);
   });
 }
 
 void compressor_backward(float* dkv, float* dgate, float* dbias, const float* dout, const float* kv, const float* gate,
                          const float* bias, int64_t B, int64_t S, int64_t D, int64_t m, CompressorKind kind) {
   const Geometry g = geometry(B, S, D, m, kind);
-  const int64_t blocks = (D + kBlock - 1) / kBlock;
-  parallel_for(0, blocks, 1, [&](int64_t k0, int64_t k1) {
-    Scratch<float> p(g.slots * kBlock);
-    float o[kBlock];
-    for (int64_t k = k0; k < k1; ++k) {
-      const int64_t c0 = k * kBlock, n = std::min(kBlock, D - c0);
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t w = 0; w < g.entries; ++w) {
-          pool(p.data(), o, g, kv, gate, bias, b, w, c0, n);
-          const float* d = dout + (b * g.entries + w) * D + c0;
-          for (int64_t r = 0; r < g.slots; ++r) {
-            const int64_t t = g.token(w, r);
-            if (t < 0) continue;
-            const int64_t at = (b * S + t) * g.C + g.channel(r) + c0;
-            const float* pr = p.data() + r * kBlock;
-            float* db = dbias + (t % m) * g.C + g.channel(r) + c0;
+  for_each_entry(g, kv, gate, bias, [&](const float* p, const float* o, int64_t b, int64_t w, int64_t c0, int64_t n) {
+    const float* d = dout + (b * g.entries + w) * D + c0;
+    for (int64_t r = 0; r < g.slots; ++r) {
+      const int64_t t = g.token(w, r);
+      if (t < 0) continue;
+      const int64_t at = (b * S + t) * g.C + g.channel(r) + c0;
+      const float* pr = p + r * kBlock;
+      float* db = dbias + (t % m) * g.C + g.channel(r) + c0;
 #pragma omp simd
-            for (int64_t i = 0; i < n; ++i) {
-              const float pd = pr[i] * d[i], dlogit = pd * (kv[at + i] - o[i]);
-              dkv[at + i] += pd;
-              dgate[at + i] += dlogit;
-              db[i] += dlogit;
-            }
-          }
-        }
+      for (int64_t i = 0; i < n; ++i) {
+        const float pd = pr[i] * d[i], dlogit = pd * (kv[at + i] - o[i]);
+        dkv[at + i] += pd;
+        dgate[at + i] += dlogit;
+        db[i] += dlogit;
+      }
     }
   });
 }
