@@ -5,6 +5,7 @@
 // the last complete window feeds nothing.
 #include <gtest/gtest.h>
 
+#include "titan/autograd/ops.h"
 #include "titan/core/rng.h"
 #include "titan/kernels/compressor.h"
 
@@ -49,4 +50,25 @@ TEST(Compressor, EqualWeightsGiveWindowMeans) {
     kernels::compressor_backward(dkv, dgate, dbias, dout, kv, gate, bias, m, kind);
     for (int64_t i = 2 * m * C; i < S * C; ++i) EXPECT_EQ(dkv.data<float>()[i], 0) << i;
   }
+}
+
+// The autograd op (autograd::compressor) gives each input the kernel's gradient.
+TEST(Compressor, AutogradOpGradientsAreTheKernels) {
+  const int64_t B = 2, S = 10, D = 5, m = 3, C = 2 * D;
+  Generator g(11, "compressor autograd");
+  auto random = [&](const Shape& s) {
+    Tensor t = Tensor::empty(s, DType::f32);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = float(2 * g.next_uniform() - 1);
+    return t;
+  };
+  const Tensor kv = random({B, S, C}), gate = random({B, S, C}), bias = random({m, C}), dout = random({B, S / m, D});
+  autograd::Variable vk(kv.clone(), true), vg(gate.clone(), true), vb(bias.clone(), true);
+  autograd::Variable loss = autograd::sum(autograd::mul(autograd::compressor(vk, vg, vb, m, kernels::CompressorKind::csa),
+                                                        autograd::Variable(dout)));
+  autograd::backward(loss);
+  Tensor dkv = Tensor::zeros(kv.shape(), DType::f32), dgate = Tensor::zeros(kv.shape(), DType::f32);
+  Tensor dbias = Tensor::zeros(bias.shape(), DType::f32);
+  kernels::compressor_backward(dkv, dgate, dbias, dout, kv, gate, bias, m, kernels::CompressorKind::csa);
+  for (const auto& [got, want] : {std::pair{vk.grad(), dkv}, std::pair{vg.grad(), dgate}, std::pair{vb.grad(), dbias}})
+    for (int64_t i = 0; i < want.numel(); ++i) EXPECT_FLOAT_EQ(got.data<float>()[i], want.data<float>()[i]) << i;
 }

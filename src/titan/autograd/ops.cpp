@@ -18,6 +18,7 @@
 #include "titan/kernels/matmul.h"
 #include "titan/kernels/moe_permute.h"
 #include "titan/kernels/norm.h"
+#include "titan/kernels/compressor.h"
 #include "titan/kernels/sinkhorn.h"
 #include "titan/kernels/softmax.h"
 
@@ -902,6 +903,25 @@ Variable sinkhorn(const Variable& logits, int iters, double eps) {
     ProfileScope prof_bwd("sinkhorn.bwd");
     Tensor dl = g.grad(0);
     if (dl.defined()) kernels::sinkhorn_backward(dl, dp.contiguous(), l, iters, eps);
+  });
+}
+
+Variable compressor(const Variable& kv, const Variable& gate, const Variable& bias, int64_t m,
+                    kernels::CompressorKind kind) {
+  ProfileScope prof("compressor.fwd");
+  check_f32("compressor", {&kv, &gate, &bias});
+  const Tensor k = kv.value().contiguous(), g = gate.value().contiguous(), b = bias.value().contiguous();
+  const int64_t d = kind == kernels::CompressorKind::hca ? k.size(2) : k.size(2) / 2;
+  Tensor out = activation_like({k.size(0), k.size(1) / m, d}, DType::f32);
+  kernels::compressor_forward(out, k, g, b, m, kind);
+  return record("compressor", {kv, gate, bias}, out, [k, g, b, m, kind](const Tensor& dout, GradSink& sink) {
+    ProfileScope prof_bwd("compressor.bwd");
+    // The kernel writes the three gradients together: scratch for those not wanted.
+    Tensor dkv = sink.grad(0), dgate = sink.grad(1), dbias = sink.grad(2);
+    if (!dkv.defined()) dkv = Tensor::zeros(k.shape(), DType::f32);
+    if (!dgate.defined()) dgate = Tensor::zeros(g.shape(), DType::f32);
+    if (!dbias.defined()) dbias = Tensor::zeros(b.shape(), DType::f32);
+    kernels::compressor_backward(dkv, dgate, dbias, dout.contiguous(), k, g, b, m, kind);
   });
 }
 

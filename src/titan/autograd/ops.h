@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "titan/autograd/variable.h"
+#include "titan/kernels/compressor.h"
 #include "titan/kernels/rope.h"
 
 namespace titan::autograd {
@@ -142,6 +143,11 @@ Variable log_softmax(const Variable& x);
 // nearly doubly stochastic (row softmax, then iters column and iters - 1 row normalisations).
 // Saves only the logits: backward recomputes the iterations.
 Variable sinkhorn(const Variable& logits, int iters, double eps);
+// DeepSeek-V4's compressor pooling (kernels/compressor.h): kv and gate [B, S, C], the position
+// bias [m, C] -> entries [B, S / m, D] (C = D for HCA, 2D for CSA). Saves its inputs: backward
+// recomputes the slot weights.
+Variable compressor(const Variable& kv, const Variable& gate, const Variable& bias, int64_t m,
+                    kernels::CompressorKind kind);
 
 // The sum of all elements: a one-element f32 Variable.
 Variable sum(const Variable& x);
