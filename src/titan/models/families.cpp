@@ -1,5 +1,6 @@
 // The model registry: one line per family (models/family.h), and the checks every family's
-// build shares (an option the family has no use for is refused, naming the key).
+// build shares (an option the family has no use for is refused, naming the key). Lookups by
+// name over the list: family_lookup.cpp.
 #include "titan/core/error.h"
 #include "titan/distributed/process_group.h"
 #include "titan/models/converters.h"
@@ -16,22 +17,6 @@ const std::vector<const ModelFamily*>& model_families() {
       &deepseek_v3::v32_family(),
   };
   return all;
-}
-
-std::vector<std::string> model_names() {
-  std::vector<std::string> names;
-  for (const ModelFamily* f : model_families()) names.push_back(f->name);
-  return names;
-}
-
-const std::string& default_model_name() { return model_families().front()->name; }
-
-const ModelFamily& model_family(const std::string& name) {
-  for (const ModelFamily* f : model_families())
-    if (f->name == name) return *f;
-  std::string names;
-  for (const std::string& n : model_names()) names += (names.empty() ? "" : ", ") + n;
-  TITAN_FAIL("model '" + name + "' is not implemented in this build", "set [model] name to one of: " + names);
 }
 
 namespace {
