@@ -108,7 +108,7 @@ void Muon::update(Slot& s, float lr, float grad_scale) {
     newton_schulz(u, config_);
     for (int64_t i = 0; i < size; ++i) p[i] = p[i] * decay + (-step_lr) * uu[i];
   }
-  if (s.param.compute && s.param.compute->defined()) s.param.compute->copy_(value.to(DType::bf16));
+  if (s.param.compute && s.param.compute->defined()) s.param.compute->copy_(value);  // copy_ rounds to bf16
 }
 
 std::vector<std::pair<std::string, Tensor>> Muon::state_dict() const {
