@@ -5,12 +5,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 #include <string>
 
 #include "common/error_of.h"
 #include "titan/core/allocator.h"
+#include "titan/distributed/process_group.h"
 #include "titan/models/family.h"
 #include "titan/nn/module.h"
 
@@ -48,10 +50,55 @@ TEST(ModelFamily, EverySpecIsCompleteAndItsFlavorsBuild) {
       q.flavor = flavor;
       q.seq_len = 128;
       EXPECT_EQ(int64_t(f->activations(q).blocks.size()), layers);
-      if (f->experts_per_token) EXPECT_EQ(int64_t(f->experts_per_token(q).size()), layers);
+      if (f->experts_per_token) {
+        EXPECT_EQ(int64_t(f->experts_per_token(q).size()), layers);
+      }
       m.reset();
       EXPECT_EQ(memory_stats().live[size_t(MemCategory::parameters)], before);
     }
+  }
+}
+
+// One declarative plan per family gives both the placement and the local shapes: the layers
+// declare every parameter whole, the plan divides it, and a rank never holds more than its
+// pieces (the build's peak is what it keeps). Rank 1 of 2 under TP, and of 2 under EP for a
+// family with routed experts; no collective runs while building, so no MPI is needed.
+TEST(ModelFamily, EachRankHoldsOnlyThePiecesItsPlanGivesIt) {
+  const distributed::ProcessGroup pair(0, "pair", 1, {0, 1});
+  for (const models::ModelFamily* f : models::model_families()) {
+    SCOPED_TRACE(f->name);
+    std::map<std::string, Shape> whole;
+    {
+      const auto one_rank = models::build_model(f->name, "debugmodel", 256, 32, {});
+      for (const auto& [name, p] : one_rank->named_parameters()) whole[name] = p->var.shape();
+    }
+    models::ModelOptions options;
+    options.tp = &pair;
+    if (f->routed_experts) options.ep = &pair;
+    const int64_t before = memory_stats().live[size_t(MemCategory::parameters)];
+    memory_reset_peak();
+    const auto m = models::build_model(f->name, "debugmodel", 256, 32, options);
+    int divided = 0, experts = 0;
+    for (const auto& [name, p] : m->named_parameters()) {
+      SCOPED_TRACE(name);
+      const Shape local = p->var.shape();
+      const Shape global = p->slice.global_shape.empty() ? local : p->slice.global_shape;
+      EXPECT_EQ(global, whole.at(name));
+      for (int d = 0; d < local.size(); ++d) {
+        const bool split = d == p->tp_plan.dim || (d == 0 && p->expert_sharded);
+        EXPECT_EQ(local[d] * (split ? 2 : 1), global[d]) << "dim " << d;
+        if (split) {
+          EXPECT_EQ(p->slice.offsets[d], local[d]) << "dim " << d;  // rank 1: the second piece
+        }
+      }
+      divided += p->tp_plan.dim >= 0;
+      experts += p->expert_sharded;
+    }
+    EXPECT_GT(divided, 0);
+    EXPECT_EQ(experts > 0, f->routed_experts);
+    const MemoryStats after = memory_stats();
+    EXPECT_EQ(after.peak[size_t(MemCategory::parameters)], after.live[size_t(MemCategory::parameters)]);
+    EXPECT_GT(after.live[size_t(MemCategory::parameters)], before);
   }
 }
 
@@ -69,9 +116,10 @@ TEST(ModelFamily, OptionsTheFamilyLacksAreRefusedByKey) {
     dsa.dsa.warmup_steps = 3;
     models::ModelOptions converters;
     converters.converters = {"dsa_fused"};
-    if (!f->multi_token_prediction)
+    if (!f->multi_token_prediction) {
       EXPECT_NE(error_of([&] { models::build_model(f->name, "debugmodel", 256, 32, mtp); }).find("model.mtp_layers"),
                 std::string::npos);
+    }
     if (!f->sparse_attention) {
       EXPECT_NE(error_of([&] { models::build_model(f->name, "debugmodel", 256, 32, dsa); }).find("[dsa]"), std::string::npos);
       EXPECT_NE(error_of([&] { models::build_model(f->name, "debugmodel", 256, 32, converters); }).find("model.converters"),

@@ -50,7 +50,7 @@ Shape with_rows(const Tensor& t, int64_t rows) {
 }  // namespace
 
 void shard_experts(nn::Parameter& p, const ProcessGroup& ep) {
-  p.slice = split_slice(p.slice, p.var.shape(), 0, ep.size(), ep.rank());
+  nn::divide_parameter(p, 0, ep.size(), ep.rank());
   p.expert_sharded = true;
 }
 

@@ -28,8 +28,8 @@
 
 namespace titan::distributed {
 
-// `p` [E / ep, ...] holds rank ep.rank()'s experts of the global [E, ...]: its slice, its initial
-// values and its checkpoint pieces are those rows; FSDP shards it over the expert-FSDP group.
+// `p`, declared whole [E, ...], becomes rank ep.rank()'s experts [E / ep, ...]: its shape, slice,
+// initial values and checkpoint pieces are those rows; FSDP shards it over the expert-FSDP group.
 void shard_experts(nn::Parameter& p, const ProcessGroup& ep);
 
 // One MoE layer's exchange of rows between the ranks of an expert-parallel group, planned from

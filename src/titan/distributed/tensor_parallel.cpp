@@ -86,12 +86,12 @@ void check_tensor_parallel_degree(int64_t degree, const std::string& model,
 }
 
 void shard_parameter(nn::Parameter& p, int dim, const ProcessGroup* tp) {
-  const Shape local = p.var.shape();
-  TITAN_CHECK(dim >= 0 && dim < int(local.size()), "shard_parameter: dim " + std::to_string(dim) + " of " + local.str());
+  const Shape whole = p.var.shape();
+  TITAN_CHECK(dim >= 0 && dim < int(whole.size()), "shard_parameter: dim " + std::to_string(dim) + " of " + whole.str());
   p.tp_plan = {dim, false};
   p.tp_partial_grad = false;
   p.tp_duplicate = false;
-  if (tp && tp->size() > 1) p.slice = split_slice(p.slice, local, dim, tp->size(), tp->rank());  // composes with EP's
+  if (tp && tp->size() > 1) nn::divide_parameter(p, dim, tp->size(), tp->rank());  // composes with EP's slice
 }
 
 void replicate_parameter(nn::Parameter& p, const ProcessGroup* tp, bool partial_grad) {

@@ -38,13 +38,14 @@ void check_tensor_parallel_degree(int64_t degree, const std::string& model,
                                   const std::vector<std::pair<std::string, int64_t>>& splits,
                                   const std::string& hint_tail = "");
 
-// ---- parameter placements (a model's plan calls these right after building the module, at any
-// degree: each records the plan in Parameter::tp_plan, which the memory planner reads, and a
-// group of more than one rank (tp; null: none) also places the parameter)
+// ---- parameter placements (a model's plan calls these right after declaring its parameters
+// whole, at any degree: each records the plan in Parameter::tp_plan, which the memory planner
+// reads, and a group of more than one rank (tp; null: none) also places the parameter)
 
-// `p` holds piece tp.rank() of tp.size() equal pieces of the global parameter along `dim`
+// `p`, declared whole, becomes piece tp.rank() of tp.size() equal pieces along `dim`
 // (column-parallel: dim 0 of a Linear's [out, in] weight; row-parallel: dim 1; the vocabulary
-// rows of an embedding). Its initial values and checkpoint slices are those of that piece.
+// rows of an embedding): its shape, initial values and checkpoint slices are that piece's
+// (nn::divide_parameter). The layers read their local sizes (heads, hidden units) from it.
 void shard_parameter(nn::Parameter& p, int dim, const ProcessGroup* tp);
 // Every TP rank holds `p` whole (its slice, if any, is not over TP). partial_grad: each rank's
 // gradient is a partial sum (a sequence-parallel norm's), summed over TP by

@@ -28,6 +28,21 @@ bool holds(const std::vector<distributed::pp::StageLayers>& stages, const Part& 
   return false;
 }
 
+// A family's model as its parallel plan places it: make() builds it with every parameter
+// declared whole and without memory, its constructor places them (tensor and expert parallel
+// pieces), then only this rank's pieces get memory. Under an outer ParametersWithoutStorage (the
+// memory planner) none does.
+template <class Make>
+auto build_placed(const Make& make) {
+  decltype(make()) model;
+  {
+    nn::ParametersWithoutStorage declared;
+    model = make();
+  }
+  model->materialize_parameters();
+  return model;
+}
+
 // The checkpoint policy of a recompute mode other than none.
 inline autograd::CheckpointPolicy checkpoint_policy(Recompute r) {
   return r == Recompute::selective ? autograd::CheckpointPolicy::save_expensive

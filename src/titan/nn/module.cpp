@@ -33,6 +33,27 @@ Parameter& Module::register_parameter(const std::string& name, const Shape& shap
   return *params_.back().second;
 }
 
+void divide_parameter(Parameter& p, int dim, int64_t parts, int64_t index) {
+  const Shape whole = p.var.shape();
+  TITAN_CHECK(dim >= 0 && dim < whole.size() && parts >= 1 && index >= 0 && index < parts && whole[dim] % parts == 0,
+              p.var.name() + " " + whole.str() + " cannot be divided into " + std::to_string(parts) +
+                  " pieces along dim " + std::to_string(dim),
+              "a parallel degree must divide the dimension it splits");
+  Shape piece = whole;
+  piece[dim] = whole[dim] / parts;
+  p.slice = split_slice(p.slice, piece, dim, parts, index);
+  p.var = Variable(p.var.value().storage_allocated() ? Tensor::zeros(piece, DType::f32, MemCategory::parameters)
+                                                     : Tensor::unallocated(piece, DType::f32, MemCategory::parameters),
+                   true, p.var.name());
+}
+
+void Module::materialize_parameters() {
+  if (parameters_without_storage) return;
+  for (auto& [name, p] : named_parameters())
+    if (!p->var.value().storage_allocated())
+      p->var = Variable(Tensor::zeros(p->var.shape(), DType::f32, MemCategory::parameters), true, p->var.name());
+}
+
 void Module::register_buffer(const std::string& name, Tensor t, BufferKind kind) {
   check_new_name(name);
   buffers_.push_back({name, std::move(t), kind});

@@ -61,6 +61,13 @@ struct Parameter {
   bool expert_sharded = false;
 };
 
+// Divides a parameter along `dim` into `parts` equal pieces and keeps piece `index`: its variable
+// takes the piece's shape (no memory while it has none; zeros where it had some) and its slice
+// says where the piece sits (composing with a slice it already had). A parallel plan (tensor or
+// expert parallel) places a parameter so, once, right after the model declared it whole: the
+// plan is where each rank's local shape comes from.
+void divide_parameter(Parameter& p, int dim, int64_t parts, int64_t index);
+
 class Module;
 
 // What a buffer is to a checkpoint. state: saved, and a checkpoint must hold it. The others are
@@ -71,7 +78,8 @@ enum class BufferKind { state, step_statistic, saved_statistic };
 
 // While one lives (on this thread), register_parameter gives each parameter its shape and no
 // memory (PyTorch's meta device): a model built so shows the memory planner its parameters and
-// their declared plans without holding them, and cannot run.
+// their declared plans without holding them, and cannot run until materialize_parameters(). A
+// family builds its model so, places it, then materializes each rank's pieces only.
 class ParametersWithoutStorage {
  public:
   ParametersWithoutStorage();
@@ -128,6 +136,10 @@ class Module {
   // present and nothing else. Errors name the tensor, the shapes and `source` (e.g. a file).
   void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true,
                        const std::string& source = "state dict");
+
+  // Gives every parameter still without memory (declared under ParametersWithoutStorage, then
+  // placed by its plan) its memory, zeroed; nothing while a ParametersWithoutStorage lives.
+  void materialize_parameters();
 
   // Re-initializes every parameter from its Init with (seed, full name, element index of the
   // global parameter: a tensor-parallel shard gets the values of its slice).

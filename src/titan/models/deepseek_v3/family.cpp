@@ -7,6 +7,7 @@
 
 #include "titan/core/error.h"
 #include "titan/distributed/process_group.h"
+#include "titan/models/common.h"
 #include "titan/models/converters.h"
 #include "titan/models/deepseek_v3/hf_adapter.h"
 #include "titan/models/deepseek_v3/moe_layer.h"
@@ -79,7 +80,8 @@ std::unique_ptr<CausalLM> build(const std::string& flavor, int64_t vocab, int64_
               "parallelism.expert_parallel_degree = " + std::to_string(options.ep ? options.ep->size() : 1) +
                   ": this architecture has no MoE layer (n_dense_layers = " + std::to_string(a.n_dense_layers) + ")",
               "set expert_parallel_degree = 1");
-  auto m = std::make_unique<Transformer>(a, moe_factory(options), options.tp, options.pipeline_stages);
+  auto m = build_placed(
+      [&] { return std::make_unique<Transformer>(a, moe_factory(options), options.tp, options.pipeline_stages); });
   const ModelFamily& family = v32 ? v32_family() : v3_family();
   const Converters converters = converters_from_names(options.converters, family.name, family.converters);
   const bool names_dsa = std::any_of(options.converters.begin(), options.converters.end(),

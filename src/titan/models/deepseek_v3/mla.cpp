@@ -31,18 +31,17 @@ LatentCache LatentCache::allocate(const DeepSeekV3Args& a, int64_t batch, int64_
 }
 
 Attention::Attention(const DeepSeekV3Args& a, int layer_id, const distributed::ProcessGroup* tp)
-    : wq(a.q_lora_rank == 0 ? &register_module("wq", linear(a.dim, a.n_heads / degree(tp) * a.qk_head_dim())) : nullptr),
+    : wq(a.q_lora_rank == 0 ? &register_module("wq", linear(a.dim, a.n_heads * a.qk_head_dim())) : nullptr),
       wq_a(a.q_lora_rank > 0 ? &register_module("wq_a", linear(a.dim, a.q_lora_rank)) : nullptr),
       q_norm(a.q_lora_rank > 0 ? &register_module("q_norm", std::make_unique<nn::RMSNorm>(a.q_lora_rank, a.norm_eps))
                                : nullptr),
-      wq_b(a.q_lora_rank > 0 ? &register_module("wq_b", linear(a.q_lora_rank, a.n_heads / degree(tp) * a.qk_head_dim()))
+      wq_b(a.q_lora_rank > 0 ? &register_module("wq_b", linear(a.q_lora_rank, a.n_heads * a.qk_head_dim()))
                              : nullptr),
       wkv_a(register_module("wkv_a", linear(a.dim, a.kv_lora_rank + a.qk_rope_head_dim))),
       kv_norm(register_module("kv_norm", std::make_unique<nn::RMSNorm>(a.kv_lora_rank, a.norm_eps))),
-      wkv_b(register_module("wkv_b", linear(a.kv_lora_rank, a.n_heads / degree(tp) * (a.qk_nope_head_dim + a.v_head_dim)))),
-      wo(register_module("wo", linear(a.n_heads / degree(tp) * a.v_head_dim, a.dim, a.out_proj_std(layer_id)))),
+      wkv_b(register_module("wkv_b", linear(a.kv_lora_rank, a.n_heads * (a.qk_nope_head_dim + a.v_head_dim)))),
+      wo(register_module("wo", linear(a.n_heads * a.v_head_dim, a.dim, a.out_proj_std(layer_id)))),
       indexer(a.has_indexer() ? &register_module("indexer", std::make_unique<Indexer>(a)) : nullptr),
-      n_heads_(a.n_heads / degree(tp)),
       kv_lora_rank_(a.kv_lora_rank),
       qk_nope_(a.qk_nope_head_dim),
       qk_rope_(a.qk_rope_head_dim),
@@ -59,14 +58,14 @@ Attention::Projections Attention::project(const Variable& x) const {
 Variable Attention::query(const Variable& q_proj, const kernels::RopeTables& rope, const Tensor& positions) const {
   if (!wq) return query_from_latent(q_norm->forward(q_proj), rope, positions);
   const int64_t b = q_proj.shape()[0], s = q_proj.shape()[1];
-  Variable q = autograd::view(q_proj, {b, s, n_heads_, qk_nope_ + qk_rope_});
+  Variable q = autograd::view(q_proj, {b, s, n_heads(), qk_nope_ + qk_rope_});
   return apply_rope(q, rope, positions, kernels::RopeLayout::interleaved, qk_nope_);
 }
 
 Variable Attention::query_from_latent(const Variable& qr, const kernels::RopeTables& rope,
                                       const Tensor& positions) const {
   const int64_t b = qr.shape()[0], s = qr.shape()[1];
-  Variable q = autograd::view(wq_b->forward(qr), {b, s, n_heads_, qk_nope_ + qk_rope_});  // [B, S, H, d_qk]
+  Variable q = autograd::view(wq_b->forward(qr), {b, s, n_heads(), qk_nope_ + qk_rope_});  // [B, S, H, d_qk]
   return apply_rope(q, rope, positions, kernels::RopeLayout::interleaved, qk_nope_);
 }
 
@@ -88,7 +87,7 @@ Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, 
   const auto whole = [b, s](const Variable& v) { return autograd::view(v, {b, s, v.shape()[1]}); };
   const Projections p{whole(y[0]), whole(y[1]), indexer ? x_all.view({b, s, dim_}) : Tensor()};
   // wo's partial sums (this rank's heads) reduced to this rank's tokens (async TP: in column blocks).
-  const Variable o = autograd::view(heads(p, rope, positions, aux), {b * s, n_heads_ * v_dim_});
+  const Variable o = autograd::view(heads(p, rope, positions, aux), {b * s, n_heads() * v_dim_});
   return distributed::row_parallel(o, wo, tp_, async_tp);
 }
 
@@ -100,7 +99,7 @@ Variable Attention::heads(const Projections& p, const kernels::RopeTables& rope,
   Variable kv = latent_kv(p.kv, rope, positions);                            // [B, S, 1, d_c + d_r]
   Variable c = kv_norm.forward(autograd::narrow_last(kv, 0, kv_lora_rank_));  // [B, S, 1, d_c]
   Variable k_rope = autograd::narrow_last(kv, kv_lora_rank_, qk_rope_);      // [B, S, 1, d_r]
-  Variable kv_up = autograd::view(wkv_b.forward(c), {b, s, n_heads_, qk_nope_ + v_dim_});
+  Variable kv_up = autograd::view(wkv_b.forward(c), {b, s, n_heads(), qk_nope_ + v_dim_});
   // Keys [kv_up nope | k_rope] and values (kv_up's tail) read in place: attention over
   // mla_keys_values' [B, S, H, d_qk] keys and [B, S, H, d_v] values, without building them.
   Variable o;  // [B, S, H, d_v]
@@ -110,7 +109,7 @@ Variable Attention::heads(const Projections& p, const kernels::RopeTables& rope,
   } else {
     o = autograd::mla_attention(q, kv_up, k_rope, qk_nope_, scale_);
   }
-  return autograd::view(o, {b, s, n_heads_ * v_dim_});
+  return autograd::view(o, {b, s, n_heads() * v_dim_});
 }
 
 Variable Attention::heads_dsa(const Projections& p, const kernels::RopeTables& rope, const Tensor& positions,
@@ -127,7 +126,7 @@ Variable Attention::heads_dsa(const Projections& p, const kernels::RopeTables& r
   // The indexer reads detached copies: none of its loss reaches the main model.
   const Indexer::Outputs idx = indexer->forward(Variable(p.x), Variable(qr.value()), rope, positions, dsa.impl);
   in.index_q = idx.q, in.index_k = idx.k, in.index_w = idx.w;
-  in.n_heads = n_heads_, in.nope_dim = qk_nope_, in.rope_dim = qk_rope_, in.v_dim = v_dim_;
+  in.n_heads = n_heads(), in.nope_dim = qk_nope_, in.rope_dim = qk_rope_, in.v_dim = v_dim_;
   in.latent_dim = kv_lora_rank_;
   in.scale = scale_;
   in.topk = dsa.topk > 0 ? dsa.topk : index_topk_;
@@ -142,7 +141,7 @@ Variable Attention::heads_dsa(const Projections& p, const kernels::RopeTables& r
   if (aux && out.loss.defined())
     aux->push_back({"indexer_loss", autograd::scale(out.loss, dsa.indexer_loss_coeff / (cp ? cp->size() : 1)),
                     out.loss.value().item(), true});
-  return autograd::view(out.o, {b, s, n_heads_ * v_dim_});
+  return autograd::view(out.o, {b, s, n_heads() * v_dim_});
 }
 
 DsaOutputs Attention::dsa_context_parallel(const DsaInputs& in) const {
@@ -178,7 +177,7 @@ Tensor Attention::forward_absorbed(const Tensor& x, const kernels::RopeTables& r
   TITAN_CHECK(x.dtype() == DType::f32 && x.dim() == 3, "mla absorbed form: x must be f32 [B, T, D], got " + x.str(),
               "the absorbed form is for inference in f32; call set_compute_dtype(DType::f32)");
   autograd::NoGradGuard no_grad;
-  const int64_t b = x.size(0), t = x.size(1), n = b * t, h = n_heads_, dc = kv_lora_rank_, dr = qk_rope_;
+  const int64_t b = x.size(0), t = x.size(1), n = b * t, h = n_heads(), dc = kv_lora_rank_, dr = qk_rope_;
   const int64_t dn = qk_nope_, dqk = qk_nope_ + qk_rope_;
   TITAN_CHECK(cache.kv.dim() == 4 && cache.kv.size(0) == b && past >= 0 && past + t <= cache.kv.size(1),
               "mla absorbed form: tokens [" + std::to_string(past) + ", " + std::to_string(past + t) +

@@ -109,7 +109,8 @@ class Attention : public nn::Module, public AppliesRope {
   // wkv_a x with RoPE on the k_r tail: [B, S, 1, d_c + d_r] (the latent is not normed yet).
   Variable latent_kv(const Variable& kv_proj, const kernels::RopeTables& rope, const Tensor& positions) const;
 
-  int64_t n_heads_, kv_lora_rank_, qk_nope_, qk_rope_, v_dim_, index_topk_;  // n_heads_: this rank's
+  int64_t n_heads() const { return wo.weight.var.shape()[1] / v_dim_; }  // this rank's, as the plan placed wo
+  int64_t kv_lora_rank_, qk_nope_, qk_rope_, v_dim_, index_topk_;
   int64_t dim_;
   double scale_;
   const distributed::ProcessGroup* tp_;

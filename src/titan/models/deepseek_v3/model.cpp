@@ -29,19 +29,19 @@ DeepSeekV3Args as_built(DeepSeekV3Args a, const MoeFactory& moe) {
 
 int64_t degree(const distributed::ProcessGroup* tp) { return tp ? tp->size() : 1; }
 
-// The embedding / output rows this rank holds, once the shapes are checked (the first member built).
-int64_t vocab_rows(const DeepSeekV3Args& a, const distributed::ProcessGroup* tp) {
+// The vocabulary, once the shapes are checked for the TP degree (the first member built).
+int64_t checked_vocab(const DeepSeekV3Args& a, const distributed::ProcessGroup* tp) {
   a.validate();
   check_tensor_parallel(a, degree(tp));
-  return a.vocab_size / degree(tp);
+  return a.vocab_size;
 }
 }  // namespace
 
 FeedForward::FeedForward(int64_t dim, int64_t hidden, double out_std, const distributed::ProcessGroup* tp)
-    : w1(register_module("w1", std::make_unique<nn::Linear>(dim, hidden / degree(tp),
+    : w1(register_module("w1", std::make_unique<nn::Linear>(dim, hidden,
                                                             Init::trunc_normal(DeepSeekV3Args::kInitStd)))),
-      w2(register_module("w2", std::make_unique<nn::Linear>(hidden / degree(tp), dim, Init::trunc_normal(out_std)))),
-      w3(register_module("w3", std::make_unique<nn::Linear>(dim, hidden / degree(tp), Init::trunc_normal(out_std)))),
+      w2(register_module("w2", std::make_unique<nn::Linear>(hidden, dim, Init::trunc_normal(out_std)))),
+      w3(register_module("w3", std::make_unique<nn::Linear>(dim, hidden, Init::trunc_normal(out_std)))),
       tp_(degree(tp) > 1 ? tp : nullptr) {}
 
 Variable FeedForward::forward(const Variable& x, AuxLosses* /*aux: none*/) {
@@ -109,13 +109,13 @@ Transformer::Transformer(const DeepSeekV3Args& a, const MoeFactory& moe, const d
                          std::vector<distributed::pp::StageLayers> stages)
     : tok_embeddings(holds(stages, [](const auto& st) { return st.embedding; }) ||
                              (a.num_mtp_layers > 0 && holds(stages, [](const auto& st) { return st.head; }))
-                         ? &register_module("tok_embeddings", std::make_unique<nn::Embedding>(vocab_rows(a, tp), a.dim,
+                         ? &register_module("tok_embeddings", std::make_unique<nn::Embedding>(checked_vocab(a, tp), a.dim,
                                                                                               Init::normal(0, 1)))
                          : nullptr),
       layers(register_module("layers", std::make_unique<nn::ModuleList<TransformerBlock>>())),
       args_(as_built(a, moe)),
       rope_(kernels::rope_tables(a.rope(), a.max_seq_len)) {
-  vocab_rows(a, tp);  // checks the shapes when no embedding was built
+  checked_vocab(a, tp);  // checks the shapes when no embedding was built
   tp_ = degree(tp) > 1 ? tp : nullptr;
   const bool head = holds(stages, [](const auto& st) { return st.head; });
   // MTP embeds with the main model's table: the last stage needs it, which only a V placement
@@ -130,7 +130,7 @@ Transformer::Transformer(const DeepSeekV3Args& a, const MoeFactory& moe, const d
       layers.append_as(size_t(l), std::make_unique<TransformerBlock>(args_, l, moe, tp_));
   if (head) {
     norm = &register_module("norm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps));
-    output = &register_module("output", std::make_unique<nn::Linear>(a.dim, a.vocab_size / degree(tp_),
+    output = &register_module("output", std::make_unique<nn::Linear>(a.dim, a.vocab_size,
                                                                       Init::trunc_normal(1.0 / std::sqrt(double(a.dim)), 3)));
     if (args_.num_mtp_layers > 0) mtp = &register_module("mtp", std::make_unique<MultiTokenPrediction>(args_, moe, tp_));
   }

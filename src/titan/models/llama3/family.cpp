@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "titan/models/activation_terms.h"
+#include "titan/models/common.h"
 #include "titan/models/converters.h"
 #include "titan/models/llama3/model.h"
 
@@ -15,7 +16,7 @@ namespace {
 std::unique_ptr<CausalLM> build(const std::string& flavor, int64_t vocab, int64_t max_seq_len, const ModelOptions& options) {
   Llama3Args a = llama3_flavor(flavor, vocab);
   a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
-  auto m = std::make_unique<Transformer>(a, options.tp, options.pipeline_stages);
+  auto m = build_placed([&] { return std::make_unique<Transformer>(a, options.tp, options.pipeline_stages); });
   m->set_context_parallel(options.cp);
   m->set_async_tensor_parallel(options.async_tp);
   return m;

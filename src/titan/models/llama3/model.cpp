@@ -24,11 +24,11 @@ double out_proj_std(const Llama3Args& a, int layer_id) {
 
 int64_t degree(const distributed::ProcessGroup* tp) { return tp ? tp->size() : 1; }
 
-// The embedding rows this rank holds, once the shapes are checked (the first member built).
-int64_t vocab_rows(const Llama3Args& a, const distributed::ProcessGroup* tp) {
+// The vocabulary, once the shapes are checked for the TP degree (the first member built).
+int64_t checked_vocab(const Llama3Args& a, const distributed::ProcessGroup* tp) {
   a.validate();
   check_tensor_parallel(a, degree(tp));
-  return a.vocab_size / degree(tp);
+  return a.vocab_size;
 }
 
 // Under TP, a sublayer's input: every rank's tokens gathered.
@@ -38,16 +38,14 @@ Variable all_tokens(const Variable& x, const distributed::ProcessGroup* tp) {
 }  // namespace
 
 Attention::Attention(const Llama3Args& a, int layer_id, const distributed::ProcessGroup* tp)
-    : wq(register_module("wq", std::make_unique<nn::Linear>(a.dim, a.n_heads / degree(tp) * a.head_dim(),
+    : wq(register_module("wq", std::make_unique<nn::Linear>(a.dim, a.n_heads * a.head_dim(),
                                                             Init::trunc_normal(kInitStd)))),
-      wk(register_module("wk", std::make_unique<nn::Linear>(a.dim, a.kv_heads() / degree(tp) * a.head_dim(),
+      wk(register_module("wk", std::make_unique<nn::Linear>(a.dim, a.kv_heads() * a.head_dim(),
                                                             Init::trunc_normal(kInitStd)))),
-      wv(register_module("wv", std::make_unique<nn::Linear>(a.dim, a.kv_heads() / degree(tp) * a.head_dim(),
+      wv(register_module("wv", std::make_unique<nn::Linear>(a.dim, a.kv_heads() * a.head_dim(),
                                                             Init::trunc_normal(kInitStd)))),
-      wo(register_module("wo", std::make_unique<nn::Linear>(a.n_heads / degree(tp) * a.head_dim(), a.dim,
+      wo(register_module("wo", std::make_unique<nn::Linear>(a.n_heads * a.head_dim(), a.dim,
                                                             Init::trunc_normal(out_proj_std(a, layer_id))))),
-      n_heads_(a.n_heads / degree(tp)),
-      n_kv_heads_(a.kv_heads() / degree(tp)),
       head_dim_(a.head_dim()),
       tp_(tp) {}
 
@@ -55,35 +53,35 @@ Variable Attention::forward(const Variable& x, const kernels::RopeTables& rope, 
   const int64_t b = positions.size(0), s = positions.size(1);
   // q [B, S, H, Dh]; k, v [B, S, Hkv, Dh] (this rank's heads, every rank's tokens)
   const std::vector<Variable> qkv = distributed::column_parallel(x, {&wq, &wk, &wv}, tp_, async_tp);
-  Variable q = autograd::view(qkv[0], {b, s, n_heads_, head_dim_});
-  Variable k = autograd::view(qkv[1], {b, s, n_kv_heads_, head_dim_});
-  Variable v = autograd::view(qkv[2], {b, s, n_kv_heads_, head_dim_});
+  Variable q = autograd::view(qkv[0], {b, s, n_heads(), head_dim_});
+  Variable k = autograd::view(qkv[1], {b, s, n_kv_heads(), head_dim_});
+  Variable v = autograd::view(qkv[2], {b, s, n_kv_heads(), head_dim_});
   // Hugging Face's rotate-half pairing, so HF Llama checkpoints load without permuting wq/wk.
   q = apply_rope(q, rope, positions, kernels::RopeLayout::rotate_half);
   k = apply_rope(k, rope, positions, kernels::RopeLayout::rotate_half);
   Variable o = cp ? distributed::ring_attention(q, k, v, *cp) : autograd::attention(q, k, v);  // [B, S, H, Dh]
-  return distributed::row_parallel(autograd::view(o, {b * s, n_heads_ * head_dim_}), wo, tp_, async_tp);
+  return distributed::row_parallel(autograd::view(o, {b * s, n_heads() * head_dim_}), wo, tp_, async_tp);
 }
 
 Variable Attention::decode(const Variable& x, const kernels::RopeTables& rope, const Tensor& positions,
                           Tensor& k_cache, Tensor& v_cache, int64_t past) const {
   const int64_t b = x.shape()[0], t = x.shape()[1];
-  Variable q = autograd::view(wq.forward(x), {b, t, n_heads_, head_dim_});
-  Variable k = autograd::view(wk.forward(x), {b, t, n_kv_heads_, head_dim_});
-  Variable v = autograd::view(wv.forward(x), {b, t, n_kv_heads_, head_dim_});
+  Variable q = autograd::view(wq.forward(x), {b, t, n_heads(), head_dim_});
+  Variable k = autograd::view(wk.forward(x), {b, t, n_kv_heads(), head_dim_});
+  Variable v = autograd::view(wv.forward(x), {b, t, n_kv_heads(), head_dim_});
   q = apply_rope(q, rope, positions, kernels::RopeLayout::rotate_half);
   k = apply_rope(k, rope, positions, kernels::RopeLayout::rotate_half);
   k_cache.slice(1, past, past + t).copy_(k.value());
   v_cache.slice(1, past, past + t).copy_(v.value());
-  Tensor o = Tensor::empty({b, t, n_heads_, head_dim_}, DType::f32, MemCategory::activations);
+  Tensor o = Tensor::empty({b, t, n_heads(), head_dim_}, DType::f32, MemCategory::activations);
   kernels::attention_decode(o, q.value(), k_cache, v_cache, past);
-  return wo.forward(Variable(o.view({b, t, n_heads_ * head_dim_})));
+  return wo.forward(Variable(o.view({b, t, n_heads() * head_dim_})));
 }
 
 FeedForward::FeedForward(int64_t dim, int64_t hidden, double out_std, const distributed::ProcessGroup* tp)
-    : w1(register_module("w1", std::make_unique<nn::Linear>(dim, hidden / degree(tp), Init::trunc_normal(kInitStd)))),
-      w2(register_module("w2", std::make_unique<nn::Linear>(hidden / degree(tp), dim, Init::trunc_normal(out_std)))),
-      w3(register_module("w3", std::make_unique<nn::Linear>(dim, hidden / degree(tp), Init::trunc_normal(out_std)))),
+    : w1(register_module("w1", std::make_unique<nn::Linear>(dim, hidden, Init::trunc_normal(kInitStd)))),
+      w2(register_module("w2", std::make_unique<nn::Linear>(hidden, dim, Init::trunc_normal(out_std)))),
+      w3(register_module("w3", std::make_unique<nn::Linear>(dim, hidden, Init::trunc_normal(out_std)))),
       tp_(tp) {}
 
 Variable FeedForward::forward(const Variable& x) const {
@@ -114,14 +112,14 @@ Variable TransformerBlock::decode(const Variable& x, const kernels::RopeTables& 
 Transformer::Transformer(const Llama3Args& a, const distributed::ProcessGroup* tp,
                          std::vector<distributed::pp::StageLayers> stages)
     : tok_embeddings(holds(stages, [](const auto& st) { return st.embedding; })
-                         ? &register_module("tok_embeddings", std::make_unique<nn::Embedding>(vocab_rows(a, tp), a.dim,
+                         ? &register_module("tok_embeddings", std::make_unique<nn::Embedding>(checked_vocab(a, tp), a.dim,
                                                                                               Init::normal(0, 1)))
                          : nullptr),
       layers(register_module("layers", std::make_unique<nn::ModuleList<TransformerBlock>>())),
       args_(a),
       stages_(std::move(stages)),
       rope_(kernels::rope_tables(a.rope(), a.max_seq_len)) {
-  vocab_rows(a, tp);  // checks the shapes when no embedding was built
+  checked_vocab(a, tp);  // checks the shapes when no embedding was built
   tp_ = degree(tp) > 1 ? tp : nullptr;
   TITAN_CHECK(!a.tie_embeddings || stages_.empty(), "llama3 with tied embeddings (tie_embeddings) cannot be split into "
                                                     "pipeline stages: the first and last stage would share the table",
@@ -135,7 +133,7 @@ Transformer::Transformer(const Llama3Args& a, const distributed::ProcessGroup* t
       tok_embeddings->weight.gemm_weight = true;
     } else {
       const double std = 1.0 / std::sqrt(double(a.dim));
-      output = &register_module("output", std::make_unique<nn::Linear>(a.dim, a.vocab_size / degree(tp_),
+      output = &register_module("output", std::make_unique<nn::Linear>(a.dim, a.vocab_size,
                                                                         Init::trunc_normal(std, 3)));
     }
   }

@@ -12,8 +12,9 @@ namespace titan::models::llama3 {
 
 using autograd::Variable;
 
-// Under tensor parallelism (tp, null: none) a module holds this rank's heads / FFN columns and
-// its forward takes and returns this rank's sequence piece of the tokens (parallelize.cpp).
+// A module declares its parameters whole; under tensor parallelism (tp, null: none) the plan
+// (parallelize.cpp) then leaves it this rank's heads / FFN columns, and its forward takes and
+// returns this rank's sequence piece of the tokens. Local sizes are read from the placed weights.
 class Attention : public nn::Module, public AppliesRope {
  public:
   Attention(const Llama3Args& a, int layer_id, const distributed::ProcessGroup* tp);
@@ -29,7 +30,9 @@ class Attention : public nn::Module, public AppliesRope {
   bool async_tp = false;  // Transformer::set_async_tensor_parallel
 
  private:
-  int64_t n_heads_, n_kv_heads_, head_dim_;  // this rank's heads
+  int64_t n_heads() const { return wq.weight.var.shape()[0] / head_dim_; }  // this rank's, as placed
+  int64_t n_kv_heads() const { return wk.weight.var.shape()[0] / head_dim_; }
+  int64_t head_dim_;
   const distributed::ProcessGroup* tp_;
 };
 

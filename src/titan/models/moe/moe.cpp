@@ -108,17 +108,15 @@ GroupedExperts::GroupedExperts(int64_t dim, int64_t hidden, int64_t experts, dou
 MoE::MoE(const MoEArgs& a, double init_std)
     : router(register_module("router", std::make_unique<TokenChoiceTopKRouter>(a.dim, a.n_routed_experts, init_std))),
       experts(register_module("experts", std::make_unique<GroupedExperts>(
-                                             a.dim, a.moe_inter_dim / (a.tp && a.tp_gather ? a.tp->size() : 1),
-                                             a.n_routed_experts / a.ep_degree(), init_std))),
+                                             a.dim, a.moe_inter_dim, a.n_routed_experts, init_std))),
       args_(a),
       stats_counts_(size_t(a.n_routed_experts), 0) {
   a.validate();
   if (a.ep_degree() > 1)
     for (nn::Parameter* w : {&experts.w1, &experts.w2, &experts.w3}) distributed::shard_experts(*w, *a.ep);
   if (a.n_shared_experts > 0) {
-    const int64_t degree = a.tp ? a.tp->size() : 1;  // under TP: this rank's columns of the shared FFN
     shared_experts = &register_module(
-        "shared_experts", std::make_unique<FeedForward>(a.dim, a.moe_inter_dim * a.n_shared_experts / degree, init_std));
+        "shared_experts", std::make_unique<FeedForward>(a.dim, a.moe_inter_dim * a.n_shared_experts, init_std));
   }
   expert_bias = Tensor::zeros({a.n_routed_experts}, DType::f32, MemCategory::parameters);
   tokens_per_expert = Tensor::zeros({a.n_routed_experts}, DType::f32, MemCategory::parameters);
