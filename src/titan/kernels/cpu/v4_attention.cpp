@@ -1,0 +1,263 @@
+// Fused DeepSeek-V4 attention forward and backward (see cpu/v4_attention.h). Queries are
+// independent and the key-row gradients go to per-thread accumulators, so nothing needs atomics.
+#include "titan/kernels/cpu/v4_attention.h"
+
+#include <omp.h>
+
+#include "titan/kernels/cpu/isa.h"
+#include "titan/kernels/cpu/mqa_rows.h"
+#include "titan/kernels/cpu/scratch.h"
+#include "titan/kernels/cpu/tile_gemm.h"
+
+namespace titan::kernels::cpu::TITAN_ISA {
+
+namespace {
+
+constexpr float kInf = __builtin_inff();
+
+using Tiles = MqaTiles;
+constexpr int kRows = Tiles::kRows;
+
+// Padded sizes of the per-query buffers, shared by the forward and the backward.
+struct Plan {
+  int64_t Dp;  // D rounded up to 16: gathered rows and accumulator rows
+  int64_t Hs;  // H rounded up to 16: the head columns of the [key, head] score buffers
+  int64_t Hr;  // H rounded up to kRows: the rows of the per-head output tiles
+  int64_t Np;  // the most keys a query sees, rounded up to kRows: the rows of the per-key tiles
+};
+
+Plan make_plan(const V4AttentionParams& d) {
+  const int64_t most = min_i64(d.W, d.S) + (d.K > 0 ? d.K : d.T);
+  return {round_up(d.D, kPadLanes), round_up(d.H, kPadLanes), round_up(d.H, kRows), round_up(most, kRows)};
+}
+
+template <class T>
+TITAN_INLINE void copy_row(float* dst, const T* src, int64_t n) {
+  // Scalar math: dst = src, as f32
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) dst[c] = to_f32(src[c]);
+}
+
+// Copies the key rows query t sees (as f32) to g[0, n): its window's raw rows t - W + 1 .. t of
+// kv, then the compressed entries of comp it sees (HCA, sel nullptr: every visible one; CSA: the
+// valid slots of sel, in slot order), and their accumulator rows (raw key j: j; entry w: S + w)
+// to keys[0, n); zeroes rows [n, round_up(n, kRows)) and returns n >= 1. Columns past D stay
+// zero from the buffer's initialization.
+template <class T>
+int64_t gather_keys(float* g, int64_t ldg, int32_t* keys, const T* kv, const T* comp, const int32_t* sel, int64_t t,
+                    const V4AttentionParams& d) {
+  int64_t n = 0;
+  for (int64_t j = v4_window_start(d, t); j <= t; ++j, ++n) {
+    copy_row(g + n * ldg, kv + j * d.D, d.D);
+    keys[n] = int32_t(j);
+  }
+  if (sel) {
+    for (int64_t i = 0; i < d.K; ++i) {
+      if (!v4_slot_valid(d, sel[i], t)) continue;
+      copy_row(g + n * ldg, comp + int64_t(sel[i]) * d.D, d.D);
+      keys[n++] = int32_t(d.S + sel[i]);
+    }
+  } else {
+    const int64_t visible = v4_visible_entries(d, t);
+    for (int64_t w = 0; w < visible; ++w, ++n) {
+      copy_row(g + n * ldg, comp + w * d.D, d.D);
+      keys[n] = int32_t(d.S + w);
+    }
+  }
+  for (int64_t r = n; r < round_up(n, kRows); ++r) {
+    for (int64_t c = 0; c < d.D; ++c) g[r * ldg + c] = 0.0f;
+  }
+  return n;
+}
+
+}  // namespace
+
+int64_t v4_attention_acc_width(int64_t d) { return round_up(d, kPadLanes); }
+
+template <class T>
+void v4_attention_forward(T* o, float* lse, const T* q, const T* kv, const T* comp, const int32_t* idx,
+                          const float* sink, const V4AttentionParams& d) {
+  const Plan p = make_plan(d);
+  const float scale = float(d.scale);
+#pragma omp parallel
+  {
+    // Per-thread buffers of one query, zero-initialized so every padding lane is a finite 0.
+    Scratch<float> g(p.Np * p.Dp, ScratchInit::zeroed);   // [Np, Dp] its key rows, f32
+    Scratch<float> qt(d.D * p.Hs, ScratchInit::zeroed);   // [D, Hs] scale * q^T
+    // [Np + 1, Hs] scores, then P, key by head; the extra row covers the head-padding rows of the
+    // output tile, which read up to Hr - Hs < 16 floats past the last key.
+    Scratch<float> st((p.Np + 1) * p.Hs, ScratchInit::zeroed);
+    Scratch<float> out(p.Hr * p.Dp, ScratchInit::zeroed);  // [Hr, Dp] o rows
+    Scratch<float> m(p.Hs, ScratchInit::zeroed), l(p.Hs, ScratchInit::zeroed);  // [Hs] per-head max, sum
+    Scratch<float> sk(p.Hs, ScratchInit::zeroed);                               // [Hs] sink logits
+    Scratch<int32_t> keys(p.Np, ScratchInit::zeroed);
+    for (int64_t h = 0; h < p.Hs; ++h) sk.data()[h] = sink && h < d.H ? sink[h] : -kInf;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bt = 0; bt < d.B * d.S; ++bt) {
+      const int64_t b = bt / d.S, t = bt % d.S;
+      const int64_t n = gather_keys(g.data(), p.Dp, keys.data(), kv + b * d.S * d.D, comp + b * d.T * d.D,
+                                    idx ? idx + bt * d.K : nullptr, t, d);
+      transpose_heads(qt.data(), p.Hs, q + bt * d.H * d.D, d.D, d.H, d.D, scale);
+      // S^T[i, h] = scale * rows[i] . q[h]: [n, D] x [D, Hs]; every head reuses each row.
+      gemm<Tiles, TileStore::write>(st.data(), p.Hs, g.data(), p.Dp, 1, qt.data(), p.Hs, round_up(n, kRows), p.Hs,
+                                    d.D);
+      // Softmax over [the n keys | the sink] of each head, vectorized across heads (padding heads
+      // see 0s and no sink). n >= 1 (the query's own key), so the max is finite.
+      for (int64_t h = 0; h < p.Hs; ++h) m.data()[h] = sk.data()[h];
+      for (int64_t i = 0; i < n; ++i) {
+        const float* row = st.data() + i * p.Hs;
+        // Scalar math: m = max(m, s)
+#pragma omp simd
+        for (int64_t h = 0; h < p.Hs; ++h) m.data()[h] = row[h] > m.data()[h] ? row[h] : m.data()[h];
+      }
+      // Scalar math: l = exp(sink - m) (0 without a sink)
+#pragma omp simd
+      for (int64_t h = 0; h < p.Hs; ++h) l.data()[h] = fast_exp(sk.data()[h] - m.data()[h]);
+      for (int64_t i = 0; i < n; ++i) {
+        const float* row = st.data() + i * p.Hs;
+        // Scalar math: l += exp(s - m)
+#pragma omp simd
+        for (int64_t h = 0; h < p.Hs; ++h) l.data()[h] += fast_exp(row[h] - m.data()[h]);
+      }
+      for (int64_t h = 0; h < p.Hs; ++h) {
+        m.data()[h] += __builtin_logf(l.data()[h]);  // now lse; the libm call, not a wrapper shared across ISAs
+        if (h < d.H) lse[bt * d.H + h] = m.data()[h];
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        float* row = st.data() + i * p.Hs;
+        // Scalar math: P = exp(s - lse)
+#pragma omp simd
+        for (int64_t h = 0; h < p.Hs; ++h) row[h] = fast_exp(row[h] - m.data()[h]);
+      }
+      // o[h] = sum_i P[i, h] rows[i]: [Hr, n] (P read transposed) x [n, Dp]; the sink has no value.
+      gemm<Tiles, TileStore::write>(out.data(), p.Dp, st.data(), 1, p.Hs, g.data(), p.Dp, p.Hr, p.Dp, n);
+      T* ot = o + bt * d.H * d.D;
+      for (int64_t h = 0; h < d.H; ++h) {
+        // Scalar math: o[h] = out[h]
+#pragma omp simd
+        for (int64_t col = 0; col < d.D; ++col) ot[h * d.D + col] = from_f32<T>(out.data()[h * p.Dp + col]);
+      }
+    }
+  }
+}
+
+template <class T>
+void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout, const T* q, const T* kv,
+                           const T* comp, const int32_t* idx, const float* sink, const T* o, const float* lse,
+                           float* acc, int64_t parts, const V4AttentionParams& d) {
+  const Plan p = make_plan(d);
+  const int64_t w2 = 2 * p.Hs;         // [scale dS | P] and [scores | dA] columns: heads, then heads again
+  const int64_t key_rows = d.S + d.T;  // accumulator rows per batch element: raw keys, then entries
+  const float scale = float(d.scale);
+  // Each thread's dsink partial (in f64: a sum over every query), summed in thread order below.
+  Scratch<double> dsink_parts(parts * p.Hs, ScratchInit::zeroed);
+#pragma omp parallel num_threads(int(parts))
+  {
+    const int64_t me = omp_get_thread_num();
+    float* mine = acc + me * key_rows * p.Dp;  // this thread's key-row gradients, f32
+    double* my_dsink = dsink_parts.data() + me * p.Hs;
+    Scratch<float> g(p.Np * p.Dp, ScratchInit::zeroed);       // [Np, Dp] key rows
+    Scratch<float> qdt(d.D * w2, ScratchInit::zeroed);        // [D, 2 Hs] (scale q^T | dO^T)
+    Scratch<float> b2(w2 * p.Dp, ScratchInit::zeroed);        // [2 Hs, Dp] (q ; dO)
+    Scratch<float> st((p.Np + 1) * w2, ScratchInit::zeroed);  // [Np + 1, 2 Hs] see the forward's st
+    Scratch<float> dqb(p.Hr * p.Dp, ScratchInit::zeroed);     // [Hr, Dp] dq rows
+    Scratch<float> lse_h(p.Hs, ScratchInit::zeroed), delta(p.Hs, ScratchInit::zeroed);  // [Hs]
+    Scratch<float> dummy(p.Dp, ScratchInit::zeroed);          // C row of padding rows, never read
+    Scratch<int32_t> keys(p.Np, ScratchInit::zeroed);
+    Scratch<float*> c(p.Np, ScratchInit::zeroed);  // C rows of the key-gradient product
+    for (int64_t h = d.H; h < p.Hs; ++h) lse_h.data()[h] = kInf;  // padding heads: P = 0
+    for (int64_t b = 0; b < d.B; ++b) {
+      // Queries dealt round-robin, not dynamically: each thread's partials then sum the same
+      // queries in the same order on every call, so the gradients do not vary run to run.
+#pragma omp for schedule(static, 1)
+      for (int64_t t = 0; t < d.S; ++t) {
+        const int64_t bt = b * d.S + t;
+        const int64_t n = gather_keys(g.data(), p.Dp, keys.data(), kv + b * d.S * d.D, comp + b * d.T * d.D,
+                                      idx ? idx + bt * d.K : nullptr, t, d);
+        const T* qh = q + bt * d.H * d.D;
+        const T* doh = dout + bt * d.H * d.D;
+        const T* oh = o + bt * d.H * d.D;
+        transpose_heads(qdt.data(), w2, qh, d.D, d.H, d.D, scale);
+        transpose_heads(qdt.data() + p.Hs, w2, doh, d.D, d.H, d.D, 1.0f);
+        for (int64_t h = 0; h < d.H; ++h) {
+          float* b2q = b2.data() + h * p.Dp;
+          float* b2d = b2.data() + (p.Hs + h) * p.Dp;
+          float dl = 0;  // Delta = rowsum(dO * O)
+          // Scalar math: Delta += dO o; b2 rows = (q ; dO)
+#pragma omp simd reduction(+ : dl)
+          for (int64_t col = 0; col < d.D; ++col) {
+            const float dov = to_f32(doh[h * d.D + col]);
+            dl += dov * to_f32(oh[h * d.D + col]);
+            b2d[col] = dov;
+            b2q[col] = to_f32(qh[h * d.D + col]);
+          }
+          delta.data()[h] = dl;
+          lse_h.data()[h] = lse[bt * d.H + h];
+          // The sink joins the softmax with no value: dsink = p_sink (0 - Delta).
+          if (sink) my_dsink[h] -= double(fast_exp(sink[h] - lse_h.data()[h])) * double(dl);
+        }
+        // [S^T | dA^T][i] = rows[i] . (scale q | dO): one [n, D] x [D, 2 Hs] product.
+        const int64_t n_pad = round_up(n, kRows);
+        gemm<Tiles, TileStore::write>(st.data(), w2, g.data(), p.Dp, 1, qdt.data(), w2, n_pad, w2, d.D);
+        // P recomputed from lse; the row becomes (scale dS | P), the A operand of dq and the keys.
+        for (int64_t i = 0; i < n; ++i) {
+          float* row = st.data() + i * w2;
+          // Scalar math: P = exp(s - lse); row = (scale P (dA - Delta) | P)
+#pragma omp simd
+          for (int64_t h = 0; h < p.Hs; ++h) {
+            const float ph = fast_exp(row[h] - lse_h.data()[h]);
+            row[h] = scale * ph * (row[p.Hs + h] - delta.data()[h]);
+            row[p.Hs + h] = ph;
+          }
+        }
+        // dq[h] = sum_i scale dS[i, h] rows[i]: [Hr, n] (read transposed) x [n, Dp]
+        gemm<Tiles, TileStore::write>(dqb.data(), p.Dp, st.data(), 1, w2, g.data(), p.Dp, p.Hr, p.Dp, n);
+        T* dqt = dq + bt * d.H * d.D;
+        for (int64_t h = 0; h < d.H; ++h) {
+          // Scalar math: dq[h] = dqb[h]
+#pragma omp simd
+          for (int64_t col = 0; col < d.D; ++col) dqt[h * d.D + col] = from_f32<T>(dqb.data()[h * p.Dp + col]);
+        }
+        // key rows[key_i] += (scale dS | P)[i] (q ; dO): key and value roles in one [n, 2 Hs] x
+        // [2 Hs, Dp] product, added straight into this thread's rows of the keys.
+        for (int64_t r = 0; r < n_pad; ++r) c.data()[r] = r < n ? mine + int64_t(keys.data()[r]) * p.Dp : dummy.data();
+        gemm_add_rows<Tiles>(c.data(), st.data(), w2, 1, b2.data(), p.Dp, n_pad, p.Dp, w2);
+      }
+      // (barrier) dkv | dcomp = the sum of the per-thread accumulators, zeroed for the next b.
+#pragma omp for schedule(static)
+      for (int64_t s = 0; s < key_rows; ++s) {
+        float* first = acc + s * p.Dp;
+        for (int64_t part = 1; part < parts; ++part) {
+          float* row = acc + (part * key_rows + s) * p.Dp;
+          // Scalar math: first += the partial; partial = 0
+#pragma omp simd
+          for (int64_t col = 0; col < p.Dp; ++col) first[col] += row[col], row[col] = 0.0f;
+        }
+        T* dst = s < d.S ? dkv + (b * d.S + s) * d.D : dcomp + (b * d.T + s - d.S) * d.D;
+        // Scalar math: dst = sum of the partials; first = 0
+#pragma omp simd
+        for (int64_t col = 0; col < d.D; ++col) dst[col] = from_f32<T>(first[col]);
+#pragma omp simd
+        for (int64_t col = 0; col < p.Dp; ++col) first[col] = 0.0f;
+      }
+    }
+  }
+  if (!sink) return;
+  for (int64_t h = 0; h < d.H; ++h) {
+    double sum = 0;
+    for (int64_t part = 0; part < parts; ++part) sum += dsink_parts.data()[part * p.Hs + h];
+    dsink[h] = float(sum);
+  }
+}
+
+#define TITAN_INSTANTIATE(T)                                                                                          \
+  template void v4_attention_forward<T>(T*, float*, const T*, const T*, const T*, const int32_t*, const float*,       \
+                                        const V4AttentionParams&);                                                    \
+  template void v4_attention_backward<T>(T*, T*, T*, float*, const T*, const T*, const T*, const T*, const int32_t*,  \
+                                         const float*, const T*, const float*, float*, int64_t,                       \
+                                         const V4AttentionParams&);
+TITAN_INSTANTIATE(float)
+TITAN_INSTANTIATE(bf16)
+#undef TITAN_INSTANTIATE
+
+}  // namespace titan::kernels::cpu::TITAN_ISA

@@ -1,0 +1,37 @@
+// Fast DeepSeek-V4 attention over [window | compressed entries | sink], forward and backward
+// (per-ISA variants; see cpu/isa.h). Same contract as ref/v4_attention.h with T in {float, bf16},
+// f32 lse, sink and dsink, and f32 arithmetic.
+//
+// OpenMP over queries. Each thread copies its query's visible key rows (the window's raw rows,
+// then the visible or selected compressed entries; as f32) into an L2-sized buffer, and every head
+// reuses them in the register-tiled products of cpu/mqa_rows.h, as sparse MLA does:
+//   forward   scores^T [n, H] = rows x (scale q)^T, a softmax across the n keys and the sink of
+//             each head, o = P^T rows
+//   backward  [scores | dA]^T = rows x (scale q | dO)^T in one product, P from lse,
+//             dS = P (dA - rowsum(dO * O)), dq = scale dS^T rows, dsink = -sum p_sink rowsum(dO * O),
+//             and the key rows += (scale dS | P) (q ; dO): key and value roles (K = V) in one
+//             product, added in place.
+// No S x S (or S x T) buffer exists: a query's scores live in its thread's [n, H] tile, n <=
+// min(W, S) + (K or T).
+// The key-row gradients accumulate in `acc`, `parts` per-thread f32 buffers [parts, S + T,
+// v4_attention_acc_width(D)] (rows 0..S-1 raw keys, S.. compressed entries; the backward runs on
+// at most `parts` threads), summed into dkv and dcomp per batch element: no atomics. acc must be
+// zero; it is left zero.
+#pragma once
+
+#include <cstdint>
+
+#include "titan/core/dtype.h"
+#include "titan/kernels/dispatch.h"
+#include "titan/kernels/v4_attention_params.h"
+
+#define TITAN_V4_ATTENTION_KERNELS                                                                                 \
+  int64_t v4_attention_acc_width(int64_t d);                                                                       \
+  template <class T>                                                                                               \
+  void v4_attention_forward(T* o, float* lse, const T* q, const T* kv, const T* comp, const int32_t* idx,          \
+                            const float* sink, const ::titan::kernels::V4AttentionParams& d);                      \
+  template <class T>                                                                                               \
+  void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout, const T* q, const T* kv,        \
+                             const T* comp, const int32_t* idx, const float* sink, const T* o, const float* lse,   \
+                             float* acc, int64_t parts, const ::titan::kernels::V4AttentionParams& d);
+TITAN_FOR_EACH_ISA(TITAN_V4_ATTENTION_KERNELS)
