@@ -1,0 +1,133 @@
+// DeepSeek-V4's attention over [window | compressed entries | sink]: the fused op
+// (autograd::v4_attention, kernels/v4_attention.h) against its small-op form (transformers' eager
+// attention: [B, H, S, S + T] masked scores; autograd::v4_attention_small_ops), forward +
+// backward, time and the peak of tensor memory above what was live before, for a CSA layer
+// (top-k compressed entries) and an HCA layer (every visible entry) at a debug-model shape and at
+// 4K tokens. f32; ratios from this run.
+//   build/bench/bench_v4_attention [--reps 3] [--skip-4k]
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "titan/autograd/ops.h"
+#include "titan/autograd/small_op_forms.h"
+#include "titan/core/allocator.h"
+#include "titan/core/parallel.h"
+#include "titan/core/rng.h"
+#include "titan/kernels/v4_attention_params.h"
+#include "titan/train/metrics.h"
+
+using namespace titan;
+using autograd::Variable;
+
+namespace {
+
+struct Shape4 {
+  const char* name;
+  int64_t B, S, H, D, W, m, K;  // K = 0: HCA
+};
+
+struct Measure {
+  double seconds = 0;
+  int64_t peak_bytes = 0;  // tensor memory above what was live before
+};
+
+Measure measure(const std::function<void()>& fn, int reps) {
+  Measure m;
+  m.seconds = bench::time_best(fn, reps, 1);
+  const int64_t live = memory_stats().live_total;
+  memory_reset_peak();
+  fn();
+  m.peak_bytes = memory_stats().peak_total - live;
+  return m;
+}
+
+Tensor uniform(const titan::Shape& s, uint64_t seed, const char* name, double lo = -1, double hi = 1) {
+  Tensor t = Tensor::empty(s, DType::f32);
+  init_uniform(t, seed, name, lo, hi);
+  return t;
+}
+
+// CSA's slot lists as the indexer's top-k gives them: min(K, visible) distinct visible entries
+// per query, the other slots -1.
+Tensor top_k_like(const kernels::V4AttentionParams& d) {
+  Tensor idx = Tensor::empty({d.B, d.S, d.K}, DType::i32);
+  Generator g(5, "bench_v4_attention.idx");
+  std::vector<int32_t> pool;
+  for (int64_t bt = 0; bt < d.B * d.S; ++bt) {
+    const int64_t n = kernels::v4_visible_entries(d, bt % d.S);
+    pool.resize(size_t(n));
+    std::iota(pool.begin(), pool.end(), 0);
+    int32_t* row = idx.data<int32_t>() + bt * d.K;
+    for (int64_t j = 0; j < d.K; ++j) {
+      if (j >= n) {
+        row[j] = -1;
+        continue;
+      }
+      std::swap(pool[size_t(j)], pool[size_t(j + int64_t(g.next_below(uint64_t(n - j))))]);
+      row[j] = pool[size_t(j)];
+    }
+  }
+  return idx;
+}
+
+void run(const Shape4& s, int reps) {
+  kernels::V4AttentionParams d;
+  d.B = s.B, d.S = s.S, d.H = s.H, d.D = s.D, d.W = s.W, d.ratio = s.m, d.K = s.K, d.T = s.S / s.m;
+  const double scale = 1.0 / std::sqrt(double(s.D));
+  const Tensor q = uniform({d.B, d.S, d.H, d.D}, 1, "q"), kv = uniform({d.B, d.S, d.D}, 2, "kv");
+  const Tensor comp = uniform({d.B, d.T, d.D}, 3, "comp"), sink = uniform({d.H}, 4, "sink");
+  const Tensor idx = d.K > 0 ? top_k_like(d) : Tensor();
+  const Tensor dout = Tensor::full(q.shape(), 1e-3, DType::f32);
+  auto step = [&](bool fused) {
+    return [&, fused] {
+      Variable vq(q, true), vkv(kv, true), vc(comp, true), vs(sink, true);
+      Variable o = fused ? autograd::v4_attention(vq, vkv, vc, idx, vs, d.W, d.ratio, scale)
+                         : autograd::v4_attention_small_ops(vq, vkv, vc, idx, vs, d.W, d.ratio, scale);
+      autograd::backward(o, dout);
+    };
+  };
+  const Measure fused = measure(step(true), reps), small = measure(step(false), std::max(1, reps / 2));
+  char shape[96];
+  std::snprintf(shape, sizeof shape, "B%lld S%lld H%lld D%lld W%lld m%lld %s%lld", static_cast<long long>(d.B),
+                static_cast<long long>(d.S), static_cast<long long>(d.H), static_cast<long long>(d.D),
+                static_cast<long long>(d.W), static_cast<long long>(d.ratio), d.K > 0 ? "K" : "T",
+                static_cast<long long>(d.K > 0 ? d.K : d.T));
+  std::printf("| %-10s | %-38s | %9.2f | %9.2f | %6.2fx | %9s | %9s | %6.1fx |\n", s.name, shape, 1e3 * fused.seconds,
+              1e3 * small.seconds, small.seconds / fused.seconds, train::format_bytes(double(fused.peak_bytes)).c_str(),
+              train::format_bytes(double(small.peak_bytes)).c_str(),
+              double(small.peak_bytes) / double(std::max<int64_t>(fused.peak_bytes, 1)));
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 3;
+  bool skip_4k = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (a == "--skip-4k") skip_4k = true;
+  }
+  std::printf("V4 attention, fused vs small ops (S x (S + T) masked scores), f32, forward + backward, %d threads\n\n",
+              num_threads());
+  std::printf("| %-10s | %-38s | %9s | %9s | %7s | %9s | %9s | %7s |\n", "layer", "shape", "fused ms", "small ms",
+              "small/f", "fused mem", "small mem", "small/f");
+  std::printf("|------------|----------------------------------------|-----------|-----------|---------|-----------|"
+              "-----------|---------|\n");
+  // Debug model: batch 2 x 512 tokens, 8 heads of 64, window 64, CSA m = 4 with top-64, HCA m = 16.
+  const std::vector<Shape4> debug = {{"debug CSA", 2, 512, 8, 64, 64, 4, 64}, {"debug HCA", 2, 512, 8, 64, 64, 16, 0}};
+  // 4K tokens at V4's window and ratios (W 128, CSA m = 4 with top-512, HCA m = 128), 8 heads of 128.
+  const std::vector<Shape4> long_ctx = {{"4K CSA", 1, 4096, 8, 128, 128, 4, 512}, {"4K HCA", 1, 4096, 8, 128, 128, 128, 0}};
+  for (const Shape4& s : debug) run(s, reps);
+  if (!skip_4k)
+    for (const Shape4& s : long_ctx) run(s, reps);
+  return 0;
+}
