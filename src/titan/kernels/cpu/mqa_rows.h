@@ -62,4 +62,68 @@ void transpose_heads(float* dst, int64_t ld_dst, const T* src, int64_t ld_src, i
   }
 }
 
+// Softmax over the n key rows of st [n, Hs] (column h: head h), vectorized across heads, with an
+// optional extra logit per head that joins the denominator but has no row (extra nullptr: none;
+// DeepSeek-V4's attention sink): st becomes P = exp(s - lse) and lse[h] the normalizer, for every
+// h < Hs (padding heads see 0s). sum is [Hs] scratch. The max must be finite: n >= 1 or extra.
+inline void softmax_over_keys(float* st, int64_t n, int64_t Hs, const float* extra, float* lse, float* sum) {
+  for (int64_t h = 0; h < Hs; ++h) lse[h] = extra ? extra[h] : -__builtin_inff();
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = st + i * Hs;
+    // Scalar math: m = max(m, s)
+#pragma omp simd
+    for (int64_t h = 0; h < Hs; ++h) lse[h] = row[h] > lse[h] ? row[h] : lse[h];
+  }
+  for (int64_t h = 0; h < Hs; ++h) sum[h] = extra ? fast_exp(extra[h] - lse[h]) : 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = st + i * Hs;
+    // Scalar math: l += exp(s - m)
+#pragma omp simd
+    for (int64_t h = 0; h < Hs; ++h) sum[h] += fast_exp(row[h] - lse[h]);
+  }
+  // the libm call, not a wrapper shared across ISAs
+  for (int64_t h = 0; h < Hs; ++h) lse[h] += __builtin_logf(sum[h]);
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = st + i * Hs;
+    // Scalar math: P = exp(s - lse)
+#pragma omp simd
+    for (int64_t h = 0; h < Hs; ++h) row[h] = fast_exp(row[h] - lse[h]);
+  }
+}
+
+// The backward's rows [s | dA] of st [n, 2 Hs] (s: the scaled scores, dA = dO . value row) become
+// (scale dS | P), the A operand of dq and of the key rows: P = exp(s - lse) recomputed,
+// dS = P (dA - Delta) with Delta = rowsum(dO * O) per head.
+inline void scores_to_grads(float* st, int64_t n, int64_t Hs, const float* lse, const float* delta, float scale) {
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = st + i * 2 * Hs;
+    // Scalar math: P = exp(s - lse); row = (scale P (dA - Delta) | P)
+#pragma omp simd
+    for (int64_t h = 0; h < Hs; ++h) {
+      const float ph = fast_exp(row[h] - lse[h]);
+      row[h] = scale * ph * (row[Hs + h] - delta[h]);
+      row[Hs + h] = ph;
+    }
+  }
+}
+
+// dst [d] = row s of every part of the per-thread accumulators acc [parts, rows, ld], summed in
+// part order in f32 and rounded to T once; every part's row s is left zero.
+template <class T>
+inline void sum_partial_rows(T* dst, int64_t d, float* acc, int64_t s, int64_t rows, int64_t parts, int64_t ld) {
+  float* first = acc + s * ld;
+  for (int64_t part = 1; part < parts; ++part) {
+    float* row = acc + (part * rows + s) * ld;
+    // Scalar math: first += the partial; partial = 0
+#pragma omp simd
+    for (int64_t col = 0; col < ld; ++col) first[col] += row[col], row[col] = 0.0f;
+  }
+  // Scalar math: dst = sum of the partials
+#pragma omp simd
+  for (int64_t col = 0; col < d; ++col) dst[col] = from_f32<T>(first[col]);
+  // Scalar math: first = 0
+#pragma omp simd
+  for (int64_t col = 0; col < ld; ++col) first[col] = 0.0f;
+}
+
 }  // namespace titan::kernels::cpu::TITAN_ISA

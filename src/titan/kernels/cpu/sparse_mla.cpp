@@ -478,29 +478,8 @@ void sparse_mla_forward(T* o, float* lse, float* head_mean, const T* q, const T*
       const int64_t n_pad = round_up(n, kRows);
       gemm<Tiles, TileStore::write>(st.data(), p.Hs, g.data(), p.Dp, 1, qt.data(), p.Hs, n_pad, p.Hs, d.Dqk);
       // Softmax over the n slots of each head, vectorized across heads (padding heads see 0s).
-      for (int64_t h = 0; h < p.Hs; ++h) m.data()[h] = -kInf, l.data()[h] = 0.0f;
-      for (int64_t i = 0; i < n; ++i) {
-        const float* row = st.data() + i * p.Hs;
-        // Scalar math: m = max(m, s)
-#pragma omp simd
-        for (int64_t h = 0; h < p.Hs; ++h) m.data()[h] = row[h] > m.data()[h] ? row[h] : m.data()[h];
-      }
-      for (int64_t i = 0; i < n; ++i) {
-        const float* row = st.data() + i * p.Hs;
-        // Scalar math: l += exp(s - m)
-#pragma omp simd
-        for (int64_t h = 0; h < p.Hs; ++h) l.data()[h] += fast_exp(row[h] - m.data()[h]);
-      }
-      for (int64_t h = 0; h < p.Hs; ++h) {
-        m.data()[h] += __builtin_logf(l.data()[h]);  // now lse; the libm call, not a wrapper shared across ISAs
-        if (h < d.H) lse[bt * d.H + h] = m.data()[h];
-      }
-      for (int64_t i = 0; i < n; ++i) {
-        float* row = st.data() + i * p.Hs;
-        // Scalar math: P = exp(s - lse)
-#pragma omp simd
-        for (int64_t h = 0; h < p.Hs; ++h) row[h] = fast_exp(row[h] - m.data()[h]);
-      }
+      softmax_over_keys(st.data(), n, p.Hs, nullptr, m.data(), l.data());
+      for (int64_t h = 0; h < d.H; ++h) lse[bt * d.H + h] = m.data()[h];
       if (head_mean) write_head_mean(head_mean + bt * d.K, st.data(), p.Hs, nullptr, idx + bt * d.K, t, d);
       // o[h] = sum_i P[i, h] rows[i][:Dv]: [Hr, n] (P read transposed) x [n, Dvp]
       gemm<Tiles, TileStore::write>(out.data(), p.Dvp, st.data(), 1, p.Hs, g.data(), p.Dp, p.Hr, p.Dvp, n);
@@ -578,16 +557,7 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
         const int64_t n_pad = round_up(n, kRows);
         gemm<Tiles, TileStore::write>(st.data(), w2, g.data(), p.Dp, 1, qdt.data(), w2, n_pad, w2, d.Dqk);
         // P recomputed from lse; the row becomes (scale dS | P), the A operand of dq and dkv.
-        for (int64_t i = 0; i < n; ++i) {
-          float* row = st.data() + i * w2;
-          // Scalar math: P = exp(s - lse); row = (scale P (dA - Delta) | P)
-#pragma omp simd
-          for (int64_t h = 0; h < p.Hs; ++h) {
-            const float ph = fast_exp(row[h] - lse_h.data()[h]);
-            row[h] = scale * ph * (row[p.Hs + h] - delta.data()[h]);
-            row[p.Hs + h] = ph;
-          }
-        }
+        scores_to_grads(st.data(), n, p.Hs, lse_h.data(), delta.data(), scale);
         // dq[h] = sum_i scale dS[i, h] rows[i]: [Hr, n] (read transposed) x [n, Dp]
         gemm<Tiles, TileStore::write>(dqb.data(), p.Dp, st.data(), 1, w2, g.data(), p.Dp, p.Hr, p.Dp, n);
         for (int64_t h = 0; h < d.H; ++h) {
@@ -602,21 +572,7 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
       }
       // (barrier) dkv = the sum of the per-thread accumulators, which are zeroed for the next b.
 #pragma omp for schedule(static)
-      for (int64_t s = 0; s < d.Skv; ++s) {
-        float* first = acc + s * p.Dp;
-        for (int64_t part = 1; part < parts; ++part) {
-          float* row = acc + (part * d.Skv + s) * p.Dp;
-          // Scalar math: first += the partial; partial = 0
-#pragma omp simd
-          for (int64_t col = 0; col < p.Dp; ++col) first[col] += row[col], row[col] = 0.0f;
-        }
-        // Scalar math: dkv = sum of the partials
-#pragma omp simd
-        for (int64_t col = 0; col < d.Dqk; ++col) dkv[(b * d.Skv + s) * d.Dqk + col] = from_f32<T>(first[col]);
-        // Scalar math: first = 0
-#pragma omp simd
-        for (int64_t col = 0; col < p.Dp; ++col) first[col] = 0.0f;
-      }
+      for (int64_t s = 0; s < d.Skv; ++s) sum_partial_rows(dkv + (b * d.Skv + s) * d.Dqk, d.Dqk, acc, s, d.Skv, parts, p.Dp);
     }
   }
 }

@@ -103,32 +103,8 @@ void v4_attention_forward(T* o, float* lse, const T* q, const T* kv, const T* co
                                     d.D);
       // Softmax over [the n keys | the sink] of each head, vectorized across heads (padding heads
       // see 0s and no sink). n >= 1 (the query's own key), so the max is finite.
-      for (int64_t h = 0; h < p.Hs; ++h) m.data()[h] = sk.data()[h];
-      for (int64_t i = 0; i < n; ++i) {
-        const float* row = st.data() + i * p.Hs;
-        // Scalar math: m = max(m, s)
-#pragma omp simd
-        for (int64_t h = 0; h < p.Hs; ++h) m.data()[h] = row[h] > m.data()[h] ? row[h] : m.data()[h];
-      }
-      // Scalar math: l = exp(sink - m) (0 without a sink)
-#pragma omp simd
-      for (int64_t h = 0; h < p.Hs; ++h) l.data()[h] = fast_exp(sk.data()[h] - m.data()[h]);
-      for (int64_t i = 0; i < n; ++i) {
-        const float* row = st.data() + i * p.Hs;
-        // Scalar math: l += exp(s - m)
-#pragma omp simd
-        for (int64_t h = 0; h < p.Hs; ++h) l.data()[h] += fast_exp(row[h] - m.data()[h]);
-      }
-      for (int64_t h = 0; h < p.Hs; ++h) {
-        m.data()[h] += __builtin_logf(l.data()[h]);  // now lse; the libm call, not a wrapper shared across ISAs
-        if (h < d.H) lse[bt * d.H + h] = m.data()[h];
-      }
-      for (int64_t i = 0; i < n; ++i) {
-        float* row = st.data() + i * p.Hs;
-        // Scalar math: P = exp(s - lse)
-#pragma omp simd
-        for (int64_t h = 0; h < p.Hs; ++h) row[h] = fast_exp(row[h] - m.data()[h]);
-      }
+      softmax_over_keys(st.data(), n, p.Hs, sk.data(), m.data(), l.data());
+      for (int64_t h = 0; h < d.H; ++h) lse[bt * d.H + h] = m.data()[h];
       // o[h] = sum_i P[i, h] rows[i]: [Hr, n] (P read transposed) x [n, Dp]; the sink has no value.
       gemm<Tiles, TileStore::write>(out.data(), p.Dp, st.data(), 1, p.Hs, g.data(), p.Dp, p.Hr, p.Dp, n);
       T* ot = o + bt * d.H * d.D;
@@ -200,16 +176,7 @@ void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout,
         const int64_t n_pad = round_up(n, kRows);
         gemm<Tiles, TileStore::write>(st.data(), w2, g.data(), p.Dp, 1, qdt.data(), w2, n_pad, w2, d.D);
         // P recomputed from lse; the row becomes (scale dS | P), the A operand of dq and the keys.
-        for (int64_t i = 0; i < n; ++i) {
-          float* row = st.data() + i * w2;
-          // Scalar math: P = exp(s - lse); row = (scale P (dA - Delta) | P)
-#pragma omp simd
-          for (int64_t h = 0; h < p.Hs; ++h) {
-            const float ph = fast_exp(row[h] - lse_h.data()[h]);
-            row[h] = scale * ph * (row[p.Hs + h] - delta.data()[h]);
-            row[p.Hs + h] = ph;
-          }
-        }
+        scores_to_grads(st.data(), n, p.Hs, lse_h.data(), delta.data(), scale);
         // dq[h] = sum_i scale dS[i, h] rows[i]: [Hr, n] (read transposed) x [n, Dp]
         gemm<Tiles, TileStore::write>(dqb.data(), p.Dp, st.data(), 1, w2, g.data(), p.Dp, p.Hr, p.Dp, n);
         T* dqt = dq + bt * d.H * d.D;
@@ -226,19 +193,8 @@ void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout,
       // (barrier) dkv | dcomp = the sum of the per-thread accumulators, zeroed for the next b.
 #pragma omp for schedule(static)
       for (int64_t s = 0; s < key_rows; ++s) {
-        float* first = acc + s * p.Dp;
-        for (int64_t part = 1; part < parts; ++part) {
-          float* row = acc + (part * key_rows + s) * p.Dp;
-          // Scalar math: first += the partial; partial = 0
-#pragma omp simd
-          for (int64_t col = 0; col < p.Dp; ++col) first[col] += row[col], row[col] = 0.0f;
-        }
         T* dst = s < d.S ? dkv + (b * d.S + s) * d.D : dcomp + (b * d.T + s - d.S) * d.D;
-        // Scalar math: dst = sum of the partials; first = 0
-#pragma omp simd
-        for (int64_t col = 0; col < d.D; ++col) dst[col] = from_f32<T>(first[col]);
-#pragma omp simd
-        for (int64_t col = 0; col < p.Dp; ++col) first[col] = 0.0f;
+        sum_partial_rows(dst, d.D, acc, s, key_rows, parts, p.Dp);
       }
     }
   }
