@@ -20,6 +20,7 @@
 #include "titan/core/allocator.h"
 #include "titan/core/parallel.h"
 #include "titan/core/rng.h"
+#include "titan/kernels/v4_attention.h"
 #include "titan/kernels/v4_attention_params.h"
 #include "titan/train/metrics.h"
 
@@ -32,6 +33,13 @@ struct Shape4 {
   const char* name;
   int64_t B, S, H, D, W, m, K;  // K = 0: HCA
 };
+
+// The fused kernels alone at one shape.
+struct KernelRow {
+  const char* name;
+  double fwd_ms, bwd_ms, keys_per_query, fwd_gflops, bwd_gflops;
+};
+std::vector<KernelRow> kernel_rows;
 
 struct Measure {
   double seconds = 0;
@@ -94,6 +102,28 @@ void run(const Shape4& s, int reps) {
     };
   };
   const Measure fused = measure(step(true), reps), small = measure(step(false), std::max(1, reps / 2));
+  // The fused kernels alone, and the rate of their products: per key a query sees, forward
+  // 4 H D FLOPs (scores, P V), backward 10 H D (scores and dA, dq, both roles of the key row).
+  Tensor o = Tensor::empty(q.shape(), DType::f32), lse = Tensor::empty({d.B, d.S, d.H}, DType::f32);
+  Tensor dq = Tensor::empty(q.shape(), DType::f32), dkv = Tensor::empty(kv.shape(), DType::f32);
+  Tensor dc = Tensor::empty(comp.shape(), DType::f32), ds = Tensor::empty(sink.shape(), DType::f32);
+  const double fwd = bench::time_best(
+      [&] { kernels::v4_attention_forward(o, lse, q, kv, comp, idx, sink, d.W, d.ratio, scale); }, reps, 1);
+  const double bwd = bench::time_best(
+      [&] {
+        kernels::v4_attention_backward(dq, dkv, dc, ds, dout, q, kv, comp, idx, sink, o, lse, d.W, d.ratio, scale);
+      },
+      reps, 1);
+  double keys = 0;
+  for (int64_t bt = 0; bt < d.B * d.S; ++bt) {
+    const int64_t t = bt % d.S;
+    int64_t n = t - kernels::v4_window_start(d, t) + 1;
+    if (d.K == 0) n += kernels::v4_visible_entries(d, t);
+    for (int64_t i = 0; i < d.K; ++i) n += kernels::v4_slot_valid(d, idx.data<int32_t>()[bt * d.K + i], t);
+    keys += double(n);
+  }
+  kernel_rows.push_back({s.name, 1e3 * fwd, 1e3 * bwd, keys / double(d.B * d.S),
+                         4 * double(d.H * d.D) * keys / fwd / 1e9, 10 * double(d.H * d.D) * keys / bwd / 1e9});
   char shape[96];
   std::snprintf(shape, sizeof shape, "B%lld S%lld H%lld D%lld W%lld m%lld %s%lld", static_cast<long long>(d.B),
                 static_cast<long long>(d.S), static_cast<long long>(d.H), static_cast<long long>(d.D),
@@ -129,5 +159,13 @@ int main(int argc, char** argv) {
   for (const Shape4& s : debug) run(s, reps);
   if (!skip_4k)
     for (const Shape4& s : long_ctx) run(s, reps);
+  std::printf("\nfused kernels alone (GFLOP/s of their products; measured f32 peak: %.0f)\n",
+              kernels::measure_machine_peak().f32_flops / 1e9);
+  std::printf("| %-10s | %10s | %10s | %9s | %10s | %10s |\n", "layer", "fwd ms", "bwd ms", "keys/q", "fwd GF/s",
+              "bwd GF/s");
+  std::printf("|------------|------------|------------|-----------|------------|------------|\n");
+  for (const KernelRow& r : kernel_rows)
+    std::printf("| %-10s | %10.2f | %10.2f | %9.1f | %10.1f | %10.1f |\n", r.name, r.fwd_ms, r.bwd_ms,
+                r.keys_per_query, r.fwd_gflops, r.bwd_gflops);
   return 0;
 }
