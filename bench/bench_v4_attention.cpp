@@ -3,8 +3,9 @@
 // attention: [B, H, S, S + T] masked scores; autograd::v4_attention_small_ops), forward +
 // backward, time and the peak of tensor memory above what was live before, for a CSA layer
 // (top-k compressed entries) and an HCA layer (every visible entry) at a debug-model shape and at
-// 4K tokens. f32; ratios from this run.
-//   build/bench/bench_v4_attention [--reps 3] [--skip-4k]
+// 4K tokens (--flash adds the fused kernels alone at V4-Flash's 64 heads of 512). f32; ratios
+// from this run.
+//   build/bench/bench_v4_attention [--reps 3] [--skip-4k] [--flash]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -85,7 +86,20 @@ Tensor top_k_like(const kernels::V4AttentionParams& d) {
   return idx;
 }
 
-void run(const Shape4& s, int reps) {
+void print_pair(const Shape4& s, const kernels::V4AttentionParams& d, const Measure& fused, const Measure& small) {
+  char shape[96];
+  std::snprintf(shape, sizeof shape, "B%lld S%lld H%lld D%lld W%lld m%lld %s%lld", static_cast<long long>(d.B),
+                static_cast<long long>(d.S), static_cast<long long>(d.H), static_cast<long long>(d.D),
+                static_cast<long long>(d.W), static_cast<long long>(d.ratio), d.K > 0 ? "K" : "T",
+                static_cast<long long>(d.K > 0 ? d.K : d.T));
+  std::printf("| %-10s | %-38s | %9.2f | %9.2f | %6.2fx | %9s | %9s | %6.1fx |\n", s.name, shape, 1e3 * fused.seconds,
+              1e3 * small.seconds, small.seconds / fused.seconds, train::format_bytes(double(fused.peak_bytes)).c_str(),
+              train::format_bytes(double(small.peak_bytes)).c_str(),
+              double(small.peak_bytes) / double(std::max<int64_t>(fused.peak_bytes, 1)));
+  std::fflush(stdout);
+}
+
+void run(const Shape4& s, int reps, bool small_ops = true) {
   kernels::V4AttentionParams d;
   d.B = s.B, d.S = s.S, d.H = s.H, d.D = s.D, d.W = s.W, d.ratio = s.m, d.K = s.K, d.T = s.S / s.m;
   const double scale = 1.0 / std::sqrt(double(s.D));
@@ -101,7 +115,7 @@ void run(const Shape4& s, int reps) {
       autograd::backward(o, dout);
     };
   };
-  const Measure fused = measure(step(true), reps), small = measure(step(false), std::max(1, reps / 2));
+  if (small_ops) print_pair(s, d, measure(step(true), reps), measure(step(false), std::max(1, reps / 2)));
   // The fused kernels alone, and the rate of their products: per key a query sees, forward
   // 4 H D FLOPs (scores, P V), backward 10 H D (scores and dA, dq, both roles of the key row).
   Tensor o = Tensor::empty(q.shape(), DType::f32), lse = Tensor::empty({d.B, d.S, d.H}, DType::f32);
@@ -124,27 +138,19 @@ void run(const Shape4& s, int reps) {
   }
   kernel_rows.push_back({s.name, 1e3 * fwd, 1e3 * bwd, keys / double(d.B * d.S),
                          4 * double(d.H * d.D) * keys / fwd / 1e9, 10 * double(d.H * d.D) * keys / bwd / 1e9});
-  char shape[96];
-  std::snprintf(shape, sizeof shape, "B%lld S%lld H%lld D%lld W%lld m%lld %s%lld", static_cast<long long>(d.B),
-                static_cast<long long>(d.S), static_cast<long long>(d.H), static_cast<long long>(d.D),
-                static_cast<long long>(d.W), static_cast<long long>(d.ratio), d.K > 0 ? "K" : "T",
-                static_cast<long long>(d.K > 0 ? d.K : d.T));
-  std::printf("| %-10s | %-38s | %9.2f | %9.2f | %6.2fx | %9s | %9s | %6.1fx |\n", s.name, shape, 1e3 * fused.seconds,
-              1e3 * small.seconds, small.seconds / fused.seconds, train::format_bytes(double(fused.peak_bytes)).c_str(),
-              train::format_bytes(double(small.peak_bytes)).c_str(),
-              double(small.peak_bytes) / double(std::max<int64_t>(fused.peak_bytes, 1)));
-  std::fflush(stdout);
 }
+
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int reps = 3;
-  bool skip_4k = false;
+  bool skip_4k = false, flash = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (a == "--skip-4k") skip_4k = true;
+    else if (a == "--flash") flash = true;
   }
   std::printf("V4 attention, fused vs small ops (S x (S + T) masked scores), f32, forward + backward, %d threads\n\n",
               num_threads());
@@ -159,6 +165,11 @@ int main(int argc, char** argv) {
   for (const Shape4& s : debug) run(s, reps);
   if (!skip_4k)
     for (const Shape4& s : long_ctx) run(s, reps);
+  // V4-Flash's attention heads (64 of 512) at 2K tokens: the fused kernels alone (the small-op
+  // form's scores would be [64, 2K, 2.5K] floats per sequence).
+  if (flash)
+    for (const Shape4& s : {Shape4{"flash CSA", 1, 2048, 64, 512, 128, 4, 512}, Shape4{"flash HCA", 1, 2048, 64, 512, 128, 128, 0}})
+      run(s, std::max(1, reps / 2), false);
   std::printf("\nfused kernels alone (GFLOP/s of their products; measured f32 peak: %.0f)\n",
               kernels::measure_machine_peak().f32_flops / 1e9);
   std::printf("| %-10s | %10s | %10s | %9s | %10s | %10s |\n", "layer", "fwd ms", "bwd ms", "keys/q", "fwd GF/s",
