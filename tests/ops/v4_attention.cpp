@@ -4,7 +4,10 @@
 // W = 128 with CSA m = 4 and HCA m = 128), S not a multiple of m (a tail with no entry), the window
 // larger than S, S < m (no entry: a sliding-only layer), K larger than the visible entries (CSA
 // rows also hold future, -1 and out-of-range slots), one head, odd head counts and widths (7 and
-// 37 heads, D = 1, 33), and 20 heads (a second, mostly padding head tile).
+// 37 heads, D = 1, 33), 20 heads (a second, mostly padding head tile), and more keys than one
+// chunk of the fast kernel holds (128 KiB of rows: 64 keys at D = 512, 32 at D = 1000), so the
+// online softmax and dq's sum run over several chunks (a chunk boundary inside the window, and
+// inside the CSA slots).
 #include "common/backend_compare.h"
 #include "common/v4_attention_inputs.h"
 #include "titan/kernels/v4_attention.h"
@@ -27,7 +30,8 @@ TITAN_OP_CASES(v4_attention) {
       {1, 1, 1, 1, 1, 2, 0},      {1, 7, 1, 33, 16, 4, 3},     {2, 19, 3, 16, 5, 4, 8},   {1, 23, 7, 33, 4, 3, 0},
       {2, 61, 4, 64, 16, 4, 4},   {2, 61, 4, 64, 16, 8, 0},    {1, 9, 5, 40, 3, 16, 0},   {1, 9, 5, 40, 3, 16, 2},
       {1, 40, 37, 24, 64, 5, 50}, {1, 30, 20, 48, 7, 2, 6},    {1, 200, 16, 64, 128, 4, 16},
-      {1, 260, 16, 64, 128, 128, 0}, {1, 24, 16, 512, 8, 4, 4},
+      {1, 260, 16, 64, 128, 128, 0}, {1, 24, 16, 512, 8, 4, 4},  {1, 90, 4, 512, 70, 4, 0},
+      {1, 60, 3, 1000, 40, 5, 12},   {2, 150, 5, 512, 50, 2, 70},
   };
   return {
       {"v4_attention_forward", kDims, shapes,

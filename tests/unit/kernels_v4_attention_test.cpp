@@ -32,7 +32,7 @@ namespace {
 const std::vector<std::vector<int64_t>> kShapes = {
     {1, 1, 1, 1, 1, 2, 0},    {1, 11, 1, 5, 16, 4, 0},  {2, 13, 3, 7, 4, 4, 9},  {1, 17, 5, 33, 6, 3, 2},
     {1, 6, 2, 3, 2, 8, 0},    {1, 6, 2, 3, 2, 8, 3},    {2, 21, 4, 16, 21, 2, 0}, {1, 30, 7, 17, 5, 4, 40},
-    {1, 40, 20, 24, 9, 5, 3},
+    {1, 40, 20, 24, 9, 5, 3},  {1, 70, 3, 1000, 40, 5, 12},  // the last: several key chunks in the fast kernel
 };
 
 // transformers' eager attention in double from the same inputs: o [B, S, H, D] and lse.

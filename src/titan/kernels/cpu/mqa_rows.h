@@ -62,19 +62,17 @@ void transpose_heads(float* dst, int64_t ld_dst, const T* src, int64_t ld_src, i
   }
 }
 
-// Softmax over the n key rows of st [n, Hs] (column h: head h), vectorized across heads, with an
-// optional extra logit per head that joins the denominator but has no row (extra nullptr: none;
-// DeepSeek-V4's attention sink): st becomes P = exp(s - lse) and lse[h] the normalizer, for every
-// h < Hs (padding heads see 0s). sum is [Hs] scratch. The max must be finite: n >= 1 or extra.
-inline void softmax_over_keys(float* st, int64_t n, int64_t Hs, const float* extra, float* lse, float* sum) {
-  for (int64_t h = 0; h < Hs; ++h) lse[h] = extra ? extra[h] : -__builtin_inff();
+// Softmax over the n >= 1 key rows of st [n, Hs] (column h: head h), vectorized across heads:
+// st becomes P = exp(s - lse) and lse[h] the normalizer, for every h < Hs (padding heads see 0s).
+// sum is [Hs] scratch.
+inline void softmax_over_keys(float* st, int64_t n, int64_t Hs, float* lse, float* sum) {
+  for (int64_t h = 0; h < Hs; ++h) lse[h] = -__builtin_inff(), sum[h] = 0.0f;
   for (int64_t i = 0; i < n; ++i) {
     const float* row = st + i * Hs;
     // Scalar math: m = max(m, s)
 #pragma omp simd
     for (int64_t h = 0; h < Hs; ++h) lse[h] = row[h] > lse[h] ? row[h] : lse[h];
   }
-  for (int64_t h = 0; h < Hs; ++h) sum[h] = extra ? fast_exp(extra[h] - lse[h]) : 0.0f;
   for (int64_t i = 0; i < n; ++i) {
     const float* row = st + i * Hs;
     // Scalar math: l += exp(s - m)

@@ -478,7 +478,7 @@ void sparse_mla_forward(T* o, float* lse, float* head_mean, const T* q, const T*
       const int64_t n_pad = round_up(n, kRows);
       gemm<Tiles, TileStore::write>(st.data(), p.Hs, g.data(), p.Dp, 1, qt.data(), p.Hs, n_pad, p.Hs, d.Dqk);
       // Softmax over the n slots of each head, vectorized across heads (padding heads see 0s).
-      softmax_over_keys(st.data(), n, p.Hs, nullptr, m.data(), l.data());
+      softmax_over_keys(st.data(), n, p.Hs, m.data(), l.data());
       for (int64_t h = 0; h < d.H; ++h) lse[bt * d.H + h] = m.data()[h];
       if (head_mean) write_head_mean(head_mean + bt * d.K, st.data(), p.Hs, nullptr, idx + bt * d.K, t, d);
       // o[h] = sum_i P[i, h] rows[i][:Dv]: [Hr, n] (P read transposed) x [n, Dvp]

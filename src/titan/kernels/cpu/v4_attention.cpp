@@ -18,56 +18,85 @@ constexpr float kInf = __builtin_inff();
 using Tiles = MqaTiles;
 constexpr int kRows = Tiles::kRows;
 
+// Floats of one chunk of gathered key rows (128 KiB): with the heads' operands beside it, a
+// chunk stays in L2 through the products that reuse it. A query's keys (up to W + K rows, 1.3 MB
+// at V4's 640 of 512 dims) run chunk by chunk.
+constexpr int64_t kChunkFloats = 32768;
+
 // Padded sizes of the per-query buffers, shared by the forward and the backward.
 struct Plan {
-  int64_t Dp;  // D rounded up to 16: gathered rows and accumulator rows
-  int64_t Hs;  // H rounded up to 16: the head columns of the [key, head] score buffers
-  int64_t Hr;  // H rounded up to kRows: the rows of the per-head output tiles
-  int64_t Np;  // the most keys a query sees, rounded up to kRows: the rows of the per-key tiles
+  int64_t Dp;     // D rounded up to 16: gathered rows and accumulator rows
+  int64_t Hs;     // H rounded up to 16: the head columns of the [key, head] score buffers
+  int64_t Hr;     // H rounded up to kRows: the rows of the per-head output tiles
+  int64_t most;   // the most keys a query sees
+  int64_t chunk;  // keys per chunk, a multiple of kRows: the rows of the per-key tiles
 };
 
 Plan make_plan(const V4AttentionParams& d) {
-  const int64_t most = min_i64(d.W, d.S) + (d.K > 0 ? d.K : d.T);
-  return {round_up(d.D, kPadLanes), round_up(d.H, kPadLanes), round_up(d.H, kRows), round_up(most, kRows)};
+  Plan p;
+  p.Dp = round_up(d.D, kPadLanes), p.Hs = round_up(d.H, kPadLanes), p.Hr = round_up(d.H, kRows);
+  p.most = min_i64(d.W, d.S) + (d.K > 0 ? d.K : d.T);
+  p.chunk = min_i64(round_up(p.most, kRows), max_i64(kChunkFloats / p.Dp / kRows, 1) * kRows);
+  return p;
 }
 
-template <class T>
-TITAN_INLINE void copy_row(float* dst, const T* src, int64_t n) {
-  // Scalar math: dst = src, as f32
-#pragma omp simd
-  for (int64_t c = 0; c < n; ++c) dst[c] = to_f32(src[c]);
-}
-
-// Copies the key rows query t sees (as f32) to g[0, n): its window's raw rows t - W + 1 .. t of
-// kv, then the compressed entries of comp it sees (HCA, sel nullptr: every visible one; CSA: the
-// valid slots of sel, in slot order), and their accumulator rows (raw key j: j; entry w: S + w)
-// to keys[0, n); zeroes rows [n, round_up(n, kRows)) and returns n >= 1. Columns past D stay
-// zero from the buffer's initialization.
-template <class T>
-int64_t gather_keys(float* g, int64_t ldg, int32_t* keys, const T* kv, const T* comp, const int32_t* sel, int64_t t,
-                    const V4AttentionParams& d) {
+// The keys query t sees, as rows of [kv | comp] of its batch element (raw key j: j; entry w:
+// S + w), to keys[0, n): its window t - W + 1 .. t, then its compressed entries (HCA, sel nullptr:
+// every visible one; CSA: the valid slots of sel, in slot order). Returns n >= 1.
+int64_t list_keys(int32_t* keys, const int32_t* sel, int64_t t, const V4AttentionParams& d) {
   int64_t n = 0;
-  for (int64_t j = v4_window_start(d, t); j <= t; ++j, ++n) {
-    copy_row(g + n * ldg, kv + j * d.D, d.D);
-    keys[n] = int32_t(j);
-  }
+  for (int64_t j = v4_window_start(d, t); j <= t; ++j) keys[n++] = int32_t(j);
   if (sel) {
-    for (int64_t i = 0; i < d.K; ++i) {
-      if (!v4_slot_valid(d, sel[i], t)) continue;
-      copy_row(g + n * ldg, comp + int64_t(sel[i]) * d.D, d.D);
-      keys[n++] = int32_t(d.S + sel[i]);
-    }
+    for (int64_t i = 0; i < d.K; ++i)
+      if (v4_slot_valid(d, sel[i], t)) keys[n++] = int32_t(d.S + sel[i]);
   } else {
     const int64_t visible = v4_visible_entries(d, t);
-    for (int64_t w = 0; w < visible; ++w, ++n) {
-      copy_row(g + n * ldg, comp + w * d.D, d.D);
-      keys[n] = int32_t(d.S + w);
-    }
+    for (int64_t w = 0; w < visible; ++w) keys[n++] = int32_t(d.S + w);
+  }
+  return n;
+}
+
+// Copies the rows of keys[0, n) (as f32) to g[0, n), rows ldg apart, and zeroes rows
+// [n, round_up(n, kRows)). Columns past D stay zero from the buffer's initialization.
+template <class T>
+void gather_rows(float* g, int64_t ldg, const int32_t* keys, int64_t n, const T* kv, const T* comp,
+                 const V4AttentionParams& d) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T* src = keys[i] < d.S ? kv + int64_t(keys[i]) * d.D : comp + (int64_t(keys[i]) - d.S) * d.D;
+    float* dst = g + i * ldg;
+    // Scalar math: g[i] = key row i, as f32
+#pragma omp simd
+    for (int64_t c = 0; c < d.D; ++c) dst[c] = to_f32(src[c]);
   }
   for (int64_t r = n; r < round_up(n, kRows); ++r) {
     for (int64_t c = 0; c < d.D; ++c) g[r * ldg + c] = 0.0f;
   }
-  return n;
+}
+
+// One chunk of the forward's online softmax, vectorized across heads: st [n, Hs] holds the
+// chunk's scores; m and l (per head) the running max and sum of exp(s - m) over the chunks so
+// far (the sink included); alpha receives exp(m_old - m_new), the factor the output rows
+// accumulated so far must be scaled by, and st the chunk's exp(s - m_new).
+void softmax_chunk(float* st, int64_t n, int64_t Hs, float* m, float* l, float* alpha) {
+  for (int64_t h = 0; h < Hs; ++h) alpha[h] = m[h];  // the old max, for now
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = st + i * Hs;
+    // Scalar math: m = max(m, s)
+#pragma omp simd
+    for (int64_t h = 0; h < Hs; ++h) m[h] = row[h] > m[h] ? row[h] : m[h];
+  }
+  // Scalar math: alpha = exp(m_old - m); l *= alpha (m_old = -inf on the first chunk without a sink: 0)
+#pragma omp simd
+  for (int64_t h = 0; h < Hs; ++h) alpha[h] = fast_exp(alpha[h] - m[h]), l[h] *= alpha[h];
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = st + i * Hs;
+    // Scalar math: P = exp(s - m); l += P
+#pragma omp simd
+    for (int64_t h = 0; h < Hs; ++h) {
+      row[h] = fast_exp(row[h] - m[h]);
+      l[h] += row[h];
+    }
+  }
 }
 
 }  // namespace
@@ -82,36 +111,57 @@ void v4_attention_forward(T* o, float* lse, const T* q, const T* kv, const T* co
 #pragma omp parallel
   {
     // Per-thread buffers of one query, zero-initialized so every padding lane is a finite 0.
-    Scratch<float> g(p.Np * p.Dp, ScratchInit::zeroed);   // [Np, Dp] its key rows, f32
-    Scratch<float> qt(d.D * p.Hs, ScratchInit::zeroed);   // [D, Hs] scale * q^T
-    // [Np + 1, Hs] scores, then P, key by head; the extra row covers the head-padding rows of the
-    // output tile, which read up to Hr - Hs < 16 floats past the last key.
-    Scratch<float> st((p.Np + 1) * p.Hs, ScratchInit::zeroed);
-    Scratch<float> out(p.Hr * p.Dp, ScratchInit::zeroed);  // [Hr, Dp] o rows
-    Scratch<float> m(p.Hs, ScratchInit::zeroed), l(p.Hs, ScratchInit::zeroed);  // [Hs] per-head max, sum
-    Scratch<float> sk(p.Hs, ScratchInit::zeroed);                               // [Hs] sink logits
-    Scratch<int32_t> keys(p.Np, ScratchInit::zeroed);
-    for (int64_t h = 0; h < p.Hs; ++h) sk.data()[h] = sink && h < d.H ? sink[h] : -kInf;
+    Scratch<float> g(p.chunk * p.Dp, ScratchInit::zeroed);  // [chunk, Dp] key rows, f32
+    Scratch<float> qt(d.D * p.Hs, ScratchInit::zeroed);     // [D, Hs] scale * q^T
+    // [chunk + 1, Hs] scores, then exp(s - m), key by head; the extra row covers the head-padding
+    // rows of the output tile, which read up to Hr - Hs < 16 floats past the last key.
+    Scratch<float> st((p.chunk + 1) * p.Hs, ScratchInit::zeroed);
+    Scratch<float> out(p.Hr * p.Dp, ScratchInit::zeroed);  // [Hr, Dp] o rows, unnormalized
+    // [Hs] per head: the running max and sum, the chunk's rescale factor
+    Scratch<float> m(p.Hs, ScratchInit::zeroed), l(p.Hs, ScratchInit::zeroed), alpha(p.Hs, ScratchInit::zeroed);
+    Scratch<int32_t> keys(p.most, ScratchInit::zeroed);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bt = 0; bt < d.B * d.S; ++bt) {
       const int64_t b = bt / d.S, t = bt % d.S;
-      const int64_t n = gather_keys(g.data(), p.Dp, keys.data(), kv + b * d.S * d.D, comp + b * d.T * d.D,
-                                    idx ? idx + bt * d.K : nullptr, t, d);
+      const T* kvb = kv + b * d.S * d.D;
+      const T* compb = comp + b * d.T * d.D;
+      const int64_t n = list_keys(keys.data(), idx ? idx + bt * d.K : nullptr, t, d);
       transpose_heads(qt.data(), p.Hs, q + bt * d.H * d.D, d.D, d.H, d.D, scale);
-      // S^T[i, h] = scale * rows[i] . q[h]: [n, D] x [D, Hs]; every head reuses each row.
-      gemm<Tiles, TileStore::write>(st.data(), p.Hs, g.data(), p.Dp, 1, qt.data(), p.Hs, round_up(n, kRows), p.Hs,
-                                    d.D);
-      // Softmax over [the n keys | the sink] of each head, vectorized across heads (padding heads
-      // see 0s and no sink). n >= 1 (the query's own key), so the max is finite.
-      softmax_over_keys(st.data(), n, p.Hs, sk.data(), m.data(), l.data());
-      for (int64_t h = 0; h < d.H; ++h) lse[bt * d.H + h] = m.data()[h];
-      // o[h] = sum_i P[i, h] rows[i]: [Hr, n] (P read transposed) x [n, Dp]; the sink has no value.
-      gemm<Tiles, TileStore::write>(out.data(), p.Dp, st.data(), 1, p.Hs, g.data(), p.Dp, p.Hr, p.Dp, n);
+      // The sink starts each head's softmax: max = sink, sum = exp(sink - sink) = 1 (padding heads
+      // and no sink: max -inf, sum 0).
+      for (int64_t h = 0; h < p.Hs; ++h) {
+        const bool has = sink && h < d.H;
+        m.data()[h] = has ? sink[h] : -kInf, l.data()[h] = has ? 1.0f : 0.0f;
+      }
+      // Key chunks: scores [cn, Hs] = rows x (scale q)^T, the online softmax, and
+      // out = alpha out + exp(s - m)^T rows ([Hr, cn] read transposed x [cn, Dp]).
+      for (int64_t c0 = 0; c0 < n; c0 += p.chunk) {
+        const int64_t cn = min_i64(p.chunk, n - c0);
+        gather_rows(g.data(), p.Dp, keys.data() + c0, cn, kvb, compb, d);
+        gemm<Tiles, TileStore::write>(st.data(), p.Hs, g.data(), p.Dp, 1, qt.data(), p.Hs, round_up(cn, kRows), p.Hs,
+                                      d.D);
+        softmax_chunk(st.data(), cn, p.Hs, m.data(), l.data(), alpha.data());
+        if (c0 == 0) {
+          gemm<Tiles, TileStore::write>(out.data(), p.Dp, st.data(), 1, p.Hs, g.data(), p.Dp, p.Hr, p.Dp, cn);
+          continue;
+        }
+        for (int64_t h = 0; h < d.H; ++h) {
+          float* row = out.data() + h * p.Dp;
+          const float a = alpha.data()[h];
+          // Scalar math: out[h] *= alpha[h]
+#pragma omp simd
+          for (int64_t col = 0; col < p.Dp; ++col) row[col] *= a;
+        }
+        gemm<Tiles, TileStore::accumulate>(out.data(), p.Dp, st.data(), 1, p.Hs, g.data(), p.Dp, p.Hr, p.Dp, cn);
+      }
       T* ot = o + bt * d.H * d.D;
       for (int64_t h = 0; h < d.H; ++h) {
-        // Scalar math: o[h] = out[h]
+        // the libm call, not a wrapper shared across ISAs; n >= 1 (the query's own key): l > 0
+        lse[bt * d.H + h] = m.data()[h] + __builtin_logf(l.data()[h]);
+        const float inv = 1.0f / l.data()[h];
+        // Scalar math: o[h] = out[h] / l[h]; the sink has no value
 #pragma omp simd
-        for (int64_t col = 0; col < d.D; ++col) ot[h * d.D + col] = from_f32<T>(out.data()[h * p.Dp + col]);
+        for (int64_t col = 0; col < d.D; ++col) ot[h * d.D + col] = from_f32<T>(inv * out.data()[h * p.Dp + col]);
       }
     }
   }
@@ -132,24 +182,25 @@ void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout,
     const int64_t me = omp_get_thread_num();
     float* mine = acc + me * key_rows * p.Dp;  // this thread's key-row gradients, f32
     double* my_dsink = dsink_parts.data() + me * p.Hs;
-    Scratch<float> g(p.Np * p.Dp, ScratchInit::zeroed);       // [Np, Dp] key rows
-    Scratch<float> qdt(d.D * w2, ScratchInit::zeroed);        // [D, 2 Hs] (scale q^T | dO^T)
-    Scratch<float> b2(w2 * p.Dp, ScratchInit::zeroed);        // [2 Hs, Dp] (q ; dO)
-    Scratch<float> st((p.Np + 1) * w2, ScratchInit::zeroed);  // [Np + 1, 2 Hs] see the forward's st
-    Scratch<float> dqb(p.Hr * p.Dp, ScratchInit::zeroed);     // [Hr, Dp] dq rows
+    Scratch<float> g(p.chunk * p.Dp, ScratchInit::zeroed);       // [chunk, Dp] key rows
+    Scratch<float> qdt(d.D * w2, ScratchInit::zeroed);           // [D, 2 Hs] (scale q^T | dO^T)
+    Scratch<float> b2(w2 * p.Dp, ScratchInit::zeroed);           // [2 Hs, Dp] (q ; dO)
+    Scratch<float> st((p.chunk + 1) * w2, ScratchInit::zeroed);  // [chunk + 1, 2 Hs] see the forward's st
+    Scratch<float> dqb(p.Hr * p.Dp, ScratchInit::zeroed);        // [Hr, Dp] dq rows
     Scratch<float> lse_h(p.Hs, ScratchInit::zeroed), delta(p.Hs, ScratchInit::zeroed);  // [Hs]
-    Scratch<float> dummy(p.Dp, ScratchInit::zeroed);          // C row of padding rows, never read
-    Scratch<int32_t> keys(p.Np, ScratchInit::zeroed);
-    Scratch<float*> c(p.Np, ScratchInit::zeroed);  // C rows of the key-gradient product
+    Scratch<float> dummy(p.Dp, ScratchInit::zeroed);             // C row of padding rows, never read
+    Scratch<int32_t> keys(p.most, ScratchInit::zeroed);
+    Scratch<float*> c(p.chunk, ScratchInit::zeroed);  // C rows of the key-gradient product
     for (int64_t h = d.H; h < p.Hs; ++h) lse_h.data()[h] = kInf;  // padding heads: P = 0
     for (int64_t b = 0; b < d.B; ++b) {
+      const T* kvb = kv + b * d.S * d.D;
+      const T* compb = comp + b * d.T * d.D;
       // Queries dealt round-robin, not dynamically: each thread's partials then sum the same
       // queries in the same order on every call, so the gradients do not vary run to run.
 #pragma omp for schedule(static, 1)
       for (int64_t t = 0; t < d.S; ++t) {
         const int64_t bt = b * d.S + t;
-        const int64_t n = gather_keys(g.data(), p.Dp, keys.data(), kv + b * d.S * d.D, comp + b * d.T * d.D,
-                                      idx ? idx + bt * d.K : nullptr, t, d);
+        const int64_t n = list_keys(keys.data(), idx ? idx + bt * d.K : nullptr, t, d);
         const T* qh = q + bt * d.H * d.D;
         const T* doh = dout + bt * d.H * d.D;
         const T* oh = o + bt * d.H * d.D;
@@ -172,23 +223,32 @@ void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout,
           // The sink joins the softmax with no value: dsink = p_sink (0 - Delta).
           if (sink) my_dsink[h] -= double(fast_exp(sink[h] - lse_h.data()[h])) * double(dl);
         }
-        // [S^T | dA^T][i] = rows[i] . (scale q | dO): one [n, D] x [D, 2 Hs] product.
-        const int64_t n_pad = round_up(n, kRows);
-        gemm<Tiles, TileStore::write>(st.data(), w2, g.data(), p.Dp, 1, qdt.data(), w2, n_pad, w2, d.D);
-        // P recomputed from lse; the row becomes (scale dS | P), the A operand of dq and the keys.
-        scores_to_grads(st.data(), n, p.Hs, lse_h.data(), delta.data(), scale);
-        // dq[h] = sum_i scale dS[i, h] rows[i]: [Hr, n] (read transposed) x [n, Dp]
-        gemm<Tiles, TileStore::write>(dqb.data(), p.Dp, st.data(), 1, w2, g.data(), p.Dp, p.Hr, p.Dp, n);
+        // Key chunks; P comes from lse, so they are independent but for dq's sum.
+        for (int64_t c0 = 0; c0 < n; c0 += p.chunk) {
+          const int64_t cn = min_i64(p.chunk, n - c0), cn_pad = round_up(cn, kRows);
+          gather_rows(g.data(), p.Dp, keys.data() + c0, cn, kvb, compb, d);
+          // [S^T | dA^T][i] = rows[i] . (scale q | dO): one [cn, D] x [D, 2 Hs] product.
+          gemm<Tiles, TileStore::write>(st.data(), w2, g.data(), p.Dp, 1, qdt.data(), w2, cn_pad, w2, d.D);
+          // P recomputed from lse; the row becomes (scale dS | P), the A operand of dq and the keys.
+          scores_to_grads(st.data(), cn, p.Hs, lse_h.data(), delta.data(), scale);
+          // dq[h] (+)= sum_i scale dS[i, h] rows[i]: [Hr, cn] (read transposed) x [cn, Dp]
+          if (c0 == 0) {
+            gemm<Tiles, TileStore::write>(dqb.data(), p.Dp, st.data(), 1, w2, g.data(), p.Dp, p.Hr, p.Dp, cn);
+          } else {
+            gemm<Tiles, TileStore::accumulate>(dqb.data(), p.Dp, st.data(), 1, w2, g.data(), p.Dp, p.Hr, p.Dp, cn);
+          }
+          // key rows[key_i] += (scale dS | P)[i] (q ; dO): key and value roles in one [cn, 2 Hs] x
+          // [2 Hs, Dp] product, added straight into this thread's rows of the keys.
+          for (int64_t r = 0; r < cn_pad; ++r)
+            c.data()[r] = r < cn ? mine + int64_t(keys.data()[c0 + r]) * p.Dp : dummy.data();
+          gemm_add_rows<Tiles>(c.data(), st.data(), w2, 1, b2.data(), p.Dp, cn_pad, p.Dp, w2);
+        }
         T* dqt = dq + bt * d.H * d.D;
         for (int64_t h = 0; h < d.H; ++h) {
           // Scalar math: dq[h] = dqb[h]
 #pragma omp simd
           for (int64_t col = 0; col < d.D; ++col) dqt[h * d.D + col] = from_f32<T>(dqb.data()[h * p.Dp + col]);
         }
-        // key rows[key_i] += (scale dS | P)[i] (q ; dO): key and value roles in one [n, 2 Hs] x
-        // [2 Hs, Dp] product, added straight into this thread's rows of the keys.
-        for (int64_t r = 0; r < n_pad; ++r) c.data()[r] = r < n ? mine + int64_t(keys.data()[r]) * p.Dp : dummy.data();
-        gemm_add_rows<Tiles>(c.data(), st.data(), w2, 1, b2.data(), p.Dp, n_pad, p.Dp, w2);
       }
       // (barrier) dkv | dcomp = the sum of the per-thread accumulators, zeroed for the next b.
 #pragma omp for schedule(static)

@@ -2,17 +2,18 @@
 // (per-ISA variants; see cpu/isa.h). Same contract as ref/v4_attention.h with T in {float, bf16},
 // f32 lse, sink and dsink, and f32 arithmetic.
 //
-// OpenMP over queries. Each thread copies its query's visible key rows (the window's raw rows,
-// then the visible or selected compressed entries; as f32) into an L2-sized buffer, and every head
-// reuses them in the register-tiled products of cpu/mqa_rows.h, as sparse MLA does:
-//   forward   scores^T [n, H] = rows x (scale q)^T, a softmax across the n keys and the sink of
-//             each head, o = P^T rows
-//   backward  [scores | dA]^T = rows x (scale q | dO)^T in one product, P from lse,
-//             dS = P (dA - rowsum(dO * O)), dq = scale dS^T rows, dsink = -sum p_sink rowsum(dO * O),
-//             and the key rows += (scale dS | P) (q ; dO): key and value roles (K = V) in one
-//             product, added in place.
-// No S x S (or S x T) buffer exists: a query's scores live in its thread's [n, H] tile, n <=
-// min(W, S) + (K or T).
+// OpenMP over queries. Each thread lists its query's visible keys (the window's raw rows, then
+// the visible or selected compressed entries) and copies them, as f32, chunk by chunk (128 KiB of
+// rows, which stay in L2 through the products) into a buffer that every head reuses in the
+// register-tiled products of cpu/mqa_rows.h, as sparse MLA does:
+//   forward   per chunk: scores^T [cn, H] = rows x (scale q)^T, an online softmax across heads
+//             (running max and sum, started from the sink), out = alpha out + exp(s - m)^T rows;
+//             o = out / sum, lse = m + ln(sum)
+//   backward  per chunk (P comes from lse, so chunks are independent): [scores | dA]^T =
+//             rows x (scale q | dO)^T in one product, dS = P (dA - rowsum(dO * O)),
+//             dq += scale dS^T rows, and the key rows += (scale dS | P) (q ; dO): key and value
+//             roles (K = V) in one product, added in place; dsink = -sum p_sink rowsum(dO * O).
+// No S x S (or S x T) buffer exists: a query's scores live in its thread's [chunk, H] tile.
 // The key-row gradients accumulate in `acc`, `parts` per-thread f32 buffers [parts, S + T,
 // v4_attention_acc_width(D)] (rows 0..S-1 raw keys, S.. compressed entries; the backward runs on
 // at most `parts` threads), summed into dkv and dcomp per batch element: no atomics. acc must be
