@@ -7,8 +7,10 @@
 // kernels, the small-op form against the fused op (values and every gradient), keys nobody sees,
 // and the errors bad sizes get.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -139,6 +141,25 @@ TEST(V4Attention, MatchesTheDenseFormulaAtEveryIsaLevel) {
       });
     }
   }
+}
+
+// The key rows' gradients and dsink sum per-thread partials in a fixed order: the same call gives
+// the same bits every run, however its threads happen to be scheduled.
+TEST(V4Attention, GradientsSameBitsEveryRun) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(3);  // more threads than this machine's cores: the schedule varies run to run
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    const V4AttentionCase c({2, 45, 3, 16, 7, 4, 5}, dt, 21);
+    const Tensor dout = random_tensor(c.q.shape(), dt, 22, "dout");
+    const Outputs first = run_kernels(c, dout);
+    for (int run = 1; run < 6; ++run) {
+      const Outputs again = run_kernels(c, dout);
+      for (const auto& [a, b] : {std::pair{first.dq, again.dq}, std::pair{first.dkv, again.dkv},
+                                 std::pair{first.dcomp, again.dcomp}, std::pair{first.dsink, again.dsink}})
+        EXPECT_EQ(std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()), 0) << dtype_name(dt) << " run " << run;
+    }
+  }
+  omp_set_num_threads(saved);
 }
 
 // Raw keys outside every window of the sequence cannot exist (each query sees itself), but
