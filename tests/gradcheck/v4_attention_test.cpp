@@ -22,13 +22,13 @@ void check_reference(const std::vector<int64_t>& dims, const std::string& name) 
   const size_t o_n = size_t(d.B * d.S * d.H * d.D), lse_n = size_t(d.B * d.S * d.H);
   auto forward = [d, idx, o_n, lse_n](const std::vector<Doubles>& x) {
     Doubles o(o_n), lse(lse_n);
-    kernels::ref::v4_attention_forward<double>(o.data(), lse.data(), x[0].data(), x[1].data(), x[2].data(), idx,
+    kernels::ref::v4_attention_forward<double>(o.data(), lse.data(), nullptr, x[0].data(), x[1].data(), x[2].data(), idx,
                                                x[3].data(), d);
     return std::vector<Doubles>{o};
   };
   auto backward = [d, idx, o_n, lse_n](const std::vector<Doubles>& x, const std::vector<Doubles>& dout) {
     Doubles o(o_n), lse(lse_n);
-    kernels::ref::v4_attention_forward<double>(o.data(), lse.data(), x[0].data(), x[1].data(), x[2].data(), idx,
+    kernels::ref::v4_attention_forward<double>(o.data(), lse.data(), nullptr, x[0].data(), x[1].data(), x[2].data(), idx,
                                                x[3].data(), d);
     Doubles dq(x[0].size()), dkv(x[1].size()), dcomp(x[2].size()), dsink(x[3].size());
     kernels::ref::v4_attention_backward<double>(dq.data(), dkv.data(), dcomp.data(), dsink.data(), dout[0].data(),

@@ -33,6 +33,9 @@ TITAN_OP_CASES(v4_attention) {
       {1, 260, 16, 64, 128, 128, 0}, {1, 24, 16, 512, 8, 4, 4},  {1, 90, 4, 512, 70, 4, 0},
       {1, 60, 3, 1000, 40, 5, 12},   {2, 150, 5, 512, 50, 2, 70},
   };
+  std::vector<std::vector<int64_t>> csa_shapes;
+  for (const auto& s : shapes)
+    if (s[6] > 0) csa_shapes.push_back(s);
   return {
       {"v4_attention_forward", kDims, shapes,
        [](const OpInput& in) {
@@ -41,6 +44,17 @@ TITAN_OP_CASES(v4_attention) {
            Tensor o = Tensor::empty(c.q.shape(), in.dtype), lse = Tensor::empty({c.d.B, c.d.S, c.d.H}, DType::f32);
            forward(o, lse, c);
            return std::vector<Tensor>{o, lse};
+         });
+       }},
+      // head_mean (the CSA indexer's target) beside o and lse, on the CSA rows (K > 0).
+      {"v4_attention_forward_head_mean", kDims, csa_shapes,
+       [](const OpInput& in) {
+         const V4AttentionCase c(in.dims, in.dtype, in.seed);
+         return fast_vs_reference({"o", "lse", "head_mean"}, [&] {
+           Tensor o = Tensor::empty(c.q.shape(), in.dtype), lse = Tensor::empty({c.d.B, c.d.S, c.d.H}, DType::f32);
+           Tensor hm = Tensor::empty({c.d.B, c.d.S, c.d.K}, DType::f32);
+           kernels::v4_attention_forward(o, lse, c.q, c.kv, c.comp, c.idx, c.sink, c.d.W, c.d.ratio, c.d.scale, &hm);
+           return std::vector<Tensor>{o, lse, hm};
          });
        }},
       {"v4_attention_backward", kDims, shapes,

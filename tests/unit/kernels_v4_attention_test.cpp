@@ -5,7 +5,8 @@
 // (the backward oracle: the reference, checked against central differences in
 // tests/gradcheck/v4_attention_test.cpp), on awkward shapes. Then the autograd op against the
 // kernels, the small-op form against the fused op (values and every gradient), keys nobody sees,
-// and the errors bad sizes get.
+// and the errors bad sizes get. On CSA calls the forward's head_mean (the indexer's KL target)
+// is checked against the same dense formula.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -37,13 +38,16 @@ const std::vector<std::vector<int64_t>> kShapes = {
     {1, 40, 20, 24, 9, 5, 3},  {1, 70, 3, 1000, 40, 5, 12},  // the last: several key chunks in the fast kernel
 };
 
-// transformers' eager attention in double from the same inputs: o [B, S, H, D] and lse.
-void dense_oracle(Doubles& o, Doubles& lse, const V4AttentionCase& c) {
+// transformers' eager attention in double from the same inputs: o [B, S, H, D] and lse; for CSA
+// also the indexer's target hm [B, S, K]: per slot, the head mean of each head's softmax over the
+// selected visible entries alone (0 for other slots).
+void dense_oracle(Doubles& o, Doubles& lse, Doubles& hm, const V4AttentionCase& c) {
   const V4AttentionParams& d = c.d;
   const Doubles q = to_doubles(c.q), kv = to_doubles(c.kv), comp = to_doubles(c.comp), sink = to_doubles(c.sink);
   const int64_t L = d.S + d.T;
   o.assign(size_t(d.B * d.S * d.H * d.D), 0.0);
   lse.assign(size_t(d.B * d.S * d.H), 0.0);
+  hm.assign(size_t(d.B * d.S * d.K), 0.0);
   std::vector<double> bias(static_cast<size_t>(L)), z(static_cast<size_t>(L + 1));
   for (int64_t b = 0; b < d.B; ++b) {
     auto key = [&](int64_t j) { return j < d.S ? &kv[size_t((b * d.S + j) * d.D)] : &comp[size_t((b * d.T + j - d.S) * d.D)]; };
@@ -78,21 +82,31 @@ void dense_oracle(Doubles& o, Doubles& lse, const V4AttentionCase& c) {
           const double p = std::exp(z[size_t(j)] - lse[size_t(row)]);
           for (int64_t e = 0; e < d.D; ++e) o[size_t(row * d.D + e)] += p * key(j)[e];
         }
+        if (!c.idx.defined()) continue;
+        double entries = 0;  // the head's mass on the visible entries (all selected ones)
+        for (int64_t w = 0; w < d.T; ++w) entries += std::exp(z[size_t(d.S + w)] - lse[size_t(row)]);
+        for (int64_t i = 0; i < d.K; ++i) {
+          const int32_t w = c.idx.data<int32_t>()[(b * d.S + t) * d.K + i];
+          if (w < 0 || w >= d.T || bias[size_t(d.S + w)] != 0) continue;
+          hm[size_t((b * d.S + t) * d.K + i)] += std::exp(z[size_t(d.S + w)] - lse[size_t(row)]) / entries / double(d.H);
+        }
       }
     }
   }
 }
 
 struct Outputs {
-  Tensor o, lse, dq, dkv, dcomp, dsink;
+  Tensor o, lse, dq, dkv, dcomp, dsink, hm;  // hm: CSA only
 };
 
 Outputs run_kernels(const V4AttentionCase& c, const Tensor& dout) {
   const V4AttentionParams& d = c.d;
   Outputs r{Tensor::empty(c.q.shape(), c.q.dtype()), Tensor::empty({d.B, d.S, d.H}, DType::f32),
             Tensor::empty(c.q.shape(), c.q.dtype()), Tensor::empty(c.kv.shape(), c.q.dtype()),
-            Tensor::empty(c.comp.shape(), c.q.dtype()), Tensor::empty({d.H}, DType::f32)};
-  kernels::v4_attention_forward(r.o, r.lse, c.q, c.kv, c.comp, c.idx, c.sink, d.W, d.ratio, d.scale);
+            Tensor::empty(c.comp.shape(), c.q.dtype()), Tensor::empty({d.H}, DType::f32), Tensor()};
+  if (c.idx.defined()) r.hm = Tensor::empty({d.B, d.S, d.K}, DType::f32);
+  kernels::v4_attention_forward(r.o, r.lse, c.q, c.kv, c.comp, c.idx, c.sink, d.W, d.ratio, d.scale,
+                                c.idx.defined() ? &r.hm : nullptr);
   kernels::v4_attention_backward(r.dq, r.dkv, r.dcomp, r.dsink, dout, c.q, c.kv, c.comp, c.idx, c.sink, r.o, r.lse, d.W,
                                  d.ratio, d.scale);
   return r;
@@ -120,8 +134,8 @@ TEST(V4Attention, MatchesTheDenseFormulaAtEveryIsaLevel) {
     for (const auto& s : kShapes) {
       const V4AttentionCase c(s, dt, seed++);
       const Tensor dout = random_tensor(c.q.shape(), dt, seed, "dout");
-      Doubles o, lse;
-      dense_oracle(o, lse, c);
+      Doubles o, lse, hm;
+      dense_oracle(o, lse, hm, c);
       kernels::set_kernel_backend(kernels::KernelBackend::reference);
       const Outputs ref = run_kernels(c, dout);
       kernels::set_kernel_backend(kernels::KernelBackend::fast);
@@ -129,11 +143,13 @@ TEST(V4Attention, MatchesTheDenseFormulaAtEveryIsaLevel) {
       const double atol = low ? 2e-2 : 1e-5, rtol = low ? 2e-2 : 1e-4;
       expect_close(label(s, dt) + " reference o", to_doubles(ref.o), o, atol, rtol);
       expect_close(label(s, dt) + " reference lse", to_doubles(ref.lse), lse, 1e-5, 1e-5);
+      if (ref.hm.defined()) expect_close(label(s, dt) + " reference head_mean", to_doubles(ref.hm), hm, 1e-5, 1e-4);
       for_each_isa([&](CpuCapability isa) {
         const Outputs fast = run_kernels(c, dout);
         const std::string at = label(s, dt) + " isa=" + isa_label(isa);
         expect_close(at + " o", to_doubles(fast.o), o, atol, rtol);
         expect_close(at + " lse", to_doubles(fast.lse), lse, 1e-5, 1e-5);
+        if (fast.hm.defined()) expect_close(at + " head_mean", to_doubles(fast.hm), hm, 1e-5, 1e-4);
         expect_close(at + " dq", to_doubles(fast.dq), to_doubles(ref.dq), atol, rtol);
         expect_close(at + " dkv", to_doubles(fast.dkv), to_doubles(ref.dkv), atol, rtol);
         expect_close(at + " dcomp", to_doubles(fast.dcomp), to_doubles(ref.dcomp), atol, rtol);
@@ -181,15 +197,18 @@ TEST(V4Attention, UnseenEntriesGetZeroGradient) {
   kernels::set_kernel_backend(kernels::KernelBackend::fast);
 }
 
-// The autograd op hands each input exactly the kernel's gradient (adopted or added to one already there).
+// The autograd op hands each input exactly the kernel's gradient (adopted or added to one already
+// there), and head_mean_out the kernel's indexer target.
 TEST(V4Attention, AutogradOpGradientsAreTheKernels) {
   const V4AttentionCase c({2, 19, 3, 16, 6, 4, 3}, DType::f32, 7);
   const Tensor dout = random_tensor(c.q.shape(), DType::f32, 8, "dout");
   const Outputs want = run_kernels(c, dout);
   autograd::Variable q(c.q.clone(), true), kv(c.kv.clone(), true), comp(c.comp.clone(), true), sink(c.sink.clone(), true);
   kv.ensure_grad();  // kv's gradient already exists (zero): the op adds to it
-  autograd::Variable o = autograd::v4_attention(q, kv, comp, c.idx, sink, c.d.W, c.d.ratio, c.d.scale);
+  Tensor head_mean;
+  autograd::Variable o = autograd::v4_attention(q, kv, comp, c.idx, sink, c.d.W, c.d.ratio, c.d.scale, &head_mean);
   autograd::backward(o, dout);
+  for (int64_t i = 0; i < want.hm.numel(); ++i) EXPECT_EQ(head_mean.data<float>()[i], want.hm.data<float>()[i]) << i;
   for (const auto& [got, w] : {std::pair{q.grad(), want.dq}, std::pair{kv.grad(), want.dkv},
                                std::pair{comp.grad(), want.dcomp}, std::pair{sink.grad(), want.dsink}})
     for (int64_t i = 0; i < w.numel(); ++i) EXPECT_FLOAT_EQ(got.data<float>()[i], w.data<float>()[i]) << i;

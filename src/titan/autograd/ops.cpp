@@ -927,17 +927,25 @@ Variable compressor(const Variable& kv, const Variable& gate, const Variable& bi
 }
 
 Variable v4_attention(const Variable& q, const Variable& kv, const Variable& comp, const Tensor& idx,
-                      const Variable& sink, int64_t window, int64_t ratio, double scale) {
+                      const Variable& sink, int64_t window, int64_t ratio, double scale, Tensor* head_mean_out) {
   ProfileScope prof("v4_attention.fwd");
   const Tensor qv = q.value().contiguous(), kvv = kv.value().contiguous(), cv = comp.value().contiguous();
   const Tensor sv = sink.value().contiguous(), iv = idx.defined() ? idx.contiguous() : Tensor();
   const std::vector<Tensor> out = keep_or_compute([&] {
     Tensor o = activation_like(qv.shape(), qv.dtype());
     Tensor lse = Tensor::empty({qv.size(0), qv.size(1), qv.size(2)}, DType::f32, MemCategory::activations);
-    kernels::v4_attention_forward(o, lse, qv, kvv, cv, iv, sv, window, ratio, scale);
-    return std::vector<Tensor>{o, lse};
+    std::vector<Tensor> result{o, lse};
+    if (head_mean_out) {
+      TITAN_CHECK(iv.defined(), "v4_attention: head_mean_out asked of an HCA layer (no idx)",
+                  "the indexer's target exists on CSA layers only");
+      result.push_back(Tensor::empty({qv.size(0), qv.size(1), iv.size(2)}, DType::f32, MemCategory::activations));
+    }
+    kernels::v4_attention_forward(o, lse, qv, kvv, cv, iv, sv, window, ratio, scale,
+                                  head_mean_out ? &result[2] : nullptr);
+    return result;
   });
   const Tensor &o = out[0], &lse = out[1];
+  if (head_mean_out) *head_mean_out = out.at(2);
   return record("v4_attention", {q, kv, comp, sink}, o,
                 [qv, kvv, cv, iv, sv, o, lse, window, ratio, scale](const Tensor& dout, GradSink& g) {
                   ProfileScope prof_bwd("v4_attention.bwd");

@@ -154,9 +154,11 @@ Variable compressor(const Variable& kv, const Variable& gate, const Variable& bi
 // one K = V head), comp [B, T, D] (T = floor(S / m), 0 on a sliding-only layer), idx [B, S, K] i32
 // (CSA's selected entries; a constant) or undefined (HCA: every visible entry), sink [H] f32
 // -> o [B, S, H, D]. f32 or bf16 (q, kv and comp share it). Saves its inputs, o and the
-// [B, S, H] lse; no S x S tensor exists in forward or backward.
+// [B, S, H] lse; no S x S tensor exists in forward or backward. head_mean_out, when given (CSA),
+// receives the indexer's KL target [B, S, K] f32 (kernels/v4_attention.h; not differentiable).
 Variable v4_attention(const Variable& q, const Variable& kv, const Variable& comp, const Tensor& idx,
-                      const Variable& sink, int64_t window, int64_t ratio, double scale);
+                      const Variable& sink, int64_t window, int64_t ratio, double scale,
+                      Tensor* head_mean_out = nullptr);
 
 // The sum of all elements: a one-element f32 Variable.
 Variable sum(const Variable& x);

@@ -90,15 +90,22 @@ void fast_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout, const T
 }  // namespace
 
 void v4_attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& kv, const Tensor& comp,
-                          const Tensor& idx, const Tensor& sink, int64_t window, int64_t ratio, double scale) {
+                          const Tensor& idx, const Tensor& sink, int64_t window, int64_t ratio, double scale,
+                          Tensor* head_mean) {
   const V4AttentionParams d = v4_dims(q, kv, comp, idx, sink, window, ratio, scale);
   check_tensor(o, "o", q.dtype(), q.shape());
   check_tensor(lse, "lse", DType::f32, {d.B, d.S, d.H});
+  if (head_mean) {
+    TITAN_CHECK(idx.defined(), "v4_attention: head_mean asked of an HCA call (no idx)",
+                "the indexer's target exists on CSA layers only: pass idx, or no head_mean");
+    check_tensor(*head_mean, "head_mean", DType::f32, {d.B, d.S, d.K});
+  }
   const int32_t* ip = idx.defined() ? idx.data<int32_t>() : nullptr;
   const float* sp = sink.defined() ? sink.data<float>() : nullptr;
+  float* hm = head_mean ? head_mean->data<float>() : nullptr;
   detail::dispatch_activation(q.dtype(), [&]<class T>() {
     (detail::use_fast() ? TITAN_CPU_KERNEL(v4_attention_forward<T>) : &ref::v4_attention_forward<T>)(
-        o.data<T>(), lse.data<float>(), q.data<T>(), kv.data<T>(), comp.data<T>(), ip, sp, d);
+        o.data<T>(), lse.data<float>(), hm, q.data<T>(), kv.data<T>(), comp.data<T>(), ip, sp, d);
   });
 }
 

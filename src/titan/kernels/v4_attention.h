@@ -33,8 +33,14 @@
 namespace titan::kernels {
 
 // Writes o and lse. window >= 1, ratio >= 2, scale finite and nonzero (V4: D^-0.5).
+// head_mean (optional, CSA only) [B, S, K] f32: the CSA indexer's KL target, V3.2's sparse-stage
+// target (docs/dsa.md 6.2) restricted to the compressed entries: per valid slot i,
+//   (1/H) sum_h exp(z_{h,i}) / sum_{valid slots i'} exp(z_{h,i'})
+// (each head's softmax over the selected entries alone: no window keys, no sink); 0 for invalid
+// slots and in rows with no valid slot. From the scores the forward computes anyway.
 void v4_attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& kv, const Tensor& comp,
-                          const Tensor& idx, const Tensor& sink, int64_t window, int64_t ratio, double scale);
+                          const Tensor& idx, const Tensor& sink, int64_t window, int64_t ratio, double scale,
+                          Tensor* head_mean = nullptr);
 
 // Writes (overwrites) dq, dkv [B, S, D], dcomp [B, T, D] (q's dtype) and, when sink is defined,
 // dsink [H] f32 with the gradients of sum(dout * o); keys nobody sees get exactly 0. o and lse are

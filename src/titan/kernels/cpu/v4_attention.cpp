@@ -99,13 +99,35 @@ void softmax_chunk(float* st, int64_t n, int64_t Hs, float* m, float* l, float* 
   }
 }
 
+// hm[i] for each slot i of sel = (1/H) sum over heads h < H of head h's softmax over the query's
+// valid slots alone, from their scores cs [nc, Hs] (the valid slots in slot order; overwritten
+// with the probabilities); 0 for invalid slots. lse and sum are [Hs] scratch.
+void write_slot_head_mean(float* hm, float* cs, int64_t nc, int64_t Hs, float* lse, float* sum, const int32_t* sel,
+                          int64_t t, const V4AttentionParams& d) {
+  if (nc > 0) softmax_over_keys(cs, nc, Hs, lse, sum);
+  const float inv_h = 1.0f / float(d.H);
+  int64_t j = 0;
+  for (int64_t i = 0; i < d.K; ++i) {
+    if (!v4_slot_valid(d, sel[i], t)) {
+      hm[i] = 0.0f;
+      continue;
+    }
+    const float* row = cs + j++ * Hs;
+    float total = 0.0f;
+    // Scalar math: total += P[j, h]
+#pragma omp simd reduction(+ : total)
+    for (int64_t h = 0; h < d.H; ++h) total += row[h];
+    hm[i] = total * inv_h;
+  }
+}
+
 }  // namespace
 
 int64_t v4_attention_acc_width(int64_t d) { return round_up(d, kPadLanes); }
 
 template <class T>
-void v4_attention_forward(T* o, float* lse, const T* q, const T* kv, const T* comp, const int32_t* idx,
-                          const float* sink, const V4AttentionParams& d) {
+void v4_attention_forward(T* o, float* lse, float* head_mean, const T* q, const T* kv, const T* comp,
+                          const int32_t* idx, const float* sink, const V4AttentionParams& d) {
   const Plan p = make_plan(d);
   const float scale = float(d.scale);
 #pragma omp parallel
@@ -120,12 +142,16 @@ void v4_attention_forward(T* o, float* lse, const T* q, const T* kv, const T* co
     // [Hs] per head: the running max and sum, the chunk's rescale factor
     Scratch<float> m(p.Hs, ScratchInit::zeroed), l(p.Hs, ScratchInit::zeroed), alpha(p.Hs, ScratchInit::zeroed);
     Scratch<int32_t> keys(p.most, ScratchInit::zeroed);
+    // head_mean: [K, Hs] the valid slots' scores (rows past the window's keys), [Hs] x 2 scratch
+    const bool slots = head_mean && idx;
+    Scratch<float> cs(slots ? d.K * p.Hs : 1), cm(slots ? p.Hs : 1), cl(slots ? p.Hs : 1);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bt = 0; bt < d.B * d.S; ++bt) {
       const int64_t b = bt / d.S, t = bt % d.S;
       const T* kvb = kv + b * d.S * d.D;
       const T* compb = comp + b * d.T * d.D;
       const int64_t n = list_keys(keys.data(), idx ? idx + bt * d.K : nullptr, t, d);
+      const int64_t window = t - v4_window_start(d, t) + 1;  // keys[0, window) are raw, the rest entries
       transpose_heads(qt.data(), p.Hs, q + bt * d.H * d.D, d.D, d.H, d.D, scale);
       // The sink starts each head's softmax: max = sink, sum = exp(sink - sink) = 1 (padding heads
       // and no sink: max -inf, sum 0).
@@ -140,6 +166,13 @@ void v4_attention_forward(T* o, float* lse, const T* q, const T* kv, const T* co
         gather_rows(g.data(), p.Dp, keys.data() + c0, cn, kvb, compb, d);
         gemm<Tiles, TileStore::write>(st.data(), p.Hs, g.data(), p.Dp, 1, qt.data(), p.Hs, round_up(cn, kRows), p.Hs,
                                       d.D);
+        for (int64_t i = max_i64(window - c0, 0); slots && i < cn; ++i) {
+          const float* row = st.data() + i * p.Hs;
+          float* dst = cs.data() + (c0 + i - window) * p.Hs;
+          // Scalar math: cs[slot] = s
+#pragma omp simd
+          for (int64_t h = 0; h < p.Hs; ++h) dst[h] = row[h];
+        }
         softmax_chunk(st.data(), cn, p.Hs, m.data(), l.data(), alpha.data());
         if (c0 == 0) {
           gemm<Tiles, TileStore::write>(out.data(), p.Dp, st.data(), 1, p.Hs, g.data(), p.Dp, p.Hr, p.Dp, cn);
@@ -163,6 +196,8 @@ void v4_attention_forward(T* o, float* lse, const T* q, const T* kv, const T* co
 #pragma omp simd
         for (int64_t col = 0; col < d.D; ++col) ot[h * d.D + col] = from_f32<T>(inv * out.data()[h * p.Dp + col]);
       }
+      if (slots)
+        write_slot_head_mean(head_mean + bt * d.K, cs.data(), n - window, p.Hs, cm.data(), cl.data(), idx + bt * d.K, t, d);
     }
   }
 }
@@ -267,8 +302,8 @@ void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout,
 }
 
 #define TITAN_INSTANTIATE(T)                                                                                          \
-  template void v4_attention_forward<T>(T*, float*, const T*, const T*, const T*, const int32_t*, const float*,       \
-                                        const V4AttentionParams&);                                                    \
+  template void v4_attention_forward<T>(T*, float*, float*, const T*, const T*, const T*, const int32_t*,            \
+                                        const float*, const V4AttentionParams&);                                      \
   template void v4_attention_backward<T>(T*, T*, T*, float*, const T*, const T*, const T*, const T*, const int32_t*,  \
                                          const float*, const T*, const float*, float*, int64_t,                       \
                                          const V4AttentionParams&);

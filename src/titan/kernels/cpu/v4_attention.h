@@ -14,6 +14,8 @@
 //             dq += scale dS^T rows, and the key rows += (scale dS | P) (q ; dO): key and value
 //             roles (K = V) in one product, added in place; dsink = -sum p_sink rowsum(dO * O).
 // No S x S (or S x T) buffer exists: a query's scores live in its thread's [chunk, H] tile.
+// head_mean (CSA, optional): the forward keeps the raw scores of the query's valid slots ([K, H]),
+// runs each head's softmax over them alone and writes the head mean per slot.
 // The key-row gradients accumulate in `acc`, `parts` per-thread f32 buffers [parts, S + T,
 // v4_attention_acc_width(D)] (rows 0..S-1 raw keys, S.. compressed entries; the backward runs on
 // at most `parts` threads), summed into dkv and dcomp per batch element: no atomics. acc must be
@@ -29,8 +31,8 @@
 #define TITAN_V4_ATTENTION_KERNELS                                                                                 \
   int64_t v4_attention_acc_width(int64_t d);                                                                       \
   template <class T>                                                                                               \
-  void v4_attention_forward(T* o, float* lse, const T* q, const T* kv, const T* comp, const int32_t* idx,          \
-                            const float* sink, const ::titan::kernels::V4AttentionParams& d);                      \
+  void v4_attention_forward(T* o, float* lse, float* head_mean, const T* q, const T* kv, const T* comp,          \
+                            const int32_t* idx, const float* sink, const ::titan::kernels::V4AttentionParams& d);  \
   template <class T>                                                                                               \
   void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout, const T* q, const T* kv,        \
                              const T* comp, const int32_t* idx, const float* sink, const T* o, const float* lse,   \

@@ -36,11 +36,27 @@ const T* key_row(int64_t key, int64_t b, const T* kv, const T* comp, const V4Att
   return key < d.S ? kv + (b * d.S + key) * d.D : comp + (b * d.T + key - d.S) * d.D;
 }
 
+// hm[i] += (1/H) softmax over the valid slots of one head's scores, for each valid slot i of sel.
+// scores are the head's scores in visible_keys' order (its window first, then the valid slots).
+template <class A>
+void add_slot_probabilities(A* hm, const std::vector<A>& scores, const int32_t* sel, int64_t t,
+                            const V4AttentionParams& d) {
+  const size_t first = size_t(t - v4_window_start(d, t) + 1);
+  if (scores.size() == first) return;  // no valid slot
+  const A m = *std::max_element(scores.begin() + std::ptrdiff_t(first), scores.end());
+  A l = 0;
+  for (size_t j = first; j < scores.size(); ++j) l += std::exp(scores[j] - m);
+  size_t j = first;
+  for (int64_t i = 0; i < d.K; ++i) {
+    if (v4_slot_valid(d, sel[i], t)) hm[i] += std::exp(scores[j++] - m) / l / A(d.H);
+  }
+}
+
 }  // namespace
 
 template <class T>
-void v4_attention_forward(T* o, acc_t<T>* lse, const T* q, const T* kv, const T* comp, const int32_t* idx,
-                          const acc_t<T>* sink, const V4AttentionParams& d) {
+void v4_attention_forward(T* o, acc_t<T>* lse, acc_t<T>* head_mean, const T* q, const T* kv, const T* comp,
+                          const int32_t* idx, const acc_t<T>* sink, const V4AttentionParams& d) {
   using A = acc_t<T>;
   const A scale = A(d.scale);
   std::vector<int64_t> keys;
@@ -49,6 +65,7 @@ void v4_attention_forward(T* o, acc_t<T>* lse, const T* q, const T* kv, const T*
     for (int64_t t = 0; t < d.S; ++t) {
       visible_keys(keys, b, t, idx, d);
       scores.resize(keys.size());
+      if (head_mean) std::fill(head_mean + (b * d.S + t) * d.K, head_mean + (b * d.S + t + 1) * d.K, A(0));
       for (int64_t h = 0; h < d.H; ++h) {
         const int64_t row = (b * d.S + t) * d.H + h;
         const T* qh = q + row * d.D;
@@ -68,6 +85,7 @@ void v4_attention_forward(T* o, acc_t<T>* lse, const T* q, const T* kv, const T*
           for (int64_t c = 0; c < d.D; ++c) acc[size_t(c)] += p * A(load(v[c]));
         }
         for (int64_t c = 0; c < d.D; ++c) o[row * d.D + c] = store<T>(acc[size_t(c)]);
+        if (head_mean && idx) add_slot_probabilities(head_mean + (b * d.S + t) * d.K, scores, idx + (b * d.S + t) * d.K, t, d);
       }
     }
   }
@@ -116,7 +134,7 @@ void v4_attention_backward(T* dq, T* dkv, T* dcomp, acc_t<T>* dsink, const T* do
 }
 
 #define TITAN_INSTANTIATE(T)                                                                                     \
-  template void v4_attention_forward<T>(T*, acc_t<T>*, const T*, const T*, const T*, const int32_t*,             \
+  template void v4_attention_forward<T>(T*, acc_t<T>*, acc_t<T>*, const T*, const T*, const T*, const int32_t*,  \
                                         const acc_t<T>*, const V4AttentionParams&);                              \
   template void v4_attention_backward<T>(T*, T*, T*, acc_t<T>*, const T*, const T*, const T*, const T*,          \
                                          const int32_t*, const acc_t<T>*, const T*, const acc_t<T>*,             \

@@ -13,9 +13,13 @@ namespace titan::kernels::ref {
 // o = softmax over [visible keys | sink] of [scale q . key | sink_h], the sink's probability
 // dropped, times the keys (K = V); lse its natural-log normalizer (the sink included).
 // sink nullptr: no sink term. idx nullptr: HCA (every visible entry), else CSA slots.
+// head_mean (CSA only; nullptr: not computed) = per valid slot, the head mean of each head's
+// softmax restricted to the valid slots (no window, no sink): the indexer's KL target; 0 for
+// invalid slots and in rows without a valid slot.
 template <class T>
 void v4_attention_forward(T* o,                   // [B, S, H, D]
                           acc_t<T>* lse,          // [B, S, H]
+                          acc_t<T>* head_mean,    // [B, S, K] or nullptr
                           const T* q,             // [B, S, H, D]
                           const T* kv,            // [B, S, D]
                           const T* comp,          // [B, T, D]
