@@ -168,7 +168,8 @@ int main(int argc, char** argv) {
   // V4-Flash's attention heads (64 of 512) at 2K tokens: the fused kernels alone (the small-op
   // form's scores would be [64, 2K, 2.5K] floats per sequence).
   if (flash)
-    for (const Shape4& s : {Shape4{"flash CSA", 1, 2048, 64, 512, 128, 4, 512}, Shape4{"flash HCA", 1, 2048, 64, 512, 128, 128, 0}})
+    for (const Shape4& s :
+         {Shape4{"flash CSA", 1, 2048, 64, 512, 128, 4, 512}, Shape4{"flash HCA", 1, 2048, 64, 512, 128, 128, 0}})
       run(s, std::max(1, reps / 2), false);
   std::printf("\nfused kernels alone (GFLOP/s of their products; measured f32 peak: %.0f)\n",
               kernels::measure_machine_peak().f32_flops / 1e9);

@@ -50,7 +50,9 @@ void dense_oracle(Doubles& o, Doubles& lse, Doubles& hm, const V4AttentionCase& 
   hm.assign(size_t(d.B * d.S * d.K), 0.0);
   std::vector<double> bias(static_cast<size_t>(L)), z(static_cast<size_t>(L + 1));
   for (int64_t b = 0; b < d.B; ++b) {
-    auto key = [&](int64_t j) { return j < d.S ? &kv[size_t((b * d.S + j) * d.D)] : &comp[size_t((b * d.T + j - d.S) * d.D)]; };
+    auto key = [&](int64_t j) {
+      return j < d.S ? &kv[size_t((b * d.S + j) * d.D)] : &comp[size_t((b * d.T + j - d.S) * d.D)];
+    };
     for (int64_t t = 0; t < d.S; ++t) {
       std::fill(bias.begin(), bias.end(), -std::numeric_limits<double>::infinity());
       for (int64_t j = 0; j < d.S; ++j)
@@ -230,7 +232,8 @@ TEST(V4Attention, SmallOpFormMatchesFused) {
                 : autograd::v4_attention_small_ops(q, kv, comp, c.idx, sink, c.d.W, c.d.ratio, c.d.scale);
       autograd::backward(o, dout);
       values.push_back(o.value());
-      for (const autograd::Variable* v : {&q, &kv, &comp, &sink}) grads.push_back(v->grad().defined() ? v->grad() : Tensor::zeros(v->shape(), DType::f32));
+      for (const autograd::Variable* v : {&q, &kv, &comp, &sink})
+        grads.push_back(v->grad().defined() ? v->grad() : Tensor::zeros(v->shape(), DType::f32));
     }
     expect_close(label(s, DType::f32) + " o", to_doubles(values[0]), to_doubles(values[1]), 1e-5, 1e-4);
     const char* names[] = {"dq", "dkv", "dcomp", "dsink"};
@@ -253,7 +256,8 @@ TEST(V4Attention, RejectsSizesThatDoNotFit) {
   };
   EXPECT_NE(message(0, 4, c.comp, c.idx).find("window 0 is below 1"), std::string::npos);
   EXPECT_NE(message(3, 1, c.comp, c.idx).find("compress ratio 1 is below 2"), std::string::npos);
-  EXPECT_NE(message(3, 4, Tensor::zeros({1, 3, 4}, DType::f32), c.idx).find("3 compressed entries, more than floor(S / m) = 2"),
+  EXPECT_NE(message(3, 4, Tensor::zeros({1, 3, 4}, DType::f32), c.idx)
+                .find("3 compressed entries, more than floor(S / m) = 2"),
             std::string::npos);
   EXPECT_NE(message(3, 4, c.comp, Tensor::zeros({1, 8, 2}, DType::i32)).find("idx has shape"), std::string::npos);
 }

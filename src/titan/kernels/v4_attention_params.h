@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "titan/core/dtype.h"
 #include "titan/kernels/dsa_params.h"
 
 namespace titan::kernels {
@@ -24,18 +25,23 @@ struct V4AttentionParams {
   double scale = 0;   // D^-0.5 in V4
 };
 
+// Which keys a query sees. Force-inlined: kernels/cpu/ code calls them from every ISA variant
+// (see cpu/isa.h).
+
 // The first raw key of query t's window: keys v4_window_start(d, t) .. t.
-inline int64_t v4_window_start(const V4AttentionParams& d, int64_t t) { return t - d.W + 1 > 0 ? t - d.W + 1 : 0; }
+TITAN_INLINE int64_t v4_window_start(const V4AttentionParams& d, int64_t t) {
+  return t - d.W + 1 > 0 ? t - d.W + 1 : 0;
+}
 
 // Compressed entries 0 .. v4_visible_entries(d, t) - 1 are causally visible to query t: entry w
 // once its last raw position is, w < floor((t + 1) / m) (the indexer's candidate rule).
-inline int64_t v4_visible_entries(const V4AttentionParams& d, int64_t t) {
+TITAN_INLINE int64_t v4_visible_entries(const V4AttentionParams& d, int64_t t) {
   return valid_keys(IndexerParams{.B = d.B, .S = d.S, .Skv = d.T, .ratio = d.ratio}, t);
 }
 
 // Whether CSA slot value s selects an entry for query t: a visible entry (-1 padding, future
 // entries and entries >= T contribute nothing, as transformers drops them).
-inline bool v4_slot_valid(const V4AttentionParams& d, int32_t s, int64_t t) {
+TITAN_INLINE bool v4_slot_valid(const V4AttentionParams& d, int32_t s, int64_t t) {
   return s >= 0 && int64_t(s) < v4_visible_entries(d, t);
 }
 

@@ -196,8 +196,10 @@ void v4_attention_forward(T* o, float* lse, float* head_mean, const T* q, const 
 #pragma omp simd
         for (int64_t col = 0; col < d.D; ++col) ot[h * d.D + col] = from_f32<T>(inv * out.data()[h * p.Dp + col]);
       }
-      if (slots)
-        write_slot_head_mean(head_mean + bt * d.K, cs.data(), n - window, p.Hs, cm.data(), cl.data(), idx + bt * d.K, t, d);
+      if (slots) {
+        write_slot_head_mean(head_mean + bt * d.K, cs.data(), n - window, p.Hs, cm.data(), cl.data(), idx + bt * d.K,
+                             t, d);
+      }
     }
   }
 }

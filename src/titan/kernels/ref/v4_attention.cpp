@@ -85,7 +85,8 @@ void v4_attention_forward(T* o, acc_t<T>* lse, acc_t<T>* head_mean, const T* q, 
           for (int64_t c = 0; c < d.D; ++c) acc[size_t(c)] += p * A(load(v[c]));
         }
         for (int64_t c = 0; c < d.D; ++c) o[row * d.D + c] = store<T>(acc[size_t(c)]);
-        if (head_mean && idx) add_slot_probabilities(head_mean + (b * d.S + t) * d.K, scores, idx + (b * d.S + t) * d.K, t, d);
+        if (head_mean && idx)
+          add_slot_probabilities(head_mean + (b * d.S + t) * d.K, scores, idx + (b * d.S + t) * d.K, t, d);
       }
     }
   }
