@@ -3,8 +3,8 @@
 // attention: [B, H, S, S + T] masked scores; autograd::v4_attention_small_ops), forward +
 // backward, time and the peak of tensor memory above what was live before, for a CSA layer
 // (top-k compressed entries) and an HCA layer (every visible entry) at a debug-model shape and at
-// 4K tokens (--flash adds the fused kernels alone at V4-Flash's 64 heads of 512). f32; ratios
-// from this run.
+// 4K tokens (--flash adds the fused kernels alone at V4-Flash's 64 heads of 512). The pairs in
+// f32; the kernels alone in f32 and bf16. Ratios from this run.
 //   build/bench/bench_v4_attention [--reps 3] [--skip-4k] [--flash]
 #include <algorithm>
 #include <cmath>
@@ -13,6 +13,7 @@
 #include <functional>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_common.h"
@@ -38,7 +39,9 @@ struct Shape4 {
 // The fused kernels alone at one shape.
 struct KernelRow {
   const char* name;
-  double fwd_ms, bwd_ms, keys_per_query, fwd_gflops, bwd_gflops;
+  double keys_per_query;
+  double fwd_ms, bwd_ms, fwd_gflops, bwd_gflops;              // f32
+  double fwd16_ms, bwd16_ms, fwd16_gflops, bwd16_gflops;      // bf16
 };
 std::vector<KernelRow> kernel_rows;
 
@@ -116,18 +119,25 @@ void run(const Shape4& s, int reps, bool small_ops = true) {
     };
   };
   if (small_ops) print_pair(s, d, measure(step(true), reps), measure(step(false), std::max(1, reps / 2)));
-  // The fused kernels alone, and the rate of their products: per key a query sees, forward
-  // 4 H D FLOPs (scores, P V), backward 10 H D (scores and dA, dq, both roles of the key row).
-  Tensor o = Tensor::empty(q.shape(), DType::f32), lse = Tensor::empty({d.B, d.S, d.H}, DType::f32);
-  Tensor dq = Tensor::empty(q.shape(), DType::f32), dkv = Tensor::empty(kv.shape(), DType::f32);
-  Tensor dc = Tensor::empty(comp.shape(), DType::f32), ds = Tensor::empty(sink.shape(), DType::f32);
-  const double fwd = bench::time_best(
-      [&] { kernels::v4_attention_forward(o, lse, q, kv, comp, idx, sink, d.W, d.ratio, scale); }, reps, 1);
-  const double bwd = bench::time_best(
-      [&] {
-        kernels::v4_attention_backward(dq, dkv, dc, ds, dout, q, kv, comp, idx, sink, o, lse, d.W, d.ratio, scale);
-      },
-      reps, 1);
+  // The fused kernels alone, f32 and bf16 (the inputs rounded), and the rate of their products:
+  // per key a query sees, forward 4 H D FLOPs (scores, P V), backward 10 H D (scores and dA, dq,
+  // both roles of the key row).
+  auto kernel_seconds = [&](DType dt) {
+    const Tensor qd = q.to(dt), kvd = kv.to(dt), cd = comp.to(dt), dod = dout.to(dt);
+    Tensor o = Tensor::empty(q.shape(), dt), lse = Tensor::empty({d.B, d.S, d.H}, DType::f32);
+    Tensor dq = Tensor::empty(q.shape(), dt), dkv = Tensor::empty(kv.shape(), dt), dc = Tensor::empty(comp.shape(), dt);
+    Tensor ds = Tensor::empty(sink.shape(), DType::f32);
+    const double fwd = bench::time_best(
+        [&] { kernels::v4_attention_forward(o, lse, qd, kvd, cd, idx, sink, d.W, d.ratio, scale); }, reps, 1);
+    const double bwd = bench::time_best(
+        [&] {
+          kernels::v4_attention_backward(dq, dkv, dc, ds, dod, qd, kvd, cd, idx, sink, o, lse, d.W, d.ratio, scale);
+        },
+        reps, 1);
+    return std::pair{fwd, bwd};
+  };
+  const auto [fwd, bwd] = kernel_seconds(DType::f32);
+  const auto [fwd16, bwd16] = kernel_seconds(DType::bf16);
   double keys = 0;
   for (int64_t bt = 0; bt < d.B * d.S; ++bt) {
     const int64_t t = bt % d.S;
@@ -136,8 +146,10 @@ void run(const Shape4& s, int reps, bool small_ops = true) {
     for (int64_t i = 0; i < d.K; ++i) n += kernels::v4_slot_valid(d, idx.data<int32_t>()[bt * d.K + i], t);
     keys += double(n);
   }
-  kernel_rows.push_back({s.name, 1e3 * fwd, 1e3 * bwd, keys / double(d.B * d.S),
-                         4 * double(d.H * d.D) * keys / fwd / 1e9, 10 * double(d.H * d.D) * keys / bwd / 1e9});
+  const double fwd_flops = 4 * double(d.H * d.D) * keys, bwd_flops = 10 * double(d.H * d.D) * keys;
+  kernel_rows.push_back({s.name, keys / double(d.B * d.S), 1e3 * fwd, 1e3 * bwd, fwd_flops / fwd / 1e9,
+                         bwd_flops / bwd / 1e9, 1e3 * fwd16, 1e3 * bwd16, fwd_flops / fwd16 / 1e9,
+                         bwd_flops / bwd16 / 1e9});
 }
 
 
@@ -171,13 +183,16 @@ int main(int argc, char** argv) {
     for (const Shape4& s :
          {Shape4{"flash CSA", 1, 2048, 64, 512, 128, 4, 512}, Shape4{"flash HCA", 1, 2048, 64, 512, 128, 128, 0}})
       run(s, std::max(1, reps / 2), false);
-  std::printf("\nfused kernels alone (GFLOP/s of their products; measured f32 peak: %.0f)\n",
-              kernels::measure_machine_peak().f32_flops / 1e9);
-  std::printf("| %-10s | %10s | %10s | %9s | %10s | %10s |\n", "layer", "fwd ms", "bwd ms", "keys/q", "fwd GF/s",
-              "bwd GF/s");
-  std::printf("|------------|------------|------------|-----------|------------|------------|\n");
+  const kernels::MachinePeak peak = kernels::measure_machine_peak();
+  std::printf("\nfused kernels alone (GFLOP/s of their products; measured peak: f32 %.0f, bf16 %.0f)\n",
+              peak.f32_flops / 1e9, peak.bf16_flops / 1e9);
+  std::printf("| %-10s | %7s | %8s | %8s | %7s | %7s | %9s | %9s | %8s | %8s |\n", "layer", "keys/q", "f32 fwd",
+              "f32 bwd", "GF/s", "GF/s", "bf16 fwd", "bf16 bwd", "GF/s", "GF/s");
+  std::printf("|------------|---------|----------|----------|---------|---------|-----------|-----------|----------|"
+              "----------|\n");
   for (const KernelRow& r : kernel_rows)
-    std::printf("| %-10s | %10.2f | %10.2f | %9.1f | %10.1f | %10.1f |\n", r.name, r.fwd_ms, r.bwd_ms,
-                r.keys_per_query, r.fwd_gflops, r.bwd_gflops);
+    std::printf("| %-10s | %7.1f | %5.2f ms | %5.2f ms | %7.1f | %7.1f | %6.2f ms | %6.2f ms | %8.1f | %8.1f |\n",
+                r.name, r.keys_per_query, r.fwd_ms, r.bwd_ms, r.fwd_gflops, r.bwd_gflops, r.fwd16_ms, r.bwd16_ms,
+                r.fwd16_gflops, r.bwd16_gflops);
   return 0;
 }

@@ -35,7 +35,8 @@ namespace {
 const std::vector<std::vector<int64_t>> kShapes = {
     {1, 1, 1, 1, 1, 2, 0},    {1, 11, 1, 5, 16, 4, 0},  {2, 13, 3, 7, 4, 4, 9},  {1, 17, 5, 33, 6, 3, 2},
     {1, 6, 2, 3, 2, 8, 0},    {1, 6, 2, 3, 2, 8, 3},    {2, 21, 4, 16, 21, 2, 0}, {1, 30, 7, 17, 5, 4, 40},
-    {1, 40, 20, 24, 9, 5, 3},  {1, 70, 3, 1000, 40, 5, 12},  // the last: several key chunks in the fast kernel
+    {1, 40, 20, 24, 9, 5, 3},  {1, 70, 3, 1000, 40, 5, 12},  // several key chunks in the fast kernel
+    {1, 33, 5, 64, 9, 4, 6},   {1, 90, 3, 512, 70, 4, 0},    // bf16 pairs (D % 32 == 0), the second in chunks
 };
 
 // transformers' eager attention in double from the same inputs: o [B, S, H, D] and lse; for CSA
@@ -167,7 +168,7 @@ TEST(V4Attention, GradientsSameBitsEveryRun) {
   const int saved = omp_get_max_threads();
   omp_set_num_threads(3);  // more threads than this machine's cores: the schedule varies run to run
   for (const DType dt : {DType::f32, DType::bf16}) {
-    const V4AttentionCase c({2, 45, 3, 16, 7, 4, 5}, dt, 21);
+    const V4AttentionCase c({2, 45, 3, 64, 7, 4, 5}, dt, 21);  // D = 64: bf16 runs on bf16 pairs
     const Tensor dout = random_tensor(c.q.shape(), dt, 22, "dout");
     const Outputs first = run_kernels(c, dout);
     for (int run = 1; run < 6; ++run) {

@@ -4,10 +4,16 @@
 
 #include <omp.h>
 
+#include <cstring>
+#include <type_traits>
+
 #include "titan/kernels/cpu/isa.h"
 #include "titan/kernels/cpu/mqa_rows.h"
 #include "titan/kernels/cpu/scratch.h"
 #include "titan/kernels/cpu/tile_gemm.h"
+#if defined(__AVX512BF16__)
+#include "titan/kernels/cpu/bf16_pairs.h"
+#endif
 
 namespace titan::kernels::cpu::TITAN_ISA {
 
@@ -121,6 +127,205 @@ void write_slot_head_mean(float* hm, float* cs, int64_t nc, int64_t Hs, float* l
   }
 }
 
+#if defined(__AVX512BF16__)
+// ---- bf16 on bf16 pairs (VDPBF16PS register tiles; D a multiple of 32) ----------------------------
+// Same chunks, softmax and accumulation as the f32 path; the products take bf16 operands (the
+// key rows as they are, q and dO packed by head, P and dS rounded to bf16, as FlashMLA does) and
+// sum in f32. Against widening every operand to f32 this halves the bytes the products stream and
+// doubles their rate per instruction.
+
+// Copies the rows of keys[0, n) (bf16) to g[0, n) (rows D apart) and each pair of them,
+// interleaved, to pairs[j] (rows ld apart; an odd last row pairs with 0s), and zeroes rows
+// [n, round_up(n, kRows)) of g.
+void gather_row_pairs(bf16* g, uint32_t* pairs, int64_t ld, const int32_t* keys, int64_t n, const bf16* kv,
+                      const bf16* comp, const V4AttentionParams& d) {
+  for (int64_t i = 0; i < n; ++i) {
+    const bf16* src = keys[i] < d.S ? kv + int64_t(keys[i]) * d.D : comp + (int64_t(keys[i]) - d.S) * d.D;
+    // memcpy: a loop of bf16 structs stays scalar 16-bit moves
+    std::memcpy(g + i * d.D, src, size_t(d.D) * sizeof(bf16));
+    if (i % 2 == 1) pack_row_pair(pairs + i / 2 * ld, g + (i - 1) * d.D, g + i * d.D, d.D);
+  }
+  if (n % 2 == 1) pack_row_pair(pairs + n / 2 * ld, g + (n - 1) * d.D, nullptr, d.D);
+  std::memset(static_cast<void*>(g + n * d.D), 0, size_t((round_up(n, kRows) - n) * d.D) * sizeof(bf16));
+}
+
+void forward_bf16_pairs(bf16* o, float* lse, float* head_mean, const bf16* q, const bf16* kv, const bf16* comp,
+                        const int32_t* idx, const float* sink, const V4AttentionParams& d) {
+  const Plan p = make_plan(d);
+  const float scale = float(d.scale);
+  const int64_t D2 = d.D / 2, K2 = round_up((p.chunk + 1) / 2, 16);
+#pragma omp parallel
+  {
+    Scratch<bf16> g(p.chunk * d.D, ScratchInit::zeroed);        // [chunk, D] key rows
+    Scratch<uint32_t> vb(K2 * p.Dp, ScratchInit::zeroed);       // [K2, Dp] key row pairs
+    Scratch<uint32_t> qv(D2 * p.Hs, ScratchInit::zeroed);       // [D/2, Hs] q pairs by head
+    Scratch<float> st(p.chunk * p.Hs, ScratchInit::zeroed);     // [chunk, Hs] scores, then exp(s - m)
+    Scratch<uint32_t> pt(p.Hs * K2, ScratchInit::zeroed);       // [Hs, K2] exp(s - m) key pairs by head
+    Scratch<float> out(p.Hs * p.Dp, ScratchInit::zeroed);       // [Hs, Dp] o rows, unnormalized
+    Scratch<float> m(p.Hs, ScratchInit::zeroed), l(p.Hs, ScratchInit::zeroed), alpha(p.Hs, ScratchInit::zeroed);
+    Scratch<int32_t> keys(p.most, ScratchInit::zeroed);
+    const bool slots = head_mean && idx;
+    Scratch<float> cs(slots ? d.K * p.Hs : 1), cm(slots ? p.Hs : 1), cl(slots ? p.Hs : 1);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bt = 0; bt < d.B * d.S; ++bt) {
+      const int64_t b = bt / d.S, t = bt % d.S;
+      const int64_t n = list_keys(keys.data(), idx ? idx + bt * d.K : nullptr, t, d);
+      const int64_t window = t - v4_window_start(d, t) + 1;
+      pack_heads_vnni(qv.data(), p.Hs, q + bt * d.H * d.D, d.H, d.D);
+      for (int64_t h = 0; h < p.Hs; ++h) {  // the sink starts each head's softmax (see the f32 path)
+        const bool has = sink && h < d.H;
+        m.data()[h] = has ? sink[h] : -kInf, l.data()[h] = has ? 1.0f : 0.0f;
+      }
+      for (int64_t c0 = 0; c0 < n; c0 += p.chunk) {
+        const int64_t cn = min_i64(p.chunk, n - c0);
+        gather_row_pairs(g.data(), vb.data(), p.Dp, keys.data() + c0, cn, kv + b * d.S * d.D, comp + b * d.T * d.D,
+                         d);
+        // scores [cn, Hs] = rows . q (unscaled): bf16 row pairs x q pairs by head
+        gemm<Tiles, TileStore::write>(st.data(), p.Hs, reinterpret_cast<const uint32_t*>(g.data()), D2, int64_t(1),
+                                      qv.data(), p.Hs, round_up(cn, kRows), p.Hs, D2);
+        for (int64_t i = 0; i < cn; ++i) {
+          float* row = st.data() + i * p.Hs;
+          // Scalar math: s = scale s
+#pragma omp simd
+          for (int64_t h = 0; h < p.Hs; ++h) row[h] *= scale;
+          if (slots && c0 + i >= window) std::memcpy(cs.data() + (c0 + i - window) * p.Hs, row, size_t(p.Hs) * 4);
+        }
+        softmax_chunk(st.data(), cn, p.Hs, m.data(), l.data(), alpha.data());
+        // exp(s - m) rounded to bf16 in key pairs, heads by pairs (an odd last key pairs with a 0)
+        for (int64_t h0 = 0; h0 < p.Hs; h0 += 16)
+          pack_pairs_transposed(pt.data() + h0 * K2, K2, st.data() + h0, p.Hs, cn, nullptr);
+        if (c0 > 0) {
+          for (int64_t h = 0; h < d.H; ++h) {
+            float* row = out.data() + h * p.Dp;
+            const float a = alpha.data()[h];
+            // Scalar math: out[h] *= alpha[h]
+#pragma omp simd
+            for (int64_t col = 0; col < p.Dp; ++col) row[col] *= a;
+          }
+        }
+        // out (+)= P pairs [Hs, cn / 2] x key row pairs [cn / 2, Dp]
+        if (c0 == 0) {
+          gemm<Tiles, TileStore::write>(out.data(), p.Dp, pt.data(), K2, int64_t(1), vb.data(), p.Dp, p.Hs, p.Dp,
+                                        (cn + 1) / 2);
+        } else {
+          gemm<Tiles, TileStore::accumulate>(out.data(), p.Dp, pt.data(), K2, int64_t(1), vb.data(), p.Dp, p.Hs, p.Dp,
+                                             (cn + 1) / 2);
+        }
+      }
+      for (int64_t h = 0; h < d.H; ++h) {
+        lse[bt * d.H + h] = m.data()[h] + __builtin_logf(l.data()[h]);
+        float* row = out.data() + h * p.Dp;
+        const float inv = 1.0f / l.data()[h];
+        // Scalar math: out[h] /= l[h]
+#pragma omp simd
+        for (int64_t col = 0; col < d.D; ++col) row[col] *= inv;
+        store_bf16(o + (bt * d.H + h) * d.D, row, d.D);
+      }
+      if (slots) {
+        write_slot_head_mean(head_mean + bt * d.K, cs.data(), n - window, p.Hs, cm.data(), cl.data(), idx + bt * d.K,
+                             t, d);
+      }
+    }
+  }
+}
+
+void backward_bf16_pairs(bf16* dq, bf16* dkv, bf16* dcomp, float* dsink, const bf16* dout, const bf16* q,
+                         const bf16* kv, const bf16* comp, const int32_t* idx, const float* sink, const bf16* o,
+                         const float* lse, float* acc, int64_t parts, const V4AttentionParams& d) {
+  const Plan p = make_plan(d);
+  const int64_t w2 = 2 * p.Hs, key_rows = d.S + d.T;
+  const int64_t D2 = d.D / 2, K2 = round_up((p.chunk + 1) / 2, 16);
+  const float scale = float(d.scale);
+  Scratch<double> dsink_parts(parts * p.Hs, ScratchInit::zeroed);
+#pragma omp parallel num_threads(int(parts))
+  {
+    const int64_t me = omp_get_thread_num();
+    float* mine = acc + me * key_rows * p.Dp;
+    double* my_dsink = dsink_parts.data() + me * p.Hs;
+    Scratch<bf16> g(p.chunk * d.D, ScratchInit::zeroed);        // [chunk, D] key rows
+    Scratch<uint32_t> vq(K2 * p.Dp, ScratchInit::zeroed);       // [K2, Dp] key row pairs
+    Scratch<uint32_t> qd(D2 * w2, ScratchInit::zeroed);         // [D/2, 2 Hs] (q | dO) pairs by head
+    Scratch<uint32_t> b2(p.Hs * p.Dp, ScratchInit::zeroed);     // [Hs, Dp] (q ; dO) head pairs
+    Scratch<float> st(p.chunk * w2, ScratchInit::zeroed);       // [chunk, 2 Hs] [scores | dA], then (scale dS | P)
+    Scratch<bf16> ab(p.chunk * w2, ScratchInit::zeroed);        // [chunk, 2 Hs] (scale dS | P) in bf16
+    Scratch<uint32_t> dst(p.Hs * K2, ScratchInit::zeroed);      // [Hs, K2] scale dS key pairs by head
+    Scratch<float> dqb(p.Hs * p.Dp, ScratchInit::zeroed);       // [Hs, Dp] dq rows
+    Scratch<float> lse_h(p.Hs, ScratchInit::zeroed), delta(p.Hs, ScratchInit::zeroed);
+    Scratch<float> dummy(p.Dp, ScratchInit::zeroed);
+    Scratch<int32_t> keys(p.most, ScratchInit::zeroed);
+    Scratch<float*> c(p.chunk, ScratchInit::zeroed);
+    for (int64_t h = d.H; h < p.Hs; ++h) lse_h.data()[h] = kInf;  // padding heads: P = 0
+    for (int64_t b = 0; b < d.B; ++b) {
+      // Round-robin queries, as the f32 path: the same bits on every run.
+#pragma omp for schedule(static, 1)
+      for (int64_t t = 0; t < d.S; ++t) {
+        const int64_t bt = b * d.S + t;
+        const int64_t n = list_keys(keys.data(), idx ? idx + bt * d.K : nullptr, t, d);
+        const bf16* qh = q + bt * d.H * d.D;
+        const bf16* doh = dout + bt * d.H * d.D;
+        for (int64_t h = 0; h < d.H; ++h) {
+          const float dl = dot_bf16(doh + h * d.D, o + (bt * d.H + h) * d.D, d.D);  // Delta = rowsum(dO * O)
+          delta.data()[h] = dl;
+          lse_h.data()[h] = lse[bt * d.H + h];
+          if (sink) my_dsink[h] -= double(fast_exp(sink[h] - lse_h.data()[h])) * double(dl);
+        }
+        pack_heads_vnni(qd.data(), w2, qh, d.H, d.D);
+        pack_heads_vnni(qd.data() + p.Hs, w2, doh, d.H, d.D);
+        for (int64_t h = 0; h < d.H; h += 2) {  // head pairs of q, then of dO; padding pairs stay 0
+          const bool odd = h + 1 == d.H;
+          pack_row_pair(b2.data() + h / 2 * p.Dp, qh + h * d.D, odd ? nullptr : qh + (h + 1) * d.D, d.D);
+          pack_row_pair(b2.data() + (p.Hs + h) / 2 * p.Dp, doh + h * d.D, odd ? nullptr : doh + (h + 1) * d.D, d.D);
+        }
+        for (int64_t c0 = 0; c0 < n; c0 += p.chunk) {
+          const int64_t cn = min_i64(p.chunk, n - c0), cn_pad = round_up(cn, kRows);
+          gather_row_pairs(g.data(), vq.data(), p.Dp, keys.data() + c0, cn, kv + b * d.S * d.D, comp + b * d.T * d.D,
+                           d);
+          // [S^T | dA^T][i] = rows[i] . (q | dO), unscaled
+          gemm<Tiles, TileStore::write>(st.data(), w2, reinterpret_cast<const uint32_t*>(g.data()), D2, int64_t(1),
+                                        qd.data(), w2, cn_pad, w2, D2);
+          for (int64_t i = 0; i < cn; ++i) {
+            float* row = st.data() + i * w2;
+            // Scalar math: s = scale s
+#pragma omp simd
+            for (int64_t h = 0; h < p.Hs; ++h) row[h] *= scale;
+          }
+          scores_to_grads(st.data(), cn, p.Hs, lse_h.data(), delta.data(), scale);
+          // Scalar math: ab = bf16(st), padding rows (0 | 0) included
+          for (int64_t i = 0; i < cn_pad; ++i) store_bf16(ab.data() + i * w2, st.data() + i * w2, w2);
+          // dq (+)= (scale dS)^T rows: scale dS in bf16 key pairs by head times the row pairs
+          for (int64_t h0 = 0; h0 < p.Hs; h0 += 16)
+            pack_pairs_transposed(dst.data() + h0 * K2, K2, st.data() + h0, w2, cn, nullptr);
+          if (c0 == 0) {
+            gemm<Tiles, TileStore::write>(dqb.data(), p.Dp, dst.data(), K2, int64_t(1), vq.data(), p.Dp, p.Hs, p.Dp,
+                                          (cn + 1) / 2);
+          } else {
+            gemm<Tiles, TileStore::accumulate>(dqb.data(), p.Dp, dst.data(), K2, int64_t(1), vq.data(), p.Dp, p.Hs,
+                                               p.Dp, (cn + 1) / 2);
+          }
+          // key rows[key_i] += (scale dS | P)[i] (q ; dO): [cn, 2 Hs] bf16 (Hs pairs) x [Hs pair rows, Dp]
+          for (int64_t r = 0; r < cn_pad; ++r)
+            c.data()[r] = r < cn ? mine + int64_t(keys.data()[c0 + r]) * p.Dp : dummy.data();
+          gemm_add_rows<Tiles>(c.data(), reinterpret_cast<const uint32_t*>(ab.data()), p.Hs, int64_t(1), b2.data(),
+                               p.Dp, cn_pad, p.Dp, p.Hs);
+        }
+        for (int64_t h = 0; h < d.H; ++h) store_bf16(dq + (bt * d.H + h) * d.D, dqb.data() + h * p.Dp, d.D);
+      }
+#pragma omp for schedule(static)
+      for (int64_t s = 0; s < key_rows; ++s) {
+        bf16* out_row = s < d.S ? dkv + (b * d.S + s) * d.D : dcomp + (b * d.T + s - d.S) * d.D;
+        sum_partial_rows(out_row, d.D, acc, s, key_rows, parts, p.Dp);
+      }
+    }
+  }
+  if (!sink) return;
+  for (int64_t h = 0; h < d.H; ++h) {
+    double sum = 0;
+    for (int64_t part = 0; part < parts; ++part) sum += dsink_parts.data()[part * p.Hs + h];
+    dsink[h] = float(sum);
+  }
+}
+#endif
+
 }  // namespace
 
 int64_t v4_attention_acc_width(int64_t d) { return round_up(d, kPadLanes); }
@@ -128,6 +333,11 @@ int64_t v4_attention_acc_width(int64_t d) { return round_up(d, kPadLanes); }
 template <class T>
 void v4_attention_forward(T* o, float* lse, float* head_mean, const T* q, const T* kv, const T* comp,
                           const int32_t* idx, const float* sink, const V4AttentionParams& d) {
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (d.D % 32 == 0) return forward_bf16_pairs(o, lse, head_mean, q, kv, comp, idx, sink, d);
+  }
+#endif
   const Plan p = make_plan(d);
   const float scale = float(d.scale);
 #pragma omp parallel
@@ -208,6 +418,11 @@ template <class T>
 void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout, const T* q, const T* kv,
                            const T* comp, const int32_t* idx, const float* sink, const T* o, const float* lse,
                            float* acc, int64_t parts, const V4AttentionParams& d) {
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (d.D % 32 == 0) return backward_bf16_pairs(dq, dkv, dcomp, dsink, dout, q, kv, comp, idx, sink, o, lse, acc, parts, d);
+  }
+#endif
   const Plan p = make_plan(d);
   const int64_t w2 = 2 * p.Hs;         // [scale dS | P] and [scores | dA] columns: heads, then heads again
   const int64_t key_rows = d.S + d.T;  // accumulator rows per batch element: raw keys, then entries

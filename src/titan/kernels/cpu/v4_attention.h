@@ -1,6 +1,9 @@
 // Fast DeepSeek-V4 attention over [window | compressed entries | sink], forward and backward
 // (per-ISA variants; see cpu/isa.h). Same contract as ref/v4_attention.h with T in {float, bf16},
-// f32 lse, sink and dsink, and f32 arithmetic.
+// f32 lse, sink and dsink, and f32 arithmetic, except that bf16 in the avx512_bf16 variant with D
+// a multiple of 32 runs every product on bf16 pairs (VDPBF16PS in the same register tiles; the
+// key rows as stored, q and dO packed by head, P and dS rounded to bf16 as operands, as FlashMLA
+// does; sums, softmax and accumulators f32). Other bf16 calls widen the rows to f32.
 //
 // OpenMP over queries. Each thread lists its query's visible keys (the window's raw rows, then
 // the visible or selected compressed entries) and copies them, as f32, chunk by chunk (128 KiB of
