@@ -21,6 +21,7 @@
 #include "titan/kernels/compressor.h"
 #include "titan/kernels/sinkhorn.h"
 #include "titan/kernels/softmax.h"
+#include "titan/kernels/v4_attention.h"
 
 namespace titan::autograd {
 
@@ -923,6 +924,44 @@ Variable compressor(const Variable& kv, const Variable& gate, const Variable& bi
     if (!dbias.defined()) dbias = Tensor::zeros(b.shape(), DType::f32);
     kernels::compressor_backward(dkv, dgate, dbias, dout.contiguous(), k, g, b, m, kind);
   });
+}
+
+Variable v4_attention(const Variable& q, const Variable& kv, const Variable& comp, const Tensor& idx,
+                      const Variable& sink, int64_t window, int64_t ratio, double scale, Tensor* head_mean_out) {
+  ProfileScope prof("v4_attention.fwd");
+  const Tensor qv = q.value().contiguous(), kvv = kv.value().contiguous(), cv = comp.value().contiguous();
+  const Tensor sv = sink.value().contiguous(), iv = idx.defined() ? idx.contiguous() : Tensor();
+  const std::vector<Tensor> out = keep_or_compute([&] {
+    Tensor o = activation_like(qv.shape(), qv.dtype());
+    Tensor lse = Tensor::empty({qv.size(0), qv.size(1), qv.size(2)}, DType::f32, MemCategory::activations);
+    std::vector<Tensor> result{o, lse};
+    if (head_mean_out) {
+      TITAN_CHECK(iv.defined(), "v4_attention: head_mean_out asked of an HCA layer (no idx)",
+                  "the indexer's target exists on CSA layers only");
+      result.push_back(Tensor::empty({qv.size(0), qv.size(1), iv.size(2)}, DType::f32, MemCategory::activations));
+    }
+    kernels::v4_attention_forward(o, lse, qv, kvv, cv, iv, sv, window, ratio, scale,
+                                  head_mean_out ? &result[2] : nullptr);
+    return result;
+  });
+  const Tensor &o = out[0], &lse = out[1];
+  if (head_mean_out) *head_mean_out = out.at(2);
+  return record("v4_attention", {q, kv, comp, sink}, o,
+                [qv, kvv, cv, iv, sv, o, lse, window, ratio, scale](const Tensor& dout, GradSink& g) {
+                  ProfileScope prof_bwd("v4_attention.bwd");
+                  // The kernel overwrites all four gradients: fresh buffers, adopted by an input
+                  // with no gradient yet (the usual case: no zero-fill, no read-back), else added.
+                  Tensor dq = Tensor::empty(qv.shape(), qv.dtype()), dkv = Tensor::empty(kvv.shape(), kvv.dtype());
+                  Tensor dc = Tensor::empty(cv.shape(), cv.dtype()), ds = Tensor::empty(sv.shape(), DType::f32);
+                  kernels::v4_attention_backward(dq, dkv, dc, ds, dout.contiguous(), qv, kvv, cv, iv, sv, o, lse, window,
+                                                 ratio, scale);
+                  const Tensor grads[] = {dq, dkv, dc, ds};
+                  for (size_t i = 0; i < 4; ++i) {
+                    if (!g.needs(i) || g.adopt(i, grads[i])) continue;
+                    Tensor acc = g.grad(i);
+                    accumulate(acc, grads[i]);
+                  }
+                });
 }
 
 Variable log_softmax(const Variable& x) {

@@ -149,6 +149,17 @@ Variable sinkhorn(const Variable& logits, int iters, double eps);
 Variable compressor(const Variable& kv, const Variable& gate, const Variable& bias, int64_t m,
                     kernels::CompressorKind kind);
 
+// DeepSeek-V4's attention over [sliding window | compressed entries | sink], fused
+// (kernels/v4_attention.h has the shapes, masks and formula): q [B, S, H, D], kv [B, S, D] (the
+// one K = V head), comp [B, T, D] (T = floor(S / m), 0 on a sliding-only layer), idx [B, S, K] i32
+// (CSA's selected entries; a constant) or undefined (HCA: every visible entry), sink [H] f32
+// -> o [B, S, H, D]. f32 or bf16 (q, kv and comp share it). Saves its inputs, o and the
+// [B, S, H] lse; no S x S tensor exists in forward or backward. head_mean_out, when given (CSA),
+// receives the indexer's KL target [B, S, K] f32 (kernels/v4_attention.h; not differentiable).
+Variable v4_attention(const Variable& q, const Variable& kv, const Variable& comp, const Tensor& idx,
+                      const Variable& sink, int64_t window, int64_t ratio, double scale,
+                      Tensor* head_mean_out = nullptr);
+
 // The sum of all elements: a one-element f32 Variable.
 Variable sum(const Variable& x);
 

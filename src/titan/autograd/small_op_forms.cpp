@@ -1,9 +1,11 @@
 #include "titan/autograd/small_op_forms.h"
 
+#include <limits>
 #include <vector>
 
 #include "titan/autograd/ops.h"
 #include "titan/core/error.h"
+#include "titan/kernels/v4_attention_params.h"
 
 namespace titan::autograd {
 
@@ -89,6 +91,38 @@ Variable moe_unpermute_small_ops(const Variable& out, const Tensor& pos, const V
   const SortedRows rows = sorted_rows(pos);
   const Variable w_sorted = index_select(view(weights, {pos.numel(), 1}), rows.choice);  // [N k, 1]
   return cast(index_add(pos.size(0), rows.token, mul(cast(out, DType::f32), w_sorted)), out.dtype());
+}
+
+Variable v4_attention_small_ops(const Variable& q, const Variable& kv, const Variable& comp, const Tensor& idx,
+                                const Variable& sink, int64_t window, int64_t ratio, double softmax_scale) {
+  kernels::V4AttentionParams d;
+  d.B = q.shape()[0], d.S = q.shape()[1], d.H = q.shape()[2], d.D = q.shape()[3];
+  d.T = comp.shape()[1], d.W = window, d.ratio = ratio, d.K = idx.defined() ? idx.size(2) : 0;
+  const int64_t L = d.S + d.T;
+  // keep [B, 1, S, S + T]: the window of raw keys, then the visible (HCA) or selected (CSA) entries.
+  Tensor keep = Tensor::zeros({d.B, 1, d.S, L}, DType::u8);
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t t = 0; t < d.S; ++t) {
+      uint8_t* row = keep.data<uint8_t>() + (b * d.S + t) * L;
+      for (int64_t j = kernels::v4_window_start(d, t); j <= t; ++j) row[j] = 1;
+      if (!idx.defined()) {
+        for (int64_t w = 0; w < kernels::v4_visible_entries(d, t); ++w) row[d.S + w] = 1;
+        continue;
+      }
+      for (int64_t i = 0; i < d.K; ++i) {
+        const int32_t w = idx.data<int32_t>()[(b * d.S + t) * d.K + i];
+        if (kernels::v4_slot_valid(d, w, t)) row[d.S + w] = 1;
+      }
+    }
+  const Variable raw = cast(kv, DType::f32);
+  const Variable keys = d.T > 0 ? concat({raw, cast(comp, DType::f32)}, 1) : raw;            // [B, L, D]
+  const Variable qh = view(transpose(cast(q, DType::f32), 1, 2), {d.B, d.H * d.S, d.D});       // [B, H S, D]
+  const Variable scores = view(scale(matmul(qh, keys, false, true), softmax_scale), {d.B, d.H, d.S, L});
+  const Variable masked = masked_fill(scores, keep, -std::numeric_limits<double>::infinity());
+  const Variable sinks = mul(Variable(Tensor::full({d.B, d.H, d.S, 1}, 1.0, DType::f32)), view(sink, {d.H, 1, 1}));
+  const Variable p = narrow(softmax(concat({masked, sinks}, 3)), 3, 0, L);                    // [B, H, S, L]
+  const Variable o = view(matmul(view(p, {d.B, d.H * d.S, L}), keys), {d.B, d.H, d.S, d.D});   // [B, H, S, D]
+  return cast(transpose(o, 1, 2), q.dtype());
 }
 
 }  // namespace titan::autograd

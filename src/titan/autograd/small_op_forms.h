@@ -36,4 +36,11 @@ Variable moe_permute_small_ops(const Variable& x, const Tensor& pos);
 // moe_unpermute: y [N, D] = zeros.index_add(0, token_of_row, out * weights[choice_of_row]).
 Variable moe_unpermute_small_ops(const Variable& out, const Tensor& pos, const Variable& weights);
 
+// v4_attention, as transformers' eager DeepseekV4Attention computes it: keys = [kv | comp] along
+// positions [B, S + T, D], scores = scale q keys^T [B, H, S, S + T] with the window / compressed-
+// entry mask (-inf; kernels/v4_attention.h) as a [B, 1, S, S + T] tensor, the sink as one more
+// logit column, softmax, the sink column dropped, o = P keys. Forms every S x (S + T) matrix.
+Variable v4_attention_small_ops(const Variable& q, const Variable& kv, const Variable& comp, const Tensor& idx,
+                                const Variable& sink, int64_t window, int64_t ratio, double softmax_scale);
+
 }  // namespace titan::autograd

@@ -11,6 +11,8 @@
 
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "titan/kernels/cpu/isa.h"
 // After isa.h, which defines TITAN_AVX512_ROWS: the avx512_bf16 variant is also the AVX-512 rows variant.
 #include "titan/kernels/cpu/avx512.h"
@@ -86,6 +88,28 @@ TITAN_INLINE void pack_pairs_transposed(uint32_t* dst, int64_t dst_ld, const flo
       _mm512_store_si512(blk + j * 16, _mm512_permutexvar_epi16(inter, both));
     }
     transpose16_u32(dst + j0, dst_ld, blk, 16);
+  }
+}
+
+// dst[k, h] (rows dst_ld apart) = the bf16 pair (x[h, 2k], x[h, 2k + 1]) for k < width / 2 and h
+// < round_up(rows, 16), heads past `rows` 0: x [rows, width] (width a multiple of 32) becomes the
+// B operand (column pairs by head) of a selected-rows-times-heads product, in 16 x 16 transposes.
+inline void pack_heads_vnni(uint32_t* dst, int64_t dst_ld, const bf16* x, int64_t rows, int64_t width) {
+  const int64_t w2 = width / 2;
+  alignas(64) uint32_t blk[16 * 16];
+  for (int64_t h0 = 0; h0 < rows; h0 += 16) {
+    const bf16* x0 = x + h0 * width;
+    for (int64_t k0 = 0; k0 < w2; k0 += 16) {
+      if (h0 + 16 <= rows) {
+        transpose16_u32(dst + k0 * dst_ld + h0, dst_ld, reinterpret_cast<const uint32_t*>(x0 + 2 * k0), w2);
+        continue;
+      }
+      for (int64_t h = 0; h < 16; ++h) {  // the last, partial head group
+        if (h0 + h < rows) std::memcpy(blk + h * 16, x0 + h * width + 2 * k0, 64);
+        else std::memset(blk + h * 16, 0, 64);
+      }
+      transpose16_u32(dst + k0 * dst_ld + h0, dst_ld, blk, 16);
+    }
   }
 }
 

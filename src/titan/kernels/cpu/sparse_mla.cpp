@@ -11,6 +11,7 @@
 
 #include "titan/core/cpu_features.h"
 #include "titan/kernels/cpu/isa.h"
+#include "titan/kernels/cpu/mqa_rows.h"
 #include "titan/kernels/cpu/scratch.h"
 #include "titan/kernels/cpu/tile_gemm.h"
 #if defined(TITAN_AVX512_ROWS)
@@ -23,21 +24,7 @@ namespace {
 
 constexpr float kInf = __builtin_inff();
 
-// The products' register tiles (cpu/tile_gemm.h), depth unchunked. AVX-512 uses 8 x 3: 16 heads
-// fill two row tiles exactly, and a one-vector tile (the scores of 16 heads) still has 8
-// independent FMA chains (about 8% less CPU time than 6 x 4 at H = 16). Every product's rows are
-// padded to whole row tiles (Plan::Hr, Kp; n_pad).
-struct Tiles : TileDefaults {
-#if defined(__AVX512F__)
-  static constexpr int kRows = 8, kVecs = 3;
-#elif defined(__AVX2__)
-  static constexpr int kRows = 6, kVecs = 2;
-#else
-  static constexpr int kRows = 4, kVecs = 2;
-#endif
-  static constexpr int kNarrowRows = kRows;
-  static constexpr bool kRowTails = false;
-};
+using Tiles = MqaTiles;
 constexpr int kRows = Tiles::kRows;
 
 // Padded sizes of the per-query buffers, shared by the forward and the backward.
@@ -52,38 +39,6 @@ struct Plan {
 Plan make_plan(const SparseMlaParams& d) {
   return {round_up(d.Dqk, kPadLanes), round_up(d.Dv, kPadLanes), round_up(d.H, kPadLanes), round_up(d.H, kRows),
           round_up(d.K, kRows)};
-}
-
-// dst[c * ld_dst + r] = scale * src[r * ld_src + c] for r < rows, c < cols: the heads' rows of q
-// (or dO) as the head columns of a B operand. Whole 16 x 16 f32 blocks are transposed in
-// shuffles; the rest (partial blocks, bf16) element by element. Element by element throughout,
-// with each store ld_dst floats past the last, this cost a query about as many scalar operations
-// (~35k at H = 16, Dqk + Dv = 1088) as its score product has vector FMAs.
-template <class T>
-void transpose_heads(float* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t rows, int64_t cols,
-                     float scale) {
-  int64_t rows_done = 0, cols_done = 0;  // the block [0, rows_done) x [0, cols_done) done in shuffles
-#if defined(TITAN_AVX512_ROWS)
-  if constexpr (std::is_same_v<T, float>) {
-    rows_done = rows / 16 * 16, cols_done = cols / 16 * 16;
-    alignas(64) uint32_t blk[16 * 16];
-    const __m512 sv = _mm512_set1_ps(scale);
-    for (int64_t r0 = 0; r0 < rows_done; r0 += 16) {
-      for (int64_t c0 = 0; c0 < cols_done; c0 += 16) {
-        transpose16_u32(blk, 16, reinterpret_cast<const uint32_t*>(src + r0 * ld_src + c0), ld_src);
-        // Scalar math: dst[c0 + i][r0, r0 + 16) = scale * (the 16 x 16 block of src, transposed)[i]
-        for (int64_t i = 0; i < 16; ++i) {
-          _mm512_storeu_ps(dst + (c0 + i) * ld_dst + r0,
-                           _mm512_mul_ps(sv, _mm512_castsi512_ps(_mm512_load_si512(blk + 16 * i))));
-        }
-      }
-    }
-  }
-#endif
-  for (int64_t r = 0; r < rows; ++r) {
-    // Scalar math: dst[c][r] = scale * src[r][c]
-    for (int64_t c = r < rows_done ? cols_done : 0; c < cols; ++c) dst[c * ld_dst + r] = scale * to_f32(src[r * ld_src + c]);
-  }
 }
 
 // How many slots ahead the gathers prefetch the selected kv rows.
@@ -153,28 +108,6 @@ void write_head_mean(float* hm, const float* p, int64_t ld, const float* mul, co
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-// dst[k, h] (rows dst_ld apart) = the bf16 pair (x[h, 2k], x[h, 2k + 1]) for k < width / 2 and h
-// < round_up(rows, 16), heads past `rows` 0: x [rows, width] (width a multiple of 32) becomes the
-// B operand (column pairs by head) of a selected-rows-times-heads product, in 16 x 16 transposes.
-void pack_heads_vnni(uint32_t* dst, int64_t dst_ld, const bf16* x, int64_t rows, int64_t width) {
-  const int64_t w2 = width / 2;
-  alignas(64) uint32_t blk[16 * 16];
-  for (int64_t h0 = 0; h0 < rows; h0 += 16) {
-    const bf16* x0 = x + h0 * width;
-    for (int64_t k0 = 0; k0 < w2; k0 += 16) {
-      if (h0 + 16 <= rows) {
-        transpose16_u32(dst + k0 * dst_ld + h0, dst_ld, reinterpret_cast<const uint32_t*>(x0 + 2 * k0), w2);
-        continue;
-      }
-      for (int64_t h = 0; h < 16; ++h) {  // the last, partial head group
-        if (h0 + h < rows) std::memcpy(blk + h * 16, x0 + h * width + 2 * k0, 64);
-        else std::memset(blk + h * 16, 0, 64);
-      }
-      transpose16_u32(dst + k0 * dst_ld + h0, dst_ld, blk, 16);
-    }
-  }
-}
-
 // Copies the valid selected rows of query t (slot order, bf16) to g[0, n) (rows Dqk apart), their
 // keys to keys[0, n), and each pair of rows, interleaved, to pairs[j] (rows pairs_ld apart; the
 // first `width` columns; an odd last row pairs with 0s), zeroes pair rows up to the next multiple
@@ -523,29 +456,8 @@ void sparse_mla_forward(T* o, float* lse, float* head_mean, const T* q, const T*
       const int64_t n_pad = round_up(n, kRows);
       gemm<Tiles, TileStore::write>(st.data(), p.Hs, g.data(), p.Dp, 1, qt.data(), p.Hs, n_pad, p.Hs, d.Dqk);
       // Softmax over the n slots of each head, vectorized across heads (padding heads see 0s).
-      for (int64_t h = 0; h < p.Hs; ++h) m.data()[h] = -kInf, l.data()[h] = 0.0f;
-      for (int64_t i = 0; i < n; ++i) {
-        const float* row = st.data() + i * p.Hs;
-        // Scalar math: m = max(m, s)
-#pragma omp simd
-        for (int64_t h = 0; h < p.Hs; ++h) m.data()[h] = row[h] > m.data()[h] ? row[h] : m.data()[h];
-      }
-      for (int64_t i = 0; i < n; ++i) {
-        const float* row = st.data() + i * p.Hs;
-        // Scalar math: l += exp(s - m)
-#pragma omp simd
-        for (int64_t h = 0; h < p.Hs; ++h) l.data()[h] += fast_exp(row[h] - m.data()[h]);
-      }
-      for (int64_t h = 0; h < p.Hs; ++h) {
-        m.data()[h] += __builtin_logf(l.data()[h]);  // now lse; the libm call, not a wrapper shared across ISAs
-        if (h < d.H) lse[bt * d.H + h] = m.data()[h];
-      }
-      for (int64_t i = 0; i < n; ++i) {
-        float* row = st.data() + i * p.Hs;
-        // Scalar math: P = exp(s - lse)
-#pragma omp simd
-        for (int64_t h = 0; h < p.Hs; ++h) row[h] = fast_exp(row[h] - m.data()[h]);
-      }
+      softmax_over_keys(st.data(), n, p.Hs, m.data(), l.data());
+      for (int64_t h = 0; h < d.H; ++h) lse[bt * d.H + h] = m.data()[h];
       if (head_mean) write_head_mean(head_mean + bt * d.K, st.data(), p.Hs, nullptr, idx + bt * d.K, t, d);
       // o[h] = sum_i P[i, h] rows[i][:Dv]: [Hr, n] (P read transposed) x [n, Dvp]
       gemm<Tiles, TileStore::write>(out.data(), p.Dvp, st.data(), 1, p.Hs, g.data(), p.Dp, p.Hr, p.Dvp, n);
@@ -623,16 +535,7 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
         const int64_t n_pad = round_up(n, kRows);
         gemm<Tiles, TileStore::write>(st.data(), w2, g.data(), p.Dp, 1, qdt.data(), w2, n_pad, w2, d.Dqk);
         // P recomputed from lse; the row becomes (scale dS | P), the A operand of dq and dkv.
-        for (int64_t i = 0; i < n; ++i) {
-          float* row = st.data() + i * w2;
-          // Scalar math: P = exp(s - lse); row = (scale P (dA - Delta) | P)
-#pragma omp simd
-          for (int64_t h = 0; h < p.Hs; ++h) {
-            const float ph = fast_exp(row[h] - lse_h.data()[h]);
-            row[h] = scale * ph * (row[p.Hs + h] - delta.data()[h]);
-            row[p.Hs + h] = ph;
-          }
-        }
+        scores_to_grads(st.data(), n, p.Hs, lse_h.data(), delta.data(), scale);
         // dq[h] = sum_i scale dS[i, h] rows[i]: [Hr, n] (read transposed) x [n, Dp]
         gemm<Tiles, TileStore::write>(dqb.data(), p.Dp, st.data(), 1, w2, g.data(), p.Dp, p.Hr, p.Dp, n);
         for (int64_t h = 0; h < d.H; ++h) {
@@ -647,21 +550,7 @@ void sparse_mla_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, 
       }
       // (barrier) dkv = the sum of the per-thread accumulators, which are zeroed for the next b.
 #pragma omp for schedule(static)
-      for (int64_t s = 0; s < d.Skv; ++s) {
-        float* first = acc + s * p.Dp;
-        for (int64_t part = 1; part < parts; ++part) {
-          float* row = acc + (part * d.Skv + s) * p.Dp;
-          // Scalar math: first += the partial; partial = 0
-#pragma omp simd
-          for (int64_t col = 0; col < p.Dp; ++col) first[col] += row[col], row[col] = 0.0f;
-        }
-        // Scalar math: dkv = sum of the partials
-#pragma omp simd
-        for (int64_t col = 0; col < d.Dqk; ++col) dkv[(b * d.Skv + s) * d.Dqk + col] = from_f32<T>(first[col]);
-        // Scalar math: first = 0
-#pragma omp simd
-        for (int64_t col = 0; col < p.Dp; ++col) first[col] = 0.0f;
-      }
+      for (int64_t s = 0; s < d.Skv; ++s) sum_partial_rows(dkv + (b * d.Skv + s) * d.Dqk, d.Dqk, acc, s, d.Skv, parts, p.Dp);
     }
   }
 }
