@@ -20,6 +20,7 @@
 #include "titan/kernels/matmul.h"
 #include "titan/kernels/lightning_indexer.h"
 #include "titan/kernels/sparse_mla.h"
+#include "titan/models/indexer_kl.h"
 
 namespace titan::models::deepseek_v3 {
 
@@ -53,42 +54,6 @@ Variable sparse_mla(const Variable& q, const Variable& kv, const Tensor& idx, in
                   if (g.needs(1) && !g.adopt(1, dkv)) {
                     Tensor d = g.grad(1);
                     accumulate(d, dkv);
-                  }
-                });
-}
-
-// The indexer's KL loss (mean over the B * S rows) as a one-element Variable of q, k, w. The
-// kernel yields the gradients in the same pass as the loss, so the forward keeps them (for the
-// mean: grad_scale = 1 / rows) and the backward scales them by the incoming gradient. The
-// dense stage recomputes the target from mq, mk, mlse; the sparse stage (idx defined) takes it
-// per slot from the sparse attention's head_mean.
-struct IndexerTarget {
-  Tensor mq, mk, mlse;  // dense warm-up
-  double scale = 0;
-  Tensor idx, head_mean;  // sparse stage
-};
-
-Variable indexer_kl(const Variable& q, const Variable& k, const Variable& w, const IndexerTarget& target) {
-  ProfileScope prof("indexer_kl_loss.fwd");
-  const double rows = double(q.shape()[0] * q.shape()[1]);
-  Tensor dq = Tensor::empty(q.shape(), q.dtype(), MemCategory::activations);
-  Tensor dk = Tensor::empty(k.shape(), k.dtype(), MemCategory::activations);
-  Tensor dw = Tensor::empty(w.shape(), DType::f32, MemCategory::activations);
-  const double total =
-      target.idx.defined()
-          ? kernels::indexer_kl_loss_sparse(dq, dk, dw, q.value(), k.value(), w.value(), target.idx, target.head_mean,
-                                            1.0 / rows)
-          : kernels::indexer_kl_loss(dq, dk, dw, q.value(), k.value(), w.value(), target.mq, target.mk, target.mlse,
-                                     target.scale, 1.0 / rows);
-  return record("indexer_kl_loss", {q, k, w}, Tensor::full({1}, total / rows, DType::f32),
-                [dq, dk, dw](const Tensor& dloss, GradSink& g) {
-                  ProfileScope prof_bwd("indexer_kl_loss.bwd");
-                  const double d = dloss.item();
-                  const Tensor* grads[3] = {&dq, &dk, &dw};
-                  for (size_t i = 0; i < 3; ++i) {
-                    if (!g.needs(i)) continue;
-                    Tensor gi = g.grad(i);
-                    kernels::axpby(gi, *grads[i], d, 1.0);
                   }
                 });
 }
@@ -298,7 +263,7 @@ DsaOutputs dsa_attention_fused(const DsaInputs& in) {
     kernels::scale(head_mean, head_mean, 1.0 / in.tp->size());
   }
   out.o = unabsorb_output(o_lat, in.wkv_b, in.wkv_b_compute, absorb);                          // [B, S, H, d_v]
-  if (in.want_loss) out.loss = indexer_kl(in.index_q, in.index_k, in.index_w, {{}, {}, {}, 0, idx, head_mean});
+  if (in.want_loss) out.loss = indexer_kl(in.index_q, in.index_k, in.index_w, {{}, {}, {}, 0, idx, head_mean, 1});
   return out;
 }
 
