@@ -1,6 +1,6 @@
 // DeepSeek-V4's arguments (models/deepseek_v4/args.h): the flavors, transformers' config.json
 // read as transformers writes it (tests/fixtures/deepseek_v4_tiny/config.json, saved by
-// DeepseekV4Config.save_pretrained) and written back, the released checkpoint's legacy keys, and
+// reference/deepseek_v4_fixture.py through DeepseekV4Config.save_pretrained) and written back, the released checkpoint's legacy keys, and
 // the configurations a user gets wrong, each refused naming the key and what works.
 #include <gtest/gtest.h>
 
@@ -48,19 +48,19 @@ TEST(DeepSeekV4Args, FlavorsValidateAndTheDebugModelHasEveryLayerKind) {
 
 TEST(DeepSeekV4Args, ReadsTransformersConfigAndWritesItBack) {
   const DeepSeekV4Args a = args_from_hf_config(tiny_config(), "config.json");
-  EXPECT_EQ(a.vocab_size, 128);
-  EXPECT_EQ(a.dim, 64);
-  EXPECT_EQ(a.rope_dim, 16);
+  EXPECT_EQ(a.vocab_size, 64);
+  EXPECT_EQ(a.dim, 32);
+  EXPECT_EQ(a.rope_dim, 8);
   EXPECT_EQ(a.csa_ratio, 4);
   EXPECT_EQ(a.hca_ratio, 8);
-  EXPECT_EQ(a.sliding_window, 16);
+  EXPECT_EQ(a.sliding_window, 8);
   EXPECT_EQ(a.index_topk, 4);
   EXPECT_DOUBLE_EQ(a.swiglu_limit, 0.1);
   EXPECT_DOUBLE_EQ(a.rope_theta, 10000);
   EXPECT_DOUBLE_EQ(a.compress_rope_theta, 160000);
   EXPECT_TRUE(a.yarn);
   EXPECT_DOUBLE_EQ(a.yarn_factor, 4);
-  EXPECT_EQ(a.yarn_original_max_position, 32);
+  EXPECT_EQ(a.yarn_original_max_position, 16);
   EXPECT_EQ(a.layer_types, (std::vector<LayerType>{LayerType::sliding, LayerType::csa, LayerType::hca, LayerType::csa,
                                                    LayerType::hca}));
   EXPECT_EQ(a.mlp_types,
@@ -115,6 +115,6 @@ TEST(DeepSeekV4Args, ConfigurationsThatDoNotFitAreRefusedByKey) {
               has(e, "seq_len >= 8"))
       << e;
   e = error_of([&] { a.validate_sequence(200); });
-  EXPECT_TRUE(has(e, "exceeds the RoPE tables' 128 positions")) << e;
-  EXPECT_EQ(error_of([&] { a.validate_sequence(61); }), "(no error)");
+  EXPECT_TRUE(has(e, "exceeds the RoPE tables' 64 positions")) << e;
+  EXPECT_EQ(error_of([&] { a.validate_sequence(37); }), "(no error)");
 }

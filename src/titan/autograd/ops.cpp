@@ -127,6 +127,21 @@ Variable rope(const Variable& x, const kernels::RopeTables& tables, const Tensor
   });
 }
 
+Variable rope_inverse(const Variable& x, const kernels::RopeTables& tables, const Tensor& positions,
+                      kernels::RopeLayout layout, int64_t rope_offset) {
+  ProfileScope prof("rope_inverse.fwd");
+  Tensor y = activation_like(x.shape(), x.dtype());
+  kernels::rope_backward(y, x.value().contiguous(), tables, positions, layout, rope_offset, /*accumulate=*/false);
+  return record("rope_inverse", {x}, y, [tables, positions, layout, rope_offset](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("rope_inverse.bwd");
+    Tensor dx = g.grad(0);
+    if (!dx.defined()) return;
+    Tensor turned = Tensor::empty(dy.shape(), dy.dtype(), MemCategory::temporaries);
+    kernels::rope_forward(turned, dy.contiguous(), tables, positions, layout, rope_offset);
+    kernels::axpby(dx, turned, 1.0, 1.0);
+  });
+}
+
 Variable attention(const Variable& q, const Variable& k, const Variable& v, std::optional<double> scale,
                    Tensor* lse_out) {
   ProfileScope prof("attention.fwd");

@@ -30,6 +30,10 @@ Variable layernorm(const Variable& x, const Variable& w, const Variable& b, doub
 // RoPE on x [..., H, Dh] with per-token positions (i32, x.numel() / (H * Dh) entries).
 Variable rope(const Variable& x, const kernels::RopeTables& tables, const Tensor& positions,
               kernels::RopeLayout layout, int64_t rope_offset = 0);
+// x turned back by -theta (RoPE's inverse and transpose): DeepSeek-V4 rotates its attention
+// output's rope slice back to the query's frame, since its values carry RoPE.
+Variable rope_inverse(const Variable& x, const kernels::RopeTables& tables, const Tensor& positions,
+                      kernels::RopeLayout layout, int64_t rope_offset = 0);
 
 // Causal flash attention: q [B, S, H, Dqk], k [B, S, Hkv, Dqk], v [B, S, Hkv, Dv] -> [B, S, H, Dv].
 // lse_out, when given, receives the rows' log-sum-exp [B, H, S] f32 (not differentiable), e.g. for

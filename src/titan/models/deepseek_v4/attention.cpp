@@ -1,0 +1,166 @@
+#include "titan/models/deepseek_v4/attention.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "titan/autograd/ops.h"
+#include "titan/core/error.h"
+#include "titan/kernels/compressor.h"
+#include "titan/kernels/lightning_indexer.h"
+#include "titan/models/indexer_kl.h"
+
+namespace titan::models::deepseek_v4 {
+
+namespace {
+
+constexpr auto kInterleaved = kernels::RopeLayout::interleaved;
+
+std::unique_ptr<nn::Linear> linear(int64_t in, int64_t out, double std) {
+  return std::make_unique<nn::Linear>(in, out, nn::Init::normal(0, std));
+}
+
+// A value the indexer reads without sending gradient back into the model.
+Variable detached(const Variable& x) { return Variable(x.value()); }
+
+// Positions w m of the entries w = 0 .. T - 1 of each of `batch` sequences, i32 [B, T].
+Tensor entry_positions(int64_t batch, int64_t entries, int64_t ratio) {
+  Tensor p = Tensor::empty({batch, entries}, DType::i32, MemCategory::activations);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t w = 0; w < entries; ++w) p.data<int32_t>()[b * entries + w] = int32_t(w * ratio);
+  return p;
+}
+
+}  // namespace
+
+Compressor::Compressor(const DeepSeekV4Args& a, int64_t width, int64_t ratio, bool overlap)
+    : kv_proj(register_module("kv_proj", linear(a.dim, overlap ? 2 * width : width, a.init_std))),
+      gate_proj(register_module("gate_proj", linear(a.dim, overlap ? 2 * width : width, a.init_std))),
+      position_bias(register_parameter("position_bias", {ratio, overlap ? 2 * width : width}, nn::Init::zeros(),
+                                       /*weight_decay=*/false)),
+      kv_norm(register_module("kv_norm", std::make_unique<nn::RMSNorm>(width, a.norm_eps))),
+      width_(width),
+      ratio_(ratio),
+      rope_dim_(a.rope_dim),
+      overlap_(overlap) {}
+
+Variable Compressor::forward(const Variable& h, const kernels::RopeTables& rope) const {
+  const int64_t b = h.shape()[0], s = h.shape()[1], d = h.shape()[2], c = overlap_ ? 2 * width_ : width_;
+  TITAN_CHECK(s >= ratio_, "deepseek_v4: a sequence of " + std::to_string(s) + " tokens is shorter than the compress ratio " +
+                               std::to_string(ratio_),
+              "use training.seq_len >= " + std::to_string(ratio_));
+  const Variable flat = autograd::view(h, {b * s, d});
+  const Variable kv = autograd::view(kv_proj.forward(flat), {b, s, c});
+  const Variable gate = autograd::view(gate_proj.forward(flat), {b, s, c});
+  const Variable pooled = autograd::compressor(kv, gate, position_bias.var, ratio_,
+                                               overlap_ ? kernels::CompressorKind::csa : kernels::CompressorKind::hca);
+  const int64_t t = pooled.shape()[1];
+  const Variable normed = autograd::view(kv_norm.forward(autograd::view(pooled, {b * t, width_})), {b, t, 1, width_});
+  const Variable turned =
+      autograd::rope(normed, rope, entry_positions(b, t, ratio_), kInterleaved, width_ - rope_dim_);
+  return autograd::view(turned, {b, t, width_});
+}
+
+Indexer& Compressor::add_indexer(const DeepSeekV4Args& a) {
+  indexer = &register_module("indexer", std::make_unique<Indexer>(a));
+  return *indexer;
+}
+
+IndexerScorer::IndexerScorer(int64_t dim, int64_t heads, double init_std)
+    : weights_proj(register_module("weights_proj", linear(dim, heads, init_std))) {}
+
+Indexer::Indexer(const DeepSeekV4Args& a)
+    : Compressor(a, a.index_head_dim, a.csa_ratio, /*overlap=*/true),
+      q_b_proj(register_module("q_b_proj", linear(a.q_lora_rank, a.index_n_heads * a.index_head_dim, a.init_std))),
+      scorer(register_module("scorer", std::make_unique<IndexerScorer>(a.dim, a.index_n_heads, a.init_std))),
+      heads_(a.index_n_heads),
+      head_dim_(a.index_head_dim),
+      rope_dim_(a.rope_dim),
+      topk_(a.index_topk),
+      ratio_(a.csa_ratio) {}
+
+Indexer::Selection Indexer::select(const Variable& h, const Variable& qr, const kernels::RopeTables& rope,
+                                   const Tensor& positions) const {
+  const int64_t b = h.shape()[0], s = h.shape()[1], n = b * s;
+  Selection sel;
+  sel.k = forward(h, rope);
+  const Variable q = autograd::view(q_b_proj.forward(autograd::view(qr, {n, qr.shape()[2]})), {b, s, heads_, head_dim_});
+  sel.q = autograd::rope(q, rope, positions, kInterleaved, head_dim_ - rope_dim_);
+  // The score's scales, nI^-1/2 dI^-1/2, ride on the weights (kernels/lightning_indexer.h).
+  sel.w = autograd::scale(autograd::view(scorer.weights_proj.forward(autograd::view(h, {n, h.shape()[2]})), {b, s, heads_}),
+                          1.0 / std::sqrt(double(heads_) * double(head_dim_)));
+  const int64_t slots = std::min(topk_, sel.k.shape()[1]);
+  sel.idx = Tensor::empty({b, s, slots}, DType::i32, MemCategory::activations);
+  kernels::indexer_topk(sel.idx, sel.q.value(), sel.k.value(), sel.w.value(), ratio_);
+  return sel;
+}
+
+Attention::Attention(const DeepSeekV4Args& a, LayerType type)
+    : q_a_proj(register_module("q_a_proj", linear(a.dim, a.q_lora_rank, a.init_std))),
+      q_a_norm(register_module("q_a_norm", std::make_unique<nn::RMSNorm>(a.q_lora_rank, a.norm_eps))),
+      q_b_proj(register_module("q_b_proj", linear(a.q_lora_rank, a.n_heads * a.head_dim, a.init_std))),
+      kv_proj(register_module("kv_proj", linear(a.dim, a.head_dim, a.init_std))),
+      kv_norm(register_module("kv_norm", std::make_unique<nn::RMSNorm>(a.head_dim, a.norm_eps))),
+      o_a_proj(register_module("o_a_proj",
+                               linear(a.n_heads * a.head_dim / a.o_groups, a.o_groups * a.o_lora_rank, a.init_std))),
+      o_b_proj(register_module("o_b_proj", linear(a.o_groups * a.o_lora_rank, a.dim, a.init_std))),
+      sinks(register_parameter("sinks", {a.n_heads}, nn::Init::zeros(), /*weight_decay=*/false)),
+      type_(type),
+      heads_(a.n_heads),
+      head_dim_(a.head_dim),
+      rope_dim_(a.rope_dim),
+      groups_(a.o_groups),
+      window_(a.sliding_window),
+      ratio_(a.compress_ratio(type)),
+      norm_eps_(a.norm_eps),
+      ones_head_(Tensor::full({a.head_dim}, 1.0, DType::f32, MemCategory::parameters)) {
+  if (type != LayerType::sliding) {
+    compressor = &register_module("compressor",
+                                  std::make_unique<Compressor>(a, a.head_dim, ratio_, type == LayerType::csa));
+    if (type == LayerType::csa) compressor->add_indexer(a);
+  }
+}
+
+Variable Attention::forward(const Variable& h, const Tensor& positions, const kernels::RopeTables& rope,
+                            AuxLosses* aux) const {
+  const int64_t b = positions.size(0), s = positions.size(1), n = b * s, d = h.shape()[1];
+  const int64_t hd = head_dim_, tail = head_dim_ - rope_dim_;
+  const Variable qr = q_a_norm.forward(q_a_proj.forward(h));  // [N, Rq]
+  // Queries: each head unweighted-RMS-normed, then RoPE on its tail.
+  Variable q = autograd::rmsnorm(autograd::view(q_b_proj.forward(qr), {n * heads_, hd}), Variable(ones_head_), norm_eps_);
+  q = autograd::rope(autograd::view(q, {b, s, heads_, hd}), rope, positions, kInterleaved, tail);
+  // The one key = value head.
+  Variable kv = autograd::view(kv_norm.forward(kv_proj.forward(h)), {b, s, 1, hd});
+  kv = autograd::view(autograd::rope(kv, rope, positions, kInterleaved, tail), {b, s, hd});
+
+  Variable entries(Tensor::empty({b, 0, hd}, DType::f32, MemCategory::activations));
+  Indexer::Selection sel;
+  if (compressor) {
+    const Variable hs = autograd::view(h, {b, s, d});
+    entries = compressor->forward(hs, rope);
+    if (compressor->indexer)
+      sel = compressor->indexer->select(detached(hs), detached(autograd::view(qr, {b, s, qr.shape()[1]})), rope,
+                                        positions);
+  }
+  const bool train_indexer = sel.idx.defined() && indexer_loss_coeff > 0 && aux && autograd::grad_enabled();
+  Tensor head_mean;
+  Variable o = autograd::v4_attention(q, kv, entries, sel.idx, sinks.var, window_, compressor ? ratio_ : 2,
+                                      1.0 / std::sqrt(double(hd)), train_indexer ? &head_mean : nullptr);
+  if (train_indexer) {
+    IndexerTarget target;
+    target.idx = sel.idx, target.head_mean = head_mean, target.ratio = ratio_;
+    const Variable kl = indexer_kl(sel.q, sel.k, sel.w, target);
+    aux->push_back({"indexer_loss", autograd::scale(kl, indexer_loss_coeff), kl.value().item(), true});
+  }
+  // Values carry RoPE: turn the output's tail back to the query's frame.
+  o = autograd::view(autograd::rope_inverse(o, rope, positions, kInterleaved, tail), {n, heads_ * hd});
+  // Grouped low-rank output projection: group g's contiguous heads through rows g Ro.. of o_a_proj.
+  const int64_t width = heads_ * hd / groups_, rank = o_a_proj.weight.var.shape()[0] / groups_;
+  std::vector<Variable> parts;
+  parts.reserve(size_t(groups_));
+  for (int64_t g = 0; g < groups_; ++g)
+    parts.push_back(autograd::linear(autograd::narrow_last(o, g * width, width),
+                                     autograd::narrow(o_a_proj.weight.var, 0, g * rank, rank)));
+  return o_b_proj.forward(groups_ == 1 ? parts[0] : autograd::concat(parts, 1));
+}
+
+}  // namespace titan::models::deepseek_v4

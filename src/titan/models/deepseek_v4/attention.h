@@ -1,0 +1,98 @@
+// DeepSeek-V4's attention (transformers' DeepseekV4Attention; ../shared/reference/
+// v4_transformers.md section 3). Every layer attends over its sliding window of raw keys; a CSA
+// layer adds the compressed entries its lightning indexer selects, an HCA layer every causally
+// visible compressed entry; a learned sink per head joins each softmax. One shared key = value
+// head (kv), partial RoPE on each head's last rope_dim dims (interleaved pairs), the output's rope
+// slice turned back to the query's frame, and a grouped low-rank output projection.
+//
+// Names follow transformers' state dict under `self_attn.` (q_a_proj, q_a_norm, q_b_proj,
+// kv_proj, kv_norm, o_a_proj, o_b_proj, sinks, compressor.*, compressor.indexer.*).
+//
+// The indexer: transformers gives it no gradient (spec 8.1). Here, with indexer_loss_coeff > 0,
+// it learns as DeepSeek-V3.2's does in its sparse stage (docs/dsa.md 6): a KL loss to the head
+// mean of the attention's probabilities over the selected compressed entries (renormalised over
+// them, without the window's keys and the sink), its inputs detached.
+#pragma once
+
+#include "titan/autograd/variable.h"
+#include "titan/kernels/rope.h"
+#include "titan/models/aux_loss.h"
+#include "titan/models/deepseek_v4/args.h"
+#include "titan/nn/layers.h"
+
+namespace titan::models::deepseek_v4 {
+
+class Indexer;
+
+// Softmax-gated pooling of every m tokens into one entry (HCA; CSA overlaps each entry with the
+// previous window, kernels/compressor.h), then the weighted RMSNorm and RoPE at the entry's
+// first position w m.
+class Compressor : public nn::Module {
+ public:
+  Compressor(const DeepSeekV4Args& a, int64_t width, int64_t ratio, bool overlap);
+  // h [B, S, d] -> [B, floor(S / m), width].
+  Variable forward(const Variable& h, const kernels::RopeTables& rope) const;
+  // CSA: the lightning indexer under this compressor (transformers' compressor.indexer).
+  Indexer& add_indexer(const DeepSeekV4Args& a);
+
+  nn::Linear &kv_proj, &gate_proj;
+  nn::Parameter& position_bias;  // [m, width] (CSA: [m, 2 width])
+  nn::RMSNorm& kv_norm;
+  Indexer* indexer = nullptr;
+
+ private:
+  int64_t width_, ratio_, rope_dim_;
+  bool overlap_;
+};
+
+// The scorer's weights_proj (transformers' compressor.indexer.scorer).
+class IndexerScorer : public nn::Module {
+ public:
+  IndexerScorer(int64_t dim, int64_t heads, double init_std);
+  nn::Linear& weights_proj;  // [nI, d]
+};
+
+// CSA's lightning indexer: its own CSA compressor at width dI gives the keys; queries from the
+// query latent, per-head weights from h; each query keeps the top-k visible entries.
+class Indexer : public Compressor {
+ public:
+  explicit Indexer(const DeepSeekV4Args& a);
+  struct Selection {
+    Tensor idx;       // [B, S, K] i32, -1 padded (kernels::indexer_topk)
+    Variable q, k, w;  // the scores' inputs, for the KL loss: [B, S, nI, dI], [B, T, dI], [B, S, nI]
+  };
+  // h [B, S, d] and qr [B, S, Rq], both detached by the caller; positions [B, S].
+  Selection select(const Variable& h, const Variable& qr, const kernels::RopeTables& rope, const Tensor& positions) const;
+
+  nn::Linear& q_b_proj;  // [nI dI, Rq]
+  IndexerScorer& scorer;
+
+ private:
+  int64_t heads_, head_dim_, rope_dim_, topk_, ratio_;
+};
+
+class Attention : public nn::Module {
+ public:
+  Attention(const DeepSeekV4Args& a, LayerType type);
+  // h [B S, d] (the normed block input) at positions [B, S]; rope: the layer's tables (main for a
+  // sliding-only layer, compress otherwise) -> [B S, d]. aux (null: none wanted) receives the
+  // indexer's KL when it trains.
+  Variable forward(const Variable& h, const Tensor& positions, const kernels::RopeTables& rope, AuxLosses* aux) const;
+
+  nn::Linear &q_a_proj;
+  nn::RMSNorm& q_a_norm;
+  nn::Linear &q_b_proj, &kv_proj;
+  nn::RMSNorm& kv_norm;
+  nn::Linear &o_a_proj, &o_b_proj;  // o_a_proj [G Ro, H D / G]: group g's rows g Ro .. (g + 1) Ro
+  nn::Parameter& sinks;             // [H]
+  Compressor* compressor = nullptr;  // CSA / HCA
+  double indexer_loss_coeff = 0;     // CSA: > 0 trains the indexer (the model's [model] key)
+
+ private:
+  LayerType type_;
+  int64_t heads_, head_dim_, rope_dim_, groups_, window_, ratio_;
+  double norm_eps_;
+  Tensor ones_head_;  // the per-head query norm's constant weight [D]
+};
+
+}  // namespace titan::models::deepseek_v4
