@@ -88,6 +88,34 @@ TEST(MoeGradcheck, RouterSoftmaxNormalized) {
   check_router("router_softmax_norm", router(6, 2, kernels::RouterScore::softmax, 3, 2, true, 16.0));
 }
 
+TEST(MoeGradcheck, RouterSqrtSoftplusNormalized) {
+  check_router("router_sqrtsoftplus_norm", router(8, 3, kernels::RouterScore::sqrtsoftplus, 1, 1, true, 1.5));
+}
+
+// Hash routing: a given choice with a repeated expert (token 0 picks expert 2 twice), weights
+// through sqrtsoftplus, with logits past softplus' threshold (20) and far below 0.
+TEST(MoeGradcheck, RouterHashWeights) {
+  const kernels::RouterParams p = router(6, 3, kernels::RouterScore::sqrtsoftplus, 1, 1, true, 1.5);
+  const int64_t n = 4;
+  const std::vector<int32_t> idx = {2, 2, 5, 0, 1, 4, 3, 3, 3, 5, 0, 1};
+  Doubles logits = random_doubles(size_t(n * p.experts), 2, "logits", -3, 3);
+  logits[2] = 24.5, logits[6 + 1] = -25, logits[12 + 3] = 21.5;
+  auto forward = [&](const std::vector<Doubles>& in) {
+    Doubles scores(size_t(n * p.experts)), weights(size_t(n * p.top_k));
+    ref::router_weights_forward<double>(scores.data(), weights.data(), in[0].data(), idx.data(), n, p);
+    return std::pair{weights, scores};
+  };
+  gradcheck(
+      "router_hash_weights", {logits},
+      [&](const std::vector<Doubles>& in) { return std::vector<Doubles>{forward(in).first}; },
+      [&](const std::vector<Doubles>& in, const std::vector<Doubles>& dout) {
+        const Doubles scores = forward(in).second;
+        Doubles dlogits(size_t(n * p.experts), 0.0);
+        ref::router_backward<double>(dlogits.data(), dout[0].data(), nullptr, scores.data(), idx.data(), n, p);
+        return std::vector<Doubles>{dlogits};
+      });
+}
+
 TEST(MoeGradcheck, Permute) {
   const kernels::ExpertDispatch disp = dispatch();
   const int32_t* pos = disp.pos.data<int32_t>();

@@ -18,6 +18,17 @@ const std::vector<std::vector<int64_t>> kForwardShapes = {{1},    {7},    {33}, 
 Tensor input(const OpInput& in, std::string_view name, double range = 1) {
   return random_tensor({in.dims[0]}, in.dtype, in.seed, name, -range, range);
 }
+
+// DeepSeek-V4's swiglu_limit (exact in bf16), with inputs spanning twice it: both clamps bite, and
+// every 7th gate / 5th up sits exactly on a bound, where the gradient still passes.
+constexpr double kLimit = 1.5;
+Tensor limited_input(const OpInput& in, std::string_view name, int every, bool negative_bound) {
+  Tensor x = input(in, name, 2 * kLimit).to(DType::f32);
+  for (int64_t i = 0; i < x.numel(); i += every) {
+    x.data<float>()[i] = float(negative_bound && (i / every) % 2 ? -kLimit : kLimit);
+  }
+  return x.to(in.dtype);
+}
 }  // namespace
 
 TITAN_OP_CASES(activation) {
@@ -61,6 +72,27 @@ TITAN_OP_CASES(activation) {
            Tensor y = Tensor::empty(gate.shape(), in.dtype);
            kernels::swiglu_forward(y, gate, up);
            return std::vector<Tensor>{y};
+         });
+       }},
+      {"swiglu_forward_limit", {"n"}, kForwardShapes,
+       [](const OpInput& in) {
+         const Tensor gate = limited_input(in, "gate", 7, false), up = limited_input(in, "up", 5, true);
+         return fast_vs_reference({"y"}, [&] {
+           Tensor y = Tensor::empty(gate.shape(), in.dtype);
+           kernels::swiglu_forward(y, gate, up, kLimit);
+           return std::vector<Tensor>{y};
+         });
+       }},
+      {"swiglu_backward_limit", {"n"}, kShapes,
+       [](const OpInput& in) {
+         const Tensor gate = limited_input(in, "gate", 7, false), up = limited_input(in, "up", 5, true);
+         const Tensor dy = input(in, "dy"), dgate0 = input(in, "dgate"), dup0 = input(in, "dup");
+         return fast_vs_reference({"dgate", "dup", "dgate_written", "dup_written"}, [&] {
+           Tensor dgate = dgate0.clone(), dup = dup0.clone();
+           kernels::swiglu_backward(dgate, dup, dy, gate, up, true, kLimit);
+           Tensor dgate_w = Tensor::full(gate.shape(), std::nan(""), in.dtype), dup_w = dgate_w.clone();
+           kernels::swiglu_backward(dgate_w, dup_w, dy, gate, up, false, kLimit);
+           return std::vector<Tensor>{dgate, dup, dgate_w, dup_w};
          });
        }},
       {"swiglu_backward", {"n"}, kShapes,

@@ -99,20 +99,26 @@ OpOutputs grouped_backward(const OpInput& in) {
   return outs;
 }
 
-// dims = {N, E, k, n_groups, topk_groups, sigmoid, route_norm}
+// dims = {N, E, k, n_groups, topk_groups, score (0 softmax, 1 sigmoid, 2 sqrtsoftplus), route_norm}
 kernels::RouterParams router_params(const std::vector<int64_t>& d) {
   kernels::RouterParams p;
   p.experts = d[1], p.top_k = d[2], p.n_groups = d[3], p.topk_groups = d[4];
-  p.score = d[5] ? kernels::RouterScore::sigmoid : kernels::RouterScore::softmax;
+  p.score = static_cast<kernels::RouterScore>(d[5]);
   p.route_norm = d[6] != 0;
   p.route_scale = 2.5;
   return p;
 }
 
+// sqrtsoftplus logits reach past softplus' threshold (20) and far below 0 (scores near 0).
+Tensor router_logits(const OpInput& in, const kernels::RouterParams& p) {
+  const double range = p.score == kernels::RouterScore::sqrtsoftplus ? 30 : 4;
+  return random_tensor({in.dims[0], p.experts}, DType::f32, in.seed, "logits", -range, range);
+}
+
 OpOutputs router_forward(const OpInput& in) {
   const kernels::RouterParams p = router_params(in.dims);
   const int64_t n = in.dims[0];
-  const Tensor logits = random_tensor({n, p.experts}, DType::f32, in.seed, "logits", -4, 4);
+  const Tensor logits = router_logits(in, p);
   const Tensor bias = random_tensor({p.experts}, DType::f32, in.seed, "bias", -0.1, 0.1);
   return fast_vs_reference({"scores", "indices", "weights"}, [&] {
     Tensor scores = Tensor::empty({n, p.experts}, DType::f32), idx = Tensor::empty({n, p.top_k}, DType::i32),
@@ -125,7 +131,7 @@ OpOutputs router_forward(const OpInput& in) {
 OpOutputs router_backward(const OpInput& in) {
   const kernels::RouterParams p = router_params(in.dims);
   const int64_t n = in.dims[0];
-  const Tensor logits = random_tensor({n, p.experts}, DType::f32, in.seed, "logits", -4, 4);
+  const Tensor logits = router_logits(in, p);
   Tensor scores = Tensor::empty({n, p.experts}, DType::f32), idx = Tensor::empty({n, p.top_k}, DType::i32),
          w = Tensor::empty({n, p.top_k}, DType::f32);
   kernels::moe_router_forward(scores, idx, w, logits, Tensor(), p);
@@ -135,6 +141,36 @@ OpOutputs router_backward(const OpInput& in) {
     Tensor dl = random_tensor({n, p.experts}, DType::f32, in.seed, "dl0");
     kernels::moe_router_backward(dl, dw, ds, scores, idx, p);
     return std::vector<Tensor>{dl};
+  });
+}
+
+// Hash routing: a given choice with repeats (any expert, independently per slot), as a tid2eid
+// row may hold; the weights forward, then the backward through that choice.
+// dims = {N, E, k, score (1 sigmoid, 2 sqrtsoftplus)}
+kernels::RouterParams hash_router_params(const std::vector<int64_t>& d) {
+  kernels::RouterParams p;
+  p.experts = d[1], p.top_k = d[2], p.score = static_cast<kernels::RouterScore>(d[3]);
+  p.route_norm = true, p.route_scale = 1.5;
+  return p;
+}
+
+Tensor repeating_choices(int64_t n, int64_t k, int64_t experts, uint64_t seed) {
+  Tensor idx = Tensor::empty({n, k}, DType::i32);
+  Generator g(seed, "hash choices");
+  for (int64_t i = 0; i < n * k; ++i) idx.data<int32_t>()[i] = int32_t(g.next_below(uint64_t(experts)));
+  return idx;
+}
+
+OpOutputs router_weights_forward(const OpInput& in) {
+  const kernels::RouterParams p = hash_router_params(in.dims);
+  const int64_t n = in.dims[0];
+  const Tensor logits = router_logits(in, p), idx = repeating_choices(n, p.top_k, p.experts, in.seed);
+  return fast_vs_reference({"scores", "weights", "dlogits"}, [&] {
+    Tensor scores = Tensor::empty({n, p.experts}, DType::f32), w = Tensor::empty({n, p.top_k}, DType::f32);
+    kernels::moe_router_weights_forward(scores, w, logits, idx, p);
+    Tensor dl = random_tensor({n, p.experts}, DType::f32, in.seed, "dl0");
+    kernels::moe_router_backward(dl, random_tensor({n, p.top_k}, DType::f32, in.seed, "dw"), Tensor(), scores, idx, p);
+    return std::vector<Tensor>{scores, w, dl};
   });
 }
 
@@ -205,7 +241,8 @@ const std::vector<std::vector<int64_t>> kPermuteShapes = {
     {300, 8, 64, 96},   {1000, 6, 64, 300}, {1030, 4, 16, 1031}, {1, 3, 4, 515}};
 
 const std::vector<std::string> kGroupedDims = {"E", "M", "N", "K", "skew"};
-const std::vector<std::string> kRouterDims = {"N", "E", "k", "n_groups", "topk_groups", "sigmoid", "route_norm"};
+const std::vector<std::string> kRouterDims = {"N", "E", "k", "n_groups", "topk_groups", "score", "route_norm"};
+const std::vector<std::string> kHashRouterDims = {"N", "E", "k", "score"};
 const std::vector<std::string> kPermuteDims = {"N", "k", "E", "D"};
 
 }  // namespace
@@ -220,12 +257,17 @@ TITAN_OP_CASES(moe) {
       {3, 2600, 24, 40, 1}, {4, 256, 32, 64, 0}, {2, 1, 9, 7, 0}, {12, 40, 8, 5, 0}};
   const std::vector<std::vector<int64_t>> router_shapes = {
       {1, 1, 1, 1, 1, 0, 0},  {7, 8, 2, 1, 1, 0, 0},   {33, 8, 3, 1, 1, 1, 1},  {64, 16, 4, 4, 2, 1, 1},
-      {100, 16, 4, 4, 2, 0, 0}, {513, 64, 6, 8, 3, 0, 1}, {300, 256, 8, 8, 4, 1, 1}};
+      {100, 16, 4, 4, 2, 0, 0}, {513, 64, 6, 8, 3, 0, 1}, {300, 256, 8, 8, 4, 1, 1},
+      // DeepSeek-V4's sqrtsoftplus, renormalised, plain and group-limited
+      {1, 1, 1, 1, 1, 2, 1},  {37, 8, 2, 1, 1, 2, 1},  {515, 256, 6, 1, 1, 2, 1}, {64, 16, 4, 4, 2, 2, 1}};
+  const std::vector<std::vector<int64_t>> hash_router_shapes = {
+      {1, 1, 1, 2}, {13, 8, 2, 2}, {77, 16, 6, 2}, {513, 256, 6, 2}, {40, 8, 3, 1}};
   return {
       {"grouped_matmul_forward", kGroupedDims, grouped_shapes, grouped_forward},
       {"grouped_matmul_backward", kGroupedDims, grouped_shapes, grouped_backward},
       {"moe_router_forward", kRouterDims, router_shapes, router_forward, {DType::f32}},
       {"moe_router_backward", kRouterDims, router_shapes, router_backward, {DType::f32}},
+      {"moe_router_weights_forward", kHashRouterDims, hash_router_shapes, router_weights_forward, {DType::f32}},
       {"moe_permute_forward", kPermuteDims, kPermuteShapes, permute_forward},
       {"moe_permute_backward", kPermuteDims, kPermuteShapes, permute_backward},
       {"moe_unpermute_forward", kPermuteDims, kPermuteShapes, unpermute_forward},

@@ -164,18 +164,18 @@ Variable attention(const Variable& q, const Variable& k, const Variable& v, std:
                 });
 }
 
-Variable swiglu(const Variable& gate, const Variable& up) {
+Variable swiglu(const Variable& gate, const Variable& up, double limit) {
   ProfileScope prof("swiglu.fwd");
   Tensor y = activation_like(gate.shape(), gate.dtype());
-  kernels::swiglu_forward(y, gate.value(), up.value());
-  return record("swiglu", {gate, up}, y, [gv = gate.value(), uv = up.value()](const Tensor& dy, GradSink& g) {
+  kernels::swiglu_forward(y, gate.value(), up.value(), limit);
+  return record("swiglu", {gate, up}, y, [gv = gate.value(), uv = up.value(), limit](const Tensor& dy, GradSink& g) {
     ProfileScope prof_bwd("swiglu.bwd");
     // Both written into fresh buffers when neither input has a gradient yet (both are projection
     // outputs in a feed-forward); otherwise added.
     const bool fresh = g.can_adopt(0) && g.can_adopt(1);
     auto fresh_like = [&] { return Tensor::empty(dy.shape(), dy.dtype(), MemCategory::temporaries); };
     Tensor dgate = fresh ? fresh_like() : g.grad(0), dup = fresh ? fresh_like() : g.grad(1);
-    kernels::swiglu_backward(dgate, dup, dy, gv, uv, !fresh);
+    kernels::swiglu_backward(dgate, dup, dy, gv, uv, !fresh, limit);
     if (!fresh) return;
     g.adopt(0, dgate);
     if (!g.adopt(1, dup)) {  // gate and up are one variable: its gradient is now dgate

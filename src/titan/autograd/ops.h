@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "titan/autograd/variable.h"
+#include "titan/kernels/activation.h"
 #include "titan/kernels/compressor.h"
 #include "titan/kernels/rope.h"
 
@@ -41,8 +42,9 @@ Variable rope_inverse(const Variable& x, const kernels::RopeTables& tables, cons
 Variable attention(const Variable& q, const Variable& k, const Variable& v, std::optional<double> scale = std::nullopt,
                    Tensor* lse_out = nullptr);
 
-// silu(gate) * up, element-wise.
-Variable swiglu(const Variable& gate, const Variable& up);
+// silu(gate) * up, element-wise; with a finite limit (DeepSeek-V4's swiglu_limit) the inputs are
+// clamped first: silu(min(gate, limit)) * clamp(up, -limit, limit) (kernels/activation.h).
+Variable swiglu(const Variable& gate, const Variable& up, double limit = kernels::kNoSwigluLimit);
 
 // a + alpha * b (same shape and dtype).
 Variable add(const Variable& a, const Variable& b, double alpha = 1.0);

@@ -61,6 +61,33 @@ void moe_router_forward(Tensor& scores, Tensor& indices, Tensor& weights, const 
   }
 }
 
+void moe_router_weights_forward(Tensor& scores, Tensor& weights, const Tensor& logits, const Tensor& indices,
+                                const RouterParams& p) {
+  check_router_params(p);
+  const char* op = "moe_router_weights_forward";
+  const int64_t n = check_rows(logits, p.experts, DType::f32, op, "logits");
+  TITAN_CHECK(check_rows(scores, p.experts, DType::f32, op, "scores") == n &&
+                  check_rows(indices, p.top_k, DType::i32, op, "indices") == n &&
+                  check_rows(weights, p.top_k, DType::f32, op, "weights") == n,
+              std::string(op) + ": operands disagree on the token count " + str(n), "allocate them for the same N tokens");
+  const int32_t* idx = indices.data<int32_t>();
+  for (int64_t i = 0; i < indices.numel(); ++i) {
+    TITAN_CHECK(idx[i] >= 0 && idx[i] < p.experts,
+                std::string(op) + ": expert " + str(idx[i]) + " at choice " + str(i) + " of " + str(p.experts) +
+                    " experts",
+                "a hash table (tid2eid) holds expert ids in [0, E)");
+  }
+  auto rows = [&](int64_t lo, int64_t hi) {
+    ref::router_weights_forward<float>(scores.data<float>() + lo * p.experts, weights.data<float>() + lo * p.top_k,
+                                       logits.data<float>() + lo * p.experts, idx + lo * p.top_k, hi - lo, p);
+  };
+  if (detail::use_fast()) {
+    parallel_for(0, n, kRouterGrain, rows);
+  } else {
+    rows(0, n);
+  }
+}
+
 void moe_router_backward(Tensor& dlogits, const Tensor& dweights, const Tensor& dscores, const Tensor& scores,
                          const Tensor& indices, const RouterParams& p) {
   check_router_params(p);

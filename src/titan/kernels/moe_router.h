@@ -17,6 +17,12 @@ void check_router_params(const RouterParams& p);
 void moe_router_forward(Tensor& scores, Tensor& indices, Tensor& weights, const Tensor& logits, const Tensor& bias,
                         const RouterParams& p);
 
+// Hash routing (DeepSeek-V4's hash_moe layers): the choice is given, indices [N, k] i32 (a token
+// id's row of tid2eid; an expert may repeat within a row), so only scores [N, E] and weights
+// [N, k] are computed, as moe_router_forward computes them. Its backward is moe_router_backward.
+void moe_router_weights_forward(Tensor& scores, Tensor& weights, const Tensor& logits, const Tensor& indices,
+                                const RouterParams& p);
+
 // dlogits [N, E] (f32) += the gradient through the gate weights (dweights [N, k]) and, when
 // defined, an extra gradient on the scores (dscores [N, E], from the balance loss).
 void moe_router_backward(Tensor& dlogits, const Tensor& dweights, const Tensor& dscores, const Tensor& scores,

@@ -6,7 +6,9 @@
 
 namespace titan::kernels {
 
-enum class RouterScore : uint8_t { softmax, sigmoid };
+// sqrtsoftplus: sqrt(softplus(logit)), DeepSeek-V4's score (transformers' "sqrtsoftplus"; softplus
+// is the logit itself above 20, as torch's threshold has it).
+enum class RouterScore : uint8_t { softmax, sigmoid, sqrtsoftplus };
 
 struct RouterParams {
   int64_t experts = 0;  // E, routed experts

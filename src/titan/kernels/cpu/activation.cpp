@@ -1,5 +1,7 @@
 #include "titan/kernels/cpu/activation.h"
 
+#include <algorithm>
+
 #include "titan/core/parallel.h"
 #include "titan/kernels/cpu/chunks.h"
 #include "titan/kernels/cpu/isa.h"
@@ -71,10 +73,20 @@ TITAN_INLINE void silu_backward_span(T* dx, const T* dy, const T* x, int64_t n) 
   }
 }
 
+// SwiGLU's clamps (ref/activation.h): an infinite limit changes nothing, a NaN stays NaN
+// (std::min / std::max return their first argument when the comparison is false), and a
+// gradient passes unless its input is beyond the bound.
+TITAN_INLINE float clamp_gate(float g, float limit) { return std::min(g, limit); }
+TITAN_INLINE float clamp_up(float u, float limit) { return std::max(std::min(u, limit), -limit); }
+
 // streaming: write y with streaming stores (cpu/chunks.h).
 template <class T>
-TITAN_INLINE void swiglu_forward_span(T* y, const T* gate, const T* up, int64_t n, bool streaming) {
+TITAN_INLINE void swiglu_forward_span(T* y, const T* gate, const T* up, int64_t n, float limit, bool streaming) {
   ChunkOut<T> out(streaming);
+#if defined(TITAN_AVX512_ROWS)
+  // VMINPS / VMAXPS return their second operand when either is NaN: the limits go first.
+  const __m512 hi = _mm512_set1_ps(limit), lo = _mm512_set1_ps(-limit);
+#endif
   for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
     const int64_t j1 = chunk_end(j0, n);
     prefetch_ahead(gate, j0, j1, n);
@@ -83,15 +95,16 @@ TITAN_INLINE void swiglu_forward_span(T* y, const T* gate, const T* up, int64_t 
 #if defined(TITAN_AVX512_ROWS)
     for (int64_t i = j0; i < j1; i += 16) {
       const __mmask16 m = lanes(j1 - i);
-      const __m512 g = load16(gate + i, m);
-      _mm512_mask_storeu_ps(o + (i - j0), m, _mm512_mul_ps(_mm512_mul_ps(g, sigmoid16(g)), load16(up + i, m)));
+      const __m512 g = _mm512_min_ps(hi, load16(gate + i, m));
+      const __m512 u = _mm512_max_ps(lo, _mm512_min_ps(hi, load16(up + i, m)));
+      _mm512_mask_storeu_ps(o + (i - j0), m, _mm512_mul_ps(_mm512_mul_ps(g, sigmoid16(g)), u));
     }
 #else
-    // Scalar math: y = gate * sigmoid(gate) * up
+    // Scalar math: g = min(gate, limit); y = g * sigmoid(g) * clamp(up, -limit, limit)
 #pragma omp simd
     for (int64_t i = j0; i < j1; ++i) {
-      const float g = to_f32(gate[i]);
-      o[i - j0] = g * sigmoid(g) * to_f32(up[i]);
+      const float g = clamp_gate(to_f32(gate[i]), limit);
+      o[i - j0] = g * sigmoid(g) * clamp_up(to_f32(up[i]), limit);
     }
 #endif
     out.flush(y, j0, j1);
@@ -99,7 +112,8 @@ TITAN_INLINE void swiglu_forward_span(T* y, const T* gate, const T* up, int64_t 
 }
 
 template <class T, bool kAccumulate>
-TITAN_INLINE void swiglu_backward_span(T* dgate, T* dup, const T* dy, const T* gate, const T* up, int64_t n) {
+TITAN_INLINE void swiglu_backward_span(T* dgate, T* dup, const T* dy, const T* gate, const T* up, int64_t n,
+                                       float limit) {
   ChunkOut<T> out_gate, out_up;
   for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
     const int64_t j1 = chunk_end(j0, n);
@@ -112,11 +126,15 @@ TITAN_INLINE void swiglu_backward_span(T* dgate, T* dup, const T* dy, const T* g
     }
     float* og = out_gate.at(dgate, j0);
     float* ou = out_up.at(dup, j0);
-    // Scalar math: dgate (+)= dy * up * s * (1 + g * (1 - s)); dup (+)= dy * g * s; s = sigmoid(g)
+    // Scalar math: g, u = the clamped gate, up; s = sigmoid(g);
+    //   dgate (+)= dy * u * s * (1 + g * (1 - s)) unless gate > limit;
+    //   dup (+)= dy * g * s unless |up| > limit
 #pragma omp simd
     for (int64_t i = j0; i < j1; ++i) {
-      const float g = to_f32(gate[i]), s = sigmoid(g), d = to_f32(dy[i]);
-      const float dg = d * to_f32(up[i]) * s * (1.0f + g * (1.0f - s)), du = d * g * s;
+      const float g_in = to_f32(gate[i]), u_in = to_f32(up[i]);
+      const float g = clamp_gate(g_in, limit), u = clamp_up(u_in, limit), s = sigmoid(g), d = to_f32(dy[i]);
+      const float dg = g_in > limit ? 0.0f : d * u * s * (1.0f + g * (1.0f - s));
+      const float du = u_in > limit || u_in < -limit ? 0.0f : d * g * s;
       og[i - j0] = kAccumulate ? to_f32(dgate[i]) + dg : dg;
       ou[i - j0] = kAccumulate ? to_f32(dup[i]) + du : du;
     }
@@ -141,21 +159,22 @@ void silu_backward(T* dx, const T* dy, const T* x, int64_t n) {
 }
 
 template <class T>
-void swiglu_forward(T* y, const T* gate, const T* up, int64_t n) {
+void swiglu_forward(T* y, const T* gate, const T* up, int64_t n, float limit) {
   const bool streaming = n * int64_t(sizeof(T)) >= kStreamingBytes;
   parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
-    swiglu_forward_span(y + lo, gate + lo, up + lo, hi - lo, streaming);
+    swiglu_forward_span(y + lo, gate + lo, up + lo, hi - lo, limit, streaming);
     if (streaming) streaming_done();
   });
 }
 
 template <class T>
-void swiglu_backward(T* dgate, T* dup, const T* dy, const T* gate, const T* up, int64_t n, bool accumulate) {
+void swiglu_backward(T* dgate, T* dup, const T* dy, const T* gate, const T* up, int64_t n, bool accumulate,
+                     float limit) {
   parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
     if (accumulate) {
-      swiglu_backward_span<T, true>(dgate + lo, dup + lo, dy + lo, gate + lo, up + lo, hi - lo);
+      swiglu_backward_span<T, true>(dgate + lo, dup + lo, dy + lo, gate + lo, up + lo, hi - lo, limit);
     } else {
-      swiglu_backward_span<T, false>(dgate + lo, dup + lo, dy + lo, gate + lo, up + lo, hi - lo);
+      swiglu_backward_span<T, false>(dgate + lo, dup + lo, dy + lo, gate + lo, up + lo, hi - lo, limit);
     }
   });
 }
@@ -163,8 +182,8 @@ void swiglu_backward(T* dgate, T* dup, const T* dy, const T* gate, const T* up, 
 #define TITAN_INSTANTIATE(T)                                                            \
   template void silu_forward<T>(T*, const T*, int64_t);                                 \
   template void silu_backward<T>(T*, const T*, const T*, int64_t);                      \
-  template void swiglu_forward<T>(T*, const T*, const T*, int64_t);                     \
-  template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, bool);
+  template void swiglu_forward<T>(T*, const T*, const T*, int64_t, float);              \
+  template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, bool, float);
 TITAN_INSTANTIATE(float)
 TITAN_INSTANTIATE(bf16)
 #undef TITAN_INSTANTIATE

@@ -28,6 +28,50 @@ acc_t<T> selected_sum(const T* scores_row, const int32_t* idx_row, int64_t k) {
 }
 
 constexpr double kNormEps = 1e-20;  // TorchTitan's guard for route_norm's division
+constexpr double kSoftplusThreshold = 20;  // torch's softplus returns x itself above it
+
+// One token's scores s [E] from its logits l [E].
+template <class T>
+void score_row(T* s, const T* l, int64_t e, RouterScore score) {
+  using A = acc_t<T>;
+  switch (score) {
+    case RouterScore::softmax: {
+      A mx = l[0], z = 0;
+      for (int64_t i = 1; i < e; ++i) mx = std::max<A>(mx, l[i]);
+      for (int64_t i = 0; i < e; ++i) z += std::exp(A(l[i]) - mx);
+      for (int64_t i = 0; i < e; ++i) s[i] = T(std::exp(A(l[i]) - mx) / z);
+      return;
+    }
+    case RouterScore::sigmoid:
+      for (int64_t i = 0; i < e; ++i) s[i] = T(A(1) / (A(1) + std::exp(-A(l[i]))));
+      return;
+    case RouterScore::sqrtsoftplus:
+      for (int64_t i = 0; i < e; ++i) {
+        const A x = l[i];
+        s[i] = T(std::sqrt(x > A(kSoftplusThreshold) ? x : std::log1p(std::exp(x))));
+      }
+      return;
+  }
+}
+
+// d score / d logit of sqrt(softplus(x)) from the score s alone: softplus' derivative sigmoid(x)
+// is 1 - e^-softplus(x) = -expm1(-s^2) (1 above the threshold, where softplus is x), over 2 s.
+// s = 0 (softplus underflowed) is the limit e^(x/2) / 2 -> 0.
+template <class A>
+A sqrtsoftplus_slope(A s) {
+  if (s <= A(0)) return A(0);
+  const A sp = s * s;
+  return (sp > A(kSoftplusThreshold) ? A(1) : -std::expm1(-sp)) / (A(2) * s);
+}
+
+// One token's weights w [k] from its scores s [E] and choice idx [k].
+template <class T>
+void weight_row(T* w, const T* s, const int32_t* idx, const RouterParams& p) {
+  using A = acc_t<T>;
+  const int64_t k = p.top_k;
+  const A denom = p.route_norm ? selected_sum(s, idx, k) + A(kNormEps) : A(1);
+  for (int64_t j = 0; j < k; ++j) w[j] = T(A(s[idx[j]]) / denom * A(p.route_scale));
+}
 
 }  // namespace
 
@@ -39,16 +83,8 @@ void router_forward(T* scores, int32_t* indices, T* weights, const T* logits, co
   std::vector<A> biased(static_cast<size_t>(e)), group_score(static_cast<size_t>(p.n_groups));
   std::vector<int32_t> order, group_order;
   for (int64_t t = 0; t < n; ++t) {
-    const T* l = logits + t * e;
     T* s = scores + t * e;
-    if (p.score == RouterScore::softmax) {
-      A mx = l[0], z = 0;
-      for (int64_t i = 1; i < e; ++i) mx = std::max<A>(mx, l[i]);
-      for (int64_t i = 0; i < e; ++i) z += std::exp(A(l[i]) - mx);
-      for (int64_t i = 0; i < e; ++i) s[i] = T(std::exp(A(l[i]) - mx) / z);
-    } else {
-      for (int64_t i = 0; i < e; ++i) s[i] = T(A(1) / (A(1) + std::exp(-A(l[i]))));
-    }
+    score_row(s, logits + t * e, e, p.score);
     for (int64_t i = 0; i < e; ++i) biased[size_t(i)] = A(s[i]) + (bias ? A(bias[i]) : A(0));
     if (p.topk_groups < p.n_groups) {
       // A group's score is the sum of its two best biased scores (its one score when alone).
@@ -71,8 +107,17 @@ void router_forward(T* scores, int32_t* indices, T* weights, const T* logits, co
     top_indices(order, biased, k);
     int32_t* idx = indices + t * k;
     for (int64_t j = 0; j < k; ++j) idx[j] = order[size_t(j)];
-    const A denom = p.route_norm ? selected_sum(s, idx, k) + A(kNormEps) : A(1);
-    for (int64_t j = 0; j < k; ++j) weights[t * k + j] = T(A(s[idx[j]]) / denom * A(p.route_scale));
+    weight_row(weights + t * k, s, idx, p);
+  }
+}
+
+template <class T>
+void router_weights_forward(T* scores, T* weights, const T* logits, const int32_t* indices, int64_t n,
+                            const RouterParams& p) {
+  const int64_t e = p.experts, k = p.top_k;
+  for (int64_t t = 0; t < n; ++t) {
+    score_row(scores + t * e, logits + t * e, e, p.score);
+    weight_row(weights + t * k, scores + t * e, indices + t * k, p);
   }
 }
 
@@ -99,12 +144,19 @@ void router_backward(T* dlogits, const T* dweights, const T* dscores, const T* s
       for (int64_t j = 0; j < k; ++j) ds[size_t(idx[j])] += c * A(dw[j]);
     }
     T* dl = dlogits + t * e;
-    if (p.score == RouterScore::softmax) {
-      A dot = 0;  // softmax: dl_i = s_i (ds_i - sum_j ds_j s_j)
-      for (int64_t i = 0; i < e; ++i) dot += ds[size_t(i)] * A(s[i]);
-      for (int64_t i = 0; i < e; ++i) dl[i] = T(A(dl[i]) + A(s[i]) * (ds[size_t(i)] - dot));
-    } else {
-      for (int64_t i = 0; i < e; ++i) dl[i] = T(A(dl[i]) + ds[size_t(i)] * A(s[i]) * (A(1) - A(s[i])));
+    switch (p.score) {
+      case RouterScore::softmax: {
+        A dot = 0;  // dl_i = s_i (ds_i - sum_j ds_j s_j)
+        for (int64_t i = 0; i < e; ++i) dot += ds[size_t(i)] * A(s[i]);
+        for (int64_t i = 0; i < e; ++i) dl[i] = T(A(dl[i]) + A(s[i]) * (ds[size_t(i)] - dot));
+        break;
+      }
+      case RouterScore::sigmoid:
+        for (int64_t i = 0; i < e; ++i) dl[i] = T(A(dl[i]) + ds[size_t(i)] * A(s[i]) * (A(1) - A(s[i])));
+        break;
+      case RouterScore::sqrtsoftplus:
+        for (int64_t i = 0; i < e; ++i) dl[i] = T(A(dl[i]) + ds[size_t(i)] * sqrtsoftplus_slope(A(s[i])));
+        break;
     }
   }
 }
@@ -156,6 +208,7 @@ void router_aux_loss_backward(T* dscores, acc_t<T> dloss, const T* scores, const
 
 #define TITAN_INSTANTIATE(T)                                                                                   \
   template void router_forward<T>(T*, int32_t*, T*, const T*, const T*, int64_t, const RouterParams&);         \
+  template void router_weights_forward<T>(T*, T*, const T*, const int32_t*, int64_t, const RouterParams&);     \
   template void router_backward<T>(T*, const T*, const T*, const T*, const int32_t*, int64_t, const RouterParams&); \
   template acc_t<T> router_aux_loss<T>(const T*, const int32_t*, int64_t, int64_t, const RouterParams&);       \
   template void router_aux_loss_backward<T>(T*, acc_t<T>, const T*, const int32_t*, int64_t, int64_t,         \

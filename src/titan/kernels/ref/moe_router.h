@@ -1,7 +1,8 @@
 // Reference: MoE routing (semantics of kernels/moe_router.h) over rows of tokens.
 //
-//   scores = softmax(logits) or sigmoid(logits)                       [N, E]
-//   choice = top_k of (scores + bias), within the best topk_groups groups (group-limited)
+//   scores = softmax(logits), sigmoid(logits) or sqrt(softplus(logits))  [N, E]
+//   choice = top_k of (scores + bias), within the best topk_groups groups (group-limited),
+//            or given (hash routing: router_weights_forward; an expert may repeat)
 //   weights = scores[choice], / their sum if route_norm, * route_scale  [N, k]
 //
 // The bias only steers the choice: gradients flow from the weights to the scores to the logits,
@@ -23,6 +24,14 @@ void router_forward(T* scores,         // [N, E]
                     const T* logits,   // [N, E]
                     const T* bias,     // [E] or nullptr (no bias)
                     int64_t n, const RouterParams& p);
+
+// scores and weights for a given choice (hash routing).
+template <class T>
+void router_weights_forward(T* scores,               // [N, E]
+                            T* weights,              // [N, k]
+                            const T* logits,         // [N, E]
+                            const int32_t* indices,  // [N, k], in [0, E)
+                            int64_t n, const RouterParams& p);
 
 // dlogits += d(weights -> logits) dweights + d(scores -> logits) dscores. dscores is an extra
 // gradient on the scores (the auxiliary loss's), or nullptr.
