@@ -14,10 +14,12 @@ const ModelFamily kDeepSeekV3{.name = "deepseek_v3", .flavors = no_flavors, .rou
                               .multi_token_prediction = true};
 const ModelFamily kDeepSeekV32{.name = "deepseek_v32", .flavors = no_flavors, .routed_experts = true,
                                .sparse_attention = true};
+const ModelFamily kDeepSeekV4{.name = "deepseek_v4", .flavors = no_flavors, .routed_experts = true,
+                              .sparse_attention = true, .tensor_parallel = false};
 }  // namespace
 
 const std::vector<const ModelFamily*>& model_families() {
-  static const std::vector<const ModelFamily*> all = {&kLlama3, &kDeepSeekV3, &kDeepSeekV32};
+  static const std::vector<const ModelFamily*> all = {&kLlama3, &kDeepSeekV3, &kDeepSeekV32, &kDeepSeekV4};
   return all;
 }
 

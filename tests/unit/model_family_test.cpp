@@ -67,6 +67,13 @@ TEST(ModelFamily, EachRankHoldsOnlyThePiecesItsPlanGivesIt) {
   const distributed::ProcessGroup pair(0, "pair", 1, {0, 1});
   for (const models::ModelFamily* f : models::model_families()) {
     SCOPED_TRACE(f->name);
+    if (!f->tensor_parallel) {  // a family without a plan refuses TP by name
+      models::ModelOptions tp;
+      tp.tp = &pair;
+      EXPECT_NE(error_of([&] { models::build_model(f->name, "debugmodel", 256, 32, tp); }).find("tensor_parallel_degree"),
+                std::string::npos);
+      continue;
+    }
     std::map<std::string, Shape> whole;
     {
       const auto one_rank = models::build_model(f->name, "debugmodel", 256, 32, {});

@@ -5,6 +5,7 @@
 #include "titan/distributed/process_group.h"
 #include "titan/models/converters.h"
 #include "titan/models/deepseek_v3/family.h"
+#include "titan/models/deepseek_v4/family.h"
 #include "titan/models/family.h"
 #include "titan/models/llama3/family.h"
 
@@ -15,6 +16,7 @@ const std::vector<const ModelFamily*>& model_families() {
       &llama3::family(),
       &deepseek_v3::v3_family(),
       &deepseek_v3::v32_family(),
+      &deepseek_v4::family(),
   };
   return all;
 }

@@ -95,6 +95,7 @@ struct ModelFamily {
   bool routed_experts = false;          // MoE layers: expert parallelism and the [model] moe_* keys apply
   bool multi_token_prediction = false;  // [model] mtp_layers
   bool sparse_attention = false;        // the [dsa] schedule
+  bool tensor_parallel = true;          // a tensor-parallel plan (parallelize.cpp); false: TP 1 only
   // The ops [model] converters may switch between their fused and small-op forms
   // (models/converters.h: kConverterRmsNorm, ...); empty: the key is refused.
   std::vector<std::string> converters;

@@ -774,7 +774,9 @@ const std::vector<SectionSpec>& config_sections() {
       {"dsa",
        "DeepSeek Sparse Attention training (model deepseek_v32): a dense warm-up that trains only the "
        "lightning indexers, then sparse training of everything. `[model] converters = [\"dsa_fused\"]` picks "
-       "the fused kernels; without it the small-op reference path runs (docs/converters.md)."},
+       "the fused kernels; without it the small-op reference path runs (docs/converters.md). deepseek_v4 reads "
+       "indexer_loss_coeff (its CSA indexers' KL loss; 0: they do not learn, as in transformers) and topk (the "
+       "compressed entries each CSA query attends to); it has no warm-up."},
       {"fault",
        "What a numerical fault does: a loss or gradient norm that is NaN or infinite on any rank is seen by all "
        "before the optimizer step."},

@@ -232,7 +232,7 @@ DeepSeekV4Args args_from_hf_config(const nlohmann::json& c, const std::string& s
     const std::string score = value_or<std::string>(c, "scoring_func", "sqrtsoftplus");
     TITAN_CHECK(score == "sqrtsoftplus" || score == "sigmoid", source + ": scoring_func \"" + score + "\"",
                 "use sqrtsoftplus or sigmoid");
-    a.score_func = score == "sigmoid" ? RouterScore::sigmoid : RouterScore::sqrtsoftplus;
+    a.score_func = score == "sigmoid" ? kernels::RouterScore::sigmoid : kernels::RouterScore::sqrtsoftplus;
     a.swiglu_limit = value_or<double>(c, "swiglu_limit", 10.0);
     a.hc_mult = value_or<int64_t>(c, "hc_mult", 4);
     a.hc_sinkhorn_iters = value_or<int>(c, "hc_sinkhorn_iters", 20);
@@ -321,7 +321,7 @@ nlohmann::json hf_config(const DeepSeekV4Args& a) {
   c["rms_norm_eps"] = a.norm_eps;
   c["n_routed_experts"] = a.n_routed_experts, c["num_experts_per_tok"] = a.n_activated_experts;
   c["moe_intermediate_size"] = a.moe_inter_dim, c["routed_scaling_factor"] = a.route_scale;
-  c["scoring_func"] = a.score_func == RouterScore::sigmoid ? "sigmoid" : "sqrtsoftplus";
+  c["scoring_func"] = a.score_func == kernels::RouterScore::sigmoid ? "sigmoid" : "sqrtsoftplus";
   c["swiglu_limit"] = a.swiglu_limit;
   c["hc_mult"] = a.hc_mult, c["hc_sinkhorn_iters"] = a.hc_sinkhorn_iters, c["hc_eps"] = a.hc_eps;
   c["sliding_window"] = a.sliding_window;

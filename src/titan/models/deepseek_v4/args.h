@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "titan/kernels/moe_router_params.h"
 #include "titan/kernels/rope.h"
 #include "titan/models/deepseek_v4/hyper_connection.h"
 
@@ -19,7 +20,6 @@ namespace titan::models::deepseek_v4 {
 enum class LayerType { sliding, csa, hca };
 // Routing of a layer's MoE: learned top-k, or the frozen token-id table (hash).
 enum class MlpType { moe, hash_moe };
-enum class RouterScore { sqrtsoftplus, sigmoid };  // scoring_func
 
 const char* layer_type_name(LayerType t);  // transformers' names: "sliding_attention", ...
 const char* mlp_type_name(MlpType t);      // "moe", "hash_moe"
@@ -41,7 +41,7 @@ struct DeepSeekV4Args {
   int64_t n_activated_experts = 2;  // num_experts_per_tok, K
   int64_t moe_inter_dim = 32;       // moe_intermediate_size, F: routed and shared experts
   double route_scale = 1.5;         // routed_scaling_factor
-  RouterScore score_func = RouterScore::sqrtsoftplus;
+  kernels::RouterScore score_func = kernels::RouterScore::sqrtsoftplus;  // scoring_func (or sigmoid)
   double swiglu_limit = 10.0;
 
   // mHC residual streams.

@@ -132,18 +132,23 @@ Variable Attention::forward(const Variable& h, const Tensor& positions, const ke
   Variable kv = autograd::view(kv_norm.forward(kv_proj.forward(h)), {b, s, 1, hd});
   kv = autograd::view(autograd::rope(kv, rope, positions, kInterleaved, tail), {b, s, hd});
 
+  // A sequence shorter than the ratio has no complete window yet (generation's first tokens):
+  // its queries see the sliding window alone, as transformers' do.
+  const bool compressed = compressor && s >= ratio_;
   Variable entries(Tensor::empty({b, 0, hd}, DType::f32, MemCategory::activations));
   Indexer::Selection sel;
-  if (compressor) {
+  if (compressed) {
     const Variable hs = autograd::view(h, {b, s, d});
     entries = compressor->forward(hs, rope);
     if (compressor->indexer)
       sel = compressor->indexer->select(detached(hs), detached(autograd::view(qr, {b, s, qr.shape()[1]})), rope,
                                         positions);
   }
-  const bool train_indexer = sel.idx.defined() && indexer_loss_coeff > 0 && aux && autograd::grad_enabled();
+  // Not on grad mode: a checkpointed layer's first pass runs without it, and its recompute must
+  // return the same outputs.
+  const bool train_indexer = sel.idx.defined() && indexer_loss_coeff > 0 && aux;
   Tensor head_mean;
-  Variable o = autograd::v4_attention(q, kv, entries, sel.idx, sinks.var, window_, compressor ? ratio_ : 2,
+  Variable o = autograd::v4_attention(q, kv, entries, sel.idx, sinks.var, window_, compressed ? ratio_ : 2,
                                       1.0 / std::sqrt(double(hd)), train_indexer ? &head_mean : nullptr);
   if (train_indexer) {
     IndexerTarget target;

@@ -1,0 +1,25 @@
+// DeepSeek-V4's state dict <-> transformers' DeepseekV4ForCausalLM.state_dict() names
+// (../shared/reference/v4_transformers.md 6.1). Ours is transformers' without the "model."
+// prefix, except where our layers keep another layout:
+//   model.hc_head.hc_{fn,base,scale}            hc_head.{fn,base,scale}
+//   model.layers.L.mlp.gate.weight              layers.L.mlp.router.gate.weight
+//   model.layers.L.mlp.gate.e_score_correction_bias / .tid2eid    layers.L.mlp.expert_bias / .tid2eid
+//   model.layers.L.mlp.experts.gate_up_proj [E, 2F, d]   layers.L.mlp.experts.w1 (rows [0, F)), .w3 (rows [F, 2F))
+//   model.layers.L.mlp.experts.down_proj [E, d, F]       layers.L.mlp.experts.w2
+//   model.layers.L.mlp.shared_experts.{gate,up,down}_proj.weight   layers.L.mlp.shared_experts.{w1,w3,w2}.weight
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "titan/core/tensor.h"
+
+namespace titan::models::deepseek_v4 {
+
+// Our tensors from transformers' (every name must be one of the model's; `source` names the
+// folder or file in errors). The hash tables keep transformers' integer values as i64.
+std::map<std::string, Tensor> state_from_hf(const std::map<std::string, Tensor>& hf, const std::string& source);
+// transformers' names and layouts from ours.
+std::map<std::string, Tensor> state_to_hf(const std::map<std::string, Tensor>& ours);
+
+}  // namespace titan::models::deepseek_v4

@@ -1,0 +1,75 @@
+// DeepSeek-V4 (transformers' DeepseekV4ForCausalLM; ../shared/reference/v4_transformers.md
+// section 2): the token embedding copied into hc_mult residual streams, n_layers decoder layers
+// (each an attention and an MoE block, each wrapped by a hyper-connection), the HyperHead that
+// collapses the streams, the final RMSNorm and the output head. Names follow transformers'
+// state dict without its "model." prefix (embed_tokens, layers.N.attn_hc, layers.N.self_attn,
+// layers.N.mlp, hc_head, norm, lm_head); hf_adapter.h maps the few that differ.
+#pragma once
+
+#include "titan/models/causal_lm.h"
+#include "titan/models/deepseek_v4/args.h"
+#include "titan/models/deepseek_v4/attention.h"
+#include "titan/models/deepseek_v4/hyper_connection.h"
+#include "titan/models/deepseek_v4/moe.h"
+
+namespace titan::models::deepseek_v4 {
+
+class DecoderLayer : public nn::Module {
+ public:
+  DecoderLayer(const DeepSeekV4Args& a, int64_t layer);
+  // streams [T, N, d] (T = B S tokens at positions [B, S], ids [T] i32) -> [T, N, d].
+  Variable forward(const Variable& streams, const Tensor& positions, const Tensor& token_ids,
+                   const kernels::RopeTables& rope, AuxLosses* aux) const;
+  // The same as one activation-checkpoint region under full / selective recompute.
+  Variable forward(const Variable& streams, const Tensor& positions, const Tensor& token_ids,
+                   const kernels::RopeTables& rope, Recompute recompute, AuxLosses* aux);
+
+  HyperConnection& attn_hc;
+  nn::RMSNorm& input_layernorm;
+  Attention& self_attn;
+  HyperConnection& ffn_hc;
+  nn::RMSNorm& post_attention_layernorm;
+  MoE& mlp;
+  const LayerType type;
+};
+
+class Transformer : public CausalLM {
+ public:
+  explicit Transformer(const DeepSeekV4Args& a);
+
+  Variable forward(const Tensor& tokens) override;  // [B, S] i32 -> logits [B S, V]
+  double training_flops_per_token(int64_t seq_len) const override;
+  int64_t vocab_size() const override { return args_.vocab_size; }
+  int64_t max_seq_len() const override { return args_.max_seq_len; }
+  void set_compute_dtype(DType dtype) override;
+  DType compute_dtype() const override { return DType::f32; }
+  void set_recompute(Recompute r) override { recompute_ = r; }
+  void start_generation(int64_t batch, int64_t max_len) override;
+  Tensor decode(const Tensor& tokens) override;
+  std::vector<nn::ShardingUnit> sharding_units() override;
+  StageOutput stage_forward(const distributed::pp::StageLayers& stage, const Variable& h, const Tensor& tokens,
+                            const Tensor& targets) override;
+  std::vector<std::string> loss_term_names() const override;
+  // CSA indexers learn from their KL loss with this weight (0: not at all, as transformers).
+  void set_indexer_loss_coeff(double coeff);
+  const DeepSeekV4Args& args() const { return args_; }
+
+  nn::Embedding& embed_tokens;
+  nn::ModuleList<DecoderLayer>& layers;
+  HyperHead& hc_head;
+  nn::RMSNorm& norm;
+  nn::Linear& lm_head;
+
+ private:
+  // The streams after every layer, then the head: logits [B S, V].
+  Variable logits(const Tensor& tokens, const Tensor& positions, AuxLosses* aux);
+  const kernels::RopeTables& rope_of(LayerType t) const { return t == LayerType::sliding ? rope_main_ : rope_compress_; }
+
+  DeepSeekV4Args args_;
+  kernels::RopeTables rope_main_, rope_compress_;
+  Recompute recompute_ = Recompute::none;
+  Tensor generated_;  // generation: every token so far [B, n] (no cache: each step reruns them)
+  int64_t generated_len_ = 0;
+};
+
+}  // namespace titan::models::deepseek_v4
