@@ -5,7 +5,8 @@
 // experts of width 8, top-2, swiglu_limit 0.8 (about 30% of the gates and 60% of the ups clamped).
 // The output and the gradients of a probe loss with respect to the input, the gate, the routed
 // experts and the shared expert, each to 1e-5 relative (Frobenius) in f32, after mapping
-// transformers' names and layouts onto ours. Also the inputs a caller gets wrong, refused.
+// transformers' names and layouts onto ours; bf16 compute within its rounding (measured ~6e-3).
+// Also the inputs a caller gets wrong, refused.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -102,6 +103,25 @@ void check_layer(v4::MoERouting routing) {
 TEST(DeepSeekV4MoE, LearnedRoutingMatchesTransformers) { check_layer(v4::MoERouting::learned); }
 
 TEST(DeepSeekV4MoE, HashRoutingMatchesTransformers) { check_layer(v4::MoERouting::hash); }
+
+// Mixed precision: bf16 activations and expert GEMMs (the router stays f32) give transformers' f32
+// output and gradients within bf16's rounding; the gradients land in the f32 masters.
+TEST(DeepSeekV4MoE, Bf16ComputeStaysNearF32) {
+  const auto golden = checkpoint::SafetensorsFile::open(kFixture);
+  v4::MoE moe(fixture_args(v4::MoERouting::hash));
+  load_layer(moe, golden, "hash_moe.");
+  moe.set_compute_dtype(DType::bf16);
+  // The block's input is an op's output (the post-attention norm's) in the model: a bf16 gradient.
+  Variable h(golden.get("h").clone(), true);
+  Variable y = moe.forward(autograd::cast(h, DType::bf16), golden.get("ids"));
+  ASSERT_EQ(y.dtype(), DType::bf16);
+  EXPECT_LT(rel_error(y.value().to(DType::f32), golden.get("hash_moe.out")), 2e-2);
+  Variable loss = autograd::sum(autograd::mul(autograd::cast(y, DType::f32), Variable(golden.get("hash_moe.probe"))));
+  autograd::backward(loss);
+  EXPECT_LT(rel_error(moe.router.gate.weight.var.grad(), golden.get("hash_moe.grad.gate.weight")), 3e-2);
+  EXPECT_LT(rel_error(moe.experts.w2.var.grad(), golden.get("hash_moe.grad.experts.down_proj")), 3e-2);
+  EXPECT_LT(rel_error(h.grad(), golden.get("hash_moe.grad.h")), 3e-2);
+}
 
 TEST(DeepSeekV4MoE, StateHasTheBufferOfItsRouting) {
   v4::MoE learned(fixture_args(v4::MoERouting::learned)), hash(fixture_args(v4::MoERouting::hash));
