@@ -6,10 +6,11 @@ Zero / one initial values hide bugs, so the sinks, position biases, mHC bases an
 routers' correction bias and the hash table are randomised (section 10.1). The indexer's top-k
 must have no ties at its boundary (10.2): the script re-seeds until none. Saved, besides the
 config (tests/fixtures/deepseek_v4_tiny/config.json):
-  model.safetensors: every parameter and buffer of model.state_dict() (transformers' names);
+  model.safetensors: the model as save_pretrained writes it (DeepSeek's naming);
   golden.safetensors: input_ids, logits, loss, every parameter's gradient (grad.<name>), and per
     layer l the attention's input and output and their gradients (attn.<l>.in, .out, .din, .dout),
-    and a CSA layer's indexer selection (attn.<l>.topk, -1 padded).
+    a CSA layer's indexer selection (attn.<l>.topk, -1 padded), and greedy_ids: PROMPT (tokenized
+    by TOKENIZER) and its greedy continuation of NEW_TOKENS tokens by full forwards.
 
     python reference/deepseek_v4_fixture.py tests/fixtures/deepseek_v4_tiny
 """
@@ -18,17 +19,21 @@ import sys
 
 import torch
 from safetensors.torch import save_file
+from tokenizers import Tokenizer
 from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as v4
 
 BATCH, SEQ = 2, 37
+TOKENIZER = "tests/fixtures/tokenizer/gpt2_bpe.json"
+PROMPT, NEW_TOKENS = "the cat sat on the", 6
 
 
 def build_config():
-    # Section 10's schedule and features at half its widths, to keep the fixture near 1 MB:
+    # Section 10's schedule and features at half its widths, to keep the fixture small; the
+    # vocabulary of tests/fixtures/tokenizer/gpt2_bpe.json, so that text can be generated from it.
     # S = 37 gives CSA 9 entries (> index_topk, a 1-token tail) and HCA 4 (a 5-token tail), S > W.
     return DeepseekV4Config(
-        vocab_size=64, hidden_size=32, num_hidden_layers=5, num_attention_heads=2, head_dim=32,
+        vocab_size=1000, hidden_size=32, num_hidden_layers=5, num_attention_heads=2, head_dim=32,
         partial_rotary_factor=0.25, q_lora_rank=16, o_groups=2, o_lora_rank=8,
         layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
                      "compressed_sparse_attention", "heavily_compressed_attention"],
@@ -76,6 +81,8 @@ def main(out):
 
         def keep(prefix):
             def hook(module, args, kwargs, output):
+                if not torch.is_grad_enabled():  # the greedy decode at the end
+                    return
                 x = args[0] if args else kwargs["hidden_states"]
                 y = output[0] if isinstance(output, tuple) else output
                 x.retain_grad()
@@ -85,6 +92,8 @@ def main(out):
 
         def keep_scores(layer):
             def hook(module, args, output):
+                if not torch.is_grad_enabled():
+                    return
                 scores = output.detach()  # [B, S, T], before the causal mask
                 t = scores.shape[-1]
                 m = config.compress_rates["compressed_sparse_attention"]
@@ -99,7 +108,8 @@ def main(out):
 
         def keep_topk(layer):
             def hook(module, args, output):
-                captured[f"attn.{layer}.topk"] = output
+                if torch.is_grad_enabled():
+                    captured[f"attn.{layer}.topk"] = output
             return hook
 
         for l, layer in enumerate(model.model.layers):
@@ -128,10 +138,20 @@ def main(out):
         x, y = value
         golden[prefix + ".in"], golden[prefix + ".out"] = x.detach(), y.detach()
         golden[prefix + ".din"], golden[prefix + ".dout"] = x.grad, y.grad
-    state = {k: (v.to(torch.int32) if v.dtype == torch.int64 else v) for k, v in model.state_dict().items()}
+    # Greedy continuation of a prompt, as `titan generate --temperature 0` must print it.
+    # titan generate puts the tokenizer's BOS first (<|bos|> in this one); so does this prompt.
+    tok = Tokenizer.from_file(TOKENIZER)
+    prompt = [tok.token_to_id("<|bos|>")] + tok.encode(PROMPT).ids
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        for _ in range(NEW_TOKENS):
+            logits = model(input_ids=ids, use_cache=False).logits
+            ids = torch.cat([ids, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    golden["greedy_ids"] = ids[0].to(torch.int32)
     os.makedirs(out, exist_ok=True)
-    config.save_pretrained(out)
-    save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(out, "model.safetensors"))
+    # The folder as transformers' save_pretrained writes it (DeepSeek's naming: attn.wq_a,
+    # ffn.experts.E.w1, hc_attn_fn, head.weight, ...), which `titan ckpt convert --from-hf` reads.
+    model.save_pretrained(out)
     save_file({k: v.contiguous().float() if v.dtype != torch.int32 else v.contiguous() for k, v in golden.items()},
               os.path.join(out, "golden.safetensors"))
     print(f"seed {seed}: loss {result.loss.item():.6f}")

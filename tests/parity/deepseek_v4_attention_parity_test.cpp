@@ -16,6 +16,7 @@
 #include "titan/autograd/ops.h"
 #include "titan/checkpoint/safetensors.h"
 #include "titan/models/deepseek_v4/attention.h"
+#include "titan/models/deepseek_v4/hf_adapter.h"
 
 using namespace titan;
 namespace v4 = titan::models::deepseek_v4;
@@ -45,7 +46,13 @@ v4::DeepSeekV4Args tiny_args() {
 
 TEST(DeepSeekV4AttentionParity, EveryLayerKindMatchesTransformers) {
   const v4::DeepSeekV4Args a = tiny_args();
-  const auto model = checkpoint::SafetensorsFile::open(std::string(kFolder) + "/model.safetensors");
+  // The folder as save_pretrained wrote it, read through the Hugging Face adapter.
+  std::map<std::string, Tensor> hf;
+  {
+    const auto file = checkpoint::SafetensorsFile::open(std::string(kFolder) + "/model.safetensors");
+    for (const auto& [name, entry] : file.entries()) hf[name] = file.get(name).clone();
+  }
+  const std::map<std::string, Tensor> model = v4::state_from_hf(hf, "model.safetensors");
   const auto golden = checkpoint::SafetensorsFile::open(std::string(kFolder) + "/golden.safetensors");
   const Tensor in0 = golden.get("attn.0.in");
   const int64_t b = in0.size(0), s = in0.size(1), d = in0.size(2);
@@ -55,11 +62,11 @@ TEST(DeepSeekV4AttentionParity, EveryLayerKindMatchesTransformers) {
   for (int64_t l = 0; l < a.n_layers; ++l) {
     const v4::LayerType type = a.layer_types[size_t(l)];
     SCOPED_TRACE("layer " + std::to_string(l) + " (" + v4::layer_type_name(type) + ")");
-    const std::string prefix = "model.layers." + std::to_string(l) + ".self_attn.";
+    const std::string prefix = "layers." + std::to_string(l) + ".self_attn.";
     const std::string at = "attn." + std::to_string(l);
     v4::Attention attn(a, type);
     std::map<std::string, Tensor> state;
-    for (const auto& [name, p] : attn.named_parameters()) state[name] = model.get(prefix + name);
+    for (const auto& [name, p] : attn.named_parameters()) state[name] = model.at(prefix + name);
     attn.load_state_dict(state, /*strict=*/true, "model.safetensors");
     const kernels::RopeTables rope = kernels::rope_tables(a.rope(type), a.max_seq_len);
 
@@ -69,7 +76,7 @@ TEST(DeepSeekV4AttentionParity, EveryLayerKindMatchesTransformers) {
     autograd::backward(out, golden.get(at + ".dout").clone().view({b * s, d}));
     EXPECT_LT(rel_error(h.grad(), golden.get(at + ".din")), 1e-5) << "input gradient";
     for (const auto& [name, p] : attn.named_parameters()) {
-      const Tensor want = golden.get("grad." + prefix + name);
+      const Tensor want = golden.get("grad.model." + prefix + name);
       if (name.find("indexer.") != std::string::npos) {
         EXPECT_FALSE(p->var.grad().defined()) << name << ": the indexer learns only from its own loss";
         continue;

@@ -4,10 +4,10 @@
 // weights loaded through the Hugging Face adapter, then the logits, the loss and every
 // parameter's gradient, each to 1e-5 relative (Frobenius; a gradient whose transformers' norm is
 // 0, the indexers' there, must be 0 here too). The adapter's way back gives the same names.
-// Except the hyper-connections' own parameters (fn, base, scale, the head's too): 1e-4. Their
+// Except the hyper-connections' own parameters (fn, base, scale, the head's too): 3e-4. Their
 // gradients are small sums over every token of terms of both signs, and f32 cannot pin them to
-// 1e-5: transformers' own f32 gradients of hc_head differ from its float64 ones by up to 9e-5
-// (hc_scale; 1.6e-5 hc_fn, 1.1e-5 hc_base), measured on this fixture.
+// 1e-5: transformers' own f32 gradients of hc_head differ from its float64 ones by up to 1.6e-4
+// (hc_scale; 4.7e-5 hc_base, 2.0e-5 hc_fn), measured on this fixture.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -77,7 +77,7 @@ TEST(DeepSeekV4Parity, LogitsLossAndEveryGradientMatchTransformers) {
   for (const auto& [name, g] : hf_grads) {
     ASSERT_TRUE(golden.contains("grad." + name)) << name << ": the adapter's name is not transformers'";
     const bool hyper_connection = name.find("hc_head.") != std::string::npos || name.find("_hc.") != std::string::npos;
-    EXPECT_LT(rel_error(g, golden.get("grad." + name)), hyper_connection ? 1e-4 : 1e-5) << name;
+    EXPECT_LT(rel_error(g, golden.get("grad." + name)), hyper_connection ? 3e-4 : 1e-5) << name;
     ++checked;
   }
   EXPECT_EQ(checked, int(std::count_if(golden.entries().begin(), golden.entries().end(),

@@ -48,7 +48,7 @@ TEST(DeepSeekV4Args, FlavorsValidateAndTheDebugModelHasEveryLayerKind) {
 
 TEST(DeepSeekV4Args, ReadsTransformersConfigAndWritesItBack) {
   const DeepSeekV4Args a = args_from_hf_config(tiny_config(), "config.json");
-  EXPECT_EQ(a.vocab_size, 64);
+  EXPECT_EQ(a.vocab_size, 1000);
   EXPECT_EQ(a.dim, 32);
   EXPECT_EQ(a.rope_dim, 8);
   EXPECT_EQ(a.csa_ratio, 4);

@@ -130,6 +130,15 @@ Tensor HfFolder::load_f32(const std::string& name) const {
   return stored.to(DType::f32);
 }
 
+Tensor HfFolder::load_i64(const std::string& name) const {
+  const Tensor stored = file(name).get(name);
+  TITAN_CHECK(stored.dtype() == DType::i32 || stored.dtype() == DType::i64,
+              "tensor '" + name + "' in " + (dir_ / file_of(name)).string() + " has dtype " +
+                  std::string(dtype_name(stored.dtype())) + ", not an integer type",
+              "routing tables load from i32 or i64");
+  return stored.to(DType::i64);
+}
+
 Tensor dequantize_fp8_blocks(const Tensor& fp8, const Tensor& scale_inv, const std::string& what, int64_t block) {
   TITAN_CHECK(fp8.dtype() == DType::f8e4m3 && fp8.dim() == 2 && fp8.is_contiguous(),
               what + ": block-scaled fp8 weights must be contiguous 2-D f8e4m3, got " + fp8.str(),

@@ -38,6 +38,9 @@ class HfFolder {
   // The tensor as a new f32 tensor: f32/bf16/f16 converted; f8e4m3 dequantized with its
   // "<name>_scale_inv" blocks (required for fp8 weights).
   Tensor load_f32(const std::string& name) const;
+  // An integer tensor (a routing table) as a new i64 tensor from i32 or i64; throws naming the
+  // folder for any other dtype.
+  Tensor load_i64(const std::string& name) const;
   // quantization_config.weight_block_size (square blocks only), else kFp8BlockSize.
   int64_t fp8_block() const { return fp8_block_; }
 

@@ -9,6 +9,7 @@
 #include "titan/distributed/process_group.h"
 #include "titan/models/activation_terms.h"
 #include "titan/models/common.h"
+#include "titan/models/deepseek_v4/hf_adapter.h"
 #include "titan/models/deepseek_v4/model.h"
 
 namespace titan::models::deepseek_v4 {
@@ -16,7 +17,13 @@ namespace titan::models::deepseek_v4 {
 namespace {
 
 DeepSeekV4Args architecture(const std::string& flavor, int64_t vocab, int64_t max_seq_len, const ModelOptions& o) {
-  DeepSeekV4Args a = deepseek_v4_flavor(flavor, vocab);
+  // A checkpoint converted from Hugging Face records its config.json: that architecture.
+  DeepSeekV4Args a = o.hf_config ? args_from_hf_config(*o.hf_config, "the checkpoint's config.json")
+                                 : deepseek_v4_flavor(flavor, vocab);
+  TITAN_CHECK(!o.hf_config || vocab <= a.vocab_size,
+              "the tokenizer has " + std::to_string(vocab) + " tokens, the checkpoint's vocabulary " +
+                  std::to_string(a.vocab_size),
+              "use the tokenizer the checkpoint was trained with");
   if (o.dsa.topk > 0) a.index_topk = o.dsa.topk;
   a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
   a.validate();
@@ -79,6 +86,83 @@ std::vector<int64_t> experts_per_token(const PlanQuery& j) {
 
 std::vector<ContextParallelTraffic> context_parallel_traffic(const PlanQuery&) { return {}; }
 
+// ---- Hugging Face conversion (hf_adapter.h has the names)
+
+// The model's state (parameters and state buffers) by name with its shape, in the model's order.
+std::vector<std::pair<std::string, Shape>> state_shapes(const DeepSeekV4Args& a) {
+  nn::ParametersWithoutStorage declared;
+  Transformer m(a);
+  std::vector<std::pair<std::string, Shape>> out;
+  for (const auto& [name, p] : m.named_parameters()) out.emplace_back(name, p->var.shape());
+  for (const auto& [name, t] : m.named_buffers(nn::BufferKind::state)) out.emplace_back(name, t.shape());
+  return out;
+}
+
+bool reads(const nlohmann::json& config) { return config.value("model_type", std::string()) == "deepseek_v4"; }
+
+HfImport import_folder(const checkpoint::HfFolder& folder) {
+  const DeepSeekV4Args a = args_from_hf_config(folder.config(), (folder.dir() / "config.json").string());
+  std::map<std::string, Tensor> hf;
+  int64_t skipped_mtp = 0;
+  for (const std::string& name : folder.names()) {
+    if (name.ends_with("_scale_inv")) continue;  // read with its fp8 weight
+    if (name.rfind("mtp.", 0) == 0 || name.find(".mtp.") != std::string::npos) {
+      ++skipped_mtp;  // transformers builds no MTP module either (spec section 5)
+      continue;
+    }
+    hf[name] = name.ends_with("tid2eid") ? folder.load_i64(name) : folder.load_f32(name);
+  }
+  std::map<std::string, Tensor> ours = state_from_hf(hf, folder.dir().string());
+  HfImport out;
+  for (const auto& [name, shape] : state_shapes(a)) {
+    const auto it = ours.find(name);
+    TITAN_CHECK(it != ours.end(), folder.dir().string() + " lacks the weight our " + name + " comes from",
+                "convert a complete DeepseekV4ForCausalLM folder (its config.json and every shard)");
+    TITAN_CHECK(it->second.shape() == shape,
+                folder.dir().string() + ": " + name + " is " + it->second.shape().str() + ", its config.json needs " +
+                    shape.str(),
+                "the weights and config.json must come from the same model");
+    out.state.emplace_back(name, it->second);
+    ours.erase(it);
+  }
+  TITAN_CHECK(ours.empty(), folder.dir().string() + " holds " + std::to_string(ours.size()) +
+                                " tensors the model does not have, e.g. " + (ours.empty() ? "" : ours.begin()->first),
+              "convert a DeepseekV4ForCausalLM folder of this config.json");
+  out.model = family().name;
+  out.hf_config = folder.config();
+  if (skipped_mtp > 0)
+    out.note = std::to_string(skipped_mtp) + " multi-token prediction tensors (mtp.*) were left out: DeepSeek-V4 "
+               "trains without MTP here, as transformers builds none";
+  return out;
+}
+
+size_t export_folder(const HfExport& job, const std::filesystem::path& dir) {
+  DeepSeekV4Args a;
+  if (job.hf_config) {
+    a = args_from_hf_config(*job.hf_config, job.source + "/train_state.json");
+  } else {
+    TITAN_CHECK(!job.flavor.empty(), "cannot tell the architecture of " + job.source, "pass --flavor (debugmodel, flash, pro)");
+    const auto embedding = job.tensors.find("embed_tokens.weight");
+    a = deepseek_v4_flavor(job.flavor, embedding == job.tensors.end() ? 0 : embedding->second.size(0));
+  }
+  std::map<std::string, Tensor> ours;
+  for (const auto& [name, shape] : state_shapes(a)) {
+    const auto it = job.tensors.find(name);
+    TITAN_CHECK(it != job.tensors.end() && it->second.shape() == shape,
+                "checkpoint " + job.source + ": model tensor '" + name + "' is " +
+                    (it == job.tensors.end() ? std::string("missing") : it->second.shape().str()) +
+                    ", the architecture needs " + shape.str(),
+                "pass the --flavor the checkpoint was trained with");
+    ours[name] = it->second;
+  }
+  const std::map<std::string, Tensor> hf = state_to_hf(ours);
+  std::vector<std::pair<std::string, Tensor>> tensors(hf.begin(), hf.end());
+  checkpoint::save_hf_folder(dir, hf_config(a), tensors, job.options);
+  return tensors.size();
+}
+
+const HfConversion kHf{reads, import_folder, export_folder};
+
 }  // namespace
 
 const ModelFamily& family() {
@@ -95,6 +179,7 @@ const ModelFamily& family() {
       .activations = activations,
       .experts_per_token = experts_per_token,
       .context_parallel_traffic = context_parallel_traffic,
+      .hf = &kHf,
   };
   return f;
 }

@@ -39,12 +39,66 @@ bool replace_suffix(std::string& name, const std::string& from, const std::strin
 
 constexpr const char* kGateUp = "mlp.experts.gate_up_proj";
 
+// Every occurrence of `from` in name replaced by `to`.
+void replace_all(std::string& name, const std::string& from, const std::string& to) {
+  for (size_t at = name.find(from); at != std::string::npos; at = name.find(from, at + to.size()))
+    name.replace(at, from.size(), to);
+}
+
+// transformers' name (without "model.") of a tensor in DeepSeek's naming, which the release uses
+// and save_pretrained writes back (spec 6.2); a transformers' name comes back unchanged.
+std::string from_deepseek_naming(std::string name) {
+  if (name == "head.weight") return "lm_head.weight";
+  if (name == "embed.weight") return "embed_tokens.weight";
+  for (const char* part : {"fn", "base", "scale"})
+    if (name == std::string("hc_head_") + part) return std::string("hc_head.hc_") + part;
+  if (name.rfind("layers.", 0) != 0) return name;
+  // The indexer moves under the compressor, its own compressor's parts up into it.
+  replace_all(name, ".attn.indexer.compressor.", ".self_attn.compressor.indexer.");
+  replace_all(name, ".attn.indexer.wq_b.", ".self_attn.compressor.indexer.q_b_proj.");
+  replace_all(name, ".attn.indexer.weights_proj.", ".self_attn.compressor.indexer.scorer.weights_proj.");
+  replace_all(name, ".attn.", ".self_attn.");
+  replace_all(name, ".ffn.", ".mlp.");
+  replace_all(name, ".attn_norm.", ".input_layernorm.");
+  replace_all(name, ".ffn_norm.", ".post_attention_layernorm.");
+  replace_all(name, ".hc_attn_", ".attn_hc.");
+  replace_all(name, ".hc_ffn_", ".ffn_hc.");
+  static const std::vector<std::pair<std::string, std::string>> tails = {
+      {"self_attn.attn_sink", "self_attn.sinks"},          {"self_attn.wq_a.weight", "self_attn.q_a_proj.weight"},
+      {"self_attn.q_norm.weight", "self_attn.q_a_norm.weight"}, {"self_attn.wq_b.weight", "self_attn.q_b_proj.weight"},
+      {"self_attn.wkv.weight", "self_attn.kv_proj.weight"},    {"self_attn.norm.weight", "self_attn.kv_norm.weight"},
+      {"self_attn.wo_a.weight", "self_attn.o_a_proj.weight"},  {"self_attn.wo_b.weight", "self_attn.o_b_proj.weight"},
+      {"compressor.wkv.weight", "compressor.kv_proj.weight"},  {"compressor.wgate.weight", "compressor.gate_proj.weight"},
+      {"compressor.ape", "compressor.position_bias"},          {"compressor.norm.weight", "compressor.kv_norm.weight"},
+      {"indexer.wkv.weight", "indexer.kv_proj.weight"},        {"indexer.wgate.weight", "indexer.gate_proj.weight"},
+      {"indexer.ape", "indexer.position_bias"},                {"indexer.norm.weight", "indexer.kv_norm.weight"},
+      {"mlp.gate.bias", "mlp.gate.e_score_correction_bias"},
+  };
+  for (const auto& [theirs, hf] : tails)
+    if (replace_suffix(name, theirs, hf)) break;
+  return name;
+}
+
+// DeepSeek's per-expert matrices "mlp.experts.E.wK.weight", stacked over E into our
+// "mlp.experts.wK" [E, ...] (K = 1, 2, 3); other names are left to the caller.
+bool stack_expert(const std::string& name, const Tensor& t, std::map<std::string, std::map<int64_t, Tensor>>& stacks) {
+  const size_t at = name.find("mlp.experts.");
+  if (at == std::string::npos || !ends_with(name, ".weight")) return false;
+  const std::string rest = name.substr(at + 12);  // "E.wK.weight"
+  const size_t dot = rest.find('.');
+  if (dot == std::string::npos || dot == 0 || rest.find_first_not_of("0123456789") != dot) return false;
+  stacks[name.substr(0, at + 12) + rest.substr(dot + 1, rest.size() - dot - 1 - 7)][std::stoll(rest.substr(0, dot))] = t;
+  return true;
+}
+
 }  // namespace
 
 std::map<std::string, Tensor> state_from_hf(const std::map<std::string, Tensor>& hf, const std::string& source) {
   std::map<std::string, Tensor> ours;
+  std::map<std::string, std::map<int64_t, Tensor>> stacks;  // our name -> expert -> its matrix
   for (const auto& [hf_name, t] : hf) {
-    std::string name = hf_name.rfind("model.", 0) == 0 ? hf_name.substr(6) : hf_name;
+    std::string name = from_deepseek_naming(hf_name.rfind("model.", 0) == 0 ? hf_name.substr(6) : hf_name);
+    if (stack_expert(name, t, stacks)) continue;
     if (replace_suffix(name, kGateUp, "")) {
       TITAN_CHECK(t.dim() == 3 && t.size(1) % 2 == 0,
                   source + ": " + hf_name + " must be [E, 2F, d], got " + t.shape().str());
@@ -56,6 +110,19 @@ std::map<std::string, Tensor> state_from_hf(const std::map<std::string, Tensor>&
     for (const auto& [mine, theirs] : renames())
       if (replace_suffix(name, theirs, mine)) break;
     ours[name] = t;
+  }
+  for (const auto& [name, experts] : stacks) {
+    const Tensor& first = experts.begin()->second;
+    Tensor stacked = Tensor::empty({int64_t(experts.size()), first.size(0), first.size(1)}, first.dtype());
+    int64_t e = 0;
+    for (const auto& [index, w] : experts) {
+      TITAN_CHECK(index == e && w.shape() == first.shape(),
+                  source + ": the experts of " + name + " are not 0.." + std::to_string(experts.size() - 1) +
+                      " of one shape (expert " + std::to_string(index) + " is " + w.shape().str() + ")",
+                  "convert a folder holding every expert's w1, w2 and w3");
+      stacked.select(0, e++).copy_(w);
+    }
+    ours[name] = stacked;
   }
   return ours;
 }

@@ -16,6 +16,10 @@
 
 namespace titan::models::deepseek_v4 {
 
+// DeepSeek's own naming (the release, without "model."; and what transformers' save_pretrained
+// writes back, with it: attn.wq_a, ffn.experts.E.w1, hc_attn_fn, head.weight, ...) is read too,
+// per-expert matrices stacked over E.
+
 // Our tensors from transformers' (every name must be one of the model's; `source` names the
 // folder or file in errors). The hash tables keep transformers' integer values as i64.
 std::map<std::string, Tensor> state_from_hf(const std::map<std::string, Tensor>& hf, const std::string& source);
