@@ -86,6 +86,8 @@ inline std::string base_toml(const std::string& model, const fs::path& data, con
   // DeepSeek-V3.2: the dense warm-up (indexers only) for 3 steps, then the sparse stage, each query
   // attending to 16 of its keys (a real selection past position 16).
   if (model == "deepseek_v32") toml += "[dsa]\nwarmup_steps = 3\ntopk = 16\n";
+  // DeepSeek-V4: each CSA query attends to 4 of the 16 compressed entries of its sequence.
+  if (model == "deepseek_v4") toml += "[dsa]\ntopk = 4\n";
   return toml;
 }
 

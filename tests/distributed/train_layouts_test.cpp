@@ -90,6 +90,19 @@ const std::string kBf16 = "--training.mixed_precision_param=bfloat16";
 TEST_F(Layouts, Llama3) { check_layouts("llama3"); }
 TEST_F(Layouts, DeepSeekV32MoeAndSparseAttention) { check_layouts("deepseek_v32"); }
 
+// DeepSeek-V4 (mHC, CSA / HCA attention, hash and learned MoE, the indexers' KL loss) under the
+// data-parallel layouts it runs: FSDP and DDP on 2 ranks, FSDP and HSDP on 4, to the last bit.
+TEST_F(Layouts, DeepSeekV4DataParallel) {
+  const int n = world().size();
+  if (n != 2 && n != 4) GTEST_SKIP() << "layouts of 2 and 4 ranks";
+  const int64_t local = 4 / n;
+  const std::string ranks = std::to_string(n);
+  const auto one = reference("deepseek_v4", "f32", local);
+  expect_same_losses(one, layout("deepseek_v4", {"fsdp", 1, n, local}), 0, "deepseek_v4: FSDP " + ranks);
+  if (n == 2) expect_same_losses(one, layout("deepseek_v4", {"ddp", 2, 1, local}), 0, "deepseek_v4: DDP 2");
+  if (n == 4) expect_same_losses(one, layout("deepseek_v4", {"hsdp", 2, 2, local}), 0, "deepseek_v4: HSDP 2 x 2");
+}
+
 TEST_F(Layouts, GradientAccumulation) {
   if (world().size() != 2) GTEST_SKIP() << "accumulation on 2 ranks";
   // 2 micro-batches of 1 sequence on each of 2 ranks against one rank accumulating all 4.
