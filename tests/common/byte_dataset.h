@@ -47,4 +47,20 @@ inline std::filesystem::path prepare_templated_dataset(const std::filesystem::pa
   return prepare_byte_dataset(dir / "corpus.txt", dir, 0.05, vocab_size);
 }
 
+// A small corpus of sentences over ten words (120 documents of 40 words each, one byte per
+// token) written to <dir>/corpus.txt and prepared as above with nothing held out: a training set
+// whose loss falls within a few steps.
+inline std::filesystem::path prepare_words_dataset(const std::filesystem::path& dir) {
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream text(dir / "corpus.txt");
+    const char* words[] = {"in", "the", "beginning", "was", "light", "and", "darkness", "upon", "deep", "waters"};
+    for (int d = 0; d < 120; ++d) {
+      for (int w = 0; w < 40; ++w) text << words[(d * 7 + w * 3) % 10] << (w % 9 == 8 ? ".\n" : " ");
+      text << ".\n\n";
+    }
+  }
+  return prepare_byte_dataset(dir / "corpus.txt", dir, 0);
+}
+
 }  // namespace titan::test

@@ -20,18 +20,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path make_dataset(const fs::path& dir) {
-  fs::create_directories(dir);
-  std::ofstream text(dir / "corpus.txt");
-  const char* words[] = {"in", "the", "beginning", "was", "light", "and", "darkness", "upon", "deep", "waters"};
-  for (int d = 0; d < 120; ++d) {
-    for (int w = 0; w < 40; ++w) text << words[(d * 7 + w * 3) % 10] << (w % 9 == 8 ? ".\n" : " ");
-    text << ".\n\n";
-  }
-  text.close();
-  return test::prepare_byte_dataset(dir / "corpus.txt", dir, 0);
-}
-
 train::JobConfig config(const fs::path& data, const fs::path& run, const std::string& converters) {
   // The debug flavor, with a top-k of 8 so that 32-token sequences have a real selection.
   const std::string toml = R"(
@@ -70,7 +58,7 @@ topk = 8
 TEST(DeepSeekV32TrainE2E, WarmupThenSparseWithBothImplementations) {
   const fs::path root = fs::temp_directory_path() / ("titan_v32_e2e_" + std::to_string(::getpid()));
   fs::remove_all(root);
-  const fs::path data = make_dataset(root / "data");
+  const fs::path data = test::prepare_words_dataset(root / "data");
   for (const std::string converters : {"", "\"dsa_fused\""}) {
     const fs::path run = root / (converters.empty() ? "small_ops" : "fused");
     train::Trainer trainer(config(data, run, converters), run.string());

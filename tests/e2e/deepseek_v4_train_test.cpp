@@ -21,18 +21,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path make_dataset(const fs::path& dir) {
-  fs::create_directories(dir);
-  std::ofstream text(dir / "corpus.txt");
-  const char* words[] = {"in", "the", "beginning", "was", "light", "and", "darkness", "upon", "deep", "waters"};
-  for (int d = 0; d < 120; ++d) {
-    for (int w = 0; w < 40; ++w) text << words[(d * 7 + w * 3) % 10] << (w % 9 == 8 ? ".\n" : " ");
-    text << ".\n\n";
-  }
-  text.close();
-  return test::prepare_byte_dataset(dir / "corpus.txt", dir, 0);
-}
-
 // The debug flavor on 48-token sequences: 12 CSA entries of which each query keeps its top 4,
 // 3 HCA entries, the 64-token window covering every raw key.
 train::JobConfig config(const fs::path& data, const fs::path& run, const std::string& recompute, double indexer_coeff) {
@@ -83,7 +71,7 @@ std::vector<double> logged(const fs::path& run, const std::string& key) {
 TEST(DeepSeekV4TrainE2E, LearnsTrainsItsIndexersAndResumesBitIdentically) {
   const fs::path root = fs::temp_directory_path() / ("titan_v4_e2e_" + std::to_string(::getpid()));
   fs::remove_all(root);
-  const fs::path data = make_dataset(root / "data");
+  const fs::path data = test::prepare_words_dataset(root / "data");
 
   train::Trainer straight(config(data, root / "straight", "none", 0.01), "straight");
   std::map<std::string, Tensor> initial;

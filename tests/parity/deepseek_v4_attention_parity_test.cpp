@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 
+#include "common/relative_error.h"
 #include "titan/autograd/ops.h"
 #include "titan/checkpoint/safetensors.h"
 #include "titan/models/deepseek_v4/attention.h"
@@ -25,17 +26,6 @@ using autograd::Variable;
 namespace {
 
 constexpr const char* kFolder = "tests/fixtures/deepseek_v4_tiny";
-
-double rel_error(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.numel(), b.numel());
-  const Tensor ac = a.contiguous(), bc = b.contiguous();
-  double diff = 0, norm = 0;
-  for (int64_t i = 0; i < std::min(ac.numel(), bc.numel()); ++i) {
-    const double d = double(ac.data<float>()[i]) - double(bc.data<float>()[i]);
-    diff += d * d, norm += double(bc.data<float>()[i]) * double(bc.data<float>()[i]);
-  }
-  return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
-}
 
 v4::DeepSeekV4Args tiny_args() {
   std::ifstream in(std::string(kFolder) + "/config.json");
@@ -72,9 +62,9 @@ TEST(DeepSeekV4AttentionParity, EveryLayerKindMatchesTransformers) {
 
     Variable h(golden.get(at + ".in").clone().view({b * s, d}), true);
     Variable out = attn.forward(h, positions, rope, nullptr);
-    EXPECT_LT(rel_error(out.value(), golden.get(at + ".out")), 1e-5) << "output";
+    EXPECT_LT(test::relative_error(out.value(), golden.get(at + ".out")), 1e-5) << "output";
     autograd::backward(out, golden.get(at + ".dout").clone().view({b * s, d}));
-    EXPECT_LT(rel_error(h.grad(), golden.get(at + ".din")), 1e-5) << "input gradient";
+    EXPECT_LT(test::relative_error(h.grad(), golden.get(at + ".din")), 1e-5) << "input gradient";
     for (const auto& [name, p] : attn.named_parameters()) {
       const Tensor want = golden.get("grad.model." + prefix + name);
       if (name.find("indexer.") != std::string::npos) {
@@ -82,7 +72,7 @@ TEST(DeepSeekV4AttentionParity, EveryLayerKindMatchesTransformers) {
         continue;
       }
       ASSERT_TRUE(p->var.grad().defined()) << name;
-      EXPECT_LT(rel_error(p->var.grad(), want), 1e-5) << name;
+      EXPECT_LT(test::relative_error(p->var.grad(), want), 1e-5) << name;
     }
 
     if (type != v4::LayerType::csa) continue;

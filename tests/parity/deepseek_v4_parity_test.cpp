@@ -15,6 +15,7 @@
 #include <fstream>
 #include <string>
 
+#include "common/relative_error.h"
 #include "titan/autograd/ops.h"
 #include "titan/checkpoint/safetensors.h"
 #include "titan/models/deepseek_v4/hf_adapter.h"
@@ -27,17 +28,6 @@ using autograd::Variable;
 namespace {
 
 constexpr const char* kFolder = "tests/fixtures/deepseek_v4_tiny";
-
-double rel_error(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.numel(), b.numel());
-  const Tensor ac = a.contiguous(), bc = b.contiguous();
-  double diff = 0, norm = 0;
-  for (int64_t i = 0; i < std::min(ac.numel(), bc.numel()); ++i) {
-    const double d = double(ac.data<float>()[i]) - double(bc.data<float>()[i]);
-    diff += d * d, norm += double(bc.data<float>()[i]) * double(bc.data<float>()[i]);
-  }
-  return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
-}
 
 std::map<std::string, Tensor> read_all(const std::string& path) {
   const auto file = checkpoint::SafetensorsFile::open(path);
@@ -64,7 +54,7 @@ TEST(DeepSeekV4Parity, LogitsLossAndEveryGradientMatchTransformers) {
       targets.data<int32_t>()[r * s + t] = t + 1 < s ? tokens.data<int32_t>()[r * s + t + 1] : -100;
 
   Variable logits = model.forward(tokens);
-  EXPECT_LT(rel_error(logits.value(), golden.get("logits")), 1e-5) << "logits";
+  EXPECT_LT(test::relative_error(logits.value(), golden.get("logits")), 1e-5) << "logits";
   Variable loss = model.next_token_loss(logits, targets);
   EXPECT_NEAR(loss.value().item(), golden.get("loss").item(), 1e-5 * std::fabs(golden.get("loss").item())) << "loss";
   autograd::backward(loss);
@@ -77,7 +67,7 @@ TEST(DeepSeekV4Parity, LogitsLossAndEveryGradientMatchTransformers) {
   for (const auto& [name, g] : hf_grads) {
     ASSERT_TRUE(golden.contains("grad." + name)) << name << ": the adapter's name is not transformers'";
     const bool hyper_connection = name.find("hc_head.") != std::string::npos || name.find("_hc.") != std::string::npos;
-    EXPECT_LT(rel_error(g, golden.get("grad." + name)), hyper_connection ? 3e-4 : 1e-5) << name;
+    EXPECT_LT(test::relative_error(g, golden.get("grad." + name)), hyper_connection ? 3e-4 : 1e-5) << name;
     ++checked;
   }
   EXPECT_EQ(checked, int(std::count_if(golden.entries().begin(), golden.entries().end(),

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/error_of.h"
+#include "common/relative_error.h"
 #include "titan/autograd/ops.h"
 #include "titan/checkpoint/safetensors.h"
 #include "titan/models/deepseek_v4/hyper_connection.h"
@@ -22,17 +23,6 @@ using autograd::Variable;
 namespace {
 
 constexpr const char* kFixture = "tests/fixtures/v4_hyper_connection.safetensors";
-
-double rel_error(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  double diff = 0, norm = 0;
-  const Tensor ac = a.contiguous(), bc = b.contiguous();
-  for (int64_t i = 0; i < ac.numel(); ++i) {
-    const double d = double(ac.data<float>()[i]) - double(bc.data<float>()[i]);
-    diff += d * d, norm += double(bc.data<float>()[i]) * double(bc.data<float>()[i]);
-  }
-  return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
-}
 
 Variable probed(const Variable& x, const Tensor& probe) { return autograd::sum(autograd::mul(x, Variable(probe))); }
 
@@ -58,7 +48,7 @@ TEST(DeepSeekV4HyperConnection, MatchesTransformersForwardAndBackward) {
   const Variable y = head.forward(streams);
   for (const auto& [name, got] : {std::pair{"out.post", &mixing.post}, {"out.comb", &mixing.comb},
                                   {"out.collapsed", &mixing.collapsed}, {"out.merged", &merged}, {"out.head", &y}})
-    EXPECT_LT(rel_error(got->value(), golden.get(name)), 1e-5) << name;
+    EXPECT_LT(test::relative_error(got->value(), golden.get(name)), 1e-5) << name;
 
   Variable loss = autograd::add(autograd::add(probed(merged, golden.get("probe_merged")),
                                               probed(mixing.collapsed, golden.get("probe_collapsed"))),
@@ -69,7 +59,7 @@ TEST(DeepSeekV4HyperConnection, MatchesTransformersForwardAndBackward) {
                                   {"grad.hc.scale", &hc.scale.var}, {"grad.head.fn", &head.fn.var},
                                   {"grad.head.base", &head.base.var}, {"grad.head.scale", &head.scale.var}}) {
     ASSERT_TRUE(var->grad().defined()) << name;
-    EXPECT_LT(rel_error(var->grad(), golden.get(name)), 1e-5) << name;
+    EXPECT_LT(test::relative_error(var->grad(), golden.get(name)), 1e-5) << name;
   }
 }
 

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "common/error_of.h"
+#include "common/relative_error.h"
 #include "titan/autograd/ops.h"
 #include "titan/checkpoint/safetensors.h"
 #include "titan/models/deepseek_v4/moe.h"
@@ -25,17 +26,6 @@ namespace {
 
 constexpr const char* kFixture = "tests/fixtures/v4_moe.safetensors";
 constexpr int64_t kDim = 16, kWidth = 8, kExperts = 8, kTopK = 2, kVocab = 32;
-
-double rel_error(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  double diff = 0, norm = 0;
-  const Tensor ac = a.contiguous(), bc = b.contiguous();
-  for (int64_t i = 0; i < ac.numel(); ++i) {
-    const double d = double(ac.data<float>()[i]) - double(bc.data<float>()[i]);
-    diff += d * d, norm += double(bc.data<float>()[i]) * double(bc.data<float>()[i]);
-  }
-  return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
-}
 
 v4::MoEArgs fixture_args(v4::MoERouting routing) {
   v4::MoEArgs a;
@@ -73,7 +63,7 @@ void check_layer(v4::MoERouting routing) {
   const Tensor ids = golden.get("ids");
 
   Variable y = moe.forward(h, ids);
-  EXPECT_LT(rel_error(y.value(), golden.get(p + "out")), 1e-5) << p << "out";
+  EXPECT_LT(test::relative_error(y.value(), golden.get(p + "out")), 1e-5) << p << "out";
 
   Variable loss = autograd::sum(autograd::mul(y, Variable(golden.get(p + "probe"))));
   autograd::backward(loss);
@@ -94,7 +84,7 @@ void check_layer(v4::MoERouting routing) {
   };
   for (const auto& g : grads) {
     ASSERT_TRUE(g.var.grad().defined()) << p << g.name;
-    EXPECT_LT(rel_error(g.var.grad(), g.want), 1e-5) << p << "grad of " << g.name;
+    EXPECT_LT(test::relative_error(g.var.grad(), g.want), 1e-5) << p << "grad of " << g.name;
   }
 }
 
@@ -115,12 +105,12 @@ TEST(DeepSeekV4MoE, Bf16ComputeStaysNearF32) {
   Variable h(golden.get("h").clone(), true);
   Variable y = moe.forward(autograd::cast(h, DType::bf16), golden.get("ids"));
   ASSERT_EQ(y.dtype(), DType::bf16);
-  EXPECT_LT(rel_error(y.value().to(DType::f32), golden.get("hash_moe.out")), 2e-2);
+  EXPECT_LT(test::relative_error(y.value().to(DType::f32), golden.get("hash_moe.out")), 2e-2);
   Variable loss = autograd::sum(autograd::mul(autograd::cast(y, DType::f32), Variable(golden.get("hash_moe.probe"))));
   autograd::backward(loss);
-  EXPECT_LT(rel_error(moe.router.gate.weight.var.grad(), golden.get("hash_moe.grad.gate.weight")), 3e-2);
-  EXPECT_LT(rel_error(moe.experts.w2.var.grad(), golden.get("hash_moe.grad.experts.down_proj")), 3e-2);
-  EXPECT_LT(rel_error(h.grad(), golden.get("hash_moe.grad.h")), 3e-2);
+  EXPECT_LT(test::relative_error(moe.router.gate.weight.var.grad(), golden.get("hash_moe.grad.gate.weight")), 3e-2);
+  EXPECT_LT(test::relative_error(moe.experts.w2.var.grad(), golden.get("hash_moe.grad.experts.down_proj")), 3e-2);
+  EXPECT_LT(test::relative_error(h.grad(), golden.get("hash_moe.grad.h")), 3e-2);
 }
 
 TEST(DeepSeekV4MoE, StateHasTheBufferOfItsRouting) {
