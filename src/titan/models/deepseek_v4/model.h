@@ -50,6 +50,9 @@ class Transformer : public CausalLM {
   StageOutput stage_forward(const distributed::pp::StageLayers& stage, const Variable& h, const Tensor& tokens,
                             const Tensor& targets) override;
   std::vector<std::string> loss_term_names() const override;
+  // [tokens, dim]: what the blocks (and an expert exchange) carry per token. The residual between
+  // layers is hc_mult such rows; a pipeline (not run yet) would pass all of them.
+  Shape stage_activation_shape(int64_t batch, int64_t seq) const override { return {batch * seq, args_.dim}; }
   // CSA indexers learn from their KL loss with this weight (0: not at all, as transformers).
   void set_indexer_loss_coeff(double coeff);
   const DeepSeekV4Args& args() const { return args_; }
