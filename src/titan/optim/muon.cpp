@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "titan/core/error.h"
 #include "titan/kernels/matmul.h"
+#include "titan/optim/swap_store.h"
+#include "titan/optim/swapped_moments.h"
 
 namespace titan::optim {
 
@@ -39,95 +42,208 @@ double muon_adjusted_lr(double lr, int64_t rows, int64_t cols, MuonLrAdjust adju
   return lr;
 }
 
+void NewtonSchulzScratch::fit(int64_t rows, int64_t cols) {
+  const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
+  if (m * n > wide_) {
+    wide_ = m * n;
+    x_ = Tensor::empty({wide_}, DType::f32, MemCategory::optimizer_state);
+    next_ = Tensor::empty({wide_}, DType::f32, MemCategory::optimizer_state);
+  }
+  if (m * m > small_) {
+    small_ = m * m;
+    gram_ = Tensor::empty({small_}, DType::f32, MemCategory::optimizer_state);
+    poly_ = Tensor::empty({small_}, DType::f32, MemCategory::optimizer_state);
+  }
+}
+
+int64_t NewtonSchulzScratch::bytes() const { return 2 * (wide_ + small_) * int64_t(sizeof(float)); }
+
+void newton_schulz(float* x, int64_t rows, int64_t cols, const MuonConfig& c, NewtonSchulzScratch& s) {
+  const bool transposed = rows > cols;
+  const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
+  TITAN_CHECK(m * n <= s.wide_ && m * m <= s.small_,
+              "newton_schulz: the scratch does not fit a [" + std::to_string(rows) + ", " + std::to_string(cols) + "] matrix",
+              "call NewtonSchulzScratch::fit with every shape first");
+  float* cur = s.x_.data<float>();   // [m, n]
+  float* next = s.next_.data<float>();  // [m, n]
+  float* gram = s.gram_.data<float>();  // [m, m]
+  float* poly = s.poly_.data<float>();  // [m, m]
+  if (transposed) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < cols; ++k) cur[k * rows + r] = x[r * cols + k];
+  } else {
+    std::copy(x, x + m * n, cur);
+  }
+  double sq = 0;
+  for (int64_t i = 0; i < m * n; ++i) sq += double(cur[i]) * double(cur[i]);
+  const float inv = float(1.0 / std::max(std::sqrt(sq), c.eps));
+  for (int64_t i = 0; i < m * n; ++i) cur[i] *= inv;
+  const auto [a, b, cc] = c.ns_coefficients;
+  kernels::MatmulParams xxt = kernels::dense_matmul_params(1, m, m, n, false, true);  // A = X X^T
+  kernels::MatmulParams aa = kernels::dense_matmul_params(1, m, m, m, false, false);  // b A + c A A
+  aa.alpha = float(cc), aa.beta = float(b);
+  kernels::MatmulParams bx = kernels::dense_matmul_params(1, m, n, m, false, false);  // a X + (b A + c A A) X
+  bx.alpha = 1.0f, bx.beta = float(a);
+  for (int step = 0; step < c.ns_steps; ++step) {
+    kernels::matmul(gram, DType::f32, cur, cur, DType::f32, nullptr, xxt);
+    std::copy(gram, gram + m * m, poly);
+    kernels::matmul(poly, DType::f32, gram, gram, DType::f32, nullptr, aa);
+    std::copy(cur, cur + m * n, next);
+    kernels::matmul(next, DType::f32, poly, cur, DType::f32, nullptr, bx);
+    std::swap(cur, next);
+  }
+  if (transposed) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < cols; ++k) x[r * cols + k] = cur[k * rows + r];
+  } else {
+    std::copy(cur, cur + m * n, x);
+  }
+}
+
 void newton_schulz(Tensor& x, const MuonConfig& c) {
   TITAN_CHECK(x.dim() == 2 && x.dtype() == DType::f32 && x.is_contiguous(),
               "newton_schulz: x must be a contiguous f32 matrix, got " + x.str());
-  const int64_t rows = x.size(0), cols = x.size(1);
-  const bool transposed = rows > cols;
-  const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
-  Tensor cur = transposed ? x.transpose(0, 1).contiguous() : x.clone();  // [m, n]
-  double sq = 0;
-  for (int64_t i = 0; i < cur.numel(); ++i) sq += double(cur.data<float>()[i]) * double(cur.data<float>()[i]);
-  const float inv = float(1.0 / std::max(std::sqrt(sq), c.eps));
-  for (int64_t i = 0; i < cur.numel(); ++i) cur.data<float>()[i] *= inv;
-  Tensor gram = Tensor::empty({m, m}, DType::f32), update = Tensor::empty({m, m}, DType::f32);
-  Tensor next = Tensor::empty({m, n}, DType::f32);
-  const auto [a, b, cc] = c.ns_coefficients;
-  for (int step = 0; step < c.ns_steps; ++step) {
-    kernels::matmul(gram, cur, cur, false, true);                              // A = X X^T
-    update.copy_(gram);
-    kernels::matmul(update, gram, gram, false, false, float(cc), float(b));    // b A + c A A
-    next.copy_(cur);
-    kernels::matmul(next, update, cur, false, false, 1.0f, float(a));          // a X + (b A + c A A) X
-    std::swap(cur, next);
-  }
-  if (transposed) cur = cur.transpose(0, 1).contiguous();
-  x.copy_(cur);
+  NewtonSchulzScratch scratch;
+  scratch.fit(x.size(0), x.size(1));
+  newton_schulz(x.data<float>(), x.size(0), x.size(1), c, scratch);
 }
 
-Muon::Muon(std::vector<nn::TrainableParam> params, const MuonConfig& config) : config_(config) {
+Muon::Muon(std::vector<nn::TrainableParam> params, const MuonConfig& config, const std::optional<Swap>& swap)
+    : config_(config) {
   TITAN_CHECK(config.ns_steps >= 1 && config.ns_steps < 100 && config.momentum >= 0 && config.momentum < 1,
               "Muon: ns_steps must be in [1, 100) and momentum in [0, 1)");
+  std::vector<int64_t> sizes;
+  int64_t largest = 0;
   for (nn::TrainableParam& p : params) {
     const Tensor& v = p.var.value();
-    matrices_of(v.shape(), p.name);
+    const Matrices mats = matrices_of(v.shape(), p.name);
     TITAN_CHECK(v.dtype() == DType::f32 && v.is_contiguous(), "Muon: parameter " + p.name + " must be contiguous f32");
     Slot s;
-    s.buffer = Tensor::zeros(v.shape(), DType::f32, MemCategory::optimizer_state);
+    if (!swap) s.buffer = Tensor::zeros(v.shape(), DType::f32, MemCategory::optimizer_state);
+    s.count = mats.count, s.rows = mats.rows, s.cols = mats.cols;
+    scratch_.fit(mats.rows, mats.cols);
+    largest = std::max(largest, mats.rows * mats.cols);
+    sizes.push_back(v.numel());
     s.param = std::move(p);
     slots_.push_back(std::move(s));
   }
+  if (largest > 0) update_ = Tensor::empty({largest}, DType::f32, MemCategory::optimizer_state);
+  if (swap && !slots_.empty())
+    swapped_ = std::make_unique<SwappedMoments>(std::move(sizes), swap->chunk_bytes,
+                                                std::make_unique<FileSwapStore>(swap->file), 1);
+}
+
+Muon::~Muon() = default;
+
+int64_t Muon::scratch_bytes() const {
+  return scratch_.bytes() + (update_.defined() ? update_.numel() * int64_t(sizeof(float)) : 0);
+}
+
+void Muon::check_usable() const {
+  TITAN_CHECK(!broken_, "Muon: a swapped optimizer step failed midway (" + swapped_->store().describe() +
+                            "): the parameters and momentum buffers are no longer one step's",
+              "restart from the last checkpoint once the swap file can be written (see [optimizer] swap_path)");
 }
 
 void Muon::step(float lr, float grad_scale) {
-  for (Slot& s : slots_)
-    if (s.param.var.grad().defined()) update(s, lr, grad_scale);
-}
-
-void Muon::update(Slot& s, float lr, float grad_scale) {
-  Tensor& value = s.param.var.mutable_value();
-  const Tensor& grad = s.param.var.grad();
-  TITAN_CHECK(grad.is_contiguous() && grad.shape() == value.shape(), "Muon: the gradient of " + s.param.name +
-                                                                          " must be contiguous " + value.shape().str());
-  const Matrices mats = matrices_of(value.shape(), s.param.name);
-  const int64_t size = mats.rows * mats.cols;
-  const float mom = float(config_.momentum);
-  Tensor u = Tensor::empty({mats.rows, mats.cols}, DType::f32);
-  const float decay = float(1.0 - double(lr) * (s.param.weight_decay ? config_.weight_decay : 0.0));
-  const float step_lr = float(muon_adjusted_lr(lr, mats.rows, mats.cols, config_.adjust));
-  for (int64_t e = 0; e < mats.count; ++e) {
-    float* p = value.data<float>() + e * size;
-    float* buf = s.buffer.data<float>() + e * size;
-    const float* g = grad.data<float>() + e * size;
-    float* uu = u.data<float>();
-    for (int64_t i = 0; i < size; ++i) {
-      const float gi = g[i] * grad_scale;
-      buf[i] = lerp(buf[i], gi, 1.0f - mom);
-      uu[i] = config_.nesterov ? lerp(gi, buf[i], mom) : buf[i];
-    }
-    newton_schulz(u, config_);
-    for (int64_t i = 0; i < size; ++i) p[i] = p[i] * decay + (-step_lr) * uu[i];
+  check_usable();
+  for (Slot& s : slots_) {
+    if (!s.param.var.grad().defined()) continue;
+    const Tensor& value = s.param.var.value();
+    const Tensor& grad = s.param.var.grad();
+    TITAN_CHECK(grad.is_contiguous() && grad.dtype() == DType::f32 && grad.shape() == value.shape(),
+                "Muon: the gradient of " + s.param.name + " must be contiguous f32 " + value.shape().str() + ", got " +
+                    grad.str());
+    s.decay = float(1.0 - double(lr) * (s.param.weight_decay ? config_.weight_decay : 0.0));
+    s.step_lr = float(muon_adjusted_lr(lr, s.rows, s.cols, config_.adjust));
   }
-  if (s.param.compute && s.param.compute->defined()) s.param.compute->copy_(value);  // copy_ rounds to bf16
+  if (swapped_) {
+    // A step that fails midway (a write error) has updated some matrices and not others.
+    broken_ = true;
+    swapped_->for_each(SwappedMoments::Access::update, [&](const SwappedMoments::Piece& p) {
+      Slot& s = slots_[size_t(p.tensor)];
+      if (s.param.var.grad().defined()) update(s, p.begin, p.n, p.exp_avg, grad_scale);
+    });
+    broken_ = false;
+    return;
+  }
+  for (Slot& s : slots_)
+    if (s.param.var.grad().defined()) update(s, 0, s.buffer.numel(), s.buffer.data<float>(), grad_scale);
 }
 
-std::vector<std::pair<std::string, Tensor>> Muon::state_dict() const {
-  std::vector<std::pair<std::string, Tensor>> out;
-  for (const Slot& s : slots_) out.emplace_back(s.param.name + ".momentum_buffer", s.buffer);
+void Muon::update(Slot& s, int64_t begin, int64_t n, float* buf, float grad_scale) {
+  Tensor& value = s.param.var.mutable_value();
+  const int64_t size = s.rows * s.cols;
+  const float mom = float(config_.momentum);
+  const float* g = s.param.var.grad().data<float>();
+  float* u = update_.data<float>();
+  for (int64_t at = begin, end = begin + n; at < end;) {
+    const int64_t e = at / size, matrix_end = std::min(end, (e + 1) * size);
+    for (int64_t i = at; i < matrix_end; ++i) {
+      const float gi = g[i] * grad_scale;
+      float& b = buf[i - begin];
+      b = lerp(b, gi, 1.0f - mom);
+      u[i - e * size] = config_.nesterov ? lerp(gi, b, mom) : b;
+    }
+    at = matrix_end;
+    if (at != (e + 1) * size) break;  // the matrix goes on in the next piece
+    newton_schulz(u, s.rows, s.cols, config_, scratch_);
+    float* p = value.data<float>() + e * size;
+    for (int64_t i = 0; i < size; ++i) p[i] = p[i] * s.decay + (-s.step_lr) * u[i];
+  }
+  if (begin + n == value.numel() && s.param.compute && s.param.compute->defined())
+    s.param.compute->copy_(value);  // copy_ rounds to bf16
+}
+
+std::vector<std::pair<std::string, Shape>> Muon::state_shapes() const {
+  std::vector<std::pair<std::string, Shape>> out;
+  for (const Slot& s : slots_) out.emplace_back(s.param.name + ".momentum_buffer", s.param.var.value().shape());
   return out;
 }
 
-void Muon::load_state_dict(const std::map<std::string, Tensor>& state, const std::string& source) {
-  for (Slot& s : slots_) {
+std::vector<std::pair<std::string, Tensor>> Muon::state_dict() const {
+  check_usable();
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const Slot& s : slots_)
+    out.emplace_back(s.param.name + ".momentum_buffer",
+                     swapped_ ? Tensor::empty(s.param.var.value().shape(), DType::f32, MemCategory::temporaries)
+                              : s.buffer);
+  if (swapped_)
+    swapped_->for_each(SwappedMoments::Access::read, [&](const SwappedMoments::Piece& p) {
+      std::memcpy(out[size_t(p.tensor)].second.data<float>() + p.begin, p.exp_avg, size_t(p.n) * sizeof(float));
+    });
+  return out;
+}
+
+void Muon::check_state_dict(const std::map<std::string, Tensor>& state, const std::string& source) const {
+  for (const Slot& s : slots_) {
     const std::string key = s.param.name + ".momentum_buffer";
+    const Shape shape = s.param.var.value().shape();
     const auto it = state.find(key);
-    TITAN_CHECK(it != state.end() && it->second.shape() == s.buffer.shape(),
+    TITAN_CHECK(it != state.end() && it->second.shape() == shape,
                 source + ": Muon state '" + key + "' is " +
                     (it == state.end() ? std::string("missing") : it->second.shape().str()) + ", expected " +
-                    s.buffer.shape().str(),
+                    shape.str(),
                 "load a checkpoint trained with Muon on the same model");
-    s.buffer.copy_(it->second.to(DType::f32));
   }
+}
+
+void Muon::load_state_dict(const std::map<std::string, Tensor>& state, const std::string& source) {
+  check_state_dict(state, source);
+  broken_ = false;
+  std::vector<Tensor> loaded;
+  for (Slot& s : slots_) {
+    const Tensor& t = state.at(s.param.name + ".momentum_buffer");
+    if (!swapped_) {
+      s.buffer.copy_(t);
+      continue;
+    }
+    loaded.push_back(t.dtype() == DType::f32 ? t.contiguous() : t.to(DType::f32));
+  }
+  if (swapped_)
+    swapped_->for_each(SwappedMoments::Access::overwrite, [&](const SwappedMoments::Piece& p) {
+      std::memcpy(p.exp_avg, loaded[size_t(p.tensor)].data<float>() + p.begin, size_t(p.n) * sizeof(float));
+    });
 }
 
 }  // namespace titan::optim
