@@ -294,4 +294,20 @@ TEST(MemoryPlan, MuonStateIsOneBufferPerMatrixAsMeasured) {
                          1, 2048, "plan.toml");
   EXPECT_EQ(swapped.swapped_bytes + scratch, muon.peak.optimizer);
   EXPECT_LT(swapped.peak.optimizer, muon.peak.optimizer);
+
+  // FSDP 4: the momentum divides by 4; the exchange buffers are this rank's rows of every matrix
+  // plus the matrices it owns, whole; the all-to-alls send 2 x 3/4 of the matrices over the group.
+  const train::MemoryPlan fsdp = train::plan_memory(
+      config(toml, {"--optimizer.name=Muon", "--parallelism.data_parallel_shard_degree=4"}), 4, 2048, "plan.toml");
+  double fsdp_buffers = 0, exchange = 0, all_to_all = 0;
+  for (const auto& [what, bytes] : fsdp.terms) {
+    if (what == "optimizer: Muon momentum buffers (f32)") fsdp_buffers = bytes;
+    if (what.starts_with("optimizer: Muon under FSDP")) exchange = bytes;
+  }
+  for (const train::PlanCollective& t : fsdp.traffic)
+    if (t.op == "all_to_all") all_to_all = t.bytes;
+  EXPECT_EQ(fsdp_buffers, buffers / 4) << "llama3 debug's matrices have rows divisible by 4";
+  EXPECT_GE(exchange, buffers / 4 + buffers / 4) << "at least its rows and a quarter of the matrices";
+  EXPECT_LT(exchange, buffers / 4 + buffers / 2);
+  EXPECT_EQ(all_to_all, 2 * 0.75 * muon_params * 4 / 4);
 }

@@ -176,3 +176,14 @@ TEST(MuonAdamW, StateRoundTripsAndABadStateChangesNothing) {
   for (const auto& [key, t] : fresh.state_dict())
     ASSERT_EQ(std::memcmp(t.data_ptr(), saved.at(key).data_ptr(), t.nbytes()), 0) << key;
 }
+
+// Under FSDP each split matrix gets one owner: the costliest first, to the least loaded rank, so
+// four equal matrices go one per rank of four, and one big matrix is balanced by the small ones.
+TEST(MuonOwners, BalanceNewtonSchulzCost) {
+  EXPECT_EQ(optim::muon_owners({{64, 64}, {64, 64}, {64, 64}, {64, 64}}, 4), (std::vector<int>{0, 1, 2, 3}));
+  // [256, 256] costs 64x a [64, 64]: it takes rank 0 alone; the small ones fill rank 1.
+  const std::vector<int> owners = optim::muon_owners({{64, 64}, {256, 256}, {64, 64}, {64, 64}}, 2);
+  EXPECT_EQ(owners, (std::vector<int>{1, 0, 1, 1}));
+  // Wide and tall cost the same (the small side decides).
+  EXPECT_EQ(optim::muon_owners({{32, 512}, {512, 32}}, 2), (std::vector<int>{0, 1}));
+}

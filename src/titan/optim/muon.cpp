@@ -34,6 +34,24 @@ Matrices matrices_of(const Shape& s, const std::string& name) {
 
 }  // namespace
 
+std::vector<int> muon_owners(const std::vector<std::pair<int64_t, int64_t>>& matrices, int ranks) {
+  auto cost = [](const std::pair<int64_t, int64_t>& shape) {
+    const double m = double(std::min(shape.first, shape.second)), w = double(std::max(shape.first, shape.second));
+    return 4 * m * m * w + 2 * m * m * m;
+  };
+  std::vector<size_t> order(matrices.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost(matrices[a]) > cost(matrices[b]); });
+  std::vector<double> load(size_t(ranks), 0.0);
+  std::vector<int> owners(matrices.size(), 0);
+  for (size_t i : order) {
+    const int owner = int(std::min_element(load.begin(), load.end()) - load.begin());
+    owners[i] = owner;
+    load[size_t(owner)] += cost(matrices[i]);
+  }
+  return owners;
+}
+
 double muon_adjusted_lr(double lr, int64_t rows, int64_t cols, MuonLrAdjust adjust) {
   switch (adjust) {
     case MuonLrAdjust::original: return lr * std::sqrt(std::max(1.0, double(rows) / double(cols)));
@@ -108,17 +126,50 @@ void newton_schulz(Tensor& x, const MuonConfig& c) {
   newton_schulz(x.data<float>(), x.size(0), x.size(1), c, scratch);
 }
 
-Muon::Muon(std::vector<nn::TrainableParam> params, const MuonConfig& config, const std::optional<Swap>& swap)
+std::pair<int64_t, int64_t> Muon::rows_of(int64_t rows, int ranks, int r) {
+  const int64_t per = (rows + ranks - 1) / ranks;
+  const int64_t begin = std::min(rows, int64_t(r) * per);
+  return {begin, std::min(rows, begin + per) - begin};
+}
+
+Muon::Muon(std::vector<nn::TrainableParam> params, const MuonConfig& config, const std::optional<Swap>& swap,
+           const distributed::ProcessGroup* shard_group)
     : config_(config) {
   TITAN_CHECK(config.ns_steps >= 1 && config.ns_steps < 100 && config.momentum >= 0 && config.momentum < 1,
               "Muon: ns_steps must be in [1, 100) and momentum in [0, 1)");
   std::vector<int64_t> sizes;
   int64_t largest = 0;
+  const int ranks = shard_group ? shard_group->size() : 1, me = shard_group ? shard_group->rank() : 0;
   for (nn::TrainableParam& p : params) {
     const Tensor& v = p.var.value();
-    const Matrices mats = matrices_of(v.shape(), p.name);
+    Matrices mats = matrices_of(v.shape(), p.name);
     TITAN_CHECK(v.dtype() == DType::f32 && v.is_contiguous(), "Muon: parameter " + p.name + " must be contiguous f32");
     Slot s;
+    const Shape local = v.shape(), global = p.slice.global_shape.empty() ? local : p.slice.global_shape;
+    const int n = int(local.size());
+    TITAN_CHECK(int(global.size()) == n && local[n - 1] == global[n - 1] && (n == 2 || local[n - 2] == global[n - 2]),
+                "Muon: this rank holds " + local.str() + " of " + p.name + " " + global.str() +
+                    ", not whole matrices or whole rows of one",
+                "Muon orthogonalises whole matrices: its parameters may be split by rows over an FSDP group (or a "
+                "stack of experts by experts), not by columns (tensor parallelism)");
+    // Under FSDP every matrix is split by rows, also one whose rows all fall to one rank: every
+    // rank then agrees on what is exchanged.
+    if (n == 2 && ranks > 1) {
+      const auto [begin, count] = rows_of(global[0], ranks, me);
+      // (a rank past the last row holds none, wherever FSDP says its empty piece starts)
+      const bool fsdp_rows = p.slice.offsets.size() == 2 && local[0] == count && (count == 0 || p.slice.offsets[0] == begin);
+      TITAN_CHECK(fsdp_rows,
+                  "Muon: this rank holds rows " + (p.slice.offsets.empty() ? std::string("?") : std::to_string(p.slice.offsets[0])) +
+                      " + " + std::to_string(local[0]) + " of " + p.name + " " + global.str() +
+                      ", not its rows of an FSDP split over the shard group given",
+                  "Muon takes matrices split by FSDP's rows over the group given, not by tensor parallelism");
+      s.split = true;
+      mats.rows = global[0];
+    } else {
+      TITAN_CHECK(n != 2 || local[0] == global[0], "Muon: this rank holds " + local.str() + " of " + p.name + " " + global.str() +
+                                             " and no FSDP shard group was given",
+                  "give Muon the FSDP shard group that split the matrix");
+    }
     if (!swap) s.buffer = Tensor::zeros(v.shape(), DType::f32, MemCategory::optimizer_state);
     s.count = mats.count, s.rows = mats.rows, s.cols = mats.cols;
     scratch_.fit(mats.rows, mats.cols);
@@ -128,6 +179,40 @@ Muon::Muon(std::vector<nn::TrainableParam> params, const MuonConfig& config, con
     slots_.push_back(std::move(s));
   }
   if (largest > 0) update_ = Tensor::empty({largest}, DType::f32, MemCategory::optimizer_state);
+
+  std::vector<size_t> split;
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].split) split.push_back(i), shapes.emplace_back(slots_[i].rows, slots_[i].cols);
+  if (!split.empty()) {
+    group_ = shard_group;
+    const std::vector<int> owners = muon_owners(shapes, ranks);
+    for (size_t k = 0; k < split.size(); ++k) slots_[split[k]].owner = owners[k];
+    // send_: per owner, in slot order, this rank's rows; recv_: per source rank, in slot order,
+    // its rows of the matrices this rank owns. The reverse exchange uses the same layouts.
+    send_counts_.assign(size_t(ranks), 0);
+    recv_counts_.assign(size_t(ranks), 0);
+    int64_t at = 0;
+    for (int o = 0; o < ranks; ++o)
+      for (Slot& s : slots_)
+        if (s.split && s.owner == o) {
+          s.send_at = at;
+          at += s.param.var.value().numel();
+          send_counts_[size_t(o)] += s.param.var.value().numel();
+        }
+    int64_t in = 0;
+    for (int src = 0; src < ranks; ++src)
+      for (Slot& s : slots_)
+        if (s.split && s.owner == me) {
+          s.recv_at.resize(size_t(ranks));
+          s.recv_at[size_t(src)] = in;
+          const int64_t elems = rows_of(s.rows, ranks, src).second * s.cols;
+          in += elems;
+          recv_counts_[size_t(src)] += elems;
+        }
+    send_ = Tensor::empty({std::max<int64_t>(at, 1)}, DType::f32, MemCategory::optimizer_state);
+    recv_ = Tensor::empty({std::max<int64_t>(in, 1)}, DType::f32, MemCategory::optimizer_state);
+  }
   if (swap && !slots_.empty())
     swapped_ = std::make_unique<SwappedMoments>(std::move(sizes), swap->chunk_bytes,
                                                 std::make_unique<FileSwapStore>(swap->file), 1);
@@ -136,7 +221,29 @@ Muon::Muon(std::vector<nn::TrainableParam> params, const MuonConfig& config, con
 Muon::~Muon() = default;
 
 int64_t Muon::scratch_bytes() const {
-  return scratch_.bytes() + (update_.defined() ? update_.numel() * int64_t(sizeof(float)) : 0);
+  int64_t elems = 0;
+  for (const Tensor* t : {&update_, &send_, &recv_})
+    if (t->defined()) elems += t->numel();
+  return scratch_.bytes() + elems * int64_t(sizeof(float));
+}
+
+int64_t Muon::exchanged_elements() const {
+  int64_t n = 0;
+  for (size_t r = 0; r < send_counts_.size(); ++r)
+    if (int(r) != group_->rank()) n += send_counts_[r] + recv_counts_[r];
+  return n;
+}
+
+int Muon::owned_matrices() const {
+  int n = 0;
+  for (const Slot& s : slots_) n += s.split && s.owner == (group_ ? group_->rank() : -1);
+  return n;
+}
+
+int Muon::split_matrices() const {
+  int n = 0;
+  for (const Slot& s : slots_) n += s.split;
+  return n;
 }
 
 void Muon::check_usable() const {
@@ -165,10 +272,40 @@ void Muon::step(float lr, float grad_scale) {
       if (s.param.var.grad().defined()) update(s, p.begin, p.n, p.exp_avg, grad_scale);
     });
     broken_ = false;
-    return;
+  } else {
+    for (Slot& s : slots_)
+      if (s.param.var.grad().defined()) update(s, 0, s.buffer.numel(), s.buffer.data<float>(), grad_scale);
   }
-  for (Slot& s : slots_)
-    if (s.param.var.grad().defined()) update(s, 0, s.buffer.numel(), s.buffer.data<float>(), grad_scale);
+  if (group_) update_split_matrices();
+}
+
+void Muon::update_split_matrices() {
+  // Every rank of the group takes part in both exchanges, whatever it holds: the layouts are fixed.
+  const int ranks = group_->size(), me = group_->rank();
+  group_->all_to_allv(recv_, send_, send_counts_, recv_counts_).wait();
+  for (Slot& s : slots_) {
+    if (!s.split || s.owner != me || !s.param.var.grad().defined()) continue;
+    float* u = update_.data<float>();  // [rows, cols]: the whole matrix, its pieces in rank order
+    for (int src = 0; src < ranks; ++src) {
+      const auto [begin, count] = rows_of(s.rows, ranks, src);
+      const float* piece = recv_.data<float>() + s.recv_at[size_t(src)];
+      std::copy(piece, piece + count * s.cols, u + begin * s.cols);
+    }
+    newton_schulz(u, s.rows, s.cols, config_, scratch_);
+    for (int src = 0; src < ranks; ++src) {
+      const auto [begin, count] = rows_of(s.rows, ranks, src);
+      std::copy(u + begin * s.cols, u + (begin + count) * s.cols, recv_.data<float>() + s.recv_at[size_t(src)]);
+    }
+  }
+  group_->all_to_allv(send_, recv_, recv_counts_, send_counts_).wait();
+  for (Slot& s : slots_) {
+    if (!s.split || !s.param.var.grad().defined()) continue;
+    Tensor& value = s.param.var.mutable_value();
+    float* p = value.data<float>();
+    const float* o = send_.data<float>() + s.send_at;
+    for (int64_t i = 0; i < value.numel(); ++i) p[i] = p[i] * s.decay + (-s.step_lr) * o[i];
+    if (s.param.compute && s.param.compute->defined()) s.param.compute->copy_(value);  // copy_ rounds to bf16
+  }
 }
 
 void Muon::update(Slot& s, int64_t begin, int64_t n, float* buf, float grad_scale) {
@@ -176,6 +313,16 @@ void Muon::update(Slot& s, int64_t begin, int64_t n, float* buf, float grad_scal
   const int64_t size = s.rows * s.cols;
   const float mom = float(config_.momentum);
   const float* g = s.param.var.grad().data<float>();
+  if (s.split) {  // this rank's rows: the mix goes to the owner (update_split_matrices)
+    float* out = send_.data<float>() + s.send_at;
+    for (int64_t i = begin; i < begin + n; ++i) {
+      const float gi = g[i] * grad_scale;
+      float& b = buf[i - begin];
+      b = lerp(b, gi, 1.0f - mom);
+      out[i] = config_.nesterov ? lerp(gi, b, mom) : b;
+    }
+    return;
+  }
   float* u = update_.data<float>();
   for (int64_t at = begin, end = begin + n; at < end;) {
     const int64_t e = at / size, matrix_end = std::min(end, (e + 1) * size);

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "titan/core/enum_names.h"
+#include "titan/distributed/process_group.h"
 #include "titan/nn/module.h"
 #include "titan/optim/optimizer.h"
 
@@ -76,13 +77,31 @@ void newton_schulz(float* x, int64_t rows, int64_t cols, const MuonConfig& confi
 // The same with scratch of its own.
 void newton_schulz(Tensor& x, const MuonConfig& config);
 
+// Under FSDP, the rank of `ranks` that orthogonalises each of these [rows, cols] matrices: the
+// costliest Newton-Schulz first (4 m^2 n + 2 m^3 per iteration, m the small side), each to the
+// least loaded rank (the lowest of a tie). Every rank computes the same from the same shapes.
+std::vector<int> muon_owners(const std::vector<std::pair<int64_t, int64_t>>& matrices, int ranks);
+
 // The learning rate a [rows, cols] matrix takes.
 double muon_adjusted_lr(double lr, int64_t rows, int64_t cols, MuonLrAdjust adjust);
 
+// Under FSDP (owner-compute, Megatron-FSDP's FsdpMuon scheme): a matrix [rows, cols] whose rows the
+// shard group splits (rank s holds rows [s ceil(rows/N), ...), fsdp.h) keeps its momentum buffer
+// sharded; each rank updates its rows' momentum, and the Nesterov mixes go to the matrix's owner,
+// one rank of the group, which assembles the whole matrix, orthogonalises it and sends each rank
+// its rows of the result to apply. Owners are chosen once, greedily by Newton-Schulz cost (the
+// costliest matrix first, to the least loaded rank), so the group shares the work. Each step is
+// two all-to-alls over the group: each rank sends the rows of others' matrices it holds and
+// receives those of its own, then the reverse: per rank about 2 (N-1)/N of its shard of the
+// split matrices, each way, the minimum for whole matrices on one rank each. Stacked experts split
+// on dim 0 are whole per expert and need nothing. The owner's matrix is the one rank's, bit for
+// bit, so the result is too.
 class Muon {
  public:
   // Each param's value is a matrix or stacked experts (f32, contiguous); its buffer takes its shape.
-  Muon(std::vector<nn::TrainableParam> params, const MuonConfig& config, const std::optional<Swap>& swap = std::nullopt);
+  // shard_group: the FSDP group that splits matrices by rows (null: every matrix is whole here).
+  Muon(std::vector<nn::TrainableParam> params, const MuonConfig& config, const std::optional<Swap>& swap = std::nullopt,
+       const distributed::ProcessGroup* shard_group = nullptr);
   ~Muon();
   // One update with learning rate lr; the gradients are multiplied by grad_scale first (clipping).
   // Parameters without a gradient this step are skipped.
@@ -90,8 +109,14 @@ class Muon {
   const MuonConfig& config() const { return config_; }
   // The swapped buffers, or null when they are in memory.
   const SwappedMoments* swapped() const { return swapped_.get(); }
-  // Bytes of the step's working memory (the update matrix and Newton-Schulz's scratch).
+  // Bytes of the step's working memory (the update matrix, Newton-Schulz's scratch, and under
+  // FSDP the exchange buffers).
   int64_t scratch_bytes() const;
+  // Under FSDP: elements this rank sends per step (both all-to-alls, to other ranks only), and
+  // how many matrices it orthogonalises of how many split ones.
+  int64_t exchanged_elements() const;
+  int owned_matrices() const;
+  int split_matrices() const;
   // The buffers as "<param name>.momentum_buffer" (swapped ones read into new tensors).
   std::vector<std::pair<std::string, Tensor>> state_dict() const;
   std::vector<std::pair<std::string, Shape>> state_shapes() const;
@@ -103,14 +128,28 @@ class Muon {
   struct Slot {
     nn::TrainableParam param;
     Tensor buffer;  // undefined when swapped
-    int64_t count = 1, rows = 0, cols = 0;  // its matrices
+    int64_t count = 1, rows = 0, cols = 0;  // its matrices (rows: of the whole matrix)
     float decay = 1, step_lr = 0;           // this step's
+    // A matrix split by rows over the shard group: its owner and where this rank's rows go in
+    // send_ (and come back); the owner's pieces of it sit at recv_at[s] of recv_ for each rank s.
+    bool split = false;
+    int owner = -1;
+    int64_t send_at = 0;
+    std::vector<int64_t> recv_at;
   };
   // Elements [begin, begin + n) of the slot's parameter, whose momentum buffer there is buf:
-  // the momentum and the Nesterov mix into the update matrix, and each matrix completed by them
-  // orthogonalised and applied. Called in element order over the whole parameter.
+  // the momentum and the Nesterov mix into the update matrix (a split matrix: into send_), and
+  // each matrix completed by them orthogonalised and applied. Called in element order over the
+  // whole parameter.
   void update(Slot& s, int64_t begin, int64_t n, float* buf, float grad_scale);
+  // The split matrices: Nesterov mixes to their owners, orthogonalised there, rows back, applied.
+  void update_split_matrices();
+  // Rows [begin, begin + count) of a [rows, cols] matrix split over `ranks` ranks, for rank r.
+  static std::pair<int64_t, int64_t> rows_of(int64_t rows, int ranks, int r);
   std::vector<Slot> slots_;
+  const distributed::ProcessGroup* group_ = nullptr;  // set when some matrix is split
+  Tensor send_, recv_;                                // [sum of send_counts_], [sum of recv_counts_]
+  std::vector<int64_t> send_counts_, recv_counts_;    // per rank of the group, elements
   MuonConfig config_;
   Tensor update_;  // [rows * cols] of the largest matrix: one matrix's update
   NewtonSchulzScratch scratch_;

@@ -283,23 +283,6 @@ kernels::AdamWParams adamw_params(const JobConfig& c) {
   return oc;
 }
 
-// Under Muon, every matrix of its group must be whole on this rank (per expert for routed experts):
-// Newton-Schulz orthogonalises the whole matrix.
-void check_muon_matrices(const std::vector<nn::TrainableParam>& muon, const std::string& source) {
-  for (const nn::TrainableParam& p : muon) {
-    const Shape local = p.var.value().shape();
-    const Shape global = p.slice.global_shape.empty() ? local : p.slice.global_shape;
-    const int n = int(local.size());
-    const bool whole = n == int(global.size()) && n >= 2 && local[n - 1] == global[n - 1] && local[n - 2] == global[n - 2];
-    TITAN_CHECK(whole,
-                source + ": optimizer.name = \"Muon\" orthogonalises whole matrices, but this rank holds " +
-                    local.str() + " of " + p.name + " " + global.str() + " (FSDP or tensor parallelism splits it)",
-                "run Muon on one rank, under DDP (parallelism.data_parallel_replicate_degree), expert or pipeline "
-                "parallelism, with data_parallel_shard_degree = 1, context_parallel_degree = 1 and "
-                "tensor_parallel_degree = 1; or set optimizer.name = \"AdamW\"");
-  }
-}
-
 void print_swapped(const char* what, const optim::SwappedMoments& m) {
   std::printf("%s swapped to %s: %.1f MiB on disk per rank, %lld chunks, %.1f MiB in memory\n", what,
               m.store().describe().c_str(), double(m.stored_bytes()) / (1 << 20), (long long)m.chunk_count(),
@@ -308,8 +291,11 @@ void print_swapped(const char* what, const optim::SwappedMoments& m) {
 
 // [optimizer] name over the optimizer's parameters (params: whole, or this rank's pieces); rank 0
 // (lead) says where the state lives and, under Muon, which parameters go to which optimizer.
+// Under FSDP, Muon's matrices split by rows over the shard group go to an owner each (muon.h);
+// tensor parallelism splits them in other ways, which Muon does not take.
 std::unique_ptr<optim::Optimizer> make_optimizer(const JobConfig& c, models::CausalLM& model,
                                                  const std::vector<nn::TrainableParam>& params,
+                                                 const distributed::DeviceMesh& mesh,
                                                  const std::optional<optim::Swap>& swap, bool lead,
                                                  const std::string& source) {
   switch (c.optimizer.name) {
@@ -319,8 +305,12 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const JobConfig& c, models::Cau
       return opt;
     }
     case OptimizerKind::muon: {
+      const int tp = mesh.degree(distributed::MeshDim::tp);
+      TITAN_CHECK(tp == 1, source + ": optimizer.name = \"Muon\" orthogonalises whole matrices, which "
+                               "parallelism.tensor_parallel_degree = " + std::to_string(tp) + " splits over its ranks",
+                  "set parallelism.tensor_parallel_degree = 1 (Muon runs under FSDP, HSDP, DDP, EP and PP), or "
+                  "optimizer.name = \"AdamW\"");
       optim::MuonParamGroups groups = optim::split_muon_groups(params, model.named_parameters());
-      check_muon_matrices(groups.muon, source);
       if (lead) std::printf("optimizer groups:\n%s\n", optim::describe_muon_groups(groups).c_str());
       optim::MuonConfig mc;
       mc.momentum = c.optimizer.muon_momentum;
@@ -329,7 +319,18 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const JobConfig& c, models::Cau
       mc.ns_steps = int(c.optimizer.muon_ns_steps);
       mc.adjust = c.optimizer.muon_adjust_lr;
       const double scale = c.optimizer.muon_lr.value_or(c.optimizer.lr) / c.optimizer.lr;
-      auto opt = std::make_unique<optim::MuonAdamW>(std::move(groups), mc, scale, adamw_params(c), swap);
+      const distributed::ProcessGroup* shard = mesh.fsdp().size() > 1 ? &mesh.fsdp() : nullptr;
+      std::unique_ptr<optim::MuonAdamW> opt;
+      try {
+        opt = std::make_unique<optim::MuonAdamW>(std::move(groups), mc, scale, adamw_params(c), swap, shard);
+      } catch (const Error& e) {
+        TITAN_FAIL(source + ": " + e.message(), e.hint());
+      }
+      if (lead && shard && opt->muon().split_matrices() > 0)
+        std::printf("Muon under FSDP: %d matrices split over %d ranks, each orthogonalised by an owner (%d here); "
+                    "%.2f MiB exchanged per step by this rank\n",
+                    opt->muon().split_matrices(), shard->size(), opt->muon().owned_matrices(),
+                    double(opt->muon().exchanged_elements()) * 4 / (1 << 20));
       if (lead && opt->adamw().swapped()) print_swapped("AdamW's moments", *opt->adamw().swapped());
       if (lead && opt->muon().swapped()) print_swapped("Muon's momentum buffers", *opt->muon().swapped());
       return opt;
@@ -468,7 +469,7 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
       swap = optim::Swap{(s.run_folder / config.optimizer.swap_path /
                           ("optimizer.rank" + std::to_string(s.world->rank()) + ".swap")).string(),
                          config.optimizer.swap_chunk_mb << 20};
-    s.opt = make_optimizer(config, *s.model, s.dp->params(), swap, s.lead, source);
+    s.opt = make_optimizer(config, *s.model, s.dp->params(), *s.mesh, swap, s.lead, source);
   }
   s.accum = gradient_accumulation_steps(config, s.dp_degree());
   if (pipeline_plan) {
