@@ -1,7 +1,7 @@
 // Muon ([optimizer] name = "Muon") on several ranks reproduces the 1-rank run: FSDP (each matrix
 // split by rows orthogonalised by one owner rank, optim/muon.h), DDP, HSDP, FSDP with the swap
-// optimizer, and DeepSeek-V3.2's routed experts under expert parallelism over FSDP (whole experts
-// on every rank: nothing to exchange). The owners share the matrices, and the exchange sends the
+// optimizer, pipeline parallelism, and DeepSeek-V3.2's routed experts under expert parallelism
+// over FSDP (whole experts on every rank: nothing to exchange); an FSDP checkpoint resumes on one rank. The owners share the matrices, and the exchange sends the
 // analytic minimum of the scheme: over the group, each split matrix's rows but the owner's, there
 // and back. 10 steps of the debug models (DeepSeek: 6), global batch 4; to the last bit but under EP (1e-5).
 #include "distributed/common.h"
@@ -63,6 +63,19 @@ TEST_F(MuonLayouts, DeepSeekV32ExpertsOverFsdp) {
   expect_same_losses(reference("deepseek_v32", "ep", steps), train_on(config("deepseek_v32", "fsdp_ep", d, steps), world()),
                      1e-5,
                      "Muon, deepseek_v32, EP 2 over FSDP 2");
+}
+
+// Pipeline parallelism: each stage's matrices are whole on its rank; the stages step their own
+// Muon after the gradient norm over both (micro-batches of one sequence, summed as a tree as one
+// rank sums them: pipeline_common.h).
+TEST_F(MuonLayouts, PipelineParallel) {
+  if (world().size() != 2) GTEST_SKIP() << "PP 2";
+  const std::vector<std::string> pp = {"--parallelism.pipeline_parallel_degree=2",
+                                       "--parallelism.pipeline_parallel_microbatch_size=1",
+                                       "--parallelism.pipeline_parallel_gradient_sum=tree"};
+  train::JobConfig one = config("llama3", "reference_pp", {});
+  one.training.local_batch_size = 1;
+  expect_same_losses(reference_on_rank0(one), train_on(config("llama3", "pp", {}, pp), world()), 0, "Muon, PP 2 (1F1B)");
 }
 
 // A checkpoint saved under FSDP (each rank's rows of the momentum buffers, with their slices)
