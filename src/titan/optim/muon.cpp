@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "titan/core/error.h"
+#include "titan/core/parallel.h"
 #include "titan/kernels/matmul.h"
 #include "titan/optim/swap_store.h"
 #include "titan/optim/swapped_moments.h"
@@ -66,15 +67,38 @@ void NewtonSchulzScratch::fit(int64_t rows, int64_t cols) {
     wide_ = m * n;
     x_ = Tensor::empty({wide_}, DType::f32, MemCategory::optimizer_state);
     next_ = Tensor::empty({wide_}, DType::f32, MemCategory::optimizer_state);
+    if (x16_.defined()) x16_ = Tensor::empty({wide_}, DType::bf16, MemCategory::optimizer_state);
   }
   if (m * m > small_) {
     small_ = m * m;
     gram_ = Tensor::empty({small_}, DType::f32, MemCategory::optimizer_state);
     poly_ = Tensor::empty({small_}, DType::f32, MemCategory::optimizer_state);
+    if (gram16_.defined()) {
+      gram16_ = Tensor::empty({small_}, DType::bf16, MemCategory::optimizer_state);
+      poly16_ = Tensor::empty({small_}, DType::bf16, MemCategory::optimizer_state);
+    }
   }
 }
 
-int64_t NewtonSchulzScratch::bytes() const { return 2 * (wide_ + small_) * int64_t(sizeof(float)); }
+void NewtonSchulzScratch::fit_bf16() {
+  if (x16_.defined()) return;
+  x16_ = Tensor::empty({std::max<int64_t>(wide_, 1)}, DType::bf16, MemCategory::optimizer_state);
+  gram16_ = Tensor::empty({std::max<int64_t>(small_, 1)}, DType::bf16, MemCategory::optimizer_state);
+  poly16_ = Tensor::empty({std::max<int64_t>(small_, 1)}, DType::bf16, MemCategory::optimizer_state);
+}
+
+int64_t NewtonSchulzScratch::bytes() const {
+  return 2 * (wide_ + small_) * int64_t(sizeof(float)) + (x16_.defined() ? (wide_ + 2 * small_) * 2 : 0);
+}
+
+namespace {
+// dst = bf16(src), n elements, over the threads.
+void round_to_bf16(bf16* dst, const float* src, int64_t n) {
+  parallel_for(0, n, 1 << 14, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) dst[i] = f32_to_bf16(src[i]);
+  });
+}
+}  // namespace
 
 void newton_schulz(float* x, int64_t rows, int64_t cols, const MuonConfig& c, NewtonSchulzScratch& s) {
   const bool transposed = rows > cols;
@@ -102,12 +126,28 @@ void newton_schulz(float* x, int64_t rows, int64_t cols, const MuonConfig& c, Ne
   aa.alpha = float(cc), aa.beta = float(b);
   kernels::MatmulParams bx = kernels::dense_matmul_params(1, m, n, m, false, false);  // a X + (b A + c A A) X
   bx.alpha = 1.0f, bx.beta = float(a);
+  const bool half = c.ns_dtype == DType::bf16;
+  TITAN_CHECK(c.ns_dtype == DType::f32 || (half && s.x16_.defined()),
+              "newton_schulz: ns_dtype must be f32, or bf16 with NewtonSchulzScratch::fit_bf16 called");
+  bf16* x16 = half ? s.x16_.data<bf16>() : nullptr;
+  bf16* gram16 = half ? s.gram16_.data<bf16>() : nullptr;
+  bf16* poly16 = half ? s.poly16_.data<bf16>() : nullptr;
   for (int step = 0; step < c.ns_steps; ++step) {
-    kernels::matmul(gram, DType::f32, cur, cur, DType::f32, nullptr, xxt);
-    std::copy(gram, gram + m * m, poly);
-    kernels::matmul(poly, DType::f32, gram, gram, DType::f32, nullptr, aa);
     std::copy(cur, cur + m * n, next);
-    kernels::matmul(next, DType::f32, poly, cur, DType::f32, nullptr, bx);
+    if (half) {
+      round_to_bf16(x16, cur, m * n);
+      kernels::matmul(gram, DType::f32, x16, x16, DType::bf16, nullptr, xxt);
+      std::copy(gram, gram + m * m, poly);
+      round_to_bf16(gram16, gram, m * m);
+      kernels::matmul(poly, DType::f32, gram16, gram16, DType::bf16, nullptr, aa);
+      round_to_bf16(poly16, poly, m * m);
+      kernels::matmul(next, DType::f32, poly16, x16, DType::bf16, nullptr, bx);
+    } else {
+      kernels::matmul(gram, DType::f32, cur, cur, DType::f32, nullptr, xxt);
+      std::copy(gram, gram + m * m, poly);
+      kernels::matmul(poly, DType::f32, gram, gram, DType::f32, nullptr, aa);
+      kernels::matmul(next, DType::f32, poly, cur, DType::f32, nullptr, bx);
+    }
     std::swap(cur, next);
   }
   if (transposed) {
@@ -123,6 +163,7 @@ void newton_schulz(Tensor& x, const MuonConfig& c) {
               "newton_schulz: x must be a contiguous f32 matrix, got " + x.str());
   NewtonSchulzScratch scratch;
   scratch.fit(x.size(0), x.size(1));
+  if (c.ns_dtype == DType::bf16) scratch.fit_bf16();
   newton_schulz(x.data<float>(), x.size(0), x.size(1), c, scratch);
 }
 
@@ -179,6 +220,9 @@ Muon::Muon(std::vector<nn::TrainableParam> params, const MuonConfig& config, con
     slots_.push_back(std::move(s));
   }
   if (largest > 0) update_ = Tensor::empty({largest}, DType::f32, MemCategory::optimizer_state);
+  TITAN_CHECK(config.ns_dtype == DType::f32 || config.ns_dtype == DType::bf16,
+              "Muon: ns_dtype must be f32 or bf16, not " + std::string(dtype_name(config.ns_dtype)));
+  if (config.ns_dtype == DType::bf16) scratch_.fit_bf16();
 
   std::vector<size_t> split;
   std::vector<std::pair<int64_t, int64_t>> shapes;

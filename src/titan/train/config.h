@@ -70,6 +70,7 @@ struct Optimizer {
   bool muon_nesterov = true;
   int64_t muon_ns_steps = 5;
   optim::MuonLrAdjust muon_adjust_lr = optim::MuonLrAdjust::match_rms_adamw;
+  DType muon_ns_dtype = DType::f32;  // the Newton-Schulz GEMMs' inputs
   bool operator==(const Optimizer&) const = default;
 };
 

@@ -318,6 +318,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const JobConfig& c, models::Cau
       mc.weight_decay = c.optimizer.weight_decay;
       mc.ns_steps = int(c.optimizer.muon_ns_steps);
       mc.adjust = c.optimizer.muon_adjust_lr;
+      mc.ns_dtype = c.optimizer.muon_ns_dtype;
       const double scale = c.optimizer.muon_lr.value_or(c.optimizer.lr) / c.optimizer.lr;
       const distributed::ProcessGroup* shard = mesh.fsdp().size() > 1 ? &mesh.fsdp() : nullptr;
       std::unique_ptr<optim::MuonAdamW> opt;
