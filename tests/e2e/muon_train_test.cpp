@@ -163,3 +163,18 @@ TEST_F(MuonTrain, SwitchingOptimizerNeedsTheFlag) {
   train::Trainer again(config(data, root / "run", {"--optimizer.name=AdamW", "--training.steps=6"}), "adamw again");
   EXPECT_EQ(again.train().last_step, 6);
 }
+
+// Tensor parallelism splits matrices by columns too: refused before anything runs, `titan plan`
+// included (check_supported), naming the keys.
+TEST(MuonLayouts, TensorParallelismIsRefusedWithTheKeys) {
+  train::JobConfig c = config("/nonexistent", "/tmp/unused", {"--parallelism.tensor_parallel_degree=2"});
+  try {
+    train::check_supported(c, "muon.toml");
+    ADD_FAILURE() << "Muon under TP 2 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("parallelism.tensor_parallel_degree = 2"), std::string::npos) << e.message();
+    EXPECT_NE(e.hint().find("optimizer.name = \"AdamW\""), std::string::npos) << e.hint();
+  }
+  c.optimizer.name = train::OptimizerKind::adamw;
+  EXPECT_NO_THROW(train::check_supported(c, "adamw.toml"));
+}

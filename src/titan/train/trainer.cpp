@@ -98,6 +98,11 @@ void check_supported(const JobConfig& c, const std::string& source) {
   }
   const int64_t tp = p.tensor_parallel_degree;
   const int64_t cp = p.context_parallel_degree;
+  TITAN_CHECK(tp <= 1 || c.optimizer.name != OptimizerKind::muon,
+              source + ": optimizer.name = \"Muon\" orthogonalises whole matrices, which "
+                       "parallelism.tensor_parallel_degree = " + std::to_string(tp) + " splits over its ranks",
+              "set parallelism.tensor_parallel_degree = 1 (Muon runs under FSDP, HSDP, DDP, EP and PP), or "
+              "optimizer.name = \"AdamW\"");
   TITAN_CHECK(tp < 1 || (c.training.local_batch_size * c.training.seq_len) % tp == 0,
               source + ": training.local_batch_size x training.seq_len = " +
                   std::to_string(c.training.local_batch_size * c.training.seq_len) +
@@ -292,7 +297,7 @@ void print_swapped(const char* what, const optim::SwappedMoments& m) {
 // [optimizer] name over the optimizer's parameters (params: whole, or this rank's pieces); rank 0
 // (lead) says where the state lives and, under Muon, which parameters go to which optimizer.
 // Under FSDP, Muon's matrices split by rows over the shard group go to an owner each (muon.h);
-// tensor parallelism splits them in other ways, which Muon does not take.
+// tensor parallelism, which splits them in other ways, check_supported refuses.
 std::unique_ptr<optim::Optimizer> make_optimizer(const JobConfig& c, models::CausalLM& model,
                                                  const std::vector<nn::TrainableParam>& params,
                                                  const distributed::DeviceMesh& mesh,
@@ -305,11 +310,6 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const JobConfig& c, models::Cau
       return opt;
     }
     case OptimizerKind::muon: {
-      const int tp = mesh.degree(distributed::MeshDim::tp);
-      TITAN_CHECK(tp == 1, source + ": optimizer.name = \"Muon\" orthogonalises whole matrices, which "
-                               "parallelism.tensor_parallel_degree = " + std::to_string(tp) + " splits over its ranks",
-                  "set parallelism.tensor_parallel_degree = 1 (Muon runs under FSDP, HSDP, DDP, EP and PP), or "
-                  "optimizer.name = \"AdamW\"");
       optim::MuonParamGroups groups = optim::split_muon_groups(params, model.named_parameters());
       if (lead) std::printf("optimizer groups:\n%s\n", optim::describe_muon_groups(groups).c_str());
       optim::MuonConfig mc;
