@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
       if (j["kind"] == "train") s.x.push_back(j["step"].get<double>()), s.y.push_back(j["loss"].get<double>());
       if (j["kind"] == "validation" && j.contains("loss")) validation = j["loss"].get<double>();
     }
-    if (validation >= 0) s.label += fmt::format(" (validation {:.4f})", validation);
+    if (validation >= 0) s.label += fmt::format(" val {:.3f}", validation);  // the legend is narrow
     std::printf("%s: %zu steps, last loss %.4f\n", s.label.c_str(), s.y.size(), s.y.empty() ? 0.0 : s.y.back());
     panel.series.push_back(std::move(s));
   }

@@ -16,7 +16,7 @@ out=${OUT:-$(mktemp -d "${TITAN_BENCH_DIR:-/var/tmp}/titan_bench_muon.XXXXXX")}
 mkdir -p "$out"
 steps=150
 runs=()
-for run in "AdamW 8e-4" "AdamW 2e-3" "Muon 8e-4" "Muon 2e-3" "Muon 4e-3"; do
+for run in "AdamW 8e-4" "AdamW 2e-3" "AdamW 4e-3" "Muon 8e-4" "Muon 2e-3" "Muon 4e-3" "Muon 8e-3"; do
   set -- $run
   dir="$out/${1}_$2"
   rm -rf "$dir"
@@ -25,7 +25,7 @@ for run in "AdamW 8e-4" "AdamW 2e-3" "Muon 8e-4" "Muon 2e-3" "Muon 4e-3"; do
     --validation.enable=true --validation.freq=$steps --validation.steps=10 \
     --optimizer.name="$1" --optimizer.lr="$2" ${extra[@]+"${extra[@]}"} >"$dir.log" 2>&1
   echo "$1 lr $2: $(grep -o 'validation loss [0-9.]*' "$dir.log" | tail -1)"
-  runs+=("$1 lr $2=$dir")
+  runs+=("$1 $2=$dir")
 done
 "$build/bench/compare_runs" "$out/muon_vs_adamw.png" "llama3 debug, KJV, $steps steps of 8 x 256 tokens" "${runs[@]}"
 echo "plot: $out/muon_vs_adamw.png"
