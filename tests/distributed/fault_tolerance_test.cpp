@@ -4,6 +4,8 @@
 
 #include <set>
 
+#include "titan/optim/adamw.h"
+
 using namespace titan;
 using namespace titan::test;
 
@@ -119,7 +121,7 @@ TEST_F(FaultTolerance, EveryRankResumesFromRankZerosChoice) {
   std::vector<std::string> view = saving("disabled");
   view.push_back(std::string("--checkpoint.folder=") + (world().rank() == 0 ? "lagging" : "checkpoint"));
   const train::Trainer resumed(config("chosen", view), "test", &world());
-  EXPECT_EQ(resumed.optimizer().steps_taken(), 10) << "rank " << world().rank() << " resumed from its own listing";
+  EXPECT_EQ(dynamic_cast<const optim::AdamW&>(resumed.optimizer()).steps_taken(), 10) << "rank " << world().rank() << " resumed from its own listing";
 }
 
 // A NaN in one rank's gradient at step 7: every rank sees it before the update. "skip" drops the

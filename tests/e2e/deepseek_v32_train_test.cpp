@@ -13,6 +13,7 @@
 
 #include "titan/data/prepare.h"
 #include "titan/models/causal_lm.h"
+#include "titan/optim/adamw.h"
 #include "titan/train/trainer.h"
 
 using namespace titan;
@@ -87,8 +88,9 @@ TEST(DeepSeekV32TrainE2E, WarmupThenSparseWithBothImplementations) {
     // Bias corrections count each parameter's own updates: the indexers had all 4, the rest
     // only the 2 sparse steps (their first sparse update is their update 1, not 3).
     int full_steps = 0;
+    const auto& adamw = dynamic_cast<const optim::AdamW&>(trainer.optimizer());
     for (auto& [name, p] : trainer.model().named_parameters()) {
-      const int64_t n = trainer.optimizer().param_steps(name);
+      const int64_t n = adamw.param_steps(name);
       if (name.find(".attention.indexer.") != std::string::npos) {
         EXPECT_EQ(n, 4) << run << ": " << name;
       } else {

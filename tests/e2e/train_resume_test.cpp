@@ -12,6 +12,7 @@
 #include "titan/data/prepare.h"
 #include "titan/optim/swapped_moments.h"
 #include "titan/train/checkpointing.h"
+#include "titan/optim/adamw.h"
 #include "titan/train/trainer.h"
 
 using namespace titan;
@@ -123,8 +124,9 @@ TEST(TrainE2E, SwapOptimizerTrainsAndResumesBitIdentically) {
   ASSERT_EQ(la.size(), 20u);
 
   train::Trainer swapped(config(data, root / "swapped", swap), "swapped");
-  ASSERT_NE(swapped.optimizer().swapped(), nullptr);
-  EXPECT_GT(swapped.optimizer().swapped()->chunk_count(), 2);
+  const auto& adamw = dynamic_cast<const optim::AdamW&>(swapped.optimizer());
+  ASSERT_NE(adamw.swapped(), nullptr);
+  EXPECT_GT(adamw.swapped()->chunk_count(), 2);
   const train::TrainResult b = swapped.train();
   EXPECT_EQ(losses(root / "swapped"), la);
   EXPECT_EQ(a.last_val_loss, b.last_val_loss);

@@ -12,6 +12,7 @@
 #include "titan/models/causal_lm.h"
 #include "titan/models/deepseek_v3/args.h"
 #include "titan/models/llama3/args.h"
+#include "titan/optim/muon_adamw.h"
 #include "titan/train/memory_plan.h"
 
 using namespace titan;
@@ -256,4 +257,57 @@ TEST(MemoryPlan, SmallestWorldFitsAndOneLessDoesNot) {
   at.parallelism.data_parallel_shard_degree = world / 4 - 8;
   EXPECT_GT(train::plan_memory(at, world - 32, 0, "671B").peak.total(), device);
   EXPECT_EQ(train::smallest_world(c, 0, 1e9, "671B", 1024), 0) << "1 GB holds no rank's share";
+}
+
+// Optimizer state under [optimizer] name = "Muon": one f32 buffer per Muon matrix, AdamW's two
+// moments for the rest, plus the step's scratch; the plan's figure is what building the optimizer
+// on the real model allocates, to the byte, and about half of AdamW's.
+TEST(MemoryPlan, MuonStateIsOneBufferPerMatrixAsMeasured) {
+  const std::string toml = "[model]\nname = \"llama3\"\nflavor = \"debugmodel\"\n[training]\nlocal_batch_size = 2\n"
+                           "seq_len = 64\nmixed_precision_param = \"float32\"\n";
+  const train::MemoryPlan adamw = train::plan_memory(config(toml), 1, 2048, "plan.toml");
+  const train::MemoryPlan muon = train::plan_memory(config(toml, {"--optimizer.name=Muon"}), 1, 2048, "plan.toml");
+  EXPECT_EQ(adamw.peak.optimizer, 8 * adamw.total_params);
+  double muon_params = 0;
+  for (const train::PlannedParam& p : muon.model.params) muon_params += p.muon ? double(p.shape.numel()) : 0;
+  EXPECT_GT(muon_params, 0.5 * muon.total_params) << "the debug model's matrices (its vocabulary matrices are large)";
+  EXPECT_EQ(adamw.peak.parameters, muon.peak.parameters);
+  double buffers = 0, scratch = 0;
+  for (const auto& [what, bytes] : muon.terms) {
+    if (what == "optimizer: Muon momentum buffers (f32)") buffers = bytes;
+    if (what.starts_with("optimizer: Muon update matrix")) scratch = bytes;
+  }
+  EXPECT_EQ(buffers, 4 * muon_params);
+  EXPECT_GT(scratch, 0);
+  EXPECT_EQ(muon.peak.optimizer, adamw.peak.optimizer - 4 * muon_params + scratch);
+
+  const auto model = models::build_model("llama3", "debugmodel", 2048, 64, models::ModelOptions{});
+  const int64_t before = memory_stats().live[size_t(MemCategory::optimizer_state)];
+  const optim::MuonAdamW opt(optim::split_muon_groups(nn::trainable_params(model->named_parameters()),
+                                                      model->named_parameters()),
+                             optim::MuonConfig{}, 1.0, kernels::AdamWParams{});
+  EXPECT_EQ(muon.peak.optimizer, double(memory_stats().live[size_t(MemCategory::optimizer_state)] - before));
+
+  // Swapped: the state on disk is the same bytes, and only chunk buffers stay in memory.
+  const train::MemoryPlan swapped =
+      train::plan_memory(config(toml, {"--optimizer.name=Muon", "--optimizer.swap=file", "--optimizer.swap_chunk_mb=1"}),
+                         1, 2048, "plan.toml");
+  EXPECT_EQ(swapped.swapped_bytes + scratch, muon.peak.optimizer);
+  EXPECT_LT(swapped.peak.optimizer, muon.peak.optimizer);
+
+  // FSDP 4: the momentum divides by 4; the exchange buffers are this rank's rows of every matrix
+  // plus the matrices it owns, whole; the all-to-alls send 2 x 3/4 of the matrices over the group.
+  const train::MemoryPlan fsdp = train::plan_memory(
+      config(toml, {"--optimizer.name=Muon", "--parallelism.data_parallel_shard_degree=4"}), 4, 2048, "plan.toml");
+  double fsdp_buffers = 0, exchange = 0, all_to_all = 0;
+  for (const auto& [what, bytes] : fsdp.terms) {
+    if (what == "optimizer: Muon momentum buffers (f32)") fsdp_buffers = bytes;
+    if (what.starts_with("optimizer: Muon under FSDP")) exchange = bytes;
+  }
+  for (const train::PlanCollective& t : fsdp.traffic)
+    if (t.op == "all_to_all") all_to_all = t.bytes;
+  EXPECT_EQ(fsdp_buffers, buffers / 4) << "llama3 debug's matrices have rows divisible by 4";
+  EXPECT_GE(exchange, buffers / 4 + buffers / 4) << "at least its rows and a quarter of the matrices";
+  EXPECT_LT(exchange, buffers / 4 + buffers / 2);
+  EXPECT_EQ(all_to_all, 2 * 0.75 * muon_params * 4 / 4);
 }

@@ -142,3 +142,26 @@ TEST(Muon, RefusesNonMatrices) {
     EXPECT_NE(e.hint().find("AdamW"), std::string::npos) << e.hint();
   }
 }
+
+// ns_dtype bf16 rounds the iteration's GEMM inputs: the result stays within bf16's rounding of
+// the f32 one (measured ~1e-2 relative) and keeps Newton-Schulz's purpose, singular values near 1.
+TEST(Muon, NewtonSchulzInBf16StaysCloseToF32) {
+  Generator g(21, "muon bf16");
+  Tensor x = Tensor::empty({48, 96}, DType::f32);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = float(g.next_uniform() - 0.5);
+  Tensor f32 = x.clone(), half = x.clone();
+  optim::newton_schulz(f32, optim::MuonConfig{});
+  optim::MuonConfig c;
+  c.ns_dtype = DType::bf16;
+  optim::newton_schulz(half, c);
+  const double err = rel_error(half, f32);
+  std::printf("newton_schulz bf16 against f32: relative error %.2e\n", err);
+  EXPECT_GT(err, 0) << "bf16 GEMM inputs round: the results differ";
+  EXPECT_LT(err, 5e-2);
+  Tensor gram = Tensor::empty({48, 48}, DType::f32);
+  kernels::matmul(gram, half, half, false, true);
+  for (int64_t r = 0; r < 48; ++r) {
+    EXPECT_GT(gram.data<float>()[r * 48 + r], 0.25) << r;
+    EXPECT_LT(gram.data<float>()[r * 48 + r], 2.25) << r;
+  }
+}

@@ -2,7 +2,8 @@
 // through the file; AdamW with swapped moments updates parameters bit for bit as in memory
 // (tensors of awkward sizes split over chunks, a frozen parameter, bf16 compute copies); its
 // state saves and loads across the two modes; only two chunks are resident; a store that fails
-// mid-step surfaces its error from the step.
+// mid-step surfaces its error from the step. Muon's momentum buffers swap the same way: its
+// matrices (experts too) cut across chunks update bit for bit as in memory.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include "titan/core/allocator.h"
 #include "titan/core/rng.h"
 #include "titan/optim/adamw.h"
+#include "titan/optim/muon.h"
 #include "titan/optim/swapped_moments.h"
 
 using namespace titan;
@@ -179,6 +181,92 @@ TEST(SwapAdamW, BF16ComputeCopiesAreRefreshed) {
     ASSERT_TRUE(px[i].compute && px[i].compute->defined());
     ASSERT_EQ(std::memcmp(px[i].compute->data_ptr(), py[i].compute->data_ptr(), px[i].compute->nbytes()), 0);
   }
+}
+
+namespace {
+
+// Muon's matrices, cut by 1024-element chunks (chunk_bytes 4 KiB, one array) mid-row and mid-expert.
+struct Matrices : nn::Module {
+  nn::Parameter& a = register_parameter("a", {3, 7}, nn::Init::normal(0, 0.02));
+  nn::Parameter& d = register_parameter("d", {33, 101}, nn::Init::normal(0, 0.02));
+  nn::Parameter& experts = register_parameter("experts", {3, 20, 30}, nn::Init::normal(0, 0.02));
+  nn::Parameter& frozen = register_parameter("frozen", {40, 9}, nn::Init::normal(0, 0.02), /*weight_decay=*/false);
+  nn::Parameter& tall = register_parameter("tall", {70, 5}, nn::Init::normal(0, 0.02));
+};
+
+void fill_matrix_grads(Matrices& m, uint64_t seed, bool with_frozen) {
+  Generator rng(seed);
+  for (auto& [name, p] : m.named_parameters()) {
+    if (name == "frozen" && !with_frozen) {
+      p->var.clear_grad();
+      continue;
+    }
+    Tensor& g = p->var.ensure_grad();
+    for (int64_t i = 0; i < g.numel(); ++i) g.data<float>()[i] = rng.next_uniform() - 0.5f;
+  }
+}
+
+void expect_bitwise_equal(Matrices& x, Matrices& y) {
+  const auto px = nn::trainable_params(x.named_parameters()), py = nn::trainable_params(y.named_parameters());
+  for (size_t i = 0; i < px.size(); ++i) {
+    const Tensor& u = px[i].var.value();
+    const Tensor& v = py[i].var.value();
+    ASSERT_EQ(std::memcmp(u.data_ptr(), v.data_ptr(), u.nbytes()), 0) << px[i].name;
+    if (px[i].compute && px[i].compute->defined())
+      ASSERT_EQ(std::memcmp(px[i].compute->data_ptr(), py[i].compute->data_ptr(), px[i].compute->nbytes()), 0)
+          << px[i].name << "'s bf16 compute copy";
+  }
+}
+
+}  // namespace
+
+TEST(SwapMuon, UpdatesBitForBitAsInMemory) {
+  Matrices x, y;
+  x.init_parameters(11);
+  y.init_parameters(11);
+  for (Matrices* m : {&x, &y}) {
+    m->d.gemm_weight = m->experts.gemm_weight = true;  // mixed precision: bf16 copies refreshed by the step
+    m->set_compute_dtype(DType::bf16);
+  }
+  optim::MuonConfig cfg;
+  optim::Muon memory(nn::trainable_params(x.named_parameters()), cfg);
+  optim::Muon swapped(nn::trainable_params(y.named_parameters()), cfg, optim::Swap{temp("muon").string(), 4096});
+  ASSERT_NE(swapped.swapped(), nullptr);
+  ASSERT_GE(swapped.swapped()->chunk_count(), 6);
+  EXPECT_EQ(swapped.swapped()->stored_bytes(), swapped.swapped()->chunk_count() * 4096)
+      << "one f32 array per element: a chunk of 1024 elements is one page";
+  for (int step = 0; step < 5; ++step) {
+    const bool with_frozen = step >= 2;
+    fill_matrix_grads(x, 200 + uint64_t(step), with_frozen);
+    fill_matrix_grads(y, 200 + uint64_t(step), with_frozen);
+    memory.step(0.02f, step % 2 ? 0.5f : 1.0f);
+    swapped.step(0.02f, step % 2 ? 0.5f : 1.0f);
+    expect_bitwise_equal(x, y);
+  }
+  // The states are equal, and the swapped one loads into another swapped Muon that then steps as
+  // the in-memory one does.
+  const auto sm = memory.state_dict(), ss = swapped.state_dict();
+  ASSERT_EQ(sm.size(), ss.size());
+  std::map<std::string, Tensor> state;
+  for (size_t i = 0; i < sm.size(); ++i) {
+    ASSERT_EQ(sm[i].first, ss[i].first);
+    ASSERT_EQ(std::memcmp(sm[i].second.data_ptr(), ss[i].second.data_ptr(), sm[i].second.nbytes()), 0) << sm[i].first;
+    state[ss[i].first] = ss[i].second.clone();
+  }
+  Matrices w;
+  std::map<std::string, Tensor> weights;
+  for (auto& [k, v] : x.state_dict()) weights[k] = v;
+  w.load_state_dict(weights);
+  optim::Muon into_swap(nn::trainable_params(w.named_parameters()), cfg, optim::Swap{temp("muon_loaded").string(), 4096});
+  into_swap.load_state_dict(state, "swapped state");
+  fill_matrix_grads(x, 9, true);
+  fill_matrix_grads(w, 9, true);
+  memory.step(0.02f);
+  into_swap.step(0.02f);
+  const auto px = nn::trainable_params(x.named_parameters()), pw = nn::trainable_params(w.named_parameters());
+  for (size_t i = 0; i < px.size(); ++i)
+    ASSERT_EQ(std::memcmp(px[i].var.value().data_ptr(), pw[i].var.value().data_ptr(), px[i].var.value().nbytes()), 0)
+        << px[i].name;
 }
 
 namespace {

@@ -11,7 +11,9 @@ Variable Linear::forward(const Variable& x) const {
   return autograd::linear(x, weight.var, weight.compute);
 }
 
-Embedding::Embedding(int64_t vocab, int64_t dim, Init init) : weight(register_parameter("weight", {vocab, dim}, init)) {}
+Embedding::Embedding(int64_t vocab, int64_t dim, Init init) : weight(register_parameter("weight", {vocab, dim}, init)) {
+  weight.vocabulary = true;
+}
 
 Variable Embedding::forward(const Tensor& ids, DType dtype) const {
   UnitScope unit(*this);  // the token embedding is a unit of a parallel plan (FSDP)

@@ -38,6 +38,9 @@ struct Parameter {
   bool gemm_weight = false;   // read by a GEMM: gets a compute copy under mixed precision
   // One of an MoE layer's routed experts' weights ([E, ...]): what expert parallelism divides.
   bool routed_expert = false;
+  // Indexed by the vocabulary (the token embedding, the output head): AdamW's under Muon
+  // (optim/param_groups.h), 2-D though it is. Set by nn::Embedding and by each model on its head.
+  bool vocabulary = false;
   // Tensor parallelism as the model's plan declares it, at any degree (one rank included): the
   // dimension it divides (-1: whole on every TP rank) and, for a whole one, whether each rank's
   // gradient is a partial sum. The memory planner reads it from a model built without storage.

@@ -18,32 +18,28 @@
 
 #include "titan/kernels/adamw_params.h"
 #include "titan/nn/module.h"
+#include "titan/optim/optimizer.h"
 
 namespace titan::optim {
 
 class SwappedMoments;
 
-// [optimizer] swap = "file": the moments of this rank's parameters (or shards) in `file`.
-struct Swap {
-  std::string file;
-  int64_t chunk_bytes = int64_t(64) << 20;  // both moments of one chunk; two chunks are resident
-};
-
-class AdamW {
+class AdamW final : public Optimizer {
  public:
   // config: the base values lr, betas, eps and weight_decay (the per-step fields are ignored).
   // The moments take the shape of each TrainableParam's value: the whole parameter, or under
   // FSDP this rank's shard (the optimizer then steps the local shard only).
   AdamW(std::vector<nn::TrainableParam> params, const kernels::AdamWParams& config,
         const std::optional<Swap>& swap = std::nullopt);
-  ~AdamW();
+  ~AdamW() override;
   AdamW(const std::vector<std::pair<std::string, nn::Parameter*>>& params, const kernels::AdamWParams& config)
       : AdamW(nn::trainable_params(params), config) {}
 
   // One update with learning rate `lr` (the schedule's value for this step); the gradients are
   // multiplied by grad_scale first (clipping). Parameters without a gradient (frozen, or unused
   // this step) are skipped, and their update count stays as it was.
-  void step(float lr, float grad_scale = 1.0f);
+  void step(float lr, float grad_scale = 1.0f) override;
+  std::string name() const override { return "AdamW"; }
   // Calls of step(), whether or not they updated anything.
   int64_t steps_taken() const { return step_; }
   // Updates parameter `name` has received (the t of its bias corrections).
@@ -56,10 +52,10 @@ class AdamW {
   // plus "step" (i64 scalars). A state without the per-parameter counts (saved before they
   // existed) loads with "step" as every parameter's count. Swapped moments are read into new
   // tensors (category temporaries).
-  std::vector<std::pair<std::string, Tensor>> state_dict() const;
-  // The names and shapes state_dict() returns, without reading anything.
-  std::vector<std::pair<std::string, Shape>> state_shapes() const;
-  void load_state_dict(const std::map<std::string, Tensor>& state, const std::string& source);
+  std::vector<std::pair<std::string, Tensor>> state_dict() const override;
+  std::vector<std::pair<std::string, Shape>> state_shapes() const override;
+  void load_state_dict(const std::map<std::string, Tensor>& state, const std::string& source) override;
+  bool state_dict_copies() const override { return swapped_ != nullptr; }
 
  private:
   struct Slot {

@@ -10,22 +10,39 @@
 //
 // adjust: "original" lr sqrt(max(1, rows / cols)); "match_rms_adamw" (Moonlight) lr 0.2 sqrt(max(rows, cols)).
 // Parameters are matrices [rows, cols], or stacked experts [E, rows, cols], each expert its own
-// matrix. One f32 buffer per parameter (category optimizer_state): half of AdamW's state.
-// ../shared/reference/v4.md section 1 has the sources. This is the single-rank optimizer; the
-// trainer's parameter groups and the distributed schemes build on it.
+// matrix. One f32 buffer per parameter (category optimizer_state): half of AdamW's state; with a
+// Swap the buffers live in a file instead (swapped_moments.h) and stream through two chunk
+// buffers, the arithmetic the same on the same values, so the parameters come out bit for bit
+// as in memory. The step allocates nothing: the update matrix and the Newton-Schulz working
+// memory are sized once for the largest matrix.
+// ../shared/reference/v4.md section 1 has the sources. This optimizer takes matrices only;
+// muon_adamw.h pairs it with AdamW for the rest of a model (the trainer's [optimizer] name = "Muon").
 #pragma once
 
 #include <array>
 #include <map>
+#include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "titan/core/enum_names.h"
+#include "titan/distributed/process_group.h"
 #include "titan/nn/module.h"
+#include "titan/optim/optimizer.h"
 
 namespace titan::optim {
 
+class SwappedMoments;
+
 enum class MuonLrAdjust { original, match_rms_adamw };
+inline constexpr std::array<EnumName<MuonLrAdjust>, 2> kMuonLrAdjustNames = {{
+    {MuonLrAdjust::original, "original"},
+    {MuonLrAdjust::match_rms_adamw, "match_rms_adamw"},
+}};
+constexpr std::span<const EnumName<MuonLrAdjust>> enum_names(MuonLrAdjust) { return kMuonLrAdjustNames; }
 
 struct MuonConfig {
   double momentum = 0.95;
@@ -35,37 +52,117 @@ struct MuonConfig {
   int ns_steps = 5;
   double eps = 1e-7;  // the norm's floor before the iteration
   MuonLrAdjust adjust = MuonLrAdjust::original;
+  // The iteration's GEMM inputs: f32, or bf16 (as torch.optim.Muon; 2x the GEMM rate on a CPU
+  // with AVX512-BF16), the iterate and the products staying f32.
+  DType ns_dtype = DType::f32;
+};
+
+// The working memory of newton_schulz for matrices up to a size, allocated once.
+class NewtonSchulzScratch {
+ public:
+  NewtonSchulzScratch() = default;
+  // Room for a [rows, cols] matrix (either orientation) besides what it has room for already.
+  void fit(int64_t rows, int64_t cols);
+  // Room for the bf16 copies of ns_dtype bf16 too (from now on, for every shape fitted).
+  void fit_bf16();
+  int64_t bytes() const;
+
+ private:
+  friend void newton_schulz(float* x, int64_t rows, int64_t cols, const MuonConfig& c, NewtonSchulzScratch& s);
+  Tensor x_, next_;        // [m, n] f32: the iterate, and the next one
+  Tensor gram_, poly_;     // [m, m] f32: A = X X^T, then b A + c A A
+  Tensor x16_, gram16_, poly16_;  // bf16 copies of X, A and b A + c A A (ns_dtype bf16)
+  int64_t wide_ = 0, small_ = 0;  // the largest m x n and m x m it holds
 };
 
 // In place, x [rows, cols] f32 contiguous: X = x (its transpose when rows > cols, so that the Gram
 // matrix X X^T is the small one), X /= max(||X||_F, eps), then ns_steps times
 // X <- a X + (b A + c A A) X with A = X X^T, transposed back. In f32 (torch.optim.Muon casts to
-// bf16 first; f32 here is what the golden test can hold to 1e-6).
+// bf16 first; f32 here is what the golden test can hold to 1e-6; ns_dtype bf16 rounds the GEMMs'
+// inputs to bf16). The scratch must fit the shape.
+void newton_schulz(float* x, int64_t rows, int64_t cols, const MuonConfig& config, NewtonSchulzScratch& scratch);
+// The same with scratch of its own.
 void newton_schulz(Tensor& x, const MuonConfig& config);
+
+// Under FSDP, the rank of `ranks` that orthogonalises each of these [rows, cols] matrices: the
+// costliest Newton-Schulz first (4 m^2 n + 2 m^3 per iteration, m the small side), each to the
+// least loaded rank (the lowest of a tie). Every rank computes the same from the same shapes.
+std::vector<int> muon_owners(const std::vector<std::pair<int64_t, int64_t>>& matrices, int ranks);
 
 // The learning rate a [rows, cols] matrix takes.
 double muon_adjusted_lr(double lr, int64_t rows, int64_t cols, MuonLrAdjust adjust);
 
+// Under FSDP (owner-compute, Megatron-FSDP's FsdpMuon scheme): a matrix [rows, cols] whose rows the
+// shard group splits (rank s holds rows [s ceil(rows/N), ...), fsdp.h) keeps its momentum buffer
+// sharded; each rank updates its rows' momentum, and the Nesterov mixes go to the matrix's owner,
+// one rank of the group, which assembles the whole matrix, orthogonalises it and sends each rank
+// its rows of the result to apply. Owners are chosen once, greedily by Newton-Schulz cost (the
+// costliest matrix first, to the least loaded rank), so the group shares the work. Each step is
+// two all-to-alls over the group: each rank sends the rows of others' matrices it holds and
+// receives those of its own, then the reverse: per rank about 2 (N-1)/N of its shard of the
+// split matrices, each way, the minimum for whole matrices on one rank each. Stacked experts split
+// on dim 0 are whole per expert and need nothing. The owner's matrix is the one rank's, bit for
+// bit, so the result is too.
 class Muon {
  public:
   // Each param's value is a matrix or stacked experts (f32, contiguous); its buffer takes its shape.
-  Muon(std::vector<nn::TrainableParam> params, const MuonConfig& config);
+  // shard_group: the FSDP group that splits matrices by rows (null: every matrix is whole here).
+  Muon(std::vector<nn::TrainableParam> params, const MuonConfig& config, const std::optional<Swap>& swap = std::nullopt,
+       const distributed::ProcessGroup* shard_group = nullptr);
+  ~Muon();
   // One update with learning rate lr; the gradients are multiplied by grad_scale first (clipping).
   // Parameters without a gradient this step are skipped.
   void step(float lr, float grad_scale = 1.0f);
   const MuonConfig& config() const { return config_; }
-  // The buffers as "<param name>.momentum_buffer".
+  // The swapped buffers, or null when they are in memory.
+  const SwappedMoments* swapped() const { return swapped_.get(); }
+  // Bytes of the step's working memory (the update matrix, Newton-Schulz's scratch, and under
+  // FSDP the exchange buffers).
+  int64_t scratch_bytes() const;
+  // Under FSDP: elements this rank sends per step (both all-to-alls, to other ranks only), and
+  // how many matrices it orthogonalises of how many split ones.
+  int64_t exchanged_elements() const;
+  int owned_matrices() const;
+  int split_matrices() const;
+  // The buffers as "<param name>.momentum_buffer" (swapped ones read into new tensors).
   std::vector<std::pair<std::string, Tensor>> state_dict() const;
+  std::vector<std::pair<std::string, Shape>> state_shapes() const;
+  // Throws, changing nothing, unless `state` holds every buffer in its shape.
+  void check_state_dict(const std::map<std::string, Tensor>& state, const std::string& source) const;
   void load_state_dict(const std::map<std::string, Tensor>& state, const std::string& source);
 
  private:
   struct Slot {
     nn::TrainableParam param;
-    Tensor buffer;
+    Tensor buffer;  // undefined when swapped
+    int64_t count = 1, rows = 0, cols = 0;  // its matrices (rows: of the whole matrix)
+    float decay = 1, step_lr = 0;           // this step's
+    // A matrix split by rows over the shard group: its owner and where this rank's rows go in
+    // send_ (and come back); the owner's pieces of it sit at recv_at[s] of recv_ for each rank s.
+    bool split = false;
+    int owner = -1;
+    int64_t send_at = 0;
+    std::vector<int64_t> recv_at;
   };
-  void update(Slot& s, float lr, float grad_scale);
+  // Elements [begin, begin + n) of the slot's parameter, whose momentum buffer there is buf:
+  // the momentum and the Nesterov mix into the update matrix (a split matrix: into send_), and
+  // each matrix completed by them orthogonalised and applied. Called in element order over the
+  // whole parameter.
+  void update(Slot& s, int64_t begin, int64_t n, float* buf, float grad_scale);
+  // The split matrices: Nesterov mixes to their owners, orthogonalised there, rows back, applied.
+  void update_split_matrices();
+  // Rows [begin, begin + count) of a [rows, cols] matrix split over `ranks` ranks, for rank r.
+  static std::pair<int64_t, int64_t> rows_of(int64_t rows, int ranks, int r);
   std::vector<Slot> slots_;
+  const distributed::ProcessGroup* group_ = nullptr;  // set when some matrix is split
+  Tensor send_, recv_;                                // [sum of send_counts_], [sum of recv_counts_]
+  std::vector<int64_t> send_counts_, recv_counts_;    // per rank of the group, elements
   MuonConfig config_;
+  Tensor update_;  // [rows * cols] of the largest matrix: one matrix's update
+  NewtonSchulzScratch scratch_;
+  std::unique_ptr<SwappedMoments> swapped_;
+  bool broken_ = false;  // a swapped step failed midway; a load_state_dict repairs it
+  void check_usable() const;
 };
 
 }  // namespace titan::optim

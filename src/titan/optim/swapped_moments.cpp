@@ -13,16 +13,19 @@ constexpr int64_t kTensorAlign = 16;  // elements: 64 bytes, a cache line and an
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 }  // namespace
 
-SwappedMoments::SwappedMoments(std::vector<int64_t> sizes, int64_t chunk_bytes, std::unique_ptr<SwapStore> store)
-    : store_(std::move(store)) {
+SwappedMoments::SwappedMoments(std::vector<int64_t> sizes, int64_t chunk_bytes, std::unique_ptr<SwapStore> store,
+                               int arrays)
+    : store_(std::move(store)), arrays_(arrays) {
+  TITAN_CHECK(arrays == 1 || arrays == 2, "SwappedMoments: 1 or 2 arrays per element, not " + std::to_string(arrays));
   const int64_t page_elems = int64_t(store_->alignment() / sizeof(float));
-  const int64_t chunk_elems = std::max<int64_t>(1, chunk_bytes / int64_t(2 * sizeof(float)) / page_elems) * page_elems;
+  const int64_t chunk_elems =
+      std::max<int64_t>(1, chunk_bytes / int64_t(arrays * sizeof(float)) / page_elems) * page_elems;
   // Lay the tensors out one after another, cutting the sequence into chunks and each chunk into pieces.
   int64_t fill = 0;  // elements of the current chunk used so far
   auto close_chunk = [&] {
     if (fill == 0) return;
     const int first = chunks_.empty() ? 0 : chunks_.back().end_piece;
-    const int64_t offset = chunks_.empty() ? 0 : chunks_.back().offset + 2 * chunks_.back().padded * int64_t(sizeof(float));
+    const int64_t offset = chunks_.empty() ? 0 : chunks_.back().offset + arrays_ * chunks_.back().padded * int64_t(sizeof(float));
     chunks_.push_back({offset, fill, round_up(fill, page_elems), first, int(pieces_.size())});
     fill = 0;
   };
@@ -39,8 +42,8 @@ SwappedMoments::SwappedMoments(std::vector<int64_t> sizes, int64_t chunk_bytes, 
   }
   close_chunk();
   store_->reserve(stored_bytes());
-  buffer_bytes_ = chunks_.empty() ? 0 : 2 * chunk_elems * int64_t(sizeof(float));
-  if (chunks_.size() == 1) buffer_bytes_ = 2 * chunks_[0].padded * int64_t(sizeof(float));
+  buffer_bytes_ = chunks_.empty() ? 0 : arrays_ * chunk_elems * int64_t(sizeof(float));
+  if (chunks_.size() == 1) buffer_bytes_ = arrays_ * chunks_[0].padded * int64_t(sizeof(float));
   const int n_buffers = chunks_.size() > 1 ? 2 : chunks_.size() == 1 ? 1 : 0;
   try {
     for (int b = 0; b < n_buffers; ++b) {
@@ -82,11 +85,11 @@ SwappedMoments::~SwappedMoments() {
 }
 
 int64_t SwappedMoments::stored_bytes() const {
-  return chunks_.empty() ? 0 : chunks_.back().offset + 2 * chunks_.back().padded * int64_t(sizeof(float));
+  return chunks_.empty() ? 0 : chunks_.back().offset + arrays_ * chunks_.back().padded * int64_t(sizeof(float));
 }
 
 std::span<std::byte> SwappedMoments::bytes_of(const Chunk& c, std::byte* buffer) const {
-  return {buffer, size_t(2 * c.padded) * sizeof(float)};
+  return {buffer, size_t(arrays_ * c.padded) * sizeof(float)};
 }
 
 void SwappedMoments::run_io(const Job& job) {
@@ -143,7 +146,7 @@ void SwappedMoments::for_each(Access access, const std::function<void(const Piec
   auto visit_chunk = [&](int64_t i, std::byte* buffer) {
     const Chunk& c = chunks_[size_t(i)];
     float* m = reinterpret_cast<float*>(buffer);
-    float* v = m + c.padded;
+    float* v = arrays_ == 2 ? m + c.padded : nullptr;
     for (int p = c.first_piece; p < c.end_piece; ++p) {
       const PieceAt& a = pieces_[size_t(p)];
       visit({a.tensor, a.begin, a.n, m + a.at, v + a.at});

@@ -1,11 +1,12 @@
-// AdamW's two moments of a list of tensors, kept in a SwapStore and streamed through working
-// memory chunk by chunk: while chunk i is visited (updated), an I/O thread writes chunk i-1 back
+// An optimizer's per-element state of a list of tensors (AdamW's two moments, Muon's one momentum
+// buffer), kept in a SwapStore and streamed through working memory chunk by chunk: while chunk i is visited (updated), an I/O thread writes chunk i-1 back
 // and then reads chunk i+1 into the buffer chunk i-1 left, so two chunk buffers are all that is
 // resident and the transfers overlap the update.
 //
 // Layout: the tensors' elements one after another, each tensor starting on a 16-element boundary
 // (so every piece a chunk hands out is as aligned as a whole tensor), cut into chunks of
-// chunk_elems elements; in the store chunk c holds its exp_avg values, then its exp_avg_sq ones.
+// chunk_elems elements; in the store chunk c holds its exp_avg values, then (two arrays) its
+// exp_avg_sq ones.
 #pragma once
 
 #include <condition_variable>
@@ -23,9 +24,10 @@ namespace titan::optim {
 
 class SwappedMoments {
  public:
-  // sizes: the tensors' element counts; chunk_bytes: both moments of one chunk (rounded down to
-  // whole 4 KiB pages of each, at least one).
-  SwappedMoments(std::vector<int64_t> sizes, int64_t chunk_bytes, std::unique_ptr<SwapStore> store);
+  // sizes: the tensors' element counts; chunk_bytes: every array of one chunk (rounded down to
+  // whole 4 KiB pages of each, at least one); arrays: f32 values per element, 2 (AdamW's
+  // exp_avg and exp_avg_sq) or 1 (Muon's momentum buffer, in exp_avg).
+  SwappedMoments(std::vector<int64_t> sizes, int64_t chunk_bytes, std::unique_ptr<SwapStore> store, int arrays = 2);
   ~SwappedMoments();
   SwappedMoments(const SwappedMoments&) = delete;
   SwappedMoments& operator=(const SwappedMoments&) = delete;
@@ -35,7 +37,7 @@ class SwappedMoments {
     int tensor;
     int64_t begin, n;
     float* exp_avg;
-    float* exp_avg_sq;
+    float* exp_avg_sq;  // null with one array
   };
   enum class Access {
     read,       // visit the stored values; nothing is written back
@@ -74,6 +76,7 @@ class SwappedMoments {
   void free_buffers();
 
   std::unique_ptr<SwapStore> store_;
+  int arrays_;
   std::vector<Chunk> chunks_;
   std::vector<PieceAt> pieces_;
   int64_t buffer_bytes_ = 0;

@@ -16,13 +16,6 @@ namespace {
 bool is_mtp(const std::string& n) { return n.starts_with("mtp."); }
 std::string mtp_module(const std::string& n) { return n.substr(0, n.find('.', 4)); }  // "mtp.K"
 
-// The optimizer state key's parameter: "<param>.exp_avg" -> "<param>"; "" for the step counters.
-std::string moment_param(const std::string& key) {
-  for (const char* suffix : {".exp_avg_sq", ".exp_avg"})
-    if (key.ends_with(suffix)) return key.substr(0, key.size() - std::string(suffix).size());
-  return {};
-}
-
 std::map<std::string, const GlobalSlice*> slices_of(const std::vector<nn::TrainableParam>& params) {
   std::map<std::string, const GlobalSlice*> out;
   for (const nn::TrainableParam& p : params) out[p.name] = p.slice.global_shape.empty() ? nullptr : &p.slice;
@@ -61,10 +54,10 @@ checkpoint::SaveRequest run_checkpoint_request(int64_t step, const RunParts& par
     for (const auto& [name, b] : parts.model.named_buffers()) req.tensors.push_back({"model." + name, b, {}});
   if (!model_only) {
     const auto slices = slices_of(params);
-    // Swapped moments come back from their file as fresh tensors: the save owns them.
-    const bool owned = parts.optimizer.swapped() != nullptr;
+    // Swapped state comes back from its file as fresh tensors: the save owns them.
+    const bool owned = parts.optimizer.state_dict_copies();
     for (const auto& [key, t] : parts.optimizer.state_dict()) {
-      const std::string param = moment_param(key);
+      const std::string param = optim::state_key_param(key);
       if (param.empty()) {
         if (lead) req.tensors.push_back({"optim." + key, t, {}, owned});
       } else if (parts.data_parallel.writes_params() && !duplicates.count(param)) {
@@ -145,12 +138,27 @@ json load_run_checkpoint(const fs::path& folder, const RunParts& parts, const Jo
     if (saved.count(name) && !step_counts.count(name)) reader.read("model." + name, b);
   parts.data_parallel.refresh_compute_copies();
 
-  if (!model_only) {
+  // A checkpoint from before optimizers had a choice was saved by AdamW.
+  const std::string saved_by = model_only ? "" : checkpoint::load_train_state(folder).value("optimizer", "AdamW");
+  const std::string trains_with = parts.optimizer.name();
+  if (!model_only && saved_by != trains_with) {
+    TITAN_CHECK(config.checkpoint.allow_optimizer_switch,
+                what + " (" + folder.string() + ") holds " + saved_by + "'s optimizer state, but optimizer.name = \"" +
+                    trains_with + "\"",
+                "set checkpoint.allow_optimizer_switch = true to resume with " + trains_with +
+                    " starting fresh (its state dropped; weights, step, data position and LR schedule carry on), or "
+                    "train on with optimizer.name = \"" + saved_by + "\"");
+    if (lead)
+      std::printf("%s was trained with %s: its optimizer state is dropped and %s starts fresh "
+                  "(checkpoint.allow_optimizer_switch = true)\n",
+                  what.c_str(), saved_by.c_str(), trains_with.c_str());
+  }
+  if (!model_only && saved_by == trains_with) {
     const auto slices = slices_of(params);
     std::map<std::string, Tensor> state;
     for (const auto& [key, shape] : parts.optimizer.state_shapes()) {
       if (!reader.contains("optim." + key)) continue;  // load_state_dict names what is missing
-      const std::string param = moment_param(key);
+      const std::string param = optim::state_key_param(key);
       if (param.empty()) {
         state[key] = reader.read_full("optim." + key);
       } else {

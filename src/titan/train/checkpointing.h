@@ -16,7 +16,7 @@
 #include "titan/checkpoint/checkpoint.h"
 #include "titan/distributed/data_parallel.h"
 #include "titan/models/causal_lm.h"
-#include "titan/optim/adamw.h"
+#include "titan/optim/optimizer.h"
 #include "titan/train/config.h"
 
 namespace titan::train {
@@ -24,7 +24,7 @@ namespace titan::train {
 struct RunParts {
   models::CausalLM& model;
   distributed::DataParallel& data_parallel;
-  optim::AdamW& optimizer;
+  optim::Optimizer& optimizer;
   const distributed::ProcessGroup& world;
   // Whether this rank writes the model's buffers (one rank per pipeline stage; rank 0 without PP).
   bool writes_buffers = true;
@@ -44,7 +44,10 @@ std::filesystem::path save_run_checkpoint(const std::filesystem::path& root, int
                                           const JobConfig& config, const nlohmann::json& train_state, bool model_only,
                                           DType export_dtype);
 
-// Loads the step folder into this run's parameters (and, unless model_only, the optimizer state).
+// Loads the step folder into this run's parameters (and, unless model_only, the optimizer state:
+// that of a checkpoint saved by another optimizer (train_state.json's "optimizer", AdamW when
+// absent) is an error naming checkpoint.allow_optimizer_switch, or with that key dropped, the
+// optimizer starting fresh).
 // MTP modules the checkpoint has beyond model.mtp_layers are dropped, those it lacks keep their
 // initialization (each said in one line), a module it has only part of is an error; MoE token
 // counts of the current step keep their run-time values (those

@@ -34,6 +34,18 @@ void data_parallel(const PlanJob& j, const std::vector<Local>& params, std::vect
     }
     out.push_back({"fsdp", "all_gather", gather, "parameters before forward (and backward, resharded units)"});
     out.push_back({"fsdp", "reduce_scatter", grads * (m.pp > 1 ? 1 : mb), "f32 gradients into the shards"});
+    // Muon's owner-compute (optim/muon.h): each split matrix's rows but its owner's go to the
+    // owner and come back orthogonalised; over the group 2 (n - 1) / n of each matrix, a rank's
+    // share 1 / n of that (balanced by Newton-Schulz cost, so by size only roughly).
+    if (j.c.optimizer.name == OptimizerKind::muon) {
+      double split = 0;
+      for (const Local& l : params)
+        if (l.p->muon && l.p->shape.size() == 2) split += double(l.p->shape.numel());
+      const double n = m.fsdp();
+      if (split > 0)
+        out.push_back({"fsdp", "all_to_all", 2 * (n - 1) / n * split * 4 / n,
+                       "Muon: matrix rows to their owners and back, orthogonalised (the group's mean)"});
+    }
     // The minimum: once per step (this implementation reduces each micro-batch's shards, which
     // keeps HSDP bit-identical to one rank: accumulation times this).
     if (m.dp_replicate > 1)

@@ -850,7 +850,11 @@ const std::vector<KeySpec>& config_schema() {
        "Type parameters are cast to for forward and backward when training.dtype is float32; gradient "
        "reductions stay in float32."},
       // [optimizer]
-      {"optimizer", "name", member<&C::optimizer, &Optimizer::name>, one_of<OptimizerKind>(), "The optimizer."},
+      {"optimizer", "name", member<&C::optimizer, &Optimizer::name>, one_of<OptimizerKind>(),
+       "The optimizer. AdamW: every parameter. Muon: Newton-Schulz orthogonalised momentum for the hidden "
+       "matrices (2-D weights, and each routed expert's matrices) and AdamW, with lr, beta1, beta2, eps and "
+       "weight_decay, for the embedding, the output head, norms, biases and any other parameter that is not a "
+       "matrix; one f32 state per Muon parameter instead of AdamW's two. The run prints what goes where."},
       {"optimizer", "lr", member<&C::optimizer, &Optimizer::lr>, greater_than(0),
        "Peak learning rate; [lr_scheduler] scales it at every step."},
       {"optimizer", "beta1", member<&C::optimizer, &Optimizer::beta1>, half_open_interval(0, 1),
@@ -862,8 +866,9 @@ const std::vector<KeySpec>& config_schema() {
       {"optimizer", "weight_decay", member<&C::optimizer, &Optimizer::weight_decay>, at_least(0),
        "Decoupled weight decay (AdamW), scaled by the scheduled learning rate."},
       {"optimizer", "swap", member<&C::optimizer, &Optimizer::swap>, one_of<OptimizerSwap>(),
-       "Where AdamW's two moments live between steps. none: in memory. file: in a file in swap_path, one per "
-       "rank (under FSDP each rank's shard), streamed through two chunk buffers during the step (read chunk "
+       "Where the optimizer state (AdamW's two moments; Muon's momentum buffers, in a second file) lives "
+       "between steps. none: in memory. file: in a file in swap_path, one per rank (under FSDP each rank's "
+       "shard), streamed through two chunk buffers during the step (read chunk "
        "i+1, update chunk i, write chunk i-1), with direct I/O where the filesystem has it; training is bit "
        "for bit the same."},
       {"optimizer", "swap_path", member<&C::optimizer, &Optimizer::swap_path>, non_empty(),
@@ -871,7 +876,24 @@ const std::vector<KeySpec>& config_schema() {
        "file is removed from the folder as soon as it is open and its space reserved; the space returns "
        "when the run ends."},
       {"optimizer", "swap_chunk_mb", member<&C::optimizer, &Optimizer::swap_chunk_mb>, at_least(1),
-       "MiB of optimizer state (both moments) per swap chunk; two chunks are in memory during the step."},
+       "MiB of optimizer state per swap chunk; two chunks (of each file) are in memory during the step."},
+      {"optimizer", "muon_lr", member<&C::optimizer, &Optimizer::muon_lr>, greater_than(0),
+       "Peak learning rate of Muon's group (optimizer.name = \"Muon\"), scaled by [lr_scheduler] like lr. "
+       "Unset: lr, which is right with muon_adjust_lr = \"match_rms_adamw\" (Muon's updates then have "
+       "AdamW's RMS); \"original\" wants its own, e.g. 0.02."},
+      {"optimizer", "muon_momentum", member<&C::optimizer, &Optimizer::muon_momentum>, half_open_interval(0, 1),
+       "Muon's momentum: buffer = muon_momentum x buffer + (1 - muon_momentum) x gradient."},
+      {"optimizer", "muon_nesterov", member<&C::optimizer, &Optimizer::muon_nesterov>, anything(),
+       "Orthogonalise the Nesterov mix of gradient and momentum buffer (true) or the buffer itself."},
+      {"optimizer", "muon_ns_steps", member<&C::optimizer, &Optimizer::muon_ns_steps>, closed_interval(1, 99),
+       "Newton-Schulz iterations per matrix and step (quintic, coefficients 3.4445, -4.775, 2.0315)."},
+      {"optimizer", "muon_ns_dtype", member<&C::optimizer, &Optimizer::muon_ns_dtype>, one_of({DType::bf16, DType::f32}),
+       "Type of the Newton-Schulz GEMMs' inputs: float32, or bfloat16 as torch.optim.Muon (2x the GEMM rate where "
+       "the CPU has AVX512-BF16); the iterate, products and momentum stay float32."},
+      {"optimizer", "muon_adjust_lr", member<&C::optimizer, &Optimizer::muon_adjust_lr>, one_of<optim::MuonLrAdjust>(),
+       "Learning rate of a [rows, cols] matrix under Muon. match_rms_adamw (Moonlight): lr x 0.2 x "
+       "sqrt(max(rows, cols)), AdamW's update RMS, so AdamW's lr and weight_decay carry over. original "
+       "(Keller Jordan): lr x sqrt(max(1, rows / cols)). Weight decay takes the unadjusted lr in both."},
       // [lr_scheduler]
       {"lr_scheduler", "warmup_steps", member<&C::lr_scheduler, &LrScheduler::warmup_steps>, at_least(0),
        "Steps of linear warmup: step s of the warmup trains at lr x s / warmup_steps. A warmup longer than "
@@ -1016,6 +1038,11 @@ const std::vector<KeySpec>& config_schema() {
       {"checkpoint", "enable_first_step_checkpoint",
        member<&C::checkpoint, &Checkpoint::enable_first_step_checkpoint>, anything(),
        "Also save right after step 1, proving that checkpoints work before a long run depends on them."},
+      {"checkpoint", "allow_optimizer_switch", member<&C::checkpoint, &Checkpoint::allow_optimizer_switch>,
+       anything(),
+       "Resume from a checkpoint saved by another optimizer.name (e.g. AdamW's, now training with Muon): its "
+       "optimizer state is dropped and the optimizer starts fresh; weights, step, data position and LR schedule "
+       "carry on. A checkpoint of the same optimizer loads its state as always. False: such a resume is an error."},
       // [activation_checkpoint]
       {"activation_checkpoint", "mode", member<&C::activation_checkpoint, &ActivationCheckpoint::mode>,
        one_of<models::Recompute>(),

@@ -24,6 +24,7 @@
 #include "titan/distributed/pipeline_schedule.h"
 #include "titan/models/recompute.h"
 #include "titan/optim/lr_scheduler.h"
+#include "titan/optim/muon.h"
 #include "titan/train/config_choices.h"
 
 namespace titan::models {
@@ -63,6 +64,13 @@ struct Optimizer {
   OptimizerSwap swap = OptimizerSwap::none;
   std::string swap_path = "optimizer_swap";
   int64_t swap_chunk_mb = 64;
+  // name = "Muon": the hidden matrices' optimizer (the others keep AdamW with the keys above).
+  std::optional<double> muon_lr;  // unset: lr
+  double muon_momentum = 0.95;
+  bool muon_nesterov = true;
+  int64_t muon_ns_steps = 5;
+  optim::MuonLrAdjust muon_adjust_lr = optim::MuonLrAdjust::match_rms_adamw;
+  DType muon_ns_dtype = DType::f32;  // the Newton-Schulz GEMMs' inputs
   bool operator==(const Optimizer&) const = default;
 };
 
@@ -137,6 +145,7 @@ struct Checkpoint {
   bool initial_load_in_hf = false;
   bool last_save_in_hf = false;
   bool enable_first_step_checkpoint = false;
+  bool allow_optimizer_switch = false;  // a checkpoint of another optimizer.name loads without its state
   bool operator==(const Checkpoint&) const = default;
 };
 

@@ -12,9 +12,13 @@
 
 namespace titan::train {
 
-// [optimizer] name.
-enum class OptimizerKind { adamw };
-inline constexpr std::array<EnumName<OptimizerKind>, 1> kOptimizerKindNames = {{{OptimizerKind::adamw, "AdamW"}}};
+// [optimizer] name: AdamW over every parameter, or Muon for the hidden matrices with AdamW for the
+// rest (optim/muon_adamw.h). The names are what checkpoints record (optim::Optimizer::name).
+enum class OptimizerKind { adamw, muon };
+inline constexpr std::array<EnumName<OptimizerKind>, 2> kOptimizerKindNames = {{
+    {OptimizerKind::adamw, "AdamW"},
+    {OptimizerKind::muon, "Muon"},
+}};
 constexpr std::span<const EnumName<OptimizerKind>> enum_names(OptimizerKind) { return kOptimizerKindNames; }
 
 // [optimizer] swap: where the optimizer's moments live between steps.

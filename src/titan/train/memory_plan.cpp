@@ -14,6 +14,7 @@
 #include "titan/distributed/pipeline_schedule.h"
 #include "titan/distributed/pipeline_simulator.h"
 #include "titan/distributed/pipeline_stages.h"
+#include "titan/optim/muon.h"
 #include "titan/train/activation_plan.h"
 #include "titan/train/comm_plan.h"
 #include "titan/train/pipeline_step.h"
@@ -41,6 +42,7 @@ struct RankPlan {
   PlanCategories peak;
   std::vector<std::pair<std::string, double>> terms;
   double swapped = 0, non_expert_before_fsdp = 0, tp_whole_before_fsdp = 0;
+  double state = 0;  // bytes of optimizer state (what a checkpoint saves of it), in memory or swapped
   std::vector<Local> params;
   double master = 0, compute = 0;                   // elements: f32 masters (shards), bf16 copies
   double reduced_master = 0;                        // ... the masters whose gradients a reduce-scatter makes
@@ -132,20 +134,60 @@ void gradient_terms(const PlanJob& j, RankPlan& r) {
   }
 }
 
-// Two f32 moments of the masters; swapped, the chunk buffers as swapped_moments.cpp sizes them
-// (chunks of whole 4 KiB pages of each moment; two buffers, one when a chunk holds everything;
-// each with a page of alignment slack), and the moments on disk.
+// AdamW: two f32 moments of the masters. Muon: one f32 momentum buffer of its group's masters, two
+// moments of AdamW's, and the step's working memory sized for the largest matrices (muon.h: the
+// update matrix and Newton-Schulz's two iterates [m, n], its two [m, m], m the small side). Swapped, the
+// chunk buffers as swapped_moments.cpp sizes them (chunks of whole 4 KiB pages of each array; two
+// buffers, one when a chunk holds everything; each with a page of alignment slack), one set per
+// file (Muon's momentum has a file of its own), and the state on disk.
 void optimizer_terms(const PlanJob& j, RankPlan& r) {
-  const double moments = r.master * 8;
+  using C = PlanCategories;
+  const bool muon = j.c.optimizer.name == OptimizerKind::muon;
+  double muon_elems = 0, largest = 0, largest_gram = 0;
+  if (muon)
+    for (const Local& l : r.params) {
+      if (!l.p->muon) continue;
+      muon_elems += l.shard;
+      const size_t n = l.p->shape.size();
+      const double rows = double(l.p->shape[n - 2]), cols = double(l.p->shape[n - 1]);
+      largest = std::max(largest, rows * cols);
+      largest_gram = std::max(largest_gram, std::min(rows, cols) * std::min(rows, cols));
+    }
+  const double adamw_bytes = (r.master - muon_elems) * 8, muon_bytes = muon_elems * 4;
+  r.state = adamw_bytes + muon_bytes;
+  // Under FSDP (muon.h's owner-compute): the exchange buffers, this rank's rows of every split
+  // matrix and, whole, the matrices it owns (the rank owning the most; rank 0's rows, the most).
+  if (muon && j.m.fsdp() > 1) {
+    std::vector<std::pair<int64_t, int64_t>> split;
+    double rows_here = 0;
+    for (const Local& l : r.params)
+      if (l.p->muon && l.p->shape.size() == 2) {
+        split.emplace_back(l.p->shape[0], l.p->shape[1]);
+        rows_here += double((l.p->shape[0] + j.m.fsdp() - 1) / j.m.fsdp() * l.p->shape[1]);
+      }
+    const std::vector<int> owners = optim::muon_owners(split, j.m.fsdp());
+    std::vector<double> owned(size_t(j.m.fsdp()), 0.0);
+    for (size_t i = 0; i < split.size(); ++i) owned[size_t(owners[i])] += double(split[i].first * split[i].second);
+    r.term("optimizer: Muon under FSDP, exchange buffers (this rank's rows + the matrices it owns)",
+           (rows_here + *std::max_element(owned.begin(), owned.end())) * 4, &C::optimizer);
+  }
+  r.term("optimizer: Muon update matrix + Newton-Schulz scratch (f32, the largest matrices)",
+         (3 * largest + 2 * largest_gram) * 4, &C::optimizer);
   if (j.c.optimizer.swap == OptimizerSwap::none) {
-    r.term("optimizer: AdamW exp_avg + exp_avg_sq (f32)", moments, &PlanCategories::optimizer);
+    r.term(muon ? "optimizer: AdamW exp_avg + exp_avg_sq of its group (f32)" : "optimizer: AdamW exp_avg + exp_avg_sq (f32)",
+           adamw_bytes, &C::optimizer);
+    r.term("optimizer: Muon momentum buffers (f32)", muon_bytes, &C::optimizer);
     return;
   }
   const double page = 4096;
-  const double chunk = std::max(2 * page, std::floor(double(j.c.optimizer.swap_chunk_mb) * (1 << 20) / (2 * page)) * 2 * page);
-  const double buffers = moments > chunk ? 2 * (chunk + page) : std::ceil(moments / (2 * page)) * 2 * page + page;
-  r.term("optimizer: swap chunk buffers", buffers, &PlanCategories::optimizer);
-  r.swapped = moments;
+  auto buffers = [&](double state, int arrays) {
+    if (state <= 0) return 0.0;
+    const double chunk = std::max(arrays * page, std::floor(double(j.c.optimizer.swap_chunk_mb) * (1 << 20) / (arrays * page)) *
+                                                     arrays * page);
+    return state > chunk ? 2 * (chunk + page) : std::ceil(state / (arrays * page)) * arrays * page + page;
+  };
+  r.term("optimizer: swap chunk buffers", buffers(adamw_bytes, 2) + buffers(muon_bytes, 1), &C::optimizer);
+  r.swapped = adamw_bytes + muon_bytes;
 }
 
 // Activations of the micro-batches in flight (activation_plan.h) and the temporaries of one
@@ -186,9 +228,9 @@ void checkpoint_terms(const PlanJob& j, RankPlan& r) {
   if (!j.c.checkpoint.enable) return;
   const bool swapped = j.c.optimizer.swap == OptimizerSwap::file;
   if (j.c.checkpoint.async_mode == CheckpointAsyncMode::async)
-    r.term("temporaries: async checkpoint staging (masters" + std::string(swapped ? ")" : " and moments)"),
-           r.master * 4 + (swapped ? 0 : r.master * 8), &PlanCategories::temporaries);
-  if (swapped) r.term("temporaries: a checkpoint save's copy of the swapped moments", r.master * 8, &PlanCategories::temporaries);
+    r.term("temporaries: async checkpoint staging (masters" + std::string(swapped ? ")" : " and optimizer state)"),
+           r.master * 4 + (swapped ? 0 : r.state), &PlanCategories::temporaries);
+  if (swapped) r.term("temporaries: a checkpoint save's copy of the swapped optimizer state", r.state, &PlanCategories::temporaries);
 }
 
 RankPlan plan_rank(const PlanJob& j, const StagePart& part, double in_flight) {

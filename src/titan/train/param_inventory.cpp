@@ -2,6 +2,7 @@
 
 #include "titan/core/allocator.h"
 #include "titan/nn/module.h"
+#include "titan/optim/param_groups.h"
 
 namespace titan::train {
 
@@ -40,7 +41,7 @@ ModelShape model_shape(const std::string& model, const std::string& flavor, int6
   m.vocab = built->vocab_size();
   for (const auto& [name, p] : built->named_parameters())
     m.params.push_back({name, p->var.shape(), block_of(name), p->tp_plan.dim, p->tp_plan.partial_grad, p->routed_expert,
-                        p->gemm_weight});
+                        p->gemm_weight, optim::muon_param_group(*p) == optim::ParamGroup::muon});
   return m;
 }
 

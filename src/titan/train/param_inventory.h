@@ -26,6 +26,7 @@ struct PlannedParam {
   bool tp_partial_grad = false;  // whole on every TP rank, each rank's gradient a partial sum
   bool routed_expert = false;    // divided over expert parallelism (dim 0, the experts)
   bool gemm = false;             // read by a GEMM: has a bf16 compute copy under mixed precision
+  bool muon = false;             // in Muon's group under [optimizer] name = "Muon" (optim/param_groups.h)
   static constexpr int kEmbedding = -1, kHead = 1 << 20, kMtp = (1 << 20) + 1;
 };
 

@@ -36,6 +36,8 @@
 #include "titan/models/causal_lm.h"
 #include "titan/models/family.h"
 #include "titan/optim/adamw.h"
+#include "titan/optim/muon_adamw.h"
+#include "titan/optim/swapped_moments.h"
 #include "titan/optim/clip_grad.h"
 #include "titan/optim/swapped_moments.h"
 #include "titan/train/checkpointing.h"
@@ -96,6 +98,11 @@ void check_supported(const JobConfig& c, const std::string& source) {
   }
   const int64_t tp = p.tensor_parallel_degree;
   const int64_t cp = p.context_parallel_degree;
+  TITAN_CHECK(tp <= 1 || c.optimizer.name != OptimizerKind::muon,
+              source + ": optimizer.name = \"Muon\" orthogonalises whole matrices, which "
+                       "parallelism.tensor_parallel_degree = " + std::to_string(tp) + " splits over its ranks",
+              "set parallelism.tensor_parallel_degree = 1 (Muon runs under FSDP, HSDP, DDP, EP and PP), or "
+              "optimizer.name = \"AdamW\"");
   TITAN_CHECK(tp < 1 || (c.training.local_batch_size * c.training.seq_len) % tp == 0,
               source + ": training.local_batch_size x training.seq_len = " +
                   std::to_string(c.training.local_batch_size * c.training.seq_len) +
@@ -177,7 +184,7 @@ struct Trainer::State {
   bool lead = true;  // world rank 0: prints, writes the run folder's files
   std::unique_ptr<models::CausalLM> model;
   std::unique_ptr<distributed::DataParallel> dp;
-  std::unique_ptr<optim::AdamW> opt;
+  std::unique_ptr<optim::Optimizer> opt;
   std::unique_ptr<data::DataLoader> train_loader, val_loader;
   std::unique_ptr<PipelineStep> pipeline;  // pipeline parallelism (null: none)
   std::set<std::string> other_stages;      // what the other pipeline ranks hold (checkpoints)
@@ -279,6 +286,58 @@ kernels::AdamWParams adamw_params(const JobConfig& c) {
   oc.eps = float(c.optimizer.eps);
   oc.weight_decay = float(c.optimizer.weight_decay);
   return oc;
+}
+
+void print_swapped(const char* what, const optim::SwappedMoments& m) {
+  std::printf("%s swapped to %s: %.1f MiB on disk per rank, %lld chunks, %.1f MiB in memory\n", what,
+              m.store().describe().c_str(), double(m.stored_bytes()) / (1 << 20), (long long)m.chunk_count(),
+              double(m.resident_bytes()) / (1 << 20));
+}
+
+// [optimizer] name over the optimizer's parameters (params: whole, or this rank's pieces); rank 0
+// (lead) says where the state lives and, under Muon, which parameters go to which optimizer.
+// Under FSDP, Muon's matrices split by rows over the shard group go to an owner each (muon.h);
+// tensor parallelism, which splits them in other ways, check_supported refuses.
+std::unique_ptr<optim::Optimizer> make_optimizer(const JobConfig& c, models::CausalLM& model,
+                                                 const std::vector<nn::TrainableParam>& params,
+                                                 const distributed::DeviceMesh& mesh,
+                                                 const std::optional<optim::Swap>& swap, bool lead,
+                                                 const std::string& source) {
+  switch (c.optimizer.name) {
+    case OptimizerKind::adamw: {
+      auto opt = std::make_unique<optim::AdamW>(params, adamw_params(c), swap);
+      if (lead && opt->swapped()) print_swapped("optimizer state", *opt->swapped());
+      return opt;
+    }
+    case OptimizerKind::muon: {
+      optim::MuonParamGroups groups = optim::split_muon_groups(params, model.named_parameters());
+      if (lead) std::printf("optimizer groups:\n%s\n", optim::describe_muon_groups(groups).c_str());
+      optim::MuonConfig mc;
+      mc.momentum = c.optimizer.muon_momentum;
+      mc.nesterov = c.optimizer.muon_nesterov;
+      mc.weight_decay = c.optimizer.weight_decay;
+      mc.ns_steps = int(c.optimizer.muon_ns_steps);
+      mc.adjust = c.optimizer.muon_adjust_lr;
+      mc.ns_dtype = c.optimizer.muon_ns_dtype;
+      const double scale = c.optimizer.muon_lr.value_or(c.optimizer.lr) / c.optimizer.lr;
+      const distributed::ProcessGroup* shard = mesh.fsdp().size() > 1 ? &mesh.fsdp() : nullptr;
+      std::unique_ptr<optim::MuonAdamW> opt;
+      try {
+        opt = std::make_unique<optim::MuonAdamW>(std::move(groups), mc, scale, adamw_params(c), swap, shard);
+      } catch (const Error& e) {
+        TITAN_FAIL(source + ": " + e.message(), e.hint());
+      }
+      if (lead && shard && opt->muon().split_matrices() > 0)
+        std::printf("Muon under FSDP: %d matrices split over %d ranks, each orthogonalised by an owner (%d here); "
+                    "%.2f MiB exchanged per step by this rank\n",
+                    opt->muon().split_matrices(), shard->size(), opt->muon().owned_matrices(),
+                    double(opt->muon().exchanged_elements()) * 4 / (1 << 20));
+      if (lead && opt->adamw().swapped()) print_swapped("AdamW's moments", *opt->adamw().swapped());
+      if (lead && opt->muon().swapped()) print_swapped("Muon's momentum buffers", *opt->muon().swapped());
+      return opt;
+    }
+  }
+  TITAN_FAIL("optimizer.name: no such optimizer");
 }
 
 // The data-parallel layout the mesh asks for: FSDP (HSDP with replicas) when dp_shard x cp > 1, DDP
@@ -411,13 +470,7 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
       swap = optim::Swap{(s.run_folder / config.optimizer.swap_path /
                           ("optimizer.rank" + std::to_string(s.world->rank()) + ".swap")).string(),
                          config.optimizer.swap_chunk_mb << 20};
-    s.opt = std::make_unique<optim::AdamW>(s.dp->params(), adamw_params(config), swap);
-    if (s.lead && s.opt->swapped()) {
-      const optim::SwappedMoments& m = *s.opt->swapped();
-      std::printf("optimizer state swapped to %s: %.1f MiB on disk per rank, %lld chunks, %.1f MiB in memory\n",
-                  m.store().describe().c_str(), double(m.stored_bytes()) / (1 << 20), (long long)m.chunk_count(),
-                  double(m.resident_bytes()) / (1 << 20));
-    }
+    s.opt = make_optimizer(config, *s.model, s.dp->params(), *s.mesh, swap, s.lead, source);
   }
   s.accum = gradient_accumulation_steps(config, s.dp_degree());
   if (pipeline_plan) {
@@ -502,7 +555,7 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
 Trainer::~Trainer() = default;
 
 models::CausalLM& Trainer::model() { return *s_->model; }
-const optim::AdamW& Trainer::optimizer() const { return *s_->opt; }
+const optim::Optimizer& Trainer::optimizer() const { return *s_->opt; }
 const distributed::pp::PipelineExecutor* Trainer::pipeline_executor() const {
   return s_->pipeline ? &s_->pipeline->executor() : nullptr;
 }
@@ -529,7 +582,8 @@ void Trainer::State::save(bool final_save) {
   const bool model_only = final_save && cfg.checkpoint.last_save_model_only;
   const DType export_dtype = cfg.checkpoint.export_dtype;
   json train_state = json::object();
-  if (!model_only) train_state = {{"step", step}, {"data", train_loader->state()}, {"seed", cfg.debug.seed}};
+  if (!model_only)
+    train_state = {{"step", step}, {"data", train_loader->state()}, {"seed", cfg.debug.seed}, {"optimizer", opt->name()}};
   if (!hf_config.is_null()) train_state["hf_config"] = hf_config;  // for generate and convert --to-hf
   const checkpoint::SaveRequest request = run_checkpoint_request(step, parts(), cfg, train_state, model_only, export_dtype);
   // A rank still writing its file (or rank 0 merging the metadata and purging old steps) can keep

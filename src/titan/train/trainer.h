@@ -1,5 +1,5 @@
-// The training loop: data -> forward -> loss -> backward -> clip -> AdamW (with the LR
-// schedule), with gradient accumulation, validation, metrics, checkpoints and exact resume.
+// The training loop: data -> forward -> loss -> backward -> clip -> the optimizer (AdamW, or
+// Muon with AdamW: [optimizer] name) with the LR schedule, with gradient accumulation, validation, metrics, checkpoints and exact resume.
 #pragma once
 
 #include <filesystem>
@@ -8,7 +8,7 @@
 
 #include "titan/distributed/process_group.h"
 #include "titan/models/causal_lm.h"
-#include "titan/optim/adamw.h"
+#include "titan/optim/optimizer.h"
 #include "titan/train/config.h"
 
 namespace titan::distributed::pp {
@@ -44,8 +44,8 @@ class Trainer {
   std::function<void(int64_t step)> on_step_end;
   // The model being trained (e.g. for a test's on_step_end to inspect its parameters).
   models::CausalLM& model();
-  // Its optimizer (e.g. for a test to inspect per-parameter update counts).
-  const optim::AdamW& optimizer() const;
+  // Its optimizer (e.g. for a test to inspect its state).
+  const optim::Optimizer& optimizer() const;
   // Under pipeline parallelism, the schedule's executor (its last step's times); else null.
   const distributed::pp::PipelineExecutor* pipeline_executor() const;
 

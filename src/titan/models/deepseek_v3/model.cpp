@@ -132,6 +132,7 @@ Transformer::Transformer(const DeepSeekV3Args& a, const MoeFactory& moe, const d
     norm = &register_module("norm", std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps));
     output = &register_module("output", std::make_unique<nn::Linear>(a.dim, a.vocab_size,
                                                                       Init::trunc_normal(1.0 / std::sqrt(double(a.dim)), 3)));
+    output->weight.vocabulary = true;  // AdamW's under Muon (optim/param_groups.h)
     if (args_.num_mtp_layers > 0) mtp = &register_module("mtp", std::make_unique<MultiTokenPrediction>(args_, moe, tp_));
   }
   place_tensor_parallel();  // declares the plan; places the parameters under TP

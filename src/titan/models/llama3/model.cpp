@@ -135,6 +135,7 @@ Transformer::Transformer(const Llama3Args& a, const distributed::ProcessGroup* t
       const double std = 1.0 / std::sqrt(double(a.dim));
       output = &register_module("output", std::make_unique<nn::Linear>(a.dim, a.vocab_size,
                                                                         Init::trunc_normal(std, 3)));
+      output->weight.vocabulary = true;  // AdamW's under Muon (optim/param_groups.h)
     }
   }
   place_tensor_parallel();  // declares the plan; places the parameters under TP

@@ -1,0 +1,180 @@
+// [optimizer] name = "Muon" end to end on the llama3 debug model: the run says which parameters
+// go to Muon and which to AdamW, the loss falls, a run interrupted and resumed reproduces the
+// uninterrupted one bit for bit (the momentum buffers go through the checkpoint), the swap
+// optimizer trains bit for bit as in memory, and a checkpoint of one optimizer resumes under the
+// other only with checkpoint.allow_optimizer_switch.
+#include <gtest/gtest.h>
+
+#include "common/byte_dataset.h"
+
+#include <unistd.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "titan/optim/muon_adamw.h"
+#include "titan/optim/swapped_moments.h"
+#include "titan/train/trainer.h"
+
+using namespace titan;
+namespace fs = std::filesystem;
+
+namespace {
+
+train::JobConfig config(const fs::path& data, const fs::path& run, const std::vector<std::string>& extra = {}) {
+  const std::string toml = R"(
+[job]
+dump_folder = ")" + run.string() + R"("
+[model]
+name = "llama3"
+flavor = "debugmodel"
+[training]
+local_batch_size = 4
+seq_len = 64
+steps = 12
+dataset_path = ")" + data.string() + R"("
+mixed_precision_param = "float32"
+[optimizer]
+name = "Muon"
+lr = 3e-3
+[lr_scheduler]
+warmup_steps = 2
+[checkpoint]
+enable = true
+interval = 100
+keep_latest_k = 0
+last_save_model_only = false
+[activation_checkpoint]
+mode = "none"
+[metrics]
+log_freq = 1
+)";
+  return train::parse_config(toml, "muon_train_test.toml", extra);
+}
+
+std::vector<double> losses(const fs::path& run) {
+  std::vector<double> out;
+  std::ifstream f(run / "metrics.jsonl");
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "train") out.push_back(j["loss"].get<double>());
+  }
+  return out;
+}
+
+// Trains `run` to step 12, stopping once (Ctrl-C: checkpoint and exit) after step 6 and resuming.
+void train_interrupted(const fs::path& data, const fs::path& run, const std::vector<std::string>& extra = {}) {
+  {
+    train::Trainer first(config(data, run, extra), "first half");
+    first.on_step_end = [](int64_t step) {
+      if (step == 6) std::raise(SIGINT);
+    };
+    const train::TrainResult r = first.train();
+    ASSERT_TRUE(r.interrupted);
+    ASSERT_EQ(r.last_step, 6);
+  }
+  train::Trainer second(config(data, run, extra), "second half");
+  EXPECT_EQ(second.train().last_step, 12);
+}
+
+struct MuonTrain : testing::Test {
+  fs::path root = fs::temp_directory_path() / ("titan_muon_e2e_" + std::to_string(::getpid()));
+  fs::path data;
+  void SetUp() override {
+    fs::remove_all(root);
+    data = test::prepare_templated_dataset(root / "data");
+  }
+  void TearDown() override { fs::remove_all(root); }
+};
+
+}  // namespace
+
+TEST_F(MuonTrain, LearnsAndResumesBitIdentically) {
+  testing::internal::CaptureStdout();
+  std::vector<double> straight;
+  {
+    train::Trainer t(config(data, root / "straight"), "straight");
+    EXPECT_EQ(t.optimizer().name(), "Muon");
+    t.train();
+    straight = losses(root / "straight");
+  }
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("optimizer groups:\n  Muon:  42 tensors, 5111808 elements (layers.0.attention.wq.weight"), std::string::npos) << out;
+  EXPECT_NE(out.find("  AdamW: 15 tensors, 134912 elements (tok_embeddings.weight"), std::string::npos) << out;
+  ASSERT_EQ(straight.size(), 12u);
+  EXPECT_LT(straight.back(), 0.7 * straight.front()) << "the loss should fall well below its start";
+
+  train_interrupted(data, root / "resumed");
+  const std::vector<double> resumed = losses(root / "resumed");
+  ASSERT_EQ(resumed.size(), 12u);
+  for (size_t i = 0; i < 12; ++i) EXPECT_EQ(straight[i], resumed[i]) << "step " << i + 1;
+}
+
+// Muon's momentum and AdamW's moments in swap files streamed in 1 MiB chunks (each spans several):
+// the same losses to the last bit, interrupted and resumed included.
+TEST_F(MuonTrain, SwapOptimizerTrainsAndResumesBitIdentically) {
+  const std::vector<std::string> swap = {"--optimizer.swap=file", "--optimizer.swap_chunk_mb=1",
+                                         "--optimizer.swap_path=" + (root / "swap").string()};
+  train::Trainer memory(config(data, root / "memory"), "in memory");
+  memory.train();
+  const std::vector<double> in_memory = losses(root / "memory");
+  ASSERT_EQ(in_memory.size(), 12u);
+  train_interrupted(data, root / "swapped", swap);
+  EXPECT_EQ(losses(root / "swapped"), in_memory);
+  train::Trainer probe(config(data, root / "probe", swap), "probe");
+  const auto& opt = dynamic_cast<const optim::MuonAdamW&>(probe.optimizer());
+  ASSERT_NE(opt.muon().swapped(), nullptr);
+  EXPECT_GT(opt.muon().swapped()->chunk_count(), 2);
+  ASSERT_NE(opt.adamw().swapped(), nullptr);
+  EXPECT_TRUE(fs::is_empty(root / "swap")) << "swap files are unlinked once open";
+}
+
+// A Muon checkpoint under optimizer.name = "AdamW": an error naming the key, unless the key allows
+// the switch; then AdamW starts fresh from the weights, step and data position.
+TEST_F(MuonTrain, SwitchingOptimizerNeedsTheFlag) {
+  {
+    train::Trainer first(config(data, root / "run", {"--training.steps=3"}), "muon");
+    first.train();
+  }
+  const std::vector<std::string> adamw = {"--optimizer.name=AdamW", "--training.steps=5"};
+  try {
+    train::Trainer refused(config(data, root / "run", adamw), "adamw");
+    ADD_FAILURE() << "resuming Muon's checkpoint with AdamW was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("holds Muon's optimizer state, but optimizer.name = \"AdamW\""), std::string::npos)
+        << e.message();
+    EXPECT_NE((e.message() + e.hint()).find("checkpoint.allow_optimizer_switch = true"), std::string::npos)
+        << e.message() << "\n" << e.hint();
+  }
+  std::vector<std::string> allowed = adamw;
+  allowed.push_back("--checkpoint.allow_optimizer_switch=true");
+  testing::internal::CaptureStdout();
+  train::Trainer switched(config(data, root / "run", allowed), "adamw");
+  const train::TrainResult r = switched.train();
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("was trained with Muon: its optimizer state is dropped and AdamW starts fresh"), std::string::npos)
+      << out;
+  EXPECT_EQ(r.last_step, 5);
+  EXPECT_EQ(losses(root / "run").size(), 5u) << "steps 1-3 under Muon, 4-5 under AdamW";
+  EXPECT_EQ(switched.optimizer().name(), "AdamW");
+  // Its own checkpoint records AdamW now: resuming it with AdamW needs no flag.
+  train::Trainer again(config(data, root / "run", {"--optimizer.name=AdamW", "--training.steps=6"}), "adamw again");
+  EXPECT_EQ(again.train().last_step, 6);
+}
+
+// Tensor parallelism splits matrices by columns too: refused before anything runs, `titan plan`
+// included (check_supported), naming the keys.
+TEST(MuonLayouts, TensorParallelismIsRefusedWithTheKeys) {
+  train::JobConfig c = config("/nonexistent", "/tmp/unused", {"--parallelism.tensor_parallel_degree=2"});
+  try {
+    train::check_supported(c, "muon.toml");
+    ADD_FAILURE() << "Muon under TP 2 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("parallelism.tensor_parallel_degree = 2"), std::string::npos) << e.message();
+    EXPECT_NE(e.hint().find("optimizer.name = \"AdamW\""), std::string::npos) << e.hint();
+  }
+  c.optimizer.name = train::OptimizerKind::adamw;
+  EXPECT_NO_THROW(train::check_supported(c, "adamw.toml"));
+}
