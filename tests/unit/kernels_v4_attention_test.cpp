@@ -203,18 +203,22 @@ TEST(V4Attention, UnseenEntriesGetZeroGradient) {
 // The autograd op hands each input exactly the kernel's gradient (adopted or added to one already
 // there), and head_mean_out the kernel's indexer target.
 TEST(V4Attention, AutogradOpGradientsAreTheKernels) {
-  const V4AttentionCase c({2, 19, 3, 16, 6, 4, 3}, DType::f32, 7);
-  const Tensor dout = random_tensor(c.q.shape(), DType::f32, 8, "dout");
-  const Outputs want = run_kernels(c, dout);
-  autograd::Variable q(c.q.clone(), true), kv(c.kv.clone(), true), comp(c.comp.clone(), true), sink(c.sink.clone(), true);
-  kv.ensure_grad();  // kv's gradient already exists (zero): the op adds to it
-  Tensor head_mean;
-  autograd::Variable o = autograd::v4_attention(q, kv, comp, c.idx, sink, c.d.W, c.d.ratio, c.d.scale, &head_mean);
-  autograd::backward(o, dout);
-  for (int64_t i = 0; i < want.hm.numel(); ++i) EXPECT_EQ(head_mean.data<float>()[i], want.hm.data<float>()[i]) << i;
-  for (const auto& [got, w] : {std::pair{q.grad(), want.dq}, std::pair{kv.grad(), want.dkv},
-                               std::pair{comp.grad(), want.dcomp}, std::pair{sink.grad(), want.dsink}})
-    for (int64_t i = 0; i < w.numel(); ++i) EXPECT_FLOAT_EQ(got.data<float>()[i], w.data<float>()[i]) << i;
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    const V4AttentionCase c({2, 19, 3, 32, 6, 4, 3}, dt, 7);
+    const Tensor dout = random_tensor(c.q.shape(), dt, 8, "dout");
+    const Outputs want = run_kernels(c, dout);
+    autograd::Variable q(c.q.clone(), true), kv(c.kv.clone(), true), comp(c.comp.clone(), true);
+    autograd::Variable sink(c.sink.clone(), true);
+    kv.ensure_grad();  // kv's gradient already exists (zero): the op adds to it
+    Tensor head_mean;
+    autograd::Variable o = autograd::v4_attention(q, kv, comp, c.idx, sink, c.d.W, c.d.ratio, c.d.scale, &head_mean);
+    autograd::backward(o, dout);
+    EXPECT_EQ(to_doubles(head_mean), to_doubles(want.hm)) << dtype_name(dt);
+    EXPECT_EQ(to_doubles(o.value()), to_doubles(want.o)) << dtype_name(dt);
+    for (const auto& [got, w] : {std::pair{q.grad(), want.dq}, std::pair{kv.grad(), want.dkv},
+                                 std::pair{comp.grad(), want.dcomp}, std::pair{sink.grad(), want.dsink}})
+      EXPECT_EQ(to_doubles(got), to_doubles(w)) << dtype_name(dt);
+  }
 }
 
 // The small-op form (the S x (S + T) masked scores) computes the fused op's values and gradients,
