@@ -973,8 +973,8 @@ Variable v4_attention(const Variable& q, const Variable& kv, const Variable& com
                   const Tensor grads[] = {dq, dkv, dc, ds};
                   for (size_t i = 0; i < 4; ++i) {
                     if (!g.needs(i) || g.adopt(i, grads[i])) continue;
-                    Tensor acc = g.grad(i);
-                    accumulate(acc, grads[i]);
+                    Tensor acc = g.grad(i);  // a leaf's is f32 whatever its value's dtype
+                    accumulate(acc, grads[i].dtype() == acc.dtype() ? grads[i] : grads[i].to(acc.dtype()));
                   }
                 });
 }

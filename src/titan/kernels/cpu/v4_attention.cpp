@@ -105,6 +105,48 @@ void softmax_chunk(float* st, int64_t n, int64_t Hs, float* m, float* l, float* 
   }
 }
 
+// Starts each head's online softmax from the sink: max = sink, sum = exp(sink - sink) = 1
+// (padding heads, or no sink: max -inf, sum 0).
+void start_softmax(float* m, float* l, const float* sink, int64_t H, int64_t Hs) {
+  for (int64_t h = 0; h < Hs; ++h) {
+    const bool has = sink && h < H;
+    m[h] = has ? sink[h] : -kInf, l[h] = has ? 1.0f : 0.0f;
+  }
+}
+
+// out[h] *= alpha[h] for h < H (rows ld apart, ld floats each): the rows accumulated over the
+// earlier chunks, brought to the new running max.
+void rescale_rows(float* out, int64_t ld, const float* alpha, int64_t H) {
+  for (int64_t h = 0; h < H; ++h) {
+    float* row = out + h * ld;
+    const float a = alpha[h];
+    // Scalar math: out[h] *= alpha[h]
+#pragma omp simd
+    for (int64_t col = 0; col < ld; ++col) row[col] *= a;
+  }
+}
+
+// dkv | dcomp rows of batch element b = the sum of the per-thread accumulators [parts, S + T, ld],
+// left zero for the next b (inside a parallel region: the rows are shared out).
+template <class T>
+void store_key_grads(T* dkv, T* dcomp, float* acc, int64_t parts, int64_t ld, int64_t b, const V4AttentionParams& d) {
+  const int64_t key_rows = d.S + d.T;
+#pragma omp for schedule(static)
+  for (int64_t s = 0; s < key_rows; ++s) {
+    T* dst = s < d.S ? dkv + (b * d.S + s) * d.D : dcomp + (b * d.T + s - d.S) * d.D;
+    sum_partial_rows(dst, d.D, acc, s, key_rows, parts, ld);
+  }
+}
+
+// dsink[h] = the per-thread partials [parts, Hs] summed in thread order.
+void store_dsink(float* dsink, const double* partials, int64_t parts, int64_t H, int64_t Hs) {
+  for (int64_t h = 0; h < H; ++h) {
+    double sum = 0;
+    for (int64_t part = 0; part < parts; ++part) sum += partials[part * Hs + h];
+    dsink[h] = float(sum);
+  }
+}
+
 // hm[i] for each slot i of sel = (1/H) sum over heads h < H of head h's softmax over the query's
 // valid slots alone, from their scores cs [nc, Hs] (the valid slots in slot order; overwritten
 // with the probabilities); 0 for invalid slots. lse and sum are [Hs] scratch.
@@ -172,10 +214,7 @@ void forward_bf16_pairs(bf16* o, float* lse, float* head_mean, const bf16* q, co
       const int64_t n = list_keys(keys.data(), idx ? idx + bt * d.K : nullptr, t, d);
       const int64_t window = t - v4_window_start(d, t) + 1;
       pack_heads_vnni(qv.data(), p.Hs, q + bt * d.H * d.D, d.H, d.D);
-      for (int64_t h = 0; h < p.Hs; ++h) {  // the sink starts each head's softmax (see the f32 path)
-        const bool has = sink && h < d.H;
-        m.data()[h] = has ? sink[h] : -kInf, l.data()[h] = has ? 1.0f : 0.0f;
-      }
+      start_softmax(m.data(), l.data(), sink, d.H, p.Hs);
       for (int64_t c0 = 0; c0 < n; c0 += p.chunk) {
         const int64_t cn = min_i64(p.chunk, n - c0);
         gather_row_pairs(g.data(), vb.data(), p.Dp, keys.data() + c0, cn, kv + b * d.S * d.D, comp + b * d.T * d.D,
@@ -194,15 +233,7 @@ void forward_bf16_pairs(bf16* o, float* lse, float* head_mean, const bf16* q, co
         // exp(s - m) rounded to bf16 in key pairs, heads by pairs (an odd last key pairs with a 0)
         for (int64_t h0 = 0; h0 < p.Hs; h0 += 16)
           pack_pairs_transposed(pt.data() + h0 * K2, K2, st.data() + h0, p.Hs, cn, nullptr);
-        if (c0 > 0) {
-          for (int64_t h = 0; h < d.H; ++h) {
-            float* row = out.data() + h * p.Dp;
-            const float a = alpha.data()[h];
-            // Scalar math: out[h] *= alpha[h]
-#pragma omp simd
-            for (int64_t col = 0; col < p.Dp; ++col) row[col] *= a;
-          }
-        }
+        if (c0 > 0) rescale_rows(out.data(), p.Dp, alpha.data(), d.H);
         // out (+)= P pairs [Hs, cn / 2] x key row pairs [cn / 2, Dp]
         if (c0 == 0) {
           gemm<Tiles, TileStore::write>(out.data(), p.Dp, pt.data(), K2, int64_t(1), vb.data(), p.Dp, p.Hs, p.Dp,
@@ -310,19 +341,10 @@ void backward_bf16_pairs(bf16* dq, bf16* dkv, bf16* dcomp, float* dsink, const b
         }
         for (int64_t h = 0; h < d.H; ++h) store_bf16(dq + (bt * d.H + h) * d.D, dqb.data() + h * p.Dp, d.D);
       }
-#pragma omp for schedule(static)
-      for (int64_t s = 0; s < key_rows; ++s) {
-        bf16* out_row = s < d.S ? dkv + (b * d.S + s) * d.D : dcomp + (b * d.T + s - d.S) * d.D;
-        sum_partial_rows(out_row, d.D, acc, s, key_rows, parts, p.Dp);
-      }
+      store_key_grads(dkv, dcomp, acc, parts, p.Dp, b, d);
     }
   }
-  if (!sink) return;
-  for (int64_t h = 0; h < d.H; ++h) {
-    double sum = 0;
-    for (int64_t part = 0; part < parts; ++part) sum += dsink_parts.data()[part * p.Hs + h];
-    dsink[h] = float(sum);
-  }
+  if (sink) store_dsink(dsink, dsink_parts.data(), parts, d.H, p.Hs);
 }
 #endif
 
@@ -363,12 +385,7 @@ void v4_attention_forward(T* o, float* lse, float* head_mean, const T* q, const 
       const int64_t n = list_keys(keys.data(), idx ? idx + bt * d.K : nullptr, t, d);
       const int64_t window = t - v4_window_start(d, t) + 1;  // keys[0, window) are raw, the rest entries
       transpose_heads(qt.data(), p.Hs, q + bt * d.H * d.D, d.D, d.H, d.D, scale);
-      // The sink starts each head's softmax: max = sink, sum = exp(sink - sink) = 1 (padding heads
-      // and no sink: max -inf, sum 0).
-      for (int64_t h = 0; h < p.Hs; ++h) {
-        const bool has = sink && h < d.H;
-        m.data()[h] = has ? sink[h] : -kInf, l.data()[h] = has ? 1.0f : 0.0f;
-      }
+      start_softmax(m.data(), l.data(), sink, d.H, p.Hs);
       // Key chunks: scores [cn, Hs] = rows x (scale q)^T, the online softmax, and
       // out = alpha out + exp(s - m)^T rows ([Hr, cn] read transposed x [cn, Dp]).
       for (int64_t c0 = 0; c0 < n; c0 += p.chunk) {
@@ -388,13 +405,7 @@ void v4_attention_forward(T* o, float* lse, float* head_mean, const T* q, const 
           gemm<Tiles, TileStore::write>(out.data(), p.Dp, st.data(), 1, p.Hs, g.data(), p.Dp, p.Hr, p.Dp, cn);
           continue;
         }
-        for (int64_t h = 0; h < d.H; ++h) {
-          float* row = out.data() + h * p.Dp;
-          const float a = alpha.data()[h];
-          // Scalar math: out[h] *= alpha[h]
-#pragma omp simd
-          for (int64_t col = 0; col < p.Dp; ++col) row[col] *= a;
-        }
+        rescale_rows(out.data(), p.Dp, alpha.data(), d.H);
         gemm<Tiles, TileStore::accumulate>(out.data(), p.Dp, st.data(), 1, p.Hs, g.data(), p.Dp, p.Hr, p.Dp, cn);
       }
       T* ot = o + bt * d.H * d.D;
@@ -503,19 +514,10 @@ void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout,
         }
       }
       // (barrier) dkv | dcomp = the sum of the per-thread accumulators, zeroed for the next b.
-#pragma omp for schedule(static)
-      for (int64_t s = 0; s < key_rows; ++s) {
-        T* dst = s < d.S ? dkv + (b * d.S + s) * d.D : dcomp + (b * d.T + s - d.S) * d.D;
-        sum_partial_rows(dst, d.D, acc, s, key_rows, parts, p.Dp);
-      }
+      store_key_grads(dkv, dcomp, acc, parts, p.Dp, b, d);
     }
   }
-  if (!sink) return;
-  for (int64_t h = 0; h < d.H; ++h) {
-    double sum = 0;
-    for (int64_t part = 0; part < parts; ++part) sum += dsink_parts.data()[part * p.Hs + h];
-    dsink[h] = float(sum);
-  }
+  if (sink) store_dsink(dsink, dsink_parts.data(), parts, d.H, p.Hs);
 }
 
 #define TITAN_INSTANTIATE(T)                                                                                          \
