@@ -11,7 +11,9 @@
 //   gradients    f32, the masters' size (FSDP: shards, plus at most two units unsharded); with
 //                micro-batches, the binary tree sum's partial sums (tree_sum.h); under PP the
 //                stage's unsharded gradients, once in place or as the tree's partial sums
-//   optimizer    AdamW's two f32 moments of the masters; swapped: two chunk buffers (the rest on disk)
+//   optimizer    AdamW's two f32 moments of the masters; under Muon one f32 buffer of its matrices,
+//                the step's scratch and, under FSDP, the exchange buffers; swapped: two chunk
+//                buffers per file (the rest on disk)
 //   activations  what forward keeps for backward, per activation-checkpointing mode, times the
 //                micro-batches a pipeline rank holds at once
 //   temporaries  gradients of activations in backward and the logits' gradient
