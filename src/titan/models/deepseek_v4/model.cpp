@@ -74,6 +74,7 @@ Transformer::Transformer(const DeepSeekV4Args& a)
       rope_main_(kernels::rope_tables(a.rope(LayerType::sliding), a.max_seq_len)),
       rope_compress_(kernels::rope_tables(a.rope(LayerType::hca), a.max_seq_len)) {
   a.validate();
+  lm_head.weight.vocabulary = true;  // AdamW's under Muon (optim/param_groups.h), as the embedding
   for (int64_t l = 0; l < a.n_layers; ++l) layers.append(std::make_unique<DecoderLayer>(a, l));
 }
 
