@@ -1,0 +1,174 @@
+// DeepSeek-V4's long-context cost on one rank (issue 37, "Speed and memory"): the deepseek_v4
+// debugmodel's f32 training step (forward with the CSA indexers' KL loss at its default coeff
+// 0.01, backward, clipping, AdamW) at batch 1 and seq 4096 .. 32768, printed as time per token and
+// the ratio of the longest to the shortest (target <= 1.3x: compression keeps attention
+// near-linear), and our tensors' peak memory at each length. Beside it, the deepseek_v32
+// debugmodel (DSA's fused kernels, sparse stage, as bench_dsa_model runs it) at the longest length
+// in the same dtype, for its memory at the same size.
+//
+// Where V4 is not linear: each HCA layer attends to every causally visible entry (one per
+// hca_ratio = 16 tokens, S / 32 on average), and each CSA layer's lightning indexer scores every
+// visible compressed entry (S / 8 on average) before taking its top-k. Both grow with S per token.
+//
+// Each configuration runs in a fresh process (this binary with --child), so the resident-memory
+// high-water mark is its own. One warm-up step, then the best of 2 timed steps (1 from 16K on).
+//   build/bench/bench_v4_scaling [--seqs 4096,8192,16384,32768] [--v32-seq 32768] [--skip-v32]
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "titan/autograd/ops.h"
+#include "titan/core/allocator.h"
+#include "titan/core/cpu_features.h"
+#include "titan/core/rng.h"
+#include "titan/models/causal_lm.h"
+#include "titan/models/deepseek_v4/args.h"
+#include "titan/optim/adamw.h"
+#include "titan/optim/clip_grad.h"
+#include "titan/train/metrics.h"
+
+using namespace titan;
+
+namespace {
+
+constexpr int64_t kVocab = 2048;  // the main job's tokenizer
+
+struct Result {
+  bool ok = false;
+  int64_t seq = 0;
+  double seconds_per_step = 0;
+  int64_t peak_bytes = 0;  // our allocator's peak over all tensors
+  int64_t rss_growth = 0;  // resident-memory high-water growth over the run
+  double per_token() const { return seconds_per_step / double(seq); }
+};
+
+// One model at one length, in this process. model: deepseek_v4 or deepseek_v32.
+Result run_here(const std::string& model_name, int64_t seq) {
+  const int64_t rss0 = bench::max_rss_bytes();
+  flush_denormals(true);  // as the trainer does
+  models::ModelOptions options;  // [dsa] defaults: V4's indexer KL at 0.01; V3.2 sparse from step 1
+  if (model_name == "deepseek_v32") options.converters = {"dsa_fused"};
+  auto model = models::build_model(model_name, "debugmodel", kVocab, seq, options);
+  model->init_parameters(0);
+  if (model_name == "deepseek_v4") {
+    // Hash layers: the balanced table bench_train_step uses, not the all-zeros start.
+    const int64_t experts = models::deepseek_v4::deepseek_v4_flavor("debugmodel", kVocab).n_routed_experts;
+    for (auto& [name, t] : model->named_buffers())
+      if (name.ends_with("tid2eid"))
+        for (int64_t i = 0; i < t.numel(); ++i) t.data<int64_t>()[i] = i % experts;
+  }
+  model->begin_step(1);
+  optim::AdamW opt(model->named_parameters(), {});
+  Tensor tokens = Tensor::empty({1, seq}, DType::i32), targets = Tensor::empty({seq}, DType::i32);
+  Generator g(0);
+  for (int64_t i = 0; i < seq; ++i) tokens.data<int32_t>()[i] = int32_t(g.next_below(uint64_t(kVocab)));
+  for (int64_t i = 0; i < seq; ++i) targets.data<int32_t>()[i] = int32_t(g.next_below(uint64_t(kVocab)));
+  auto step = [&] {
+    model->zero_grad();
+    models::TrainingLoss loss = model->training_loss(tokens, targets);
+    autograd::backward(loss.total);
+    const auto norm = optim::clip_grad_norm(model->named_parameters(), 1.0);
+    opt.step(1e-4f, norm.scale);
+    model->end_step([](Tensor&) {});
+  };
+  memory_reset_peak();
+  Result out;
+  out.ok = true;
+  out.seq = seq;
+  out.seconds_per_step = bench::time_best(step, seq >= 16384 ? 1 : 2, 1);
+  out.peak_bytes = memory_stats().peak_total;
+  out.rss_growth = bench::max_rss_bytes() - rss0;
+  return out;
+}
+
+std::string g_self;
+
+Result run(const std::string& model_name, int64_t seq) {
+  const std::string out = bench::read_command(g_self + " --child " + model_name + " " + std::to_string(seq));
+  Result r;
+  if (out.empty() || out.rfind('{') == std::string::npos) return r;
+  const auto j = nlohmann::json::parse(out.substr(out.rfind('{')));
+  r.ok = true;
+  r.seq = seq;
+  r.seconds_per_step = j["seconds_per_step"];
+  r.peak_bytes = j["peak_bytes"];
+  r.rss_growth = j["rss_growth"];
+  return r;
+}
+
+std::string describe(const Result& r) {
+  if (!r.ok) return "failed (out of memory or an error; run the --child command by hand to see it)";
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%7.2f s/step  %8.1f tok/s  %7.3f ms/token  tensors peak %10s  RSS growth %10s",
+                r.seconds_per_step, double(r.seq) / r.seconds_per_step, 1e3 * r.per_token(),
+                train::format_bytes(double(r.peak_bytes)).c_str(), train::format_bytes(double(r.rss_growth)).c_str());
+  return buf;
+}
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) v.push_back(std::atoll(item.c_str()));
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> seqs = {4096, 8192, 16384, 32768};
+  int64_t v32_seq = 32768;
+  bool v32 = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--child" && i + 2 < argc) {
+      const Result r = run_here(argv[i + 1], std::atoll(argv[i + 2]));
+      std::printf("%s\n", nlohmann::json{{"seconds_per_step", r.seconds_per_step},
+                                         {"peak_bytes", r.peak_bytes},
+                                         {"rss_growth", r.rss_growth}}
+                              .dump()
+                              .c_str());
+      return 0;
+    }
+    if (a == "--seqs" && i + 1 < argc) seqs = parse_list(argv[++i]);
+    else if (a == "--v32-seq" && i + 1 < argc) v32_seq = std::atoll(argv[++i]);
+    else if (a == "--skip-v32") v32 = false;
+  }
+  TITAN_CHECK(!seqs.empty(), "bench_v4_scaling: --seqs is empty", "pass lengths such as --seqs 4096,32768");
+  g_self = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::printf("deepseek_v4 debugmodel, f32, batch 1, one training step (indexer KL loss at coeff 0.01, backward, "
+              "clip, AdamW); 1 warm-up step, best of 2 timed (1 from 16K on)\n");
+  std::vector<Result> v4;
+  for (int64_t s : seqs) {
+    v4.push_back(run("deepseek_v4", s));
+    std::printf("  deepseek_v4  seq %6lld: %s\n", static_cast<long long>(s), describe(v4.back()).c_str());
+    std::fflush(stdout);
+  }
+  const Result* first = nullptr;
+  const Result* last = nullptr;
+  for (const Result& r : v4) {
+    if (!r.ok) continue;
+    if (!first) first = &r;
+    last = &r;
+  }
+  if (first && last && last != first) {
+    const double growth = last->per_token() / first->per_token();
+    std::printf("  time per token grows %.2fx from seq %lld to %lld [%s <= 1.3x]\n", growth,
+                static_cast<long long>(first->seq), static_cast<long long>(last->seq), growth <= 1.3 ? "PASS" : "MISS");
+  }
+  if (!v32) return 0;
+  const Result r32 = run("deepseek_v32", v32_seq);
+  std::printf("  deepseek_v32 seq %6lld: %s   (DSA fused, sparse stage, f32)\n", static_cast<long long>(v32_seq),
+              describe(r32).c_str());
+  for (const Result& r : v4)
+    if (r.ok && r32.ok && r.seq == r32.seq)
+      std::printf("  seq %lld: deepseek_v4 / deepseek_v32 tensors peak %.2fx, RSS growth %.2fx, time per token %.2fx\n",
+                  static_cast<long long>(r.seq), double(r.peak_bytes) / double(r32.peak_bytes),
+                  double(r.rss_growth) / double(r32.rss_growth), r.per_token() / r32.per_token());
+  return 0;
+}
