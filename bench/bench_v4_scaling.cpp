@@ -3,8 +3,11 @@
 // 0.01, backward, clipping, AdamW) at batch 1 and seq 4096 .. 32768, printed as time per token and
 // the ratio of the longest to the shortest (target <= 1.3x: compression keeps attention
 // near-linear), and our tensors' peak memory at each length. Beside it, the deepseek_v32
-// debugmodel (DSA's fused kernels, sparse stage, as bench_dsa_model runs it) at the longest length
-// in the same dtype, for its memory at the same size.
+// debugmodel (DSA's fused kernels, sparse stage, as bench_dsa_model runs it) at the lengths of
+// --v32-seqs, for its memory at the same size: in f32 as V4, and where f32 fails (out of memory),
+// in bf16 mixed precision (bench_dsa_model's long-context dtype) instead. 16K by default: V3.2's
+// f32 step at 32K needs about 25 GiB of tensors (12.4 GiB at 16K), more than a 23 GiB machine has
+// (the kernel killed it), and its bf16 step there takes minutes on two cores (--v32-seqs 32768).
 //
 // Where V4 is not linear: each HCA layer attends to every causally visible entry (one per
 // hca_ratio = 16 tokens, S / 32 on average), and each CSA layer's lightning indexer scores every
@@ -12,7 +15,7 @@
 //
 // Each configuration runs in a fresh process (this binary with --child), so the resident-memory
 // high-water mark is its own. One warm-up step, then the best of 2 timed steps (1 from 16K on).
-//   build/bench/bench_v4_scaling [--seqs 4096,8192,16384,32768] [--v32-seq 32768] [--skip-v32]
+//   build/bench/bench_v4_scaling [--seqs 4096,8192,16384,32768] [--v32-seqs 16384] [--skip-v32]
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -41,20 +44,22 @@ constexpr int64_t kVocab = 2048;  // the main job's tokenizer
 struct Result {
   bool ok = false;
   int64_t seq = 0;
+  DType compute = DType::f32;
   double seconds_per_step = 0;
   int64_t peak_bytes = 0;  // our allocator's peak over all tensors
   int64_t rss_growth = 0;  // resident-memory high-water growth over the run
   double per_token() const { return seconds_per_step / double(seq); }
 };
 
-// One model at one length, in this process. model: deepseek_v4 or deepseek_v32.
-Result run_here(const std::string& model_name, int64_t seq) {
+// One model at one length, in this process. model: deepseek_v4 or deepseek_v32 (f32 or bf16).
+Result run_here(const std::string& model_name, int64_t seq, DType compute) {
   const int64_t rss0 = bench::max_rss_bytes();
   flush_denormals(true);  // as the trainer does
   models::ModelOptions options;  // [dsa] defaults: V4's indexer KL at 0.01; V3.2 sparse from step 1
   if (model_name == "deepseek_v32") options.converters = {"dsa_fused"};
   auto model = models::build_model(model_name, "debugmodel", kVocab, seq, options);
   model->init_parameters(0);
+  model->set_compute_dtype(compute);
   if (model_name == "deepseek_v4") {
     // Hash layers: the balanced table bench_train_step uses, not the all-zeros start.
     const int64_t experts = models::deepseek_v4::deepseek_v4_flavor("debugmodel", kVocab).n_routed_experts;
@@ -88,13 +93,15 @@ Result run_here(const std::string& model_name, int64_t seq) {
 
 std::string g_self;
 
-Result run(const std::string& model_name, int64_t seq) {
-  const std::string out = bench::read_command(g_self + " --child " + model_name + " " + std::to_string(seq));
+Result run(const std::string& model_name, int64_t seq, DType compute = DType::f32) {
+  const std::string out = bench::read_command(g_self + " --child " + model_name + " " + std::to_string(seq) + " " +
+                                              std::string(dtype_name(compute)));
   Result r;
   if (out.empty() || out.rfind('{') == std::string::npos) return r;
   const auto j = nlohmann::json::parse(out.substr(out.rfind('{')));
   r.ok = true;
   r.seq = seq;
+  r.compute = compute;
   r.seconds_per_step = j["seconds_per_step"];
   r.peak_bytes = j["peak_bytes"];
   r.rss_growth = j["rss_growth"];
@@ -122,12 +129,13 @@ std::vector<int64_t> parse_list(const std::string& s) {
 
 int main(int argc, char** argv) {
   std::vector<int64_t> seqs = {4096, 8192, 16384, 32768};
-  int64_t v32_seq = 32768;
+  std::vector<int64_t> v32_seqs = {16384};
   bool v32 = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--child" && i + 2 < argc) {
-      const Result r = run_here(argv[i + 1], std::atoll(argv[i + 2]));
+    if (a == "--child" && i + 3 < argc) {
+      const Result r = run_here(argv[i + 1], std::atoll(argv[i + 2]),
+                                std::string(argv[i + 3]) == "bf16" ? DType::bf16 : DType::f32);
       std::printf("%s\n", nlohmann::json{{"seconds_per_step", r.seconds_per_step},
                                          {"peak_bytes", r.peak_bytes},
                                          {"rss_growth", r.rss_growth}}
@@ -136,7 +144,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (a == "--seqs" && i + 1 < argc) seqs = parse_list(argv[++i]);
-    else if (a == "--v32-seq" && i + 1 < argc) v32_seq = std::atoll(argv[++i]);
+    else if (a == "--v32-seqs" && i + 1 < argc) v32_seqs = parse_list(argv[++i]);
     else if (a == "--skip-v32") v32 = false;
   }
   TITAN_CHECK(!seqs.empty(), "bench_v4_scaling: --seqs is empty", "pass lengths such as --seqs 4096,32768");
@@ -162,13 +170,23 @@ int main(int argc, char** argv) {
                 static_cast<long long>(first->seq), static_cast<long long>(last->seq), growth <= 1.3 ? "PASS" : "MISS");
   }
   if (!v32) return 0;
-  const Result r32 = run("deepseek_v32", v32_seq);
-  std::printf("  deepseek_v32 seq %6lld: %s   (DSA fused, sparse stage, f32)\n", static_cast<long long>(v32_seq),
-              describe(r32).c_str());
-  for (const Result& r : v4)
-    if (r.ok && r32.ok && r.seq == r32.seq)
-      std::printf("  seq %lld: deepseek_v4 / deepseek_v32 tensors peak %.2fx, RSS growth %.2fx, time per token %.2fx\n",
-                  static_cast<long long>(r.seq), double(r.peak_bytes) / double(r32.peak_bytes),
-                  double(r.rss_growth) / double(r32.rss_growth), r.per_token() / r32.per_token());
+  for (int64_t s : v32_seqs) {
+    Result r32 = run("deepseek_v32", s);
+    if (!r32.ok) {
+      std::printf("  deepseek_v32 seq %6lld: f32 failed (out of memory here?); bf16 mixed precision instead\n",
+                  static_cast<long long>(s));
+      r32 = run("deepseek_v32", s, DType::bf16);
+    }
+    std::printf("  deepseek_v32 seq %6lld: %s   (DSA fused, sparse stage, %s)\n", static_cast<long long>(s),
+                describe(r32).c_str(), std::string(dtype_name(r32.compute)).c_str());
+    std::fflush(stdout);
+    for (const Result& r : v4)
+      if (r.ok && r32.ok && r.seq == r32.seq)
+        std::printf("  seq %lld: deepseek_v4 (f32) / deepseek_v32 (%s) tensors peak %.2fx, RSS growth %.2fx, "
+                    "time per token %.2fx\n",
+                    static_cast<long long>(r.seq), std::string(dtype_name(r32.compute)).c_str(),
+                    double(r.peak_bytes) / double(r32.peak_bytes), double(r.rss_growth) / double(r32.rss_growth),
+                    r.per_token() / r32.per_token());
+  }
   return 0;
 }
