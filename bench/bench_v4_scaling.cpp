@@ -13,6 +13,11 @@
 // hca_ratio = 16 tokens, S / 32 on average), and each CSA layer's lightning indexer scores every
 // visible compressed entry (S / 8 on average) before taking its top-k. Both grow with S per token.
 //
+// The arithmetic printed beside the times: the model's own count (TorchTitan's: 6 per active
+// weight, plus the attention's scores and values over the window, CSA's top-k and HCA's visible
+// entries) and the CSA indexers' scoring of every visible compressed entry, which that count leaves
+// out (forward only: 2 nI dI per entry; the KL's gradient reaches only the top-k).
+//
 // Each configuration runs in a fresh process (this binary with --child), so the resident-memory
 // high-water mark is its own. One warm-up step, then the best of 2 timed steps (1 from 16K on).
 //   build/bench/bench_v4_scaling [--seqs 4096,8192,16384,32768] [--v32-seqs 16384] [--skip-v32]
@@ -48,8 +53,18 @@ struct Result {
   double seconds_per_step = 0;
   int64_t peak_bytes = 0;  // our allocator's peak over all tensors
   int64_t rss_growth = 0;  // resident-memory high-water growth over the run
+  double flops_per_token = 0;  // the model's count (deepseek_v4 only: + the indexers' scoring)
   double per_token() const { return seconds_per_step / double(seq); }
 };
+
+// The CSA indexers' scoring per token at seq: each query scores its visible compressed entries
+// ((s + 1) / m of them, S / (2 m) on average) with nI heads of dI dims, forward only.
+double indexer_flops_per_token(int64_t seq) {
+  const auto a = models::deepseek_v4::deepseek_v4_flavor("debugmodel", kVocab);
+  double layers = 0;
+  for (auto t : a.layer_types) layers += t == models::deepseek_v4::LayerType::csa ? 1 : 0;
+  return layers * 2.0 * double(a.index_n_heads * a.index_head_dim) * double(seq / a.csa_ratio) / 2;
+}
 
 // One model at one length, in this process. model: deepseek_v4 or deepseek_v32 (f32 or bf16).
 Result run_here(const std::string& model_name, int64_t seq, DType compute) {
@@ -88,6 +103,8 @@ Result run_here(const std::string& model_name, int64_t seq, DType compute) {
   out.seconds_per_step = bench::time_best(step, seq >= 16384 ? 1 : 2, 1);
   out.peak_bytes = memory_stats().peak_total;
   out.rss_growth = bench::max_rss_bytes() - rss0;
+  out.flops_per_token = model->training_flops_per_token(seq);
+  if (model_name == "deepseek_v4") out.flops_per_token += indexer_flops_per_token(seq);
   return out;
 }
 
@@ -105,14 +122,16 @@ Result run(const std::string& model_name, int64_t seq, DType compute = DType::f3
   r.seconds_per_step = j["seconds_per_step"];
   r.peak_bytes = j["peak_bytes"];
   r.rss_growth = j["rss_growth"];
+  r.flops_per_token = j["flops_per_token"];
   return r;
 }
 
 std::string describe(const Result& r) {
   if (!r.ok) return "failed (out of memory or an error; run the --child command by hand to see it)";
   char buf[256];
-  std::snprintf(buf, sizeof buf, "%7.2f s/step  %8.1f tok/s  %7.3f ms/token  tensors peak %10s  RSS growth %10s",
-                r.seconds_per_step, double(r.seq) / r.seconds_per_step, 1e3 * r.per_token(),
+  std::snprintf(buf, sizeof buf,
+                "%7.2f s/step  %8.1f tok/s  %7.3f ms/token  %6.2f MFLOP/token  tensors peak %10s  RSS growth %10s",
+                r.seconds_per_step, double(r.seq) / r.seconds_per_step, 1e3 * r.per_token(), r.flops_per_token / 1e6,
                 train::format_bytes(double(r.peak_bytes)).c_str(), train::format_bytes(double(r.rss_growth)).c_str());
   return buf;
 }
@@ -138,7 +157,8 @@ int main(int argc, char** argv) {
                                 std::string(argv[i + 3]) == "bf16" ? DType::bf16 : DType::f32);
       std::printf("%s\n", nlohmann::json{{"seconds_per_step", r.seconds_per_step},
                                          {"peak_bytes", r.peak_bytes},
-                                         {"rss_growth", r.rss_growth}}
+                                         {"rss_growth", r.rss_growth},
+                                         {"flops_per_token", r.flops_per_token}}
                               .dump()
                               .c_str());
       return 0;
@@ -166,8 +186,10 @@ int main(int argc, char** argv) {
   }
   if (first && last && last != first) {
     const double growth = last->per_token() / first->per_token();
-    std::printf("  time per token grows %.2fx from seq %lld to %lld [%s <= 1.3x]\n", growth,
-                static_cast<long long>(first->seq), static_cast<long long>(last->seq), growth <= 1.3 ? "PASS" : "MISS");
+    std::printf("  time per token grows %.2fx from seq %lld to %lld [%s <= 1.3x]; FLOPs per token (with the "
+                "indexers' scoring) %.2fx\n",
+                growth, static_cast<long long>(first->seq), static_cast<long long>(last->seq),
+                growth <= 1.3 ? "PASS" : "MISS", last->flops_per_token / first->flops_per_token);
   }
   if (!v32) return 0;
   for (int64_t s : v32_seqs) {
