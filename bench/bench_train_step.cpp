@@ -192,7 +192,7 @@ Result run_ours(const Setup& s, DType compute) {
   return r;
 }
 
-// The Python that runs the PyTorch twins: reference/.venv's (scripts' setup_venv.sh) when it
+// The Python that runs the PyTorch twins: reference/.venv's (reference/setup_venv.sh) when it
 // exists, else the system's python3 when it imports torch and transformers; "" when neither.
 const std::string& torch_python() {
   static const std::string py = [] {
