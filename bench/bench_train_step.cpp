@@ -1,6 +1,8 @@
 // Whole-model training throughput in f32 and bf16 mixed precision (our tokens/s, MFU against the
-// measured peak, peak memory) and, when reference/.venv has PyTorch, the same model trained with
-// AdamW in PyTorch on this machine, with the ratios (tokens/s, resident-memory growth) of one run.
+// measured peak, peak memory) and, when PyTorch is at hand, the same model trained with AdamW in
+// PyTorch on this machine, with the ratios (tokens/s, resident-memory growth) of one run. PyTorch
+// is reference/.venv/bin/python when that exists, else the system's python3 when it imports torch
+// and transformers.
 // Only steady-state steps count on both sides (the best of --steps after one warm-up step; 8 for
 // DeepSeek, 3 for Llama-3 by default).
 //
@@ -14,10 +16,17 @@
 //     experts that received tokens (gather, two linears, SwiGLU, index_add per expert), with the
 //     router in f32 (its sigmoid swapped for softmax on softmax-routed flavors, as ours). Targets:
 //     >= 2x tokens/s with lower peak memory (RSS growth ratio < 1), in f32 and bf16.
+//   --model deepseek_v4 (flavor debugmodel, batch 4 x seq 256): against transformers'
+//     DeepseekV4ForCausalLM built from exactly the config.json hf_config(args) writes for the
+//     flavor (reference/bench_deepseek_v4_torch.py), eager attention and eager experts, f32.
+//     Ours trains the CSA indexers with their KL loss ([dsa] indexer_loss_coeff 0.01, the
+//     default); transformers' indexers get no gradient. Hash-routed layers get the same balanced
+//     tid2eid table on both sides (both libraries start it at zeros). Target: >= 3x tokens/s.
+//     titan's V4 is f32 only, so its bf16 row says "not run".
 //   Llama-3 also runs with selective activation checkpointing (--recompute selective in the child),
 //   compared with torch.compile, whose partitioner likewise recomputes cheap ops.
 //
-//   build/bench/bench_train_step [--model llama3|deepseek_v3] [--flavor F[,F...]] [--batch B]
+//   build/bench/bench_train_step [--model llama3|deepseek_v3|deepseek_v4] [--flavor F[,F...]] [--batch B]
 //                                [--seq S] [--steps N] [--recompute none|selective|full] [--no-torch]
 #include <unistd.h>
 
@@ -40,6 +49,7 @@
 #include "titan/core/rng.h"
 #include "titan/models/causal_lm.h"
 #include "titan/models/deepseek_v3/hf_adapter.h"
+#include "titan/models/deepseek_v4/args.h"
 #include "titan/models/llama3/model.h"
 #include "titan/optim/adamw.h"
 #include "titan/optim/clip_grad.h"
@@ -57,6 +67,7 @@ struct Setup {
   int steps = 0;  // 0: the model's default (main)
   models::Recompute recompute = models::Recompute::none;  // activation checkpointing
   bool deepseek() const { return model == "deepseek_v3"; }
+  bool v4() const { return model == "deepseek_v4"; }
   std::string args() const {
     return " --model " + model + " --flavor " + flavor + " --batch " + std::to_string(batch) + " --seq " +
            std::to_string(seq) + " --steps " + std::to_string(steps) + " --recompute " + std::string(name_of(recompute));
@@ -75,6 +86,23 @@ models::deepseek_v3::DeepSeekV3Args deepseek_args(const Setup& s) {
   return a;
 }
 
+models::deepseek_v4::DeepSeekV4Args v4_args(const Setup& s) {
+  auto a = models::deepseek_v4::deepseek_v4_flavor(s.flavor, kVocab);
+  a.max_seq_len = std::max(a.max_seq_len, s.seq);
+  return a;
+}
+
+// A hash-routed layer's frozen token -> experts table, balanced: tid2eid[v, j] = (v * K + j) % E.
+// Both titan and transformers start it at zeros (every token to expert 0); the PyTorch twin
+// (reference/bench_deepseek_v4_torch.py) fills its own the same way.
+void fill_hash_tables(models::CausalLM& model, int64_t n_experts) {
+  for (auto& [name, t] : model.named_buffers()) {
+    if (!name.ends_with("tid2eid")) continue;
+    int64_t* p = t.data<int64_t>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = i % n_experts;
+  }
+}
+
 models::llama3::Llama3Args llama_args(const Setup& s) {
   auto a = models::llama3::llama3_flavor(s.flavor, kVocab);
   a.max_seq_len = std::max(a.max_seq_len, s.seq);
@@ -87,6 +115,13 @@ Shape shape_of(const Setup& s) {
     const auto a = deepseek_args(s);
     out.parameters = a.parameters().total, out.active = a.parameters().active;
     out.flops_per_token = a.training_flops_per_token(s.seq);
+  } else if (s.v4()) {
+    // The built model's own count (DeepSeekV4Args::parameters() counts hc_head's base and scale
+    // as 2 * hc_mult, 3 more than the model holds) and FLOPs.
+    const auto model = models::build_model(s.model, s.flavor, kVocab, s.seq);
+    for (const auto& [name, p] : model->named_parameters()) out.parameters += p->var.value().numel();
+    out.active = out.parameters - (v4_args(s).parameters().total - v4_args(s).parameters().active);
+    out.flops_per_token = model->training_flops_per_token(s.seq);
   } else {
     const auto a = llama_args(s);
     out.parameters = out.active = a.num_parameters();
@@ -108,6 +143,7 @@ Result run_ours_here(const Setup& s, DType compute) {
   flush_denormals(true);  // as the trainer does
   std::unique_ptr<models::CausalLM> model = models::build_model(s.model, s.flavor, kVocab, s.seq);
   model->init_parameters(0);
+  if (s.v4()) fill_hash_tables(*model, v4_args(s).n_routed_experts);
   model->set_compute_dtype(compute);
   model->set_recompute(s.recompute);
   optim::AdamW opt(model->named_parameters(), {});
@@ -156,23 +192,36 @@ Result run_ours(const Setup& s, DType compute) {
   return r;
 }
 
-// The PyTorch twin's JSON line, or nothing when reference/.venv is missing or the script failed.
+// The Python that runs the PyTorch twins: reference/.venv's (reference/setup_venv.sh) when it
+// exists, else the system's python3 when it imports torch and transformers; "" when neither.
+const std::string& torch_python() {
+  static const std::string py = [] {
+    if (std::filesystem::exists("reference/.venv/bin/python")) return std::string("reference/.venv/bin/python");
+    if (std::system("python3 -c 'import torch, transformers' >/dev/null 2>&1") == 0) return std::string("python3");
+    return std::string();
+  }();
+  return py;
+}
+
+// The PyTorch twin's JSON line, or nothing when no Python has torch or the script failed.
 std::optional<nlohmann::json> run_torch(const Setup& s, DType dtype, const char* mode) {
-  const char* py = "reference/.venv/bin/python";
-  if (!std::filesystem::exists(py)) return std::nullopt;
+  const std::string& py = torch_python();
+  if (py.empty()) return std::nullopt;
   const std::string common = " --batch " + std::to_string(s.batch) + " --seq " + std::to_string(s.seq) +
                              " --steps " + std::to_string(s.steps) + " --dtype " + std::string(name_of(dtype));  // PyTorch's name
   std::string cmd;
   std::filesystem::path config;
-  if (s.deepseek()) {
+  if (s.deepseek() || s.v4()) {
     // transformers builds the model from exactly the config.json our HF export writes for the flavor.
     config = std::filesystem::temp_directory_path() /
-             ("bench_train_step_" + s.flavor + "_" + std::to_string(getpid()) + ".json");
-    std::ofstream(config) << models::deepseek_v3::hf_config_from_args(deepseek_args(s)).dump(2);
-    cmd = std::string(py) + " reference/bench_deepseek_v3_torch.py --config " + config.string() + common;
+             ("bench_train_step_" + s.model + "_" + s.flavor + "_" + std::to_string(getpid()) + ".json");
+    std::ofstream(config) << (s.v4() ? models::deepseek_v4::hf_config(v4_args(s))
+                                     : models::deepseek_v3::hf_config_from_args(deepseek_args(s)))
+                                    .dump(2);
+    cmd = py + " reference/bench_" + s.model + "_torch.py --config " + config.string() + common;
   } else {
     const auto a = llama_args(s);
-    cmd = std::string(py) + " reference/bench_llama3_torch.py --dim " + std::to_string(a.dim) + " --layers " +
+    cmd = py + " reference/bench_llama3_torch.py --dim " + std::to_string(a.dim) + " --layers " +
           std::to_string(a.n_layers) + " --heads " + std::to_string(a.n_heads) + " --vocab " +
           std::to_string(a.vocab_size) + common + " --mode " + mode;
   }
@@ -182,6 +231,9 @@ std::optional<nlohmann::json> run_torch(const Setup& s, DType dtype, const char*
   return nlohmann::json::parse(out.substr(out.rfind('{')));
 }
 
+void bench_torch_rows(const Setup& s, const Shape& shape, const std::vector<std::pair<DType, const Result*>>& ours_by_dtype,
+                      const std::vector<const char*>& modes, double target, const std::vector<const Result*>& selective);
+
 void bench_flavor(const Setup& s, bool torch) {
   const Shape shape = shape_of(s);
   char active[40] = "";
@@ -189,11 +241,19 @@ void bench_flavor(const Setup& s, bool torch) {
   std::printf("\n%s %s: %.1fM parameters%s, batch %lld x seq %lld, %.2f GFLOP/token (TorchTitan's count)\n",
               s.model.c_str(), s.flavor.c_str(), double(shape.parameters) / 1e6, active,
               static_cast<long long>(s.batch), static_cast<long long>(s.seq), shape.flops_per_token / 1e9);
+  if (s.v4())
+    std::printf("titan trains the CSA indexers with their KL loss (coeff 0.01, the default); transformers' "
+                "indexers get no gradient\n");
   const Result f32 = run_ours(s, DType::f32);
-  const Result bf = run_ours(s, DType::bf16);
   std::printf("titan f32 : %8.0f tok/s  MFU %5.1f%%  tensors peak %s, RSS growth %s\n", f32.tokens_per_second,
               100 * f32.mfu, train::format_bytes(double(f32.peak_bytes)).c_str(),
               train::format_bytes(double(f32.rss_growth)).c_str());
+  if (s.v4()) {
+    std::printf("titan bf16: not run (titan's deepseek_v4 is f32 only)\n");
+    if (torch) bench_torch_rows(s, shape, {{DType::f32, &f32}}, {"eager"}, 3.0, {});
+    return;
+  }
+  const Result bf = run_ours(s, DType::bf16);
   std::printf("titan bf16: %8.0f tok/s  MFU %5.1f%%  tensors peak %s, RSS growth %s", bf.tokens_per_second,
               100 * bf.mfu, train::format_bytes(double(bf.peak_bytes)).c_str(),
               train::format_bytes(double(bf.rss_growth)).c_str());
@@ -216,21 +276,30 @@ void bench_flavor(const Setup& s, bool torch) {
   const double target = s.deepseek() ? 2.0 : 1.5;
   const std::vector<const char*> modes = s.deepseek() ? std::vector<const char*>{"eager"}
                                                       : std::vector<const char*>{"eager", "compile"};
-  for (const DType dtype : {DType::f32, DType::bf16}) {
-    const Result& ours = dtype == DType::f32 ? f32 : bf;
+  bench_torch_rows(s, shape, {{DType::f32, &f32}, {DType::bf16, &bf}}, modes, target, {&sel_f32, &sel_bf});
+}
+
+// The PyTorch rows: per dtype (with our result in it) and mode, PyTorch's tokens/s and RSS growth
+// and the ratios; selective: our selective-AC results (f32, bf16) for the compile rows, if any.
+void bench_torch_rows(const Setup& s, const Shape& shape, const std::vector<std::pair<DType, const Result*>>& ours_by_dtype,
+                      const std::vector<const char*>& modes, double target, const std::vector<const Result*>& selective) {
+  for (const auto& [dtype, ours_ptr] : ours_by_dtype) {
+    const Result& ours = *ours_ptr;
     const std::string torch_name(name_of(dtype));  // PyTorch's name, as the reference script takes it
     for (const char* mode : modes) {
       const auto t = run_torch(s, dtype, mode);
       if (!t) {
-        std::printf("pytorch %s %s: not run (reference/.venv with torch missing, or it failed)\n", mode, torch_name.c_str());
+        std::printf("pytorch %s %s: not run (no Python with torch and transformers: reference/.venv or python3; "
+                    "or the script failed)\n",
+                    mode, torch_name.c_str());
         continue;
       }
       const double tps = (*t)["tokens_per_second"];
       const double rss = double((*t)["peak_rss_bytes"].get<int64_t>() - (*t)["rss_before_bytes"].get<int64_t>());
       const double speed = ours.tokens_per_second / tps, memory = double(ours.rss_growth) / rss;
       std::string verdicts;
-      if (std::string(mode) == "compile") {
-        const Result& sel = dtype == DType::f32 ? sel_f32 : sel_bf;
+      if (std::string(mode) == "compile" && selective.size() == 2) {
+        const Result& sel = *selective[dtype == DType::f32 ? 0 : 1];
         char buf[96];
         std::snprintf(buf, sizeof buf, "; with selective AC %.2fx tokens/s, %.2fx memory",
                       sel.tokens_per_second / tps, double(sel.rss_growth) / rss);
@@ -275,15 +344,15 @@ int main(int argc, char** argv) {
     }
     else if (a == "--no-torch") torch = false;
   }
-  TITAN_CHECK(s.model == "llama3" || s.deepseek(), "bench_train_step: unknown --model '" + s.model + "'",
-              "use --model llama3 or --model deepseek_v3");
+  TITAN_CHECK(s.model == "llama3" || s.deepseek() || s.v4(), "bench_train_step: unknown --model '" + s.model + "'",
+              "use --model llama3, deepseek_v3 or deepseek_v4");
   // Defaults sized so that one step takes seconds on a small CPU box.
-  if (flavors.empty()) flavors = s.deepseek() ? "debugmodel,100M" : "125M";
+  if (flavors.empty()) flavors = s.deepseek() ? "debugmodel,100M" : s.v4() ? "debugmodel" : "125M";
   if (s.batch == 0) s.batch = s.deepseek() ? 2 : 4;
-  if (s.seq == 0) s.seq = s.deepseek() ? 512 : 1024;
+  if (s.seq == 0) s.seq = s.deepseek() ? 512 : s.v4() ? 256 : 1024;
   // DeepSeek steps take about a second here, so the best of more of them (on both sides) damps
   // this shared machine's noise, which moved single figures by 5-10%.
-  if (s.steps == 0) s.steps = s.deepseek() ? 8 : 3;
+  if (s.steps == 0) s.steps = s.deepseek() || s.v4() ? 8 : 3;
   if (!child.empty()) {
     s.flavor = flavors;
     const Result r = run_ours_here(s, child == "bf16" ? DType::bf16 : DType::f32);
