@@ -152,7 +152,7 @@ DeepSeekV4Args::ParamCount DeepSeekV4Args::parameters() const {
   const int64_t expert = 3 * d * moe_inter_dim;
   ParamCount p;
   p.embedding = vocab_size * d;
-  const int64_t common = p.embedding + vocab_size * d /* head */ + d /* norm */ + n * n * d + 2 * n /* hc_head */;
+  const int64_t common = p.embedding + vocab_size * d /* head */ + d /* norm */ + n * n * d + n + 1 /* hc_head */;
   p.total = p.active = common;
   for (LayerType t : layer_types) {
     int64_t layer = 2 * hc + 2 * d + attention + n_routed_experts * d /* router */ + expert /* shared */;
