@@ -52,6 +52,21 @@ void check_options(const ModelFamily& f, const ModelOptions& options) {
 
 }  // namespace
 
+std::vector<std::pair<std::string, Tensor>> export_tensors(const HfExport& job,
+                                                           const std::vector<std::pair<std::string, Shape>>& shapes) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& [name, shape] : shapes) {
+    const auto it = job.tensors.find(name);
+    TITAN_CHECK(it != job.tensors.end() && it->second.shape() == shape,
+                "checkpoint " + job.source + ": model tensor '" + name + "' is " +
+                    (it == job.tensors.end() ? std::string("missing") : it->second.shape().str()) +
+                    ", the architecture needs " + shape.str(),
+                "pass the --flavor the checkpoint was trained with");
+    out.emplace_back(name, it->second);
+  }
+  return out;
+}
+
 std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string& flavor, int64_t vocab_size,
                                       int64_t max_seq_len, const ModelOptions& options) {
   const ModelFamily& f = model_family(name);

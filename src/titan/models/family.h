@@ -80,6 +80,11 @@ struct HfExport {
   checkpoint::HfWriteOptions options;
 };
 
+// The export's tensors for an architecture's state (names and shapes, in its order): each must be
+// in the checkpoint with that shape, else an error naming the tensor and --flavor.
+std::vector<std::pair<std::string, Tensor>> export_tensors(const HfExport& job,
+                                                           const std::vector<std::pair<std::string, Shape>>& shapes);
+
 struct HfConversion {
   bool (*reads)(const nlohmann::json& config);  // whether a folder's config.json is this family's
   HfImport (*import_folder)(const checkpoint::HfFolder& folder);

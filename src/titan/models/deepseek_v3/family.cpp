@@ -169,16 +169,7 @@ size_t export_folder(const HfExport& job, const std::filesystem::path& dir) {
   const DeepSeekV3Args a = export_architecture(job);
   // Exactly the architecture's weights, in its order; run-time buffers (e.g. MoE token counts)
   // have no place in an HF folder.
-  std::vector<std::pair<std::string, Tensor>> state;
-  for (const auto& [name, shape] : state_shapes(a)) {
-    const auto it = job.tensors.find(name);
-    TITAN_CHECK(it != job.tensors.end() && it->second.shape() == shape,
-                "checkpoint " + job.source + ": model tensor '" + name + "' is " +
-                    (it == job.tensors.end() ? std::string("missing") : it->second.shape().str()) +
-                    ", the architecture needs " + shape.str(),
-                "pass the --flavor the checkpoint was trained with");
-    state.emplace_back(name, it->second);
-  }
+  const std::vector<std::pair<std::string, Tensor>> state = export_tensors(job, state_shapes(a));
   save_hf(dir, a, state, job.options);
   return state.size();
 }

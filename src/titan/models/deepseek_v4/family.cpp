@@ -145,17 +145,8 @@ size_t export_folder(const HfExport& job, const std::filesystem::path& dir) {
     const auto embedding = job.tensors.find("embed_tokens.weight");
     a = deepseek_v4_flavor(job.flavor, embedding == job.tensors.end() ? 0 : embedding->second.size(0));
   }
-  std::map<std::string, Tensor> ours;
-  for (const auto& [name, shape] : state_shapes(a)) {
-    const auto it = job.tensors.find(name);
-    TITAN_CHECK(it != job.tensors.end() && it->second.shape() == shape,
-                "checkpoint " + job.source + ": model tensor '" + name + "' is " +
-                    (it == job.tensors.end() ? std::string("missing") : it->second.shape().str()) +
-                    ", the architecture needs " + shape.str(),
-                "pass the --flavor the checkpoint was trained with");
-    ours[name] = it->second;
-  }
-  const std::map<std::string, Tensor> hf = state_to_hf(ours);
+  const auto state = export_tensors(job, state_shapes(a));
+  const std::map<std::string, Tensor> hf = state_to_hf(std::map<std::string, Tensor>(state.begin(), state.end()));
   std::vector<std::pair<std::string, Tensor>> tensors(hf.begin(), hf.end());
   checkpoint::save_hf_folder(dir, hf_config(a), tensors, job.options);
   return tensors.size();
