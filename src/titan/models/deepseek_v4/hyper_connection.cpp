@@ -10,15 +10,14 @@ namespace {
 
 // The streams [T, N, d] unweighted-RMS-normed over all N d values of a token, projected by fn
 // [M, N d]: [T, M].
-Variable mixes(const Variable& streams, const nn::Parameter& fn, const HyperConnectionArgs& a) {
+Variable mixes(const Variable& streams, const nn::Parameter& fn, const Tensor& ones, const HyperConnectionArgs& a) {
   TITAN_CHECK(streams.shape().size() == 3 && streams.shape()[1] == a.streams && streams.shape()[2] == a.dim,
               "mHC: the streams must be [T, " + std::to_string(a.streams) + ", " + std::to_string(a.dim) + "], got " +
                   streams.shape().str());
   const int64_t tokens = streams.shape()[0], width = a.streams * a.dim;
   const Variable flat = autograd::view(streams, {tokens, width});
   // The unweighted norm: a constant weight of ones (no parameter, no gradient).
-  const Variable ones(Tensor::full({width}, 1.0, DType::f32, MemCategory::activations));
-  return autograd::linear(autograd::rmsnorm(flat, ones, a.norm_eps), fn.var);
+  return autograd::linear(autograd::rmsnorm(flat, Variable(ones), a.norm_eps), fn.var);
 }
 
 }  // namespace
@@ -27,7 +26,8 @@ HyperConnection::HyperConnection(const HyperConnectionArgs& a)
     : fn(register_parameter("fn", {(a.streams + 2) * a.streams, a.streams * a.dim}, nn::Init::normal(0, a.init_std))),
       base(register_parameter("base", {(a.streams + 2) * a.streams}, nn::Init::zeros(), /*weight_decay=*/false)),
       scale(register_parameter("scale", {3}, nn::Init::ones(), /*weight_decay=*/false)),
-      args_(a) {
+      args_(a),
+      ones_(Tensor::full({a.streams * a.dim}, 1.0, DType::f32, MemCategory::parameters)) {
   TITAN_CHECK(a.streams >= 1 && a.dim >= 1 && a.sinkhorn_iters >= 1,
               "mHC: hc_mult " + std::to_string(a.streams) + ", hidden_size " + std::to_string(a.dim) +
                   ", hc_sinkhorn_iters " + std::to_string(a.sinkhorn_iters),
@@ -36,7 +36,7 @@ HyperConnection::HyperConnection(const HyperConnectionArgs& a)
 
 HyperConnection::Mixing HyperConnection::forward(const Variable& streams) const {
   const int64_t n = args_.streams, tokens = streams.shape()[0];
-  const Variable w = autograd::hc_weights(mixes(streams, fn, args_), base.var, scale.var, n, args_.hc_eps);
+  const Variable w = autograd::hc_weights(mixes(streams, fn, ones_, args_), base.var, scale.var, n, args_.hc_eps);
   const Variable pre = autograd::narrow_last(w, 0, n);
   const Variable comb_logits = autograd::view(autograd::narrow_last(w, 2 * n, n * n), {tokens, n, n});
   return {autograd::narrow_last(w, n, n), autograd::sinkhorn(comb_logits, args_.sinkhorn_iters, args_.hc_eps),
@@ -51,10 +51,11 @@ HyperHead::HyperHead(const HyperConnectionArgs& a)
     : fn(register_parameter("fn", {a.streams, a.streams * a.dim}, nn::Init::normal(0, a.init_std))),
       base(register_parameter("base", {a.streams}, nn::Init::zeros(), /*weight_decay=*/false)),
       scale(register_parameter("scale", {1}, nn::Init::ones(), /*weight_decay=*/false)),
-      args_(a) {}
+      args_(a),
+      ones_(Tensor::full({a.streams * a.dim}, 1.0, DType::f32, MemCategory::parameters)) {}
 
 Variable HyperHead::forward(const Variable& streams) const {
-  const Variable pre = autograd::hc_weights(mixes(streams, fn, args_), base.var, scale.var, args_.streams, args_.hc_eps);
+  const Variable pre = autograd::hc_weights(mixes(streams, fn, ones_, args_), base.var, scale.var, args_.streams, args_.hc_eps);
   return autograd::hc_collapse(streams, pre);
 }
 

@@ -43,6 +43,7 @@ class HyperConnection : public nn::Module {
 
  private:
   HyperConnectionArgs args_;
+  Tensor ones_;  // the unweighted norm's constant weight [N d]
 };
 
 class HyperHead : public nn::Module {
@@ -56,6 +57,7 @@ class HyperHead : public nn::Module {
 
  private:
   HyperConnectionArgs args_;
+  Tensor ones_;  // the unweighted norm's constant weight [N d]
 };
 
 }  // namespace titan::models::deepseek_v4
