@@ -2,7 +2,10 @@
 // DeepSeek's naming: attn.wq_a, ffn.experts.E.w1, hc_attn_fn, head.weight) converts with
 // `titan ckpt convert --from-hf` and `titan generate --temperature 0` continues a prompt exactly
 // as transformers' greedy decode did (the fixture's greedy_ids); converted back with --to-hf
-// (transformers' own naming), every tensor comes back bit for bit.
+// (transformers' own naming), every tensor comes back bit for bit. The same model in the release
+// layout (tests/fixtures/deepseek_v4_release: no "model." prefix, FP8 E4M3 attention and shared
+// experts with UE8M0 128 x 128 block scales under ".scale", FP4 routed experts packed in int8 with
+// 1 x 32 scales, bf16 embeddings) converts to exactly the weights transformers dequantized from it.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -23,6 +26,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kFolder = "tests/fixtures/deepseek_v4_tiny";
+constexpr const char* kRelease = "tests/fixtures/deepseek_v4_release";
 constexpr const char* kTokenizer = "tests/fixtures/tokenizer/gpt2_bpe.json";
 
 int run_cli(std::vector<std::string> args, int (*main_fn)(int, char**)) {
@@ -74,6 +78,34 @@ TEST(DeepSeekV4FromHf, SavePretrainedFolderConvertsAndGeneratesAsTransformers) {
     const Tensor& b = back.at(name);
     ASSERT_EQ(b.shape(), t.shape()) << name;
     EXPECT_EQ(std::memcmp(b.data_ptr(), t.data_ptr(), t.nbytes()), 0) << name;
+  }
+  fs::remove_all(root);
+}
+
+TEST(DeepSeekV4FromHf, ReleaseLayoutDequantizesAsTransformers) {
+  const fs::path root = fs::temp_directory_path() / ("titan_v4_release_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  ASSERT_EQ(run_cli({"ckpt", "convert", "--from-hf", kRelease, "--to", (root / "ckpt").string()}, cli::ckpt_main), 0);
+  ASSERT_EQ(run_cli({"ckpt", "convert", "--from", (root / "ckpt").string(), "--to-hf", (root / "hf").string(), "--dtype",
+                     "f32"},
+                    cli::ckpt_main),
+            0);
+  const std::map<std::string, Tensor> got = ours_from(root / "hf"), original = ours_from(kFolder);
+  // transformers' values where the storage changed them (every FP8, FP4 and bf16 tensor), the
+  // tiny model's elsewhere.
+  std::map<std::string, Tensor> dequantized;
+  const auto expected = checkpoint::SafetensorsFile::open(std::string(kRelease) + "/expected.safetensors");
+  for (const auto& [name, entry] : expected.entries()) dequantized[name] = expected.get(name);
+  const std::map<std::string, Tensor> changed = models::deepseek_v4::state_from_hf(dequantized, kRelease);
+  EXPECT_GE(changed.size(), 40u);  // 5 layers' attention, shared and routed experts, router; embeddings
+  ASSERT_EQ(got.size(), original.size());
+  for (const auto& [name, t] : original) {
+    ASSERT_TRUE(got.count(name)) << name;
+    const auto c = changed.find(name);
+    const Tensor& want = c == changed.end() ? t : c->second;
+    const Tensor& g = got.at(name);
+    ASSERT_EQ(g.shape(), want.shape()) << name;
+    EXPECT_EQ(std::memcmp(g.data_ptr(), want.data_ptr(), want.nbytes()), 0) << name;
   }
   fs::remove_all(root);
 }

@@ -106,13 +106,47 @@ TEST(HfFp8, BlockDequantizationMatchesTheOriginalWithinFp8Error) {
   // A block's largest value is represented to within its rounding (the scale maps it to 448).
   EXPECT_NEAR(g[299 * 200 + 199], x[299 * 200 + 199], std::fabs(x[299 * 200 + 199]) / 16 + 1e-6);
   // Scales of the wrong shape, and a missing scale, name the tensor and the file.
-  expect_contains(error_of([&] { checkpoint::dequantize_fp8_blocks(q, scale.slice(1, 0, 1).contiguous(), "w in x"); }),
-                  "does not fit 128x128 blocks");
+  expect_contains(error_of([&] { checkpoint::dequantize_blocks(q, scale.slice(1, 0, 1).contiguous(), "w in x"); }),
+                  "do not fit 128x128 blocks");
   checkpoint::save_safetensors(dir / "model.safetensors", {{"w", q}});
   const std::string e = error_of([&] { checkpoint::HfFolder::open(dir).load_f32("w"); });
   expect_contains(e, "'w'");
   expect_contains(e, "model.safetensors");
   expect_contains(e, "w_scale_inv");
+}
+
+// DeepSeek-V4's release: "<X>.weight" in FP4 (two e2m1 codes per int8 byte, the low nibble the
+// even column) or FP8 with "<X>.scale" UE8M0 block scales beside it.
+TEST(HfFp4, PackedBytesAndUe8m0ScalesDequantizeByTheGrid) {
+  // Row 0: bytes 0x21 0x9f 0x07 0x70 = codes 1 2 | 15 9 | 7 0 | 0 7 = 0.5 1 | -6 -0.5 | 6 0 | 0 6.
+  // Row 1: all 0x44 = 2.0 everywhere. Scales [2, 2] (1 x 4 blocks): e8m0 bytes 128 = 2, 126 = 0.5,
+  // 127 = 1, 0 = 2^-127.
+  Tensor bytes = Tensor::empty({2, 4}, DType::u8);
+  const uint8_t b[8] = {0x21, 0x9f, 0x07, 0x70, 0x44, 0x44, 0x44, 0x44};
+  std::memcpy(bytes.data_ptr(), b, 8);
+  Tensor scale = Tensor::empty({2, 2}, DType::u8);
+  const uint8_t sb[4] = {128, 126, 127, 0};
+  std::memcpy(scale.data_ptr(), sb, 4);
+  const TempDir dir("fp4");
+  write_json(dir / "config.json", json::object());
+  Tensor fp8 = Tensor::empty({2, 2}, DType::f8e4m3);
+  for (int i = 0; i < 4; ++i) fp8.data<f8e4m3>()[i] = f32_to_f8e4m3(float(i) - 1.5f);
+  Tensor fp8_scale = Tensor::empty({1, 1}, DType::e8m0);
+  fp8_scale.data<e8m0>()[0] = f32_to_e8m0(4.0f);
+  checkpoint::save_safetensors(dir / "model.safetensors", {{"e.weight", bytes}, {"e.scale", scale},
+                                                           {"a.weight", fp8}, {"a.scale", fp8_scale},
+                                                           {"hc.scale", Tensor::full({3}, 1.0, DType::f32)}});
+  const checkpoint::HfFolder folder = checkpoint::HfFolder::open(dir);
+  EXPECT_TRUE(folder.is_scale("e.scale"));
+  EXPECT_FALSE(folder.is_scale("hc.scale"));  // mHC's own scale: no weight beside it
+  const double tiny = std::ldexp(1.0, -126);  // 2 x 2^-127
+  EXPECT_EQ(test::to_doubles(folder.load_f32("e.weight")),
+            (std::vector<double>{1, 2, -12, -1, 3, 0, 0, 3, 2, 2, 2, 2, tiny, tiny, tiny, tiny}));
+  EXPECT_EQ(test::to_doubles(folder.load_f32("a.weight")), (std::vector<double>{-6, -2, 2, 6}));
+  // A grid that does not divide the weight evenly names the tensor.
+  const Tensor three = Tensor::zeros({2, 3}, DType::u8);
+  expect_contains(error_of([&] { checkpoint::dequantize_blocks(checkpoint::unpack_fp4_bytes(bytes, "e"), three, "e in x", 0); }),
+                  "do not fit even blocks");
 }
 
 TEST(HfAdapter, ShardedExportRoundTripsThroughLoad) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -115,18 +116,35 @@ const SafetensorsFile& HfFolder::file(const std::string& name) const { return *f
 
 Shape HfFolder::shape(const std::string& name) const { return file(name).entries().at(name).shape; }
 
+bool HfFolder::is_scale(const std::string& name) const {
+  if (name.ends_with("_scale_inv")) return contains(name.substr(0, name.size() - 10));
+  return name.ends_with(".scale") && contains(name.substr(0, name.size() - 6) + ".weight");
+}
+
+std::string HfFolder::scale_of(const std::string& weight) const {
+  if (contains(weight + "_scale_inv")) return weight + "_scale_inv";
+  if (weight.ends_with(".weight") && contains(weight.substr(0, weight.size() - 7) + ".scale"))
+    return weight.substr(0, weight.size() - 7) + ".scale";
+  return {};
+}
+
 Tensor HfFolder::load_f32(const std::string& name) const {
   const Tensor stored = file(name).get(name);
   const std::string where = "tensor '" + name + "' in " + (dir_ / file_of(name)).string();
+  const std::string scale = scale_of(name);
   if (stored.dtype() == DType::f8e4m3) {
-    const std::string scale = name + "_scale_inv";
-    TITAN_CHECK(contains(scale), where + " is fp8 e4m3 but has no '" + scale + "'",
+    TITAN_CHECK(!scale.empty(), where + " is fp8 e4m3 but has no '" + name + "_scale_inv' or '.scale' beside it",
                 "DeepSeek's FP8 weights need their 128x128 block scales; the checkpoint is incomplete");
-    return dequantize_fp8_blocks(stored, file(scale).get(scale), where, fp8_block_);
+    return dequantize_blocks(stored, file(scale).get(scale), where, fp8_block_);
+  }
+  // DeepSeek-V4's FP4 experts: int8 (read as bytes) or e2m1 values, with their 1 x 32 scales.
+  if (!scale.empty() && (stored.dtype() == DType::u8 || stored.dtype() == DType::f4e2m1)) {
+    const Tensor values = stored.dtype() == DType::u8 ? unpack_fp4_bytes(stored, where) : stored;
+    return dequantize_blocks(values, file(scale).get(scale), where, 0);
   }
   TITAN_CHECK(stored.dtype() == DType::f32 || stored.dtype() == DType::bf16 || stored.dtype() == DType::f16,
               where + " has dtype " + std::string(dtype_name(stored.dtype())) + ", which is not a weight type",
-              "weights load from f32, bf16, f16 or block-scaled f8e4m3");
+              "weights load from f32, bf16, f16, or block-scaled f8e4m3 / fp4");
   return stored.to(DType::f32);
 }
 
@@ -139,26 +157,61 @@ Tensor HfFolder::load_i64(const std::string& name) const {
   return stored.to(DType::i64);
 }
 
-Tensor dequantize_fp8_blocks(const Tensor& fp8, const Tensor& scale_inv, const std::string& what, int64_t block) {
-  TITAN_CHECK(fp8.dtype() == DType::f8e4m3 && fp8.dim() == 2 && fp8.is_contiguous(),
-              what + ": block-scaled fp8 weights must be contiguous 2-D f8e4m3, got " + fp8.str(),
-              "only matrices are stored as fp8 in DeepSeek checkpoints");
-  const int64_t rows = fp8.size(0), cols = fp8.size(1), sr = ceil_div(rows, block), sc = ceil_div(cols, block);
-  TITAN_CHECK(scale_inv.dim() == 2 && scale_inv.size(0) == sr && scale_inv.size(1) == sc &&
-                  (scale_inv.dtype() == DType::f32 || scale_inv.dtype() == DType::bf16),
-              what + ": scale_inv " + scale_inv.str() + " does not fit " + std::to_string(block) + "x" +
-                  std::to_string(block) + " blocks of " + fp8.shape().str() + " (want f32 [" + std::to_string(sr) +
-                  ", " + std::to_string(sc) + "])",
+Tensor unpack_fp4_bytes(const Tensor& bytes, const std::string& what) {
+  TITAN_CHECK(bytes.dim() == 2 && bytes.is_contiguous(), what + ": packed FP4 weights must be contiguous 2-D bytes, got " + bytes.str(),
+              "DeepSeek-V4 stores its FP4 experts as [rows, columns / 2] int8");
+  Tensor out = Tensor::empty({bytes.size(0), 2 * bytes.size(1)}, DType::f4e2m1);
+  std::memcpy(out.data_ptr(), bytes.data_ptr(), size_t(bytes.numel()));  // f4e2m1 keeps the low nibble first too
+  return out;
+}
+
+namespace {
+
+// One dimension of a block grid: n elements in s blocks, of `block` each (ragged last) when
+// block > 0, else of n / s each (which must divide). 0 when the grid does not fit.
+int64_t block_length(int64_t n, int64_t s, int64_t block) {
+  if (block > 0) return s == ceil_div(n, block) ? block : 0;
+  return s > 0 && n % s == 0 ? n / s : 0;
+}
+
+// UE8M0 bytes b as the scales 2^(b - 127) (0xff: NaN), or any float scales, as f32.
+Tensor scales_f32(const Tensor& scales) {
+  if (scales.dtype() != DType::u8) return scales.to(DType::f32);
+  Tensor out = Tensor::empty(scales.shape(), DType::f32);
+  const uint8_t* b = scales.data<uint8_t>();
+  for (int64_t i = 0; i < scales.numel(); ++i) out.data<float>()[i] = e8m0_to_f32(e8m0{b[i]});
+  return out;
+}
+
+}  // namespace
+
+Tensor dequantize_blocks(const Tensor& values, const Tensor& scales, const std::string& what, int64_t block) {
+  TITAN_CHECK((values.dtype() == DType::f8e4m3 || values.dtype() == DType::f4e2m1) && values.dim() == 2 &&
+                  values.is_contiguous(),
+              what + ": block-scaled weights must be contiguous 2-D f8e4m3 or f4e2m1, got " + values.str(),
+              "only matrices are stored block-scaled in DeepSeek checkpoints");
+  const int64_t rows = values.size(0), cols = values.size(1);
+  const bool grid = scales.dim() == 2;
+  const int64_t br = grid ? block_length(rows, scales.size(0), block) : 0;
+  const int64_t bc = grid ? block_length(cols, scales.size(1), block) : 0;
+  const DType sd = scales.dtype();
+  const std::string want = block > 0 ? std::to_string(block) + "x" + std::to_string(block) + " blocks of " +
+                                           values.shape().str() + " (want [" + std::to_string(ceil_div(rows, block)) +
+                                           ", " + std::to_string(ceil_div(cols, block)) + "])"
+                                     : "even blocks of " + values.shape().str();
+  TITAN_CHECK(br > 0 && bc > 0 && (sd == DType::f32 || sd == DType::bf16 || sd == DType::e8m0 || sd == DType::u8),
+              what + ": scales " + scales.str() + " do not fit " + want + " as f32, bf16 or e8m0",
               "the scales must come from the same export as the weight");
-  const Tensor s = scale_inv.to(DType::f32);
+  const Tensor v = values.to(DType::f32), s = scales_f32(scales);
+  const int64_t sc = scales.size(1);
   Tensor out = Tensor::empty({rows, cols}, DType::f32, MemCategory::parameters);
-  const f8e4m3* q = fp8.data<f8e4m3>();
+  const float* vp = v.data<float>();
   const float* sp = s.data<float>();
   float* o = out.data<float>();
   parallel_for(0, rows, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
-      const float* srow = sp + (r / block) * sc;
-      for (int64_t c = 0; c < cols; ++c) o[r * cols + c] = f8e4m3_to_f32(q[r * cols + c]) * srow[c / block];
+      const float* srow = sp + (r / br) * sc;
+      for (int64_t c = 0; c < cols; ++c) o[r * cols + c] = vp[r * cols + c] * srow[c / bc];
     }
   });
   return out;

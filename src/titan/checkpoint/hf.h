@@ -1,9 +1,13 @@
 // Hugging Face model folders: config.json plus either model.safetensors or shards listed in
 // model.safetensors.index.json ({"metadata": {...}, "weight_map": {tensor: file}}). Reading
-// handles DeepSeek's FP8 checkpoints: an f8e4m3 weight W [R, C] with a companion
-// "<W>_scale_inv" [ceil(R/128), ceil(C/128)] holds W / s per 128x128 block, so the real weight
-// is fp8 * scale_inv of its block (edge blocks are ragged). Model-specific names and config keys
-// live in each model's hf_adapter; this file knows only the folder layout and the dtypes.
+// handles DeepSeek's low-precision checkpoints: a weight W [R, C] stored as f8e4m3 (V3, V4) or
+// as FP4 e2m1 (V4's routed experts: two values per int8 byte, the low nibble the even column)
+// has block scales beside it, "<W>_scale_inv" (V3) or "<X>.scale" for W = "<X>.weight" (the V4
+// release; transformers renames it <X>.weight_scale_inv), and the real weight is the stored value
+// times its block's scale. A scale grid [ceil(R/128), ceil(C/128)] means 128 x 128 blocks (edge
+// blocks ragged); an FP4 weight's grid means the blocks it divides W into evenly (1 x 32). Scales
+// are f32, bf16 or UE8M0 (e8m0; u8 bytes b read as 2^(b - 127)). Model-specific names and config
+// keys live in each model's hf_adapter; this file knows only the folder layout and the dtypes.
 #pragma once
 
 #include <filesystem>
@@ -28,15 +32,18 @@ class HfFolder {
 
   const std::filesystem::path& dir() const { return dir_; }
   const nlohmann::json& config() const { return config_; }
-  // Every stored tensor name, including the "_scale_inv" companions.
+  // Every stored tensor name, including the scale companions.
   std::vector<std::string> names() const;
   bool contains(const std::string& name) const { return file_of_.count(name) != 0; }
+  // Whether `name` is a weight's block scales ("<W>_scale_inv", or "<X>.scale" beside "<X>.weight"),
+  // read with that weight by load_f32 rather than on its own.
+  bool is_scale(const std::string& name) const;
   // The file (relative to dir) holding `name`; throws naming the folder when absent.
   const std::string& file_of(const std::string& name) const;
   // The stored shape (of the weight itself, whatever its dtype).
   Shape shape(const std::string& name) const;
-  // The tensor as a new f32 tensor: f32/bf16/f16 converted; f8e4m3 dequantized with its
-  // "<name>_scale_inv" blocks (required for fp8 weights).
+  // The tensor as a new f32 tensor: f32/bf16/f16 converted; f8e4m3 and packed FP4 dequantized
+  // with their block scales (required for them).
   Tensor load_f32(const std::string& name) const;
   // An integer tensor (a routing table) as a new i64 tensor from i32 or i64; throws naming the
   // folder for any other dtype.
@@ -46,6 +53,7 @@ class HfFolder {
 
  private:
   const SafetensorsFile& file(const std::string& name) const;
+  std::string scale_of(const std::string& weight) const;  // its scales' name; empty when none
   std::filesystem::path dir_;
   nlohmann::json config_;
   int64_t fp8_block_ = kFp8BlockSize;
@@ -53,10 +61,15 @@ class HfFolder {
   std::map<std::string, std::shared_ptr<SafetensorsFile>> files_;        // file -> open mapping
 };
 
-// w [R, C] f32 = fp8 [R, C] (f8e4m3) * scale_inv [ceil(R/b), ceil(C/b)] (f32 or bf16) per b x b block.
-// `what` names the tensor in errors.
-Tensor dequantize_fp8_blocks(const Tensor& fp8, const Tensor& scale_inv, const std::string& what,
-                             int64_t block = kFp8BlockSize);
+// w [R, C] f32 = values [R, C] (f8e4m3 or f4e2m1) * scales [SR, SC] per block: b x b blocks
+// (block = b > 0; the grid must be [ceil(R/b), ceil(C/b)], edge blocks ragged), or, with block = 0,
+// the R/SR x C/SC blocks the grid divides w into evenly. Scales are f32, bf16, e8m0 or u8 (UE8M0
+// bytes). `what` names the tensor in errors.
+Tensor dequantize_blocks(const Tensor& values, const Tensor& scales, const std::string& what,
+                         int64_t block = kFp8BlockSize);
+// Two FP4 e2m1 values per byte, the low nibble first (DeepSeek-V4's int8 expert weights):
+// bytes [R, C/2] (u8) -> [R, C] f4e2m1.
+Tensor unpack_fp4_bytes(const Tensor& bytes, const std::string& what);
 // The inverse: scale_inv = amax(block) / 448 (1 for an all-zero block), fp8 = w / scale_inv.
 // Returns {fp8 [R, C], scale_inv [ceil(R/b), ceil(C/b)] f32}.
 std::pair<Tensor, Tensor> quantize_fp8_blocks(const Tensor& w, int64_t block = kFp8BlockSize);

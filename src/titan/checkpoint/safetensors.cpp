@@ -158,11 +158,12 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
     const json& dtype = spec.at("dtype");
     std::optional<DType> known;
     try {
-      if (dtype.is_string()) known = dtype_from_name(dtype.get<std::string>());
+      // I8 is read as its bytes: the int8 tensors we meet are DeepSeek-V4's FP4 pairs (checkpoint/hf.h).
+      if (dtype.is_string()) known = dtype == "I8" ? DType::u8 : dtype_from_name(dtype.get<std::string>());
     } catch (const Error&) {  // an unknown name: the check below says which are known
     }
     TITAN_CHECK(known.has_value(), what + " has unsupported dtype " + dtype.dump(),
-                "supported: F32, BF16, F16, F8_E4M3, F8_E5M2, F4_E2M1, F8_E8M0, I32, I64, U8; convert the file");
+                "supported: F32, BF16, F16, F8_E4M3, F8_E5M2, F4_E2M1, F8_E8M0, I8, I32, I64, U8; convert the file");
     e.dtype = *known;
     const json& shape = spec.at("shape");
     TITAN_CHECK(shape.is_array() && shape.size() <= size_t(kMaxDims), what + " has a bad shape " + shape.dump());

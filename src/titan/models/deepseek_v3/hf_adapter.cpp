@@ -457,7 +457,7 @@ std::map<std::string, Tensor> load_hf_state(const checkpoint::HfFolder& folder, 
       const int64_t layer = hf_layer(n);
       bool shared_copy = false;  // an MTP layer's copy of the embedding or head
       for (const char* c : kMtpSharedCopies) shared_copy |= layer >= a.n_layers && n.ends_with(std::string(".") + c);
-      const bool skipped = used.count(n) || n.ends_with("_scale_inv") || n.ends_with("rotary_emb.inv_freq") ||
+      const bool skipped = used.count(n) || folder.is_scale(n) || n.ends_with("rotary_emb.inv_freq") ||
                            shared_copy || layer >= a.n_layers + a.num_mtp_layers;  // MTP layers not loaded
       TITAN_CHECK(skipped, "unexpected tensor '" + n + "' in " + (folder.dir() / folder.file_of(n)).string(),
                   "config.json does not describe these weights (e.g. first_k_dense_replace or q_lora_rank differ)");

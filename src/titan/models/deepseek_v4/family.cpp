@@ -105,7 +105,7 @@ HfImport import_folder(const checkpoint::HfFolder& folder) {
   std::map<std::string, Tensor> hf;
   int64_t skipped_mtp = 0;
   for (const std::string& name : folder.names()) {
-    if (name.ends_with("_scale_inv")) continue;  // read with its fp8 weight
+    if (folder.is_scale(name)) continue;  // read with its FP8 / FP4 weight
     if (name.rfind("mtp.", 0) == 0 || name.find(".mtp.") != std::string::npos) {
       ++skipped_mtp;  // transformers builds no MTP module either (spec section 5)
       continue;
