@@ -1,0 +1,81 @@
+#include "titan/kernels/quantize.h"
+
+#include <string>
+
+#include "titan/core/error.h"
+#include "titan/kernels/cpu/quantize.h"
+#include "titan/kernels/dispatch.h"
+
+namespace titan::kernels {
+
+namespace {
+
+using ref::QuantFormat;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The element format of an MX codes tensor, checked against x [R, C] and scales.
+QuantFormat mx_format(const Tensor& codes, const Tensor& scales, const Tensor& x, const char* op) {
+  const std::string where = std::string(op) + ": ";
+  TITAN_CHECK(x.dim() == 2 && x.dtype() == DType::f32 && x.is_contiguous(),
+              where + "values must be contiguous f32 [R, C], got " + x.str());
+  TITAN_CHECK(codes.dtype() == DType::f8e4m3 || codes.dtype() == DType::f4e2m1,
+              where + "codes must be f8e4m3 (MXFP8) or f4e2m1 (MXFP4), got " + codes.str());
+  const int64_t rows = x.size(0), cols = x.size(1);
+  TITAN_CHECK(codes.shape() == x.shape() && codes.is_contiguous(),
+              where + "codes " + codes.str() + " must be contiguous and shaped as the values " + x.shape().str());
+  TITAN_CHECK(codes.dtype() == DType::f8e4m3 || cols % 2 == 0,
+              where + "MXFP4 packs two codes per byte: a row needs an even length, got " + std::to_string(cols));
+  const Shape want{rows, ceil_div(cols, ref::kMxBlock)};
+  TITAN_CHECK(scales.dtype() == DType::e8m0 && scales.shape() == want && scales.is_contiguous(),
+              where + "scales must be contiguous e8m0 " + want.str() + ", got " + scales.str());
+  return codes.dtype() == DType::f8e4m3 ? QuantFormat::e4m3 : QuantFormat::e2m1;
+}
+
+void check_fp8_blocks(const Tensor& codes, const Tensor& scales, const Tensor& x, int64_t br, int64_t bc, const char* op) {
+  const std::string where = std::string(op) + ": ";
+  TITAN_CHECK(br >= 1 && bc >= 1, where + "blocks of " + std::to_string(br) + " x " + std::to_string(bc),
+              "use positive block sizes (DeepSeek-V3: 1 x 128 activations, 128 x 128 weights)");
+  TITAN_CHECK(x.dim() == 2 && x.dtype() == DType::f32 && x.is_contiguous(),
+              where + "values must be contiguous f32 [R, C], got " + x.str());
+  TITAN_CHECK(codes.dtype() == DType::f8e4m3 && codes.shape() == x.shape() && codes.is_contiguous(),
+              where + "codes must be contiguous f8e4m3 " + x.shape().str() + ", got " + codes.str());
+  const Shape want{ceil_div(x.size(0), br), ceil_div(x.size(1), bc)};
+  TITAN_CHECK(scales.dtype() == DType::f32 && scales.shape() == want && scales.is_contiguous(),
+              where + "scales must be contiguous f32 " + want.str() + ", got " + scales.str());
+}
+
+uint8_t* bytes(Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
+const uint8_t* bytes(const Tensor& t) { return static_cast<const uint8_t*>(t.data_ptr()); }
+
+}  // namespace
+
+void mx_quantize(Tensor& codes, Tensor& scales, const Tensor& x) {
+  const QuantFormat f = mx_format(codes, scales, x, "mx_quantize");
+  const bool fast = kernel_backend() == KernelBackend::fast;
+  (fast ? TITAN_CPU_KERNEL(mx_quantize) : &ref::mx_quantize)(bytes(codes), bytes(scales), x.data<float>(), x.size(0),
+                                                             x.size(1), f);
+}
+
+void mx_dequantize(Tensor& x, const Tensor& codes, const Tensor& scales) {
+  const QuantFormat f = mx_format(codes, scales, x, "mx_dequantize");
+  const bool fast = kernel_backend() == KernelBackend::fast;
+  (fast ? TITAN_CPU_KERNEL(mx_dequantize) : &ref::mx_dequantize)(x.data<float>(), bytes(codes), bytes(scales),
+                                                                 x.size(0), x.size(1), f);
+}
+
+void fp8_block_quantize(Tensor& codes, Tensor& scales, const Tensor& x, int64_t br, int64_t bc, ScaleRule rule) {
+  check_fp8_blocks(codes, scales, x, br, bc, "fp8_block_quantize");
+  const bool fast = kernel_backend() == KernelBackend::fast;
+  (fast ? TITAN_CPU_KERNEL(fp8_block_quantize) : &ref::fp8_block_quantize)(
+      bytes(codes), scales.data<float>(), x.data<float>(), x.size(0), x.size(1), br, bc, rule);
+}
+
+void fp8_block_dequantize(Tensor& x, const Tensor& codes, const Tensor& scales, int64_t br, int64_t bc) {
+  check_fp8_blocks(codes, scales, x, br, bc, "fp8_block_dequantize");
+  const bool fast = kernel_backend() == KernelBackend::fast;
+  (fast ? TITAN_CPU_KERNEL(fp8_block_dequantize) : &ref::fp8_block_dequantize)(
+      x.data<float>(), bytes(codes), scales.data<float>(), x.size(0), x.size(1), br, bc);
+}
+
+}  // namespace titan::kernels

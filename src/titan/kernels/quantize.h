@@ -1,0 +1,27 @@
+// Tensor-level block-scaled quantization (ref/quantize.h has the math and the rules for zero,
+// NaN and infinite blocks): MXFP8 / MXFP4 (OCP MX v1.0: UE8M0 scales per 32 elements of a row)
+// and DeepSeek-V3's FP8 blockwise tiles (f32 scales per br x bc tile). Dispatches to the fast CPU
+// kernels (cpu/quantize.h) or, under TITAN_KERNELS=reference, to the reference twin; the two are
+// bit-identical.
+//
+// Tensors: x [R, C] f32 contiguous; codes [R, C] f8e4m3 or f4e2m1 (two codes per byte, the low
+// nibble the even column: DeepSeek-V4's FP4 layout); MX scales [R, ceil(C / 32)] e8m0; FP8
+// blockwise scales [ceil(R / br), ceil(C / bc)] f32.
+#pragma once
+
+#include "titan/core/tensor.h"
+#include "titan/kernels/ref/quantize.h"
+
+namespace titan::kernels {
+
+using ref::ScaleRule;
+
+// codes' dtype picks the element format (f8e4m3: MXFP8, f4e2m1: MXFP4; C even for FP4).
+void mx_quantize(Tensor& codes, Tensor& scales, const Tensor& x);
+void mx_dequantize(Tensor& x, const Tensor& codes, const Tensor& scales);
+
+void fp8_block_quantize(Tensor& codes, Tensor& scales, const Tensor& x, int64_t block_rows, int64_t block_cols,
+                        ScaleRule rule = ScaleRule::amax);
+void fp8_block_dequantize(Tensor& x, const Tensor& codes, const Tensor& scales, int64_t block_rows, int64_t block_cols);
+
+}  // namespace titan::kernels

@@ -1,0 +1,117 @@
+#include "titan/kernels/ref/quantize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "titan/core/dtype.h"
+
+namespace titan::kernels::ref {
+
+namespace {
+
+uint8_t encode(float v, QuantFormat f) { return f == QuantFormat::e4m3 ? f32_to_f8e4m3(v).bits : f32_to_f4e2m1(v); }
+float decode(uint8_t code, QuantFormat f) { return f == QuantFormat::e4m3 ? f8e4m3_to_f32(f8e4m3{code}) : f4e2m1_to_f32(code); }
+uint8_t nan_code(float v, QuantFormat f) {
+  const bool neg = std::signbit(v);
+  return f == QuantFormat::e4m3 ? uint8_t(neg ? 0xff : 0x7f) : uint8_t(neg ? 0x8 : 0x0);
+}
+
+// Code c of column `col` into the row's bytes (E2M1: its nibble).
+void put(uint8_t* row, int64_t col, uint8_t c, QuantFormat f) {
+  if (f == QuantFormat::e4m3) {
+    row[col] = c;
+  } else {
+    uint8_t& b = row[col / 2];
+    b = uint8_t((col % 2) ? (b & 0x0f) | (c << 4) : (b & 0xf0) | (c & 0x0f));
+  }
+}
+uint8_t get(const uint8_t* row, int64_t col, QuantFormat f) {
+  return f == QuantFormat::e4m3 ? row[col] : uint8_t((row[col / 2] >> (4 * (col % 2))) & 0x0f);
+}
+
+}  // namespace
+
+void mx_quantize(uint8_t* codes, uint8_t* scales, const float* x, int64_t rows, int64_t cols, QuantFormat f) {
+  const int emax = f == QuantFormat::e4m3 ? 8 : 2;
+  const int64_t blocks = (cols + kMxBlock - 1) / kMxBlock, row_bytes = f == QuantFormat::e4m3 ? cols : cols / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* cr = codes + r * row_bytes;
+    for (int64_t k = 0; k < blocks; ++k) {
+      const int64_t c0 = k * kMxBlock, c1 = std::min(cols, c0 + kMxBlock);
+      const float* xr = x + r * cols;
+      bool finite = true;
+      double amax = 0;
+      for (int64_t c = c0; c < c1; ++c) {
+        finite = finite && std::isfinite(xr[c]);
+        amax = std::max(amax, std::fabs(double(xr[c])));
+      }
+      if (!finite) {
+        scales[r * blocks + k] = 0xff;
+        for (int64_t c = c0; c < c1; ++c) put(cr, c, nan_code(xr[c], f), f);
+        continue;
+      }
+      int e = -127;
+      if (amax > 0) {
+        int e2 = 0;
+        std::frexp(amax, &e2);  // amax = m 2^e2, m in [0.5, 1): floor(log2 amax) = e2 - 1
+        e = std::clamp(e2 - 1 - emax, -127, 127);
+      }
+      scales[r * blocks + k] = uint8_t(e + 127);
+      for (int64_t c = c0; c < c1; ++c) put(cr, c, encode(float(std::ldexp(double(xr[c]), -e)), f), f);
+    }
+  }
+}
+
+void mx_dequantize(float* x, const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols, QuantFormat f) {
+  const int64_t blocks = (cols + kMxBlock - 1) / kMxBlock, row_bytes = f == QuantFormat::e4m3 ? cols : cols / 2;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint8_t s = scales[r * blocks + c / kMxBlock];
+      x[r * cols + c] = s == 0xff ? std::numeric_limits<float>::quiet_NaN()
+                                  : decode(get(codes + r * row_bytes, c, f), f) * e8m0_to_f32(e8m0{s});
+    }
+}
+
+void fp8_block_quantize(uint8_t* codes, float* scales, const float* x, int64_t rows, int64_t cols, int64_t br,
+                        int64_t bc, ScaleRule rule) {
+  const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+  for (int64_t i = 0; i < sr; ++i) {
+    for (int64_t j = 0; j < sc; ++j) {
+      const int64_t r1 = std::min(rows, (i + 1) * br), c1 = std::min(cols, (j + 1) * bc);
+      bool finite = true;
+      float amax = 0;
+      for (int64_t r = i * br; r < r1; ++r)
+        for (int64_t c = j * bc; c < c1; ++c) {
+          finite = finite && std::isfinite(x[r * cols + c]);
+          amax = std::max(amax, std::fabs(x[r * cols + c]));
+        }
+      if (!finite) {
+        scales[i * sc + j] = std::numeric_limits<float>::quiet_NaN();
+        for (int64_t r = i * br; r < r1; ++r)
+          for (int64_t c = j * bc; c < c1; ++c) codes[r * cols + c] = nan_code(x[r * cols + c], QuantFormat::e4m3);
+        continue;
+      }
+      float s = 1;
+      if (amax > 0) {
+        s = amax / 448.0f;
+        if (rule == ScaleRule::pow2) s = float(std::exp2(std::ceil(std::log2(double(s)))));
+      }
+      scales[i * sc + j] = s;
+      for (int64_t r = i * br; r < r1; ++r)
+        for (int64_t c = j * bc; c < c1; ++c) codes[r * cols + c] = f32_to_f8e4m3(x[r * cols + c] / s).bits;
+    }
+  }
+}
+
+void fp8_block_dequantize(float* x, const uint8_t* codes, const float* scales, int64_t rows, int64_t cols, int64_t br,
+                          int64_t bc) {
+  const int64_t sc = (cols + bc - 1) / bc;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float s = scales[(r / br) * sc + c / bc];
+      x[r * cols + c] = std::isnan(s) ? std::numeric_limits<float>::quiet_NaN() : f8e4m3_to_f32(f8e4m3{codes[r * cols + c]}) * s;
+    }
+}
+
+}  // namespace titan::kernels::ref
