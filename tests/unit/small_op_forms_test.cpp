@@ -7,7 +7,9 @@
 #include <functional>
 
 #include "titan/autograd/ops.h"
+#include "titan/autograd/hyper_connection.h"
 #include "titan/autograd/small_op_forms.h"
+#include "titan/autograd/v4_small_op_forms.h"
 #include "titan/core/rng.h"
 #include "titan/kernels/moe_permute.h"
 
@@ -124,4 +126,48 @@ TEST(SmallOpForms, Bf16InputsComeBackInBf16) {
   ASSERT_EQ(small.dtype(), DType::bf16);
   const Tensor a = fused.value().to(DType::f32), b = small.value().to(DType::f32);
   for (int64_t i = 0; i < a.numel(); ++i) EXPECT_NEAR(a.data<float>()[i], b.data<float>()[i], 2e-2);
+}
+
+// DeepSeek-V4's mHC ops and compressor (autograd/v4_small_op_forms.h): 3 and 4 streams, 1, 17
+// and 33 tokens, the HyperHead's pre-only weights; CSA (with its borrowed first halves) and HCA
+// with a tail of tokens that makes no entry.
+TEST(SmallOpForms, MhcOpsMatchTheirFusedKernels) {
+  for (const int64_t n : {3, 4}) {
+    for (const int64_t t : {1, 17}) {
+      const std::string at = " (N = " + std::to_string(n) + ", T = " + std::to_string(t) + ")";
+      const int64_t m = (n + 2) * n, d = 9;
+      const std::vector<Tensor> w = {random_tensor({t, m}, 1, -2, 2), random_tensor({m}, 2), random_tensor({3}, 3, 0.5, 1.5)};
+      expect_same("hc_weights" + at, w,
+                  [&](const std::vector<Variable>& v) { return autograd::hc_weights(v[0], v[1], v[2], n, 1e-6); },
+                  [&](const std::vector<Variable>& v) { return autograd::hc_weights_small_ops(v[0], v[1], v[2], n, 1e-6); });
+      const std::vector<Tensor> head = {random_tensor({t, n}, 4, -2, 2), random_tensor({n}, 5), random_tensor({1}, 6, 0.5, 1.5)};
+      expect_same("hc_weights (head)" + at, head,
+                  [&](const std::vector<Variable>& v) { return autograd::hc_weights(v[0], v[1], v[2], n, 1e-6); },
+                  [&](const std::vector<Variable>& v) { return autograd::hc_weights_small_ops(v[0], v[1], v[2], n, 1e-6); });
+      expect_same("sinkhorn" + at, {random_tensor({t, n, n}, 7, -3, 3)},
+                  [&](const std::vector<Variable>& v) { return autograd::sinkhorn(v[0], 20, 1e-6); },
+                  [&](const std::vector<Variable>& v) { return autograd::sinkhorn_small_ops(v[0], 20, 1e-6); });
+      expect_same("hc_collapse" + at, {random_tensor({t, n, d}, 8), random_tensor({t, n}, 9)},
+                  [](const std::vector<Variable>& v) { return autograd::hc_collapse(v[0], v[1]); },
+                  [](const std::vector<Variable>& v) { return autograd::hc_collapse_small_ops(v[0], v[1]); });
+      expect_same("hc_expand" + at,
+                  {random_tensor({t, n, d}, 10), random_tensor({t, d}, 11), random_tensor({t, n}, 12), random_tensor({t, n, n}, 13)},
+                  [](const std::vector<Variable>& v) { return autograd::hc_expand(v[0], v[1], v[2], v[3]); },
+                  [](const std::vector<Variable>& v) { return autograd::hc_expand_small_ops(v[0], v[1], v[2], v[3]); });
+    }
+  }
+}
+
+TEST(SmallOpForms, CompressorMatchesItsFusedKernel) {
+  using kernels::CompressorKind;
+  for (const CompressorKind kind : {CompressorKind::hca, CompressorKind::csa}) {
+    for (const auto& [s, m] : std::vector<std::pair<int64_t, int64_t>>{{4, 4}, {37, 4}, {35, 8}}) {
+      const int64_t b = 2, d = 5, c = kind == CompressorKind::csa ? 2 * d : d;
+      const std::string at = std::string(kind == CompressorKind::csa ? " csa" : " hca") + " (S = " + std::to_string(s) +
+                             ", m = " + std::to_string(m) + ")";
+      expect_same("compressor" + at, {random_tensor({b, s, c}, 14), random_tensor({b, s, c}, 15, -3, 3), random_tensor({m, c}, 16)},
+                  [&](const std::vector<Variable>& v) { return autograd::compressor(v[0], v[1], v[2], m, kind); },
+                  [&](const std::vector<Variable>& v) { return autograd::compressor_small_ops(v[0], v[1], v[2], m, kind); });
+    }
+  }
 }

@@ -502,7 +502,7 @@ Broadcast broadcast_of(const Shape& as, const Shape& bs) {
   const int n = int(as.size()), nb = int(bs.size());
   bool fits = nb <= n && n >= 1;
   for (int i = 1; fits && i <= nb; ++i) fits = bs[nb - i] == 1 || bs[nb - i] == as[n - i];
-  TITAN_CHECK(fits, "mul: " + bs.str() + " does not broadcast to " + as.str(),
+  TITAN_CHECK(fits, bs.str() + " does not broadcast to " + as.str(),
               "b's dims, aligned right, must be 1 or equal to a's");
   Broadcast br;
   std::vector<int64_t> full(static_cast<size_t>(n), 1);  // b's shape padded on the left to a's rank
@@ -517,6 +517,31 @@ Broadcast broadcast_of(const Shape& as, const Shape& bs) {
   br.b_strides.assign(strides.begin(), strides.end() - 1);
   br.last_stride = strides[size_t(n - 1)];
   return br;
+}
+
+// db [b's shape] += the sum of dy (times a, when given) over the dims b was broadcast along:
+// per-thread partial sums in double, then added in thread order (the same on every run with the
+// same thread count).
+void sum_into_broadcast(Tensor& db, const float* dp, const float* a, const Broadcast& br, int64_t rows, int64_t d) {
+  const int64_t nb = db.numel();
+  const int threads = omp_get_max_threads();
+  std::vector<double> partial(size_t(threads) * size_t(nb), 0.0);
+#pragma omp parallel num_threads(threads)
+  {
+    double* mine = partial.data() + size_t(omp_get_thread_num()) * size_t(nb);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      double* acc = mine + br.b_row(r);
+      for (int64_t i = 0; i < d; ++i)
+        acc[i * br.last_stride] += double(dp[r * d + i]) * (a ? double(a[r * d + i]) : 1.0);
+    }
+  }
+  float* dbp = db.data<float>();
+  for (int64_t j = 0; j < nb; ++j) {
+    double total = 0;
+    for (int t = 0; t < threads; ++t) total += partial[size_t(t) * size_t(nb) + size_t(j)];
+    dbp[j] += float(total);
+  }
 }
 }  // namespace
 
@@ -555,27 +580,36 @@ Variable mul(const Variable& a, const Variable& b) {
       }
     }
     if (g.needs(1)) {
-      // db sums dy * a over the broadcast dims: per-thread partial sums in double, then added in
-      // thread order (the same on every run with the same thread count).
-      const int64_t nb = bv.numel();
-      const int threads = omp_get_max_threads();
-      std::vector<double> partial(size_t(threads) * size_t(nb), 0.0);
-#pragma omp parallel num_threads(threads)
-      {
-        double* mine = partial.data() + size_t(omp_get_thread_num()) * size_t(nb);
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; ++r) {
-          double* acc = mine + br.b_row(r);
-          for (int64_t i = 0; i < d; ++i) acc[i * br.last_stride] += double(dp[r * d + i]) * a_in[r * d + i];
-        }
-      }
       Tensor db = g.grad(1);
-      float* dbp = db.data<float>();
-      for (int64_t j = 0; j < nb; ++j) {
-        double total = 0;
-        for (int t = 0; t < threads; ++t) total += partial[size_t(t) * size_t(nb) + size_t(j)];
-        dbp[j] += float(total);
-      }
+      sum_into_broadcast(db, dp, a_in, br, rows, d);
+    }
+  });
+}
+
+Variable add_broadcast(const Variable& a, const Variable& b) {
+  if (a.shape() == b.shape()) return add(a, b);
+  ProfileScope prof("add_broadcast.fwd");
+  check_f32("add_broadcast", {&a, &b});
+  Tensor y = activation_like(a.shape(), DType::f32);
+  const Broadcast br = broadcast_of(a.shape(), b.shape());
+  const int64_t d = a.shape().back(), rows = a.value().numel() / std::max<int64_t>(d, 1);
+  const float *ap = a.value().data<float>(), *bp = b.value().data<float>();
+  float* yp = y.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* br_row = bp + br.b_row(r);
+    for (int64_t i = 0; i < d; ++i) yp[r * d + i] = ap[r * d + i] + br_row[i * br.last_stride];
+  }
+  return record("add_broadcast", {a, b}, y, [br, d, rows](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("add_broadcast.bwd");
+    const Tensor dyc = dy.contiguous();
+    if (g.needs(0)) {
+      Tensor da = g.grad(0);
+      accumulate(da, dyc);
+    }
+    if (g.needs(1)) {
+      Tensor db = g.grad(1);
+      sum_into_broadcast(db, dyc.data<float>(), nullptr, br, rows, d);
     }
   });
 }
@@ -617,6 +651,50 @@ Variable rsqrt(const Variable& x) {
     const int64_t count = dx.numel();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < count; ++i) dxp[i] += -0.5f * out[i] * out[i] * out[i] * dp[i];
+  });
+}
+
+Variable reciprocal(const Variable& x) {
+  ProfileScope prof("reciprocal.fwd");
+  check_f32("reciprocal", {&x});
+  Tensor y = activation_like(x.shape(), DType::f32);
+  const float* xp = x.value().data<float>();
+  float* yp = y.data<float>();
+  const int64_t n = y.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) yp[i] = 1.0f / xp[i];
+  return record("reciprocal", {x}, y, [y](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("reciprocal.bwd");
+    // d/dx 1/x = -1/x^2 = -y^2
+    Tensor dx = g.grad(0);
+    const Tensor dyc = dy.contiguous();
+    const float *dp = dyc.data<float>(), *out = y.data<float>();
+    float* dxp = dx.data<float>();
+    const int64_t count = dx.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < count; ++i) dxp[i] -= out[i] * out[i] * dp[i];
+  });
+}
+
+Variable sigmoid(const Variable& x) {
+  ProfileScope prof("sigmoid.fwd");
+  check_f32("sigmoid", {&x});
+  Tensor y = activation_like(x.shape(), DType::f32);
+  const float* xp = x.value().data<float>();
+  float* yp = y.data<float>();
+  const int64_t n = y.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) yp[i] = 1.0f / (1.0f + std::exp(-xp[i]));
+  return record("sigmoid", {x}, y, [y](const Tensor& dy, GradSink& g) {
+    ProfileScope prof_bwd("sigmoid.bwd");
+    // d/dx sigmoid = y (1 - y)
+    Tensor dx = g.grad(0);
+    const Tensor dyc = dy.contiguous();
+    const float *dp = dyc.data<float>(), *out = y.data<float>();
+    float* dxp = dx.data<float>();
+    const int64_t count = dx.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < count; ++i) dxp[i] += out[i] * (1.0f - out[i]) * dp[i];
   });
 }
 

@@ -116,6 +116,15 @@ Variable add_scalar(const Variable& x, double c);
 // 1 / sqrt(x) element-wise.
 Variable rsqrt(const Variable& x);
 
+// 1 / x element-wise.
+Variable reciprocal(const Variable& x);
+
+// 1 / (1 + exp(-x)) element-wise.
+Variable sigmoid(const Variable& x);
+
+// a + b with b broadcast to a's shape as mul broadcasts it (e.g. x [B, T, m, C] + bias [m, C]).
+Variable add_broadcast(const Variable& a, const Variable& b);
+
 // y [..., 1] = the mean of x [..., D] over its last dim (keepdim).
 Variable mean_last(const Variable& x);
 
