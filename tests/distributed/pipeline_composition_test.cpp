@@ -1,4 +1,4 @@
-// Pipeline parallelism composed with FSDP, TP, EP, CP and DDP on 4 ranks.
+// Pipeline parallelism composed with FSDP, TP, EP, CP and DDP on 4 ranks (DeepSeek-V4: FSDP).
 #include "distributed/pipeline_common.h"
 
 #include <array>
@@ -122,6 +122,20 @@ TEST_F(PipelineComposition, DeepSeekV32WithExpertParallel) {
                                    world());
   expect_same_losses(std::vector<double>(got.begin(), got.begin() + 5), sequential, 0,
                      "PP 2 x EP 2, DualPipeV pairs one action after the other");
+}
+
+// DeepSeek-V4 under PP 2 x FSDP 2 on 4 ranks, DualPipeV: each stage's layers (and the embedding,
+// the HyperHead and output head, both on the V's first rank) sharded over its 2 data-parallel
+// ranks, the residual streams between the stages. One rank's losses and indexer KL.
+TEST_F(PipelineComposition, DeepSeekV4WithFsdp) {
+  if (world().size() != 4) GTEST_SKIP() << "PP 2 x FSDP 2 on 4 ranks";
+  const int64_t batch = 8;  // 4 micro-batches per data-parallel rank: what DualPipeV needs at PP 2
+  const auto one = reference_on_rank0(config("deepseek_v4", "reference_fsdp", 1, 1, "1F1B", batch, {}, 1));
+  const auto one_kl = losses_of(root() / "deepseek_v4_reference_fsdp", "train", "indexer_loss");
+  const auto got = train_on(config("deepseek_v4", "dualpipev_fsdp", 2, 1, "DualPipeV", batch, {}, 0, 2), world());
+  expect_same_losses(one, got, 0, "PP 2 x FSDP 2, deepseek_v4, DualPipeV");
+  expect_same_losses(one_kl, losses_of(root() / "deepseek_v4_dualpipev_fsdp", "train", "indexer_loss"), 1e-12,
+                     "PP 2 x FSDP 2, deepseek_v4, DualPipeV, indexer loss");
 }
 
 // PP 2 x CP 2: every stage on the two ranks of its cp group, each running its head-tail chunks of

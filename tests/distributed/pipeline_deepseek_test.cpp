@@ -1,5 +1,6 @@
 // Pipeline parallelism for DeepSeek: every schedule for deepseek_v32 (the DSA warm-up and sparse
-// stages, MoE balancing per stage), and DeepSeek-V3's MTP modules on the last stage.
+// stages, MoE balancing per stage) and for deepseek_v4 (mHC's residual streams between stages),
+// and DeepSeek-V3's MTP modules on the last stage.
 #include "distributed/pipeline_common.h"
 
 using namespace titan;
@@ -25,6 +26,28 @@ TEST_F(PipelineDeepSeek, EveryScheduleReproducesOneRankDeepSeekV32) {
     expect_same_losses(one, got, 0, "deepseek_v32 " + schedule);
     expect_same_losses(one_kl, losses_of(root() / ("deepseek_v32_" + schedule), "train", "indexer_loss"), 1e-12,
                        "deepseek_v32 " + schedule + ", indexer loss");
+  }
+}
+
+// DeepSeek-V4: the hc_mult residual streams [tokens, 4, dim] cross each stage boundary, the first
+// stage embeds and copies into them, the last collapses them (HyperHead) before the norm and head;
+// each stage adds its CSA layers' indexer KL. The debug model's six layers split sliding, CSA, HCA |
+// CSA, HCA, CSA over 2 stages, sliding | CSA, HCA | CSA, HCA | CSA over 4 (the V and interleaved
+// schedules). Every schedule against one rank's run. (Hash layer 1 sits on the second of 4 stages,
+// but a run from scratch has all-zero hash tables, which ignore the ids: unit/deepseek_v4_stages_test
+// checks that the stages route by the ids they get.)
+TEST_F(PipelineDeepSeek, EveryScheduleReproducesOneRankDeepSeekV4) {
+  const int n = world().size();
+  if (n != 2) GTEST_SKIP() << "on 2 ranks";
+  const int64_t batch = 4;
+  const auto one = reference_on_rank0(config("deepseek_v4", "reference", 1, 1, "1F1B", batch, {}, 1));
+  const auto one_kl = losses_of(root() / "deepseek_v4_reference", "train", "indexer_loss");
+  ASSERT_EQ(one_kl.size(), one.size()) << "the indexers' KL loss is on";
+  for (const std::string& schedule : distributed::pp::schedule_names()) {
+    const auto got = train_on(config("deepseek_v4", schedule, n, 1, schedule, batch), world());
+    expect_same_losses(one, got, 0, "deepseek_v4 " + schedule);
+    expect_same_losses(one_kl, losses_of(root() / ("deepseek_v4_" + schedule), "train", "indexer_loss"), 1e-12,
+                       "deepseek_v4 " + schedule + ", indexer loss");
   }
 }
 

@@ -58,7 +58,8 @@ std::string pipeline_toml(const std::string& model) {
 // The planner's model is the family's, built without storage: the same parameters as a real
 // build, none of their memory (671B in a few MiB: RoPE tables and routing buffers).
 TEST(ParamInventory, IsTheModelBuiltWithoutStorage) {
-  for (const auto& [name, mtp] : {std::pair{"llama3", 0}, std::pair{"deepseek_v3", 1}, std::pair{"deepseek_v32", 0}}) {
+  for (const auto& [name, mtp] : {std::pair{"llama3", 0}, std::pair{"deepseek_v3", 1}, std::pair{"deepseek_v32", 0},
+                                  std::pair{"deepseek_v4", 0}}) {
     models::ModelOptions o;
     o.mtp_layers = mtp;
     const auto model = models::build_model(name, "debugmodel", 2048, 64, o);
@@ -192,6 +193,26 @@ TEST(MemoryPlan, PipelineReduceScattersEveryUnitAtTheStepsEnd) {
   EXPECT_DOUBLE_EQ(no_ep[backward] + no_ep[buffers], no_ep[unsharded]);
   EXPECT_LT(ep[backward] + ep[buffers], ep[unsharded]);
   EXPECT_GT(ep[backward] + ep[buffers], 0.5 * ep[unsharded]);
+}
+
+// DeepSeek-V4's stages pass its residual streams: the pipeline's traffic and buffers are hc_mult x
+// dim values per token (the blocks', TP's and EP's rows stay dim wide), and its embedding
+// (transformers' name, embed_tokens) is the first stage's.
+TEST(MemoryPlan, DeepSeekV4StagesPassTheResidualStreams) {
+  const train::ModelShape v4 = train::model_shape("deepseek_v4", "debugmodel", 2048);
+  EXPECT_EQ(v4.dim, 128);
+  EXPECT_EQ(v4.stage_width, 4 * 128) << "hc_mult streams of dim";
+  int embedding = 0;
+  for (const train::PlannedParam& p : v4.params)
+    if (p.name == "embed_tokens.weight") embedding = p.layer;
+  EXPECT_EQ(embedding, train::PlannedParam::kEmbedding);
+  const train::MemoryPlan p = train::plan_memory(
+      config(pipeline_toml("deepseek_v4"), {"--training.mixed_precision_param=float32"}), 2, 2048, "pp");
+  double sent = -1;
+  for (const auto& c : p.traffic)
+    if (c.group == "pp" && c.op == "send") sent = c.bytes;
+  // 4 micro-batches of 256 tokens, each one's streams forward and their gradient back, f32.
+  EXPECT_DOUBLE_EQ(sent, 2.0 * 4 * 256 * (4 * 128) * 4);
 }
 
 // The communication terms scale as the plans say: FSDP's all-gather with (n - 1) / n of the

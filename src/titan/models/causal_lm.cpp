@@ -73,6 +73,10 @@ void CausalLM::end_step(const SumOverData& /*sum_over_data*/) {}
 
 StepStats CausalLM::step_stats() { return {}; }
 
+bool is_embedding_parameter(const std::string& name) {
+  return name.starts_with("tok_embeddings.") || name.starts_with("embed_tokens.");
+}
+
 Shape CausalLM::stage_activation_shape(int64_t, int64_t) const {
   TITAN_FAIL("this model has no pipeline stages", "set parallelism.pipeline_parallel_degree = 1");
 }

@@ -177,6 +177,12 @@ struct ModelOptions {
   const distributed::ProcessGroup* cp = nullptr;
 };
 
+// Whether a parameter (or buffer) name is the token embedding's: "tok_embeddings." (DeepSeek-V4:
+// transformers' "embed_tokens."). The other parts every family names alike: "layers.<i>." a block,
+// "mtp.<k>." an MTP module, the rest (final norm, output head) the head. The pipeline and the
+// memory planner place parameters on stages by these names.
+bool is_embedding_parameter(const std::string& name);
+
 // Builds `name` (a registered family, models/family.h) at `flavor` with the tokenizer's
 // vocabulary size, refusing options the family has no use for. The parameters are
 // uninitialized: call init_parameters(seed) or load a checkpoint.

@@ -108,7 +108,7 @@ std::vector<PlanCollective> plan_traffic(const PlanJob& j, const std::vector<Loc
   if (j.m.ep > 1 && j.model.family->routed_experts) expert_parallel(j, part, out);
   if (j.m.cp > 1) context_parallel(j, part, out);
   if (j.m.pp > 1) {  // each stage boundary: the activations forward, their gradients backward
-    const double x = double(j.micro_tokens) * double(j.model.dim) / j.m.tp * (j.bf16 ? 2 : 4);
+    const double x = double(j.micro_tokens) * double(j.model.stage_width) / j.m.tp * (j.bf16 ? 2 : 4);
     out.push_back({"pp", "send", 2 * x * double(j.microbatches), "activations forward, their gradients backward (per stage boundary)"});
   }
   return out;

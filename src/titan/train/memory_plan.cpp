@@ -204,7 +204,7 @@ void activation_terms(const PlanJob& j, const StagePart& part, double in_flight,
   r.term(fmt::format("activations: {} tokens x {:g} micro-batch{} in flight, checkpointing {}", j.micro_tokens, in_flight,
                      in_flight != 1 ? "es" : "", name_of(mode)),
          activation_peak(m, blocks, part.embedding(), part.head(), mode) * tokens * in_flight, &PlanCategories::activations);
-  const double pipe = j.m.pp > 1 ? 2 * double(j.model.dim) / j.m.tp * (j.bf16 ? 2 : 4) : 0;
+  const double pipe = j.m.pp > 1 ? 2 * double(j.model.stage_width) / j.m.tp * (j.bf16 ? 2 : 4) : 0;
   const double backward = (backward_temporaries(m, blocks, part.head(), mode) + pipe) * tokens;
   r.term("temporaries: activation gradients (the loss's or a block's backward)", backward, &PlanCategories::temporaries);
   // The engine receives every rank's piece of a reduce-scattered gradient before it sums them.

@@ -9,9 +9,9 @@ namespace titan::train {
 namespace {
 
 // The block a parameter belongs to, from the names every model gives its parts (causal_lm.h):
-// tok_embeddings, layers.<id>, mtp.<k>; the rest (final norm, output head) is the head's.
+// the embedding, layers.<id>, mtp.<k>; the rest (final norm, output head) is the head's.
 int block_of(const std::string& name) {
-  if (name.starts_with("tok_embeddings.")) return PlannedParam::kEmbedding;
+  if (models::is_embedding_parameter(name)) return PlannedParam::kEmbedding;
   if (name.starts_with("mtp.")) return PlannedParam::kMtp;
   if (name.starts_with("layers.")) return std::stoi(name.substr(7));
   return PlannedParam::kHead;
@@ -36,8 +36,10 @@ ModelShape model_shape(const std::string& model, const std::string& flavor, int6
   m.family = &family;
   m.buffer_bytes = double(parameter_bytes() - before);
   m.n_layers = family.n_layers(flavor, vocab, options);
-  const Shape residual = built->stage_activation_shape(1, 1);  // [.., dim]: the residual stream
+  // One token's residual between stages: [.., dim], or [1, streams, dim].
+  const Shape residual = built->stage_activation_shape(1, 1);
   m.dim = residual[residual.size() - 1];
+  m.stage_width = residual.numel();
   m.vocab = built->vocab_size();
   for (const auto& [name, p] : built->named_parameters())
     m.params.push_back({name, p->var.shape(), block_of(name), p->tp_plan.dim, p->tp_plan.partial_grad, p->routed_expert,

@@ -34,6 +34,9 @@ struct ModelShape {
   const models::ModelFamily* family = nullptr;
   int64_t n_layers = 0;
   int64_t dim = 0, vocab = 0;
+  // Values per token of the activation between pipeline stages: dim, or DeepSeek-V4's hc_mult
+  // residual streams of dim each.
+  int64_t stage_width = 0;
   std::vector<PlannedParam> params;
   // What the build allocates besides the parameters, whole on every rank (category parameters):
   // RoPE tables, MoE routing buffers.

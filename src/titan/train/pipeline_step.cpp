@@ -75,7 +75,7 @@ class PipelineStep::MicrobatchGradients {
         const int layer = std::stoi(name.substr(7));
         for (int st : mine)
           if (layer >= plan.stages[size_t(st)].begin && layer < plan.stages[size_t(st)].end) q.stages.push_back(st);
-      } else if (name.starts_with("tok_embeddings.")) {
+      } else if (models::is_embedding_parameter(name)) {
         q.stages = embedding;
         if (mtp) q.stages.insert(q.stages.end(), head.begin(), head.end());  // MTP embeds on the last stage
       } else {

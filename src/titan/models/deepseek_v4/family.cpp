@@ -37,19 +37,19 @@ std::unique_ptr<CausalLM> build(const std::string& flavor, int64_t vocab, int64_
   unsupported(o.tp && o.tp->size() > 1, "tensor parallel", "set parallelism.tensor_parallel_degree = 1");
   unsupported(o.ep && o.ep->size() > 1, "expert parallel", "set parallelism.expert_parallel_degree = 1");
   unsupported(o.cp && o.cp->size() > 1, "context parallel", "set parallelism.context_parallel_degree = 1");
-  unsupported(!o.pipeline_stages.empty(), "pipeline parallel", "set parallelism.pipeline_parallel_degree = 1");
   TITAN_CHECK(o.dsa.warmup_steps == 0, "dsa.warmup_steps = " + std::to_string(o.dsa.warmup_steps) +
                                            ": DeepSeek-V4's indexers train beside the model from the first step",
               "remove dsa.warmup_steps (V4 has no dense warm-up stage)");
   const DeepSeekV4Args a = architecture(flavor, vocab, max_seq_len, o);
   if (max_seq_len > 0) a.validate_sequence(max_seq_len);
-  auto m = build_placed([&] { return std::make_unique<Transformer>(a); });
+  auto m = build_placed([&] { return std::make_unique<Transformer>(a, o.pipeline_stages); });
   m->set_indexer_loss_coeff(o.dsa.indexer_loss_coeff);
   return m;
 }
 
-int64_t n_layers(const std::string& flavor, int64_t vocab, const ModelOptions&) {
-  return deepseek_v4_flavor(flavor, vocab).n_layers;
+// The pipeline splits the layers of the architecture build() makes (a converted checkpoint's own).
+int64_t n_layers(const std::string& flavor, int64_t vocab, const ModelOptions& o) {
+  return architecture(flavor, vocab, 0, o).n_layers;
 }
 
 // models/deepseek_v4/model.cpp's layer, f32: the streams into and between its two blocks, each

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "titan/autograd/ops.h"
 #include "titan/core/error.h"
@@ -63,19 +64,24 @@ Variable DecoderLayer::forward(const Variable& streams, const Tensor& positions,
   return out[0];
 }
 
-Transformer::Transformer(const DeepSeekV4Args& a)
-    : embed_tokens(register_module("embed_tokens",
-                                   std::make_unique<nn::Embedding>(a.vocab_size, a.dim, nn::Init::normal(0, a.init_std)))),
+Transformer::Transformer(const DeepSeekV4Args& a, const std::vector<distributed::pp::StageLayers>& stages)
+    : embed_tokens(holds(stages, [](const auto& st) { return st.embedding; })
+                       ? &register_module("embed_tokens", std::make_unique<nn::Embedding>(a.vocab_size, a.dim,
+                                                                                          nn::Init::normal(0, a.init_std)))
+                       : nullptr),
       layers(register_module("layers", std::make_unique<nn::ModuleList<DecoderLayer>>())),
-      hc_head(register_module("hc_head", std::make_unique<HyperHead>(a.hyper_connection()))),
-      norm(register_module("norm", rms_norm(a))),
-      lm_head(register_module("lm_head", std::make_unique<nn::Linear>(a.dim, a.vocab_size, nn::Init::normal(0, a.init_std)))),
       args_(a),
       rope_main_(kernels::rope_tables(a.rope(LayerType::sliding), a.max_seq_len)),
       rope_compress_(kernels::rope_tables(a.rope(LayerType::hca), a.max_seq_len)) {
   a.validate();
-  lm_head.weight.vocabulary = true;  // AdamW's under Muon (optim/param_groups.h), as the embedding
-  for (int64_t l = 0; l < a.n_layers; ++l) layers.append(std::make_unique<DecoderLayer>(a, l));
+  for (int l = 0; l < a.n_layers; ++l)
+    if (holds(stages, [l](const auto& st) { return l >= st.begin && l < st.end; }))
+      layers.append_as(size_t(l), std::make_unique<DecoderLayer>(a, l));
+  if (!holds(stages, [](const auto& st) { return st.head; })) return;
+  hc_head = &register_module("hc_head", std::make_unique<HyperHead>(a.hyper_connection()));
+  norm = &register_module("norm", rms_norm(a));
+  lm_head = &register_module("lm_head", std::make_unique<nn::Linear>(a.dim, a.vocab_size, nn::Init::normal(0, a.init_std)));
+  lm_head->weight.vocabulary = true;  // AdamW's under Muon (optim/param_groups.h), as the embedding
 }
 
 void Transformer::set_compute_dtype(DType dtype) {
@@ -87,37 +93,58 @@ void Transformer::set_indexer_loss_coeff(double coeff) {
   for (size_t l = 0; l < layers.size(); ++l) layers[l].self_attn.indexer_loss_coeff = coeff;
 }
 
-Variable Transformer::logits(const Tensor& tokens, const Tensor& positions, AuxLosses* aux) {
-  TITAN_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::i32, "deepseek_v4: tokens must be i32 [B, S], got " + tokens.str());
-  check_rope_positions("deepseek_v4", positions, args_.max_seq_len);
-  const int64_t n = tokens.numel(), d = args_.dim, streams = args_.hc_mult;
-  const Tensor ids = tokens.contiguous().view({n});
+Variable Transformer::embed(const Tensor& tokens) {
+  TITAN_CHECK(embed_tokens != nullptr, "deepseek_v4: this pipeline rank does not hold the embedding");
+  const int64_t n = tokens.numel(), d = args_.dim;
   Variable e;
   {
-    nn::UnitScope unit(embed_tokens);
-    e = autograd::view(embed_tokens.forward(tokens, DType::f32), {n, 1, d});
+    nn::UnitScope unit(*embed_tokens);
+    e = autograd::view(embed_tokens->forward(tokens, DType::f32), {n, 1, d});
   }
   // The embedding copied into every stream: its gradient is the sum over the copies.
-  Variable x = autograd::concat(std::vector<Variable>(size_t(streams), e), 1);  // [T, N, d]
+  return autograd::concat(std::vector<Variable>(size_t(args_.hc_mult), e), 1);  // [T, N, d]
+}
+
+Variable Transformer::run_layers(Variable streams, const Tensor& positions, const Tensor& ids, int begin, int end,
+                                 AuxLosses* aux) {
   for (size_t l = 0; l < layers.size(); ++l)
-    x = layers[l].forward(x, positions, ids, rope_of(layers[l].type), recompute_, aux);
-  const Variable y = norm.forward(hc_head.forward(x));
-  nn::UnitScope unit(lm_head);
-  return lm_head.forward(y);
+    if (const auto index = int64_t(layers.index(l)); index >= begin && index < end)
+      streams = layers[l].forward(streams, positions, ids, rope_of(layers[l].type), recompute_, aux);
+  return streams;
+}
+
+Variable Transformer::head(const Variable& streams) {
+  TITAN_CHECK(lm_head != nullptr, "deepseek_v4: this pipeline rank does not hold the output head");
+  const Variable y = norm->forward(hc_head->forward(streams));
+  nn::UnitScope unit(*lm_head);
+  return lm_head->forward(y);
+}
+
+std::pair<Tensor, Tensor> Transformer::positions_and_ids(const Tensor& tokens) const {
+  TITAN_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::i32, "deepseek_v4: tokens must be i32 [B, S], got " + tokens.str());
+  Tensor positions = default_positions(tokens.size(0), tokens.size(1));
+  check_rope_positions("deepseek_v4", positions, args_.max_seq_len);
+  return {positions, tokens.contiguous().view({tokens.numel()})};
 }
 
 Variable Transformer::forward(const Tensor& tokens) {
-  return logits(tokens, default_positions(tokens.size(0), tokens.size(1)), nullptr);
+  const auto [positions, ids] = positions_and_ids(tokens);
+  return head(run_layers(embed(tokens), positions, ids, 0, int(args_.n_layers), nullptr));
 }
 
-StageOutput Transformer::stage_forward(const distributed::pp::StageLayers& stage, const Variable& /*h*/,
+StageOutput Transformer::stage_forward(const distributed::pp::StageLayers& stage, const Variable& h,
                                        const Tensor& tokens, const Tensor& targets) {
-  TITAN_CHECK(stage.embedding && stage.head && stage.begin <= 0 && stage.end >= args_.n_layers,
-              "deepseek_v4 does not run pipeline parallel yet", "set parallelism.pipeline_parallel_degree = 1");
+  // Every stage reads the token ids: the hash-routed MoE layers choose their experts by them.
+  const auto [positions, ids] = positions_and_ids(tokens);
+  Variable x = stage.embedding ? embed(tokens) : autograd::view(h, stage_activation_shape(tokens.size(0), tokens.size(1)));
   AuxLosses aux;
+  x = run_layers(x, positions, ids, stage.begin, stage.end, &aux);
   StageOutput out;
-  const Variable l = logits(tokens, default_positions(tokens.size(0), tokens.size(1)), &aux);
-  std::tie(out.loss, out.cross_entropy) = sequence_loss(l, tokens, targets);
+  if (stage.head) {
+    std::tie(out.loss, out.cross_entropy) = sequence_loss(head(x), tokens, targets);
+  } else {
+    out.hidden = x;
+  }
   add_auxiliary_losses(out, aux);
   return out;
 }
@@ -128,9 +155,10 @@ std::vector<std::string> Transformer::loss_term_names() const {
 }
 
 std::vector<nn::ShardingUnit> Transformer::sharding_units() {
-  std::vector<nn::ShardingUnit> units{{"embed_tokens", &embed_tokens, true}};
+  std::vector<nn::ShardingUnit> units;
+  if (embed_tokens) units.push_back({"embed_tokens", embed_tokens, true});
   for (size_t l = 0; l < layers.size(); ++l) units.push_back({"layers." + std::to_string(layers.index(l)), &layers[l], true});
-  units.push_back({"lm_head", &lm_head, false});
+  if (lm_head) units.push_back({"lm_head", lm_head, false});
   return units;
 }
 
@@ -150,6 +178,8 @@ double Transformer::training_flops_per_token(int64_t seq_len) const {
 }
 
 void Transformer::start_generation(int64_t batch, int64_t max_len) {
+  TITAN_CHECK(whole(), "deepseek_v4: generation runs on one rank, not pipeline parallel",
+              "generate from a checkpoint with `titan generate` (any layout's checkpoint loads whole)");
   TITAN_CHECK(max_len <= args_.max_seq_len, "deepseek_v4: generation of " + std::to_string(max_len) +
                                                 " tokens exceeds the RoPE tables (" + std::to_string(args_.max_seq_len) + ")",
               "ask for fewer new tokens or a shorter prompt");

@@ -4,6 +4,11 @@
 // collapses the streams, the final RMSNorm and the output head. Names follow transformers'
 // state dict without its "model." prefix (embed_tokens, layers.N.attn_hc, layers.N.self_attn,
 // layers.N.mlp, hc_head, norm, lm_head); hf_adapter.h maps the few that differ.
+//
+// Pipeline parallelism (ModelOptions::pipeline_stages): a rank's model holds only its stages'
+// layers (under their global names), the embedding if it holds the first stage and the HyperHead,
+// final norm and output head if it holds the last. What passes between stages is the whole
+// residual, hc_mult streams per token.
 #pragma once
 
 #include "titan/models/causal_lm.h"
@@ -35,7 +40,8 @@ class DecoderLayer : public nn::Module {
 
 class Transformer : public CausalLM {
  public:
-  explicit Transformer(const DeepSeekV4Args& a);
+  // stages: the pipeline stages this rank holds (empty: the whole model).
+  explicit Transformer(const DeepSeekV4Args& a, const std::vector<distributed::pp::StageLayers>& stages = {});
 
   Variable forward(const Tensor& tokens) override;  // [B, S] i32 -> logits [B S, V]
   double training_flops_per_token(int64_t seq_len) const override;
@@ -50,22 +56,31 @@ class Transformer : public CausalLM {
   StageOutput stage_forward(const distributed::pp::StageLayers& stage, const Variable& h, const Tensor& tokens,
                             const Tensor& targets) override;
   std::vector<std::string> loss_term_names() const override;
-  // [tokens, dim]: what the blocks (and an expert exchange) carry per token. The residual between
-  // layers is hc_mult such rows; a pipeline (not run yet) would pass all of them.
-  Shape stage_activation_shape(int64_t batch, int64_t seq) const override { return {batch * seq, args_.dim}; }
+  // The residual streams [tokens, hc_mult, dim]: every stream of every token crosses a stage
+  // boundary (the blocks and an expert exchange carry one dim-wide row per token).
+  Shape stage_activation_shape(int64_t batch, int64_t seq) const override {
+    return {batch * seq, args_.hc_mult, args_.dim};
+  }
   // CSA indexers learn from their KL loss with this weight (0: not at all, as transformers).
   void set_indexer_loss_coeff(double coeff);
   const DeepSeekV4Args& args() const { return args_; }
 
-  nn::Embedding& embed_tokens;
-  nn::ModuleList<DecoderLayer>& layers;
-  HyperHead& hc_head;
-  nn::RMSNorm& norm;
-  nn::Linear& lm_head;
+  nn::Embedding* embed_tokens = nullptr;  // the first stage's (null on a rank without it)
+  nn::ModuleList<DecoderLayer>& layers;   // this rank's stages' layers
+  HyperHead* hc_head = nullptr;           // hc_head, norm and lm_head: the last stage's
+  nn::RMSNorm* norm = nullptr;
+  nn::Linear* lm_head = nullptr;
 
  private:
-  // The streams after every layer, then the head: logits [B S, V].
-  Variable logits(const Tensor& tokens, const Tensor& positions, AuxLosses* aux);
+  // The positions [B, S] (0 .. S - 1 in each row) and ids [B S] of tokens [B, S] i32, checked.
+  std::pair<Tensor, Tensor> positions_and_ids(const Tensor& tokens) const;
+  // tokens [B, S] -> the embedding copied into every stream [B S, N, d].
+  Variable embed(const Tensor& tokens);
+  // The streams through the held layers whose index is in [begin, end); ids [B S] i32.
+  Variable run_layers(Variable streams, const Tensor& positions, const Tensor& ids, int begin, int end, AuxLosses* aux);
+  // The streams collapsed, normed and projected: logits [B S, V].
+  Variable head(const Variable& streams);
+  bool whole() const { return embed_tokens && lm_head && int64_t(layers.size()) == args_.n_layers; }
   const kernels::RopeTables& rope_of(LayerType t) const { return t == LayerType::sliding ? rope_main_ : rope_compress_; }
 
   DeepSeekV4Args args_;
