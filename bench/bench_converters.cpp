@@ -2,8 +2,10 @@
 // small-op forms: each op's forward + backward, fused vs small-op, at the deepseek_v32
 // debugmodel's shapes (configs/deepseek_v32_debug.toml: batch 2, seq 512, f32), time and the
 // peak of tensor memory above what was live before; then whole training steps of that model with
-// only DSA switched, and with every converter on vs off (small_ops). Ratios come from this run.
-//   build/bench/bench_converters [--batch 2] [--seq 512] [--reps 5]
+// only DSA switched, and with every converter on vs off (small_ops); then DeepSeek-V4's fused ops
+// (mHC's hyper-connection maps, the compressors) at its debugmodel's shapes (batch 4 x seq 256).
+// Ratios come from this run.
+//   build/bench/bench_converters [--batch 2] [--seq 512] [--reps 5] [--v4 (its rows alone)]
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -12,11 +14,14 @@
 
 #include "bench_common.h"
 #include "titan/autograd/ops.h"
+#include "titan/autograd/hyper_connection.h"
 #include "titan/autograd/small_op_forms.h"
+#include "titan/autograd/v4_small_op_forms.h"
 #include "titan/core/allocator.h"
 #include "titan/core/rng.h"
 #include "titan/kernels/moe_permute.h"
 #include "titan/models/deepseek_v3/model.h"
+#include "titan/models/deepseek_v4/args.h"
 #include "titan/optim/adamw.h"
 #include "titan/optim/clip_grad.h"
 #include "titan/train/metrics.h"
@@ -99,16 +104,66 @@ Measure train_steps(const std::vector<std::string>& converters, int64_t batch, i
       reps);
 }
 
+// DeepSeek-V4's fused ops against their small-op forms (autograd/v4_small_op_forms.h), at the
+// debugmodel's shapes: T = 4 x 256 tokens.
+void v4_rows(int reps) {
+  const auto a = models::deepseek_v4::deepseek_v4_flavor("debugmodel", kVocab);
+  const int64_t b = 4, s = 256, t = b * s, n = a.hc_mult, d = a.dim, m = (n + 2) * n, hd = a.head_dim;
+  const double eps = a.hc_eps;
+  const int iters = int(a.hc_sinkhorn_iters);
+  std::printf("\ndeepseek_v4 debugmodel shapes, batch %lld x seq %lld = %lld tokens, f32, forward + backward per op\n\n",
+              static_cast<long long>(b), static_cast<long long>(s), static_cast<long long>(t));
+  print_header("op", "shape");
+  // One hyper-connection's maps around a block: the mixes into pre / post / Sinkhorn, the
+  // collapse of the streams, and the expand of the block's output back into them.
+  {
+    const std::vector<Tensor> in = {random_tensor({t, m}, 11, -2, 2), random_tensor({m}, 12), random_tensor({3}, 13, 0.5, 1.5),
+                                    random_tensor({t, n, d}, 14), random_tensor({t, d}, 15)};
+    auto hc = [&](bool fused) {
+      return op_step(in, [&, fused](auto& v) {
+        const Variable w = fused ? autograd::hc_weights(v[0], v[1], v[2], n, eps)
+                                 : autograd::hc_weights_small_ops(v[0], v[1], v[2], n, eps);
+        const Variable pre = autograd::narrow_last(w, 0, n), post = autograd::narrow_last(w, n, n);
+        const Variable logits = autograd::view(autograd::narrow_last(w, 2 * n, n * n), {t, n, n});
+        const Variable comb = fused ? autograd::sinkhorn(logits, iters, eps) : autograd::sinkhorn_small_ops(logits, iters, eps);
+        const Variable u = fused ? autograd::hc_collapse(v[3], pre) : autograd::hc_collapse_small_ops(v[3], pre);
+        const Variable a_out = autograd::add(u, v[4]);
+        return fused ? autograd::hc_expand(v[3], a_out, post, comb) : autograd::hc_expand_small_ops(v[3], a_out, post, comb);
+      });
+    };
+    print_row("hyper_connection (mHC)", "streams [" + std::to_string(t) + ", " + std::to_string(n) + ", " + std::to_string(d) + "]",
+              measure(hc(true), reps), measure(hc(false), reps));
+  }
+  // The compressors: CSA (ratio 4, overlapping windows, 2 x head_dim channels) and HCA (ratio 16).
+  for (const bool csa : {true, false}) {
+    const int64_t ratio = csa ? a.csa_ratio : a.hca_ratio, c = csa ? 2 * hd : hd;
+    const kernels::CompressorKind kind = csa ? kernels::CompressorKind::csa : kernels::CompressorKind::hca;
+    const std::vector<Tensor> in = {random_tensor({b, s, c}, 16), random_tensor({b, s, c}, 17, -3, 3), random_tensor({ratio, c}, 18)};
+    print_row(std::string("compressor (") + (csa ? "CSA" : "HCA") + ", m = " + std::to_string(ratio) + ")",
+              "kv, gate [" + std::to_string(t) + ", " + std::to_string(c) + "]",
+              measure(op_step(in, [&](auto& v) { return autograd::compressor(v[0], v[1], v[2], ratio, kind); }), reps),
+              measure(op_step(in, [&](auto& v) { return autograd::compressor_small_ops(v[0], v[1], v[2], ratio, kind); }), reps));
+  }
+  std::printf("\n(the V4 attention pair: build/bench/bench_v4_attention)\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int64_t batch = 2, seq = 512;
   int reps = 5;
-  for (int i = 1; i + 1 < argc; ++i) {
+  bool v4_only = false;
+  for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--batch") batch = std::atoll(argv[++i]);
+    if (a == "--v4") v4_only = true;
+    else if (i + 1 >= argc) break;
+    else if (a == "--batch") batch = std::atoll(argv[++i]);
     else if (a == "--seq") seq = std::atoll(argv[++i]);
     else if (a == "--reps") reps = std::atoi(argv[++i]);
+  }
+  if (v4_only) {
+    v4_rows(reps);
+    return 0;
   }
   const auto a = models::deepseek_v3::deepseek_v32_flavor("debugmodel", kVocab);
   const int64_t t = batch * seq, d = a.dim, e = a.n_routed_experts, k = a.n_activated_experts, f = a.moe_inter_dim;
@@ -186,5 +241,6 @@ int main(int argc, char** argv) {
   print_row("all fused", "small_ops", all_fused, all_small);
   std::printf("\nall converters on: %.2fx the tokens/s of small_ops, %.2fx its peak tensor memory\n",
               all_small.seconds / all_fused.seconds, double(all_fused.peak_bytes) / double(all_small.peak_bytes));
+  v4_rows(reps);
   return 0;
 }
