@@ -16,7 +16,8 @@ namespace titan::models::deepseek_v4 {
 
 class DecoderLayer : public nn::Module {
  public:
-  DecoderLayer(const DeepSeekV4Args& a, int64_t layer);
+  // ep: the group the MoE's routed experts are divided over (null: none).
+  DecoderLayer(const DeepSeekV4Args& a, int64_t layer, const distributed::ProcessGroup* ep = nullptr);
   // streams [T, N, d] (T = B S tokens at positions [B, S], ids [T] i32) -> [T, N, d].
   Variable forward(const Variable& streams, const Tensor& positions, const Tensor& token_ids,
                    const kernels::RopeTables& rope, AuxLosses* aux) const;
@@ -35,7 +36,8 @@ class DecoderLayer : public nn::Module {
 
 class Transformer : public CausalLM {
  public:
-  explicit Transformer(const DeepSeekV4Args& a);
+  // ep: the group every MoE's routed experts are divided over (null: none).
+  explicit Transformer(const DeepSeekV4Args& a, const distributed::ProcessGroup* ep = nullptr);
 
   Variable forward(const Tensor& tokens) override;  // [B, S] i32 -> logits [B S, V]
   double training_flops_per_token(int64_t seq_len) const override;
@@ -50,6 +52,10 @@ class Transformer : public CausalLM {
   StageOutput stage_forward(const distributed::pp::StageLayers& stage, const Variable& h, const Tensor& tokens,
                             const Tensor& targets) override;
   std::vector<std::string> loss_term_names() const override;
+  // After each optimizer step, the learned layers' balancing biases move by their expert loads
+  // (models/moe/moe.h); step_stats reports every layer's load.
+  void end_step(const SumOverData& sum_over_data) override;
+  StepStats step_stats() override;
   // [tokens, dim]: what the blocks (and an expert exchange) carry per token. The residual between
   // layers is hc_mult such rows; a pipeline (not run yet) would pass all of them.
   Shape stage_activation_shape(int64_t batch, int64_t seq) const override { return {batch * seq, args_.dim}; }
