@@ -143,6 +143,9 @@ TEST(DeepSeekV4MoE, StateHasTheBufferOfItsRouting) {
   EXPECT_EQ(names(hash), "tid2eid [32, 2];");
   EXPECT_EQ(hash.named_buffers(nn::BufferKind::step_statistic).size(), 1u);  // tokens_per_expert
   EXPECT_EQ(hash.tid2eid.dtype(), DType::i64);
+  // A fresh table spreads the ids over every expert, K distinct ones per id: (v K + j) mod E.
+  for (int64_t v = 0; v < kVocab; ++v)
+    for (int64_t j = 0; j < kTopK; ++j) ASSERT_EQ(hash.tid2eid.data<int64_t>()[v * kTopK + j], (v * kTopK + j) % kExperts);
   for (nn::Parameter* w : {&hash.experts.w1, &hash.experts.w2, &hash.experts.w3})
     EXPECT_TRUE(w->routed_expert && w->gemm_weight);
   EXPECT_FALSE(hash.router.gate.weight.gemm_weight);  // the router's GEMM runs in f32

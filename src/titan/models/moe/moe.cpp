@@ -131,10 +131,14 @@ MoE::MoE(const MoEArgs& a, double init_std)
   }
   if (a.normal_init_std > 0)
     for (auto& [name, p] : named_parameters()) p->init = Init::normal(0, a.normal_init_std);
-  // The routing's state: the balancing bias, or hash routing's table (zeros, as transformers
-  // starts it; a checkpoint brings the real one).
+  // The routing's state: the balancing bias, or hash routing's table. A fresh table spreads the
+  // ids evenly, tid2eid[v, j] = (v K + j) mod E (K distinct experts per id when K <= E), so that a
+  // model trained from scratch uses every expert: transformers' zeros, there only to be loaded
+  // over, would send every token to expert 0 in every slot. A checkpoint brings the real table.
   if (a.hash_routing) {
-    tid2eid = Tensor::zeros({a.vocab_size, a.n_activated_experts}, DType::i64, MemCategory::parameters);
+    tid2eid = Tensor::empty({a.vocab_size, a.n_activated_experts}, DType::i64, MemCategory::parameters);
+    int64_t* table = tid2eid.data<int64_t>();
+    for (int64_t i = 0; i < tid2eid.numel(); ++i) table[i] = i % a.n_routed_experts;
     register_buffer("tid2eid", tid2eid);
   } else {
     expert_bias = Tensor::zeros({a.n_routed_experts}, DType::f32, MemCategory::parameters);
