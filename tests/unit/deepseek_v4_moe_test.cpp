@@ -17,6 +17,7 @@
 #include "common/relative_error.h"
 #include "titan/autograd/ops.h"
 #include "titan/checkpoint/safetensors.h"
+#include "titan/models/deepseek_v4/model.h"
 #include "titan/models/deepseek_v4/moe.h"
 
 using namespace titan;
@@ -214,4 +215,21 @@ TEST(DeepSeekV4MoE, LearnedLayersBalanceTheirBiasAndHashLayersHaveNone) {
     EXPECT_EQ(load.tokens, 13 * kTopK);  // every (token, choice) of the 13 tokens
     EXPECT_GE(load.imbalance, 1.0);
   }
+}
+
+// The [model] keys as the family reads them: moe_load_balance_coeff is the learned layers' bias
+// rate (hash layers have none); V3's sequence-wise balance loss is refused, naming the key.
+TEST(DeepSeekV4MoE, TheModelKeysOfBalancing) {
+  models::ModelOptions o;
+  o.moe_load_balance_coeff = 0.25;
+  auto model = models::build_model("deepseek_v4", "debugmodel", 260, 64, o);
+  auto& v4model = dynamic_cast<v4::Transformer&>(*model);
+  for (size_t l = 0; l < v4model.layers.size(); ++l) {
+    const models::moe::MoEArgs& a = v4model.layers[l].mlp.args();
+    EXPECT_EQ(a.load_balance_coeff, a.hash_routing ? 0.0 : 0.25) << "layer " << l;
+    EXPECT_EQ(a.hash_routing, l < 2) << "layer " << l;  // the debug model's first two
+  }
+  o.moe_aux_loss_alpha = 1e-4;
+  const std::string e = test::error_of([&] { models::build_model("deepseek_v4", "debugmodel", 260, 64, o); });
+  EXPECT_NE(e.find("model.moe_aux_loss_alpha"), std::string::npos) << e;
 }
