@@ -21,7 +21,8 @@
 //     flavor (reference/bench_deepseek_v4_torch.py), eager attention and eager experts, f32.
 //     Ours trains the CSA indexers with their KL loss ([dsa] indexer_loss_coeff 0.01, the
 //     default); transformers' indexers get no gradient. Hash-routed layers get the same balanced
-//     tid2eid table on both sides (both libraries start it at zeros). Target: >= 3x tokens/s.
+//     tid2eid table on both sides (titan's fresh one; the PyTorch twin fills transformers' zeros
+//     so). Target: >= 3x tokens/s.
 //     titan's V4 is f32 only, so its bf16 row says "not run".
 //   Llama-3 also runs with selective activation checkpointing (--recompute selective in the child),
 //   compared with torch.compile, whose partitioner likewise recomputes cheap ops.
@@ -92,17 +93,6 @@ models::deepseek_v4::DeepSeekV4Args v4_args(const Setup& s) {
   return a;
 }
 
-// A hash-routed layer's frozen token -> experts table, balanced: tid2eid[v, j] = (v * K + j) % E.
-// Both titan and transformers start it at zeros (every token to expert 0); the PyTorch twin
-// (reference/bench_deepseek_v4_torch.py) fills its own the same way.
-void fill_hash_tables(models::CausalLM& model, int64_t n_experts) {
-  for (auto& [name, t] : model.named_buffers()) {
-    if (!name.ends_with("tid2eid")) continue;
-    int64_t* p = t.data<int64_t>();
-    for (int64_t i = 0; i < t.numel(); ++i) p[i] = i % n_experts;
-  }
-}
-
 models::llama3::Llama3Args llama_args(const Setup& s) {
   auto a = models::llama3::llama3_flavor(s.flavor, kVocab);
   a.max_seq_len = std::max(a.max_seq_len, s.seq);
@@ -143,7 +133,8 @@ Result run_ours_here(const Setup& s, DType compute) {
   flush_denormals(true);  // as the trainer does
   std::unique_ptr<models::CausalLM> model = models::build_model(s.model, s.flavor, kVocab, s.seq);
   model->init_parameters(0);
-  if (s.v4()) fill_hash_tables(*model, v4_args(s).n_routed_experts);
+  // V4's hash layers start from the balanced tid2eid[v, j] = (v K + j) % E (models/moe/moe.h); the
+  // PyTorch twin (reference/bench_deepseek_v4_torch.py) fills transformers' zeros the same way.
   model->set_compute_dtype(compute);
   model->set_recompute(s.recompute);
   optim::AdamW opt(model->named_parameters(), {});

@@ -75,13 +75,7 @@ Result run_here(const std::string& model_name, int64_t seq, DType compute) {
   auto model = models::build_model(model_name, "debugmodel", kVocab, seq, options);
   model->init_parameters(0);
   model->set_compute_dtype(compute);
-  if (model_name == "deepseek_v4") {
-    // Hash layers: the balanced table bench_train_step uses, not the all-zeros start.
-    const int64_t experts = models::deepseek_v4::deepseek_v4_flavor("debugmodel", kVocab).n_routed_experts;
-    for (auto& [name, t] : model->named_buffers())
-      if (name.ends_with("tid2eid"))
-        for (int64_t i = 0; i < t.numel(); ++i) t.data<int64_t>()[i] = i % experts;
-  }
+  // V4's hash layers start from a balanced tid2eid (models/moe/moe.h), as bench_train_step's.
   model->begin_step(1);
   optim::AdamW opt(model->named_parameters(), {});
   Tensor tokens = Tensor::empty({1, seq}, DType::i32), targets = Tensor::empty({seq}, DType::i32);

@@ -2,7 +2,7 @@
 // that routes nothing), a MoE layer with its routed experts divided over the ranks against the
 // whole layer (outputs, every gradient, and the all-to-all bytes against the rows that must
 // cross), 20 training steps of each EP layout against the 1-rank run (deepseek_v32, both DSA
-// stages; with FSDP, HSDP, TP and CP), checkpoints resharding between EP and one rank, and the
+// stages; with FSDP, HSDP, TP and CP; deepseek_v4, hash and learned routing), checkpoints resharding between EP and one rank, and the
 // errors of degrees that do not fit.
 #include "distributed/common.h"
 #include "titan/autograd/ops.h"
@@ -182,6 +182,21 @@ TEST_F(EpLayouts, DeepSeekV32ReproducesOneRank) {
   for (const Layout& l : layouts)
     expect_same_losses(one, train_on(config("deepseek_v32", l), world()), 1e-5,
                        "deepseek_v32 " + describe(l) + (l.extra.empty() ? "" : ", " + l.extra[0]));
+}
+
+// deepseek_v4, whose debugmodel routes layers 0-1 by its hash table (the choice read from the
+// tokens' ids before the exchange) and the rest by the learned router with its balancing bias
+// (updated every step from the loads summed over the ranks): EP 2 on 2 ranks; on 4, EP 2 with the
+// experts FSDP-sharded over the other 2 (FSDP 4 x EP 2).
+TEST_F(EpLayouts, DeepSeekV4ReproducesOneRank) {
+  const int n = world().size();
+  const auto one = reference_on_rank0(config("deepseek_v4", {"reference"}));
+  const Layout l = n == 4 ? Layout{"fsdp4_ep2", {.shard = 4, .ep = 2}} : Layout{"ep2", {.shard = 2, .ep = 2}};
+  const train::JobConfig cfg = config("deepseek_v4", l);
+  expect_same_losses(one, train_on(cfg, world()), 1e-5, "deepseek_v4 " + describe(l));
+  // The expert loads are logged as DeepSeek-V3's: rank 0's, the worst layer's and a hash layer's.
+  for (const std::string key : {"moe_imbalance_max", "moe_imbalance/layer0"})
+    EXPECT_EQ(losses_of(cfg.job.dump_folder, "train", key).size(), 20u) << key;
 }
 
 // EP borrowing context-parallel ranks: the deepseek_v32 sparse stage from step 1 (CP runs DSA

@@ -1,7 +1,8 @@
 // End-to-end DeepSeek-V4 training (configs/deepseek_v4_debug.toml's model): the loss falls, the
 // CSA indexers learn from their logged KL loss (and only while indexer_loss_coeff > 0), the
-// hash tables and correction biases stay as they were, full recompute gives the same losses as
-// none, and a run stopped at step 3 and resumed reproduces the straight run bit for bit.
+// hash tables stay as they were while the learned layers' correction biases balance their
+// experts (every layer's load logged), full recompute gives the same losses as none, and a run
+// stopped at step 3 and resumed reproduces the straight run bit for bit.
 #include <gtest/gtest.h>
 
 #include "common/byte_dataset.h"
@@ -89,11 +90,19 @@ TEST(DeepSeekV4TrainE2E, LearnsTrainsItsIndexersAndResumesBitIdentically) {
     bool same = true;
     for (size_t i = 0; i < t.nbytes(); ++i)
       same = same && static_cast<const char*>(t.data_ptr())[i] == static_cast<const char*>(initial[name].data_ptr())[i];
-    const bool buffer = name.ends_with("tid2eid") || name.ends_with("expert_bias");
-    EXPECT_EQ(same, buffer) << name << (buffer ? " moved" : " did not train");
+    // The expert-load counts restart after every step: zeros again, as at the start.
+    const bool stays = name.ends_with("tid2eid") || name.ends_with("tokens_per_expert");
+    EXPECT_EQ(same, stays) << name << (stays ? " moved" : " did not train");
     indexer += name.find(".indexer.") != std::string::npos;
   }
   EXPECT_GT(indexer, 0);
+  // The expert loads, as DeepSeek-V3's: the worst layer's imbalance, and each layer's (hash layers
+  // 0-1 and the learned ones).
+  for (const std::string key : {"moe_imbalance_max", "moe_imbalance/layer0", "moe_imbalance/layer5"}) {
+    const std::vector<double> imbalance = logged(root / "straight", key);
+    ASSERT_EQ(imbalance.size(), 6u) << key;
+    for (double v : imbalance) EXPECT_GE(v, 1.0) << key;
+  }
 
   // Without the KL loss the indexers stay where they started (transformers' behaviour); with
   // full recompute the losses are the straight run's.

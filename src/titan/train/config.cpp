@@ -808,7 +808,7 @@ const std::vector<KeySpec>& config_schema() {
        "Which form of each op with a fused kernel runs: the fused kernel or its small-op form (the same math "
        "from basic autograd ops, as PyTorch code would write it). `<op>_fused` or `<op>_small_ops` picks one op, "
        "`small_ops` every op not named `_fused`; ops: rms_norm and rope (every model), grouped_mm and permute "
-       "(MoE experts and their token permute/unpermute; deepseek_v3, deepseek_v32), dsa (deepseek_v32). Unnamed "
+       "(MoE experts and their token permute/unpermute; deepseek_v3, deepseek_v32, deepseek_v4), dsa (deepseek_v32). Unnamed "
        "ops keep their default: fused, except DSA, whose fused kernels run only with dsa_fused. The model refuses "
        "other names, listing its own. Measured pairs: docs/converters.md."},
       {"model", "mtp_layers", member<&C::model, &Model::mtp_layers>, at_least(0),
@@ -819,12 +819,13 @@ const std::vector<KeySpec>& config_schema() {
        "Weight lambda of the MTP loss: the training loss adds lambda / mtp_layers times the sum of the modules' "
        "cross-entropies (logged unweighted as mtp_loss). DeepSeek-V3: 0.3, then 0.1 for the last 4.8T tokens."},
       {"model", "moe_load_balance_coeff", member<&C::model, &Model::moe_load_balance_coeff>, at_least(0),
-       "MoE aux-loss-free load balancing (DeepSeek-V3): after each optimizer step every expert's routing bias moves "
+       "MoE aux-loss-free load balancing (DeepSeek-V3; DeepSeek-V4's learned layers, its hash layers have no bias): "
+       "after each optimizer step every expert's routing bias moves "
        "by this much toward balance (up when it got fewer tokens than the mean, down when more). Raise it when the "
        "logged moe_imbalance climbs toward n_routed_experts / top-k (all tokens on the same experts); 0: off."},
       {"model", "moe_aux_loss_alpha", member<&C::model, &Model::moe_aux_loss_alpha>, at_least(0),
        "Weight alpha of the MoE sequence-wise balance loss (DeepSeek-V3 report, section 2.1.2), added to the training "
-       "loss; DeepSeek-V3 used 1e-4. 0: off."},
+       "loss; DeepSeek-V3 used 1e-4. 0: off. deepseek_v4 refuses it (it balances by the bias alone)."},
       // [training]
       {"training", "dataset", member<&C::training, &Training::dataset>, non_empty(), "Training dataset name."},
       {"training", "dataset_path", member<&C::training, &Training::dataset_path>, anything(),

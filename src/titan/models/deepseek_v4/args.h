@@ -43,6 +43,9 @@ struct DeepSeekV4Args {
   double route_scale = 1.5;         // routed_scaling_factor
   kernels::RouterScore score_func = kernels::RouterScore::sqrtsoftplus;  // scoring_func (or sigmoid)
   double swiglu_limit = 10.0;
+  // Aux-loss-free balancing of the learned layers' expert_bias: [model] moe_load_balance_coeff (not
+  // in config.json; transformers trains no bias). Hash layers have no bias.
+  double load_balance_coeff = 1e-3;
 
   // mHC residual streams.
   int64_t hc_mult = 4;  // N

@@ -1,6 +1,7 @@
 // DeepSeek-V4's spec (models/family.h): flavors, build, and what the memory planner needs beyond
 // the parameters. [dsa] indexer_loss_coeff weighs the CSA indexers' KL loss (0: the indexers do
 // not learn, as in transformers) and [dsa] topk overrides index_topk; V4 has no dense warm-up.
+// [model] moe_load_balance_coeff is the learned MoE layers' bias rate, as for DeepSeek-V3.
 #include "titan/models/deepseek_v4/family.h"
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include "titan/distributed/process_group.h"
 #include "titan/models/activation_terms.h"
 #include "titan/models/common.h"
+#include "titan/models/converters.h"
 #include "titan/models/deepseek_v4/hf_adapter.h"
 #include "titan/models/deepseek_v4/model.h"
 
@@ -25,6 +27,7 @@ DeepSeekV4Args architecture(const std::string& flavor, int64_t vocab, int64_t ma
                   std::to_string(a.vocab_size),
               "use the tokenizer the checkpoint was trained with");
   if (o.dsa.topk > 0) a.index_topk = o.dsa.topk;
+  a.load_balance_coeff = o.moe_load_balance_coeff;
   a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
   a.validate();
   return a;
@@ -35,14 +38,16 @@ std::unique_ptr<CausalLM> build(const std::string& flavor, int64_t vocab, int64_
     TITAN_CHECK(!on, "deepseek_v4 does not run " + what + " yet", fix);
   };
   unsupported(o.tp && o.tp->size() > 1, "tensor parallel", "set parallelism.tensor_parallel_degree = 1");
-  unsupported(o.ep && o.ep->size() > 1, "expert parallel", "set parallelism.expert_parallel_degree = 1");
   unsupported(o.cp && o.cp->size() > 1, "context parallel", "set parallelism.context_parallel_degree = 1");
   TITAN_CHECK(o.dsa.warmup_steps == 0, "dsa.warmup_steps = " + std::to_string(o.dsa.warmup_steps) +
                                            ": DeepSeek-V4's indexers train beside the model from the first step",
               "remove dsa.warmup_steps (V4 has no dense warm-up stage)");
+  TITAN_CHECK(o.moe_aux_loss_alpha == 0, "model.moe_aux_loss_alpha = " + std::to_string(o.moe_aux_loss_alpha) +
+                                             ": deepseek_v4 balances its experts by the routing bias alone",
+              "remove model.moe_aux_loss_alpha (model.moe_load_balance_coeff sets the bias's rate)");
   const DeepSeekV4Args a = architecture(flavor, vocab, max_seq_len, o);
   if (max_seq_len > 0) a.validate_sequence(max_seq_len);
-  auto m = build_placed([&] { return std::make_unique<Transformer>(a, o.pipeline_stages); });
+  auto m = build_placed([&] { return std::make_unique<Transformer>(a, o.pipeline_stages, o.ep); });
   m->set_indexer_loss_coeff(o.dsa.indexer_loss_coeff);
   return m;
 }
@@ -164,7 +169,7 @@ const ModelFamily& family() {
       .multi_token_prediction = false,
       .sparse_attention = true,
       .tensor_parallel = false,
-      .converters = {},
+      .converters = {kConverterGroupedMm, kConverterPermute},  // the MoE's (models/moe/moe.h)
       .build = build,
       .n_layers = n_layers,
       .activations = activations,

@@ -12,27 +12,17 @@ namespace titan::models::deepseek_v4 {
 
 namespace {
 
-MoEArgs moe_args(const DeepSeekV4Args& a, int64_t layer) {
-  MoEArgs m;
-  m.dim = a.dim, m.moe_intermediate_size = a.moe_inter_dim, m.n_routed_experts = a.n_routed_experts;
-  m.num_experts_per_tok = a.n_activated_experts, m.routed_scaling_factor = a.route_scale;
-  m.swiglu_limit = a.swiglu_limit, m.scoring_func = a.score_func;
-  m.routing = a.mlp_types[size_t(layer)] == MlpType::hash_moe ? MoERouting::hash : MoERouting::learned;
-  m.vocab_size = a.vocab_size, m.init_std = a.init_std;
-  return m;
-}
-
 std::unique_ptr<nn::RMSNorm> rms_norm(const DeepSeekV4Args& a) { return std::make_unique<nn::RMSNorm>(a.dim, a.norm_eps); }
 
 }  // namespace
 
-DecoderLayer::DecoderLayer(const DeepSeekV4Args& a, int64_t layer)
+DecoderLayer::DecoderLayer(const DeepSeekV4Args& a, int64_t layer, const distributed::ProcessGroup* ep)
     : attn_hc(register_module("attn_hc", std::make_unique<HyperConnection>(a.hyper_connection()))),
       input_layernorm(register_module("input_layernorm", rms_norm(a))),
       self_attn(register_module("self_attn", std::make_unique<Attention>(a, a.layer_types[size_t(layer)]))),
       ffn_hc(register_module("ffn_hc", std::make_unique<HyperConnection>(a.hyper_connection()))),
       post_attention_layernorm(register_module("post_attention_layernorm", rms_norm(a))),
-      mlp(register_module("mlp", std::make_unique<MoE>(moe_args(a, layer)))),
+      mlp(register_module("mlp", std::make_unique<MoE>(moe_args(a, layer, ep), a.init_std))),
       type(a.layer_types[size_t(layer)]) {}
 
 Variable DecoderLayer::forward(const Variable& streams, const Tensor& positions, const Tensor& token_ids,
@@ -41,7 +31,10 @@ Variable DecoderLayer::forward(const Variable& streams, const Tensor& positions,
   const Variable a = self_attn.forward(input_layernorm.forward(before_attn.collapsed), positions, rope, aux);
   const Variable mid = HyperConnection::merge(streams, a, before_attn);
   const HyperConnection::Mixing before_ffn = ffn_hc.forward(mid);
-  const Variable f = mlp.forward(post_attention_layernorm.forward(before_ffn.collapsed), token_ids);
+  // The MoE takes the tokens as [B, S, d] sequences (and their ids, for hash routing).
+  const Variable normed = post_attention_layernorm.forward(before_ffn.collapsed);  // [T, d]
+  const Variable sequences = autograd::view(normed, {positions.size(0), positions.size(1), normed.shape()[1]});
+  const Variable f = autograd::view(mlp.forward_with_aux(sequences, token_ids).y, normed.shape());
   return HyperConnection::merge(mid, f, before_ffn);
 }
 
@@ -64,7 +57,8 @@ Variable DecoderLayer::forward(const Variable& streams, const Tensor& positions,
   return out[0];
 }
 
-Transformer::Transformer(const DeepSeekV4Args& a, const std::vector<distributed::pp::StageLayers>& stages)
+Transformer::Transformer(const DeepSeekV4Args& a, const std::vector<distributed::pp::StageLayers>& stages,
+                         const distributed::ProcessGroup* ep)
     : embed_tokens(holds(stages, [](const auto& st) { return st.embedding; })
                        ? &register_module("embed_tokens", std::make_unique<nn::Embedding>(a.vocab_size, a.dim,
                                                                                           nn::Init::normal(0, a.init_std)))
@@ -76,7 +70,7 @@ Transformer::Transformer(const DeepSeekV4Args& a, const std::vector<distributed:
   a.validate();
   for (int l = 0; l < a.n_layers; ++l)
     if (holds(stages, [l](const auto& st) { return l >= st.begin && l < st.end; }))
-      layers.append_as(size_t(l), std::make_unique<DecoderLayer>(a, l));
+      layers.append_as(size_t(l), std::make_unique<DecoderLayer>(a, l, ep));
   if (!holds(stages, [](const auto& st) { return st.head; })) return;
   hc_head = &register_module("hc_head", std::make_unique<HyperHead>(a.hyper_connection()));
   norm = &register_module("norm", rms_norm(a));
@@ -147,6 +141,16 @@ StageOutput Transformer::stage_forward(const distributed::pp::StageLayers& stage
   }
   add_auxiliary_losses(out, aux);
   return out;
+}
+
+void Transformer::end_step(const SumOverData& sum_over_data) {
+  for (size_t l = 0; l < layers.size(); ++l) layers[l].mlp.end_step(sum_over_data);
+}
+
+StepStats Transformer::step_stats() {
+  StepStats stats;
+  for (size_t l = 0; l < layers.size(); ++l) layers[l].mlp.append_stats(stats, int(layers.index(l)));
+  return stats;
 }
 
 std::vector<std::string> Transformer::loss_term_names() const {

@@ -21,7 +21,8 @@ namespace titan::models::deepseek_v4 {
 
 class DecoderLayer : public nn::Module {
  public:
-  DecoderLayer(const DeepSeekV4Args& a, int64_t layer);
+  // ep: the group the MoE's routed experts are divided over (null: none).
+  DecoderLayer(const DeepSeekV4Args& a, int64_t layer, const distributed::ProcessGroup* ep = nullptr);
   // streams [T, N, d] (T = B S tokens at positions [B, S], ids [T] i32) -> [T, N, d].
   Variable forward(const Variable& streams, const Tensor& positions, const Tensor& token_ids,
                    const kernels::RopeTables& rope, AuxLosses* aux) const;
@@ -40,8 +41,10 @@ class DecoderLayer : public nn::Module {
 
 class Transformer : public CausalLM {
  public:
-  // stages: the pipeline stages this rank holds (empty: the whole model).
-  explicit Transformer(const DeepSeekV4Args& a, const std::vector<distributed::pp::StageLayers>& stages = {});
+  // stages: the pipeline stages this rank holds (empty: the whole model); ep: the group every
+  // MoE's routed experts are divided over (null: none).
+  explicit Transformer(const DeepSeekV4Args& a, const std::vector<distributed::pp::StageLayers>& stages = {},
+                       const distributed::ProcessGroup* ep = nullptr);
 
   Variable forward(const Tensor& tokens) override;  // [B, S] i32 -> logits [B S, V]
   double training_flops_per_token(int64_t seq_len) const override;
@@ -56,6 +59,10 @@ class Transformer : public CausalLM {
   StageOutput stage_forward(const distributed::pp::StageLayers& stage, const Variable& h, const Tensor& tokens,
                             const Tensor& targets) override;
   std::vector<std::string> loss_term_names() const override;
+  // After each optimizer step, the learned layers' balancing biases move by their expert loads
+  // (models/moe/moe.h); step_stats reports every layer's load.
+  void end_step(const SumOverData& sum_over_data) override;
+  StepStats step_stats() override;
   // The residual streams [tokens, hc_mult, dim]: every stream of every token crosses a stage
   // boundary (the blocks and an expert exchange carry one dim-wide row per token).
   Shape stage_activation_shape(int64_t batch, int64_t seq) const override {

@@ -9,66 +9,30 @@
 //   W2 (silu(min(W1 h, limit)) * clamp(W3 h, -limit, limit)), the routing weight applied after W2.
 // The gate is trained in hash layers too; no gradient reaches the choice.
 //
-// Parameters reuse the DeepSeek-V3 MoE's modules and layout (models/moe/moe.h), so plans and
-// expert parallelism treat them alike: router.gate.weight [E, d] (f32, transformers' mlp.gate.weight),
-// experts.w1 / w3 [E, F, d] (gate_up_proj's rows [0, F) / [F, 2F)), experts.w2 [E, d, F]
-// (down_proj), shared_experts.w{1,3,2}.weight (gate_proj, up_proj, down_proj). Buffers (state):
-// expert_bias [E] f32 (e_score_correction_bias) in "moe" layers, tid2eid [V, K] i64 in "hash_moe"
-// layers. Initialization as transformers': every weight N(0, init_std), the bias and table zeros.
+// It is DeepSeek-V3's MoE module (models/moe/moe.h) configured by moe_args, so expert
+// parallelism, the aux-loss-free bias update, the expert-load metrics and the small-op forms are
+// that module's. State (transformers' names in hf_adapter.h): router.gate.weight [E, d] f32,
+// experts.w1 / w3 [E, F, d], experts.w2 [E, d, F], shared_experts.w{1,3,2}.weight, and
+// expert_bias [E] f32 in "moe" layers or tid2eid [V, K] i64 in "hash_moe" layers; the expert
+// loads (tokens_per_expert, warmup_tokens_per_expert) are statistics, not state.
+// Initialization as transformers': every weight N(0, init_std), the bias and table zeros.
 #pragma once
 
 #include <cstdint>
 
-#include "titan/kernels/activation.h"
-#include "titan/kernels/moe_router_params.h"
+#include "titan/models/deepseek_v4/args.h"
 #include "titan/models/moe/moe.h"
-#include "titan/nn/module.h"
+
+namespace titan::distributed {
+class ProcessGroup;
+}
 
 namespace titan::models::deepseek_v4 {
 
-using autograd::Variable;
+using MoE = models::moe::MoE;
 
-// How a layer chooses its experts: transformers' mlp_layer_types "moe" and "hash_moe".
-enum class MoERouting : uint8_t { learned, hash };
-
-struct MoEArgs {
-  int64_t dim = 0;                    // hidden_size, d
-  int64_t moe_intermediate_size = 0;  // F: every routed expert's width, and the shared expert's
-  int64_t n_routed_experts = 0;       // E
-  int64_t num_experts_per_tok = 1;    // K
-  double routed_scaling_factor = 1.0;
-  double swiglu_limit = 10.0;  // transformers' default; kernels::kNoSwigluLimit: no clamp
-  kernels::RouterScore scoring_func = kernels::RouterScore::sqrtsoftplus;  // or sigmoid
-  MoERouting routing = MoERouting::learned;
-  int64_t vocab_size = 0;  // rows of tid2eid (hash routing)
-  double init_std = 0.02;  // initializer_range
-  kernels::RouterParams router_params() const;
-  void validate() const;  // throws, naming the config key, on sizes that cannot work
-};
-
-// The name transformers gives a routing in mlp_layer_types.
-const char* layer_type_name(MoERouting routing);
-
-class MoE : public nn::Module {
- public:
-  explicit MoE(const MoEArgs& a);
-
-  // h [T, d] (f32 or bf16) -> [T, d], h's dtype. token_ids [T] i32: the input ids of these tokens,
-  // required by hash routing (ignored by learned routing).
-  Variable forward(const Variable& h, const Tensor& token_ids = Tensor()) const;
-
-  const MoEArgs& args() const { return args_; }
-
-  models::moe::TokenChoiceTopKRouter& router;  // gate [E, d], f32
-  models::moe::GroupedExperts& experts;
-  models::moe::FeedForward& shared_experts;
-  Tensor expert_bias;  // [E] f32, learned routing only (undefined for hash routing)
-  Tensor tid2eid;      // [V, K] i64, hash routing only (undefined for learned routing)
-
- private:
-  // The experts [T, K] i32 of each token: tid2eid's rows at token_ids, checked.
-  Tensor hash_choice(const Tensor& token_ids, int64_t tokens) const;
-  MoEArgs args_;
-};
+// The MoE of layer `layer` of `a`: one shared expert of width F, always-renormalised weights,
+// hash routing in its hash_moe layers; the routed experts divided over `ep` (null: none).
+models::moe::MoEArgs moe_args(const DeepSeekV4Args& a, int64_t layer, const distributed::ProcessGroup* ep = nullptr);
 
 }  // namespace titan::models::deepseek_v4

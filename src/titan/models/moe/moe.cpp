@@ -14,6 +14,7 @@
 #include "titan/kernels/matmul.h"
 #include "titan/kernels/moe_permute.h"
 #include "titan/kernels/moe_router.h"
+#include "titan/models/moe/hash_routing.h"
 
 namespace titan::models::moe {
 
@@ -75,6 +76,15 @@ void MoEArgs::validate() const {
               "parallelism.tensor_parallel_degree = " + std::to_string(degree) + " does not divide the shared experts' " +
                   std::to_string(moe_inter_dim * n_shared_experts) + " hidden units",
               "use a degree that divides moe_inter_dim x n_shared_experts");
+  TITAN_CHECK(swiglu_limit > 0, "moe: swiglu_limit " + std::to_string(swiglu_limit),
+              "use a positive limit (DeepSeek-V4's default is 10), or none");
+  TITAN_CHECK(!hash_routing || vocab_size >= 1,
+              "moe: a hash_moe layer with vocab_size " + std::to_string(vocab_size),
+              "its tid2eid table has one row per token id: pass the vocabulary size");
+  TITAN_CHECK(!hash_routing || degree == 1,
+              "parallelism.tensor_parallel_degree = " + std::to_string(degree) +
+                  " with a hash_moe layer: its choice reads the ids of the tokens it routes, which TP regroups",
+              "set tensor_parallel_degree = 1");
   const int64_t experts_over = ep_degree();
   TITAN_CHECK(experts_over >= 1 && n_routed_experts % experts_over == 0,
               "parallelism.expert_parallel_degree = " + std::to_string(experts_over) + " does not divide the " +
@@ -83,14 +93,15 @@ void MoEArgs::validate() const {
   kernels::check_router_params(router_params());
 }
 
-FeedForward::FeedForward(int64_t dim, int64_t hidden, double init_std)
+FeedForward::FeedForward(int64_t dim, int64_t hidden, double init_std, double limit)
     : w1(register_module("w1", std::make_unique<nn::Linear>(dim, hidden, Init::trunc_normal(kInitStd)))),
       w2(register_module("w2", std::make_unique<nn::Linear>(hidden, dim, Init::trunc_normal(init_std)))),
-      w3(register_module("w3", std::make_unique<nn::Linear>(dim, hidden, Init::trunc_normal(init_std)))) {}
+      w3(register_module("w3", std::make_unique<nn::Linear>(dim, hidden, Init::trunc_normal(init_std)))),
+      swiglu_limit(limit) {}
 
 Variable FeedForward::forward(const Variable& x) const {
   const Variable x3 = w3.forward(x);  // w3 first: the order the TP forms record too
-  return w2.forward(autograd::swiglu(w1.forward(x), x3));
+  return w2.forward(autograd::swiglu(w1.forward(x), x3, swiglu_limit));
 }
 
 TokenChoiceTopKRouter::TokenChoiceTopKRouter(int64_t dim, int64_t experts, double init_std)
@@ -115,22 +126,35 @@ MoE::MoE(const MoEArgs& a, double init_std)
   if (a.ep_degree() > 1)
     for (nn::Parameter* w : {&experts.w1, &experts.w2, &experts.w3}) distributed::shard_experts(*w, *a.ep);
   if (a.n_shared_experts > 0) {
-    shared_experts = &register_module(
-        "shared_experts", std::make_unique<FeedForward>(a.dim, a.moe_inter_dim * a.n_shared_experts, init_std));
+    shared_experts = &register_module("shared_experts", std::make_unique<FeedForward>(
+                                                            a.dim, a.moe_inter_dim * a.n_shared_experts, init_std, a.swiglu_limit));
   }
-  expert_bias = Tensor::zeros({a.n_routed_experts}, DType::f32, MemCategory::parameters);
+  if (a.normal_init_std > 0)
+    for (auto& [name, p] : named_parameters()) p->init = Init::normal(0, a.normal_init_std);
+  // The routing's state: the balancing bias, or hash routing's table. A fresh table spreads the
+  // ids evenly, tid2eid[v, j] = (v K + j) mod E (K distinct experts per id when K <= E), so that a
+  // model trained from scratch uses every expert: transformers' zeros, there only to be loaded
+  // over, would send every token to expert 0 in every slot. A checkpoint brings the real table.
+  if (a.hash_routing) {
+    tid2eid = Tensor::empty({a.vocab_size, a.n_activated_experts}, DType::i64, MemCategory::parameters);
+    int64_t* table = tid2eid.data<int64_t>();
+    for (int64_t i = 0; i < tid2eid.numel(); ++i) table[i] = i % a.n_routed_experts;
+    register_buffer("tid2eid", tid2eid);
+  } else {
+    expert_bias = Tensor::zeros({a.n_routed_experts}, DType::f32, MemCategory::parameters);
+    register_buffer("expert_bias", expert_bias);
+  }
   tokens_per_expert = Tensor::zeros({a.n_routed_experts}, DType::f32, MemCategory::parameters);
-  register_buffer("expert_bias", expert_bias);
   register_buffer("tokens_per_expert", tokens_per_expert, nn::BufferKind::step_statistic);
   warmup_tokens_per_expert = Tensor::zeros({a.n_routed_experts}, DType::f32, MemCategory::parameters);
   register_buffer("warmup_tokens_per_expert", warmup_tokens_per_expert, nn::BufferKind::saved_statistic);
 }
 
-MoE::Output MoE::forward_with_aux(const Variable& x) {
+MoE::Output MoE::forward_with_aux(const Variable& x, const Tensor& token_ids) {
   ProfileScope prof("moe.fwd");
   const distributed::ProcessGroup* tp = args_.tp && args_.tp->size() > 1 ? args_.tp : nullptr;
   if (!tp) {
-    Output o = routed(x);
+    Output o = routed(x, token_ids);
     if (shared_experts) o.y = autograd::add(o.y, shared_experts->forward(x));
     return o;
   }
@@ -139,19 +163,19 @@ MoE::Output MoE::forward_with_aux(const Variable& x) {
     // TorchTitan's scheme: every rank routes all tokens alike through its slice of every expert's
     // hidden units; the routed and shared partial sums are reduce-scattered together.
     const Variable all = distributed::gather_tokens(x, *tp);  // [N, D]
-    Output o = routed(autograd::view(all, {1, all.shape()[0], d}));
+    Output o = routed(autograd::view(all, {1, all.shape()[0], d}), Tensor());
     Variable y = autograd::view(o.y, all.shape());
     if (shared_experts) y = autograd::add(y, shared_experts->forward(all));
     o.y = distributed::reduce_scatter_tokens(y, *tp);
     return o;
   }
   // The MoE TP fix: this rank's piece, as one sequence, to whole experts; shared experts TP.
-  Output o = routed(autograd::view(x, {1, n, d}));
+  Output o = routed(autograd::view(x, {1, n, d}), Tensor());
   o.y = autograd::view(o.y, x.shape());
   if (shared_experts) {  // w3 recorded before w1, as shared_experts->forward does
     const FeedForward& f = *shared_experts;
     const std::vector<Variable> up = distributed::column_parallel(x, {&f.w3, &f.w1}, tp, async_tp_);
-    o.y = autograd::add(o.y, distributed::row_parallel(autograd::swiglu(up[1], up[0]), f.w2, tp, async_tp_));
+    o.y = autograd::add(o.y, distributed::row_parallel(autograd::swiglu(up[1], up[0], f.swiglu_limit), f.w2, tp, async_tp_));
   }
   return o;
 }
@@ -175,7 +199,17 @@ void MoE::count_tokens(const kernels::ExpertDispatch& disp) {
     tpe[i] += float(disp.tokens_of(i)), stats_counts_[size_t(i)] += disp.tokens_of(i);
 }
 
-MoE::Output MoE::routed_composed(const Variable& x) {
+void MoE::route(Tensor& scores, Tensor& idx, Tensor& weights, const Tensor& logits, const Tensor& token_ids) const {
+  const kernels::RouterParams rp = args_.router_params();
+  if (!args_.hash_routing) {
+    kernels::moe_router_forward(scores, idx, weights, logits, expert_bias, rp);
+    return;
+  }
+  idx = hash_choice(tid2eid, token_ids, logits.size(0), rp.experts);
+  kernels::moe_router_weights_forward(scores, weights, logits, idx, rp);
+}
+
+MoE::Output MoE::routed_composed(const Variable& x, const Tensor& token_ids) {
   using autograd::OpForm;
   const int64_t batch = x.shape()[0], t = x.shape()[0] * x.shape()[1], d = args_.dim;
   const kernels::RouterParams rp = args_.router_params();
@@ -189,7 +223,7 @@ MoE::Output MoE::routed_composed(const Variable& x) {
   kernels::linear_forward(logits, xf.value(), gate_w);
   Tensor scores = activations({t, e}, DType::f32), idx = activations({t, k}, DType::i32),
          gate_weights = activations({t, k}, DType::f32);
-  kernels::moe_router_forward(scores, idx, gate_weights, logits, expert_bias, rp);
+  route(scores, idx, gate_weights, logits, token_ids);
   const kernels::ExpertDispatch disp = kernels::moe_sort_by_expert(idx, e);
   count_tokens(disp);
   std::vector<Tensor> router_out = {gate_weights};
@@ -215,22 +249,23 @@ MoE::Output MoE::routed_composed(const Variable& x) {
                                              : autograd::grouped_matmul_small_ops(a, w.var, disp.offsets);
   };
   const Variable xs = small_permute ? autograd::moe_permute_small_ops(xf, disp.pos) : autograd::moe_permute(xf, disp.pos);  // [M, D]
-  const Variable act = autograd::swiglu(gemm(xs, experts.w1), gemm(xs, experts.w3));  // [M, F]
+  const Variable act = autograd::swiglu(gemm(xs, experts.w1), gemm(xs, experts.w3), args_.swiglu_limit);  // [M, F]
   const Variable out = gemm(act, experts.w2);                                        // [M, D]
   const Variable y = small_permute ? autograd::moe_unpermute_small_ops(out, disp.pos, routing[0])
                                    : autograd::moe_unpermute(out, disp.pos, routing[0]);  // [T, D]
   return {autograd::cast(autograd::view(y, x.shape()), x.dtype()), alpha > 0 ? routing[1] : Variable()};
 }
 
-MoE::Output MoE::routed(const Variable& x) {
+MoE::Output MoE::routed(const Variable& x, const Tensor& token_ids) {
   TITAN_CHECK(x.shape().size() == 3 && x.shape()[2] == args_.dim,
               "moe: input " + x.shape().str() + " for dim " + std::to_string(args_.dim), "pass x as [B, S, D]");
-  if (grouped_mm_form_ != autograd::OpForm::fused || permute_form_ != autograd::OpForm::fused) return routed_composed(x);
+  if (grouped_mm_form_ != autograd::OpForm::fused || permute_form_ != autograd::OpForm::fused) return routed_composed(x, token_ids);
   // f: the experts' hidden units this rank holds (a 1/tp slice under TP's gather scheme).
   const int64_t batch = x.shape()[0], t = x.shape()[0] * x.shape()[1], d = args_.dim, f = experts.w1.var.shape()[1];
   const DType cd = x.dtype();
   const kernels::RouterParams rp = args_.router_params();
   const int64_t e = rp.experts, k = rp.top_k, m = t * k;
+  const double limit = args_.swiglu_limit;  // the experts' SwiGLU clamp (DeepSeek-V4), or none
   const Tensor xv = x.value().view({t, d});  // [T, D]
 
   // Router in f32 whatever the compute dtype: xf [T, D], logits [T, E].
@@ -245,7 +280,7 @@ MoE::Output MoE::routed(const Variable& x) {
   // scores [T, E]; idx, weights [T, k]: the chosen experts and their gate weights
   Tensor scores = activations({t, e}, DType::f32), idx = activations({t, k}, DType::i32),
          weights = activations({t, k}, DType::f32);
-  kernels::moe_router_forward(scores, idx, weights, logits, expert_bias, rp);
+  route(scores, idx, weights, logits, token_ids);
 
   kernels::ExpertDispatch disp = kernels::moe_sort_by_expert(idx, e);
   count_tokens(disp);
@@ -267,7 +302,7 @@ MoE::Output MoE::routed(const Variable& x) {
     ProfileScope prof_experts("moe.experts.fwd");  // the grouped GEMMs' share of the layer
     kernels::grouped_matmul_forward(h1, xe, w1, offsets);
     kernels::grouped_matmul_forward(h3, xe, w3, offsets);
-    kernels::swiglu_forward(act, h1, h3);
+    kernels::swiglu_forward(act, h1, h3, limit);
     kernels::grouped_matmul_forward(out_e, act, w2, offsets);
   }
   const Tensor out = ep ? exchange->combine(out_e) : out_e;  // [M, D], by expert, at their tokens' rank
@@ -305,7 +340,7 @@ MoE::Output MoE::routed(const Variable& x) {
             kernels::grouped_matmul_backward(d_act, dw2, d_out_e, act, w2, offsets, acc_w2, false);
             Tensor dh1 = Tensor::empty({r, f}, cd, MemCategory::temporaries);  // [R, F]
             Tensor dh3 = Tensor::empty({r, f}, cd, MemCategory::temporaries);
-            kernels::swiglu_backward(dh1, dh3, d_act, h1, h3, false);
+            kernels::swiglu_backward(dh1, dh3, d_act, h1, h3, false, limit);
             kernels::grouped_matmul_backward(dxe, dw1, dh1, xe, w1, offsets, acc_w1, false);
             kernels::grouped_matmul_backward(dxe, dw3, dh3, xe, w3, offsets, acc_w3);
           }
@@ -344,7 +379,7 @@ MoE::Output MoE::routed(const Variable& x) {
 void MoE::update_load_balance() {
   const int64_t e = args_.n_routed_experts;
   float* counts = tokens_per_expert.data<float>();
-  if (args_.load_balance_coeff > 0) {
+  if (args_.load_balance_coeff > 0 && expert_bias.defined()) {
     double mean = 0;
     for (int64_t i = 0; i < e; ++i) mean += counts[i];
     mean /= double(e);

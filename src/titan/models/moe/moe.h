@@ -8,6 +8,12 @@
 // update_load_balance() after each optimizer step) and, optionally, DeepSeek-V3's
 // sequence-wise auxiliary loss.
 //
+// DeepSeek-V4's MoE (transformers' DeepseekV4SparseMoeBlock, models/deepseek_v4/moe.h) is this
+// module configured: sqrtsoftplus scores, the clamped SwiGLU (swiglu_limit) in every expert,
+// transformers' N(0, std) init, and in its hash_moe layers hash routing: each token's experts are
+// a frozen table's row at its token id (tid2eid [V, K] i64, a state buffer, in place of
+// expert_bias), chosen before any expert-parallel exchange, so the ids never travel.
+//
 // Parameter and buffer names match TorchTitan's deepseek_v3: router.gate.weight [E, D],
 // experts.w1 [E, F, D], experts.w2 [E, D, F], experts.w3 [E, F, D] (this rank's E / ep of them
 // under expert parallelism), shared_experts.w{1,2,3}.weight, expert_bias [E], tokens_per_expert [E].
@@ -19,6 +25,7 @@
 #include <vector>
 
 #include "titan/autograd/small_op_forms.h"
+#include "titan/kernels/activation.h"
 #include "titan/kernels/moe_permute.h"
 #include "titan/kernels/moe_router_params.h"
 #include "titan/models/block_ffn.h"
@@ -60,17 +67,28 @@ struct MoEArgs {
   // tokens); with tp_gather (TorchTitan's expert-tensor parallelism) they are not: each TP rank
   // dispatches all the tokens over its own group, to its slice of the experts' hidden units.
   const distributed::ProcessGroup* ep = nullptr;
+  // DeepSeek-V4. swiglu_limit: every expert's SwiGLU (routed and shared) clamps its inputs so
+  // (kernels/activation.h). hash_routing: the choice is tid2eid [vocab_size, K] at the token ids
+  // forward_with_aux is given; no balancing bias (the scores only weight the fixed experts).
+  // normal_init_std > 0: every weight N(0, normal_init_std) (transformers' init) instead of
+  // TorchTitan's truncated, depth-scaled one.
+  double swiglu_limit = kernels::kNoSwigluLimit;
+  bool hash_routing = false;
+  int64_t vocab_size = 0;  // tid2eid's rows under hash_routing
+  double normal_init_std = 0;
   int64_t ep_degree() const;
   kernels::RouterParams router_params() const;
   void validate() const;  // throws with a hint on inconsistent sizes
 };
 
-// Dense SwiGLU FFN, w2(silu(w1 x) * w3 x): the shared experts (and DeepSeek's dense layers).
+// Dense SwiGLU FFN, w2(silu(w1 x) * w3 x): the shared experts (and DeepSeek's dense layers);
+// with a finite swiglu_limit, V4's clamped SwiGLU.
 class FeedForward : public nn::Module {
  public:
-  FeedForward(int64_t dim, int64_t hidden, double init_std);
+  FeedForward(int64_t dim, int64_t hidden, double init_std, double swiglu_limit = kernels::kNoSwigluLimit);
   Variable forward(const Variable& x) const;  // x [..., D] -> [..., D]
   nn::Linear &w1, &w2, &w3;
+  const double swiglu_limit;
 };
 
 // Holds the router's gate; the routing itself runs inside MoE::forward.
@@ -109,8 +127,9 @@ class MoE : public models::BlockFeedForward {
     Variable aux_loss;  // [1] f32, already times aux_loss_alpha; undefined when the loss is off
   };
   // x [B, S, D] ([N / tp, D] under TP) -> routed + shared experts. Counts the tokens each expert
-  // receives (for the bias update and load_stats) when grad mode is on.
-  Output forward_with_aux(const Variable& x);
+  // receives (for the bias update and load_stats) when grad mode is on. token_ids: x's tokens'
+  // ids, B S contiguous i32, which hash routing reads (learned routing ignores them).
+  Output forward_with_aux(const Variable& x, const Tensor& token_ids = Tensor());
   // As a block's FFN: the output; the balance loss, when on, appended to aux as "moe_aux_loss"
   // (the step's metric sums the layers').
   Variable forward(const Variable& x, AuxLosses* aux = nullptr) override;
@@ -133,7 +152,8 @@ class MoE : public models::BlockFeedForward {
   void set_forms(autograd::OpForm grouped_mm, autograd::OpForm permute);
 
   // After each optimizer step: expert_bias += coeff * sign(mean load - load), shifted to zero
-  // mean, then the counts restart. A no-op for the bias when load_balance_coeff is 0.
+  // mean, then the counts restart. A no-op for the bias when load_balance_coeff is 0, or under
+  // hash routing (no bias).
   void update_load_balance();
   // Load since the previous call (independent of update_load_balance's window), then resets.
   ExpertLoad load_stats();
@@ -143,7 +163,8 @@ class MoE : public models::BlockFeedForward {
   TokenChoiceTopKRouter& router;
   GroupedExperts& experts;
   FeedForward* shared_experts = nullptr;  // null when n_shared_experts is 0
-  Tensor expert_bias;        // [E] f32 buffer, only steers the choice
+  Tensor expert_bias;        // [E] f32 buffer, only steers the choice (undefined under hash routing)
+  Tensor tid2eid;            // [V, K] i64 buffer, hash routing's frozen choice (else undefined)
   Tensor tokens_per_expert;  // [E] f32 buffer, this rank's assignments since the last end of step
   // [E] f32 buffer: the frozen steps' assignments since the last bias update, summed over the
   // data-parallel ranks (the same on every rank, so checkpoints keep it; a checkpoint without it
@@ -153,10 +174,13 @@ class MoE : public models::BlockFeedForward {
  private:
   // The router and the routed experts on x [B, S, D] (under TP with tp_gather: partial sums of
   // this rank's hidden units; under EP: through the experts of the group's ranks).
-  Output routed(const Variable& x);
+  Output routed(const Variable& x, const Tensor& token_ids);
   // routed() as autograd ops, in the forms set_forms chose: the router (one op), permute, the
   // experts' grouped GEMMs and SwiGLU, unpermute.
-  Output routed_composed(const Variable& x);
+  Output routed_composed(const Variable& x, const Tensor& token_ids);
+  // The routing of t tokens from their logits [T, E] f32: scores [T, E], the chosen experts
+  // idx [T, K] i32 (biased top-k, or tid2eid at token_ids) and their gate weights [T, K].
+  void route(Tensor& scores, Tensor& idx, Tensor& weights, const Tensor& logits, const Tensor& token_ids) const;
   // Counts each expert's tokens of a training forward (tokens_per_expert, load_stats).
   void count_tokens(const kernels::ExpertDispatch& disp);
   MoEArgs args_;
