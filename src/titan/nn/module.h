@@ -108,7 +108,8 @@ class UnitHooks {
 // shard of it (FSDP). var holds the f32 master value and its gradient (undefined when the
 // parameter got none this step); compute, when not null, receives bf16(value) with each update
 // (mixed precision). slice says where value sits in the global parameter (empty: all of it).
-// tp_partial_grad / tp_duplicate: the Parameter's (tensor parallelism).
+// tp_partial_grad / tp_duplicate: the Parameter's (tensor parallelism); tp_dim: the dimension its
+// tensor-parallel plan divides (-1: none; Muon gathers such a matrix over the TP group).
 struct TrainableParam {
   std::string name;
   Variable var;
@@ -117,6 +118,7 @@ struct TrainableParam {
   GlobalSlice slice;
   bool tp_partial_grad = false;
   bool tp_duplicate = false;
+  int tp_dim = -1;
 };
 
 class Module {
