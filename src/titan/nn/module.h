@@ -41,6 +41,9 @@ struct Parameter {
   // Indexed by the vocabulary (the token embedding, the output head): AdamW's under Muon
   // (optim/param_groups.h), 2-D though it is. Set by nn::Embedding and by each model on its head.
   bool vocabulary = false;
+  // Added to activations rather than multiplying them, 2-D though it is (DeepSeek-V4's compressor
+  // position bias, a static bias per the paper's split): AdamW's under Muon, as every bias.
+  bool bias_table = false;
   // Tensor parallelism as the model's plan declares it, at any degree (one rank included): the
   // dimension it divides (-1: whole on every TP rank) and, for a whole one, whether each rank's
   // gradient is a partial sum. The memory planner reads it from a model built without storage.
