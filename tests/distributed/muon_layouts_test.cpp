@@ -6,7 +6,7 @@
 // resumes on one rank. The owners share the matrices, and the exchange sends the analytic minimum
 // of the scheme: over the group, each split matrix's pieces but the owner's, there and back. 10
 // steps of the debug models (DeepSeek: 6), global batch 4; to the last bit but under EP and TP
-// (1e-5: their partial sums are added in another order).
+// (1e-5: their partial sums are added in another order; TP over 20 steps).
 #include "distributed/common.h"
 
 #include "titan/optim/muon_adamw.h"
@@ -45,7 +45,7 @@ class MuonLayouts : public TrainingSuite<MuonLayouts, 260> {  // 260: TP 2 divid
 
 }  // namespace
 
-TEST_F(MuonLayouts, Llama3LayoutsMatchOneRank) {
+TEST_F(MuonLayouts, Llama3DataParallelLayoutsMatchOneRank) {
   const int n = world().size();
   const auto one = reference("llama3", "layouts");
   ASSERT_EQ(one.size(), 10u);
@@ -53,8 +53,16 @@ TEST_F(MuonLayouts, Llama3LayoutsMatchOneRank) {
   expect_same_losses(one, train_on(config("llama3", "fsdp", {1, n}), world()), 0, "Muon, FSDP " + std::to_string(n));
   expect_same_losses(one, train_on(config("llama3", "ddp", {n, 1}), world()), 0, "Muon, DDP " + std::to_string(n));
   if (n == 4) expect_same_losses(one, train_on(config("llama3", "hsdp", {2, 2}), world()), 0, "Muon, HSDP 2 x 2");
-  // Tensor parallelism: row-parallel GEMMs add their partial sums in another order than one rank.
-  expect_same_losses(one, train_on(config("llama3", "tp", tp_layout(n)), world()), 1e-5,
+}
+
+// Tensor parallelism over 20 steps: row-parallel GEMMs add their partial sums in another order than
+// one rank, so 1e-5 (as AdamW's TP layouts, tensor_parallel_test.cpp).
+TEST_F(MuonLayouts, Llama3TensorParallelMatchesOneRank) {
+  const int n = world().size();
+  const std::vector<std::string> steps = {"--training.steps=20"};
+  const auto one = reference("llama3", "tp", steps);
+  ASSERT_EQ(one.size(), 20u);
+  expect_same_losses(one, train_on(config("llama3", "tp", tp_layout(n), steps), world()), 1e-5,
                      n == 2 ? "Muon, TP 2" : "Muon, TP 2 x FSDP 2");
 }
 
