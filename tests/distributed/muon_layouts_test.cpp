@@ -1,6 +1,7 @@
 // Muon ([optimizer] name = "Muon") on several ranks reproduces the 1-rank run: FSDP (each matrix
 // split by rows orthogonalised by one owner rank, optim/muon.h), DDP, HSDP, tensor parallelism (TP 2;
-// TP 2 x FSDP 2 on 4 ranks: each matrix gathered from its TP and FSDP pieces at one owner), FSDP
+// TP 2 x FSDP 2 on 4 ranks: each matrix gathered from its TP and FSDP pieces at one owner; llama3
+// and DeepSeek-V3.2, whose TP-replicated matrices take FSDP's exchange beside TP's), FSDP
 // with the swap optimizer, pipeline parallelism, and DeepSeek-V3.2's routed experts under expert
 // parallelism over FSDP (whole experts on every rank: nothing to exchange); an FSDP checkpoint
 // resumes on one rank. The owners share the matrices, and the exchange sends the analytic minimum
@@ -154,4 +155,24 @@ TEST_F(MuonLayouts, TensorParallelOwnersAndTheExchangeIsTheMinimum) {
   world().all_reduce(std::span<double>(sums));
   EXPECT_EQ(sums[0], 42.0);
   EXPECT_EQ(sums[1], 2.0 * (n - 1) / n * split_elems);
+}
+
+// DeepSeek-V3.2 under TP 2 (TP 2 x FSDP 2 on 4 ranks): its column- and row-parallel matrices go
+// to the TP group's exchange, and the matrices every TP rank holds whole (MLA's down-projections,
+// the routers, the indexer, the routed experts under the MoE TP fix) stay with FSDP's (whole on a
+// rank without it), so on 4 ranks both exchanges run in one step. 6 steps (3 dense warm-up, 3
+// sparse) at lr 3e-4, to 1e-5 as AdamW's (tensor_parallel_test.cpp says why the lower lr).
+TEST_F(MuonLayouts, DeepSeekV32TensorParallel) {
+  const int n = world().size();
+  const std::vector<std::string> ds = {"--model.converters=dsa_fused", "--training.steps=6", "--optimizer.lr=3e-4", "--dsa.warmup_steps=3",
+                                       "--dsa.topk=16"};
+  const auto one = reference("deepseek_v32", "tp", ds);
+  train::JobConfig c = config("deepseek_v32", "tp", tp_layout(n), ds);
+  if (n == 4) {  // both exchanges: some matrices split by FSDP alone, the rest over dp_shard x tp
+    train::Trainer t(c, "test", &world());
+    const optim::Muon& muon = dynamic_cast<const optim::MuonAdamW&>(t.optimizer()).muon();
+    EXPECT_GT(muon.tp_split_matrices(), 0);
+    EXPECT_GT(muon.split_matrices(), muon.tp_split_matrices());
+  }
+  expect_same_losses(one, train_on(c, world()), 1e-5, n == 2 ? "Muon, deepseek_v32, TP 2" : "Muon, deepseek_v32, TP 2 x FSDP 2");
 }
