@@ -87,8 +87,9 @@ int run_fsdp(const distributed::ProcessGroup& world, const std::string& model_na
   const double params = double(model->num_parameters()), per_rank = params / world.size();
   const bool lead = world.rank() == 0;
   if (lead)
-    std::printf("%s %s: %.1fM parameters, FSDP %d (%d ranks of %s thread(s) each)\n", model_name.c_str(), flavor.c_str(),
-                params / 1e6, world.size(), world.size(), std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "?");
+    std::printf("%s %s: %.1fM parameters, FSDP %d (%d ranks of %s thread(s) each)\n", model_name.c_str(),
+                flavor.c_str(), params / 1e6, world.size(), world.size(),
+                std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "?");
   auto timed = [&](const std::function<void()>& step) {
     return slowest(world, bench::time_best([&] { world.barrier().wait(), step(); }, reps, 1));
   };
@@ -107,7 +108,8 @@ int run_fsdp(const distributed::ProcessGroup& world, const std::string& model_na
     // The iteration alone over the matrices this rank owns (the Muon below picks the same owners:
     // every rank holds rows of every llama3 matrix), on random matrices.
     std::vector<std::pair<int64_t, int64_t>> shapes;
-    for (const nn::TrainableParam& p : groups.muon) shapes.emplace_back(p.slice.global_shape[0], p.slice.global_shape[1]);
+    for (const nn::TrainableParam& p : groups.muon)
+      shapes.emplace_back(p.slice.global_shape[0], p.slice.global_shape[1]);
     const std::vector<int> owners = optim::muon_owners(shapes, world.size());
     optim::NewtonSchulzScratch scratch;
     if (ns == DType::bf16) scratch.fit_bf16();
@@ -119,12 +121,10 @@ int run_fsdp(const distributed::ProcessGroup& world, const std::string& model_na
         owned.push_back(Tensor::empty({shapes[i].first, shapes[i].second}, DType::f32, MemCategory::temporaries));
         fill_uniform(owned.back(), rng, 0.01f);
       }
-    const double ns_s = slowest(world, bench::time_best(
-                                           [&] {
-                                             for (Tensor& m : owned)
-                                               optim::newton_schulz(m.data<float>(), m.size(0), m.size(1), config, scratch);
-                                           },
-                                           reps, 1));
+    const auto owned_iterations = [&] {
+      for (Tensor& m : owned) optim::newton_schulz(m.data<float>(), m.size(0), m.size(1), config, scratch);
+    };
+    const double ns_s = slowest(world, bench::time_best(owned_iterations, reps, 1));
     owned.clear();
     optim::MuonAdamW muon(std::move(groups), config, 1.0, kernels::AdamWParams{}, std::nullopt, &world);
     const double muon_s = timed([&] { muon.step(1e-4f); });
@@ -133,7 +133,8 @@ int run_fsdp(const distributed::ProcessGroup& world, const std::string& model_na
                   "%.1fx AdamW); Newton-Schulz of the owned matrices alone %8.1f ms (%.0f%% of the step); "
                   "%.1f MiB exchanged per rank\n",
                   ns == DType::bf16 ? "bf16" : "f32 ", muon_s * 1e3, muon_s / params * 1e9, muon_s / per_rank * 1e9,
-                  muon_s / adamw_s, ns_s * 1e3, 100 * ns_s / muon_s, double(muon.muon().exchanged_elements()) * 4 / (1 << 20));
+                  muon_s / adamw_s, ns_s * 1e3, 100 * ns_s / muon_s,
+                  double(muon.muon().exchanged_elements()) * 4 / (1 << 20));
   }
   return 0;
 }

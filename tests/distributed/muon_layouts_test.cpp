@@ -164,8 +164,8 @@ TEST_F(MuonLayouts, TensorParallelOwnersAndTheExchangeIsTheMinimum) {
 // sparse) at lr 3e-4, to 1e-5 as AdamW's (tensor_parallel_test.cpp says why the lower lr).
 TEST_F(MuonLayouts, DeepSeekV32TensorParallel) {
   const int n = world().size();
-  const std::vector<std::string> ds = {"--model.converters=dsa_fused", "--training.steps=6", "--optimizer.lr=3e-4", "--dsa.warmup_steps=3",
-                                       "--dsa.topk=16"};
+  const std::vector<std::string> ds = {"--model.converters=dsa_fused", "--training.steps=6", "--optimizer.lr=3e-4",
+                                       "--dsa.warmup_steps=3", "--dsa.topk=16"};
   const auto one = reference("deepseek_v32", "tp", ds);
   train::JobConfig c = config("deepseek_v32", "tp", tp_layout(n), ds);
   if (n == 4) {  // both exchanges: some matrices split by FSDP alone, the rest over dp_shard x tp
@@ -174,5 +174,6 @@ TEST_F(MuonLayouts, DeepSeekV32TensorParallel) {
     EXPECT_GT(muon.tp_split_matrices(), 0);
     EXPECT_GT(muon.split_matrices(), muon.tp_split_matrices());
   }
-  expect_same_losses(one, train_on(c, world()), 1e-5, n == 2 ? "Muon, deepseek_v32, TP 2" : "Muon, deepseek_v32, TP 2 x FSDP 2");
+  expect_same_losses(one, train_on(c, world()), 1e-5,
+                     n == 2 ? "Muon, deepseek_v32, TP 2" : "Muon, deepseek_v32, TP 2 x FSDP 2");
 }

@@ -325,7 +325,8 @@ void Muon::plan_exchange(const distributed::ProcessGroup& group, const std::vect
       x.send_counts[size_t(o)] += mine.size();
     }
   for (size_t i = 0; i < split.size(); ++i)
-    if (owners[i] == me) x.owned.push_back({members[split[i].member], split[i].pieces, std::vector<int64_t>(size_t(ranks), 0)});
+    if (owners[i] == me)
+      x.owned.push_back({members[split[i].member], split[i].pieces, std::vector<int64_t>(size_t(ranks), 0)});
   int64_t in = 0;
   for (int src = 0; src < ranks; ++src)
     for (Exchange::Owned& o : x.owned) {
@@ -379,7 +380,9 @@ int64_t Muon::tp_exchanged_elements() const {
   return exchanged(x.send_counts, x.recv_counts, x.group->rank());
 }
 
-int Muon::tp_owned_matrices() const { return tp_exchange_ < 0 ? 0 : int(exchanges_[size_t(tp_exchange_)].owned.size()); }
+int Muon::tp_owned_matrices() const {
+  return tp_exchange_ < 0 ? 0 : int(exchanges_[size_t(tp_exchange_)].owned.size());
+}
 
 int Muon::tp_split_matrices() const { return tp_exchange_ < 0 ? 0 : exchanges_[size_t(tp_exchange_)].matrices; }
 

@@ -120,7 +120,8 @@ class Muon {
   // ranks that hold the pieces of a tensor-parallel matrix, dp_shard x cp x tp (null: no TP).
   // Collective over both groups (each rank learns the others' pieces).
   Muon(std::vector<nn::TrainableParam> params, const MuonConfig& config, const std::optional<Swap>& swap = std::nullopt,
-       const distributed::ProcessGroup* shard_group = nullptr, const distributed::ProcessGroup* tp_shard_group = nullptr);
+       const distributed::ProcessGroup* shard_group = nullptr,
+       const distributed::ProcessGroup* tp_shard_group = nullptr);
   ~Muon();
   // One update with learning rate lr; the gradients are multiplied by grad_scale first (clipping).
   // Parameters without a gradient this step are skipped.
