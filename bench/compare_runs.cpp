@@ -1,7 +1,9 @@
 // Training-loss curves of several runs in one PNG (e.g. Muon against AdamW on the same tokens,
-// bench/muon_convergence.sh), each run's final validation loss in its legend label.
+// bench/muon_convergence.sh), each run's final validation loss in its legend label; --panel starts
+// a chart of its own below the others (e.g. one per model).
 //
-//   build/bench/compare_runs OUT.png "TITLE" LABEL=RUN_DIR [LABEL=RUN_DIR ...]
+//   build/bench/compare_runs OUT.png "TITLE" [--panel "PANEL TITLE"] LABEL=RUN_DIR [LABEL=RUN_DIR ...]
+//                            [--panel "PANEL TITLE" LABEL=RUN_DIR ...]
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -14,12 +16,18 @@
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: compare_runs OUT.png TITLE LABEL=RUN_DIR [LABEL=RUN_DIR ...]\n");
+    std::fprintf(stderr, "usage: compare_runs OUT.png TITLE [--panel PANEL_TITLE] LABEL=RUN_DIR [...]\n");
     return 2;
   }
-  titan::train::ChartPanel panel{"training loss", "step", "loss (nats/token)", {}};
+  std::vector<titan::train::ChartPanel> panels;
   for (int i = 3; i < argc; ++i) {
     const std::string arg = argv[i];
+    if (arg == "--panel" && i + 1 < argc) {
+      panels.push_back({argv[++i], "step", "training loss (nats/token)", {}});
+      continue;
+    }
+    if (panels.empty()) panels.push_back({"training loss", "step", "loss (nats/token)", {}});
+    titan::train::ChartPanel& panel = panels.back();
     const size_t eq = arg.find('=');
     if (eq == std::string::npos) {
       std::fprintf(stderr, "compare_runs: '%s' is not LABEL=RUN_DIR\n", arg.c_str());
@@ -42,6 +50,6 @@ int main(int argc, char** argv) {
     std::printf("%s: %zu steps, last loss %.4f\n", s.label.c_str(), s.y.size(), s.y.empty() ? 0.0 : s.y.back());
     panel.series.push_back(std::move(s));
   }
-  titan::train::draw_line_charts(argv[1], argv[2], {panel});
+  titan::train::draw_line_charts(argv[1], argv[2], panels);
   return 0;
 }

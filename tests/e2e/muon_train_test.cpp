@@ -2,7 +2,7 @@
 // go to Muon and which to AdamW, the loss falls, a run interrupted and resumed reproduces the
 // uninterrupted one bit for bit (the momentum buffers go through the checkpoint), the swap
 // optimizer trains bit for bit as in memory, and a checkpoint of one optimizer resumes under the
-// other only with checkpoint.allow_optimizer_switch.
+// other only with checkpoint.allow_optimizer_switch. DeepSeek-V4's debug model trains under Muon.
 #include <gtest/gtest.h>
 
 #include "common/byte_dataset.h"
@@ -164,17 +164,32 @@ TEST_F(MuonTrain, SwitchingOptimizerNeedsTheFlag) {
   EXPECT_EQ(again.train().last_step, 6);
 }
 
-// Tensor parallelism splits matrices by columns too: refused before anything runs, `titan plan`
-// included (check_supported), naming the keys.
-TEST(MuonLayouts, TensorParallelismIsRefusedWithTheKeys) {
-  train::JobConfig c = config("/nonexistent", "/tmp/unused", {"--parallelism.tensor_parallel_degree=2"});
-  try {
-    train::check_supported(c, "muon.toml");
-    ADD_FAILURE() << "Muon under TP 2 was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(e.message().find("parallelism.tensor_parallel_degree = 2"), std::string::npos) << e.message();
-    EXPECT_NE(e.hint().find("optimizer.name = \"AdamW\""), std::string::npos) << e.hint();
+// Tensor parallelism, once refused, passes check_supported (and so `titan plan`): each TP-split
+// matrix is gathered at one owner (optim/muon.h; tests/distributed/muon_layouts_test.cpp).
+TEST(MuonLayouts, TensorParallelismIsAccepted) {
+  const train::JobConfig c = config("/nonexistent", "/tmp/unused", {"--parallelism.tensor_parallel_degree=2"});
+  EXPECT_NO_THROW(train::check_supported(c, "muon.toml"));
+}
+
+// The DeepSeek-V4 recipe under Muon (configs/deepseek_v4_debug.toml's commented alternative): the
+// debug model trains, mHC's fn projections on Muon and the compressor's position bias, the sinks
+// and mHC's base and scale on AdamW (the paper's split, optim/param_groups.h).
+TEST_F(MuonTrain, DeepSeekV4TrainsWithMuon) {
+  testing::internal::CaptureStdout();
+  train::Trainer t(config(data, root / "v4", {"--model.name=deepseek_v4", "--dsa.topk=4", "--training.steps=8",
+                                              "--checkpoint.enable=false"}),
+                   "v4");
+  t.train();
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("optimizer groups:"), std::string::npos) << out;
+  int fn = 0, adamw_small = 0;
+  for (const auto& [key, shape] : t.optimizer().state_shapes()) {
+    fn += key.ends_with(".fn.momentum_buffer");
+    adamw_small += key.ends_with("position_bias.exp_avg") || key.ends_with("sinks.exp_avg") || key.ends_with("base.exp_avg");
   }
-  c.optimizer.name = train::OptimizerKind::adamw;
-  EXPECT_NO_THROW(train::check_supported(c, "adamw.toml"));
+  EXPECT_GT(fn, 0) << "mHC's fn projections should be Muon's";
+  EXPECT_GT(adamw_small, 0) << "the position bias, sinks and mHC's base should be AdamW's";
+  const std::vector<double> l = losses(root / "v4");
+  ASSERT_EQ(l.size(), 8u);
+  EXPECT_LT(l.back(), l.front());
 }

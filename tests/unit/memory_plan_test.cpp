@@ -331,4 +331,22 @@ TEST(MemoryPlan, MuonStateIsOneBufferPerMatrixAsMeasured) {
   EXPECT_GE(exchange, buffers / 4 + buffers / 4) << "at least its rows and a quarter of the matrices";
   EXPECT_LT(exchange, buffers / 4 + buffers / 2);
   EXPECT_EQ(all_to_all, 2 * 0.75 * muon_params * 4 / 4);
+
+  // TP 2 x FSDP 2: every matrix is tensor-parallel, gathered over the 4 ranks of dp_shard x tp:
+  // the same buffers and traffic as FSDP 4, on the TP group's exchange and none on FSDP's.
+  const train::MemoryPlan tp = train::plan_memory(config(toml, {"--optimizer.name=Muon",
+                                                                "--parallelism.data_parallel_shard_degree=2",
+                                                                "--parallelism.tensor_parallel_degree=2"}),
+                                                  4, 2048, "plan.toml");
+  double tp_exchange = 0, fsdp_exchange = 0, tp_all_to_all = 0, fsdp_all_to_all = 0;
+  for (const auto& [what, bytes] : tp.terms) {
+    if (what.starts_with("optimizer: Muon under TP")) tp_exchange = bytes;
+    if (what.starts_with("optimizer: Muon under FSDP")) fsdp_exchange = bytes;
+  }
+  for (const train::PlanCollective& t : tp.traffic)
+    if (t.op == "all_to_all") (t.group == "fsdp x tp" ? tp_all_to_all : fsdp_all_to_all) += t.bytes;
+  EXPECT_EQ(tp_exchange, exchange);
+  EXPECT_EQ(fsdp_exchange, 0);
+  EXPECT_EQ(tp_all_to_all, all_to_all);
+  EXPECT_EQ(fsdp_all_to_all, 0);
 }

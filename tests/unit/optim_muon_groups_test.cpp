@@ -80,7 +80,7 @@ TEST(MuonGroups, EveryFamilyKeepsVocabularyMatricesAndNormsOnAdamW) {
       const Shape s = p->var.shape();
       const bool vocab_matrix = s.size() == 2 && (s[0] == kVocab || s[1] == kVocab);
       const optim::ParamGroup g = optim::muon_param_group(*p);
-      if (vocab_matrix || s.size() < 2) {
+      if (vocab_matrix || s.size() < 2 || p->bias_table) {
         EXPECT_EQ(g, optim::ParamGroup::adamw) << f->name << ": " << name << " " << s.str();
       } else if (s.size() == 2 || p->routed_expert) {
         EXPECT_EQ(g, optim::ParamGroup::muon) << f->name << ": " << name << " " << s.str();
@@ -99,6 +99,38 @@ TEST(MuonGroups, EveryFamilyKeepsVocabularyMatricesAndNormsOnAdamW) {
       EXPECT_GT(routers, 0) << f->name << ": routers are matrices, Muon's by the rule";
     }
   }
+}
+
+// DeepSeek-V4's split (../shared/reference/v4.md 1.3): AdamW for the embedding, the head, mHC's
+// static biases and gating factors, every RMSNorm and the attention sinks, and the compressor's
+// position bias (a static bias, 2-D though it is); Muon for the projections, mHC's fn included.
+TEST(MuonGroups, DeepSeekV4SplitAsThePaper) {
+  const models::ModelFamily* v4 = nullptr;
+  for (const models::ModelFamily* f : models::model_families())
+    if (f->name == "deepseek_v4") v4 = f;
+  ASSERT_NE(v4, nullptr);
+  std::unique_ptr<models::CausalLM> model;
+  {
+    nn::ParametersWithoutStorage no_storage;
+    model = v4->build("debugmodel", 1031, 64, models::ModelOptions{});
+  }
+  int fn = 0, position_bias = 0, sinks = 0, hc_small = 0;
+  for (const auto& [name, p] : model->named_parameters()) {
+    const optim::ParamGroup g = optim::muon_param_group(*p);
+    const std::string leaf = name.substr(name.rfind('.') + 1);
+    if (leaf == "fn") {
+      EXPECT_EQ(g, optim::ParamGroup::muon) << name;
+      ++fn;
+    } else if (leaf == "position_bias" || leaf == "sinks" || leaf == "base" || leaf == "scale" ||
+               name.find("norm") != std::string::npos) {
+      EXPECT_EQ(g, optim::ParamGroup::adamw) << name;
+      position_bias += leaf == "position_bias", sinks += leaf == "sinks", hc_small += leaf == "base" || leaf == "scale";
+    }
+  }
+  EXPECT_GT(fn, 0);
+  EXPECT_GT(position_bias, 0);
+  EXPECT_GT(sinks, 0);
+  EXPECT_GT(hc_small, 0);
 }
 
 // MuonAdamW is Muon over its group at lr x scale and AdamW over the rest at lr, bit for bit, and

@@ -106,6 +106,7 @@ DeviceMesh::DeviceMesh(const ProcessGroup& world, const std::array<int, kMeshDim
   dp_ = make_group(world, {false, true, true, false, false}, "dp");
   fsdp_ = make_group(world, {false, false, true, true, false}, "fsdp");
   loss_ = make_group(world, {false, true, true, true, false}, "loss");
+  if (degree(MeshDim::tp) > 1) fsdp_tp_ = make_group(world, {false, false, true, true, true}, "fsdp_tp");
   check_expert_degree(degrees_, ep, "DeviceMesh", expert_tp);
   // Expert parallelism: runs of ep consecutive ranks of dp_shard x cp x tp (with expert_tp: of
   // dp_shard x cp at this rank's TP coordinate), and across them the ranks at the same place in

@@ -46,6 +46,9 @@ class DeviceMesh {
   const ProcessGroup& dp() const { return *dp_; }
   const ProcessGroup& fsdp() const { return *fsdp_; }
   const ProcessGroup& loss() const { return *loss_; }
+  // dp_shard x cp x tp: the ranks that hold the pieces of a tensor-parallel parameter, FSDP's rows
+  // of each TP rank's slice (Muon gathers a matrix over them). fsdp() itself without TP.
+  const ProcessGroup& fsdp_tp() const { return fsdp_tp_ ? *fsdp_tp_ : *fsdp_; }
   // Expert parallelism (TorchTitan's ep / efsdp): the ranks of dp_shard x cp x tp (row-major, so
   // TP peers stay together) in consecutive runs of ep, each run dividing the routed experts; and
   // the ranks holding the same experts (the same place in their run), over which FSDP shards them.
@@ -63,7 +66,7 @@ class DeviceMesh {
   std::array<int, kMeshDims> degrees_{}, coords_{};
   int world_size_ = 1, ep_degree_ = 1;
   std::array<std::unique_ptr<ProcessGroup>, kMeshDims> groups_;
-  std::unique_ptr<ProcessGroup> dp_, fsdp_, loss_, ep_, efsdp_;
+  std::unique_ptr<ProcessGroup> dp_, fsdp_, loss_, ep_, efsdp_, fsdp_tp_;
 };
 
 }  // namespace titan::distributed

@@ -121,6 +121,7 @@ Fsdp::Fsdp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const 
     t.slice = slice;
     t.tp_partial_grad = p->tp_partial_grad;
     t.tp_duplicate = p->tp_duplicate;
+    t.tp_dim = p->tp_plan.dim;
     trainables_.push_back(std::move(t));
     Unit* owner = units_.back().get();  // root, unless a unit's prefix claims it
     for (auto& u : units_)

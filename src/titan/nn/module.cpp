@@ -171,7 +171,8 @@ std::vector<TrainableParam> trainable_params(const std::vector<std::pair<std::st
   std::vector<TrainableParam> out;
   out.reserve(params.size());
   for (const auto& [name, p] : params)
-    out.push_back({name, p->var, &p->compute, p->weight_decay, p->slice, p->tp_partial_grad, p->tp_duplicate});
+    out.push_back({name, p->var, &p->compute, p->weight_decay, p->slice, p->tp_partial_grad, p->tp_duplicate,
+                   p->tp_plan.dim});
   return out;
 }
 

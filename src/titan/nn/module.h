@@ -41,6 +41,9 @@ struct Parameter {
   // Indexed by the vocabulary (the token embedding, the output head): AdamW's under Muon
   // (optim/param_groups.h), 2-D though it is. Set by nn::Embedding and by each model on its head.
   bool vocabulary = false;
+  // Added to activations rather than multiplying them, 2-D though it is (DeepSeek-V4's compressor
+  // position bias, a static bias per the paper's split): AdamW's under Muon, as every bias.
+  bool bias_table = false;
   // Tensor parallelism as the model's plan declares it, at any degree (one rank included): the
   // dimension it divides (-1: whole on every TP rank) and, for a whole one, whether each rank's
   // gradient is a partial sum. The memory planner reads it from a model built without storage.
@@ -108,7 +111,8 @@ class UnitHooks {
 // shard of it (FSDP). var holds the f32 master value and its gradient (undefined when the
 // parameter got none this step); compute, when not null, receives bf16(value) with each update
 // (mixed precision). slice says where value sits in the global parameter (empty: all of it).
-// tp_partial_grad / tp_duplicate: the Parameter's (tensor parallelism).
+// tp_partial_grad / tp_duplicate: the Parameter's (tensor parallelism); tp_dim: the dimension its
+// tensor-parallel plan divides (-1: none; Muon gathers such a matrix over the TP group).
 struct TrainableParam {
   std::string name;
   Variable var;
@@ -117,6 +121,7 @@ struct TrainableParam {
   GlobalSlice slice;
   bool tp_partial_grad = false;
   bool tp_duplicate = false;
+  int tp_dim = -1;
 };
 
 class Module {

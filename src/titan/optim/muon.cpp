@@ -35,7 +35,8 @@ Matrices matrices_of(const Shape& s, const std::string& name) {
 
 }  // namespace
 
-std::vector<int> muon_owners(const std::vector<std::pair<int64_t, int64_t>>& matrices, int ranks) {
+std::vector<int> muon_owners(const std::vector<std::pair<int64_t, int64_t>>& matrices, int ranks,
+                             const std::vector<std::vector<int>>& holders) {
   auto cost = [](const std::pair<int64_t, int64_t>& shape) {
     const double m = double(std::min(shape.first, shape.second)), w = double(std::max(shape.first, shape.second));
     return 4 * m * m * w + 2 * m * m * m;
@@ -46,7 +47,15 @@ std::vector<int> muon_owners(const std::vector<std::pair<int64_t, int64_t>>& mat
   std::vector<double> load(size_t(ranks), 0.0);
   std::vector<int> owners(matrices.size(), 0);
   for (size_t i : order) {
-    const int owner = int(std::min_element(load.begin(), load.end()) - load.begin());
+    int owner = -1;
+    auto consider = [&](int r) {
+      if (owner < 0 || load[size_t(r)] < load[size_t(owner)]) owner = r;
+    };
+    if (i < holders.size() && !holders[i].empty()) {
+      for (int r : holders[i]) consider(r);  // holders in rank order: the lowest of a tie
+    } else {
+      for (int r = 0; r < ranks; ++r) consider(r);
+    }
     owners[i] = owner;
     load[size_t(owner)] += cost(matrices[i]);
   }
@@ -167,128 +176,215 @@ void newton_schulz(Tensor& x, const MuonConfig& c) {
   newton_schulz(x.data<float>(), x.size(0), x.size(1), c, scratch);
 }
 
-std::pair<int64_t, int64_t> Muon::rows_of(int64_t rows, int ranks, int r) {
-  const int64_t per = (rows + ranks - 1) / ranks;
-  const int64_t begin = std::min(rows, int64_t(r) * per);
-  return {begin, std::min(rows, begin + per) - begin};
-}
-
 Muon::Muon(std::vector<nn::TrainableParam> params, const MuonConfig& config, const std::optional<Swap>& swap,
-           const distributed::ProcessGroup* shard_group)
+           const distributed::ProcessGroup* shard_group, const distributed::ProcessGroup* tp_shard_group)
     : config_(config) {
   TITAN_CHECK(config.ns_steps >= 1 && config.ns_steps < 100 && config.momentum >= 0 && config.momentum < 1,
               "Muon: ns_steps must be in [1, 100) and momentum in [0, 1)");
+  TITAN_CHECK(config.ns_dtype == DType::f32 || config.ns_dtype == DType::bf16,
+              "Muon: ns_dtype must be f32 or bf16, not " + std::string(dtype_name(config.ns_dtype)));
+  if (shard_group && shard_group->size() == 1) shard_group = nullptr;
+  if (tp_shard_group && tp_shard_group->size() == 1) tp_shard_group = nullptr;
   std::vector<int64_t> sizes;
+  std::vector<size_t> by_shard, by_tp;  // the slots whose pieces each group holds
   int64_t largest = 0;
-  const int ranks = shard_group ? shard_group->size() : 1, me = shard_group ? shard_group->rank() : 0;
   for (nn::TrainableParam& p : params) {
     const Tensor& v = p.var.value();
-    Matrices mats = matrices_of(v.shape(), p.name);
     TITAN_CHECK(v.dtype() == DType::f32 && v.is_contiguous(), "Muon: parameter " + p.name + " must be contiguous f32");
+    const Shape global = p.slice.global_shape.empty() ? v.shape() : p.slice.global_shape;
+    const Matrices whole = matrices_of(global, p.name), here = matrices_of(v.shape(), p.name);
     Slot s;
-    const Shape local = v.shape(), global = p.slice.global_shape.empty() ? local : p.slice.global_shape;
-    const int n = int(local.size());
-    TITAN_CHECK(int(global.size()) == n && local[n - 1] == global[n - 1] && (n == 2 || local[n - 2] == global[n - 2]),
-                "Muon: this rank holds " + local.str() + " of " + p.name + " " + global.str() +
-                    ", not whole matrices or whole rows of one",
-                "Muon orthogonalises whole matrices: its parameters may be split by rows over an FSDP group (or a "
-                "stack of experts by experts), not by columns (tensor parallelism)");
-    // Under FSDP every matrix is split by rows, also one whose rows all fall to one rank: every
-    // rank then agrees on what is exchanged.
-    if (n == 2 && ranks > 1) {
-      const auto [begin, count] = rows_of(global[0], ranks, me);
-      // (a rank past the last row holds none, wherever FSDP says its empty piece starts)
-      const bool fsdp_rows = p.slice.offsets.size() == 2 && local[0] == count && (count == 0 || p.slice.offsets[0] == begin);
-      TITAN_CHECK(fsdp_rows,
-                  "Muon: this rank holds rows " + (p.slice.offsets.empty() ? std::string("?") : std::to_string(p.slice.offsets[0])) +
-                      " + " + std::to_string(local[0]) + " of " + p.name + " " + global.str() +
-                      ", not its rows of an FSDP split over the shard group given",
-                  "Muon takes matrices split by FSDP's rows over the group given, not by tensor parallelism");
-      s.split = true;
-      mats.rows = global[0];
+    s.count = here.count, s.rows = whole.rows, s.cols = whole.cols, s.piece = here.rows * here.cols;
+    s.send_at.assign(size_t(s.count), -1);
+    const bool whole_here = here.rows == whole.rows && here.cols == whole.cols;
+    if (tp_shard_group && p.tp_dim >= 0) {
+      by_tp.push_back(slots_.size());
+    } else if (shard_group) {
+      by_shard.push_back(slots_.size());
     } else {
-      TITAN_CHECK(n != 2 || local[0] == global[0], "Muon: this rank holds " + local.str() + " of " + p.name + " " + global.str() +
-                                             " and no FSDP shard group was given",
-                  "give Muon the FSDP shard group that split the matrix");
+      TITAN_CHECK(whole_here, "Muon: this rank holds " + v.shape().str() + " of " + p.name + " " + global.str() +
+                                  " and no group was given that holds the rest",
+                  "give Muon the FSDP shard group (and under tensor parallelism the dp_shard x cp x tp group) "
+                  "that split the matrix");
     }
     if (!swap) s.buffer = Tensor::zeros(v.shape(), DType::f32, MemCategory::optimizer_state);
-    s.count = mats.count, s.rows = mats.rows, s.cols = mats.cols;
-    scratch_.fit(mats.rows, mats.cols);
-    largest = std::max(largest, mats.rows * mats.cols);
+    scratch_.fit(whole.rows, whole.cols);
+    largest = std::max(largest, whole.rows * whole.cols);
     sizes.push_back(v.numel());
     s.param = std::move(p);
     slots_.push_back(std::move(s));
   }
   if (largest > 0) update_ = Tensor::empty({largest}, DType::f32, MemCategory::optimizer_state);
-  TITAN_CHECK(config.ns_dtype == DType::f32 || config.ns_dtype == DType::bf16,
-              "Muon: ns_dtype must be f32 or bf16, not " + std::string(dtype_name(config.ns_dtype)));
   if (config.ns_dtype == DType::bf16) scratch_.fit_bf16();
-
-  std::vector<size_t> split;
-  std::vector<std::pair<int64_t, int64_t>> shapes;
-  for (size_t i = 0; i < slots_.size(); ++i)
-    if (slots_[i].split) split.push_back(i), shapes.emplace_back(slots_[i].rows, slots_[i].cols);
-  if (!split.empty()) {
-    group_ = shard_group;
-    const std::vector<int> owners = muon_owners(shapes, ranks);
-    for (size_t k = 0; k < split.size(); ++k) slots_[split[k]].owner = owners[k];
-    // send_: per owner, in slot order, this rank's rows; recv_: per source rank, in slot order,
-    // its rows of the matrices this rank owns. The reverse exchange uses the same layouts.
-    send_counts_.assign(size_t(ranks), 0);
-    recv_counts_.assign(size_t(ranks), 0);
-    int64_t at = 0;
-    for (int o = 0; o < ranks; ++o)
-      for (Slot& s : slots_)
-        if (s.split && s.owner == o) {
-          s.send_at = at;
-          at += s.param.var.value().numel();
-          send_counts_[size_t(o)] += s.param.var.value().numel();
-        }
-    int64_t in = 0;
-    for (int src = 0; src < ranks; ++src)
-      for (Slot& s : slots_)
-        if (s.split && s.owner == me) {
-          s.recv_at.resize(size_t(ranks));
-          s.recv_at[size_t(src)] = in;
-          const int64_t elems = rows_of(s.rows, ranks, src).second * s.cols;
-          in += elems;
-          recv_counts_[size_t(src)] += elems;
-        }
-    send_ = Tensor::empty({std::max<int64_t>(at, 1)}, DType::f32, MemCategory::optimizer_state);
-    recv_ = Tensor::empty({std::max<int64_t>(in, 1)}, DType::f32, MemCategory::optimizer_state);
+  // Every rank of a group builds the same slots in the same order, so the groups' collectives match.
+  if (shard_group) plan_exchange(*shard_group, by_shard);
+  if (tp_shard_group) {
+    plan_exchange(*tp_shard_group, by_tp);
+    if (!exchanges_.empty() && exchanges_.back().group == tp_shard_group) tp_exchange_ = int(exchanges_.size()) - 1;
   }
   if (swap && !slots_.empty())
     swapped_ = std::make_unique<SwappedMoments>(std::move(sizes), swap->chunk_bytes,
                                                 std::make_unique<FileSwapStore>(swap->file), 1);
 }
 
+void Muon::plan_exchange(const distributed::ProcessGroup& group, const std::vector<size_t>& members) {
+  const int ranks = group.size(), me = group.rank();
+  // Each rank's piece of each member slot: its first expert and expert count, the first row and
+  // column of each of its matrices and their rows and columns (all-reduced: each rank fills its own).
+  constexpr size_t kFields = 6;
+  std::vector<double> all(size_t(ranks) * members.size() * kFields, 0.0);
+  for (size_t k = 0; k < members.size(); ++k) {
+    const Slot& s = slots_[members[k]];
+    const Shape local = s.param.var.value().shape(), off = s.param.slice.offsets;
+    const int n = int(local.size());
+    auto offset = [&](int d) { return off.empty() ? 0.0 : double(off[size_t(d)]); };
+    double* f = all.data() + (size_t(me) * members.size() + k) * kFields;
+    f[0] = n == 3 ? offset(0) : 0, f[1] = double(s.count);
+    f[2] = offset(n - 2), f[3] = offset(n - 1), f[4] = double(local[n - 2]), f[5] = double(local[n - 1]);
+  }
+  group.all_reduce(std::span<double>(all));
+  auto field = [&](int r, size_t k, size_t i) { return int64_t(all[(size_t(r) * members.size() + k) * kFields + i]); };
+
+  // The split matrices (slot, expert), each with every rank's piece; whole ones stay local.
+  struct Split {
+    size_t member;
+    int64_t expert;
+    std::vector<Piece> pieces;
+    std::vector<int> holders;
+  };
+  std::vector<Split> split;
+  for (size_t k = 0; k < members.size(); ++k) {
+    Slot& s = slots_[members[k]];
+    const Shape global = s.param.slice.global_shape.empty() ? s.param.var.value().shape() : s.param.slice.global_shape;
+    const int64_t experts = global.size() == 3 ? global[0] : 1;
+    for (int64_t e = 0; e < experts; ++e) {
+      Split m{k, e, std::vector<Piece>(size_t(ranks)), {}};
+      int whole = 0;
+      int64_t area = 0;
+      for (int r = 0; r < ranks; ++r) {
+        if (e < field(r, k, 0) || e >= field(r, k, 0) + field(r, k, 1)) continue;
+        const Piece p{field(r, k, 2), field(r, k, 3), field(r, k, 4), field(r, k, 5)};
+        if (p.size() == 0) continue;
+        TITAN_CHECK(p.row >= 0 && p.col >= 0 && p.row + p.rows <= s.rows && p.col + p.cols <= s.cols,
+                    "Muon: rank " + std::to_string(r) + " of " + group.name() + " holds rows " + std::to_string(p.row) +
+                        " + " + std::to_string(p.rows) + ", columns " + std::to_string(p.col) + " + " +
+                        std::to_string(p.cols) + " of " + s.param.name + "'s [" + std::to_string(s.rows) + ", " +
+                        std::to_string(s.cols) + "] matrices, outside them");
+        for (int q : m.holders) {
+          const Piece& o = m.pieces[size_t(q)];
+          const bool overlap = p.row < o.row + o.rows && o.row < p.row + p.rows && p.col < o.col + o.cols &&
+                               o.col < p.col + p.cols;
+          TITAN_CHECK(!overlap || (p.size() == s.rows * s.cols && o.size() == s.rows * s.cols),
+                      "Muon: ranks " + std::to_string(q) + " and " + std::to_string(r) + " of " + group.name() +
+                          " hold overlapping pieces of " + s.param.name + " (matrix " + std::to_string(e) + ")",
+                      "Muon gathers a matrix from disjoint pieces: FSDP's rows and tensor parallelism's splits");
+        }
+        m.pieces[size_t(r)] = p;
+        m.holders.push_back(r);
+        area += p.size();
+        whole += p.size() == s.rows * s.cols;
+      }
+      if (m.holders.empty() || whole > 0) {  // held whole (by every holder), or at no rank of the group
+        TITAN_CHECK(whole == int(m.holders.size()), "Muon: some ranks of " + group.name() + " hold " + s.param.name +
+                                                        " whole, others a piece of it");
+        continue;
+      }
+      TITAN_CHECK(area == s.rows * s.cols, "Muon: the pieces of " + s.param.name + " over " + group.name() + " cover " +
+                                               std::to_string(area) + " of its " + std::to_string(s.rows * s.cols) +
+                                               " elements (matrix " + std::to_string(e) + ")",
+                  "Muon gathers a matrix from the ranks that split it: give it the group that holds every piece");
+      split.push_back(std::move(m));
+    }
+  }
+  if (split.empty()) return;
+
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  std::vector<std::vector<int>> holders;
+  for (const Split& m : split) {
+    const Slot& s = slots_[members[m.member]];
+    shapes.emplace_back(s.rows, s.cols);
+    holders.push_back(m.holders);
+  }
+  const std::vector<int> owners = muon_owners(shapes, ranks, holders);
+  Exchange x;
+  x.group = &group;
+  x.matrices = int(split.size());
+  x.send_counts.assign(size_t(ranks), 0);
+  x.recv_counts.assign(size_t(ranks), 0);
+  // send: per owner, in matrix order, this rank's pieces; recv: per source rank, in matrix order,
+  // its pieces of the matrices this rank owns. The reverse exchange uses the same layouts.
+  int64_t at = 0;
+  for (int o = 0; o < ranks; ++o)
+    for (size_t i = 0; i < split.size(); ++i) {
+      const Piece& mine = split[i].pieces[size_t(me)];
+      if (owners[i] != o || mine.size() == 0) continue;
+      Slot& s = slots_[members[split[i].member]];
+      s.exchange = int(exchanges_.size());
+      s.send_at[size_t(split[i].expert - field(me, split[i].member, 0))] = at;
+      at += mine.size();
+      x.send_counts[size_t(o)] += mine.size();
+    }
+  for (size_t i = 0; i < split.size(); ++i)
+    if (owners[i] == me)
+      x.owned.push_back({members[split[i].member], split[i].pieces, std::vector<int64_t>(size_t(ranks), 0)});
+  int64_t in = 0;
+  for (int src = 0; src < ranks; ++src)
+    for (Exchange::Owned& o : x.owned) {
+      o.recv_at[size_t(src)] = in;
+      in += o.pieces[size_t(src)].size();
+      x.recv_counts[size_t(src)] += o.pieces[size_t(src)].size();
+    }
+  x.send = Tensor::empty({std::max<int64_t>(at, 1)}, DType::f32, MemCategory::optimizer_state);
+  x.recv = Tensor::empty({std::max<int64_t>(in, 1)}, DType::f32, MemCategory::optimizer_state);
+  exchanges_.push_back(std::move(x));
+}
+
 Muon::~Muon() = default;
 
 int64_t Muon::scratch_bytes() const {
-  int64_t elems = 0;
-  for (const Tensor* t : {&update_, &send_, &recv_})
-    if (t->defined()) elems += t->numel();
+  int64_t elems = update_.defined() ? update_.numel() : 0;
+  for (const Exchange& x : exchanges_) elems += x.send.numel() + x.recv.numel();
   return scratch_.bytes() + elems * int64_t(sizeof(float));
 }
 
+namespace {
+int64_t exchanged(const std::vector<int64_t>& send, const std::vector<int64_t>& recv, int me) {
+  int64_t n = 0;
+  for (size_t r = 0; r < send.size(); ++r)
+    if (int(r) != me) n += send[r] + recv[r];
+  return n;
+}
+}  // namespace
+
 int64_t Muon::exchanged_elements() const {
   int64_t n = 0;
-  for (size_t r = 0; r < send_counts_.size(); ++r)
-    if (int(r) != group_->rank()) n += send_counts_[r] + recv_counts_[r];
+  for (const Exchange& x : exchanges_) n += exchanged(x.send_counts, x.recv_counts, x.group->rank());
   return n;
 }
 
 int Muon::owned_matrices() const {
   int n = 0;
-  for (const Slot& s : slots_) n += s.split && s.owner == (group_ ? group_->rank() : -1);
+  for (const Exchange& x : exchanges_) n += int(x.owned.size());
   return n;
 }
 
 int Muon::split_matrices() const {
   int n = 0;
-  for (const Slot& s : slots_) n += s.split;
+  for (const Exchange& x : exchanges_) n += x.matrices;
   return n;
 }
+
+int64_t Muon::tp_exchanged_elements() const {
+  if (tp_exchange_ < 0) return 0;
+  const Exchange& x = exchanges_[size_t(tp_exchange_)];
+  return exchanged(x.send_counts, x.recv_counts, x.group->rank());
+}
+
+int Muon::tp_owned_matrices() const {
+  return tp_exchange_ < 0 ? 0 : int(exchanges_[size_t(tp_exchange_)].owned.size());
+}
+
+int Muon::tp_split_matrices() const { return tp_exchange_ < 0 ? 0 : exchanges_[size_t(tp_exchange_)].matrices; }
 
 void Muon::check_usable() const {
   TITAN_CHECK(!broken_, "Muon: a swapped optimizer step failed midway (" + swapped_->store().describe() +
@@ -320,56 +416,55 @@ void Muon::step(float lr, float grad_scale) {
     for (Slot& s : slots_)
       if (s.param.var.grad().defined()) update(s, 0, s.buffer.numel(), s.buffer.data<float>(), grad_scale);
   }
-  if (group_) update_split_matrices();
+  for (Exchange& x : exchanges_) update_split_matrices(x);
 }
 
-void Muon::update_split_matrices() {
+void Muon::update_split_matrices(Exchange& x) {
   // Every rank of the group takes part in both exchanges, whatever it holds: the layouts are fixed.
-  const int ranks = group_->size(), me = group_->rank();
-  group_->all_to_allv(recv_, send_, send_counts_, recv_counts_).wait();
-  for (Slot& s : slots_) {
-    if (!s.split || s.owner != me || !s.param.var.grad().defined()) continue;
-    float* u = update_.data<float>();  // [rows, cols]: the whole matrix, its pieces in rank order
-    for (int src = 0; src < ranks; ++src) {
-      const auto [begin, count] = rows_of(s.rows, ranks, src);
-      const float* piece = recv_.data<float>() + s.recv_at[size_t(src)];
-      std::copy(piece, piece + count * s.cols, u + begin * s.cols);
-    }
+  const int ranks = x.group->size();
+  const int index = int(&x - exchanges_.data());
+  x.group->all_to_allv(x.recv, x.send, x.send_counts, x.recv_counts).wait();
+  for (const Exchange::Owned& o : x.owned) {
+    const Slot& s = slots_[o.slot];
+    if (!s.param.var.grad().defined()) continue;
+    float* u = update_.data<float>();  // [rows, cols]: the whole matrix, assembled from its pieces
+    float* recv = x.recv.data<float>();
+    auto each_piece_row = [&](auto&& copy) {
+      for (int src = 0; src < ranks; ++src) {
+        const Piece& p = o.pieces[size_t(src)];
+        for (int64_t r = 0; r < p.rows; ++r)
+          copy(recv + o.recv_at[size_t(src)] + r * p.cols, u + (p.row + r) * s.cols + p.col, p.cols);
+      }
+    };
+    each_piece_row([](const float* piece, float* matrix, int64_t n) { std::copy(piece, piece + n, matrix); });
     newton_schulz(u, s.rows, s.cols, config_, scratch_);
-    for (int src = 0; src < ranks; ++src) {
-      const auto [begin, count] = rows_of(s.rows, ranks, src);
-      std::copy(u + begin * s.cols, u + (begin + count) * s.cols, recv_.data<float>() + s.recv_at[size_t(src)]);
-    }
+    each_piece_row([](float* piece, const float* matrix, int64_t n) { std::copy(matrix, matrix + n, piece); });
   }
-  group_->all_to_allv(send_, recv_, recv_counts_, send_counts_).wait();
+  x.group->all_to_allv(x.send, x.recv, x.recv_counts, x.send_counts).wait();
   for (Slot& s : slots_) {
-    if (!s.split || !s.param.var.grad().defined()) continue;
+    if (s.exchange != index || !s.param.var.grad().defined()) continue;
     Tensor& value = s.param.var.mutable_value();
-    float* p = value.data<float>();
-    const float* o = send_.data<float>() + s.send_at;
-    for (int64_t i = 0; i < value.numel(); ++i) p[i] = p[i] * s.decay + (-s.step_lr) * o[i];
+    for (int64_t k = 0; k < s.count; ++k) {
+      if (s.send_at[size_t(k)] < 0) continue;  // whole here: applied by update()
+      float* p = value.data<float>() + k * s.piece;
+      const float* o = x.send.data<float>() + s.send_at[size_t(k)];
+      for (int64_t i = 0; i < s.piece; ++i) p[i] = p[i] * s.decay + (-s.step_lr) * o[i];
+    }
     if (s.param.compute && s.param.compute->defined()) s.param.compute->copy_(value);  // copy_ rounds to bf16
   }
 }
 
 void Muon::update(Slot& s, int64_t begin, int64_t n, float* buf, float grad_scale) {
   Tensor& value = s.param.var.mutable_value();
-  const int64_t size = s.rows * s.cols;
+  const int64_t size = s.piece;
+  if (size == 0) return;
   const float mom = float(config_.momentum);
   const float* g = s.param.var.grad().data<float>();
-  if (s.split) {  // this rank's rows: the mix goes to the owner (update_split_matrices)
-    float* out = send_.data<float>() + s.send_at;
-    for (int64_t i = begin; i < begin + n; ++i) {
-      const float gi = g[i] * grad_scale;
-      float& b = buf[i - begin];
-      b = lerp(b, gi, 1.0f - mom);
-      out[i] = config_.nesterov ? lerp(gi, b, mom) : b;
-    }
-    return;
-  }
-  float* u = update_.data<float>();
   for (int64_t at = begin, end = begin + n; at < end;) {
     const int64_t e = at / size, matrix_end = std::min(end, (e + 1) * size);
+    const int64_t send_at = s.send_at[size_t(e)];
+    // A split matrix's piece: the mix goes to its owner (update_split_matrices); a whole one's here.
+    float* u = send_at >= 0 ? exchanges_[size_t(s.exchange)].send.data<float>() + send_at : update_.data<float>();
     for (int64_t i = at; i < matrix_end; ++i) {
       const float gi = g[i] * grad_scale;
       float& b = buf[i - begin];
@@ -377,12 +472,13 @@ void Muon::update(Slot& s, int64_t begin, int64_t n, float* buf, float grad_scal
       u[i - e * size] = config_.nesterov ? lerp(gi, b, mom) : b;
     }
     at = matrix_end;
+    if (send_at >= 0) continue;
     if (at != (e + 1) * size) break;  // the matrix goes on in the next piece
     newton_schulz(u, s.rows, s.cols, config_, scratch_);
     float* p = value.data<float>() + e * size;
     for (int64_t i = 0; i < size; ++i) p[i] = p[i] * s.decay + (-s.step_lr) * u[i];
   }
-  if (begin + n == value.numel() && s.param.compute && s.param.compute->defined())
+  if (begin + n == value.numel() && !s.any_split() && s.param.compute && s.param.compute->defined())
     s.param.compute->copy_(value);  // copy_ rounds to bf16
 }
 

@@ -84,31 +84,44 @@ void newton_schulz(float* x, int64_t rows, int64_t cols, const MuonConfig& confi
 // The same with scratch of its own.
 void newton_schulz(Tensor& x, const MuonConfig& config);
 
-// Under FSDP, the rank of `ranks` that orthogonalises each of these [rows, cols] matrices: the
-// costliest Newton-Schulz first (4 m^2 n + 2 m^3 per iteration, m the small side), each to the
-// least loaded rank (the lowest of a tie). Every rank computes the same from the same shapes.
-std::vector<int> muon_owners(const std::vector<std::pair<int64_t, int64_t>>& matrices, int ranks);
+// The rank of `ranks` that orthogonalises each of these [rows, cols] matrices: the costliest
+// Newton-Schulz first (4 m^2 n + 2 m^3 per iteration, m the small side), each to the least loaded
+// of its holders (holders[i]: the ranks holding a piece of matrix i; empty or absent: all ranks;
+// the lowest of a tie). Every rank computes the same from the same shapes.
+std::vector<int> muon_owners(const std::vector<std::pair<int64_t, int64_t>>& matrices, int ranks,
+                             const std::vector<std::vector<int>>& holders = {});
 
 // The learning rate a [rows, cols] matrix takes.
 double muon_adjusted_lr(double lr, int64_t rows, int64_t cols, MuonLrAdjust adjust);
 
-// Under FSDP (owner-compute, Megatron-FSDP's FsdpMuon scheme): a matrix [rows, cols] whose rows the
-// shard group splits (rank s holds rows [s ceil(rows/N), ...), fsdp.h) keeps its momentum buffer
-// sharded; each rank updates its rows' momentum, and the Nesterov mixes go to the matrix's owner,
-// one rank of the group, which assembles the whole matrix, orthogonalises it and sends each rank
-// its rows of the result to apply. Owners are chosen once, greedily by Newton-Schulz cost (the
-// costliest matrix first, to the least loaded rank), so the group shares the work. Each step is
-// two all-to-alls over the group: each rank sends the rows of others' matrices it holds and
-// receives those of its own, then the reverse: per rank about 2 (N-1)/N of its shard of the
-// split matrices, each way, the minimum for whole matrices on one rank each. Stacked experts split
-// on dim 0 are whole per expert and need nothing. The owner's matrix is the one rank's, bit for
-// bit, so the result is too.
+// Split matrices (owner-compute, Megatron-FSDP's FsdpMuon scheme, extended to tensor parallelism):
+// FSDP splits a matrix by rows over its shard group (dp_shard x cp); tensor parallelism splits it
+// by rows (column-parallel) or columns (row-parallel) over the TP group, and FSDP then splits each
+// TP piece by rows, so that the ranks of dp_shard x cp x tp hold disjoint rectangles of it. Each
+// rank updates its piece's momentum, and the Nesterov mixes go to the matrix's owner, one of the
+// ranks holding a piece, which assembles the whole matrix, orthogonalises it and sends each holder
+// its piece of the result to apply. Owners are chosen once, greedily by Newton-Schulz cost (the
+// costliest matrix first, to its least loaded holder), so the group shares the work. Each step is
+// two all-to-alls per group: each rank sends the pieces of others' matrices it holds and receives
+// those of its own, then the reverse: over the group 2 (N-1)/N of the split matrices' elements for
+// N equal pieces, the minimum for whole matrices on one rank each. (The alternative under TP, an
+// all-gather so that every TP rank orthogonalises every matrix and keeps its slice, moves
+// (N-1) of each matrix, the same at N = 2 and more above, and does N times the Newton-Schulz work.)
+// Which group a parameter's matrices go to: its TP split (TrainableParam::tp_dim) to the TP
+// group's, any other to the shard group's (a matrix every TP rank holds whole, split by FSDP alone,
+// is orthogonalised at each TP coordinate, as AdamW repeats the update of a replicated parameter).
+// Stacked experts split on dim 0 (FSDP, EP) are whole per expert and need nothing; split over TP
+// (moe_tp_scheme "gather") each expert is a split matrix of its own. The owner's matrix is the one
+// rank's, bit for bit, so the result is too.
 class Muon {
  public:
   // Each param's value is a matrix or stacked experts (f32, contiguous); its buffer takes its shape.
-  // shard_group: the FSDP group that splits matrices by rows (null: every matrix is whole here).
+  // shard_group: the FSDP group that splits matrices by rows (null: none); tp_shard_group: the
+  // ranks that hold the pieces of a tensor-parallel matrix, dp_shard x cp x tp (null: no TP).
+  // Collective over both groups (each rank learns the others' pieces).
   Muon(std::vector<nn::TrainableParam> params, const MuonConfig& config, const std::optional<Swap>& swap = std::nullopt,
-       const distributed::ProcessGroup* shard_group = nullptr);
+       const distributed::ProcessGroup* shard_group = nullptr,
+       const distributed::ProcessGroup* tp_shard_group = nullptr);
   ~Muon();
   // One update with learning rate lr; the gradients are multiplied by grad_scale first (clipping).
   // Parameters without a gradient this step are skipped.
@@ -116,14 +129,18 @@ class Muon {
   const MuonConfig& config() const { return config_; }
   // The swapped buffers, or null when they are in memory.
   const SwappedMoments* swapped() const { return swapped_.get(); }
-  // Bytes of the step's working memory (the update matrix, Newton-Schulz's scratch, and under
-  // FSDP the exchange buffers).
+  // Bytes of the step's working memory (the update matrix, Newton-Schulz's scratch, and for split
+  // matrices the exchange buffers).
   int64_t scratch_bytes() const;
-  // Under FSDP: elements this rank sends per step (both all-to-alls, to other ranks only), and
-  // how many matrices it orthogonalises of how many split ones.
+  // Elements this rank sends per step (both all-to-alls of every group, to other ranks only), and
+  // how many matrices it orthogonalises of how many split ones (the sums over its groups).
   int64_t exchanged_elements() const;
   int owned_matrices() const;
   int split_matrices() const;
+  // The same for the TP group's exchange alone (0 without TP).
+  int64_t tp_exchanged_elements() const;
+  int tp_owned_matrices() const;
+  int tp_split_matrices() const;
   // The buffers as "<param name>.momentum_buffer" (swapped ones read into new tensors).
   std::vector<std::pair<std::string, Tensor>> state_dict() const;
   std::vector<std::pair<std::string, Shape>> state_shapes() const;
@@ -135,28 +152,46 @@ class Muon {
   struct Slot {
     nn::TrainableParam param;
     Tensor buffer;  // undefined when swapped
-    int64_t count = 1, rows = 0, cols = 0;  // its matrices (rows: of the whole matrix)
+    int64_t count = 1, rows = 0, cols = 0;  // the matrices here (experts), and a whole one's shape
+    int64_t piece = 0;                      // elements of each matrix here (rows x cols when whole)
     float decay = 1, step_lr = 0;           // this step's
-    // A matrix split by rows over the shard group: its owner and where this rank's rows go in
-    // send_ (and come back); the owner's pieces of it sit at recv_at[s] of recv_ for each rank s.
-    bool split = false;
-    int owner = -1;
-    int64_t send_at = 0;
-    std::vector<int64_t> recv_at;
+    // Per matrix here: where its piece goes in its exchange's send buffer (and comes back), or -1
+    // when the matrix is whole here. exchange: which of exchanges_ (-1: none).
+    std::vector<int64_t> send_at;
+    int exchange = -1;
+    bool any_split() const { return exchange >= 0; }
   };
+  // A rectangle of a matrix: the rows and columns a rank holds of it (none: rows x cols = 0).
+  struct Piece {
+    int64_t row = 0, col = 0, rows = 0, cols = 0;
+    int64_t size() const { return rows * cols; }
+  };
+  // The split matrices of one group and their two all-to-alls.
+  struct Exchange {
+    const distributed::ProcessGroup* group = nullptr;
+    Tensor send, recv;                              // [sum of send_counts], [sum of recv_counts]
+    std::vector<int64_t> send_counts, recv_counts;  // per rank of the group, elements
+    struct Owned {  // a matrix this rank orthogonalises: each rank's piece, and where it is in recv
+      size_t slot = 0;
+      std::vector<Piece> pieces;
+      std::vector<int64_t> recv_at;
+    };
+    std::vector<Owned> owned;
+    int matrices = 0;  // split over the group
+  };
+  // Learns every rank's pieces of the slots `members` over `group` and lays out the exchange of the
+  // split ones (their owners, send_at, the buffers); whole matrices stay with their slots.
+  void plan_exchange(const distributed::ProcessGroup& group, const std::vector<size_t>& members);
   // Elements [begin, begin + n) of the slot's parameter, whose momentum buffer there is buf:
-  // the momentum and the Nesterov mix into the update matrix (a split matrix: into send_), and
-  // each matrix completed by them orthogonalised and applied. Called in element order over the
-  // whole parameter.
+  // the momentum and the Nesterov mix into the update matrix (a split matrix: into its exchange's
+  // send buffer), and each whole matrix completed by them orthogonalised and applied. Called in
+  // element order over the whole parameter.
   void update(Slot& s, int64_t begin, int64_t n, float* buf, float grad_scale);
-  // The split matrices: Nesterov mixes to their owners, orthogonalised there, rows back, applied.
-  void update_split_matrices();
-  // Rows [begin, begin + count) of a [rows, cols] matrix split over `ranks` ranks, for rank r.
-  static std::pair<int64_t, int64_t> rows_of(int64_t rows, int ranks, int r);
+  // One group's split matrices: Nesterov mixes to their owners, orthogonalised there, pieces back, applied.
+  void update_split_matrices(Exchange& x);
   std::vector<Slot> slots_;
-  const distributed::ProcessGroup* group_ = nullptr;  // set when some matrix is split
-  Tensor send_, recv_;                                // [sum of send_counts_], [sum of recv_counts_]
-  std::vector<int64_t> send_counts_, recv_counts_;    // per rank of the group, elements
+  std::vector<Exchange> exchanges_;  // the shard group's and the TP group's, those with split matrices
+  int tp_exchange_ = -1;             // which of exchanges_ is the TP group's
   MuonConfig config_;
   Tensor update_;  // [rows * cols] of the largest matrix: one matrix's update
   NewtonSchulzScratch scratch_;

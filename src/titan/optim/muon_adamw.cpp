@@ -11,8 +11,8 @@ std::optional<Swap> MuonAdamW::muon_swap(const std::optional<Swap>& swap) {
 
 MuonAdamW::MuonAdamW(MuonParamGroups groups, const MuonConfig& muon, double muon_lr_scale,
                      const kernels::AdamWParams& adamw, const std::optional<Swap>& swap,
-                     const distributed::ProcessGroup* shard_group)
-    : muon_(std::move(groups.muon), muon, muon_swap(swap), shard_group),
+                     const distributed::ProcessGroup* shard_group, const distributed::ProcessGroup* tp_shard_group)
+    : muon_(std::move(groups.muon), muon, muon_swap(swap), shard_group, tp_shard_group),
       adamw_(std::move(groups.adamw), adamw, swap),
       muon_lr_scale_(muon_lr_scale) {}
 

@@ -17,9 +17,10 @@ namespace titan::optim {
 
 class MuonAdamW final : public Optimizer {
  public:
-  // shard_group: the FSDP group that splits Muon's matrices by rows (muon.h; null: none).
+  // shard_group, tp_shard_group: the groups that split Muon's matrices (muon.h; null: none).
   MuonAdamW(MuonParamGroups groups, const MuonConfig& muon, double muon_lr_scale, const kernels::AdamWParams& adamw,
-            const std::optional<Swap>& swap = std::nullopt, const distributed::ProcessGroup* shard_group = nullptr);
+            const std::optional<Swap>& swap = std::nullopt, const distributed::ProcessGroup* shard_group = nullptr,
+            const distributed::ProcessGroup* tp_shard_group = nullptr);
   void step(float lr, float grad_scale = 1.0f) override;
   std::string name() const override { return "Muon"; }
   std::vector<std::pair<std::string, Tensor>> state_dict() const override;

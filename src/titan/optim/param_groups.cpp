@@ -7,7 +7,7 @@
 namespace titan::optim {
 
 ParamGroup muon_param_group(const nn::Parameter& p) {
-  if (p.vocabulary) return ParamGroup::adamw;
+  if (p.vocabulary || p.bias_table) return ParamGroup::adamw;
   const size_t rank = p.var.shape().size();
   if (rank == 2 || (rank == 3 && p.routed_expert)) return ParamGroup::muon;
   return ParamGroup::adamw;

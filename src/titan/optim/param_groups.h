@@ -5,8 +5,10 @@
 //          DSA indexer's, MTP's, the MoE router: a matrix, so Muon by the rule, as V4 leaves
 //          it open) and routed experts [E, rows, cols], each expert its own matrix;
 //   AdamW  the matrices indexed by the vocabulary (Parameter::vocabulary: the token embedding
-//          and the output head, 2-D though they are), and every parameter of another rank
-//          (norm gains, biases, scalar gates; a 3-D tensor that is not a stack of experts).
+//          and the output head, 2-D though they are), 2-D biases (Parameter::bias_table: V4's
+//          compressor position bias), and every parameter of another rank (norm gains, biases,
+//          scalar gates, V4's attention sinks and mHC's base and scale; a 3-D tensor that is not
+//          a stack of experts). mHC's fn projections are matrices, Muon's, as V4 has them.
 #pragma once
 
 #include <string>

@@ -38,12 +38,9 @@ void data_parallel(const PlanJob& j, const std::vector<Local>& params, std::vect
     // owner and come back orthogonalised; over the group 2 (n - 1) / n of each matrix, a rank's
     // share 1 / n of that (balanced by Newton-Schulz cost, so by size only roughly).
     if (j.c.optimizer.name == OptimizerKind::muon) {
-      double split = 0;
-      for (const Local& l : params)
-        if (l.p->muon && l.p->shape.size() == 2) split += double(l.p->shape.numel());
-      const double n = m.fsdp();
-      if (split > 0)
-        out.push_back({"fsdp", "all_to_all", 2 * (n - 1) / n * split * 4 / n,
+      const plan::MuonSplit split = plan::muon_split(params, m, false);
+      if (split.sent > 0)
+        out.push_back({"fsdp", "all_to_all", split.sent * 4,
                        "Muon: matrix rows to their owners and back, orthogonalised (the group's mean)"});
     }
     // The minimum: once per step (this implementation reduces each micro-batch's shards, which
@@ -76,6 +73,14 @@ void tensor_parallel(const PlanJob& j, const std::vector<Local>& params, const S
       replicated += l.elems * 4;
   out.push_back({"tp", "all_reduce", 2 * share * (replicated + 3 * tokens * 4 * mb),
                  "replicated weights' partial gradients, loss parallel"});
+  // Muon's owner-compute (optim/muon.h) over dp_shard x cp x tp: each TP-split matrix's pieces but
+  // its owner's there and back, orthogonalised (the group's mean).
+  if (j.c.optimizer.name == OptimizerKind::muon) {
+    const plan::MuonSplit split = plan::muon_split(params, m, true);
+    if (split.sent > 0)
+      out.push_back({m.fsdp() > 1 ? "fsdp x tp" : "tp", "all_to_all", split.sent * 4,
+                     "Muon: TP-split matrices' pieces to their owners and back, orthogonalised (the group's mean)"});
+  }
 }
 
 // EP: each rank routes its tokens (its sequence piece under TP's MoE fix, every token under the

@@ -155,22 +155,20 @@ void optimizer_terms(const PlanJob& j, RankPlan& r) {
     }
   const double adamw_bytes = (r.master - muon_elems) * 8, muon_bytes = muon_elems * 4;
   r.state = adamw_bytes + muon_bytes;
-  // Under FSDP (muon.h's owner-compute): the exchange buffers, this rank's rows of every split
-  // matrix and, whole, the matrices it owns (the rank owning the most; rank 0's rows, the most).
-  if (muon && j.m.fsdp() > 1) {
-    std::vector<std::pair<int64_t, int64_t>> split;
-    double rows_here = 0;
-    for (const Local& l : r.params)
-      if (l.p->muon && l.p->shape.size() == 2) {
-        split.emplace_back(l.p->shape[0], l.p->shape[1]);
-        rows_here += double((l.p->shape[0] + j.m.fsdp() - 1) / j.m.fsdp() * l.p->shape[1]);
-      }
-    const std::vector<int> owners = optim::muon_owners(split, j.m.fsdp());
-    std::vector<double> owned(size_t(j.m.fsdp()), 0.0);
-    for (size_t i = 0; i < split.size(); ++i) owned[size_t(owners[i])] += double(split[i].first * split[i].second);
-    r.term("optimizer: Muon under FSDP, exchange buffers (this rank's rows + the matrices it owns)",
-           (rows_here + *std::max_element(owned.begin(), owned.end())) * 4, &C::optimizer);
-  }
+  // Split matrices (muon.h's owner-compute, under FSDP and TP): the exchange buffers, this rank's
+  // pieces of every split matrix and, whole, the matrices it owns (the rank owning the most).
+  if (muon)
+    for (const bool tp : {false, true}) {
+      const plan::MuonSplit split = plan::muon_split(r.params, j.m, tp);
+      if (split.shapes.empty()) continue;
+      const std::vector<int> owners = optim::muon_owners(split.shapes, split.group);
+      std::vector<double> owned(size_t(split.group), 0.0);
+      for (size_t i = 0; i < split.shapes.size(); ++i)
+        owned[size_t(owners[i])] += double(split.shapes[i].first * split.shapes[i].second);
+      r.term(tp ? "optimizer: Muon under TP, exchange buffers (this rank's pieces + the matrices it owns)"
+                : "optimizer: Muon under FSDP, exchange buffers (this rank's rows + the matrices it owns)",
+             (split.pieces + *std::max_element(owned.begin(), owned.end())) * 4, &C::optimizer);
+    }
   r.term("optimizer: Muon update matrix + Newton-Schulz scratch (f32, the largest matrices)",
          (3 * largest + 2 * largest_gram) * 4, &C::optimizer);
   if (j.c.optimizer.swap == OptimizerSwap::none) {

@@ -63,6 +63,36 @@ inline Local local_param(const PlannedParam& p, const PlanMesh& m) {
   return l;
 }
 
+// Muon's split matrices (optim/muon.h) among a rank's parameters, for one of its two exchanges:
+// the tensor-parallel ones (tp: gathered over dp_shard x cp x tp) or those FSDP alone splits (over
+// dp_shard x cp). Each matrix's shape, this rank's pieces' elements, and the mean elements one rank
+// sends per step, both ways: 2 (h - 1) / h of its pieces, h the ranks holding one matrix (the
+// group, or TP's ranks for experts split over TP, whose FSDP rows are whole experts). The group
+// of one (no split) has none.
+struct MuonSplit {
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  double pieces = 0, sent = 0;
+  int group = 1;
+};
+inline MuonSplit muon_split(const std::vector<Local>& params, const PlanMesh& m, bool tp) {
+  MuonSplit out;
+  out.group = tp ? (m.tp > 1 ? m.fsdp() * m.tp : 1) : m.fsdp();
+  if (out.group == 1) return out;
+  for (const Local& l : params) {
+    const PlannedParam& p = *l.p;
+    const bool tp_split = m.tp > 1 && p.tp_dim >= 0;
+    if (!p.muon || tp_split != tp || (p.shape.size() == 3 && !tp_split)) continue;  // experts on dim 0: whole
+    const size_t n = p.shape.size();
+    const int64_t rows = p.shape[n - 2], cols = p.shape[n - 1];
+    const int64_t count = n == 3 ? int64_t(l.elems * m.tp / double(rows * cols)) : 1;  // this rank's experts
+    for (int64_t e = 0; e < count; ++e) out.shapes.emplace_back(rows, cols);
+    const double holders = n == 3 ? m.tp : out.group;
+    out.pieces += l.shard;
+    out.sent += 2 * (holders - 1) / holders * l.shard;
+  }
+  return out;
+}
+
 // What one pipeline rank (or, without PP, the whole model) holds.
 struct StagePart {
   std::vector<distributed::pp::StageLayers> stages;  // the rank's stages

@@ -97,11 +97,6 @@ void check_supported(const JobConfig& c, const std::string& source) {
   }
   const int64_t tp = p.tensor_parallel_degree;
   const int64_t cp = p.context_parallel_degree;
-  TITAN_CHECK(tp <= 1 || c.optimizer.name != OptimizerKind::muon,
-              source + ": optimizer.name = \"Muon\" orthogonalises whole matrices, which "
-                       "parallelism.tensor_parallel_degree = " + std::to_string(tp) + " splits over its ranks",
-              "set parallelism.tensor_parallel_degree = 1 (Muon runs under FSDP, HSDP, DDP, EP and PP), or "
-              "optimizer.name = \"AdamW\"");
   TITAN_CHECK(tp < 1 || (c.training.local_batch_size * c.training.seq_len) % tp == 0,
               source + ": training.local_batch_size x training.seq_len = " +
                   std::to_string(c.training.local_batch_size * c.training.seq_len) +
@@ -295,8 +290,8 @@ void print_swapped(const char* what, const optim::SwappedMoments& m) {
 
 // [optimizer] name over the optimizer's parameters (params: whole, or this rank's pieces); rank 0
 // (lead) says where the state lives and, under Muon, which parameters go to which optimizer.
-// Under FSDP, Muon's matrices split by rows over the shard group go to an owner each (muon.h);
-// tensor parallelism, which splits them in other ways, check_supported refuses.
+// Muon's matrices split over ranks go to an owner each (muon.h): FSDP's rows over the shard group,
+// tensor-parallel ones (with FSDP's rows of each TP slice) over dp_shard x cp x tp.
 std::unique_ptr<optim::Optimizer> make_optimizer(const JobConfig& c, models::CausalLM& model,
                                                  const std::vector<nn::TrainableParam>& params,
                                                  const distributed::DeviceMesh& mesh,
@@ -320,17 +315,25 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const JobConfig& c, models::Cau
       mc.ns_dtype = c.optimizer.muon_ns_dtype;
       const double scale = c.optimizer.muon_lr.value_or(c.optimizer.lr) / c.optimizer.lr;
       const distributed::ProcessGroup* shard = mesh.fsdp().size() > 1 ? &mesh.fsdp() : nullptr;
+      const distributed::ProcessGroup* tp_shard = mesh.degree(distributed::MeshDim::tp) > 1 ? &mesh.fsdp_tp() : nullptr;
       std::unique_ptr<optim::MuonAdamW> opt;
       try {
-        opt = std::make_unique<optim::MuonAdamW>(std::move(groups), mc, scale, adamw_params(c), swap, shard);
+        opt = std::make_unique<optim::MuonAdamW>(std::move(groups), mc, scale, adamw_params(c), swap, shard, tp_shard);
       } catch (const Error& e) {
         TITAN_FAIL(source + ": " + e.message(), e.hint());
       }
-      if (lead && shard && opt->muon().split_matrices() > 0)
+      const optim::Muon& muon = opt->muon();
+      if (lead && muon.split_matrices() > muon.tp_split_matrices())
         std::printf("Muon under FSDP: %d matrices split over %d ranks, each orthogonalised by an owner (%d here); "
                     "%.2f MiB exchanged per step by this rank\n",
-                    opt->muon().split_matrices(), shard->size(), opt->muon().owned_matrices(),
-                    double(opt->muon().exchanged_elements()) * 4 / (1 << 20));
+                    muon.split_matrices() - muon.tp_split_matrices(), shard->size(),
+                    muon.owned_matrices() - muon.tp_owned_matrices(),
+                    double(muon.exchanged_elements() - muon.tp_exchanged_elements()) * 4 / (1 << 20));
+      if (lead && muon.tp_split_matrices() > 0)
+        std::printf("Muon under TP: %d matrices split over %d ranks (dp_shard x cp x tp), each orthogonalised by an "
+                    "owner (%d here); %.2f MiB exchanged per step by this rank\n",
+                    muon.tp_split_matrices(), tp_shard->size(), muon.tp_owned_matrices(),
+                    double(muon.tp_exchanged_elements()) * 4 / (1 << 20));
       if (lead && opt->adamw().swapped()) print_swapped("AdamW's moments", *opt->adamw().swapped());
       if (lead && opt->muon().swapped()) print_swapped("Muon's momentum buffers", *opt->muon().swapped());
       return opt;

@@ -41,7 +41,9 @@ Compressor::Compressor(const DeepSeekV4Args& a, int64_t width, int64_t ratio, bo
       width_(width),
       ratio_(ratio),
       rope_dim_(a.rope_dim),
-      overlap_(overlap) {}
+      overlap_(overlap) {
+  position_bias.bias_table = true;  // AdamW's under Muon (optim/param_groups.h): V4's static biases
+}
 
 Variable Compressor::forward(const Variable& h, const kernels::RopeTables& rope) const {
   const int64_t b = h.shape()[0], s = h.shape()[1], d = h.shape()[2], c = overlap_ ? 2 * width_ : width_;
