@@ -1,6 +1,6 @@
-// `[model] converters` on and off train the same model: llama3 and deepseek_v32 debug models,
-// a few steps each with every op fused against every op in its small-op form (and, for
-// deepseek_v32, the defaults), log the same losses within f32 rounding of the different sums.
+// `[model] converters` on and off train the same model: llama3, deepseek_v32 and deepseek_v4
+// debug models, a few steps each with every op fused against every op in its small-op form (and,
+// for deepseek_v32, the defaults), log the same losses within f32 rounding of the different sums.
 #include <gtest/gtest.h>
 
 #include "common/byte_dataset.h"
@@ -86,5 +86,10 @@ TEST(ConvertersTrainE2E, FusedAndSmallOpsGiveTheSameLosses) {
   const std::vector<double> ds_default = losses(data, root / "ds_default", "deepseek_v32", "");
   expect_close(ds_fused, ds_small, "deepseek_v32 fused vs small_ops");
   expect_close(ds_default, ds_small, "deepseek_v32 defaults vs small_ops");
+
+  const std::string v4_all_fused = R"("grouped_mm_fused", "permute_fused", "hyper_connection_fused")";
+  const std::vector<double> v4_fused = losses(data, root / "v4_fused", "deepseek_v4", v4_all_fused);
+  const std::vector<double> v4_small = losses(data, root / "v4_small", "deepseek_v4", R"("small_ops")");
+  expect_close(v4_fused, v4_small, "deepseek_v4 fused vs small_ops");
   fs::remove_all(root);
 }

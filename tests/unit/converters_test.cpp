@@ -84,3 +84,22 @@ TEST(Converters, BuiltModelsRunTheChosenForms) {
     EXPECT_GT(ropes, 0);
   }
 }
+
+// DeepSeek-V4's switchable ops: every hyper-connection (and the HyperHead) takes the chosen form.
+TEST(Converters, DeepSeekV4ModulesRunTheChosenForms) {
+  for (const std::vector<std::string>& names : {std::vector<std::string>{}, std::vector<std::string>{"small_ops"},
+                                                std::vector<std::string>{"hyper_connection_small_ops"}}) {
+    models::ModelOptions o;
+    o.converters = names;
+    const OpForm want = names.empty() ? OpForm::fused : OpForm::small_ops;
+    auto model = models::build_model("deepseek_v4", "debugmodel", 64, 64, o);
+    int switchable = 0;
+    model->apply([&](nn::Module& m) {
+      if (auto* op = dynamic_cast<models::SwitchableOp*>(&m)) {
+        EXPECT_EQ(op->form, want) << op->converter_op();
+        ++switchable;
+      }
+    });
+    EXPECT_EQ(switchable, 2 * 6 + 1);  // two per layer and the HyperHead
+  }
+}

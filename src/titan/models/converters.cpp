@@ -15,6 +15,8 @@ OpForm* form_of(Converters& c, const std::string& op) {
   if (op == kConverterGroupedMm) return &c.grouped_mm;
   if (op == kConverterPermute) return &c.permute;
   if (op == kConverterDsa) return &c.dsa;
+  if (op == kConverterHyperConnection) return &c.hyper_connection;
+  if (op == kConverterCompressor) return &c.compressor;
   return nullptr;
 }
 
@@ -49,7 +51,8 @@ Converters converters_from_names(const std::vector<std::string>& names, const st
                 "keep one of them");
     OpForm* form = form_of(c, op);
     TITAN_CHECK(form, "model " + model + " lists the converter op '" + op + "', which titan does not know",
-                "a family's converters are among rms_norm, rope, grouped_mm, permute, dsa (models/converters.h)");
+                "a family's converters are among rms_norm, rope, grouped_mm, permute, dsa, hyper_connection, compressor "
+                "(models/converters.h)");
     if (fused)
       *form = OpForm::fused;
     else if (small || all_small)
@@ -69,6 +72,12 @@ void apply_converters(nn::Module& model, const Converters& c) {
     if (auto* norm = dynamic_cast<nn::RMSNorm*>(&m)) norm->form = c.rms_norm;
     if (auto* rope = dynamic_cast<AppliesRope*>(&m)) rope->rope_form = c.rope;
     if (auto* moe = dynamic_cast<moe::MoE*>(&m)) moe->set_forms(c.grouped_mm, c.permute);
+    if (auto* op = dynamic_cast<SwitchableOp*>(&m)) {
+      Converters copy = c;
+      const OpForm* form = form_of(copy, op->converter_op());
+      TITAN_CHECK(form, std::string("apply_converters: a module runs the unknown op '") + op->converter_op() + "'");
+      op->form = *form;
+    }
   });
 }
 

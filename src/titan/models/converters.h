@@ -27,6 +27,8 @@ inline constexpr const char* kConverterRope = "rope";
 inline constexpr const char* kConverterGroupedMm = "grouped_mm";
 inline constexpr const char* kConverterPermute = "permute";  // MoE permute and unpermute
 inline constexpr const char* kConverterDsa = "dsa";          // DeepSeek Sparse Attention
+inline constexpr const char* kConverterHyperConnection = "hyper_connection";  // DeepSeek-V4's mHC maps
+inline constexpr const char* kConverterCompressor = "compressor";             // DeepSeek-V4's compressors
 
 struct Converters {
   OpForm rms_norm = OpForm::fused;
@@ -34,6 +36,8 @@ struct Converters {
   OpForm grouped_mm = OpForm::fused;
   OpForm permute = OpForm::fused;
   OpForm dsa = OpForm::small_ops;
+  OpForm hyper_connection = OpForm::fused;
+  OpForm compressor = OpForm::fused;
 };
 
 // The forms `names` ([model] converters) select for a model with these ops. Throws for a name
@@ -54,8 +58,17 @@ class AppliesRope {
                                 kernels::RopeLayout layout, int64_t rope_offset = 0) const;
 };
 
+// A module that runs one switchable op (named by converter_op(), e.g. kConverterHyperConnection):
+// the form it runs in, set by apply_converters.
+class SwitchableOp {
+ public:
+  virtual ~SwitchableOp() = default;
+  virtual const char* converter_op() const = 0;
+  OpForm form = OpForm::fused;
+};
+
 // Sets the forms on every module of the model that runs one of these ops (RMSNorm, the RoPE
-// users, MoE layers). DSA's form is the family's to pass (its schedule, deepseek_v3/family.cpp).
+// users, MoE layers, SwitchableOp modules). DSA's form is the family's to pass (its schedule, deepseek_v3/family.cpp).
 void apply_converters(nn::Module& model, const Converters& c);
 
 }  // namespace titan::models

@@ -169,7 +169,8 @@ const ModelFamily& family() {
       .multi_token_prediction = false,
       .sparse_attention = true,
       .tensor_parallel = false,
-      .converters = {kConverterGroupedMm, kConverterPermute},  // the MoE's (models/moe/moe.h)
+      // the MoE's (models/moe/moe.h) and the mHC maps' (hyper_connection.h)
+      .converters = {kConverterGroupedMm, kConverterPermute, kConverterHyperConnection},
       .build = build,
       .n_layers = n_layers,
       .activations = activations,

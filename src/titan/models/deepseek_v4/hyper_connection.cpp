@@ -2,6 +2,7 @@
 
 #include "titan/autograd/hyper_connection.h"
 #include "titan/autograd/ops.h"
+#include "titan/autograd/v4_small_op_forms.h"
 #include "titan/core/error.h"
 
 namespace titan::models::deepseek_v4 {
@@ -20,6 +21,16 @@ Variable mixes(const Variable& streams, const nn::Parameter& fn, const Tensor& o
   return autograd::linear(autograd::rmsnorm(flat, Variable(ones), a.norm_eps), fn.var);
 }
 
+// The maps in the form chosen.
+Variable weights(OpForm form, const Variable& mix, const nn::Parameter& base, const nn::Parameter& scale, int64_t n,
+                 double eps) {
+  return form == OpForm::fused ? autograd::hc_weights(mix, base.var, scale.var, n, eps)
+                               : autograd::hc_weights_small_ops(mix, base.var, scale.var, n, eps);
+}
+Variable collapse(OpForm form, const Variable& streams, const Variable& pre) {
+  return form == OpForm::fused ? autograd::hc_collapse(streams, pre) : autograd::hc_collapse_small_ops(streams, pre);
+}
+
 }  // namespace
 
 HyperConnection::HyperConnection(const HyperConnectionArgs& a)
@@ -36,15 +47,17 @@ HyperConnection::HyperConnection(const HyperConnectionArgs& a)
 
 HyperConnection::Mixing HyperConnection::forward(const Variable& streams) const {
   const int64_t n = args_.streams, tokens = streams.shape()[0];
-  const Variable w = autograd::hc_weights(mixes(streams, fn, ones_, args_), base.var, scale.var, n, args_.hc_eps);
+  const Variable w = weights(form, mixes(streams, fn, ones_, args_), base, scale, n, args_.hc_eps);
   const Variable pre = autograd::narrow_last(w, 0, n);
   const Variable comb_logits = autograd::view(autograd::narrow_last(w, 2 * n, n * n), {tokens, n, n});
-  return {autograd::narrow_last(w, n, n), autograd::sinkhorn(comb_logits, args_.sinkhorn_iters, args_.hc_eps),
-          autograd::hc_collapse(streams, pre)};
+  const Variable comb = form == OpForm::fused ? autograd::sinkhorn(comb_logits, args_.sinkhorn_iters, args_.hc_eps)
+                                              : autograd::sinkhorn_small_ops(comb_logits, args_.sinkhorn_iters, args_.hc_eps);
+  return {autograd::narrow_last(w, n, n), comb, collapse(form, streams, pre), form};
 }
 
 Variable HyperConnection::merge(const Variable& streams, const Variable& block_out, const Mixing& mixing) {
-  return autograd::hc_expand(streams, block_out, mixing.post, mixing.comb);
+  return mixing.form == OpForm::fused ? autograd::hc_expand(streams, block_out, mixing.post, mixing.comb)
+                                      : autograd::hc_expand_small_ops(streams, block_out, mixing.post, mixing.comb);
 }
 
 HyperHead::HyperHead(const HyperConnectionArgs& a)
@@ -55,8 +68,8 @@ HyperHead::HyperHead(const HyperConnectionArgs& a)
       ones_(Tensor::full({a.streams * a.dim}, 1.0, DType::f32, MemCategory::parameters)) {}
 
 Variable HyperHead::forward(const Variable& streams) const {
-  const Variable pre = autograd::hc_weights(mixes(streams, fn, ones_, args_), base.var, scale.var, args_.streams, args_.hc_eps);
-  return autograd::hc_collapse(streams, pre);
+  const Variable pre = weights(form, mixes(streams, fn, ones_, args_), base, scale, args_.streams, args_.hc_eps);
+  return collapse(form, streams, pre);
 }
 
 }  // namespace titan::models::deepseek_v4

@@ -6,10 +6,12 @@
 //   post [T, N]:    how the block's output a spreads over the streams,
 //   comb [T, N, N]: the residual mixing, projected to doubly stochastic by Sinkhorn,
 // and merge() forms X'_k = post_k a + sum_j comb[j, k] X_j (comb applied transposed). The
-// HyperHead collapses the streams once more before the final norm (pre only). All in f32.
+// HyperHead collapses the streams once more before the final norm (pre only). All in f32. The
+// maps run fused or in their small-op forms ([model] converters: hyper_connection).
 #pragma once
 
 #include "titan/autograd/variable.h"
+#include "titan/models/converters.h"
 #include "titan/nn/module.h"
 
 namespace titan::models::deepseek_v4 {
@@ -25,13 +27,15 @@ struct HyperConnectionArgs {
   double init_std = 0.02;  // fn's initializer_range; base starts at 0, scale at 1
 };
 
-class HyperConnection : public nn::Module {
+class HyperConnection : public nn::Module, public SwitchableOp {
  public:
   explicit HyperConnection(const HyperConnectionArgs& a);
+  const char* converter_op() const override { return kConverterHyperConnection; }
   struct Mixing {
     Variable post;       // [T, N]
     Variable comb;       // [T, N, N], rows j (input streams), columns k (output streams)
     Variable collapsed;  // [T, d]: the block's input
+    OpForm form = OpForm::fused;  // the form merge() runs in
   };
   Mixing forward(const Variable& streams) const;  // streams [T, N, d]
   // X' [T, N, d] from the streams X the mixing came from and the block's output a [T, d].
@@ -46,9 +50,10 @@ class HyperConnection : public nn::Module {
   Tensor ones_;  // the unweighted norm's constant weight [N d]
 };
 
-class HyperHead : public nn::Module {
+class HyperHead : public nn::Module, public SwitchableOp {
  public:
   explicit HyperHead(const HyperConnectionArgs& a);
+  const char* converter_op() const override { return kConverterHyperConnection; }
   Variable forward(const Variable& streams) const;  // [T, N, d] -> [T, d]
 
   nn::Parameter& fn;     // hc_fn [N, N d]
