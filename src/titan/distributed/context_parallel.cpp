@@ -147,6 +147,22 @@ Variable gather_sequence(const Variable& x, const ProcessGroup& cp, const CpLayo
   });
 }
 
+std::array<Variable, 2> preceding_rows(const Variable& x, int64_t n, const ProcessGroup& cp, const CpLayout& layout) {
+  const int64_t len = layout.chunk();
+  TITAN_CHECK(n >= 1 && n <= len,
+              "preceding_rows: " + std::to_string(n) + " rows before each chunk of " + std::to_string(len),
+              "a chunk's rows come from the one chunk before it: ask for 1 .. S / 2c of them");
+  // Every chunk's last n rows, in sequence order: global chunk g's at rows g n .. g n + n - 1.
+  const Variable ends = concat_sequence(narrow_sequence(x, len - n, n), narrow_sequence(x, 2 * len - n, n));
+  const Variable all = gather_sequence(ends, cp, CpLayout{layout.degree, layout.rank, 2 * layout.degree * n});
+  std::array<Variable, 2> out;
+  for (int j = 0; j < 2; ++j) {
+    const int64_t g = layout.global_chunk(j);
+    if (g > 0) out[size_t(j)] = narrow_sequence(all, (g - 1) * n, n);
+  }
+  return out;
+}
+
 Variable narrow_sequence(const Variable& x, int64_t start, int64_t len) {
   const Tensor src = x.value().contiguous();
   TITAN_CHECK(start >= 0 && len >= 0 && start + len <= src.size(1),

@@ -11,6 +11,7 @@
 #include "titan/models/common.h"
 #include "titan/models/deepseek_v4/hf_adapter.h"
 #include "titan/models/deepseek_v4/model.h"
+#include "titan/models/deepseek_v4/plan.h"
 
 namespace titan::models::deepseek_v4 {
 
@@ -36,15 +37,16 @@ std::unique_ptr<CausalLM> build(const std::string& flavor, int64_t vocab, int64_
   };
   unsupported(o.tp && o.tp->size() > 1, "tensor parallel", "set parallelism.tensor_parallel_degree = 1");
   unsupported(o.ep && o.ep->size() > 1, "expert parallel", "set parallelism.expert_parallel_degree = 1");
-  unsupported(o.cp && o.cp->size() > 1, "context parallel", "set parallelism.context_parallel_degree = 1");
   unsupported(!o.pipeline_stages.empty(), "pipeline parallel", "set parallelism.pipeline_parallel_degree = 1");
   TITAN_CHECK(o.dsa.warmup_steps == 0, "dsa.warmup_steps = " + std::to_string(o.dsa.warmup_steps) +
                                            ": DeepSeek-V4's indexers train beside the model from the first step",
               "remove dsa.warmup_steps (V4 has no dense warm-up stage)");
   const DeepSeekV4Args a = architecture(flavor, vocab, max_seq_len, o);
   if (max_seq_len > 0) a.validate_sequence(max_seq_len);
+  if (max_seq_len > 0 && o.cp) a.validate_context_parallel(max_seq_len, o.cp->size());
   auto m = build_placed([&] { return std::make_unique<Transformer>(a); });
   m->set_indexer_loss_coeff(o.dsa.indexer_loss_coeff);
+  m->set_context_parallel(o.cp);
   return m;
 }
 
@@ -84,7 +86,25 @@ std::vector<int64_t> experts_per_token(const PlanQuery& j) {
   return std::vector<int64_t>(size_t(a.n_layers), a.n_activated_experts);
 }
 
-std::vector<ContextParallelTraffic> context_parallel_traffic(const PlanQuery&) { return {}; }
+// Attention::cp's scheme (plan.h), in the planner's unit: bytes per token of a rank's share and
+// per block, so the model's mean over its layer types (V4 trains in f32).
+std::vector<ContextParallelTraffic> context_parallel_traffic(const PlanQuery& j) {
+  if (j.cp <= 1) return {};
+  const DeepSeekV4Args a = deepseek_v4_flavor(j.flavor, j.vocab);
+  CpLayerTraffic sum;
+  int64_t compressed = 0, csa = 0;
+  for (LayerType t : a.layer_types) {
+    const CpLayerTraffic x = context_parallel_layer_traffic(a, t, 1, j.seq_len, j.cp, 4);
+    sum.window += x.window, sum.entries += x.entries, sum.indexer += x.indexer;
+    compressed += t != LayerType::sliding, csa += t == LayerType::csa;
+  }
+  const double per = double(a.n_layers) * double(j.cp - 1) * double(j.seq_len) / double(j.cp);
+  const std::string of = " of " + std::to_string(a.n_layers) + " layers)";
+  return {{"all_gather", sum.window / per, "the window's W - 1 raw key rows before each chunk (all layers)"},
+          {"all_gather", sum.entries / per, "compressed entries and CSA's overlap rows (" + std::to_string(compressed) + of},
+          {"all_gather", sum.indexer / per, "CSA indexer keys and overlap rows (" + std::to_string(csa) + of},
+          {"reduce_scatter", sum.total() / per, "their gradients back (the indexer's while it trains)"}};
+}
 
 // ---- Hugging Face conversion (hf_adapter.h has the names)
 

@@ -87,6 +87,12 @@ void Transformer::set_indexer_loss_coeff(double coeff) {
   for (size_t l = 0; l < layers.size(); ++l) layers[l].self_attn.indexer_loss_coeff = coeff;
 }
 
+void Transformer::set_context_parallel(const distributed::ProcessGroup* cp) {
+  if (!cp || cp->size() == 1) return;
+  cp_ = cp;
+  for (size_t l = 0; l < layers.size(); ++l) layers[l].self_attn.cp = cp;
+}
+
 Variable Transformer::logits(const Tensor& tokens, const Tensor& positions, AuxLosses* aux) {
   TITAN_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::i32, "deepseek_v4: tokens must be i32 [B, S], got " + tokens.str());
   check_rope_positions("deepseek_v4", positions, args_.max_seq_len);
@@ -107,7 +113,8 @@ Variable Transformer::logits(const Tensor& tokens, const Tensor& positions, AuxL
 }
 
 Variable Transformer::forward(const Tensor& tokens) {
-  return logits(tokens, default_positions(tokens.size(0), tokens.size(1)), nullptr);
+  const auto [mine, positions] = local_sequences(tokens);  // this rank's chunks under CP
+  return logits(mine, positions, nullptr);
 }
 
 StageOutput Transformer::stage_forward(const distributed::pp::StageLayers& stage, const Variable& /*h*/,
@@ -116,7 +123,8 @@ StageOutput Transformer::stage_forward(const distributed::pp::StageLayers& stage
               "deepseek_v4 does not run pipeline parallel yet", "set parallelism.pipeline_parallel_degree = 1");
   AuxLosses aux;
   StageOutput out;
-  const Variable l = logits(tokens, default_positions(tokens.size(0), tokens.size(1)), &aux);
+  const auto [mine, positions] = local_sequences(tokens);  // this rank's chunks under CP
+  const Variable l = logits(mine, positions, &aux);
   std::tie(out.loss, out.cross_entropy) = sequence_loss(l, tokens, targets);
   add_auxiliary_losses(out, aux);
   return out;
@@ -150,6 +158,8 @@ double Transformer::training_flops_per_token(int64_t seq_len) const {
 }
 
 void Transformer::start_generation(int64_t batch, int64_t max_len) {
+  TITAN_CHECK(!cp_, "deepseek_v4: generation runs on one rank, not context parallel",
+              "generate from a checkpoint with `titan generate` (any layout's checkpoint loads whole)");
   TITAN_CHECK(max_len <= args_.max_seq_len, "deepseek_v4: generation of " + std::to_string(max_len) +
                                                 " tokens exceeds the RoPE tables (" + std::to_string(args_.max_seq_len) + ")",
               "ask for fewer new tokens or a shorter prompt");

@@ -55,6 +55,9 @@ class Transformer : public CausalLM {
   Shape stage_activation_shape(int64_t batch, int64_t seq) const override { return {batch * seq, args_.dim}; }
   // CSA indexers learn from their KL loss with this weight (0: not at all, as transformers).
   void set_indexer_loss_coeff(double coeff);
+  // Context parallelism over cp (null or one rank: none): each rank runs its two chunks of every
+  // sequence (distributed/context_parallel.h); the attention exchanges what Attention::cp says.
+  void set_context_parallel(const distributed::ProcessGroup* cp);
   const DeepSeekV4Args& args() const { return args_; }
 
   nn::Embedding& embed_tokens;
