@@ -157,9 +157,10 @@ void DeepSeekV4Args::validate_context_parallel(int64_t seq_len, int64_t cp) cons
   // The shortest sequences that work: whole chunks of a multiple of the ratios, at least W - 1 long.
   const int64_t step = 2 * cp * c.multiple;
   const int64_t first = std::max((seq_len + step - 1) / step, (c.minimum + c.multiple - 1) / c.multiple) * step;
-  TITAN_FAIL("deepseek_v4: training.seq_len = " + str(seq_len) + " with context_parallel_degree = " + str(cp) +
-                 " makes 2 x " + str(cp) + " chunks of " + (seq_len % (2 * cp) == 0 ? str(len) : "unequal") +
-                 " tokens; each must hold the sliding window's " + str(c.minimum) +
+  const std::string chunks = seq_len % (2 * cp) == 0 ? " makes 2 x " + str(cp) + " chunks of " + str(len) + " tokens"
+                                                     : " does not split into 2 x " + str(cp) + " equal chunks";
+  TITAN_FAIL("deepseek_v4: training.seq_len = " + str(seq_len) + " with context_parallel_degree = " + str(cp) + chunks +
+                 "; each must hold the sliding window's " + str(c.minimum) +
                  " tokens before a query and whole compressed windows (a multiple of " + str(c.multiple) +
                  ", the compress ratios' least common multiple)",
              "use training.seq_len = " + str(first) + " or " + str(first + step) + " (a multiple of 2 x " + str(cp) +
