@@ -279,8 +279,9 @@ TEST(DsaContextParallel, DenseWarmupEqualsTheWholeModel) {
 // window's 63 rows before each chunk come from the chunk before; HCA's 16 and CSA's 4 tokens
 // tile it): each rank's logits are the whole model's at its positions, the loss and the indexer
 // loss are the whole model's, the gradients summed over CP are the whole model's, and the
-// traffic is what deepseek_v4/plan.h says (the family's `titan plan` figures): the all-gathers
-// forward, the same bytes reduce-scattered backward.
+// traffic is what deepseek_v4/plan.h says (the family's `titan plan` figures): each chunk's rows
+// from before it sent by the neighbouring rank and their gradients sent back, the entries'
+// all-gathers forward and the same bytes reduce-scattered backward.
 TEST(V4ContextParallel, EqualsTheWholeModel) {
   flush_denormals(true);  // as training runs
   auto cp_group = distributed::CommEngine::get().split(world(), 0, world().rank(), "cp_v4");
@@ -324,10 +325,14 @@ TEST(V4ContextParallel, EqualsTheWholeModel) {
   expect_gradients_sum_to_whole(*whole, *split, cp, 1e-5);
 
   const auto a = models::deepseek_v4::deepseek_v4_flavor("debugmodel", vocab);
-  double bytes = 0;
-  for (const auto t : a.layer_types) bytes += models::deepseek_v4::context_parallel_layer_traffic(a, t, b, s, c, 4).total();
-  expect_analytic_traffic(stats, "cp_v4", {{distributed::CommOp::all_gather, bytes},
-                                           {distributed::CommOp::reduce_scatter, bytes}});
+  double sent = 0, gathered = 0;
+  for (const auto t : a.layer_types) {
+    const auto x = models::deepseek_v4::context_parallel_layer_traffic(a, t, b, s, c, 4, cp.rank());
+    sent += x.sent_point_to_point(), gathered += x.entries + x.indexer;
+  }
+  expect_analytic_traffic(stats, "cp_v4", {{distributed::CommOp::send, 2 * sent},  // the rows, their gradients back
+                                           {distributed::CommOp::all_gather, gathered},
+                                           {distributed::CommOp::reduce_scatter, gathered}});
 }
 
 TEST(ContextParallel, SettingsItCannotRunAreRefused) {

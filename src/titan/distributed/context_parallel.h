@@ -59,9 +59,11 @@ Variable gather_sequence(const Variable& x, const ProcessGroup& cp, const CpLayo
 // rows of the global chunk before it, whichever rank holds that one. x [B, 2 S/2c, ...] (this
 // rank's chunks) -> {[B, n, ...] before chunk 0, [B, n, ...] before chunk 1}; undefined for the
 // sequence's first chunk. DeepSeek-V4's attention prepends them (its window's raw keys, CSA's
-// overlapping window). One all-gather of every chunk's last n rows (c - 1 ranks x 2 n rows
-// received per rank; point-to-point sends would receive 2 n); backward: the gradients
-// reduce-scattered home. n <= S/2c.
+// overlapping window). Under the head-tail layout those come from the neighbouring ranks: rank r
+// receives chunk r - 1's last rows from rank r - 1 and chunk 2c-2-r's from rank r + 1 (rank
+// c - 1 holds both chunks c - 1 and c), so a rank sends and receives at most 2 n rows whatever c
+// (an all-gather of every chunk's last rows would bring (c - 1) 2 n). Backward: the gradients
+// sent back the same way and added to the rows. n <= S/2c.
 std::array<Variable, 2> preceding_rows(const Variable& x, int64_t n, const ProcessGroup& cp, const CpLayout& layout);
 
 // Rows [start, start + len) of dim 1 of x [B, L, ...], as a contiguous [B, len, ...]. Backward:

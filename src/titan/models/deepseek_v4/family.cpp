@@ -86,24 +86,26 @@ std::vector<int64_t> experts_per_token(const PlanQuery& j) {
   return std::vector<int64_t>(size_t(a.n_layers), a.n_activated_experts);
 }
 
-// Attention::cp's scheme (plan.h), in the planner's unit: bytes per token of a rank's share and
-// per block, so the model's mean over its layer types (V4 trains in f32).
+// Attention::cp's scheme (plan.h), in the planner's unit: bytes per token of a rank's share, per
+// block and per other rank (the planner multiplies by cp - 1), the model's mean over its layer
+// types, for the busiest rank (V4 trains in f32).
 std::vector<ContextParallelTraffic> context_parallel_traffic(const PlanQuery& j) {
   if (j.cp <= 1) return {};
   const DeepSeekV4Args a = deepseek_v4_flavor(j.flavor, j.vocab);
-  CpLayerTraffic sum;
+  double sent = 0, entries = 0, indexer = 0;
   int64_t compressed = 0, csa = 0;
   for (LayerType t : a.layer_types) {
     const CpLayerTraffic x = context_parallel_layer_traffic(a, t, 1, j.seq_len, j.cp, 4);
-    sum.window += x.window, sum.entries += x.entries, sum.indexer += x.indexer;
+    sent += x.sent_point_to_point(), entries += x.entries, indexer += x.indexer;
     compressed += t != LayerType::sliding, csa += t == LayerType::csa;
   }
   const double per = double(a.n_layers) * double(j.cp - 1) * double(j.seq_len) / double(j.cp);
   const std::string of = " of " + std::to_string(a.n_layers) + " layers)";
-  return {{"all_gather", sum.window / per, "the window's W - 1 raw key rows before each chunk (all layers)"},
-          {"all_gather", sum.entries / per, "compressed entries and CSA's overlap rows (" + std::to_string(compressed) + of},
-          {"all_gather", sum.indexer / per, "CSA indexer keys and overlap rows (" + std::to_string(csa) + of},
-          {"reduce_scatter", sum.total() / per, "their gradients back (the indexer's while it trains)"}};
+  return {{"send", 2 * sent / per, "the window's W - 1 key rows (CSA: and m overlap rows) before each chunk, to and from "
+                                   "the neighbouring ranks, and their gradients back"},
+          {"all_gather", entries / per, "compressed entries (" + std::to_string(compressed) + of},
+          {"all_gather", indexer / per, "CSA indexer keys (" + std::to_string(csa) + of},
+          {"reduce_scatter", (entries + indexer) / per, "their gradients back (the indexer's while it trains)"}};
 }
 
 // ---- Hugging Face conversion (hf_adapter.h has the names)
