@@ -63,6 +63,49 @@ void expect_gradients_sum_to_whole(nn::Module& whole, nn::Module& split, const d
   }
 }
 
+using CommStats = std::map<std::pair<std::string, distributed::CommOp>, distributed::CommStats>;
+
+// The split model's logits are the whole model's at this rank's positions; then one training
+// step of each from zero gradients: the loss and the indexer's KL (each rank's mean over its
+// rows, summed over CP / c) are the whole model's. Returns what the split step communicated.
+CommStats expect_split_step_equals_whole(models::CausalLM& whole, models::CausalLM& split,
+                                         const distributed::ProcessGroup& cp, const Tensor& tokens,
+                                         const Tensor& targets) {
+  const int64_t b = tokens.size(0), s = tokens.size(1);
+  whole.zero_grad();
+  split.zero_grad();
+  Tensor logits_whole, logits_mine;
+  {
+    autograd::NoGradGuard no_grad;
+    logits_whole = whole.forward(tokens).value();
+    logits_mine = split.forward(tokens).value();
+  }
+  const distributed::CpLayout layout = distributed::cp_layout(cp, s);
+  const Tensor pos = distributed::local_positions(b, layout);
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t i = 0; i < layout.local_len(); ++i) {
+      const int64_t p = pos.data<int32_t>()[i];
+      const Tensor want = logits_whole.slice(0, bi * s + p, bi * s + p + 1);
+      const Tensor got = logits_mine.slice(0, bi * layout.local_len() + i, bi * layout.local_len() + i + 1);
+      expect_close(want.contiguous(), got.contiguous(), 1e-5, "logits of position " + std::to_string(p));
+    }
+
+  models::TrainingLoss lw = whole.training_loss(tokens, targets);
+  autograd::backward(lw.total);
+  distributed::CommEngine::get().reset_stats();
+  models::TrainingLoss ls = split.training_loss(tokens, targets);
+  autograd::backward(ls.total);
+  const CommStats stats = distributed::CommEngine::get().stats();
+  EXPECT_NEAR(ls.cross_entropy, lw.cross_entropy, 1e-6 * lw.cross_entropy);
+  std::map<std::string, double> whole_terms(lw.terms.begin(), lw.terms.end());
+  std::vector<double> kl = {0};
+  for (const auto& [name, v] : ls.terms)
+    if (name == "indexer_loss") kl[0] = v;
+  cp.all_reduce(std::span<double>(kl));  // each rank's mean over its rows; equal rows per rank
+  EXPECT_NEAR(kl[0] / cp.size(), whole_terms.at("indexer_loss"), 1e-5 * whole_terms.at("indexer_loss"));
+  return stats;
+}
+
 TEST(ContextParallel, HeadTailChunksAndTheSequenceGather) {
   const distributed::ProcessGroup& cp = world();
   const int c = cp.size(), r = cp.rank();
@@ -221,38 +264,8 @@ void expect_dsa_context_parallel_equals_whole(models::deepseek_v3::DsaStage stag
   for (int64_t s : {int64_t(48), int64_t(40)}) {
     if (s % (2 * c) != 0) continue;
     SCOPED_TRACE("S " + std::to_string(s));
-    whole->zero_grad();
-    split->zero_grad();
     const auto [tokens, targets] = test_batch(b, s, vocab);
-    Tensor logits_whole, logits_mine;
-    {
-      autograd::NoGradGuard no_grad;
-      logits_whole = whole->forward(tokens).value();
-      logits_mine = split->forward(tokens).value();
-    }
-    const distributed::CpLayout layout = distributed::cp_layout(cp, s);
-    const Tensor pos = distributed::local_positions(b, layout);
-    for (int64_t bi = 0; bi < b; ++bi)
-      for (int64_t i = 0; i < layout.local_len(); ++i) {
-        const Tensor want = logits_whole.slice(0, bi * s + pos.data<int32_t>()[i], bi * s + pos.data<int32_t>()[i] + 1);
-        const Tensor got = logits_mine.slice(0, bi * layout.local_len() + i, bi * layout.local_len() + i + 1);
-        expect_close(want.contiguous(), got.contiguous(), 1e-5, "logits of position " + std::to_string(pos.data<int32_t>()[i]));
-      }
-
-    models::TrainingLoss lw = whole->training_loss(tokens, targets);
-    autograd::backward(lw.total);
-    distributed::CommEngine::get().reset_stats();
-    models::TrainingLoss ls = split->training_loss(tokens, targets);
-    autograd::backward(ls.total);
-    const auto stats = distributed::CommEngine::get().stats();
-    EXPECT_NEAR(ls.cross_entropy, lw.cross_entropy, 1e-6 * lw.cross_entropy) << "S " << s;
-    std::map<std::string, double> whole_terms(lw.terms.begin(), lw.terms.end());
-    std::vector<double> kl = {0};
-    for (const auto& [name, v] : ls.terms)
-      if (name == "indexer_loss") kl[0] = v;
-    cp.all_reduce(std::span<double>(kl));  // each rank's mean over its rows; equal rows per rank
-    EXPECT_NEAR(kl[0] / c, whole_terms.at("indexer_loss"), 1e-5 * whole_terms.at("indexer_loss")) << "S " << s;
-
+    const CommStats stats = expect_split_step_equals_whole(*whole, *split, cp, tokens, targets);
     expect_gradients_sum_to_whole(*whole, *split, cp);
 
     const auto a = models::deepseek_v3::deepseek_v32_flavor("debugmodel", vocab);
@@ -290,35 +303,7 @@ TEST(V4ContextParallel, EqualsTheWholeModel) {
   const int64_t vocab = 257, b = 2, s = 2 * c * 64;
   auto [whole, split] = whole_and_split("deepseek_v4", {}, cp, vocab, s);
   const auto [tokens, targets] = test_batch(b, s, vocab);
-  Tensor logits_whole, logits_mine;
-  {
-    autograd::NoGradGuard no_grad;
-    logits_whole = whole->forward(tokens).value();
-    logits_mine = split->forward(tokens).value();
-  }
-  const distributed::CpLayout layout = distributed::cp_layout(cp, s);
-  const Tensor pos = distributed::local_positions(b, layout);
-  for (int64_t bi = 0; bi < b; ++bi)
-    for (int64_t i = 0; i < layout.local_len(); ++i) {
-      const int64_t p = pos.data<int32_t>()[i];
-      const Tensor want = logits_whole.slice(0, bi * s + p, bi * s + p + 1);
-      const Tensor got = logits_mine.slice(0, bi * layout.local_len() + i, bi * layout.local_len() + i + 1);
-      expect_close(want.contiguous(), got.contiguous(), 1e-5, "logits of position " + std::to_string(p));
-    }
-
-  models::TrainingLoss lw = whole->training_loss(tokens, targets);
-  autograd::backward(lw.total);
-  distributed::CommEngine::get().reset_stats();
-  models::TrainingLoss ls = split->training_loss(tokens, targets);
-  autograd::backward(ls.total);
-  const auto stats = distributed::CommEngine::get().stats();
-  EXPECT_NEAR(ls.cross_entropy, lw.cross_entropy, 1e-6 * lw.cross_entropy);
-  std::map<std::string, double> whole_terms(lw.terms.begin(), lw.terms.end());
-  std::vector<double> kl = {0};
-  for (const auto& [name, v] : ls.terms)
-    if (name == "indexer_loss") kl[0] = v;
-  cp.all_reduce(std::span<double>(kl));  // each rank's mean over its chunks' rows; equal rows per rank
-  EXPECT_NEAR(kl[0] / c, whole_terms.at("indexer_loss"), 1e-5 * whole_terms.at("indexer_loss"));
+  const CommStats stats = expect_split_step_equals_whole(*whole, *split, cp, tokens, targets);
 
   // The hash-routed layers' router gradient is 0 but for rounding (~1e-10; both of a token's
   // slots name one expert at init, so its normalised weights' gradients cancel): an absolute floor.
