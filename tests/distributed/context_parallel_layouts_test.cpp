@@ -96,20 +96,23 @@ TEST_F(CpLayouts, DenseModelsByRingAttentionReproduceOneRank) {
 }
 
 // DeepSeek-V4 (sliding, CSA and HCA layers, hash-routed MoE, the indexers' KL loss) by its
-// compressed-entry exchange, 20 steps against one rank: CP 2 on 2 ranks, FSDP 2 x CP 2 on 4.
-// Sequences of 256 tokens make chunks of 64: the window's 63 rows before each chunk, CSA's
-// overlapping window and every compressed layer's entries cross each chunk boundary.
+// compressed-entry exchange, 20 steps against one rank: CP 2 on 2 ranks, FSDP 2 x CP 2 on 4 (with
+// full activation checkpointing: the recompute runs the exchanges again). Sequences of 256 tokens
+// make chunks of 64: the window's 63 rows before each chunk, CSA's overlapping window and every
+// compressed layer's entries cross each chunk boundary.
 TEST_F(CpLayouts, DeepSeekV4ReproducesOneRank) {
   const int n = world().size();
-  const auto v4 = [&](const std::string& name, const Degrees& d) {
-    train::JobConfig cfg = layout_config("deepseek_v4", data(), root() / name, d, {"--training.seq_len=256"});
+  const auto v4 = [&](const std::string& name, const Degrees& d, const std::string& checkpointing = "none") {
+    train::JobConfig cfg = layout_config("deepseek_v4", data(), root() / name, d,
+                                         {"--training.seq_len=256", "--activation_checkpoint.mode=" + checkpointing});
     cfg.training.local_batch_size = 4 / d.shard;
     return cfg;
   };
   const auto one = reference_on_rank0(v4("v4_reference", {}));
   if (n == 2) expect_same_losses(one, train_on(v4("v4_cp", {.cp = 2}), world()), 1e-5, "deepseek_v4 CP 2");
   if (n == 4)
-    expect_same_losses(one, train_on(v4("v4_fsdp_cp", {.shard = 2, .cp = 2}), world()), 1e-5, "deepseek_v4 FSDP 2 x CP 2");
+    expect_same_losses(one, train_on(v4("v4_fsdp_cp_ac", {.shard = 2, .cp = 2}, "full"), world()), 1e-5,
+                       "deepseek_v4 FSDP 2 x CP 2, full activation checkpointing");
 }
 
 TEST_F(CpLayouts, ASequenceThatDoesNotSplitIsRefused) {
