@@ -43,7 +43,8 @@ void report(const std::string& flavor, int64_t seq, int64_t cp) {
   for (const v4::LayerType t : {v4::LayerType::sliding, v4::LayerType::csa, v4::LayerType::hca}) {
     const v4::CpLayerTraffic x = v4::context_parallel_layer_traffic(a, t, 1, seq, cp, 4);
     std::printf("  %-6s cp %-3lld %-8s before %8.2f  entries %8.2f  indexer %8.2f  total %8.2f MiB  = %.4f x V3.2\n",
-                flavor.c_str(), (long long)cp, t == v4::LayerType::sliding ? "sliding" : t == v4::LayerType::csa ? "CSA" : "HCA",
+                flavor.c_str(), (long long)cp,
+                t == v4::LayerType::sliding ? "sliding" : t == v4::LayerType::csa ? "CSA" : "HCA",
                 mib(x.sent_point_to_point()), mib(x.entries), mib(x.indexer),
                 mib(x.total()), x.total() / v32);
   }

@@ -178,7 +178,8 @@ std::array<Variable, 2> preceding_rows(const Variable& x, int64_t n, const Proce
   for (const Work& w : works) w.wait();
   std::vector<Variable> out = autograd::record(
       "cp.preceding_rows", {x}, {got[0], got[1]},
-      [&cp, len, n, r, left, right, shape = local.shape(), dtype = local.dtype()](std::span<const Tensor> dy, GradSink& g) {
+      [&cp, len, n, r, left, right, shape = local.shape(), dtype = local.dtype()](std::span<const Tensor> dy,
+                                                                                  GradSink& g) {
         ProfileScope prof_bwd("cp.preceding_rows.bwd");
         // Each gradient goes back to the rows it came from; an unused one as zeros, so that every
         // send still has its receive.
@@ -189,11 +190,13 @@ std::array<Variable, 2> preceding_rows(const Variable& x, int64_t n, const Proce
         std::vector<Work> works;
         if (left) {
           back[1] = Tensor::empty(with_len(shape, n), dtype);
-          works.push_back(cp.send(grad_of(0), r - 1, kGradLeftward)), works.push_back(cp.recv(back[1], r - 1, kGradRightward));
+          works.push_back(cp.send(grad_of(0), r - 1, kGradLeftward));
+          works.push_back(cp.recv(back[1], r - 1, kGradRightward));
         }
         if (right) {
           back[0] = Tensor::empty(with_len(shape, n), dtype);
-          works.push_back(cp.send(grad_of(1), r + 1, kGradRightward)), works.push_back(cp.recv(back[0], r + 1, kGradLeftward));
+          works.push_back(cp.send(grad_of(1), r + 1, kGradRightward));
+          works.push_back(cp.recv(back[0], r + 1, kGradLeftward));
         } else {
           back[0] = grad_of(1);  // rank c - 1: chunk c's rows came from its own chunk c - 1
         }

@@ -44,7 +44,8 @@ IndexerParams indexer_dims(const Tensor& q, const Tensor& k, const Tensor& w, co
               std::string(op) + ": empty dimension in q " + q.shape().str(), "every size must be at least 1");
   d.ratio = ratio, d.P0 = pos0;
   TITAN_CHECK(pos0 == 0 || (ratio > 1 && pos0 > 0),
-              std::string(op) + ": first query position " + std::to_string(pos0) + " with ratio " + std::to_string(ratio),
+              std::string(op) + ": first query position " + std::to_string(pos0) + " with ratio " +
+                  std::to_string(ratio),
               "a first query position applies to compressed entries (ratio > 1) and is >= 0; raw keys place the "
               "queries as the last S of Skv instead");
   TITAN_CHECK(ratio >= 1, std::string(op) + ": ratio " + std::to_string(ratio) + " is below 1",

@@ -15,7 +15,8 @@ namespace titan::kernels {
 namespace {
 
 constexpr const char* kLayouts =
-    "q, o, dout, dq are [B, S, H, D], kv and dkv [B, Skv, D] (Skv >= S), comp and dcomp [B, T, D] (T may be 0), idx [B, S, K] i32 "
+    "q, o, dout, dq are [B, S, H, D], kv and dkv [B, Skv, D] (Skv >= S), comp and dcomp [B, T, D] (T may be 0), "
+    "idx [B, S, K] i32 "
     "or undefined (HCA), sink and dsink [H] f32 or undefined, lse [B, S, H] f32";
 
 void check_tensor(const Tensor& t, const char* name, DType dtype, const Shape& shape) {

@@ -54,8 +54,8 @@ Variable Compressor::forward_chunks(const Variable& h, const kernels::RopeTables
                                    const distributed::ProcessGroup& cp, const distributed::CpLayout& layout) const {
   const int64_t b = h.shape()[0], len = layout.chunk(), d = h.shape()[2], c = overlap_ ? 2 * width_ : width_;
   TITAN_CHECK(h.shape()[1] == layout.local_len() && len % ratio_ == 0,
-              "deepseek_v4 compressor: chunks of " + std::to_string(len) + " tokens under context parallelism with ratio " +
-                  std::to_string(ratio_),
+              "deepseek_v4 compressor: chunks of " + std::to_string(len) +
+                  " tokens under context parallelism with ratio " + std::to_string(ratio_),
               "make training.seq_len a multiple of 2 x context_parallel_degree x the compress ratios");
   const Variable flat = autograd::view(h, {b * layout.local_len(), d});
   const Variable kv = autograd::view(kv_proj.forward(flat), {b, layout.local_len(), c});
@@ -69,7 +69,8 @@ Variable Compressor::forward_chunks(const Variable& h, const kernels::RopeTables
   }
   Variable pooled[2];
   for (int j = 0; j < 2; ++j) {
-    Variable kv_j = distributed::narrow_sequence(kv, j * len, len), gate_j = distributed::narrow_sequence(gate, j * len, len);
+    Variable kv_j = distributed::narrow_sequence(kv, j * len, len);
+    Variable gate_j = distributed::narrow_sequence(gate, j * len, len);
     const bool prepended = kv_before[size_t(j)].defined();
     if (prepended) {
       kv_j = distributed::concat_sequence(kv_before[size_t(j)], kv_j);
@@ -187,7 +188,8 @@ Variable Attention::forward(const Variable& h, const Tensor& positions, const ke
   Variable kv = autograd::view(kv_norm.forward(kv_proj.forward(h)), {b, s, 1, hd});
   kv = autograd::view(autograd::rope(kv, rope, positions, kInterleaved, tail), {b, s, hd});
 
-  Variable o = cp ? attend_chunks(h, qr, q, kv, positions, rope, aux) : attend_whole(h, qr, q, kv, positions, rope, aux);
+  Variable o = cp ? attend_chunks(h, qr, q, kv, positions, rope, aux)
+                  : attend_whole(h, qr, q, kv, positions, rope, aux);
   // Values carry RoPE: turn the output's tail back to the query's frame.
   o = autograd::view(autograd::rope_inverse(o, rope, positions, kInterleaved, tail), {n, heads_ * hd});
   // Grouped low-rank output projection: group g's contiguous heads through rows g Ro.. of o_a_proj.

@@ -73,7 +73,8 @@ class Indexer : public Compressor {
   // The parts: the queries and weights of h's rows (sel.q, sel.w), and sel.idx from sel.q, sel.k,
   // sel.w for queries whose first sits at global position pos0 (context parallelism: a chunk's
   // start, with sel.k the entries of the whole sequence up to the chunk's end).
-  Selection queries(const Variable& h, const Variable& qr, const kernels::RopeTables& rope, const Tensor& positions) const;
+  Selection queries(const Variable& h, const Variable& qr, const kernels::RopeTables& rope,
+                    const Tensor& positions) const;
   void choose(Selection& sel, int64_t pos0) const;
 
   nn::Linear& q_b_proj;  // [nI dI, Rq]

@@ -101,8 +101,9 @@ std::vector<ContextParallelTraffic> context_parallel_traffic(const PlanQuery& j)
   }
   const double per = double(a.n_layers) * double(j.cp - 1) * double(j.seq_len) / double(j.cp);
   const std::string of = " of " + std::to_string(a.n_layers) + " layers)";
-  return {{"send", 2 * sent / per, "the window's W - 1 key rows (CSA: and m overlap rows) before each chunk, to and from "
-                                   "the neighbouring ranks, and their gradients back"},
+  return {{"send", 2 * sent / per,
+           "the window's W - 1 key rows (CSA: and m overlap rows) before each chunk, to and from the neighbouring "
+           "ranks, and their gradients back"},
           {"all_gather", entries / per, "compressed entries (" + std::to_string(compressed) + of},
           {"all_gather", indexer / per, "CSA indexer keys (" + std::to_string(csa) + of},
           {"reduce_scatter", (entries + indexer) / per, "their gradients back (the indexer's while it trains)"}};
