@@ -104,7 +104,7 @@ void print_pair(const Shape4& s, const kernels::V4AttentionParams& d, const Meas
 
 void run(const Shape4& s, int reps, bool small_ops = true) {
   kernels::V4AttentionParams d;
-  d.B = s.B, d.S = s.S, d.H = s.H, d.D = s.D, d.W = s.W, d.ratio = s.m, d.K = s.K, d.T = s.S / s.m;
+  d.B = s.B, d.S = s.S, d.Skv = s.S, d.H = s.H, d.D = s.D, d.W = s.W, d.ratio = s.m, d.K = s.K, d.T = s.S / s.m;
   const double scale = 1.0 / std::sqrt(double(s.D));
   const Tensor q = uniform({d.B, d.S, d.H, d.D}, 1, "q"), kv = uniform({d.B, d.S, d.D}, 2, "kv");
   const Tensor comp = uniform({d.B, d.T, d.D}, 3, "comp"), sink = uniform({d.H}, 4, "sink");

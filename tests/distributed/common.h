@@ -189,8 +189,9 @@ inline Tensor random_normal(const Shape& shape, uint64_t seed, const std::string
   return t;
 }
 
-// got equals want within tol times want's largest magnitude (the worst element reported).
-inline void expect_close(const Tensor& want, const Tensor& got, double tol, const std::string& what) {
+// got equals want within tol times want's largest magnitude, or times floor when that is larger
+// (a tensor that is 0 but for rounding), the worst element reported.
+inline void expect_close(const Tensor& want, const Tensor& got, double tol, const std::string& what, double floor = 1e-30) {
   ASSERT_EQ(want.shape(), got.shape()) << what;
   const Tensor w = want.to(DType::f32), g = got.to(DType::f32);
   double scale = 0;
@@ -202,7 +203,7 @@ inline void expect_close(const Tensor& want, const Tensor& got, double tol, cons
     if (!(err <= worst_err)) worst_err = err, worst = i;  // NaN counts as worst
   }
   if (w.numel() > 0) {
-    EXPECT_NEAR(g.data<float>()[worst], w.data<float>()[worst], tol * std::max(scale, 1e-30)) << what << " at " << worst;
+    EXPECT_NEAR(g.data<float>()[worst], w.data<float>()[worst], tol * std::max(scale, floor)) << what << " at " << worst;
   }
 }
 

@@ -1,5 +1,6 @@
 // Context parallelism in training: each CP layout of this world size (DeepSeek-V3.2's sparse
-// stage, its dense warm-up into the sparse stage, llama3 and DeepSeek-V3 by ring attention; with
+// stage, its dense warm-up into the sparse stage, DeepSeek-V4's compressed-entry exchange, llama3
+// and DeepSeek-V3 by ring attention; with
 // FSDP, TP and activation checkpointing) against the 1-rank losses over 20 steps, and a sequence
 // that cannot be split refused by the trainer. The kernel-level checks: context_parallel_test.cpp.
 #include "distributed/common.h"
@@ -94,6 +95,26 @@ TEST_F(CpLayouts, DenseModelsByRingAttentionReproduceOneRank) {
                      1e-5, "llama3 CP 2 x TP 2, selective activation checkpointing");
 }
 
+// DeepSeek-V4 (sliding, CSA and HCA layers, hash-routed MoE, the indexers' KL loss) by its
+// compressed-entry exchange, 20 steps against one rank: CP 2 on 2 ranks, FSDP 2 x CP 2 on 4 (with
+// full activation checkpointing: the recompute runs the exchanges again). Sequences of 256 tokens
+// make chunks of 64: the window's 63 rows before each chunk, CSA's overlapping window and every
+// compressed layer's entries cross each chunk boundary.
+TEST_F(CpLayouts, DeepSeekV4ReproducesOneRank) {
+  const int n = world().size();
+  const auto v4 = [&](const std::string& name, const Degrees& d, const std::string& checkpointing = "none") {
+    train::JobConfig cfg = layout_config("deepseek_v4", data(), root() / name, d,
+                                         {"--training.seq_len=256", "--activation_checkpoint.mode=" + checkpointing});
+    cfg.training.local_batch_size = 4 / d.shard;
+    return cfg;
+  };
+  const auto one = reference_on_rank0(v4("v4_reference", {}));
+  if (n == 2) expect_same_losses(one, train_on(v4("v4_cp", {.cp = 2}), world()), 1e-5, "deepseek_v4 CP 2");
+  if (n == 4)
+    expect_same_losses(one, train_on(v4("v4_fsdp_cp_ac", {.shard = 2, .cp = 2}, "full"), world()), 1e-5,
+                       "deepseek_v4 FSDP 2 x CP 2, full activation checkpointing");
+}
+
 TEST_F(CpLayouts, ASequenceThatDoesNotSplitIsRefused) {
   const int n = world().size();
   train::JobConfig cfg = config("bad_seq", 1, n, 4);
@@ -101,6 +122,14 @@ TEST_F(CpLayouts, ASequenceThatDoesNotSplitIsRefused) {
   const std::string error = error_of([&] { train::Trainer t(cfg, "bad_seq.toml", &world()); });
   EXPECT_NE(error.find("bad_seq.toml: training.seq_len = " + std::to_string(cfg.training.seq_len)), std::string::npos)
       << error;
+  // DeepSeek-V4: 128 tokens split into 2 x 2 chunks of 32, shorter than the window's 63 rows.
+  train::JobConfig v4 = layout_config("deepseek_v4", data(), root() / "bad_seq_v4", {.shard = n / 2, .cp = 2},
+                                      {"--training.seq_len=128"});
+  const std::string window = error_of([&] { train::Trainer t(v4, "bad_seq_v4.toml", &world()); });
+  EXPECT_NE(window.find("training.seq_len = 128 with context_parallel_degree = 2 makes 2 x 2 chunks of 32 tokens"),
+            std::string::npos)
+      << window;
+  EXPECT_NE(window.find("use training.seq_len = 256 or 320"), std::string::npos) << window;
   if (n != 4) return;
   // CP 2 x TP 2: 68 tokens make 4 head-tail chunks of 17, which TP 2 cannot split.
   train::JobConfig both = config("bad_seq_tp", 1, 2, 4, {}, 2);

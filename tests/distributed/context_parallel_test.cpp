@@ -13,6 +13,8 @@
 #include "titan/distributed/ring_attention.h"
 #include "titan/models/deepseek_v3/args.h"
 #include "titan/models/deepseek_v3/model.h"
+#include "titan/models/deepseek_v4/args.h"
+#include "titan/models/deepseek_v4/plan.h"
 #include "titan/models/llama3/args.h"
 
 using namespace titan;
@@ -31,12 +33,13 @@ std::pair<Tensor, Tensor> test_batch(int64_t b, int64_t s, int64_t vocab) {
   return {tokens, targets};
 }
 
-// The debug model whole, and split over cp with the same weights (sequences up to 48 tokens).
+// The debug model whole, and split over cp with the same weights (sequences up to seq_len tokens).
 std::pair<std::unique_ptr<models::CausalLM>, std::unique_ptr<models::CausalLM>> whole_and_split(
-    const std::string& model, models::ModelOptions opts, const distributed::ProcessGroup& cp, int64_t vocab) {
-  auto whole = models::build_model(model, "debugmodel", vocab, 48, opts);
+    const std::string& model, models::ModelOptions opts, const distributed::ProcessGroup& cp, int64_t vocab,
+    int64_t seq_len = 48) {
+  auto whole = models::build_model(model, "debugmodel", vocab, seq_len, opts);
   opts.cp = &cp;
-  auto split = models::build_model(model, "debugmodel", vocab, 48, opts);
+  auto split = models::build_model(model, "debugmodel", vocab, seq_len, opts);
   whole->init_parameters(5);
   std::map<std::string, Tensor> state;
   for (const auto& [name, t] : whole->state_dict()) state[name] = t;
@@ -44,8 +47,10 @@ std::pair<std::unique_ptr<models::CausalLM>, std::unique_ptr<models::CausalLM>> 
   return {std::move(whole), std::move(split)};
 }
 
-// Every parameter's gradient summed over the CP ranks equals the whole model's.
-void expect_gradients_sum_to_whole(nn::Module& whole, nn::Module& split, const distributed::ProcessGroup& cp) {
+// Every parameter's gradient summed over the CP ranks equals the whole model's (within 2e-4 of
+// its largest element, or of floor when that is larger).
+void expect_gradients_sum_to_whole(nn::Module& whole, nn::Module& split, const distributed::ProcessGroup& cp,
+                                   double floor = 1e-30) {
   std::map<std::string, Tensor> whole_grads;
   for (auto& [name, p] : whole.named_parameters()) whole_grads[name] = p->var.grad();
   for (auto& [name, p] : split.named_parameters()) {
@@ -54,8 +59,51 @@ void expect_gradients_sum_to_whole(nn::Module& whole, nn::Module& split, const d
     if (!want.defined()) continue;
     Tensor sum = p->var.grad().contiguous().clone();
     cp.all_reduce(sum).wait();
-    expect_close(want, sum, 2e-4, "gradient of " + name);
+    expect_close(want, sum, 2e-4, "gradient of " + name, floor);
   }
+}
+
+using CommStats = std::map<std::pair<std::string, distributed::CommOp>, distributed::CommStats>;
+
+// The split model's logits are the whole model's at this rank's positions; then one training
+// step of each from zero gradients: the loss and the indexer's KL (each rank's mean over its
+// rows, summed over CP / c) are the whole model's. Returns what the split step communicated.
+CommStats expect_split_step_equals_whole(models::CausalLM& whole, models::CausalLM& split,
+                                         const distributed::ProcessGroup& cp, const Tensor& tokens,
+                                         const Tensor& targets) {
+  const int64_t b = tokens.size(0), s = tokens.size(1);
+  whole.zero_grad();
+  split.zero_grad();
+  Tensor logits_whole, logits_mine;
+  {
+    autograd::NoGradGuard no_grad;
+    logits_whole = whole.forward(tokens).value();
+    logits_mine = split.forward(tokens).value();
+  }
+  const distributed::CpLayout layout = distributed::cp_layout(cp, s);
+  const Tensor pos = distributed::local_positions(b, layout);
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t i = 0; i < layout.local_len(); ++i) {
+      const int64_t p = pos.data<int32_t>()[i];
+      const Tensor want = logits_whole.slice(0, bi * s + p, bi * s + p + 1);
+      const Tensor got = logits_mine.slice(0, bi * layout.local_len() + i, bi * layout.local_len() + i + 1);
+      expect_close(want.contiguous(), got.contiguous(), 1e-5, "logits of position " + std::to_string(p));
+    }
+
+  models::TrainingLoss lw = whole.training_loss(tokens, targets);
+  autograd::backward(lw.total);
+  distributed::CommEngine::get().reset_stats();
+  models::TrainingLoss ls = split.training_loss(tokens, targets);
+  autograd::backward(ls.total);
+  const CommStats stats = distributed::CommEngine::get().stats();
+  EXPECT_NEAR(ls.cross_entropy, lw.cross_entropy, 1e-6 * lw.cross_entropy);
+  std::map<std::string, double> whole_terms(lw.terms.begin(), lw.terms.end());
+  std::vector<double> kl = {0};
+  for (const auto& [name, v] : ls.terms)
+    if (name == "indexer_loss") kl[0] = v;
+  cp.all_reduce(std::span<double>(kl));  // each rank's mean over its rows; equal rows per rank
+  EXPECT_NEAR(kl[0] / cp.size(), whole_terms.at("indexer_loss"), 1e-5 * whole_terms.at("indexer_loss"));
+  return stats;
 }
 
 TEST(ContextParallel, HeadTailChunksAndTheSequenceGather) {
@@ -216,38 +264,8 @@ void expect_dsa_context_parallel_equals_whole(models::deepseek_v3::DsaStage stag
   for (int64_t s : {int64_t(48), int64_t(40)}) {
     if (s % (2 * c) != 0) continue;
     SCOPED_TRACE("S " + std::to_string(s));
-    whole->zero_grad();
-    split->zero_grad();
     const auto [tokens, targets] = test_batch(b, s, vocab);
-    Tensor logits_whole, logits_mine;
-    {
-      autograd::NoGradGuard no_grad;
-      logits_whole = whole->forward(tokens).value();
-      logits_mine = split->forward(tokens).value();
-    }
-    const distributed::CpLayout layout = distributed::cp_layout(cp, s);
-    const Tensor pos = distributed::local_positions(b, layout);
-    for (int64_t bi = 0; bi < b; ++bi)
-      for (int64_t i = 0; i < layout.local_len(); ++i) {
-        const Tensor want = logits_whole.slice(0, bi * s + pos.data<int32_t>()[i], bi * s + pos.data<int32_t>()[i] + 1);
-        const Tensor got = logits_mine.slice(0, bi * layout.local_len() + i, bi * layout.local_len() + i + 1);
-        expect_close(want.contiguous(), got.contiguous(), 1e-5, "logits of position " + std::to_string(pos.data<int32_t>()[i]));
-      }
-
-    models::TrainingLoss lw = whole->training_loss(tokens, targets);
-    autograd::backward(lw.total);
-    distributed::CommEngine::get().reset_stats();
-    models::TrainingLoss ls = split->training_loss(tokens, targets);
-    autograd::backward(ls.total);
-    const auto stats = distributed::CommEngine::get().stats();
-    EXPECT_NEAR(ls.cross_entropy, lw.cross_entropy, 1e-6 * lw.cross_entropy) << "S " << s;
-    std::map<std::string, double> whole_terms(lw.terms.begin(), lw.terms.end());
-    std::vector<double> kl = {0};
-    for (const auto& [name, v] : ls.terms)
-      if (name == "indexer_loss") kl[0] = v;
-    cp.all_reduce(std::span<double>(kl));  // each rank's mean over its rows; equal rows per rank
-    EXPECT_NEAR(kl[0] / c, whole_terms.at("indexer_loss"), 1e-5 * whole_terms.at("indexer_loss")) << "S " << s;
-
+    const CommStats stats = expect_split_step_equals_whole(*whole, *split, cp, tokens, targets);
     expect_gradients_sum_to_whole(*whole, *split, cp);
 
     const auto a = models::deepseek_v3::deepseek_v32_flavor("debugmodel", vocab);
@@ -269,6 +287,38 @@ TEST(DsaContextParallel, DenseWarmupEqualsTheWholeModel) {
   expect_dsa_context_parallel_equals_whole(models::deepseek_v3::DsaStage::dense_warmup);
 }
 
+// DeepSeek-V4 debugmodel (sliding, CSA and HCA layers, hash-routed MoE layers, the indexers
+// training on their KL) split over CP against the whole model, sequences of 2c chunks of 64 (the
+// window's 63 rows before each chunk come from the chunk before; HCA's 16 and CSA's 4 tokens
+// tile it): each rank's logits are the whole model's at its positions, the loss and the indexer
+// loss are the whole model's, the gradients summed over CP are the whole model's, and the
+// traffic is what deepseek_v4/plan.h says (the family's `titan plan` figures): each chunk's rows
+// from before it sent by the neighbouring rank and their gradients sent back, the entries'
+// all-gathers forward and the same bytes reduce-scattered backward.
+TEST(V4ContextParallel, EqualsTheWholeModel) {
+  flush_denormals(true);  // as training runs
+  auto cp_group = distributed::CommEngine::get().split(world(), 0, world().rank(), "cp_v4");
+  const distributed::ProcessGroup& cp = *cp_group;
+  const int c = cp.size();
+  const int64_t vocab = 257, b = 2, s = 2 * c * 64;
+  auto [whole, split] = whole_and_split("deepseek_v4", {}, cp, vocab, s);
+  const auto [tokens, targets] = test_batch(b, s, vocab);
+  const CommStats stats = expect_split_step_equals_whole(*whole, *split, cp, tokens, targets);
+
+  // The hash-routed layers' router gradient is 0 but for rounding (~1e-10; both of a token's
+  // slots name one expert at init, so its normalised weights' gradients cancel): an absolute floor.
+  expect_gradients_sum_to_whole(*whole, *split, cp, 1e-5);
+
+  const auto a = models::deepseek_v4::deepseek_v4_flavor("debugmodel", vocab);
+  double sent = 0, gathered = 0;
+  for (const auto t : a.layer_types) {
+    const auto x = models::deepseek_v4::context_parallel_layer_traffic(a, t, b, s, c, 4, cp.rank());
+    sent += x.sent_point_to_point(), gathered += x.entries + x.indexer;
+  }
+  expect_analytic_traffic(stats, "cp_v4", {{distributed::CommOp::send, 2 * sent},  // the rows, their gradients back
+                                           {distributed::CommOp::all_gather, gathered},
+                                           {distributed::CommOp::reduce_scatter, gathered}});
+}
 
 TEST(ContextParallel, SettingsItCannotRunAreRefused) {
   const distributed::ProcessGroup& cp = world();

@@ -1,7 +1,8 @@
 // Gradient checks of DeepSeek-V4's attention (kernels/v4_attention.h). The reference twin in
 // double against central differences of its forward, w.r.t. q, kv, the compressed entries and the
 // sink, for HCA, CSA (future, -1 and out-of-range slots, more slots than visible entries), a
-// sliding-only layer (no entry), one head, a window wider than S and S not a multiple of m. Then
+// sliding-only layer (no entry), one head, a window wider than S and S not a multiple of m, and
+// context-parallel chunks (raw key rows before the queries, the first query past position 0). Then
 // the autograd op (f32 fused kernels through the tape) against f32 central differences.
 #include <gtest/gtest.h>
 
@@ -38,7 +39,7 @@ void check_reference(const std::vector<int64_t>& dims, const std::string& name) 
   };
   gradcheck(name,
             {random_doubles(size_t(d.B * d.S * d.H * d.D), 11, name + ".q", -2, 2),
-             random_doubles(size_t(d.B * d.S * d.D), 11, name + ".kv", -2, 2),
+             random_doubles(size_t(d.B * d.Skv * d.D), 11, name + ".kv", -2, 2),
              random_doubles(size_t(d.B * d.T * d.D), 11, name + ".comp", -2, 2),
              random_doubles(size_t(d.H), 11, name + ".sink", -1, 1)},
             forward, backward);
@@ -53,12 +54,17 @@ TEST(V4AttentionReference, GradientsMatchCentralDifferences) {
   check_reference({1, 13, 3, 4, 3, 3, 6}, "csa_more_slots_than_entries");
   check_reference({1, 9, 1, 6, 16, 2, 2}, "csa_window_wider_than_s");
   check_reference({1, 6, 2, 3, 2, 8, 0}, "sliding_only");             // S < m: no entry
+  // {.., E, P0}: E raw key rows before the queries, the first query at position P0
+  check_reference({1, 6, 2, 4, 3, 2, 3, 2, 10}, "csa_chunk");
+  check_reference({2, 5, 2, 3, 4, 3, 0, 3, 9}, "hca_chunk");
+  check_reference({1, 4, 1, 3, 3, 4, 0, 2, 2}, "sliding_chunk");       // P0 + S < m: no entry
 }
 
 // The fused autograd op (f32) through the tape: L = sum(o * probe) against central differences
 // with a 1e-3 step (f32 rounding over the step bounds the tolerance at 2e-3).
 TEST(V4AttentionAutograd, GradientsMatchCentralDifferences) {
-  for (const auto& dims : std::vector<std::vector<int64_t>>{{1, 10, 2, 4, 3, 4, 0}, {1, 11, 3, 5, 4, 3, 3}}) {
+  for (const auto& dims :
+       std::vector<std::vector<int64_t>>{{1, 10, 2, 4, 3, 4, 0}, {1, 11, 3, 5, 4, 3, 3}, {1, 7, 2, 4, 3, 3, 3, 2, 8}}) {
     const V4AttentionCase c(dims, DType::f32, 13);
     const kernels::V4AttentionParams d = c.d;
     const Tensor probe = random_tensor(c.q.shape(), DType::f32, 14, "probe");
@@ -66,7 +72,7 @@ TEST(V4AttentionAutograd, GradientsMatchCentralDifferences) {
     auto loss = [&](const std::vector<Tensor>& in, std::vector<autograd::Variable>* leaves) {
       std::vector<autograd::Variable> v;
       for (const Tensor& t : in) v.emplace_back(t, leaves != nullptr);
-      autograd::Variable o = autograd::v4_attention(v[0], v[1], v[2], c.idx, v[3], d.W, d.ratio, d.scale);
+      autograd::Variable o = autograd::v4_attention(v[0], v[1], v[2], c.idx, v[3], d.W, d.ratio, d.scale, nullptr, d.P0);
       double l = 0;
       for (int64_t i = 0; i < o.value().numel(); ++i) l += double(o.value().data<float>()[i]) * probe.data<float>()[i];
       if (leaves) autograd::backward(o, probe), *leaves = v;

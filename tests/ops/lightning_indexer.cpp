@@ -30,16 +30,18 @@ struct IndexerCase {
   bool edited_slots = false;   // sparse loss: top-k selections with repeated keys and invalid slots
 
   // dims = {B, S, Skv, HI, DI, K} (+ {H, Hk, D} for the dense loss, K = 0; + {invalid} for the
-  // sparse loss; + {0, ratio} for compressed keys).
+  // sparse loss; + {0, ratio} for compressed keys, + {0, ratio, P0} for a context-parallel chunk's
+  // queries from position P0 over the entries up to their end).
   explicit IndexerCase(const OpInput& in) : seed(in.seed) {
     d.B = in.dims[0], d.S = in.dims[1], d.Skv = in.dims[2], d.HI = in.dims[3], d.DI = in.dims[4], d.K = in.dims[5];
     q = random_tensor({d.B, d.S, d.HI, d.DI}, in.dtype, in.seed, "q");
     k = random_tensor({d.B, d.Skv, d.DI}, in.dtype, in.seed, "k");
     w = random_tensor({d.B, d.S, d.HI}, DType::f32, in.seed, "w");
-    const bool dense_loss = in.dims.size() == 9;
+    const bool dense_loss = in.dims.size() == 9 && d.K == 0;
     invalid_slots = !dense_loss && in.dims.size() >= 7 && in.dims[6] == 1;
     edited_slots = !dense_loss && in.dims.size() >= 7 && in.dims[6] == 2;
-    if (!dense_loss && in.dims.size() == 8) d.ratio = in.dims[7];  // compressed keys (V4's CSA): {.., slots, ratio}
+    if (!dense_loss && in.dims.size() >= 8) d.ratio = in.dims[7];  // compressed keys (V4's CSA): {.., slots, ratio}
+    if (!dense_loss && in.dims.size() == 9) d.P0 = in.dims[8];     // {.., slots, ratio, first position}
     if (dense_loss) {
       td.H = in.dims[6], td.Hk = in.dims[7], td.D = in.dims[8], td.scale = 0.3;
       mq = random_tensor({d.B, d.S, td.H, td.D}, in.dtype, in.seed, "mq", -2, 2);
@@ -160,14 +162,16 @@ OpOutputs run_hadamard(const OpInput& in) {
 
 TITAN_OP_CASES(lightning_indexer) {
   return {
-      {"indexer_topk", {"B", "S", "Skv", "HI", "DI", "K", "slots (unused)", "ratio"},
+      {"indexer_topk", {"B", "S", "Skv", "HI", "DI", "K", "slots (unused)", "ratio", "P0"},
        // B, S, Skv, HI, DI, K
        {{1, 1, 1, 1, 1, 1}, {1, 1, 70, 3, 17, 8}, {2, 9, 9, 4, 64, 16}, {1, 100, 100, 4, 64, 7},
         {2, 130, 150, 2, 33, 40}, {1, 70, 200, 1, 16, 64}, {1, 3, 100, 64, 32, 5},
         // many candidate-buffer compactions per row (sampled floor estimates, vectorized appends)
         {1, 300, 1100, 3, 24, 100},
         // compressed keys (V4's CSA, ratio 4 and 3): early queries see none, then floor((t + 1) / m)
-        {2, 64, 16, 4, 64, 8, 0, 4}, {1, 130, 43, 3, 17, 40, 0, 3}, {1, 600, 150, 2, 32, 64, 0, 4}},
+        {2, 64, 16, 4, 64, 8, 0, 4}, {1, 130, 43, 3, 17, 40, 0, 3}, {1, 600, 150, 2, 32, 64, 0, 4},
+        // a context-parallel chunk: queries from position P0 over every entry up to their end
+        {2, 16, 16, 4, 64, 8, 0, 4, 48}, {1, 43, 40, 3, 17, 40, 0, 3, 77}, {1, 150, 300, 2, 32, 64, 0, 4, 1050}},
        [](const OpInput& in) {
          const IndexerCase c(in);
          return in.dtype == DType::f32 ? run_topk<float>(c) : run_topk<bf16>(c);
@@ -180,7 +184,7 @@ TITAN_OP_CASES(lightning_indexer) {
          IndexerCase c(in);
          return in.dtype == DType::f32 ? run_loss<float>(c) : run_loss<bf16>(c);
        }},
-      {"indexer_kl_loss_sparse", {"B", "S", "Skv", "HI", "DI", "K", "slots", "ratio"},
+      {"indexer_kl_loss_sparse", {"B", "S", "Skv", "HI", "DI", "K", "slots", "ratio", "P0"},
        // B, S, Skv, HI, DI, K: selections covering most of the causal keys (blocked path), HI = 64
        {{1, 1, 1, 1, 16, 1}, {1, 5, 5, 2, 16, 8}, {2, 40, 50, 3, 17, 16}, {1, 150, 150, 4, 32, 70},
         {1, 3, 80, 64, 16, 33},
@@ -200,7 +204,10 @@ TITAN_OP_CASES(lightning_indexer) {
         // bf16 pair products (DI 32, 64) with one and two heads (the missing heads of a pair are 0)
         {1, 70, 160, 1, 64, 40, 2}, {1, 60, 150, 2, 32, 29, 1},
         // compressed keys (V4's CSA): rows with no visible entry, selections of all and of a few
-        {2, 64, 16, 4, 64, 8, 0, 4}, {1, 130, 43, 3, 17, 40, 0, 3}, {1, 600, 150, 2, 32, 16, 0, 4}},
+        {2, 64, 16, 4, 64, 8, 0, 4}, {1, 130, 43, 3, 17, 40, 0, 3}, {1, 600, 150, 2, 32, 16, 0, 4},
+        // a context-parallel chunk's queries from position P0 (with invalid slots in one)
+        {2, 16, 16, 4, 64, 8, 0, 4, 48}, {1, 43, 40, 3, 17, 40, 0, 3, 77}, {1, 150, 300, 2, 32, 16, 0, 4, 1050},
+        {2, 20, 30, 3, 16, 8, 1, 4, 100}},
        [](const OpInput& in) {
          IndexerCase c(in);
          return in.dtype == DType::f32 ? run_loss<float>(c) : run_loss<bf16>(c);

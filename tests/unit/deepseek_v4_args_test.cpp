@@ -118,3 +118,24 @@ TEST(DeepSeekV4Args, ConfigurationsThatDoNotFitAreRefusedByKey) {
   EXPECT_TRUE(has(e, "exceeds the RoPE tables' 64 positions")) << e;
   EXPECT_EQ(error_of([&] { a.validate_sequence(37); }), "(no error)");
 }
+
+// Context parallelism cuts a sequence into 2 cp chunks, each borrowing only from the one before:
+// a chunk must hold the window's W - 1 tokens and whole windows of every ratio (debugmodel: W 64,
+// CSA 4, HCA 16, so chunks of 64, 128, ...). Otherwise the error names training.seq_len,
+// context_parallel_degree and the nearest lengths that work.
+TEST(DeepSeekV4Args, ContextParallelChunksMustHoldTheWindowAndWholeEntries) {
+  const DeepSeekV4Args a = deepseek_v4_flavor("debugmodel", 256);
+  EXPECT_EQ(a.context_parallel_chunks().multiple, 16);
+  EXPECT_EQ(a.context_parallel_chunks().minimum, 63);
+  for (const auto [seq, cp] : {std::pair<int64_t, int64_t>{256, 2}, {512, 4}, {384, 2}, {77, 1}})
+    EXPECT_EQ(error_of([&] { a.validate_context_parallel(seq, cp); }), "(no error)") << seq << " / " << cp;
+  std::string e = error_of([&] { a.validate_context_parallel(128, 2); });  // chunks of 32 < 63
+  EXPECT_TRUE(has(e, "training.seq_len = 128 with context_parallel_degree = 2 makes 2 x 2 chunks of 32 tokens") &&
+              has(e, "use training.seq_len = 256 or 320"))
+      << e;
+  e = error_of([&] { a.validate_context_parallel(264, 2); });  // chunks of 66: not whole HCA windows
+  EXPECT_TRUE(has(e, "chunks of 66 tokens") && has(e, "a multiple of 16") && has(e, "use training.seq_len = 320 or 384"))
+      << e;
+  e = error_of([&] { a.validate_context_parallel(258, 2); });  // 4 chunks cannot be equal
+  EXPECT_TRUE(has(e, "does not split into 2 x 2 equal chunks") && has(e, "use training.seq_len = 320")) << e;
+}

@@ -94,9 +94,10 @@ TEST_P(LightningIndexer, TopkMatchesDenseOracle) {
 
 // DeepSeek-V4's CSA: the keys are compressed entries of m raw positions, visible to query t once
 // their last position s m + m - 1 <= t; early queries see none (all -1). The oracle ranks the
-// visible entries by the dense scores, from that definition.
+// visible entries by the dense scores, from that definition. With the first query at position
+// P0 (a context-parallel chunk), the rule holds at the query's position P0 + t.
 TEST_P(LightningIndexer, TopkOverCompressedEntriesSeesOnlyCompleteWindows) {
-  for (const int64_t K : {3, 16}) {
+  for (const auto [K, p0] : {std::pair<int64_t, int64_t>{3, 0}, {16, 0}, {3, 6}, {16, 13}}) {
     const int64_t m = 4;
     TopkCase c = topk_case(2, 37, 9, 3, 16, K, DType::f32, "csa");
     c.d.ratio = m;
@@ -114,19 +115,19 @@ TEST_P(LightningIndexer, TopkOverCompressedEntriesSeesOnlyCompleteWindows) {
       scores.insert(scores.end(), row.begin(), row.end());
     }
     Tensor idx = Tensor::empty({c.d.B, c.d.S, K}, DType::i32);
-    indexer_topk(idx, c.q, c.k, c.w, m);
+    indexer_topk(idx, c.q, c.k, c.w, m, p0);
     for (int64_t r = 0; r < c.d.B * c.d.S; ++r) {
       const int64_t t = r % c.d.S;
       std::vector<int32_t> visible;
       for (int32_t e = 0; e < c.d.Skv; ++e)
-        if (e * m + m - 1 <= t) visible.push_back(e);
+        if (e * m + m - 1 <= p0 + t) visible.push_back(e);
       const double* row_scores = &scores[size_t(r * c.d.Skv)];
       std::stable_sort(visible.begin(), visible.end(), [&](int32_t a, int32_t b) { return row_scores[a] > row_scores[b]; });
       visible.resize(std::min(visible.size(), size_t(K)));
       std::sort(visible.begin(), visible.end());
       visible.resize(size_t(K), -1);
       const std::vector<int32_t> row(idx.data<int32_t>() + r * K, idx.data<int32_t>() + (r + 1) * K);
-      ASSERT_EQ(row, visible) << "K " << K << " row " << r;
+      ASSERT_EQ(row, visible) << "K " << K << " P0 " << p0 << " row " << r;
     }
   }
 }

@@ -250,6 +250,63 @@ TEST(V4Attention, SmallOpFormMatchesFused) {
   }
 }
 
+// Context parallelism's contract: a chunk of a sequence's queries (first at position P0), given
+// only the window's W - 1 raw key rows before it and the entries up to its end, gives the whole
+// call's rows of o, lse and dq, and its key gradients, added up over the chunks, the whole call's.
+// CSA (with future, -1 and out-of-range slots), HCA and sliding-only; 4 chunks of 12, the window
+// crossing every boundary; both backends, f32 and bf16 (D = 32: bf16 pairs).
+TEST(V4Attention, ChunksGiveTheWholeSequencesRows) {
+  for (const DType dt : {DType::f32, DType::bf16})
+    for (const auto& s : std::vector<std::vector<int64_t>>{{2, 48, 3, 32, 7, 4, 5}, {2, 48, 3, 32, 7, 4, 0},
+                                                           {1, 48, 2, 32, 13, 64, 0}}) {
+      const V4AttentionCase whole(s, dt, 31);
+      const V4AttentionParams& d = whole.d;
+      const Tensor dout = random_tensor(whole.q.shape(), dt, 32, "dout");
+      for (const auto backend : {kernels::KernelBackend::reference, kernels::KernelBackend::fast}) {
+        kernels::set_kernel_backend(backend);
+        const Outputs want = run_kernels(whole, dout);
+        Tensor dkv = Tensor::zeros(whole.kv.shape(), DType::f32), dcomp = Tensor::zeros(whole.comp.shape(), DType::f32);
+        std::vector<double> dsink(size_t(d.H), 0.0);
+        const int64_t len = 12;
+        for (int64_t p0 = 0; p0 < d.S; p0 += len) {
+          const int64_t before = std::min(d.W - 1, p0), entries = (p0 + len) / d.ratio;
+          V4AttentionCase c = whole;
+          c.d.S = len, c.d.Skv = before + len, c.d.P0 = p0, c.d.T = entries;
+          c.q = whole.q.slice(1, p0, p0 + len).contiguous();
+          c.kv = whole.kv.slice(1, p0 - before, p0 + len).contiguous();
+          c.comp = whole.comp.slice(1, 0, entries).contiguous();
+          if (whole.idx.defined()) c.idx = whole.idx.slice(1, p0, p0 + len).contiguous();
+          Outputs r{Tensor::empty(c.q.shape(), dt), Tensor::empty({d.B, len, d.H}, DType::f32),
+                    Tensor::empty(c.q.shape(), dt), Tensor::empty(c.kv.shape(), dt), Tensor::empty(c.comp.shape(), dt),
+                    Tensor::empty({d.H}, DType::f32), Tensor()};
+          const Tensor dout_c = dout.slice(1, p0, p0 + len).contiguous();
+          kernels::v4_attention_forward(r.o, r.lse, c.q, c.kv, c.comp, c.idx, c.sink, d.W, d.ratio, d.scale, nullptr, p0);
+          kernels::v4_attention_backward(r.dq, r.dkv, r.dcomp, r.dsink, dout_c, c.q, c.kv, c.comp, c.idx, c.sink, r.o,
+                                         r.lse, d.W, d.ratio, d.scale, p0);
+          const std::string at = label(s, dt) + " chunk at " + std::to_string(p0);
+          const double tol = dt == DType::bf16 ? 1e-2 : 1e-6;
+          expect_close(at + " o", to_doubles(r.o), to_doubles(want.o.slice(1, p0, p0 + len).contiguous()), tol, tol);
+          expect_close(at + " lse", to_doubles(r.lse), to_doubles(want.lse.slice(1, p0, p0 + len).contiguous()), 1e-6, 1e-6);
+          expect_close(at + " dq", to_doubles(r.dq), to_doubles(want.dq.slice(1, p0, p0 + len).contiguous()), tol, tol);
+          const Doubles chunk_dkv = to_doubles(r.dkv), chunk_dcomp = to_doubles(r.dcomp);
+          for (int64_t b = 0; b < d.B; ++b) {
+            for (int64_t i = 0; i < (before + len) * d.D; ++i)
+              dkv.data<float>()[(b * d.S + p0 - before) * d.D + i] += float(chunk_dkv[size_t(b * (before + len) * d.D + i)]);
+            for (int64_t i = 0; i < entries * d.D; ++i)
+              dcomp.data<float>()[b * d.T * d.D + i] += float(chunk_dcomp[size_t(b * entries * d.D + i)]);
+          }
+          for (int64_t h = 0; h < d.H; ++h) dsink[size_t(h)] += r.dsink.data<float>()[h];
+        }
+        const std::string at = label(s, dt) + (backend == kernels::KernelBackend::fast ? " fast" : " reference");
+        const double tol = dt == DType::bf16 ? 3e-2 : 1e-5;
+        expect_close(at + " dkv summed", to_doubles(dkv), to_doubles(want.dkv), tol, tol);
+        expect_close(at + " dcomp summed", to_doubles(dcomp), to_doubles(want.dcomp), tol, tol);
+        expect_close(at + " dsink summed", dsink, to_doubles(want.dsink), 1e-5, 1e-4);
+      }
+    }
+  kernels::set_kernel_backend(kernels::KernelBackend::fast);
+}
+
 // Sizes that do not fit get an error naming the values and what works.
 TEST(V4Attention, RejectsSizesThatDoNotFit) {
   const V4AttentionCase c({1, 9, 2, 4, 3, 4, 2}, DType::f32, 11);
@@ -265,7 +322,16 @@ TEST(V4Attention, RejectsSizesThatDoNotFit) {
   EXPECT_NE(message(0, 4, c.comp, c.idx).find("window 0 is below 1"), std::string::npos);
   EXPECT_NE(message(3, 1, c.comp, c.idx).find("compress ratio 1 is below 2"), std::string::npos);
   EXPECT_NE(message(3, 4, Tensor::zeros({1, 3, 4}, DType::f32), c.idx)
-                .find("3 compressed entries, more than floor(S / m) = 2"),
+                .find("3 compressed entries, more than floor((P0 + S) / m) = 2"),
             std::string::npos);
   EXPECT_NE(message(3, 4, c.comp, Tensor::zeros({1, 8, 2}, DType::i32)).find("idx has shape"), std::string::npos);
+  // A chunk: more key rows than queries, but its first query placed before the rows it follows.
+  const Tensor kv = random_tensor({1, 12, 4}, DType::f32, 12, "kv");
+  try {
+    kernels::v4_attention_forward(o, lse, c.q, kv, c.comp, c.idx, c.sink, 3, 4, c.d.scale, nullptr, 2);
+    ADD_FAILURE() << "3 rows before the queries accepted at first position 2";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("12 key rows for 9 queries whose first sits at position 2"), std::string::npos)
+        << e.what();
+  }
 }

@@ -1020,7 +1020,8 @@ Variable compressor(const Variable& kv, const Variable& gate, const Variable& bi
 }
 
 Variable v4_attention(const Variable& q, const Variable& kv, const Variable& comp, const Tensor& idx,
-                      const Variable& sink, int64_t window, int64_t ratio, double scale, Tensor* head_mean_out) {
+                      const Variable& sink, int64_t window, int64_t ratio, double scale, Tensor* head_mean_out,
+                      int64_t pos0) {
   ProfileScope prof("v4_attention.fwd");
   const Tensor qv = q.value().contiguous(), kvv = kv.value().contiguous(), cv = comp.value().contiguous();
   const Tensor sv = sink.value().contiguous(), iv = idx.defined() ? idx.contiguous() : Tensor();
@@ -1034,20 +1035,20 @@ Variable v4_attention(const Variable& q, const Variable& kv, const Variable& com
       result.push_back(Tensor::empty({qv.size(0), qv.size(1), iv.size(2)}, DType::f32, MemCategory::activations));
     }
     kernels::v4_attention_forward(o, lse, qv, kvv, cv, iv, sv, window, ratio, scale,
-                                  head_mean_out ? &result[2] : nullptr);
+                                  head_mean_out ? &result[2] : nullptr, pos0);
     return result;
   });
   const Tensor &o = out[0], &lse = out[1];
   if (head_mean_out) *head_mean_out = out.at(2);
   return record("v4_attention", {q, kv, comp, sink}, o,
-                [qv, kvv, cv, iv, sv, o, lse, window, ratio, scale](const Tensor& dout, GradSink& g) {
+                [qv, kvv, cv, iv, sv, o, lse, window, ratio, scale, pos0](const Tensor& dout, GradSink& g) {
                   ProfileScope prof_bwd("v4_attention.bwd");
                   // The kernel overwrites all four gradients: fresh buffers, adopted by an input
                   // with no gradient yet (the usual case: no zero-fill, no read-back), else added.
                   Tensor dq = Tensor::empty(qv.shape(), qv.dtype()), dkv = Tensor::empty(kvv.shape(), kvv.dtype());
                   Tensor dc = Tensor::empty(cv.shape(), cv.dtype()), ds = Tensor::empty(sv.shape(), DType::f32);
                   kernels::v4_attention_backward(dq, dkv, dc, ds, dout.contiguous(), qv, kvv, cv, iv, sv, o, lse, window,
-                                                 ratio, scale);
+                                                 ratio, scale, pos0);
                   const Tensor grads[] = {dq, dkv, dc, ds};
                   for (size_t i = 0; i < 4; ++i) {
                     if (!g.needs(i) || g.adopt(i, grads[i])) continue;

@@ -165,15 +165,16 @@ Variable compressor(const Variable& kv, const Variable& gate, const Variable& bi
                     kernels::CompressorKind kind);
 
 // DeepSeek-V4's attention over [sliding window | compressed entries | sink], fused
-// (kernels/v4_attention.h has the shapes, masks and formula): q [B, S, H, D], kv [B, S, D] (the
-// one K = V head), comp [B, T, D] (T = floor(S / m), 0 on a sliding-only layer), idx [B, S, K] i32
+// (kernels/v4_attention.h has the shapes, masks and formula): q [B, S, H, D], kv [B, Skv, D] (the
+// one K = V head; Skv >= S, the queries the last S rows), comp [B, T, D] (T <= floor((pos0 + S) /
+// m), 0 on a sliding-only layer; pos0 the first query's global position), idx [B, S, K] i32
 // (CSA's selected entries; a constant) or undefined (HCA: every visible entry), sink [H] f32
 // -> o [B, S, H, D]. f32 or bf16 (q, kv and comp share it). Saves its inputs, o and the
 // [B, S, H] lse; no S x S tensor exists in forward or backward. head_mean_out, when given (CSA),
 // receives the indexer's KL target [B, S, K] f32 (kernels/v4_attention.h; not differentiable).
 Variable v4_attention(const Variable& q, const Variable& kv, const Variable& comp, const Tensor& idx,
                       const Variable& sink, int64_t window, int64_t ratio, double scale,
-                      Tensor* head_mean_out = nullptr);
+                      Tensor* head_mean_out = nullptr, int64_t pos0 = 0);
 
 // The sum of all elements: a one-element f32 Variable.
 Variable sum(const Variable& x);

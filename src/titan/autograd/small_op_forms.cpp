@@ -95,8 +95,11 @@ Variable moe_unpermute_small_ops(const Variable& out, const Tensor& pos, const V
 
 Variable v4_attention_small_ops(const Variable& q, const Variable& kv, const Variable& comp, const Tensor& idx,
                                 const Variable& sink, int64_t window, int64_t ratio, double softmax_scale) {
+  TITAN_CHECK(kv.shape()[1] == q.shape()[1], "v4_attention small ops: " + kv.shape().str() + " keys for " +
+                                                  q.shape().str() + " queries",
+              "the small-op form runs whole sequences (Skv = S); context parallelism runs the fused kernel");
   kernels::V4AttentionParams d;
-  d.B = q.shape()[0], d.S = q.shape()[1], d.H = q.shape()[2], d.D = q.shape()[3];
+  d.B = q.shape()[0], d.S = q.shape()[1], d.Skv = d.S, d.H = q.shape()[2], d.D = q.shape()[3];
   d.T = comp.shape()[1], d.W = window, d.ratio = ratio, d.K = idx.defined() ? idx.size(2) : 0;
   const int64_t L = d.S + d.T;
   // keep [B, 1, S, S + T]: the window of raw keys, then the visible (HCA) or selected (CSA) entries.

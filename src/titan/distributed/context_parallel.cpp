@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <span>
+#include <vector>
 
 #include "titan/autograd/ops.h"
 #include "titan/core/error.h"
@@ -78,6 +79,10 @@ void ranks_from_natural(Tensor& ranks, const Tensor& natural, const CpLayout& l)
   }
 }
 
+// preceding_rows' point-to-point tags: rows (and, backward, their gradients) moving to the
+// next rank and to the previous one.
+constexpr int kRightward = 0x5a01, kLeftward = 0x5a02, kGradRightward = 0x5a03, kGradLeftward = 0x5a04;
+
 void give_gradient(GradSink& g, size_t i, const Tensor& value) {
   if (!g.needs(i) || g.adopt(i, value)) return;
   Tensor dx = g.grad(i);
@@ -145,6 +150,66 @@ Variable gather_sequence(const Variable& x, const ProcessGroup& cp, const CpLayo
     cp.reduce_scatter(mine.view({mine.numel()}), ranks_grad).wait();
     give_gradient(g, 0, mine);
   });
+}
+
+std::array<Variable, 2> preceding_rows(const Variable& x, int64_t n, const ProcessGroup& cp, const CpLayout& layout) {
+  ProfileScope prof("cp.preceding_rows.fwd");
+  const int64_t len = layout.chunk();
+  const int r = layout.rank, c = layout.degree;
+  TITAN_CHECK(n >= 1 && n <= len,
+              "preceding_rows: " + std::to_string(n) + " rows before each chunk of " + std::to_string(len),
+              "a chunk's rows come from the one chunk before it: ask for 1 .. S / 2c of them");
+  const Tensor local = x.value().contiguous();
+  TITAN_CHECK(local.dim() >= 2 && local.size(1) == layout.local_len(),
+              "preceding_rows: expected [B, " + std::to_string(layout.local_len()) + ", ...], got " + local.str());
+  // The last n rows of each local chunk: chunk r's go to rank r + 1 (its chunk r + 1), chunk
+  // 2c-1-r's to rank r - 1 (its chunk 2c-r); rank c - 1 holds chunks c - 1 and c and keeps its own.
+  Tensor ends[2];
+  for (int j = 0; j < 2; ++j) {
+    ends[j] = Tensor::empty(with_len(local.shape(), n), local.dtype(), MemCategory::activations);
+    copy_rows(ends[j], 0, local, j * len + len - n, n);
+  }
+  const bool left = r > 0, right = r < c - 1;
+  Tensor got[2] = {Tensor::empty(with_len(local.shape(), left ? n : 0), local.dtype(), MemCategory::activations),
+                   right ? Tensor::empty(with_len(local.shape(), n), local.dtype(), MemCategory::activations) : ends[0]};
+  std::vector<Work> works;
+  if (right) works.push_back(cp.send(ends[0], r + 1, kRightward)), works.push_back(cp.recv(got[1], r + 1, kLeftward));
+  if (left) works.push_back(cp.send(ends[1], r - 1, kLeftward)), works.push_back(cp.recv(got[0], r - 1, kRightward));
+  for (const Work& w : works) w.wait();
+  std::vector<Variable> out = autograd::record(
+      "cp.preceding_rows", {x}, {got[0], got[1]},
+      [&cp, len, n, r, left, right, shape = local.shape(), dtype = local.dtype()](std::span<const Tensor> dy,
+                                                                                  GradSink& g) {
+        ProfileScope prof_bwd("cp.preceding_rows.bwd");
+        // Each gradient goes back to the rows it came from; an unused one as zeros, so that every
+        // send still has its receive.
+        const auto grad_of = [&](size_t j) {
+          return dy[j].defined() ? dy[j].contiguous() : Tensor::zeros(with_len(shape, n), dtype);
+        };
+        Tensor back[2];  // for this rank's chunk 0 end (from rank r + 1), chunk 1 end (from r - 1)
+        std::vector<Work> works;
+        if (left) {
+          back[1] = Tensor::empty(with_len(shape, n), dtype);
+          works.push_back(cp.send(grad_of(0), r - 1, kGradLeftward));
+          works.push_back(cp.recv(back[1], r - 1, kGradRightward));
+        }
+        if (right) {
+          back[0] = Tensor::empty(with_len(shape, n), dtype);
+          works.push_back(cp.send(grad_of(1), r + 1, kGradRightward));
+          works.push_back(cp.recv(back[0], r + 1, kGradLeftward));
+        } else {
+          back[0] = grad_of(1);  // rank c - 1: chunk c's rows came from its own chunk c - 1
+        }
+        for (const Work& w : works) w.wait();
+        if (!g.needs(0)) return;
+        Tensor dx = g.grad(0);
+        add_rows(dx, len - n, back[0], n);
+        if (left) add_rows(dx, 2 * len - n, back[1], n);
+      });
+  std::array<Variable, 2> result;
+  if (left) result[0] = out[0];
+  result[1] = out[1];
+  return result;
 }
 
 Variable narrow_sequence(const Variable& x, int64_t start, int64_t len) {

@@ -12,6 +12,7 @@
 // rule). Exact: a query's top-k, output and KL term depend only on keys up to its position.
 #pragma once
 
+#include <array>
 #include <utility>
 
 #include "titan/autograd/variable.h"
@@ -53,6 +54,17 @@ std::pair<Variable, double> mean_over_sequences(const Variable& local_mean, cons
 // x [B, 2 S/2c, ...] (this rank's chunks) -> [B, S, ...] in natural order (every rank's chunks in
 // place): an all-gather. Backward: the gradient reduce-scattered back to each rank's chunks.
 Variable gather_sequence(const Variable& x, const ProcessGroup& cp, const CpLayout& layout);
+
+// For each local chunk j, the n rows of the sequence just before its first position: the last n
+// rows of the global chunk before it, whichever rank holds that one. x [B, 2 S/2c, ...] (this
+// rank's chunks) -> {[B, n, ...] before chunk 0, [B, n, ...] before chunk 1}; undefined for the
+// sequence's first chunk. DeepSeek-V4's attention prepends them (its window's raw keys, CSA's
+// overlapping window). Under the head-tail layout those come from the neighbouring ranks: rank r
+// receives chunk r - 1's last rows from rank r - 1 and chunk 2c-2-r's from rank r + 1 (rank
+// c - 1 holds both chunks c - 1 and c), so a rank sends and receives at most 2 n rows whatever c
+// (an all-gather of every chunk's last rows would bring (c - 1) 2 n). Backward: the gradients
+// sent back the same way and added to the rows. n <= S/2c.
+std::array<Variable, 2> preceding_rows(const Variable& x, int64_t n, const ProcessGroup& cp, const CpLayout& layout);
 
 // Rows [start, start + len) of dim 1 of x [B, L, ...], as a contiguous [B, len, ...]. Backward:
 // the gradient added into those rows.

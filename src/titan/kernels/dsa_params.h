@@ -17,18 +17,21 @@ namespace titan::kernels {
 // future key) contributes nothing.
 //
 // With ratio m > 1 the keys are compressed entries (DeepSeek-V4's CSA: entry s pools raw
-// positions s m .. s m + m - 1) and the queries sit at positions 0 .. S - 1: key s is valid for
-// query t once its last position is, s < floor((t + 1) / m); early queries may have none.
+// positions s m .. s m + m - 1) and the queries sit at positions P0 .. P0 + S - 1 (P0 = 0 on
+// one rank; a chunk's first position under context parallelism, with the entries of the whole
+// sequence before it): key s is valid for query t once its last position is,
+// s < floor((P0 + t + 1) / m); early queries may have none.
 struct IndexerParams {
   int64_t B = 0, S = 0, Skv = 0;
   int64_t HI = 0, DI = 0;
   int64_t K = 0;      // slots per query row in idx
   int64_t ratio = 1;  // raw positions per key
+  int64_t P0 = 0;     // ratio > 1: the global position of query 0
 };
 
 // The number of valid keys of query t: keys 0 .. valid_keys(d, t) - 1.
 inline int64_t valid_keys(const IndexerParams& d, int64_t t) {
-  const int64_t n = d.ratio > 1 ? (t + 1) / d.ratio : t + d.Skv - d.S + 1;
+  const int64_t n = d.ratio > 1 ? (d.P0 + t + 1) / d.ratio : t + d.Skv - d.S + 1;
   return n < 0 ? 0 : n < d.Skv ? n : d.Skv;
 }
 

@@ -29,7 +29,8 @@ void check_tensor(const Tensor& t, const char* op, const char* name, DType dtype
 }
 
 // Sizes from q [B, S, HI, DI] and k [B, Skv, DI], with the checks every entry point shares.
-IndexerParams indexer_dims(const Tensor& q, const Tensor& k, const Tensor& w, const char* op, int64_t ratio = 1) {
+IndexerParams indexer_dims(const Tensor& q, const Tensor& k, const Tensor& w, const char* op, int64_t ratio = 1,
+                           int64_t pos0 = 0) {
   TITAN_CHECK(q.defined() && k.defined(), std::string(op) + ": q or k is undefined", "pass allocated tensors");
   TITAN_CHECK(q.dim() == 4 && k.dim() == 3,
               std::string(op) + ": q must be 4-d and k 3-d, got " + q.shape().str() + " and " + k.shape().str(),
@@ -41,7 +42,12 @@ IndexerParams indexer_dims(const Tensor& q, const Tensor& k, const Tensor& w, co
   d.B = q.size(0), d.S = q.size(1), d.HI = q.size(2), d.DI = q.size(3), d.Skv = k.size(1);
   TITAN_CHECK(d.B > 0 && d.S > 0 && d.HI > 0 && d.DI > 0,
               std::string(op) + ": empty dimension in q " + q.shape().str(), "every size must be at least 1");
-  d.ratio = ratio;
+  d.ratio = ratio, d.P0 = pos0;
+  TITAN_CHECK(pos0 == 0 || (ratio > 1 && pos0 > 0),
+              std::string(op) + ": first query position " + std::to_string(pos0) + " with ratio " +
+                  std::to_string(ratio),
+              "a first query position applies to compressed entries (ratio > 1) and is >= 0; raw keys place the "
+              "queries as the last S of Skv instead");
   TITAN_CHECK(ratio >= 1, std::string(op) + ": ratio " + std::to_string(ratio) + " is below 1",
               "pass 1 for raw keys, or the compressor's ratio m for compressed entries");
   TITAN_CHECK((ratio > 1 || d.Skv >= d.S) && d.Skv <= INT32_MAX,
@@ -57,8 +63,8 @@ IndexerParams indexer_dims(const Tensor& q, const Tensor& k, const Tensor& w, co
 
 }  // namespace
 
-void indexer_topk(Tensor& idx, const Tensor& q, const Tensor& k, const Tensor& w, int64_t ratio) {
-  IndexerParams d = indexer_dims(q, k, w, "indexer_topk", ratio);
+void indexer_topk(Tensor& idx, const Tensor& q, const Tensor& k, const Tensor& w, int64_t ratio, int64_t pos0) {
+  IndexerParams d = indexer_dims(q, k, w, "indexer_topk", ratio, pos0);
   TITAN_CHECK(idx.defined() && idx.dim() == 3, "indexer_topk: idx must be a 3-d i32 tensor [B, S, K]",
               "allocate Tensor::empty({B, S, K}, DType::i32)");
   d.K = idx.size(2);
@@ -119,9 +125,10 @@ double indexer_kl_loss(Tensor& dq, Tensor& dk, Tensor& dw, const Tensor& q, cons
 }
 
 double indexer_kl_loss_sparse(Tensor& dq, Tensor& dk, Tensor& dw, const Tensor& q, const Tensor& k, const Tensor& w,
-                              const Tensor& idx, const Tensor& target, double grad_scale, int64_t ratio) {
+                              const Tensor& idx, const Tensor& target, double grad_scale, int64_t ratio,
+                              int64_t pos0) {
   const char* op = "indexer_kl_loss_sparse";
-  IndexerParams d = indexer_dims(q, k, w, op, ratio);
+  IndexerParams d = indexer_dims(q, k, w, op, ratio, pos0);
   TITAN_CHECK(idx.defined() && idx.dim() == 3, std::string(op) + ": idx must be a 3-d i32 tensor [B, S, K]",
               "pass indexer_topk's output (the dense warm-up stage uses indexer_kl_loss)");
   d.K = idx.size(2);

@@ -17,8 +17,9 @@ namespace titan::kernels {
 // the result is deterministic.
 // q [B, S, HI, DI], k [B, Skv, DI] (f32 or bf16, same dtype), w [B, S, HI] f32.
 // ratio > 1: k holds compressed entries of `ratio` raw positions each (DeepSeek-V4's CSA) and
-// query t sees entries s < floor((t + 1) / ratio) (dsa_params.h); a row with none is all -1.
-void indexer_topk(Tensor& idx, const Tensor& q, const Tensor& k, const Tensor& w, int64_t ratio = 1);
+// query t, at global position pos0 + t (pos0: a context-parallel chunk's start, else 0), sees
+// entries s < floor((pos0 + t + 1) / ratio) (dsa_params.h); a row with none is all -1.
+void indexer_topk(Tensor& idx, const Tensor& q, const Tensor& k, const Tensor& w, int64_t ratio = 1, int64_t pos0 = 0);
 
 // The indexer's KL loss and its gradients, in one pass over the keys of each query block.
 // Loss row t: KL(p[t] || softmax_{V_t}(I[t])) with 0 log 0 = 0 over a valid set V_t; rows with
@@ -39,7 +40,8 @@ double indexer_kl_loss(Tensor& dq, Tensor& dk, Tensor& dw, const Tensor& q, cons
 // target [B, S, K] f32, aligned with idx (sparse_mla_forward's head_mean, docs/dsa.md 6.2). A key listed
 // twice counts once, with the sum of its slots' targets (top-k never lists one twice).
 double indexer_kl_loss_sparse(Tensor& dq, Tensor& dk, Tensor& dw, const Tensor& q, const Tensor& k, const Tensor& w,
-                              const Tensor& idx, const Tensor& target, double grad_scale, int64_t ratio = 1);
+                              const Tensor& idx, const Tensor& target, double grad_scale, int64_t ratio = 1,
+                              int64_t pos0 = 0);
 
 // In place y = x H / sqrt(n) on each row of the last dim n (a power of two), H the Sylvester
 // Hadamard matrix: the indexer's rotate_activation. Orthonormal and symmetric, so it is its own

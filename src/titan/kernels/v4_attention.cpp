@@ -15,7 +15,8 @@ namespace titan::kernels {
 namespace {
 
 constexpr const char* kLayouts =
-    "q, o, dout, dq are [B, S, H, D], kv and dkv [B, S, D], comp and dcomp [B, T, D] (T may be 0), idx [B, S, K] i32 "
+    "q, o, dout, dq are [B, S, H, D], kv and dkv [B, Skv, D] (Skv >= S), comp and dcomp [B, T, D] (T may be 0), "
+    "idx [B, S, K] i32 "
     "or undefined (HCA), sink and dsink [H] f32 or undefined, lse [B, S, H] f32";
 
 void check_tensor(const Tensor& t, const char* name, DType dtype, const Shape& shape) {
@@ -33,7 +34,7 @@ void check_tensor(const Tensor& t, const char* name, DType dtype, const Shape& s
 
 // Sizes from q, kv, comp, idx, with the checks both entry points share.
 V4AttentionParams v4_dims(const Tensor& q, const Tensor& kv, const Tensor& comp, const Tensor& idx, const Tensor& sink,
-                          int64_t window, int64_t ratio, double scale) {
+                          int64_t window, int64_t ratio, double scale, int64_t pos0) {
   TITAN_CHECK(q.defined() && kv.defined() && comp.defined(), "v4_attention: q, kv or comp is undefined",
               "pass allocated tensors (comp [B, 0, D] on a sliding-only layer)");
   TITAN_CHECK(q.dim() == 4 && kv.dim() == 3 && comp.dim() == 3,
@@ -45,6 +46,7 @@ V4AttentionParams v4_dims(const Tensor& q, const Tensor& kv, const Tensor& comp,
               "cast q, kv and comp to f32 or bf16");
   V4AttentionParams d;
   d.B = q.size(0), d.S = q.size(1), d.H = q.size(2), d.D = q.size(3);
+  d.Skv = kv.size(1), d.P0 = pos0;
   d.T = comp.size(1), d.W = window, d.ratio = ratio, d.scale = scale;
   d.K = idx.defined() ? (idx.dim() == 3 ? idx.size(2) : -1) : 0;
   TITAN_CHECK(d.B > 0 && d.S > 0 && d.H > 0 && d.D > 0,
@@ -53,14 +55,20 @@ V4AttentionParams v4_dims(const Tensor& q, const Tensor& kv, const Tensor& comp,
               "the sliding window counts the query itself (V4: sliding_window = 128)");
   TITAN_CHECK(ratio >= 2, "v4_attention: compress ratio " + std::to_string(ratio) + " is below 2",
               "pass the layer's compress rate (CSA 4, HCA 128; any value >= 2 on a sliding-only layer with T = 0)");
-  TITAN_CHECK(d.T <= d.S / ratio,
-              "v4_attention: " + std::to_string(d.T) + " compressed entries, more than floor(S / m) = " +
-                  std::to_string(d.S / ratio) + " (S = " + std::to_string(d.S) + ", m = " + std::to_string(ratio) + ")",
-              "comp holds the compressor's complete windows only: T = floor(S / m)");
+  TITAN_CHECK(d.Skv >= d.S && pos0 >= d.Skv - d.S,
+              "v4_attention: " + std::to_string(d.Skv) + " key rows for " + std::to_string(d.S) +
+                  " queries whose first sits at position " + std::to_string(pos0),
+              "the queries are the last S of the Skv key rows (Skv >= S), and the rows before them are earlier "
+              "positions (first query position >= Skv - S)");
+  TITAN_CHECK(d.T <= (pos0 + d.S) / ratio,
+              "v4_attention: " + std::to_string(d.T) + " compressed entries, more than floor((P0 + S) / m) = " +
+                  std::to_string((pos0 + d.S) / ratio) + " (P0 = " + std::to_string(pos0) + ", S = " +
+                  std::to_string(d.S) + ", m = " + std::to_string(ratio) + ")",
+              "comp holds the compressor's complete windows up to the last query only: T = floor((P0 + S) / m)");
   TITAN_CHECK(std::isfinite(scale) && scale != 0, "v4_attention: scale " + std::to_string(scale) + " is not usable",
               "pass the finite, nonzero softmax scale (V4: head_dim^-0.5)");
   check_tensor(q, "q", q.dtype(), {d.B, d.S, d.H, d.D});
-  check_tensor(kv, "kv", q.dtype(), {d.B, d.S, d.D});
+  check_tensor(kv, "kv", q.dtype(), {d.B, d.Skv, d.D});
   check_tensor(comp, "comp", q.dtype(), {d.B, d.T, d.D});
   if (idx.defined()) {
     TITAN_CHECK(d.K >= 1, "v4_attention: idx " + idx.shape().str() + " has no slots",
@@ -80,7 +88,7 @@ constexpr int64_t kAccBytes = int64_t(512) << 20;
 template <class T>
 void fast_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout, const T* q, const T* kv, const T* comp,
                    const int32_t* idx, const float* sink, const T* o, const float* lse, const V4AttentionParams& d) {
-  const int64_t width = TITAN_CPU_KERNEL(v4_attention_acc_width)(d.D), rows = d.S + d.T;
+  const int64_t width = TITAN_CPU_KERNEL(v4_attention_acc_width)(d.D), rows = d.Skv + d.T;
   const int64_t parts = std::clamp<int64_t>(kAccBytes / (rows * width * 4), 1, num_threads());
   Tensor acc = Tensor::zeros({parts, rows, width}, DType::f32);
   TITAN_CPU_KERNEL(v4_attention_backward<T>)(dq, dkv, dcomp, dsink, dout, q, kv, comp, idx, sink, o, lse,
@@ -91,8 +99,8 @@ void fast_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout, const T
 
 void v4_attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& kv, const Tensor& comp,
                           const Tensor& idx, const Tensor& sink, int64_t window, int64_t ratio, double scale,
-                          Tensor* head_mean) {
-  const V4AttentionParams d = v4_dims(q, kv, comp, idx, sink, window, ratio, scale);
+                          Tensor* head_mean, int64_t pos0) {
+  const V4AttentionParams d = v4_dims(q, kv, comp, idx, sink, window, ratio, scale, pos0);
   check_tensor(o, "o", q.dtype(), q.shape());
   check_tensor(lse, "lse", DType::f32, {d.B, d.S, d.H});
   if (head_mean) {
@@ -111,8 +119,8 @@ void v4_attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor&
 
 void v4_attention_backward(Tensor& dq, Tensor& dkv, Tensor& dcomp, Tensor& dsink, const Tensor& dout, const Tensor& q,
                            const Tensor& kv, const Tensor& comp, const Tensor& idx, const Tensor& sink, const Tensor& o,
-                           const Tensor& lse, int64_t window, int64_t ratio, double scale) {
-  const V4AttentionParams d = v4_dims(q, kv, comp, idx, sink, window, ratio, scale);
+                           const Tensor& lse, int64_t window, int64_t ratio, double scale, int64_t pos0) {
+  const V4AttentionParams d = v4_dims(q, kv, comp, idx, sink, window, ratio, scale, pos0);
   check_tensor(o, "o", q.dtype(), q.shape());
   check_tensor(dout, "dout", q.dtype(), q.shape());
   check_tensor(lse, "lse", DType::f32, {d.B, d.S, d.H});

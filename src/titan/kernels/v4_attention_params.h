@@ -2,10 +2,13 @@
 // API, the reference twin and the fast CPU kernels, and which keys a query sees.
 // Math: ../shared/reference/v4_transformers.md 3.3 (window), 3.4 and 3.6 (compressed entries, sink).
 // Vocabulary of dimension names:
-//   B batch, S positions (queries and raw keys: training, no cache), H query heads, D head dim
-//   (the one shared K = V row width), W sliding window, T compressed entries per sequence
-//   (floor(S / m) from the compressor; 0 on a sliding-only layer), m the compress ratio,
-//   K the CSA slots per query (0: HCA, every visible entry).
+//   B batch, S queries, Skv raw key rows (Skv >= S: the queries are the LAST S of them, so query
+//   t's own row is t + Skv - S; training on one rank has Skv == S, a context-parallel chunk
+//   prepends the W - 1 rows before it), P0 the global position of query 0 (0 on one rank; a
+//   chunk's start under context parallelism), H query heads, D head dim (the one shared K = V row
+//   width), W sliding window, T compressed entries per sequence (T <= floor((P0 + S) / m); 0 on a
+//   sliding-only layer), m the compress ratio, K the CSA slots per query (0: HCA, every visible
+//   entry).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +20,8 @@ namespace titan::kernels {
 
 struct V4AttentionParams {
   int64_t B = 0, S = 0;
+  int64_t Skv = 0;    // raw key rows (>= S)
+  int64_t P0 = 0;     // global position of query 0 (>= Skv - S): entries are counted from position 0
   int64_t H = 0, D = 0;
   int64_t W = 0;      // raw keys t - W < j <= t (W >= 1: a query always sees itself)
   int64_t T = 0;      // compressed entries
@@ -28,15 +33,20 @@ struct V4AttentionParams {
 // Which keys a query sees. Force-inlined: kernels/cpu/ code calls them from every ISA variant
 // (see cpu/isa.h).
 
-// The first raw key of query t's window: keys v4_window_start(d, t) .. t.
+// Query t's own raw key row: the queries are the last S of the Skv rows.
+TITAN_INLINE int64_t v4_self_row(const V4AttentionParams& d, int64_t t) { return t + d.Skv - d.S; }
+
+// The first raw key row of query t's window: rows v4_window_start(d, t) .. v4_self_row(d, t).
 TITAN_INLINE int64_t v4_window_start(const V4AttentionParams& d, int64_t t) {
-  return t - d.W + 1 > 0 ? t - d.W + 1 : 0;
+  const int64_t first = v4_self_row(d, t) - d.W + 1;
+  return first > 0 ? first : 0;
 }
 
 // Compressed entries 0 .. v4_visible_entries(d, t) - 1 are causally visible to query t: entry w
-// once its last raw position is, w < floor((t + 1) / m) (the indexer's candidate rule).
+// once its last raw position is, w < floor((P0 + t + 1) / m) (the indexer's candidate rule, at
+// the query's global position).
 TITAN_INLINE int64_t v4_visible_entries(const V4AttentionParams& d, int64_t t) {
-  return valid_keys(IndexerParams{.B = d.B, .S = d.S, .Skv = d.T, .ratio = d.ratio}, t);
+  return valid_keys(IndexerParams{.B = d.B, .S = d.S, .Skv = d.T, .ratio = d.ratio, .P0 = d.P0}, t);
 }
 
 // Whether CSA slot value s selects an entry for query t: a visible entry (-1 padding, future

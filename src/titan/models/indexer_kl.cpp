@@ -18,7 +18,7 @@ Variable indexer_kl(const Variable& q, const Variable& k, const Variable& w, con
   const double total =
       target.idx.defined()
           ? kernels::indexer_kl_loss_sparse(dq, dk, dw, q.value(), k.value(), w.value(), target.idx, target.head_mean,
-                                            1.0 / rows, target.ratio)
+                                            1.0 / rows, target.ratio, target.pos0)
           : kernels::indexer_kl_loss(dq, dk, dw, q.value(), k.value(), w.value(), target.mq, target.mk, target.mlse,
                                      target.scale, 1.0 / rows);
   return autograd::record("indexer_kl_loss", {q, k, w}, Tensor::full({1}, total / rows, DType::f32),

@@ -17,6 +17,7 @@ struct IndexerTarget {
   // Sparse stage: the selection [B, S, K] and the attention's head mean per slot [B, S, K] f32.
   Tensor idx, head_mean;
   int64_t ratio = 1;  // raw positions per key (V4's CSA: the compress ratio)
+  int64_t pos0 = 0;   // ratio > 1: the global position of the first query (a context-parallel chunk's start)
 };
 
 autograd::Variable indexer_kl(const autograd::Variable& q, const autograd::Variable& k, const autograd::Variable& w,

@@ -41,23 +41,23 @@ struct Plan {
 Plan make_plan(const V4AttentionParams& d) {
   Plan p;
   p.Dp = round_up(d.D, kPadLanes), p.Hs = round_up(d.H, kPadLanes), p.Hr = round_up(d.H, kRows);
-  p.most = min_i64(d.W, d.S) + (d.K > 0 ? d.K : d.T);
+  p.most = min_i64(d.W, d.Skv) + (d.K > 0 ? d.K : d.T);
   p.chunk = min_i64(round_up(p.most, kRows), max_i64(kChunkFloats / p.Dp / kRows, 1) * kRows);
   return p;
 }
 
-// The keys query t sees, as rows of [kv | comp] of its batch element (raw key j: j; entry w:
-// S + w), to keys[0, n): its window t - W + 1 .. t, then its compressed entries (HCA, sel nullptr:
+// The keys query t sees, as rows of [kv | comp] of its batch element (raw key row j: j; entry w:
+// Skv + w), to keys[0, n): its window's rows (v4_attention_params.h), then its compressed entries (HCA, sel nullptr:
 // every visible one; CSA: the valid slots of sel, in slot order). Returns n >= 1.
 int64_t list_keys(int32_t* keys, const int32_t* sel, int64_t t, const V4AttentionParams& d) {
   int64_t n = 0;
-  for (int64_t j = v4_window_start(d, t); j <= t; ++j) keys[n++] = int32_t(j);
+  for (int64_t j = v4_window_start(d, t); j <= v4_self_row(d, t); ++j) keys[n++] = int32_t(j);
   if (sel) {
     for (int64_t i = 0; i < d.K; ++i)
-      if (v4_slot_valid(d, sel[i], t)) keys[n++] = int32_t(d.S + sel[i]);
+      if (v4_slot_valid(d, sel[i], t)) keys[n++] = int32_t(d.Skv + sel[i]);
   } else {
     const int64_t visible = v4_visible_entries(d, t);
-    for (int64_t w = 0; w < visible; ++w) keys[n++] = int32_t(d.S + w);
+    for (int64_t w = 0; w < visible; ++w) keys[n++] = int32_t(d.Skv + w);
   }
   return n;
 }
@@ -68,7 +68,7 @@ template <class T>
 void gather_rows(float* g, int64_t ldg, const int32_t* keys, int64_t n, const T* kv, const T* comp,
                  const V4AttentionParams& d) {
   for (int64_t i = 0; i < n; ++i) {
-    const T* src = keys[i] < d.S ? kv + int64_t(keys[i]) * d.D : comp + (int64_t(keys[i]) - d.S) * d.D;
+    const T* src = keys[i] < d.Skv ? kv + int64_t(keys[i]) * d.D : comp + (int64_t(keys[i]) - d.Skv) * d.D;
     float* dst = g + i * ldg;
     // Scalar math: g[i] = key row i, as f32
 #pragma omp simd
@@ -126,14 +126,14 @@ void rescale_rows(float* out, int64_t ld, const float* alpha, int64_t H) {
   }
 }
 
-// dkv | dcomp rows of batch element b = the sum of the per-thread accumulators [parts, S + T, ld],
+// dkv | dcomp rows of batch element b = the sum of the per-thread accumulators [parts, Skv + T, ld],
 // left zero for the next b (inside a parallel region: the rows are shared out).
 template <class T>
 void store_key_grads(T* dkv, T* dcomp, float* acc, int64_t parts, int64_t ld, int64_t b, const V4AttentionParams& d) {
-  const int64_t key_rows = d.S + d.T;
+  const int64_t key_rows = d.Skv + d.T;
 #pragma omp for schedule(static)
   for (int64_t s = 0; s < key_rows; ++s) {
-    T* dst = s < d.S ? dkv + (b * d.S + s) * d.D : dcomp + (b * d.T + s - d.S) * d.D;
+    T* dst = s < d.Skv ? dkv + (b * d.Skv + s) * d.D : dcomp + (b * d.T + s - d.Skv) * d.D;
     sum_partial_rows(dst, d.D, acc, s, key_rows, parts, ld);
   }
 }
@@ -182,7 +182,7 @@ void write_slot_head_mean(float* hm, float* cs, int64_t nc, int64_t Hs, float* l
 void gather_row_pairs(bf16* g, uint32_t* pairs, int64_t ld, const int32_t* keys, int64_t n, const bf16* kv,
                       const bf16* comp, const V4AttentionParams& d) {
   for (int64_t i = 0; i < n; ++i) {
-    const bf16* src = keys[i] < d.S ? kv + int64_t(keys[i]) * d.D : comp + (int64_t(keys[i]) - d.S) * d.D;
+    const bf16* src = keys[i] < d.Skv ? kv + int64_t(keys[i]) * d.D : comp + (int64_t(keys[i]) - d.Skv) * d.D;
     // memcpy: a loop of bf16 structs stays scalar 16-bit moves
     std::memcpy(g + i * d.D, src, size_t(d.D) * sizeof(bf16));
     if (i % 2 == 1) pack_row_pair(pairs + i / 2 * ld, g + (i - 1) * d.D, g + i * d.D, d.D);
@@ -212,12 +212,12 @@ void forward_bf16_pairs(bf16* o, float* lse, float* head_mean, const bf16* q, co
     for (int64_t bt = 0; bt < d.B * d.S; ++bt) {
       const int64_t b = bt / d.S, t = bt % d.S;
       const int64_t n = list_keys(keys.data(), idx ? idx + bt * d.K : nullptr, t, d);
-      const int64_t window = t - v4_window_start(d, t) + 1;
+      const int64_t window = v4_self_row(d, t) - v4_window_start(d, t) + 1;
       pack_heads_vnni(qv.data(), p.Hs, q + bt * d.H * d.D, d.H, d.D);
       start_softmax(m.data(), l.data(), sink, d.H, p.Hs);
       for (int64_t c0 = 0; c0 < n; c0 += p.chunk) {
         const int64_t cn = min_i64(p.chunk, n - c0);
-        gather_row_pairs(g.data(), vb.data(), p.Dp, keys.data() + c0, cn, kv + b * d.S * d.D, comp + b * d.T * d.D,
+        gather_row_pairs(g.data(), vb.data(), p.Dp, keys.data() + c0, cn, kv + b * d.Skv * d.D, comp + b * d.T * d.D,
                          d);
         // scores [cn, Hs] = rows . q (unscaled): bf16 row pairs x q pairs by head
         gemm<Tiles, TileStore::write>(st.data(), p.Hs, reinterpret_cast<const uint32_t*>(g.data()), D2, int64_t(1),
@@ -264,7 +264,7 @@ void backward_bf16_pairs(bf16* dq, bf16* dkv, bf16* dcomp, float* dsink, const b
                          const bf16* kv, const bf16* comp, const int32_t* idx, const float* sink, const bf16* o,
                          const float* lse, float* acc, int64_t parts, const V4AttentionParams& d) {
   const Plan p = make_plan(d);
-  const int64_t w2 = 2 * p.Hs, key_rows = d.S + d.T;
+  const int64_t w2 = 2 * p.Hs, key_rows = d.Skv + d.T;
   const int64_t D2 = d.D / 2, K2 = round_up((p.chunk + 1) / 2, 16);
   const float scale = float(d.scale);
   Scratch<double> dsink_parts(parts * p.Hs, ScratchInit::zeroed);
@@ -309,7 +309,7 @@ void backward_bf16_pairs(bf16* dq, bf16* dkv, bf16* dcomp, float* dsink, const b
         }
         for (int64_t c0 = 0; c0 < n; c0 += p.chunk) {
           const int64_t cn = min_i64(p.chunk, n - c0), cn_pad = round_up(cn, kRows);
-          gather_row_pairs(g.data(), vq.data(), p.Dp, keys.data() + c0, cn, kv + b * d.S * d.D, comp + b * d.T * d.D,
+          gather_row_pairs(g.data(), vq.data(), p.Dp, keys.data() + c0, cn, kv + b * d.Skv * d.D, comp + b * d.T * d.D,
                            d);
           // [S^T | dA^T][i] = rows[i] . (q | dO), unscaled
           gemm<Tiles, TileStore::write>(st.data(), w2, reinterpret_cast<const uint32_t*>(g.data()), D2, int64_t(1),
@@ -380,10 +380,10 @@ void v4_attention_forward(T* o, float* lse, float* head_mean, const T* q, const 
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bt = 0; bt < d.B * d.S; ++bt) {
       const int64_t b = bt / d.S, t = bt % d.S;
-      const T* kvb = kv + b * d.S * d.D;
+      const T* kvb = kv + b * d.Skv * d.D;
       const T* compb = comp + b * d.T * d.D;
       const int64_t n = list_keys(keys.data(), idx ? idx + bt * d.K : nullptr, t, d);
-      const int64_t window = t - v4_window_start(d, t) + 1;  // keys[0, window) are raw, the rest entries
+      const int64_t window = v4_self_row(d, t) - v4_window_start(d, t) + 1;  // keys[0, window) are raw, the rest entries
       transpose_heads(qt.data(), p.Hs, q + bt * d.H * d.D, d.D, d.H, d.D, scale);
       start_softmax(m.data(), l.data(), sink, d.H, p.Hs);
       // Key chunks: scores [cn, Hs] = rows x (scale q)^T, the online softmax, and
@@ -436,7 +436,7 @@ void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout,
 #endif
   const Plan p = make_plan(d);
   const int64_t w2 = 2 * p.Hs;         // [scale dS | P] and [scores | dA] columns: heads, then heads again
-  const int64_t key_rows = d.S + d.T;  // accumulator rows per batch element: raw keys, then entries
+  const int64_t key_rows = d.Skv + d.T;  // accumulator rows per batch element: raw keys, then entries
   const float scale = float(d.scale);
   // Each thread's dsink partial (in f64: a sum over every query), summed in thread order below.
   Scratch<double> dsink_parts(parts * p.Hs, ScratchInit::zeroed);
@@ -456,7 +456,7 @@ void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout,
     Scratch<float*> c(p.chunk, ScratchInit::zeroed);  // C rows of the key-gradient product
     for (int64_t h = d.H; h < p.Hs; ++h) lse_h.data()[h] = kInf;  // padding heads: P = 0
     for (int64_t b = 0; b < d.B; ++b) {
-      const T* kvb = kv + b * d.S * d.D;
+      const T* kvb = kv + b * d.Skv * d.D;
       const T* compb = comp + b * d.T * d.D;
       // Queries dealt round-robin, not dynamically: each thread's partials then sum the same
       // queries in the same order on every call, so the gradients do not vary run to run.

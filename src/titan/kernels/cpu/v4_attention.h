@@ -19,8 +19,8 @@
 // No S x S (or S x T) buffer exists: a query's scores live in its thread's [chunk, H] tile.
 // head_mean (CSA, optional): the forward keeps the raw scores of the query's valid slots ([K, H]),
 // runs each head's softmax over them alone and writes the head mean per slot.
-// The key-row gradients accumulate in `acc`, `parts` per-thread f32 buffers [parts, S + T,
-// v4_attention_acc_width(D)] (rows 0..S-1 raw keys, S.. compressed entries; the backward runs on
+// The key-row gradients accumulate in `acc`, `parts` per-thread f32 buffers [parts, Skv + T,
+// v4_attention_acc_width(D)] (rows 0..Skv-1 raw keys, Skv.. compressed entries; the backward runs on
 // at most `parts` threads), summed into dkv and dcomp per batch element: no atomics. acc must be
 // zero; it is left zero.
 #pragma once

@@ -16,24 +16,24 @@ A dot(const T* x, const T* y, int64_t n) {
   return s;
 }
 
-// The keys query (b, t) sees, as row indices into [kv rows of b | comp rows of b] (raw key j is
-// j, entry w is S + w): its window, then its visible entries (HCA) or valid slots (CSA).
+// The keys query (b, t) sees, as row indices into [kv rows of b | comp rows of b] (raw key row j
+// is j, entry w is Skv + w): its window, then its visible entries (HCA) or valid slots (CSA).
 void visible_keys(std::vector<int64_t>& keys, int64_t b, int64_t t, const int32_t* idx, const V4AttentionParams& d) {
   keys.clear();
-  for (int64_t j = v4_window_start(d, t); j <= t; ++j) keys.push_back(j);
+  for (int64_t j = v4_window_start(d, t); j <= v4_self_row(d, t); ++j) keys.push_back(j);
   if (!idx) {
-    for (int64_t w = 0; w < v4_visible_entries(d, t); ++w) keys.push_back(d.S + w);
+    for (int64_t w = 0; w < v4_visible_entries(d, t); ++w) keys.push_back(d.Skv + w);
     return;
   }
   const int32_t* sel = idx + (b * d.S + t) * d.K;
   for (int64_t i = 0; i < d.K; ++i) {
-    if (v4_slot_valid(d, sel[i], t)) keys.push_back(d.S + sel[i]);
+    if (v4_slot_valid(d, sel[i], t)) keys.push_back(d.Skv + sel[i]);
   }
 }
 
 template <class T>
 const T* key_row(int64_t key, int64_t b, const T* kv, const T* comp, const V4AttentionParams& d) {
-  return key < d.S ? kv + (b * d.S + key) * d.D : comp + (b * d.T + key - d.S) * d.D;
+  return key < d.Skv ? kv + (b * d.Skv + key) * d.D : comp + (b * d.T + key - d.Skv) * d.D;
 }
 
 // hm[i] += (1/H) softmax over the valid slots of one head's scores, for each valid slot i of sel.
@@ -41,7 +41,7 @@ const T* key_row(int64_t key, int64_t b, const T* kv, const T* comp, const V4Att
 template <class A>
 void add_slot_probabilities(A* hm, const std::vector<A>& scores, const int32_t* sel, int64_t t,
                             const V4AttentionParams& d) {
-  const size_t first = size_t(t - v4_window_start(d, t) + 1);
+  const size_t first = size_t(v4_self_row(d, t) - v4_window_start(d, t) + 1);
   if (scores.size() == first) return;  // no valid slot
   const A m = *std::max_element(scores.begin() + std::ptrdiff_t(first), scores.end());
   A l = 0;
@@ -100,7 +100,7 @@ void v4_attention_backward(T* dq, T* dkv, T* dcomp, acc_t<T>* dsink, const T* do
   const A scale = A(d.scale);
   // The key rows of one batch element ([kv | comp]) collect every query's key- and value-role
   // contributions in acc_t and are stored once.
-  std::vector<A> dkey(size_t((d.S + d.T) * d.D)), dq_acc(size_t(d.D)), dsink_acc(size_t(d.H), A(0));
+  std::vector<A> dkey(size_t((d.Skv + d.T) * d.D)), dq_acc(size_t(d.D)), dsink_acc(size_t(d.H), A(0));
   std::vector<int64_t> keys;
   for (int64_t b = 0; b < d.B; ++b) {
     std::fill(dkey.begin(), dkey.end(), A(0));
@@ -127,8 +127,8 @@ void v4_attention_backward(T* dq, T* dkv, T* dcomp, acc_t<T>* dsink, const T* do
         for (int64_t c = 0; c < d.D; ++c) dq[row * d.D + c] = store<T>(dq_acc[size_t(c)]);
       }
     }
-    for (int64_t e = 0; e < d.S * d.D; ++e) dkv[b * d.S * d.D + e] = store<T>(dkey[size_t(e)]);
-    for (int64_t e = 0; e < d.T * d.D; ++e) dcomp[b * d.T * d.D + e] = store<T>(dkey[size_t(d.S * d.D + e)]);
+    for (int64_t e = 0; e < d.Skv * d.D; ++e) dkv[b * d.Skv * d.D + e] = store<T>(dkey[size_t(e)]);
+    for (int64_t e = 0; e < d.T * d.D; ++e) dcomp[b * d.T * d.D + e] = store<T>(dkey[size_t(d.Skv * d.D + e)]);
   }
   if (sink)
     for (int64_t h = 0; h < d.H; ++h) dsink[h] = dsink_acc[size_t(h)];

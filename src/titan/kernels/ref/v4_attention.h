@@ -21,7 +21,7 @@ void v4_attention_forward(T* o,                   // [B, S, H, D]
                           acc_t<T>* lse,          // [B, S, H]
                           acc_t<T>* head_mean,    // [B, S, K] or nullptr
                           const T* q,             // [B, S, H, D]
-                          const T* kv,            // [B, S, D]
+                          const T* kv,            // [B, Skv, D]
                           const T* comp,          // [B, T, D]
                           const int32_t* idx,     // [B, S, K] or nullptr
                           const acc_t<T>* sink,   // [H] or nullptr
@@ -31,12 +31,12 @@ void v4_attention_forward(T* o,                   // [B, S, H, D]
 // the probabilities recomputed from lse.
 template <class T>
 void v4_attention_backward(T* dq,                  // [B, S, H, D]
-                           T* dkv,                 // [B, S, D]
+                           T* dkv,                 // [B, Skv, D]
                            T* dcomp,               // [B, T, D]
                            acc_t<T>* dsink,        // [H] (ignored without sink)
                            const T* dout,          // [B, S, H, D]
                            const T* q,             // [B, S, H, D]
-                           const T* kv,            // [B, S, D]
+                           const T* kv,            // [B, Skv, D]
                            const T* comp,          // [B, T, D]
                            const int32_t* idx,     // [B, S, K] or nullptr
                            const acc_t<T>* sink,   // [H] or nullptr

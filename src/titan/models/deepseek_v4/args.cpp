@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "titan/core/error.h"
 
@@ -138,6 +139,33 @@ void DeepSeekV4Args::validate_sequence(int64_t seq_len) const {
                     layer_type_name(t) + " compress ratio " + str(m) + ": it would emit no compressed entry",
                 "use training.seq_len >= " + str(m) + ", or a smaller ratio in compress_rates");
   }
+}
+
+DeepSeekV4Args::CpChunks DeepSeekV4Args::context_parallel_chunks() const {
+  CpChunks c;
+  for (LayerType t : layer_types)
+    if (const int64_t m = compress_ratio(t); m > 0) c.multiple = std::lcm(c.multiple, m);
+  c.minimum = std::max<int64_t>(sliding_window - 1, 1);
+  return c;
+}
+
+void DeepSeekV4Args::validate_context_parallel(int64_t seq_len, int64_t cp) const {
+  if (cp <= 1) return;
+  const CpChunks c = context_parallel_chunks();
+  const int64_t len = seq_len / (2 * cp);
+  if (seq_len % (2 * cp * c.multiple) == 0 && len >= c.minimum) return;
+  // The shortest sequences that work: whole chunks of a multiple of the ratios, at least W - 1 long.
+  const int64_t step = 2 * cp * c.multiple;
+  const int64_t first = std::max((seq_len + step - 1) / step, (c.minimum + c.multiple - 1) / c.multiple) * step;
+  const std::string chunks = seq_len % (2 * cp) == 0 ? " makes 2 x " + str(cp) + " chunks of " + str(len) + " tokens"
+                                                     : " does not split into 2 x " + str(cp) + " equal chunks";
+  TITAN_FAIL("deepseek_v4: training.seq_len = " + str(seq_len) + " with context_parallel_degree = " + str(cp) + chunks +
+                 "; each must hold the sliding window's " + str(c.minimum) +
+                 " tokens before a query and whole compressed windows (a multiple of " + str(c.multiple) +
+                 ", the compress ratios' least common multiple)",
+             "use training.seq_len = " + str(first) + " or " + str(first + step) + " (a multiple of 2 x " + str(cp) +
+                 " x " + str(c.multiple) + " with chunks >= " + str(c.minimum) +
+                 "), or a lower context_parallel_degree");
 }
 
 DeepSeekV4Args::ParamCount DeepSeekV4Args::parameters() const {

@@ -83,6 +83,15 @@ struct DeepSeekV4Args {
   // Throws unless a training sequence of seq_len tokens fits: the RoPE tables cover it, and every
   // compressed layer emits at least one entry (seq_len >= the ratio), CSA's top-k included.
   void validate_sequence(int64_t seq_len) const;
+  // Throws, naming training.seq_len, context_parallel_degree and values that work, unless each of
+  // the 2 x cp chunks of a sequence holds the window's W - 1 tokens and whole windows of every
+  // compress ratio in use (Attention::cp: a chunk borrows only from the chunk before it).
+  void validate_context_parallel(int64_t seq_len, int64_t cp) const;
+  // The chunk-length multiple and minimum validate_context_parallel asks for.
+  struct CpChunks {
+    int64_t multiple = 1, minimum = 1;
+  };
+  CpChunks context_parallel_chunks() const;
 
   // Analytic parameter count (all experts), and per token (top-K of the routed experts).
   struct ParamCount {

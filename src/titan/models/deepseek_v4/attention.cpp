@@ -1,6 +1,7 @@
 #include "titan/models/deepseek_v4/attention.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "titan/autograd/ops.h"
@@ -30,6 +31,12 @@ Tensor entry_positions(int64_t batch, int64_t entries, int64_t ratio) {
   return p;
 }
 
+// The layout of the compressed entries under context parallelism: entry w of the whole sequence
+// pools positions w m .., so chunk g's entries are entry chunk g (L a multiple of m).
+distributed::CpLayout entry_layout(const distributed::CpLayout& layout, int64_t ratio) {
+  return {layout.degree, layout.rank, layout.seq_len / ratio};
+}
+
 }  // namespace
 
 Compressor::Compressor(const DeepSeekV4Args& a, int64_t width, int64_t ratio, bool overlap)
@@ -43,6 +50,45 @@ Compressor::Compressor(const DeepSeekV4Args& a, int64_t width, int64_t ratio, bo
       rope_dim_(a.rope_dim),
       overlap_(overlap) {
   position_bias.bias_table = true;  // AdamW's under Muon (optim/param_groups.h): V4's static biases
+}
+
+Variable Compressor::forward_chunks(const Variable& h, const kernels::RopeTables& rope,
+                                   const distributed::ProcessGroup& cp, const distributed::CpLayout& layout) const {
+  const int64_t b = h.shape()[0], len = layout.chunk(), d = h.shape()[2], c = overlap_ ? 2 * width_ : width_;
+  TITAN_CHECK(h.shape()[1] == layout.local_len() && len % ratio_ == 0,
+              "deepseek_v4 compressor: chunks of " + std::to_string(len) +
+                  " tokens under context parallelism with ratio " + std::to_string(ratio_),
+              "make training.seq_len a multiple of 2 x context_parallel_degree x the compress ratios");
+  const Variable flat = autograd::view(h, {b * layout.local_len(), d});
+  const Variable kv = autograd::view(kv_proj.forward(flat), {b, layout.local_len(), c});
+  const Variable gate = autograd::view(gate_proj.forward(flat), {b, layout.local_len(), c});
+  // CSA: entry w also pools window w - 1's first halves; a chunk's first one lies in the chunk
+  // before it. Those m rows go first, and the entry they alone make is dropped.
+  std::array<Variable, 2> kv_before, gate_before;
+  if (overlap_) {
+    kv_before = distributed::preceding_rows(kv, ratio_, cp, layout);
+    gate_before = distributed::preceding_rows(gate, ratio_, cp, layout);
+  }
+  Variable pooled[2];
+  for (int j = 0; j < 2; ++j) {
+    Variable kv_j = distributed::narrow_sequence(kv, j * len, len);
+    Variable gate_j = distributed::narrow_sequence(gate, j * len, len);
+    const bool prepended = kv_before[size_t(j)].defined();
+    if (prepended) {
+      kv_j = distributed::concat_sequence(kv_before[size_t(j)], kv_j);
+      gate_j = distributed::concat_sequence(gate_before[size_t(j)], gate_j);
+    }
+    pooled[j] = autograd::compressor(kv_j, gate_j, position_bias.var, ratio_,
+                                     overlap_ ? kernels::CompressorKind::csa : kernels::CompressorKind::hca);
+    if (prepended) pooled[j] = distributed::narrow_sequence(pooled[j], 1, len / ratio_);
+  }
+  const Variable both = distributed::concat_sequence(pooled[0], pooled[1]);
+  const int64_t t = both.shape()[1];
+  // RoPE at each entry's global first position: entry layout's positions times m.
+  Tensor positions = distributed::local_positions(b, entry_layout(layout, ratio_));
+  for (int64_t i = 0; i < positions.numel(); ++i) positions.data<int32_t>()[i] *= int32_t(ratio_);
+  const Variable normed = autograd::view(kv_norm.forward(autograd::view(both, {b * t, width_})), {b, t, 1, width_});
+  return autograd::view(autograd::rope(normed, rope, positions, kInterleaved, width_ - rope_dim_), {b, t, width_});
 }
 
 Variable Compressor::forward(const Variable& h, const kernels::RopeTables& rope) const {
@@ -82,18 +128,28 @@ Indexer::Indexer(const DeepSeekV4Args& a)
 
 Indexer::Selection Indexer::select(const Variable& h, const Variable& qr, const kernels::RopeTables& rope,
                                    const Tensor& positions) const {
+  Selection sel = queries(h, qr, rope, positions);
+  sel.k = forward(h, rope);
+  choose(sel, 0);
+  return sel;
+}
+
+Indexer::Selection Indexer::queries(const Variable& h, const Variable& qr, const kernels::RopeTables& rope,
+                                    const Tensor& positions) const {
   const int64_t b = h.shape()[0], s = h.shape()[1], n = b * s;
   Selection sel;
-  sel.k = forward(h, rope);
   const Variable q = autograd::view(q_b_proj.forward(autograd::view(qr, {n, qr.shape()[2]})), {b, s, heads_, head_dim_});
   sel.q = autograd::rope(q, rope, positions, kInterleaved, head_dim_ - rope_dim_);
   // The score's scales, nI^-1/2 dI^-1/2, ride on the weights (kernels/lightning_indexer.h).
   sel.w = autograd::scale(autograd::view(scorer.weights_proj.forward(autograd::view(h, {n, h.shape()[2]})), {b, s, heads_}),
                           1.0 / std::sqrt(double(heads_) * double(head_dim_)));
-  const int64_t slots = std::min(topk_, sel.k.shape()[1]);
-  sel.idx = Tensor::empty({b, s, slots}, DType::i32, MemCategory::activations);
-  kernels::indexer_topk(sel.idx, sel.q.value(), sel.k.value(), sel.w.value(), ratio_);
   return sel;
+}
+
+void Indexer::choose(Selection& sel, int64_t pos0) const {
+  const int64_t slots = std::min(topk_, sel.k.shape()[1]);
+  sel.idx = Tensor::empty({sel.q.shape()[0], sel.q.shape()[1], slots}, DType::i32, MemCategory::activations);
+  kernels::indexer_topk(sel.idx, sel.q.value(), sel.k.value(), sel.w.value(), ratio_, pos0);
 }
 
 Attention::Attention(const DeepSeekV4Args& a, LayerType type)
@@ -124,7 +180,7 @@ Attention::Attention(const DeepSeekV4Args& a, LayerType type)
 
 Variable Attention::forward(const Variable& h, const Tensor& positions, const kernels::RopeTables& rope,
                             AuxLosses* aux) const {
-  const int64_t b = positions.size(0), s = positions.size(1), n = b * s, d = h.shape()[1];
+  const int64_t b = positions.size(0), s = positions.size(1), n = b * s;
   const int64_t hd = head_dim_, tail = head_dim_ - rope_dim_;
   const Variable qr = q_a_norm.forward(q_a_proj.forward(h));  // [N, Rq]
   // Queries: each head unweighted-RMS-normed, then RoPE on its tail.
@@ -134,30 +190,8 @@ Variable Attention::forward(const Variable& h, const Tensor& positions, const ke
   Variable kv = autograd::view(kv_norm.forward(kv_proj.forward(h)), {b, s, 1, hd});
   kv = autograd::view(autograd::rope(kv, rope, positions, kInterleaved, tail), {b, s, hd});
 
-  // A sequence shorter than the ratio has no complete window yet (generation's first tokens):
-  // its queries see the sliding window alone, as transformers' do.
-  const bool compressed = compressor && s >= ratio_;
-  Variable entries(Tensor::empty({b, 0, hd}, DType::f32, MemCategory::activations));
-  Indexer::Selection sel;
-  if (compressed) {
-    const Variable hs = autograd::view(h, {b, s, d});
-    entries = compressor->forward(hs, rope);
-    if (compressor->indexer)
-      sel = compressor->indexer->select(detached(hs), detached(autograd::view(qr, {b, s, qr.shape()[1]})), rope,
-                                        positions);
-  }
-  // Not on grad mode: a checkpointed layer's first pass runs without it, and its recompute must
-  // return the same outputs.
-  const bool train_indexer = sel.idx.defined() && indexer_loss_coeff > 0 && aux;
-  Tensor head_mean;
-  Variable o = autograd::v4_attention(q, kv, entries, sel.idx, sinks.var, window_, compressed ? ratio_ : 2,
-                                      1.0 / std::sqrt(double(hd)), train_indexer ? &head_mean : nullptr);
-  if (train_indexer) {
-    IndexerTarget target;
-    target.idx = sel.idx, target.head_mean = head_mean, target.ratio = ratio_;
-    const Variable kl = indexer_kl(sel.q, sel.k, sel.w, target);
-    aux->push_back({"indexer_loss", autograd::scale(kl, indexer_loss_coeff), kl.value().item(), true});
-  }
+  Variable o = cp ? attend_chunks(h, qr, q, kv, positions, rope, aux)
+                  : attend_whole(h, qr, q, kv, positions, rope, aux);
   // Values carry RoPE: turn the output's tail back to the query's frame.
   o = autograd::view(autograd::rope_inverse(o, rope, positions, kInterleaved, tail), {n, heads_ * hd});
   // Grouped low-rank output projection: group g's contiguous heads through rows g Ro.. of o_a_proj.
@@ -168,6 +202,89 @@ Variable Attention::forward(const Variable& h, const Tensor& positions, const ke
     parts.push_back(autograd::linear(autograd::narrow_last(o, g * width, width),
                                      autograd::narrow(o_a_proj.weight.var, 0, g * rank, rank)));
   return o_b_proj.forward(groups_ == 1 ? parts[0] : autograd::concat(parts, 1));
+}
+
+Variable Attention::attend(const Variable& q, const Keys& keys, AuxLosses* aux, double kl_share) const {
+  // Not on grad mode: a checkpointed layer's first pass runs without it, and its recompute must
+  // return the same outputs.
+  const bool train_indexer = keys.sel.idx.defined() && indexer_loss_coeff > 0 && aux;
+  const bool compressed = keys.entries.shape()[1] > 0;
+  Tensor head_mean;
+  const Variable o = autograd::v4_attention(q, keys.kv, keys.entries, keys.sel.idx, sinks.var, window_,
+                                            compressed ? ratio_ : 2, 1.0 / std::sqrt(double(head_dim_)),
+                                            train_indexer ? &head_mean : nullptr, keys.pos0);
+  if (train_indexer) {
+    IndexerTarget target;
+    target.idx = keys.sel.idx, target.head_mean = head_mean, target.ratio = ratio_, target.pos0 = keys.pos0;
+    const Variable kl = indexer_kl(keys.sel.q, keys.sel.k, keys.sel.w, target);
+    aux->push_back({"indexer_loss", autograd::scale(kl, indexer_loss_coeff * kl_share), kl.value().item(), true});
+  }
+  return o;
+}
+
+Variable Attention::attend_whole(const Variable& h, const Variable& qr, const Variable& q, const Variable& kv,
+                                 const Tensor& positions, const kernels::RopeTables& rope, AuxLosses* aux) const {
+  const int64_t b = positions.size(0), s = positions.size(1), d = h.shape()[1];
+  // A sequence shorter than the ratio has no complete window yet (generation's first tokens):
+  // its queries see the sliding window alone, as transformers' do.
+  Keys keys;
+  keys.kv = kv;
+  keys.entries = Variable(Tensor::empty({b, 0, head_dim_}, DType::f32, MemCategory::activations));
+  if (compressor && s >= ratio_) {
+    const Variable hs = autograd::view(h, {b, s, d});
+    keys.entries = compressor->forward(hs, rope);
+    if (compressor->indexer)
+      keys.sel = compressor->indexer->select(detached(hs), detached(autograd::view(qr, {b, s, qr.shape()[1]})), rope,
+                                             positions);
+  }
+  return attend(q, keys, aux, 1.0);
+}
+
+Variable Attention::attend_chunks(const Variable& h, const Variable& qr, const Variable& q, const Variable& kv,
+                                  const Tensor& positions, const kernels::RopeTables& rope, AuxLosses* aux) const {
+  const int64_t b = positions.size(0), s = positions.size(1), d = h.shape()[1];
+  const distributed::CpLayout layout{cp->size(), cp->rank(), s * cp->size()};
+  const int64_t len = layout.chunk();
+  TITAN_CHECK(len >= window_ - 1 && (!compressor || len % ratio_ == 0),
+              "deepseek_v4: context-parallel chunks of " + std::to_string(len) + " tokens, window " +
+                  std::to_string(window_) + ", compress ratio " + std::to_string(ratio_),
+              "each chunk (training.seq_len / 2 context_parallel_degree) must hold the window's W - 1 tokens and "
+              "whole compressed windows (DeepSeekV4Args::validate_context_parallel names the values that work)");
+  // The window's raw key rows from before each chunk.
+  const std::array<Variable, 2> kv_before =
+      window_ > 1 ? distributed::preceding_rows(kv, window_ - 1, *cp, layout) : std::array<Variable, 2>{};
+  // Every rank's compressed entries (and CSA's indexer keys, its queries and weights local).
+  Variable entries = Variable(Tensor::empty({b, 0, head_dim_}, DType::f32, MemCategory::activations));
+  Indexer::Selection local;
+  const Variable hs = autograd::view(h, {b, s, d});
+  if (compressor) {
+    const distributed::CpLayout entry = entry_layout(layout, ratio_);
+    entries = distributed::gather_sequence(compressor->forward_chunks(hs, rope, *cp, layout), *cp, entry);
+    if (compressor->indexer) {
+      const Indexer& indexer = *compressor->indexer;
+      local = indexer.queries(detached(hs), detached(autograd::view(qr, {b, s, qr.shape()[1]})), rope, positions);
+      local.k = distributed::gather_sequence(indexer.forward_chunks(detached(hs), rope, *cp, layout), *cp, entry);
+    }
+  }
+  Variable o[2];
+  for (int j = 0; j < 2; ++j) {
+    // Chunk j's queries see the raw rows before them and the entries up to their chunk's end.
+    Keys keys;
+    keys.pos0 = layout.chunk_start(j);
+    keys.kv = distributed::narrow_sequence(kv, j * len, len);
+    if (kv_before[size_t(j)].defined()) keys.kv = distributed::concat_sequence(kv_before[size_t(j)], keys.kv);
+    const int64_t visible = compressor ? (keys.pos0 + len) / ratio_ : 0;
+    keys.entries = distributed::narrow_sequence(entries, 0, visible);
+    if (local.q.defined()) {
+      keys.sel.q = distributed::narrow_sequence(local.q, j * len, len);
+      keys.sel.w = distributed::narrow_sequence(local.w, j * len, len);
+      keys.sel.k = distributed::narrow_sequence(local.k, 0, visible);
+      compressor->indexer->choose(keys.sel, keys.pos0);
+    }
+    // The KL of each chunk is its rows' mean: 1 / 2c of the whole sequences' rows.
+    o[j] = attend(distributed::narrow_sequence(q, j * len, len), keys, aux, 1.0 / double(2 * layout.degree));
+  }
+  return distributed::concat_sequence(o[0], o[1]);
 }
 
 }  // namespace titan::models::deepseek_v4

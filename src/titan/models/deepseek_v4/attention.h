@@ -15,6 +15,7 @@
 #pragma once
 
 #include "titan/autograd/variable.h"
+#include "titan/distributed/context_parallel.h"
 #include "titan/kernels/rope.h"
 #include "titan/models/aux_loss.h"
 #include "titan/models/deepseek_v4/args.h"
@@ -32,6 +33,12 @@ class Compressor : public nn::Module {
   Compressor(const DeepSeekV4Args& a, int64_t width, int64_t ratio, bool overlap);
   // h [B, S, d] -> [B, floor(S / m), width].
   Variable forward(const Variable& h, const kernels::RopeTables& rope) const;
+  // Context parallelism: h [B, 2 L, d] holds this rank's two chunks (layout; L a multiple of m)
+  // -> the entries of those chunks [B, 2 L / m, width], the same rows as forward() over the whole
+  // sequence gives there. CSA's first entry of a chunk also pools the m tokens before it: their
+  // projections come from the chunk before (distributed::preceding_rows).
+  Variable forward_chunks(const Variable& h, const kernels::RopeTables& rope, const distributed::ProcessGroup& cp,
+                          const distributed::CpLayout& layout) const;
   // CSA: the lightning indexer under this compressor (transformers' compressor.indexer).
   Indexer& add_indexer(const DeepSeekV4Args& a);
 
@@ -63,6 +70,12 @@ class Indexer : public Compressor {
   };
   // h [B, S, d] and qr [B, S, Rq], both detached by the caller; positions [B, S].
   Selection select(const Variable& h, const Variable& qr, const kernels::RopeTables& rope, const Tensor& positions) const;
+  // The parts: the queries and weights of h's rows (sel.q, sel.w), and sel.idx from sel.q, sel.k,
+  // sel.w for queries whose first sits at global position pos0 (context parallelism: a chunk's
+  // start, with sel.k the entries of the whole sequence up to the chunk's end).
+  Selection queries(const Variable& h, const Variable& qr, const kernels::RopeTables& rope,
+                    const Tensor& positions) const;
+  void choose(Selection& sel, int64_t pos0) const;
 
   nn::Linear& q_b_proj;  // [nI dI, Rq]
   IndexerScorer& scorer;
@@ -87,8 +100,30 @@ class Attention : public nn::Module {
   nn::Parameter& sinks;             // [H]
   Compressor* compressor = nullptr;  // CSA / HCA
   double indexer_loss_coeff = 0;     // CSA: > 0 trains the indexer (the model's [model] key)
+  // Context parallelism (torchtitan-npu's scheme): h and positions hold this rank's two chunks
+  // of each sequence. Queries stay local; the keys each chunk needs from before it are its
+  // window's W - 1 raw key rows (and CSA's m overlapping tokens' compressor projections), and
+  // the compressed entries (and CSA's indexer keys) of every rank, all-gathered in sequence
+  // order: no raw K/V of the whole sequence is exchanged. Null: one rank holds whole sequences.
+  const distributed::ProcessGroup* cp = nullptr;
 
  private:
+  // What one block of queries attends over: its raw key rows (the queries are the last rows),
+  // the compressed entries from position 0, the CSA selection; pos0 its first query's position.
+  struct Keys {
+    Variable kv, entries;
+    Indexer::Selection sel;
+    int64_t pos0 = 0;
+  };
+  // o [B, S, H, D] of queries q [B, S, H, D] over keys; adds the indexer's KL to aux when it
+  // trains, weighted by kl_share of indexer_loss_coeff (the block's share of the layer's rows).
+  Variable attend(const Variable& q, const Keys& keys, AuxLosses* aux, double kl_share) const;
+  // The attention over whole sequences, and over this rank's two chunks under context parallelism.
+  Variable attend_whole(const Variable& h, const Variable& qr, const Variable& q, const Variable& kv,
+                        const Tensor& positions, const kernels::RopeTables& rope, AuxLosses* aux) const;
+  Variable attend_chunks(const Variable& h, const Variable& qr, const Variable& q, const Variable& kv,
+                         const Tensor& positions, const kernels::RopeTables& rope, AuxLosses* aux) const;
+
   LayerType type_;
   int64_t heads_, head_dim_, rope_dim_, groups_, window_, ratio_;
   double norm_eps_;

@@ -13,6 +13,7 @@
 #include "titan/models/converters.h"
 #include "titan/models/deepseek_v4/hf_adapter.h"
 #include "titan/models/deepseek_v4/model.h"
+#include "titan/models/deepseek_v4/plan.h"
 
 namespace titan::models::deepseek_v4 {
 
@@ -38,7 +39,6 @@ std::unique_ptr<CausalLM> build(const std::string& flavor, int64_t vocab, int64_
     TITAN_CHECK(!on, "deepseek_v4 does not run " + what + " yet", fix);
   };
   unsupported(o.tp && o.tp->size() > 1, "tensor parallel", "set parallelism.tensor_parallel_degree = 1");
-  unsupported(o.cp && o.cp->size() > 1, "context parallel", "set parallelism.context_parallel_degree = 1");
   TITAN_CHECK(o.dsa.warmup_steps == 0, "dsa.warmup_steps = " + std::to_string(o.dsa.warmup_steps) +
                                            ": DeepSeek-V4's indexers train beside the model from the first step",
               "remove dsa.warmup_steps (V4 has no dense warm-up stage)");
@@ -47,8 +47,10 @@ std::unique_ptr<CausalLM> build(const std::string& flavor, int64_t vocab, int64_
               "remove model.moe_aux_loss_alpha (model.moe_load_balance_coeff sets the bias's rate)");
   const DeepSeekV4Args a = architecture(flavor, vocab, max_seq_len, o);
   if (max_seq_len > 0) a.validate_sequence(max_seq_len);
+  if (max_seq_len > 0 && o.cp) a.validate_context_parallel(max_seq_len, o.cp->size());
   auto m = build_placed([&] { return std::make_unique<Transformer>(a, o.pipeline_stages, o.ep); });
   m->set_indexer_loss_coeff(o.dsa.indexer_loss_coeff);
+  m->set_context_parallel(o.cp);
   return m;
 }
 
@@ -89,7 +91,28 @@ std::vector<int64_t> experts_per_token(const PlanQuery& j) {
   return std::vector<int64_t>(size_t(a.n_layers), a.n_activated_experts);
 }
 
-std::vector<ContextParallelTraffic> context_parallel_traffic(const PlanQuery&) { return {}; }
+// Attention::cp's scheme (plan.h), in the planner's unit: bytes per token of a rank's share, per
+// block and per other rank (the planner multiplies by cp - 1), the model's mean over its layer
+// types, for the busiest rank (V4 trains in f32).
+std::vector<ContextParallelTraffic> context_parallel_traffic(const PlanQuery& j) {
+  if (j.cp <= 1) return {};
+  const DeepSeekV4Args a = deepseek_v4_flavor(j.flavor, j.vocab);
+  double sent = 0, entries = 0, indexer = 0;
+  int64_t compressed = 0, csa = 0;
+  for (LayerType t : a.layer_types) {
+    const CpLayerTraffic x = context_parallel_layer_traffic(a, t, 1, j.seq_len, j.cp, 4);
+    sent += x.sent_point_to_point(), entries += x.entries, indexer += x.indexer;
+    compressed += t != LayerType::sliding, csa += t == LayerType::csa;
+  }
+  const double per = double(a.n_layers) * double(j.cp - 1) * double(j.seq_len) / double(j.cp);
+  const std::string of = " of " + std::to_string(a.n_layers) + " layers)";
+  return {{"send", 2 * sent / per,
+           "the window's W - 1 key rows (CSA: and m overlap rows) before each chunk, to and from the neighbouring "
+           "ranks, and their gradients back"},
+          {"all_gather", entries / per, "compressed entries (" + std::to_string(compressed) + of},
+          {"all_gather", indexer / per, "CSA indexer keys (" + std::to_string(csa) + of},
+          {"reduce_scatter", (entries + indexer) / per, "their gradients back (the indexer's while it trains)"}};
+}
 
 // ---- Hugging Face conversion (hf_adapter.h has the names)
 

@@ -6,6 +6,7 @@
 
 #include "titan/autograd/ops.h"
 #include "titan/core/error.h"
+#include "titan/distributed/process_group.h"
 #include "titan/models/common.h"
 
 namespace titan::models::deepseek_v4 {
@@ -87,6 +88,12 @@ void Transformer::set_indexer_loss_coeff(double coeff) {
   for (size_t l = 0; l < layers.size(); ++l) layers[l].self_attn.indexer_loss_coeff = coeff;
 }
 
+void Transformer::set_context_parallel(const distributed::ProcessGroup* cp) {
+  if (!cp || cp->size() == 1) return;
+  cp_ = cp;
+  for (size_t l = 0; l < layers.size(); ++l) layers[l].self_attn.cp = cp;
+}
+
 Variable Transformer::embed(const Tensor& tokens) {
   TITAN_CHECK(embed_tokens != nullptr, "deepseek_v4: this pipeline rank does not hold the embedding");
   const int64_t n = tokens.numel(), d = args_.dim;
@@ -114,25 +121,33 @@ Variable Transformer::head(const Variable& streams) {
   return lm_head->forward(y);
 }
 
-std::pair<Tensor, Tensor> Transformer::positions_and_ids(const Tensor& tokens) const {
+Transformer::LocalTokens Transformer::local_tokens(const Tensor& tokens) const {
   TITAN_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::i32, "deepseek_v4: tokens must be i32 [B, S], got " + tokens.str());
-  Tensor positions = default_positions(tokens.size(0), tokens.size(1));
-  check_rope_positions("deepseek_v4", positions, args_.max_seq_len);
-  return {positions, tokens.contiguous().view({tokens.numel()})};
+  LocalTokens out;
+  std::tie(out.tokens, out.positions) = local_sequences(tokens);  // this rank's chunks under CP
+  check_rope_positions("deepseek_v4", out.positions, args_.max_seq_len);
+  out.ids = out.tokens.contiguous().view({out.tokens.numel()});
+  return out;
 }
 
 Variable Transformer::forward(const Tensor& tokens) {
-  const auto [positions, ids] = positions_and_ids(tokens);
-  return head(run_layers(embed(tokens), positions, ids, 0, int(args_.n_layers), nullptr));
+  const LocalTokens mine = local_tokens(tokens);
+  return head(run_layers(embed(mine.tokens), mine.positions, mine.ids, 0, int(args_.n_layers), nullptr));
+}
+
+Shape Transformer::stage_activation_shape(int64_t batch, int64_t seq) const {
+  return {batch * seq / (cp_ ? cp_->size() : 1), args_.hc_mult, args_.dim};
 }
 
 StageOutput Transformer::stage_forward(const distributed::pp::StageLayers& stage, const Variable& h,
                                        const Tensor& tokens, const Tensor& targets) {
-  // Every stage reads the token ids: the hash-routed MoE layers choose their experts by them.
-  const auto [positions, ids] = positions_and_ids(tokens);
-  Variable x = stage.embedding ? embed(tokens) : autograd::view(h, stage_activation_shape(tokens.size(0), tokens.size(1)));
+  // Every stage reads the token ids (this rank's chunks under CP): the hash-routed MoE layers
+  // choose their experts by them.
+  const LocalTokens mine = local_tokens(tokens);
+  Variable x = stage.embedding ? embed(mine.tokens)
+                               : autograd::view(h, stage_activation_shape(tokens.size(0), tokens.size(1)));
   AuxLosses aux;
-  x = run_layers(x, positions, ids, stage.begin, stage.end, &aux);
+  x = run_layers(x, mine.positions, mine.ids, stage.begin, stage.end, &aux);
   StageOutput out;
   if (stage.head) {
     std::tie(out.loss, out.cross_entropy) = sequence_loss(head(x), tokens, targets);
@@ -182,7 +197,7 @@ double Transformer::training_flops_per_token(int64_t seq_len) const {
 }
 
 void Transformer::start_generation(int64_t batch, int64_t max_len) {
-  TITAN_CHECK(whole(), "deepseek_v4: generation runs on one rank, not pipeline parallel",
+  TITAN_CHECK(whole() && !cp_, "deepseek_v4: generation runs on one rank, not pipeline or context parallel",
               "generate from a checkpoint with `titan generate` (any layout's checkpoint loads whole)");
   TITAN_CHECK(max_len <= args_.max_seq_len, "deepseek_v4: generation of " + std::to_string(max_len) +
                                                 " tokens exceeds the RoPE tables (" + std::to_string(args_.max_seq_len) + ")",

@@ -63,13 +63,15 @@ class Transformer : public CausalLM {
   // (models/moe/moe.h); step_stats reports every layer's load.
   void end_step(const SumOverData& sum_over_data) override;
   StepStats step_stats() override;
-  // The residual streams [tokens, hc_mult, dim]: every stream of every token crosses a stage
-  // boundary (the blocks and an expert exchange carry one dim-wide row per token).
-  Shape stage_activation_shape(int64_t batch, int64_t seq) const override {
-    return {batch * seq, args_.hc_mult, args_.dim};
-  }
+  // The residual streams [tokens, hc_mult, dim] of this rank's tokens (its chunks under CP): every
+  // stream of every token crosses a stage boundary (the blocks and an expert exchange carry one
+  // dim-wide row per token).
+  Shape stage_activation_shape(int64_t batch, int64_t seq) const override;
   // CSA indexers learn from their KL loss with this weight (0: not at all, as transformers).
   void set_indexer_loss_coeff(double coeff);
+  // Context parallelism over cp (null or one rank: none): each rank runs its two chunks of every
+  // sequence (distributed/context_parallel.h); the attention exchanges what Attention::cp says.
+  void set_context_parallel(const distributed::ProcessGroup* cp);
   const DeepSeekV4Args& args() const { return args_; }
 
   nn::Embedding* embed_tokens = nullptr;  // the first stage's (null on a rank without it)
@@ -79,8 +81,12 @@ class Transformer : public CausalLM {
   nn::Linear* lm_head = nullptr;
 
  private:
-  // The positions [B, S] (0 .. S - 1 in each row) and ids [B S] of tokens [B, S] i32, checked.
-  std::pair<Tensor, Tensor> positions_and_ids(const Tensor& tokens) const;
+  // This rank's part of tokens [B, S] i32 (its two chunks of each sequence under CP, else all of
+  // it), checked: the tokens [B, L], their global positions [B, L] and their ids [B L].
+  struct LocalTokens {
+    Tensor tokens, positions, ids;
+  };
+  LocalTokens local_tokens(const Tensor& tokens) const;
   // tokens [B, S] -> the embedding copied into every stream [B S, N, d].
   Variable embed(const Tensor& tokens);
   // The streams through the held layers whose index is in [begin, end); ids [B S] i32.
