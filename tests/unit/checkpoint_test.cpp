@@ -81,6 +81,14 @@ TEST(Checkpoint, PiecesAssembleIntoGlobalTensorsAndSlicesReadAcrossThem) {
   reader.read("a", middle, &slice);
   EXPECT_EQ(middle.at({0, 0}), 1);
   EXPECT_EQ(middle.at({1, 1}), 2);
+  // An empty slice reads nothing wherever it starts: FSDP places the ranks past the end of a
+  // tensor smaller than its group there (4 ranks of a [4, 3] tensor's 1-row chunks at 8 ranks).
+  Tensor none = Tensor::zeros({0, 3}, DType::f32);
+  const GlobalSlice beyond{{4, 3}, {6, 0}};
+  EXPECT_NO_THROW(reader.read("a", none, &beyond));
+  Tensor past = Tensor::zeros({1, 3}, DType::f32);
+  const GlobalSlice overrun{{4, 3}, {4, 0}};
+  EXPECT_THROW(reader.read("a", past, &overrun), Error);  // a row past the end is still refused
   // Overlapping pieces are damage on open: moved one row up, the second piece overlaps the first
   // and leaves row 3 unread (the sum of the overlaps used to pass for coverage).
   nlohmann::json overlapping = meta;

@@ -495,7 +495,7 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
       layout += "; tensor parallel over " + std::to_string(tp) + " ranks (sequence-parallel norms, loss parallel)";
     if (const int cp = s.mesh->degree(MeshDim::cp); cp > 1)
       layout += "; context parallel over " + std::to_string(cp) + " ranks (" + std::to_string(2 * cp) +
-                " head-tail chunks; DSA keys all-gathered)";
+                " head-tail chunks per sequence)";
     if (const int ep = s.mesh->ep().size(); ep > 1)
       layout += "; expert parallel over " + std::to_string(ep) + " ranks (routed experts by all-to-all" +
                 (par.experts_split_over_tp() && s.mesh->degree(MeshDim::tp) > 1
