@@ -87,7 +87,7 @@ TEST(ConvertersTrainE2E, FusedAndSmallOpsGiveTheSameLosses) {
   expect_close(ds_fused, ds_small, "deepseek_v32 fused vs small_ops");
   expect_close(ds_default, ds_small, "deepseek_v32 defaults vs small_ops");
 
-  const std::string v4_all_fused = R"("grouped_mm_fused", "permute_fused", "hyper_connection_fused")";
+  const std::string v4_all_fused = R"("grouped_mm_fused", "permute_fused", "hyper_connection_fused", "compressor_fused")";
   const std::vector<double> v4_fused = losses(data, root / "v4_fused", "deepseek_v4", v4_all_fused);
   const std::vector<double> v4_small = losses(data, root / "v4_small", "deepseek_v4", R"("small_ops")");
   expect_close(v4_fused, v4_small, "deepseek_v4 fused vs small_ops");

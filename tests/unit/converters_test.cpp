@@ -85,10 +85,11 @@ TEST(Converters, BuiltModelsRunTheChosenForms) {
   }
 }
 
-// DeepSeek-V4's switchable ops: every hyper-connection (and the HyperHead) takes the chosen form.
+// DeepSeek-V4's switchable ops: every hyper-connection (and the HyperHead) and every compressor
+// (an indexer's too) takes the chosen form.
 TEST(Converters, DeepSeekV4ModulesRunTheChosenForms) {
   for (const std::vector<std::string>& names : {std::vector<std::string>{}, std::vector<std::string>{"small_ops"},
-                                                std::vector<std::string>{"hyper_connection_small_ops"}}) {
+                                                std::vector<std::string>{"hyper_connection_small_ops", "compressor_small_ops"}}) {
     models::ModelOptions o;
     o.converters = names;
     const OpForm want = names.empty() ? OpForm::fused : OpForm::small_ops;
@@ -100,6 +101,7 @@ TEST(Converters, DeepSeekV4ModulesRunTheChosenForms) {
         ++switchable;
       }
     });
-    EXPECT_EQ(switchable, 2 * 6 + 1);  // two per layer and the HyperHead
+    // two hyper-connections per layer and the HyperHead; 5 compressors and 3 CSA indexers
+    EXPECT_EQ(switchable, 2 * 6 + 1 + 5 + 3);
   }
 }

@@ -807,8 +807,9 @@ const std::vector<KeySpec>& config_schema() {
       {"model", "converters", member<&C::model, &Model::converters>, non_empty(),
        "Which form of each op with a fused kernel runs: the fused kernel or its small-op form (the same math "
        "from basic autograd ops, as PyTorch code would write it). `<op>_fused` or `<op>_small_ops` picks one op, "
-       "`small_ops` every op not named `_fused`; ops: rms_norm and rope (every model), grouped_mm and permute "
-       "(MoE experts and their token permute/unpermute; deepseek_v3, deepseek_v32, deepseek_v4), dsa (deepseek_v32). Unnamed "
+       "`small_ops` every op not named `_fused`; ops: rms_norm and rope (llama3, deepseek_v3, deepseek_v32), "
+       "grouped_mm and permute (MoE experts and their token permute/unpermute; deepseek_v3, deepseek_v32, deepseek_v4), "
+       "dsa (deepseek_v32), hyper_connection and compressor (deepseek_v4's mHC maps and compressors). Unnamed "
        "ops keep their default: fused, except DSA, whose fused kernels run only with dsa_fused. The model refuses "
        "other names, listing its own. Measured pairs: docs/converters.md."},
       {"model", "mtp_layers", member<&C::model, &Model::mtp_layers>, at_least(0),

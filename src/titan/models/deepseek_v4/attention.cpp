@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "titan/autograd/ops.h"
+#include "titan/autograd/v4_small_op_forms.h"
 #include "titan/core/error.h"
 #include "titan/kernels/compressor.h"
 #include "titan/kernels/lightning_indexer.h"
@@ -78,8 +79,7 @@ Variable Compressor::forward_chunks(const Variable& h, const kernels::RopeTables
       kv_j = distributed::concat_sequence(kv_before[size_t(j)], kv_j);
       gate_j = distributed::concat_sequence(gate_before[size_t(j)], gate_j);
     }
-    pooled[j] = autograd::compressor(kv_j, gate_j, position_bias.var, ratio_,
-                                     overlap_ ? kernels::CompressorKind::csa : kernels::CompressorKind::hca);
+    pooled[j] = pool(kv_j, gate_j);
     if (prepended) pooled[j] = distributed::narrow_sequence(pooled[j], 1, len / ratio_);
   }
   const Variable both = distributed::concat_sequence(pooled[0], pooled[1]);
@@ -91,6 +91,12 @@ Variable Compressor::forward_chunks(const Variable& h, const kernels::RopeTables
   return autograd::view(autograd::rope(normed, rope, positions, kInterleaved, width_ - rope_dim_), {b, t, width_});
 }
 
+Variable Compressor::pool(const Variable& kv, const Variable& gate) const {
+  const kernels::CompressorKind kind = overlap_ ? kernels::CompressorKind::csa : kernels::CompressorKind::hca;
+  return form == OpForm::fused ? autograd::compressor(kv, gate, position_bias.var, ratio_, kind)
+                               : autograd::compressor_small_ops(kv, gate, position_bias.var, ratio_, kind);
+}
+
 Variable Compressor::forward(const Variable& h, const kernels::RopeTables& rope) const {
   const int64_t b = h.shape()[0], s = h.shape()[1], d = h.shape()[2], c = overlap_ ? 2 * width_ : width_;
   TITAN_CHECK(s >= ratio_, "deepseek_v4: a sequence of " + std::to_string(s) + " tokens is shorter than the compress ratio " +
@@ -99,8 +105,7 @@ Variable Compressor::forward(const Variable& h, const kernels::RopeTables& rope)
   const Variable flat = autograd::view(h, {b * s, d});
   const Variable kv = autograd::view(kv_proj.forward(flat), {b, s, c});
   const Variable gate = autograd::view(gate_proj.forward(flat), {b, s, c});
-  const Variable pooled = autograd::compressor(kv, gate, position_bias.var, ratio_,
-                                               overlap_ ? kernels::CompressorKind::csa : kernels::CompressorKind::hca);
+  const Variable pooled = pool(kv, gate);
   const int64_t t = pooled.shape()[1];
   const Variable normed = autograd::view(kv_norm.forward(autograd::view(pooled, {b * t, width_})), {b, t, 1, width_});
   const Variable turned =

@@ -18,6 +18,7 @@
 #include "titan/distributed/context_parallel.h"
 #include "titan/kernels/rope.h"
 #include "titan/models/aux_loss.h"
+#include "titan/models/converters.h"
 #include "titan/models/deepseek_v4/args.h"
 #include "titan/nn/layers.h"
 
@@ -27,10 +28,12 @@ class Indexer;
 
 // Softmax-gated pooling of every m tokens into one entry (HCA; CSA overlaps each entry with the
 // previous window, kernels/compressor.h), then the weighted RMSNorm and RoPE at the entry's
-// first position w m.
-class Compressor : public nn::Module {
+// first position w m. The pooling runs fused or in its small-op form ([model] converters:
+// compressor).
+class Compressor : public nn::Module, public SwitchableOp {
  public:
   Compressor(const DeepSeekV4Args& a, int64_t width, int64_t ratio, bool overlap);
+  const char* converter_op() const override { return kConverterCompressor; }
   // h [B, S, d] -> [B, floor(S / m), width].
   Variable forward(const Variable& h, const kernels::RopeTables& rope) const;
   // Context parallelism: h [B, 2 L, d] holds this rank's two chunks (layout; L a multiple of m)
@@ -48,6 +51,8 @@ class Compressor : public nn::Module {
   Indexer* indexer = nullptr;
 
  private:
+  // The pooling of kv and gate [B, S, C] in the form chosen.
+  Variable pool(const Variable& kv, const Variable& gate) const;
   int64_t width_, ratio_, rope_dim_;
   bool overlap_;
 };

@@ -192,8 +192,8 @@ const ModelFamily& family() {
       .multi_token_prediction = false,
       .sparse_attention = true,
       .tensor_parallel = false,
-      // the MoE's (models/moe/moe.h) and the mHC maps' (hyper_connection.h)
-      .converters = {kConverterGroupedMm, kConverterPermute, kConverterHyperConnection},
+      // the MoE's (models/moe/moe.h), the mHC maps' (hyper_connection.h), the compressors' (attention.h)
+      .converters = {kConverterGroupedMm, kConverterPermute, kConverterHyperConnection, kConverterCompressor},
       .build = build,
       .n_layers = n_layers,
       .activations = activations,
