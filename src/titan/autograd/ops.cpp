@@ -632,70 +632,50 @@ Variable add_scalar(const Variable& x, double c) {
   });
 }
 
-Variable rsqrt(const Variable& x) {
-  ProfileScope prof("rsqrt.fwd");
-  check_f32("rsqrt", {&x});
+namespace {
+
+// y = f(x) element-wise, for a function whose derivative is a function of y alone, dy/dx = g(y).
+// fwd and bwd name the op's profile spans (string literals).
+template <class F, class G>
+Variable elementwise(const char* name, const char* fwd, const char* bwd, const Variable& x, F f, G g) {
+  ProfileScope prof(fwd);
+  check_f32(name, {&x});
   Tensor y = activation_like(x.shape(), DType::f32);
   const float* xp = x.value().data<float>();
   float* yp = y.data<float>();
   const int64_t n = y.numel();
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) yp[i] = 1.0f / std::sqrt(xp[i]);
-  return record("rsqrt", {x}, y, [y](const Tensor& dy, GradSink& g) {
-    ProfileScope prof_bwd("rsqrt.bwd");
-    // d/dx x^(-1/2) = -1/2 x^(-3/2) = -1/2 y^3
-    Tensor dx = g.grad(0);
+  for (int64_t i = 0; i < n; ++i) yp[i] = f(xp[i]);
+  return record(name, {x}, y, [y, g, bwd](const Tensor& dy, GradSink& sink) {
+    ProfileScope prof_bwd(bwd);
+    Tensor dx = sink.grad(0);
     const Tensor dyc = dy.contiguous();
     const float *dp = dyc.data<float>(), *out = y.data<float>();
     float* dxp = dx.data<float>();
     const int64_t count = dx.numel();
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < count; ++i) dxp[i] += -0.5f * out[i] * out[i] * out[i] * dp[i];
+    for (int64_t i = 0; i < count; ++i) dxp[i] += g(out[i]) * dp[i];
   });
+}
+
+}  // namespace
+
+Variable rsqrt(const Variable& x) {
+  // d/dx x^(-1/2) = -1/2 x^(-3/2) = -1/2 y^3
+  return elementwise("rsqrt", "rsqrt.fwd", "rsqrt.bwd", x, [](float v) { return 1.0f / std::sqrt(v); },
+                     [](float y) { return -0.5f * y * y * y; });
 }
 
 Variable reciprocal(const Variable& x) {
-  ProfileScope prof("reciprocal.fwd");
-  check_f32("reciprocal", {&x});
-  Tensor y = activation_like(x.shape(), DType::f32);
-  const float* xp = x.value().data<float>();
-  float* yp = y.data<float>();
-  const int64_t n = y.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) yp[i] = 1.0f / xp[i];
-  return record("reciprocal", {x}, y, [y](const Tensor& dy, GradSink& g) {
-    ProfileScope prof_bwd("reciprocal.bwd");
-    // d/dx 1/x = -1/x^2 = -y^2
-    Tensor dx = g.grad(0);
-    const Tensor dyc = dy.contiguous();
-    const float *dp = dyc.data<float>(), *out = y.data<float>();
-    float* dxp = dx.data<float>();
-    const int64_t count = dx.numel();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < count; ++i) dxp[i] -= out[i] * out[i] * dp[i];
-  });
+  // d/dx 1/x = -1/x^2 = -y^2
+  return elementwise("reciprocal", "reciprocal.fwd", "reciprocal.bwd", x, [](float v) { return 1.0f / v; },
+                     [](float y) { return -y * y; });
 }
 
 Variable sigmoid(const Variable& x) {
-  ProfileScope prof("sigmoid.fwd");
-  check_f32("sigmoid", {&x});
-  Tensor y = activation_like(x.shape(), DType::f32);
-  const float* xp = x.value().data<float>();
-  float* yp = y.data<float>();
-  const int64_t n = y.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) yp[i] = 1.0f / (1.0f + std::exp(-xp[i]));
-  return record("sigmoid", {x}, y, [y](const Tensor& dy, GradSink& g) {
-    ProfileScope prof_bwd("sigmoid.bwd");
-    // d/dx sigmoid = y (1 - y)
-    Tensor dx = g.grad(0);
-    const Tensor dyc = dy.contiguous();
-    const float *dp = dyc.data<float>(), *out = y.data<float>();
-    float* dxp = dx.data<float>();
-    const int64_t count = dx.numel();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < count; ++i) dxp[i] += out[i] * (1.0f - out[i]) * dp[i];
-  });
+  // d/dx sigmoid = y (1 - y)
+  return elementwise("sigmoid", "sigmoid.fwd", "sigmoid.bwd", x, [](float v) { return 1.0f / (1.0f + std::exp(-v)); },
+                     [](float y) { return y * (1.0f - y); });
 }
 
 Variable mean_last(const Variable& x) {
