@@ -21,6 +21,7 @@
 // Each configuration runs in a fresh process (this binary with --child), so the resident-memory
 // high-water mark is its own. One warm-up step, then the best of 2 timed steps (1 from 16K on).
 //   build/bench/bench_v4_scaling [--seqs 4096,8192,16384,32768] [--v32-seqs 16384] [--skip-v32]
+//                                [--flavor debugmodel_long (the same widths, V4-Flash's attention schedule)]
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -59,8 +60,10 @@ struct Result {
 
 // The CSA indexers' scoring per token at seq: each query scores its visible compressed entries
 // ((s + 1) / m of them, S / (2 m) on average) with nI heads of dI dims, forward only.
+std::string g_flavor = "debugmodel";  // --flavor: deepseek_v4's (debugmodel_long: V4-Flash's attention schedule)
+
 double indexer_flops_per_token(int64_t seq) {
-  const auto a = models::deepseek_v4::deepseek_v4_flavor("debugmodel", kVocab);
+  const auto a = models::deepseek_v4::deepseek_v4_flavor(g_flavor, kVocab);
   double layers = 0;
   for (auto t : a.layer_types) layers += t == models::deepseek_v4::LayerType::csa ? 1 : 0;
   return layers * 2.0 * double(a.index_n_heads * a.index_head_dim) * double(seq / a.csa_ratio) / 2;
@@ -72,7 +75,7 @@ Result run_here(const std::string& model_name, int64_t seq, DType compute) {
   flush_denormals(true);  // as the trainer does
   models::ModelOptions options;  // [dsa] defaults: V4's indexer KL at 0.01; V3.2 sparse from step 1
   if (model_name == "deepseek_v32") options.converters = {"dsa_fused"};
-  auto model = models::build_model(model_name, "debugmodel", kVocab, seq, options);
+  auto model = models::build_model(model_name, model_name == "deepseek_v4" ? g_flavor : "debugmodel", kVocab, seq, options);
   model->init_parameters(0);
   model->set_compute_dtype(compute);
   // V4's hash layers start from a balanced tid2eid (models/moe/moe.h), as bench_train_step's.
@@ -105,8 +108,8 @@ Result run_here(const std::string& model_name, int64_t seq, DType compute) {
 std::string g_self;
 
 Result run(const std::string& model_name, int64_t seq, DType compute = DType::f32) {
-  const std::string out = bench::read_command(g_self + " --child " + model_name + " " + std::to_string(seq) + " " +
-                                              std::string(dtype_name(compute)));
+  const std::string out = bench::read_command(g_self + " --flavor " + g_flavor + " --child " + model_name + " " +
+                                              std::to_string(seq) + " " + std::string(dtype_name(compute)));
   Result r;
   if (out.empty() || out.rfind('{') == std::string::npos) return r;
   const auto j = nlohmann::json::parse(out.substr(out.rfind('{')));
@@ -146,6 +149,10 @@ int main(int argc, char** argv) {
   bool v32 = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--flavor" && i + 1 < argc) {
+      g_flavor = argv[++i];
+      continue;
+    }
     if (a == "--child" && i + 3 < argc) {
       const Result r = run_here(argv[i + 1], std::atoll(argv[i + 2]),
                                 std::string(argv[i + 3]) == "bf16" ? DType::bf16 : DType::f32);
@@ -163,8 +170,9 @@ int main(int argc, char** argv) {
   }
   TITAN_CHECK(!seqs.empty(), "bench_v4_scaling: --seqs is empty", "pass lengths such as --seqs 4096,32768");
   g_self = std::filesystem::read_symlink("/proc/self/exe").string();
-  std::printf("deepseek_v4 debugmodel, f32, batch 1, one training step (indexer KL loss at coeff 0.01, backward, "
-              "clip, AdamW); 1 warm-up step, best of 2 timed (1 from 16K on)\n");
+  std::printf("deepseek_v4 %s, f32, batch 1, one training step (indexer KL loss at coeff 0.01, backward, "
+              "clip, AdamW); 1 warm-up step, best of 2 timed (1 from 16K on)\n",
+              g_flavor.c_str());
   std::vector<Result> v4;
   for (int64_t s : seqs) {
     v4.push_back(run("deepseek_v4", s));

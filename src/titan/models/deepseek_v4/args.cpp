@@ -194,12 +194,15 @@ DeepSeekV4Args::ParamCount DeepSeekV4Args::parameters() const {
   return p;
 }
 
-std::vector<std::string> deepseek_v4_flavor_names() { return {"debugmodel", "flash", "pro"}; }
+std::vector<std::string> deepseek_v4_flavor_names() { return {"debugmodel", "flash", "pro", "debugmodel_long"}; }
 
 DeepSeekV4Args deepseek_v4_flavor(const std::string& flavor, int64_t vocab_size) {
   DeepSeekV4Args a;
-  if (flavor == "debugmodel") {
+  if (flavor == "debugmodel" || flavor == "debugmodel_long") {
     // Every layer type and both routings, small enough to train for minutes on two cores.
+    // debugmodel_long: the same widths with V4-Flash's attention schedule (window 128, CSA ratio 4
+    // with the top-512 entries, HCA ratio 128), for long sequences: the debugmodel's HCA ratio of
+    // 16 makes its attention grow with S.
     a.dim = 128, a.n_layers = 6, a.n_heads = 4, a.head_dim = 64, a.rope_dim = 16;
     a.q_lora_rank = 64, a.o_groups = 2, a.o_lora_rank = 32;
     a.n_routed_experts = 8, a.n_activated_experts = 2, a.moe_inter_dim = 64;
@@ -209,6 +212,10 @@ DeepSeekV4Args deepseek_v4_flavor(const std::string& flavor, int64_t vocab_size)
     a.layer_types = {LayerType::sliding, LayerType::csa, LayerType::hca,
                      LayerType::csa,     LayerType::hca, LayerType::csa};
     a.mlp_types = default_mlp_types(a.n_layers, 2);
+    if (flavor == "debugmodel_long") {
+      a.sliding_window = 128, a.hca_ratio = 128, a.index_topk = 512;
+      a.max_seq_len = 65536;
+    }
   } else if (flavor == "flash" || flavor == "pro") {
     // transformers' defaults are V4-Flash's shapes with the released layer schedule; V4-Pro's
     // come from its model card (hidden 7168, 61 layers, 128 heads, q_lora 1536, 16 output groups,
