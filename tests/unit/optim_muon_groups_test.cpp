@@ -156,7 +156,9 @@ TEST(MuonAdamW, StepsEachGroupWithItsOptimizer) {
     memory_reset_peak();
     both.step(0.01f, 0.5f);
     // The first step's GEMMs may set up what the matmul backend keeps per shape; none after it.
-    if (step > 1) EXPECT_EQ(memory_stats().peak_total, live) << "step " << step << " allocated memory";
+    if (step > 1) {
+      EXPECT_EQ(memory_stats().peak_total, live) << "step " << step << " allocated memory";
+    }
     muon.step(0.02f, 0.5f);
     adamw.step(0.01f, 0.5f);
     const auto pa = a.named_parameters(), pb = b.named_parameters();
@@ -200,9 +202,10 @@ TEST(MuonAdamW, StateRoundTripsAndABadStateChangesNothing) {
   std::map<std::string, Tensor> lacking = saved;
   lacking.erase("w1.momentum_buffer");
   EXPECT_THROW(fresh.load_state_dict(lacking, "test state"), Error);
-  for (const auto& [key, t] : fresh.state_dict())  // nothing loaded, AdamW's part included
-    if (t.dtype() == DType::f32)
-      for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(t.data<float>()[i], 0.0f) << key;
+  for (const auto& [key, t] : fresh.state_dict()) {  // nothing loaded, AdamW's part included
+    if (t.dtype() != DType::f32) continue;
+    for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(t.data<float>()[i], 0.0f) << key;
+  }
   fresh.load_state_dict(saved, "test state");
   for (const auto& [key, t] : fresh.state_dict())
     ASSERT_EQ(std::memcmp(t.data_ptr(), saved.at(key).data_ptr(), t.nbytes()), 0) << key;

@@ -64,11 +64,6 @@ Rule or_sentinel(Rule r, int64_t sentinel) {
   r.sentinel = sentinel;
   return r;
 }
-Rule one_of(std::initializer_list<std::string_view> choices) {
-  Rule r;
-  r.choices = choices;
-  return r;
-}
 // The registered model families' names (models/family.h), kept for the rule's views.
 Rule one_of_models() {
   static const std::vector<std::string> names = models::model_names();
