@@ -81,10 +81,11 @@ void print_header(const char* what, const char* against) {
               std::string(11, '-').c_str(), std::string(11, '-').c_str(), std::string(8, '-').c_str());
 }
 
-Measure train_steps(const std::vector<std::string>& converters, int64_t batch, int64_t seq, int reps) {
+Measure train_steps(const std::vector<std::string>& converters, int64_t batch, int64_t seq, int reps,
+                    const std::string& model_name = "deepseek_v32") {
   models::ModelOptions options;
   options.converters = converters;
-  auto model = models::build_model("deepseek_v32", "debugmodel", kVocab, seq, options);
+  auto model = models::build_model(model_name, "debugmodel", kVocab, seq, options);
   model->init_parameters(0);
   model->begin_step(1);
   optim::AdamW opt(model->named_parameters(), {});
@@ -145,6 +146,18 @@ void v4_rows(int reps) {
               measure(op_step(in, [&](auto& v) { return autograd::compressor_small_ops(v[0], v[1], v[2], ratio, kind); }), reps));
   }
   std::printf("\n(the V4 attention pair: build/bench/bench_v4_attention)\n");
+
+  std::printf("\none training step of the deepseek_v4 debugmodel (forward, backward, AdamW), %lld x %lld tokens, f32\n\n",
+              static_cast<long long>(b), static_cast<long long>(s));
+  print_header("converters", "vs");
+  const int step_reps = std::max(1, reps / 2);
+  const Measure fused =
+      train_steps({"grouped_mm_fused", "permute_fused", "hyper_connection_fused", "compressor_fused"}, b, s, step_reps,
+                  "deepseek_v4");
+  const Measure small = train_steps({"small_ops"}, b, s, step_reps, "deepseek_v4");
+  print_row("all fused", "small_ops", fused, small);
+  std::printf("\nall converters on: %.2fx the tokens/s of small_ops, %.2fx its peak tensor memory\n",
+              small.seconds / fused.seconds, double(fused.peak_bytes) / double(small.peak_bytes));
 }
 
 }  // namespace
