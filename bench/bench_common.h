@@ -7,8 +7,11 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "titan/kernels/peak.h"
 
@@ -69,6 +72,15 @@ inline int64_t max_rss_bytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return int64_t(u.ru_maxrss) * 1024;
+}
+
+// "4096,8192" -> {4096, 8192} (a command-line list of lengths).
+inline std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) v.push_back(std::atoll(item.c_str()));
+  return v;
 }
 
 // "PASS"/"MISS" against a target, for the summary lines benchmarks print.

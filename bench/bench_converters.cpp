@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "bench_training.h"
 #include "titan/autograd/ops.h"
 #include "titan/autograd/hyper_connection.h"
 #include "titan/autograd/small_op_forms.h"
@@ -88,21 +89,8 @@ Measure train_steps(const std::vector<std::string>& converters, int64_t batch, i
   auto model = models::build_model(model_name, "debugmodel", kVocab, seq, options);
   model->init_parameters(0);
   model->begin_step(1);
-  optim::AdamW opt(model->named_parameters(), {});
-  Tensor tokens = Tensor::empty({batch, seq}, DType::i32), targets = Tensor::empty({batch * seq}, DType::i32);
-  Generator g(0);
-  for (int64_t i = 0; i < batch * seq; ++i) tokens.data<int32_t>()[i] = int32_t(g.next_below(uint64_t(kVocab)));
-  for (int64_t i = 0; i < batch * seq; ++i) targets.data<int32_t>()[i] = int32_t(g.next_below(uint64_t(kVocab)));
-  return measure(
-      [&] {
-        model->zero_grad();
-        models::TrainingLoss loss = model->training_loss(tokens, targets);
-        autograd::backward(loss.total);
-        const auto norm = optim::clip_grad_norm(model->named_parameters(), 1.0);
-        opt.step(1e-4f, norm.scale);
-        model->end_step([](Tensor&) {});
-      },
-      reps);
+  bench::TrainingStep step(*model, batch, seq, kVocab);
+  return measure([&] { step(); }, reps);
 }
 
 // DeepSeek-V4's fused ops against their small-op forms (autograd/v4_small_op_forms.h), at the

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "bench_training.h"
 #include "titan/autograd/ops.h"
 #include "titan/core/allocator.h"
 #include "titan/core/rng.h"
@@ -62,24 +63,12 @@ Result run_here(const Run& r) {
   model->init_parameters(0);
   model->set_compute_dtype(r.compute);
   model->begin_step(1);
-  optim::AdamW opt(model->named_parameters(), {});
-  Tensor tokens = Tensor::empty({1, r.seq}, DType::i32), targets = Tensor::empty({r.seq}, DType::i32);
-  Generator g(0);
-  for (int64_t i = 0; i < r.seq; ++i) tokens.data<int32_t>()[i] = int32_t(g.next_below(uint64_t(kVocab)));
-  for (int64_t i = 0; i < r.seq; ++i) targets.data<int32_t>()[i] = int32_t(g.next_below(uint64_t(kVocab)));
-  auto step = [&] {
-    model->zero_grad();
-    models::TrainingLoss loss = model->training_loss(tokens, targets);
-    autograd::backward(loss.total);
-    const auto norm = optim::clip_grad_norm(model->named_parameters(), 1.0);
-    opt.step(1e-4f, norm.scale);
-    model->end_step([](Tensor&) {});
-  };
+  bench::TrainingStep step(*model, 1, r.seq, kVocab);
   memory_reset_peak();
   Result out;
   out.ok = true;
   out.seq = r.seq;
-  out.seconds_per_step = bench::time_best(step, r.seq >= 16384 ? 1 : 2, 1);
+  out.seconds_per_step = bench::time_best([&] { step(); }, r.seq >= 16384 ? 1 : 2, 1);
   out.peak_bytes = memory_stats().peak_total;
   out.rss_growth = bench::max_rss_bytes() - rss0;
   return out;
@@ -114,14 +103,6 @@ std::string describe(const Result& r) {
   return buf;
 }
 
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> v;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');)
-    if (!item.empty()) v.push_back(std::atoll(item.c_str()));
-  return v;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -147,8 +128,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (a == "--seq" && i + 1 < argc) seq = std::atoll(argv[++i]);
-    else if (a == "--long" && i + 1 < argc) long_seqs = parse_list(argv[++i]);
-    else if (a == "--dense" && i + 1 < argc) dense_seqs = parse_list(argv[++i]);
+    else if (a == "--long" && i + 1 < argc) long_seqs = bench::parse_list(argv[++i]);
+    else if (a == "--dense" && i + 1 < argc) dense_seqs = bench::parse_list(argv[++i]);
     else if (a == "--skip-compare") compare = false;
     else if (a == "--long-dtype" && i + 1 < argc) long_dtype = std::string(argv[++i]) == "f32" ? DType::f32 : DType::bf16;
   }

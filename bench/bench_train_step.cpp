@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "bench_training.h"
 #include "titan/autograd/ops.h"
 #include "titan/core/allocator.h"
 #include "titan/core/cpu_features.h"
@@ -137,21 +138,9 @@ Result run_ours_here(const Setup& s, DType compute) {
   // PyTorch twin (reference/bench_deepseek_v4_torch.py) fills transformers' zeros the same way.
   model->set_compute_dtype(compute);
   model->set_recompute(s.recompute);
-  optim::AdamW opt(model->named_parameters(), {});
-  Tensor tokens = Tensor::empty({s.batch, s.seq}, DType::i32), targets = Tensor::empty({s.batch * s.seq}, DType::i32);
-  Generator g(0);
-  for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data<int32_t>()[i] = int32_t(g.next_below(uint64_t(kVocab)));
-  for (int64_t i = 0; i < targets.numel(); ++i) targets.data<int32_t>()[i] = int32_t(g.next_below(uint64_t(kVocab)));
-  auto step = [&] {
-    model->zero_grad();
-    models::TrainingLoss loss = model->training_loss(tokens, targets);
-    autograd::backward(loss.total);
-    const auto norm = optim::clip_grad_norm(model->named_parameters(), 1.0);
-    opt.step(1e-4f, norm.scale);
-    model->end_step([](Tensor&) {});
-  };
+  bench::TrainingStep step(*model, s.batch, s.seq, kVocab);
   memory_reset_peak();
-  const double best = bench::time_best(step, s.steps, 1);
+  const double best = bench::time_best([&] { step(); }, s.steps, 1);
   const auto peak = kernels::measure_machine_peak(0.3);
   Result r;
   r.tokens_per_second = double(s.batch * s.seq) / best;

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "bench_training.h"
 #include "titan/autograd/ops.h"
 #include "titan/core/allocator.h"
 #include "titan/core/cpu_features.h"
@@ -80,24 +81,12 @@ Result run_here(const std::string& model_name, int64_t seq, DType compute) {
   model->set_compute_dtype(compute);
   // V4's hash layers start from a balanced tid2eid (models/moe/moe.h), as bench_train_step's.
   model->begin_step(1);
-  optim::AdamW opt(model->named_parameters(), {});
-  Tensor tokens = Tensor::empty({1, seq}, DType::i32), targets = Tensor::empty({seq}, DType::i32);
-  Generator g(0);
-  for (int64_t i = 0; i < seq; ++i) tokens.data<int32_t>()[i] = int32_t(g.next_below(uint64_t(kVocab)));
-  for (int64_t i = 0; i < seq; ++i) targets.data<int32_t>()[i] = int32_t(g.next_below(uint64_t(kVocab)));
-  auto step = [&] {
-    model->zero_grad();
-    models::TrainingLoss loss = model->training_loss(tokens, targets);
-    autograd::backward(loss.total);
-    const auto norm = optim::clip_grad_norm(model->named_parameters(), 1.0);
-    opt.step(1e-4f, norm.scale);
-    model->end_step([](Tensor&) {});
-  };
+  bench::TrainingStep step(*model, 1, seq, kVocab);
   memory_reset_peak();
   Result out;
   out.ok = true;
   out.seq = seq;
-  out.seconds_per_step = bench::time_best(step, seq >= 16384 ? 1 : 2, 1);
+  out.seconds_per_step = bench::time_best([&] { step(); }, seq >= 16384 ? 1 : 2, 1);
   out.peak_bytes = memory_stats().peak_total;
   out.rss_growth = bench::max_rss_bytes() - rss0;
   out.flops_per_token = model->training_flops_per_token(seq);
@@ -133,14 +122,6 @@ std::string describe(const Result& r) {
   return buf;
 }
 
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> v;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');)
-    if (!item.empty()) v.push_back(std::atoll(item.c_str()));
-  return v;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -164,8 +145,8 @@ int main(int argc, char** argv) {
                               .c_str());
       return 0;
     }
-    if (a == "--seqs" && i + 1 < argc) seqs = parse_list(argv[++i]);
-    else if (a == "--v32-seqs" && i + 1 < argc) v32_seqs = parse_list(argv[++i]);
+    if (a == "--seqs" && i + 1 < argc) seqs = bench::parse_list(argv[++i]);
+    else if (a == "--v32-seqs" && i + 1 < argc) v32_seqs = bench::parse_list(argv[++i]);
     else if (a == "--skip-v32") v32 = false;
   }
   TITAN_CHECK(!seqs.empty(), "bench_v4_scaling: --seqs is empty", "pass lengths such as --seqs 4096,32768");

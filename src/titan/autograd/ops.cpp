@@ -519,6 +519,16 @@ Broadcast broadcast_of(const Shape& as, const Shape& bs) {
   return br;
 }
 
+// f(k, b value) for every element k = r d + i of a, with b's value broadcast to it.
+template <class F>
+void for_each_broadcast(const float* b, const Broadcast& br, int64_t rows, int64_t d, F f) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* b_row = b + br.b_row(r);
+    for (int64_t i = 0; i < d; ++i) f(r * d + i, b_row[i * br.last_stride]);
+  }
+}
+
 // db [b's shape] += the sum of dy (times a, when given) over the dims b was broadcast along:
 // per-thread partial sums in double, then added in thread order (the same on every run with the
 // same thread count).
@@ -561,11 +571,7 @@ Variable mul(const Variable& a, const Variable& b) {
   const int64_t d = a.shape().back(), rows = a.value().numel() / std::max<int64_t>(d, 1);
   const float *ap = a.value().data<float>(), *bp = b.value().data<float>();
   float* yp = y.data<float>();
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* br_row = bp + br.b_row(r);
-    for (int64_t i = 0; i < d; ++i) yp[r * d + i] = ap[r * d + i] * br_row[i * br.last_stride];
-  }
+  for_each_broadcast(bp, br, rows, d, [&](int64_t k, float bv) { yp[k] = ap[k] * bv; });
   return record("mul", {a, b}, y, [av = a.value(), bv = b.value(), br, d, rows](const Tensor& dy, GradSink& g) {
     ProfileScope prof_bwd("mul.bwd");
     const Tensor dyc = dy.contiguous();
@@ -573,11 +579,7 @@ Variable mul(const Variable& a, const Variable& b) {
     if (g.needs(0)) {
       Tensor da = g.grad(0);
       float* dap = da.data<float>();
-#pragma omp parallel for schedule(static)
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* b_row = b_in + br.b_row(r);
-        for (int64_t i = 0; i < d; ++i) dap[r * d + i] += dp[r * d + i] * b_row[i * br.last_stride];
-      }
+      for_each_broadcast(b_in, br, rows, d, [&](int64_t k, float b_value) { dap[k] += dp[k] * b_value; });
     }
     if (g.needs(1)) {
       Tensor db = g.grad(1);
@@ -595,11 +597,7 @@ Variable add_broadcast(const Variable& a, const Variable& b) {
   const int64_t d = a.shape().back(), rows = a.value().numel() / std::max<int64_t>(d, 1);
   const float *ap = a.value().data<float>(), *bp = b.value().data<float>();
   float* yp = y.data<float>();
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* br_row = bp + br.b_row(r);
-    for (int64_t i = 0; i < d; ++i) yp[r * d + i] = ap[r * d + i] + br_row[i * br.last_stride];
-  }
+  for_each_broadcast(bp, br, rows, d, [&](int64_t k, float bv) { yp[k] = ap[k] + bv; });
   return record("add_broadcast", {a, b}, y, [br, d, rows](const Tensor& dy, GradSink& g) {
     ProfileScope prof_bwd("add_broadcast.bwd");
     const Tensor dyc = dy.contiguous();
