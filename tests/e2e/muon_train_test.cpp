@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "common/byte_dataset.h"
+#include "common/run_toml.h"
 
 #include <unistd.h>
 
@@ -23,46 +24,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The shared debug run (common/run_toml.h) of llama3 for 12 steps under Muon, with checkpoints.
 train::JobConfig config(const fs::path& data, const fs::path& run, const std::vector<std::string>& extra = {}) {
-  const std::string toml = R"(
-[job]
-dump_folder = ")" + run.string() + R"("
-[model]
-name = "llama3"
-flavor = "debugmodel"
-[training]
-local_batch_size = 4
-seq_len = 64
-steps = 12
-dataset_path = ")" + data.string() + R"("
-mixed_precision_param = "float32"
-[optimizer]
-name = "Muon"
-lr = 3e-3
-[lr_scheduler]
-warmup_steps = 2
-[checkpoint]
-enable = true
-interval = 100
-keep_latest_k = 0
-last_save_model_only = false
-[activation_checkpoint]
-mode = "none"
-[metrics]
-log_freq = 1
-)";
-  return train::parse_config(toml, "muon_train_test.toml", extra);
+  const std::string toml = test::base_toml("llama3", data, run, 12) +
+                           "[checkpoint]\nenable = true\ninterval = 100\nkeep_latest_k = 0\nlast_save_model_only = false\n";
+  std::vector<std::string> overrides = {"--training.local_batch_size=4", "--optimizer.name=Muon",
+                                        "--lr_scheduler.warmup_steps=2"};
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  return train::parse_config(toml, "muon_train_test.toml", overrides);
 }
 
-std::vector<double> losses(const fs::path& run) {
-  std::vector<double> out;
-  std::ifstream f(run / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "train") out.push_back(j["loss"].get<double>());
-  }
-  return out;
-}
+std::vector<double> losses(const fs::path& run) { return test::losses_of(run); }
 
 // Trains `run` to step 12, stopping once (Ctrl-C: checkpoint and exit) after step 6 and resuming.
 void train_interrupted(const fs::path& data, const fs::path& run, const std::vector<std::string>& extra = {}) {
