@@ -37,7 +37,9 @@ struct Awkward : nn::Module {
   nn::Variable& frozen = register_parameter("frozen", {1030}, nn::Init::normal(0, 0.02)).var;
 };
 
-void fill_grads(Awkward& m, uint64_t seed, bool with_frozen) {
+// Random gradients on every parameter of m (the one named "frozen" only with with_frozen).
+template <class Module>
+void fill_grads(Module& m, uint64_t seed, bool with_frozen) {
   Generator rng(seed);
   for (auto& [name, p] : m.named_parameters()) {
     if (name == "frozen" && !with_frozen) {
@@ -194,27 +196,16 @@ struct Matrices : nn::Module {
   nn::Parameter& tall = register_parameter("tall", {70, 5}, nn::Init::normal(0, 0.02));
 };
 
-void fill_matrix_grads(Matrices& m, uint64_t seed, bool with_frozen) {
-  Generator rng(seed);
-  for (auto& [name, p] : m.named_parameters()) {
-    if (name == "frozen" && !with_frozen) {
-      p->var.clear_grad();
-      continue;
-    }
-    Tensor& g = p->var.ensure_grad();
-    for (int64_t i = 0; i < g.numel(); ++i) g.data<float>()[i] = rng.next_uniform() - 0.5f;
-  }
-}
-
 void expect_bitwise_equal(Matrices& x, Matrices& y) {
   const auto px = nn::trainable_params(x.named_parameters()), py = nn::trainable_params(y.named_parameters());
   for (size_t i = 0; i < px.size(); ++i) {
     const Tensor& u = px[i].var.value();
     const Tensor& v = py[i].var.value();
     ASSERT_EQ(std::memcmp(u.data_ptr(), v.data_ptr(), u.nbytes()), 0) << px[i].name;
-    if (px[i].compute && px[i].compute->defined())
+    if (px[i].compute && px[i].compute->defined()) {
       ASSERT_EQ(std::memcmp(px[i].compute->data_ptr(), py[i].compute->data_ptr(), px[i].compute->nbytes()), 0)
           << px[i].name << "'s bf16 compute copy";
+    }
   }
 }
 
@@ -237,8 +228,8 @@ TEST(SwapMuon, UpdatesBitForBitAsInMemory) {
       << "one f32 array per element: a chunk of 1024 elements is one page";
   for (int step = 0; step < 5; ++step) {
     const bool with_frozen = step >= 2;
-    fill_matrix_grads(x, 200 + uint64_t(step), with_frozen);
-    fill_matrix_grads(y, 200 + uint64_t(step), with_frozen);
+    fill_grads(x, 200 + uint64_t(step), with_frozen);
+    fill_grads(y, 200 + uint64_t(step), with_frozen);
     memory.step(0.02f, step % 2 ? 0.5f : 1.0f);
     swapped.step(0.02f, step % 2 ? 0.5f : 1.0f);
     expect_bitwise_equal(x, y);
@@ -259,8 +250,8 @@ TEST(SwapMuon, UpdatesBitForBitAsInMemory) {
   w.load_state_dict(weights);
   optim::Muon into_swap(nn::trainable_params(w.named_parameters()), cfg, optim::Swap{temp("muon_loaded").string(), 4096});
   into_swap.load_state_dict(state, "swapped state");
-  fill_matrix_grads(x, 9, true);
-  fill_matrix_grads(w, 9, true);
+  fill_grads(x, 9, true);
+  fill_grads(w, 9, true);
   memory.step(0.02f);
   into_swap.step(0.02f);
   const auto px = nn::trainable_params(x.named_parameters()), pw = nn::trainable_params(w.named_parameters());
