@@ -9,7 +9,10 @@
 namespace titan::models {
 
 namespace {
-OpForm* form_of(Converters& c, const std::string& op) {
+// The field of c that holds op's form (null for an op titan does not know); C is Converters or
+// const Converters.
+template <class C>
+auto form_of(C& c, const std::string& op) -> decltype(&c.rms_norm) {
   if (op == kConverterRmsNorm) return &c.rms_norm;
   if (op == kConverterRope) return &c.rope;
   if (op == kConverterGroupedMm) return &c.grouped_mm;
@@ -73,8 +76,7 @@ void apply_converters(nn::Module& model, const Converters& c) {
     if (auto* rope = dynamic_cast<AppliesRope*>(&m)) rope->rope_form = c.rope;
     if (auto* moe = dynamic_cast<moe::MoE*>(&m)) moe->set_forms(c.grouped_mm, c.permute);
     if (auto* op = dynamic_cast<SwitchableOp*>(&m)) {
-      Converters copy = c;
-      const OpForm* form = form_of(copy, op->converter_op());
+      const OpForm* form = form_of(c, op->converter_op());
       TITAN_CHECK(form, std::string("apply_converters: a module runs the unknown op '") + op->converter_op() + "'");
       op->form = *form;
     }
