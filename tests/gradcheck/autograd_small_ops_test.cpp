@@ -1,6 +1,7 @@
 // Gradient checks of the generic small autograd ops (autograd/ops.h: matmul, relu, scale, mul,
 // transpose, masked_fill, softmax, log_softmax, sum, layernorm; the building blocks of the
-// converters' small-op forms: broadcast mul, add_scalar, rsqrt, mean_last, narrow, concat,
+// converters' small-op forms: broadcast mul and add, add_scalar, rsqrt, reciprocal, sigmoid,
+// mean_last, narrow, concat,
 // index_select, index_add) through the tape: the analytic
 // backward of L = sum(y * probe) against central differences. The ops are f32, so the
 // differences use a 1e-3 step and a 2e-3 tolerance (f32 rounding over the step).
@@ -116,6 +117,13 @@ TEST(SmallOpsGradcheck, BroadcastAndReductions) {
   check("add_scalar", {random_tensor({3, 5}, 38)},
         [](const std::vector<Variable>& v) { return autograd::add_scalar(v[0], 0.25); });
   check("rsqrt", {random_tensor({3, 5}, 39, 0.5, 2.0)}, [](const std::vector<Variable>& v) { return autograd::rsqrt(v[0]); });
+  check("reciprocal", {random_tensor({3, 5}, 41, 0.5, 2.0)},
+        [](const std::vector<Variable>& v) { return autograd::reciprocal(v[0]); });
+  check("sigmoid", {random_tensor({3, 5}, 42, -3, 3)}, [](const std::vector<Variable>& v) { return autograd::sigmoid(v[0]); });
+  check("add_broadcast trailing", {random_tensor({2, 3, 4, 5}, 43), random_tensor({4, 5}, 44)},
+        [](const std::vector<Variable>& v) { return autograd::add_broadcast(v[0], v[1]); });
+  check("add_broadcast both", {random_tensor({3, 2, 4, 2}, 45), random_tensor({3, 1, 4, 1}, 46)},
+        [](const std::vector<Variable>& v) { return autograd::add_broadcast(v[0], v[1]); });
   check("mean_last", {random_tensor({3, 2, 7}, 40)},
         [](const std::vector<Variable>& v) { return autograd::mean_last(v[0]); });
 }
