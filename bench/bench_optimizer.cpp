@@ -56,7 +56,7 @@ std::vector<nn::TrainableParam> fsdp_pieces(const std::vector<std::pair<std::str
     const int64_t per = (whole[0] + n - 1) / n, begin = std::min(whole[0], me * per);
     Shape local = whole, offsets = whole;
     local[0] = std::min(whole[0], begin + per) - begin;
-    for (size_t d = 0; d < offsets.size(); ++d) offsets[d] = d == 0 ? begin : 0;
+    for (int d = 0; d < int(offsets.size()); ++d) offsets[d] = d == 0 ? begin : 0;
     nn::TrainableParam t;
     t.name = name;
     t.var = autograd::Variable(Tensor::empty(local, DType::f32, MemCategory::parameters), true, name);
