@@ -44,7 +44,7 @@ void write_all(std::FILE* f, const void* data, size_t n, const fs::path& path) {
 }  // namespace
 
 void save_safetensors(const fs::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+                      const std::map<std::string, std::string>& metadata, const std::set<std::string>& int8_bytes) {
   json header = json::object();
   size_t offset = 0;
   std::vector<Tensor> contiguous;
@@ -56,7 +56,11 @@ void save_safetensors(const fs::path& path, const std::vector<std::pair<std::str
     const size_t n = t.nbytes();
     json shape = json::array();
     for (int64_t d : t.shape()) shape.push_back(d);
-    header[name] = {{"dtype", safetensors_dtype(t.dtype())}, {"shape", shape}, {"data_offsets", {offset, offset + n}}};
+    const bool int8 = int8_bytes.count(name) != 0;
+    TITAN_CHECK(!int8 || t.dtype() == DType::u8, "'" + name + "' is " + t.str() + ": only u8 bytes are written as I8");
+    header[name] = {{"dtype", int8 ? std::string("I8") : safetensors_dtype(t.dtype())},
+                    {"shape", shape},
+                    {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
