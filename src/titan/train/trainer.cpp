@@ -367,7 +367,7 @@ std::unique_ptr<distributed::DataParallel> make_data_parallel(models::CausalLM& 
     o.seed = seed;
     o.pipeline = mesh.degree(MeshDim::pp) > 1;
     o.pipeline_per_step = c.parallelism.pipeline_parallel_fsdp == PipelineFsdp::per_step;
-    o.sum_in_place = !c.parallelism.pipeline_tree_sum();
+    o.sum_in_place = o.pipeline && !c.parallelism.pipeline_tree_sum();
     if (pipeline) {
       bool mtp = false;
       for (const auto& [name, p] : model.named_parameters()) mtp = mtp || name.starts_with("mtp.");
