@@ -25,7 +25,8 @@ class PipelineComposition : public PipelineSuite<PipelineComposition, 260> {
 // (each data-parallel rank takes every other micro-batch of the batch), in place to rounding. The
 // old way, per_step (gradients unsharded through the step, one reduce-scatter after the last W,
 // units gathered from first use), against it: micro-batches (4) x fewer reduce-scatter bytes,
-// fewer all-gather bytes, more gradient and parameter memory.
+// fewer all-gather bytes, more gradient and parameter memory. A zero3 checkpoint (DualPipeV's
+// step 10) resumes under 1F1B with the run's losses, bit for bit.
 TEST_F(PipelineComposition, ComposesWithFsdpAndTensorParallel) {
   if (world().size() != 4) GTEST_SKIP() << "PP 2 x FSDP 2 and PP 2 x TP 2 on 4 ranks";
   const int64_t batch = 8, microbatches = 4;  // per data-parallel rank
@@ -47,7 +48,9 @@ TEST_F(PipelineComposition, ComposesWithFsdpAndTensorParallel) {
         if (key.second == distributed::CommOp::reduce_scatter) bytes[what][1] += st.bytes;
       }
     };
-    run("zero3", {}, 0);
+    const std::vector<std::string> save = {"--checkpoint.enable=true", "--checkpoint.interval=10",
+                                           "--checkpoint.keep_latest_k=0", "--checkpoint.last_save_model_only=false"};
+    run("zero3", schedule == "DualPipeV" ? save : std::vector<std::string>{}, 0);
     run("zero3_in_place", {"--parallelism.pipeline_parallel_gradient_sum=in_place"}, 1e-5);
     run("per_step", {"--parallelism.pipeline_parallel_fsdp=per_step"}, 0);
     EXPECT_EQ(bytes["zero3"][1], microbatches * bytes["per_step"][1]) << schedule;
@@ -65,6 +68,15 @@ TEST_F(PipelineComposition, ComposesWithFsdpAndTensorParallel) {
     const auto tp = train_on(config("llama3", schedule + "_tp", 2, 2, schedule, batch), world());
     expect_same_losses(one, tp, 1e-5, "PP 2 x TP 2, " + schedule);
   }
+  const fs::path step10 = root() / "llama3_DualPipeV_fsdp_zero3" / "checkpoint" / "step-10";
+  ASSERT_TRUE(fs::exists(step10)) << step10;
+  const auto resumed = train_on(config("llama3", "fsdp_zero3_resumed", 2, 1, "1F1B", batch,
+                                       {"--checkpoint.enable=true", "--checkpoint.initial_load_path=" + step10.string(),
+                                        "--checkpoint.initial_load_model_only=false"},
+                                       0, 2),
+                                world());
+  expect_same_losses(std::vector<double>(one.end() - 10, one.end()), resumed, 0,
+                     "PP 2 x FSDP 2 zero3 resumed under 1F1B from DualPipeV's step 10");
 }
 
 // PP 2 x EP 2 for deepseek_v32 on 4 ranks: each stage's routed experts divided over the 2 ranks of

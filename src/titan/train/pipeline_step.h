@@ -14,6 +14,10 @@
 //   tree      each micro-batch's gradients are kept apart and summed as one rank accumulating
 //             micro-batches does (MicrobatchGradients in pipeline_step.cpp): the same bits as one
 //             rank, holding up to log2(micro-batches) + 1 gradients per parameter.
+// Under FSDP's zero3 (distributed/fsdp.h) the micro-batches' gradients are kept apart either way
+// (as the tree sum does) and FSDP reduce-scatters each micro-batch's into the shards, which sum
+// them in place or as the tree; each micro-batch is then loaded interleaved over the
+// data-parallel ranks (interleaves_data) so that the tree over ranks and micro-batches is one rank's.
 #pragma once
 
 #include <map>
