@@ -7,10 +7,12 @@
 // explains them):
 //   parameters   f32 masters (FSDP: this rank's shards, rows padded to the shard group), bf16
 //                compute copies under mixed precision, FSDP units gathered at once (the one
-//                running and the one prefetched; under PP every unit of the stage stays gathered)
+//                running and the one prefetched; under PP with FSDP per step every unit of the
+//                stage stays gathered)
 //   gradients    f32, the masters' size (FSDP: shards, plus at most two units unsharded); with
-//                micro-batches, the binary tree sum's partial sums (tree_sum.h); under PP the
-//                stage's unsharded gradients, once in place or as the tree's partial sums
+//                micro-batches, the binary tree sum's partial sums (tree_sum.h); under PP with
+//                FSDP per step (or no FSDP) the stage's unsharded gradients, once in place or as
+//                the tree's partial sums
 //   optimizer    AdamW's two f32 moments of the masters; under Muon one f32 buffer of its matrices,
 //                the step's scratch and, under FSDP, the exchange buffers; swapped: two chunk
 //                buffers per file (the rest on disk)
