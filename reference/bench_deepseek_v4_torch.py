@@ -1,6 +1,7 @@
 """PyTorch side of `bench_train_step --model deepseek_v4`: builds Hugging Face transformers'
 DeepseekV4ForCausalLM from the config.json titan's hf_config(args) writes for the flavor (the C++
-benchmark passes it), trains it with AdamW on random tokens in PyTorch eager f32, and prints one
+benchmark passes it), trains it with AdamW on random tokens in PyTorch eager, f32 or bf16 autocast (f32 masters, as
+titan's mixed precision; transformers' own fp32 casts stay f32), and prints one
 JSON line with tokens/s and peak resident memory (reference/bench_torch_step.py's time_training).
 
 What "eager" is here: attn_implementation="eager" (transformers' own V4 attention, window +
@@ -44,7 +45,7 @@ def main():
     p.add_argument("--config", required=True, help="config.json in transformers' DeepSeek-V4 layout")
     for k, v in dict(batch=4, seq=256, steps=3).items():
         p.add_argument(f"--{k}", type=int, default=v)
-    p.add_argument("--dtype", default="float32", choices=["float32"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     a = p.parse_args()
     torch.manual_seed(0)
     # From before the model exists, as the C++ side counts: parameters, gradients, AdamW state, activations.

@@ -9,6 +9,7 @@
 #include "titan/core/error.h"
 #include "titan/kernels/compressor.h"
 #include "titan/kernels/lightning_indexer.h"
+#include "titan/models/deepseek_v4/mixed_linear.h"
 #include "titan/models/indexer_kl.h"
 
 namespace titan::models::deepseek_v4 {
@@ -61,8 +62,8 @@ Variable Compressor::forward_chunks(const Variable& h, const kernels::RopeTables
                   " tokens under context parallelism with ratio " + std::to_string(ratio_),
               "make training.seq_len a multiple of 2 x context_parallel_degree x the compress ratios");
   const Variable flat = autograd::view(h, {b * layout.local_len(), d});
-  const Variable kv = autograd::view(kv_proj.forward(flat), {b, layout.local_len(), c});
-  const Variable gate = autograd::view(gate_proj.forward(flat), {b, layout.local_len(), c});
+  const Variable kv = autograd::view(mixed_linear(kv_proj, flat), {b, layout.local_len(), c});
+  const Variable gate = autograd::view(mixed_linear(gate_proj, flat), {b, layout.local_len(), c});
   // CSA: entry w also pools window w - 1's first halves; a chunk's first one lies in the chunk
   // before it. Those m rows go first, and the entry they alone make is dropped.
   std::array<Variable, 2> kv_before, gate_before;
@@ -103,8 +104,8 @@ Variable Compressor::forward(const Variable& h, const kernels::RopeTables& rope)
                                std::to_string(ratio_),
               "use training.seq_len >= " + std::to_string(ratio_));
   const Variable flat = autograd::view(h, {b * s, d});
-  const Variable kv = autograd::view(kv_proj.forward(flat), {b, s, c});
-  const Variable gate = autograd::view(gate_proj.forward(flat), {b, s, c});
+  const Variable kv = autograd::view(mixed_linear(kv_proj, flat), {b, s, c});
+  const Variable gate = autograd::view(mixed_linear(gate_proj, flat), {b, s, c});
   const Variable pooled = pool(kv, gate);
   const int64_t t = pooled.shape()[1];
   const Variable normed = autograd::view(kv_norm.forward(autograd::view(pooled, {b * t, width_})), {b, t, 1, width_});
@@ -143,10 +144,10 @@ Indexer::Selection Indexer::queries(const Variable& h, const Variable& qr, const
                                     const Tensor& positions) const {
   const int64_t b = h.shape()[0], s = h.shape()[1], n = b * s;
   Selection sel;
-  const Variable q = autograd::view(q_b_proj.forward(autograd::view(qr, {n, qr.shape()[2]})), {b, s, heads_, head_dim_});
+  const Variable q = autograd::view(mixed_linear(q_b_proj, autograd::view(qr, {n, qr.shape()[2]})), {b, s, heads_, head_dim_});
   sel.q = autograd::rope(q, rope, positions, kInterleaved, head_dim_ - rope_dim_);
   // The score's scales, nI^-1/2 dI^-1/2, ride on the weights (kernels/lightning_indexer.h).
-  sel.w = autograd::scale(autograd::view(scorer.weights_proj.forward(autograd::view(h, {n, h.shape()[2]})), {b, s, heads_}),
+  sel.w = autograd::scale(autograd::view(mixed_linear(scorer.weights_proj, autograd::view(h, {n, h.shape()[2]})), {b, s, heads_}),
                           1.0 / std::sqrt(double(heads_) * double(head_dim_)));
   return sel;
 }
@@ -187,12 +188,12 @@ Variable Attention::forward(const Variable& h, const Tensor& positions, const ke
                             AuxLosses* aux) const {
   const int64_t b = positions.size(0), s = positions.size(1), n = b * s;
   const int64_t hd = head_dim_, tail = head_dim_ - rope_dim_;
-  const Variable qr = q_a_norm.forward(q_a_proj.forward(h));  // [N, Rq]
+  const Variable qr = q_a_norm.forward(mixed_linear(q_a_proj, h));  // [N, Rq]
   // Queries: each head unweighted-RMS-normed, then RoPE on its tail.
-  Variable q = autograd::rmsnorm(autograd::view(q_b_proj.forward(qr), {n * heads_, hd}), Variable(ones_head_), norm_eps_);
+  Variable q = autograd::rmsnorm(autograd::view(mixed_linear(q_b_proj, qr), {n * heads_, hd}), Variable(ones_head_), norm_eps_);
   q = autograd::rope(autograd::view(q, {b, s, heads_, hd}), rope, positions, kInterleaved, tail);
   // The one key = value head.
-  Variable kv = autograd::view(kv_norm.forward(kv_proj.forward(h)), {b, s, 1, hd});
+  Variable kv = autograd::view(kv_norm.forward(mixed_linear(kv_proj, h)), {b, s, 1, hd});
   kv = autograd::view(autograd::rope(kv, rope, positions, kInterleaved, tail), {b, s, hd});
 
   Variable o = cp ? attend_chunks(h, qr, q, kv, positions, rope, aux)
@@ -204,9 +205,9 @@ Variable Attention::forward(const Variable& h, const Tensor& positions, const ke
   std::vector<Variable> parts;
   parts.reserve(size_t(groups_));
   for (int64_t g = 0; g < groups_; ++g)
-    parts.push_back(autograd::linear(autograd::narrow_last(o, g * width, width),
-                                     autograd::narrow(o_a_proj.weight.var, 0, g * rank, rank)));
-  return o_b_proj.forward(groups_ == 1 ? parts[0] : autograd::concat(parts, 1));
+    parts.push_back(mixed_linear(autograd::narrow_last(o, g * width, width), autograd::narrow(o_a_proj.weight.var, 0, g * rank, rank),
+                                 o_a_proj.weight.compute.defined() ? o_a_proj.weight.compute.narrow(0, g * rank, rank) : Tensor()));
+  return mixed_linear(o_b_proj, groups_ == 1 ? parts[0] : autograd::concat(parts, 1));
 }
 
 Variable Attention::attend(const Variable& q, const Keys& keys, AuxLosses* aux, double kl_share) const {

@@ -8,6 +8,7 @@
 #include "titan/core/error.h"
 #include "titan/distributed/process_group.h"
 #include "titan/models/common.h"
+#include "titan/models/deepseek_v4/mixed_linear.h"
 
 namespace titan::models::deepseek_v4 {
 
@@ -35,7 +36,9 @@ Variable DecoderLayer::forward(const Variable& streams, const Tensor& positions,
   // The MoE takes the tokens as [B, S, d] sequences (and their ids, for hash routing).
   const Variable normed = post_attention_layernorm.forward(before_ffn.collapsed);  // [T, d]
   const Variable sequences = autograd::view(normed, {positions.size(0), positions.size(1), normed.shape()[1]});
-  const Variable f = autograd::view(mlp.forward_with_aux(sequences, token_ids).y, normed.shape());
+  const DType cd = experts_dtype;
+  const Variable moe_in = cd == sequences.dtype() ? sequences : autograd::cast(sequences, cd);
+  const Variable f = autograd::cast(autograd::view(mlp.forward_with_aux(moe_in, token_ids).y, normed.shape()), normed.dtype());
   return HyperConnection::merge(mid, f, before_ffn);
 }
 
@@ -80,8 +83,10 @@ Transformer::Transformer(const DeepSeekV4Args& a, const std::vector<distributed:
 }
 
 void Transformer::set_compute_dtype(DType dtype) {
-  TITAN_CHECK(dtype == DType::f32, "deepseek_v4 trains in float32 for now (its mHC and MoE ops are f32)",
-              "set training.mixed_precision_param = \"float32\"");
+  // bf16: the GEMM weights get bf16 copies; the streams and the fused kernels stay f32 (mixed_linear.h).
+  compute_dtype_ = dtype;
+  Module::set_compute_dtype(dtype);
+  for (size_t l = 0; l < layers.size(); ++l) layers[l].experts_dtype = dtype;
 }
 
 void Transformer::set_indexer_loss_coeff(double coeff) {
@@ -118,7 +123,7 @@ Variable Transformer::head(const Variable& streams) {
   TITAN_CHECK(lm_head != nullptr, "deepseek_v4: this pipeline rank does not hold the output head");
   const Variable y = norm->forward(hc_head->forward(streams));
   nn::UnitScope unit(*lm_head);
-  return lm_head->forward(y);
+  return mixed_linear(*lm_head, y);
 }
 
 Transformer::LocalTokens Transformer::local_tokens(const Tensor& tokens) const {

@@ -37,6 +37,7 @@ class DecoderLayer : public nn::Module {
   nn::RMSNorm& post_attention_layernorm;
   MoE& mlp;
   const LayerType type;
+  DType experts_dtype = DType::f32;  // the experts' GEMM dtype: bf16 under mixed precision (the router stays f32)
 };
 
 class Transformer : public CausalLM {
@@ -51,7 +52,7 @@ class Transformer : public CausalLM {
   int64_t vocab_size() const override { return args_.vocab_size; }
   int64_t max_seq_len() const override { return args_.max_seq_len; }
   void set_compute_dtype(DType dtype) override;
-  DType compute_dtype() const override { return DType::f32; }
+  DType compute_dtype() const override { return compute_dtype_; }
   void set_recompute(Recompute r) override { recompute_ = r; }
   void start_generation(int64_t batch, int64_t max_len) override;
   Tensor decode(const Tensor& tokens) override;
@@ -99,6 +100,7 @@ class Transformer : public CausalLM {
   DeepSeekV4Args args_;
   kernels::RopeTables rope_main_, rope_compress_;
   Recompute recompute_ = Recompute::none;
+  DType compute_dtype_ = DType::f32;
   Tensor generated_;  // generation: every token so far [B, n] (no cache: each step reruns them)
   int64_t generated_len_ = 0;
 };
