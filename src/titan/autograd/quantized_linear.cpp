@@ -168,35 +168,11 @@ Variable quantized_linear(const Variable& x, const Variable& w, const Tensor& w_
 }
 
 Variable quantized_linear(const Variable& x, const Variable& w, LowPrecision recipe) {
-  ProfileScope prof("quantized_linear.fwd");
-  const Tensor& wv = w.value();
-  TITAN_CHECK(x.dtype() == DType::f32 && wv.dtype() == DType::f32 && wv.dim() == 2 && x.value().size(-1) == wv.size(1),
-              "quantized_linear: x " + x.value().str() + " and w " + wv.str() + " must be f32 [..., K] and [M, K]",
+  TITAN_CHECK(x.dtype() == DType::f32 && w.dtype() == DType::f32 && w.value().dim() == 2,
+              "quantized_linear: x " + x.value().str() + " and w " + w.value().str() + " must be f32 [..., K] and [M, K]",
               "low-precision recipes take the f32 activations and master weights");
-  const int64_t k = wv.size(1), m = wv.size(0), n = x.value().numel() / k;
-  const Tensor x2 = x.value().contiguous().view({n, k});
-  // Forward: x along K, kept quantized for backward; w along K.
-  const Quantized xq = quantize_rows(x2, recipe, QuantRole::activation);
-  Shape ys = x.shape();
-  ys[ys.size() - 1] = m;
-  Tensor y = f32_matrix({n, m});
-  kernels::linear_forward(y, xq.dequantize(), fake_quantize(wv, recipe, QuantRole::weight, true));
-  return record("quantized_linear", {x, w}, y.view(ys), [xq, wv, recipe, n, m, k](const Tensor& dy_in, GradSink& g) {
-    ProfileScope prof_bwd("quantized_linear.bwd");
-    const Tensor dy = dy_in.contiguous().view({n, m}), none;
-    bool accumulate_dx = true, accumulate_dw = true;
-    Tensor dx = g.grad_to_write(0, &accumulate_dx), dw = g.grad_to_write(1, &accumulate_dw), nothing;
-    if (dx.defined()) {  // dx = Q(dy along M) Q(w along M)
-      Tensor dx2 = dx.view({n, k});
-      kernels::linear_backward(dx2, nothing, nothing, fake_quantize(dy, recipe, QuantRole::activation, true), none,
-                               fake_quantize(wv, recipe, QuantRole::weight, false), accumulate_dx, true);
-    }
-    if (dw.defined()) {  // dw = Q(dy along N)^T Q(x along N)
-      const Tensor xs = fake_quantize(xq.dequantize(), recipe, QuantRole::activation, false);
-      kernels::linear_backward(nothing, dw, nothing, fake_quantize(dy, recipe, QuantRole::activation, false), xs, none,
-                               true, accumulate_dw);
-    }
-  });
+  QuantizedWeight once;  // the backward holds the forms it needs
+  return quantized_linear(x, w, w.value(), recipe, once);
 }
 
 }  // namespace titan::autograd
