@@ -130,3 +130,29 @@ TEST_F(Layouts, SwapOptimizerUnderFsdp) {
   }
 }
 
+
+// Quantized training (models/quantize.h, docs/precision.md) under FSDP 2 equals its 1-rank run,
+// per recipe: FSDP quantizes each weight whole after its all-gather (no block meets a shard
+// boundary), activations are quantized per token along K, and the weight-gradient GEMMs' token
+// tiles (128 FP8, 32 MX) stay within a sequence (seq_len 128; other lengths are refused), so no
+// scale depends on how the batch is split. 1e-5 relative over 20 steps, as every layout.
+TEST_F(Layouts, QuantizedRecipesUnderFsdp) {
+  if (world().size() != 2) GTEST_SKIP() << "FSDP 2";
+  const std::vector<std::pair<std::string, std::vector<std::string>>> recipes = {
+      {"fp8_blockwise", {"--model.converters=quantize.linear.float8"}},
+      {"mxfp8", {"--model.converters=quantize.linear.mx"}},
+      {"mxfp4", {"--model.converters=quantize.linear.mx", "--quantize.linear.mx.recipe_name=mxfp4"}}};
+  std::vector<double> last;
+  for (auto [name, extra] : recipes) {
+    extra.push_back("--training.seq_len=128");
+    const auto one = reference("llama3", name, 2, extra);
+    expect_same_losses(one, layout("llama3", {"fsdp_" + name, 1, 2, 2, extra}), 1e-5, "llama3 " + name + ": FSDP 2");
+    last.push_back(one.back());
+  }
+  // The recipes are applied: FP4 weights train to another loss than FP8 ones.
+  EXPECT_NE(last[0], last[2]);
+  // deepseek_v32: attention and shared experts quantized, router and routed experts in f32.
+  const std::vector<std::string> ds = {"--model.converters=quantize.linear.float8", "--training.seq_len=128"};
+  expect_same_losses(reference("deepseek_v32", "fp8_blockwise", 2, ds),
+                     layout("deepseek_v32", {"fsdp_fp8_blockwise", 1, 2, 2, ds}), 1e-5, "deepseek_v32 fp8_blockwise: FSDP 2");
+}

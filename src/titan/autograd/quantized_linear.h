@@ -28,6 +28,32 @@ enum class LowPrecision : uint8_t { fp8_blockwise, mxfp8, mxfp4 };
 // x [..., K] f32, w [M, K] f32 -> [..., M] f32.
 Variable quantized_linear(const Variable& x, const Variable& w, LowPrecision recipe);
 
+// A weight's quantized forms, recomputed only when the parameters changed (parameters_epoch()
+// moved: the trainer moves it once per step, after the optimizer's update, and a checkpoint load
+// or re-initialization moves it too), into buffers kept from step to step: no allocation in a
+// steady state. codes / scales are the real FP8 / FP4 storage of the forward operand (along K);
+// along_k / along_m are their f32 values, which the emulated GEMMs read (FP8 blockwise's square
+// blocks give one tensor for both).
+class QuantizedWeight {
+ public:
+  // w [M, K]: the f32 master (or its gathered copy under FSDP), or the bf16 compute copy.
+  void refresh(const Tensor& w, LowPrecision recipe);
+  Tensor codes, scales, along_k, along_m;
+  int64_t stored_bytes() const;  // codes and scales
+ private:
+  uint64_t epoch_ = ~uint64_t(0);
+  Tensor codes_m_, scales_m_, transposed_, values_t_, widened_;  // MX along M: the transpose's own blocks
+};
+
+// The parameters' version: a counter moved whenever any parameter's value may have changed.
+uint64_t parameters_epoch();
+void note_parameters_changed();
+
+// quantized_linear with the weight's forms from `cache` (refreshed as needed): x [..., K] any float
+// dtype (cast to f32 and back), w's value f32 [M, K]. The gradient reaches w as the f32 dw.
+Variable quantized_linear(const Variable& x, const Variable& w, const Tensor& w_value, LowPrecision recipe,
+                          QuantizedWeight& cache);
+
 // The value of t [R, C] f32 after quantizing it as `recipe` quantizes operand `role` along its rows
 // (the reduction along C) or its columns (along R), then dequantizing: what the GEMMs above see.
 enum class QuantRole : uint8_t { activation, weight };

@@ -14,6 +14,7 @@ namespace fs = std::filesystem;
 
 constexpr const char* kUsage =
     "usage: titan plot RUN_DIR [--metrics FILE] [--out DIR]\n"
+    "       titan plot --compare OUT.png RUN_DIR... (the runs' losses in one chart, one line per run)\n"
     "\n"
     "Draws the plots of a run from RUN_DIR/metrics.jsonl (or --metrics FILE) into RUN_DIR/plots (or --out DIR):\n"
     "loss.png, throughput.png, memory.png and, for MoE models, expert_load.png; and a PNG beside every\n"
@@ -27,6 +28,13 @@ int plot_main(int argc, char** argv) {
   return run_command("plot", kUsage, [&] {
     if (wants_help(args)) {
       std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (!args.empty() && args[0] == "--compare") {
+      if (args.size() < 3) throw UsageError{"--compare needs OUT.png and at least one RUN_DIR"};
+      std::vector<fs::path> runs(args.begin() + 2, args.end());
+      train::write_comparison_plot(fs::path(args[1]), "Loss by run", runs);
+      std::printf("%s\n", std::string(args[1]).c_str());
       return 0;
     }
     fs::path run, metrics, out;

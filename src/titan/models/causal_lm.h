@@ -11,6 +11,7 @@
 
 #include "titan/distributed/pipeline_stages.h"
 #include "titan/models/aux_loss.h"
+#include "titan/models/quantize.h"
 #include "titan/models/recompute.h"
 #include "titan/nn/module.h"
 
@@ -154,6 +155,9 @@ struct ModelOptions {
   double moe_aux_loss_alpha = 0;
   // [model] converters: the fused or small-op form of each op that has both (models/converters.h).
   std::vector<std::string> converters;
+  // The quantize.* converters' selections (models/quantize.h), from [model] converters and the
+  // [quantize.*] sections.
+  QuantizeOptions quantize;
   // DeepSeek-V3.2's sparse-attention training ([dsa]); only deepseek_v32 accepts a non-default one.
   DsaSchedule dsa;
   // Tensor + sequence parallelism over this group ([parallelism] tensor_parallel_degree; null or

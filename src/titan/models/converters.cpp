@@ -4,6 +4,7 @@
 
 #include "titan/core/error.h"
 #include "titan/models/moe/moe.h"
+#include "titan/models/quantize.h"
 #include "titan/nn/layers.h"
 
 namespace titan::models {
@@ -40,11 +41,20 @@ std::vector<std::string> converter_names(const std::vector<std::string>& ops) {
 Converters converters_from_names(const std::vector<std::string>& names, const std::string& model,
                                  const std::vector<std::string>& ops) {
   const std::vector<std::string> known = converter_names(ops);
-  for (const std::string& n : names)
+  const std::vector<std::string> quantize = {kQuantizeLinearFloat8, kQuantizeLinearMx, kQuantizeGroupedMmFloat8,
+                                             kQuantizeGroupedMmMx};
+  for (const std::string& n : names) {
+    if (is_quantize_converter(n)) {  // models/quantize.h applies these
+      TITAN_CHECK(std::find(quantize.begin(), quantize.end(), n) != quantize.end(),
+                  "model.converters: '" + n + "' is not a quantization converter",
+                  "the quantization converters: " + joined(quantize) + " (docs/precision.md)");
+      continue;
+    }
     TITAN_CHECK(std::find(known.begin(), known.end(), n) != known.end(),
                 "model.converters: '" + n + "' is not a converter of model " + model,
                 known.empty() ? "remove model.converters (model " + model + " has no op with a fused and a small-op form)"
                               : "known converters of " + model + ": " + joined(known) + " (docs/converters.md)");
+  }
   Converters c;
   const bool all_small = std::find(names.begin(), names.end(), "small_ops") != names.end();
   for (const std::string& op : ops) {

@@ -4,6 +4,7 @@
 #include "titan/core/error.h"
 #include "titan/distributed/process_group.h"
 #include "titan/models/converters.h"
+#include "titan/models/quantize.h"
 #include "titan/models/deepseek_v3/family.h"
 #include "titan/models/deepseek_v4/family.h"
 #include "titan/models/family.h"
@@ -73,6 +74,7 @@ std::unique_ptr<CausalLM> build_model(const std::string& name, const std::string
   check_options(f, options);
   std::unique_ptr<CausalLM> model = f.build(flavor, vocab_size, max_seq_len, options);
   apply_converters(*model, converters_from_names(options.converters, name, f.converters));
+  apply_quantize(*model, options.quantize);
   return model;
 }
 

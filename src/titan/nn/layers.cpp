@@ -8,6 +8,9 @@ Linear::Linear(int64_t in, int64_t out, Init init) : weight(register_parameter("
 
 Variable Linear::forward(const Variable& x) const {
   UnitScope unit(*this);  // an output head can be a unit of a parallel plan (FSDP)
+  if (quantize)
+    return autograd::quantized_linear(x, weight.var, weight.compute.defined() ? weight.compute : weight.var.value(),
+                                      *quantize, quantized);
   return autograd::linear(x, weight.var, weight.compute);
 }
 

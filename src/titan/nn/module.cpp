@@ -1,5 +1,7 @@
 #include "titan/nn/module.h"
 
+#include "titan/autograd/quantized_linear.h"
+
 #include "titan/core/rng.h"
 
 namespace titan::nn {
@@ -119,6 +121,7 @@ std::vector<std::pair<std::string, Tensor>> Module::state_dict() {
 }
 
 void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool strict, const std::string& source) {
+  autograd::note_parameters_changed();  // quantized weight caches recompute
   size_t used = 0;
   std::string missing;
   for (auto& [name, t] : state_dict()) {
@@ -163,6 +166,7 @@ void init_parameter(Tensor& t, const std::string& name, const Init& in, uint64_t
 }
 
 void Module::init_parameters(uint64_t seed) {
+  autograd::note_parameters_changed();
   for (auto& [name, p] : named_parameters())
     init_parameter(p->var.mutable_value(), name, p->init, seed, p->slice.global_shape.empty() ? nullptr : &p->slice);
 }

@@ -85,6 +85,11 @@ Rule one_of(std::initializer_list<E> values) {
   for (const E v : values) r.choices.push_back(name_of(v));
   return r;
 }
+Rule choices(std::initializer_list<std::string_view> names) {
+  Rule r;
+  r.choices = names;
+  return r;
+}
 Rule non_empty() {
   Rule r;
   r.non_empty = true;
@@ -102,7 +107,6 @@ const std::vector<NotCarried>& torchtitan_only() {
   static const std::vector<NotCarried> table = {
       {"compile", "titan.cpp is compiled ahead of time; there is no torch.compile step to configure"},
       {"experimental", "it imports Python modules, and titan.cpp has none"},
-      {"quantize", "it configures torchao's float8 and MX training, which titan.cpp does not use"},
       {"job.custom_config_module", "it extends the config with a Python dataclass, and titan.cpp has none"},
       {"metrics.enable_wandb", "titan.cpp writes metrics to {job.dump_folder}/{metrics.jsonl_file}; "
                                "use metrics.enable_jsonl"},
@@ -587,6 +591,30 @@ void check_relations(const Context& ctx, JobConfig& c) {
          "set parallelism.expert_parallel_degree = 1, or train " + moe);
   }
 
+  // Quantized training runs under data parallelism (FSDP, HSDP, DDP) only: tensor parallelism would
+  // cut weight blocks and context parallelism the token tiles of the weight-gradient GEMMs, and
+  // neither path is built or tested with the recipes.
+  const KeySpec& converters = spec("model", "converters");
+  const bool quantized = std::any_of(c.model.converters.begin(), c.model.converters.end(),
+                                     [](const std::string& n) { return n.rfind("quantize.", 0) == 0; });
+  for (const char* key : {"tensor_parallel_degree", "context_parallel_degree", "expert_parallel_degree",
+                          "pipeline_parallel_degree"}) {
+    const KeySpec& degree = spec("parallelism", key);
+    if (quantized && std::get<int64_t*>(degree.field(c))[0] > 1)
+      fail(degree, fmt::format("{} with a quantization converter ({})", show(degree), show(converters)),
+           fmt::format("quantized training runs under data parallelism only: set parallelism.{} = 1, or drop "
+                       "the quantize.* converters (docs/precision.md)", key));
+  }
+
+  // The weight-gradient GEMMs quantize tokens in tiles of 128 (FP8) or blocks of 32 (MX) along the
+  // batch: a tile must not straddle two sequences, or its scale would depend on how sequences are
+  // split over data-parallel ranks and micro-batches (and FSDP would not reproduce one rank).
+  const KeySpec& seq_len = spec("training", "seq_len");
+  if (quantized && c.training.seq_len % 128 != 0)
+    fail(seq_len, fmt::format("{} with a quantization converter ({})", show(seq_len), show(converters)),
+         "set training.seq_len to a multiple of 128: the quantized weight-gradient GEMMs' token tiles (128 for "
+         "FP8, 32 for MX) must not straddle sequences, so that the scales do not depend on the data split");
+
   const KeySpec& hf_load = spec("checkpoint", "initial_load_in_hf");
   const KeySpec& model_only_load = spec("checkpoint", "initial_load_model_only");
   if (c.checkpoint.initial_load_in_hf && !c.checkpoint.initial_load_model_only)
@@ -658,6 +686,38 @@ const KeySpec* section_holding(std::string_view key) {
   return nullptr;
 }
 
+// Whether some section's name is `prefix` followed by a dot: TOML reads [quantize.linear.float8]
+// as table quantize holding linear holding float8.
+bool is_section_prefix(std::string_view prefix) {
+  for (const auto& s : config_sections())
+    if (s.name.size() > prefix.size() && s.name.substr(0, prefix.size()) == prefix && s.name[prefix.size()] == '.')
+      return true;
+  return false;
+}
+
+// The keys of [section] (a dotted one arrives as nested tables and is walked down to its leaves).
+void apply_section(Context& ctx, JobConfig& config, const std::string& section, const toml::table& table,
+                   const std::string& where) {
+  if (!find_section(section) && is_section_prefix(section)) {
+    for (auto&& [key, node] : table) {
+      const std::string name = section + "." + std::string(key.str());
+      const toml::table* sub = node.as_table();
+      if (!sub || (!find_section(name) && !is_section_prefix(name)))
+        fail_unknown_section(location(ctx.source, key.source()), name);
+      apply_section(ctx, config, name, *sub, location(ctx.source, key.source()));
+    }
+    return;
+  }
+  if (!find_section(section)) fail_unknown_section(where, section);
+  for (auto&& [key, node] : table) {
+    const std::string key_where = location(ctx.source, key.source());
+    const KeySpec* spec = find_key(section, key.str());
+    if (!spec) fail_unknown_key(ctx, key_where, section, key.str(), false);
+    set_from_toml(ctx, *spec, spec->field(config), node, location(ctx.source, node.source()));
+    ctx.origins[full_name(*spec)] = Origin{location(ctx.source, node.source()), false};
+  }
+}
+
 void apply_toml(Context& ctx, JobConfig& config, std::string_view text) {
   toml::table root;
   try {
@@ -680,14 +740,7 @@ void apply_toml(Context& ctx, JobConfig& config, std::string_view text) {
                  home ? fmt::format("move it under a [{}] header", home->section)
                       : "every key belongs under a [section] header; docs/config.md lists them");
     }
-    if (!find_section(section)) fail_unknown_section(where, section);
-    for (auto&& [key, node] : *table) {
-      const std::string key_where = location(ctx.source, key.source());
-      const KeySpec* spec = find_key(section, key.str());
-      if (!spec) fail_unknown_key(ctx, key_where, section, key.str(), false);
-      set_from_toml(ctx, *spec, spec->field(config), node, location(ctx.source, node.source()));
-      ctx.origins[full_name(*spec)] = Origin{location(ctx.source, node.source()), false};
-    }
+    apply_section(ctx, config, section, *table, where);
   }
 }
 
@@ -701,7 +754,7 @@ void apply_overrides(Context& ctx, JobConfig& config, const std::vector<std::str
     const std::string_view body = std::string_view(arg).substr(2);
     const size_t eq = body.find('=');
     const std::string_view name = body.substr(0, eq);
-    const size_t dot = name.find('.');
+    const size_t dot = name.rfind('.');  // the key follows the last dot: --quantize.linear.mx.recipe_name
     if (dot == std::string_view::npos) {
       const KeySpec* home = section_holding(name);
       TITAN_FAIL(fmt::format("{}: override {} does not name a section.key", ctx.file(), arg),
@@ -775,6 +828,19 @@ const std::vector<SectionSpec>& config_sections() {
       {"fault",
        "What a numerical fault does: a loss or gradient norm that is NaN or infinite on any rank is seen by all "
        "before the optimizer step."},
+      {"quantize.linear.float8",
+       "DeepSeek-V3's FP8 blockwise training of the linear layers, on when [model] converters names "
+       "\"quantize.linear.float8\": E4M3 activations and gradients in 1 x 128 tiles, weights in 128 x 128 blocks, "
+       "f32 scales, f32 master weights (docs/precision.md)."},
+      {"quantize.linear.mx",
+       "OCP MX training of the linear layers, on when [model] converters names \"quantize.linear.mx\": UE8M0 "
+       "scales per 32 elements along each GEMM's reduction (docs/precision.md)."},
+      {"quantize.grouped_mm.float8",
+       "FP8 blockwise training of the routed experts' grouped GEMMs (each expert's weight its own 128 x 128 "
+       "blocks), on when [model] converters names \"quantize.grouped_mm.float8\"."},
+      {"quantize.grouped_mm.mx",
+       "OCP MX training of the routed experts' grouped GEMMs (per expert), on when [model] converters names "
+       "\"quantize.grouped_mm.mx\"; recipe_name = \"mxfp4\" is DeepSeek-V4's FP4 experts."},
       {"debug", "Reproducibility."},
   };
   return sections;
@@ -1131,6 +1197,28 @@ const std::vector<KeySpec>& config_schema() {
        "Testing: the rank fault.inject_nonfinite_at_step poisons and fault.inject_step_delay_seconds slows."},
       {"fault", "inject_step_delay_seconds", member<&C::fault, &Fault::inject_step_delay_seconds>, at_least(0),
        "Testing: rank fault.inject_rank sleeps this long in every step (a straggler, which the metrics name)."},
+      // [quantize.*]
+      {"quantize.linear.float8", "recipe_name", member<&C::quantize_linear_float8, &QuantizeLinear::recipe_name>,
+       choices({"blockwise"}),
+       "blockwise: DeepSeek-V3's tiles and blocks. (torchao's rowwise and tensorwise recipes are not built.)"},
+      {"quantize.linear.float8", "filter_fqns", member<&C::quantize_linear_float8, &QuantizeLinear::filter_fqns>,
+       anything(),
+       "Linear layers whose name contains one of these stay in high precision (the output head by default). "
+       "Embeddings, norms, routers and mHC maps are never quantized."},
+      {"quantize.linear.mx", "recipe_name", member<&C::quantize_linear_mx, &QuantizeLinear::recipe_name>,
+       choices({"mxfp8", "mxfp4"}),
+       "mxfp8: E4M3 operands. mxfp4: E2M1 weights, E4M3 activations and gradients."},
+      {"quantize.linear.mx", "filter_fqns", member<&C::quantize_linear_mx, &QuantizeLinear::filter_fqns>, anything(),
+       "Linear layers whose name contains one of these stay in high precision (the output head by default)."},
+      {"quantize.grouped_mm.float8", "recipe_name",
+       member<&C::quantize_grouped_mm_float8, &QuantizeGroupedMm::recipe_name>, choices({"blockwise"}),
+       "blockwise: DeepSeek-V3's tiles and blocks."},
+      {"quantize.grouped_mm.float8", "fqns", member<&C::quantize_grouped_mm_float8, &QuantizeGroupedMm::fqns>,
+       non_empty(), "Routed-expert modules whose name contains one of these are quantized."},
+      {"quantize.grouped_mm.mx", "recipe_name", member<&C::quantize_grouped_mm_mx, &QuantizeGroupedMm::recipe_name>,
+       choices({"mxfp8", "mxfp4"}), "mxfp8: E4M3 operands. mxfp4: E2M1 expert weights, E4M3 activations."},
+      {"quantize.grouped_mm.mx", "fqns", member<&C::quantize_grouped_mm_mx, &QuantizeGroupedMm::fqns>, non_empty(),
+       "Routed-expert modules whose name contains one of these are quantized."},
       // [debug]
       {"debug", "seed", member<&C::debug, &Debug::seed>, at_least(0),
        "Seed of every random stream (initialization, data order); the same seed and config reproduce a run."},

@@ -205,6 +205,22 @@ struct Fault {
   bool operator==(const Fault&) const = default;
 };
 
+// [quantize.linear.float8], [quantize.linear.mx], [quantize.grouped_mm.float8], [quantize.grouped_mm.mx]:
+// the options of the quantization converters [model] converters names (TorchTitan's TOML-era
+// sections and keys; models/quantize.h applies them, docs/precision.md explains the recipes).
+// Linear converters quantize every nn::Linear whose name contains none of filter_fqns; grouped_mm
+// converters quantize the routed experts whose name contains one of fqns.
+struct QuantizeLinear {
+  std::string recipe_name;
+  std::vector<std::string> filter_fqns = {"output"};
+  bool operator==(const QuantizeLinear&) const = default;
+};
+struct QuantizeGroupedMm {
+  std::string recipe_name;
+  std::vector<std::string> fqns = {"experts"};
+  bool operator==(const QuantizeGroupedMm&) const = default;
+};
+
 struct Debug {
   int64_t seed = 0;
   bool operator==(const Debug&) const = default;
@@ -225,6 +241,10 @@ struct JobConfig {
   Validation validation;
   Dsa dsa;
   Fault fault;
+  QuantizeLinear quantize_linear_float8{"blockwise"};
+  QuantizeLinear quantize_linear_mx{"mxfp8"};
+  QuantizeGroupedMm quantize_grouped_mm_float8{"blockwise"};
+  QuantizeGroupedMm quantize_grouped_mm_mx{"mxfp8"};
   Debug debug;
   bool operator==(const JobConfig&) const = default;
 };

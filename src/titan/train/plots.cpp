@@ -150,6 +150,23 @@ fs::path expert_plot(const RunMetrics& m, const fs::path& folder, const std::vec
 
 }  // namespace
 
+void write_comparison_plot(const fs::path& png, const std::string& title, const std::vector<fs::path>& runs) {
+  ChartPanel train{"Training loss", "step", "cross-entropy (nats / token)", {}};
+  ChartPanel validation{"Validation loss", "step", "cross-entropy (nats / token)", {}};
+  for (const fs::path& run : runs) {
+    const RunMetrics m = read_metrics(run / "metrics.jsonl");
+    const std::string label = run.filename().string();
+    train.series.push_back(series(m, label, "loss"));
+    ChartSeries v{label, {}, {}, -1, false};
+    for (const auto& [step, l] : m.validation_loss) v.x.push_back(double(step)), v.y.push_back(l);
+    validation.series.push_back(v);
+  }
+  std::vector<ChartPanel> panels{train};
+  if (!validation.series.front().x.empty()) panels.push_back(validation);
+  fs::create_directories(png.parent_path().empty() ? fs::path(".") : png.parent_path());
+  draw_line_charts(png, title, panels);
+}
+
 std::vector<fs::path> write_run_plots(const fs::path& metrics_jsonl, const fs::path& folder) {
   const RunMetrics m = read_metrics(metrics_jsonl);
   TITAN_CHECK(!m.train.empty(), metrics_jsonl.string() + " has no training steps to plot",

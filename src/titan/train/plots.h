@@ -8,6 +8,7 @@
 #pragma once
 
 #include <filesystem>
+#include <string>
 #include <vector>
 
 namespace titan::train {
@@ -16,6 +17,11 @@ namespace titan::train {
 // When a step was logged twice (a run resumed from a checkpoint before it), the later line wins.
 std::vector<std::filesystem::path> write_run_plots(const std::filesystem::path& metrics_jsonl,
                                                    const std::filesystem::path& folder);
+
+// One PNG comparing runs (each a run folder with metrics.jsonl, labelled by its folder name): their
+// training and validation losses against step, one line per run (`titan plot --compare`).
+void write_comparison_plot(const std::filesystem::path& png, const std::string& title,
+                           const std::vector<std::filesystem::path>& runs);
 
 // <snapshot>.png beside a memory snapshot JSON (the trainer's [profiling] enable_memory_snapshot).
 std::filesystem::path plot_memory_snapshot(const std::filesystem::path& snapshot_json);

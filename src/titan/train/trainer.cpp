@@ -253,6 +253,32 @@ struct Trainer::State {
   }
 };
 
+// The quantize.* converters [model] converters names, with their [quantize.*] sections' keys.
+models::QuantizeOptions quantize_options(const JobConfig& c) {
+  models::QuantizeOptions q;
+  auto named = [&](const char* n) {
+    return std::find(c.model.converters.begin(), c.model.converters.end(), n) != c.model.converters.end();
+  };
+  const bool linear_f8 = named(models::kQuantizeLinearFloat8), linear_mx = named(models::kQuantizeLinearMx);
+  const bool grouped_f8 = named(models::kQuantizeGroupedMmFloat8), grouped_mx = named(models::kQuantizeGroupedMmMx);
+  TITAN_CHECK(!(linear_f8 && linear_mx), "model.converters names both quantize.linear.float8 and quantize.linear.mx",
+              "keep one recipe for the linear layers");
+  TITAN_CHECK(!(grouped_f8 && grouped_mx),
+              "model.converters names both quantize.grouped_mm.float8 and quantize.grouped_mm.mx",
+              "keep one recipe for the routed experts");
+  if (linear_f8 || linear_mx) {
+    const QuantizeLinear& k = linear_f8 ? c.quantize_linear_float8 : c.quantize_linear_mx;
+    const char* name = linear_f8 ? models::kQuantizeLinearFloat8 : models::kQuantizeLinearMx;
+    q.linear = models::QuantizeSelection{models::quantize_recipe(name, k.recipe_name), k.filter_fqns};
+  }
+  if (grouped_f8 || grouped_mx) {
+    const QuantizeGroupedMm& k = grouped_f8 ? c.quantize_grouped_mm_float8 : c.quantize_grouped_mm_mx;
+    const char* name = grouped_f8 ? models::kQuantizeGroupedMmFloat8 : models::kQuantizeGroupedMmMx;
+    q.grouped_mm = models::QuantizeSelection{models::quantize_recipe(name, k.recipe_name), k.fqns};
+  }
+  return q;
+}
+
 namespace {
 
 models::ModelOptions model_options(const JobConfig& c, const json* hf_config, const distributed::DeviceMesh& mesh) {
@@ -268,6 +294,7 @@ models::ModelOptions model_options(const JobConfig& c, const json* hf_config, co
   mo.moe_load_balance_coeff = c.model.moe_load_balance_coeff;
   mo.moe_aux_loss_alpha = c.model.moe_aux_loss_alpha;
   mo.converters = c.model.converters;
+  mo.quantize = quantize_options(c);
   mo.dsa = {c.dsa.warmup_steps, c.dsa.indexer_loss_coeff, c.dsa.topk};
   return mo;
 }
@@ -885,6 +912,9 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
   const Training& t = cfg.training;
   if (const std::string event = model->begin_step(step + 1); !event.empty()) log.log_event(event);
   dp->zero_grad();
+  // Quantized weights (autograd/quantized_linear.h) are recomputed once per step: a checkpoint
+  // reload or rollback since the last step also lands here.
+  autograd::note_parameters_changed();
   StepOutcome out;
   // Gradients are reduced by summing over the data-parallel ranks, so each rank's backward is
   // seeded with 1 / (micro-batches x ranks): the sum is the mean over the global batch.
@@ -976,6 +1006,7 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
     return out;
   }
   opt->step(float(out.lr), norm.scale);
+  autograd::note_parameters_changed();  // validation after this step sees the new weights
   // MoE's expert loads: summed over the data (and context) ranks, and under the MoE TP fix over
   // TP, whose ranks route their own sequence pieces (under the gather scheme every TP rank counts
   // the same gathered tokens: one rank's count is the group's).

@@ -54,4 +54,8 @@ class Trainer {
   std::unique_ptr<State> s_;
 };
 
+// The quantize.* converters [model] converters names, with their [quantize.*] sections' keys
+// (models/quantize.h). Throws for two recipes of one kind.
+models::QuantizeOptions quantize_options(const JobConfig& c);
+
 }  // namespace titan::train

@@ -49,7 +49,9 @@ Attention::Attention(const DeepSeekV3Args& a, int layer_id, const distributed::P
       index_topk_(a.index_topk),
       dim_(a.dim),
       scale_(a.softmax_scale()),
-      tp_(degree(tp) > 1 ? tp : nullptr) {}
+      tp_(degree(tp) > 1 ? tp : nullptr) {
+  wkv_b.quantizable = false;  // read directly by the absorbed / sparse attention paths
+}
 
 Attention::Projections Attention::project(const Variable& x) const {
   return {(wq ? wq : wq_a)->forward(x), wkv_a.forward(x), indexer ? x.value() : Tensor()};

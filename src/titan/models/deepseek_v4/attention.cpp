@@ -182,6 +182,7 @@ Attention::Attention(const DeepSeekV4Args& a, LayerType type)
                                   std::make_unique<Compressor>(a, a.head_dim, ratio_, type == LayerType::csa));
     if (type == LayerType::csa) compressor->add_indexer(a);
   }
+  o_a_proj.quantizable = false;  // forward() multiplies its groups' slices itself
 }
 
 Variable Attention::forward(const Variable& h, const Tensor& positions, const kernels::RopeTables& rope,

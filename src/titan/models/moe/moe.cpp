@@ -107,6 +107,7 @@ Variable FeedForward::forward(const Variable& x) const {
 TokenChoiceTopKRouter::TokenChoiceTopKRouter(int64_t dim, int64_t experts, double init_std)
     : gate(register_module("gate", std::make_unique<nn::Linear>(dim, experts, Init::trunc_normal(init_std)))) {
   gate.weight.gemm_weight = false;  // no bf16 copy: the router's GEMM runs in f32
+  gate.quantizable = false;          // ... and never quantized
 }
 
 GroupedExperts::GroupedExperts(int64_t dim, int64_t hidden, int64_t experts, double init_std)
