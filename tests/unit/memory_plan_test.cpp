@@ -26,6 +26,14 @@ std::map<std::string, Shape> planned(const train::ModelShape& m) {
   return out;
 }
 
+// The planned parameter `n` of `m` (a failure, and an empty one, if it is not planned).
+train::PlannedParam find(const train::ModelShape& m, const std::string& n) {
+  for (const train::PlannedParam& p : m.params)
+    if (p.name == n) return p;
+  ADD_FAILURE() << n << " is not planned";
+  return train::PlannedParam{};
+}
+
 train::JobConfig config(const std::string& toml, const std::vector<std::string>& overrides = {}) {
   return train::parse_config(toml, "plan.toml", overrides);
 }
@@ -78,12 +86,6 @@ TEST(ParamInventory, IsTheModelBuiltWithoutStorage) {
 
 // What the planner divides is what each model's parallel plan declares (Parameter::tp_plan).
 TEST(ParamInventory, ReadsTheDeclaredParallelPlan) {
-  const auto find = [](const train::ModelShape& m, const std::string& n) {
-    for (const train::PlannedParam& p : m.params)
-      if (p.name == n) return p;
-    ADD_FAILURE() << n << " is not planned";
-    return train::PlannedParam{};
-  };
   const train::ModelShape llama = train::model_shape("llama3", "debugmodel", 2048);
   EXPECT_EQ(find(llama, "tok_embeddings.weight").tp_dim, 0);
   EXPECT_EQ(find(llama, "tok_embeddings.weight").layer, train::PlannedParam::kEmbedding);
@@ -116,12 +118,6 @@ TEST(ParamInventory, ReadsTheDeclaredParallelPlan) {
 // indexers, the router; the routed experts under the MoE TP fix), and the activation bytes per
 // token of one block that TP 2 halves (s) and leaves whole (r): held(1) = r + s, held(2) = r + s / 2.
 TEST(ParamInventory, DeepSeekV4TensorParallelSplitAndReplicated) {
-  const auto find = [](const train::ModelShape& m, const std::string& n) {
-    for (const train::PlannedParam& p : m.params)
-      if (p.name == n) return p;
-    ADD_FAILURE() << n << " is not planned";
-    return train::PlannedParam{};
-  };
   const train::ModelShape debug = train::model_shape("deepseek_v4", "debugmodel", 2048);
   EXPECT_EQ(find(debug, "layers.2.self_attn.q_b_proj.weight").tp_dim, 0);
   EXPECT_EQ(find(debug, "layers.2.self_attn.sinks").tp_dim, 0);
