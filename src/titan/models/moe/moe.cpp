@@ -81,10 +81,6 @@ void MoEArgs::validate() const {
   TITAN_CHECK(!hash_routing || vocab_size >= 1,
               "moe: a hash_moe layer with vocab_size " + std::to_string(vocab_size),
               "its tid2eid table has one row per token id: pass the vocabulary size");
-  TITAN_CHECK(!hash_routing || degree == 1,
-              "parallelism.tensor_parallel_degree = " + std::to_string(degree) +
-                  " with a hash_moe layer: its choice reads the ids of the tokens it routes, which TP regroups",
-              "set tensor_parallel_degree = 1");
   const int64_t experts_over = ep_degree();
   TITAN_CHECK(experts_over >= 1 && n_routed_experts % experts_over == 0,
               "parallelism.expert_parallel_degree = " + std::to_string(experts_over) + " does not divide the " +
