@@ -187,16 +187,26 @@ TEST_F(EpLayouts, DeepSeekV32ReproducesOneRank) {
 // deepseek_v4, whose debugmodel routes layers 0-1 by its hash table (the choice read from the
 // tokens' ids before the exchange) and the rest by the learned router with its balancing bias
 // (updated every step from the loads summed over the ranks): EP 2 on 2 ranks; on 4, EP 2 with the
-// experts FSDP-sharded over the other 2 (FSDP 4 x EP 2).
+// experts FSDP-sharded over the other 2 (FSDP 4 x EP 2). Tensor + sequence parallel
+// (models/deepseek_v4/parallelize.cpp) shares the reference: TP 2 under both MoE schemes on 2
+// ranks (the fix: each rank hash-routes its own tokens by their ids; gather: all tokens, each
+// expert's hidden units split), and on 4 TP 2 inside EP 4 with FSDP 2.
 TEST_F(EpLayouts, DeepSeekV4ReproducesOneRank) {
   const int n = world().size();
   const auto one = reference_on_rank0(config("deepseek_v4", {"reference"}));
-  const Layout l = n == 4 ? Layout{"fsdp4_ep2", {.shard = 4, .ep = 2}} : Layout{"ep2", {.shard = 2, .ep = 2}};
-  const train::JobConfig cfg = config("deepseek_v4", l);
-  expect_same_losses(one, train_on(cfg, world()), 1e-5, "deepseek_v4 " + describe(l));
-  // The expert loads are logged as DeepSeek-V3's: rank 0's, the worst layer's and a hash layer's.
-  for (const std::string key : {"moe_imbalance_max", "moe_imbalance/layer0"})
-    EXPECT_EQ(losses_of(cfg.job.dump_folder, "train", key).size(), 20u) << key;
+  const std::vector<Layout> layouts =
+      n == 4 ? std::vector<Layout>{{"fsdp4_ep2", {.shard = 4, .ep = 2}}, {"fsdp2_tp2_ep4", {.shard = 2, .tp = 2, .ep = 4}}}
+             : std::vector<Layout>{{"ep2", {.shard = 2, .ep = 2}},
+                                   {"tp2", {.tp = 2}},
+                                   {"tp2_gather", {.tp = 2}, {"--parallelism.moe_tp_scheme=gather"}}};
+  for (const Layout& l : layouts) {
+    const train::JobConfig cfg = config("deepseek_v4", l);
+    expect_same_losses(one, train_on(cfg, world()), 1e-5,
+                       "deepseek_v4 " + describe(l) + (l.extra.empty() ? "" : ", " + l.extra[0]));
+    // The expert loads are logged as DeepSeek-V3's: rank 0's, the worst layer's and a hash layer's.
+    for (const std::string key : {"moe_imbalance_max", "moe_imbalance/layer0"})
+      EXPECT_EQ(losses_of(cfg.job.dump_folder, "train", key).size(), 20u) << l.name << ": " << key;
+  }
 }
 
 // EP borrowing context-parallel ranks: the deepseek_v32 sparse stage from step 1 (CP runs DSA

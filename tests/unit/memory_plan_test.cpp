@@ -5,6 +5,7 @@
 // card before FSDP). Its figures against measured runs: distributed/memory_plan_measured_test.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <map>
 
 #include "common/error_of.h"
@@ -23,6 +24,14 @@ std::map<std::string, Shape> planned(const train::ModelShape& m) {
   std::map<std::string, Shape> out;
   for (const train::PlannedParam& p : m.params) out[p.name] = p.shape;
   return out;
+}
+
+// The planned parameter `n` of `m` (a failure, and an empty one, if it is not planned).
+train::PlannedParam find(const train::ModelShape& m, const std::string& n) {
+  for (const train::PlannedParam& p : m.params)
+    if (p.name == n) return p;
+  ADD_FAILURE() << n << " is not planned";
+  return train::PlannedParam{};
 }
 
 train::JobConfig config(const std::string& toml, const std::vector<std::string>& overrides = {}) {
@@ -77,12 +86,6 @@ TEST(ParamInventory, IsTheModelBuiltWithoutStorage) {
 
 // What the planner divides is what each model's parallel plan declares (Parameter::tp_plan).
 TEST(ParamInventory, ReadsTheDeclaredParallelPlan) {
-  const auto find = [](const train::ModelShape& m, const std::string& n) {
-    for (const train::PlannedParam& p : m.params)
-      if (p.name == n) return p;
-    ADD_FAILURE() << n << " is not planned";
-    return train::PlannedParam{};
-  };
   const train::ModelShape llama = train::model_shape("llama3", "debugmodel", 2048);
   EXPECT_EQ(find(llama, "tok_embeddings.weight").tp_dim, 0);
   EXPECT_EQ(find(llama, "tok_embeddings.weight").layer, train::PlannedParam::kEmbedding);
@@ -106,6 +109,49 @@ TEST(ParamInventory, ReadsTheDeclaredParallelPlan) {
   EXPECT_EQ(find(gather, "layers.1.moe.experts.w1").tp_dim, 1);
   const train::ModelShape mtp = train::model_shape("deepseek_v3", "debugmodel", 2048, 0, 1);
   EXPECT_EQ(find(mtp, "mtp.0.eh_proj.weight").layer, train::PlannedParam::kMtp);
+}
+
+// DeepSeek-V4 under TP 2 (models/deepseek_v4/parallelize.cpp), measured from the declared plan
+// and the planner's activation model, and printed (docs/deepseek_v4.md quotes them): which
+// parameters are split (q_b_proj, sinks, o_a_proj / o_b_proj by groups, the shared expert,
+// embedding and head) and which replicated (the mHC maps, norms, q_a_proj, kv_proj, compressors,
+// indexers, the router; the routed experts under the MoE TP fix), and the activation bytes per
+// token of one block that TP 2 halves (s) and leaves whole (r): held(1) = r + s, held(2) = r + s / 2.
+TEST(ParamInventory, DeepSeekV4TensorParallelSplitAndReplicated) {
+  const train::ModelShape debug = train::model_shape("deepseek_v4", "debugmodel", 2048);
+  EXPECT_EQ(find(debug, "layers.2.self_attn.q_b_proj.weight").tp_dim, 0);
+  EXPECT_EQ(find(debug, "layers.2.self_attn.sinks").tp_dim, 0);
+  EXPECT_EQ(find(debug, "layers.2.self_attn.o_a_proj.weight").tp_dim, 0);
+  EXPECT_EQ(find(debug, "layers.2.self_attn.o_b_proj.weight").tp_dim, 1);
+  EXPECT_TRUE(find(debug, "layers.2.self_attn.kv_proj.weight").tp_partial_grad);
+  EXPECT_TRUE(find(debug, "layers.2.attn_hc.fn").tp_partial_grad);
+  const train::PlannedParam indexer = find(debug, "layers.1.self_attn.compressor.indexer.q_b_proj.weight");
+  EXPECT_EQ(indexer.tp_dim, -1);
+  EXPECT_FALSE(indexer.tp_partial_grad) << "the indexer is computed whole on every TP rank";
+  for (const bool gather : {false, true}) {
+    const train::ModelShape m = train::model_shape("deepseek_v4", "flash", 0, 0, 0, gather);
+    double split = 0, replicated = 0, experts = 0;
+    for (const train::PlannedParam& p : m.params) {
+      const double n = double(p.shape.numel());
+      (p.tp_dim >= 0 ? split : replicated) += n;
+      if (p.routed_expert && p.tp_dim < 0) experts += n;
+    }
+    models::PlanQuery q{.flavor = "flash", .vocab = 0, .seq_len = 4096};
+    q.moe_tp_gather = gather;
+    const models::ActivationModel one = m.family->activations(q);
+    q.tp = 2;
+    const models::ActivationModel two = m.family->activations(q);
+    const double s = 2 * (one.blocks[2].held - two.blocks[2].held), r = one.blocks[2].held - s;
+    std::printf("deepseek_v4 flash, TP 2, moe_tp_scheme = %s: parameters split %.3fB, replicated %.3fB (routed "
+                "experts %.3fB of them), per rank %.3fB of %.3fB; a CSA block's held activations per token: split "
+                "%.0f bytes, replicated %.0f bytes (%.0f -> %.0f per rank)\n",
+                gather ? "gather" : "sequence", split / 1e9, replicated / 1e9, experts / 1e9,
+                (split / 2 + replicated) / 1e9, (split + replicated) / 1e9, s, r, one.blocks[2].held, two.blocks[2].held);
+    EXPECT_GT(split, 0);
+    EXPECT_GT(s, 0);
+    EXPECT_GT(r, 0) << "the gathered input, query latent, key = value row and compressor are replicated";
+    EXPECT_EQ(experts > 0, !gather) << "the MoE TP fix replicates the routed experts over TP";
+  }
 }
 
 // The counts are the flavors' analytic ones (DeepSeek's 671B excludes its MTP module).

@@ -109,6 +109,18 @@ TEST(ModelFamily, EachRankHoldsOnlyThePiecesItsPlanGivesIt) {
   }
 }
 
+// DeepSeek-V4 splits its heads and its output groups over TP (each rank whole groups of its own
+// heads): the debug model's 4 heads in 2 groups run TP 1 or 2; TP 4 is refused by key and value.
+TEST(ModelFamily, DeepSeekV4RefusesTensorParallelThatSplitsAnOutputGroup) {
+  const distributed::ProcessGroup four(0, "four", 1, {0, 1, 2, 3});
+  models::ModelOptions tp;
+  tp.tp = &four;
+  const std::string e = error_of([&] { models::build_model("deepseek_v4", "debugmodel", 256, 32, tp); });
+  EXPECT_NE(e.find("parallelism.tensor_parallel_degree = 4 does not divide deepseek_v4's 2 output groups (o_groups)"),
+            std::string::npos) << e;
+  EXPECT_NE(e.find(": 1, 2"), std::string::npos) << e;  // the degrees that work
+}
+
 TEST(ModelFamily, AnUnknownNameListsTheRegisteredOnes) {
   const std::string e = error_of([] { models::model_family("gpt2"); });
   for (const std::string& n : models::model_names()) EXPECT_NE(e.find(n), std::string::npos) << e;

@@ -7,7 +7,9 @@
 #include "titan/autograd/ops.h"
 #include "titan/autograd/v4_small_op_forms.h"
 #include "titan/core/error.h"
+#include "titan/distributed/tensor_parallel.h"
 #include "titan/kernels/compressor.h"
+#include "titan/kernels/elementwise.h"
 #include "titan/kernels/lightning_indexer.h"
 #include "titan/models/deepseek_v4/mixed_linear.h"
 #include "titan/models/indexer_kl.h"
@@ -185,8 +187,18 @@ Attention::Attention(const DeepSeekV4Args& a, LayerType type)
   o_a_proj.quantizable = false;  // forward() multiplies its groups' slices itself
 }
 
-Variable Attention::forward(const Variable& h, const Tensor& positions, const kernels::RopeTables& rope,
+void Attention::set_tensor_parallel(const distributed::ProcessGroup* tp) {
+  if (!tp || tp->size() == 1) return;
+  tp_ = tp;
+  heads_ = sinks.var.shape()[0];  // this rank's heads (the sinks are sharded by head)
+  groups_ /= tp->size();          // and output groups (DeepSeekV4Args: tp divides o_groups)
+}
+
+Variable Attention::forward(const Variable& piece, const Tensor& positions, const kernels::RopeTables& rope,
                             AuxLosses* aux) const {
+  // Under TP every rank's tokens: the query latent, the key = value row, the compressors and the
+  // indexer run on all of them (replicated), the queries and the attention on this rank's heads.
+  const Variable h = tp_ ? distributed::gather_tokens(piece, *tp_) : piece;
   const int64_t b = positions.size(0), s = positions.size(1), n = b * s;
   const int64_t hd = head_dim_, tail = head_dim_ - rope_dim_;
   const Variable qr = q_a_norm.forward(mixed_linear(q_a_proj, h));  // [N, Rq]
@@ -208,7 +220,8 @@ Variable Attention::forward(const Variable& h, const Tensor& positions, const ke
   for (int64_t g = 0; g < groups_; ++g)
     parts.push_back(mixed_linear(autograd::narrow_last(o, g * width, width), autograd::narrow(o_a_proj.weight.var, 0, g * rank, rank),
                                  o_a_proj.weight.compute.defined() ? o_a_proj.weight.compute.narrow(0, g * rank, rank) : Tensor()));
-  return mixed_linear(o_b_proj, groups_ == 1 ? parts[0] : autograd::concat(parts, 1));
+  const Variable out = mixed_linear(o_b_proj, groups_ == 1 ? parts[0] : autograd::concat(parts, 1));
+  return tp_ ? distributed::reduce_scatter_tokens(out, *tp_) : out;  // this rank's groups' partial sums
 }
 
 Variable Attention::attend(const Variable& q, const Keys& keys, AuxLosses* aux, double kl_share) const {
@@ -221,6 +234,10 @@ Variable Attention::attend(const Variable& q, const Keys& keys, AuxLosses* aux, 
                                             compressed ? ratio_ : 2, 1.0 / std::sqrt(double(head_dim_)),
                                             train_indexer ? &head_mean : nullptr, keys.pos0);
   if (train_indexer) {
+    if (tp_) {  // each rank has the mean over its heads; the target is the mean over all of them
+      tp_->all_reduce(head_mean).wait();
+      kernels::scale(head_mean, head_mean, 1.0 / double(tp_->size()));
+    }
     IndexerTarget target;
     target.idx = keys.sel.idx, target.head_mean = head_mean, target.ratio = ratio_, target.pos0 = keys.pos0;
     const Variable kl = indexer_kl(keys.sel.q, keys.sel.k, keys.sel.w, target);

@@ -111,6 +111,11 @@ class Attention : public nn::Module {
   // the compressed entries (and CSA's indexer keys) of every rank, all-gathered in sequence
   // order: no raw K/V of the whole sequence is exchanged. Null: one rank holds whole sequences.
   const distributed::ProcessGroup* cp = nullptr;
+  // Tensor + sequence parallelism (models/deepseek_v4/parallelize.cpp): h is this rank's piece of
+  // the tokens, gathered here; this rank runs heads [r H / tp, (r + 1) H / tp) and output groups
+  // [r G / tp, ..) (the same heads: groups hold contiguous heads), and its partial sums of the
+  // output are reduce-scattered back to its piece. Call after the parameters are placed.
+  void set_tensor_parallel(const distributed::ProcessGroup* tp);
 
  private:
   // What one block of queries attends over: its raw key rows (the queries are the last rows),
@@ -129,6 +134,7 @@ class Attention : public nn::Module {
   Variable attend_chunks(const Variable& h, const Variable& qr, const Variable& q, const Variable& kv,
                          const Tensor& positions, const kernels::RopeTables& rope, AuxLosses* aux) const;
 
+  const distributed::ProcessGroup* tp_ = nullptr;
   LayerType type_;
   int64_t heads_, head_dim_, rope_dim_, groups_, window_, ratio_;
   double norm_eps_;

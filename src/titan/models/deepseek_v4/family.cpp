@@ -35,10 +35,6 @@ DeepSeekV4Args architecture(const std::string& flavor, int64_t vocab, int64_t ma
 }
 
 std::unique_ptr<CausalLM> build(const std::string& flavor, int64_t vocab, int64_t max_seq_len, const ModelOptions& o) {
-  const auto unsupported = [](bool on, const std::string& what, const std::string& fix) {
-    TITAN_CHECK(!on, "deepseek_v4 does not run " + what + " yet", fix);
-  };
-  unsupported(o.tp && o.tp->size() > 1, "tensor parallel", "set parallelism.tensor_parallel_degree = 1");
   TITAN_CHECK(o.dsa.warmup_steps == 0, "dsa.warmup_steps = " + std::to_string(o.dsa.warmup_steps) +
                                            ": DeepSeek-V4's indexers train beside the model from the first step",
               "remove dsa.warmup_steps (V4 has no dense warm-up stage)");
@@ -48,7 +44,9 @@ std::unique_ptr<CausalLM> build(const std::string& flavor, int64_t vocab, int64_
   const DeepSeekV4Args a = architecture(flavor, vocab, max_seq_len, o);
   if (max_seq_len > 0) a.validate_sequence(max_seq_len);
   if (max_seq_len > 0 && o.cp) a.validate_context_parallel(max_seq_len, o.cp->size());
-  auto m = build_placed([&] { return std::make_unique<Transformer>(a, o.pipeline_stages, o.ep); });
+  models::moe::MoEArgs groups;  // the MoE's parallel groups (moe_args sets the rest)
+  groups.ep = o.ep, groups.tp = o.tp, groups.tp_gather = o.moe_tp_gather;
+  auto m = build_placed([&] { return std::make_unique<Transformer>(a, o.pipeline_stages, groups); });
   m->set_indexer_loss_coeff(o.dsa.indexer_loss_coeff);
   m->set_context_parallel(o.cp);
   return m;
@@ -63,26 +61,35 @@ int64_t n_layers(const std::string& flavor, int64_t vocab, const ModelOptions& o
 // hyper-connection's mixes and the collapsed input; the attention's query latent, queries (normed,
 // roped), key = value row, output (and turned back), grouped projection and its compressor's
 // projections and entries; the MoE's routed rows (K per token: w1, w3, product, w2 output) and the
-// shared expert's. An approximation the planner's measured test does not check for V4 yet.
+// shared expert's. Under TP (parallelize.cpp) per token of the whole sequence: the streams, mixes
+// and norms are this rank's 1/tp piece; the attention's input is gathered, the query latent, the
+// key = value row and the compressor replicated, the heads and output groups 1/tp; the routed
+// experts see 1/tp of the tokens (the MoE TP fix) or all of them through 1/tp of their hidden
+// units (gather), the shared expert 1/tp of its units. An approximation the planner's measured
+// test does not check for V4 yet.
 ActivationModel activations(const PlanQuery& j) {
   const DeepSeekV4Args a = deepseek_v4_flavor(j.flavor, j.vocab);
   const double c = 4, d = double(a.dim), n = double(a.hc_mult), hd = double(a.head_dim), h = double(a.n_heads);
-  const double f = double(a.moe_inter_dim), k = double(a.n_activated_experts);
+  const double t = j.tp, k = double(a.n_activated_experts);
+  const double share = j.moe_tp_gather ? 1 : 1 / t, f = double(a.moe_inter_dim) / (j.moe_tp_gather ? t : 1);
+  const double fs = double(a.moe_inter_dim) / t;  // the shared expert's units
   ActivationModel m;
-  for (LayerType t : a.layer_types) {
+  for (LayerType type : a.layer_types) {
     BlockTensors x;
-    x.add(2 * n * d * c, true, true);                         // the streams into each block
-    x.add(2 * ((n + 2) * n + d + 2 * d) * c, true);           // mixes, collapsed, normed (per block)
-    x.add((double(a.q_lora_rank) * 2 + 3 * h * hd + 2 * hd) * c, true, true);  // qr, q, kv, o
-    x.add((double(a.o_groups * a.o_lora_rank) + d) * c, true, true);          // grouped, output
-    const int64_t m_ratio = a.compress_ratio(t);
-    if (m_ratio > 0) x.add((t == LayerType::csa ? 4 : 2) * hd * c + hd / double(m_ratio) * c, true);
-    x.add((k + 1) * 4 * f * c + 2 * d * c, true, true);       // experts' rows, routed output
-    m.blocks.push_back(block_activations(x, n * d * c, 0, 0, (k + 1) * 3 * f * c + 2 * n * d * c));
+    x.add(2 * n * d * c / t, true, true);                     // the streams into each block
+    x.add(2 * ((n + 2) * n + d + 2 * d) * c / t, true);       // mixes, collapsed, normed (per block)
+    if (t > 1) x.add(d * c, true);                            // the attention's gathered input
+    x.add((double(a.q_lora_rank) * 2 + 2 * hd) * c, true, true);  // qr (normed), kv: replicated
+    x.add(3 * h / t * hd * c, true, true);                    // q, o: this rank's heads
+    x.add(double(a.o_groups * a.o_lora_rank) / t * c + d * c, true, true);  // its groups, the partial output
+    const int64_t m_ratio = a.compress_ratio(type);
+    if (m_ratio > 0) x.add((type == LayerType::csa ? 4 : 2) * hd * c + hd / double(m_ratio) * c, true);
+    x.add(k * 4 * f * c * share + 4 * fs * c + 2 * d * c / t, true, true);  // experts' rows, routed output
+    m.blocks.push_back(block_activations(x, n * d * c / t, 0, 0, (k * f * share + fs) * 3 * c + 2 * n * d * c / t));
   }
-  m.embedding = n * d * c;
-  m.head = (2 * d + double(a.vocab_size)) * c;
-  m.head_backward = (double(a.vocab_size) + 2 * d) * c;
+  m.embedding = n * d * c / t;
+  m.head = (2 * d / t + double(a.vocab_size) / t) * c;
+  m.head_backward = (double(a.vocab_size) / t + 2 * d / t) * c;
   return m;
 }
 
@@ -205,7 +212,6 @@ const ModelFamily& family() {
       .routed_experts = true,
       .multi_token_prediction = false,
       .sparse_attention = true,
-      .tensor_parallel = false,
       // the MoE's (models/moe/moe.h), the mHC maps' (hyper_connection.h), the compressors' (attention.h)
       .converters = {kConverterGroupedMm, kConverterPermute, kConverterHyperConnection, kConverterCompressor},
       .build = build,

@@ -7,6 +7,7 @@
 #include "titan/autograd/ops.h"
 #include "titan/core/error.h"
 #include "titan/distributed/process_group.h"
+#include "titan/distributed/tensor_parallel.h"
 #include "titan/models/common.h"
 #include "titan/models/deepseek_v4/mixed_linear.h"
 
@@ -18,13 +19,13 @@ std::unique_ptr<nn::RMSNorm> rms_norm(const DeepSeekV4Args& a) { return std::mak
 
 }  // namespace
 
-DecoderLayer::DecoderLayer(const DeepSeekV4Args& a, int64_t layer, const distributed::ProcessGroup* ep)
+DecoderLayer::DecoderLayer(const DeepSeekV4Args& a, int64_t layer, const models::moe::MoEArgs& moe)
     : attn_hc(register_module("attn_hc", std::make_unique<HyperConnection>(a.hyper_connection()))),
       input_layernorm(register_module("input_layernorm", rms_norm(a))),
       self_attn(register_module("self_attn", std::make_unique<Attention>(a, a.layer_types[size_t(layer)]))),
       ffn_hc(register_module("ffn_hc", std::make_unique<HyperConnection>(a.hyper_connection()))),
       post_attention_layernorm(register_module("post_attention_layernorm", rms_norm(a))),
-      mlp(register_module("mlp", std::make_unique<MoE>(moe_args(a, layer, ep), a.init_std))),
+      mlp(register_module("mlp", std::make_unique<MoE>(moe_args(a, layer, moe), a.init_std))),
       type(a.layer_types[size_t(layer)]) {}
 
 Variable DecoderLayer::forward(const Variable& streams, const Tensor& positions, const Tensor& token_ids,
@@ -33,9 +34,11 @@ Variable DecoderLayer::forward(const Variable& streams, const Tensor& positions,
   const Variable a = self_attn.forward(input_layernorm.forward(before_attn.collapsed), positions, rope, aux);
   const Variable mid = HyperConnection::merge(streams, a, before_attn);
   const HyperConnection::Mixing before_ffn = ffn_hc.forward(mid);
-  // The MoE takes the tokens as [B, S, d] sequences (and their ids, for hash routing).
+  // The MoE takes the tokens as [B, S, d] sequences, under TP this rank's piece [T / tp, d] (and
+  // every token's id, for hash routing).
   const Variable normed = post_attention_layernorm.forward(before_ffn.collapsed);  // [T, d]
-  const Variable sequences = autograd::view(normed, {positions.size(0), positions.size(1), normed.shape()[1]});
+  const Variable sequences =
+      mlp.args().tp ? normed : autograd::view(normed, {positions.size(0), positions.size(1), normed.shape()[1]});
   const DType cd = experts_dtype;
   const Variable moe_in = cd == sequences.dtype() ? sequences : autograd::cast(sequences, cd);
   const Variable f = autograd::cast(autograd::view(mlp.forward_with_aux(moe_in, token_ids).y, normed.shape()), normed.dtype());
@@ -62,7 +65,7 @@ Variable DecoderLayer::forward(const Variable& streams, const Tensor& positions,
 }
 
 Transformer::Transformer(const DeepSeekV4Args& a, const std::vector<distributed::pp::StageLayers>& stages,
-                         const distributed::ProcessGroup* ep)
+                         const models::moe::MoEArgs& groups)
     : embed_tokens(holds(stages, [](const auto& st) { return st.embedding; })
                        ? &register_module("embed_tokens", std::make_unique<nn::Embedding>(a.vocab_size, a.dim,
                                                                                           nn::Init::normal(0, a.init_std)))
@@ -72,14 +75,22 @@ Transformer::Transformer(const DeepSeekV4Args& a, const std::vector<distributed:
       rope_main_(kernels::rope_tables(a.rope(LayerType::sliding), a.max_seq_len)),
       rope_compress_(kernels::rope_tables(a.rope(LayerType::hca), a.max_seq_len)) {
   a.validate();
+  const int64_t degree = groups.tp ? groups.tp->size() : 1;
+  check_tensor_parallel(a, degree);
+  models::moe::MoEArgs moe = groups;
+  if (degree == 1) moe.tp = nullptr;
   for (int l = 0; l < a.n_layers; ++l)
     if (holds(stages, [l](const auto& st) { return l >= st.begin && l < st.end; }))
-      layers.append_as(size_t(l), std::make_unique<DecoderLayer>(a, l, ep));
-  if (!holds(stages, [](const auto& st) { return st.head; })) return;
-  hc_head = &register_module("hc_head", std::make_unique<HyperHead>(a.hyper_connection()));
-  norm = &register_module("norm", rms_norm(a));
-  lm_head = &register_module("lm_head", std::make_unique<nn::Linear>(a.dim, a.vocab_size, nn::Init::normal(0, a.init_std)));
-  lm_head->weight.vocabulary = true;  // AdamW's under Muon (optim/param_groups.h), as the embedding
+      layers.append_as(size_t(l), std::make_unique<DecoderLayer>(a, l, moe));
+  if (holds(stages, [](const auto& st) { return st.head; })) {
+    hc_head = &register_module("hc_head", std::make_unique<HyperHead>(a.hyper_connection()));
+    norm = &register_module("norm", rms_norm(a));
+    lm_head = &register_module("lm_head", std::make_unique<nn::Linear>(a.dim, a.vocab_size, nn::Init::normal(0, a.init_std)));
+    lm_head->weight.vocabulary = true;  // AdamW's under Muon (optim/param_groups.h), as the embedding
+  }
+  tp_ = moe.tp;
+  place_tensor_parallel();  // declares the plan; places the parameters under TP
+  for (size_t l = 0; l < layers.size(); ++l) layers[l].self_attn.set_tensor_parallel(tp_);
 }
 
 void Transformer::set_compute_dtype(DType dtype) {
@@ -95,6 +106,8 @@ void Transformer::set_indexer_loss_coeff(double coeff) {
 
 void Transformer::set_context_parallel(const distributed::ProcessGroup* cp) {
   if (!cp || cp->size() == 1) return;
+  TITAN_CHECK(!tp_, "deepseek_v4 does not run context parallel and tensor parallel together yet",
+              "set parallelism.context_parallel_degree = 1 or tensor_parallel_degree = 1");
   cp_ = cp;
   for (size_t l = 0; l < layers.size(); ++l) layers[l].self_attn.cp = cp;
 }
@@ -105,7 +118,9 @@ Variable Transformer::embed(const Tensor& tokens) {
   Variable e;
   {
     nn::UnitScope unit(*embed_tokens);
-    e = autograd::view(embed_tokens->forward(tokens, DType::f32), {n, 1, d});
+    e = tp_ ? autograd::view(distributed::embedding_vocab_parallel(tokens, embed_tokens->weight.var, DType::f32, *tp_),
+                             {n / tp_->size(), 1, d})  // this rank's sequence piece
+            : autograd::view(embed_tokens->forward(tokens, DType::f32), {n, 1, d});
   }
   // The embedding copied into every stream: its gradient is the sum over the copies.
   return autograd::concat(std::vector<Variable>(size_t(args_.hc_mult), e), 1);  // [T, N, d]
@@ -123,7 +138,7 @@ Variable Transformer::head(const Variable& streams) {
   TITAN_CHECK(lm_head != nullptr, "deepseek_v4: this pipeline rank does not hold the output head");
   const Variable y = norm->forward(hc_head->forward(streams));
   nn::UnitScope unit(*lm_head);
-  return mixed_linear(*lm_head, y);
+  return mixed_linear(*lm_head, tp_ ? distributed::gather_tokens(y, *tp_) : y);  // under TP [B S, V / tp]
 }
 
 Transformer::LocalTokens Transformer::local_tokens(const Tensor& tokens) const {
@@ -141,7 +156,7 @@ Variable Transformer::forward(const Tensor& tokens) {
 }
 
 Shape Transformer::stage_activation_shape(int64_t batch, int64_t seq) const {
-  return {batch * seq / (cp_ ? cp_->size() : 1), args_.hc_mult, args_.dim};
+  return {batch * seq / (cp_ ? cp_->size() : 1) / (tp_ ? tp_->size() : 1), args_.hc_mult, args_.dim};
 }
 
 StageOutput Transformer::stage_forward(const distributed::pp::StageLayers& stage, const Variable& h,
@@ -202,7 +217,7 @@ double Transformer::training_flops_per_token(int64_t seq_len) const {
 }
 
 void Transformer::start_generation(int64_t batch, int64_t max_len) {
-  TITAN_CHECK(whole() && !cp_, "deepseek_v4: generation runs on one rank, not pipeline or context parallel",
+  TITAN_CHECK(whole() && !cp_ && !tp_, "deepseek_v4: generation runs on one rank, not pipeline, context or tensor parallel",
               "generate from a checkpoint with `titan generate` (any layout's checkpoint loads whole)");
   TITAN_CHECK(max_len <= args_.max_seq_len, "deepseek_v4: generation of " + std::to_string(max_len) +
                                                 " tokens exceeds the RoPE tables (" + std::to_string(args_.max_seq_len) + ")",

@@ -19,10 +19,14 @@
 
 namespace titan::models::deepseek_v4 {
 
+// Throws unless tensor parallelism of `degree` divides what it splits (parallelize.cpp), naming
+// the sizes and the degrees that work.
+void check_tensor_parallel(const DeepSeekV4Args& a, int64_t degree);
+
 class DecoderLayer : public nn::Module {
  public:
-  // ep: the group the MoE's routed experts are divided over (null: none).
-  DecoderLayer(const DeepSeekV4Args& a, int64_t layer, const distributed::ProcessGroup* ep = nullptr);
+  // moe: the layer's MoE arguments but its architecture (the parallel groups, moe_args sets the rest).
+  DecoderLayer(const DeepSeekV4Args& a, int64_t layer, const models::moe::MoEArgs& moe = {});
   // streams [T, N, d] (T = B S tokens at positions [B, S], ids [T] i32) -> [T, N, d].
   Variable forward(const Variable& streams, const Tensor& positions, const Tensor& token_ids,
                    const kernels::RopeTables& rope, AuxLosses* aux) const;
@@ -42,10 +46,11 @@ class DecoderLayer : public nn::Module {
 
 class Transformer : public CausalLM {
  public:
-  // stages: the pipeline stages this rank holds (empty: the whole model); ep: the group every
-  // MoE's routed experts are divided over (null: none).
+  // stages: the pipeline stages this rank holds (empty: the whole model); groups: the MoE's
+  // parallel groups (ep: its routed experts divided over; tp, tp_gather: tensor parallelism,
+  // which then runs the whole model tensor + sequence parallel, parallelize.cpp).
   explicit Transformer(const DeepSeekV4Args& a, const std::vector<distributed::pp::StageLayers>& stages = {},
-                       const distributed::ProcessGroup* ep = nullptr);
+                       const models::moe::MoEArgs& groups = {});
 
   Variable forward(const Tensor& tokens) override;  // [B, S] i32 -> logits [B S, V]
   double training_flops_per_token(int64_t seq_len) const override;
@@ -96,6 +101,8 @@ class Transformer : public CausalLM {
   Variable head(const Variable& streams);
   bool whole() const { return embed_tokens && lm_head && int64_t(layers.size()) == args_.n_layers; }
   const kernels::RopeTables& rope_of(LayerType t) const { return t == LayerType::sliding ? rope_main_ : rope_compress_; }
+
+  void place_tensor_parallel();  // parallelize.cpp: each parameter's TP placement
 
   DeepSeekV4Args args_;
   kernels::RopeTables rope_main_, rope_compress_;

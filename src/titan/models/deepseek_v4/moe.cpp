@@ -2,7 +2,7 @@
 
 namespace titan::models::deepseek_v4 {
 
-models::moe::MoEArgs moe_args(const DeepSeekV4Args& a, int64_t layer, const distributed::ProcessGroup* ep) {
+models::moe::MoEArgs moe_args(const DeepSeekV4Args& a, int64_t layer, const models::moe::MoEArgs& groups) {
   models::moe::MoEArgs m;
   m.dim = a.dim, m.moe_inter_dim = a.moe_inter_dim, m.n_routed_experts = a.n_routed_experts;
   m.n_shared_experts = 1;  // of width F
@@ -16,7 +16,7 @@ models::moe::MoEArgs moe_args(const DeepSeekV4Args& a, int64_t layer, const dist
   m.load_balance_coeff = m.hash_routing ? 0 : a.load_balance_coeff;
   m.aux_loss_alpha = 0;  // family.cpp refuses model.moe_aux_loss_alpha > 0
   m.normal_init_std = a.init_std;
-  m.ep = ep;
+  m.ep = groups.ep, m.tp = groups.tp, m.tp_gather = groups.tp_gather;
   return m;
 }
 

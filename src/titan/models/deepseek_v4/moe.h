@@ -32,7 +32,7 @@ namespace titan::models::deepseek_v4 {
 using MoE = models::moe::MoE;
 
 // The MoE of layer `layer` of `a`: one shared expert of width F, always-renormalised weights,
-// hash routing in its hash_moe layers; the routed experts divided over `ep` (null: none).
-models::moe::MoEArgs moe_args(const DeepSeekV4Args& a, int64_t layer, const distributed::ProcessGroup* ep = nullptr);
+// hash routing in its hash_moe layers; the parallel groups (ep, tp, tp_gather) those of `groups`.
+models::moe::MoEArgs moe_args(const DeepSeekV4Args& a, int64_t layer, const models::moe::MoEArgs& groups = {});
 
 }  // namespace titan::models::deepseek_v4

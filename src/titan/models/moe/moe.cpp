@@ -81,10 +81,6 @@ void MoEArgs::validate() const {
   TITAN_CHECK(!hash_routing || vocab_size >= 1,
               "moe: a hash_moe layer with vocab_size " + std::to_string(vocab_size),
               "its tid2eid table has one row per token id: pass the vocabulary size");
-  TITAN_CHECK(!hash_routing || degree == 1,
-              "parallelism.tensor_parallel_degree = " + std::to_string(degree) +
-                  " with a hash_moe layer: its choice reads the ids of the tokens it routes, which TP regroups",
-              "set tensor_parallel_degree = 1");
   const int64_t experts_over = ep_degree();
   TITAN_CHECK(experts_over >= 1 && n_routed_experts % experts_over == 0,
               "parallelism.expert_parallel_degree = " + std::to_string(experts_over) + " does not divide the " +
@@ -164,14 +160,16 @@ MoE::Output MoE::forward_with_aux(const Variable& x, const Tensor& token_ids) {
     // TorchTitan's scheme: every rank routes all tokens alike through its slice of every expert's
     // hidden units; the routed and shared partial sums are reduce-scattered together.
     const Variable all = distributed::gather_tokens(x, *tp);  // [N, D]
-    Output o = routed(autograd::view(all, {1, all.shape()[0], d}), Tensor());
+    Output o = routed(autograd::view(all, {1, all.shape()[0], d}), token_ids);
     Variable y = autograd::view(o.y, all.shape());
     if (shared_experts) y = autograd::add(y, shared_experts->forward(all));
     o.y = distributed::reduce_scatter_tokens(y, *tp);
     return o;
   }
   // The MoE TP fix: this rank's piece, as one sequence, to whole experts; shared experts TP.
-  Output o = routed(autograd::view(x, {1, n, d}), Tensor());
+  // Hash routing reads the ids of this rank's tokens: its piece of every rank's ids.
+  const Tensor ids = token_ids.defined() ? token_ids.narrow(0, tp->rank() * n, n).contiguous() : Tensor();
+  Output o = routed(autograd::view(x, {1, n, d}), ids);
   o.y = autograd::view(o.y, x.shape());
   if (shared_experts) {  // w3 recorded before w1, as shared_experts->forward does
     const FeedForward& f = *shared_experts;

@@ -126,7 +126,8 @@ class MoE : public models::BlockFeedForward {
     Variable y;         // [B, S, D], x's dtype
     Variable aux_loss;  // [1] f32, already times aux_loss_alpha; undefined when the loss is off
   };
-  // x [B, S, D] ([N / tp, D] under TP) -> routed + shared experts. Counts the tokens each expert
+  // x [B, S, D] ([N / tp, D] under TP; token_ids then every TP rank's ids [N], in rank order)
+  // -> routed + shared experts. Counts the tokens each expert
   // receives (for the bias update and load_stats) when grad mode is on. token_ids: x's tokens'
   // ids, B S contiguous i32, which hash routing reads (learned routing ignores them).
   Output forward_with_aux(const Variable& x, const Tensor& token_ids = Tensor());
