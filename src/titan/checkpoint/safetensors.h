@@ -13,6 +13,17 @@
 
 namespace titan::checkpoint {
 
+// The header of a file holding `entries` in this order (its JSON, padded so that the data section
+// is 8-byte aligned); offsets (when given) receives each entry's first byte in the data section.
+struct HeaderEntry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  size_t bytes;
+};
+std::string safetensors_header(const std::vector<HeaderEntry>& entries, const std::map<std::string, std::string>& metadata,
+                               std::vector<size_t>* offsets);
+
 // Writes tensors (contiguous or not; written row-major) with string metadata. The file is written
 // under "<path>.tmp" and renamed, so a crash never leaves a truncated file under the final name.
 void save_safetensors(const std::filesystem::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
