@@ -47,6 +47,7 @@ struct RankPlan {
   double master = 0, compute = 0;                   // elements: f32 masters (shards), bf16 copies
   double reduced_master = 0;                        // ... the masters whose gradients a reduce-scatter makes
   std::map<int, double> unit_gathered, unit_grads;  // bytes by FSDP unit, in the order they run
+  std::map<int, double> unit_cast;  // ... of the bf16 shards cast for its all-gather (FSDP, bf16 only)
   std::map<int, double> unit_reduced;  // ... of its gradients that a reduce-scatter sends (group > 1)
   void term(std::string name, double bytes, double PlanCategories::*category) {
     if (bytes <= 0) return;
@@ -72,7 +73,8 @@ void collect_params(const PlanJob& j, const StagePart& part, RankPlan& r) {
     // Whole on every TP rank and computed whole there (no partial gradients): TP saves none of it.
     if (p.tp_dim < 0 && !p.tp_partial_grad && !p.routed_expert) r.tp_whole_before_fsdp += l.elems * 8;
     const bool bf16 = j.bf16 && p.gemm;
-    if (bf16) r.compute += j.m.fsdp() > 1 ? l.shard : l.elems;
+    if (bf16 && j.m.fsdp() > 1) r.unit_cast[l.unit] += l.shard * 2;
+    else if (bf16) r.compute += l.elems;
     r.unit_gathered[l.unit] += l.gathered * (bf16 ? 2 : 4);
     r.unit_grads[l.unit] += l.gathered * 4;
     if (j.m.fsdp() > 1 && (!plan::is_expert(p, j.m) || j.m.efsdp() > 1)) {
@@ -83,9 +85,28 @@ void collect_params(const PlanJob& j, const StagePart& part, RankPlan& r) {
   r.non_expert_before_fsdp = (all_elems - expert_elems) * 8;
 }
 
+// The largest sum of two consecutive units' bytes (the one running and the one prefetched), and
+// the root's and every unit's.
+struct UnitBytes {
+  double root = 0, pair = 0, all = 0;
+};
+UnitBytes unit_bytes(const std::map<int, double>& by_unit) {
+  UnitBytes b;
+  std::vector<double> order;
+  for (const auto& [unit, bytes] : by_unit) {
+    if (unit == plan::kRootUnit) b.root = bytes;
+    else order.push_back(bytes);
+    b.all += bytes;
+  }
+  for (size_t i = 0; i < order.size(); ++i) b.pair = std::max(b.pair, order[i] + (i + 1 < order.size() ? order[i + 1] : 0));
+  return b;
+}
+
 // Masters, bf16 copies, RoPE tables, and the FSDP units gathered at once: the root and, without
-// PP, two consecutive units (the one running and the one prefetched; "never" keeps every unit
-// after forward); under PP every unit of the stage stays gathered.
+// PP (or under PP as ZeRO-3), two consecutive units (the one running and the one prefetched;
+// "never" keeps every unit after forward); under PP every unit of the stage stays gathered.
+// Under FSDP no bf16 copy is kept: each gather casts the unit's shards (fsdp.cpp) and frees them
+// once sent, so at most the root's and two units' bf16 shards exist.
 void parameter_terms(const PlanJob& j, RankPlan& r) {
   using C = PlanCategories;
   const bool fsdp = j.m.fsdp() > 1;
@@ -93,18 +114,13 @@ void parameter_terms(const PlanJob& j, RankPlan& r) {
   r.term("parameters: bf16 compute copies", r.compute * 2, &C::parameters);
   r.term("parameters: RoPE tables and routing buffers", j.model.buffer_bytes, &C::parameters);
   if (!fsdp) return;
-  std::vector<double> order;
-  double root = 0, all = 0;
-  for (const auto& [unit, bytes] : r.unit_gathered) {
-    if (unit == plan::kRootUnit) root = bytes;
-    else order.push_back(bytes);
-    all += bytes;
-  }
-  double pair = 0;
-  for (size_t i = 0; i < order.size(); ++i) pair = std::max(pair, order[i] + (i + 1 < order.size() ? order[i + 1] : 0));
-  const bool every = j.m.pp > 1 || j.c.parallelism.fsdp_reshard_after_forward == distributed::ReshardAfterForward::never;
+  const UnitBytes cast = unit_bytes(r.unit_cast);
+  r.term("parameters: bf16 shards cast for the all-gathers in flight (no persistent copy)", cast.root + cast.pair,
+         &C::parameters);
+  const UnitBytes gathered = unit_bytes(r.unit_gathered);
+  const bool every = j.pp_whole() || j.c.parallelism.fsdp_reshard_after_forward == distributed::ReshardAfterForward::never;
   r.term(every ? "parameters: every FSDP unit gathered" : "parameters: FSDP units gathered (running + prefetched)",
-         every ? all : root + pair, &C::parameters);
+         every ? gathered.all : gathered.root + gathered.pair, &C::parameters);
 }
 
 // Without PP: the f32 gradients (FSDP: shards) summed over micro-batches as a binary tree
@@ -121,7 +137,7 @@ void gradient_terms(const PlanJob& j, RankPlan& r) {
   const std::string tree = trees > 1 ? fmt::format(" x {} (tree sum over micro-batches)", trees) : "";
   double all_units = 0;
   for (const auto& [unit, bytes] : r.unit_grads) all_units += bytes;
-  if (j.m.pp > 1) {
+  if (j.pp_whole()) {
     r.term("gradients: f32 " + std::string(fsdp ? "unsharded gradients" : "gradients") + tree,
            (fsdp ? all_units : r.master * 4) * trees, &C::gradients);
     // A gradient no reduce-scatter divides (routed experts with no expert-FSDP group) is its own shard.
@@ -212,23 +228,25 @@ void activation_terms(const PlanJob& j, const StagePart& part, double in_flight,
   // Either way a routed expert with no expert-FSDP group sends nothing.
   double largest = 0, every = 0;
   for (const auto& [unit, bytes] : r.unit_reduced) largest = std::max(largest, bytes), every += bytes;
-  if (j.m.pp > 1)
+  if (j.pp_whole())
     r.term("temporaries: every unit's reduce-scatter receive buffers at the step's end, beyond the backward's",
            every - backward, &PlanCategories::temporaries);
   else
     r.term("temporaries: a unit's reduce-scatter receive buffers", largest, &PlanCategories::temporaries);
 }
 
-// Checkpoints: an async save copies this rank's masters and moments into staging buffers it keeps
-// from one save to the next (checkpoint/async_save.h); swapped moments are read back into memory
-// for the save (the save owns them: no staging copy) and let go once written.
+// Checkpoints (checkpoint.h's write_shard, async_save.h): a save streams this rank's file (the
+// masters and the optimizer state; swapped moments straight from the swap file) through one
+// staging buffer of checkpoint.staging_mib, or the file's size when smaller; an async save also
+// copies the model's buffers when it starts (the forward changes them). Nothing else: the writer
+// reads the weights and the state in place, and the optimizer step waits for it.
 void checkpoint_terms(const PlanJob& j, RankPlan& r) {
   if (!j.c.checkpoint.enable) return;
-  const bool swapped = j.c.optimizer.swap == OptimizerSwap::file;
+  const double file = r.master * 4 + r.state + j.model.buffer_bytes;
+  r.term(fmt::format("temporaries: checkpoint staging buffer (checkpoint.staging_mib = {})", j.c.checkpoint.staging_mib),
+         std::min(double(j.c.checkpoint.staging_mib) * (1 << 20), file), &PlanCategories::temporaries);
   if (j.c.checkpoint.async_mode == CheckpointAsyncMode::async)
-    r.term("temporaries: async checkpoint staging (masters" + std::string(swapped ? ")" : " and optimizer state)"),
-           r.master * 4 + (swapped ? 0 : r.state), &PlanCategories::temporaries);
-  if (swapped) r.term("temporaries: a checkpoint save's copy of the swapped optimizer state", r.state, &PlanCategories::temporaries);
+    r.term("temporaries: async checkpoint's copy of the model's buffers", j.model.buffer_bytes, &PlanCategories::temporaries);
 }
 
 RankPlan plan_rank(const PlanJob& j, const StagePart& part, double in_flight) {
@@ -260,7 +278,7 @@ PlanMesh plan_mesh(const JobConfig& c, int world, const std::string& source) {
   return {world, d[0], d[1], d[2], d[3], d[4], int(p.expert_parallel_degree), expert_tp};
 }
 
-MemoryPlan plan_memory(const JobConfig& c, int world, int64_t vocab, const std::string& source) {
+MemoryPlan plan_memory(const JobConfig& c, int world, int64_t vocab, const std::string& source, const PlanOptions& options) {
   check_supported(c, source);
   TITAN_CHECK(c.model.mtp_layers == 0 || models::model_family(c.model.name).multi_token_prediction,
               source + ": model.mtp_layers = " + std::to_string(c.model.mtp_layers) + ": model '" + c.model.name +
@@ -277,6 +295,7 @@ MemoryPlan plan_memory(const JobConfig& c, int world, int64_t vocab, const std::
     if (p.routed_expert) plan.expert_params += double(p.shape.numel());
   }
   PlanJob j{c, m, plan.model, c.training.mixed_precision_param == DType::bf16 && c.training.dtype == DType::f32};
+  j.pp_zero3 = options.pp_zero3;
   const int64_t seq_tokens = c.training.seq_len / m.cp;
   std::vector<StagePart> parts;
   std::vector<double> in_flight;
@@ -320,7 +339,8 @@ MemoryPlan plan_memory(const JobConfig& c, int world, int64_t vocab, const std::
   return plan;
 }
 
-int smallest_world(const JobConfig& c, int64_t vocab, double device_bytes, const std::string& source, int max_world) {
+int smallest_world(const JobConfig& c, int64_t vocab, double device_bytes, const std::string& source, int max_world,
+                   const PlanOptions& options) {
   const Parallelism& p = c.parallelism;
   const int64_t fixed = p.pipeline_parallel_degree * p.data_parallel_replicate_degree * p.context_parallel_degree *
                         p.tensor_parallel_degree;
@@ -336,7 +356,7 @@ int smallest_world(const JobConfig& c, int64_t vocab, double device_bytes, const
     if (grown.training.global_batch_size > 0 &&
         grown.training.global_batch_size % (grown.training.local_batch_size * p.data_parallel_replicate_degree * shard))
       continue;
-    if (plan_memory(grown, world, vocab, source).peak.total() <= device_bytes) return world;
+    if (plan_memory(grown, world, vocab, source, options).peak.total() <= device_bytes) return world;
   }
   return 0;
 }

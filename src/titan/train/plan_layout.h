@@ -24,6 +24,11 @@ struct PlanJob {
   bool bf16 = false;
   int64_t micro_tokens = 0;  // tokens of one micro-batch on one rank (CP's share)
   int64_t microbatches = 1;  // per step on this rank (accumulation times the pipeline's)
+  // PP x FSDP as ZeRO-3 (PlanOptions::pp_zero3): units gathered and gradients reduce-scattered
+  // per use, as without PP, instead of kept whole from first use to the step's end.
+  bool pp_zero3 = false;
+  // Under PP: units stay gathered and gradients unsharded over the step (not ZeRO-3).
+  bool pp_whole() const { return m.pp > 1 && !pp_zero3; }
   // The job as the model's family is asked about it (activations, routing, CP traffic).
   models::PlanQuery query() const {
     return {c.model.flavor, model.vocab, c.training.seq_len, c.dsa.topk, c.model.mtp_layers, m.tp, m.cp, bf16,
