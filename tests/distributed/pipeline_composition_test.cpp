@@ -18,66 +18,65 @@ class PipelineComposition : public PipelineSuite<PipelineComposition, 260> {
   static constexpr const char* kTag = "pipeline_composition";
 };
 
-// PP 2 x FSDP 2 (ZeRO-3 inside each stage) and PP 2 x TP 2, on 4 ranks: the schedules with the
-// full backward and the split one. Under FSDP the gradients stay unsharded through the step and are
-// reduce-scattered once after the last W (fsdp.h); the parameters stay gathered from their first
-// use (TorchTitan's default under PP) or, with reshard_after_forward = "always", are gathered again
-// for every micro-batch's forward and backward: the same losses, 2 x micro-batches as many
-// all-gather bytes, one reduce-scatter either way.
+// PP 2 x FSDP 2 and PP 2 x TP 2, on 4 ranks: the schedules with the full backward and the split
+// one. FSDP's default under PP, zero3 (fsdp.h), reduce-scatters each micro-batch's gradients of a
+// unit once its weight gradient is done (under ZB-V and DualPipeV after the deferred W) and
+// gathers the units for each forward and backward: with the tree sum the same bits as one rank
+// (each data-parallel rank takes every other micro-batch of the batch), in place to rounding. The
+// old way, per_step (gradients unsharded through the step, one reduce-scatter after the last W,
+// units gathered from first use), against it: micro-batches (4) x fewer reduce-scatter bytes,
+// fewer all-gather bytes, more gradient and parameter memory. A zero3 checkpoint (DualPipeV's
+// step 10) resumes under 1F1B with the run's losses, bit for bit.
 TEST_F(PipelineComposition, ComposesWithFsdpAndTensorParallel) {
   if (world().size() != 4) GTEST_SKIP() << "PP 2 x FSDP 2 and PP 2 x TP 2 on 4 ranks";
-  const int64_t batch = 8;
+  const int64_t batch = 8, microbatches = 4;  // per data-parallel rank
   const auto one = reference_on_rank0(config("llama3", "reference_fsdp", 1, 1, "1F1B", batch, {}, 1));
   auto& engine = distributed::CommEngine::get();
   for (const std::string schedule : {"1F1B", "ZBVZeroBubble", "DualPipeV"}) {
-    std::map<std::string, std::array<int64_t, 2>> bytes;  // policy -> all-gather, reduce-scatter bytes sent
-    std::map<std::string, nlohmann::json> peak;            // policy -> the last step's peak memory by category
-    for (const std::string policy : {"default", "always"}) {
+    std::map<std::string, std::array<int64_t, 2>> bytes;  // run -> all-gather, reduce-scatter bytes sent
+    std::map<std::string, nlohmann::json> peak;            // run -> the last step's peak memory by category
+    const auto run = [&](const std::string& what, const std::vector<std::string>& extra, double tolerance) {
       engine.reset_stats();
-      const auto got = train_on(config("llama3", schedule + "_fsdp_" + policy, 2, 1, schedule, batch,
-                                       {"--parallelism.fsdp_reshard_after_forward=" + policy}, 0, 2),
-                                world());
-      expect_same_losses(one, got, 0, "PP 2 x FSDP 2, " + schedule + ", reshard " + policy);
-      std::ifstream metrics(root() / ("llama3_" + schedule + "_fsdp_" + policy) / "metrics.jsonl");
-      for (std::string line; std::getline(metrics, line);)
-        if (const auto j = nlohmann::json::parse(line); j.contains("peak_memory_bytes")) peak[policy] = j["peak_memory_bytes"];
-      for (const auto& [key, st] : engine.stats()) {
-        if (key.second == distributed::CommOp::all_gather) bytes[policy][0] += st.bytes;
-        if (key.second == distributed::CommOp::reduce_scatter) bytes[policy][1] += st.bytes;
-      }
-    }
-    EXPECT_GT(bytes["always"][0], 2 * bytes["default"][0]) << schedule;
-    EXPECT_EQ(bytes["always"][1], bytes["default"][1]) << schedule;
-    // The default in-place gradient sum: one unsharded gradient per parameter through the step
-    // instead of the tree's partial sums, the same single reduce-scatter, one rank's losses to rounding.
-    {
-      engine.reset_stats();
-      const std::string name = schedule + "_fsdp_in_place";
-      const auto got = train_on(config("llama3", name, 2, 1, schedule, batch,
-                                       {"--parallelism.pipeline_parallel_gradient_sum=in_place"}, 0, 2),
-                                world());
-      expect_same_losses(one, got, 1e-5, "PP 2 x FSDP 2, " + schedule + ", gradients summed in place");
+      const std::string name = schedule + "_fsdp_" + what;
+      const auto got = train_on(config("llama3", name, 2, 1, schedule, batch, extra, 0, 2), world());
+      expect_same_losses(one, got, tolerance, "PP 2 x FSDP 2, " + schedule + ", " + what);
       std::ifstream metrics(root() / ("llama3_" + name) / "metrics.jsonl");
       for (std::string line; std::getline(metrics, line);)
-        if (const auto j = nlohmann::json::parse(line); j.contains("peak_memory_bytes")) peak["in_place"] = j["peak_memory_bytes"];
-      for (const auto& [key, st] : engine.stats())
-        if (key.second == distributed::CommOp::reduce_scatter) bytes["in_place"][1] += st.bytes;
-      EXPECT_EQ(bytes["in_place"][1], bytes["default"][1]) << schedule;
-      EXPECT_LT(peak["in_place"].value("grads", 0), peak["default"].value("grads", 0)) << schedule;
-      std::printf("PP 2 x FSDP 2, %s: peak gradients (largest rank) in place %.2f MB, tree %.2f MB\n", schedule.c_str(),
-                  peak["in_place"].value("grads", 0) / 1e6, peak["default"].value("grads", 0) / 1e6);
-    }
-    std::printf("PP 2 x FSDP 2, %s: all-gather bytes always / default = %.2f, reduce-scatter bytes equal (%lld)\n",
-                schedule.c_str(), double(bytes["always"][0]) / double(bytes["default"][0]),
-                static_cast<long long>(bytes["default"][1]));
-    std::printf("PP 2 x FSDP 2, %s: peak memory (largest rank) default %.2f MB (parameters %.2f, gradients %.2f), "
-                "always %.2f MB (parameters %.2f, gradients %.2f)\n",
-                schedule.c_str(), peak["default"].value("total", 0) / 1e6, peak["default"].value("params", 0) / 1e6,
-                peak["default"].value("grads", 0) / 1e6, peak["always"].value("total", 0) / 1e6,
-                peak["always"].value("params", 0) / 1e6, peak["always"].value("grads", 0) / 1e6);
+        if (const auto j = nlohmann::json::parse(line); j.contains("peak_memory_bytes")) peak[what] = j["peak_memory_bytes"];
+      for (const auto& [key, st] : engine.stats()) {
+        if (key.second == distributed::CommOp::all_gather) bytes[what][0] += st.bytes;
+        if (key.second == distributed::CommOp::reduce_scatter) bytes[what][1] += st.bytes;
+      }
+    };
+    const std::vector<std::string> save = {"--checkpoint.enable=true", "--checkpoint.interval=10",
+                                           "--checkpoint.keep_latest_k=0", "--checkpoint.last_save_model_only=false"};
+    run("zero3", schedule == "DualPipeV" ? save : std::vector<std::string>{}, 0);
+    run("zero3_in_place", {"--parallelism.pipeline_parallel_gradient_sum=in_place"}, 1e-5);
+    run("per_step", {"--parallelism.pipeline_parallel_fsdp=per_step"}, 0);
+    EXPECT_EQ(bytes["zero3"][1], microbatches * bytes["per_step"][1]) << schedule;
+    EXPECT_EQ(bytes["zero3_in_place"][1], bytes["zero3"][1]) << schedule;
+    EXPECT_GT(bytes["zero3"][0], 2 * bytes["per_step"][0]) << schedule;
+    EXPECT_LT(peak["zero3"].value("grads", 0), peak["per_step"].value("grads", 0)) << schedule;
+    EXPECT_LT(peak["zero3"].value("params", 0), peak["per_step"].value("params", 0)) << schedule;
+    EXPECT_LE(peak["zero3_in_place"].value("grads", 0), peak["zero3"].value("grads", 0)) << schedule;
+    for (const std::string what : {"zero3", "zero3_in_place", "per_step"})
+      std::printf("PP 2 x FSDP 2, %s, %s: peak (largest rank) %.3f MB: parameters %.3f, gradients %.3f; "
+                  "all-gather %lld bytes, reduce-scatter %lld\n",
+                  schedule.c_str(), what.c_str(), peak[what].value("total", 0) / 1e6, peak[what].value("params", 0) / 1e6,
+                  peak[what].value("grads", 0) / 1e6, static_cast<long long>(bytes[what][0]),
+                  static_cast<long long>(bytes[what][1]));
     const auto tp = train_on(config("llama3", schedule + "_tp", 2, 2, schedule, batch), world());
     expect_same_losses(one, tp, 1e-5, "PP 2 x TP 2, " + schedule);
   }
+  const fs::path step10 = root() / "llama3_DualPipeV_fsdp_zero3" / "checkpoint" / "step-10";
+  ASSERT_TRUE(fs::exists(step10)) << step10;
+  const auto resumed = train_on(config("llama3", "fsdp_zero3_resumed", 2, 1, "1F1B", batch,
+                                       {"--checkpoint.enable=true", "--checkpoint.initial_load_path=" + step10.string(),
+                                        "--checkpoint.initial_load_model_only=false"},
+                                       0, 2),
+                                world());
+  expect_same_losses(std::vector<double>(one.end() - 10, one.end()), resumed, 0,
+                     "PP 2 x FSDP 2 zero3 resumed under 1F1B from DualPipeV's step 10");
 }
 
 // PP 2 x EP 2 for deepseek_v32 on 4 ranks: each stage's routed experts divided over the 2 ranks of

@@ -8,6 +8,7 @@
 // 1 x 32 scales, bf16 embeddings) converts to exactly the weights transformers dequantized from it.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -39,7 +40,7 @@ std::map<std::string, Tensor> ours_from(const fs::path& folder) {
   const checkpoint::HfFolder hf = checkpoint::HfFolder::open(folder);
   std::map<std::string, Tensor> tensors;
   for (const std::string& name : hf.names())
-    tensors[name] = name.ends_with("tid2eid") ? hf.load_i64(name) : hf.load_f32(name);
+    if (!hf.is_scale(name)) tensors[name] = name.ends_with("tid2eid") ? hf.load_i64(name) : hf.load_f32(name);
   return models::deepseek_v4::state_from_hf(tensors, folder.string());
 }
 
@@ -106,6 +107,60 @@ TEST(DeepSeekV4FromHf, ReleaseLayoutDequantizesAsTransformers) {
     const Tensor& g = got.at(name);
     ASSERT_EQ(g.shape(), want.shape()) << name;
     EXPECT_EQ(std::memcmp(g.data_ptr(), want.data_ptr(), want.nbytes()), 0) << name;
+  }
+  fs::remove_all(root);
+}
+
+// `--to-hf --quantize fp8-fp4` writes the release layout: the same tensors, dtypes and bytes as
+// the fixture the reference script quantized from the same model (and transformers read), so
+// transformers reads our export as it read that one; --quantize fp8 keeps the experts in FP8.
+TEST(DeepSeekV4FromHf, QuantizedExportIsTheReleaseLayout) {
+  const fs::path root = fs::temp_directory_path() / ("titan_v4_export_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  ASSERT_EQ(run_cli({"ckpt", "convert", "--from-hf", kFolder, "--to", (root / "ckpt").string()}, cli::ckpt_main), 0);
+  ASSERT_EQ(run_cli({"ckpt", "convert", "--from", (root / "ckpt").string(), "--to-hf", (root / "fp4").string(),
+                     "--quantize", "fp8-fp4"},
+                    cli::ckpt_main),
+            0);
+  const auto want = checkpoint::SafetensorsFile::open(std::string(kRelease) + "/model.safetensors");
+  const auto got = checkpoint::SafetensorsFile::open(root / "fp4" / "model.safetensors");
+  ASSERT_EQ(got.entries().size(), want.entries().size());
+  int64_t fp4 = 0;
+  for (const auto& [name, w] : want.entries()) {
+    ASSERT_TRUE(got.contains(name)) << name;
+    const auto& g = got.entries().at(name);
+    EXPECT_EQ(g.dtype, w.dtype) << name;
+    EXPECT_EQ(g.shape, w.shape) << name;
+    const Tensor a = got.get(name), b = want.get(name);
+    ASSERT_EQ(a.nbytes(), b.nbytes()) << name;
+    EXPECT_EQ(std::memcmp(a.data_ptr(), b.data_ptr(), b.nbytes()), 0) << name;
+    fp4 += name.find(".ffn.experts.") != std::string::npos && name.ends_with(".weight");
+  }
+  EXPECT_EQ(fp4, 5 * 4 * 3);  // every layer's routed experts' w1, w2, w3
+  const nlohmann::json want_q = checkpoint::HfFolder::open(kRelease).config().at("quantization_config");
+  EXPECT_EQ(checkpoint::HfFolder::open(root / "fp4").config().at("quantization_config"), want_q);
+
+  // FP8 experts: one 128 x 128 block each, and the import reads them back within FP8's rounding.
+  ASSERT_EQ(run_cli({"ckpt", "convert", "--from", (root / "ckpt").string(), "--to-hf", (root / "fp8").string(),
+                     "--quantize", "fp8"},
+                    cli::ckpt_main),
+            0);
+  const checkpoint::HfFolder fp8 = checkpoint::HfFolder::open(root / "fp8");
+  EXPECT_EQ(fp8.config().at("quantization_config").at("expert_dtype"), "fp8");
+  const std::string w1 = "layers.0.ffn.experts.0.w1.weight";
+  EXPECT_EQ(checkpoint::SafetensorsFile::open(root / "fp8" / fp8.file_of(w1)).entries().at(w1).dtype, DType::f8e4m3);
+  const std::map<std::string, Tensor> original = ours_from(kFolder), back = ours_from(root / "fp8");
+  ASSERT_EQ(back.size(), original.size());
+  for (const auto& [name, t] : original) {
+    const Tensor& b = back.at(name);
+    ASSERT_EQ(b.shape(), t.shape()) << name;
+    if (t.dtype() != DType::f32) continue;
+    double err = 0, norm = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const double d = double(b.data<float>()[i]) - double(t.data<float>()[i]);
+      err += d * d, norm += double(t.data<float>()[i]) * double(t.data<float>()[i]);
+    }
+    EXPECT_LE(std::sqrt(err), 0.07 * std::sqrt(norm) + 1e-30) << name;  // E4M3: 3 mantissa bits
   }
   fs::remove_all(root);
 }

@@ -244,6 +244,51 @@ TEST(HfAdapter, MoeNamesMapToStackedExperts) {
   expect_contains(error_of([&] { load_hf_model(dir); }), "MoE");
 }
 
+// `--quantize fp8`: DeepSeek's own layout. Every projection of the blocks (experts included) is
+// E4M3 beside an f32 "_scale_inv" per 128 x 128 block; the router, norms, embedding and head stay
+// in the export dtype; the folder loads back to exactly the blocks' dequantized values.
+TEST(HfAdapter, Fp8ExportIsDeepSeeksLayout) {
+  DeepSeekV3Args a = tiny_args();
+  a.n_dense_layers = 1;  // layer 1 is MoE: its experts are FP8 too
+  const auto state = random_state(a, 5);
+  const TempDir dir("fp8_export");
+  checkpoint::HfWriteOptions opt;
+  opt.dtype = DType::f32;
+  opt.quantize = checkpoint::HfQuantization::fp8;
+  save_hf(dir, a, state, opt);
+  const checkpoint::HfFolder folder = checkpoint::HfFolder::open(dir);
+  EXPECT_EQ(folder.config().at("quantization_config").at("weight_block_size"), json({128, 128}));
+  const auto stored = [&](const std::string& n) {
+    return checkpoint::SafetensorsFile::open(dir / folder.file_of(n)).entries().at(n).dtype;
+  };
+  for (const char* n : {"model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.gate_proj.weight",
+                        "model.layers.1.mlp.experts.1.down_proj.weight", "model.layers.1.mlp.shared_experts.up_proj.weight"}) {
+    EXPECT_EQ(stored(n), DType::f8e4m3) << n;
+    EXPECT_EQ(stored(n + std::string("_scale_inv")), DType::f32) << n;
+  }
+  for (const char* n : {"model.layers.1.mlp.gate.weight", "model.embed_tokens.weight", "lm_head.weight",
+                        "model.layers.0.input_layernorm.weight"}) {
+    EXPECT_EQ(stored(n), DType::f32) << n;
+    EXPECT_FALSE(folder.contains(n + std::string("_scale_inv"))) << n;
+  }
+  int fp8 = 0;
+  const std::map<std::string, Tensor> back = load_hf_state(folder, a, state_shapes(a));
+  for (const auto& [hf_name, t] : to_hf_tensors(state, a)) {
+    if (stored(hf_name) != DType::f8e4m3) continue;
+    ++fp8;
+    auto [q, scale] = checkpoint::quantize_fp8_blocks(t);
+    EXPECT_EQ(test::to_doubles(folder.load_f32(hf_name)),
+              test::to_doubles(checkpoint::dequantize_blocks(q, scale, hf_name)))
+        << hf_name;
+  }
+  EXPECT_GT(fp8, 10);
+  EXPECT_EQ(back.size(), state.size());
+  // FP4 is V4's layout only.
+  checkpoint::HfWriteOptions fp4 = opt;
+  fp4.quantize = checkpoint::HfQuantization::fp8_fp4;
+  expect_contains(error_of([&] { save_hf(dir / "fp4", a, state, fp4); }), "--quantize fp8");
+}
+
 TEST(HfAdapter, PublishedDeepSeekV3ConfigGivesThe671BArchitecture) {
   // The keys of deepseek-ai/DeepSeek-V3's config.json.
   const json c = json::parse(R"({

@@ -170,15 +170,16 @@ TEST(MemoryPlan, VSchedulesCountHalfMicroBatchesInFlight) {
   EXPECT_DOUBLE_EQ(dualpipev / zbv, 1.25);
 }
 
-// Under PP the step's end issues every FSDP unit's reduce-scatter at once: the engine's receive
-// buffers are the stage's unsharded gradients, less the routed experts' when EP leaves them no
-// expert-FSDP group to reduce-scatter over (EP 2 of dp_shard 2).
+// Under PP per step (pipeline_parallel_fsdp) the step's end issues every FSDP unit's
+// reduce-scatter at once: the engine's receive buffers are the stage's unsharded gradients, less
+// the routed experts' when EP leaves them no expert-FSDP group to reduce-scatter over (EP 2 of
+// dp_shard 2).
 TEST(MemoryPlan, PipelineReduceScattersEveryUnitAtTheStepsEnd) {
   const std::string toml = pipeline_toml("deepseek_v32");
   const auto terms = [&](int ep) {
     std::map<std::string, double> out;
     const train::MemoryPlan p =
-        train::plan_memory(config(toml, {"--parallelism.data_parallel_shard_degree=2",
+        train::plan_memory(config(toml, {"--parallelism.data_parallel_shard_degree=2", "--parallelism.pipeline_parallel_fsdp=per_step",
                                          "--parallelism.expert_parallel_degree=" + std::to_string(ep)}),
                            4, 0, "pp");
     for (const auto& [what, bytes] : p.terms) out[what] += bytes;
@@ -193,6 +194,34 @@ TEST(MemoryPlan, PipelineReduceScattersEveryUnitAtTheStepsEnd) {
   EXPECT_DOUBLE_EQ(no_ep[backward] + no_ep[buffers], no_ep[unsharded]);
   EXPECT_LT(ep[backward] + ep[buffers], ep[unsharded]);
   EXPECT_GT(ep[backward] + ep[buffers], 0.5 * ep[unsharded]);
+}
+
+// Under PP with FSDP's zero3 (the default) each micro-batch's unit gradients are reduce-scattered
+// as without PP: two units unsharded, the shards summed (in place: once), one unit's receive
+// buffers, two units gathered; per step holds every unit gathered and unsharded. The traffic:
+// micro-batches x the reduce-scatter bytes, and the all-gathers per forward and backward.
+TEST(MemoryPlan, PipelineFsdpZero3AgainstPerStep) {
+  const std::string toml = pipeline_toml("llama3");
+  const auto plan = [&](const std::string& mode) {
+    return train::plan_memory(config(toml, {"--parallelism.data_parallel_shard_degree=2", "--training.local_batch_size=4",
+                                            "--parallelism.pipeline_parallel_fsdp=" + mode}),
+                              4, 0, "pp");
+  };
+  const train::MemoryPlan zero3 = plan("zero3"), per_step = plan("per_step");
+  std::map<std::string, double> z, p;
+  for (const auto& [what, bytes] : zero3.terms) z[what] += bytes;
+  for (const auto& [what, bytes] : per_step.terms) p[what] += bytes;
+  EXPECT_GT(z["gradients: unsharded, the unit in backward + the one reduce-scattering"], 0);
+  EXPECT_GT(z["parameters: FSDP units gathered (running + prefetched)"], 0);
+  EXPECT_GT(z["temporaries: a unit's reduce-scatter receive buffers"], 0);
+  EXPECT_GT(p["parameters: every FSDP unit gathered"], z["parameters: FSDP units gathered (running + prefetched)"]);
+  EXPECT_LT(zero3.peak.gradients, per_step.peak.gradients);
+  EXPECT_LT(zero3.peak.parameters, per_step.peak.parameters);
+  std::map<std::string, double> zt, pt;
+  for (const auto& c : zero3.traffic) zt[c.group + " " + c.op] += c.bytes;
+  for (const auto& c : per_step.traffic) pt[c.group + " " + c.op] += c.bytes;
+  EXPECT_DOUBLE_EQ(zt["fsdp reduce_scatter"], 4 * pt["fsdp reduce_scatter"]);  // 4 micro-batches
+  EXPECT_GT(zt["fsdp all_gather"], 4 * pt["fsdp all_gather"]);
 }
 
 // DeepSeek-V4's stages pass its residual streams: the pipeline's traffic and buffers are hc_mult x

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -217,26 +218,58 @@ Tensor dequantize_blocks(const Tensor& values, const Tensor& scales, const std::
   return out;
 }
 
-std::pair<Tensor, Tensor> quantize_fp8_blocks(const Tensor& w, int64_t block) {
+std::pair<Tensor, Tensor> quantize_fp8_blocks(const Tensor& w, int64_t block, kernels::ScaleRule rule) {
   TITAN_CHECK(w.dim() == 2, "quantize_fp8_blocks: needs a matrix, got " + w.str(), "only 2-D weights are block-scaled");
-  const Tensor x = w.to(DType::f32);
-  const int64_t rows = x.size(0), cols = x.size(1), sr = ceil_div(rows, block), sc = ceil_div(cols, block);
-  Tensor q = Tensor::empty({rows, cols}, DType::f8e4m3), scale = Tensor::empty({sr, sc}, DType::f32);
+  const Tensor x = w.to(DType::f32).contiguous();
+  Tensor q = Tensor::empty(x.shape(), DType::f8e4m3);
+  Tensor scale = Tensor::empty({ceil_div(x.size(0), block), ceil_div(x.size(1), block)}, DType::f32);
+  kernels::fp8_block_quantize(q, scale, x, block, block, rule);
+  if (rule == kernels::ScaleRule::amax) return {q, scale};
+  Tensor bytes = Tensor::empty(scale.shape(), DType::e8m0);  // exact: every scale is a power of two
+  for (int64_t i = 0; i < scale.numel(); ++i) bytes.data<e8m0>()[i] = f32_to_e8m0(scale.data<float>()[i]);
+  return {q, bytes};
+}
+
+std::pair<Tensor, Tensor> quantize_fp4_rows(const Tensor& w, int64_t block) {
+  const int64_t cols = w.dim() == 2 ? w.size(1) : 0, b = std::min(block, cols);
+  TITAN_CHECK(w.dim() == 2 && cols % 2 == 0 && b > 0 && cols % b == 0,
+              "quantize_fp4_rows: needs a matrix of even width, a multiple of " + std::to_string(b) + ", got " + w.str(),
+              "DeepSeek-V4's FP4 experts have 1 x 32 blocks along the rows");
+  const Tensor x = w.to(DType::f32).contiguous();
+  const int64_t rows = x.size(0), blocks = cols / b;
+  Tensor codes = Tensor::empty({rows, cols}, DType::f4e2m1), scales = Tensor::empty({rows, blocks}, DType::e8m0);
+  auto* packed = static_cast<uint8_t*>(codes.data_ptr());
+  std::memset(packed, 0, size_t(codes.nbytes()));
   const float* xp = x.data<float>();
-  float* sp = scale.data<float>();
-  for (int64_t bi = 0; bi < sr; ++bi) {
-    for (int64_t bj = 0; bj < sc; ++bj) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = 0; k < blocks; ++k) {
+      const float* v = xp + r * cols + k * b;
       float amax = 0;
-      for (int64_t r = bi * block; r < std::min(rows, (bi + 1) * block); ++r)
-        for (int64_t c = bj * block; c < std::min(cols, (bj + 1) * block); ++c) amax = std::max(amax, std::fabs(xp[r * cols + c]));
-      sp[bi * sc + bj] = amax > 0 ? amax / 448.0f : 1.0f;  // 448: the largest finite e4m3 value
+      for (int64_t j = 0; j < b; ++j) amax = std::max(amax, std::fabs(v[j]));
+      // 6: E2M1's largest value. The power of two in double, as DeepSeek's scripts compute it.
+      const float s = amax > 0 ? float(std::exp2(std::ceil(std::log2(double(amax) / 6.0)))) : 1.0f;
+      scales.data<e8m0>()[r * blocks + k] = f32_to_e8m0(s);
+      for (int64_t j = 0; j < b; ++j) {
+        const int64_t c = r * cols + k * b + j;
+        packed[c / 2] |= uint8_t(f32_to_f4e2m1(v[j] / s) << (4 * (c % 2)));
+      }
     }
   }
-  f8e4m3* qp = q.data<f8e4m3>();
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) qp[r * cols + c] = f32_to_f8e4m3(xp[r * cols + c] / sp[(r / block) * sc + c / block]);
-  return {q, scale};
+  return {codes, scales};
 }
+
+namespace {
+
+// A packed FP4 tensor's bytes as u8 [R, C / 2], as safetensors files store them ("I8").
+Tensor fp4_bytes(const Tensor& t) {
+  Shape shape = t.shape();
+  shape[shape.size() - 1] /= 2;
+  Tensor out = Tensor::empty(shape, DType::u8);
+  std::memcpy(out.data_ptr(), t.contiguous().data_ptr(), size_t(out.nbytes()));
+  return out;
+}
+
+}  // namespace
 
 void save_hf_folder(const fs::path& dir, const json& config, const std::vector<std::pair<std::string, Tensor>>& tensors,
                     const HfWriteOptions& options) {
@@ -247,7 +280,7 @@ void save_hf_folder(const fs::path& dir, const json& config, const std::vector<s
   fs::create_directories(dir);
   auto stored_dtype = [&](const Tensor& t) {
     const DType d = t.dtype();
-    return d == DType::f32 || d == DType::bf16 || d == DType::f16 ? options.dtype : d;
+    return !options.keep_dtypes && (d == DType::f32 || d == DType::bf16 || d == DType::f16) ? options.dtype : d;
   };
   // Shards in order: a new one starts when the next tensor would push this one past the limit.
   std::vector<std::vector<size_t>> shards(1);
@@ -270,12 +303,18 @@ void save_hf_folder(const fs::path& dir, const json& config, const std::vector<s
     const std::string file =
         shards.size() == 1 ? std::string(kSingleName) : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
     std::vector<std::pair<std::string, Tensor>> part;
+    std::set<std::string> int8_bytes;
     for (size_t i : shards[s]) {
       const auto& [name, t] = tensors[i];
-      part.emplace_back(name, t.dtype() == stored_dtype(t) ? t : t.to(stored_dtype(t)));
+      if (t.dtype() == DType::f4e2m1) {
+        part.emplace_back(name, fp4_bytes(t));
+        int8_bytes.insert(name);
+      } else {
+        part.emplace_back(name, t.dtype() == stored_dtype(t) ? t : t.to(stored_dtype(t)));
+      }
       weight_map[name] = file;
     }
-    save_safetensors(dir / file, part, {{"format", "pt"}});
+    save_safetensors(dir / file, part, {{"format", "pt"}}, int8_bytes);
   }
   if (shards.size() > 1)
     write_text(dir / kIndexName, json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n");

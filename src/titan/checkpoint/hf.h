@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "titan/checkpoint/safetensors.h"
+#include "titan/kernels/quantize.h"
 
 namespace titan::checkpoint {
 
@@ -70,18 +71,35 @@ Tensor dequantize_blocks(const Tensor& values, const Tensor& scales, const std::
 // Two FP4 e2m1 values per byte, the low nibble first (DeepSeek-V4's int8 expert weights):
 // bytes [R, C/2] (u8) -> [R, C] f4e2m1.
 Tensor unpack_fp4_bytes(const Tensor& bytes, const std::string& what);
-// The inverse: scale_inv = amax(block) / 448 (1 for an all-zero block), fp8 = w / scale_inv.
-// Returns {fp8 [R, C], scale_inv [ceil(R/b), ceil(C/b)] f32}.
-std::pair<Tensor, Tensor> quantize_fp8_blocks(const Tensor& w, int64_t block = kFp8BlockSize);
+// The inverse, DeepSeek's FP8 layout: w [R, C] -> {e4m3 codes [R, C], scales [ceil(R/b), ceil(C/b)]}
+// with code = RNE(w / scale). ScaleRule::amax: f32 scales amax(block) / 448 (DeepSeek-V3's
+// "_scale_inv"); ScaleRule::pow2: the power of two 2^ceil(log2(amax / 448)) as UE8M0 bytes (e8m0:
+// the V4 release's ".scale"). An all-zero block gets scale 1.
+std::pair<Tensor, Tensor> quantize_fp8_blocks(const Tensor& w, int64_t block = kFp8BlockSize,
+                                              kernels::ScaleRule rule = kernels::ScaleRule::amax);
+// DeepSeek-V4's FP4 experts: w [R, C] -> {codes [R, C] f4e2m1 (packed two per byte, the low nibble
+// the even column), UE8M0 scales [R, C / b] (e8m0)} over 1 x b blocks, b = min(32, C) (C a multiple
+// of b, and even): scale = 2^ceil(log2(amax / 6)) (1 for an all-zero block), so no value saturates
+// (the OCP MX rule of kernels/quantize.h may), code = RNE_e2m1(w / scale).
+std::pair<Tensor, Tensor> quantize_fp4_rows(const Tensor& w, int64_t block = 32);
+
+// A quantized export stores the big matrices as DeepSeek releases them (each model's conversion
+// says which): fp8, E4M3 with 128 x 128 block scales (V4: also its routed experts); fp8_fp4, V4's
+// release (FP8, and the routed experts FP4 with 1 x 32 scales).
+enum class HfQuantization : uint8_t { none, fp8, fp8_fp4 };
 
 struct HfWriteOptions {
   DType dtype = DType::bf16;                  // stored dtype of float tensors (f32, bf16 or f16)
+  HfQuantization quantize = HfQuantization::none;
+  // The conversion chose each tensor's dtype (a release layout mixes f32, bf16 and FP8): none is cast.
+  bool keep_dtypes = false;
   int64_t max_shard_bytes = int64_t(5) << 30;  // Hugging Face's default shard size
 };
 
 // Writes dir/config.json and the tensors (in order) as model.safetensors when they fit one
 // shard, else as model-0000i-of-0000n.safetensors plus model.safetensors.index.json. Each file
-// is written under a temporary name and renamed.
+// is written under a temporary name and renamed. Packed FP4 tensors (f4e2m1 [R, C]) are written
+// as DeepSeek-V4 stores them: int8 bytes [R, C / 2] (safetensors "I8").
 void save_hf_folder(const std::filesystem::path& dir, const nlohmann::json& config,
                     const std::vector<std::pair<std::string, Tensor>>& tensors, const HfWriteOptions& options = {});
 

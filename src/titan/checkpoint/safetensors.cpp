@@ -53,7 +53,9 @@ std::string safetensors_header(const std::vector<HeaderEntry>& entries, const st
     TITAN_CHECK(e.name != "__metadata__", "'__metadata__' is reserved in safetensors");
     json shape = json::array();
     for (int64_t d : e.shape) shape.push_back(d);
-    header[e.name] = {{"dtype", safetensors_dtype(e.dtype)}, {"shape", shape}, {"data_offsets", {offset, offset + e.bytes}}};
+    header[e.name] = {{"dtype", e.int8 ? std::string("I8") : safetensors_dtype(e.dtype)},
+                      {"shape", shape},
+                      {"data_offsets", {offset, offset + e.bytes}}};
     if (offsets) offsets->push_back(offset);
     offset += e.bytes;
   }
@@ -64,13 +66,15 @@ std::string safetensors_header(const std::vector<HeaderEntry>& entries, const st
 }
 
 void save_safetensors(const fs::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+                      const std::map<std::string, std::string>& metadata, const std::set<std::string>& int8_bytes) {
   std::vector<HeaderEntry> entries;
   std::vector<Tensor> contiguous;
   contiguous.reserve(tensors.size());
   for (const auto& [name, t] : tensors) {
+    const bool int8 = int8_bytes.count(name) != 0;
+    TITAN_CHECK(!int8 || t.dtype() == DType::u8, "'" + name + "' is " + t.str() + ": only u8 bytes are written as I8");
     contiguous.push_back(t.contiguous());
-    entries.push_back({name, t.dtype(), t.shape(), t.nbytes()});
+    entries.push_back({name, t.dtype(), t.shape(), t.nbytes(), int8});
   }
   const std::string text = safetensors_header(entries, metadata, nullptr);
   const fs::path tmp = path.string() + ".tmp";

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,14 +21,18 @@ struct HeaderEntry {
   DType dtype;
   Shape shape;
   size_t bytes;
+  bool int8 = false;  // u8 bytes labelled "I8" (save_safetensors' int8_bytes)
 };
 std::string safetensors_header(const std::vector<HeaderEntry>& entries, const std::map<std::string, std::string>& metadata,
                                std::vector<size_t>* offsets);
 
 // Writes tensors (contiguous or not; written row-major) with string metadata. The file is written
 // under "<path>.tmp" and renamed, so a crash never leaves a truncated file under the final name.
+// The u8 tensors named in int8_bytes are labelled "I8" (their bytes unchanged; DeepSeek-V4's FP4
+// pairs, which the reader returns as u8 again).
 void save_safetensors(const std::filesystem::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
+                      const std::map<std::string, std::string>& metadata = {},
+                      const std::set<std::string>& int8_bytes = {});
 
 // A memory-mapped safetensors file. Tensors returned by get() are zero-copy views that keep the
 // mapping alive. Opening validates the header: JSON syntax, known dtypes, shapes vs byte ranges,

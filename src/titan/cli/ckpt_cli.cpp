@@ -25,7 +25,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: titan ckpt convert --from-hf HF_DIR --to CKPT_ROOT [--step N]\n"
     "       titan ckpt convert --from CKPT --to-hf HF_DIR [--flavor NAME] [--dtype bf16|f16|f32]\n"
-    "                          [--max-shard-bytes N]\n"
+    "                          [--max-shard-bytes N] [--quantize fp8|fp8-fp4]\n"
     "\n"
     "--from-hf  reads a Hugging Face DeepSeek-V3, V3.2 or V4 folder (config.json, model.safetensors or\n"
     "           a sharded index; FP8 block-quantized weights are dequantized) and writes CKPT_ROOT/step-N/;\n"
@@ -36,7 +36,11 @@ constexpr const char* kUsage =
     "--to-hf    writes a training checkpoint (a step folder, or a root holding step folders) as a\n"
     "           Hugging Face folder: config.json, shards of at most --max-shard-bytes (5 GiB) and\n"
     "           model.safetensors.index.json. The architecture comes from the checkpoint when it was\n"
-    "           converted from HF, else from --flavor (or the [model] flavor of its config.toml)\n";
+    "           converted from HF, else from --flavor (or the [model] flavor of its config.toml)\n"
+    "--quantize stores the weights as DeepSeek releases them: fp8, the blocks' projections in E4M3\n"
+    "           with a scale per 128 x 128 block (V3 / V3.2: f32 '_scale_inv'; V4: its release layout,\n"
+    "           UE8M0 '.scale'); fp8-fp4 (V4), also the routed experts in FP4 E2M1 with a UE8M0 scale\n"
+    "           per 1 x 32 block, as V4-Flash ships. Our import and transformers read both\n";
 
 int64_t parse_count(std::string_view flag, std::string_view text) {
   const auto v = parse_number<int64_t>(flag, text);
@@ -87,6 +91,10 @@ int convert_main(const std::vector<std::string_view>& args) {
       const std::string d = value();
       if (d != "bf16" && d != "f16" && d != "f32") throw UsageError{"--dtype must be bf16, f16 or f32, got '" + d + "'"};
       options.dtype = dtype_from_name(d);
+    } else if (arg == "--quantize") {
+      const std::string q = value();
+      if (q != "fp8" && q != "fp8-fp4") throw UsageError{"--quantize must be fp8 or fp8-fp4, got '" + q + "'"};
+      options.quantize = q == "fp8" ? HfQuantization::fp8 : HfQuantization::fp8_fp4;
     } else {
       throw UsageError{fmt::format("unknown option '{}'", arg)};
     }

@@ -16,8 +16,7 @@ namespace titan::cli {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: titan plan --config C.toml [--world-size N] [--device-memory GiB[,GiB...]] [--vocab V] [--pp-zero3]\n"
-    "                  [--section.key=value ...]\n"
+    "usage: titan plan --config C.toml [--world-size N] [--device-memory GiB[,GiB...]] [--vocab V] [--section.key=value ...]\n"
     "       titan plan --pp-schedule NAME|all --pp N --microbatches M [options]\n"
     "\n"
     "With --config: the job's memory and communication plan, without allocating anything: per rank\n"
@@ -27,8 +26,7 @@ constexpr const char* kUsage =
     "  --world-size N          ranks (default: the product of the configured degrees, dp_shard 1 if -1)\n"
     "  --device-memory GiB     also print the smallest world size (dp_shard grown) whose peak fits\n"
     "                          (several sizes, comma-separated: a line each)\n"
-    "  --pp-zero3              plan PP x FSDP as ZeRO-3 (units gathered and gradients reduce-scattered\n"
-    "                          per use, as without PP) instead of units and gradients whole over the step\n"
+
     "  --vocab V               vocabulary size (default: the tokenizer's, else the flavor's own)\n"
     "  --json                  the plan as JSON (bytes per category and term, traffic per collective)\n"
     "  --section.key=value     config overrides, as titan train takes them\n"
@@ -105,7 +103,6 @@ struct ConfigOptions {
   std::vector<double> device_gib;
   int64_t vocab = 0;
   bool json = false;
-  train::PlanOptions plan;
   std::vector<std::string> overrides;
 };
 
@@ -119,10 +116,6 @@ ConfigOptions parse_config_mode(const std::vector<std::string_view>& args) {
     }
     if (flag == "--json") {
       o.json = true;
-      continue;
-    }
-    if (flag == "--pp-zero3") {
-      o.plan.pp_zero3 = true;
       continue;
     }
     if (i + 1 >= args.size()) throw UsageError{fmt::format("{} needs a value", flag)};
@@ -155,10 +148,10 @@ int plan_config(const std::vector<std::string_view>& args) {
   const int world = o.world > 0 ? o.world : int(p.pipeline_parallel_degree * p.data_parallel_replicate_degree * shard * others);
   const int64_t vocab = o.vocab > 0 ? o.vocab : train::tokenizer_vocab(c);
   if (o.json) {
-    nlohmann::json j = train::plan_json(train::plan_memory(c, world, vocab, o.config, o.plan));
+    nlohmann::json j = train::plan_json(train::plan_memory(c, world, vocab, o.config));
     for (const double gib : o.device_gib)  // {"<GiB>": world} (0: none fits)
       j["smallest_world"][fmt::format("{:g}", gib)] =
-          train::smallest_world(c, vocab, gib * double(int64_t(1) << 30), o.config, 1 << 16, o.plan);
+          train::smallest_world(c, vocab, gib * double(int64_t(1) << 30), o.config);
     std::printf("%s\n", j.dump(1).c_str());
     return 0;
   }
@@ -168,12 +161,11 @@ int plan_config(const std::vector<std::string_view>& args) {
               c.training.mixed_precision_param == DType::bf16 ? "bf16 mixed precision" : "f32",
               std::string(name_of(c.activation_checkpoint.mode)).c_str(),
               c.optimizer.swap == train::OptimizerSwap::file ? ", optimizer state swapped to a file" : "");
-  if (o.plan.pp_zero3) std::printf("PP x FSDP planned as ZeRO-3 (--pp-zero3)\n");
-  const train::MemoryPlan plan = train::plan_memory(c, world, vocab, o.config, o.plan);
+  const train::MemoryPlan plan = train::plan_memory(c, world, vocab, o.config);
   std::fputs(train::plan_str(plan).c_str(), stdout);
   if (!o.device_gib.empty()) std::printf("\n");
   for (const double gib : o.device_gib) {
-    const int fits = train::smallest_world(c, vocab, gib * double(int64_t(1) << 30), o.config, 1 << 16, o.plan);
+    const int fits = train::smallest_world(c, vocab, gib * double(int64_t(1) << 30), o.config);
     if (fits > 0) std::printf("smallest world size that fits %.1f GiB per rank: %d ranks (dp_shard grown)\n", gib, fits);
     else std::printf("no world size fits %.1f GiB per rank by growing dp_shard: raise tp, pp, cp or ep, checkpoint activations, or swap the optimizer\n", gib);
   }

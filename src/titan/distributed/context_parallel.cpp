@@ -187,20 +187,20 @@ std::array<Variable, 2> preceding_rows(const Variable& x, int64_t n, const Proce
           return dy[j].defined() ? dy[j].contiguous() : Tensor::zeros(with_len(shape, n), dtype);
         };
         Tensor back[2];  // for this rank's chunk 0 end (from rank r + 1), chunk 1 end (from r - 1)
-        std::vector<Work> works;
+        std::vector<Work> pending;
         if (left) {
           back[1] = Tensor::empty(with_len(shape, n), dtype);
-          works.push_back(cp.send(grad_of(0), r - 1, kGradLeftward));
-          works.push_back(cp.recv(back[1], r - 1, kGradRightward));
+          pending.push_back(cp.send(grad_of(0), r - 1, kGradLeftward));
+          pending.push_back(cp.recv(back[1], r - 1, kGradRightward));
         }
         if (right) {
           back[0] = Tensor::empty(with_len(shape, n), dtype);
-          works.push_back(cp.send(grad_of(1), r + 1, kGradRightward));
-          works.push_back(cp.recv(back[0], r + 1, kGradLeftward));
+          pending.push_back(cp.send(grad_of(1), r + 1, kGradRightward));
+          pending.push_back(cp.recv(back[0], r + 1, kGradLeftward));
         } else {
           back[0] = grad_of(1);  // rank c - 1: chunk c's rows came from its own chunk c - 1
         }
-        for (const Work& w : works) w.wait();
+        for (const Work& w : pending) w.wait();
         if (!g.needs(0)) return;
         Tensor dx = g.grad(0);
         add_rows(dx, len - n, back[0], n);

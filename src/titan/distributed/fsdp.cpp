@@ -35,6 +35,11 @@ struct Fsdp::Unit {
   std::vector<Work> gathers;           // in flight
   int uses = 0;                        // forwards this micro-batch whose backward has not ended
   bool forwarded = false;              // ran forward this micro-batch (its prefetch was issued)
+  // zero3 under PP: per micro-batch, its forwards whose gradients are not complete yet; the last
+  // micro-batch forwarded (its prefetch was issued); the pipeline stage it runs in.
+  std::map<int, int> pending;
+  int last_forward = -1;
+  int stage = 0;
 };
 
 struct Fsdp::Reduction {
@@ -45,6 +50,8 @@ struct Fsdp::Reduction {
 };
 
 namespace {
+
+thread_local int current_microbatch = 0;  // zero3 under PP: Fsdp::set_microbatch
 
 Shape with_rows(const Shape& s, int64_t rows) {
   std::vector<int64_t> d(s.begin(), s.end());
@@ -129,10 +136,14 @@ Fsdp::Fsdp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const 
     for (auto& u : units_)
       if (u->module && name.starts_with(u->name + ".")) owner = u.get();
     owner->params.push_back(q.get());
+    if (owner->params.size() == 1 && options.stage_of) owner->stage = options.stage_of(name);
+    by_name_[name] = q.get();
     params_.push_back(std::move(q));
   }
   sums_.resize(trainables_.size());
 }
+
+void Fsdp::set_microbatch(int microbatch) { current_microbatch = microbatch; }
 
 Fsdp::~Fsdp() {
   for (auto& u : units_) {
@@ -190,10 +201,32 @@ void Fsdp::release(Unit& u) {
   u.gathered = false;
 }
 
+Fsdp::Unit* Fsdp::prefetch_target(const Unit& u, int step) const {
+  const int64_t i = int64_t(u.index) + step;
+  // Never the root (gathered for the step), nor a unit of another pipeline stage (its work comes later).
+  if (i < 0 || i + 1 >= int64_t(units_.size())) return nullptr;
+  Unit* next = units_[size_t(i)].get();
+  return next->stage == u.stage ? next : nullptr;
+}
+
 void Fsdp::before_forward(const nn::Module& m) {
   Unit& u = unit_of(m);
   gather(u);
   wait_gathered(u);
+  if (reduces_per_microbatch()) {
+    // A training forward of a micro-batch (validation and checkpointed regions' recomputes
+    // record nothing): prefetch the next unit of the stage on its first forward of the micro-batch.
+    const int mb = current_microbatch;
+    const bool training = autograd::grad_enabled();
+    if (training && u.last_forward != mb)
+      if (Unit* next = prefetch_target(u, 1)) gather(*next);
+    if (!training) return;
+    u.last_forward = mb;
+    ++u.uses;
+    ++u.pending[mb];
+    autograd::record_hook("fsdp.post_backward " + u.name, [this, &u, mb] { post_backward_microbatch(u, mb); });
+    return;
+  }
   // Prefetch the next unit (not the root), on the unit's first forward only: a second use (the
   // MTP modules reuse the embedding and the head) is not followed by the unit after it.
   if (!u.forwarded && u.index + 2 < units_.size()) gather(*units_[u.index + 1]);
@@ -208,8 +241,8 @@ bool Fsdp::reshards_after_forward(const Unit& u) const {
   switch (options_.reshard_after_forward) {
     case ReshardAfterForward::always: return true;
     case ReshardAfterForward::never: return false;
-    // Under pipeline parallelism a unit's parameters stay gathered over the step (FsdpOptions::pipeline).
-    case ReshardAfterForward::per_unit: return u.reshard_after_forward && !options_.pipeline;
+    // Under PP per step a unit's parameters stay gathered over the step (FsdpOptions::pipeline).
+    case ReshardAfterForward::per_unit: return u.reshard_after_forward && !(options_.pipeline && options_.pipeline_per_step);
   }
   return true;
 }
@@ -225,7 +258,49 @@ void Fsdp::after_forward(const nn::Module& m) {
 void Fsdp::pre_backward(Unit& u) {
   gather(u);
   wait_gathered(u);
-  if (u.index > 0) gather(*units_[u.index - 1]);  // prefetch the unit whose backward comes next
+  if (reduces_per_microbatch()) {
+    if (Unit* previous = prefetch_target(u, -1)) gather(*previous);  // its backward comes next in this stage
+  } else if (u.index > 0) {
+    gather(*units_[u.index - 1]);  // prefetch the unit whose backward comes next
+  }
+}
+
+void Fsdp::post_backward_microbatch(Unit& u, int microbatch) {
+  // B and I are done with the parameters (W needs none): free them unless the unit keeps them
+  // after forward and another micro-batch's backward of it is still to come.
+  if (--u.uses == 0 || reshards_after_forward(u)) release(u);
+  // Under a split backward (I now, W later) the unit's weight GEMMs were queued before this hook
+  // ran: a marker queued behind them completes the micro-batch's gradient when W runs them.
+  const auto done = [this, &u, microbatch] { unit_microbatch_done(u, microbatch); };
+  if (autograd::WeightGradQueue* later = autograd::deferred_weight_grads()) later->push(done);
+  else done();
+}
+
+void Fsdp::unit_microbatch_done(Unit& u, int microbatch) {
+  const auto it = u.pending.find(microbatch);
+  TITAN_CHECK(it != u.pending.end(), "FSDP: unit " + u.name + " finished a backward of micro-batch " +
+                                         std::to_string(microbatch) + " it never ran forward");
+  if (--it->second > 0) return;  // another stage's forward of the unit (MTP's embedding) still has its backward to run
+  u.pending.erase(it);
+  // As without PP: the reductions issued before (the previous unit's) finish first and join the
+  // sums, so at most this unit's unsharded gradients and one in flight exist at once.
+  advance_reductions(true);
+  reduce_gradients(u);
+  advance_reductions(false);
+}
+
+bool Fsdp::reduce_microbatch_gradient(const std::string& name, const Tensor& grad) {
+  const auto it = by_name_.find(name);
+  TITAN_CHECK(it != by_name_.end(), "FSDP: no parameter " + name);
+  Param& q = *it->second;
+  if (std::find(units_.back()->params.begin(), units_.back()->params.end(), &q) == units_.back()->params.end())
+    return false;
+  advance_reductions(true);
+  q.p->var.slot()->grad = grad;
+  q.p->var.slot()->stale = false;
+  reduce_param(q);
+  advance_reductions(false);
+  return true;
 }
 
 void Fsdp::post_backward(Unit& u) {
@@ -245,27 +320,29 @@ void Fsdp::post_backward(Unit& u) {
 }
 
 void Fsdp::reduce_gradients(Unit& u) {
-  for (Param* q : u.params) {
-    const int n = q->group->size();
-    // Whether to reduce is decided by what every rank agrees on (frozen or not), never by this
-    // rank's gradient alone, or the ranks' collectives would go out of step: a parameter no
-    // gradient reached here sends zeros.
-    if (!q->p->var.requires_grad()) continue;
-    const Tensor& g = q->p->var.grad();
-    const int64_t total = n * q->rows * q->rest;
-    Tensor in = g.defined() ? g.view({q->d0 * q->rest}) : Tensor::zeros({total}, DType::f32, MemCategory::temporaries);
-    if (in.numel() != total) {  // padded to N equal chunks
-      Tensor padded = Tensor::zeros({total}, DType::f32, MemCategory::temporaries);
-      padded.slice(0, 0, q->d0 * q->rest).copy_(in);
-      in = padded;
-    }
-    auto rd = std::make_unique<Reduction>();
-    rd->param = q;
-    rd->out = Tensor::empty({q->rows * q->rest}, DType::f32, MemCategory::gradients);
-    rd->reduce_scatter = q->group->reduce_scatter(rd->out, in);
-    reductions_.push_back(std::move(rd));
-    q->p->var.clear_grad();  // the request holds the unsharded gradient until it is sent
+  for (Param* q : u.params) reduce_param(*q);
+}
+
+void Fsdp::reduce_param(Param& q) {
+  // Whether to reduce is decided by what every rank agrees on (frozen or not), never by this
+  // rank's gradient alone, or the ranks' collectives would go out of step: a parameter no
+  // gradient reached here sends zeros.
+  if (!q.p->var.requires_grad()) return;
+  const int n = q.group->size();
+  const Tensor& g = q.p->var.grad();
+  const int64_t total = n * q.rows * q.rest;
+  Tensor in = g.defined() ? g.view({q.d0 * q.rest}) : Tensor::zeros({total}, DType::f32, MemCategory::temporaries);
+  if (in.numel() != total) {  // padded to N equal chunks
+    Tensor padded = Tensor::zeros({total}, DType::f32, MemCategory::temporaries);
+    padded.slice(0, 0, q.d0 * q.rest).copy_(in);
+    in = padded;
   }
+  auto rd = std::make_unique<Reduction>();
+  rd->param = &q;
+  rd->out = Tensor::empty({q.rows * q.rest}, DType::f32, MemCategory::gradients);
+  rd->reduce_scatter = q.group->reduce_scatter(rd->out, in);
+  reductions_.push_back(std::move(rd));
+  q.p->var.clear_grad();  // the request holds the unsharded gradient until it is sent
 }
 
 void Fsdp::advance_reductions(bool wait) {
@@ -284,9 +361,23 @@ void Fsdp::advance_reductions(bool wait) {
     rd->reduce_scatter.wait();
     rd->all_reduce.wait();
     Param& q = *rd->param;
-    sums_[q.trainable].add(rd->out.slice(0, 0, q.valid * q.rest));  // the valid rows, flat
+    fold(q.trainable, rd->out.slice(0, 0, q.valid * q.rest));  // the valid rows, flat
   }
   reductions_.clear();
+}
+
+void Fsdp::fold(size_t trainable, const Tensor& g) {
+  TreeSum& sum = sums_[trainable];
+  if (!options_.sum_in_place || sum.empty()) {
+    sum.add(g);
+    return;
+  }
+  // In place: one partial sum (a TreeSum of one leaf), the micro-batches added to it in order.
+  Tensor acc = sum.take();
+  float* a = acc.data<float>();
+  const float* b = g.data<float>();
+  for (int64_t i = 0; i < acc.numel(); ++i) a[i] += b[i];
+  sum.add(acc);
 }
 
 void Fsdp::zero_grad() {
@@ -299,13 +390,14 @@ void Fsdp::zero_grad() {
     trainables_[q->trainable].var.clear_grad();
     q->p->var.clear_grad();
   }
+  for (auto& u : units_) u->last_forward = -1, u->pending.clear();
 }
 
 void Fsdp::begin_forward(bool /*sync_gradients*/) {
   for (auto& u : units_) u->forwarded = false;
   // The previous micro-batch's reductions are folded into the step's sums (they ran during its
   // backward; waiting here rarely waits).
-  if (in_step_ && micro_batches_++ > 0) {
+  if (in_step_ && micro_batches_++ > 0 && !reduces_per_microbatch()) {
     reduce_gradients(*units_.back());  // the root's, per micro-batch like every unit's
     advance_reductions(true);
   }
@@ -319,10 +411,12 @@ void Fsdp::finish_backward() {
   for (auto& u : units_)
     TITAN_CHECK(u->uses == 0, "FSDP: the backward of unit " + u->name + " did not finish (its hook never ran)",
                 "every forward of a unit must be part of the loss's backward");
-  if (options_.pipeline)  // one reduce-scatter per parameter per step, after the last W
+  if (options_.pipeline && options_.pipeline_per_step)  // one reduce-scatter per parameter per step, after the last W
     for (auto& u : units_)
       if (u.get() != units_.back().get()) reduce_gradients(*u);
-  reduce_gradients(*units_.back());
+  if (!reduces_per_microbatch()) reduce_gradients(*units_.back());  // zero3: the root's went per micro-batch
+  for (auto& u : units_)
+    TITAN_CHECK(u->pending.empty(), "FSDP: unit " + u->name + " has a micro-batch whose weight gradients never ran");
   advance_reductions(true);
   for (auto& u : units_) release(*u);
   // The step's shard gradients; a trainable parameter no gradient reached gets a zero one.
@@ -339,6 +433,7 @@ void Fsdp::finish_backward() {
 void Fsdp::finish_forward() {
   for (auto& u : units_) {
     u->uses = 0;
+    u->pending.clear();
     release(*u);
   }
 }

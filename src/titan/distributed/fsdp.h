@@ -15,13 +15,14 @@
 //             the shard's gradient), free the gathered parameters. HSDP then all-reduces each
 //             shard's gradient over the replicas. The previous unit's reduce-scatters finish
 //             first: at most two units' unsharded gradients are ever held.
-// Under pipeline parallelism (FsdpOptions::pipeline) every reduction waits for finish_backward.
+// Under pipeline parallelism (FsdpOptions::pipeline) see FsdpOptions::pipeline_per_step.
 // The root unit is gathered by begin_forward and reduced by finish_backward. Gradients are sums
 // (the loss is normalized by the global token count), reduced as a binary tree over ranks and
 // then over micro-batches (tree_sum.h): FSDP over 2^k ranks gives the same gradients, bit for
 // bit, as one rank accumulating the same micro-batches.
 #pragma once
 
+#include <functional>
 #include <map>
 
 #include "titan/distributed/data_parallel.h"
@@ -36,11 +37,27 @@ struct FsdpOptions {
   uint64_t seed = 0;         // the shards' initial values: exactly those of the whole parameters' init
   // Under pipeline parallelism a unit's micro-batches run forward and backward between other
   // stages' work, and a zero-bubble schedule computes weight gradients (W) after the unit's
-  // backward hook: gradients stay unsharded over the step (summed over the micro-batches as
-  // train/pipeline_step.h says) and are reduce-scattered once, by finish_backward, after the last W. Parameters
-  // stay gathered from their first use to the step's end (TorchTitan's default under PP), unless
-  // reshard_after_forward = always frees them after every forward and backward of a unit.
+  // backward hook. Two ways ([parallelism] pipeline_parallel_fsdp):
+  //   zero3     (pipeline_per_step false) ZeRO-3 per micro-batch: a unit's gradients of a
+  //             micro-batch are reduce-scattered once its last weight gradient is computed (the
+  //             end of its backward, or under a split backward a marker queued behind its weight
+  //             GEMMs that W runs), and folded into the shard's sum over micro-batches (a tree,
+  //             or in place with sum_in_place); its parameters are gathered for each forward and
+  //             backward and freed after them as without PP (reshard_after_forward as usual; after
+  //             a backward also when no other micro-batch's backward of the unit is pending).
+  //             The pipeline must say which micro-batch each forward is for (set_microbatch) and
+  //             hand over the root unit's gradients per micro-batch (reduce_microbatch_gradient).
+  //   per_step  gradients stay unsharded over the step (summed over the micro-batches as
+  //             train/pipeline_step.h says) and are reduce-scattered once, by finish_backward, after
+  //             the last W; parameters stay gathered from their first use to the step's end
+  //             (TorchTitan's default under PP), unless reshard_after_forward = always frees them
+  //             after every forward and backward of a unit. Fewer bytes, far more memory.
   bool pipeline = false;
+  bool pipeline_per_step = false;
+  bool sum_in_place = false;  // zero3: a shard's micro-batches added in order (to rounding), not as a tree
+  // zero3: the pipeline stage a parameter's unit runs in (by its name): a unit prefetches the next
+  // (or, in backward, the previous) unit only within its stage. Null: one stage.
+  std::function<int(const std::string&)> stage_of;
 };
 
 class Fsdp : public DataParallel, public nn::UnitHooks {
@@ -63,6 +80,14 @@ class Fsdp : public DataParallel, public nn::UnitHooks {
   void refresh_compute_copies() override;
   std::string describe() const override;
 
+  // zero3 under PP: the micro-batch the forwards this thread runs next belong to.
+  static void set_microbatch(int microbatch);
+  // zero3 under PP: micro-batch's whole gradient of parameter `name` (undefined: none reached it),
+  // once every stage using it has finished that micro-batch's backward. The root unit's are
+  // reduce-scattered now and true returned; a unit's parameter (reduced by the unit's hooks) false.
+  bool reduce_microbatch_gradient(const std::string& name, const Tensor& grad);
+  bool reduces_per_microbatch() const { return options_.pipeline && !options_.pipeline_per_step; }
+
   void before_forward(const nn::Module& unit) override;
   void after_forward(const nn::Module& unit) override;
 
@@ -83,7 +108,12 @@ class Fsdp : public DataParallel, public nn::UnitHooks {
   void release(Unit& u);
   void pre_backward(Unit& u);
   void post_backward(Unit& u);
+  void post_backward_microbatch(Unit& u, int microbatch);  // zero3 under PP
+  void unit_microbatch_done(Unit& u, int microbatch);      // ... after its last weight gradient
+  Unit* prefetch_target(const Unit& u, int step) const;    // the unit `step` away, if it may be prefetched
   void reduce_gradients(Unit& u);
+  void reduce_param(Param& q);
+  void fold(size_t trainable, const Tensor& g);
   void advance_reductions(bool wait);  // HSDP all-reduces in order; with wait, every reduction folded
 
   const ProcessGroup& shard_;
@@ -93,6 +123,7 @@ class Fsdp : public DataParallel, public nn::UnitHooks {
   std::vector<std::unique_ptr<Param>> params_;
   std::vector<std::unique_ptr<Unit>> units_;  // forward order; the root unit last
   std::map<const nn::Module*, Unit*> by_module_;
+  std::map<std::string, Param*> by_name_;
   std::vector<nn::TrainableParam> trainables_;
   std::vector<std::unique_ptr<Reduction>> reductions_;  // this micro-batch's, in issue order
   std::vector<TreeSum> sums_;                           // per trainable: the step's shard gradients

@@ -15,8 +15,9 @@ bool reshards_after_forward(distributed::ReshardAfterForward policy, bool output
 }
 
 // FSDP: each unit's all-gather before forward (and again before backward when freed after
-// forward) and its gradients' reduce-scatter, per micro-batch (under PP once per step: units stay
-// gathered and gradients are reduced after the last micro-batch); routed experts under EP over the
+// forward) and its gradients' reduce-scatter, per micro-batch, under PP too with FSDP's zero3
+// (per step instead, once per step: units stay gathered and gradients are reduced after the last
+// micro-batch); routed experts under EP over the
 // expert-FSDP group. HSDP's all-reduce of the shards over the replicas; DDP's of everything.
 void data_parallel(const PlanJob& j, const std::vector<Local>& params, std::vector<PlanCollective>& out) {
   const PlanMesh& m = j.m;
@@ -27,13 +28,13 @@ void data_parallel(const PlanJob& j, const std::vector<Local>& params, std::vect
       const double n = is_expert(*l.p, m) ? m.efsdp() : m.fsdp(), share = (n - 1) / n;  // a group of one sends nothing
       const double bytes = l.gathered * (j.bf16 && l.p->gemm ? 2 : 4);
       const bool output = l.unit == PlannedParam::kHead;
-      const bool reshard = reshards_after_forward(j.c.parallelism.fsdp_reshard_after_forward, output, m.pp > 1);
-      gather += share * (l.unit == kRootUnit ? bytes : bytes * (reshard ? 2 : 1) * (m.pp > 1 ? 1 : mb));
+      const bool reshard = reshards_after_forward(j.c.parallelism.fsdp_reshard_after_forward, output, j.fsdp_per_step());
+      gather += share * (l.unit == kRootUnit ? bytes : bytes * (reshard ? 2 : 1) * (j.fsdp_per_step() ? 1 : mb));
       grads += share * l.gathered * 4;
       shard_grads += l.shard * 4;
     }
     out.push_back({"fsdp", "all_gather", gather, "parameters before forward (and backward, resharded units)"});
-    out.push_back({"fsdp", "reduce_scatter", grads * (m.pp > 1 ? 1 : mb), "f32 gradients into the shards"});
+    out.push_back({"fsdp", "reduce_scatter", grads * (j.fsdp_per_step() ? 1 : mb), "f32 gradients into the shards"});
     // Muon's owner-compute (optim/muon.h): each split matrix's rows but its owner's go to the
     // owner and come back orthogonalised; over the group 2 (n - 1) / n of each matrix, a rank's
     // share 1 / n of that (balanced by Newton-Schulz cost, so by size only roughly).

@@ -965,7 +965,19 @@ const std::vector<KeySpec>& config_schema() {
        "losses match one rank's to rounding. tree: each micro-batch's gradients are kept apart and summed as a "
        "binary tree in micro-batch order, as one rank accumulating does: the same gradients as one rank, bit for "
        "bit, at the cost of up to log2(micro-batches) + 1 unsharded gradients (titan plan counts the one "
-       "configured)."},
+       "configured). Under FSDP's zero3 (pipeline_parallel_fsdp) the sum is of reduce-scattered f32 shards: "
+       "tree keeps up to log2(micro-batches) + 1 shards, in_place one."},
+      {"parallelism", "pipeline_parallel_fsdp", member<&C::parallelism, &Parallelism::pipeline_parallel_fsdp>,
+       one_of<PipelineFsdp>(),
+       "FSDP under pipeline parallelism. zero3: each micro-batch's gradients of a unit are reduce-scattered into "
+       "f32 shards as soon as its weight gradient completes (under ZB-V and DualPipeV after the deferred W) and "
+       "the units are gathered for each forward and backward and freed between them (fsdp_reshard_after_forward "
+       "as without PP): memory of ZeRO-3, at micro-batches x the reduce-scatter bytes and up to 2 x micro-batches "
+       "x the all-gather bytes. With the tree sum each data-parallel rank then takes every data-parallel degree-th "
+       "micro-batch of the global batch, so the sum over ranks and micro-batches is one rank's tree, bit for bit. "
+       "per_step: the stage's gradients stay unsharded through the step and are reduce-scattered once after the "
+       "last weight gradient, and the units stay gathered from first use (TorchTitan's default under PP): fewest "
+       "bytes, most memory."},
       {"parallelism", "context_parallel_degree", member<&C::parallelism, &Parallelism::context_parallel_degree>,
        at_least(1),
        "Ranks that split each sequence, into 2 x degree head-tail chunks (rank r holds chunks r and "

@@ -116,6 +116,8 @@ struct Parallelism {
   // How a pipeline rank sums its micro-batches' gradients (train/pipeline_step.h): in_place | tree.
   GradientSum pipeline_parallel_gradient_sum = GradientSum::in_place;
   bool pipeline_tree_sum() const { return pipeline_parallel_gradient_sum == GradientSum::tree; }
+  // FSDP under PP (distributed/fsdp.h): zero3 | per_step.
+  PipelineFsdp pipeline_parallel_fsdp = PipelineFsdp::zero3;
   int64_t context_parallel_degree = 1;
   int64_t expert_parallel_degree = 1;
   bool operator==(const Parallelism&) const = default;

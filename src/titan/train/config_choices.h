@@ -45,6 +45,14 @@ inline constexpr std::array<EnumName<GradientSum>, 2> kGradientSumNames = {{
 }};
 constexpr std::span<const EnumName<GradientSum>> enum_names(GradientSum) { return kGradientSumNames; }
 
+// [parallelism] pipeline_parallel_fsdp (distributed/fsdp.h's FsdpOptions::pipeline_per_step).
+enum class PipelineFsdp { zero3, per_step };
+inline constexpr std::array<EnumName<PipelineFsdp>, 2> kPipelineFsdpNames = {{
+    {PipelineFsdp::zero3, "zero3"},
+    {PipelineFsdp::per_step, "per_step"},
+}};
+constexpr std::span<const EnumName<PipelineFsdp>> enum_names(PipelineFsdp) { return kPipelineFsdpNames; }
+
 // [checkpoint] async_mode: whether training waits while a checkpoint is written.
 enum class CheckpointAsyncMode { disabled, async };
 inline constexpr std::array<EnumName<CheckpointAsyncMode>, 2> kCheckpointAsyncModeNames = {{

@@ -102,11 +102,12 @@ UnitBytes unit_bytes(const std::map<int, double>& by_unit) {
   return b;
 }
 
-// Masters, bf16 copies, RoPE tables, and the FSDP units gathered at once: the root and, without
-// PP (or under PP as ZeRO-3), two consecutive units (the one running and the one prefetched;
-// "never" keeps every unit after forward); under PP every unit of the stage stays gathered.
-// Under FSDP no bf16 copy is kept: each gather casts the unit's shards (fsdp.cpp) and frees them
-// once sent, so at most the root's and two units' bf16 shards exist.
+// Masters, bf16 copies, RoPE tables, and the FSDP units gathered at once: the root and two
+// consecutive units (the one running and the one prefetched; "never" keeps every unit after
+// forward), under PP too with FSDP's zero3 (fsdp.h); under PP per step every unit of the stage
+// stays gathered. Under FSDP no bf16 copy is kept: each gather casts the unit's shards
+// (fsdp.cpp) and frees them once sent, so at most the root's and two units' bf16 shards exist
+// (per stream).
 void parameter_terms(const PlanJob& j, RankPlan& r) {
   using C = PlanCategories;
   const bool fsdp = j.m.fsdp() > 1;
@@ -114,13 +115,14 @@ void parameter_terms(const PlanJob& j, RankPlan& r) {
   r.term("parameters: bf16 compute copies", r.compute * 2, &C::parameters);
   r.term("parameters: RoPE tables and routing buffers", j.model.buffer_bytes, &C::parameters);
   if (!fsdp) return;
+  const std::string streams = j.streams > 1 ? " x 2 (an F&B pair's forward and backward taking turns)" : "";
   const UnitBytes cast = unit_bytes(r.unit_cast);
-  r.term("parameters: bf16 shards cast for the all-gathers in flight (no persistent copy)", cast.root + cast.pair,
-         &C::parameters);
+  r.term("parameters: bf16 shards cast for the all-gathers in flight (no persistent copy)" + streams,
+         cast.root + cast.pair * j.streams, &C::parameters);
   const UnitBytes gathered = unit_bytes(r.unit_gathered);
-  const bool every = j.pp_whole() || j.c.parallelism.fsdp_reshard_after_forward == distributed::ReshardAfterForward::never;
-  r.term(every ? "parameters: every FSDP unit gathered" : "parameters: FSDP units gathered (running + prefetched)",
-         every ? gathered.all : gathered.root + gathered.pair, &C::parameters);
+  const bool every = j.fsdp_per_step() || j.c.parallelism.fsdp_reshard_after_forward == distributed::ReshardAfterForward::never;
+  r.term(every ? "parameters: every FSDP unit gathered" : "parameters: FSDP units gathered (running + prefetched)" + streams,
+         every ? gathered.all : gathered.root + gathered.pair * j.streams, &C::parameters);
 }
 
 // Without PP: the f32 gradients (FSDP: shards) summed over micro-batches as a binary tree
@@ -129,7 +131,9 @@ void parameter_terms(const PlanJob& j, RankPlan& r) {
 // previous unit's before issuing the next), the bound the plan counts; how much of the second is
 // still held depends on how soon the engine sends it (measured: 0.1 to 0.7). Under PP the
 // micro-batches' gradients are summed unsharded (pipeline_step.h): in place, one gradient per
-// parameter; as a tree, the tree's partial sums. FSDP reduce-scatters the sum once, at the step's end.
+// parameter; as a tree, the tree's partial sums. Under FSDP's zero3 (fsdp.h) each micro-batch's
+// are reduce-scattered as without PP and summed into the shards, in place or as a tree; per step,
+// FSDP reduce-scatters the unsharded sum once, at the step's end.
 void gradient_terms(const PlanJob& j, RankPlan& r) {
   using C = PlanCategories;
   const bool fsdp = j.m.fsdp() > 1;
@@ -137,7 +141,7 @@ void gradient_terms(const PlanJob& j, RankPlan& r) {
   const std::string tree = trees > 1 ? fmt::format(" x {} (tree sum over micro-batches)", trees) : "";
   double all_units = 0;
   for (const auto& [unit, bytes] : r.unit_grads) all_units += bytes;
-  if (j.pp_whole()) {
+  if (j.m.pp > 1 && (!fsdp || j.fsdp_per_step())) {
     r.term("gradients: f32 " + std::string(fsdp ? "unsharded gradients" : "gradients") + tree,
            (fsdp ? all_units : r.master * 4) * trees, &C::gradients);
     // A gradient no reduce-scatter divides (routed experts with no expert-FSDP group) is its own shard.
@@ -145,8 +149,14 @@ void gradient_terms(const PlanJob& j, RankPlan& r) {
   } else {
     r.term("gradients: f32 " + std::string(fsdp ? "shards" : "gradients") + tree, r.master * 4 * trees, &C::gradients);
     if (fsdp)
-      r.term("gradients: unsharded, the unit in backward + the one reduce-scattering", 2 * r.largest_unit_grads(),
-             &C::gradients);
+      r.term("gradients: unsharded, the unit in backward + the one reduce-scattering" +
+                 std::string(j.streams > 1 ? " x 2 (an F&B pair's backward and the forward's held gradients)" : ""),
+             2 * r.largest_unit_grads() * j.streams, &C::gradients);
+    // Summed in place (zero3 under PP), a reduce-scatter's output waits outside the sum until it
+    // is added: one unit's shard (under the tree it is the tree's leaf in progress, counted above).
+    if (fsdp && j.m.pp > 1 && trees == 1)
+      r.term("gradients: the reduce-scattered shard of the unit in flight, before it joins the sum",
+             r.largest_unit_grads() / j.m.fsdp(), &C::gradients);
   }
 }
 
@@ -204,11 +214,46 @@ void optimizer_terms(const PlanJob& j, RankPlan& r) {
   r.swapped = adamw_bytes + muon_bytes;
 }
 
+// Zero-bubble schedules (ZB-V, DualPipeV) queue each linear layer's weight gradient at I and run
+// it at W (autograd::DeferWeightGrads): its output gradient (tokens x output features, in the
+// compute dtype) waits in between. The most a pipeline rank holds at once: its action list
+// replayed, each (stage, micro-batch) from its I to its W holding the output gradients of its
+// stage's linear layers (routed experts' grouped GEMMs compute theirs at I). The peak is either
+// during a backward action (its activation gradients with what the earlier I's hold) or at the
+// end of an I (its own output gradients held too, its activation gradients gone).
+struct Deferred {
+  double before = 0;  // the most held when a backward action (B or I) begins
+  double after = 0;   // ... when an I ends
+};
+Deferred deferred_weight_grads(const PlanJob& j, const pp::Schedule& s, const std::vector<pp::StageLayers>& stages, int rank) {
+  std::map<int, double> per_stage;  // bytes one micro-batch of the stage holds
+  // DSA's fused kernels (model.converters dsa_fused) apply MLA's wkv_b inside attention (absorbed
+  // into the queries and the output), not as a linear layer: its gradient is computed at I.
+  const auto& conv = j.c.model.converters;
+  const bool absorbed = std::find(conv.begin(), conv.end(), "dsa_fused") != conv.end();
+  for (int st : s.stages_of(rank)) {
+    const StagePart one{{stages[size_t(st)]}};
+    double width = 0;
+    for (const PlannedParam& p : j.model.params)
+      if (p.gemm && !p.routed_expert && p.shape.size() == 2 && one.holds(p) && !(absorbed && p.name.ends_with(".wkv_b.weight")))
+        width += double(p.shape[0]) / (p.tp_dim == 0 ? j.m.tp : 1);
+    per_stage[st] = width * double(j.micro_tokens) * (j.bf16 ? 2 : 4);
+  }
+  double held = 0;
+  Deferred most;
+  for (const pp::Action& a : s.actions[size_t(rank)]) {
+    if (a.op == pp::Op::backward || a.op == pp::Op::backward_input) most.before = std::max(most.before, held);
+    if (a.op == pp::Op::backward_input) most.after = std::max(most.after, held += per_stage[a.stage]);
+    if (a.op == pp::Op::backward_weight) held -= per_stage[a.stage];
+  }
+  return most;
+}
+
 // Activations of the micro-batches in flight (activation_plan.h) and the temporaries of one
 // backward, plus the pipeline's buffers to and from the neighbouring stages and, under FSDP, the
 // reduce-scatter receive buffers (every rank's piece of the f32 gradients, comm_engine.cpp): one
 // unit's without PP, at most every unit's under PP.
-void activation_terms(const PlanJob& j, const StagePart& part, double in_flight, RankPlan& r) {
+void activation_terms(const PlanJob& j, const StagePart& part, double in_flight, const Deferred& deferred, RankPlan& r) {
   const ActivationModel m = activation_model(*j.model.family, j.query());
   std::vector<int> blocks = part.blocks();
   if (part.head())
@@ -221,6 +266,8 @@ void activation_terms(const PlanJob& j, const StagePart& part, double in_flight,
   const double pipe = j.m.pp > 1 ? 2 * double(j.model.stage_width) / j.m.tp * (j.bf16 ? 2 : 4) : 0;
   const double backward = (backward_temporaries(m, blocks, part.head(), mode) + pipe) * tokens;
   r.term("temporaries: activation gradients (the loss's or a block's backward)", backward, &PlanCategories::temporaries);
+  r.term("temporaries: linear layers' output gradients waiting from I for their W (zero-bubble schedules)",
+         std::max(deferred.after - backward, deferred.before), &PlanCategories::temporaries);
   // The engine receives every rank's piece of a reduce-scattered gradient before it sums them.
   // Without PP one unit's are in flight at a time, during the next unit's backward. Under PP the
   // step's end issues every unit's, one after the other, after the last backward: at most all of
@@ -228,7 +275,7 @@ void activation_terms(const PlanJob& j, const StagePart& part, double in_flight,
   // Either way a routed expert with no expert-FSDP group sends nothing.
   double largest = 0, every = 0;
   for (const auto& [unit, bytes] : r.unit_reduced) largest = std::max(largest, bytes), every += bytes;
-  if (j.pp_whole())
+  if (j.fsdp_per_step())
     r.term("temporaries: every unit's reduce-scatter receive buffers at the step's end, beyond the backward's",
            every - backward, &PlanCategories::temporaries);
   else
@@ -249,13 +296,13 @@ void checkpoint_terms(const PlanJob& j, RankPlan& r) {
     r.term("temporaries: async checkpoint's copy of the model's buffers", j.model.buffer_bytes, &PlanCategories::temporaries);
 }
 
-RankPlan plan_rank(const PlanJob& j, const StagePart& part, double in_flight) {
+RankPlan plan_rank(const PlanJob& j, const StagePart& part, double in_flight, const Deferred& deferred) {
   RankPlan r;
   collect_params(j, part, r);
   parameter_terms(j, r);
   gradient_terms(j, r);
   optimizer_terms(j, r);
-  activation_terms(j, part, in_flight, r);
+  activation_terms(j, part, in_flight, deferred, r);
   checkpoint_terms(j, r);
   return r;
 }
@@ -278,7 +325,7 @@ PlanMesh plan_mesh(const JobConfig& c, int world, const std::string& source) {
   return {world, d[0], d[1], d[2], d[3], d[4], int(p.expert_parallel_degree), expert_tp};
 }
 
-MemoryPlan plan_memory(const JobConfig& c, int world, int64_t vocab, const std::string& source, const PlanOptions& options) {
+MemoryPlan plan_memory(const JobConfig& c, int world, int64_t vocab, const std::string& source) {
   check_supported(c, source);
   TITAN_CHECK(c.model.mtp_layers == 0 || models::model_family(c.model.name).multi_token_prediction,
               source + ": model.mtp_layers = " + std::to_string(c.model.mtp_layers) + ": model '" + c.model.name +
@@ -295,10 +342,10 @@ MemoryPlan plan_memory(const JobConfig& c, int world, int64_t vocab, const std::
     if (p.routed_expert) plan.expert_params += double(p.shape.numel());
   }
   PlanJob j{c, m, plan.model, c.training.mixed_precision_param == DType::bf16 && c.training.dtype == DType::f32};
-  j.pp_zero3 = options.pp_zero3;
   const int64_t seq_tokens = c.training.seq_len / m.cp;
   std::vector<StagePart> parts;
   std::vector<double> in_flight;
+  std::vector<Deferred> deferred;  // per pipeline rank (none without PP)
   const int64_t accumulation = gradient_accumulation_steps(c, m.dp_replicate * m.dp_shard);
   if (m.pp > 1) {
     const PipelinePlan pipeline = plan_pipeline(c, plan.model.n_layers, 0, source);
@@ -314,6 +361,13 @@ MemoryPlan plan_memory(const JobConfig& c, int world, int64_t vocab, const std::
     }
     j.micro_tokens = c.parallelism.pipeline_parallel_microbatch_size * seq_tokens;
     j.microbatches = s.microbatches * accumulation;  // the schedule runs once per accumulation step
+    bool pairs = false;
+    for (const auto& list : s.actions)
+      for (const pp::Action& a : list) pairs = pairs || a.overlapped;
+    if (pairs && c.parallelism.pipeline_parallel_expert_parallel_overlap && m.ep > 1) j.streams = 2;  // as PipelineStep runs them
+    // Under FSDP per step the step's-end reduce-scatter buffers (all of a stage's gradients, after
+    // the last W) already exceed what the W's held: not counted there.
+    for (int r = 0; r < m.pp; ++r) deferred.push_back(j.fsdp_per_step() ? Deferred{} : deferred_weight_grads(j, s, pipeline.stages, r));
   } else {
     parts.push_back({{{0, int(plan.model.n_layers), true, true}}});
     in_flight.push_back(1.0);
@@ -323,7 +377,7 @@ MemoryPlan plan_memory(const JobConfig& c, int world, int64_t vocab, const std::
   plan.accumulation = j.microbatches;
   RankPlan best;
   for (size_t r = 0; r < parts.size(); ++r) {
-    RankPlan rp = plan_rank(j, parts[r], in_flight[r]);
+    RankPlan rp = plan_rank(j, parts[r], in_flight[r], deferred.empty() ? Deferred{} : deferred[r]);
     plan.pipeline_ranks.push_back({rp.peak, rp.terms});
     if (r == 0 || rp.peak.total() > best.peak.total()) {
       best = std::move(rp);
@@ -339,8 +393,7 @@ MemoryPlan plan_memory(const JobConfig& c, int world, int64_t vocab, const std::
   return plan;
 }
 
-int smallest_world(const JobConfig& c, int64_t vocab, double device_bytes, const std::string& source, int max_world,
-                   const PlanOptions& options) {
+int smallest_world(const JobConfig& c, int64_t vocab, double device_bytes, const std::string& source, int max_world) {
   const Parallelism& p = c.parallelism;
   const int64_t fixed = p.pipeline_parallel_degree * p.data_parallel_replicate_degree * p.context_parallel_degree *
                         p.tensor_parallel_degree;
@@ -356,7 +409,7 @@ int smallest_world(const JobConfig& c, int64_t vocab, double device_bytes, const
     if (grown.training.global_batch_size > 0 &&
         grown.training.global_batch_size % (grown.training.local_batch_size * p.data_parallel_replicate_degree * shard))
       continue;
-    if (plan_memory(grown, world, vocab, source, options).peak.total() <= device_bytes) return world;
+    if (plan_memory(grown, world, vocab, source).peak.total() <= device_bytes) return world;
   }
   return 0;
 }

@@ -7,11 +7,13 @@
 // explains them):
 //   parameters   f32 masters (FSDP: this rank's shards, rows padded to the shard group), bf16
 //                compute copies under mixed precision (FSDP: none kept, the bf16 shards of the
-//                units being gathered), FSDP units gathered at once (the one running and the one
-//                prefetched; under PP, unless ZeRO-3, every unit of the stage stays gathered)
+//                units being gathered), FSDP units gathered at once (the one
+//                running and the one prefetched; under PP with FSDP per step every unit of the
+//                stage stays gathered)
 //   gradients    f32, the masters' size (FSDP: shards, plus at most two units unsharded); with
-//                micro-batches, the binary tree sum's partial sums (tree_sum.h); under PP the
-//                stage's unsharded gradients, once in place or as the tree's partial sums
+//                micro-batches, the binary tree sum's partial sums (tree_sum.h); under PP with
+//                FSDP per step (or no FSDP) the stage's unsharded gradients, once in place or as
+//                the tree's partial sums
 //   optimizer    AdamW's two f32 moments of the masters; under Muon one f32 buffer of its matrices,
 //                the step's scratch and, under FSDP, the exchange buffers; swapped: two chunk
 //                buffers per file (the rest on disk)
@@ -86,24 +88,13 @@ PlanMesh plan_mesh(const JobConfig& c, int world, const std::string& source);
 // model.hf_assets_path) when the file exists, else 0.
 int64_t tokenizer_vocab(const JobConfig& c);
 
-// What the plan assumes beyond the config.
-struct PlanOptions {
-  // PP x FSDP as real ZeRO-3 (issue 40 item 1, another branch): each unit gathered only while it
-  // runs and its gradients reduce-scattered into f32 shards as each micro-batch's weight
-  // gradients complete, as without PP. Off: today's engine, which under PP keeps every unit
-  // gathered and the gradients unsharded from first use to the step's end. The config key that
-  // turns the engine's ZeRO-3 on should set this.
-  bool pp_zero3 = false;
-};
-
 // `vocab` <= 0: the flavor's own vocabulary (the tokenizer's is what a run uses).
-MemoryPlan plan_memory(const JobConfig& c, int world, int64_t vocab, const std::string& source,
-                       const PlanOptions& options = {});
+MemoryPlan plan_memory(const JobConfig& c, int world, int64_t vocab, const std::string& source);
 
 // The smallest world size (the mesh's other degrees as configured, dp_shard grown) whose busiest
 // rank's peak fits in `device_bytes`; 0 when none up to max_world does.
 int smallest_world(const JobConfig& c, int64_t vocab, double device_bytes, const std::string& source,
-                   int max_world = 1 << 16, const PlanOptions& options = {});
+                   int max_world = 1 << 16);
 
 // The plan as text: mesh, per-category bytes with their terms, traffic per collective.
 std::string plan_str(const MemoryPlan& p);

@@ -2,6 +2,7 @@
 
 #include "titan/autograd/variable.h"
 #include "titan/core/error.h"
+#include "titan/distributed/fsdp.h"
 #include "titan/distributed/tree_sum.h"
 
 namespace titan::train {
@@ -32,6 +33,24 @@ PipelinePlan plan_pipeline(const JobConfig& c, int64_t n_layers, int pp_rank, co
   return plan;
 }
 
+std::vector<int> stages_using(const PipelinePlan& plan, const std::string& name, bool mtp) {
+  std::vector<int> out, head;
+  for (int st : plan.my_stages) {
+    const pp::StageLayers& s = plan.stages[size_t(st)];
+    if (s.head) head.push_back(st);
+    if (name.starts_with("layers.")) {
+      const int layer = std::stoi(name.substr(7));
+      if (layer >= s.begin && layer < s.end) out.push_back(st);
+    } else if (models::is_embedding_parameter(name) && s.embedding) {
+      out.push_back(st);
+    }
+  }
+  if (name.starts_with("layers.")) return out;
+  if (!models::is_embedding_parameter(name)) return head;  // the final norm, the output head, MTP
+  if (mtp) out.insert(out.end(), head.begin(), head.end());  // MTP embeds on the last stage
+  return out;
+}
+
 std::set<std::string> names_on_other_stages(models::CausalLM& model, const distributed::ProcessGroup& pp) {
   std::set<std::string> mine;
   for (const auto& [name, p] : model.named_parameters()) mine.insert(name);
@@ -56,31 +75,20 @@ std::set<std::string> names_on_other_stages(models::CausalLM& model, const distr
 // stages use (the embedding, which the last stage's MTP modules read too) thus accumulates a
 // micro-batch's contributions in the order one backward would. The one difference left: a
 // parameter that both a linear layer (W) and another op (I) read gets its parts in another order.
+// Under FSDP's per-micro-batch ZeRO-3 (fsdp.h) the same separation gives each unit exactly one
+// micro-batch's gradient when FSDP reduce-scatters it; a completed micro-batch's gradient of a
+// root-unit parameter goes to FSDP instead of the sum.
 class PipelineStep::MicrobatchGradients {
  public:
-  MicrobatchGradients(models::CausalLM& model, const PipelinePlan& plan) {
-    std::vector<int> embedding, head;
-    const std::vector<int>& mine = plan.my_stages;
-    for (int st : mine) {
-      if (plan.stages[size_t(st)].embedding) embedding.push_back(st);
-      if (plan.stages[size_t(st)].head) head.push_back(st);
-    }
+  MicrobatchGradients(models::CausalLM& model, const PipelinePlan& plan, distributed::Fsdp* fsdp) : fsdp_(fsdp) {
     const auto params = model.named_parameters();
     bool mtp = false;
     for (const auto& [name, p] : params) mtp = mtp || name.starts_with("mtp.");
     for (const auto& [name, p] : params) {
       Param q;
+      q.name = name;
       q.slot = p->var.slot();
-      if (name.starts_with("layers.")) {
-        const int layer = std::stoi(name.substr(7));
-        for (int st : mine)
-          if (layer >= plan.stages[size_t(st)].begin && layer < plan.stages[size_t(st)].end) q.stages.push_back(st);
-      } else if (models::is_embedding_parameter(name)) {
-        q.stages = embedding;
-        if (mtp) q.stages.insert(q.stages.end(), head.begin(), head.end());  // MTP embeds on the last stage
-      } else {
-        q.stages = head;  // the final norm, the output head, MTP
-      }
+      q.stages = stages_using(plan, name, mtp);
       TITAN_CHECK(!q.stages.empty(), "pipeline: parameter " + name + " belongs to none of this rank's stages");
       const size_t index = params_.size();
       params_.push_back(std::move(q));
@@ -95,6 +103,7 @@ class PipelineStep::MicrobatchGradients {
       const auto it = q.aside.find(a.microbatch);
       q.slot->grad = it == q.aside.end() ? Tensor() : it->second;
       q.slot->stale = false;
+      if (it != q.aside.end()) q.aside.erase(it);  // after() sets it aside again if it is still held
     }
   }
 
@@ -113,10 +122,14 @@ class PipelineStep::MicrobatchGradients {
       TITAN_CHECK(a.microbatch == q.next, "pipeline: micro-batch " + std::to_string(a.microbatch) +
                                               " finished before micro-batch " + std::to_string(q.next));
       ++q.next;
-      if (const auto it = q.aside.find(a.microbatch); it != q.aside.end()) {
-        q.sum.add(it->second);
-        q.aside.erase(it);
-      }
+      const auto it = q.aside.find(a.microbatch);
+      const Tensor g = it == q.aside.end() ? Tensor() : it->second;
+      if (it != q.aside.end()) q.aside.erase(it);
+      // FSDP reduces a root parameter's micro-batch now; a unit's it has reduced already.
+      if (fsdp_ && fsdp_->reduce_microbatch_gradient(q.name, g)) continue;
+      TITAN_CHECK(!fsdp_ || !g.defined(), "pipeline: FSDP left micro-batch " + std::to_string(a.microbatch) +
+                                              "'s gradient of " + q.name + " unreduced");
+      if (g.defined()) q.sum.add(g);
     }
   }
 
@@ -146,6 +159,7 @@ class PipelineStep::MicrobatchGradients {
 
  private:
   struct Param {
+    std::string name;
     std::shared_ptr<autograd::GradSlot> slot;
     std::vector<int> stages;          // this rank's stages that use it
     std::map<int, Tensor> aside;      // micro-batch -> its gradient so far
@@ -157,20 +171,22 @@ class PipelineStep::MicrobatchGradients {
   std::map<int, std::vector<size_t>> by_stage_;
   std::map<std::pair<int, int>, bool> done_;  // (stage, micro-batch) whose backward finished
   bool in_step_ = false;                      // between the step's first run and finish()
+  distributed::Fsdp* fsdp_;                   // FSDP reducing per micro-batch (null: none)
 };
 
 PipelineStep::~PipelineStep() = default;
 
 PipelineStep::PipelineStep(PipelinePlan plan, models::CausalLM& model, const distributed::ProcessGroup& pp,
                            int64_t microbatch_size, int64_t seq_len, DType compute_dtype, bool overlap_pairs,
-                           bool tree_sum)
+                           bool tree_sum, distributed::Fsdp* fsdp)
     : plan_(std::move(plan)),
       model_(model),
       pp_(pp),
       microbatch_size_(microbatch_size),
       executor_(plan_.schedule, pp, model.stage_activation_shape(microbatch_size, seq_len), compute_dtype,
                 overlap_pairs) {
-  if (tree_sum) gradients_ = std::make_unique<MicrobatchGradients>(model_, plan_);
+  fsdp_ = fsdp && fsdp->reduces_per_microbatch() ? fsdp : nullptr;
+  if (tree_sum || fsdp_) gradients_ = std::make_unique<MicrobatchGradients>(model_, plan_, fsdp_);
 }
 
 void PipelineStep::finish_step() {
@@ -187,6 +203,7 @@ PipelineLosses PipelineStep::run(const Tensor& inputs, const Tensor& targets, do
   const auto forward = [&](int stage, int mb, const autograd::Variable& input) {
     const Tensor tokens = inputs.slice(0, mb * rows, (mb + 1) * rows);
     const Tensor tgt = targets.slice(0, mb * rows * seq, (mb + 1) * rows * seq);
+    if (fsdp_) distributed::Fsdp::set_microbatch(mb);
     models::StageOutput o = model_.stage_forward(plan_.stages[size_t(stage)], input, tokens, tgt);
     sums[0] += o.cross_entropy;
     for (size_t k = 0; k < o.term_sums.size(); ++k) {

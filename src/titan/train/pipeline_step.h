@@ -14,6 +14,10 @@
 //   tree      each micro-batch's gradients are kept apart and summed as one rank accumulating
 //             micro-batches does (MicrobatchGradients in pipeline_step.cpp): the same bits as one
 //             rank, holding up to log2(micro-batches) + 1 gradients per parameter.
+// Under FSDP's zero3 (distributed/fsdp.h) the micro-batches' gradients are kept apart either way
+// (as the tree sum does) and FSDP reduce-scatters each micro-batch's into the shards, which sum
+// them in place or as the tree; each micro-batch is then loaded interleaved over the
+// data-parallel ranks (interleaves_data) so that the tree over ranks and micro-batches is one rank's.
 #pragma once
 
 #include <map>
@@ -28,6 +32,10 @@
 #include "titan/models/causal_lm.h"
 #include "titan/train/config.h"
 
+namespace titan::distributed {
+class Fsdp;
+}
+
 namespace titan::train {
 
 // The schedule and stage split a config asks for, before the model exists.
@@ -39,6 +47,10 @@ struct PipelinePlan {
 };
 // Throws, naming `source` and the key to change, for a schedule or split that cannot work.
 PipelinePlan plan_pipeline(const JobConfig& c, int64_t n_layers, int pp_rank, const std::string& source);
+
+// This rank's stages (global indices) whose forward uses parameter `name`; mtp: the model has MTP
+// modules (on the last stage, reading the embedding).
+std::vector<int> stages_using(const PipelinePlan& plan, const std::string& name, bool mtp);
 
 // The parameter and buffer names the other ranks of the pipeline group hold and this one does
 // not (collective over pp): what a checkpoint has beyond this rank's stages.
@@ -53,9 +65,12 @@ struct PipelineLosses {
 class PipelineStep {
  public:
   // overlap_pairs: run the schedule's overlapped pairs as compute pairs (pipeline_executor.h);
-  // tree_sum: sum the micro-batches' gradients as one rank does (above).
+  // tree_sum: sum the micro-batches' gradients as one rank does (above); fsdp: the model's FSDP,
+  // which, when it reduces per micro-batch (fsdp.h's zero3), is told each forward's micro-batch
+  // and gets each micro-batch's gradients apart.
   PipelineStep(PipelinePlan plan, models::CausalLM& model, const distributed::ProcessGroup& pp, int64_t microbatch_size,
-               int64_t seq_len, DType compute_dtype, bool overlap_pairs = false, bool tree_sum = false);
+               int64_t seq_len, DType compute_dtype, bool overlap_pairs = false, bool tree_sum = false,
+               distributed::Fsdp* fsdp = nullptr);
   ~PipelineStep();
   // Every micro-batch of inputs [B, S] / targets [B*S] through this rank's actions; each loss's
   // gradient is seeded with loss_scale / micro-batches (so loss_scale is what one micro-batch of
@@ -68,13 +83,18 @@ class PipelineStep {
   // pipeline rank returns it).
   double evaluate(const Tensor& inputs, const Tensor& targets);
   int microbatches() const { return plan_.schedule.microbatches; }
+  int64_t microbatch_size() const { return microbatch_size_; }
+  // Whether each micro-batch is loaded apart, interleaved over the data-parallel ranks (the
+  // trainer's train_step): under FSDP reducing per micro-batch.
+  bool interleaves_data() const { return fsdp_ != nullptr; }
   const distributed::pp::PipelineExecutor& executor() const { return executor_; }
 
  private:
   class MicrobatchGradients;
   PipelinePlan plan_;
   models::CausalLM& model_;
-  std::unique_ptr<MicrobatchGradients> gradients_;  // under the tree sum
+  std::unique_ptr<MicrobatchGradients> gradients_;  // under the tree sum or FSDP per micro-batch
+  distributed::Fsdp* fsdp_ = nullptr;               // FSDP reducing per micro-batch
   const distributed::ProcessGroup& pp_;
   int64_t microbatch_size_;
   distributed::pp::PipelineExecutor executor_;

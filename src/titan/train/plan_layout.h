@@ -24,11 +24,12 @@ struct PlanJob {
   bool bf16 = false;
   int64_t micro_tokens = 0;  // tokens of one micro-batch on one rank (CP's share)
   int64_t microbatches = 1;  // per step on this rank (accumulation times the pipeline's)
-  // PP x FSDP as ZeRO-3 (PlanOptions::pp_zero3): units gathered and gradients reduce-scattered
-  // per use, as without PP, instead of kept whole from first use to the step's end.
-  bool pp_zero3 = false;
-  // Under PP: units stay gathered and gradients unsharded over the step (not ZeRO-3).
-  bool pp_whole() const { return m.pp > 1 && !pp_zero3; }
+  // Pieces of work a rank runs at once: 2 when DualPipeV's F&B pairs run as compute pairs (a
+  // forward and a backward taking turns at expert all-to-alls: both hold their FSDP units).
+  int streams = 1;
+  // Under PP, FSDP the old way (distributed/fsdp.h's per_step): units gathered and gradients
+  // unsharded through the step, one reduce-scatter at its end. Else FSDP works per micro-batch.
+  bool fsdp_per_step() const { return m.pp > 1 && c.parallelism.pipeline_parallel_fsdp == PipelineFsdp::per_step; }
   // The job as the model's family is asked about it (activations, routing, CP traffic).
   models::PlanQuery query() const {
     return {c.model.flavor, model.vocab, c.training.seq_len, c.dsa.topk, c.model.mtp_layers, m.tp, m.cp, bf16,

@@ -347,7 +347,8 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const JobConfig& c, models::Cau
 // initialize the whole model. Under expert parallelism FSDP shards the routed experts over the
 // expert-FSDP group; without FSDP that group is this rank alone (EP took all of dp_shard x cp x tp).
 std::unique_ptr<distributed::DataParallel> make_data_parallel(models::CausalLM& model, const distributed::DeviceMesh& mesh,
-                                                              const JobConfig& c, const std::string& source) {
+                                                              const JobConfig& c, const std::string& source,
+                                                              const PipelinePlan* pipeline) {
   using distributed::MeshDim;
   const uint64_t seed = uint64_t(c.debug.seed);
   std::vector<nn::ShardingUnit> units;
@@ -365,6 +366,16 @@ std::unique_ptr<distributed::DataParallel> make_data_parallel(models::CausalLM& 
     o.bf16_params = model.compute_dtype() == DType::bf16;
     o.seed = seed;
     o.pipeline = mesh.degree(MeshDim::pp) > 1;
+    o.pipeline_per_step = c.parallelism.pipeline_parallel_fsdp == PipelineFsdp::per_step;
+    o.sum_in_place = o.pipeline && !c.parallelism.pipeline_tree_sum();
+    if (pipeline) {
+      bool mtp = false;
+      for (const auto& [name, p] : model.named_parameters()) mtp = mtp || name.starts_with("mtp.");
+      o.stage_of = [plan = *pipeline, mtp](const std::string& name) {
+        const std::vector<int> st = stages_using(plan, name, mtp);
+        return st.empty() ? -1 : st.front();
+      };
+    }
     return std::make_unique<distributed::Fsdp>(model, units, mesh.fsdp(), &mesh.group(MeshDim::dp_replicate), o,
                                                mesh.ep().size() > 1 ? &mesh.efsdp() : nullptr);
   }
@@ -464,7 +475,7 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
                 s.initial_load.c_str());
   s.model->set_compute_dtype(t.mixed_precision_param);
   s.model->set_recompute(config.activation_checkpoint.mode);
-  s.dp = make_data_parallel(*s.model, *s.mesh, config, source);
+  s.dp = make_data_parallel(*s.model, *s.mesh, config, source, pipeline_plan ? &*pipeline_plan : nullptr);
   {
     ProfileScope state("optimizer state");
     std::optional<optim::Swap> swap;
@@ -482,7 +493,8 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
                                                 s.model->compute_dtype(),
                                                 config.parallelism.pipeline_parallel_expert_parallel_overlap &&
                                                     config.parallelism.expert_parallel_degree > 1,
-                                                config.parallelism.pipeline_tree_sum());
+                                                config.parallelism.pipeline_tree_sum(),
+                                                dynamic_cast<distributed::Fsdp*>(s.dp.get()));
     // Checkpoints hold every stage's tensors: those of the other pipeline ranks are not "extra".
     s.other_stages = names_on_other_stages(*s.model, pp);
   }
@@ -506,7 +518,12 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
       layout += "; pipeline parallel over " + std::to_string(sc.ranks) + " ranks (" + sc.name + ", " +
                 std::to_string(sc.stages()) + " stages, " + std::to_string(sc.microbatches) + " micro-batches" +
                 (s.pipeline->executor().runs_compute_pairs() ? ", F&B pairs taking turns at expert all-to-alls" : "") +
-                ", gradients summed " + (config.parallelism.pipeline_tree_sum() ? "as a tree" : "in place") + ")";
+                ", gradients summed " + (config.parallelism.pipeline_tree_sum() ? "as a tree" : "in place") +
+                (s.mesh->fsdp().size() > 1 ? config.parallelism.pipeline_parallel_fsdp == PipelineFsdp::zero3
+                                                 ? ", FSDP reduce-scattering each micro-batch (ZeRO-3)"
+                                                 : ", FSDP reduce-scattering once per step"
+                                           : "") +
+                ")";
     }
     std::printf("%d ranks: mesh %s; %s\n", s.world->size(), s.mesh->str().c_str(), layout.c_str());
   }
@@ -879,7 +896,17 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
     const double d0 = train_loader->seconds_spent();
     {
       ProfileScope span("data loading");
-      train_loader->next_batch(inputs.data<int32_t>(), targets.data<int32_t>(), int(t.local_batch_size), int(t.seq_len));
+      if (pipeline && pipeline->interleaves_data()) {
+        // FSDP reduces each micro-batch over the data-parallel ranks (fsdp.h's zero3): micro-batch m
+        // of rank r is the global batch's (m x ranks + r)-th, so that the sum over ranks, then over
+        // micro-batches, is one rank's binary tree over the batch in order (tree_sum.h).
+        const int64_t mb = pipeline->microbatch_size();
+        for (int64_t m = 0; m < t.local_batch_size / mb; ++m)
+          train_loader->next_batch(inputs.data<int32_t>() + m * mb * t.seq_len, targets.data<int32_t>() + m * mb * t.seq_len,
+                                   int(mb), int(t.seq_len));
+      } else {
+        train_loader->next_batch(inputs.data<int32_t>(), targets.data<int32_t>(), int(t.local_batch_size), int(t.seq_len));
+      }
     }
     out.data_seconds += train_loader->seconds_spent() - d0;
     models::TrainingLoss loss;

@@ -512,11 +512,51 @@ std::vector<std::pair<std::string, Tensor>> to_hf_tensors(const std::vector<std:
   return out;
 }
 
+namespace {
+
+// DeepSeek's FP8 checkpoints store every projection of the blocks (attention, indexer, MLPs,
+// experts) in E4M3; the router, norms, embedding, head and the MTP's eh_proj stay high precision.
+bool stored_fp8(const std::string& hf_name) {
+  if (hf_name.rfind("model.layers.", 0) != 0) return false;
+  if (hf_name.ends_with("indexer.wq_b.weight") || hf_name.ends_with("indexer.wk.weight")) return true;
+  return hf_name.ends_with("_proj.weight") && !hf_name.ends_with("weights_proj.weight") &&
+         !hf_name.ends_with("eh_proj.weight");
+}
+
+// DeepSeek-V3's release layout: each FP8 weight beside "<W>_scale_inv", f32 per 128 x 128 block;
+// the rest in `dtype`.
+std::vector<std::pair<std::string, Tensor>> quantize_fp8(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                                         DType dtype) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& [name, t] : tensors) {
+    if (!stored_fp8(name)) {
+      out.emplace_back(name, t.to(dtype));
+      continue;
+    }
+    auto [codes, scale_inv] = checkpoint::quantize_fp8_blocks(t);
+    out.emplace_back(name, codes);
+    out.emplace_back(name + "_scale_inv", scale_inv);
+  }
+  return out;
+}
+
+}  // namespace
+
 void save_hf(const fs::path& dir, const DeepSeekV3Args& a, const std::vector<std::pair<std::string, Tensor>>& state,
              const checkpoint::HfWriteOptions& options) {
   json config = hf_config_from_args(a);
   config["torch_dtype"] = options.dtype == DType::f32 ? "float32" : options.dtype == DType::f16 ? "float16" : "bfloat16";
-  checkpoint::save_hf_folder(dir, config, to_hf_tensors(state, a), options);
+  if (options.quantize == checkpoint::HfQuantization::none) {
+    checkpoint::save_hf_folder(dir, config, to_hf_tensors(state, a), options);
+    return;
+  }
+  TITAN_CHECK(options.quantize == checkpoint::HfQuantization::fp8, "deepseek_v3: FP4 experts are DeepSeek-V4's layout",
+              "export DeepSeek-V3 / V3.2 with --quantize fp8");
+  config["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}, {"fmt", "e4m3"},
+                                   {"weight_block_size", {checkpoint::kFp8BlockSize, checkpoint::kFp8BlockSize}}};
+  checkpoint::HfWriteOptions keep = options;
+  keep.keep_dtypes = true;
+  checkpoint::save_hf_folder(dir, config, quantize_fp8(to_hf_tensors(state, a), options.dtype), keep);
 }
 
 }  // namespace titan::models::deepseek_v3

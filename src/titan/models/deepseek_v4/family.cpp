@@ -174,9 +174,23 @@ size_t export_folder(const HfExport& job, const std::filesystem::path& dir) {
     a = deepseek_v4_flavor(job.flavor, embedding == job.tensors.end() ? 0 : embedding->second.size(0));
   }
   const auto state = export_tensors(job, state_shapes(a));
-  const std::map<std::string, Tensor> hf = state_to_hf(std::map<std::string, Tensor>(state.begin(), state.end()));
+  const std::map<std::string, Tensor> ours(state.begin(), state.end());
+  nlohmann::json config = hf_config(a);
+  if (job.options.quantize != checkpoint::HfQuantization::none) {
+    // The release's layout, which transformers reads through its FP8 integration (spec 6.4).
+    const bool fp4 = job.options.quantize == checkpoint::HfQuantization::fp8_fp4;
+    const auto tensors = state_to_release(ours, fp4);
+    config["quantization_config"] = {{"quant_method", "fp8"},      {"activation_scheme", "dynamic"},
+                                     {"fmt", "e4m3"},              {"weight_block_size", {128, 128}},
+                                     {"scale_fmt", "ue8m0"},       {"expert_dtype", fp4 ? "fp4" : "fp8"}};
+    checkpoint::HfWriteOptions options = job.options;
+    options.keep_dtypes = true;
+    checkpoint::save_hf_folder(dir, config, tensors, options);
+    return tensors.size();
+  }
+  const std::map<std::string, Tensor> hf = state_to_hf(ours);
   std::vector<std::pair<std::string, Tensor>> tensors(hf.begin(), hf.end());
-  checkpoint::save_hf_folder(dir, hf_config(a), tensors, job.options);
+  checkpoint::save_hf_folder(dir, config, tensors, job.options);
   return tensors.size();
 }
 

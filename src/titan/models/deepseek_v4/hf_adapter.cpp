@@ -3,6 +3,7 @@
 #include <utility>
 #include <vector>
 
+#include "titan/checkpoint/hf.h"
 #include "titan/core/error.h"
 
 namespace titan::models::deepseek_v4 {
@@ -45,25 +46,27 @@ void replace_all(std::string& name, const std::string& from, const std::string& 
     name.replace(at, from.size(), to);
 }
 
-// transformers' name (without "model.") of a tensor in DeepSeek's naming, which the release uses
-// and save_pretrained writes back (spec 6.2); a transformers' name comes back unchanged.
-std::string from_deepseek_naming(std::string name) {
-  if (name == "head.weight") return "lm_head.weight";
-  if (name == "embed.weight") return "embed_tokens.weight";
-  for (const char* part : {"fn", "base", "scale"})
-    if (name == std::string("hc_head_") + part) return std::string("hc_head.hc_") + part;
-  if (name.rfind("layers.", 0) != 0) return name;
-  // The indexer moves under the compressor, its own compressor's parts up into it.
-  replace_all(name, ".attn.indexer.compressor.", ".self_attn.compressor.indexer.");
-  replace_all(name, ".attn.indexer.wq_b.", ".self_attn.compressor.indexer.q_b_proj.");
-  replace_all(name, ".attn.indexer.weights_proj.", ".self_attn.compressor.indexer.scorer.weights_proj.");
-  replace_all(name, ".attn.", ".self_attn.");
-  replace_all(name, ".ffn.", ".mlp.");
-  replace_all(name, ".attn_norm.", ".input_layernorm.");
-  replace_all(name, ".ffn_norm.", ".post_attention_layernorm.");
-  replace_all(name, ".hc_attn_", ".attn_hc.");
-  replace_all(name, ".hc_ffn_", ".ffn_hc.");
-  static const std::vector<std::pair<std::string, std::string>> tails = {
+// Whole parts of a layer's names, DeepSeek's <-> transformers', in the order a name is rewritten
+// either way (the indexer moves under the compressor, its own compressor's parts up into it: its
+// two projections are renamed before the rest of it moves, then the rest of the attention).
+const std::vector<std::pair<std::string, std::string>>& layer_parts() {
+  static const std::vector<std::pair<std::string, std::string>> r = {
+      {".attn.indexer.wq_b.", ".self_attn.compressor.indexer.q_b_proj."},
+      {".attn.indexer.weights_proj.", ".self_attn.compressor.indexer.scorer.weights_proj."},
+      {".attn.indexer.compressor.", ".self_attn.compressor.indexer."},
+      {".attn.", ".self_attn."},
+      {".ffn.", ".mlp."},
+      {".attn_norm.", ".input_layernorm."},
+      {".ffn_norm.", ".post_attention_layernorm."},
+      {".hc_attn_", ".attn_hc."},
+      {".hc_ffn_", ".ffn_hc."},
+  };
+  return r;
+}
+
+// Renamed endings of a layer's names, DeepSeek's <-> transformers' (after layer_parts).
+const std::vector<std::pair<std::string, std::string>>& layer_tails() {
+  static const std::vector<std::pair<std::string, std::string>> r = {
       {"self_attn.attn_sink", "self_attn.sinks"},          {"self_attn.wq_a.weight", "self_attn.q_a_proj.weight"},
       {"self_attn.q_norm.weight", "self_attn.q_a_norm.weight"}, {"self_attn.wq_b.weight", "self_attn.q_b_proj.weight"},
       {"self_attn.wkv.weight", "self_attn.kv_proj.weight"},    {"self_attn.norm.weight", "self_attn.kv_norm.weight"},
@@ -73,9 +76,42 @@ std::string from_deepseek_naming(std::string name) {
       {"indexer.wkv.weight", "indexer.kv_proj.weight"},        {"indexer.wgate.weight", "indexer.gate_proj.weight"},
       {"indexer.ape", "indexer.position_bias"},                {"indexer.norm.weight", "indexer.kv_norm.weight"},
       {"mlp.gate.bias", "mlp.gate.e_score_correction_bias"},
+      {"mlp.shared_experts.w1.weight", "mlp.shared_experts.gate_proj.weight"},
+      {"mlp.shared_experts.w3.weight", "mlp.shared_experts.up_proj.weight"},
+      {"mlp.shared_experts.w2.weight", "mlp.shared_experts.down_proj.weight"},
   };
-  for (const auto& [theirs, hf] : tails)
-    if (replace_suffix(name, theirs, hf)) break;
+  return r;
+}
+
+// Global names, DeepSeek's <-> transformers' (without "model.").
+const std::vector<std::pair<std::string, std::string>>& global_names() {
+  static const std::vector<std::pair<std::string, std::string>> r = {
+      {"head.weight", "lm_head.weight"},   {"embed.weight", "embed_tokens.weight"}, {"hc_head_fn", "hc_head.hc_fn"},
+      {"hc_head_base", "hc_head.hc_base"}, {"hc_head_scale", "hc_head.hc_scale"},
+  };
+  return r;
+}
+
+// transformers' name (without "model.") of a tensor in DeepSeek's naming, which the release uses
+// and save_pretrained writes back (spec 6.2); a transformers' name comes back unchanged.
+std::string from_deepseek_naming(std::string name) {
+  for (const auto& [deepseek, hf] : global_names())
+    if (name == deepseek) return hf;
+  if (name.rfind("layers.", 0) != 0) return name;
+  for (const auto& [deepseek, hf] : layer_parts()) replace_all(name, deepseek, hf);
+  for (const auto& [deepseek, hf] : layer_tails())
+    if (replace_suffix(name, deepseek, hf)) break;
+  return name;
+}
+
+// The inverse: DeepSeek's name of a transformers' one (without "model.").
+std::string to_deepseek_naming(std::string name) {
+  for (const auto& [deepseek, hf] : global_names())
+    if (name == hf) return deepseek;
+  if (name.rfind("layers.", 0) != 0) return name;
+  for (const auto& [deepseek, hf] : layer_tails())
+    if (replace_suffix(name, hf, deepseek)) break;
+  for (const auto& [deepseek, hf] : layer_parts()) replace_all(name, hf, deepseek);
   return name;
 }
 
@@ -145,6 +181,64 @@ std::map<std::string, Tensor> state_to_hf(const std::map<std::string, Tensor>& o
     hf[name == "lm_head.weight" ? name : "model." + name] = t;
   }
   return hf;
+}
+
+namespace {
+
+// The release's storage of a tensor by its DeepSeek name (spec 6.4; what V4-Flash ships).
+enum class Storage { f32, bf16, fp8, expert };
+
+Storage release_storage(const std::string& name) {
+  static const std::vector<std::string> fp8 = {
+      ".attn.wq_a.weight", ".attn.wq_b.weight", ".attn.wkv.weight", ".attn.wo_a.weight", ".attn.wo_b.weight",
+      ".shared_experts.w1.weight", ".shared_experts.w2.weight", ".shared_experts.w3.weight"};
+  static const std::vector<std::string> bf16 = {
+      "compressor.wkv.weight", "compressor.wgate.weight", "indexer.wq_b.weight", "indexer.weights_proj.weight",
+      ".ffn.gate.weight"};
+  if (name == "embed.weight" || name == "head.weight") return Storage::bf16;
+  if (name.find(".ffn.experts.") != std::string::npos) return Storage::expert;
+  for (const std::string& tail : fp8)
+    if (ends_with(name, tail)) return Storage::fp8;
+  for (const std::string& tail : bf16)
+    if (ends_with(name, tail)) return Storage::bf16;
+  return Storage::f32;  // norms, mHC, sinks, position biases, the router's bias (and the i64 hash table)
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, Tensor>> state_to_release(const std::map<std::string, Tensor>& ours, bool fp4_experts) {
+  std::vector<std::pair<std::string, Tensor>> full;  // DeepSeek's names, our values
+  for (const auto& [our_name, t] : ours) {
+    std::string name = our_name;
+    bool experts = false;
+    for (const char* k : {"w1", "w2", "w3"}) {
+      if (!replace_suffix(name, std::string("mlp.experts.") + k, "ffn.experts.")) continue;
+      for (int64_t e = 0; e < t.size(0); ++e)
+        full.emplace_back(name + std::to_string(e) + "." + k + ".weight", t.select(0, e).contiguous());
+      experts = true;
+      break;
+    }
+    if (experts) continue;
+    for (const auto& [mine, theirs] : renames())
+      if (replace_suffix(name, mine, theirs)) break;
+    full.emplace_back(to_deepseek_naming(name), t);
+  }
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& [name, t] : full) {
+    const Storage s = release_storage(name);
+    if (t.dtype() == DType::i64 || s == Storage::f32) {
+      out.emplace_back(name, t.dtype() == DType::i64 ? t : t.to(DType::f32));
+    } else if (s == Storage::bf16) {
+      out.emplace_back(name, t.to(DType::bf16));
+    } else {
+      auto [codes, scales] = s == Storage::expert && fp4_experts
+                                 ? checkpoint::quantize_fp4_rows(t)
+                                 : checkpoint::quantize_fp8_blocks(t, checkpoint::kFp8BlockSize, kernels::ScaleRule::pow2);
+      out.emplace_back(name, codes);
+      out.emplace_back(name.substr(0, name.size() - 6) + "scale", scales);  // "<X>.weight" -> "<X>.scale"
+    }
+  }
+  return out;
 }
 
 }  // namespace titan::models::deepseek_v4

@@ -11,6 +11,8 @@
 
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "titan/core/tensor.h"
 
@@ -25,5 +27,11 @@ namespace titan::models::deepseek_v4 {
 std::map<std::string, Tensor> state_from_hf(const std::map<std::string, Tensor>& hf, const std::string& source);
 // transformers' names and layouts from ours.
 std::map<std::string, Tensor> state_to_hf(const std::map<std::string, Tensor>& ours);
+// The V4 release's layout from ours (spec 6.2, 6.4): DeepSeek's names without "model.", one matrix
+// per expert; the attention's and shared experts' matrices FP8 E4M3 with UE8M0 scales per
+// 128 x 128 block under "<X>.scale"; the routed experts FP4 with UE8M0 scales per 1 x 32 block
+// (fp4_experts; else FP8 like the rest); the embedding, head, router and compressor / indexer
+// projections bf16; the rest f32 (the hash tables i64).
+std::vector<std::pair<std::string, Tensor>> state_to_release(const std::map<std::string, Tensor>& ours, bool fp4_experts);
 
 }  // namespace titan::models::deepseek_v4
