@@ -30,7 +30,7 @@ run() {  # $1: titan binary, $2: name, rest: overrides
       if (step < 2 || step > 8) next
       match($0, /"step_seconds":[0-9.e+-]+/); s = substr($0, RSTART + 15, RLENGTH - 15) + 0
       match($0, /"total":[0-9.e+-]+/); t = substr($0, RSTART + 8, RLENGTH - 8) + 0
-      match($0, /"temporaries":[0-9.e+-]+/); tmp = substr($0, RSTART + 14, RLENGTH - 14) + 0
+      match($0, /"temp":[0-9.e+-]+/); tmp = substr($0, RSTART + 7, RLENGTH - 7) + 0
       if (t > total) total = t
       if (tmp > temp) temp = tmp
       if (step % 2 == 1) { during += s; nd++ } else { other += s; no++ }
