@@ -37,9 +37,13 @@ void AsyncSaver::start(const fs::path& root, const SaveRequest& request, std::op
   const std::optional<fs::path> last = finish();
   if (previous) *previous = last;
   ProfileScope span("checkpoint staging");
-  // Stage: the same pieces in the same shapes as the last save reuse its buffers; an owned piece
-  // (a private copy already) is written as it is.
-  const auto needs_buffer = [&](size_t i) { return !request.tensors[i].owned; };
+  // Stage: the pieces the forward may change (buffers) are copied now, into buffers kept while
+  // the pieces keep their shapes; the weights and optimizer state the writer reads in place (the
+  // optimizer step waits for it: wait_staged), and an owned piece (a private copy) is written as it is.
+  const auto needs_buffer = [&](size_t i) {
+    const ShardedTensor& st = request.tensors[i];
+    return st.local.defined() && !st.owned && !st.until_step;
+  };
   bool same = buffers_.size() == request.tensors.size();
   for (size_t i = 0; same && i < buffers_.size(); ++i)
     same = needs_buffer(i) ? buffers_[i].defined() && buffers_[i].shape() == request.tensors[i].local.shape() &&
@@ -65,6 +69,10 @@ void AsyncSaver::start(const fs::path& root, const SaveRequest& request, std::op
   written_ = false;
   failure_ = nullptr;
   in_flight_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_read_ = false;
+  }
   writer_ = std::thread([this, tmp] {
     if (tracing()) trace_name_thread("checkpoint writer");  // a track only in traces it can appear in
     try {
@@ -80,6 +88,7 @@ void AsyncSaver::start(const fs::path& root, const SaveRequest& request, std::op
     } catch (...) {
       failure_ = std::current_exception();
     }
+    mark_state_read();  // (after a failure too: nothing reads the state any more)
     written_ = true;
   });
   staging_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -88,7 +97,7 @@ void AsyncSaver::start(const fs::path& root, const SaveRequest& request, std::op
 // The writer thread: this rank's file and description; on rank 0 then the commit.
 void AsyncSaver::write(const fs::path& tmp) {
   const int rank = group_.rank(), size = group_.size();
-  const std::string pieces = write_shard(tmp, staged_, rank);
+  const std::string pieces = write_shard(tmp, staged_, rank, staging_bytes_, [this] { mark_state_read(); });
   const fs::path mine = pieces_file(tmp, rank);
   {
     std::ofstream f(mine.string() + ".part");
@@ -119,11 +128,31 @@ void AsyncSaver::write(const fs::path& tmp) {
   commit_checkpoint(root_, staged_, all, size);
 }
 
+void AsyncSaver::mark_state_read() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_read_ = true;
+  }
+  staged_cv_.notify_all();
+}
+
+void AsyncSaver::wait_staged() {
+  if (!in_flight_) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    ProfileScope span("checkpoint wait for staging");
+    std::unique_lock<std::mutex> lock(mu_);
+    staged_cv_.wait(lock, [this] { return state_read_; });
+  }
+  waited_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 fs::path AsyncSaver::done() {
   writer_.join();
   in_flight_ = false;
   for (ShardedTensor& st : staged_.tensors)
-    if (st.owned) st.local = Tensor();  // written: the private copies go
+    if (st.owned || st.until_step) st.local = Tensor();  // written: the private copies go, the live state is let be
+  staged_.streams.clear();
   if (failure_) std::rethrow_exception(failure_);
   return step_folder(root_, staged_.step);
 }

@@ -1,5 +1,7 @@
 #include "titan/checkpoint/checkpoint.h"
 
+#include "titan/checkpoint/staged_file.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -126,18 +128,26 @@ Shape shape_of(const json& j) {
   return Shape(d);
 }
 
-// This rank's pieces as metadata entries: {name: {dtype, shape, piece: {file, offsets, shape, xxh64}}}.
-json describe_pieces(const SaveRequest& req, const std::string& file) {
+// A piece's shape and dtype: its tensor's, or a streamed one's (f32).
+Shape piece_shape(const ShardedTensor& st) { return st.local.defined() ? st.local.shape() : st.streamed_shape; }
+DType piece_dtype(const ShardedTensor& st) { return st.local.defined() ? st.local.dtype() : DType::f32; }
+
+// The pieces as metadata entries, given their checksums: {name: {dtype, shape, piece: {file,
+// offsets, shape, xxh64}}}.
+json describe_pieces(const std::vector<const ShardedTensor*>& pieces, const std::vector<uint64_t>& sums,
+                     const std::string& file) {
   json out = json::object();
-  for (const ShardedTensor& st : req.tensors) {
-    const Shape global = st.slice.global_shape.empty() && st.local.dim() > 0 ? st.local.shape() : st.slice.global_shape;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const ShardedTensor& st = *pieces[i];
+    const Shape local = piece_shape(st);
+    const Shape global = st.slice.global_shape.empty() && local.size() > 0 ? local : st.slice.global_shape;
     Shape offsets = st.slice.offsets;
-    if (offsets.size() != st.local.dim()) offsets = Shape(std::vector<int64_t>(size_t(st.local.dim()), 0));
+    if (offsets.size() != local.size()) offsets = Shape(std::vector<int64_t>(size_t(local.size()), 0));
     TITAN_CHECK(!out.contains(st.name), "save_checkpoint: tensor '" + st.name + "' given twice by one rank");
-    out[st.name] = {{"dtype", std::string(dtype_name(st.local.dtype()))},
+    out[st.name] = {{"dtype", std::string(dtype_name(piece_dtype(st)))},
                     {"shape", shape_json(global)},
-                    {"piece", {{"file", file}, {"offsets", shape_json(offsets)}, {"shape", shape_json(st.local.shape())},
-                               {"xxh64", hex64(checksum(st.local))}}}};
+                    {"piece", {{"file", file}, {"offsets", shape_json(offsets)}, {"shape", shape_json(local)},
+                               {"xxh64", hex64(sums[i])}}}};
   }
   return out;
 }
@@ -211,16 +221,59 @@ void replace_folder(const fs::path& from, const fs::path& to) {
 
 }  // namespace
 
-std::string write_shard(const fs::path& tmp, const SaveRequest& req, int rank) {
-  std::vector<std::pair<std::string, Tensor>> items;
-  for (const ShardedTensor& st : req.tensors)
-    if (st.local.numel() > 0) items.emplace_back(st.name, st.local);
+std::string write_shard(const fs::path& tmp, const SaveRequest& req, int rank, int64_t staging_bytes,
+                        const std::function<void()>& staged) {
+  // The pieces with elements, in the request's order (the file's); where each request piece went.
+  std::vector<const ShardedTensor*> mine;
+  std::vector<HeaderEntry> entries;
+  std::vector<int64_t> entry_of(req.tensors.size(), -1);
+  for (size_t i = 0; i < req.tensors.size(); ++i) {
+    const ShardedTensor& st = req.tensors[i];
+    if (piece_shape(st).numel() == 0) continue;
+    entry_of[i] = int64_t(mine.size());
+    mine.push_back(&st);
+    const size_t bytes = st.local.defined() ? st.local.nbytes() : size_t(st.streamed_shape.numel()) * sizeof(float);
+    entries.push_back({st.name, piece_dtype(st), piece_shape(st), bytes});
+  }
   const std::string file = shard_file(rank);
-  SaveRequest mine;
-  for (const ShardedTensor& st : req.tensors)
-    if (st.local.numel() > 0) mine.tensors.push_back(st);
-  if (!items.empty()) save_safetensors(tmp / file, items, {{"format", "pt"}});
-  return describe_pieces(mine, file).dump();
+  std::vector<uint64_t> sums(mine.size());
+  if (!mine.empty()) {
+    StagedFile out(tmp / file, entries, {{"format", "pt"}}, staging_bytes);
+    std::vector<std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)>> hash;
+    for (size_t e = 0; e < mine.size(); ++e) {
+      hash.emplace_back(XXH64_createState(), &XXH64_freeState);
+      XXH64_reset(hash.back().get(), 0);
+    }
+    std::vector<int64_t> next(mine.size(), 0);  // a streamed piece's next element
+    for (size_t e = 0; e < mine.size(); ++e) {
+      if (!mine[e]->local.defined()) continue;
+      const Tensor t = mine[e]->local.contiguous();
+      XXH64_update(hash[e].get(), t.data_ptr(), t.nbytes());
+      out.put(e, 0, t.data_ptr(), t.nbytes());
+    }
+    for (const StateStream& stream : req.streams)
+      stream([&](size_t piece, int64_t begin, const float* values, int64_t n) {
+        const int64_t e = entry_of.at(piece);
+        if (e < 0) return;  // a piece without elements
+        TITAN_CHECK(!mine[size_t(e)]->local.defined() && begin == next[size_t(e)] &&
+                        begin + n <= mine[size_t(e)]->streamed_shape.numel(),
+                    "save_checkpoint: '" + mine[size_t(e)]->name + "' streamed out of order");
+        XXH64_update(hash[size_t(e)].get(), values, size_t(n) * sizeof(float));
+        out.put(size_t(e), size_t(begin) * sizeof(float), values, size_t(n) * sizeof(float));
+        next[size_t(e)] += n;
+      });
+    for (size_t e = 0; e < mine.size(); ++e)
+      TITAN_CHECK(mine[e]->local.defined() || next[e] == mine[e]->streamed_shape.numel(),
+                  "save_checkpoint: '" + mine[e]->name + "' was streamed " + std::to_string(next[e]) + " of " +
+                      std::to_string(mine[e]->streamed_shape.numel()) + " elements");
+    out.flush();
+    if (staged) staged();
+    out.finish();
+    for (size_t e = 0; e < mine.size(); ++e) sums[e] = XXH64_digest(hash[e].get());
+  } else if (staged) {
+    staged();
+  }
+  return describe_pieces(mine, sums, file).dump();
 }
 
 fs::path commit_checkpoint(const fs::path& root, const SaveRequest& req, const std::vector<std::string>& pieces,
@@ -257,12 +310,13 @@ void make_staging_folder(const fs::path& tmp) {
   if (ec) io_failed("cannot create the checkpoint staging folder " + tmp.string(), ec, __LINE__);
 }
 
-fs::path save_checkpoint(const fs::path& root, const SaveRequest& req, const distributed::ProcessGroup* group) {
+fs::path save_checkpoint(const fs::path& root, const SaveRequest& req, const distributed::ProcessGroup* group,
+                         int64_t staging_bytes) {
   const int rank = group ? group->rank() : 0, size = group ? group->size() : 1;
   const fs::path tmp = staging_folder(root, req.step);
   if (rank == 0) make_staging_folder(tmp);
   if (group) group->barrier().wait();
-  const std::string pieces = write_shard(tmp, req, rank);
+  const std::string pieces = write_shard(tmp, req, rank, staging_bytes);
   const std::vector<std::string> all = group ? group->all_gather(pieces) : std::vector<std::string>{pieces};
   if (rank == 0) commit_checkpoint(root, req, all, size);
   if (group) group->barrier().wait();

@@ -58,18 +58,34 @@ class CheckpointIOError : public IOError {
 // three retries unless set (0: no retry, e.g. a fuzz target). Process-wide.
 void set_io_retry_seconds(double seconds);
 
+// checkpoint.staging_mib's default: the buffer a save streams each rank's file through.
+inline constexpr int64_t kDefaultStagingBytes = int64_t(256) << 20;
+
 struct ShardedTensor {
   std::string name;
   Tensor local;        // this rank's part
   GlobalSlice slice;   // where it sits in the global tensor (default: the whole tensor)
-  // `local` is a private copy, not live state (e.g. swapped optimizer moments read back for the
-  // save): an async save writes it as it is, without a staging copy, and lets it go once written.
+  // `local` is a private copy, not live state: an async save writes it as it is, without a
+  // staging copy, and lets it go once written.
   bool owned = false;
+  // `local` is live state that only the optimizer step changes (weights, optimizer state): an
+  // async save reads it in place while training goes on, the step waiting for it
+  // (AsyncSaver::wait_staged); any other live piece (buffers) is copied when the save starts.
+  bool until_step = false;
+  // With `local` undefined: a piece not in memory (swapped optimizer state), f32 of this shape,
+  // whose values one of SaveRequest::streams hands out.
+  Shape streamed_shape = {};
 };
+
+// Hands the values of streamed pieces out: emit(piece, first element, values, count), each
+// piece's elements in order (piece: an index into SaveRequest::tensors).
+using StreamEmit = std::function<void(size_t piece, int64_t begin, const float* values, int64_t n)>;
+using StateStream = std::function<void(const StreamEmit&)>;
 
 struct SaveRequest {
   int64_t step = 0;
   std::vector<ShardedTensor> tensors;  // this rank's pieces
+  std::vector<StateStream> streams;    // the values of the pieces with streamed_shape
   nlohmann::json train_state;          // rank 0's is written
   std::string config_toml;             // rank 0's is written
 };
@@ -78,7 +94,8 @@ struct SaveRequest {
 // it with its own pieces (the pieces of all ranks must tile each global tensor exactly). Returns
 // the final folder.
 std::filesystem::path save_checkpoint(const std::filesystem::path& root, const SaveRequest& request,
-                                      const distributed::ProcessGroup* group = nullptr);
+                                      const distributed::ProcessGroup* group = nullptr,
+                                      int64_t staging_bytes = kDefaultStagingBytes);
 
 // The two halves of save_checkpoint, for a save that writes in the background (async_save.h).
 // write_shard writes this rank's pieces into the staging folder `tmp` (step-<N>.tmp, which must
@@ -88,7 +105,11 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& root, const S
 std::filesystem::path staging_folder(const std::filesystem::path& root, int64_t step);
 // Creates `tmp` empty (removing what a save that never committed left there).
 void make_staging_folder(const std::filesystem::path& tmp);
-std::string write_shard(const std::filesystem::path& tmp, const SaveRequest& request, int rank);
+// Every byte goes through one staging buffer of at most staging_bytes (the in-memory pieces copied
+// in, the streamed ones emitted in); staged() is called once the last value has been read from
+// the request (from then on its live state may change) and before the file is synced.
+std::string write_shard(const std::filesystem::path& tmp, const SaveRequest& request, int rank,
+                        int64_t staging_bytes = kDefaultStagingBytes, const std::function<void()>& staged = {});
 std::filesystem::path commit_checkpoint(const std::filesystem::path& root, const SaveRequest& request,
                                         const std::vector<std::string>& pieces, int world_size);
 

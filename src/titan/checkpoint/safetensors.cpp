@@ -43,29 +43,40 @@ void write_all(std::FILE* f, const void* data, size_t n, const fs::path& path) {
 
 }  // namespace
 
-void save_safetensors(const fs::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata, const std::set<std::string>& int8_bytes) {
+std::string safetensors_header(const std::vector<HeaderEntry>& entries, const std::map<std::string, std::string>& metadata,
+                               std::vector<size_t>* offsets) {
   json header = json::object();
   size_t offset = 0;
-  std::vector<Tensor> contiguous;
-  contiguous.reserve(tensors.size());
-  for (const auto& [name, t] : tensors) {
-    TITAN_CHECK(!header.contains(name), "duplicate tensor name '" + name + "' while writing " + path.string());
-    TITAN_CHECK(name != "__metadata__", "'__metadata__' is reserved in safetensors");
-    contiguous.push_back(t.contiguous());
-    const size_t n = t.nbytes();
+  if (offsets) offsets->clear();
+  for (const HeaderEntry& e : entries) {
+    TITAN_CHECK(!header.contains(e.name), "duplicate tensor name '" + e.name + "' in a safetensors file");
+    TITAN_CHECK(e.name != "__metadata__", "'__metadata__' is reserved in safetensors");
     json shape = json::array();
-    for (int64_t d : t.shape()) shape.push_back(d);
-    const bool int8 = int8_bytes.count(name) != 0;
-    TITAN_CHECK(!int8 || t.dtype() == DType::u8, "'" + name + "' is " + t.str() + ": only u8 bytes are written as I8");
-    header[name] = {{"dtype", int8 ? std::string("I8") : safetensors_dtype(t.dtype())},
-                    {"shape", shape},
-                    {"data_offsets", {offset, offset + n}}};
-    offset += n;
+    for (int64_t d : e.shape) shape.push_back(d);
+    header[e.name] = {{"dtype", e.int8 ? std::string("I8") : safetensors_dtype(e.dtype)},
+                      {"shape", shape},
+                      {"data_offsets", {offset, offset + e.bytes}}};
+    if (offsets) offsets->push_back(offset);
+    offset += e.bytes;
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::string text = header.dump();
   text.resize((text.size() + 7) / 8 * 8, ' ');  // pad so the data section is 8-byte aligned
+  return text;
+}
+
+void save_safetensors(const fs::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata, const std::set<std::string>& int8_bytes) {
+  std::vector<HeaderEntry> entries;
+  std::vector<Tensor> contiguous;
+  contiguous.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    const bool int8 = int8_bytes.count(name) != 0;
+    TITAN_CHECK(!int8 || t.dtype() == DType::u8, "'" + name + "' is " + t.str() + ": only u8 bytes are written as I8");
+    contiguous.push_back(t.contiguous());
+    entries.push_back({name, t.dtype(), t.shape(), t.nbytes(), int8});
+  }
+  const std::string text = safetensors_header(entries, metadata, nullptr);
   const fs::path tmp = path.string() + ".tmp";
   // Closed on every path out, an error's included.
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(tmp.c_str(), "wb"), &std::fclose);

@@ -14,6 +14,18 @@
 
 namespace titan::checkpoint {
 
+// The header of a file holding `entries` in this order (its JSON, padded so that the data section
+// is 8-byte aligned); offsets (when given) receives each entry's first byte in the data section.
+struct HeaderEntry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  size_t bytes;
+  bool int8 = false;  // u8 bytes labelled "I8" (save_safetensors' int8_bytes)
+};
+std::string safetensors_header(const std::vector<HeaderEntry>& entries, const std::map<std::string, std::string>& metadata,
+                               std::vector<size_t>* offsets);
+
 // Writes tensors (contiguous or not; written row-major) with string metadata. The file is written
 // under "<path>.tmp" and renamed, so a crash never leaves a truncated file under the final name.
 // The u8 tensors named in int8_bytes are labelled "I8" (their bytes unchanged; DeepSeek-V4's FP4

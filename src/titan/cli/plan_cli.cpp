@@ -16,7 +16,7 @@ namespace titan::cli {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: titan plan --config C.toml [--world-size N] [--device-memory GiB] [--vocab V] [--section.key=value ...]\n"
+    "usage: titan plan --config C.toml [--world-size N] [--device-memory GiB[,GiB...]] [--vocab V] [--section.key=value ...]\n"
     "       titan plan --pp-schedule NAME|all --pp N --microbatches M [options]\n"
     "\n"
     "With --config: the job's memory and communication plan, without allocating anything: per rank\n"
@@ -25,6 +25,8 @@ constexpr const char* kUsage =
     "temporaries) with the terms behind them, and the bytes each collective sends per step.\n"
     "  --world-size N          ranks (default: the product of the configured degrees, dp_shard 1 if -1)\n"
     "  --device-memory GiB     also print the smallest world size (dp_shard grown) whose peak fits\n"
+    "                          (several sizes, comma-separated: a line each)\n"
+
     "  --vocab V               vocabulary size (default: the tokenizer's, else the flavor's own)\n"
     "  --json                  the plan as JSON (bytes per category and term, traffic per collective)\n"
     "  --section.key=value     config overrides, as titan train takes them\n"
@@ -98,7 +100,7 @@ void print_schedule(distributed::pp::ScheduleKind kind, const Options& o) {
 struct ConfigOptions {
   std::string config;
   int world = 0;
-  double device_gib = 0;
+  std::vector<double> device_gib;
   int64_t vocab = 0;
   bool json = false;
   std::vector<std::string> overrides;
@@ -120,7 +122,12 @@ ConfigOptions parse_config_mode(const std::vector<std::string_view>& args) {
     const std::string_view value = args[++i];
     if (flag == "--config") o.config = std::string(value);
     else if (flag == "--world-size") o.world = parse_number<int>(flag, value);
-    else if (flag == "--device-memory") o.device_gib = parse_number<double>(flag, value);
+    else if (flag == "--device-memory")
+      for (size_t at = 0; at <= value.size();) {
+        const size_t comma = std::min(value.find(',', at), value.size());
+        o.device_gib.push_back(parse_number<double>(flag, value.substr(at, comma - at)));
+        at = comma + 1;
+      }
     else if (flag == "--vocab") o.vocab = parse_number<int64_t>(flag, value);
     else throw UsageError{fmt::format("unknown option '{}'", flag)};
   }
@@ -142,8 +149,9 @@ int plan_config(const std::vector<std::string_view>& args) {
   const int64_t vocab = o.vocab > 0 ? o.vocab : train::tokenizer_vocab(c);
   if (o.json) {
     nlohmann::json j = train::plan_json(train::plan_memory(c, world, vocab, o.config));
-    if (o.device_gib > 0)
-      j["smallest_world"] = train::smallest_world(c, vocab, o.device_gib * double(int64_t(1) << 30), o.config);
+    for (const double gib : o.device_gib)  // {"<GiB>": world} (0: none fits)
+      j["smallest_world"][fmt::format("{:g}", gib)] =
+          train::smallest_world(c, vocab, gib * double(int64_t(1) << 30), o.config);
     std::printf("%s\n", j.dump(1).c_str());
     return 0;
   }
@@ -155,11 +163,11 @@ int plan_config(const std::vector<std::string_view>& args) {
               c.optimizer.swap == train::OptimizerSwap::file ? ", optimizer state swapped to a file" : "");
   const train::MemoryPlan plan = train::plan_memory(c, world, vocab, o.config);
   std::fputs(train::plan_str(plan).c_str(), stdout);
-  if (o.device_gib > 0) {
-    const double bytes = o.device_gib * double(int64_t(1) << 30);
-    const int fits = train::smallest_world(c, vocab, bytes, o.config);
-    if (fits > 0) std::printf("\nsmallest world size that fits %.1f GiB per rank: %d ranks (dp_shard grown)\n", o.device_gib, fits);
-    else std::printf("\nno world size fits %.1f GiB per rank by growing dp_shard: raise tp, pp, cp or ep, checkpoint activations, or swap the optimizer\n", o.device_gib);
+  if (!o.device_gib.empty()) std::printf("\n");
+  for (const double gib : o.device_gib) {
+    const int fits = train::smallest_world(c, vocab, gib * double(int64_t(1) << 30), o.config);
+    if (fits > 0) std::printf("smallest world size that fits %.1f GiB per rank: %d ranks (dp_shard grown)\n", gib, fits);
+    else std::printf("no world size fits %.1f GiB per rank by growing dp_shard: raise tp, pp, cp or ep, checkpoint activations, or swap the optimizer\n", gib);
   }
   return 0;
 }

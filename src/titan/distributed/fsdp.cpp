@@ -17,8 +17,10 @@ struct Fsdp::Param {
   int64_t rows = 0, valid = 0; // rows per rank; this rank's rows that are not padding
   bool bf16 = false;           // gathers the bf16 compute copy (a GEMM weight under mixed precision)
   Tensor shard;                // [rows, ...] f32, zero past `valid`: the master
-  Tensor shard_compute;        // [rows, ...] bf16 (bf16 only), what the all-gather sends
-  Tensor compute_valid;        // its first `valid` rows, refreshed by the optimizer
+  // [rows, ...] bf16 (bf16 only), what the all-gather sends: cast from the master when the unit is
+  // gathered and freed once the gather is done, so no bf16 copy of the shard lives between uses.
+  Tensor shard_compute;
+  Tensor compute_valid;        // its first `valid` rows
   Tensor full;                 // [N * rows, ...]: the gathered parameter (released while sharded)
   size_t trainable = 0;        // index in trainables_
 };
@@ -103,9 +105,9 @@ Fsdp::Fsdp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const 
     nn::init_parameter(master, name, p->init, options.seed, &slice);
     q->bf16 = options.bf16_params && p->gemm_weight;
     if (q->bf16) {
-      q->shard_compute = Tensor::zeros(shard_shape, DType::bf16, MemCategory::parameters);
+      q->shard_compute = Tensor::empty(shard_shape, DType::bf16, MemCategory::parameters);
       q->compute_valid = q->shard_compute.slice(0, 0, q->valid);
-      q->compute_valid.copy_(master);
+      q->shard_compute.release_storage();
       q->full = Tensor::empty(full_shape, DType::bf16, MemCategory::parameters);
       p->compute = q->full.slice(0, 0, q->d0);
       // The f32 value is never gathered (the GEMMs read the bf16 copy): a buffer of its shape, freed.
@@ -123,7 +125,7 @@ Fsdp::Fsdp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const 
     nn::TrainableParam t;
     t.name = name;
     t.var = autograd::Variable(master, true, name);
-    t.compute = q->bf16 ? &q->compute_valid : nullptr;
+    t.compute = nullptr;  // the optimizer updates the master alone: gather() casts it
     t.weight_decay = p->weight_decay;
     t.slice = slice;
     t.tp_partial_grad = p->tp_partial_grad;
@@ -171,6 +173,11 @@ void Fsdp::gather(Unit& u) {
   if (u.gathered || !u.gathers.empty()) return;
   for (Param* q : u.params) {
     q->full.reallocate_storage();
+    if (q->bf16) {  // the cast on the all-gather: the bf16 shard exists only while it is sent
+      q->shard_compute.reallocate_storage();
+      q->compute_valid.copy_(trainables_[q->trainable].var.value());  // copy_ rounds to bf16
+      if (q->valid < q->rows) q->shard_compute.slice(0, q->valid, q->rows).zero_();
+    }
     const Tensor& src = q->bf16 ? q->shard_compute : q->shard;
     const int n = q->group->size();
     u.gathers.push_back(q->group->all_gather(q->full.view({n * q->rows * q->rest}), src.view({q->rows * q->rest})));
@@ -180,6 +187,9 @@ void Fsdp::gather(Unit& u) {
 
 void Fsdp::wait_gathered(Unit& u) {
   for (const Work& w : u.gathers) w.wait();
+  if (!u.gathers.empty())
+    for (Param* q : u.params)
+      if (q->bf16) q->shard_compute.release_storage();  // sent: the gathered copy is what the GEMMs read
   u.gathers.clear();
   u.gathered = true;
 }
@@ -428,10 +438,8 @@ void Fsdp::finish_forward() {
   }
 }
 
-void Fsdp::refresh_compute_copies() {
-  for (auto& q : params_)
-    if (q->bf16) q->compute_valid.copy_(trainables_[q->trainable].var.value());
-}
+// Nothing to refresh: the bf16 copies are cast from the masters at every gather.
+void Fsdp::refresh_compute_copies() {}
 
 double Fsdp::sum_over_shards(double local) const {
   // Under EP too: the shard group's ranks x TP hold every routed expert's pieces once.

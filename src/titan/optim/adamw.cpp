@@ -135,6 +135,31 @@ std::vector<std::pair<std::string, Tensor>> AdamW::state_dict() const {
   return out;
 }
 
+SavedState AdamW::state_for_save() const {
+  check_usable();
+  SavedState out;
+  for (const Slot& s : slots_) {
+    const std::string& name = s.param.name;
+    if (swapped_) {
+      out.streamed.emplace_back(name + ".exp_avg", s.param.var.value().shape());
+      out.streamed.emplace_back(name + ".exp_avg_sq", s.param.var.value().shape());
+    } else {
+      out.in_memory.emplace_back(name + ".exp_avg", s.exp_avg);
+      out.in_memory.emplace_back(name + ".exp_avg_sq", s.exp_avg_sq);
+    }
+    out.in_memory.emplace_back(name + ".step", Tensor::full({1}, double(s.steps), DType::i64));
+  }
+  out.in_memory.emplace_back("step", Tensor::full({1}, double(step_), DType::i64));
+  if (swapped_)  // keys 2i and 2i + 1: slot i's two moments
+    out.stream = [moments = swapped_.get()](const SavedState::Emit& emit) {
+      moments->for_each(SwappedMoments::Access::read, [&](const SwappedMoments::Piece& p) {
+        emit(2 * size_t(p.tensor), p.begin, p.exp_avg, p.n);
+        emit(2 * size_t(p.tensor) + 1, p.begin, p.exp_avg_sq, p.n);
+      });
+    };
+  return out;
+}
+
 void AdamW::load_state_dict(const std::map<std::string, Tensor>& state, const std::string& source) {
   auto get = [&](const std::string& key, const Shape& shape) -> const Tensor& {
     auto it = state.find(key);

@@ -55,7 +55,7 @@ class AdamW final : public Optimizer {
   std::vector<std::pair<std::string, Tensor>> state_dict() const override;
   std::vector<std::pair<std::string, Shape>> state_shapes() const override;
   void load_state_dict(const std::map<std::string, Tensor>& state, const std::string& source) override;
-  bool state_dict_copies() const override { return swapped_ != nullptr; }
+  SavedState state_for_save() const override;
 
  private:
   struct Slot {

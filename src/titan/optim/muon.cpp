@@ -502,6 +502,24 @@ std::vector<std::pair<std::string, Tensor>> Muon::state_dict() const {
   return out;
 }
 
+SavedState Muon::state_for_save() const {
+  check_usable();
+  SavedState out;
+  for (const Slot& s : slots_) {
+    const std::string key = s.param.name + ".momentum_buffer";
+    if (swapped_)
+      out.streamed.emplace_back(key, s.param.var.value().shape());
+    else
+      out.in_memory.emplace_back(key, s.buffer);
+  }
+  if (swapped_)
+    out.stream = [buffers = swapped_.get()](const SavedState::Emit& emit) {
+      buffers->for_each(SwappedMoments::Access::read,
+                        [&](const SwappedMoments::Piece& p) { emit(size_t(p.tensor), p.begin, p.exp_avg, p.n); });
+    };
+  return out;
+}
+
 void Muon::check_state_dict(const std::map<std::string, Tensor>& state, const std::string& source) const {
   for (const Slot& s : slots_) {
     const std::string key = s.param.name + ".momentum_buffer";

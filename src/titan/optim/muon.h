@@ -143,6 +143,8 @@ class Muon {
   int tp_split_matrices() const;
   // The buffers as "<param name>.momentum_buffer" (swapped ones read into new tensors).
   std::vector<std::pair<std::string, Tensor>> state_dict() const;
+  // The same, the swapped buffers streamed (optimizer.h).
+  SavedState state_for_save() const;
   std::vector<std::pair<std::string, Shape>> state_shapes() const;
   // Throws, changing nothing, unless `state` holds every buffer in its shape.
   void check_state_dict(const std::map<std::string, Tensor>& state, const std::string& source) const;

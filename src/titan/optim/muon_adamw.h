@@ -26,7 +26,7 @@ class MuonAdamW final : public Optimizer {
   std::vector<std::pair<std::string, Tensor>> state_dict() const override;
   std::vector<std::pair<std::string, Shape>> state_shapes() const override;
   void load_state_dict(const std::map<std::string, Tensor>& state, const std::string& source) override;
-  bool state_dict_copies() const override { return muon_.swapped() || adamw_.swapped(); }
+  SavedState state_for_save() const override { return joined(muon_.state_for_save(), adamw_.state_for_save()); }
   const Muon& muon() const { return muon_; }
   const AdamW& adamw() const { return adamw_; }
 

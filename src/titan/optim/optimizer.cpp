@@ -8,4 +8,19 @@ std::string state_key_param(const std::string& key) {
   return {};
 }
 
+SavedState joined(SavedState a, SavedState b) {
+  SavedState out;
+  out.in_memory = std::move(a.in_memory);
+  for (auto& entry : b.in_memory) out.in_memory.push_back(std::move(entry));
+  const size_t first_of_b = a.streamed.size();
+  out.streamed = std::move(a.streamed);
+  for (auto& entry : b.streamed) out.streamed.push_back(std::move(entry));
+  if (a.stream || b.stream)
+    out.stream = [sa = std::move(a.stream), sb = std::move(b.stream), first_of_b](const SavedState::Emit& emit) {
+      if (sa) sa(emit);
+      if (sb) sb([&](size_t key, int64_t begin, const float* v, int64_t n) { emit(first_of_b + key, begin, v, n); });
+    };
+  return out;
+}
+
 }  // namespace titan::optim

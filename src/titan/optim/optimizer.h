@@ -4,6 +4,7 @@
 // resharded with the parameter's slice: "<param name>.<state>") or a replicated scalar.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -19,6 +20,20 @@ struct Swap {
   int64_t chunk_bytes = int64_t(64) << 20;  // the state of one chunk; two chunks are resident
 };
 
+// The state as a checkpoint save takes it (Optimizer::state_for_save): what lives in memory as
+// views of the live tensors, and the swapped part as keys whose values `stream` reads from the
+// swap file chunk by chunk, so that a save never holds a copy of them.
+struct SavedState {
+  // emit(index into streamed, first element, values, count): every element once, each key's in order.
+  using Emit = std::function<void(size_t key, int64_t begin, const float* values, int64_t n)>;
+  std::vector<std::pair<std::string, Tensor>> in_memory;
+  std::vector<std::pair<std::string, Shape>> streamed;  // f32
+  std::function<void(const Emit&)> stream;              // null when nothing is streamed
+};
+
+// b's keys after a's, one stream visiting a's then b's.
+SavedState joined(SavedState a, SavedState b);
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -32,9 +47,9 @@ class Optimizer {
   virtual std::vector<std::pair<std::string, Shape>> state_shapes() const = 0;
   // Every tensor is checked before anything changes: a bad state leaves the optimizer as it was.
   virtual void load_state_dict(const std::map<std::string, Tensor>& state, const std::string& source) = 0;
-  // Whether state_dict() returns fresh copies (state read back from a swap file) that a
-  // checkpoint save may own, rather than views of live state.
-  virtual bool state_dict_copies() const = 0;
+  // The same keys as state_dict(), the swapped ones streamed rather than read back whole. The
+  // views and the stream are valid until the next step() or load_state_dict().
+  virtual SavedState state_for_save() const = 0;
 };
 
 // The parameter a per-parameter state key belongs to ("<param>.exp_avg" -> "<param>"); "" for a

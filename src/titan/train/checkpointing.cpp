@@ -44,27 +44,43 @@ checkpoint::SaveRequest run_checkpoint_request(int64_t step, const RunParts& par
   std::set<std::string> duplicates;
   for (const nn::TrainableParam& p : params)
     if (p.tp_duplicate) duplicates.insert(p.name);
+  // The weights and the optimizer state change only in the optimizer step: an async save reads
+  // them in place (until_step), the buffers it copies when it starts.
   if (parts.data_parallel.writes_params())
     for (const nn::TrainableParam& p : params) {
       if (p.tp_duplicate) continue;
       const Tensor& v = p.var.value();
-      req.tensors.push_back({"model." + p.name, model_only && export_dtype != DType::f32 ? v.to(export_dtype) : v, p.slice});
+      const bool exported = model_only && export_dtype != DType::f32;
+      req.tensors.push_back({"model." + p.name, exported ? v.to(export_dtype) : v, p.slice, exported, !exported});
     }
   if (parts.writes_buffers)
     for (const auto& [name, b] : parts.model.named_buffers()) req.tensors.push_back({"model." + name, b, {}});
   if (!model_only) {
     const auto slices = slices_of(params);
-    // Swapped state comes back from its file as fresh tensors: the save owns them.
-    const bool owned = parts.optimizer.state_dict_copies();
-    for (const auto& [key, t] : parts.optimizer.state_dict()) {
+    // Whether this rank writes a state key, and the slice it writes.
+    const auto writes = [&](const std::string& key, GlobalSlice* slice) {
       const std::string param = optim::state_key_param(key);
-      if (param.empty()) {
-        if (lead) req.tensors.push_back({"optim." + key, t, {}, owned});
-      } else if (parts.data_parallel.writes_params() && !duplicates.count(param)) {
-        const GlobalSlice* s = slices.at(param);
-        req.tensors.push_back({"optim." + key, t, s ? *s : GlobalSlice{}, owned});
+      if (param.empty()) return lead;
+      if (!parts.data_parallel.writes_params() || duplicates.count(param)) return false;
+      if (const GlobalSlice* s = slices.at(param)) *slice = *s;
+      return true;
+    };
+    optim::SavedState state = parts.optimizer.state_for_save();
+    for (const auto& [key, t] : state.in_memory)
+      if (GlobalSlice slice; writes(key, &slice)) req.tensors.push_back({"optim." + key, t, slice, false, true});
+    // Swapped state: streamed from the swap file into the file, its keys mapped to pieces.
+    std::vector<int64_t> piece_of(state.streamed.size(), -1);
+    for (size_t k = 0; k < state.streamed.size(); ++k)
+      if (GlobalSlice slice; writes(state.streamed[k].first, &slice)) {
+        piece_of[k] = int64_t(req.tensors.size());
+        req.tensors.push_back({"optim." + state.streamed[k].first, Tensor(), slice, false, true, state.streamed[k].second});
       }
-    }
+    if (state.stream)
+      req.streams.push_back([stream = std::move(state.stream), piece_of](const checkpoint::StreamEmit& emit) {
+        stream([&](size_t key, int64_t begin, const float* values, int64_t n) {
+          if (piece_of[key] >= 0) emit(size_t(piece_of[key]), begin, values, n);
+        });
+      });
   }
   return req;
 }

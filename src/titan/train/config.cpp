@@ -1078,10 +1078,14 @@ const std::vector<KeySpec>& config_schema() {
       {"checkpoint", "interval", member<&C::checkpoint, &Checkpoint::interval>, at_least(1),
        "Steps between checkpoints."},
       {"checkpoint", "async_mode", member<&C::checkpoint, &Checkpoint::async_mode>, one_of<CheckpointAsyncMode>(),
-       "disabled: training waits while a checkpoint is written. async: each rank copies its state into staging "
-       "buffers and a background thread writes it while training goes on; the checkpoint counts once every "
+       "disabled: training waits while a checkpoint is written. async: a background thread writes each rank's "
+       "state while training goes on, reading the weights and optimizer state in place (the next optimizer step "
+       "waits until it has read them all) and copying only the buffers; the checkpoint counts once every "
        "rank's file is written and rank 0 has committed it (metadata.json last). At most one save is in flight; "
        "the final save is synchronous."},
+      {"checkpoint", "staging_mib", member<&C::checkpoint, &Checkpoint::staging_mib>, at_least(1),
+       "MiB of the one buffer each rank's save streams its file through (swapped optimizer moments come "
+       "straight from the swap file): what a save holds beyond the state itself, whatever the model's size."},
       {"checkpoint", "keep_latest_k", member<&C::checkpoint, &Checkpoint::keep_latest_k>,
        or_sentinel(at_least(2), 0),
        "Checkpoints kept; older ones are deleted. 0 keeps all. 1 is refused: the newest may still be being "

@@ -137,6 +137,7 @@ struct Checkpoint {
   std::string folder = "checkpoint";
   int64_t interval = 500;
   CheckpointAsyncMode async_mode = CheckpointAsyncMode::disabled;
+  int64_t staging_mib = 256;  // the buffer a save streams each rank's file through
   int64_t keep_latest_k = 10;
   int64_t load_step = -1;  // -1: the latest
   int64_t load_at_most = -1;  // the newest step resume considers (-1: no bound); titan launch's restarts

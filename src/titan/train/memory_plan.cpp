@@ -47,6 +47,7 @@ struct RankPlan {
   double master = 0, compute = 0;                   // elements: f32 masters (shards), bf16 copies
   double reduced_master = 0;                        // ... the masters whose gradients a reduce-scatter makes
   std::map<int, double> unit_gathered, unit_grads;  // bytes by FSDP unit, in the order they run
+  std::map<int, double> unit_cast;  // ... of the bf16 shards cast for its all-gather (FSDP, bf16 only)
   std::map<int, double> unit_reduced;  // ... of its gradients that a reduce-scatter sends (group > 1)
   void term(std::string name, double bytes, double PlanCategories::*category) {
     if (bytes <= 0) return;
@@ -72,7 +73,8 @@ void collect_params(const PlanJob& j, const StagePart& part, RankPlan& r) {
     // Whole on every TP rank and computed whole there (no partial gradients): TP saves none of it.
     if (p.tp_dim < 0 && !p.tp_partial_grad && !p.routed_expert) r.tp_whole_before_fsdp += l.elems * 8;
     const bool bf16 = j.bf16 && p.gemm;
-    if (bf16) r.compute += j.m.fsdp() > 1 ? l.shard : l.elems;
+    if (bf16 && j.m.fsdp() > 1) r.unit_cast[l.unit] += l.shard * 2;
+    else if (bf16) r.compute += l.elems;
     r.unit_gathered[l.unit] += l.gathered * (bf16 ? 2 : 4);
     r.unit_grads[l.unit] += l.gathered * 4;
     if (j.m.fsdp() > 1 && (!plan::is_expert(p, j.m) || j.m.efsdp() > 1)) {
@@ -83,10 +85,29 @@ void collect_params(const PlanJob& j, const StagePart& part, RankPlan& r) {
   r.non_expert_before_fsdp = (all_elems - expert_elems) * 8;
 }
 
+// The largest sum of two consecutive units' bytes (the one running and the one prefetched), and
+// the root's and every unit's.
+struct UnitBytes {
+  double root = 0, pair = 0, all = 0;
+};
+UnitBytes unit_bytes(const std::map<int, double>& by_unit) {
+  UnitBytes b;
+  std::vector<double> order;
+  for (const auto& [unit, bytes] : by_unit) {
+    if (unit == plan::kRootUnit) b.root = bytes;
+    else order.push_back(bytes);
+    b.all += bytes;
+  }
+  for (size_t i = 0; i < order.size(); ++i) b.pair = std::max(b.pair, order[i] + (i + 1 < order.size() ? order[i + 1] : 0));
+  return b;
+}
+
 // Masters, bf16 copies, RoPE tables, and the FSDP units gathered at once: the root and two
 // consecutive units (the one running and the one prefetched; "never" keeps every unit after
 // forward), under PP too with FSDP's zero3 (fsdp.h); under PP per step every unit of the stage
-// stays gathered.
+// stays gathered. Under FSDP no bf16 copy is kept: each gather casts the unit's shards
+// (fsdp.cpp) and frees them once sent, so at most the root's and two units' bf16 shards exist
+// (per stream).
 void parameter_terms(const PlanJob& j, RankPlan& r) {
   using C = PlanCategories;
   const bool fsdp = j.m.fsdp() > 1;
@@ -94,19 +115,14 @@ void parameter_terms(const PlanJob& j, RankPlan& r) {
   r.term("parameters: bf16 compute copies", r.compute * 2, &C::parameters);
   r.term("parameters: RoPE tables and routing buffers", j.model.buffer_bytes, &C::parameters);
   if (!fsdp) return;
-  std::vector<double> order;
-  double root = 0, all = 0;
-  for (const auto& [unit, bytes] : r.unit_gathered) {
-    if (unit == plan::kRootUnit) root = bytes;
-    else order.push_back(bytes);
-    all += bytes;
-  }
-  double pair = 0;
-  for (size_t i = 0; i < order.size(); ++i) pair = std::max(pair, order[i] + (i + 1 < order.size() ? order[i + 1] : 0));
-  const bool every = j.fsdp_per_step() || j.c.parallelism.fsdp_reshard_after_forward == distributed::ReshardAfterForward::never;
   const std::string streams = j.streams > 1 ? " x 2 (an F&B pair's forward and backward taking turns)" : "";
+  const UnitBytes cast = unit_bytes(r.unit_cast);
+  r.term("parameters: bf16 shards cast for the all-gathers in flight (no persistent copy)" + streams,
+         cast.root + cast.pair * j.streams, &C::parameters);
+  const UnitBytes gathered = unit_bytes(r.unit_gathered);
+  const bool every = j.fsdp_per_step() || j.c.parallelism.fsdp_reshard_after_forward == distributed::ReshardAfterForward::never;
   r.term(every ? "parameters: every FSDP unit gathered" : "parameters: FSDP units gathered (running + prefetched)" + streams,
-         every ? all : root + pair * j.streams, &C::parameters);
+         every ? gathered.all : gathered.root + gathered.pair * j.streams, &C::parameters);
 }
 
 // Without PP: the f32 gradients (FSDP: shards) summed over micro-batches as a binary tree
@@ -266,16 +282,18 @@ void activation_terms(const PlanJob& j, const StagePart& part, double in_flight,
     r.term("temporaries: a unit's reduce-scatter receive buffers", largest, &PlanCategories::temporaries);
 }
 
-// Checkpoints: an async save copies this rank's masters and moments into staging buffers it keeps
-// from one save to the next (checkpoint/async_save.h); swapped moments are read back into memory
-// for the save (the save owns them: no staging copy) and let go once written.
+// Checkpoints (checkpoint.h's write_shard, async_save.h): a save streams this rank's file (the
+// masters and the optimizer state; swapped moments straight from the swap file) through one
+// staging buffer of checkpoint.staging_mib, or the file's size when smaller; an async save also
+// copies the model's buffers when it starts (the forward changes them). Nothing else: the writer
+// reads the weights and the state in place, and the optimizer step waits for it.
 void checkpoint_terms(const PlanJob& j, RankPlan& r) {
   if (!j.c.checkpoint.enable) return;
-  const bool swapped = j.c.optimizer.swap == OptimizerSwap::file;
+  const double file = r.master * 4 + r.state + j.model.buffer_bytes;
+  r.term(fmt::format("temporaries: checkpoint staging buffer (checkpoint.staging_mib = {})", j.c.checkpoint.staging_mib),
+         std::min(double(j.c.checkpoint.staging_mib) * (1 << 20), file), &PlanCategories::temporaries);
   if (j.c.checkpoint.async_mode == CheckpointAsyncMode::async)
-    r.term("temporaries: async checkpoint staging (masters" + std::string(swapped ? ")" : " and optimizer state)"),
-           r.master * 4 + (swapped ? 0 : r.state), &PlanCategories::temporaries);
-  if (swapped) r.term("temporaries: a checkpoint save's copy of the swapped optimizer state", r.state, &PlanCategories::temporaries);
+    r.term("temporaries: async checkpoint's copy of the model's buffers", j.model.buffer_bytes, &PlanCategories::temporaries);
 }
 
 RankPlan plan_rank(const PlanJob& j, const StagePart& part, double in_flight, const Deferred& deferred) {

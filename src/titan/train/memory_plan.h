@@ -6,7 +6,8 @@
 // What each category holds (memory_plan.cpp and activation_plan.cpp derive each term; docs/memory.md
 // explains them):
 //   parameters   f32 masters (FSDP: this rank's shards, rows padded to the shard group), bf16
-//                compute copies under mixed precision, FSDP units gathered at once (the one
+//                compute copies under mixed precision (FSDP: none kept, the bf16 shards of the
+//                units being gathered), FSDP units gathered at once (the one
 //                running and the one prefetched; under PP with FSDP per step every unit of the
 //                stage stays gathered)
 //   gradients    f32, the masters' size (FSDP: shards, plus at most two units unsharded); with
@@ -18,7 +19,9 @@
 //                buffers per file (the rest on disk)
 //   activations  what forward keeps for backward, per activation-checkpointing mode, times the
 //                micro-batches a pipeline rank holds at once
-//   temporaries  gradients of activations in backward and the logits' gradient
+//   temporaries  gradients of activations in backward and the logits' gradient; a checkpoint
+//                save's staging buffer (checkpoint.staging_mib) and an async save's copy of the
+//                model's buffers
 #pragma once
 
 #include <string>

@@ -556,7 +556,8 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
   }
 
   if (config.checkpoint.enable && config.checkpoint.async_mode == CheckpointAsyncMode::async)
-    s.saver = std::make_unique<checkpoint::AsyncSaver>(*s.world, double(config.comm.init_timeout_seconds));
+    s.saver = std::make_unique<checkpoint::AsyncSaver>(*s.world, double(config.comm.init_timeout_seconds),
+                                                       config.checkpoint.staging_mib << 20);
   // Resume: the newest usable checkpoint of this run (or the step asked for), else the configured
   // initial weights.
   if (config.checkpoint.enable) {
@@ -607,6 +608,7 @@ const distributed::pp::PipelineExecutor* Trainer::pipeline_executor() const {
 }
 
 void Trainer::State::restore(const fs::path& folder, bool model_only) {
+  if (saver) saver->wait_staged();  // the load overwrites what a save in flight may still be reading
   const json train_state = load_run_checkpoint(folder, parts(), cfg, model_only);
   if (model_only) return;
   data::DataLoaderState data;
@@ -645,7 +647,7 @@ void Trainer::State::save(bool final_save) {
   } else {
     if (saver)
       if (const auto previous = saver->finish()) on_committed(*previous);
-    const fs::path saved = checkpoint::save_checkpoint(checkpoint_root, request, world);
+    const fs::path saved = checkpoint::save_checkpoint(checkpoint_root, request, world, cfg.checkpoint.staging_mib << 20);
     on_committed(saved, model_only);
     if (final_save && cfg.checkpoint.last_save_in_hf) from_rank0([&] { return export_hf(saved), std::string(); });
     world->barrier().wait();  // the purge done before anyone moves on under the short deadline
@@ -1005,6 +1007,7 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
     discard_step_counts();
     return out;
   }
+  if (saver) saver->wait_staged();  // a save in flight still reading the weights or the optimizer state
   opt->step(float(out.lr), norm.scale);
   autograd::note_parameters_changed();  // validation after this step sees the new weights
   // MoE's expert loads: summed over the data (and context) ranks, and under the MoE TP fix over
