@@ -280,7 +280,10 @@ TEST(ConfigErrors, ImpossibleValues) {
       {"[training]\nmax_norm = nan\n", "training.max_norm = nan", "a number > 0"},
       {"[training]\nglobal_batch_size = 0\n", "training.global_batch_size = 0", "an integer >= 1, or -1"},
       {"[training]\nmixed_precision_param = \"fp16\"\n", "training.mixed_precision_param",
-       "one of: bfloat16, float32"},
+       "one of: bfloat16, float16, float32"},
+      {"[training]\ngradient_sync_dtype = \"fp8\"\n", "training.gradient_sync_dtype",
+       "one of: float32, bfloat16, float16"},
+      {"[training]\nloss_scale_backoff_factor = 0\n", "training.loss_scale_backoff_factor = 0", "a number in (0, 1)"},
       {"[parallelism]\ndata_parallel_shard_degree = 0\n", "parallelism.data_parallel_shard_degree = 0",
        "an integer >= 1, or -1"},
       {"[checkpoint]\nkeep_latest_k = 1\n", "checkpoint.keep_latest_k = 1", "an integer >= 2, or 0"},
@@ -342,12 +345,12 @@ TEST(ConfigChoices, SubsetOfAnEnumRefusesTheRest) {
   const Error e = load_error("[training]\ndtype = \"bfloat16\"\n");
   EXPECT_HAS(e.message(), "training.dtype = \"bfloat16\" is not accepted; it must be one of: float32");
   JobConfig c;
-  c.training.mixed_precision_param = DType::f16;
+  c.training.mixed_precision_param = DType::f8e4m3;
   try {
     validate(c);
-    ADD_FAILURE() << "validate accepted training.mixed_precision_param = float16";
+    ADD_FAILURE() << "validate accepted training.mixed_precision_param = f8e4m3";
   } catch (const Error& v) {
-    EXPECT_HAS(v.message(), "training.mixed_precision_param = \"float16\" is not accepted");
+    EXPECT_HAS(v.message(), "training.mixed_precision_param = \"float8_e4m3fn\" is not accepted");
   }
 }
 

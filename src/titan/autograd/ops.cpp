@@ -6,6 +6,7 @@
 
 #include <omp.h>
 
+#include "titan/autograd/half_linear.h"
 #include "titan/core/profiler.h"
 
 #include "titan/kernels/activation.h"
@@ -38,6 +39,7 @@ Variable linear(const Variable& x, const Variable& w, const Tensor& w_compute) {
   TITAN_CHECK(x.value().size(-1) == wc.size(1), "linear: input width " + std::to_string(x.value().size(-1)) +
                                                     " does not match weight " + wc.shape().str() +
                                                     (w.name().empty() ? "" : " (" + w.name() + ")"));
+  if (wc.dtype() == DType::f16 && x.dtype() == DType::f32) return half_linear(x, w, wc);  // fp16 mixed precision
   Shape ys = x.shape();
   ys[ys.size() - 1] = wc.size(0);
   // The GEMM's inputs share one dtype: an f32 master weight with bf16 activations needs a compute copy.

@@ -85,7 +85,7 @@ bool two_stage_all_reduce(int64_t count, Elem e, int members) {
 MPI_Datatype mpi_type(Elem e) {
   switch (e) {
     case Elem::f32: return MPI_FLOAT;
-    case Elem::bf16: case Elem::u16: return MPI_UINT16_T;
+    case Elem::bf16: case Elem::f16: case Elem::u16: return MPI_UINT16_T;
     case Elem::f64: return MPI_DOUBLE;
     case Elem::i32: return MPI_INT32_T;
     case Elem::i64: return MPI_INT64_T;
@@ -98,6 +98,7 @@ const char* elem_name(Elem e) {
   switch (e) {
     case Elem::f32: return "f32";
     case Elem::bf16: return "bf16";
+    case Elem::f16: return "f16";
     case Elem::u16: return "u16";
     case Elem::f64: return "f64";
     case Elem::i32: return "i32";
@@ -151,22 +152,32 @@ void fold(T* rows, int n, int64_t chunk, T* out, ReduceOp op) {
   if (out != rows) std::memcpy(out, rows, size_t(chunk) * sizeof(T));
 }
 
-void fold_bf16(const bf16* rows, int n, int64_t chunk, bf16* out, ReduceOp op) {
+inline float to_float(bf16 v) { return bf16_to_f32(v); }
+inline float to_float(f16 v) { return f16_to_f32(v); }
+template <class Half> Half from_float(float v);
+template <> inline bf16 from_float<bf16>(float v) { return f32_to_bf16(v); }
+template <> inline f16 from_float<f16>(float v) { return f32_to_f16(v); }
+
+// bf16 and f16 rows: summed in f32, rounded once (f16 overflows to infinity, which the loss
+// scaler must see).
+template <class Half>
+void fold_half(const Half* rows, int n, int64_t chunk, Half* out, ReduceOp op) {
   std::vector<float> acc(static_cast<size_t>(n) * size_t(chunk));
-  for (size_t i = 0; i < acc.size(); ++i) acc[i] = bf16_to_f32(rows[i]);
+  for (size_t i = 0; i < acc.size(); ++i) acc[i] = to_float(rows[i]);
   fold_in_place(acc.data(), n, chunk, op);
-  for (int64_t i = 0; i < chunk; ++i) out[i] = f32_to_bf16(acc[size_t(i)]);
+  for (int64_t i = 0; i < chunk; ++i) out[i] = from_float<Half>(acc[size_t(i)]);
 }
 
 void reduce_rows(Elem e, void* rows, int n, int64_t chunk, void* out, ReduceOp op) {
   switch (e) {
     case Elem::f32: fold(static_cast<float*>(rows), n, chunk, static_cast<float*>(out), op); break;
     case Elem::f64: fold(static_cast<double*>(rows), n, chunk, static_cast<double*>(out), op); break;
-    case Elem::bf16: fold_bf16(static_cast<const bf16*>(rows), n, chunk, static_cast<bf16*>(out), op); break;
+    case Elem::bf16: fold_half(static_cast<const bf16*>(rows), n, chunk, static_cast<bf16*>(out), op); break;
+    case Elem::f16: fold_half(static_cast<const f16*>(rows), n, chunk, static_cast<f16*>(out), op); break;
     case Elem::i32: fold(static_cast<int32_t*>(rows), n, chunk, static_cast<int32_t*>(out), op); break;
     case Elem::i64: fold(static_cast<int64_t*>(rows), n, chunk, static_cast<int64_t*>(out), op); break;
     case Elem::u8: case Elem::u16:
-      TITAN_FAIL(std::string("reductions of ") + elem_name(e) + " are not supported", "reduce f32, bf16, f64 or integers");
+      TITAN_FAIL(std::string("reductions of ") + elem_name(e) + " are not supported", "reduce f32, bf16, f16, f64 or integers");
   }
 }
 
@@ -175,7 +186,7 @@ void reduce_rows(Elem e, void* rows, int n, int64_t chunk, void* out, ReduceOp o
 size_t elem_bytes(Elem e) {
   switch (e) {
     case Elem::f32: case Elem::i32: return 4;
-    case Elem::bf16: case Elem::u16: return 2;
+    case Elem::bf16: case Elem::f16: case Elem::u16: return 2;
     case Elem::f64: case Elem::i64: return 8;
     case Elem::u8: return 1;
   }
@@ -186,7 +197,7 @@ Elem elem_of(DType d) {
   switch (d) {
     case DType::f32: return Elem::f32;
     case DType::bf16: return Elem::bf16;
-    case DType::f16: return Elem::u16;
+    case DType::f16: return Elem::f16;
     case DType::i32: return Elem::i32;
     case DType::i64: return Elem::i64;
     case DType::u8: case DType::f8e4m3: case DType::f8e5m2: case DType::e8m0: return Elem::u8;

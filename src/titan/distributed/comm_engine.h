@@ -56,7 +56,7 @@ struct CommStats {
 };
 
 // Element types a request moves (tensors' dtypes, plus host doubles and bytes).
-enum class Elem : uint8_t { f32, bf16, u16, f64, i32, i64, u8 };
+enum class Elem : uint8_t { f32, bf16, f16, u16, f64, i32, i64, u8 };
 size_t elem_bytes(Elem e);
 Elem elem_of(DType dtype);
 

@@ -5,12 +5,13 @@
 #include <fmt/format.h>
 
 #include "titan/core/error.h"
+#include "titan/kernels/cast.h"
 
 namespace titan::distributed {
 
 Ddp::Ddp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const ProcessGroup& group, int64_t bucket_bytes,
-         bool pipeline)
-    : model_(model), group_(group), pipeline_(pipeline) {
+         bool pipeline, DType gradient_sync_dtype)
+    : model_(model), group_(group), pipeline_(pipeline), sync_dtype_(gradient_sync_dtype) {
   const auto named = model.named_parameters();
   trainables_ = nn::trainable_params(named);
   // Each parameter's unit, by name prefix (the root unit: none).
@@ -35,6 +36,7 @@ Ddp::Ddp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const Pr
     int64_t n = 0;
     for (nn::Parameter* p : params) b.offsets.push_back(n), n += p->var.value().numel();
     b.flat = Tensor::zeros({n}, DType::f32, MemCategory::gradients);
+    if (sync_dtype_ != DType::f32) b.wire = Tensor::zeros({n}, sync_dtype_, MemCategory::gradients);
     b.params = params;
     if (trigger) trigger->buckets.push_back(buckets_.size());
     buckets_.push_back(std::move(b));
@@ -111,7 +113,8 @@ void Ddp::reduce(Bucket& b) {
     if (!attached || slot->stale) std::memset(static_cast<float*>(b.flat.data_ptr()) + b.offsets[i], 0, size_t(v.value().numel()) * 4);
     if (attached) slot->stale = false;
   }
-  b.reduce = group_.all_reduce(b.flat);
+  if (b.wire.defined()) kernels::cast(b.wire, b.flat);  // cast before; read back by finish_backward
+  b.reduce = group_.all_reduce(b.wire.defined() ? b.wire : b.flat);
   b.reduced = true;
 }
 
@@ -128,6 +131,7 @@ void Ddp::finish_backward() {
   }
   for (Bucket& b : buckets_) {
     b.reduce.wait();
+    if (b.wire.defined()) kernels::cast(b.flat, b.wire);  // the sum (taken in f32, sent rounded) into f32
     b.reduced = false;
   }
 }

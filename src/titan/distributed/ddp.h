@@ -22,7 +22,7 @@ namespace titan::distributed {
 class Ddp : public DataParallel, public nn::UnitHooks {
  public:
   Ddp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const ProcessGroup& group,
-      int64_t bucket_bytes = 25 << 20, bool pipeline = false);
+      int64_t bucket_bytes = 25 << 20, bool pipeline = false, DType gradient_sync_dtype = DType::f32);
   ~Ddp() override;
 
   const std::vector<nn::TrainableParam>& params() const override { return trainables_; }
@@ -41,6 +41,7 @@ class Ddp : public DataParallel, public nn::UnitHooks {
  private:
   struct Bucket {
     Tensor flat;                          // f32 gradients of its parameters, back to back
+    Tensor wire;                          // flat cast to gradient_sync_dtype (not f32): what is all-reduced
     std::vector<nn::Parameter*> params;
     std::vector<int64_t> offsets;
     Work reduce;
@@ -64,6 +65,7 @@ class Ddp : public DataParallel, public nn::UnitHooks {
   std::vector<nn::Module*> hooked_;
   bool sync_ = true;
   bool pipeline_ = false;
+  DType sync_dtype_ = DType::f32;  // training.gradient_sync_dtype
 };
 
 }  // namespace titan::distributed

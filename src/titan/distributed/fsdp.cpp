@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "titan/core/error.h"
+#include "titan/kernels/cast.h"
 
 namespace titan::distributed {
 
@@ -15,10 +16,11 @@ struct Fsdp::Param {
   Shape shape;                 // this rank's whole parameter (its slice under TP / EP)
   int64_t d0 = 0, rest = 0;    // rows, and elements per row
   int64_t rows = 0, valid = 0; // rows per rank; this rank's rows that are not padding
-  bool bf16 = false;           // gathers the bf16 compute copy (a GEMM weight under mixed precision)
+  bool bf16 = false;           // gathers the half-precision compute copy (a GEMM weight under mixed precision)
   Tensor shard;                // [rows, ...] f32, zero past `valid`: the master
-  // [rows, ...] bf16 (bf16 only), what the all-gather sends: cast from the master when the unit is
-  // gathered and freed once the gather is done, so no bf16 copy of the shard lives between uses.
+  // [rows, ...] bf16 / f16 (bf16 only: the half-precision compute dtype), what the all-gather
+  // sends: cast from the master when the unit is gathered and freed once the gather is done, so no
+  // half-precision copy of the shard lives between uses.
   Tensor shard_compute;
   Tensor compute_valid;        // its first `valid` rows
   Tensor full;                 // [N * rows, ...]: the gathered parameter (released while sharded)
@@ -45,6 +47,8 @@ struct Fsdp::Unit {
 struct Fsdp::Reduction {
   Param* param = nullptr;
   Tensor out;  // [rows * rest] f32: the summed gradient rows of this rank's shard
+  Tensor wire;  // [rows * rest] in gradient_sync_dtype when not f32: what the reductions sum
+  const Tensor& sent() const { return wire.defined() ? wire : out; }
   Work reduce_scatter, all_reduce;
   bool all_reduce_issued = false;
 };
@@ -103,12 +107,12 @@ Fsdp::Fsdp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const 
     // In the global parameter: this rank's rows of its tensor-parallel shard (or of the whole).
     const GlobalSlice slice = nested_slice(p->slice, q->shape, Shape(offsets));
     nn::init_parameter(master, name, p->init, options.seed, &slice);
-    q->bf16 = options.bf16_params && p->gemm_weight;
+    q->bf16 = options.param_dtype != DType::f32 && p->gemm_weight;
     if (q->bf16) {
-      q->shard_compute = Tensor::empty(shard_shape, DType::bf16, MemCategory::parameters);
+      q->shard_compute = Tensor::empty(shard_shape, options.param_dtype, MemCategory::parameters);
       q->compute_valid = q->shard_compute.slice(0, 0, q->valid);
       q->shard_compute.release_storage();
-      q->full = Tensor::empty(full_shape, DType::bf16, MemCategory::parameters);
+      q->full = Tensor::empty(full_shape, options.param_dtype, MemCategory::parameters);
       p->compute = q->full.slice(0, 0, q->d0);
       // The f32 value is never gathered (the GEMMs read the bf16 copy): a buffer of its shape, freed.
       Tensor unused = Tensor::empty(q->shape, DType::f32, MemCategory::parameters);
@@ -159,7 +163,7 @@ std::string Fsdp::describe() const {
   if (expert_shard_ != &shard_)
     out += fmt::format(", routed experts over {} {}", expert_shard_->size(), expert_shard_->size() == 1 ? "rank" : "ranks");
   out += fmt::format(" ({} units + root; reshard after forward: {}; parameters gathered in {})", units_.size() - 1,
-                     name_of(options_.reshard_after_forward), options_.bf16_params ? "bf16 for GEMM weights" : "f32");
+                     name_of(options_.reshard_after_forward), options_.param_dtype != DType::f32 ? std::string(dtype_name(options_.param_dtype)) + " for GEMM weights" : std::string("f32"));
   return out;
 }
 
@@ -340,7 +344,13 @@ void Fsdp::reduce_param(Param& q) {
   auto rd = std::make_unique<Reduction>();
   rd->param = &q;
   rd->out = Tensor::empty({q.rows * q.rest}, DType::f32, MemCategory::gradients);
-  rd->reduce_scatter = q.group->reduce_scatter(rd->out, in);
+  if (const DType wire = options_.gradient_sync_dtype; wire != DType::f32) {  // cast before the reduction
+    Tensor half = Tensor::empty({total}, wire, MemCategory::temporaries);
+    kernels::cast(half, in.contiguous());
+    in = half;
+    rd->wire = Tensor::empty({q.rows * q.rest}, wire, MemCategory::gradients);
+  }
+  rd->reduce_scatter = q.group->reduce_scatter(rd->sent(), in);
   reductions_.push_back(std::move(rd));
   q.p->var.clear_grad();  // the request holds the unsharded gradient until it is sent
 }
@@ -353,13 +363,14 @@ void Fsdp::advance_reductions(bool wait) {
       if (rd->all_reduce_issued) continue;
       if (!wait && !rd->reduce_scatter.completed()) break;
       rd->reduce_scatter.wait();
-      rd->all_reduce = replicate_->all_reduce(rd->out);
+      rd->all_reduce = replicate_->all_reduce(rd->sent());
       rd->all_reduce_issued = true;
     }
   if (!wait) return;
   for (auto& rd : reductions_) {
     rd->reduce_scatter.wait();
     rd->all_reduce.wait();
+    if (rd->wire.defined()) kernels::cast(rd->out, rd->wire);  // into f32 for the step's sums
     Param& q = *rd->param;
     fold(q.trainable, rd->out.slice(0, 0, q.valid * q.rest));  // the valid rows, flat
   }

@@ -33,7 +33,12 @@ namespace titan::distributed {
 
 struct FsdpOptions {
   ReshardAfterForward reshard_after_forward = ReshardAfterForward::per_unit;
-  bool bf16_params = false;  // GEMM weights gathered and computed in bf16 (the f32 shard stays the master)
+  // GEMM weights gathered and computed in this type (bf16 or f16 under mixed precision; the f32
+  // shard stays the master).
+  DType param_dtype = DType::f32;
+  // Gradients reduce-scattered (and all-reduced over HSDP's replicas) in this type, summed in f32
+  // inside the reduction, then read back into the f32 shard gradients.
+  DType gradient_sync_dtype = DType::f32;
   uint64_t seed = 0;         // the shards' initial values: exactly those of the whole parameters' init
   // Under pipeline parallelism a unit's micro-batches run forward and backward between other
   // stages' work, and a zero-bubble schedule computes weight gradients (W) after the unit's

@@ -23,8 +23,10 @@ void check_size(const Tensor& t, const char* op) {
 }
 
 void check_reducible(const Tensor& t, const char* op) {
-  TITAN_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::i32 || t.dtype() == DType::i64,
-              std::string(op) + " of " + std::string(dtype_name(t.dtype())) + " values", "reduce f32, bf16 or integer tensors");
+  TITAN_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f16 || t.dtype() == DType::i32 ||
+                  t.dtype() == DType::i64,
+              std::string(op) + " of " + std::string(dtype_name(t.dtype())) + " values",
+              "reduce f32, bf16, f16 or integer tensors");
 }
 
 std::unique_ptr<Request> request(CommOp op, int group, const Tensor& in, const Tensor& out) {

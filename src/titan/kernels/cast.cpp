@@ -15,11 +15,15 @@ void cast(Tensor& dst, const Tensor& src) {
     (fast ? TITAN_CPU_KERNEL(cast_f32_to_bf16) : &ref::cast_f32_to_bf16)(dst.data<bf16>(), src.data<float>(), n);
   } else if (dst.dtype() == DType::f32 && src.dtype() == DType::bf16) {
     (fast ? TITAN_CPU_KERNEL(cast_bf16_to_f32) : &ref::cast_bf16_to_f32)(dst.data<float>(), src.data<bf16>(), n);
+  } else if (dst.dtype() == DType::f16 && src.dtype() == DType::f32) {
+    (fast ? TITAN_CPU_KERNEL(cast_f32_to_f16) : &ref::cast_f32_to_f16)(dst.data<f16>(), src.data<float>(), n);
+  } else if (dst.dtype() == DType::f32 && src.dtype() == DType::f16) {
+    (fast ? TITAN_CPU_KERNEL(cast_f16_to_f32) : &ref::cast_f16_to_f32)(dst.data<float>(), src.data<f16>(), n);
   } else if (dst.dtype() == src.dtype()) {
     dst.copy_(src);
   } else {
     TITAN_FAIL("cast: unsupported pair " + std::string(dtype_name(src.dtype())) + " -> " +
-               std::string(dtype_name(dst.dtype())), "cast handles f32 and bf16; use Tensor::to for other dtypes");
+               std::string(dtype_name(dst.dtype())), "cast handles f32 to and from bf16 and f16; use Tensor::to for other dtypes");
   }
 }
 

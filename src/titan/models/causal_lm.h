@@ -70,8 +70,11 @@ class CausalLM : public nn::Module {
   virtual double training_flops_per_token(int64_t seq_len) const = 0;
   virtual int64_t vocab_size() const = 0;
   virtual int64_t max_seq_len() const = 0;
-  virtual void set_compute_dtype(DType dtype) = 0;  // f32 or bf16 (mixed precision)
+  virtual void set_compute_dtype(DType dtype) = 0;  // f32, bf16 or (llama3) f16 (mixed precision)
   virtual DType compute_dtype() const = 0;
+  // The type activations flow in between ops: fp16 mixed precision rounds the GEMMs' operands and
+  // outputs to f16 but keeps the other ops (norms, attention, the loss) in f32 (docs/precision.md).
+  DType activation_dtype() const { return compute_dtype() == DType::f16 ? DType::f32 : compute_dtype(); }
   virtual void set_recompute(Recompute r) = 0;
   // Generation with a key/value cache (no autograd, f32): start_generation sizes the cache for
   // `batch` sequences of up to max_len tokens; decode consumes the next tokens [B, T] (the

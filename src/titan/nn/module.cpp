@@ -181,10 +181,11 @@ std::vector<TrainableParam> trainable_params(const std::vector<std::pair<std::st
 }
 
 void Module::set_compute_dtype(DType dtype) {
-  TITAN_CHECK(dtype == DType::f32 || dtype == DType::bf16, "compute dtype must be f32 or bf16");
+  TITAN_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
+              "compute dtype must be f32, bf16 or f16, not " + std::string(dtype_name(dtype)));
   for (auto& [name, p] : named_parameters()) {
     if (!p->gemm_weight) continue;
-    p->compute = dtype == DType::bf16 ? Tensor::empty(p->var.shape(), DType::bf16, MemCategory::parameters) : Tensor();
+    p->compute = dtype != DType::f32 ? Tensor::empty(p->var.shape(), dtype, MemCategory::parameters) : Tensor();
   }
   refresh_compute_copies();
 }

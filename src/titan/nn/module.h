@@ -154,8 +154,8 @@ class Module {
   void init_parameters(uint64_t seed);
   void zero_grad();
 
-  // Mixed precision: with bf16, every GEMM weight gets a bf16 compute copy of its f32 master
-  // (refreshed by refresh_compute_copies() or fused into the optimizer step); f32 drops them.
+  // Mixed precision: with bf16 (f16), every GEMM weight gets a bf16 (f16) compute copy of its f32
+  // master (refreshed by refresh_compute_copies() or by the optimizer step); f32 drops them.
   void set_compute_dtype(DType dtype);
   void refresh_compute_copies();
 

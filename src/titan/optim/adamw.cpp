@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "titan/kernels/adamw.h"
+#include "titan/kernels/cast.h"
 #include "titan/optim/swapped_moments.h"
 
 namespace titan::optim {
@@ -52,11 +53,17 @@ bool AdamW::prepare(Slot& s, float lr, float grad_scale) {
 }
 
 void AdamW::update(Slot& s, int64_t begin, int64_t n, float* exp_avg, float* exp_avg_sq) {
-  // The bf16 compute copy (mixed precision) is refreshed in the same pass over memory.
+  // The bf16 compute copy (mixed precision) is refreshed in the same pass over memory; an f16 one
+  // (fp16 mixed precision) by a cast after it.
   Tensor* compute = s.param.compute && s.param.compute->defined() ? s.param.compute : nullptr;
+  const bool fused = compute && compute->dtype() == DType::bf16;
   kernels::adamw_step(s.param.var.mutable_value().data<float>() + begin, exp_avg, exp_avg_sq,
-                      compute ? compute->data<bf16>() + begin : nullptr, s.param.var.grad().data<float>() + begin, n,
+                      fused ? compute->data<bf16>() + begin : nullptr, s.param.var.grad().data<float>() + begin, n,
                       s.constants);
+  if (compute && !fused) {
+    Tensor part = compute->view({compute->numel()}).slice(0, begin, begin + n);
+    kernels::cast(part, s.param.var.value().view({compute->numel()}).slice(0, begin, begin + n));
+  }
 }
 
 void AdamW::step(float lr, float grad_scale) {
@@ -76,9 +83,11 @@ void AdamW::step(float lr, float grad_scale) {
   }
   for (Slot& s : slots_) {
     if (!s.updating) continue;
-    kernels::adamw_step(s.param.var.mutable_value(), s.exp_avg, s.exp_avg_sq,
-                        s.param.compute && s.param.compute->defined() ? s.param.compute : nullptr, s.param.var.grad(),
-                        s.constants);
+    Tensor* compute = s.param.compute && s.param.compute->defined() ? s.param.compute : nullptr;
+    const bool fused = compute && compute->dtype() == DType::bf16;  // f16: cast after the step
+    kernels::adamw_step(s.param.var.mutable_value(), s.exp_avg, s.exp_avg_sq, fused ? compute : nullptr,
+                        s.param.var.grad(), s.constants);
+    if (compute && !fused) kernels::cast(*compute, s.param.var.value());
   }
 }
 

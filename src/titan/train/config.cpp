@@ -60,6 +60,11 @@ Rule half_open_interval(double lo, double hi) {
   r.max_open = true;
   return r;
 }
+Rule open_interval(double lo, double hi) {
+  Rule r = half_open_interval(lo, hi);
+  r.min_open = true;
+  return r;
+}
 Rule or_sentinel(Rule r, int64_t sentinel) {
   r.sentinel = sentinel;
   return r;
@@ -112,7 +117,7 @@ const std::vector<NotCarried>& torchtitan_only() {
                                "use metrics.enable_jsonl"},
       {"training.gc_freq", "it schedules Python's garbage collector, and titan.cpp has none"},
       {"training.gc_debug", "it debugs Python's garbage collector, and titan.cpp has none"},
-      {"training.mixed_precision_reduce", "titan.cpp always reduces gradients in float32"},
+      {"training.mixed_precision_reduce", "titan.cpp names it training.gradient_sync_dtype"},
       {"optimizer.implementation", "titan.cpp has one optimizer implementation per device"},
       {"comm.train_timeout_seconds", "titan.cpp names it comm.timeout_seconds"},
   };
@@ -615,6 +620,20 @@ void check_relations(const Context& ctx, JobConfig& c) {
          "set training.seq_len to a multiple of 128: the quantized weight-gradient GEMMs' token tiles (128 for "
          "FP8, 32 for MX) must not straddle sequences, so that the scales do not depend on the data split");
 
+  const KeySpec& scale_min = spec("training", "loss_scale_min");
+  const KeySpec& scale_init = spec("training", "loss_scale_init");
+  if (c.training.scales_loss() && c.training.loss_scale_min > c.training.loss_scale_init)
+    fail(scale_min, fmt::format("{} is above {}", show(scale_min), show(scale_init)),
+         "the scale starts at loss_scale_init and backs off to loss_scale_min: set loss_scale_min <= loss_scale_init");
+
+  const KeySpec& mp = spec("training", "mixed_precision_param");
+  if (c.training.mixed_precision_param == DType::f16 && c.model.name != "llama3")
+    fail(mp, fmt::format("{} is built for llama3 only, and {}", show(mp), show(name)),
+         "set training.mixed_precision_param = \"bfloat16\" (or \"float32\") for this model");
+  if (c.training.mixed_precision_param == DType::f16 && c.parallelism.enable_async_tensor_parallel)
+    fail(mp, fmt::format("{} does not combine with parallelism.enable_async_tensor_parallel", show(mp)),
+         "set parallelism.enable_async_tensor_parallel = false, or mixed_precision_param = \"bfloat16\"");
+
   const KeySpec& hf_load = spec("checkpoint", "initial_load_in_hf");
   const KeySpec& model_only_load = spec("checkpoint", "initial_load_model_only");
   if (c.checkpoint.initial_load_in_hf && !c.checkpoint.initial_load_model_only)
@@ -909,9 +928,34 @@ const std::vector<KeySpec>& config_schema() {
        "full-bf16 mode (no float32 masters) is not carried: bf16 compute comes from "
        "training.mixed_precision_param, with float32 masters and optimizer state."},
       {"training", "mixed_precision_param", member<&C::training, &Training::mixed_precision_param>,
-       one_of({DType::bf16, DType::f32}),
-       "Type parameters are cast to for forward and backward when training.dtype is float32; gradient "
-       "reductions stay in float32."},
+       one_of({DType::bf16, DType::f16, DType::f32}),
+       "Type parameters are cast to for forward and backward when training.dtype is float32. bfloat16: "
+       "activations and GEMMs in bf16. float16 (llama3): every GEMM's operands rounded to f16 (overflowing to "
+       "infinity) with f32 accumulation, its output too, and dynamic loss scaling on (training.loss_scaling); "
+       "docs/precision.md says what is real and what is emulated."},
+      {"training", "gradient_sync_dtype", member<&C::training, &Training::gradient_sync_dtype>,
+       one_of({DType::f32, DType::bf16, DType::f16}),
+       "Type gradients travel in for the data-parallel reductions (DDP's all-reduce, FSDP's reduce-scatter "
+       "and HSDP's all-reduce): cast before, summed in f32 inside the reduction, read back into the f32 "
+       "gradients. TorchTitan's mixed_precision_reduce. float32 is bit for bit the unconverted path."},
+      {"training", "loss_scaling", member<&C::training, &Training::loss_scaling>, one_of<LossScaling>(),
+       "Dynamic loss scaling (PyTorch's GradScaler): the loss is multiplied by the scale before backward and "
+       "the gradients divided by it before clipping; a step whose gradients hold an infinity or NaN on any "
+       "rank is skipped (no update; the step and the learning-rate schedule still advance) and the scale "
+       "multiplied by loss_scale_backoff_factor; loss_scale_growth_interval finite steps in a row multiply it "
+       "by loss_scale_growth_factor. The scale is logged with each step and saved in checkpoints. auto: "
+       "dynamic under mixed_precision_param = \"float16\", none otherwise."},
+      {"training", "loss_scale_init", member<&C::training, &Training::loss_scale_init>, greater_than(0),
+       "The first loss scale (GradScaler's init_scale)."},
+      {"training", "loss_scale_growth_factor", member<&C::training, &Training::loss_scale_growth_factor>,
+       at_least(1), "The scale is multiplied by this after loss_scale_growth_interval finite steps (growth_factor)."},
+      {"training", "loss_scale_backoff_factor", member<&C::training, &Training::loss_scale_backoff_factor>,
+       open_interval(0, 1), "The scale is multiplied by this at a step that overflowed (backoff_factor)."},
+      {"training", "loss_scale_growth_interval", member<&C::training, &Training::loss_scale_growth_interval>,
+       at_least(1), "Finite steps in a row before the scale grows (growth_interval)."},
+      {"training", "loss_scale_min", member<&C::training, &Training::loss_scale_min>, greater_than(0),
+       "The scale never backs off below this. An overflow at the minimum scale is a real divergence: it goes "
+       "to fault.on_nonfinite."},
       // [optimizer]
       {"optimizer", "name", member<&C::optimizer, &Optimizer::name>, one_of<OptimizerKind>(),
        "The optimizer. AdamW: every parameter. Muon: Newton-Schulz orthogonalised momentum for the hidden "

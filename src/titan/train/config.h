@@ -92,6 +92,20 @@ struct Training {
   int64_t steps = 10000;
   DType dtype = DType::f32;
   DType mixed_precision_param = DType::bf16;
+  // The data-parallel gradient reductions' wire type (TorchTitan's mixed_precision_reduce): cast
+  // before, summed in f32 inside the reduction, read back into the f32 gradients.
+  DType gradient_sync_dtype = DType::f32;
+  // Dynamic loss scaling with PyTorch GradScaler's names and seed 003's defaults (train/loss_scaler.h).
+  LossScaling loss_scaling = LossScaling::auto_;
+  double loss_scale_init = 32768;
+  double loss_scale_growth_factor = 2;
+  double loss_scale_backoff_factor = 0.5;
+  int64_t loss_scale_growth_interval = 2000;
+  double loss_scale_min = 1;
+  bool scales_loss() const {
+    return loss_scaling == LossScaling::dynamic ||
+           (loss_scaling == LossScaling::auto_ && mixed_precision_param == DType::f16);
+  }
   bool operator==(const Training&) const = default;
 };
 

@@ -72,4 +72,14 @@ inline constexpr std::array<EnumName<NonFinitePolicy>, 3> kNonFinitePolicyNames 
 }};
 constexpr std::span<const EnumName<NonFinitePolicy>> enum_names(NonFinitePolicy) { return kNonFinitePolicyNames; }
 
+// [training] loss_scaling: dynamic loss scaling (PyTorch's GradScaler). auto: dynamic under
+// mixed_precision_param = "float16", none otherwise.
+enum class LossScaling { auto_, dynamic, none };
+inline constexpr std::array<EnumName<LossScaling>, 3> kLossScalingNames = {{
+    {LossScaling::auto_, "auto"},
+    {LossScaling::dynamic, "dynamic"},
+    {LossScaling::none, "none"},
+}};
+constexpr std::span<const EnumName<LossScaling>> enum_names(LossScaling) { return kLossScalingNames; }
+
 }  // namespace titan::train

@@ -236,7 +236,7 @@ double PipelineStep::evaluate(const Tensor& inputs, const Tensor& targets) {
   autograd::NoGradGuard no_grad;
   const pp::Schedule& s = plan_.schedule;
   const int me = pp_.rank(), last = s.stages() - 1;
-  const DType dtype = model_.compute_dtype();
+  const DType dtype = model_.activation_dtype();
   const Shape shape = model_.stage_activation_shape(inputs.size(0), inputs.size(1));
   autograd::Variable h;
   double loss = 0;

@@ -41,6 +41,7 @@
 #include "titan/optim/swapped_moments.h"
 #include "titan/train/checkpointing.h"
 #include "titan/train/hf_checkpoint.h"
+#include "titan/train/loss_scaler.h"
 #include "titan/train/machine_peak.h"
 #include "titan/train/metrics_window.h"
 #include "titan/train/metrics.h"
@@ -164,6 +165,7 @@ struct StepOutcome {
   // and whether the update was skipped or the run must roll back.
   std::string fault;
   bool skipped = false, rollback = false;
+  bool overflow = false;  // skipped by the loss scaler, which backed off (fault says so)
 };
 
 struct Trainer::State {
@@ -184,6 +186,7 @@ struct Trainer::State {
   std::set<std::string> other_stages;      // what the other pipeline ranks hold (checkpoints)
   std::unique_ptr<checkpoint::AsyncSaver> saver;  // checkpoint.async_mode = "async"
   std::set<int64_t> skipped_steps;                // steps whose batch a rollback skips
+  std::optional<LossScaler> scaler;               // training.loss_scaling (none: unset)
   optim::LrSchedule schedule;
   int64_t accum = 1;
   int64_t step = 0;  // optimizer steps completed
@@ -191,7 +194,13 @@ struct Trainer::State {
   Tensor inputs, targets;  // [B, S] i32, reused every micro-batch
   json hf_config;  // the architecture, when it comes from a checkpoint converted from Hugging Face
 
-  explicit State(const JobConfig& c) : cfg(c), schedule(make_lr_schedule(c)) {}
+  explicit State(const JobConfig& c) : cfg(c), schedule(make_lr_schedule(c)) {
+    const Training& t = c.training;
+    if (t.scales_loss())
+      scaler.emplace(LossScalerOptions{t.loss_scale_init, t.loss_scale_growth_factor, t.loss_scale_backoff_factor,
+                                       t.loss_scale_growth_interval, t.loss_scale_min});
+  }
+  double loss_scale() const { return scaler ? scaler->scale() : 1.0; }
 
   // One optimizer step: every micro-batch's forward, loss and backward, then clipping, the
   // optimizer and the model's own end-of-step updates.
@@ -215,6 +224,15 @@ struct Trainer::State {
   // not and on which ranks.
   std::string nonfinite(bool local_bad, double loss, double norm, const std::string& where);
   void inject_fault();
+  // The gradients were of the scaled loss: the norm becomes the true one and the optimizer's
+  // grad_scale (which the fused step multiplies in) divides by the loss scale, then clips as
+  // clip_grad_norm would have on the unscaled gradients: unscaling before clipping, in one pass.
+  void unscale(optim::GradNorm& norm, double max_norm) const {
+    const double s = scaler->scale();
+    norm.norm /= s;
+    const double clip = max_norm > 0 ? std::min(1.0, max_norm / (norm.norm + 1e-6)) : 1.0;
+    norm.scale = float(clip / s);
+  }
   // checkpoint.initial_load_in_hf (rank 0): the Hugging Face folder as a checkpoint,
   // <run>/hf_import/step-0, converted once (a restart reuses it) as `titan ckpt convert --from-hf`.
   fs::path import_hf(const fs::path& hf_dir);
@@ -390,7 +408,8 @@ std::unique_ptr<distributed::DataParallel> make_data_parallel(models::CausalLM& 
   if (mesh.fsdp().size() > 1) {
     distributed::FsdpOptions o;
     o.reshard_after_forward = c.parallelism.fsdp_reshard_after_forward;
-    o.bf16_params = model.compute_dtype() == DType::bf16;
+    o.param_dtype = model.compute_dtype();
+    o.gradient_sync_dtype = c.training.gradient_sync_dtype;
     o.seed = seed;
     o.pipeline = mesh.degree(MeshDim::pp) > 1;
     o.pipeline_per_step = c.parallelism.pipeline_parallel_fsdp == PipelineFsdp::per_step;
@@ -410,7 +429,7 @@ std::unique_ptr<distributed::DataParallel> make_data_parallel(models::CausalLM& 
   model.refresh_compute_copies();
   if (mesh.degree(MeshDim::dp_replicate) > 1)
     return std::make_unique<distributed::Ddp>(model, units, mesh.group(MeshDim::dp_replicate), int64_t(25) << 20,
-                                              /*pipeline=*/mesh.degree(MeshDim::pp) > 1);
+                                              /*pipeline=*/mesh.degree(MeshDim::pp) > 1, c.training.gradient_sync_dtype);
   return std::make_unique<distributed::SingleRank>(model);
 }
 
@@ -517,7 +536,7 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
     const distributed::ProcessGroup& pp = s.mesh->group(distributed::MeshDim::pp);
     s.pipeline = std::make_unique<PipelineStep>(std::move(*pipeline_plan), *s.model, pp,
                                                 config.parallelism.pipeline_parallel_microbatch_size, t.seq_len,
-                                                s.model->compute_dtype(),
+                                                s.model->activation_dtype(),
                                                 config.parallelism.pipeline_parallel_expert_parallel_overlap &&
                                                     config.parallelism.expert_parallel_degree > 1,
                                                 config.parallelism.pipeline_tree_sum(),
@@ -615,6 +634,8 @@ void Trainer::State::restore(const fs::path& folder, bool model_only) {
   try {  // what every save writes, damaged (a data position of another dataset is not damage)
     step = train_state.at("step").get<int64_t>();
     data = train_state.at("data").get<data::DataLoaderState>();
+    // A checkpoint of a run without loss scaling resumes at loss_scale_init.
+    if (scaler && train_state.contains("loss_scaler")) scaler->load(train_state.at("loss_scaler"));
   } catch (const json::exception& e) {
     throw checkpoint::CorruptCheckpoint((folder / "train_state.json").string() + ": " + e.what(),
                                         "the checkpoint is damaged; load an earlier step", __FILE__, __LINE__);
@@ -632,6 +653,7 @@ void Trainer::State::save(bool final_save) {
   json train_state = json::object();
   if (!model_only)
     train_state = {{"step", step}, {"data", train_loader->state()}, {"seed", cfg.debug.seed}, {"optimizer", opt->name()}};
+  if (!model_only && scaler) train_state["loss_scaler"] = scaler->state();
   if (!hf_config.is_null()) train_state["hf_config"] = hf_config;  // for generate and convert --to-hf
   const checkpoint::SaveRequest request = run_checkpoint_request(step, parts(), cfg, train_state, model_only, export_dtype);
   // A rank still writing its file (or rank 0 merging the metadata and purging old steps) can keep
@@ -919,8 +941,10 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
   autograd::note_parameters_changed();
   StepOutcome out;
   // Gradients are reduced by summing over the data-parallel ranks, so each rank's backward is
-  // seeded with 1 / (micro-batches x ranks): the sum is the mean over the global batch.
-  const Tensor dloss = Tensor::full({1}, 1.0 / double(accum * dp_degree()), DType::f32);
+  // seeded with 1 / (micro-batches x ranks): the sum is the mean over the global batch. Under loss
+  // scaling the seed is multiplied by the scale (the scaled loss's backward).
+  const double seed = loss_scale() / double(accum * dp_degree());
+  const Tensor dloss = Tensor::full({1}, seed, DType::f32);
   if (pipeline) dp->begin_forward(/*sync_gradients=*/true);  // one pass of the schedule's micro-batches per accumulation step
   for (int64_t micro = 0; micro < accum; ++micro) {
     const double d0 = train_loader->seconds_spent();
@@ -941,7 +965,7 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
     out.data_seconds += train_loader->seconds_spent() - d0;
     models::TrainingLoss loss;
     if (pipeline) {  // the batch's micro-batches through the schedule, forward and backward
-      const PipelineLosses l = pipeline->run(inputs, targets, 1.0 / double(accum * dp_degree()));
+      const PipelineLosses l = pipeline->run(inputs, targets, seed);
       loss.cross_entropy = l.cross_entropy;
       loss.terms.assign(l.terms.begin(), l.terms.end());
     } else {
@@ -973,18 +997,32 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
   size_t k = 1;
   for (auto& [name, v] : out.terms) v = scalars[k++];
   // Squares summed over the ranks holding distinct pieces: the FSDP shards, then the TP shards.
-  const auto norm = optim::clip_grad_norm(dp->params(), t.max_norm, [this](double x) {
+  auto norm = optim::clip_grad_norm(dp->params(), t.max_norm, [this](double x) {
     double sum = dp->sum_over_shards(x);
     for (distributed::MeshDim d : {distributed::MeshDim::tp, distributed::MeshDim::pp})
       if (const distributed::ProcessGroup& g = mesh->group(d); g.size() > 1) g.all_reduce(std::span<double>(&sum, 1));
     return sum;
   });
+  if (scaler) unscale(norm, t.max_norm);
   out.grad_norm = norm.norm;
   ++step;
   out.lr = cfg.optimizer.lr * schedule.lr_factor(step);
   // A non-finite loss or gradient on any rank: every rank knows before any update (fault.on_nonfinite).
   const std::string where = !std::isfinite(local_loss) ? "its loss" : norm.nonfinite.empty() ? "" : "the gradient of " + norm.nonfinite;
   out.fault = nonfinite(!where.empty(), out.loss, out.grad_norm, where);
+  // Under loss scaling an overflow skips the step and backs the scale off; one at the minimum
+  // scale is a real divergence, which the fault policy below handles.
+  if (!out.fault.empty() && scaler && !scaler->at_minimum()) {
+    const double was = scaler->scale();
+    scaler->update(/*overflow=*/true);
+    char text[128];
+    std::snprintf(text, sizeof text, "; update skipped, loss scale %g -> %g (%lld skipped so far)", was, scaler->scale(),
+                  static_cast<long long>(scaler->skipped_steps()));
+    out.fault += text;
+    out.skipped = out.overflow = true;
+    discard_step_counts();
+    return out;
+  }
   if (!out.fault.empty()) {
     switch (cfg.fault.on_nonfinite) {
       case NonFinitePolicy::abort:
@@ -1008,6 +1046,7 @@ StepOutcome Trainer::State::train_step(MetricsLogger& log) {
     return out;
   }
   if (saver) saver->wait_staged();  // a save in flight still reading the weights or the optimizer state
+  if (scaler) scaler->update(/*overflow=*/false);
   opt->step(float(out.lr), norm.scale);
   autograd::note_parameters_changed();  // validation after this step sees the new weights
   // MoE's expert loads: summed over the data (and context) ranks, and under the MoE TP fix over
@@ -1037,12 +1076,20 @@ TrainResult Trainer::train() {
     std::printf("model %s/%s: %.2fM parameters, %s compute, %lld steps of %lld x %lld tokens x %lld data-parallel "
                 "ranks (x%lld accumulation)\n",
                 c.model.name.c_str(), c.model.flavor.c_str(), parameters[0] / 1e6,
-                s.model->compute_dtype() == DType::bf16 ? "bf16" : "f32", static_cast<long long>(t.steps),
+                s.model->compute_dtype() == DType::bf16   ? "bf16"
+                : s.model->compute_dtype() == DType::f16 ? "fp16 (f16-rounded GEMMs, f32 accumulation)"
+                                                         : "f32",
+                static_cast<long long>(t.steps),
                 static_cast<long long>(t.local_batch_size), static_cast<long long>(t.seq_len),
                 static_cast<long long>(dp), static_cast<long long>(s.accum));
     std::printf("unigram entropy of the training corpus: %.3f nats/token (the loss of a model that ignores context)\n",
                 s.train_loader->unigram_entropy());
     std::printf("%s\n", stable.describe(bf16).c_str());
+    if (s.scaler)
+      std::printf("dynamic loss scaling: scale %g, x%g after %lld finite steps, x%g at an overflow (minimum %g); "
+                  "gradients reduced in %s\n",
+                  s.scaler->scale(), t.loss_scale_growth_factor, static_cast<long long>(t.loss_scale_growth_interval),
+                  t.loss_scale_backoff_factor, t.loss_scale_min, std::string(dtype_name(t.gradient_sync_dtype)).c_str());
   }
   // Ctrl-C, or SIGUSR1 (stop_request.h): save a checkpoint and stop. `titan train` listens from its
   // start; a request that came during start-up is honoured here, before the first step.
@@ -1074,7 +1121,8 @@ TrainResult Trainer::train() {
       s.roll_back(s.step, log);
       continue;
     }
-    if (o.skipped) log.log_event(o.fault + "; its update skipped (fault.on_nonfinite = \"" + std::string(name_of(c.fault.on_nonfinite)) + "\")");
+    if (o.overflow) log.log_event(o.fault);
+    else if (o.skipped) log.log_event(o.fault + "; its update skipped (fault.on_nonfinite = \"" + std::string(name_of(c.fault.on_nonfinite)) + "\")");
     if (s.saver)  // an asynchronous save whose files every rank has written is committed
       if (const auto dir = s.saver->poll()) s.on_committed(*dir);
     if (profiled && c.profiling.enable_memory_snapshot) s.write_memory_snapshot(log);
@@ -1098,6 +1146,10 @@ TrainResult Trainer::train() {
       m.eta_seconds = (steady_seconds() - start_time) / double(s.step - first_step) * double(t.steps - s.step);
       if (const std::string straggler = window.close(m); !straggler.empty()) log.log_event(straggler);
       for (const auto& [k, v] : o.terms) m.summary.emplace_back(k, v);
+      if (s.scaler) {
+        m.summary.emplace_back("loss_scale", s.scaler->scale());
+        m.summary.emplace_back("skipped_steps", double(s.scaler->skipped_steps()));
+      }
       const models::StepStats stats = s.model->step_stats();
       m.summary.insert(m.summary.end(), stats.summary.begin(), stats.summary.end());
       m.detail.insert(m.detail.end(), stats.detail.begin(), stats.detail.end());

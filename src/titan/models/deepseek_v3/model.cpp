@@ -163,6 +163,8 @@ std::vector<Attention*> Transformer::dsa_attentions() {
 }
 
 void Transformer::set_compute_dtype(DType dtype) {
+  TITAN_CHECK(dtype != DType::f16, "deepseek_v3: fp16 mixed precision is built for llama3 only",
+              "set training.mixed_precision_param = \"bfloat16\" or \"float32\"");
   compute_dtype_ = dtype;
   Module::set_compute_dtype(dtype);
 }

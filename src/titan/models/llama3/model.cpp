@@ -165,9 +165,9 @@ Variable Transformer::embed(const Tensor& tokens) {
   TITAN_CHECK(tok_embeddings != nullptr, "llama3: this pipeline rank does not hold the embedding");
   if (tp_) {
     nn::UnitScope unit(*tok_embeddings);
-    return distributed::embedding_vocab_parallel(tokens, tok_embeddings->weight.var, compute_dtype_, *tp_);
+    return distributed::embedding_vocab_parallel(tokens, tok_embeddings->weight.var, activation_dtype(), *tp_);
   }
-  return autograd::view(tok_embeddings->forward(tokens, compute_dtype_), {tokens.numel(), args_.dim});
+  return autograd::view(tok_embeddings->forward(tokens, activation_dtype()), {tokens.numel(), args_.dim});
 }
 
 Variable Transformer::head(const Variable& h) {
