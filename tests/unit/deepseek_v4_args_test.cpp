@@ -127,7 +127,7 @@ TEST(DeepSeekV4Args, ContextParallelChunksMustHoldTheWindowAndWholeEntries) {
   const DeepSeekV4Args a = deepseek_v4_flavor("debugmodel", 256);
   EXPECT_EQ(a.context_parallel_chunks().multiple, 16);
   EXPECT_EQ(a.context_parallel_chunks().minimum, 63);
-  for (const auto [seq, cp] : {std::pair<int64_t, int64_t>{256, 2}, {512, 4}, {384, 2}, {77, 1}})
+  for (const auto& [seq, cp] : {std::pair<int64_t, int64_t>{256, 2}, {512, 4}, {384, 2}, {77, 1}})
     EXPECT_EQ(error_of([&] { a.validate_context_parallel(seq, cp); }), "(no error)") << seq << " / " << cp;
   std::string e = error_of([&] { a.validate_context_parallel(128, 2); });  // chunks of 32 < 63
   EXPECT_TRUE(has(e, "training.seq_len = 128 with context_parallel_degree = 2 makes 2 x 2 chunks of 32 tokens") &&
