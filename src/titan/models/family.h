@@ -101,6 +101,7 @@ struct ModelFamily {
   bool multi_token_prediction = false;  // [model] mtp_layers
   bool sparse_attention = false;        // the [dsa] schedule
   bool tensor_parallel = true;          // a tensor-parallel plan (parallelize.cpp); false: TP 1 only
+  bool fp16 = false;                    // training.mixed_precision_param = "float16" (autograd/half_linear.h)
   // The ops [model] converters may switch between their fused and small-op forms
   // (models/converters.h: kConverterRmsNorm, ...); empty: the key is refused.
   std::vector<std::string> converters;

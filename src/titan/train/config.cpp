@@ -627,9 +627,13 @@ void check_relations(const Context& ctx, JobConfig& c) {
          "the scale starts at loss_scale_init and backs off to loss_scale_min: set loss_scale_min <= loss_scale_init");
 
   const KeySpec& mp = spec("training", "mixed_precision_param");
-  if (c.training.mixed_precision_param == DType::f16 && c.model.name != "llama3")
-    fail(mp, fmt::format("{} is built for llama3 only, and {}", show(mp), show(name)),
+  if (c.training.mixed_precision_param == DType::f16 && !models::model_family(c.model.name).fp16) {
+    std::string with;  // the families that train in fp16
+    for (const models::ModelFamily* f : models::model_families())
+      if (f->fp16) with += (with.empty() ? "" : ", ") + f->name;
+    fail(mp, fmt::format("{} is not built for {} (it is for: {})", show(mp), show(name), with),
          "set training.mixed_precision_param = \"bfloat16\" (or \"float32\") for this model");
+  }
   if (c.training.mixed_precision_param == DType::f16 && c.parallelism.enable_async_tensor_parallel)
     fail(mp, fmt::format("{} does not combine with parallelism.enable_async_tensor_parallel", show(mp)),
          "set parallelism.enable_async_tensor_parallel = false, or mixed_precision_param = \"bfloat16\"");

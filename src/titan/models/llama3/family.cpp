@@ -67,6 +67,7 @@ const ModelFamily& family() {
   static const ModelFamily f{
       .name = "llama3",
       .flavors = llama3_flavor_names,
+      .fp16 = true,
       .converters = {kConverterRmsNorm, kConverterRope},
       .build = build,
       .n_layers = n_layers,
