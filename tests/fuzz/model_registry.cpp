@@ -9,13 +9,13 @@ namespace titan::models {
 
 namespace {
 std::vector<std::string> no_flavors() { return {}; }
-const ModelFamily kLlama3{.name = "llama3", .flavors = no_flavors};
+const ModelFamily kLlama3{.name = "llama3", .flavors = no_flavors, .fp16 = true};
 const ModelFamily kDeepSeekV3{.name = "deepseek_v3", .flavors = no_flavors, .routed_experts = true,
                               .multi_token_prediction = true};
 const ModelFamily kDeepSeekV32{.name = "deepseek_v32", .flavors = no_flavors, .routed_experts = true,
                                .sparse_attention = true};
 const ModelFamily kDeepSeekV4{.name = "deepseek_v4", .flavors = no_flavors, .routed_experts = true,
-                              .sparse_attention = true, .tensor_parallel = false};
+                              .sparse_attention = true};
 }  // namespace
 
 const std::vector<const ModelFamily*>& model_families() {
