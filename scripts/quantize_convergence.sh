@@ -12,11 +12,14 @@ out=${3:-outputs/quantize_convergence}
 root=$(cd "$(dirname "$0")/.." && pwd)
 titan=$root/build/titan
 config=$root/configs/${model}_debug.toml
+# The config's own converters (deepseek_v32's "dsa_fused") stay on; each recipe adds its own.
+base=$(sed -n 's/^converters = \[\(.*\)\]/\1/p' "$config" | tr -d '" ')
+with=--model.converters=${base:+$base,}
 declare -A recipes=(
   [bf16]=""
-  [fp8_blockwise]="--model.converters=quantize.linear.float8"
-  [mxfp8]="--model.converters=quantize.linear.mx"
-  [mxfp4]="--model.converters=quantize.linear.mx --quantize.linear.mx.recipe_name=mxfp4"
+  [fp8_blockwise]="${with}quantize.linear.float8"
+  [mxfp8]="${with}quantize.linear.mx"
+  [mxfp4]="${with}quantize.linear.mx --quantize.linear.mx.recipe_name=mxfp4"
 )
 names=(bf16 fp8_blockwise mxfp8 mxfp4)
 mkdir -p "$out"
