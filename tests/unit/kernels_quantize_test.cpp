@@ -233,3 +233,47 @@ TEST(Quantize, BadShapesAreRefusedWithTheShapeThatWorks) {
   Tensor c8 = Tensor::empty({2, 33}, DType::f8e4m3), s1 = Tensor::empty({2, 1}, DType::e8m0);
   EXPECT_NE(test::error_of([&] { kernels::mx_quantize(c8, s1, x); }).find("[2, 2]"), std::string::npos);
 }
+
+// FSDP's FP8 all-gather: a matrix split by rows into N pieces of ceil(R / N) rows (the last ones
+// padded, or all padding), each piece's amax grid, their max as scales, each piece encoded: the
+// whole matrix's codes and scales from fp8_block_quantize, bit for bit. Pieces cut tiles (300 rows
+// in pieces of 150, 100, 75: tiles of 128 rows cut at 150, 200, 225), one piece is all padding
+// (5 rows over 4 pieces of 2), and tiles hold a NaN, an infinity and only zeros.
+TEST(Quantize, Fp8BlockwisePiecesEqualTheWholeMatrix) {
+  struct Case {
+    int64_t rows, cols, br, bc;
+  };
+  for (const Case& c : std::vector<Case>{{300, 200, 128, 128}, {5, 7, 2, 3}, {257, 256, 128, 128}}) {
+    Tensor x = wide(c.rows, c.cols, uint64_t(c.rows * 7 + c.cols));
+    float* v = x.data<float>();
+    v[0] = kNaN;                                        // tile (0, 0)
+    v[(c.rows - 1) * c.cols + c.cols - 1] = -kInf;      // the last tile
+    for (int64_t r = 0; r < std::min(c.rows, c.br); ++r)  // tile (0, 1) all zero
+      for (int64_t k = c.bc; k < std::min(c.cols, 2 * c.bc); ++k) v[r * c.cols + k] = 0;
+    const int64_t sr = (c.rows + c.br - 1) / c.br, sc = (c.cols + c.bc - 1) / c.bc;
+    Tensor want_codes = Tensor::empty(x.shape(), DType::f8e4m3), want_scales = Tensor::empty({sr, sc}, DType::f32);
+    kernels::fp8_block_quantize(want_codes, want_scales, x, c.br, c.bc);
+    for (const int64_t n : {1, 2, 3, 4}) {
+      const int64_t rows = (c.rows + n - 1) / n;
+      Tensor padded = Tensor::zeros({n * rows, c.cols}, DType::f32);
+      padded.slice(0, 0, c.rows).copy_(x);
+      Tensor amax = Tensor::empty({n, sr, sc}, DType::f32), scales = Tensor::empty({sr, sc}, DType::f32);
+      for (int64_t p = 0; p < n; ++p) {
+        Tensor grid = amax.select(0, p);
+        kernels::fp8_block_piece_amax(grid, padded.slice(0, p * rows, p * rows + rows), p * rows, c.rows, c.br, c.bc);
+      }
+      kernels::fp8_block_scales(scales, amax);
+      Tensor codes = Tensor::empty({n * rows, c.cols}, DType::f8e4m3);
+      for (int64_t p = 0; p < n; ++p) {
+        Tensor piece_codes = codes.slice(0, p * rows, p * rows + rows);
+        kernels::fp8_block_piece_encode(piece_codes, padded.slice(0, p * rows, p * rows + rows), scales, p * rows,
+                                        c.rows, c.br, c.bc);
+      }
+      const std::string where = x.shape().str() + " in " + std::to_string(n) + " pieces";
+      EXPECT_EQ(bytes_of(scales), bytes_of(want_scales)) << where;
+      EXPECT_EQ(bytes_of(codes.slice(0, 0, c.rows).contiguous()), bytes_of(want_codes)) << where;
+      const auto tail = bytes_of(codes.slice(0, c.rows, n * rows).contiguous());
+      EXPECT_EQ(std::count(tail.begin(), tail.end(), 0), int64_t(tail.size())) << where << ": padding codes are zero";
+    }
+  }
+}

@@ -1,5 +1,6 @@
 #include "titan/kernels/quantize.h"
 
+#include <algorithm>
 #include <string>
 
 #include "titan/core/error.h"
@@ -76,6 +77,50 @@ void fp8_block_dequantize(Tensor& x, const Tensor& codes, const Tensor& scales, 
   const bool fast = kernel_backend() == KernelBackend::fast;
   (fast ? TITAN_CPU_KERNEL(fp8_block_dequantize) : &ref::fp8_block_dequantize)(
       x.data<float>(), bytes(codes), scales.data<float>(), x.size(0), x.size(1), br, bc);
+}
+
+namespace {
+
+// The piece's rows that are the matrix's (not padding), checked with the tiles' grid.
+int64_t piece_rows(const Tensor& piece, const Tensor& grid, int64_t row0, int64_t total_rows, int64_t br, int64_t bc,
+                   const char* op) {
+  const std::string where = std::string(op) + ": ";
+  TITAN_CHECK(br >= 1 && bc >= 1 && row0 >= 0 && total_rows >= 0,
+              where + "blocks of " + std::to_string(br) + " x " + std::to_string(bc) + ", piece at row " +
+                  std::to_string(row0) + " of " + std::to_string(total_rows));
+  TITAN_CHECK(piece.dim() == 2 && piece.dtype() == DType::f32 && piece.is_contiguous(),
+              where + "the piece must be contiguous f32 [rows, C], got " + piece.str());
+  const Shape want{ceil_div(total_rows, br), ceil_div(piece.size(1), bc)};
+  TITAN_CHECK(grid.dtype() == DType::f32 && grid.shape() == want && grid.is_contiguous(),
+              where + "the tiles' grid must be contiguous f32 " + want.str() + ", got " + grid.str());
+  return std::clamp<int64_t>(total_rows - row0, 0, piece.size(0));
+}
+
+}  // namespace
+
+void fp8_block_piece_amax(Tensor& amax, const Tensor& piece, int64_t row0, int64_t total_rows, int64_t br, int64_t bc) {
+  const int64_t rows = piece_rows(piece, amax, row0, total_rows, br, bc, "fp8_block_piece_amax");
+  ref::fp8_block_piece_amax(amax.data<float>(), piece.data<float>(), rows, row0, total_rows, piece.size(1), br, bc);
+}
+
+void fp8_block_scales(Tensor& scales, const Tensor& piece_amax, ScaleRule rule) {
+  TITAN_CHECK(scales.dtype() == DType::f32 && scales.is_contiguous() && piece_amax.dtype() == DType::f32 &&
+                  piece_amax.is_contiguous() && piece_amax.numel() % std::max<int64_t>(scales.numel(), 1) == 0,
+              "fp8_block_scales: scales " + scales.str() + " from pieces' amax " + piece_amax.str(),
+              "pass contiguous f32 grids, the pieces' one after another");
+  const int64_t tiles = scales.numel();
+  ref::fp8_block_scales(scales.data<float>(), piece_amax.data<float>(), tiles ? piece_amax.numel() / tiles : 0, tiles,
+                        rule);
+}
+
+void fp8_block_piece_encode(Tensor& codes, const Tensor& piece, const Tensor& scales, int64_t row0, int64_t total_rows,
+                            int64_t br, int64_t bc) {
+  const int64_t rows = piece_rows(piece, scales, row0, total_rows, br, bc, "fp8_block_piece_encode");
+  TITAN_CHECK(codes.dtype() == DType::f8e4m3 && codes.shape() == piece.shape() && codes.is_contiguous(),
+              "fp8_block_piece_encode: codes must be contiguous f8e4m3 " + piece.shape().str() + ", got " + codes.str());
+  ref::fp8_block_piece_encode(bytes(codes), piece.data<float>(), scales.data<float>(), rows, row0, piece.size(1), br,
+                              bc);
+  std::fill(bytes(codes) + rows * piece.size(1), bytes(codes) + codes.numel(), uint8_t(0));  // padding
 }
 
 }  // namespace titan::kernels

@@ -24,4 +24,14 @@ void fp8_block_quantize(Tensor& codes, Tensor& scales, const Tensor& x, int64_t 
                         ScaleRule rule = ScaleRule::amax);
 void fp8_block_dequantize(Tensor& x, const Tensor& codes, const Tensor& scales, int64_t block_rows, int64_t block_cols);
 
+// FP8 blockwise over row pieces (ref/quantize.h; no fast twin: FSDP's FP8 all-gather runs them once
+// per gather on one shard). piece [rows, C] f32 is rows [row0, row0 + rows) of a [total_rows, C]
+// matrix (rows past total_rows are padding, read as absent); amax [ceil(total_rows / br), ceil(C / bc)]
+// f32; piece_amax [P, ...] the P pieces' grids; codes [rows, C] f8e4m3 (padding rows get zero codes).
+void fp8_block_piece_amax(Tensor& amax, const Tensor& piece, int64_t row0, int64_t total_rows, int64_t block_rows,
+                          int64_t block_cols);
+void fp8_block_scales(Tensor& scales, const Tensor& piece_amax, ScaleRule rule = ScaleRule::amax);
+void fp8_block_piece_encode(Tensor& codes, const Tensor& piece, const Tensor& scales, int64_t row0, int64_t total_rows,
+                            int64_t block_rows, int64_t block_cols);
+
 }  // namespace titan::kernels

@@ -30,6 +30,13 @@ uint8_t get(const uint8_t* row, int64_t col, QuantFormat f) {
   return f == QuantFormat::e4m3 ? row[col] : uint8_t((row[col / 2] >> (4 * (col % 2))) & 0x0f);
 }
 
+// A finite tile's scale from its amax (1 for an all-zero tile).
+float fp8_scale(float amax, ScaleRule rule) {
+  if (!(amax > 0)) return 1;
+  const float s = amax / 448.0f;
+  return rule == ScaleRule::pow2 ? float(std::exp2(std::ceil(std::log2(double(s))))) : s;
+}
+
 }  // namespace
 
 void mx_quantize(uint8_t* codes, uint8_t* scales, const float* x, int64_t rows, int64_t cols, QuantFormat f) {
@@ -92,11 +99,7 @@ void fp8_block_quantize(uint8_t* codes, float* scales, const float* x, int64_t r
           for (int64_t c = j * bc; c < c1; ++c) codes[r * cols + c] = nan_code(x[r * cols + c], QuantFormat::e4m3);
         continue;
       }
-      float s = 1;
-      if (amax > 0) {
-        s = amax / 448.0f;
-        if (rule == ScaleRule::pow2) s = float(std::exp2(std::ceil(std::log2(double(s)))));
-      }
+      const float s = fp8_scale(amax, rule);
       scales[i * sc + j] = s;
       for (int64_t r = i * br; r < r1; ++r)
         for (int64_t c = j * bc; c < c1; ++c) codes[r * cols + c] = f32_to_f8e4m3(x[r * cols + c] / s).bits;
@@ -111,6 +114,38 @@ void fp8_block_dequantize(float* x, const uint8_t* codes, const float* scales, i
     for (int64_t c = 0; c < cols; ++c) {
       const float s = scales[(r / br) * sc + c / bc];
       x[r * cols + c] = std::isnan(s) ? std::numeric_limits<float>::quiet_NaN() : f8e4m3_to_f32(f8e4m3{codes[r * cols + c]}) * s;
+    }
+}
+
+void fp8_block_piece_amax(float* amax, const float* x, int64_t rows, int64_t row0, int64_t total_rows, int64_t cols,
+                          int64_t br, int64_t bc) {
+  const int64_t sc = (cols + bc - 1) / bc;
+  std::fill(amax, amax + (total_rows + br - 1) / br * sc, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* tile_row = amax + (row0 + r) / br * sc;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = x[r * cols + c];
+      float& a = tile_row[c / bc];
+      a = std::isfinite(v) ? std::max(a, std::fabs(v)) : std::numeric_limits<float>::infinity();
+    }
+  }
+}
+
+void fp8_block_scales(float* scales, const float* amax, int64_t pieces, int64_t tiles, ScaleRule rule) {
+  for (int64_t t = 0; t < tiles; ++t) {
+    float a = 0;
+    for (int64_t p = 0; p < pieces; ++p) a = std::max(a, amax[p * tiles + t]);
+    scales[t] = std::isinf(a) ? std::numeric_limits<float>::quiet_NaN() : fp8_scale(a, rule);
+  }
+}
+
+void fp8_block_piece_encode(uint8_t* codes, const float* x, const float* scales, int64_t rows, int64_t row0, int64_t cols,
+                            int64_t br, int64_t bc) {
+  const int64_t sc = (cols + bc - 1) / bc;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float s = scales[(row0 + r) / br * sc + c / bc], v = x[r * cols + c];
+      codes[r * cols + c] = std::isnan(s) ? nan_code(v, QuantFormat::e4m3) : f32_to_f8e4m3(v / s).bits;
     }
 }
 

@@ -37,4 +37,18 @@ void fp8_block_quantize(uint8_t* codes, float* scales, const float* x, int64_t r
 void fp8_block_dequantize(float* x, const uint8_t* codes, const float* scales, int64_t rows, int64_t cols, int64_t br,
                           int64_t bc);
 
+// FP8 blockwise over row pieces of x [R, C] (FSDP's FP8 all-gather: each rank holds rows
+// [row0, row0 + rows) and the tiles are the whole matrix's, so a piece may cut a tile):
+//   fp8_block_piece_amax   amax [ceil(R / br), ceil(C / bc)]: each tile's max |x| over the piece's
+//                          rows, +inf if one of them is not finite, 0 where the piece has no row
+//   fp8_block_scales       scales from `pieces` such grids (one after another): the tile's amax is
+//                          their max, and its scale what fp8_block_quantize sets (NaN for +inf)
+//   fp8_block_piece_encode the piece's codes under the whole matrix's scales
+// Together they give fp8_block_quantize's codes and scales of the whole matrix, bit for bit.
+void fp8_block_piece_amax(float* amax, const float* x, int64_t rows, int64_t row0, int64_t total_rows, int64_t cols,
+                          int64_t br, int64_t bc);
+void fp8_block_scales(float* scales, const float* amax, int64_t pieces, int64_t tiles, ScaleRule rule);
+void fp8_block_piece_encode(uint8_t* codes, const float* x, const float* scales, int64_t rows, int64_t row0, int64_t cols,
+                            int64_t br, int64_t bc);
+
 }  // namespace titan::kernels::ref
