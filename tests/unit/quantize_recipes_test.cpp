@@ -110,6 +110,22 @@ TEST(QuantizeRecipes, BadKeysNameTheKeyAndTheFix) {
   const std::string seq = error_of([] { parse("[model]\nconverters = [\"quantize.linear.mx\"]\n[training]\nseq_len = 100\n"); });
   EXPECT_NE(seq.find("seq_len"), std::string::npos) << seq;
   EXPECT_NE(seq.find("128"), std::string::npos) << seq;
+  // FP8 all-gather: needs the FP8 blockwise linears and FSDP.
+  const std::string gather_mx = error_of([] {
+    parse("[model]\nconverters = [\"quantize.linear.mx\"]\n[training]\nseq_len = 256\n"
+          "[quantize.linear.float8]\nenable_fsdp_float8_all_gather = true\n");
+  });
+  EXPECT_NE(gather_mx.find("enable_fsdp_float8_all_gather"), std::string::npos) << gather_mx;
+  EXPECT_NE(gather_mx.find("quantize.linear.float8"), std::string::npos) << gather_mx;
+  const std::string gather_ddp = error_of([] {
+    parse("[model]\nconverters = [\"quantize.linear.float8\"]\n[training]\nseq_len = 256\n"
+          "[parallelism]\ndata_parallel_shard_degree = 1\n[quantize.linear.float8]\nenable_fsdp_float8_all_gather = true\n");
+  });
+  EXPECT_NE(gather_ddp.find("enable_fsdp_float8_all_gather"), std::string::npos) << gather_ddp;
+  EXPECT_NE(gather_ddp.find("data_parallel_shard_degree"), std::string::npos) << gather_ddp;
+  EXPECT_TRUE(parse("[model]\nconverters = [\"quantize.linear.float8\"]\n[training]\nseq_len = 256\n"
+                    "[quantize.linear.float8]\nenable_fsdp_float8_all_gather = true\n")
+                  .quantize_linear_float8.enable_fsdp_float8_all_gather);
   models::QuantizeOptions experts;
   experts.grouped_mm = models::QuantizeSelection{LowPrecision::mxfp4, {"experts"}};
   const std::string grouped = error_of([&] { quantized("deepseek_v3", experts); });
@@ -141,4 +157,23 @@ TEST(QuantizeRecipes, WeightFormsAreCachedPerParametersEpoch) {
     EXPECT_GT(lin.quantized.stored_bytes(), 0);
     EXPECT_LT(lin.quantized.stored_bytes(), 256 * 192 * (r == LowPrecision::fp8_blockwise ? 2 : 3));
   }
+}
+
+// FSDP's FP8 all-gather hands a Linear the gathered codes and the whole weight's scales
+// (QuantizedWeight::adopt_fp8_blockwise): the layer then computes what it computes from the weight
+// itself, and once the parameters change it refuses to run on the old forms.
+TEST(QuantizeRecipes, AdoptedFp8FormsEqualTheWeightsOwn) {
+  nn::Linear own(256, 300, nn::Init::normal(0, 0.05)), fed(256, 300, nn::Init::normal(0, 0.05));
+  own.init_parameters(5);
+  own.quantize = fed.quantize = LowPrecision::fp8_blockwise;
+  Tensor x = Tensor::empty({3, 256}, DType::f32);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = float((i * 29) % 97) / 48.0f - 1.0f;
+  const Tensor want = own.forward(autograd::Variable(x)).value().contiguous();
+  fed.weight.var.mutable_value().zero_();  // what the layer would quantize itself: not the weight
+  fed.quantized.adopt_fp8_blockwise(own.quantized.codes, own.quantized.scales);
+  const Tensor got = fed.forward(autograd::Variable(x)).value().contiguous();
+  for (int64_t i = 0; i < want.numel(); ++i) ASSERT_EQ(got.data<float>()[i], want.data<float>()[i]) << i;
+  autograd::note_parameters_changed();
+  const std::string stale = error_of([&] { fed.forward(autograd::Variable(x)); });
+  EXPECT_NE(stale.find("FP8 all-gather"), std::string::npos) << stale;
 }

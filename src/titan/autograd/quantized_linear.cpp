@@ -103,6 +103,9 @@ void note_parameters_changed() { ++g_parameters_epoch; }
 
 void QuantizedWeight::refresh(const Tensor& w, LowPrecision recipe) {
   if (epoch_ == parameters_epoch() && along_k.defined() && along_k.shape() == w.shape()) return;
+  TITAN_CHECK(!adopted_, "quantized weight " + w.shape().str() + ": its FP8 all-gather forms are from before the "
+                         "parameters last changed, and no new ones were gathered",
+              "FSDP gathers a unit's weights before its forward; report this as a bug (a forward outside the unit's hooks?)");
   ProfileScope prof("quantized_weight.refresh");
   TITAN_CHECK(w.dim() == 2, "quantized weight: needs a matrix, got " + w.str());
   Tensor m = w.contiguous();
@@ -120,6 +123,18 @@ void QuantizedWeight::refresh(const Tensor& w, LowPrecision recipe) {
     weight_rows(codes_m_, scales_m_, values_t_, t, recipe);
     kept(along_m, m.shape(), DType::f32).copy_(values_t_.transpose(0, 1));
   }
+  epoch_ = parameters_epoch();
+}
+
+void QuantizedWeight::adopt_fp8_blockwise(const Tensor& gathered_codes, const Tensor& block_scales) {
+  adopted_ = true;
+  if (epoch_ == parameters_epoch() && along_k.defined() && along_k.shape() == gathered_codes.shape())
+    return;  // gathered again (for backward) from the same parameters: the same forms
+  ProfileScope prof("quantized_weight.adopt");
+  codes = gathered_codes;
+  scales = block_scales;
+  kernels::fp8_block_dequantize(kept(along_k, codes.shape(), DType::f32), codes, scales, kTile, kTile);
+  along_m = along_k;
   epoch_ = parameters_epoch();
 }
 

@@ -38,10 +38,16 @@ class QuantizedWeight {
  public:
   // w [M, K]: the f32 master (or its gathered copy under FSDP), or the bf16 compute copy.
   void refresh(const Tensor& w, LowPrecision recipe);
+  // FP8 blockwise forms made elsewhere: FSDP's FP8 all-gather hands over the gathered codes [M, K]
+  // and the whole weight's block scales, which are what refresh would compute from the weight, so
+  // nothing is quantized again. Until the parameters change refresh keeps them (and, having no
+  // weight to quantize, refuses to run once they changed without new forms).
+  void adopt_fp8_blockwise(const Tensor& codes, const Tensor& scales);
   Tensor codes, scales, along_k, along_m;
   int64_t stored_bytes() const;  // codes and scales
  private:
   uint64_t epoch_ = ~uint64_t(0);
+  bool adopted_ = false;  // the forms came from adopt_fp8_blockwise
   Tensor codes_m_, scales_m_, transposed_, values_t_, widened_;  // MX along M: the transpose's own blocks
 };
 
