@@ -6,6 +6,7 @@
 
 #include "titan/core/error.h"
 #include "titan/kernels/cast.h"
+#include "titan/kernels/quantize.h"
 
 namespace titan::distributed {
 
@@ -25,6 +26,14 @@ struct Fsdp::Param {
   Tensor compute_valid;        // its first `valid` rows
   Tensor full;                 // [N * rows, ...]: the gathered parameter (released while sharded)
   size_t trainable = 0;        // index in trainables_
+  // FP8 all-gather (FsdpOptions::fp8_all_gather): `full` holds E4M3 codes; these buffers are kept.
+  autograd::QuantizedWeight* fp8 = nullptr;  // the Linear's forms, which adopt the gathered codes
+  Tensor fp8_values;   // [rows, K] f32: what is quantized (the master, or its bf16 rounding), zero past `valid`
+  Tensor amax_mine;    // [blocks of the whole weight] f32: this shard's rows' amax per block
+  Tensor amax_all;     // [N, blocks]: every shard's, gathered
+  Tensor fp8_scales;   // [ceil(d0 / 128), ceil(K / 128)] f32: the whole weight's block scales
+  Tensor codes_mine;   // [rows, K] f8e4m3: this shard's rows, what the all-gather sends
+  Work amax_gather;
 };
 
 struct Fsdp::Unit {
@@ -108,7 +117,9 @@ Fsdp::Fsdp(nn::Module& model, const std::vector<nn::ShardingUnit>& units, const 
     const GlobalSlice slice = nested_slice(p->slice, q->shape, Shape(offsets));
     nn::init_parameter(master, name, p->init, options.seed, &slice);
     q->bf16 = options.param_dtype != DType::f32 && p->gemm_weight;
-    if (q->bf16) {
+    if (const auto it = options.fp8_all_gather.find(name); it != options.fp8_all_gather.end()) {
+      setup_fp8_gather(*q, it->second, n);
+    } else if (q->bf16) {
       q->shard_compute = Tensor::empty(shard_shape, options.param_dtype, MemCategory::parameters);
       q->compute_valid = q->shard_compute.slice(0, 0, q->valid);
       q->shard_compute.release_storage();
@@ -164,6 +175,8 @@ std::string Fsdp::describe() const {
     out += fmt::format(", routed experts over {} {}", expert_shard_->size(), expert_shard_->size() == 1 ? "rank" : "ranks");
   out += fmt::format(" ({} units + root; reshard after forward: {}; parameters gathered in {})", units_.size() - 1,
                      name_of(options_.reshard_after_forward), options_.param_dtype != DType::f32 ? std::string(dtype_name(options_.param_dtype)) + " for GEMM weights" : std::string("f32"));
+  if (!options_.fp8_all_gather.empty())
+    out += fmt::format("; FP8 all-gather of {} quantized weights", options_.fp8_all_gather.size());
   return out;
 }
 
@@ -173,10 +186,65 @@ Fsdp::Unit& Fsdp::unit_of(const nn::Module& m) {
   return *it->second;
 }
 
+namespace {
+constexpr int64_t kFp8Block = 128;  // FP8 blockwise weights' square blocks (autograd/quantized_linear.h)
+}  // namespace
+
+void Fsdp::setup_fp8_gather(Param& q, autograd::QuantizedWeight* cache, int n) {
+  TITAN_CHECK(q.shape.size() == 2, "FSDP FP8 all-gather: '" + q.name + "' " + q.shape.str() + " is not a matrix",
+              "only FP8 blockwise Linear weights gather as FP8");
+  const int64_t k = q.rest, block_rows = (q.d0 + kFp8Block - 1) / kFp8Block, block_cols = (k + kFp8Block - 1) / kFp8Block;
+  q.fp8 = cache;
+  q.fp8_values = Tensor::zeros({q.rows, k}, DType::f32, MemCategory::parameters);
+  q.amax_mine = Tensor::empty({block_rows, block_cols}, DType::f32, MemCategory::parameters);
+  q.amax_all = Tensor::empty({int64_t(n), block_rows, block_cols}, DType::f32, MemCategory::parameters);
+  q.fp8_scales = Tensor::empty({block_rows, block_cols}, DType::f32, MemCategory::parameters);
+  q.codes_mine = Tensor::empty({q.rows, k}, DType::f8e4m3, MemCategory::parameters);
+  if (q.bf16) {  // the bf16 rounding of the master, kept (the 1-rank path quantizes its bf16 copy)
+    q.shard_compute = Tensor::empty({q.rows, k}, options_.param_dtype, MemCategory::parameters);
+    q.compute_valid = q.shard_compute.slice(0, 0, q.valid);
+  }
+  q.full = Tensor::empty({int64_t(n) * q.rows, k}, DType::f8e4m3, MemCategory::parameters);
+  // The layer reads its weight's adopted forms: its value (f32 or bf16) is never gathered.
+  q.p->compute = Tensor();
+  Tensor unused = Tensor::empty(q.shape, DType::f32, MemCategory::parameters);
+  unused.release_storage();
+  q.p->var.mutable_value() = unused;
+}
+
+void Fsdp::send_fp8_amax(Param& q) {
+  // The values quantized: the master's rows, rounded to bf16 first under mixed precision.
+  Tensor valid = q.fp8_values.slice(0, 0, q.valid);
+  if (q.bf16) {
+    q.compute_valid.copy_(trainables_[q.trainable].var.value());  // rounds
+    valid.copy_(q.compute_valid);
+  } else {
+    valid.copy_(trainables_[q.trainable].var.value());
+  }
+  const int64_t row0 = int64_t(q.group->rank()) * q.rows;
+  kernels::fp8_block_piece_amax(q.amax_mine, q.fp8_values, row0, q.d0, kFp8Block, kFp8Block);
+  q.amax_gather = q.group->all_gather(q.amax_all.view({q.amax_all.numel()}), q.amax_mine.view({q.amax_mine.numel()}));
+}
+
+Work Fsdp::send_fp8_codes(Param& q) {
+  q.amax_gather.wait();
+  kernels::fp8_block_scales(q.fp8_scales, q.amax_all);
+  const int64_t row0 = int64_t(q.group->rank()) * q.rows;
+  kernels::fp8_block_piece_encode(q.codes_mine, q.fp8_values, q.fp8_scales, row0, q.d0, kFp8Block, kFp8Block);
+  return q.group->all_gather(q.full.view({q.full.numel()}), q.codes_mine.view({q.codes_mine.numel()}));
+}
+
 void Fsdp::gather(Unit& u) {
   if (u.gathered || !u.gathers.empty()) return;
+  // FP8 weights: every block-amax exchange first, so that one latency covers the unit.
+  for (Param* q : u.params)
+    if (q->fp8) send_fp8_amax(*q);
   for (Param* q : u.params) {
     q->full.reallocate_storage();
+    if (q->fp8) {
+      u.gathers.push_back(send_fp8_codes(*q));
+      continue;
+    }
     if (q->bf16) {  // the cast on the all-gather: the bf16 shard exists only while it is sent
       q->shard_compute.reallocate_storage();
       q->compute_valid.copy_(trainables_[q->trainable].var.value());  // copy_ rounds to bf16
@@ -192,8 +260,10 @@ void Fsdp::gather(Unit& u) {
 void Fsdp::wait_gathered(Unit& u) {
   for (const Work& w : u.gathers) w.wait();
   if (!u.gathers.empty())
-    for (Param* q : u.params)
-      if (q->bf16) q->shard_compute.release_storage();  // sent: the gathered copy is what the GEMMs read
+    for (Param* q : u.params) {
+      if (q->fp8) q->fp8->adopt_fp8_blockwise(q->full.slice(0, 0, q->d0), q->fp8_scales);
+      else if (q->bf16) q->shard_compute.release_storage();  // sent: the gathered copy is what the GEMMs read
+    }
   u.gathers.clear();
   u.gathered = true;
 }
@@ -334,25 +404,44 @@ void Fsdp::reduce_param(Param& q) {
   if (!q.p->var.requires_grad()) return;
   const int n = q.group->size();
   const Tensor& g = q.p->var.grad();
-  const int64_t total = n * q.rows * q.rest;
-  Tensor in = g.defined() ? g.view({q.d0 * q.rest}) : Tensor::zeros({total}, DType::f32, MemCategory::temporaries);
-  if (in.numel() != total) {  // padded to N equal chunks
-    Tensor padded = Tensor::zeros({total}, DType::f32, MemCategory::temporaries);
-    padded.slice(0, 0, q.d0 * q.rest).copy_(in);
-    in = padded;
+  const int64_t total = n * q.rows * q.rest, given = q.d0 * q.rest;
+  const DType wire = options_.gradient_sync_dtype;
+  Tensor in = g.defined() ? g.view({given}) : Tensor();
+  SendBuffer* staged = nullptr;
+  if (!in.defined() || wire != DType::f32 || given != total) {
+    // Into a kept send buffer: cast to the wire's dtype, padded with zeros to N equal chunks.
+    staged = &send_buffer(total, wire);
+    Tensor buf = staged->data.slice(0, 0, total);
+    Tensor head = buf.slice(0, 0, given);
+    if (!in.defined()) buf.zero_();
+    else if (wire != DType::f32) kernels::cast(head, in.contiguous());
+    else head.copy_(in);
+    if (in.defined() && given < total) buf.slice(0, given, total).zero_();
+    in = buf;
   }
   auto rd = std::make_unique<Reduction>();
   rd->param = &q;
   rd->out = Tensor::empty({q.rows * q.rest}, DType::f32, MemCategory::gradients);
-  if (const DType wire = options_.gradient_sync_dtype; wire != DType::f32) {  // cast before the reduction
-    Tensor half = Tensor::empty({total}, wire, MemCategory::temporaries);
-    kernels::cast(half, in.contiguous());
-    in = half;
-    rd->wire = Tensor::empty({q.rows * q.rest}, wire, MemCategory::gradients);
-  }
+  if (wire != DType::f32) rd->wire = Tensor::empty({q.rows * q.rest}, wire, MemCategory::gradients);
   rd->reduce_scatter = q.group->reduce_scatter(rd->sent(), in);
+  if (staged) staged->busy = rd->reduce_scatter;
   reductions_.push_back(std::move(rd));
   q.p->var.clear_grad();  // the request holds the unsharded gradient until it is sent
+}
+
+Fsdp::SendBuffer& Fsdp::send_buffer(int64_t numel, DType dtype) {
+  // The smallest idle buffer that fits; else an idle one grown; else a new one. The step's
+  // reductions repeat in the same order, so after the first step no buffer is allocated.
+  SendBuffer *fit = nullptr, *idle = nullptr;
+  for (auto& b : send_buffers_) {
+    if (b->data.dtype() != dtype || !b->busy.completed()) continue;
+    idle = b.get();
+    if (b->data.numel() >= numel && (!fit || b->data.numel() < fit->data.numel())) fit = b.get();
+  }
+  if (fit) return *fit;
+  if (!idle) idle = send_buffers_.emplace_back(std::make_unique<SendBuffer>()).get();
+  idle->data = Tensor::empty({numel}, dtype, MemCategory::temporaries);
+  return *idle;
 }
 
 void Fsdp::advance_reductions(bool wait) {

@@ -25,6 +25,7 @@
 #include <functional>
 #include <map>
 
+#include "titan/autograd/quantized_linear.h"
 #include "titan/distributed/data_parallel.h"
 #include "titan/distributed/fsdp_reshard.h"
 #include "titan/distributed/tree_sum.h"
@@ -60,6 +61,16 @@ struct FsdpOptions {
   bool pipeline = false;
   bool pipeline_per_step = false;
   bool sum_in_place = false;  // zero3: a shard's micro-batches added in order (to rounding), not as a tree
+  // FP8 all-gather ([quantize.linear.float8] enable_fsdp_float8_all_gather): these parameters (by
+  // name: FP8 blockwise Linear weights, [M, K]) travel as E4M3 codes, 1 byte a value. Each rank
+  // takes its rows' per-128 x 128-block amax (blocks by the whole weight's rows: a shard may cut
+  // one), the ranks all-gather those small grids and take their max, so every rank has the whole
+  // weight's block scales; each encodes its own rows with them and the codes are all-gathered
+  // into the weight's QuantizedWeight (adopt_fp8_blockwise), which then holds exactly what
+  // quantizing the gathered weight on one rank gives (the bf16-rounded values under mixed
+  // precision, as the 1-rank path quantizes its bf16 copy). Empty: every weight gathers in
+  // param_dtype.
+  std::map<std::string, autograd::QuantizedWeight*> fp8_all_gather;
   // zero3: the pipeline stage a parameter's unit runs in (by its name): a unit prefetches the next
   // (or, in backward, the previous) unit only within its stage. Null: one stage.
   std::function<int(const std::string&)> stage_of;
@@ -109,6 +120,9 @@ class Fsdp : public DataParallel, public nn::UnitHooks {
   Unit& unit_of(const nn::Module& m);
   bool reshards_after_forward(const Unit& u) const;  // frees the unit's gathered parameters after its forward
   void gather(Unit& u);        // issues the unit's all-gathers unless gathered or in flight
+  void setup_fp8_gather(Param& q, autograd::QuantizedWeight* cache, int n);  // FsdpOptions::fp8_all_gather
+  void send_fp8_amax(Param& q);   // this shard's block amax to the group
+  Work send_fp8_codes(Param& q);  // once every shard's amax is in: the scales, this shard's codes, their all-gather
   void wait_gathered(Unit& u);
   void release(Unit& u);
   void pre_backward(Unit& u);
@@ -118,6 +132,13 @@ class Fsdp : public DataParallel, public nn::UnitHooks {
   Unit* prefetch_target(const Unit& u, int step) const;    // the unit `step` away, if it may be prefetched
   void reduce_gradients(Unit& u);
   void reduce_param(Param& q);
+  // A reduce-scatter's input when it must be cast (gradient_sync_dtype) or padded: a kept buffer,
+  // reused once the reduction that last sent it is done.
+  struct SendBuffer {
+    Tensor data;
+    Work busy;
+  };
+  SendBuffer& send_buffer(int64_t numel, DType dtype);
   void fold(size_t trainable, const Tensor& g);
   void advance_reductions(bool wait);  // HSDP all-reduces in order; with wait, every reduction folded
 
@@ -131,6 +152,7 @@ class Fsdp : public DataParallel, public nn::UnitHooks {
   std::map<std::string, Param*> by_name_;
   std::vector<nn::TrainableParam> trainables_;
   std::vector<std::unique_ptr<Reduction>> reductions_;  // this micro-batch's, in issue order
+  std::vector<std::unique_ptr<SendBuffer>> send_buffers_;
   std::vector<TreeSum> sums_;                           // per trainable: the step's shard gradients
   bool in_step_ = false;                                // between zero_grad and finish_backward
   int64_t peak_gathered_ = 0;

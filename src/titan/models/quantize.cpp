@@ -71,4 +71,15 @@ std::vector<std::pair<std::string, LowPrecision>> apply_quantize(nn::Module& mod
   return ordered;
 }
 
+std::map<std::string, autograd::QuantizedWeight*> fp8_blockwise_weights(nn::Module& model) {
+  std::map<const nn::Parameter*, std::string> names;
+  for (auto& [name, p] : model.named_parameters()) names[p] = name;
+  std::map<std::string, autograd::QuantizedWeight*> out;
+  model.apply([&](nn::Module& m) {
+    auto* linear = dynamic_cast<nn::Linear*>(&m);
+    if (linear && linear->quantize == LowPrecision::fp8_blockwise) out[names.at(&linear->weight)] = &linear->quantized;
+  });
+  return out;
+}
+
 }  // namespace titan::models

@@ -12,6 +12,7 @@
 // weights, gradients and the optimizer stay f32.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -51,5 +52,9 @@ std::string_view recipe_label(autograd::LowPrecision r);  // "fp8_blockwise", "m
 // quantized, in model order (the trainer prints it; tests check it). Throws when a grouped_mm
 // converter is on but the model has no routed experts, or when a filter matches nothing.
 std::vector<std::pair<std::string, autograd::LowPrecision>> apply_quantize(nn::Module& model, const QuantizeOptions& q);
+
+// The weight forms of every Linear apply_quantize set to FP8 blockwise, by their weight's parameter
+// name: what FSDP's FP8 all-gather ([quantize.linear.float8] enable_fsdp_float8_all_gather) feeds.
+std::map<std::string, autograd::QuantizedWeight*> fp8_blockwise_weights(nn::Module& model);
 
 }  // namespace titan::models

@@ -611,6 +611,20 @@ void check_relations(const Context& ctx, JobConfig& c) {
                        "the quantize.* converters (docs/precision.md)", key));
   }
 
+  // FP8 all-gather: needs the FP8 blockwise linears it gathers, and FSDP to gather them.
+  const KeySpec& fp8_gather = spec("quantize.linear.float8", "enable_fsdp_float8_all_gather");
+  const bool linear_f8 = std::find(c.model.converters.begin(), c.model.converters.end(), "quantize.linear.float8") !=
+                         c.model.converters.end();
+  if (c.quantize_linear_float8.enable_fsdp_float8_all_gather && !linear_f8)
+    fail(fp8_gather, fmt::format("{} without FP8 blockwise linears ({})", show(fp8_gather), show(converters)),
+         "add \"quantize.linear.float8\" (recipe_name = \"blockwise\") to [model] converters, or set "
+         "quantize.linear.float8.enable_fsdp_float8_all_gather = false (MX recipes gather bf16: docs/precision.md)");
+  const KeySpec& shard_degree = spec("parallelism", "data_parallel_shard_degree");
+  if (c.quantize_linear_float8.enable_fsdp_float8_all_gather && c.parallelism.data_parallel_shard_degree == 1)
+    fail(fp8_gather, fmt::format("{} without FSDP ({})", show(fp8_gather), show(shard_degree)),
+         "shard the parameters (parallelism.data_parallel_shard_degree > 1 or -1), or set "
+         "quantize.linear.float8.enable_fsdp_float8_all_gather = false: it changes only what FSDP's all-gathers send");
+
   // The weight-gradient GEMMs quantize tokens in tiles of 128 (FP8) or blocks of 32 (MX) along the
   // batch: a tile must not straddle two sequences, or its scale would depend on how sequences are
   // split over data-parallel ranks and micro-batches (and FSDP would not reproduce one rank).
@@ -1257,6 +1271,11 @@ const std::vector<KeySpec>& config_schema() {
        anything(),
        "Linear layers whose name contains one of these stay in high precision (the output head by default). "
        "Embeddings, norms, routers and mHC maps are never quantized."},
+      {"quantize.linear.float8", "enable_fsdp_float8_all_gather",
+       member<&C::quantize_linear_float8, &QuantizeLinear::enable_fsdp_float8_all_gather>, anything(),
+       "Under FSDP, gather the quantized weights as FP8 codes with their 128 x 128 block scales (1 byte a value "
+       "instead of bf16's 2): each rank quantizes its own rows with the whole weight's scales, and the result equals "
+       "quantizing the gathered weight (TorchTitan's enable_fsdp_float8_all_gather; docs/precision.md)."},
       {"quantize.linear.mx", "recipe_name", member<&C::quantize_linear_mx, &QuantizeLinear::recipe_name>,
        choices({"mxfp8", "mxfp4"}),
        "mxfp8: E4M3 operands. mxfp4: E2M1 weights, E4M3 activations and gradients."},

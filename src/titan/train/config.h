@@ -228,6 +228,9 @@ struct Fault {
 struct QuantizeLinear {
   std::string recipe_name;
   std::vector<std::string> filter_fqns = {"output"};
+  // [quantize.linear.float8] only: FSDP gathers the FP8 blockwise weights as E4M3 codes with their
+  // block scales (distributed/fsdp.h: FsdpOptions::fp8_all_gather) instead of in bf16 / f32.
+  bool enable_fsdp_float8_all_gather = false;
   bool operator==(const QuantizeLinear&) const = default;
 };
 struct QuantizeGroupedMm {

@@ -405,8 +405,14 @@ std::unique_ptr<distributed::DataParallel> make_data_parallel(models::CausalLM& 
       TITAN_FAIL(source + ": " + e.message(), e.hint());
     }
   }
+  const bool fp8_gather = c.quantize_linear_float8.enable_fsdp_float8_all_gather;
+  TITAN_CHECK(!fp8_gather || mesh.fsdp().size() > 1,
+              source + ": quantize.linear.float8.enable_fsdp_float8_all_gather = true, but the parameters are not "
+                       "sharded (FSDP over " + std::to_string(mesh.fsdp().size()) + " rank)",
+              "run with parallelism.data_parallel_shard_degree > 1, or set enable_fsdp_float8_all_gather = false");
   if (mesh.fsdp().size() > 1) {
     distributed::FsdpOptions o;
+    if (fp8_gather) o.fp8_all_gather = models::fp8_blockwise_weights(model);
     o.reshard_after_forward = c.parallelism.fsdp_reshard_after_forward;
     o.param_dtype = model.compute_dtype();
     o.gradient_sync_dtype = c.training.gradient_sync_dtype;
