@@ -25,6 +25,14 @@ struct Case {
   std::vector<std::string> extra = {};  // more keys, as command-line overrides
 };
 
+// Every rank's all-gather traffic on the FSDP group since the last reset: bytes sent, calls.
+std::pair<int64_t, int64_t> fsdp_all_gathers() {
+  distributed::CommStats s;
+  for (const auto& [key, st] : distributed::CommEngine::get().stats())
+    if (key.first == "fsdp" && key.second == distributed::CommOp::all_gather) s = st;
+  return {s.bytes, s.calls};
+}
+
 class Layouts : public TrainingSuite<Layouts> {
  public:
   static constexpr const char* kTag = "layouts";
@@ -81,9 +89,62 @@ class Layouts : public TrainingSuite<Layouts> {
     expect_same_losses(reference(model, "bf16", local, bf16), layout(model, {"fsdp_bf16", 1, n, local, bf16}), 0,
                        "FSDP " + ranks + ", bf16 mixed precision");
   }
+  // FP8 all-gather ([quantize.linear.float8] enable_fsdp_float8_all_gather) under bf16 mixed
+  // precision: llama3 FP8 blockwise on FSDP 2 equals one rank (which quantizes its bf16 weights after
+  // no gather at all), and its all-gathers carry the quantized weights in 1 byte a value plus the
+  // block amax grids, against 2 bytes without it. The output head is quantized too (filter_fqns
+  // matches nothing): [257, 256] (the test vocabulary) in shards of 129 rows, so rank 1's shard
+  // starts inside the second 128-row block and ends in padding.
+  static void fp8_all_gather_under_fsdp() {
+    const std::vector<std::string> extra = {"--model.converters=quantize.linear.float8", "--training.seq_len=128", "--training.mixed_precision_param=bfloat16",
+                                            "--quantize.linear.float8.filter_fqns=no_such_layer"};
+    std::vector<std::string> gathered = extra;
+    gathered.push_back("--quantize.linear.float8.enable_fsdp_float8_all_gather=true");
+    const auto one = reference("llama3", "fp8_blockwise_bf16", 2, extra);
+    auto& engine = distributed::CommEngine::get();
+    engine.reset_stats();
+    expect_same_losses(one, layout("llama3", {"fsdp_fp8_blockwise_bf16", 1, 2, 2, extra}), 1e-5,
+                       "llama3 fp8_blockwise, bf16 weights: FSDP 2");
+    const auto [bf16_bytes, bf16_calls] = fsdp_all_gathers();
+    engine.reset_stats();
+    const auto with_fp8 = layout("llama3", {"fsdp_fp8_gather_bf16", 1, 2, 2, gathered});
+    const auto [fp8_bytes, fp8_calls] = fsdp_all_gathers();
+    expect_same_losses(one, with_fp8, 1e-5, "llama3 fp8_blockwise, bf16 weights: FSDP 2 with FP8 all-gather");
+    int64_t bits_apart = 0;
+    for (size_t i = 0; i < one.size() && i < with_fp8.size(); ++i) bits_apart += one[i] != with_fp8[i];
+    EXPECT_EQ(bits_apart, 0) << "steps whose loss is not bit-identical to one rank's";
+
+    // The analytic traffic. Per gather of a quantized weight [d0, K] over n = 2 ranks each rank
+    // sends its ceil(d0 / 2) rows to the other: 2 bytes a value in bf16, or 1 byte a value plus its
+    // share of the amax grid (ceil(d0 / 128) x ceil(K / 128) f32 per rank) in one more call. Each
+    // layer is gathered twice a step (forward, and again for backward), the output head once (kept
+    // from its forward to its backward).
+    struct Weight {
+      int64_t d0, k, per_layer, gathers_per_step;
+    };
+    const int64_t steps = 20, layers = 6, n = 2;
+    const std::vector<Weight> weights = {{256, 256, 4, 2}, {768, 256, 2, 2}, {256, 768, 1, 2}, {257, 256, 0, 1}};
+    int64_t gathers = 0, bf16_share = 0, fp8_share = 0;
+    for (const Weight& w : weights) {
+      const int64_t count = steps * w.gathers_per_step * (w.per_layer ? w.per_layer * layers : 1);
+      const int64_t rows = (w.d0 + n - 1) / n, grid = ((w.d0 + 127) / 128) * ((w.k + 127) / 128);
+      gathers += count;
+      bf16_share += count * (n - 1) * rows * w.k * 2;
+      fp8_share += count * (n - 1) * (rows * w.k + grid * 4);
+    }
+    EXPECT_EQ(fp8_calls - bf16_calls, gathers) << "one amax all-gather per quantized weight's gather";
+    EXPECT_EQ(bf16_bytes - fp8_bytes, bf16_share - fp8_share)
+        << "FSDP all-gather bytes: " << bf16_bytes << " without FP8 all-gather, " << fp8_bytes << " with it";
+    if (world().rank() == 0)
+      std::printf("FP8 all-gather, llama3 debug FSDP 2 bf16, %lld steps: all-gather bytes %lld -> %lld (%.3f); "
+                  "quantized weights %lld -> %lld (%.4f)\n",
+                  (long long)steps, (long long)bf16_bytes, (long long)fp8_bytes, double(fp8_bytes) / double(bf16_bytes),
+                  (long long)bf16_share, (long long)fp8_share, double(fp8_share) / double(bf16_share));
+  }
 };
 
 const std::string kBf16 = "--training.mixed_precision_param=bfloat16";
+
 
 }  // namespace
 
@@ -151,6 +212,7 @@ TEST_F(Layouts, QuantizedRecipesUnderFsdp) {
   }
   // The recipes are applied: FP4 weights train to another loss than FP8 ones.
   EXPECT_NE(last[0], last[2]);
+  fp8_all_gather_under_fsdp();
   // deepseek_v32: attention and shared experts quantized, router and routed experts in f32.
   const std::vector<std::string> ds = {"--model.converters=quantize.linear.float8", "--training.seq_len=128"};
   expect_same_losses(reference("deepseek_v32", "fp8_blockwise", 2, ds),
