@@ -194,7 +194,7 @@ TEST_F(Layouts, SwapOptimizerUnderFsdp) {
 
 // Quantized training (models/quantize.h, docs/precision.md) under FSDP 2 equals its 1-rank run,
 // per recipe: FSDP quantizes each weight whole after its all-gather (no block meets a shard
-// boundary), activations are quantized per token along K, and the weight-gradient GEMMs' token
+// boundary; with FP8 all-gather, below, each shard with the whole weight's scales), activations are quantized per token along K, and the weight-gradient GEMMs' token
 // tiles (128 FP8, 32 MX) stay within a sequence (seq_len 128; other lengths are refused), so no
 // scale depends on how the batch is split. 1e-5 relative over 20 steps, as every layout.
 TEST_F(Layouts, QuantizedRecipesUnderFsdp) {
