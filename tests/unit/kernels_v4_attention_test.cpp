@@ -36,6 +36,9 @@ const std::vector<std::vector<int64_t>> kShapes = {
     {1, 6, 2, 3, 2, 8, 0},    {1, 6, 2, 3, 2, 8, 3},    {2, 21, 4, 16, 21, 2, 0}, {1, 30, 7, 17, 5, 4, 40},
     {1, 40, 20, 24, 9, 5, 3},  {1, 70, 3, 1000, 40, 5, 12},  // several key chunks in the fast kernel
     {1, 33, 5, 64, 9, 4, 6},   {1, 90, 3, 512, 70, 4, 0},    // bf16 pairs (D % 32 == 0), the second in chunks
+    // f32 runs 16 / H queries per block: H = 4 as the debug models (4 per block, a partial last
+    // block, and one whose union of selected entries spans several key chunks at D = 600)
+    {2, 38, 4, 64, 16, 4, 10}, {1, 70, 4, 32, 12, 8, 0},    {1, 43, 4, 600, 9, 2, 18},
 };
 
 // transformers' eager attention in double from the same inputs: o [B, S, H, D] and lse; for CSA
@@ -201,6 +204,27 @@ TEST(V4Attention, UnselectedEntriesGetZeroGradient) {
     EXPECT_GT(selected, 0.0);
   }
   kernels::set_kernel_backend(kernels::KernelBackend::fast);
+}
+
+// A CSA row listing an entry in two slots counts it twice (the reference's per-slot sum); the
+// fast f32 kernel, which merges the slots of a block's queries into one key list, matches it.
+TEST(V4Attention, RepeatedSlotsCountOncePerSlot) {
+  V4AttentionCase c({1, 29, 4, 16, 5, 2, 6}, DType::f32, 31, false);
+  c.idx = c.idx.clone();
+  int32_t* idx = c.idx.data<int32_t>();
+  for (int64_t t = 0; t < c.d.S; t += 2) idx[t * c.d.K + 1] = idx[t * c.d.K + 3] = idx[t * c.d.K];
+  const Tensor dout = random_tensor(c.q.shape(), DType::f32, 32, "dout");
+  kernels::set_kernel_backend(kernels::KernelBackend::reference);
+  const Outputs ref = run_kernels(c, dout);
+  kernels::set_kernel_backend(kernels::KernelBackend::fast);
+  const Outputs fast = run_kernels(c, dout);
+  expect_close("o", to_doubles(fast.o), to_doubles(ref.o), 1e-5, 1e-4);
+  expect_close("lse", to_doubles(fast.lse), to_doubles(ref.lse), 1e-5, 1e-5);
+  expect_close("head_mean", to_doubles(fast.hm), to_doubles(ref.hm), 1e-5, 1e-4);
+  expect_close("dq", to_doubles(fast.dq), to_doubles(ref.dq), 1e-5, 1e-4);
+  expect_close("dkv", to_doubles(fast.dkv), to_doubles(ref.dkv), 1e-5, 1e-4);
+  expect_close("dcomp", to_doubles(fast.dcomp), to_doubles(ref.dcomp), 1e-5, 1e-4);
+  expect_close("dsink", to_doubles(fast.dsink), to_doubles(ref.dsink), 1e-5, 1e-4);
 }
 
 // The autograd op hands each input exactly the kernel's gradient (adopted or added to one already

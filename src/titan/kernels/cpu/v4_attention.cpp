@@ -29,37 +29,104 @@ constexpr int kRows = Tiles::kRows;
 // at V4's 640 of 512 dims) run chunk by chunk.
 constexpr int64_t kChunkFloats = 32768;
 
-// Padded sizes of the per-query buffers, shared by the forward and the backward.
+// Padded sizes of the per-block buffers, shared by the forward and the backward. A block is up to
+// Q consecutive queries of one batch element whose Q H (query, head) pairs are the columns of its
+// score tiles (column qi H + h: query t0 + qi, head h).
 struct Plan {
+  int64_t Q;      // queries per block: 16 / H with fewer than 16 heads (the columns fill a vector), else 1
   int64_t Dp;     // D rounded up to 16: gathered rows and accumulator rows
-  int64_t Hs;     // H rounded up to 16: the head columns of the [key, head] score buffers
-  int64_t Hr;     // H rounded up to kRows: the rows of the per-head output tiles
-  int64_t most;   // the most keys a query sees
+  int64_t Hs;     // Q H rounded up to 16: the columns of the [key, column] score buffers
+  int64_t Hr;     // Q H rounded up to kRows: the rows of the per-column output tiles
+  int64_t most;   // the most keys a block sees
   int64_t chunk;  // keys per chunk, a multiple of kRows: the rows of the per-key tiles
 };
 
-Plan make_plan(const V4AttentionParams& d) {
+// queries: 0 picks Q as above; the bf16-pair path passes 1 (one query per block, heads padded).
+Plan make_plan(const V4AttentionParams& d, int64_t queries = 0) {
   Plan p;
-  p.Dp = round_up(d.D, kPadLanes), p.Hs = round_up(d.H, kPadLanes), p.Hr = round_up(d.H, kRows);
-  p.most = min_i64(d.W, d.Skv) + (d.K > 0 ? d.K : d.T);
+  p.Q = queries > 0 ? queries : max_i64(kPadLanes / d.H, 1);
+  p.Dp = round_up(d.D, kPadLanes), p.Hs = round_up(p.Q * d.H, kPadLanes), p.Hr = round_up(p.Q * d.H, kRows);
+  p.most = min_i64(d.W + p.Q - 1, d.Skv) + (d.K > 0 ? min_i64(p.Q * d.K, d.T) : d.T);
   p.chunk = min_i64(round_up(p.most, kRows), max_i64(kChunkFloats / p.Dp / kRows, 1) * kRows);
   return p;
 }
 
-// The keys query t sees, as rows of [kv | comp] of its batch element (raw key row j: j; entry w:
-// Skv + w), to keys[0, n): its window's rows (v4_attention_params.h), then its compressed entries (HCA, sel nullptr:
-// every visible one; CSA: the valid slots of sel, in slot order). Returns n >= 1.
-int64_t list_keys(int32_t* keys, const int32_t* sel, int64_t t, const V4AttentionParams& d) {
+// A key's bias for a query of its block that does not see it: the score plus this is below
+// -88.7, where fast_exp gives exactly 0 (a finite value, unlike -inf, keeps max - max defined in
+// a column that has seen nothing else yet; its own row, always in the first chunk, then zeroes it).
+constexpr float kUnseen = -1e30f;
+
+// Per-thread state of block_keys: where[w] the block's key index of entry w (-1: not listed yet;
+// T entries, all -1 between calls), and slot[qi K + i] the key index of query qi's slot i (-1:
+// invalid slot).
+struct BlockLists {
+  int32_t* where;
+  int32_t* slot;
+};
+
+// The keys of the nq <= Q queries t0 .. t0 + nq - 1 (one batch element) together, as rows of
+// [kv | comp] (raw key row j: j; entry w: Skv + w), to keys[0, n): the union of their windows (rows window_start(t0) ..
+// self_row(t0 + nq - 1), contiguous), then the union of their compressed entries (HCA: every entry
+// the last query sees; CSA: the valid slots of sel [nq, K] in first-seen order). bias [n, Q]: what
+// each query adds to its score of each key: 0 when the key is one of its own, kUnseen when not,
+// ln c for a CSA entry one query lists in c > 1 slots (so it counts c times, as list_keys' rows do).
+// Returns n; *windowed = the window keys' count.
+int64_t block_keys(int32_t* keys, float* bias, BlockLists lists, const int32_t* sel, int64_t t0, int64_t nq,
+                   int64_t Q, const V4AttentionParams& d, int64_t* windowed) {
+  const int64_t last = t0 + nq - 1;
   int64_t n = 0;
-  for (int64_t j = v4_window_start(d, t); j <= v4_self_row(d, t); ++j) keys[n++] = int32_t(j);
-  if (sel) {
-    for (int64_t i = 0; i < d.K; ++i)
-      if (v4_slot_valid(d, sel[i], t)) keys[n++] = int32_t(d.Skv + sel[i]);
-  } else {
-    const int64_t visible = v4_visible_entries(d, t);
-    for (int64_t w = 0; w < visible; ++w) keys[n++] = int32_t(d.Skv + w);
+  for (int64_t j = v4_window_start(d, t0); j <= v4_self_row(d, last); ++j, ++n) {
+    keys[n] = int32_t(j);
+    for (int64_t qi = 0; qi < Q; ++qi) {
+      const bool sees = qi < nq && v4_window_start(d, t0 + qi) <= j && j <= v4_self_row(d, t0 + qi);
+      bias[n * Q + qi] = sees ? 0.0f : kUnseen;
+    }
+  }
+  *windowed = n;
+  if (!sel) {
+    for (int64_t w = 0; w < v4_visible_entries(d, last); ++w, ++n) {
+      keys[n] = int32_t(d.Skv + w);
+      for (int64_t qi = 0; qi < Q; ++qi) bias[n * Q + qi] = qi < nq && w < v4_visible_entries(d, t0 + qi) ? 0.0f : kUnseen;
+    }
+    return n;
+  }
+  // CSA: count each query's slots per entry in bias, then turn the counts into biases.
+  const int64_t first = n;
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    for (int64_t i = 0; i < d.K; ++i) {
+      const int32_t s = sel[qi * d.K + i];
+      int32_t& at = lists.slot[qi * d.K + i];
+      at = -1;
+      if (!v4_slot_valid(d, s, t0 + qi)) continue;
+      if (lists.where[s] < 0) {
+        lists.where[s] = int32_t(n), keys[n] = int32_t(d.Skv + s);
+        for (int64_t qj = 0; qj < Q; ++qj) bias[n * Q + qj] = 0.0f;
+        ++n;
+      }
+      at = lists.where[s];
+      bias[at * Q + qi] += 1.0f;
+    }
+  }
+  for (int64_t k = first; k < n; ++k) {
+    lists.where[keys[k] - d.Skv] = -1;
+    // the libm call, not a wrapper shared across ISAs; log(1) = 0 exactly
+    for (int64_t qi = 0; qi < Q; ++qi) bias[k * Q + qi] = bias[k * Q + qi] > 0 ? __builtin_logf(bias[k * Q + qi]) : kUnseen;
   }
   return n;
+}
+
+// Scores st [cn, ld] (column qi H + h) of keys c0 .. c0 + cn - 1 += their bias for the query of
+// each column, for the block's Q H columns.
+void add_bias(float* st, int64_t ld, const float* bias, int64_t c0, int64_t cn, int64_t Q, int64_t H) {
+  for (int64_t i = 0; i < cn; ++i) {
+    float* row = st + i * ld;
+    const float* b = bias + (c0 + i) * Q;
+    for (int64_t qi = 0; qi < Q; ++qi) {
+      const float add = b[qi];
+      if (add == 0.0f) continue;
+      for (int64_t h = 0; h < H; ++h) row[qi * H + h] += add;
+    }
+  }
 }
 
 // Copies the rows of keys[0, n) (as f32) to g[0, n), rows ldg apart, and zeroes rows
@@ -170,6 +237,23 @@ void write_slot_head_mean(float* hm, float* cs, int64_t nc, int64_t Hs, float* l
 }
 
 #if defined(__AVX512BF16__)
+// One query at a time (the bf16 path): the keys query t sees, as rows of [kv | comp] of its batch
+// element (raw key row j: j; entry w: Skv + w), to keys[0, n): its window's rows
+// (v4_attention_params.h), then its compressed entries (HCA, sel nullptr: every visible one; CSA:
+// the valid slots of sel, in slot order). Returns n >= 1.
+int64_t list_keys(int32_t* keys, const int32_t* sel, int64_t t, const V4AttentionParams& d) {
+  int64_t n = 0;
+  for (int64_t j = v4_window_start(d, t); j <= v4_self_row(d, t); ++j) keys[n++] = int32_t(j);
+  if (sel) {
+    for (int64_t i = 0; i < d.K; ++i)
+      if (v4_slot_valid(d, sel[i], t)) keys[n++] = int32_t(d.Skv + sel[i]);
+  } else {
+    const int64_t visible = v4_visible_entries(d, t);
+    for (int64_t w = 0; w < visible; ++w) keys[n++] = int32_t(d.Skv + w);
+  }
+  return n;
+}
+
 // ---- bf16 on bf16 pairs (VDPBF16PS register tiles; D a multiple of 32) ----------------------------
 // Same chunks, softmax and accumulation as the f32 path; the products take bf16 operands (the
 // key rows as they are, q and dO packed by head, P and dS rounded to bf16, as FlashMLA does) and
@@ -193,7 +277,7 @@ void gather_row_pairs(bf16* g, uint32_t* pairs, int64_t ld, const int32_t* keys,
 
 void forward_bf16_pairs(bf16* o, float* lse, float* head_mean, const bf16* q, const bf16* kv, const bf16* comp,
                         const int32_t* idx, const float* sink, const V4AttentionParams& d) {
-  const Plan p = make_plan(d);
+  const Plan p = make_plan(d, 1);
   const float scale = float(d.scale);
   const int64_t D2 = d.D / 2, K2 = round_up((p.chunk + 1) / 2, 16);
 #pragma omp parallel
@@ -263,7 +347,7 @@ void forward_bf16_pairs(bf16* o, float* lse, float* head_mean, const bf16* q, co
 void backward_bf16_pairs(bf16* dq, bf16* dkv, bf16* dcomp, float* dsink, const bf16* dout, const bf16* q,
                          const bf16* kv, const bf16* comp, const int32_t* idx, const float* sink, const bf16* o,
                          const float* lse, float* acc, int64_t parts, const V4AttentionParams& d) {
-  const Plan p = make_plan(d);
+  const Plan p = make_plan(d, 1);
   const int64_t w2 = 2 * p.Hs, key_rows = d.Skv + d.T;
   const int64_t D2 = d.D / 2, K2 = round_up((p.chunk + 1) / 2, 16);
   const float scale = float(d.scale);
@@ -362,31 +446,43 @@ void v4_attention_forward(T* o, float* lse, float* head_mean, const T* q, const 
 #endif
   const Plan p = make_plan(d);
   const float scale = float(d.scale);
+  const int64_t Q = p.Q, cols = Q * d.H, blocks = (d.S + Q - 1) / Q;
+  const bool slots = head_mean && idx;
 #pragma omp parallel
   {
-    // Per-thread buffers of one query, zero-initialized so every padding lane is a finite 0.
+    // Per-thread buffers of one block, zero-initialized so every padding lane is a finite 0.
     Scratch<float> g(p.chunk * p.Dp, ScratchInit::zeroed);  // [chunk, Dp] key rows, f32
-    Scratch<float> qt(d.D * p.Hs, ScratchInit::zeroed);     // [D, Hs] scale * q^T
-    // [chunk + 1, Hs] scores, then exp(s - m), key by head; the extra row covers the head-padding
+    Scratch<float> qt(d.D * p.Hs, ScratchInit::zeroed);     // [D, Hs] scale * q^T, column qi H + h
+    // [chunk + 1, Hs] scores, then exp(s - m), key by column; the extra row covers the padding
     // rows of the output tile, which read up to Hr - Hs < 16 floats past the last key.
     Scratch<float> st((p.chunk + 1) * p.Hs, ScratchInit::zeroed);
     Scratch<float> out(p.Hr * p.Dp, ScratchInit::zeroed);  // [Hr, Dp] o rows, unnormalized
-    // [Hs] per head: the running max and sum, the chunk's rescale factor
+    // [Hs] per column: the running max and sum, the chunk's rescale factor
     Scratch<float> m(p.Hs, ScratchInit::zeroed), l(p.Hs, ScratchInit::zeroed), alpha(p.Hs, ScratchInit::zeroed);
+    Scratch<float> sink_cols(p.Hs, ScratchInit::zeroed);  // the sink of each column's head
     Scratch<int32_t> keys(p.most, ScratchInit::zeroed);
-    // head_mean: [K, Hs] the valid slots' scores (rows past the window's keys), [Hs] x 2 scratch
-    const bool slots = head_mean && idx;
-    Scratch<float> cs(slots ? d.K * p.Hs : 1), cm(slots ? p.Hs : 1), cl(slots ? p.Hs : 1);
+    Scratch<float> bias(p.most * Q, ScratchInit::zeroed);
+    Scratch<int32_t> where(idx ? d.T : 1), slot(idx ? Q * d.K : 1);
+    for (int64_t w = 0; idx && w < d.T; ++w) where.data()[w] = -1;
+    for (int64_t c = 0; sink && c < cols; ++c) sink_cols.data()[c] = sink[c % d.H];
+    // head_mean: [Q K, Hs] the raw scores of the block's entries, [K, Hs] one query's valid slots'
+    // (columns 0 .. H - 1), [Hs] x 2 scratch
+    Scratch<float> raw(slots ? Q * d.K * p.Hs : 1), cs(slots ? d.K * p.Hs : 1, ScratchInit::zeroed);
+    Scratch<float> cm(slots ? p.Hs : 1), cl(slots ? p.Hs : 1);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t bt = 0; bt < d.B * d.S; ++bt) {
-      const int64_t b = bt / d.S, t = bt % d.S;
+    for (int64_t bk = 0; bk < d.B * blocks; ++bk) {
+      const int64_t b = bk / blocks, t0 = bk % blocks * Q, nq = min_i64(Q, d.S - t0);
       const T* kvb = kv + b * d.Skv * d.D;
       const T* compb = comp + b * d.T * d.D;
-      const int64_t n = list_keys(keys.data(), idx ? idx + bt * d.K : nullptr, t, d);
-      const int64_t window = v4_self_row(d, t) - v4_window_start(d, t) + 1;  // keys[0, window) are raw, the rest entries
-      transpose_heads(qt.data(), p.Hs, q + bt * d.H * d.D, d.D, d.H, d.D, scale);
-      start_softmax(m.data(), l.data(), sink, d.H, p.Hs);
-      // Key chunks: scores [cn, Hs] = rows x (scale q)^T, the online softmax, and
+      const int32_t* sel = idx ? idx + (b * d.S + t0) * d.K : nullptr;
+      int64_t window = 0;  // keys[0, window) are raw, the rest entries
+      const int64_t n = block_keys(keys.data(), bias.data(), {where.data(), slot.data()}, sel, t0, nq, Q, d, &window);
+      // Columns of queries past the last (nq < Q) keep the previous block's q: finite, every key
+      // biased away, never stored.
+      for (int64_t qi = 0; qi < nq; ++qi)
+        transpose_heads(qt.data() + qi * d.H, p.Hs, q + (b * d.S + t0 + qi) * d.H * d.D, d.D, d.H, d.D, scale);
+      start_softmax(m.data(), l.data(), sink ? sink_cols.data() : nullptr, cols, p.Hs);
+      // Key chunks: scores [cn, Hs] = rows x (scale q)^T (+ bias), the online softmax, and
       // out = alpha out + exp(s - m)^T rows ([Hr, cn] read transposed x [cn, Dp]).
       for (int64_t c0 = 0; c0 < n; c0 += p.chunk) {
         const int64_t cn = min_i64(p.chunk, n - c0);
@@ -394,32 +490,40 @@ void v4_attention_forward(T* o, float* lse, float* head_mean, const T* q, const 
         gemm<Tiles, TileStore::write>(st.data(), p.Hs, g.data(), p.Dp, 1, qt.data(), p.Hs, round_up(cn, kRows), p.Hs,
                                       d.D);
         for (int64_t i = max_i64(window - c0, 0); slots && i < cn; ++i) {
-          const float* row = st.data() + i * p.Hs;
-          float* dst = cs.data() + (c0 + i - window) * p.Hs;
-          // Scalar math: cs[slot] = s
-#pragma omp simd
-          for (int64_t h = 0; h < p.Hs; ++h) dst[h] = row[h];
+          // Scalar math: raw[entry] = s
+          std::memcpy(raw.data() + (c0 + i - window) * p.Hs, st.data() + i * p.Hs, size_t(p.Hs) * sizeof(float));
         }
+        add_bias(st.data(), p.Hs, bias.data(), c0, cn, Q, d.H);
         softmax_chunk(st.data(), cn, p.Hs, m.data(), l.data(), alpha.data());
         if (c0 == 0) {
           gemm<Tiles, TileStore::write>(out.data(), p.Dp, st.data(), 1, p.Hs, g.data(), p.Dp, p.Hr, p.Dp, cn);
           continue;
         }
-        rescale_rows(out.data(), p.Dp, alpha.data(), d.H);
+        rescale_rows(out.data(), p.Dp, alpha.data(), cols);
         gemm<Tiles, TileStore::accumulate>(out.data(), p.Dp, st.data(), 1, p.Hs, g.data(), p.Dp, p.Hr, p.Dp, cn);
       }
-      T* ot = o + bt * d.H * d.D;
-      for (int64_t h = 0; h < d.H; ++h) {
-        // the libm call, not a wrapper shared across ISAs; n >= 1 (the query's own key): l > 0
-        lse[bt * d.H + h] = m.data()[h] + __builtin_logf(l.data()[h]);
-        const float inv = 1.0f / l.data()[h];
-        // Scalar math: o[h] = out[h] / l[h]; the sink has no value
+      for (int64_t qi = 0; qi < nq; ++qi) {
+        const int64_t bt = b * d.S + t0 + qi;
+        T* ot = o + bt * d.H * d.D;
+        for (int64_t h = 0; h < d.H; ++h) {
+          const int64_t col = qi * d.H + h;
+          // the libm call, not a wrapper shared across ISAs; every query sees its own key: l > 0
+          lse[bt * d.H + h] = m.data()[col] + __builtin_logf(l.data()[col]);
+          const float inv = 1.0f / l.data()[col];
+          // Scalar math: o[h] = out[col] / l[col]; the sink has no value
 #pragma omp simd
-        for (int64_t col = 0; col < d.D; ++col) ot[h * d.D + col] = from_f32<T>(inv * out.data()[h * p.Dp + col]);
-      }
-      if (slots) {
-        write_slot_head_mean(head_mean + bt * d.K, cs.data(), n - window, p.Hs, cm.data(), cl.data(), idx + bt * d.K,
-                             t, d);
+          for (int64_t c = 0; c < d.D; ++c) ot[h * d.D + c] = from_f32<T>(inv * out.data()[col * p.Dp + c]);
+        }
+        if (!slots) continue;
+        // This query's valid slots' raw scores, in slot order, as columns 0 .. H - 1 of cs.
+        int64_t nc = 0;
+        for (int64_t i = 0; i < d.K; ++i) {
+          const int32_t at = slot.data()[qi * d.K + i];
+          if (at >= 0) std::memcpy(cs.data() + nc++ * p.Hs, raw.data() + (at - window) * p.Hs + qi * d.H,
+                                   size_t(d.H) * sizeof(float));
+        }
+        write_slot_head_mean(head_mean + bt * d.K, cs.data(), nc, p.Hs, cm.data(), cl.data(), idx + bt * d.K,
+                             t0 + qi, d);
       }
     }
   }
@@ -435,8 +539,9 @@ void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout,
   }
 #endif
   const Plan p = make_plan(d);
-  const int64_t w2 = 2 * p.Hs;         // [scale dS | P] and [scores | dA] columns: heads, then heads again
+  const int64_t w2 = 2 * p.Hs;         // [scale dS | P] and [scores | dA] columns: the block's, then again
   const int64_t key_rows = d.Skv + d.T;  // accumulator rows per batch element: raw keys, then entries
+  const int64_t Q = p.Q, blocks = (d.S + Q - 1) / Q;
   const float scale = float(d.scale);
   // Each thread's dsink partial (in f64: a sum over every query), summed in thread order below.
   Scratch<double> dsink_parts(parts * p.Hs, ScratchInit::zeroed);
@@ -446,45 +551,55 @@ void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout,
     float* mine = acc + me * key_rows * p.Dp;  // this thread's key-row gradients, f32
     double* my_dsink = dsink_parts.data() + me * p.Hs;
     Scratch<float> g(p.chunk * p.Dp, ScratchInit::zeroed);       // [chunk, Dp] key rows
-    Scratch<float> qdt(d.D * w2, ScratchInit::zeroed);           // [D, 2 Hs] (scale q^T | dO^T)
+    Scratch<float> qdt(d.D * w2, ScratchInit::zeroed);           // [D, 2 Hs] (scale q^T | dO^T), column qi H + h
     Scratch<float> b2(w2 * p.Dp, ScratchInit::zeroed);           // [2 Hs, Dp] (q ; dO)
     Scratch<float> st((p.chunk + 1) * w2, ScratchInit::zeroed);  // [chunk + 1, 2 Hs] see the forward's st
     Scratch<float> dqb(p.Hr * p.Dp, ScratchInit::zeroed);        // [Hr, Dp] dq rows
-    Scratch<float> lse_h(p.Hs, ScratchInit::zeroed), delta(p.Hs, ScratchInit::zeroed);  // [Hs]
+    Scratch<float> lse_c(p.Hs, ScratchInit::zeroed), delta(p.Hs, ScratchInit::zeroed);  // [Hs] per column
     Scratch<float> dummy(p.Dp, ScratchInit::zeroed);             // C row of padding rows, never read
     Scratch<int32_t> keys(p.most, ScratchInit::zeroed);
+    Scratch<float> bias(p.most * Q, ScratchInit::zeroed);
+    Scratch<int32_t> where(idx ? d.T : 1), slot(idx ? Q * d.K : 1);
+    for (int64_t w = 0; idx && w < d.T; ++w) where.data()[w] = -1;
     Scratch<float*> c(p.chunk, ScratchInit::zeroed);  // C rows of the key-gradient product
-    for (int64_t h = d.H; h < p.Hs; ++h) lse_h.data()[h] = kInf;  // padding heads: P = 0
     for (int64_t b = 0; b < d.B; ++b) {
       const T* kvb = kv + b * d.Skv * d.D;
       const T* compb = comp + b * d.T * d.D;
-      // Queries dealt round-robin, not dynamically: each thread's partials then sum the same
+      // Blocks dealt round-robin, not dynamically: each thread's partials then sum the same
       // queries in the same order on every call, so the gradients do not vary run to run.
 #pragma omp for schedule(static, 1)
-      for (int64_t t = 0; t < d.S; ++t) {
-        const int64_t bt = b * d.S + t;
-        const int64_t n = list_keys(keys.data(), idx ? idx + bt * d.K : nullptr, t, d);
-        const T* qh = q + bt * d.H * d.D;
-        const T* doh = dout + bt * d.H * d.D;
-        const T* oh = o + bt * d.H * d.D;
-        transpose_heads(qdt.data(), w2, qh, d.D, d.H, d.D, scale);
-        transpose_heads(qdt.data() + p.Hs, w2, doh, d.D, d.H, d.D, 1.0f);
-        for (int64_t h = 0; h < d.H; ++h) {
-          float* b2q = b2.data() + h * p.Dp;
-          float* b2d = b2.data() + (p.Hs + h) * p.Dp;
-          float dl = 0;  // Delta = rowsum(dO * O)
-          // Scalar math: Delta += dO o; b2 rows = (q ; dO)
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t t0 = blk * Q, nq = min_i64(Q, d.S - t0);
+        const int32_t* sel = idx ? idx + (b * d.S + t0) * d.K : nullptr;
+        int64_t window = 0;
+        const int64_t n = block_keys(keys.data(), bias.data(), {where.data(), slot.data()}, sel, t0, nq, Q, d, &window);
+        // Padding columns, and those of queries past the last (nq < Q): P = 0.
+        for (int64_t col = nq * d.H; col < p.Hs; ++col) lse_c.data()[col] = kInf;
+        for (int64_t qi = 0; qi < nq; ++qi) {
+          const int64_t bt = b * d.S + t0 + qi;
+          const T* qh = q + bt * d.H * d.D;
+          const T* doh = dout + bt * d.H * d.D;
+          const T* oh = o + bt * d.H * d.D;
+          transpose_heads(qdt.data() + qi * d.H, w2, qh, d.D, d.H, d.D, scale);
+          transpose_heads(qdt.data() + p.Hs + qi * d.H, w2, doh, d.D, d.H, d.D, 1.0f);
+          for (int64_t h = 0; h < d.H; ++h) {
+            const int64_t col = qi * d.H + h;
+            float* b2q = b2.data() + col * p.Dp;
+            float* b2d = b2.data() + (p.Hs + col) * p.Dp;
+            float dl = 0;  // Delta = rowsum(dO * O)
+            // Scalar math: Delta += dO o; b2 rows = (q ; dO)
 #pragma omp simd reduction(+ : dl)
-          for (int64_t col = 0; col < d.D; ++col) {
-            const float dov = to_f32(doh[h * d.D + col]);
-            dl += dov * to_f32(oh[h * d.D + col]);
-            b2d[col] = dov;
-            b2q[col] = to_f32(qh[h * d.D + col]);
+            for (int64_t k = 0; k < d.D; ++k) {
+              const float dov = to_f32(doh[h * d.D + k]);
+              dl += dov * to_f32(oh[h * d.D + k]);
+              b2d[k] = dov;
+              b2q[k] = to_f32(qh[h * d.D + k]);
+            }
+            delta.data()[col] = dl;
+            lse_c.data()[col] = lse[bt * d.H + h];
+            // The sink joins the softmax with no value: dsink = p_sink (0 - Delta).
+            if (sink) my_dsink[h] -= double(fast_exp(sink[h] - lse_c.data()[col])) * double(dl);
           }
-          delta.data()[h] = dl;
-          lse_h.data()[h] = lse[bt * d.H + h];
-          // The sink joins the softmax with no value: dsink = p_sink (0 - Delta).
-          if (sink) my_dsink[h] -= double(fast_exp(sink[h] - lse_h.data()[h])) * double(dl);
         }
         // Key chunks; P comes from lse, so they are independent but for dq's sum.
         for (int64_t c0 = 0; c0 < n; c0 += p.chunk) {
@@ -492,9 +607,10 @@ void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout,
           gather_rows(g.data(), p.Dp, keys.data() + c0, cn, kvb, compb, d);
           // [S^T | dA^T][i] = rows[i] . (scale q | dO): one [cn, D] x [D, 2 Hs] product.
           gemm<Tiles, TileStore::write>(st.data(), w2, g.data(), p.Dp, 1, qdt.data(), w2, cn_pad, w2, d.D);
+          add_bias(st.data(), w2, bias.data(), c0, cn, Q, d.H);
           // P recomputed from lse; the row becomes (scale dS | P), the A operand of dq and the keys.
-          scores_to_grads(st.data(), cn, p.Hs, lse_h.data(), delta.data(), scale);
-          // dq[h] (+)= sum_i scale dS[i, h] rows[i]: [Hr, cn] (read transposed) x [cn, Dp]
+          scores_to_grads(st.data(), cn, p.Hs, lse_c.data(), delta.data(), scale);
+          // dq[col] (+)= sum_i scale dS[i, col] rows[i]: [Hr, cn] (read transposed) x [cn, Dp]
           if (c0 == 0) {
             gemm<Tiles, TileStore::write>(dqb.data(), p.Dp, st.data(), 1, w2, g.data(), p.Dp, p.Hr, p.Dp, cn);
           } else {
@@ -506,11 +622,14 @@ void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout,
             c.data()[r] = r < cn ? mine + int64_t(keys.data()[c0 + r]) * p.Dp : dummy.data();
           gemm_add_rows<Tiles>(c.data(), st.data(), w2, 1, b2.data(), p.Dp, cn_pad, p.Dp, w2);
         }
-        T* dqt = dq + bt * d.H * d.D;
-        for (int64_t h = 0; h < d.H; ++h) {
-          // Scalar math: dq[h] = dqb[h]
+        for (int64_t qi = 0; qi < nq; ++qi) {
+          T* dqt = dq + (b * d.S + t0 + qi) * d.H * d.D;
+          for (int64_t h = 0; h < d.H; ++h) {
+            const float* row = dqb.data() + (qi * d.H + h) * p.Dp;
+            // Scalar math: dq[h] = dqb[col]
 #pragma omp simd
-          for (int64_t col = 0; col < d.D; ++col) dqt[h * d.D + col] = from_f32<T>(dqb.data()[h * p.Dp + col]);
+            for (int64_t k = 0; k < d.D; ++k) dqt[h * d.D + k] = from_f32<T>(row[k]);
+          }
         }
       }
       // (barrier) dkv | dcomp = the sum of the per-thread accumulators, zeroed for the next b.

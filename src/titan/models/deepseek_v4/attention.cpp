@@ -7,6 +7,7 @@
 #include "titan/autograd/ops.h"
 #include "titan/autograd/v4_small_op_forms.h"
 #include "titan/core/error.h"
+#include "titan/core/profiler.h"
 #include "titan/distributed/tensor_parallel.h"
 #include "titan/kernels/compressor.h"
 #include "titan/kernels/elementwise.h"
@@ -157,6 +158,8 @@ Indexer::Selection Indexer::queries(const Variable& h, const Variable& qr, const
 void Indexer::choose(Selection& sel, int64_t pos0) const {
   const int64_t slots = std::min(topk_, sel.k.shape()[1]);
   sel.idx = Tensor::empty({sel.q.shape()[0], sel.q.shape()[1], slots}, DType::i32, MemCategory::activations);
+  // Its own span: the scoring of every visible entry, the one cost per token that grows with S.
+  ProfileScope prof("indexer_topk.fwd");
   kernels::indexer_topk(sel.idx, sel.q.value(), sel.k.value(), sel.w.value(), ratio_, pos0);
 }
 
