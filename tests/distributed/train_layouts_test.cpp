@@ -152,7 +152,9 @@ TEST_F(Layouts, Llama3) { check_layouts("llama3"); }
 TEST_F(Layouts, DeepSeekV32MoeAndSparseAttention) { check_layouts("deepseek_v32"); }
 
 // DeepSeek-V4 (mHC, CSA / HCA attention, hash and learned MoE, the indexers' KL loss) under the
-// data-parallel layouts it runs: FSDP and DDP on 2 ranks, FSDP and HSDP on 4, to the last bit.
+// data-parallel layouts it runs: FSDP and DDP on 2 ranks, FSDP and HSDP on 4, to the last bit;
+// on 2 ranks also FSDP under bf16 mixed precision (the GEMM weights' bf16 copies gathered from the
+// f32 master shards) against the bf16 1-rank run.
 TEST_F(Layouts, DeepSeekV4DataParallel) {
   const int n = world().size();
   if (n != 2 && n != 4) GTEST_SKIP() << "layouts of 2 and 4 ranks";
@@ -161,6 +163,9 @@ TEST_F(Layouts, DeepSeekV4DataParallel) {
   const auto one = reference("deepseek_v4", "f32", local);
   expect_same_losses(one, layout("deepseek_v4", {"fsdp", 1, n, local}), 0, "deepseek_v4: FSDP " + ranks);
   if (n == 2) expect_same_losses(one, layout("deepseek_v4", {"ddp", 2, 1, local}), 0, "deepseek_v4: DDP 2");
+  if (n == 2)
+    expect_same_losses(reference("deepseek_v4", "bf16", local, {kBf16}), layout("deepseek_v4", {"fsdp_bf16", 1, 2, local, {kBf16}}),
+                       0, "deepseek_v4: FSDP 2, bf16 mixed precision");
   if (n == 4) expect_same_losses(one, layout("deepseek_v4", {"hsdp", 2, 2, local}), 0, "deepseek_v4: HSDP 2 x 2");
 }
 

@@ -741,6 +741,23 @@ void copy_along(float* dst, const AroundDim& dst_at, int64_t dst_start, const fl
 }
 }  // namespace
 
+Variable narrow_rows_view(const Variable& x, int64_t start, int64_t length) {
+  check_f32("narrow_rows_view", {&x});
+  TITAN_CHECK(x.value().is_contiguous() && !x.shape().empty() && start >= 0 && length >= 0 &&
+                  start + length <= x.shape()[0],
+              "narrow_rows_view: rows [" + std::to_string(start) + ", " + std::to_string(start + length) + ") of " +
+                  x.shape().str(),
+              "pass a contiguous tensor and a range inside its first dim");
+  const int64_t row = length == 0 ? 0 : x.value().numel() / x.shape()[0];
+  return record("narrow_rows_view", {x}, x.value().narrow(0, start, length), [start, row](const Tensor& dy, GradSink& g) {
+    Tensor dx = g.grad(0);
+    const Tensor dyc = dy.contiguous();
+    float* out = dx.data<float>() + start * row;
+    const float* in = dyc.data<float>();
+    for (int64_t i = 0; i < dyc.numel(); ++i) out[i] += in[i];
+  });
+}
+
 Variable narrow(const Variable& x, int dim, int64_t start, int64_t length) {
   ProfileScope prof("narrow.fwd");
   check_f32("narrow", {&x});

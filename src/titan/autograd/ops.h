@@ -131,6 +131,11 @@ Variable mean_last(const Variable& x);
 // y = x[..., start : start + length, ...] along `dim`, a contiguous copy.
 Variable narrow(const Variable& x, int dim, int64_t start, int64_t length);
 
+// y = rows [start, start + length) of a contiguous f32 x [R, ...], a view: nothing is read, so
+// it can stand for a slice of a weight whose GEMM reads a compute copy (mixed precision), even
+// while FSDP holds only that copy unsharded. The gradient is added into those rows of dx.
+Variable narrow_rows_view(const Variable& x, int64_t start, int64_t length);
+
 // The parts joined along `dim` (torch.cat); all other dims equal.
 Variable concat(const std::vector<Variable>& parts, int dim);
 

@@ -216,12 +216,13 @@ Variable Attention::forward(const Variable& piece, const Tensor& positions, cons
                   : attend_whole(h, qr, q, kv, positions, rope, aux);
   // Values carry RoPE: turn the output's tail back to the query's frame.
   o = autograd::view(autograd::rope_inverse(o, rope, positions, kInterleaved, tail), {n, heads_ * hd});
-  // Grouped low-rank output projection: group g's contiguous heads through rows g Ro.. of o_a_proj.
+  // Grouped low-rank output projection: group g's contiguous heads through rows g Ro.. of o_a_proj
+  // (a view: under bf16 FSDP only the weight's bf16 copy is gathered, its f32 rows are not there).
   const int64_t width = heads_ * hd / groups_, rank = o_a_proj.weight.var.shape()[0] / groups_;
   std::vector<Variable> parts;
   parts.reserve(size_t(groups_));
   for (int64_t g = 0; g < groups_; ++g)
-    parts.push_back(mixed_linear(autograd::narrow_last(o, g * width, width), autograd::narrow(o_a_proj.weight.var, 0, g * rank, rank),
+    parts.push_back(mixed_linear(autograd::narrow_last(o, g * width, width), autograd::narrow_rows_view(o_a_proj.weight.var, g * rank, rank),
                                  o_a_proj.weight.compute.defined() ? o_a_proj.weight.compute.narrow(0, g * rank, rank) : Tensor()));
   const Variable out = mixed_linear(o_b_proj, groups_ == 1 ? parts[0] : autograd::concat(parts, 1));
   return tp_ ? distributed::reduce_scatter_tokens(out, *tp_) : out;  // this rank's groups' partial sums
