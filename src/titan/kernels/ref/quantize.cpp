@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "titan/core/dtype.h"
 
@@ -112,6 +113,43 @@ void fp8_block_dequantize(float* x, const uint8_t* codes, const float* scales, i
       const float s = scales[(r / br) * sc + c / bc];
       x[r * cols + c] = std::isnan(s) ? std::numeric_limits<float>::quiet_NaN() : f8e4m3_to_f32(f8e4m3{codes[r * cols + c]}) * s;
     }
+}
+
+namespace {
+void default_nans(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (std::isnan(x[i])) x[i] = std::numeric_limits<float>::quiet_NaN();
+}
+}  // namespace
+
+void mx_fake_quantize(float* out, uint8_t* codes, uint8_t* scales, const float* x, int64_t rows, int64_t cols,
+                      QuantFormat f, bool along_rows) {
+  // Along columns: the transpose [C, R] is quantized along its rows.
+  const int64_t r = along_rows ? rows : cols, c = along_rows ? cols : rows;
+  std::vector<float> in(x, x + rows * cols), back(size_t(rows * cols));
+  if (!along_rows)
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) in[j * rows + i] = x[i * cols + j];
+  const int64_t code_bytes = f == QuantFormat::e4m3 ? r * c : r * c / 2, scale_bytes = r * ((c + kMxBlock - 1) / kMxBlock);
+  std::vector<uint8_t> q(static_cast<size_t>(code_bytes)), s(static_cast<size_t>(scale_bytes));
+  mx_quantize(q.data(), s.data(), in.data(), r, c, f);
+  mx_dequantize(back.data(), q.data(), s.data(), r, c, f);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) out[i * cols + j] = along_rows ? back[i * cols + j] : back[j * rows + i];
+  default_nans(out, rows * cols);
+  if (codes) std::copy(q.begin(), q.end(), codes);
+  if (scales) std::copy(s.begin(), s.end(), scales);
+}
+
+void fp8_block_fake_quantize(float* out, uint8_t* codes, float* scales, const float* x, int64_t rows, int64_t cols,
+                             int64_t br, int64_t bc, ScaleRule rule) {
+  std::vector<uint8_t> q(size_t(rows * cols));
+  std::vector<float> s(size_t(((rows + br - 1) / br) * ((cols + bc - 1) / bc)));
+  fp8_block_quantize(q.data(), s.data(), x, rows, cols, br, bc, rule);
+  fp8_block_dequantize(out, q.data(), s.data(), rows, cols, br, bc);
+  default_nans(out, rows * cols);
+  if (codes) std::copy(q.begin(), q.end(), codes);
+  if (scales) std::copy(s.begin(), s.end(), scales);
 }
 
 }  // namespace titan::kernels::ref

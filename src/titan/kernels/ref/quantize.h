@@ -16,6 +16,10 @@
 //   scale and NaN codes, as an MX block does
 // Dequantization: x = decode(code) * scale; a NaN scale gives the default quiet NaN (whatever the
 // codes' signs), so that every implementation writes the same bits.
+// Fake quantization (quantize, then dequantize: the values a GEMM on the codes sees) is that
+// composition with every NaN written as the default quiet NaN (an FP8 tile whose amax / 448
+// underflows to 0 turns its zeros into 0 / 0). MX along columns quantizes blocks of 32 down a
+// column: x's transpose quantized along its rows, the values turned back.
 #pragma once
 
 #include <cstdint>
@@ -36,5 +40,12 @@ void fp8_block_quantize(uint8_t* codes, float* scales, const float* x, int64_t r
                         int64_t bc, ScaleRule rule);
 void fp8_block_dequantize(float* x, const uint8_t* codes, const float* scales, int64_t rows, int64_t cols, int64_t br,
                           int64_t bc);
+
+// Fake quantization, x [R, C] -> out [R, C] (out may be x). codes and scales, when not null,
+// receive what the quantizers above write (MX along rows only).
+void mx_fake_quantize(float* out, uint8_t* codes, uint8_t* scales, const float* x, int64_t rows, int64_t cols,
+                      QuantFormat f, bool along_rows);
+void fp8_block_fake_quantize(float* out, uint8_t* codes, float* scales, const float* x, int64_t rows, int64_t cols,
+                             int64_t br, int64_t bc, ScaleRule rule);
 
 }  // namespace titan::kernels::ref
