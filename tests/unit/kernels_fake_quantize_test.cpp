@@ -92,11 +92,25 @@ Fake fp8_fake(const Tensor& x, int64_t br, int64_t bc, ScaleRule rule, bool with
   return f;
 }
 
-void expect_same(const Fake& got, const Fake& want, const std::string& where) {
+// The codes read back by the plain dequantizer (FP8 tiles br x bc; br = 0: MX).
+Tensor dequantized(const Fake& f, int64_t br, int64_t bc) {
+  Tensor out = Tensor::empty(f.out.shape(), DType::f32);
+  if (br == 0)
+    kernels::mx_dequantize(out, f.codes, f.scales);
+  else
+    kernels::fp8_block_dequantize(out, f.codes, f.scales, br, bc);
+  return out;
+}
+
+// Same bits; with codes, the same codes and scales, and the dequantizers (fast and reference)
+// read them back alike (the NaN codes of a tile whose FP8 scale underflowed included).
+void expect_same(const Fake& got, const Fake& want, const std::string& where, int64_t br = 0, int64_t bc = 0) {
   EXPECT_EQ(bytes_of(got.out), bytes_of(want.out)) << "values " << where;
   if (want.codes.defined()) {
     EXPECT_EQ(bytes_of(got.codes), bytes_of(want.codes)) << "codes " << where;
     EXPECT_EQ(bytes_of(got.scales), bytes_of(want.scales)) << "scales " << where;
+    EXPECT_EQ(bytes_of(dequantized(got, br, bc)), bytes_of(on_reference([&] { return dequantized(want, br, bc); })))
+        << "dequantized " << where;
   }
 }
 
@@ -134,7 +148,8 @@ TEST(FakeQuantize, FastKernelsEqualTheReferenceBitForBitAtEveryIsaLevel) {
         for (const ScaleRule rule : {ScaleRule::amax, ScaleRule::pow2})
           for (const bool codes : {false, true})
             expect_same(fp8_fake(x, br, bc, rule, codes), on_reference([&] { return fp8_fake(x, br, bc, rule, codes); }),
-                        "FP8 " + std::to_string(br) + "x" + std::to_string(bc) + (codes ? " with codes " : " ") + where);
+                        "FP8 " + std::to_string(br) + "x" + std::to_string(bc) + (codes ? " with codes " : " ") + where, br,
+                        bc);
     });
   }
 }

@@ -81,18 +81,24 @@ inline bool finite_amax(const float* x, int64_t n, float& amax) {
 }
 
 float decode_e4m3(uint8_t c) { return f8e4m3_to_f32(f8e4m3{c}); }
+// E4M3's NaN codes' values (+NaN 0x7f, -NaN 0xff), as the decoder writes them.
+const float kE4M3Nan[2] = {decode_e4m3(0x7f), decode_e4m3(0xff)};
 
-// code -> value tables, made once.
-struct Tables {
-  float e4m3[256], e2m1[16];
-  Tables() {
-    for (int c = 0; c < 256; ++c) e4m3[c] = decode_e4m3(uint8_t(c));
-    for (int c = 0; c < 16; ++c) e2m1[c] = f4e2m1_to_f32(uint8_t(c));
-  }
-};
-const Tables& tables() {
-  static const Tables t;
-  return t;
+// An E4M3 code's value, computed rather than looked up so that it vectorizes: exponent field e,
+// mantissa m: normal 2^(e - 7) (1 + m / 8) (f32 exponent field e + 120), subnormal m 2^-9; the NaN
+// codes (0x7f, 0xff) give the value core/dtype.h's decoder gives.
+inline float decode_e4m3_value(uint32_t c) {
+  const uint32_t e = (c >> 3) & 0xfu, m = c & 0x7u;
+  const float magnitude = e == 0 ? float(m) * 0x1p-9f : std::bit_cast<float>(((e + 120) << 23) | (m << 20));
+  const float v = std::bit_cast<float>(std::bit_cast<uint32_t>(magnitude) | ((c & 0x80u) << 24));
+  return (c & 0x7fu) == 0x7fu ? kE4M3Nan[c >> 7] : v;
+}
+
+// An E2M1 nibble's value: normal 2^(e - 1) (1 + m / 2) (f32 exponent field e + 126), subnormal m / 2.
+inline float decode_e2m1_value(uint32_t c) {
+  const uint32_t e = (c >> 1) & 0x3u, m = c & 0x1u;
+  const float magnitude = e == 0 ? float(m) * 0.5f : std::bit_cast<float>(((e + 126) << 23) | (m << 22));
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(magnitude) | ((c & 0x8u) << 28));
 }
 
 }  // namespace
@@ -132,7 +138,6 @@ void mx_quantize(uint8_t* codes, uint8_t* scales, const float* x, int64_t rows, 
 
 void mx_dequantize(float* x, const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols, QuantFormat fmt) {
   const bool fp4 = fmt == QuantFormat::e2m1;
-  const float* lut = fp4 ? tables().e2m1 : tables().e4m3;
   const int64_t blocks = (cols + ref::kMxBlock - 1) / ref::kMxBlock, row_bytes = fp4 ? cols / 2 : cols;
   parallel_for(0, rows, 64, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
@@ -140,14 +145,18 @@ void mx_dequantize(float* x, const uint8_t* codes, const uint8_t* scales, int64_
       for (int64_t k = 0; k < blocks; ++k) {
         const uint8_t byte = scales[r * blocks + k];
         const float s = e8m0_to_f32(e8m0{byte});
-        const int64_t c0 = k * ref::kMxBlock, c1 = std::min(cols, c0 + ref::kMxBlock);
+        const int64_t c0 = k * ref::kMxBlock, n = std::min(cols, c0 + ref::kMxBlock) - c0;
+        float* xb = x + r * cols + c0;
         if (byte == 0xff) {
-          std::fill(x + r * cols + c0, x + r * cols + c1, std::numeric_limits<float>::quiet_NaN());
-          continue;
-        }
-        for (int64_t c = c0; c < c1; ++c) {
-          const uint8_t code = fp4 ? uint8_t((cr[c / 2] >> (4 * (c % 2))) & 0x0f) : cr[c];
-          x[r * cols + c] = lut[code] * s;
+          std::fill(xb, xb + n, std::numeric_limits<float>::quiet_NaN());
+        } else if (fp4) {
+          const uint8_t* cb = cr + c0 / 2;  // c0 is a multiple of 32: whole bytes
+#pragma omp simd
+          for (int64_t c = 0; c < n; ++c) xb[c] = decode_e2m1_value((cb[c / 2] >> (4 * (c % 2))) & 0x0fu) * s;
+        } else {
+          const uint8_t* cb = cr + c0;
+#pragma omp simd
+          for (int64_t c = 0; c < n; ++c) xb[c] = decode_e4m3_value(cb[c]) * s;
         }
       }
     }
@@ -191,13 +200,22 @@ void fp8_block_quantize(uint8_t* codes, float* scales, const float* x, int64_t r
 
 void fp8_block_dequantize(float* x, const uint8_t* codes, const float* scales, int64_t rows, int64_t cols, int64_t br,
                           int64_t bc) {
-  const float* lut = tables().e4m3;
   const int64_t sc = (cols + bc - 1) / bc;
   parallel_for(0, rows, 64, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       const float* sr = scales + (r / br) * sc;
-      for (int64_t c = 0; c < cols; ++c)
-        x[r * cols + c] = std::isnan(sr[c / bc]) ? std::numeric_limits<float>::quiet_NaN() : lut[codes[r * cols + c]] * sr[c / bc];
+      for (int64_t j = 0; j < sc; ++j) {  // one tile's stretch of the row: one scale
+        const int64_t c0 = j * bc, n = std::min(cols, c0 + bc) - c0;
+        const float s = sr[j];
+        float* xr = x + r * cols + c0;
+        const uint8_t* cr = codes + r * cols + c0;
+        if (std::isnan(s)) {
+          std::fill(xr, xr + n, std::numeric_limits<float>::quiet_NaN());
+          continue;
+        }
+#pragma omp simd
+        for (int64_t c = 0; c < n; ++c) xr[c] = decode_e4m3_value(cr[c]) * s;
+      }
     }
   });
 }
