@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/backend_compare.h"
 #include "common/error_of.h"
 #include "common/kernel_check.h"
 #include "titan/core/rng.h"
@@ -30,13 +31,7 @@ std::vector<uint8_t> bytes_of(const Tensor& t) {
   return std::vector<uint8_t>(p, p + t.nbytes());
 }
 
-template <class F>
-auto on_reference(F&& f) {
-  kernels::set_kernel_backend(kernels::KernelBackend::reference);
-  auto out = f();
-  kernels::set_kernel_backend(kernels::KernelBackend::fast);
-  return out;
-}
+using test::on_reference;
 
 // Values over 2^-30 .. 2^30, both signs, some zeros; then the awkward ones planted: a zero block
 // (rows 0..1, the first 40 columns when they exist), ties and saturation, f32 subnormals, NaN and

@@ -103,39 +103,6 @@ inline float decode_e2m1_value(uint32_t c) {
 
 }  // namespace
 
-void mx_quantize(uint8_t* codes, uint8_t* scales, const float* x, int64_t rows, int64_t cols, QuantFormat fmt) {
-  const Format& f = format(fmt);
-  const bool fp4 = fmt == QuantFormat::e2m1;
-  const int emax = fp4 ? 2 : 8;
-  const int64_t blocks = (cols + ref::kMxBlock - 1) / ref::kMxBlock, row_bytes = fp4 ? cols / 2 : cols;
-  parallel_for(0, rows * blocks, 256, [&](int64_t lo, int64_t hi) {
-    uint8_t c[ref::kMxBlock];
-    for (int64_t b = lo; b < hi; ++b) {
-      const int64_t r = b / blocks, c0 = (b % blocks) * ref::kMxBlock, n = std::min(ref::kMxBlock, cols - c0);
-      const float* xb = x + r * cols + c0;
-      float amax = 0;
-      if (!finite_amax(xb, n, amax)) {
-        scales[b] = 0xff;
-        for (int64_t i = 0; i < n; ++i) c[i] = uint8_t(nan_code(xb[i], f));
-      } else {
-        // floor(log2 amax) from its exponent field; an f32 subnormal amax lands below -127 anyway.
-        const int k = amax > 0 ? int((std::bit_cast<uint32_t>(amax) >> 23) & 0xff) - 127 : -127 - emax;
-        const int e = std::clamp(k - emax, -127, 127);
-        scales[b] = uint8_t(e + 127);
-        const float inv = std::ldexp(1.0f, -e);  // exact: 2^-e with e in [-127, 127]
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) c[i] = uint8_t(encode(xb[i] * inv, f));
-      }
-      uint8_t* out = codes + r * row_bytes + (fp4 ? c0 / 2 : c0);
-      if (!fp4) {
-        std::copy(c, c + n, out);
-      } else {
-        for (int64_t i = 0; i < n / 2; ++i) out[i] = uint8_t(c[2 * i] | (c[2 * i + 1] << 4));
-      }
-    }
-  });
-}
-
 void mx_dequantize(float* x, const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols, QuantFormat fmt) {
   const bool fp4 = fmt == QuantFormat::e2m1;
   const int64_t blocks = (cols + ref::kMxBlock - 1) / ref::kMxBlock, row_bytes = fp4 ? cols / 2 : cols;
@@ -158,41 +125,6 @@ void mx_dequantize(float* x, const uint8_t* codes, const uint8_t* scales, int64_
 #pragma omp simd
           for (int64_t c = 0; c < n; ++c) xb[c] = decode_e4m3_value(cb[c]) * s;
         }
-      }
-    }
-  });
-}
-
-void fp8_block_quantize(uint8_t* codes, float* scales, const float* x, int64_t rows, int64_t cols, int64_t br,
-                        int64_t bc, ScaleRule rule) {
-  const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
-  parallel_for(0, sr * sc, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t i = t / sc, j = t % sc, r1 = std::min(rows, (i + 1) * br), c0 = j * bc, n = std::min(cols, c0 + bc) - c0;
-      bool finite = true;
-      float amax = 0;
-      for (int64_t r = i * br; r < r1; ++r) {
-        float m = 0;
-        finite = finite_amax(x + r * cols + c0, n, m) && finite;
-        amax = std::max(amax, m);
-      }
-      if (!finite) {
-        scales[t] = std::numeric_limits<float>::quiet_NaN();
-        for (int64_t r = i * br; r < r1; ++r)
-          for (int64_t c = c0; c < c0 + n; ++c) codes[r * cols + c] = uint8_t(nan_code(x[r * cols + c], kE4M3));
-        continue;
-      }
-      float s = 1;
-      if (amax > 0) {
-        s = amax / 448.0f;
-        if (rule == ScaleRule::pow2) s = float(std::exp2(std::ceil(std::log2(double(s)))));
-      }
-      scales[t] = s;
-      for (int64_t r = i * br; r < r1; ++r) {
-        const float* xr = x + r * cols + c0;
-        uint8_t* cr = codes + r * cols + c0;
-#pragma omp simd
-        for (int64_t c = 0; c < n; ++c) cr[c] = uint8_t(encode_any(xr[c] / s, kE4M3));
       }
     }
   });
@@ -239,7 +171,8 @@ inline float fp8_scale(float amax, ScaleRule rule) {
   return rule == ScaleRule::pow2 ? float(std::exp2(std::ceil(std::log2(double(s))))) : s;
 }
 
-// MX blocks of 32 along rows: one block at a time, values (and codes) in one pass after its amax.
+// MX blocks of 32 along rows: one block at a time, codes and / or values (either may be null) in
+// one pass after its amax.
 void mx_fake_rows(float* out, uint8_t* codes, uint8_t* scales, const float* x, int64_t rows, int64_t cols,
                   QuantFormat fmt) {
   const Format& f = format(fmt);
@@ -251,7 +184,6 @@ void mx_fake_rows(float* out, uint8_t* codes, uint8_t* scales, const float* x, i
     for (int64_t b = lo; b < hi; ++b) {
       const int64_t r = b / blocks, c0 = (b % blocks) * ref::kMxBlock, n = std::min(ref::kMxBlock, cols - c0);
       const float* xb = x + r * cols + c0;
-      float* ob = out + r * cols + c0;
       float amax = 0;
       const bool finite = finite_amax(xb, n, amax);
       const int e = finite ? mx_exponent(amax, emax) : 0;
@@ -269,6 +201,8 @@ void mx_fake_rows(float* out, uint8_t* codes, uint8_t* scales, const float* x, i
           for (int64_t i = 0; i < n / 2; ++i) dst[i] = uint8_t(c[2 * i] | (c[2 * i + 1] << 4));
         }
       }
+      if (!out) continue;
+      float* ob = out + r * cols + c0;
 #pragma omp simd
       for (int64_t i = 0; i < n; ++i) ob[i] = fake(xb[i] * inv, s, f);
     }
@@ -309,7 +243,8 @@ void mx_fake_columns(float* out, const float* x, int64_t rows, int64_t cols, Qua
   });
 }
 
-// FP8 tiles at least kColumnChunk / 4 wide: one tile at a time.
+// FP8 tiles at least kColumnChunk / 4 wide: one tile at a time. Here and in fp8_fake_narrow,
+// codes (with scales) or out may be null.
 void fp8_fake_wide(float* out, uint8_t* codes, float* scales, const float* x, int64_t rows, int64_t cols, int64_t br,
                    int64_t bc, ScaleRule rule) {
   const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
@@ -327,12 +262,13 @@ void fp8_fake_wide(float* out, uint8_t* codes, float* scales, const float* x, in
       if (scales) scales[t] = s;
       for (int64_t r = i * br; r < r1; ++r) {
         const float* xr = x + r * cols + c0;
-        float* orow = out + r * cols + c0;
         if (codes) {
           uint8_t* cr = codes + r * cols + c0;
 #pragma omp simd
           for (int64_t c = 0; c < n; ++c) cr[c] = uint8_t(finite ? encode_any(xr[c] / s, kE4M3) : nan_code(xr[c], kE4M3));
         }
+        if (!out) continue;
+        float* orow = out + r * cols + c0;
 #pragma omp simd
         for (int64_t c = 0; c < n; ++c) orow[c] = fake(xr[c] / s, s, kE4M3);
       }
@@ -368,13 +304,14 @@ void fp8_fake_narrow(float* out, uint8_t* codes, float* scales, const float* x, 
       }
       for (int64_t r = r0; r < r1; ++r) {
         const float* xr = x + r * cols + c0;
-        float* orow = out + r * cols + c0;
         if (codes) {
           uint8_t* cr = codes + r * cols + c0;
 #pragma omp simd
           for (int64_t c = 0; c < n; ++c)
             cr[c] = uint8_t(s[c] == s[c] ? encode_any(xr[c] / s[c], kE4M3) : nan_code(xr[c], kE4M3));
         }
+        if (!out) continue;
+        float* orow = out + r * cols + c0;
 #pragma omp simd
         for (int64_t c = 0; c < n; ++c) orow[c] = fake(xr[c] / s[c], s[c], kE4M3);
       }
@@ -398,6 +335,16 @@ void fp8_block_fake_quantize(float* out, uint8_t* codes, float* scales, const fl
     fp8_fake_wide(out, codes, scales, x, rows, cols, br, bc, rule);
   else
     fp8_fake_narrow(out, codes, scales, x, rows, cols, br, bc, rule);
+}
+
+// The quantizers alone: the fused passes without the values.
+void mx_quantize(uint8_t* codes, uint8_t* scales, const float* x, int64_t rows, int64_t cols, QuantFormat fmt) {
+  mx_fake_rows(nullptr, codes, scales, x, rows, cols, fmt);
+}
+
+void fp8_block_quantize(uint8_t* codes, float* scales, const float* x, int64_t rows, int64_t cols, int64_t br,
+                        int64_t bc, ScaleRule rule) {
+  cpu::TITAN_ISA::fp8_block_fake_quantize(nullptr, codes, scales, x, rows, cols, br, bc, rule);  // not ref:: (ADL)
 }
 
 }  // namespace titan::kernels::cpu::TITAN_ISA
