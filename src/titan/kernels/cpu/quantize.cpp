@@ -81,24 +81,36 @@ inline bool finite_amax(const float* x, int64_t n, float& amax) {
 }
 
 float decode_e4m3(uint8_t c) { return f8e4m3_to_f32(f8e4m3{c}); }
-// E4M3's NaN codes' values (+NaN 0x7f, -NaN 0xff), as the decoder writes them.
-const float kE4M3Nan[2] = {decode_e4m3(0x7f), decode_e4m3(0xff)};
 
-// An E4M3 code's value, computed rather than looked up so that it vectorizes: exponent field e,
-// mantissa m: normal 2^(e - 7) (1 + m / 8) (f32 exponent field e + 120), subnormal m 2^-9; the NaN
-// codes (0x7f, 0xff) give the value core/dtype.h's decoder gives.
-inline float decode_e4m3_value(uint32_t c) {
-  const uint32_t e = (c >> 3) & 0xfu, m = c & 0x7u;
-  const float magnitude = e == 0 ? float(m) * 0x1p-9f : std::bit_cast<float>(((e + 120) << 23) | (m << 20));
-  const float v = std::bit_cast<float>(std::bit_cast<uint32_t>(magnitude) | ((c & 0x80u) << 24));
-  return (c & 0x7fu) == 0x7fu ? kE4M3Nan[c >> 7] : v;
+
+// An E4M3 code's value, computed rather than looked up so that it vectorizes (integer selects
+// and masks only): exponent field e, mantissa m: normal 2^(e - 7) (1 + m / 8) (f32 exponent field e + 120),
+// subnormal m 2^-9; the NaN codes (0x7f, 0xff) give nan_pos / nan_neg, the bits core/dtype.h's
+// decoder gives (the caller hoists them).
+inline float decode_e4m3_value(uint32_t c, uint32_t nan_pos, uint32_t nan_neg) {
+  const uint32_t e = (c >> 3) & 0xfu, m = c & 0x7u, neg = c >> 7;
+  const uint32_t subnormal = std::bit_cast<uint32_t>(float(int(m)) * 0x1p-9f);
+  const uint32_t is_sub = 0u - uint32_t(e == 0), is_nan = 0u - uint32_t((c & 0x7fu) == 0x7fu), is_neg = 0u - neg;
+  const uint32_t magnitude = (subnormal & is_sub) | ((((e + 120) << 23) | (m << 20)) & ~is_sub);
+  const uint32_t nan_bits = (nan_neg & is_neg) | (nan_pos & ~is_neg);
+  return std::bit_cast<float>((nan_bits & is_nan) | ((magnitude | (neg << 31)) & ~is_nan));
 }
 
 // An E2M1 nibble's value: normal 2^(e - 1) (1 + m / 2) (f32 exponent field e + 126), subnormal m / 2.
 inline float decode_e2m1_value(uint32_t c) {
-  const uint32_t e = (c >> 1) & 0x3u, m = c & 0x1u;
-  const float magnitude = e == 0 ? float(m) * 0.5f : std::bit_cast<float>(((e + 126) << 23) | (m << 22));
-  return std::bit_cast<float>(std::bit_cast<uint32_t>(magnitude) | ((c & 0x8u) << 28));
+  const uint32_t e = (c >> 1) & 0x3u, m = c & 0x1u, is_sub = 0u - uint32_t(e == 0);
+  const uint32_t magnitude = ((0x3f000000u * m) & is_sub) | ((((e + 126) << 23) | (m << 22)) & ~is_sub);  // sub: m / 2
+  return std::bit_cast<float>(magnitude | ((c & 0x8u) << 28));
+}
+
+// The bits of E4M3's NaN codes' values (+NaN 0x7f, -NaN 0xff) as core/dtype.h decodes them.
+struct E4M3Nans {
+  uint32_t bits[2];
+  E4M3Nans() : bits{std::bit_cast<uint32_t>(decode_e4m3(0x7f)), std::bit_cast<uint32_t>(decode_e4m3(0xff))} {}
+};
+const E4M3Nans& e4m3_nans() {
+  static const E4M3Nans n;
+  return n;
 }
 
 }  // namespace
@@ -106,6 +118,7 @@ inline float decode_e2m1_value(uint32_t c) {
 void mx_dequantize(float* x, const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols, QuantFormat fmt) {
   const bool fp4 = fmt == QuantFormat::e2m1;
   const int64_t blocks = (cols + ref::kMxBlock - 1) / ref::kMxBlock, row_bytes = fp4 ? cols / 2 : cols;
+  const uint32_t nan_pos = e4m3_nans().bits[0], nan_neg = e4m3_nans().bits[1];
   parallel_for(0, rows, 64, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       const uint8_t* cr = codes + r * row_bytes;
@@ -119,11 +132,14 @@ void mx_dequantize(float* x, const uint8_t* codes, const uint8_t* scales, int64_
         } else if (fp4) {
           const uint8_t* cb = cr + c0 / 2;  // c0 is a multiple of 32: whole bytes
 #pragma omp simd
-          for (int64_t c = 0; c < n; ++c) xb[c] = decode_e2m1_value((cb[c / 2] >> (4 * (c % 2))) & 0x0fu) * s;
+          for (int64_t i = 0; i < n / 2; ++i) {  // n is even: rows of MXFP4 codes are
+            xb[2 * i] = decode_e2m1_value(cb[i] & 0x0fu) * s;
+            xb[2 * i + 1] = decode_e2m1_value(uint32_t(cb[i]) >> 4) * s;
+          }
         } else {
           const uint8_t* cb = cr + c0;
 #pragma omp simd
-          for (int64_t c = 0; c < n; ++c) xb[c] = decode_e4m3_value(cb[c]) * s;
+          for (int64_t c = 0; c < n; ++c) xb[c] = decode_e4m3_value(cb[c], nan_pos, nan_neg) * s;
         }
       }
     }
@@ -133,6 +149,7 @@ void mx_dequantize(float* x, const uint8_t* codes, const uint8_t* scales, int64_
 void fp8_block_dequantize(float* x, const uint8_t* codes, const float* scales, int64_t rows, int64_t cols, int64_t br,
                           int64_t bc) {
   const int64_t sc = (cols + bc - 1) / bc;
+  const uint32_t nan_pos = e4m3_nans().bits[0], nan_neg = e4m3_nans().bits[1];
   parallel_for(0, rows, 64, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       const float* sr = scales + (r / br) * sc;
@@ -146,7 +163,7 @@ void fp8_block_dequantize(float* x, const uint8_t* codes, const float* scales, i
           continue;
         }
 #pragma omp simd
-        for (int64_t c = 0; c < n; ++c) xr[c] = decode_e4m3_value(cr[c]) * s;
+        for (int64_t c = 0; c < n; ++c) xr[c] = decode_e4m3_value(cr[c], nan_pos, nan_neg) * s;
       }
     }
   });
