@@ -35,8 +35,8 @@ using test::on_reference;
 
 // Values over 2^-30 .. 2^30, both signs, some zeros; then the awkward ones planted: a zero block
 // (rows 0..1, the first 40 columns when they exist), ties and saturation, f32 subnormals, NaN and
-// infinity in their own blocks, a tiny block whose FP8 scale amax / 448 underflows to 0 and a huge
-// one near FLT_MAX.
+// infinity in their own blocks, a tiny block whose FP8 scale amax / 448 would underflow to 0 and a
+// huge one near FLT_MAX.
 Tensor awkward(int64_t rows, int64_t cols, uint64_t seed) {
   Tensor t = Tensor::empty({rows, cols}, DType::f32);
   Generator g(seed, "fake_quantize");
@@ -98,7 +98,7 @@ Tensor dequantized(const Fake& f, int64_t br, int64_t bc) {
 }
 
 // Same bits; with codes, the same codes and scales, and the dequantizers (fast and reference)
-// read them back alike (the NaN codes of a tile whose FP8 scale underflowed included).
+// read them back alike.
 void expect_same(const Fake& got, const Fake& want, const std::string& where, int64_t br = 0, int64_t bc = 0) {
   EXPECT_EQ(bytes_of(got.out), bytes_of(want.out)) << "values " << where;
   if (want.codes.defined()) {
@@ -205,4 +205,22 @@ TEST(FakeQuantize, BadArgumentsAreRefusedWithTheFix) {
             std::string::npos);
   EXPECT_NE(test::error_of([&] { kernels::fp8_block_fake_quantize(out, x, 0, 128); }).find("positive block"),
             std::string::npos);
+}
+
+TEST(FakeQuantize, ATileOfTinySubnormalsKeepsItsZerosAndStaysFinite) {
+  // amax = 5 x 2^-149: amax / 448 rounds to 0 in f32; the scale is held at 2^-149 instead, so the
+  // zero stays 0 (not 0 / 0) and every value is finite, on both backends and both scale rules.
+  std::vector<float> v(8, std::ldexp(5.0f, -149));
+  v[3] = 0, v[5] = -std::ldexp(1.0f, -149);
+  Tensor x = Tensor::empty({1, 8}, DType::f32);
+  std::memcpy(x.data<float>(), v.data(), 32);
+  for (const ScaleRule rule : {ScaleRule::amax, ScaleRule::pow2}) {
+    const Fake fast = fp8_fake(x, 1, 8, rule, true), ref = on_reference([&] { return fp8_fake(x, 1, 8, rule, true); });
+    EXPECT_EQ(ref.scales.data<float>()[0], std::ldexp(1.0f, -149));
+    for (const Fake* f : {&fast, &ref}) {
+      for (int i = 0; i < 8; ++i) EXPECT_TRUE(std::isfinite(f->out.data<float>()[i])) << i;
+      EXPECT_EQ(f->out.data<float>()[3], 0.0f);
+      EXPECT_EQ(f->out.data<float>()[0], std::ldexp(5.0f, -149));  // 5 is an E4M3 value: exact
+    }
+  }
 }

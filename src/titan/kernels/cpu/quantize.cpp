@@ -46,7 +46,7 @@ inline uint32_t encode(float v, const Format& f) {
 
 inline uint32_t nan_code(float v, const Format& f) { return f.nan | ((std::bit_cast<uint32_t>(v) >> 31) ? f.sign_bit : 0u); }
 
-// The code of v, NaN included (FP8 blockwise's 0 / 0 when a tile's amax / 448 underflows to 0).
+// The code of v, NaN included (as core/dtype.h encodes it).
 inline uint32_t encode_any(float v, const Format& f) { return v != v ? nan_code(v, f) : encode(v, f); }
 
 // decode(encode(v)) for v finite or NaN (a NaN comes back a NaN): v rounded to f's nearest value
@@ -184,7 +184,7 @@ inline int mx_exponent(float amax, int emax) {
 // FP8 blockwise's scale of a finite tile.
 inline float fp8_scale(float amax, ScaleRule rule) {
   if (!(amax > 0)) return 1;
-  const float s = amax / 448.0f;
+  const float s = std::max(amax / 448.0f, std::numeric_limits<float>::denorm_min());  // never 0: ref/quantize.h
   return rule == ScaleRule::pow2 ? float(std::exp2(std::ceil(std::log2(double(s))))) : s;
 }
 

@@ -10,15 +10,15 @@
 //   a block holding a NaN or an infinity gets the NaN scale (byte 0xff) and NaN codes (E4M3 0x7f
 //   with x's sign; E2M1, which has no NaN, signed zero): it cannot be represented
 // FP8 blockwise (DeepSeek-V3), tiles of br x bc (1 x 128 activations, 128 x 128 weights):
-//   amax over the tile; scale = amax / 448 in f32 (ScaleRule::amax), or the power of two
+//   amax over the tile; scale = amax / 448 in f32, at least the smallest f32 subnormal (a tile of
+//   tiny subnormals must not get the scale 0) (ScaleRule::amax), or the power of two
 //   2^ceil(log2(amax / 448)) (ScaleRule::pow2, DeepSeek-V3.1's UE8M0 scales); 1 for an all-zero tile
 //   code = RNE_e4m3(fl32(x / scale)) saturated; a tile holding a NaN or an infinity gets a NaN
 //   scale and NaN codes, as an MX block does
 // Dequantization: x = decode(code) * scale; a NaN scale gives the default quiet NaN (whatever the
 // codes' signs), so that every implementation writes the same bits.
 // Fake quantization (quantize, then dequantize: the values a GEMM on the codes sees) is that
-// composition with every NaN written as the default quiet NaN (an FP8 tile whose amax / 448
-// underflows to 0 turns its zeros into 0 / 0). MX along columns quantizes blocks of 32 down a
+// composition with every NaN written as the default quiet NaN. MX along columns quantizes blocks of 32 down a
 // column: x's transpose quantized along its rows, the values turned back.
 #pragma once
 
