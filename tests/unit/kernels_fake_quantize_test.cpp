@@ -207,20 +207,23 @@ TEST(FakeQuantize, BadArgumentsAreRefusedWithTheFix) {
             std::string::npos);
 }
 
-TEST(FakeQuantize, ATileOfTinySubnormalsKeepsItsZerosAndStaysFinite) {
-  // amax = 5 x 2^-149: amax / 448 rounds to 0 in f32; the scale is held at 2^-149 instead, so the
-  // zero stays 0 (not 0 / 0) and every value is finite, on both backends and both scale rules.
-  std::vector<float> v(8, std::ldexp(5.0f, -149));
+TEST(FakeQuantize, ATileOfTinyValuesKeepsItsZerosAndStaysFinite) {
+  // amax = 5 x 2^-149 (and, in a second tile, 2^-130, normal-range work under flushed denormals):
+  // amax / 448 rounds to 0 in f32 (or is flushed); the scale is held at 2^-126 instead, so the zero
+  // stays 0 (not 0 / 0) and every value is finite, on both backends and both scale rules.
+  std::vector<float> v(16, std::ldexp(5.0f, -149));
   v[3] = 0, v[5] = -std::ldexp(1.0f, -149);
-  Tensor x = Tensor::empty({1, 8}, DType::f32);
-  std::memcpy(x.data<float>(), v.data(), 32);
+  for (int i = 8; i < 16; ++i) v[size_t(i)] = i == 11 ? 0.0f : std::ldexp(1.0f + float(i) / 16, -130);
+  Tensor x = Tensor::empty({2, 8}, DType::f32);
+  std::memcpy(x.data<float>(), v.data(), 64);
   for (const ScaleRule rule : {ScaleRule::amax, ScaleRule::pow2}) {
     const Fake fast = fp8_fake(x, 1, 8, rule, true), ref = on_reference([&] { return fp8_fake(x, 1, 8, rule, true); });
-    EXPECT_EQ(ref.scales.data<float>()[0], std::ldexp(1.0f, -149));
+    EXPECT_EQ(ref.scales.data<float>()[0], std::ldexp(1.0f, -126));
+    EXPECT_EQ(bytes_of(fast.out), bytes_of(ref.out));
     for (const Fake* f : {&fast, &ref}) {
-      for (int i = 0; i < 8; ++i) EXPECT_TRUE(std::isfinite(f->out.data<float>()[i])) << i;
+      for (int i = 0; i < 16; ++i) EXPECT_TRUE(std::isfinite(f->out.data<float>()[i])) << i;
       EXPECT_EQ(f->out.data<float>()[3], 0.0f);
-      EXPECT_EQ(f->out.data<float>()[0], std::ldexp(5.0f, -149));  // 5 is an E4M3 value: exact
+      EXPECT_EQ(f->out.data<float>()[11], 0.0f);
     }
   }
 }

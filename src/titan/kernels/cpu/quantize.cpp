@@ -184,7 +184,7 @@ inline int mx_exponent(float amax, int emax) {
 // FP8 blockwise's scale of a finite tile.
 inline float fp8_scale(float amax, ScaleRule rule) {
   if (!(amax > 0)) return 1;
-  const float s = std::max(amax / 448.0f, std::numeric_limits<float>::denorm_min());  // never 0: ref/quantize.h
+  const float s = std::max(amax / 448.0f, std::numeric_limits<float>::min());  // never 0: ref/quantize.h
   return rule == ScaleRule::pow2 ? float(std::exp2(std::ceil(std::log2(double(s))))) : s;
 }
 

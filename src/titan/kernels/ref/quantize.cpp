@@ -95,9 +95,10 @@ void fp8_block_quantize(uint8_t* codes, float* scales, const float* x, int64_t r
       }
       float s = 1;
       if (amax > 0) {
-        // At least the smallest subnormal: a tile of tiny subnormals would otherwise get the scale
-        // 0, and its zeros 0 / 0 = NaN.
-        s = std::max(amax / 448.0f, std::numeric_limits<float>::denorm_min());
+        // At least the smallest normal f32: a tile of tiny values would otherwise get the scale 0
+        // (amax / 448 underflowing, or flushed to zero under the trainer's FTZ / DAZ) and its
+        // zeros 0 / 0 = NaN.
+        s = std::max(amax / 448.0f, std::numeric_limits<float>::min());
         if (rule == ScaleRule::pow2) s = float(std::exp2(std::ceil(std::log2(double(s)))));
       }
       scales[i * sc + j] = s;

@@ -10,8 +10,9 @@
 //   a block holding a NaN or an infinity gets the NaN scale (byte 0xff) and NaN codes (E4M3 0x7f
 //   with x's sign; E2M1, which has no NaN, signed zero): it cannot be represented
 // FP8 blockwise (DeepSeek-V3), tiles of br x bc (1 x 128 activations, 128 x 128 weights):
-//   amax over the tile; scale = amax / 448 in f32, at least the smallest f32 subnormal (a tile of
-//   tiny subnormals must not get the scale 0) (ScaleRule::amax), or the power of two
+//   amax over the tile; scale = amax / 448 in f32, at least the smallest normal f32 2^-126 (never
+//   0 or subnormal, so flushing denormals, as the trainer does, cannot make it 0) (ScaleRule::amax),
+//   or the power of two
 //   2^ceil(log2(amax / 448)) (ScaleRule::pow2, DeepSeek-V3.1's UE8M0 scales); 1 for an all-zero tile
 //   code = RNE_e4m3(fl32(x / scale)) saturated; a tile holding a NaN or an infinity gets a NaN
 //   scale and NaN codes, as an MX block does
