@@ -175,6 +175,17 @@ namespace {
 // registers / L1 while the block's rows stream by.
 constexpr int64_t kColumnChunk = 64;
 
+// worst[0, n) = the largest magnitude bits of columns c0 .. c0 + n over rows r0 .. r1 of x
+// (above kMaxFiniteBits: the column holds an infinity or a NaN).
+inline void column_worst(uint32_t* worst, const float* x, int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t n) {
+  std::fill(worst, worst + n, 0u);
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * cols + c0;
+#pragma omp simd
+    for (int64_t c = 0; c < n; ++c) worst[c] = std::max(worst[c], magnitude_bits(xr[c]));
+  }
+}
+
 // The MX scale exponent of a block whose largest magnitude is amax (finite), as mx_quantize.
 inline int mx_exponent(float amax, int emax) {
   const int k = amax > 0 ? int((std::bit_cast<uint32_t>(amax) >> 23) & 0xff) - 127 : -127 - emax;
@@ -238,12 +249,7 @@ void mx_fake_columns(float* out, const float* x, int64_t rows, int64_t cols, Qua
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t r0 = (t / chunks) * ref::kMxBlock, r1 = std::min(rows, r0 + ref::kMxBlock);
       const int64_t c0 = (t % chunks) * kColumnChunk, n = std::min(kColumnChunk, cols - c0);
-      std::fill(worst, worst + n, 0u);
-      for (int64_t r = r0; r < r1; ++r) {
-        const float* xr = x + r * cols + c0;
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) worst[i] = std::max(worst[i], magnitude_bits(xr[i]));
-      }
+      column_worst(worst, x, cols, r0, r1, c0, n);
       for (int64_t i = 0; i < n; ++i) {
         const bool finite = worst[i] <= kMaxFiniteBits;
         const int e = finite ? mx_exponent(std::bit_cast<float>(worst[i]), emax) : 0;
@@ -305,12 +311,7 @@ void fp8_fake_narrow(float* out, uint8_t* codes, float* scales, const float* x, 
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t i = t / chunks, r0 = i * br, r1 = std::min(rows, r0 + br);
       const int64_t c0 = (t % chunks) * width, n = std::min(width, cols - c0);
-      std::fill(worst, worst + n, 0u);
-      for (int64_t r = r0; r < r1; ++r) {
-        const float* xr = x + r * cols + c0;
-#pragma omp simd
-        for (int64_t c = 0; c < n; ++c) worst[c] = std::max(worst[c], magnitude_bits(xr[c]));
-      }
+      column_worst(worst, x, cols, r0, r1, c0, n);
       for (int64_t a = 0; a < n; a += bc) {  // each tile of the chunk
         const int64_t b = std::min(n, a + bc);
         const uint32_t w = *std::max_element(worst + a, worst + b);
