@@ -25,4 +25,15 @@ OpOutputs fast_vs_reference(const std::vector<std::string>& names, Run&& run) {
   return out;
 }
 
+// f() run under the reference backend (then back to the one before): what a fast kernel's result
+// must equal.
+template <class F>
+auto on_reference(F&& f) {
+  const kernels::KernelBackend saved = kernels::kernel_backend();
+  kernels::set_kernel_backend(kernels::KernelBackend::reference);
+  auto out = f();
+  kernels::set_kernel_backend(saved);
+  return out;
+}
+
 }  // namespace titan::test

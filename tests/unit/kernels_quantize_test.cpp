@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/backend_compare.h"
 #include "common/error_of.h"
 #include "common/kernel_check.h"
 #include "titan/core/rng.h"
@@ -58,13 +59,7 @@ Mx mx(const Tensor& x, DType element) {
   return m;
 }
 
-template <class F>
-auto on_reference(F&& f) {
-  kernels::set_kernel_backend(kernels::KernelBackend::reference);
-  auto out = f();
-  kernels::set_kernel_backend(kernels::KernelBackend::fast);
-  return out;
-}
+using test::on_reference;
 
 std::vector<double> values(const Tensor& t) { return test::to_doubles(t); }
 

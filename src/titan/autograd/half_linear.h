@@ -9,7 +9,8 @@
 //
 // The CPUs here (Zen 5 included) have F16C conversions but no AVX512-FP16 arithmetic, so the GEMM
 // itself is emulated: the f16 operands are widened to f32 for oneDNN's f32 GEMM (exact, since
-// every f16 is an f32). Real: the f16 weight copy (2 bytes) and the f16 x that backward keeps.
+// every f16 is an f32). Real: the f16 weight copy (2 bytes) and the f16 x that backward keeps; the
+// widened f32 operands live in per-thread buffers kept from call to call (no steady-state allocation).
 #pragma once
 
 #include "titan/autograd/variable.h"

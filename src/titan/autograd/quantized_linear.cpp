@@ -4,6 +4,7 @@
 #include <string>
 
 #include "titan/autograd/ops.h"
+#include "titan/autograd/scratch_buffer.h"
 #include "titan/core/error.h"
 #include "titan/core/profiler.h"
 #include "titan/kernels/matmul.h"
@@ -17,38 +18,64 @@ constexpr int64_t kTile = 128;  // DeepSeek-V3's tile and block edge
 
 Tensor f32_matrix(const Shape& shape) { return Tensor::empty(shape, DType::f32, MemCategory::activations); }
 
-// One operand quantized: codes and scales, with how to read them back.
+DType mx_element(LowPrecision recipe, QuantRole role) {
+  return recipe == LowPrecision::mxfp4 && role == QuantRole::weight ? DType::f4e2m1 : DType::f8e4m3;
+}
+
+// One operand quantized along its rows (blocks within a row: the reduction runs along C): its
+// codes and scales, with how to read them back.
 struct Quantized {
   Tensor codes, scales;
   LowPrecision recipe;
   int64_t tile_rows = 0, tile_cols = 0;  // FP8 blockwise
-  Tensor dequantize() const {
-    Tensor out = f32_matrix(codes.shape());
+
+  // Storage for [rows, cols] quantized as `role`.
+  Quantized(int64_t rows, int64_t cols, LowPrecision r, QuantRole role, MemCategory category) : recipe(r) {
+    if (recipe == LowPrecision::fp8_blockwise) {
+      tile_rows = role == QuantRole::weight ? kTile : 1, tile_cols = kTile;
+      codes = Tensor::empty({rows, cols}, DType::f8e4m3, category);
+      scales = Tensor::empty({(rows + tile_rows - 1) / tile_rows, (cols + kTile - 1) / kTile}, DType::f32, category);
+    } else {
+      codes = Tensor::empty({rows, cols}, mx_element(recipe, role), category);
+      scales = Tensor::empty({rows, (cols + 31) / 32}, DType::e8m0, category);
+    }
+  }
+  // t into codes and scales, and its dequantized values into values, in one pass.
+  void quantize(Tensor& values, const Tensor& t) {
+    ProfileScope prof("fake_quantize");
+    if (recipe == LowPrecision::fp8_blockwise)
+      kernels::fp8_block_fake_quantize(values, codes, scales, t, tile_rows, tile_cols);
+    else
+      kernels::mx_fake_quantize(values, codes, scales, t);
+  }
+  void dequantize(Tensor& out) const {
+    ProfileScope prof("dequantize");
     if (recipe == LowPrecision::fp8_blockwise)
       kernels::fp8_block_dequantize(out, codes, scales, tile_rows, tile_cols);
     else
       kernels::mx_dequantize(out, codes, scales);
-    return out;
   }
 };
 
-// t [R, C] quantized along its rows (blocks within a row: the reduction runs along C).
-Quantized quantize_rows(const Tensor& t, LowPrecision recipe, QuantRole role) {
-  Quantized q;
-  q.recipe = recipe;
-  const int64_t rows = t.size(0), cols = t.size(1);
+// out = t [R, C] quantized as `recipe` quantizes `role` along its rows or columns, dequantized;
+// out may be t. FP8 tiles along the columns are 128 x 1 (a weight's blocks are square, the same
+// either way); MX blocks of 32 run down the columns.
+void fake_quantize_into(Tensor& out, const Tensor& t, LowPrecision recipe, QuantRole role, bool along_rows) {
+  ProfileScope prof("fake_quantize");
   if (recipe == LowPrecision::fp8_blockwise) {
-    q.tile_rows = role == QuantRole::weight ? kTile : 1, q.tile_cols = kTile;
-    q.codes = Tensor::empty({rows, cols}, DType::f8e4m3, MemCategory::activations);
-    q.scales = f32_matrix({(rows + q.tile_rows - 1) / q.tile_rows, (cols + kTile - 1) / kTile});
-    kernels::fp8_block_quantize(q.codes, q.scales, t, q.tile_rows, q.tile_cols);
-    return q;
+    const int64_t across = role == QuantRole::weight ? kTile : 1;
+    kernels::fp8_block_fake_quantize(out, t, along_rows ? across : kTile, along_rows ? kTile : across);
+  } else {
+    kernels::mx_fake_quantize(out, t, mx_element(recipe, role), along_rows);
   }
-  const bool fp4 = recipe == LowPrecision::mxfp4 && role == QuantRole::weight;
-  q.codes = Tensor::empty({rows, cols}, fp4 ? DType::f4e2m1 : DType::f8e4m3, MemCategory::activations);
-  q.scales = Tensor::empty({rows, (cols + 31) / 32}, DType::e8m0, MemCategory::activations);
-  kernels::mx_quantize(q.codes, q.scales, t);
-  return q;
+}
+
+// Buffers for the GEMMs' dequantized operands, kept per thread from call to call (the forward's
+// x, the backward's dy and x): what quantized_linear allocates in a steady state is only its
+// output and what backward keeps.
+ScratchBuffer& operand_scratch(int i) {
+  thread_local ScratchBuffer buffers[2];
+  return buffers[i];
 }
 
 }  // namespace
@@ -56,19 +83,9 @@ Quantized quantize_rows(const Tensor& t, LowPrecision recipe, QuantRole role) {
 Tensor fake_quantize(const Tensor& t, LowPrecision recipe, QuantRole role, bool along_rows) {
   TITAN_CHECK(t.dim() == 2 && t.dtype() == DType::f32, "fake_quantize: needs an f32 matrix, got " + t.str());
   const Tensor m = t.contiguous();
-  if (along_rows) return quantize_rows(m, recipe, role).dequantize();
-  // Along the columns: FP8 tiles are 128 x 1 (a weight's blocks are square, the same either way);
-  // MX blocks run along rows only, so the transpose is quantized and turned back.
-  if (recipe == LowPrecision::fp8_blockwise) {
-    Quantized q;
-    q.recipe = recipe;
-    q.tile_rows = kTile, q.tile_cols = role == QuantRole::weight ? kTile : 1;
-    q.codes = Tensor::empty(m.shape(), DType::f8e4m3, MemCategory::activations);
-    q.scales = f32_matrix({(m.size(0) + kTile - 1) / kTile, (m.size(1) + q.tile_cols - 1) / q.tile_cols});
-    kernels::fp8_block_quantize(q.codes, q.scales, m, q.tile_rows, q.tile_cols);
-    return q.dequantize();
-  }
-  return quantize_rows(m.transpose(0, 1).contiguous(), recipe, role).dequantize().transpose(0, 1).contiguous();
+  Tensor out = f32_matrix(m.shape());
+  fake_quantize_into(out, m, recipe, role, along_rows);
+  return out;
 }
 
 namespace {
@@ -79,22 +96,6 @@ Tensor& kept(Tensor& dst, const Shape& shape, DType dtype) {
   if (!dst.defined() || dst.shape() != shape || dst.dtype() != dtype)
     dst = Tensor::empty(shape, dtype, MemCategory::parameters);
   return dst;
-}
-
-// t [R, C] quantized along its rows as a weight into codes / scales, then read back into values.
-void weight_rows(Tensor& codes, Tensor& scales, Tensor& values, const Tensor& t, LowPrecision recipe) {
-  const int64_t rows = t.size(0), cols = t.size(1);
-  if (recipe == LowPrecision::fp8_blockwise) {
-    kept(codes, {rows, cols}, DType::f8e4m3);
-    kept(scales, {(rows + kTile - 1) / kTile, (cols + kTile - 1) / kTile}, DType::f32);
-    kernels::fp8_block_quantize(codes, scales, t, kTile, kTile);
-    kernels::fp8_block_dequantize(kept(values, {rows, cols}, DType::f32), codes, scales, kTile, kTile);
-    return;
-  }
-  kept(codes, {rows, cols}, recipe == LowPrecision::mxfp4 ? DType::f4e2m1 : DType::f8e4m3);
-  kept(scales, {rows, (cols + 31) / 32}, DType::e8m0);
-  kernels::mx_quantize(codes, scales, t);
-  kernels::mx_dequantize(kept(values, {rows, cols}, DType::f32), codes, scales);
 }
 }  // namespace
 
@@ -113,15 +114,19 @@ void QuantizedWeight::refresh(const Tensor& w, LowPrecision recipe) {
     kept(widened_, w.shape(), DType::f32).copy_(w);
     m = widened_;
   }
-  weight_rows(codes, scales, along_k, m, recipe);
+  const int64_t rows = m.size(0), cols = m.size(1);
+  kept(along_k, m.shape(), DType::f32);
   if (recipe == LowPrecision::fp8_blockwise) {
+    kept(codes, {rows, cols}, DType::f8e4m3);
+    kept(scales, {(rows + kTile - 1) / kTile, (cols + kTile - 1) / kTile}, DType::f32);
+    kernels::fp8_block_fake_quantize(along_k, codes, scales, m, kTile, kTile);
     along_m = along_k;  // 128 x 128 blocks: the same values along either dimension
   } else {
-    // MX blocks run along rows: quantize w^T [K, M] along its rows, keep the values as [M, K].
-    Tensor& t = kept(transposed_, {m.size(1), m.size(0)}, DType::f32);
-    t.copy_(m.transpose(0, 1));
-    weight_rows(codes_m_, scales_m_, values_t_, t, recipe);
-    kept(along_m, m.shape(), DType::f32).copy_(values_t_.transpose(0, 1));
+    kept(codes, {rows, cols}, mx_element(recipe, QuantRole::weight));
+    kept(scales, {rows, (cols + 31) / 32}, DType::e8m0);
+    kernels::mx_fake_quantize(along_k, codes, scales, m);
+    // Along M: blocks of 32 down w's columns (w^T's rows), with no transpose made.
+    kernels::mx_fake_quantize(kept(along_m, m.shape(), DType::f32), m, mx_element(recipe, QuantRole::weight), false);
   }
   epoch_ = parameters_epoch();
 }
@@ -140,7 +145,7 @@ void QuantizedWeight::adopt_fp8_blockwise(const Tensor& gathered_codes, const Te
 
 int64_t QuantizedWeight::stored_bytes() const {
   int64_t total = 0;
-  for (const Tensor* t : {&codes, &scales, &codes_m_, &scales_m_})
+  for (const Tensor* t : {&codes, &scales})
     if (t->defined()) total += int64_t(t->nbytes());
   return total;
 }
@@ -157,26 +162,31 @@ Variable quantized_linear(const Variable& x, const Variable& w, const Tensor& w_
   const int64_t n = xf.value().numel() / k;
   const Tensor x2 = xf.value().contiguous().view({n, k});
   // Forward on Q(x along K), kept quantized (1 byte a value) for backward, and Q(w along K).
-  const Quantized xq = quantize_rows(x2, recipe, QuantRole::activation);
+  Quantized xq(n, k, recipe, QuantRole::activation, MemCategory::activations);
+  Tensor xv = operand_scratch(0).get({n, k}, DType::f32);
+  xq.quantize(xv, x2);
   Shape ys = xf.shape();
   ys[ys.size() - 1] = m;
   Tensor y = f32_matrix({n, m});
-  kernels::linear_forward(y, xq.dequantize(), cache.along_k);
+  kernels::linear_forward(y, xv, cache.along_k);
   const Variable out = record("quantized_linear", {xf, w}, y.view(ys),
                               [xq, w_m = cache.along_m, recipe, n, m, k](const Tensor& dy_in, GradSink& g) {
     ProfileScope prof_bwd("quantized_linear.bwd");
     const Tensor dy = dy_in.contiguous().view({n, m}), none;
     bool accumulate_dx = true, accumulate_dw = true;
     Tensor dx = g.grad_to_write(0, &accumulate_dx), dw = g.grad_to_write(1, &accumulate_dw), nothing;
+    Tensor dyq = operand_scratch(0).get({n, m}, DType::f32);
     if (dx.defined()) {  // dx = Q(dy along M) Q(w along M)
       Tensor dx2 = dx.view({n, k});
-      kernels::linear_backward(dx2, nothing, nothing, fake_quantize(dy, recipe, QuantRole::activation, true), none, w_m,
-                               accumulate_dx, true);
+      fake_quantize_into(dyq, dy, recipe, QuantRole::activation, true);
+      kernels::linear_backward(dx2, nothing, nothing, dyq, none, w_m, accumulate_dx, true);
     }
-    if (dw.defined()) {  // dw = Q(dy along N)^T Q(x along N)
-      const Tensor xs = fake_quantize(xq.dequantize(), recipe, QuantRole::activation, false);
-      kernels::linear_backward(nothing, dw, nothing, fake_quantize(dy, recipe, QuantRole::activation, false), xs, none,
-                               true, accumulate_dw);
+    if (dw.defined()) {  // dw = Q(dy along N)^T Q(x along N): x's forward values re-quantized across tokens
+      fake_quantize_into(dyq, dy, recipe, QuantRole::activation, false);
+      Tensor xs = operand_scratch(1).get({n, k}, DType::f32);
+      xq.dequantize(xs);
+      fake_quantize_into(xs, xs, recipe, QuantRole::activation, false);
+      kernels::linear_backward(nothing, dw, nothing, dyq, xs, none, true, accumulate_dw);
     }
   });
   return out_dtype == DType::f32 ? out : cast(out, out_dtype);

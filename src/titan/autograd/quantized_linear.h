@@ -13,8 +13,10 @@
 //
 // This CPU has no FP8 or FP4 GEMM: the quantized operands are dequantized to f32 for the f32 GEMM,
 // which accumulates in f32. The numerics are the recipe's; the time is f32's plus the quantizers'.
-// What backward keeps of x is its forward codes and scales (1 byte per value instead of 4); wgrad
-// re-quantizes their values across tokens.
+// Each operand is quantized and dequantized in one pass (kernels::*_fake_quantize, along the
+// columns without a transpose) into per-thread buffers kept from call to call. What backward keeps
+// of x is its forward codes and scales (1 byte per value instead of 4); wgrad re-quantizes their
+// values across tokens.
 #pragma once
 
 #include <cstdint>
@@ -32,8 +34,9 @@ Variable quantized_linear(const Variable& x, const Variable& w, LowPrecision rec
 // moved: the trainer moves it once per step, after the optimizer's update, and a checkpoint load
 // or re-initialization moves it too), into buffers kept from step to step: no allocation in a
 // steady state. codes / scales are the real FP8 / FP4 storage of the forward operand (along K);
-// along_k / along_m are their f32 values, which the emulated GEMMs read (FP8 blockwise's square
-// blocks give one tensor for both).
+// along_k / along_m are the f32 values of w quantized along K and along M, which the emulated GEMMs
+// read (FP8 blockwise's square blocks give one tensor for both; MX's along-M codes, which an MX
+// GEMM would store too, are not kept: nothing here reads them).
 class QuantizedWeight {
  public:
   // w [M, K]: the f32 master (or its gathered copy under FSDP), or the bf16 compute copy.
@@ -48,7 +51,7 @@ class QuantizedWeight {
  private:
   uint64_t epoch_ = ~uint64_t(0);
   bool adopted_ = false;  // the forms came from adopt_fp8_blockwise
-  Tensor codes_m_, scales_m_, transposed_, values_t_, widened_;  // MX along M: the transpose's own blocks
+  Tensor widened_;  // the f32 values of a bf16 w
 };
 
 // The parameters' version: a counter moved whenever any parameter's value may have changed.

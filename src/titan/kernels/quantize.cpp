@@ -46,6 +46,13 @@ void check_fp8_blocks(const Tensor& codes, const Tensor& scales, const Tensor& x
               where + "scales must be contiguous f32 " + want.str() + ", got " + scales.str());
 }
 
+void check_out(const Tensor& out, const Tensor& x, const char* op) {
+  TITAN_CHECK(x.dim() == 2 && x.dtype() == DType::f32 && x.is_contiguous(),
+              std::string(op) + ": values must be contiguous f32 [R, C], got " + x.str());
+  TITAN_CHECK(out.dtype() == DType::f32 && out.shape() == x.shape() && out.is_contiguous(),
+              std::string(op) + ": the output must be contiguous f32 " + x.shape().str() + ", got " + out.str());
+}
+
 uint8_t* bytes(Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
 const uint8_t* bytes(const Tensor& t) { return static_cast<const uint8_t*>(t.data_ptr()); }
 
@@ -121,6 +128,46 @@ void fp8_block_piece_encode(Tensor& codes, const Tensor& piece, const Tensor& sc
   ref::fp8_block_piece_encode(bytes(codes), piece.data<float>(), scales.data<float>(), rows, row0, piece.size(1), br,
                               bc);
   std::fill(bytes(codes) + rows * piece.size(1), bytes(codes) + codes.numel(), uint8_t(0));  // padding
+}
+
+void mx_fake_quantize(Tensor& out, const Tensor& x, DType element, bool along_rows) {
+  check_out(out, x, "mx_fake_quantize");
+  TITAN_CHECK(element == DType::f8e4m3 || element == DType::f4e2m1,
+              std::string("mx_fake_quantize: the element format must be f8e4m3 (MXFP8) or f4e2m1 (MXFP4), got ") +
+                  std::string(dtype_name(element)));
+  const QuantFormat f = element == DType::f8e4m3 ? QuantFormat::e4m3 : QuantFormat::e2m1;
+  const int64_t run = along_rows ? x.size(1) : x.size(0);  // the length the blocks run along
+  TITAN_CHECK(f == QuantFormat::e4m3 || run % 2 == 0,
+              "mx_fake_quantize: MXFP4 packs two codes per byte: blocks need an even run, got " + std::to_string(run));
+  const bool fast = kernel_backend() == KernelBackend::fast;
+  (fast ? TITAN_CPU_KERNEL(mx_fake_quantize) : &ref::mx_fake_quantize)(
+      out.data<float>(), nullptr, nullptr, x.data<float>(), x.size(0), x.size(1), f, along_rows);
+}
+
+void mx_fake_quantize(Tensor& out, Tensor& codes, Tensor& scales, const Tensor& x) {
+  check_out(out, x, "mx_fake_quantize");
+  const QuantFormat f = mx_format(codes, scales, x, "mx_fake_quantize");
+  const bool fast = kernel_backend() == KernelBackend::fast;
+  (fast ? TITAN_CPU_KERNEL(mx_fake_quantize) : &ref::mx_fake_quantize)(out.data<float>(), bytes(codes), bytes(scales),
+                                                                      x.data<float>(), x.size(0), x.size(1), f, true);
+}
+
+void fp8_block_fake_quantize(Tensor& out, const Tensor& x, int64_t br, int64_t bc, ScaleRule rule) {
+  check_out(out, x, "fp8_block_fake_quantize");
+  TITAN_CHECK(br >= 1 && bc >= 1, "fp8_block_fake_quantize: blocks of " + std::to_string(br) + " x " + std::to_string(bc),
+              "use positive block sizes (DeepSeek-V3: 1 x 128 activations, 128 x 128 weights)");
+  const bool fast = kernel_backend() == KernelBackend::fast;
+  (fast ? TITAN_CPU_KERNEL(fp8_block_fake_quantize) : &ref::fp8_block_fake_quantize)(
+      out.data<float>(), nullptr, nullptr, x.data<float>(), x.size(0), x.size(1), br, bc, rule);
+}
+
+void fp8_block_fake_quantize(Tensor& out, Tensor& codes, Tensor& scales, const Tensor& x, int64_t br, int64_t bc,
+                             ScaleRule rule) {
+  check_out(out, x, "fp8_block_fake_quantize");
+  check_fp8_blocks(codes, scales, x, br, bc, "fp8_block_fake_quantize");
+  const bool fast = kernel_backend() == KernelBackend::fast;
+  (fast ? TITAN_CPU_KERNEL(fp8_block_fake_quantize) : &ref::fp8_block_fake_quantize)(
+      out.data<float>(), bytes(codes), scales.data<float>(), x.data<float>(), x.size(0), x.size(1), br, bc, rule);
 }
 
 }  // namespace titan::kernels

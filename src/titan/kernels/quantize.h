@@ -34,4 +34,17 @@ void fp8_block_scales(Tensor& scales, const Tensor& piece_amax, ScaleRule rule =
 void fp8_block_piece_encode(Tensor& codes, const Tensor& piece, const Tensor& scales, int64_t row0, int64_t total_rows,
                             int64_t block_rows, int64_t block_cols);
 
+// Fake quantization in one pass: out = the dequantized values of x's quantization (every NaN the
+// default quiet NaN; ref/quantize.h), what a GEMM on the codes computes with. out [R, C] f32
+// contiguous, and may be x itself. With codes and scales, they receive the quantized form too
+// (as mx_quantize / fp8_block_quantize write it). MX without codes may run along the columns
+// (blocks of 32 down a column, as x's transpose quantized along its rows, with no transpose made);
+// FP8 tiles are any br x bc (128 x 1: along the columns).
+void mx_fake_quantize(Tensor& out, const Tensor& x, DType element, bool along_rows);
+void mx_fake_quantize(Tensor& out, Tensor& codes, Tensor& scales, const Tensor& x);
+void fp8_block_fake_quantize(Tensor& out, const Tensor& x, int64_t block_rows, int64_t block_cols,
+                             ScaleRule rule = ScaleRule::amax);
+void fp8_block_fake_quantize(Tensor& out, Tensor& codes, Tensor& scales, const Tensor& x, int64_t block_rows,
+                             int64_t block_cols, ScaleRule rule = ScaleRule::amax);
+
 }  // namespace titan::kernels

@@ -15,5 +15,9 @@
   void fp8_block_quantize(uint8_t* codes, float* scales, const float* x, int64_t rows, int64_t cols, int64_t br, \
                           int64_t bc, ::titan::kernels::ref::ScaleRule rule);                                    \
   void fp8_block_dequantize(float* x, const uint8_t* codes, const float* scales, int64_t rows, int64_t cols,      \
-                            int64_t br, int64_t bc);
+                            int64_t br, int64_t bc);                                                   \
+  void mx_fake_quantize(float* out, uint8_t* codes, uint8_t* scales, const float* x, int64_t rows, int64_t cols,  \
+                        ::titan::kernels::ref::QuantFormat f, bool along_rows);                                  \
+  void fp8_block_fake_quantize(float* out, uint8_t* codes, float* scales, const float* x, int64_t rows,          \
+                               int64_t cols, int64_t br, int64_t bc, ::titan::kernels::ref::ScaleRule rule);
 TITAN_FOR_EACH_ISA(TITAN_QUANTIZE_KERNELS)

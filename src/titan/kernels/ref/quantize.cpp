@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "titan/core/dtype.h"
 
@@ -33,7 +34,10 @@ uint8_t get(const uint8_t* row, int64_t col, QuantFormat f) {
 // A finite tile's scale from its amax (1 for an all-zero tile).
 float fp8_scale(float amax, ScaleRule rule) {
   if (!(amax > 0)) return 1;
-  const float s = amax / 448.0f;
+  // At least the smallest normal f32: a tile of tiny values would otherwise get the scale 0
+  // (amax / 448 underflowing, or flushed to zero under the trainer's FTZ / DAZ) and its zeros
+  // 0 / 0 = NaN.
+  const float s = std::max(amax / 448.0f, std::numeric_limits<float>::min());
   return rule == ScaleRule::pow2 ? float(std::exp2(std::ceil(std::log2(double(s))))) : s;
 }
 
@@ -147,6 +151,43 @@ void fp8_block_piece_encode(uint8_t* codes, const float* x, const float* scales,
       const float s = scales[(row0 + r) / br * sc + c / bc], v = x[r * cols + c];
       codes[r * cols + c] = std::isnan(s) ? nan_code(v, QuantFormat::e4m3) : f32_to_f8e4m3(v / s).bits;
     }
+}
+
+namespace {
+void default_nans(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (std::isnan(x[i])) x[i] = std::numeric_limits<float>::quiet_NaN();
+}
+}  // namespace
+
+void mx_fake_quantize(float* out, uint8_t* codes, uint8_t* scales, const float* x, int64_t rows, int64_t cols,
+                      QuantFormat f, bool along_rows) {
+  // Along columns: the transpose [C, R] is quantized along its rows.
+  const int64_t r = along_rows ? rows : cols, c = along_rows ? cols : rows;
+  std::vector<float> in(x, x + rows * cols), back(size_t(rows * cols));
+  if (!along_rows)
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) in[j * rows + i] = x[i * cols + j];
+  const int64_t code_bytes = f == QuantFormat::e4m3 ? r * c : r * c / 2, scale_bytes = r * ((c + kMxBlock - 1) / kMxBlock);
+  std::vector<uint8_t> q(static_cast<size_t>(code_bytes)), s(static_cast<size_t>(scale_bytes));
+  mx_quantize(q.data(), s.data(), in.data(), r, c, f);
+  mx_dequantize(back.data(), q.data(), s.data(), r, c, f);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) out[i * cols + j] = along_rows ? back[i * cols + j] : back[j * rows + i];
+  default_nans(out, rows * cols);
+  if (codes) std::copy(q.begin(), q.end(), codes);
+  if (scales) std::copy(s.begin(), s.end(), scales);
+}
+
+void fp8_block_fake_quantize(float* out, uint8_t* codes, float* scales, const float* x, int64_t rows, int64_t cols,
+                             int64_t br, int64_t bc, ScaleRule rule) {
+  std::vector<uint8_t> q(size_t(rows * cols));
+  std::vector<float> s(size_t(((rows + br - 1) / br) * ((cols + bc - 1) / bc)));
+  fp8_block_quantize(q.data(), s.data(), x, rows, cols, br, bc, rule);
+  fp8_block_dequantize(out, q.data(), s.data(), rows, cols, br, bc);
+  default_nans(out, rows * cols);
+  if (codes) std::copy(q.begin(), q.end(), codes);
+  if (scales) std::copy(s.begin(), s.end(), scales);
 }
 
 }  // namespace titan::kernels::ref

@@ -10,12 +10,17 @@
 //   a block holding a NaN or an infinity gets the NaN scale (byte 0xff) and NaN codes (E4M3 0x7f
 //   with x's sign; E2M1, which has no NaN, signed zero): it cannot be represented
 // FP8 blockwise (DeepSeek-V3), tiles of br x bc (1 x 128 activations, 128 x 128 weights):
-//   amax over the tile; scale = amax / 448 in f32 (ScaleRule::amax), or the power of two
+//   amax over the tile; scale = amax / 448 in f32, at least the smallest normal f32 2^-126 (never
+//   0 or subnormal, so flushing denormals, as the trainer does, cannot make it 0) (ScaleRule::amax),
+//   or the power of two
 //   2^ceil(log2(amax / 448)) (ScaleRule::pow2, DeepSeek-V3.1's UE8M0 scales); 1 for an all-zero tile
 //   code = RNE_e4m3(fl32(x / scale)) saturated; a tile holding a NaN or an infinity gets a NaN
 //   scale and NaN codes, as an MX block does
 // Dequantization: x = decode(code) * scale; a NaN scale gives the default quiet NaN (whatever the
 // codes' signs), so that every implementation writes the same bits.
+// Fake quantization (quantize, then dequantize: the values a GEMM on the codes sees) is that
+// composition with every NaN written as the default quiet NaN. MX along columns quantizes blocks of 32 down a
+// column: x's transpose quantized along its rows, the values turned back.
 #pragma once
 
 #include <cstdint>
@@ -50,5 +55,12 @@ void fp8_block_piece_amax(float* amax, const float* x, int64_t rows, int64_t row
 void fp8_block_scales(float* scales, const float* amax, int64_t pieces, int64_t tiles, ScaleRule rule);
 void fp8_block_piece_encode(uint8_t* codes, const float* x, const float* scales, int64_t rows, int64_t row0, int64_t cols,
                             int64_t br, int64_t bc);
+
+// Fake quantization, x [R, C] -> out [R, C] (out may be x). codes and scales, when not null,
+// receive what the quantizers above write (MX along rows only).
+void mx_fake_quantize(float* out, uint8_t* codes, uint8_t* scales, const float* x, int64_t rows, int64_t cols,
+                      QuantFormat f, bool along_rows);
+void fp8_block_fake_quantize(float* out, uint8_t* codes, float* scales, const float* x, int64_t rows, int64_t cols,
+                             int64_t br, int64_t bc, ScaleRule rule);
 
 }  // namespace titan::kernels::ref
