@@ -17,24 +17,19 @@ constexpr int64_t kTile = 128;  // DeepSeek-V3's tile and block edge
 
 Tensor f32_matrix(const Shape& shape) { return Tensor::empty(shape, DType::f32, MemCategory::activations); }
 
-// One operand quantized: codes and scales, with how to read them back.
-struct Quantized {
-  Tensor codes, scales;
-  LowPrecision recipe;
-  int64_t tile_rows = 0, tile_cols = 0;  // FP8 blockwise
-  Tensor dequantize() const {
-    Tensor out = f32_matrix(codes.shape());
-    if (recipe == LowPrecision::fp8_blockwise)
-      kernels::fp8_block_dequantize(out, codes, scales, tile_rows, tile_cols);
-    else
-      kernels::mx_dequantize(out, codes, scales);
-    return out;
-  }
-};
+}  // namespace
 
-// t [R, C] quantized along its rows (blocks within a row: the reduction runs along C).
-Quantized quantize_rows(const Tensor& t, LowPrecision recipe, QuantRole role) {
-  Quantized q;
+Tensor QuantizedRows::dequantize() const {
+  Tensor out = f32_matrix(codes.shape());
+  if (recipe == LowPrecision::fp8_blockwise)
+    kernels::fp8_block_dequantize(out, codes, scales, tile_rows, tile_cols);
+  else
+    kernels::mx_dequantize(out, codes, scales);
+  return out;
+}
+
+QuantizedRows quantize_rows(const Tensor& t, LowPrecision recipe, QuantRole role) {
+  QuantizedRows q;
   q.recipe = recipe;
   const int64_t rows = t.size(0), cols = t.size(1);
   if (recipe == LowPrecision::fp8_blockwise) {
@@ -51,8 +46,6 @@ Quantized quantize_rows(const Tensor& t, LowPrecision recipe, QuantRole role) {
   return q;
 }
 
-}  // namespace
-
 Tensor fake_quantize(const Tensor& t, LowPrecision recipe, QuantRole role, bool along_rows) {
   TITAN_CHECK(t.dim() == 2 && t.dtype() == DType::f32, "fake_quantize: needs an f32 matrix, got " + t.str());
   const Tensor m = t.contiguous();
@@ -60,7 +53,7 @@ Tensor fake_quantize(const Tensor& t, LowPrecision recipe, QuantRole role, bool 
   // Along the columns: FP8 tiles are 128 x 1 (a weight's blocks are square, the same either way);
   // MX blocks run along rows only, so the transpose is quantized and turned back.
   if (recipe == LowPrecision::fp8_blockwise) {
-    Quantized q;
+    QuantizedRows q;
     q.recipe = recipe;
     q.tile_rows = kTile, q.tile_cols = role == QuantRole::weight ? kTile : 1;
     q.codes = Tensor::empty(m.shape(), DType::f8e4m3, MemCategory::activations);
@@ -142,7 +135,7 @@ Variable quantized_linear(const Variable& x, const Variable& w, const Tensor& w_
   const int64_t n = xf.value().numel() / k;
   const Tensor x2 = xf.value().contiguous().view({n, k});
   // Forward on Q(x along K), kept quantized (1 byte a value) for backward, and Q(w along K).
-  const Quantized xq = quantize_rows(x2, recipe, QuantRole::activation);
+  const QuantizedRows xq = quantize_rows(x2, recipe, QuantRole::activation);
   Shape ys = xf.shape();
   ys[ys.size() - 1] = m;
   Tensor y = f32_matrix({n, m});

@@ -3,6 +3,7 @@
 #include <map>
 
 #include "titan/core/error.h"
+#include "titan/models/moe/moe.h"
 #include "titan/nn/layers.h"
 
 namespace titan::models {
@@ -42,32 +43,59 @@ bool contains_any(const std::string& name, const std::vector<std::string>& parts
     if (name.find(p) != std::string::npos) return true;
   return false;
 }
+
+// The routed experts named by q.grouped_mm's fqns take its recipe (the rest none); their names
+// (the GroupedExperts module's: "layers.1.moe.experts") with the recipe go to chosen.
+void quantize_experts(nn::Module& model, const QuantizeOptions& q, std::vector<std::pair<std::string, LowPrecision>>& chosen) {
+  std::map<const nn::Parameter*, std::string> names;  // w1 -> its module's name
+  for (auto& [name, p] : model.named_parameters()) names[p] = name.substr(0, name.size() - std::string(".w1").size());
+  int64_t layers = 0, selected_layers = 0;
+  model.apply([&](nn::Module& m) {
+    auto* moe = dynamic_cast<moe::MoE*>(&m);
+    if (!moe) return;
+    ++layers;
+    const std::string& name = names.at(&moe->experts.w1);
+    const bool selected = q.grouped_mm && contains_any(name, q.grouped_mm->fqns);
+    moe->set_quantize(selected ? std::optional<LowPrecision>(q.grouped_mm->recipe) : std::nullopt);
+    if (selected) chosen.emplace_back(name, q.grouped_mm->recipe), ++selected_layers;
+  });
+  if (!q.grouped_mm) return;
+  const std::string converter = q.grouped_mm->recipe == LowPrecision::fp8_blockwise ? kQuantizeGroupedMmFloat8 : kQuantizeGroupedMmMx;
+  TITAN_CHECK(layers > 0, "model.converters names " + converter + ", but the model has no routed experts",
+              "drop " + converter + " from [model] converters (quantize.linear.* covers dense models), or train a "
+              "mixture-of-experts model (deepseek_v3, deepseek_v32, deepseek_v4)");
+  std::string fqns;
+  for (const std::string& f : q.grouped_mm->fqns) fqns += (fqns.empty() ? "\"" : ", \"") + f + "\"";
+  TITAN_CHECK(selected_layers > 0,
+              "[" + converter + "] fqns = [" + fqns + "] matches none of the routed experts (named like \"layers.1.moe.experts\")",
+              "set [" + converter + "] fqns = [\"experts\"] (the default: every MoE layer's routed experts)");
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, LowPrecision>> apply_quantize(nn::Module& model, const QuantizeOptions& q) {
-  TITAN_CHECK(!q.grouped_mm, "model.converters: quantize.grouped_mm.float8 / quantize.grouped_mm.mx (the routed "
-                             "experts' grouped GEMMs) are not built yet",
-              "drop them from [model] converters: the routed experts then train in high precision, while "
-              "quantize.linear.* covers attention, dense FFNs and shared experts (docs/precision.md)");
   std::vector<std::pair<std::string, LowPrecision>> chosen;
-  if (!q.linear) return chosen;
-  // A Linear's name is its weight's without ".weight".
-  std::map<const nn::Parameter*, std::string> names;
-  for (auto& [name, p] : model.named_parameters()) names[p] = name.substr(0, name.size() - std::string(".weight").size());
-  model.apply([&](nn::Module& m) {
-    auto* linear = dynamic_cast<nn::Linear*>(&m);
-    if (!linear || !linear->quantizable) return;
-    const std::string& name = names.at(&linear->weight);
-    linear->quantize.reset();
-    if (contains_any(name, q.linear->fqns)) return;
-    linear->quantize = q.linear->recipe;
-    chosen.emplace_back(name, q.linear->recipe);
-  });
-  // apply() visits children first; report in parameter order.
+  if (q.linear) {
+    // A Linear's name is its weight's without ".weight".
+    std::map<const nn::Parameter*, std::string> names;
+    for (auto& [name, p] : model.named_parameters()) names[p] = name.substr(0, name.size() - std::string(".weight").size());
+    model.apply([&](nn::Module& m) {
+      auto* linear = dynamic_cast<nn::Linear*>(&m);
+      if (!linear || !linear->quantizable) return;
+      const std::string& name = names.at(&linear->weight);
+      linear->quantize.reset();
+      if (contains_any(name, q.linear->fqns)) return;
+      linear->quantize = q.linear->recipe;
+      chosen.emplace_back(name, q.linear->recipe);
+    });
+  }
+  quantize_experts(model, q, chosen);
+  // apply() visits children first; report in parameter order (a Linear by its weight, the
+  // routed experts by w1).
   std::vector<std::pair<std::string, LowPrecision>> ordered;
   for (auto& [name, p] : model.named_parameters())
     for (const auto& c : chosen)
-      if (c.first + ".weight" == name) ordered.push_back(c);
+      if (c.first + ".weight" == name || c.first + ".w1" == name) ordered.push_back(c);
   return ordered;
 }
 
