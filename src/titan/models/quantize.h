@@ -52,4 +52,11 @@ std::string_view recipe_label(autograd::LowPrecision r);  // "fp8_blockwise", "m
 // converter is on but the model has no routed experts, or when a filter matches nothing.
 std::vector<std::pair<std::string, autograd::LowPrecision>> apply_quantize(nn::Module& model, const QuantizeOptions& q);
 
+// The modules a model trains quantized now (as apply_quantize returns them): each Linear by its
+// name, each MoE's routed experts as "<layer>.moe.experts".
+std::vector<std::pair<std::string, autograd::LowPrecision>> quantized_modules(nn::Module& model);
+// The same, a line per recipe and kind ("quantized fp8_blockwise: 24 linear layers (...)", "quantized
+// mxfp4: the routed experts of 5 MoE layers (...)"); empty when nothing is quantized.
+std::string describe_quantized(nn::Module& model);
+
 }  // namespace titan::models
