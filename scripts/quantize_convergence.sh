@@ -4,6 +4,8 @@
 # shared build lock, one after another), then a table per recipe (final validation loss and its
 # difference from bf16's, median step time past step 20, peak parameter / activation / optimizer
 # bytes) and the loss curves in one PNG (`titan plot --compare`).
+# Models with routed experts (deepseek_v32) add mxfp4_experts: FP8 blockwise linears with MXFP4
+# routed experts (quantize.grouped_mm.mx).
 # Usage: scripts/quantize_convergence.sh [model: llama3 | deepseek_v32] [steps] [out folder]
 set -euo pipefail
 model=${1:-llama3}
@@ -22,6 +24,12 @@ declare -A recipes=(
   [mxfp4]="${with}quantize.linear.mx --quantize.linear.mx.recipe_name=mxfp4"
 )
 names=(bf16 fp8_blockwise mxfp8 mxfp4)
+# A model with routed experts (deepseek_v32) adds DeepSeek-V4's recipe: FP8 blockwise linears and
+# MXFP4 routed experts.
+if [[ $model == deepseek* ]]; then
+  recipes[mxfp4_experts]="${with}quantize.linear.float8,quantize.grouped_mm.mx --quantize.grouped_mm.mx.recipe_name=mxfp4"
+  names+=(mxfp4_experts)
+fi
 mkdir -p "$out"
 runs=()
 for name in "${names[@]}"; do

@@ -218,8 +218,12 @@ TEST_F(Layouts, QuantizedRecipesUnderFsdp) {
   // The recipes are applied: FP4 weights train to another loss than FP8 ones.
   EXPECT_NE(last[0], last[2]);
   fp8_all_gather_under_fsdp();
-  // deepseek_v32: attention and shared experts quantized, router and routed experts in f32.
-  const std::vector<std::string> ds = {"--model.converters=quantize.linear.float8", "--training.seq_len=128"};
-  expect_same_losses(reference("deepseek_v32", "fp8_blockwise", 2, ds),
-                     layout("deepseek_v32", {"fsdp_fp8_blockwise", 1, 2, 2, ds}), 1e-5, "deepseek_v32 fp8_blockwise: FSDP 2");
+  // deepseek_v32 under DeepSeek-V4's recipe: attention and shared experts FP8 blockwise, the routed
+  // experts MXFP4 (the router in f32). Each rank's experts see half the sequences: wgrad's token
+  // tiles restart at each sequence, so the scales are the 1-rank run's.
+  const std::vector<std::string> ds = {"--model.converters=quantize.linear.float8,quantize.grouped_mm.mx",
+                                       "--quantize.grouped_mm.mx.recipe_name=mxfp4", "--training.seq_len=128"};
+  expect_same_losses(reference("deepseek_v32", "fp8_mxfp4_experts", 2, ds),
+                     layout("deepseek_v32", {"fsdp_fp8_mxfp4_experts", 1, 2, 2, ds}), 1e-5,
+                     "deepseek_v32 FP8 linears + MXFP4 experts: FSDP 2");
 }

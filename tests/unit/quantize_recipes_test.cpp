@@ -126,10 +126,61 @@ TEST(QuantizeRecipes, BadKeysNameTheKeyAndTheFix) {
   EXPECT_TRUE(parse("[model]\nconverters = [\"quantize.linear.float8\"]\n[training]\nseq_len = 256\n"
                     "[quantize.linear.float8]\nenable_fsdp_float8_all_gather = true\n")
                   .quantize_linear_float8.enable_fsdp_float8_all_gather);
+  // quantize.grouped_mm.*: a dense model, fqns matching no routed experts, the small-op forms.
   models::QuantizeOptions experts;
   experts.grouped_mm = models::QuantizeSelection{LowPrecision::mxfp4, {"experts"}};
-  const std::string grouped = error_of([&] { quantized("deepseek_v3", experts); });
-  EXPECT_NE(grouped.find("quantize.grouped_mm"), std::string::npos) << grouped;
+  const std::string dense = error_of([&] { quantized("llama3", experts); });
+  EXPECT_NE(dense.find("quantize.grouped_mm.mx"), std::string::npos) << dense;
+  EXPECT_NE(dense.find("no routed experts"), std::string::npos) << dense;
+  experts.grouped_mm->fqns = {"layers.99."};
+  const std::string none = error_of([&] { quantized("deepseek_v3", experts); });
+  EXPECT_NE(none.find("fqns"), std::string::npos) << none;
+  EXPECT_NE(none.find("layers.99."), std::string::npos) << none;
+  const std::string small = error_of([] {
+    models::ModelOptions o;
+    o.converters = {"grouped_mm_small_ops", "quantize.grouped_mm.float8"};
+    o.quantize.grouped_mm = models::QuantizeSelection{LowPrecision::fp8_blockwise, {"experts"}};
+    models::build_model("deepseek_v3", "debugmodel", 64, 128, o);
+  });
+  EXPECT_NE(small.find("small-op"), std::string::npos) << small;
+  EXPECT_NE(small.find("quantize.grouped_mm"), std::string::npos) << small;
+}
+
+TEST(QuantizeRecipes, GroupedMmConverterSelectsTheRoutedExperts) {
+  const train::JobConfig c = parse(R"(
+[model]
+name = "deepseek_v3"
+converters = ["quantize.linear.float8", "quantize.grouped_mm.mx"]
+[training]
+seq_len = 256
+[quantize.grouped_mm.mx]
+recipe_name = "mxfp4"
+)");
+  EXPECT_EQ(c.quantize_grouped_mm_mx.fqns, (std::vector<std::string>{"experts"}));  // TorchTitan's default
+  const models::QuantizeOptions q = train::quantize_options(c);
+  ASSERT_TRUE(q.grouped_mm.has_value());
+  EXPECT_EQ(q.grouped_mm->recipe, LowPrecision::mxfp4);
+  auto m = models::build_model("deepseek_v3", "debugmodel", 64, 128, models::ModelOptions{});
+  models::QuantizeOptions experts_only = q;
+  experts_only.linear.reset();
+  std::vector<std::string> routed;
+  for (const auto& [name, recipe] : models::apply_quantize(*m, experts_only))
+    if (recipe == LowPrecision::mxfp4) routed.push_back(name);
+  // debugmodel: layer 0 dense, layers 1 to 5 MoE; each MoE's routed experts, named as a module.
+  EXPECT_EQ(routed, (std::vector<std::string>{"layers.1.moe.experts", "layers.2.moe.experts", "layers.3.moe.experts",
+                                              "layers.4.moe.experts", "layers.5.moe.experts"}));
+  // titan train prints them with the linear layers.
+  const std::string listed = models::describe_quantized(*m);
+  EXPECT_NE(listed.find("quantized mxfp4: the routed experts of 5 MoE layers (layers.1.moe.experts, "), std::string::npos)
+      << listed;
+  EXPECT_EQ(listed.find("quantized fp8_blockwise"), std::string::npos) << listed;  // q has no linear selection here
+  // fqns narrows the choice.
+  models::QuantizeOptions one = q;
+  one.grouped_mm->fqns = {"layers.2.moe.experts"};
+  routed.clear();
+  for (const auto& [name, recipe] : models::apply_quantize(*m, one))
+    if (recipe == LowPrecision::mxfp4) routed.push_back(name);
+  EXPECT_EQ(routed, (std::vector<std::string>{"layers.2.moe.experts"}));
 }
 
 TEST(QuantizeRecipes, WeightFormsAreCachedPerParametersEpoch) {

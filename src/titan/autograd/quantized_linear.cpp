@@ -22,15 +22,10 @@ DType mx_element(LowPrecision recipe, QuantRole role) {
   return recipe == LowPrecision::mxfp4 && role == QuantRole::weight ? DType::f4e2m1 : DType::f8e4m3;
 }
 
-// One operand quantized along its rows (blocks within a row: the reduction runs along C): its
-// codes and scales, with how to read them back.
-struct Quantized {
-  Tensor codes, scales;
-  LowPrecision recipe;
-  int64_t tile_rows = 0, tile_cols = 0;  // FP8 blockwise
-
-  // Storage for [rows, cols] quantized as `role`.
-  Quantized(int64_t rows, int64_t cols, LowPrecision r, QuantRole role, MemCategory category) : recipe(r) {
+// QuantizedRows with its storage for [rows, cols] quantized as `role`, and a one-pass fill.
+struct Quantized : QuantizedRows {
+  Quantized(int64_t rows, int64_t cols, LowPrecision r, QuantRole role, MemCategory category) {
+    recipe = r;
     if (recipe == LowPrecision::fp8_blockwise) {
       tile_rows = role == QuantRole::weight ? kTile : 1, tile_cols = kTile;
       codes = Tensor::empty({rows, cols}, DType::f8e4m3, category);
@@ -47,13 +42,6 @@ struct Quantized {
       kernels::fp8_block_fake_quantize(values, codes, scales, t, tile_rows, tile_cols);
     else
       kernels::mx_fake_quantize(values, codes, scales, t);
-  }
-  void dequantize(Tensor& out) const {
-    ProfileScope prof("dequantize");
-    if (recipe == LowPrecision::fp8_blockwise)
-      kernels::fp8_block_dequantize(out, codes, scales, tile_rows, tile_cols);
-    else
-      kernels::mx_dequantize(out, codes, scales);
   }
 };
 
@@ -79,6 +67,29 @@ ScratchBuffer& operand_scratch(int i) {
 }
 
 }  // namespace
+
+void QuantizedRows::dequantize(Tensor& out) const {
+  ProfileScope prof("dequantize");
+  if (recipe == LowPrecision::fp8_blockwise)
+    kernels::fp8_block_dequantize(out, codes, scales, tile_rows, tile_cols);
+  else
+    kernels::mx_dequantize(out, codes, scales);
+}
+
+Tensor QuantizedRows::dequantize() const {
+  Tensor out = f32_matrix(codes.shape());
+  dequantize(out);
+  return out;
+}
+
+QuantizedRows quantize_rows(const Tensor& t, LowPrecision recipe, QuantRole role) {
+  Quantized q(t.size(0), t.size(1), recipe, role, MemCategory::activations);
+  if (recipe == LowPrecision::fp8_blockwise)
+    kernels::fp8_block_quantize(q.codes, q.scales, t, q.tile_rows, q.tile_cols);
+  else
+    kernels::mx_quantize(q.codes, q.scales, t);
+  return q;
+}
 
 Tensor fake_quantize(const Tensor& t, LowPrecision recipe, QuantRole role, bool along_rows) {
   TITAN_CHECK(t.dim() == 2 && t.dtype() == DType::f32, "fake_quantize: needs an f32 matrix, got " + t.str());

@@ -68,4 +68,17 @@ Variable quantized_linear(const Variable& x, const Variable& w, const Tensor& w_
 enum class QuantRole : uint8_t { activation, weight };
 Tensor fake_quantize(const Tensor& t, LowPrecision recipe, QuantRole role, bool along_rows);
 
+// An operand quantized along its rows (the reduction along its columns): the real codes and
+// scales, which backward keeps (1 byte a value), and how to read them back as f32.
+struct QuantizedRows {
+  Tensor codes, scales;
+  LowPrecision recipe = LowPrecision::fp8_blockwise;
+  int64_t tile_rows = 0, tile_cols = 0;  // FP8 blockwise
+  Tensor dequantize() const;
+  void dequantize(Tensor& out) const;  // into out [R, C] f32
+};
+// t [R, C] f32 contiguous: an activation in 1 x 128 FP8 tiles or 1 x 32 MX blocks (E4M3), a
+// weight in 128 x 128 FP8 blocks or 1 x 32 MX blocks (E4M3, or E2M1 under mxfp4).
+QuantizedRows quantize_rows(const Tensor& t, LowPrecision recipe, QuantRole role);
+
 }  // namespace titan::autograd

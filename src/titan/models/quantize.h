@@ -56,5 +56,11 @@ std::vector<std::pair<std::string, autograd::LowPrecision>> apply_quantize(nn::M
 // The weight forms of every Linear apply_quantize set to FP8 blockwise, by their weight's parameter
 // name: what FSDP's FP8 all-gather ([quantize.linear.float8] enable_fsdp_float8_all_gather) feeds.
 std::map<std::string, autograd::QuantizedWeight*> fp8_blockwise_weights(nn::Module& model);
+// The modules a model trains quantized now (as apply_quantize returns them): each Linear by its
+// name, each MoE's routed experts as "<layer>.moe.experts".
+std::vector<std::pair<std::string, autograd::LowPrecision>> quantized_modules(nn::Module& model);
+// The same, a line per recipe and kind ("quantized fp8_blockwise: 24 linear layers (...)", "quantized
+// mxfp4: the routed experts of 5 MoE layers (...)"); empty when nothing is quantized.
+std::string describe_quantized(nn::Module& model);
 
 }  // namespace titan::models

@@ -525,6 +525,7 @@ Trainer::Trainer(const JobConfig& config, const std::string& source, const distr
   if (s.lead && !s.hf_config.is_null())
     std::printf("architecture from the Hugging Face config recorded in %s (model.flavor is not used)\n",
                 s.initial_load.c_str());
+  if (s.lead && options.quantize.any()) std::printf("%s", models::describe_quantized(*s.model).c_str());
   s.model->set_compute_dtype(t.mixed_precision_param);
   s.model->set_recompute(config.activation_checkpoint.mode);
   s.dp = make_data_parallel(*s.model, *s.mesh, config, source, pipeline_plan ? &*pipeline_plan : nullptr);

@@ -40,6 +40,17 @@ void accumulate(Tensor& dst, const Tensor& src) {
 
 // The GEMM operand of a parameter: its bf16 compute copy under mixed precision, else the master.
 const Tensor& gemm_operand(const nn::Parameter& p) { return p.compute.defined() ? p.compute : p.var.value(); }
+
+// The sequence of each row of the sorted buffer (pos [N, k]: token t's j-th choice sits at row
+// pos[t, j]; tokens come seq_len to a sequence), for the quantized wgrad's token tiles.
+std::vector<int64_t> row_sequences(const Tensor& pos, int64_t seq_len) {
+  const int64_t n = pos.size(0), k = pos.size(1);
+  const int32_t* p = pos.data<int32_t>();
+  std::vector<int64_t> seq(size_t(n * k));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < k; ++j) seq[size_t(p[t * k + j])] = t / seq_len;
+  return seq;
+}
 }  // namespace
 
 int64_t MoEArgs::ep_degree() const { return ep ? ep->size() : 1; }
@@ -184,8 +195,25 @@ void MoE::set_forms(autograd::OpForm grouped_mm, autograd::OpForm permute) {
   TITAN_CHECK(fused || args_.ep_degree() == 1,
               "model.converters asks for the small-op grouped GEMM or permute with expert parallelism",
               "drop grouped_mm_small_ops / permute_small_ops / small_ops, or set expert_parallel_degree = 1");
+  TITAN_CHECK(fused || !quantize_, "model.converters asks for the small-op grouped GEMM or permute with the quantized "
+                                    "routed experts (quantize.grouped_mm.float8 / quantize.grouped_mm.mx)",
+              "drop grouped_mm_small_ops / permute_small_ops / small_ops from [model] converters: the quantized "
+              "experts run on the fused path only (or drop quantize.grouped_mm.*)");
   grouped_mm_form_ = grouped_mm;
   permute_form_ = permute;
+}
+
+void MoE::set_quantize(std::optional<autograd::LowPrecision> recipe) {
+  if (recipe) {
+    const bool fused = grouped_mm_form_ == autograd::OpForm::fused && permute_form_ == autograd::OpForm::fused;
+    TITAN_CHECK(fused, "model.converters names quantize.grouped_mm.float8 / quantize.grouped_mm.mx with the small-op "
+                       "grouped GEMM or permute (grouped_mm_small_ops / permute_small_ops / small_ops)",
+                "drop the small-op converters from [model] converters: the quantized experts run on the fused path only");
+    TITAN_CHECK(args_.ep_degree() == 1 && !args_.tp_gather,
+                "quantize.grouped_mm.* with expert parallelism or TP's gather scheme is not built",
+                "set parallelism.expert_parallel_degree = 1 and tensor_parallel_degree = 1, or drop quantize.grouped_mm.*");
+  }
+  quantize_ = recipe;
 }
 
 void MoE::count_tokens(const kernels::ExpertDispatch& disp) {
@@ -297,12 +325,28 @@ MoE::Output MoE::routed(const Variable& x, const Tensor& token_ids) {
   const int64_t r = xe.shape()[0];
   Tensor h1 = activations({r, f}, cd), h3 = activations({r, f}, cd), act = activations({r, f}, cd);  // [R, F]
   Tensor out_e = activations({r, d}, cd);  // [R, D] expert outputs
+  // Under quantize.grouped_mm.*: the weights' per-step forms, the forward operands' quantized
+  // rows (kept for wgrad) and wgrad's token tile starts (each expert's and each sequence's first row).
+  const std::optional<autograd::LowPrecision> recipe = quantize_;
+  autograd::QuantizedRows xq, actq;
+  std::vector<int64_t> tile_starts;
   {
     ProfileScope prof_experts("moe.experts.fwd");  // the grouped GEMMs' share of the layer
-    kernels::grouped_matmul_forward(h1, xe, w1, offsets);
-    kernels::grouped_matmul_forward(h3, xe, w3, offsets);
-    kernels::swiglu_forward(act, h1, h3, limit);
-    kernels::grouped_matmul_forward(out_e, act, w2, offsets);
+    if (recipe) {
+      quantized_w1_.refresh(w1, *recipe), quantized_w2_.refresh(w2, *recipe), quantized_w3_.refresh(w3, *recipe);
+      xq = autograd::quantize_activation_rows(xe, *recipe);
+      autograd::quantized_grouped_forward(h1, xq, quantized_w1_, offsets);
+      autograd::quantized_grouped_forward(h3, xq, quantized_w3_, offsets);
+      kernels::swiglu_forward(act, h1, h3, limit);
+      actq = autograd::quantize_activation_rows(act, *recipe);
+      autograd::quantized_grouped_forward(out_e, actq, quantized_w2_, offsets);
+      tile_starts = autograd::token_tile_starts(offsets, row_sequences(disp.pos, x.shape()[1]));
+    } else {
+      kernels::grouped_matmul_forward(h1, xe, w1, offsets);
+      kernels::grouped_matmul_forward(h3, xe, w3, offsets);
+      kernels::swiglu_forward(act, h1, h3, limit);
+      kernels::grouped_matmul_forward(out_e, act, w2, offsets);
+    }
   }
   const Tensor out = ep ? exchange->combine(out_e) : out_e;  // [M, D], by expert, at their tokens' rank
   Tensor y = activations({batch, x.shape()[1], d}, cd);  // [B, S, D]
@@ -316,7 +360,8 @@ MoE::Output MoE::routed(const Variable& x, const Tensor& token_ids) {
   }
   const std::vector<Variable> vars = autograd::record(
       "moe", {x, router.gate.weight.var, experts.w1.var, experts.w2.var, experts.w3.var}, outputs,
-      [=, pos = disp.pos, offsets = offsets](std::span<const Tensor> dout, autograd::GradSink& g) {
+      [=, pos = disp.pos, offsets = offsets, qw1 = &quantized_w1_, qw2 = &quantized_w2_, qw3 = &quantized_w3_](
+          std::span<const Tensor> dout, autograd::GradSink& g) {
         ProfileScope prof_bwd("moe.bwd");
         Tensor dweights = zeros({t, k}, DType::f32);  // [T, k]
         // Under EP every rank's backward runs the exchanges, in step with the others'.
@@ -336,12 +381,19 @@ MoE::Output MoE::routed(const Variable& x, const Tensor& token_ids) {
             bool acc_w1 = true, acc_w2 = true, acc_w3 = true;
             const Tensor dw1 = g.grad_to_write(2, &acc_w1), dw2 = g.grad_to_write(3, &acc_w2),
                          dw3 = g.grad_to_write(4, &acc_w3);
-            kernels::grouped_matmul_backward(d_act, dw2, d_out_e, act, w2, offsets, acc_w2, false);
             Tensor dh1 = Tensor::empty({r, f}, cd, MemCategory::temporaries);  // [R, F]
             Tensor dh3 = Tensor::empty({r, f}, cd, MemCategory::temporaries);
-            kernels::swiglu_backward(dh1, dh3, d_act, h1, h3, false, limit);
-            kernels::grouped_matmul_backward(dxe, dw1, dh1, xe, w1, offsets, acc_w1, false);
-            kernels::grouped_matmul_backward(dxe, dw3, dh3, xe, w3, offsets, acc_w3);
+            if (recipe) {
+              autograd::quantized_grouped_backward(d_act, dw2, d_out_e, actq, *qw2, offsets, tile_starts, acc_w2, false);
+              kernels::swiglu_backward(dh1, dh3, d_act, h1, h3, false, limit);
+              autograd::quantized_grouped_backward(dxe, dw1, dh1, xq, *qw1, offsets, tile_starts, acc_w1, false);
+              autograd::quantized_grouped_backward(dxe, dw3, dh3, xq, *qw3, offsets, tile_starts, acc_w3, true);
+            } else {
+              kernels::grouped_matmul_backward(d_act, dw2, d_out_e, act, w2, offsets, acc_w2, false);
+              kernels::swiglu_backward(dh1, dh3, d_act, h1, h3, false, limit);
+              kernels::grouped_matmul_backward(dxe, dw1, dh1, xe, w1, offsets, acc_w1, false);
+              kernels::grouped_matmul_backward(dxe, dw3, dh3, xe, w3, offsets, acc_w3);
+            }
           }
           const Tensor dxs = ep ? exchange->combine(dxe) : dxe;  // [M, D]
           if (g.needs(0)) {

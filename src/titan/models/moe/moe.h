@@ -20,10 +20,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "titan/autograd/quantized_grouped_matmul.h"
 #include "titan/autograd/small_op_forms.h"
 #include "titan/kernels/activation.h"
 #include "titan/kernels/moe_permute.h"
@@ -152,6 +154,14 @@ class MoE : public models::BlockFeedForward {
   // choosable apart, in f32; not under expert parallelism, whose exchanges sit inside the op).
   void set_forms(autograd::OpForm grouped_mm, autograd::OpForm permute);
 
+  // [model] converters "quantize.grouped_mm.*" (models/quantize.h): the routed experts' three
+  // grouped GEMMs under a low-precision recipe (autograd/quantized_grouped_matmul.h), on the
+  // fused path only (refused with the small-op forms, expert parallelism or TP's gather scheme);
+  // nullopt: high precision. wgrad's token tiles restart at each expert's and each sequence's
+  // first row, so the result does not depend on how FSDP splits the batch.
+  void set_quantize(std::optional<autograd::LowPrecision> recipe);
+  std::optional<autograd::LowPrecision> quantize() const { return quantize_; }
+
   // After each optimizer step: expert_bias += coeff * sign(mean load - load), shifted to zero
   // mean, then the counts restart. A no-op for the bias when load_balance_coeff is 0, or under
   // hash routing (no bias).
@@ -188,6 +198,8 @@ class MoE : public models::BlockFeedForward {
   autograd::OpForm grouped_mm_form_ = autograd::OpForm::fused, permute_form_ = autograd::OpForm::fused;
   std::vector<int64_t> stats_counts_;  // [E], assignments since the last load_stats()
   bool async_tp_ = false;
+  std::optional<autograd::LowPrecision> quantize_;
+  autograd::QuantizedExperts quantized_w1_, quantized_w2_, quantized_w3_;  // per step (parameters epoch)
 };
 
 }  // namespace titan::models::moe
