@@ -8,11 +8,13 @@
 #include <cmath>
 #include <vector>
 
+#include "common/relative_error.h"
 #include "titan/autograd/ops.h"
 #include "titan/autograd/quantized_grouped_matmul.h"
 #include "titan/core/rng.h"
 
 using namespace titan;
+using titan::test::relative_error;
 using autograd::LowPrecision;
 using autograd::Variable;
 
@@ -22,17 +24,6 @@ Tensor normal(const Shape& shape, uint64_t seed, double std = 1) {
   Tensor t = Tensor::empty(shape, DType::f32);
   init_normal(t, seed, "quantized_grouped_matmul", 0, std);
   return t;
-}
-
-// ||a - b|| / ||b|| (Frobenius); 0 when both are zero.
-double relative_error(const Tensor& a, const Tensor& b) {
-  const Tensor ac = a.contiguous(), bc = b.contiguous();
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < ac.numel(); ++i) {
-    const double d = double(ac.data<float>()[i]) - double(bc.data<float>()[i]);
-    num += d * d, den += double(bc.data<float>()[i]) * double(bc.data<float>()[i]);
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
 const char* name(LowPrecision r) {

@@ -10,12 +10,14 @@
 #include <vector>
 
 #include "common/kernel_check.h"
+#include "common/relative_error.h"
 #include "titan/autograd/ops.h"
 #include "titan/autograd/quantized_linear.h"
 #include "titan/core/rng.h"
 #include "titan/kernels/matmul.h"
 
 using namespace titan;
+using titan::test::relative_error;
 using autograd::LowPrecision;
 using autograd::QuantRole;
 using autograd::Variable;
@@ -26,16 +28,6 @@ Tensor normal(const Shape& shape, uint64_t seed, double std = 1) {
   Tensor t = Tensor::empty(shape, DType::f32);
   init_normal(t, seed, "quantized_linear", 0, std);
   return t;
-}
-
-// ||a - b|| / ||b|| (Frobenius).
-double relative_error(const Tensor& a, const Tensor& b) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double d = double(a.data<float>()[i]) - double(b.data<float>()[i]);
-    num += d * d, den += double(b.data<float>()[i]) * double(b.data<float>()[i]);
-  }
-  return std::sqrt(num / den);
 }
 
 Tensor gemm_nt(const Tensor& a, const Tensor& b) {  // a [N, K] b [M, K]^T
