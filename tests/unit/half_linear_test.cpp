@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "common/random_tensor.h"
 #include "titan/autograd/half_linear.h"
 #include "titan/autograd/ops.h"
 #include "titan/core/rng.h"
@@ -16,11 +17,7 @@ using autograd::Variable;
 
 namespace {
 
-Tensor normal(const Shape& shape, uint64_t seed, double std = 1) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  init_normal(t, seed, "half_linear", 0, std);
-  return t;
-}
+Tensor normal(const Shape& shape, uint64_t seed, double std = 1) { return test::normal(shape, seed, "half_linear", std); }
 
 void expect_equal(const Tensor& a, const Tensor& b, const char* what) {
   ASSERT_EQ(a.shape(), b.shape()) << what;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/random_tensor.h"
 #include "common/relative_error.h"
 #include "titan/autograd/ops.h"
 #include "titan/autograd/quantized_grouped_matmul.h"
@@ -20,11 +21,7 @@ using autograd::Variable;
 
 namespace {
 
-Tensor normal(const Shape& shape, uint64_t seed, double std = 1) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  init_normal(t, seed, "quantized_grouped_matmul", 0, std);
-  return t;
-}
+Tensor normal(const Shape& shape, uint64_t seed, double std = 1) { return test::normal(shape, seed, "quantized_grouped_matmul", std); }
 
 const char* name(LowPrecision r) {
   return r == LowPrecision::fp8_blockwise ? "fp8_blockwise" : r == LowPrecision::mxfp8 ? "mxfp8" : "mxfp4";

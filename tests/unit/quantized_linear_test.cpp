@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/random_tensor.h"
 #include "common/kernel_check.h"
 #include "common/relative_error.h"
 #include "titan/autograd/ops.h"
@@ -24,11 +25,7 @@ using autograd::Variable;
 
 namespace {
 
-Tensor normal(const Shape& shape, uint64_t seed, double std = 1) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  init_normal(t, seed, "quantized_linear", 0, std);
-  return t;
-}
+Tensor normal(const Shape& shape, uint64_t seed, double std = 1) { return test::normal(shape, seed, "quantized_linear", std); }
 
 Tensor gemm_nt(const Tensor& a, const Tensor& b) {  // a [N, K] b [M, K]^T
   Tensor c = Tensor::empty({a.size(0), b.size(0)}, DType::f32);
