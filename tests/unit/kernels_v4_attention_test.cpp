@@ -39,6 +39,9 @@ const std::vector<std::vector<int64_t>> kShapes = {
     // f32 runs 16 / H queries per block: H = 4 as the debug models (4 per block, a partial last
     // block, and one whose union of selected entries spans several key chunks at D = 600)
     {2, 38, 4, 64, 16, 4, 10}, {1, 70, 4, 32, 12, 8, 0},    {1, 43, 4, 600, 9, 2, 18},
+    // CSA entries read in place on AVX-512 (f32, H dividing 16, D a multiple of 16 / H): 2, 8 and
+    // 1 heads (the 4-head cases above), D past one 64-float chunk in the first
+    {1, 29, 2, 80, 7, 3, 11},  {1, 37, 8, 6, 5, 2, 9},      {1, 25, 1, 48, 6, 2, 13},
 };
 
 // transformers' eager attention in double from the same inputs: o [B, S, H, D] and lse; for CSA

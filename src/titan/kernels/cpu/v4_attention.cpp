@@ -11,6 +11,7 @@
 #include "titan/kernels/cpu/mqa_rows.h"
 #include "titan/kernels/cpu/scratch.h"
 #include "titan/kernels/cpu/tile_gemm.h"
+#include "titan/kernels/cpu/v4_csa_entries.h"
 #if defined(__AVX512BF16__)
 #include "titan/kernels/cpu/bf16_pairs.h"
 #endif
@@ -41,12 +42,18 @@ struct Plan {
   int64_t chunk;  // keys per chunk, a multiple of kRows: the rows of the per-key tiles
 };
 
-// queries: 0 picks Q as above; the bf16-pair path passes 1 (one query per block, heads padded).
-Plan make_plan(const V4AttentionParams& d, int64_t queries = 0) {
+// The f32 kernel runs blocks of Q = 16 / H queries whose key lists hold their windows and, in an
+// HCA layer, the visible entries (a CSA layer's selected entries run per query,
+// cpu/v4_csa_entries.h); the bf16-pair path runs one query per block, heads padded, its selected
+// entries in its key list.
+enum class PlanFor { f32_blocks, bf16_queries };
+
+Plan make_plan(const V4AttentionParams& d, PlanFor kind = PlanFor::f32_blocks) {
   Plan p;
-  p.Q = queries > 0 ? queries : max_i64(kPadLanes / d.H, 1);
+  p.Q = kind == PlanFor::bf16_queries ? 1 : max_i64(kPadLanes / d.H, 1);
   p.Dp = round_up(d.D, kPadLanes), p.Hs = round_up(p.Q * d.H, kPadLanes), p.Hr = round_up(p.Q * d.H, kRows);
-  p.most = min_i64(d.W + p.Q - 1, d.Skv) + (d.K > 0 ? min_i64(p.Q * d.K, d.T) : d.T);
+  const int64_t entries = d.K == 0 ? d.T : kind == PlanFor::bf16_queries ? min_i64(d.K, d.T) : 0;
+  p.most = min_i64(d.W + p.Q - 1, d.Skv) + entries;
   p.chunk = min_i64(round_up(p.most, kRows), max_i64(kChunkFloats / p.Dp / kRows, 1) * kRows);
   return p;
 }
@@ -56,23 +63,12 @@ Plan make_plan(const V4AttentionParams& d, int64_t queries = 0) {
 // a column that has seen nothing else yet; its own row, always in the first chunk, then zeroes it).
 constexpr float kUnseen = -1e30f;
 
-// Per-thread state of block_keys: where[w] the block's key index of entry w (-1: not listed yet;
-// T entries, all -1 between calls), and slot[qi K + i] the key index of query qi's slot i (-1:
-// invalid slot).
-struct BlockLists {
-  int32_t* where;
-  int32_t* slot;
-};
-
 // The keys of the nq <= Q queries t0 .. t0 + nq - 1 (one batch element) together, as rows of
-// [kv | comp] (raw key row j: j; entry w: Skv + w), to keys[0, n): the union of their windows (rows window_start(t0) ..
-// self_row(t0 + nq - 1), contiguous), then the union of their compressed entries (HCA: every entry
-// the last query sees; CSA: the valid slots of sel [nq, K] in first-seen order). bias [n, Q]: what
-// each query adds to its score of each key: 0 when the key is one of its own, kUnseen when not,
-// ln c for a CSA entry one query lists in c > 1 slots (so it counts c times, as list_keys' rows do).
-// Returns n; *windowed = the window keys' count.
-int64_t block_keys(int32_t* keys, float* bias, BlockLists lists, const int32_t* sel, int64_t t0, int64_t nq,
-                   int64_t Q, const V4AttentionParams& d, int64_t* windowed) {
+// [kv | comp] (raw key row j: j; entry w: Skv + w), to keys[0, n): the union of their windows (rows
+// window_start(t0) .. self_row(t0 + nq - 1), contiguous), then in an HCA layer (csa false) every
+// entry the last query sees. bias [n, Q]: what each query adds to its score of each key: 0 when
+// the key is one of its own, kUnseen when not. Returns n.
+int64_t block_keys(int32_t* keys, float* bias, bool csa, int64_t t0, int64_t nq, int64_t Q, const V4AttentionParams& d) {
   const int64_t last = t0 + nq - 1;
   int64_t n = 0;
   for (int64_t j = v4_window_start(d, t0); j <= v4_self_row(d, last); ++j, ++n) {
@@ -82,35 +78,10 @@ int64_t block_keys(int32_t* keys, float* bias, BlockLists lists, const int32_t* 
       bias[n * Q + qi] = sees ? 0.0f : kUnseen;
     }
   }
-  *windowed = n;
-  if (!sel) {
-    for (int64_t w = 0; w < v4_visible_entries(d, last); ++w, ++n) {
-      keys[n] = int32_t(d.Skv + w);
-      for (int64_t qi = 0; qi < Q; ++qi) bias[n * Q + qi] = qi < nq && w < v4_visible_entries(d, t0 + qi) ? 0.0f : kUnseen;
-    }
-    return n;
-  }
-  // CSA: count each query's slots per entry in bias, then turn the counts into biases.
-  const int64_t first = n;
-  for (int64_t qi = 0; qi < nq; ++qi) {
-    for (int64_t i = 0; i < d.K; ++i) {
-      const int32_t s = sel[qi * d.K + i];
-      int32_t& at = lists.slot[qi * d.K + i];
-      at = -1;
-      if (!v4_slot_valid(d, s, t0 + qi)) continue;
-      if (lists.where[s] < 0) {
-        lists.where[s] = int32_t(n), keys[n] = int32_t(d.Skv + s);
-        for (int64_t qj = 0; qj < Q; ++qj) bias[n * Q + qj] = 0.0f;
-        ++n;
-      }
-      at = lists.where[s];
-      bias[at * Q + qi] += 1.0f;
-    }
-  }
-  for (int64_t k = first; k < n; ++k) {
-    lists.where[keys[k] - d.Skv] = -1;
-    // the libm call, not a wrapper shared across ISAs; log(1) = 0 exactly
-    for (int64_t qi = 0; qi < Q; ++qi) bias[k * Q + qi] = bias[k * Q + qi] > 0 ? __builtin_logf(bias[k * Q + qi]) : kUnseen;
+  if (csa) return n;
+  for (int64_t w = 0; w < v4_visible_entries(d, last); ++w, ++n) {
+    keys[n] = int32_t(d.Skv + w);
+    for (int64_t qi = 0; qi < Q; ++qi) bias[n * Q + qi] = qi < nq && w < v4_visible_entries(d, t0 + qi) ? 0.0f : kUnseen;
   }
   return n;
 }
@@ -214,6 +185,7 @@ void store_dsink(float* dsink, const double* partials, int64_t parts, int64_t H,
   }
 }
 
+#if defined(__AVX512BF16__)
 // hm[i] for each slot i of sel = (1/H) sum over heads h < H of head h's softmax over the query's
 // valid slots alone, from their scores cs [nc, Hs] (the valid slots in slot order; overwritten
 // with the probabilities); 0 for invalid slots. lse and sum are [Hs] scratch.
@@ -236,7 +208,6 @@ void write_slot_head_mean(float* hm, float* cs, int64_t nc, int64_t Hs, float* l
   }
 }
 
-#if defined(__AVX512BF16__)
 // One query at a time (the bf16 path): the keys query t sees, as rows of [kv | comp] of its batch
 // element (raw key row j: j; entry w: Skv + w), to keys[0, n): its window's rows
 // (v4_attention_params.h), then its compressed entries (HCA, sel nullptr: every visible one; CSA:
@@ -277,7 +248,7 @@ void gather_row_pairs(bf16* g, uint32_t* pairs, int64_t ld, const int32_t* keys,
 
 void forward_bf16_pairs(bf16* o, float* lse, float* head_mean, const bf16* q, const bf16* kv, const bf16* comp,
                         const int32_t* idx, const float* sink, const V4AttentionParams& d) {
-  const Plan p = make_plan(d, 1);
+  const Plan p = make_plan(d, PlanFor::bf16_queries);
   const float scale = float(d.scale);
   const int64_t D2 = d.D / 2, K2 = round_up((p.chunk + 1) / 2, 16);
 #pragma omp parallel
@@ -347,7 +318,7 @@ void forward_bf16_pairs(bf16* o, float* lse, float* head_mean, const bf16* q, co
 void backward_bf16_pairs(bf16* dq, bf16* dkv, bf16* dcomp, float* dsink, const bf16* dout, const bf16* q,
                          const bf16* kv, const bf16* comp, const int32_t* idx, const float* sink, const bf16* o,
                          const float* lse, float* acc, int64_t parts, const V4AttentionParams& d) {
-  const Plan p = make_plan(d, 1);
+  const Plan p = make_plan(d, PlanFor::bf16_queries);
   const int64_t w2 = 2 * p.Hs, key_rows = d.Skv + d.T;
   const int64_t D2 = d.D / 2, K2 = round_up((p.chunk + 1) / 2, 16);
   const float scale = float(d.scale);
@@ -447,7 +418,6 @@ void v4_attention_forward(T* o, float* lse, float* head_mean, const T* q, const 
   const Plan p = make_plan(d);
   const float scale = float(d.scale);
   const int64_t Q = p.Q, cols = Q * d.H, blocks = (d.S + Q - 1) / Q;
-  const bool slots = head_mean && idx;
 #pragma omp parallel
   {
     // Per-thread buffers of one block, zero-initialized so every padding lane is a finite 0.
@@ -462,21 +432,14 @@ void v4_attention_forward(T* o, float* lse, float* head_mean, const T* q, const 
     Scratch<float> sink_cols(p.Hs, ScratchInit::zeroed);  // the sink of each column's head
     Scratch<int32_t> keys(p.most, ScratchInit::zeroed);
     Scratch<float> bias(p.most * Q, ScratchInit::zeroed);
-    Scratch<int32_t> where(idx ? d.T : 1), slot(idx ? Q * d.K : 1);
-    for (int64_t w = 0; idx && w < d.T; ++w) where.data()[w] = -1;
     for (int64_t c = 0; sink && c < cols; ++c) sink_cols.data()[c] = sink[c % d.H];
-    // head_mean: [Q K, Hs] the raw scores of the block's entries, [K, Hs] one query's valid slots'
-    // (columns 0 .. H - 1), [Hs] x 2 scratch
-    Scratch<float> raw(slots ? Q * d.K * p.Hs : 1), cs(slots ? d.K * p.Hs : 1, ScratchInit::zeroed);
-    Scratch<float> cm(slots ? p.Hs : 1), cl(slots ? p.Hs : 1);
+    EntryScratch entries(d, p.Dp, false, std::is_same_v<T, float>);  // CSA: one query's entries
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bk = 0; bk < d.B * blocks; ++bk) {
       const int64_t b = bk / blocks, t0 = bk % blocks * Q, nq = min_i64(Q, d.S - t0);
       const T* kvb = kv + b * d.Skv * d.D;
       const T* compb = comp + b * d.T * d.D;
-      const int32_t* sel = idx ? idx + (b * d.S + t0) * d.K : nullptr;
-      int64_t window = 0;  // keys[0, window) are raw, the rest entries
-      const int64_t n = block_keys(keys.data(), bias.data(), {where.data(), slot.data()}, sel, t0, nq, Q, d, &window);
+      const int64_t n = block_keys(keys.data(), bias.data(), idx != nullptr, t0, nq, Q, d);
       // Columns of queries past the last (nq < Q) keep the previous block's q: finite, every key
       // biased away, never stored.
       for (int64_t qi = 0; qi < nq; ++qi)
@@ -489,10 +452,6 @@ void v4_attention_forward(T* o, float* lse, float* head_mean, const T* q, const 
         gather_rows(g.data(), p.Dp, keys.data() + c0, cn, kvb, compb, d);
         gemm<Tiles, TileStore::write>(st.data(), p.Hs, g.data(), p.Dp, 1, qt.data(), p.Hs, round_up(cn, kRows), p.Hs,
                                       d.D);
-        for (int64_t i = max_i64(window - c0, 0); slots && i < cn; ++i) {
-          // Scalar math: raw[entry] = s
-          std::memcpy(raw.data() + (c0 + i - window) * p.Hs, st.data() + i * p.Hs, size_t(p.Hs) * sizeof(float));
-        }
         add_bias(st.data(), p.Hs, bias.data(), c0, cn, Q, d.H);
         softmax_chunk(st.data(), cn, p.Hs, m.data(), l.data(), alpha.data());
         if (c0 == 0) {
@@ -501,6 +460,18 @@ void v4_attention_forward(T* o, float* lse, float* head_mean, const T* q, const 
         }
         rescale_rows(out.data(), p.Dp, alpha.data(), cols);
         gemm<Tiles, TileStore::accumulate>(out.data(), p.Dp, st.data(), 1, p.Hs, g.data(), p.Dp, p.Hr, p.Dp, cn);
+      }
+      for (int64_t qi = 0; idx && qi < nq; ++qi) {
+        const int64_t bt = b * d.S + t0 + qi;
+        const int32_t* sel = idx + bt * d.K;
+        float* hm = head_mean ? head_mean + bt * d.K : nullptr;
+        const int64_t ne = gather_entries(entries.buf, sel, t0 + qi, compb, d);
+        if (ne > 0) {
+          forward_entries(out.data(), m.data(), l.data(), qt.data(), p.Hs, qi * d.H, entries.buf, ne, hm, sel, t0 + qi,
+                          d);
+        } else if (hm) {
+          for (int64_t i = 0; i < d.K; ++i) hm[i] = 0.0f;
+        }
       }
       for (int64_t qi = 0; qi < nq; ++qi) {
         const int64_t bt = b * d.S + t0 + qi;
@@ -514,16 +485,6 @@ void v4_attention_forward(T* o, float* lse, float* head_mean, const T* q, const 
 #pragma omp simd
           for (int64_t c = 0; c < d.D; ++c) ot[h * d.D + c] = from_f32<T>(inv * out.data()[col * p.Dp + c]);
         }
-        if (!slots) continue;
-        // This query's valid slots' raw scores, in slot order, as columns 0 .. H - 1 of cs.
-        int64_t nc = 0;
-        for (int64_t i = 0; i < d.K; ++i) {
-          const int32_t at = slot.data()[qi * d.K + i];
-          if (at >= 0) std::memcpy(cs.data() + nc++ * p.Hs, raw.data() + (at - window) * p.Hs + qi * d.H,
-                                   size_t(d.H) * sizeof(float));
-        }
-        write_slot_head_mean(head_mean + bt * d.K, cs.data(), nc, p.Hs, cm.data(), cl.data(), idx + bt * d.K,
-                             t0 + qi, d);
       }
     }
   }
@@ -559,9 +520,8 @@ void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout,
     Scratch<float> dummy(p.Dp, ScratchInit::zeroed);             // C row of padding rows, never read
     Scratch<int32_t> keys(p.most, ScratchInit::zeroed);
     Scratch<float> bias(p.most * Q, ScratchInit::zeroed);
-    Scratch<int32_t> where(idx ? d.T : 1), slot(idx ? Q * d.K : 1);
-    for (int64_t w = 0; idx && w < d.T; ++w) where.data()[w] = -1;
     Scratch<float*> c(p.chunk, ScratchInit::zeroed);  // C rows of the key-gradient product
+    EntryScratch entries(d, p.Dp, true, std::is_same_v<T, float>);              // CSA: one query's entries
     for (int64_t b = 0; b < d.B; ++b) {
       const T* kvb = kv + b * d.Skv * d.D;
       const T* compb = comp + b * d.T * d.D;
@@ -570,9 +530,7 @@ void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout,
 #pragma omp for schedule(static, 1)
       for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t t0 = blk * Q, nq = min_i64(Q, d.S - t0);
-        const int32_t* sel = idx ? idx + (b * d.S + t0) * d.K : nullptr;
-        int64_t window = 0;
-        const int64_t n = block_keys(keys.data(), bias.data(), {where.data(), slot.data()}, sel, t0, nq, Q, d, &window);
+        const int64_t n = block_keys(keys.data(), bias.data(), idx != nullptr, t0, nq, Q, d);
         // Padding columns, and those of queries past the last (nq < Q): P = 0.
         for (int64_t col = nq * d.H; col < p.Hs; ++col) lse_c.data()[col] = kInf;
         for (int64_t qi = 0; qi < nq; ++qi) {
@@ -621,6 +579,14 @@ void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout,
           for (int64_t r = 0; r < cn_pad; ++r)
             c.data()[r] = r < cn ? mine + int64_t(keys.data()[c0 + r]) * p.Dp : dummy.data();
           gemm_add_rows<Tiles>(c.data(), st.data(), w2, 1, b2.data(), p.Dp, cn_pad, p.Dp, w2);
+        }
+        for (int64_t qi = 0; idx && qi < nq; ++qi) {
+          const int64_t bt = b * d.S + t0 + qi, col0 = qi * d.H;
+          const int64_t ne = gather_entries(entries.buf, idx + bt * d.K, t0 + qi, compb, d);
+          if (ne == 0) continue;
+          backward_entries(dqb.data(), mine, dummy.data(), entries.rows(), qdt.data(), w2, p.Hs, col0,
+                           b2.data() + col0 * p.Dp, b2.data() + (p.Hs + col0) * p.Dp, lse_c.data(), delta.data(),
+                           scale, entries.buf, ne, d);
         }
         for (int64_t qi = 0; qi < nq; ++qi) {
           T* dqt = dq + (b * d.S + t0 + qi) * d.H * d.D;

@@ -17,8 +17,13 @@
 //             dq += scale dS^T rows, and the key rows += (scale dS | P) (q ; dO): key and value
 //             roles (K = V) in one product, added in place; dsink = -sum p_sink rowsum(dO * O).
 // No S x S (or S x T) buffer exists: a query's scores live in its thread's [chunk, H] tile.
-// head_mean (CSA, optional): the forward keeps the raw scores of the query's valid slots ([K, H]),
-// runs each head's softmax over them alone and writes the head mean per slot.
+// f32 with H < 16 heads runs 16 / H neighbouring queries per block, whose (query, head) pairs
+// fill the tiles' 16 columns over the union of their windows (and an HCA layer's visible
+// entries), each key biased away for the queries that do not see it. A CSA layer's selected
+// entries then run per query, heads as rows and keys as columns (cpu/v4_csa_entries.h): the
+// block's queries select different entries, whose union at long S would be mostly padding.
+// head_mean (CSA, optional): each head's softmax over the query's valid slots alone, from the
+// same scores, and the head mean per slot.
 // The key-row gradients accumulate in `acc`, `parts` per-thread f32 buffers [parts, Skv + T,
 // v4_attention_acc_width(D)] (rows 0..Skv-1 raw keys, Skv.. compressed entries; the backward runs on
 // at most `parts` threads), summed into dkv and dcomp per batch element: no atomics. acc must be
