@@ -1,7 +1,9 @@
 // Shared helpers for benchmarks: timing and printing ratios measured in one run.
 #pragma once
 
+#include <sched.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -56,9 +58,22 @@ inline void print_peak(const kernels::MachinePeak& p) {
               p.f32_flops / 1e9, p.bf16_flops / 1e9, p.memcpy_bytes / 1e9);
 }
 
+// Under OMP_PROC_BIND, libgomp binds a process's initial thread to its first place (one core), and
+// a child process inherits that mask: its whole OpenMP team would share the one core (the
+// scaling and training-step benchmarks' children ran on one thread that way). The commands run
+// with every online CPU instead; this process only waits for them.
+inline void unbind_for_children() {
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  for (long c = 0; c < cpus && c < CPU_SETSIZE; ++c) CPU_SET(c, &all);
+  sched_setaffinity(0, sizeof all, &all);
+}
+
 // The output of a shell command (a benchmark's child process or its PyTorch twin), or "" when it
-// could not run or exited with an error.
+// could not run or exited with an error; it runs on every online CPU.
 inline std::string read_command(const std::string& cmd) {
+  unbind_for_children();
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return {};
   std::string out;

@@ -3,9 +3,12 @@
 // attention: [B, H, S, S + T] masked scores; autograd::v4_attention_small_ops), forward +
 // backward, time and the peak of tensor memory above what was live before, for a CSA layer
 // (top-k compressed entries) and an HCA layer (every visible entry) at a debug-model shape and at
-// 4K tokens (--flash adds the fused kernels alone at V4-Flash's 64 heads of 512). The pairs in
-// f32; the kernels alone in f32 and bf16. Ratios from this run.
-//   build/bench/bench_v4_attention [--reps 3] [--skip-4k] [--flash]
+// 4K tokens (--flash adds the fused kernels alone at V4-Flash's 64 heads of 512; --long the
+// kernels alone at the debugmodel_long flavor's 4 heads of 64 and V4-Flash's window and ratios,
+// at 4K and 32K tokens: the long-context benchmark's attention). The pairs in f32; the kernels
+// alone in f32 and bf16. Ratios from this run.
+// --only NAME runs the one shape of that layer name (e.g. --only "32K CSA h4"), for a profiler.
+//   build/bench/bench_v4_attention [--reps 3] [--skip-4k] [--flash] [--long] [--only NAME]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -102,7 +105,10 @@ void print_pair(const Shape4& s, const kernels::V4AttentionParams& d, const Meas
   std::fflush(stdout);
 }
 
+std::string only;  // --only: the one shape to run
+
 void run(const Shape4& s, int reps, bool small_ops = true) {
+  if (!only.empty() && only != s.name) return;
   kernels::V4AttentionParams d;
   d.B = s.B, d.S = s.S, d.Skv = s.S, d.H = s.H, d.D = s.D, d.W = s.W, d.ratio = s.m, d.K = s.K, d.T = s.S / s.m;
   const double scale = 1.0 / std::sqrt(double(s.D));
@@ -127,8 +133,13 @@ void run(const Shape4& s, int reps, bool small_ops = true) {
     Tensor o = Tensor::empty(q.shape(), dt), lse = Tensor::empty({d.B, d.S, d.H}, DType::f32);
     Tensor dq = Tensor::empty(q.shape(), dt), dkv = Tensor::empty(kv.shape(), dt), dc = Tensor::empty(comp.shape(), dt);
     Tensor ds = Tensor::empty(sink.shape(), DType::f32);
+    // CSA: the indexer's KL target too, as training asks for it
+    Tensor hm = d.K > 0 ? Tensor::empty({d.B, d.S, d.K}, DType::f32) : Tensor();
     const double fwd = bench::time_best(
-        [&] { kernels::v4_attention_forward(o, lse, qd, kvd, cd, idx, sink, d.W, d.ratio, scale); }, reps, 1);
+        [&] {
+          kernels::v4_attention_forward(o, lse, qd, kvd, cd, idx, sink, d.W, d.ratio, scale, hm.defined() ? &hm : nullptr);
+        },
+        reps, 1);
     const double bwd = bench::time_best(
         [&] {
           kernels::v4_attention_backward(dq, dkv, dc, ds, dod, qd, kvd, cd, idx, sink, o, lse, d.W, d.ratio, scale);
@@ -157,12 +168,14 @@ void run(const Shape4& s, int reps, bool small_ops = true) {
 
 int main(int argc, char** argv) {
   int reps = 3;
-  bool skip_4k = false, flash = false;
+  bool skip_4k = false, flash = false, long_seq = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (a == "--skip-4k") skip_4k = true;
     else if (a == "--flash") flash = true;
+    else if (a == "--long") long_seq = true;
+    else if (a == "--only" && i + 1 < argc) only = argv[++i];
   }
   std::printf("V4 attention, fused vs small ops (S x (S + T) masked scores), f32, forward + backward, %d threads\n\n",
               num_threads());
@@ -182,6 +195,12 @@ int main(int argc, char** argv) {
   if (flash)
     for (const Shape4& s :
          {Shape4{"flash CSA", 1, 2048, 64, 512, 128, 4, 512}, Shape4{"flash HCA", 1, 2048, 64, 512, 128, 128, 0}})
+      run(s, std::max(1, reps / 2), false);
+  // debugmodel_long's attention (4 heads of 64, window 128, CSA m = 4 with top-512, HCA m = 128)
+  // at 4K and 32K: the kernels alone, their cost per query from 4K to 32K.
+  if (long_seq)
+    for (const Shape4& s : {Shape4{"4K CSA h4", 1, 4096, 4, 64, 128, 4, 512}, Shape4{"32K CSA h4", 1, 32768, 4, 64, 128, 4, 512},
+                            Shape4{"4K HCA h4", 1, 4096, 4, 64, 128, 128, 0}, Shape4{"32K HCA h4", 1, 32768, 4, 64, 128, 128, 0}})
       run(s, std::max(1, reps / 2), false);
   const kernels::MachinePeak peak = kernels::measure_machine_peak();
   std::printf("\nfused kernels alone (GFLOP/s of their products; measured peak: f32 %.0f, bf16 %.0f)\n",

@@ -19,7 +19,8 @@
 // out (forward only: 2 nI dI per entry; the KL's gradient reaches only the top-k).
 //
 // Each configuration runs in a fresh process (this binary with --child), so the resident-memory
-// high-water mark is its own. One warm-up step, then the best of 2 timed steps (1 from 16K on).
+// high-water mark is its own. One warm-up step, then the best of 4 timed steps (2 from 16K on):
+// the VM is shared, and a single short step is easily disturbed.
 //   build/bench/bench_v4_scaling [--seqs 4096,8192,16384,32768] [--v32-seqs 16384] [--skip-v32]
 //                                [--flavor debugmodel_long (the same widths, V4-Flash's attention schedule)]
 #include <cstdio>
@@ -86,7 +87,7 @@ Result run_here(const std::string& model_name, int64_t seq, DType compute) {
   Result out;
   out.ok = true;
   out.seq = seq;
-  out.seconds_per_step = bench::time_best([&] { step(); }, seq >= 16384 ? 1 : 2, 1);
+  out.seconds_per_step = bench::time_best([&] { step(); }, seq >= 16384 ? 2 : 4, 1);
   out.peak_bytes = memory_stats().peak_total;
   out.rss_growth = bench::max_rss_bytes() - rss0;
   out.flops_per_token = model->training_flops_per_token(seq);
@@ -152,7 +153,7 @@ int main(int argc, char** argv) {
   TITAN_CHECK(!seqs.empty(), "bench_v4_scaling: --seqs is empty", "pass lengths such as --seqs 4096,32768");
   g_self = std::filesystem::read_symlink("/proc/self/exe").string();
   std::printf("deepseek_v4 %s, f32, batch 1, one training step (indexer KL loss at coeff 0.01, backward, "
-              "clip, AdamW); 1 warm-up step, best of 2 timed (1 from 16K on)\n",
+              "clip, AdamW); 1 warm-up step, best of 4 timed (2 from 16K on)\n",
               g_flavor.c_str());
   std::vector<Result> v4;
   for (int64_t s : seqs) {
