@@ -31,5 +31,26 @@ if ! grep -q "its threads will share cores" <<<"$out"; then echo "FAIL: no warni
 mapfile -t sets < <(sed -n 's/^threads: .*, on CPUs \(.*\)$/\1/p' <<<"$out")
 all=$(tr ',' '\n' <<<"$(IFS=,; echo "${sets[*]}")" | sort -n)
 if [[ ${#sets[@]} != 2 || $(uniq -d <<<"$all") != "" ]]; then echo "FAIL: oversubscribed ranks share CPUs: ${sets[*]}"; fail=1; fi
+# titan launch's job runs on the CPUs titan launch was given. OpenMP binds titan launch's own
+# thread to one core, a child inherits that, and so did every rank of the job, all on that core.
+# A stand-in mpirun (TITAN_MPIRUN) records the CPUs and the environment the job would start with.
+probe=$(mktemp -d)
+trap 'rm -rf "$probe"' EXIT
+cat >"$probe/mpirun" <<'STANDIN'
+#!/usr/bin/env bash
+{ taskset -pc $$ | sed 's/.*: //'; echo "TITAN_NO_REEXEC=${TITAN_NO_REEXEC:-unset}"; } >"$(dirname "$0")/seen"
+STANDIN
+chmod +x "$probe/mpirun"
+env OMP_PROC_BIND=close OMP_PLACES=cores TITAN_MPIRUN="$probe/mpirun" "$titan" launch -np 2 -- train \
+  --config "$root/configs/llama3_debug.toml" --checkpoint.enable=true --job.dump_folder="$probe/run" >"$probe/log" 2>&1 || true
+mine=$(taskset -pc $$ | sed 's/.*: //')
+if [[ ! -f $probe/seen ]]; then
+  echo "FAIL: titan launch did not start its job:"; cat "$probe/log"; fail=1
+elif [[ $(sed -n 1p "$probe/seen") != "$mine" || $(sed -n 2p "$probe/seen") != "TITAN_NO_REEXEC=unset" ]]; then
+  echo "FAIL: titan launch's job starts on CPUs $(sed -n 1p "$probe/seen") (titan launch was given $mine)," \
+    "with $(sed -n 2p "$probe/seen")"; fail=1
+else
+  echo "ok: titan launch's job starts on CPUs $mine, free to bind its ranks"
+fi
 ((fail == 0)) && echo "thread_binding_test: passed"
 exit $fail

@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "titan/cli/cpu_binding.h"
 #include "titan/cli/train_cli.h"
 #include "titan/core/error.h"
 #include "titan/train/config.h"
@@ -152,10 +153,12 @@ int run_job(const std::vector<std::string>& argv, int attempt, Poll on_poll, boo
   // handler a forwarded request would reach instead of mpirun's.
   int exec_pipe[2];
   TITAN_CHECK(::pipe2(exec_pipe, O_CLOEXEC) == 0, "titan launch: cannot create a pipe", "check the open-file limit");
+  const std::vector<int> cpus = launcher_cpus(std::getenv("OMP_PROC_BIND") != nullptr);
   const pid_t child = ::fork();
   TITAN_CHECK(child >= 0, "titan launch: cannot fork", "check the process limits");
   if (child == 0) {
     ::close(exec_pipe[0]);
+    hand_cpus_to_child(cpus);
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);            // a supervisor killed outright takes its job along...
     if (::getppid() != supervisor) std::_Exit(1);  // ... also one killed before that line

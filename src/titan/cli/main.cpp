@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "titan/cli/ckpt_cli.h"
+#include "titan/cli/cpu_binding.h"
 #include "titan/cli/data_cli.h"
 #include "titan/cli/fr_cli.h"
 #include "titan/cli/launch_cli.h"
@@ -51,63 +52,6 @@ commands:
 
 Run `titan <command> --help` for a command's options.
 )";
-
-// The CPUs the launcher let this process run on. With OMP_PROC_BIND set, the OpenMP runtime has
-// already bound this thread to its first place when main runs, so the process's affinity says
-// nothing of the launcher's: its places (made from the affinity it started with) do.
-std::vector<int> launcher_cpus(bool openmp_bound_us) {
-  if (!openmp_bound_us || omp_get_num_places() == 0) return titan::distributed::allowed_cpus();
-  std::vector<int> cpus;
-  for (int p = 0; p < omp_get_num_places(); ++p) {
-    std::vector<int> ids(size_t(omp_get_place_num_procs(p)));
-    omp_get_place_proc_ids(p, ids.data());
-    cpus.insert(cpus.end(), ids.begin(), ids.end());
-  }
-  std::sort(cpus.begin(), cpus.end());
-  cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
-  return cpus;
-}
-
-// OpenMP reads its binding settings once at start-up, before main can set them; unbound threads
-// can land on one core (measured here: half the FLOP/s). So the binary re-executes itself once
-// with OMP_PROC_BIND/OMP_PLACES set. Under a launcher the ranks on one host split its CPUs: each
-// binds its threads to its own share (distributed/runtime.h), also when OMP_NUM_THREADS is set
-// (then that many threads on the share, with a warning when they outnumber it), unless a binding
-// was already made: OMP_PLACES as an explicit list ("{0},{1}"), or OMP_PROC_BIND=false.
-void bind_threads(char** argv) {
-  if (std::getenv("TITAN_NO_REEXEC")) return;
-  const titan::distributed::LaunchInfo launch = titan::distributed::launch_info();
-  const char* places_env = std::getenv("OMP_PLACES");
-  const char* bind_env = std::getenv("OMP_PROC_BIND");
-  const bool bound_already = (places_env && std::strchr(places_env, '{')) || (bind_env && strcasecmp(bind_env, "false") == 0);
-  if (launch.local_size > 1 && !bound_already) {
-    const std::vector<int> cpus = launcher_cpus(bind_env != nullptr);
-    // The affinity survives execv: give the next process the launcher's CPUs back, for its
-    // OpenMP runtime to place this rank's threads on its share of them.
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    for (int c : cpus) CPU_SET(c, &set);
-    sched_setaffinity(0, sizeof set, &set);
-    const auto [share, places] = titan::distributed::thread_share(launch, cpus, int(sysconf(_SC_NPROCESSORS_ONLN)));
-    const char* user_threads = std::getenv("OMP_NUM_THREADS");
-    const int threads = user_threads ? std::max(1, std::atoi(user_threads)) : share;
-    if (threads > share)
-      std::fprintf(stderr,
-                   "titan: warning: rank %d: OMP_NUM_THREADS=%d, but its share of this host is %d CPU%s (%d ranks here "
-                   "on %ld CPUs): its threads will share cores. Set OMP_NUM_THREADS <= %d, or run fewer ranks per host\n",
-                   launch.rank, threads, share, share == 1 ? "" : "s", launch.local_size, sysconf(_SC_NPROCESSORS_ONLN),
-                   share);
-    setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
-    if (!places.empty()) setenv("OMP_PLACES", places.c_str(), 1);
-    setenv("OMP_PROC_BIND", "close", 1);
-  } else {
-    if (bind_env) return;
-    setenv("OMP_PROC_BIND", "close", 0);
-    setenv("OMP_PLACES", "cores", 0);
-  }
-  setenv("TITAN_NO_REEXEC", "1", 1);
-  execv("/proc/self/exe", argv);  // returns only on failure: then run unbound
-}
 
 // The CPUs the OpenMP threads may run on, as "0,1,5" (each thread's affinity, joined).
 std::string thread_cpus() {
@@ -162,7 +106,7 @@ int main(int argc, char** argv) {
   // re-exec), recorded once the handlers are in, before MPI starts (train/stop_request.h).
   const bool training = argc >= 2 && std::strcmp(argv[1], "train") == 0;
   if (training) titan::train::hold_stop_signals();
-  bind_threads(argv);
+  titan::cli::bind_threads(argv);
   if (training) titan::train::install_stop_handlers();
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
