@@ -115,6 +115,10 @@ void DeepSeekV4Args::validate() const {
               "deepseek_v4: mlp_layer_types has " + str(int64_t(mlp_types.size())) + " entries for num_hidden_layers = " +
                   str(n_layers),
               "give one of moe, hash_moe per layer");
+  TITAN_CHECK(num_mtp_layers >= 0 && mtp_loss_weight >= 0,
+              "deepseek_v4: model.mtp_layers = " + str(num_mtp_layers) + ", model.mtp_loss_weight = " +
+                  std::to_string(mtp_loss_weight),
+              "use mtp_layers >= 0 (0: no multi-token prediction) and mtp_loss_weight >= 0");
   const bool csa = std::find(layer_types.begin(), layer_types.end(), LayerType::csa) != layer_types.end();
   if (csa) {
     for (const auto& [v, key] :
@@ -127,6 +131,11 @@ void DeepSeekV4Args::validate() const {
 }
 
 void DeepSeekV4Args::validate_sequence(int64_t seq_len) const {
+  TITAN_CHECK(seq_len > num_mtp_layers,
+              "deepseek_v4: training.seq_len = " + str(seq_len) + " leaves no target for MTP module " +
+                  str(num_mtp_layers) + " (model.mtp_layers = " + str(num_mtp_layers) + " predicts " +
+                  str(num_mtp_layers + 1) + " tokens ahead)",
+              "use training.seq_len > model.mtp_layers");
   TITAN_CHECK(seq_len <= max_seq_len,
               "deepseek_v4: training.seq_len = " + str(seq_len) + " exceeds the RoPE tables' " + str(max_seq_len) +
                   " positions",

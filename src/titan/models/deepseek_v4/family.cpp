@@ -13,6 +13,7 @@
 #include "titan/models/converters.h"
 #include "titan/models/deepseek_v4/hf_adapter.h"
 #include "titan/models/deepseek_v4/model.h"
+#include "titan/models/deepseek_v4/mtp.h"
 #include "titan/models/deepseek_v4/plan.h"
 
 namespace titan::models::deepseek_v4 {
@@ -29,9 +30,24 @@ DeepSeekV4Args architecture(const std::string& flavor, int64_t vocab, int64_t ma
               "use the tokenizer the checkpoint was trained with");
   if (o.dsa.topk > 0) a.index_topk = o.dsa.topk;
   a.load_balance_coeff = o.moe_load_balance_coeff;
+  a.num_mtp_layers = o.mtp_layers;  // a checkpoint's MTP modules train only when asked for
+  a.mtp_loss_weight = o.mtp_loss_weight;
   a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
   a.validate();
   return a;
+}
+
+// MTP runs on one rank's whole sequences (FSDP / DDP shard only its parameters): the tensor,
+// context and expert parallel layouts of its block are not built yet (model.cpp refuses PP).
+void check_mtp_layout(const DeepSeekV4Args& a, const ModelOptions& o) {
+  if (a.num_mtp_layers == 0) return;
+  const auto degree = [](const distributed::ProcessGroup* g) { return g ? g->size() : 1; };
+  for (const auto& [g, key] : {std::pair{o.tp, "tensor_parallel_degree"}, {o.cp, "context_parallel_degree"},
+                               {o.ep, "expert_parallel_degree"}})
+    TITAN_CHECK(degree(g) == 1,
+                "deepseek_v4: model.mtp_layers = " + std::to_string(a.num_mtp_layers) + " does not run with parallelism." +
+                    key + " = " + std::to_string(degree(g)) + " yet",
+                std::string("set parallelism.") + key + " = 1 (FSDP / DDP work with MTP), or model.mtp_layers = 0");
 }
 
 std::unique_ptr<CausalLM> build(const std::string& flavor, int64_t vocab, int64_t max_seq_len, const ModelOptions& o) {
@@ -42,6 +58,7 @@ std::unique_ptr<CausalLM> build(const std::string& flavor, int64_t vocab, int64_
                                              ": deepseek_v4 balances its experts by the routing bias alone",
               "remove model.moe_aux_loss_alpha (model.moe_load_balance_coeff sets the bias's rate)");
   const DeepSeekV4Args a = architecture(flavor, vocab, max_seq_len, o);
+  check_mtp_layout(a, o);
   if (max_seq_len > 0) a.validate_sequence(max_seq_len);
   if (max_seq_len > 0 && o.cp) a.validate_context_parallel(max_seq_len, o.cp->size());
   models::moe::MoEArgs groups;  // the MoE's parallel groups (moe_args sets the rest)
@@ -74,7 +91,9 @@ ActivationModel activations(const PlanQuery& j) {
   const double share = j.moe_tp_gather ? 1 : 1 / t, f = double(a.moe_inter_dim) / (j.moe_tp_gather ? t : 1);
   const double fs = double(a.moe_inter_dim) / t;  // the shared expert's units
   ActivationModel m;
-  for (LayerType type : a.layer_types) {
+  DeepSeekV4Args blocks = a;  // the main layers, then the MTP modules' (sliding-window) blocks
+  blocks.num_mtp_layers = j.mtp_layers;
+  for (LayerType type : with_mtp_layers(blocks).layer_types) {
     BlockTensors x;
     x.add(2 * n * d * c / t, true, true);                     // the streams into each block
     x.add(2 * ((n + 2) * n + d + 2 * d) * c / t, true);       // mixes, collapsed, normed (per block)
@@ -210,7 +229,7 @@ const ModelFamily& family() {
       .name = "deepseek_v4",
       .flavors = deepseek_v4_flavor_names,
       .routed_experts = true,
-      .multi_token_prediction = false,
+      .multi_token_prediction = true,
       .sparse_attention = true,
       // the MoE's (models/moe/moe.h), the mHC maps' (hyper_connection.h), the compressors' (attention.h)
       .converters = {kConverterGroupedMm, kConverterPermute, kConverterHyperConnection, kConverterCompressor},
