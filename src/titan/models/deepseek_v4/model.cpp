@@ -104,6 +104,8 @@ Transformer::Transformer(const DeepSeekV4Args& a, const std::vector<distributed:
   tp_ = moe.tp;
   place_tensor_parallel();  // declares the plan; places the parameters under TP
   for (size_t l = 0; l < layers.size(); ++l) layers[l].self_attn.set_tensor_parallel(tp_);
+  if (mtp)
+    for (size_t k = 0; k < mtp->size(); ++k) (*mtp)[k].self_attn.set_tensor_parallel(tp_);
 }
 
 void Transformer::set_compute_dtype(DType dtype) {

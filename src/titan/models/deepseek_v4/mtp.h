@@ -22,8 +22,11 @@
 // ffn_hc, post_attention_layernorm, mlp}..." and "mtp.K.{e_proj, h_proj, enorm, hnorm, hc_head,
 // norm}" (hf_adapter.h maps the release's mtp.K.* names). Its MoE statistics are layer n_layers + K.
 // MTP only trains: generation and evaluation do not run it. Each module is a unit of the parallel
-// plan (FSDP gathers it while it runs); tensor, context, expert and pipeline parallel layouts are
-// refused with it (family.cpp, model.cpp).
+// plan (FSDP gathers it while it runs). Under tensor parallelism it runs on this rank's sequence
+// piece like the main layers (the shifted embedding vocabulary-parallel, e_proj / h_proj, the norms
+// and hc_head replicated with partial gradients, the block split as a layer, loss parallel on the
+// shared head); under expert parallelism its MoE divides its experts as the main layers'. Context
+// and pipeline parallelism are refused with it (family.cpp, model.cpp).
 #pragma once
 
 #include "titan/models/deepseek_v4/model.h"

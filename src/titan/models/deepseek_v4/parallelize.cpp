@@ -75,7 +75,7 @@ void Transformer::place_tensor_parallel() {
     }
   };
   for (size_t l = 0; l < layers.size(); ++l) place_layer(layers[l]);
-  if (mtp)  // declared only: family.cpp refuses TP with MTP (the per-token parts would be partial)
+  if (mtp)  // its block as a layer; the rest acts on each token alone (this rank's piece)
     for (size_t k = 0; k < mtp->size(); ++k) {
       MtpModule& m = (*mtp)[k];
       place_layer(m);
