@@ -31,6 +31,18 @@ Tensor shifted_targets(const Tensor& targets, int64_t batch, int64_t seq, int64_
   return out;
 }
 
+ModuleBatch module_batch(const CausalLM& model, const Tensor& tokens, const Tensor& targets, int64_t k) {
+  const int64_t b = tokens.size(0), s = tokens.size(1);
+  ModuleBatch out{shifted_tokens(tokens, k), shifted_targets(targets, b, s, k).view({b, s})};
+  if (const distributed::ProcessGroup* cp = model.context_parallel()) {
+    const distributed::CpLayout layout = distributed::cp_layout(*cp, s);
+    out.ids = distributed::local_chunks(out.ids, layout);
+    out.targets = distributed::local_chunks(out.targets, layout);
+  }
+  out.targets = out.targets.contiguous().view({out.targets.numel()});
+  return out;
+}
+
 void check_batch(const std::string& model, const Tensor& targets, int64_t batch, int64_t seq, int64_t depth) {
   TITAN_CHECK(targets.dtype() == DType::i32 && targets.numel() == batch * seq,
               model + " MTP: the targets must be i32 with one entry per token (" + std::to_string(batch * seq) +

@@ -20,6 +20,14 @@ namespace titan::models::mtp {
 Tensor shifted_tokens(const Tensor& tokens, int64_t k);
 // Module k's targets: targets [B*S] i32 shifted left by k within each row, -100 past it ([B*S] i32).
 Tensor shifted_targets(const Tensor& targets, int64_t batch, int64_t seq, int64_t k);
+// Module k's input ids [B, L] and targets [B*L] for this rank's tokens: the whole rows shifted,
+// then cut into this rank's two chunks per row under context parallelism (L = S / cp; the tokens
+// i + k of a chunk's last positions lie in the next chunk, which every CP rank holds: it reads whole
+// rows); else L = S.
+struct ModuleBatch {
+  Tensor ids, targets;
+};
+ModuleBatch module_batch(const CausalLM& model, const Tensor& tokens, const Tensor& targets, int64_t k);
 // Throws (naming `model`) unless targets are [B*S] i32 for tokens [B, S] and S > depth (the last
 // module has a target somewhere).
 void check_batch(const std::string& model, const Tensor& targets, int64_t batch, int64_t seq, int64_t depth);

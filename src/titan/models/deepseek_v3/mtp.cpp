@@ -1,9 +1,6 @@
 #include "titan/models/deepseek_v3/mtp.h"
 
-#include <optional>
-
 #include "titan/autograd/ops.h"
-#include "titan/distributed/context_parallel.h"
 #include "titan/models/mtp_targets.h"
 #include "titan/nn/module.h"
 
@@ -35,21 +32,14 @@ void MultiTokenPrediction::run(Transformer& model, const Variable& h0, const Ten
                                const Tensor& targets, AuxLosses& aux) {
   const int64_t b = tokens.size(0), s = tokens.size(1), d = int64_t(size());
   mtp::check_batch("deepseek_v3", targets, b, s, d);
-  // Under CP the shifted tokens and targets are cut into this rank's chunks (tokens[i + k] of a
-  // chunk's last positions lie in the next chunk, which every CP rank holds: it reads whole rows).
-  const distributed::ProcessGroup* cp = model.context_parallel();
-  const std::optional<distributed::CpLayout> layout =
-      cp ? std::optional(distributed::cp_layout(*cp, s)) : std::nullopt;
-  const auto mine = [&](const Tensor& x) { return layout ? distributed::local_chunks(x, *layout) : x; };  // [B, S] -> [B, L]
   const double weight = args_.mtp_loss_weight / double(d);
   Variable h = h0;
   for (int64_t k = 1; k <= d; ++k) {
     MtpModule& m = (*this)[size_t(k - 1)];
     nn::UnitScope unit(m);  // a unit of the parallel plan: its block and norms, gathered while it runs
-    const Variable emb = model.embed(mine(mtp::shifted_tokens(tokens, k)));
-    h = m.forward(h, emb, model.rope_tables(), positions, model.recompute(), &aux);
-    const Tensor tk = mine(mtp::shifted_targets(targets, b, s, k).view({b, s}));
-    mtp::add_module_loss(model, model.head(m.norm.forward(h)), tk.view({tk.numel()}), weight, aux);
+    const mtp::ModuleBatch mine = mtp::module_batch(model, tokens, targets, k);  // this rank's chunks under CP
+    h = m.forward(h, model.embed(mine.ids), model.rope_tables(), positions, model.recompute(), &aux);
+    mtp::add_module_loss(model, model.head(m.norm.forward(h)), mine.targets, weight, aux);
   }
 }
 

@@ -37,16 +37,6 @@ DeepSeekV4Args architecture(const std::string& flavor, int64_t vocab, int64_t ma
   return a;
 }
 
-// MTP runs on this rank's tokens as the main layers do under FSDP / DDP, tensor and expert
-// parallelism; context parallelism (its chunked shift) is not built yet (model.cpp refuses PP).
-void check_mtp_layout(const DeepSeekV4Args& a, const ModelOptions& o) {
-  const int64_t cp = o.cp ? o.cp->size() : 1;
-  TITAN_CHECK(a.num_mtp_layers == 0 || cp == 1,
-              "deepseek_v4: model.mtp_layers = " + std::to_string(a.num_mtp_layers) +
-                  " does not run with parallelism.context_parallel_degree = " + std::to_string(cp) + " yet",
-              "set parallelism.context_parallel_degree = 1 (FSDP, DDP, TP and EP work with MTP), or model.mtp_layers = 0");
-}
-
 std::unique_ptr<CausalLM> build(const std::string& flavor, int64_t vocab, int64_t max_seq_len, const ModelOptions& o) {
   TITAN_CHECK(o.dsa.warmup_steps == 0, "dsa.warmup_steps = " + std::to_string(o.dsa.warmup_steps) +
                                            ": DeepSeek-V4's indexers train beside the model from the first step",
@@ -55,7 +45,6 @@ std::unique_ptr<CausalLM> build(const std::string& flavor, int64_t vocab, int64_
                                              ": deepseek_v4 balances its experts by the routing bias alone",
               "remove model.moe_aux_loss_alpha (model.moe_load_balance_coeff sets the bias's rate)");
   const DeepSeekV4Args a = architecture(flavor, vocab, max_seq_len, o);
-  check_mtp_layout(a, o);
   if (max_seq_len > 0) a.validate_sequence(max_seq_len);
   if (max_seq_len > 0 && o.cp) a.validate_context_parallel(max_seq_len, o.cp->size());
   models::moe::MoEArgs groups;  // the MoE's parallel groups (moe_args sets the rest)

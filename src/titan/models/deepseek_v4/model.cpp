@@ -127,6 +127,8 @@ void Transformer::set_context_parallel(const distributed::ProcessGroup* cp) {
               "set parallelism.context_parallel_degree = 1 or tensor_parallel_degree = 1");
   cp_ = cp;
   for (size_t l = 0; l < layers.size(); ++l) layers[l].self_attn.cp = cp;
+  if (mtp)
+    for (size_t k = 0; k < mtp->size(); ++k) (*mtp)[k].self_attn.cp = cp;
 }
 
 Variable Transformer::token_embedding(const Tensor& tokens) {

@@ -43,16 +43,16 @@ MultiTokenPrediction::MultiTokenPrediction(const DeepSeekV4Args& a, const models
 
 void MultiTokenPrediction::run(Transformer& model, const Variable& streams, const Tensor& tokens,
                                const Tensor& positions, const Tensor& targets, AuxLosses& aux) {
-  const int64_t b = tokens.size(0), s = tokens.size(1), depth = int64_t(size());
-  mtp::check_batch("deepseek_v4", targets, b, s, depth);
+  const int64_t depth = int64_t(size());
+  mtp::check_batch("deepseek_v4", targets, tokens.size(0), tokens.size(1), depth);
   Variable x = streams;
   for (int64_t k = 1; k <= depth; ++k) {
     MtpModule& m = (*this)[size_t(k - 1)];
     nn::UnitScope unit(m);  // a unit of the parallel plan: gathered while it runs
-    const Tensor ids = mtp::shifted_tokens(tokens, k);  // [B, S]: t_{i+k}
-    x = m.forward(x, model.token_embedding(ids), positions, ids.view({b * s}), model.sliding_rope(), model.recompute(),
-                  &aux);
-    mtp::add_module_loss(model, model.output(m.final_rows(x)), mtp::shifted_targets(targets, b, s, k), weight_, aux);
+    const mtp::ModuleBatch mine = mtp::module_batch(model, tokens, targets, k);  // t_{i+k}; this rank's chunks under CP
+    x = m.forward(x, model.token_embedding(mine.ids), positions, mine.ids.contiguous().view({mine.ids.numel()}),
+                  model.sliding_rope(), model.recompute(), &aux);
+    mtp::add_module_loss(model, model.output(m.final_rows(x)), mine.targets, weight_, aux);
   }
 }
 

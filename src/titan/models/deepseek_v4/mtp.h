@@ -25,8 +25,10 @@
 // plan (FSDP gathers it while it runs). Under tensor parallelism it runs on this rank's sequence
 // piece like the main layers (the shifted embedding vocabulary-parallel, e_proj / h_proj, the norms
 // and hc_head replicated with partial gradients, the block split as a layer, loss parallel on the
-// shared head); under expert parallelism its MoE divides its experts as the main layers'. Context
-// and pipeline parallelism are refused with it (family.cpp, model.cpp).
+// shared head); under expert parallelism its MoE divides its experts as the main layers'; under
+// context parallelism it runs on this rank's chunks (the shifted tokens and targets taken from the
+// whole rows, then chunked; its sliding-window attention borrows as a main layer's; each L_k
+// rescaled as the main loss is). Pipeline parallelism is refused with it (model.cpp).
 #pragma once
 
 #include "titan/models/deepseek_v4/model.h"
@@ -57,8 +59,9 @@ class MtpModule : public DecoderLayer {
 class MultiTokenPrediction : public nn::ModuleList<MtpModule> {
  public:
   MultiTokenPrediction(const DeepSeekV4Args& a, const models::moe::MoEArgs& moe);
-  // After the main layers: streams X^0 [B S, N, d], the input tokens [B, S], their positions
-  // [B, S] and the targets [B*S]. Appends each module's loss L_k, weighted by mtp_loss_weight / D,
+  // After the main layers: streams X^0 [B L, N, d] of this rank's tokens, the whole input
+  // sequences [B, S], the positions [B, L] the model ran (this rank's chunks under CP, else L = S)
+  // and the targets [B*S]. Appends each module's loss L_k, weighted by mtp_loss_weight / D,
   // to aux as "mtp_loss", its block's auxiliary losses before it.
   void run(Transformer& model, const Variable& streams, const Tensor& tokens, const Tensor& positions,
            const Tensor& targets, AuxLosses& aux);
