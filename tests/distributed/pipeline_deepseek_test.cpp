@@ -1,6 +1,6 @@
 // Pipeline parallelism for DeepSeek: every schedule for deepseek_v32 (the DSA warm-up and sparse
 // stages, MoE balancing per stage) and for deepseek_v4 (mHC's residual streams between stages),
-// and DeepSeek-V3's MTP modules on the last stage.
+// and DeepSeek-V3's and V4's MTP modules on the last stage.
 #include "distributed/pipeline_common.h"
 
 using namespace titan;
@@ -51,7 +51,7 @@ TEST_F(PipelineDeepSeek, EveryScheduleReproducesOneRankDeepSeekV4) {
   }
 }
 
-// DeepSeek-V3 with an MTP module on the last stage, which shares the first stage's embedding: the V
+// DeepSeek-V3 (then V4) with an MTP module on the last stage, which shares the first stage's embedding: the V
 // placement puts both on rank 0. A loop placement is refused, naming the schedules that work.
 TEST_F(PipelineDeepSeek, MultiTokenPredictionOnTheLastStage) {
   const int n = world().size();
@@ -66,6 +66,14 @@ TEST_F(PipelineDeepSeek, MultiTokenPredictionOnTheLastStage) {
                      "deepseek_v3 + MTP, DualPipeV, MTP loss");
   const std::string e = error_of([&] { train::Trainer t(config("deepseek_v3", "1f1b_mtp", n, 1, "1F1B", batch, mtp), "test", &world()); });
   EXPECT_NE(e.find("DualPipeV"), std::string::npos) << e;
+  // DeepSeek-V4's MTP module (mtp.h) the same way: the last stage's streams into it, rank 0's
+  // embedding for its shifted tokens.
+  const auto one_v4 = reference_on_rank0(config("deepseek_v4", "reference_mtp", 1, 1, "1F1B", batch, mtp, 1));
+  const auto one_v4_mtp = losses_of(root() / "deepseek_v4_reference_mtp", "train", "mtp_loss");
+  const auto got_v4 = train_on(config("deepseek_v4", "dualpipev_mtp", n, 1, "DualPipeV", batch, mtp), world());
+  expect_same_losses(one_v4, got_v4, 0, "deepseek_v4 + MTP, DualPipeV");
+  expect_same_losses(one_v4_mtp, losses_of(root() / "deepseek_v4_dualpipev_mtp", "train", "mtp_loss"), 0,
+                     "deepseek_v4 + MTP, DualPipeV, MTP loss");
 }
 
 }  // namespace

@@ -221,9 +221,11 @@ TEST(DeepSeekV4Mtp, RefusesWhatItCannotRun) {
   EXPECT_NE(test::error_of([] { tiny_args(-1).validate(); }).find("model.mtp_layers = -1"), std::string::npos);
   EXPECT_NE(test::error_of([] { tiny_args(1, -0.5).validate(); }).find("mtp_loss_weight"), std::string::npos);
   EXPECT_NE(test::error_of([] { tiny_args(2).validate_sequence(2); }).find("training.seq_len = 2"), std::string::npos);
+  // The last pipeline stage without the first (a loop placement) has no embedding for MTP.
   const std::vector<distributed::pp::StageLayers> stages = distributed::pp::split_stages(2, 2);
   const std::string pp = test::error_of([&] { v4::Transformer m(tiny_args(1), {stages[1]}); });
-  EXPECT_NE(pp.find("pipeline_parallel_degree"), std::string::npos) << pp;
+  EXPECT_NE(pp.find("DualPipeV"), std::string::npos) << pp;
+  EXPECT_NO_THROW(v4::Transformer(tiny_args(1), {stages[0], stages[1]}));
   auto m = built(tiny_args(3), 1);
   const Batch b;
   const Tensor short_tokens = b.tokens.slice(1, 0, 3).contiguous();

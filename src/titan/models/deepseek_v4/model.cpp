@@ -72,7 +72,8 @@ Variable DecoderLayer::forward_in_unit(const Variable& streams, const Tensor& po
 
 Transformer::Transformer(const DeepSeekV4Args& a, const std::vector<distributed::pp::StageLayers>& stages,
                          const models::moe::MoEArgs& groups)
-    : embed_tokens(holds(stages, [](const auto& st) { return st.embedding; })
+    : embed_tokens(holds(stages, [](const auto& st) { return st.embedding; }) ||
+                           (a.num_mtp_layers > 0 && holds(stages, [](const auto& st) { return st.head; }))
                        ? &register_module("embed_tokens", std::make_unique<nn::Embedding>(a.vocab_size, a.dim,
                                                                                           nn::Init::normal(0, a.init_std)))
                        : nullptr),
@@ -81,12 +82,14 @@ Transformer::Transformer(const DeepSeekV4Args& a, const std::vector<distributed:
       rope_main_(kernels::rope_tables(a.rope(LayerType::sliding), a.max_seq_len)),
       rope_compress_(kernels::rope_tables(a.rope(LayerType::hca), a.max_seq_len)) {
   a.validate();
-  // MTP embeds with the first stage's table and runs after the last stage's layers: no pipeline
-  // layout puts both on one rank here yet.
-  TITAN_CHECK(a.num_mtp_layers == 0 || stages.empty(),
-              "deepseek_v4: model.mtp_layers = " + std::to_string(a.num_mtp_layers) +
-                  " does not run pipeline parallel yet",
-              "set parallelism.pipeline_parallel_degree = 1, or model.mtp_layers = 0");
+  // MTP embeds with the main model's table on the last stage: only a V placement (the first and
+  // last stages on one rank) gives it that without a second copy.
+  TITAN_CHECK(a.num_mtp_layers == 0 || !holds(stages, [](const auto& st) { return st.head; }) ||
+                  holds(stages, [](const auto& st) { return st.embedding; }),
+              "deepseek_v4: the MTP modules share the embedding table with the first pipeline stage, which this "
+              "schedule places on another rank than the last",
+              "use a V-shaped schedule (parallelism.pipeline_parallel_schedule = \"DualPipeV\" or \"ZBVZeroBubble\", "
+              "which put the first and last stages on one rank), or set model.mtp_layers = 0");
   const int64_t degree = groups.tp ? groups.tp->size() : 1;
   check_tensor_parallel(a, degree);
   models::moe::MoEArgs moe = groups;

@@ -28,7 +28,8 @@
 // shared head); under expert parallelism its MoE divides its experts as the main layers'; under
 // context parallelism it runs on this rank's chunks (the shifted tokens and targets taken from the
 // whole rows, then chunked; its sliding-window attention borrows as a main layer's; each L_k
-// rescaled as the main loss is). Pipeline parallelism is refused with it (model.cpp).
+// rescaled as the main loss is). Under pipeline parallelism it runs on the last stage, which a V
+// placement puts on the rank of the first (the embedding); other placements are refused.
 #pragma once
 
 #include "titan/models/deepseek_v4/model.h"
