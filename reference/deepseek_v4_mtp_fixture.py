@@ -24,27 +24,21 @@ import sys
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
-from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+from transformers import DeepseekV4ForCausalLM
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as v4
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from deepseek_v4_fixture import randomise  # noqa: E402
+from deepseek_v4_fixture import build_config as fixture_config, randomise  # noqa: E402
 
 BATCH, SEQ, SEED, MTP_WEIGHT = 2, 19, 3, 0.3
 
 
 def build_config():
-    # S = 19: HCA has 2 entries (a 3-token tail), S > W.
-    return DeepseekV4Config(
-        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, head_dim=32,
-        partial_rotary_factor=0.25, q_lora_rank=16, o_groups=2, o_lora_rank=8,
-        layer_types=["sliding_attention", "heavily_compressed_attention"], mlp_layer_types=["hash_moe", "moe"],
-        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}, sliding_window=8,
-        index_n_heads=4, index_head_dim=16, index_topk=4, n_routed_experts=4, num_experts_per_tok=2,
-        moe_intermediate_size=16, swiglu_limit=0.1, hc_mult=4, hc_sinkhorn_iters=20, max_position_embeddings=64,
-        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
-                         "beta_fast": 32, "beta_slow": 1},
-        attn_implementation="eager")
+    # deepseek_v4_fixture.py's model with two layers (sliding + HCA, hash + learned routing) and a
+    # vocabulary of 64. S = 19: HCA has 2 entries (a 3-token tail), S > W.
+    return fixture_config(vocab_size=64, num_hidden_layers=2,
+                          layer_types=["sliding_attention", "heavily_compressed_attention"],
+                          mlp_layer_types=["hash_moe", "moe"])
 
 
 class Mtp(torch.nn.Module):

@@ -9,14 +9,12 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
-
-#include <nlohmann/json.hpp>
 
 #include "common/byte_dataset.h"
 #include "common/error_of.h"
 #include "common/kernel_check.h"
+#include "common/run_toml.h"
 #include "titan/autograd/ops.h"
 #include "titan/distributed/pipeline_stages.h"
 #include "titan/models/deepseek_v4/mtp.h"
@@ -252,20 +250,15 @@ TEST(DeepSeekV4Mtp, TrainsThroughTheTrainer) {
     if (name.starts_with("mtp.")) initial[name] = t.clone();
   EXPECT_GT(initial.size(), 20u);
   EXPECT_EQ(trainer.train().last_step, 6);
-  std::vector<double> loss, mtp;
-  std::ifstream f(root / "run/metrics.jsonl");
-  for (std::string line; std::getline(f, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j["kind"] != "train") continue;
-    loss.push_back(j["loss"].get<double>());
-    ASSERT_TRUE(j.contains("mtp_loss")) << line;
-    mtp.push_back(j["mtp_loss"].get<double>());
-  }
+  const std::vector<double> loss = test::losses_of(root / "run"), mtp = test::losses_of(root / "run", "train", "mtp_loss");
+  ASSERT_EQ(loss.size(), 6u);
   ASSERT_EQ(mtp.size(), 6u);
   EXPECT_LT(mtp.back(), mtp.front() - 0.3);
   EXPECT_LT(loss.back(), loss.front() - 0.3);
-  for (auto& [name, t] : trainer.model().state_dict())
-    if (initial.count(name) && !name.ends_with("tokens_per_expert"))
+  for (auto& [name, t] : trainer.model().state_dict()) {
+    if (initial.count(name) && !name.ends_with("tokens_per_expert")) {
       EXPECT_NE(test::to_doubles(t), test::to_doubles(initial[name])) << name << " did not train";
+    }
+  }
   fs::remove_all(root);
 }
