@@ -215,6 +215,26 @@ TEST(DeepSeekV4Mtp, RecomputeGivesTheSameGradients) {
   }
 }
 
+// The analytic count of the modules' own weights (apart from the model's, as V3's) is what the
+// model holds under mtp.*, and the FLOP count (for MFU) grows by them, the head and h_proj per stream.
+TEST(DeepSeekV4Mtp, CountsItsParametersAndFlopsApart) {
+  for (int64_t depth : {1, 2}) {
+    const v4::DeepSeekV4Args a = tiny_args(depth);
+    v4::Transformer m(a);
+    int64_t held = 0, main = 0;
+    for (const auto& [name, p] : m.named_parameters()) (name.starts_with("mtp.") ? held : main) += p->var.value().numel();
+    EXPECT_EQ(a.parameters().mtp, held) << "D = " << depth;
+    EXPECT_EQ(a.parameters().total, main) << "D = " << depth;
+    v4::Transformer plain(tiny_args(0));
+    const double d = double(a.dim), extra = m.training_flops_per_token(kSeq) - plain.training_flops_per_token(kSeq);
+    const double attention = 6.0 * double(a.n_heads) * 2 * double(a.head_dim) * double(a.sliding_window);  // per module
+    EXPECT_NEAR(extra,
+                double(depth) * (6 * (double(a.parameters().mtp_active) / double(depth) + double(a.vocab_size) * d +
+                                      double(a.hc_mult - 1) * d * d) + attention),
+                1e-6 * extra);
+  }
+}
+
 TEST(DeepSeekV4Mtp, RefusesWhatItCannotRun) {
   EXPECT_NE(test::error_of([] { tiny_args(-1).validate(); }).find("model.mtp_layers = -1"), std::string::npos);
   EXPECT_NE(test::error_of([] { tiny_args(1, -0.5).validate(); }).find("mtp_loss_weight"), std::string::npos);

@@ -191,15 +191,22 @@ DeepSeekV4Args::ParamCount DeepSeekV4Args::parameters() const {
   p.embedding = vocab_size * d;
   const int64_t common = p.embedding + vocab_size * d /* head */ + d /* norm */ + n * n * d + n + 1 /* hc_head */;
   p.total = p.active = common;
-  for (LayerType t : layer_types) {
+  const auto layer_of = [&](LayerType t) {
     int64_t layer = 2 * hc + 2 * d + attention + n_routed_experts * d /* router */ + expert /* shared */;
     if (t == LayerType::hca) layer += compressor(hd, hca_ratio, false);
     if (t == LayerType::csa)
       layer += compressor(hd, csa_ratio, true) + compressor(index_head_dim, csa_ratio, true) +
                index_n_heads * index_head_dim * q_lora_rank + index_n_heads * d;
-    p.total += layer + n_routed_experts * expert;
-    p.active += layer + n_activated_experts * expert;
+    return layer;
+  };
+  for (LayerType t : layer_types) {
+    p.total += layer_of(t) + n_routed_experts * expert;
+    p.active += layer_of(t) + n_activated_experts * expert;
   }
+  // Each MTP module: a sliding-window layer, e_proj and h_proj, enorm, hnorm, norm and its hc_head.
+  const int64_t own = layer_of(LayerType::sliding) + 2 * d * d + 3 * d + n * n * d + n + 1;
+  p.mtp = num_mtp_layers * (own + n_routed_experts * expert);
+  p.mtp_active = num_mtp_layers * (own + n_activated_experts * expert);
   return p;
 }
 

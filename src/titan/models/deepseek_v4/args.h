@@ -98,9 +98,11 @@ struct DeepSeekV4Args {
   };
   CpChunks context_parallel_chunks() const;
 
-  // Analytic parameter count (all experts), and per token (top-K of the routed experts).
+  // Analytic parameter count (all experts), and per token (top-K of the routed experts). The MTP
+  // modules are counted apart (their own weights; the embedding and head are shared), as V3's.
   struct ParamCount {
     int64_t total = 0, active = 0, embedding = 0;
+    int64_t mtp = 0, mtp_active = 0;
   };
   ParamCount parameters() const;
 };

@@ -239,18 +239,22 @@ std::vector<nn::ShardingUnit> Transformer::sharding_units() {
 }
 
 double Transformer::training_flops_per_token(int64_t seq_len) const {
-  // TorchTitan's count: 6 per active weight outside the embedding, plus the attention's scores
+  // TorchTitan's count: 6 per active weight outside the embedding (and MTP's), plus the attention's scores
   // and values against the keys each query sees (its window, and the compressed entries: CSA's
   // top-k, HCA's visible half on average), 6 x 2 D per key and head.
   const DeepSeekV4Args::ParamCount p = args_.parameters();
   double attention = 0;
-  for (LayerType t : args_.layer_types) {
+  for (LayerType t : with_mtp_layers(args_).layer_types) {  // the MTP blocks' (sliding) too
     double keys = double(std::min(args_.sliding_window, seq_len));
     if (t == LayerType::csa) keys += double(std::min(args_.index_topk, seq_len / args_.csa_ratio));
     if (t == LayerType::hca) keys += double(seq_len / args_.hca_ratio) / 2;
     attention += 6.0 * double(args_.n_heads) * 2.0 * double(args_.head_dim) * keys;
   }
-  return 6.0 * double(p.active - p.embedding) + attention;
+  // MTP: its own weights, the shared head once more per module, and h_proj once per stream.
+  const double d = double(args_.dim);
+  const double mtp_weights =
+      double(p.mtp_active) + double(args_.num_mtp_layers) * (double(args_.vocab_size) * d + double(args_.hc_mult - 1) * d * d);
+  return 6.0 * (double(p.active - p.embedding) + mtp_weights) + attention;
 }
 
 void Transformer::start_generation(int64_t batch, int64_t max_len) {
