@@ -106,18 +106,22 @@ Transformer::Transformer(const DeepSeekV4Args& a, const std::vector<distributed:
   }
   tp_ = moe.tp;
   place_tensor_parallel();  // declares the plan; places the parameters under TP
-  for (size_t l = 0; l < layers.size(); ++l) layers[l].self_attn.set_tensor_parallel(tp_);
+  for (DecoderLayer* l : decoder_layers()) l->self_attn.set_tensor_parallel(tp_);
+}
+
+std::vector<DecoderLayer*> Transformer::decoder_layers() {
+  std::vector<DecoderLayer*> out;
+  for (size_t l = 0; l < layers.size(); ++l) out.push_back(&layers[l]);
   if (mtp)
-    for (size_t k = 0; k < mtp->size(); ++k) (*mtp)[k].self_attn.set_tensor_parallel(tp_);
+    for (size_t k = 0; k < mtp->size(); ++k) out.push_back(&(*mtp)[k]);
+  return out;
 }
 
 void Transformer::set_compute_dtype(DType dtype) {
   // bf16: the GEMM weights get bf16 copies; the streams and the fused kernels stay f32 (mixed_linear.h).
   compute_dtype_ = dtype;
   Module::set_compute_dtype(dtype);
-  for (size_t l = 0; l < layers.size(); ++l) layers[l].experts_dtype = dtype;
-  if (mtp)
-    for (size_t k = 0; k < mtp->size(); ++k) (*mtp)[k].experts_dtype = dtype;
+  for (DecoderLayer* l : decoder_layers()) l->experts_dtype = dtype;
 }
 
 void Transformer::set_indexer_loss_coeff(double coeff) {
@@ -129,9 +133,7 @@ void Transformer::set_context_parallel(const distributed::ProcessGroup* cp) {
   TITAN_CHECK(!tp_, "deepseek_v4 does not run context parallel and tensor parallel together yet",
               "set parallelism.context_parallel_degree = 1 or tensor_parallel_degree = 1");
   cp_ = cp;
-  for (size_t l = 0; l < layers.size(); ++l) layers[l].self_attn.cp = cp;
-  if (mtp)
-    for (size_t k = 0; k < mtp->size(); ++k) (*mtp)[k].self_attn.cp = cp;
+  for (DecoderLayer* l : decoder_layers()) l->self_attn.cp = cp;
 }
 
 Variable Transformer::token_embedding(const Tensor& tokens) {
@@ -207,9 +209,7 @@ StageOutput Transformer::stage_forward(const distributed::pp::StageLayers& stage
 }
 
 void Transformer::end_step(const SumOverData& sum_over_data) {
-  for (size_t l = 0; l < layers.size(); ++l) layers[l].mlp.end_step(sum_over_data);
-  if (mtp)
-    for (size_t k = 0; k < mtp->size(); ++k) (*mtp)[k].mlp.end_step(sum_over_data);
+  for (DecoderLayer* l : decoder_layers()) l->mlp.end_step(sum_over_data);
 }
 
 StepStats Transformer::step_stats() {

@@ -117,6 +117,8 @@ class Transformer : public CausalLM {
   Variable run_layers(Variable streams, const Tensor& positions, const Tensor& ids, int begin, int end, AuxLosses* aux);
   // The streams collapsed, normed and projected: logits [B S, V].
   Variable head(const Variable& streams);
+  // Every decoder layer this rank holds: the main ones, then the MTP modules' blocks.
+  std::vector<DecoderLayer*> decoder_layers();
   bool whole() const { return embed_tokens && lm_head && int64_t(layers.size()) == args_.n_layers; }
   const kernels::RopeTables& rope_of(LayerType t) const { return t == LayerType::sliding ? rope_main_ : rope_compress_; }
 
