@@ -215,6 +215,23 @@ TEST(DeepSeekV4Mtp, RecomputeGivesTheSameGradients) {
   }
 }
 
+// Under bf16 mixed precision the module's GEMMs (e_proj, h_proj, its block's, the shared head)
+// read bf16 copies: its loss moves off the f32 one by bf16 rounding, not more.
+TEST(DeepSeekV4Mtp, Bf16MixedPrecisionRunsTheModuleInBf16) {
+  const Batch b;
+  auto m = built(tiny_args(1), 21);
+  const double f32 = term(m->training_loss(b.tokens, b.targets), "mtp_loss");
+  m->set_compute_dtype(DType::bf16);
+  EXPECT_TRUE((*m->mtp)[0].e_proj.weight.compute.defined());
+  const models::TrainingLoss bf16 = m->training_loss(b.tokens, b.targets);
+  const double err = std::fabs(term(bf16, "mtp_loss") - f32) / f32;
+  EXPECT_GT(err, 1e-7) << "the bf16 GEMMs did not run";
+  EXPECT_LT(err, 1e-2);
+  Variable total = bf16.total;
+  autograd::backward(total);
+  EXPECT_TRUE((*m->mtp)[0].h_proj.weight.var.grad().defined());
+}
+
 // The analytic count of the modules' own weights (apart from the model's, as V3's) is what the
 // model holds under mtp.*, and the FLOP count (for MFU) grows by them, the head and h_proj per stream.
 TEST(DeepSeekV4Mtp, CountsItsParametersAndFlopsApart) {
