@@ -28,11 +28,12 @@ TOKENIZER = "tests/fixtures/tokenizer/gpt2_bpe.json"
 PROMPT, NEW_TOKENS = "the cat sat on the", 6
 
 
-def build_config():
+def build_config(**changes):
     # Section 10's schedule and features at half its widths, to keep the fixture small; the
     # vocabulary of tests/fixtures/tokenizer/gpt2_bpe.json, so that text can be generated from it.
     # S = 37 gives CSA 9 entries (> index_topk, a 1-token tail) and HCA 4 (a 5-token tail), S > W.
-    return DeepseekV4Config(
+    # changes: keys that replace these (another fixture's variant).
+    return DeepseekV4Config(**{**dict(
         vocab_size=1000, hidden_size=32, num_hidden_layers=5, num_attention_heads=2, head_dim=32,
         partial_rotary_factor=0.25, q_lora_rank=16, o_groups=2, o_lora_rank=8,
         layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
@@ -43,7 +44,7 @@ def build_config():
         moe_intermediate_size=16, swiglu_limit=0.1, hc_mult=4, hc_sinkhorn_iters=20, max_position_embeddings=64,
         rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
                          "beta_fast": 32, "beta_slow": 1},
-        attn_implementation="eager")
+        attn_implementation="eager"), **changes})
 
 
 def randomise(model, config, gen):

@@ -97,9 +97,10 @@ TEST_F(CpLayouts, DenseModelsByRingAttentionReproduceOneRank) {
 
 // DeepSeek-V4 (sliding, CSA and HCA layers, hash-routed MoE, the indexers' KL loss) by its
 // compressed-entry exchange, 20 steps against one rank: CP 2 on 2 ranks, FSDP 2 x CP 2 on 4 (with
-// full activation checkpointing: the recompute runs the exchanges again). Sequences of 256 tokens
-// make chunks of 64: the window's 63 rows before each chunk, CSA's overlapping window and every
-// compressed layer's entries cross each chunk boundary.
+// full activation checkpointing: the recompute runs the exchanges again), and CP 2 with an MTP
+// module against its own 1-rank run. Sequences of 256 tokens make chunks of 64: the window's 63
+// rows before each chunk, CSA's overlapping window and every compressed layer's entries cross each
+// chunk boundary.
 TEST_F(CpLayouts, DeepSeekV4ReproducesOneRank) {
   const int n = world().size();
   const auto v4 = [&](const std::string& name, const Degrees& d, const std::string& checkpointing = "none") {
@@ -110,6 +111,25 @@ TEST_F(CpLayouts, DeepSeekV4ReproducesOneRank) {
   };
   const auto one = reference_on_rank0(v4("v4_reference", {}));
   if (n == 2) expect_same_losses(one, train_on(v4("v4_cp", {.cp = 2}), world()), 1e-5, "deepseek_v4 CP 2");
+  if (n == 2) {  // with an MTP module: its shifted tokens and targets chunked, its window borrowed
+    const auto mtp = [&](const std::string& name, const Degrees& d) {
+      train::JobConfig cfg = v4(name, d);
+      cfg.model.mtp_layers = 1;
+      return cfg;
+    };
+    const train::JobConfig ref = mtp("v4_mtp_reference", {}), cp = mtp("v4_mtp_cp", {.cp = 2});
+    const std::vector<double> want = reference_on_rank0(ref), got = train_on(cp, world());
+    // The MTP block's learned routing adds near-ties: the runs part after a flip (measured: exact
+    // to step 4, then up to 3e-4), as DeepSeek-V3.2's sparse stage does. Before it, the MTP loss
+    // of the first two steps and the loss after the first update (MTP's gradient in it) agree.
+    expect_same_losses_through_flips(want, got, 1e-3, "deepseek_v4 with MTP, CP 2");
+    EXPECT_NEAR(got[1], want[1], 1e-6 * want[1]) << "step 2";
+    const std::vector<double> want_mtp = losses_of(ref.job.dump_folder, "train", "mtp_loss"),
+                              got_mtp = losses_of(cp.job.dump_folder, "train", "mtp_loss");
+    ASSERT_EQ(got_mtp.size(), 20u);
+    ASSERT_EQ(want_mtp.size(), 20u);
+    for (size_t i : {0, 1}) EXPECT_NEAR(got_mtp[i], want_mtp[i], 1e-6 * want_mtp[i]) << "mtp_loss, step " << i + 1;
+  }
   if (n == 4)
     expect_same_losses(one, train_on(v4("v4_fsdp_cp_ac", {.shard = 2, .cp = 2}, "full"), world()), 1e-5,
                        "deepseek_v4 FSDP 2 x CP 2, full activation checkpointing");

@@ -190,7 +190,8 @@ TEST_F(EpLayouts, DeepSeekV32ReproducesOneRank) {
 // experts FSDP-sharded over the other 2 (FSDP 4 x EP 2). Tensor + sequence parallel
 // (models/deepseek_v4/parallelize.cpp) shares the reference: TP 2 under both MoE schemes on 2
 // ranks (the fix: each rank hash-routes its own tokens by their ids; gather: all tokens, each
-// expert's hidden units split), and on 4 TP 2 inside EP 4 with FSDP 2.
+// expert's hidden units split), and on 4 TP 2 inside EP 4 with FSDP 2. On 2 ranks also EP 2 and
+// TP 2 with an MTP module, against the 1-rank run with it.
 TEST_F(EpLayouts, DeepSeekV4ReproducesOneRank) {
   const int n = world().size();
   const auto one = reference_on_rank0(config("deepseek_v4", {"reference"}));
@@ -206,6 +207,16 @@ TEST_F(EpLayouts, DeepSeekV4ReproducesOneRank) {
     // The expert loads are logged as DeepSeek-V3's: rank 0's, the worst layer's and a hash layer's.
     for (const std::string key : {"moe_imbalance_max", "moe_imbalance/layer0"})
       EXPECT_EQ(losses_of(cfg.job.dump_folder, "train", key).size(), 20u) << l.name << ": " << key;
+  }
+  if (n != 2) return;
+  // With an MTP module (its learned MoE divided as the main layers', its block tensor parallel):
+  // EP 2 and TP 2 against the 1-rank run with it.
+  const std::vector<std::string> mtp = {"--model.mtp_layers=1"};
+  const auto one_mtp = reference_on_rank0(config("deepseek_v4", {"reference_mtp"}, mtp));
+  for (const Layout& l : std::vector<Layout>{{"ep2_mtp", {.shard = 2, .ep = 2}, mtp}, {"tp2_mtp", {.tp = 2}, mtp}}) {
+    const train::JobConfig cfg = config("deepseek_v4", l);
+    expect_same_losses(one_mtp, train_on(cfg, world()), 1e-5, "deepseek_v4 with MTP, " + describe(l));
+    EXPECT_EQ(losses_of(cfg.job.dump_folder, "train", "mtp_loss").size(), 20u) << l.name;
   }
 }
 

@@ -1,6 +1,6 @@
 // Pipeline parallelism for DeepSeek: every schedule for deepseek_v32 (the DSA warm-up and sparse
 // stages, MoE balancing per stage) and for deepseek_v4 (mHC's residual streams between stages),
-// and DeepSeek-V3's MTP modules on the last stage.
+// and DeepSeek-V3's and V4's MTP modules on the last stage.
 #include "distributed/pipeline_common.h"
 
 using namespace titan;
@@ -51,21 +51,23 @@ TEST_F(PipelineDeepSeek, EveryScheduleReproducesOneRankDeepSeekV4) {
   }
 }
 
-// DeepSeek-V3 with an MTP module on the last stage, which shares the first stage's embedding: the V
+// DeepSeek-V3 and V4 with an MTP module on the last stage, which shares the first stage's embedding: the V
 // placement puts both on rank 0. A loop placement is refused, naming the schedules that work.
 TEST_F(PipelineDeepSeek, MultiTokenPredictionOnTheLastStage) {
   const int n = world().size();
   if (n != 2) GTEST_SKIP() << "on 2 ranks";
   const int64_t batch = n == 2 ? 4 : 8;
   const std::vector<std::string> mtp = {"--model.mtp_layers=1"};
-  const auto one = reference_on_rank0(config("deepseek_v3", "reference_mtp", 1, 1, "1F1B", batch, mtp, 1));
-  const auto one_mtp = losses_of(root() / "deepseek_v3_reference_mtp", "train", "mtp_loss");
-  const auto got = train_on(config("deepseek_v3", "dualpipev_mtp", n, 1, "DualPipeV", batch, mtp), world());
-  expect_same_losses(one, got, 0, "deepseek_v3 + MTP, DualPipeV");
-  expect_same_losses(one_mtp, losses_of(root() / "deepseek_v3_dualpipev_mtp", "train", "mtp_loss"), 0,
-                     "deepseek_v3 + MTP, DualPipeV, MTP loss");
-  const std::string e = error_of([&] { train::Trainer t(config("deepseek_v3", "1f1b_mtp", n, 1, "1F1B", batch, mtp), "test", &world()); });
-  EXPECT_NE(e.find("DualPipeV"), std::string::npos) << e;
+  for (const std::string model : {"deepseek_v3", "deepseek_v4"}) {
+    const auto one = reference_on_rank0(config(model, "reference_mtp", 1, 1, "1F1B", batch, mtp, 1));
+    const auto one_mtp = losses_of(root() / (model + "_reference_mtp"), "train", "mtp_loss");
+    const auto got = train_on(config(model, "dualpipev_mtp", n, 1, "DualPipeV", batch, mtp), world());
+    expect_same_losses(one, got, 0, model + " + MTP, DualPipeV");
+    expect_same_losses(one_mtp, losses_of(root() / (model + "_dualpipev_mtp"), "train", "mtp_loss"), 0,
+                       model + " + MTP, DualPipeV, MTP loss");
+    const std::string e = error_of([&] { train::Trainer t(config(model, "1f1b_mtp", n, 1, "1F1B", batch, mtp), "test", &world()); });
+    EXPECT_NE(e.find("DualPipeV"), std::string::npos) << e;
+  }
 }
 
 }  // namespace

@@ -154,7 +154,7 @@ TEST_F(Layouts, DeepSeekV32MoeAndSparseAttention) { check_layouts("deepseek_v32"
 // DeepSeek-V4 (mHC, CSA / HCA attention, hash and learned MoE, the indexers' KL loss) under the
 // data-parallel layouts it runs: FSDP and DDP on 2 ranks, FSDP and HSDP on 4, to the last bit;
 // on 2 ranks also FSDP under bf16 mixed precision (the GEMM weights' bf16 copies gathered from the
-// f32 master shards) against the bf16 1-rank run.
+// f32 master shards) against the bf16 1-rank run, and FSDP with an MTP module against its own.
 TEST_F(Layouts, DeepSeekV4DataParallel) {
   const int n = world().size();
   if (n != 2 && n != 4) GTEST_SKIP() << "layouts of 2 and 4 ranks";
@@ -167,6 +167,11 @@ TEST_F(Layouts, DeepSeekV4DataParallel) {
     expect_same_losses(reference("deepseek_v4", "bf16", local, {kBf16}), layout("deepseek_v4", {"fsdp_bf16", 1, 2, local, {kBf16}}),
                        0, "deepseek_v4: FSDP 2, bf16 mixed precision");
   if (n == 4) expect_same_losses(one, layout("deepseek_v4", {"hsdp", 2, 2, local}), 0, "deepseek_v4: HSDP 2 x 2");
+  // Multi-token prediction (one module, a unit of its own, embedding and head shared) under FSDP 2.
+  const std::vector<std::string> mtp = {"--model.mtp_layers=1"};
+  if (n == 2)
+    expect_same_losses(reference("deepseek_v4", "f32_mtp", local, mtp), layout("deepseek_v4", {"fsdp_mtp", 1, 2, local, mtp}),
+                       0, "deepseek_v4: FSDP 2 with MTP");
 }
 
 TEST_F(Layouts, GradientAccumulation) {

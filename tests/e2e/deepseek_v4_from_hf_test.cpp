@@ -8,12 +8,14 @@
 // 1 x 32 scales, bf16 embeddings) converts to exactly the weights transformers dequantized from it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "common/relative_error.h"
 #include "titan/checkpoint/hf.h"
 #include "titan/checkpoint/safetensors.h"
 #include "titan/cli/ckpt_cli.h"
@@ -161,6 +163,51 @@ TEST(DeepSeekV4FromHf, QuantizedExportIsTheReleaseLayout) {
       err += d * d, norm += double(t.data<float>()[i]) * double(t.data<float>()[i]);
     }
     EXPECT_LE(std::sqrt(err), 0.07 * std::sqrt(norm) + 1e-30) << name;  // E4M3: 3 mantissa bits
+  }
+  fs::remove_all(root);
+}
+
+// Multi-token prediction's tensors (tests/fixtures/deepseek_v4_tiny_mtp: the module under
+// "model.mtp.0.") import with `--from-hf` and come back bit for bit with `--to-hf`; in the
+// release layout (`--quantize fp8-fp4`) they take DeepSeek's names (mtp.0.attn.wq_a, hc_head_fn,
+// e_proj FP8 with its scale, ...) and read back within FP8 / FP4 rounding.
+TEST(DeepSeekV4FromHf, MtpModuleRoundTrips) {
+  const std::string folder = "tests/fixtures/deepseek_v4_tiny_mtp";
+  const fs::path root = fs::temp_directory_path() / ("titan_v4_mtp_hf_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  ASSERT_EQ(run_cli({"ckpt", "convert", "--from-hf", folder, "--to", (root / "ckpt").string()}, cli::ckpt_main), 0);
+  ASSERT_EQ(run_cli({"ckpt", "convert", "--from", (root / "ckpt").string(), "--to-hf", (root / "hf").string(), "--dtype",
+                     "f32"},
+                    cli::ckpt_main),
+            0);
+  const auto want = checkpoint::SafetensorsFile::open(folder + "/model.safetensors");
+  const checkpoint::HfFolder got = checkpoint::HfFolder::open(root / "hf");
+  ASSERT_EQ(got.names().size(), want.entries().size());
+  int mtp = 0;
+  for (const auto& [name, entry] : want.entries()) {
+    const Tensor w = want.get(name), g = name.ends_with("tid2eid") ? got.load_i64(name) : got.load_f32(name);
+    ASSERT_EQ(g.shape(), w.shape()) << name;
+    EXPECT_EQ(std::memcmp(g.data_ptr(), w.data_ptr(), w.nbytes()), 0) << name;
+    mtp += name.rfind("model.mtp.0.", 0) == 0;
+  }
+  EXPECT_EQ(mtp, 31);
+
+  ASSERT_EQ(run_cli({"ckpt", "convert", "--from", (root / "ckpt").string(), "--to-hf", (root / "rel").string(),
+                     "--quantize", "fp8-fp4"},
+                    cli::ckpt_main),
+            0);
+  const checkpoint::HfFolder rel = checkpoint::HfFolder::open(root / "rel");
+  for (const std::string name : {"mtp.0.e_proj.scale", "mtp.0.h_proj.scale", "mtp.0.attn.wq_a.scale", "mtp.0.hc_head_fn",
+                                 "mtp.0.hc_attn_fn", "mtp.0.attn_norm.weight", "mtp.0.ffn.gate.bias",
+                                 "mtp.0.ffn.experts.3.w2.weight", "mtp.0.ffn.shared_experts.w1.weight", "mtp.0.enorm.weight"})
+    EXPECT_TRUE(std::find(rel.names().begin(), rel.names().end(), name) != rel.names().end()) << name;
+  const std::map<std::string, Tensor> original = ours_from(folder), back = ours_from(root / "rel");
+  ASSERT_EQ(back.size(), original.size());
+  for (const auto& [name, t] : original) {
+    if (name.rfind("mtp.", 0) != 0 || t.dtype() != DType::f32) continue;
+    const Tensor& b = back.at(name);
+    ASSERT_EQ(b.shape(), t.shape()) << name;
+    EXPECT_LE(test::relative_error(b, t), 0.2) << name;  // FP4 experts: 1 mantissa bit
   }
   fs::remove_all(root);
 }

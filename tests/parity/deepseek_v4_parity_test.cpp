@@ -40,13 +40,15 @@ std::map<std::string, Tensor> read_all(const std::string& path) {
 }
 
 // The tiny model with the fixture's weights, loaded through the Hugging Face adapter; a
-// swiglu_limit other than 0 replaces the fixture's.
-std::unique_ptr<v4::Transformer> load_fixture_model(double swiglu_limit = 0) {
-  std::ifstream config(std::string(kFolder) + "/config.json");
+// swiglu_limit other than 0 replaces the fixture's. mtp_layers: the MTP modules it holds.
+std::unique_ptr<v4::Transformer> load_fixture_model(double swiglu_limit = 0, const std::string& folder = kFolder,
+                                                    int64_t mtp_layers = 0) {
+  std::ifstream config(folder + "/config.json");
   v4::DeepSeekV4Args a = v4::args_from_hf_config(nlohmann::json::parse(config), "config.json");
   if (swiglu_limit != 0) a.swiglu_limit = swiglu_limit;
+  a.num_mtp_layers = mtp_layers;
   auto model = std::make_unique<v4::Transformer>(a);
-  const std::map<std::string, Tensor> hf = read_all(std::string(kFolder) + "/model.safetensors");
+  const std::map<std::string, Tensor> hf = read_all(folder + "/model.safetensors");
   std::map<std::string, Tensor> state = v4::state_from_hf(hf, "model.safetensors");
   // The MoE's expert-load counts are run-time statistics, not in a Hugging Face checkpoint.
   for (const nn::BufferKind kind : {nn::BufferKind::step_statistic, nn::BufferKind::saved_statistic})
@@ -98,6 +100,48 @@ TEST(DeepSeekV4Parity, LogitsLossAndEveryGradientMatchTransformers) {
   }
   EXPECT_EQ(checked, int(std::count_if(golden.entries().begin(), golden.entries().end(),
                                            [](const auto& e) { return e.first.rfind("grad.", 0) == 0; })));
+}
+
+// Multi-token prediction (mtp.h) against an MTP module assembled from transformers' own V4 classes
+// (reference/deepseek_v4_mtp_fixture.py; transformers builds none): one module on a two-layer model,
+// f32, the training loss = loss + 0.3 mtp_loss. The main loss, the MTP loss, the total and every
+// parameter's gradient of the total (the module's, and the shared embedding's and head's through
+// it) to 1e-5 relative; the hyper-connections' own to 3e-4 as above.
+TEST(DeepSeekV4Parity, MultiTokenPredictionMatchesAModuleOfTransformersClasses) {
+  const std::string folder = "tests/fixtures/deepseek_v4_tiny_mtp";
+  const std::unique_ptr<v4::Transformer> owned = load_fixture_model(0, folder, 1);
+  v4::Transformer& model = *owned;
+  const auto golden = checkpoint::SafetensorsFile::open(folder + "/golden.safetensors");
+  const Tensor tokens = golden.get("input_ids").clone();
+  EXPECT_LT(test::relative_error(model.forward(tokens).value(), golden.get("logits")), 1e-5) << "logits";
+
+  const models::TrainingLoss loss = model.training_loss(tokens, next_tokens(tokens));
+  const auto near = [&](double got, const char* key) {
+    const double want = golden.get(key).item();
+    EXPECT_NEAR(got, want, 1e-5 * std::fabs(want)) << key;
+  };
+  near(loss.cross_entropy, "loss");
+  ASSERT_EQ(loss.terms.size(), 1u);
+  EXPECT_EQ(loss.terms[0].first, "mtp_loss");
+  near(loss.terms[0].second, "mtp_loss");
+  near(loss.total.value().item(), "total");
+  Variable total = loss.total;
+  autograd::backward(total);
+
+  int checked = 0, mtp = 0;
+  double worst = 0;  // over the module's gradients outside its hyper-connections
+  for (const auto& [name, g] : hf_gradients(model)) {
+    ASSERT_TRUE(golden.contains("grad." + name)) << name << ": the adapter's name is not the fixture's";
+    const bool hyper_connection = name.find("hc_head.") != std::string::npos || name.find("_hc.") != std::string::npos;
+    const double err = test::relative_error(g, golden.get("grad." + name));
+    EXPECT_LT(err, hyper_connection ? 3e-4 : 1e-5) << name;
+    ++checked, mtp += name.rfind("model.mtp.0.", 0) == 0;
+    if (name.rfind("model.mtp.0.", 0) == 0 && !hyper_connection) worst = std::max(worst, err);
+  }
+  std::printf("MTP module gradients: worst relative error %.3g\n", worst);
+  EXPECT_EQ(checked, int(std::count_if(golden.entries().begin(), golden.entries().end(),
+                                           [](const auto& e) { return e.first.rfind("grad.", 0) == 0; })));
+  EXPECT_GT(mtp, 25);
 }
 
 // Mixed precision (training.mixed_precision_param = "bfloat16": bf16 GEMMs, f32 elsewhere) against

@@ -20,6 +20,7 @@
 #include "titan/models/deepseek_v3/hf_adapter.h"
 #include "titan/models/deepseek_v3/moe_layer.h"
 #include "titan/models/deepseek_v3/mtp.h"
+#include "titan/models/mtp_targets.h"
 #include "titan/train/trainer.h"
 
 using namespace titan;
@@ -158,8 +159,8 @@ TEST(DeepSeekV3Mtp, OnlyATrainingForwardComputesIt) {
 
 TEST(DeepSeekV3Mtp, ShiftsMaskTheLastKPositions) {
   const Batch b;
-  const Tensor ids = MultiTokenPrediction::shifted_tokens(b.tokens, 2);
-  const Tensor lab = MultiTokenPrediction::shifted_targets(b.targets, 2, 7, 2);
+  const Tensor ids = models::mtp::shifted_tokens(b.tokens, 2);
+  const Tensor lab = models::mtp::shifted_targets(b.targets, 2, 7, 2);
   for (int64_t r = 0; r < 2; ++r)
     for (int64_t i = 0; i < 7; ++i) {
       EXPECT_EQ(ids.data<int32_t>()[r * 7 + i], i + 2 < 7 ? b.tokens.data<int32_t>()[r * 7 + i + 2] : 0);

@@ -146,7 +146,7 @@ struct DsaSchedule {
 
 // Options on top of a flavor ([model] keys of the job config).
 struct ModelOptions {
-  int64_t mtp_layers = 0;        // multi-token prediction modules (DeepSeek-V3 only)
+  int64_t mtp_layers = 0;        // multi-token prediction modules (DeepSeek-V3 and V4)
   double mtp_loss_weight = 0.3;  // their loss weight lambda
   // deepseek_v3: the architecture of this Hugging Face config.json (a checkpoint converted by
   // `titan ckpt convert --from-hf` records it) instead of the flavor's; its vocabulary may

@@ -911,9 +911,9 @@ const std::vector<KeySpec>& config_schema() {
        "ops keep their default: fused, except DSA, whose fused kernels run only with dsa_fused. The model refuses "
        "other names, listing its own. Measured pairs: docs/converters.md."},
       {"model", "mtp_layers", member<&C::model, &Model::mtp_layers>, at_least(0),
-       "Multi-token prediction modules (DeepSeek-V3 report, section 2.2; deepseek_v3 only): module k adds a block "
-       "that predicts the token k + 1 ahead, through the shared embedding and output head. 0: none; DeepSeek-V3 "
-       "trained with 1."},
+       "Multi-token prediction modules (DeepSeek-V3 report, section 2.2; deepseek_v3 and deepseek_v4): module k adds "
+       "a block that predicts the token k + 1 ahead, through the shared embedding and output head. 0: none; "
+       "DeepSeek-V3 trained with 1, DeepSeek-V4 ships 1 (docs/deepseek_v4.md)."},
       {"model", "mtp_loss_weight", member<&C::model, &Model::mtp_loss_weight>, at_least(0),
        "Weight lambda of the MTP loss: the training loss adds lambda / mtp_layers times the sum of the modules' "
        "cross-entropies (logged unweighted as mtp_loss). DeepSeek-V3: 0.3, then 0.1 for the last 4.8T tokens."},
@@ -1077,7 +1077,7 @@ const std::vector<KeySpec>& config_schema() {
       {"parallelism", "pipeline_parallel_last_stage_less_layers",
        member<&C::parallelism, &Parallelism::pipeline_parallel_last_stage_less_layers>, at_least(0),
        "Blocks the last pipeline stage holds fewer than the others, for the final norm, output and loss (and "
-       "DeepSeek-V3's MTP modules). V-shaped schedules put the first and the last stage on rank 0: there 0 and 0 "
+       "DeepSeek-V3's and V4's MTP modules). V-shaped schedules put the first and the last stage on rank 0: there 0 and 0 "
        "balance the ranks better when the head costs less than a block (bench/pipeline.sh compares splits)."},
       {"parallelism", "pipeline_parallel_expert_parallel_overlap",
        member<&C::parallelism, &Parallelism::pipeline_parallel_expert_parallel_overlap>, anything(),

@@ -12,7 +12,7 @@
 // DeepSeek's released eh_proj weights take [enorm(emb); hnorm(h)] (as vLLM and SGLang run them),
 // and loading those weights is what the order must serve.
 //
-// The tokens: for a row of inputs t_0..t_{S-1} and targets t_1..t_S (the trainer's, passed to the
+// The tokens (models/mtp_targets.h, shared with DeepSeek-V4): for a row of inputs t_0..t_{S-1} and targets t_1..t_S (the trainer's, passed to the
 // training forward), module k at position i embeds the input tokens[i + k] (i + k < S) and is scored
 // against targets[i + k] (i + k < S); the last k positions of every row have no target (-100),
 // and an ignored target (-100) stays ignored. The training loss adds
@@ -59,11 +59,6 @@ class MultiTokenPrediction : public nn::ModuleList<MtpModule> {
   // auxiliary losses before it.
   void run(Transformer& model, const Variable& h0, const Tensor& tokens, const Tensor& positions, const Tensor& targets,
            AuxLosses& aux);
-
-  // Module k's input ids (tokens shifted left by k, 0 past the row) and targets (the trainer's
-  // shifted left by k, -100 past the row): [B, S] i32 and [B*S] i32.
-  static Tensor shifted_tokens(const Tensor& tokens, int64_t k);
-  static Tensor shifted_targets(const Tensor& targets, int64_t batch, int64_t seq, int64_t k);
 
  private:
   DeepSeekV3Args args_;

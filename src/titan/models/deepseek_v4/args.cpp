@@ -115,6 +115,10 @@ void DeepSeekV4Args::validate() const {
               "deepseek_v4: mlp_layer_types has " + str(int64_t(mlp_types.size())) + " entries for num_hidden_layers = " +
                   str(n_layers),
               "give one of moe, hash_moe per layer");
+  TITAN_CHECK(num_mtp_layers >= 0 && mtp_loss_weight >= 0,
+              "deepseek_v4: model.mtp_layers = " + str(num_mtp_layers) + ", model.mtp_loss_weight = " +
+                  std::to_string(mtp_loss_weight),
+              "use mtp_layers >= 0 (0: no multi-token prediction) and mtp_loss_weight >= 0");
   const bool csa = std::find(layer_types.begin(), layer_types.end(), LayerType::csa) != layer_types.end();
   if (csa) {
     for (const auto& [v, key] :
@@ -127,6 +131,11 @@ void DeepSeekV4Args::validate() const {
 }
 
 void DeepSeekV4Args::validate_sequence(int64_t seq_len) const {
+  TITAN_CHECK(seq_len > num_mtp_layers,
+              "deepseek_v4: training.seq_len = " + str(seq_len) + " leaves no target for MTP module " +
+                  str(num_mtp_layers) + " (model.mtp_layers = " + str(num_mtp_layers) + " predicts " +
+                  str(num_mtp_layers + 1) + " tokens ahead)",
+              "use training.seq_len > model.mtp_layers");
   TITAN_CHECK(seq_len <= max_seq_len,
               "deepseek_v4: training.seq_len = " + str(seq_len) + " exceeds the RoPE tables' " + str(max_seq_len) +
                   " positions",
@@ -182,15 +191,22 @@ DeepSeekV4Args::ParamCount DeepSeekV4Args::parameters() const {
   p.embedding = vocab_size * d;
   const int64_t common = p.embedding + vocab_size * d /* head */ + d /* norm */ + n * n * d + n + 1 /* hc_head */;
   p.total = p.active = common;
-  for (LayerType t : layer_types) {
+  const auto layer_of = [&](LayerType t) {
     int64_t layer = 2 * hc + 2 * d + attention + n_routed_experts * d /* router */ + expert /* shared */;
     if (t == LayerType::hca) layer += compressor(hd, hca_ratio, false);
     if (t == LayerType::csa)
       layer += compressor(hd, csa_ratio, true) + compressor(index_head_dim, csa_ratio, true) +
                index_n_heads * index_head_dim * q_lora_rank + index_n_heads * d;
-    p.total += layer + n_routed_experts * expert;
-    p.active += layer + n_activated_experts * expert;
+    return layer;
+  };
+  for (LayerType t : layer_types) {
+    p.total += layer_of(t) + n_routed_experts * expert;
+    p.active += layer_of(t) + n_activated_experts * expert;
   }
+  // Each MTP module: a sliding-window layer, e_proj and h_proj, enorm, hnorm, norm and its hc_head.
+  const int64_t own = layer_of(LayerType::sliding) + 2 * d * d + 3 * d + n * n * d + n + 1;
+  p.mtp = num_mtp_layers * (own + n_routed_experts * expert);
+  p.mtp_active = num_mtp_layers * (own + n_activated_experts * expert);
   return p;
 }
 

@@ -70,6 +70,11 @@ struct DeepSeekV4Args {
   double yarn_beta_fast = 32, yarn_beta_slow = 1;
   int64_t max_seq_len = 128;  // RoPE tables' length
 
+  // Multi-token prediction (mtp.h; [model] mtp_layers and mtp_loss_weight, not config.json's):
+  // D modules after the main layers, each adding mtp_loss_weight / D times its loss.
+  int64_t num_mtp_layers = 0;    // D
+  double mtp_loss_weight = 0.3;  // lambda
+
   std::vector<LayerType> layer_types;  // n_layers entries
   std::vector<MlpType> mlp_types;      // n_layers entries
   double init_std = 0.02;              // initializer_range
@@ -93,9 +98,11 @@ struct DeepSeekV4Args {
   };
   CpChunks context_parallel_chunks() const;
 
-  // Analytic parameter count (all experts), and per token (top-K of the routed experts).
+  // Analytic parameter count (all experts), and per token (top-K of the routed experts). The MTP
+  // modules are counted apart (their own weights; the embedding and head are shared), as V3's.
   struct ParamCount {
     int64_t total = 0, active = 0, embedding = 0;
+    int64_t mtp = 0, mtp_active = 0;
   };
   ParamCount parameters() const;
 };

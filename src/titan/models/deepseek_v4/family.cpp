@@ -13,6 +13,7 @@
 #include "titan/models/converters.h"
 #include "titan/models/deepseek_v4/hf_adapter.h"
 #include "titan/models/deepseek_v4/model.h"
+#include "titan/models/deepseek_v4/mtp.h"
 #include "titan/models/deepseek_v4/plan.h"
 
 namespace titan::models::deepseek_v4 {
@@ -29,6 +30,8 @@ DeepSeekV4Args architecture(const std::string& flavor, int64_t vocab, int64_t ma
               "use the tokenizer the checkpoint was trained with");
   if (o.dsa.topk > 0) a.index_topk = o.dsa.topk;
   a.load_balance_coeff = o.moe_load_balance_coeff;
+  a.num_mtp_layers = o.mtp_layers;  // a checkpoint's MTP modules train only when asked for
+  a.mtp_loss_weight = o.mtp_loss_weight;
   a.max_seq_len = std::max(a.max_seq_len, max_seq_len);
   a.validate();
   return a;
@@ -74,7 +77,9 @@ ActivationModel activations(const PlanQuery& j) {
   const double share = j.moe_tp_gather ? 1 : 1 / t, f = double(a.moe_inter_dim) / (j.moe_tp_gather ? t : 1);
   const double fs = double(a.moe_inter_dim) / t;  // the shared expert's units
   ActivationModel m;
-  for (LayerType type : a.layer_types) {
+  DeepSeekV4Args blocks = a;  // the main layers, then the MTP modules' (sliding-window) blocks
+  blocks.num_mtp_layers = j.mtp_layers;
+  for (LayerType type : with_mtp_layers(blocks).layer_types) {
     BlockTensors x;
     x.add(2 * n * d * c / t, true, true);                     // the streams into each block
     x.add(2 * ((n + 2) * n + d + 2 * d) * c / t, true);       // mixes, collapsed, normed (per block)
@@ -133,21 +138,26 @@ std::vector<std::pair<std::string, Shape>> state_shapes(const DeepSeekV4Args& a)
   return out;
 }
 
+// How many MTP modules "mtp.0." .. a state holds (by their e_proj).
+int64_t mtp_modules(const std::map<std::string, Tensor>& state) {
+  int64_t n = 0;
+  while (state.count("mtp." + std::to_string(n) + ".e_proj.weight")) ++n;
+  return n;
+}
+
 bool reads(const nlohmann::json& config) { return config.value("model_type", std::string()) == "deepseek_v4"; }
 
 HfImport import_folder(const checkpoint::HfFolder& folder) {
-  const DeepSeekV4Args a = args_from_hf_config(folder.config(), (folder.dir() / "config.json").string());
+  DeepSeekV4Args a = args_from_hf_config(folder.config(), (folder.dir() / "config.json").string());
   std::map<std::string, Tensor> hf;
-  int64_t skipped_mtp = 0;
   for (const std::string& name : folder.names()) {
     if (folder.is_scale(name)) continue;  // read with its FP8 / FP4 weight
-    if (name.rfind("mtp.", 0) == 0 || name.find(".mtp.") != std::string::npos) {
-      ++skipped_mtp;  // transformers builds no MTP module either (spec section 5)
-      continue;
-    }
     hf[name] = name.ends_with("tid2eid") ? folder.load_i64(name) : folder.load_f32(name);
   }
   std::map<std::string, Tensor> ours = state_from_hf(hf, folder.dir().string());
+  // The MTP modules the folder has (the release's mtp.0; transformers' save_pretrained writes none):
+  // imported; a run trains them with model.mtp_layers >= their count and drops them without it.
+  a.num_mtp_layers = mtp_modules(ours);
   HfImport out;
   for (const auto& [name, shape] : state_shapes(a)) {
     const auto it = ours.find(name);
@@ -165,9 +175,11 @@ HfImport import_folder(const checkpoint::HfFolder& folder) {
               "convert a DeepseekV4ForCausalLM folder of this config.json");
   out.model = family().name;
   out.hf_config = folder.config();
-  if (skipped_mtp > 0)
-    out.note = std::to_string(skipped_mtp) + " multi-token prediction tensors (mtp.*) were left out: DeepSeek-V4 "
-               "trains without MTP here, as transformers builds none";
+  out.mtp_layers = a.num_mtp_layers;
+  if (a.num_mtp_layers > 0)
+    out.note = "imported " + std::to_string(a.num_mtp_layers) +
+               " multi-token prediction module(s) (mtp.*): training uses them with --model.mtp_layers=" +
+               std::to_string(a.num_mtp_layers) + ", and drops them without it";
   return out;
 }
 
@@ -180,6 +192,7 @@ size_t export_folder(const HfExport& job, const std::filesystem::path& dir) {
     const auto embedding = job.tensors.find("embed_tokens.weight");
     a = deepseek_v4_flavor(job.flavor, embedding == job.tensors.end() ? 0 : embedding->second.size(0));
   }
+  a.num_mtp_layers = mtp_modules(job.tensors);  // a run trained with model.mtp_layers: they export too
   const auto state = export_tensors(job, state_shapes(a));
   const std::map<std::string, Tensor> ours(state.begin(), state.end());
   nlohmann::json config = hf_config(a);
@@ -210,7 +223,7 @@ const ModelFamily& family() {
       .name = "deepseek_v4",
       .flavors = deepseek_v4_flavor_names,
       .routed_experts = true,
-      .multi_token_prediction = false,
+      .multi_token_prediction = true,
       .sparse_attention = true,
       // the MoE's (models/moe/moe.h), the mHC maps' (hyper_connection.h), the compressors' (attention.h)
       .converters = {kConverterGroupedMm, kConverterPermute, kConverterHyperConnection, kConverterCompressor},

@@ -79,9 +79,15 @@ const std::vector<std::pair<std::string, std::string>>& layer_tails() {
       {"mlp.shared_experts.w1.weight", "mlp.shared_experts.gate_proj.weight"},
       {"mlp.shared_experts.w3.weight", "mlp.shared_experts.up_proj.weight"},
       {"mlp.shared_experts.w2.weight", "mlp.shared_experts.down_proj.weight"},
+      {"hc_head_fn", "hc_head.hc_fn"},  // an MTP module's own HyperHead ("mtp.K.hc_head_fn")
+      {"hc_head_base", "hc_head.hc_base"},
+      {"hc_head_scale", "hc_head.hc_scale"},
   };
   return r;
 }
+
+// A layer's name, or an MTP module's (a layer with a few tensors of its own): "layers.L." / "mtp.K.".
+bool in_a_layer(const std::string& name) { return name.rfind("layers.", 0) == 0 || name.rfind("mtp.", 0) == 0; }
 
 // Global names, DeepSeek's <-> transformers' (without "model.").
 const std::vector<std::pair<std::string, std::string>>& global_names() {
@@ -97,7 +103,7 @@ const std::vector<std::pair<std::string, std::string>>& global_names() {
 std::string from_deepseek_naming(std::string name) {
   for (const auto& [deepseek, hf] : global_names())
     if (name == deepseek) return hf;
-  if (name.rfind("layers.", 0) != 0) return name;
+  if (!in_a_layer(name)) return name;
   for (const auto& [deepseek, hf] : layer_parts()) replace_all(name, deepseek, hf);
   for (const auto& [deepseek, hf] : layer_tails())
     if (replace_suffix(name, deepseek, hf)) break;
@@ -108,7 +114,7 @@ std::string from_deepseek_naming(std::string name) {
 std::string to_deepseek_naming(std::string name) {
   for (const auto& [deepseek, hf] : global_names())
     if (name == hf) return deepseek;
-  if (name.rfind("layers.", 0) != 0) return name;
+  if (!in_a_layer(name)) return name;
   for (const auto& [deepseek, hf] : layer_tails())
     if (replace_suffix(name, hf, deepseek)) break;
   for (const auto& [deepseek, hf] : layer_parts()) replace_all(name, hf, deepseek);
@@ -191,7 +197,8 @@ enum class Storage { f32, bf16, fp8, expert };
 Storage release_storage(const std::string& name) {
   static const std::vector<std::string> fp8 = {
       ".attn.wq_a.weight", ".attn.wq_b.weight", ".attn.wkv.weight", ".attn.wo_a.weight", ".attn.wo_b.weight",
-      ".shared_experts.w1.weight", ".shared_experts.w2.weight", ".shared_experts.w3.weight"};
+      ".shared_experts.w1.weight", ".shared_experts.w2.weight", ".shared_experts.w3.weight",
+      ".e_proj.weight", ".h_proj.weight"};  // MTP's projections
   static const std::vector<std::string> bf16 = {
       "compressor.wkv.weight", "compressor.wgate.weight", "indexer.wq_b.weight", "indexer.weights_proj.weight",
       ".ffn.gate.weight"};

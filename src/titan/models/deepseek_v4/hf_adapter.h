@@ -7,6 +7,9 @@
 //   model.layers.L.mlp.experts.gate_up_proj [E, 2F, d]   layers.L.mlp.experts.w1 (rows [0, F)), .w3 (rows [F, 2F))
 //   model.layers.L.mlp.experts.down_proj [E, d, F]       layers.L.mlp.experts.w2
 //   model.layers.L.mlp.shared_experts.{gate,up,down}_proj.weight   layers.L.mlp.shared_experts.{w1,w3,w2}.weight
+// An MTP module (mtp.h; transformers has none and ignores "mtp.*" on load) is written as a layer
+// under "model.mtp.K." with its own e_proj, h_proj, enorm, hnorm, norm and hc_head.hc_{fn,base,scale};
+// the release's "mtp.K.*" (DeepSeek's naming: attn.*, ffn.*, hc_attn_*, hc_head_fn, ...) is read too.
 #pragma once
 
 #include <map>

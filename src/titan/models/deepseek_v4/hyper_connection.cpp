@@ -33,6 +33,12 @@ Variable collapse(OpForm form, const Variable& streams, const Variable& pre) {
 
 }  // namespace
 
+Variable copy_into_streams(const Variable& rows, int64_t n) {
+  TITAN_CHECK(rows.shape().size() == 2, "mHC: the rows copied into the streams must be [T, d], got " + rows.shape().str());
+  const Variable one = autograd::view(rows, {rows.shape()[0], 1, rows.shape()[1]});
+  return autograd::concat(std::vector<Variable>(size_t(n), one), 1);
+}
+
 HyperConnection::HyperConnection(const HyperConnectionArgs& a)
     : fn(register_parameter("fn", {(a.streams + 2) * a.streams, a.streams * a.dim}, nn::Init::normal(0, a.init_std))),
       base(register_parameter("base", {(a.streams + 2) * a.streams}, nn::Init::zeros(), /*weight_decay=*/false)),

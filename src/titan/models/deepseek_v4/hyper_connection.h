@@ -27,6 +27,9 @@ struct HyperConnectionArgs {
   double init_std = 0.02;  // fn's initializer_range; base starts at 0, scale at 1
 };
 
+// rows [T, d] copied into each of n streams: [T, n, d] (the gradient is the sum over the copies).
+Variable copy_into_streams(const Variable& rows, int64_t n);
+
 class HyperConnection : public nn::Module, public SwitchableOp {
  public:
   explicit HyperConnection(const HyperConnectionArgs& a);

@@ -10,6 +10,7 @@
 #include "titan/distributed/tensor_parallel.h"
 #include "titan/models/common.h"
 #include "titan/models/deepseek_v4/mixed_linear.h"
+#include "titan/models/deepseek_v4/mtp.h"
 
 namespace titan::models::deepseek_v4 {
 
@@ -48,6 +49,11 @@ Variable DecoderLayer::forward(const Variable& streams, const Tensor& positions,
 Variable DecoderLayer::forward(const Variable& streams, const Tensor& positions, const Tensor& token_ids,
                                const kernels::RopeTables& rope, Recompute recompute, AuxLosses* aux) {
   nn::UnitScope unit(*this);  // a unit of the parallel plan (outside its checkpoint region)
+  return forward_in_unit(streams, positions, token_ids, rope, recompute, aux);
+}
+
+Variable DecoderLayer::forward_in_unit(const Variable& streams, const Tensor& positions, const Tensor& token_ids,
+                                       const kernels::RopeTables& rope, Recompute recompute, AuxLosses* aux) {
   if (recompute == Recompute::none) return forward(streams, positions, token_ids, rope, aux);
   // The region returns the layer's streams and its auxiliary losses (as DeepSeek-V3's blocks do).
   auto made = std::make_shared<AuxLosses>();
@@ -66,7 +72,8 @@ Variable DecoderLayer::forward(const Variable& streams, const Tensor& positions,
 
 Transformer::Transformer(const DeepSeekV4Args& a, const std::vector<distributed::pp::StageLayers>& stages,
                          const models::moe::MoEArgs& groups)
-    : embed_tokens(holds(stages, [](const auto& st) { return st.embedding; })
+    : embed_tokens(holds(stages, [](const auto& st) { return st.embedding; }) ||
+                           (a.num_mtp_layers > 0 && holds(stages, [](const auto& st) { return st.head; }))
                        ? &register_module("embed_tokens", std::make_unique<nn::Embedding>(a.vocab_size, a.dim,
                                                                                           nn::Init::normal(0, a.init_std)))
                        : nullptr),
@@ -75,6 +82,14 @@ Transformer::Transformer(const DeepSeekV4Args& a, const std::vector<distributed:
       rope_main_(kernels::rope_tables(a.rope(LayerType::sliding), a.max_seq_len)),
       rope_compress_(kernels::rope_tables(a.rope(LayerType::hca), a.max_seq_len)) {
   a.validate();
+  // MTP embeds with the main model's table on the last stage: only a V placement (the first and
+  // last stages on one rank) gives it that without a second copy.
+  TITAN_CHECK(a.num_mtp_layers == 0 || !holds(stages, [](const auto& st) { return st.head; }) ||
+                  holds(stages, [](const auto& st) { return st.embedding; }),
+              "deepseek_v4: the MTP modules share the embedding table with the first pipeline stage, which this "
+              "schedule places on another rank than the last",
+              "use a V-shaped schedule (parallelism.pipeline_parallel_schedule = \"DualPipeV\" or \"ZBVZeroBubble\", "
+              "which put the first and last stages on one rank), or set model.mtp_layers = 0");
   const int64_t degree = groups.tp ? groups.tp->size() : 1;
   check_tensor_parallel(a, degree);
   models::moe::MoEArgs moe = groups;
@@ -87,17 +102,26 @@ Transformer::Transformer(const DeepSeekV4Args& a, const std::vector<distributed:
     norm = &register_module("norm", rms_norm(a));
     lm_head = &register_module("lm_head", std::make_unique<nn::Linear>(a.dim, a.vocab_size, nn::Init::normal(0, a.init_std)));
     lm_head->weight.vocabulary = true;  // AdamW's under Muon (optim/param_groups.h), as the embedding
+    if (a.num_mtp_layers > 0) mtp = &register_module("mtp", std::make_unique<MultiTokenPrediction>(a, moe));
   }
   tp_ = moe.tp;
   place_tensor_parallel();  // declares the plan; places the parameters under TP
-  for (size_t l = 0; l < layers.size(); ++l) layers[l].self_attn.set_tensor_parallel(tp_);
+  for (DecoderLayer* l : decoder_layers()) l->self_attn.set_tensor_parallel(tp_);
+}
+
+std::vector<DecoderLayer*> Transformer::decoder_layers() {
+  std::vector<DecoderLayer*> out;
+  for (size_t l = 0; l < layers.size(); ++l) out.push_back(&layers[l]);
+  if (mtp)
+    for (size_t k = 0; k < mtp->size(); ++k) out.push_back(&(*mtp)[k]);
+  return out;
 }
 
 void Transformer::set_compute_dtype(DType dtype) {
   // bf16: the GEMM weights get bf16 copies; the streams and the fused kernels stay f32 (mixed_linear.h).
   compute_dtype_ = dtype;
   Module::set_compute_dtype(dtype);
-  for (size_t l = 0; l < layers.size(); ++l) layers[l].experts_dtype = dtype;
+  for (DecoderLayer* l : decoder_layers()) l->experts_dtype = dtype;
 }
 
 void Transformer::set_indexer_loss_coeff(double coeff) {
@@ -109,21 +133,22 @@ void Transformer::set_context_parallel(const distributed::ProcessGroup* cp) {
   TITAN_CHECK(!tp_, "deepseek_v4 does not run context parallel and tensor parallel together yet",
               "set parallelism.context_parallel_degree = 1 or tensor_parallel_degree = 1");
   cp_ = cp;
-  for (size_t l = 0; l < layers.size(); ++l) layers[l].self_attn.cp = cp;
+  for (DecoderLayer* l : decoder_layers()) l->self_attn.cp = cp;
+}
+
+Variable Transformer::token_embedding(const Tensor& tokens) {
+  TITAN_CHECK(embed_tokens != nullptr, "deepseek_v4: this pipeline rank does not hold the embedding");
+  const int64_t n = tokens.numel(), d = args_.dim;
+  nn::UnitScope unit(*embed_tokens);
+  return tp_ ? autograd::view(distributed::embedding_vocab_parallel(tokens, embed_tokens->weight.var, DType::f32, *tp_),
+                              {n / tp_->size(), d})  // this rank's sequence piece
+             : autograd::view(embed_tokens->forward(tokens, DType::f32), {n, d});
 }
 
 Variable Transformer::embed(const Tensor& tokens) {
-  TITAN_CHECK(embed_tokens != nullptr, "deepseek_v4: this pipeline rank does not hold the embedding");
-  const int64_t n = tokens.numel(), d = args_.dim;
-  Variable e;
-  {
-    nn::UnitScope unit(*embed_tokens);
-    e = tp_ ? autograd::view(distributed::embedding_vocab_parallel(tokens, embed_tokens->weight.var, DType::f32, *tp_),
-                             {n / tp_->size(), 1, d})  // this rank's sequence piece
-            : autograd::view(embed_tokens->forward(tokens, DType::f32), {n, 1, d});
-  }
+  const Variable e = token_embedding(tokens);
   // The embedding copied into every stream: its gradient is the sum over the copies.
-  return autograd::concat(std::vector<Variable>(size_t(args_.hc_mult), e), 1);  // [T, N, d]
+  return copy_into_streams(e, args_.hc_mult);  // [T, N, d]
 }
 
 Variable Transformer::run_layers(Variable streams, const Tensor& positions, const Tensor& ids, int begin, int end,
@@ -136,7 +161,11 @@ Variable Transformer::run_layers(Variable streams, const Tensor& positions, cons
 
 Variable Transformer::head(const Variable& streams) {
   TITAN_CHECK(lm_head != nullptr, "deepseek_v4: this pipeline rank does not hold the output head");
-  const Variable y = norm->forward(hc_head->forward(streams));
+  return output(norm->forward(hc_head->forward(streams)));
+}
+
+Variable Transformer::output(const Variable& y) {
+  TITAN_CHECK(lm_head != nullptr, "deepseek_v4: this pipeline rank does not hold the output head");
   nn::UnitScope unit(*lm_head);
   return mixed_linear(*lm_head, tp_ ? distributed::gather_tokens(y, *tp_) : y);  // under TP [B S, V / tp]
 }
@@ -170,6 +199,7 @@ StageOutput Transformer::stage_forward(const distributed::pp::StageLayers& stage
   x = run_layers(x, mine.positions, mine.ids, stage.begin, stage.end, &aux);
   StageOutput out;
   if (stage.head) {
+    if (mtp) mtp->run(*this, x, tokens, mine.positions, targets, aux);  // before the head, as DeepSeek-V3's
     std::tie(out.loss, out.cross_entropy) = sequence_loss(head(x), tokens, targets);
   } else {
     out.hidden = x;
@@ -179,41 +209,52 @@ StageOutput Transformer::stage_forward(const distributed::pp::StageLayers& stage
 }
 
 void Transformer::end_step(const SumOverData& sum_over_data) {
-  for (size_t l = 0; l < layers.size(); ++l) layers[l].mlp.end_step(sum_over_data);
+  for (DecoderLayer* l : decoder_layers()) l->mlp.end_step(sum_over_data);
 }
 
 StepStats Transformer::step_stats() {
   StepStats stats;
   for (size_t l = 0; l < layers.size(); ++l) layers[l].mlp.append_stats(stats, int(layers.index(l)));
+  if (mtp)  // an MTP block is layer n_layers + K
+    for (size_t k = 0; k < mtp->size(); ++k) (*mtp)[k].mlp.append_stats(stats, int(args_.n_layers) + int(k));
   return stats;
 }
 
 std::vector<std::string> Transformer::loss_term_names() const {
-  if (std::find(args_.layer_types.begin(), args_.layer_types.end(), LayerType::csa) == args_.layer_types.end()) return {};
-  return {"indexer_loss"};
+  std::vector<std::string> names;
+  if (std::find(args_.layer_types.begin(), args_.layer_types.end(), LayerType::csa) != args_.layer_types.end())
+    names.push_back("indexer_loss");
+  if (args_.num_mtp_layers > 0) names.push_back("mtp_loss");
+  return names;
 }
 
 std::vector<nn::ShardingUnit> Transformer::sharding_units() {
   std::vector<nn::ShardingUnit> units;
   if (embed_tokens) units.push_back({"embed_tokens", embed_tokens, true});
   for (size_t l = 0; l < layers.size(); ++l) units.push_back({"layers." + std::to_string(layers.index(l)), &layers[l], true});
+  if (mtp)  // in the order the training forward runs them: after the layers, before the head
+    for (size_t k = 0; k < mtp->size(); ++k) units.push_back({"mtp." + std::to_string(k), &(*mtp)[k], true});
   if (lm_head) units.push_back({"lm_head", lm_head, false});
   return units;
 }
 
 double Transformer::training_flops_per_token(int64_t seq_len) const {
-  // TorchTitan's count: 6 per active weight outside the embedding, plus the attention's scores
+  // TorchTitan's count: 6 per active weight outside the embedding (and MTP's), plus the attention's scores
   // and values against the keys each query sees (its window, and the compressed entries: CSA's
   // top-k, HCA's visible half on average), 6 x 2 D per key and head.
   const DeepSeekV4Args::ParamCount p = args_.parameters();
   double attention = 0;
-  for (LayerType t : args_.layer_types) {
+  for (LayerType t : with_mtp_layers(args_).layer_types) {  // the MTP blocks' (sliding) too
     double keys = double(std::min(args_.sliding_window, seq_len));
     if (t == LayerType::csa) keys += double(std::min(args_.index_topk, seq_len / args_.csa_ratio));
     if (t == LayerType::hca) keys += double(seq_len / args_.hca_ratio) / 2;
     attention += 6.0 * double(args_.n_heads) * 2.0 * double(args_.head_dim) * keys;
   }
-  return 6.0 * double(p.active - p.embedding) + attention;
+  // MTP: its own weights, the shared head once more per module, and h_proj once per stream.
+  const double d = double(args_.dim);
+  const double mtp_weights =
+      double(p.mtp_active) + double(args_.num_mtp_layers) * (double(args_.vocab_size) * d + double(args_.hc_mult - 1) * d * d);
+  return 6.0 * (double(p.active - p.embedding) + mtp_weights) + attention;
 }
 
 void Transformer::start_generation(int64_t batch, int64_t max_len) {

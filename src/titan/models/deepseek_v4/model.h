@@ -3,7 +3,9 @@
 // (each an attention and an MoE block, each wrapped by a hyper-connection), the HyperHead that
 // collapses the streams, the final RMSNorm and the output head. Names follow transformers'
 // state dict without its "model." prefix (embed_tokens, layers.N.attn_hc, layers.N.self_attn,
-// layers.N.mlp, hc_head, norm, lm_head); hf_adapter.h maps the few that differ.
+// layers.N.mlp, hc_head, norm, lm_head); hf_adapter.h maps the few that differ. With
+// num_mtp_layers > 0 the model also holds the multi-token prediction modules ("mtp", mtp.h),
+// which only the training forward (stage_forward) runs.
 //
 // Pipeline parallelism (ModelOptions::pipeline_stages): a rank's model holds only its stages'
 // layers (under their global names), the embedding if it holds the first stage and the HyperHead,
@@ -42,7 +44,15 @@ class DecoderLayer : public nn::Module {
   MoE& mlp;
   const LayerType type;
   DType experts_dtype = DType::f32;  // the experts' GEMM dtype: bf16 under mixed precision (the router stays f32)
+
+ protected:
+  // The recompute forward without opening this layer's unit: an MTP module (mtp.h), a unit
+  // itself, runs its block inside its own scope.
+  Variable forward_in_unit(const Variable& streams, const Tensor& positions, const Tensor& token_ids,
+                           const kernels::RopeTables& rope, Recompute recompute, AuxLosses* aux);
 };
+
+class MultiTokenPrediction;  // mtp.h
 
 class Transformer : public CausalLM {
  public:
@@ -85,6 +95,14 @@ class Transformer : public CausalLM {
   HyperHead* hc_head = nullptr;           // hc_head, norm and lm_head: the last stage's
   nn::RMSNorm* norm = nullptr;
   nn::Linear* lm_head = nullptr;
+  MultiTokenPrediction* mtp = nullptr;    // "mtp" (num_mtp_layers > 0): the last stage's
+
+  // tokens [B, S] -> their embedding [B S, d] (f32), before the copy into the streams.
+  Variable token_embedding(const Tensor& tokens);
+  // The final-normed rows [B S, d] through the shared output head: logits [B S, V].
+  Variable output(const Variable& normed);
+  const kernels::RopeTables& sliding_rope() const { return rope_main_; }
+  Recompute recompute() const { return recompute_; }
 
  private:
   // This rank's part of tokens [B, S] i32 (its two chunks of each sequence under CP, else all of
@@ -99,6 +117,8 @@ class Transformer : public CausalLM {
   Variable run_layers(Variable streams, const Tensor& positions, const Tensor& ids, int begin, int end, AuxLosses* aux);
   // The streams collapsed, normed and projected: logits [B S, V].
   Variable head(const Variable& streams);
+  // Every decoder layer this rank holds: the main ones, then the MTP modules' blocks.
+  std::vector<DecoderLayer*> decoder_layers();
   bool whole() const { return embed_tokens && lm_head && int64_t(layers.size()) == args_.n_layers; }
   const kernels::RopeTables& rope_of(LayerType t) const { return t == LayerType::sliding ? rope_main_ : rope_compress_; }
 

@@ -24,6 +24,7 @@
 // embedding is vocabulary-parallel, lm_head column-parallel over the vocabulary (loss parallel).
 #include "titan/distributed/tensor_parallel.h"
 #include "titan/models/deepseek_v4/model.h"
+#include "titan/models/deepseek_v4/mtp.h"
 
 namespace titan::models::deepseek_v4 {
 
@@ -45,8 +46,7 @@ void Transformer::place_tensor_parallel() {
   if (embed_tokens) shard_parameter(embed_tokens->weight, 0, tp);  // vocabulary rows
   if (hc_head) partial_all(*hc_head), partial(norm->weight);
   if (lm_head) shard_parameter(lm_head->weight, 0, tp);
-  for (size_t l = 0; l < layers.size(); ++l) {
-    DecoderLayer& b = layers[l];
+  const auto place_layer = [&](DecoderLayer& b) {
     partial_all(b.attn_hc), partial_all(b.ffn_hc);
     partial(b.input_layernorm.weight), partial(b.post_attention_layernorm.weight);
     Attention& at = b.self_attn;
@@ -73,7 +73,16 @@ void Transformer::place_tensor_parallel() {
       shard_parameter(moe.shared_experts->w1.weight, 0, tp), shard_parameter(moe.shared_experts->w3.weight, 0, tp);
       shard_parameter(moe.shared_experts->w2.weight, 1, tp);
     }
-  }
+  };
+  for (size_t l = 0; l < layers.size(); ++l) place_layer(layers[l]);
+  if (mtp)  // its block as a layer; the rest acts on each token alone (this rank's piece)
+    for (size_t k = 0; k < mtp->size(); ++k) {
+      MtpModule& m = (*mtp)[k];
+      place_layer(m);
+      for (nn::Parameter* p : {&m.e_proj.weight, &m.h_proj.weight, &m.enorm.weight, &m.hnorm.weight, &m.norm.weight})
+        partial(*p);
+      partial_all(m.hc_head);
+    }
 }
 
 }  // namespace titan::models::deepseek_v4
