@@ -1,9 +1,9 @@
 // Shared helpers for benchmarks: timing and printing ratios measured in one run.
 #pragma once
 
+#include <omp.h>
 #include <sched.h>
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -59,22 +59,41 @@ inline void print_peak(const kernels::MachinePeak& p) {
 }
 
 // Under OMP_PROC_BIND, libgomp binds a process's initial thread to its first place (one core), and
-// a child process inherits that mask: its whole OpenMP team would share the one core (the
-// scaling and training-step benchmarks' children ran on one thread that way). The commands run
-// with every online CPU instead; this process only waits for them.
-inline void unbind_for_children() {
-  cpu_set_t all;
-  CPU_ZERO(&all);
-  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  for (long c = 0; c < cpus && c < CPU_SETSIZE; ++c) CPU_SET(c, &all);
-  sched_setaffinity(0, sizeof all, &all);
-}
+// a child process inherits that mask: its whole OpenMP team would share the one core (until
+// 2026-12-05 the scaling and training-step benchmarks' children ran on one thread that way). A
+// child runs on the CPUs this process was started with instead (the union of OpenMP's places,
+// which libgomp made from that mask, e.g. a taskset's); this thread's own binding is put back
+// once the child exists, so the parent's timings keep theirs.
+class ChildCpus {
+ public:
+  ChildCpus() {
+    sched_getaffinity(0, sizeof saved_, &saved_);
+    cpu_set_t wide;
+    CPU_ZERO(&wide);
+    for (int p = 0; p < omp_get_num_places(); ++p) {
+      std::vector<int> ids(size_t(omp_get_place_num_procs(p)));
+      omp_get_place_proc_ids(p, ids.data());
+      for (int c : ids) CPU_SET(c, &wide);
+    }
+    if (CPU_COUNT(&wide) > 0 && sched_setaffinity(0, sizeof wide, &wide) != 0)
+      std::fprintf(stderr, "bench: warning: cannot widen the CPUs for a child process: it may run on one core\n");
+  }
+  ~ChildCpus() { sched_setaffinity(0, sizeof saved_, &saved_); }
+  ChildCpus(const ChildCpus&) = delete;
+  ChildCpus& operator=(const ChildCpus&) = delete;
+
+ private:
+  cpu_set_t saved_;
+};
 
 // The output of a shell command (a benchmark's child process or its PyTorch twin), or "" when it
-// could not run or exited with an error; it runs on every online CPU.
+// could not run or exited with an error; it runs on the CPUs this process was started with.
 inline std::string read_command(const std::string& cmd) {
-  unbind_for_children();
-  FILE* p = popen(cmd.c_str(), "r");
+  FILE* p = nullptr;
+  {
+    const ChildCpus cpus;  // the child takes the mask at its fork, inside popen
+    p = popen(cmd.c_str(), "r");
+  }
   if (!p) return {};
   std::string out;
   char buf[4096];

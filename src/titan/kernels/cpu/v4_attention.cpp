@@ -439,7 +439,7 @@ void v4_attention_forward(T* o, float* lse, float* head_mean, const T* q, const 
       const int64_t b = bk / blocks, t0 = bk % blocks * Q, nq = min_i64(Q, d.S - t0);
       const T* kvb = kv + b * d.Skv * d.D;
       const T* compb = comp + b * d.T * d.D;
-      const int64_t n = block_keys(keys.data(), bias.data(), idx != nullptr, t0, nq, Q, d);
+      const int64_t n = block_keys(keys.data(), bias.data(), d.K > 0, t0, nq, Q, d);  // K > 0 iff idx (v4_dims)
       // Columns of queries past the last (nq < Q) keep the previous block's q: finite, every key
       // biased away, never stored.
       for (int64_t qi = 0; qi < nq; ++qi)
@@ -530,7 +530,7 @@ void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout,
 #pragma omp for schedule(static, 1)
       for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t t0 = blk * Q, nq = min_i64(Q, d.S - t0);
-        const int64_t n = block_keys(keys.data(), bias.data(), idx != nullptr, t0, nq, Q, d);
+        const int64_t n = block_keys(keys.data(), bias.data(), d.K > 0, t0, nq, Q, d);  // K > 0 iff idx (v4_dims)
         // Padding columns, and those of queries past the last (nq < Q): P = 0.
         for (int64_t col = nq * d.H; col < p.Hs; ++col) lse_c.data()[col] = kInf;
         for (int64_t qi = 0; qi < nq; ++qi) {

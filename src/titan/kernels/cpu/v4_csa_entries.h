@@ -51,7 +51,7 @@ struct EntryBuffers {
   int64_t ld, Dp;
   bool in_place;
   int32_t* keys;       // [K] the valid slots' entries, slot order (a repeated slot repeats)
-  const float** rows;  // [ld] in place: entry j's row (past n: a zero row)
+  const float** rows;  // [ld] in place: entry j's row (past n: the zero row or a stale one, unused)
   float* qq;           // [2 H Dp] in place: the heads packed for the lane-group scores
   float* g;            // [ld, Dp] otherwise: their rows, f32, rows past n zero
   float* gt;           // [Dp, ld] otherwise: the same, transposed
@@ -233,7 +233,8 @@ inline void backward_entries(float* dqb, float* mine, float* dummy, float** rows
     float* pr = p + h * buf.ld;
     float* dr = ds + h * buf.ld;
     const float lh = lse[col0 + h], dl = delta[col0 + h];
-    // Scalar math: P = exp(s - lse); dS = scale P (dA - Delta); padding columns stay 0 (zero rows)
+    // Scalar math: P = exp(s - lse); dS = scale P (dA - Delta); columns past n stay finite and reach
+    // only `dummy` below
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) {
       const float ph = fast_exp(pr[j] - lh);
@@ -248,6 +249,8 @@ inline void backward_entries(float* dqb, float* mine, float* dummy, float** rows
   std::memcpy(buf.qd + H * buf.Dp, do_rows, size_t(H * buf.Dp) * sizeof(float));
   const int64_t n4 = round_up(n, EntryTiles::kRows);
   for (int64_t r = 0; r < n4; ++r) rows[r] = r < n ? mine + (d.Skv + int64_t(buf.keys[r])) * buf.Dp : dummy;
+  // A repeated slot lists one row twice: both adds land because gemm_add_rows reads, adds and
+  // stores each C row in turn (TileStore::add), not all of a tile's rows up front.
   gemm_add_rows<EntryTiles>(rows, buf.s, 1, buf.ld, buf.qd, buf.Dp, n4, buf.Dp, 2 * H);
 }
 
