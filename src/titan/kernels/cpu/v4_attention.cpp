@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <cstring>
+#include <optional>
 #include <type_traits>
 
 #include "titan/kernels/cpu/isa.h"
@@ -433,7 +434,8 @@ void v4_attention_forward(T* o, float* lse, float* head_mean, const T* q, const 
     Scratch<int32_t> keys(p.most, ScratchInit::zeroed);
     Scratch<float> bias(p.most * Q, ScratchInit::zeroed);
     for (int64_t c = 0; sink && c < cols; ++c) sink_cols.data()[c] = sink[c % d.H];
-    EntryScratch entries(d, p.Dp, false, std::is_same_v<T, float>);  // CSA: one query's entries
+    std::optional<EntryScratch> entries;  // CSA: one query's entries
+    if (idx) entries.emplace(d, p.Dp, false, std::is_same_v<T, float>);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bk = 0; bk < d.B * blocks; ++bk) {
       const int64_t b = bk / blocks, t0 = bk % blocks * Q, nq = min_i64(Q, d.S - t0);
@@ -465,9 +467,9 @@ void v4_attention_forward(T* o, float* lse, float* head_mean, const T* q, const 
         const int64_t bt = b * d.S + t0 + qi;
         const int32_t* sel = idx + bt * d.K;
         float* hm = head_mean ? head_mean + bt * d.K : nullptr;
-        const int64_t ne = gather_entries(entries.buf, sel, t0 + qi, compb, d);
+        const int64_t ne = gather_entries(entries->buf, sel, t0 + qi, compb, d);
         if (ne > 0) {
-          forward_entries(out.data(), m.data(), l.data(), qt.data(), p.Hs, qi * d.H, entries.buf, ne, hm, sel, t0 + qi,
+          forward_entries(out.data(), m.data(), l.data(), qt.data(), p.Hs, qi * d.H, entries->buf, ne, hm, sel, t0 + qi,
                           d);
         } else if (hm) {
           for (int64_t i = 0; i < d.K; ++i) hm[i] = 0.0f;
@@ -521,7 +523,8 @@ void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout,
     Scratch<int32_t> keys(p.most, ScratchInit::zeroed);
     Scratch<float> bias(p.most * Q, ScratchInit::zeroed);
     Scratch<float*> c(p.chunk, ScratchInit::zeroed);  // C rows of the key-gradient product
-    EntryScratch entries(d, p.Dp, true, std::is_same_v<T, float>);              // CSA: one query's entries
+    std::optional<EntryScratch> entries;                         // CSA: one query's entries
+    if (idx) entries.emplace(d, p.Dp, true, std::is_same_v<T, float>);
     for (int64_t b = 0; b < d.B; ++b) {
       const T* kvb = kv + b * d.Skv * d.D;
       const T* compb = comp + b * d.T * d.D;
@@ -582,11 +585,11 @@ void v4_attention_backward(T* dq, T* dkv, T* dcomp, float* dsink, const T* dout,
         }
         for (int64_t qi = 0; idx && qi < nq; ++qi) {
           const int64_t bt = b * d.S + t0 + qi, col0 = qi * d.H;
-          const int64_t ne = gather_entries(entries.buf, idx + bt * d.K, t0 + qi, compb, d);
+          const int64_t ne = gather_entries(entries->buf, idx + bt * d.K, t0 + qi, compb, d);
           if (ne == 0) continue;
-          backward_entries(dqb.data(), mine, dummy.data(), entries.rows(), qdt.data(), w2, p.Hs, col0,
+          backward_entries(dqb.data(), mine, dummy.data(), entries->rows(), qdt.data(), w2, p.Hs, col0,
                            b2.data() + col0 * p.Dp, b2.data() + (p.Hs + col0) * p.Dp, lse_c.data(), delta.data(),
-                           scale, entries.buf, ne, d);
+                           scale, entries->buf, ne, d);
         }
         for (int64_t qi = 0; qi < nq; ++qi) {
           T* dqt = dq + (b * d.S + t0 + qi) * d.H * d.D;
